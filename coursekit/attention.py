@@ -1,0 +1,342 @@
+"""Chapter 1: scaled dot-product attention, masks and score functions.
+
+Conventions (see the book's notation page):
+
+* Shapes: ``B`` batch, ``T`` query length, ``S`` key length, ``C`` model width,
+  ``D`` head width. Any number of leading batch dimensions ``...`` is allowed.
+* Row convention: ``softmax(Q K^T / sqrt(D)) V`` with the sequence on the
+  second-to-last axis, so queries are rows of ``Q`` with shape ``(..., T, D)``.
+* Masks: a boolean mask is ``True`` where a query **may attend** to a key, as in
+  :func:`torch.nn.functional.scaled_dot_product_attention`. A floating mask is
+  *additive*: it is added to the scores (``0`` keeps a key, ``-inf`` removes it).
+* A fully masked row (a query that may attend to no key) gets all-zero weights
+  and therefore a zero output. It never produces NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = [
+    "softmax",
+    "check_attention_inputs",
+    "scaled_dot_product_attention",
+    "causal_mask",
+    "padding_mask",
+    "from_key_padding_mask",
+    "bool_to_additive",
+    "additive_to_bool",
+    "dot_scores",
+    "scaled_dot_scores",
+    "BilinearScore",
+    "AdditiveScore",
+    "SelfAttention",
+]
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Numerically stable softmax along ``dim``.
+
+    Subtracting the maximum of each slice before exponentiating leaves the result
+    unchanged (the factor ``exp(-max)`` cancels) but keeps ``exp`` from
+    overflowing. A slice whose entries are all ``-inf`` (a fully masked row) gives
+    all zeros instead of NaN.
+
+    Args:
+        x: floating tensor of any shape.
+        dim: the axis that is normalised.
+
+    Returns:
+        A tensor of the same shape and dtype as ``x``; slices along ``dim`` sum to
+        1, except all ``-inf`` slices, which are all 0.
+
+    Example:
+        ``softmax(torch.tensor([0.0, math.log(3.0)]))`` is ``tensor([0.25, 0.75])``.
+    """
+    if not torch.is_floating_point(x):
+        raise TypeError(f"softmax expects a floating tensor, got dtype {x.dtype}")
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # all -inf slice: shift by 0
+    e = torch.exp(x - m)
+    s = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(s > 0, s, torch.ones_like(s))  # an all -inf slice is 0 / 1
+
+
+def check_attention_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> None:
+    """Raise a clear error unless ``q, k, v`` and ``mask`` fit together.
+
+    Args:
+        q: queries ``(..., T, D)``.
+        k: keys ``(..., S, D)``.
+        v: values ``(..., S, Dv)``.
+        mask: ``None``, or a boolean or floating tensor that broadcasts to
+            ``(..., T, S)``.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., length, width), got {tuple(t.shape)}")
+        if not torch.is_floating_point(t):
+            raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            "q and k must share their last dimension, "
+            f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            "k and v must have the same number of keys (dimension -2), "
+            f"got k {tuple(k.shape)} and v {tuple(v.shape)}"
+        )
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            "the leading (batch) dimensions of q, k and v must broadcast, "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)}"
+        ) from None
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not torch.is_floating_point(mask):
+        raise TypeError(
+            f"mask must be boolean (True = may attend) or floating (additive), got {mask.dtype}"
+        )
+    scores_shape = (*batch, q.shape[-2], k.shape[-2])
+    try:
+        fits = torch.broadcast_shapes(mask.shape, scores_shape) == torch.Size(scores_shape)
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
+            f"shape (..., T, S) = {scores_shape}"
+        )
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention ``softmax(q k^T * scale + mask) v`` with ``scale = 1/sqrt(D)``.
+
+    Args:
+        q: queries ``(..., T, D)``.
+        k: keys ``(..., S, D)``.
+        v: values ``(..., S, Dv)``.
+        mask: optional, broadcastable to ``(..., T, S)``. Boolean: ``True`` where
+            the query may attend to the key. Floating: added to the scores.
+        scale: multiplies the scores; defaults to ``1 / sqrt(D)``.
+
+    Returns:
+        ``(out, weights)``: ``out`` is ``(..., T, Dv)`` and ``weights`` is
+        ``(..., T, S)``, each row a probability distribution over keys. A query
+        that may attend to no key gets zero weights and a zero output.
+    """
+    check_attention_inputs(q, k, v, mask)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    weights = softmax(scores, dim=-1)  # (..., T, S), fully masked rows are 0
+    return weights @ v, weights  # (..., T, Dv), (..., T, S)
+
+
+def causal_mask(
+    T: int, S: int | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Boolean causal mask: query ``i`` may attend to keys up to its own position.
+
+    With ``S > T`` the queries are the *last* ``T`` positions of a length-``S``
+    sequence (as when earlier keys are cached), so the mask is aligned to the
+    bottom-right corner: query ``i`` sees keys ``j <= i + (S - T)``. (Torch's
+    ``is_causal=True`` aligns to the top-left instead; the two agree for ``S == T``.)
+
+    Args:
+        T: number of queries.
+        S: number of keys, ``S >= T``; defaults to ``T``.
+
+    Returns:
+        ``(T, S)`` boolean tensor, ``True`` where attending is allowed.
+
+    Example:
+        ``causal_mask(3)`` is ``[[1, 0, 0], [1, 1, 0], [1, 1, 1]]`` (as booleans).
+    """
+    S = T if S is None else S
+    if T < 0 or S < T:
+        raise ValueError(f"causal_mask needs 0 <= T <= S, got T={T} and S={S}")
+    i = torch.arange(T, device=device)[:, None]  # (T, 1) query positions
+    j = torch.arange(S, device=device)[None, :]  # (1, S) key positions
+    return j <= i + (S - T)  # (T, S)
+
+
+def padding_mask(lengths: torch.Tensor | list[int], S: int | None = None) -> torch.Tensor:
+    """Key mask from sequence lengths: ``True`` for real tokens, ``False`` for padding.
+
+    To mask attention scores of shape ``(B, T, S)`` use ``padding_mask(...)[:, None, :]``;
+    for ``(B, H, T, S)`` use ``[:, None, None, :]``.
+
+    Args:
+        lengths: ``(B,)`` number of real tokens in each sequence.
+        S: padded length; defaults to ``max(lengths)``.
+
+    Returns:
+        ``(B, S)`` boolean tensor.
+
+    Example:
+        ``padding_mask([2, 3])`` is ``[[1, 1, 0], [1, 1, 1]]`` (as booleans).
+    """
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be a 1-D integer tensor, got {lengths.dtype} {tuple(lengths.shape)}")
+    if (lengths < 0).any():
+        raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
+    longest = int(lengths.max()) if lengths.numel() else 0
+    S = longest if S is None else S
+    if S < longest:
+        raise ValueError(f"S={S} is shorter than the longest sequence ({longest})")
+    return torch.arange(S, device=lengths.device)[None, :] < lengths[:, None]  # (B, S)
+
+
+def from_key_padding_mask(key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """Convert torch's ``key_padding_mask`` (``True`` = *ignore*) to our convention.
+
+    ``nn.MultiheadAttention`` and ``nn.Transformer*`` take a ``(B, S)`` mask whose
+    ``True`` entries mark padding. Ours marks what may be attended to, so the
+    conversion is a logical not.
+
+    Args:
+        key_padding_mask: ``(B, S)`` boolean, ``True`` at padded keys.
+
+    Returns:
+        ``(B, S)`` boolean, ``True`` at real keys.
+    """
+    if key_padding_mask.dtype != torch.bool:
+        raise TypeError(f"expected a boolean key_padding_mask, got {key_padding_mask.dtype}")
+    return ~key_padding_mask
+
+
+def bool_to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Boolean mask (``True`` = may attend) to an additive one (``0`` or ``-inf``).
+
+    Example:
+        ``bool_to_additive(torch.tensor([True, False]))`` is ``tensor([0., -inf])``.
+    """
+    if mask.dtype != torch.bool:
+        raise TypeError(f"expected a boolean mask, got {mask.dtype}")
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return out.masked_fill(~mask, float("-inf"))
+
+
+def additive_to_bool(mask: torch.Tensor) -> torch.Tensor:
+    """Additive mask to a boolean one: ``True`` wherever the entry is not ``-inf``.
+
+    Finite negative entries (a soft bias) have no boolean equivalent and raise.
+    """
+    if not torch.is_floating_point(mask):
+        raise TypeError(f"expected a floating (additive) mask, got {mask.dtype}")
+    keep = mask != float("-inf")
+    if (mask[keep] != 0).any():
+        raise ValueError("additive mask has finite non-zero entries; only 0 and -inf convert to boolean")
+    return keep
+
+
+def dot_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Dot-product scores ``q k^T``: ``(..., T, D), (..., S, D) -> (..., T, S)``."""
+    return q @ k.transpose(-2, -1)
+
+
+def scaled_dot_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Scaled dot-product scores ``q k^T / sqrt(D)``: ``(..., T, S)``."""
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+
+
+class BilinearScore(nn.Module):
+    """Bilinear ("general") score ``q W k^T`` of Luong et al. (2015).
+
+    Args:
+        d_q: query width ``Dq``.
+        d_k: key width ``Dk`` (may differ from ``Dq``).
+    """
+
+    def __init__(self, d_q: int, d_k: int):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(d_q, d_k) / math.sqrt(d_q))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """``(..., T, Dq), (..., S, Dk) -> (..., T, S)``."""
+        return q @ self.W @ k.transpose(-2, -1)
+
+
+class AdditiveScore(nn.Module):
+    """Additive score ``w^T tanh(W_q q + W_k k)`` of Bahdanau et al. (2015).
+
+    Args:
+        d_q: query width ``Dq``.
+        d_k: key width ``Dk``.
+        d_hidden: width of the hidden layer.
+    """
+
+    def __init__(self, d_q: int, d_k: int, d_hidden: int):
+        super().__init__()
+        self.W_q = nn.Linear(d_q, d_hidden, bias=False)
+        self.W_k = nn.Linear(d_k, d_hidden, bias=False)
+        self.w = nn.Linear(d_hidden, 1, bias=False)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """``(..., T, Dq), (..., S, Dk) -> (..., T, S)``; costs ``O(T S d_hidden)`` memory."""
+        h = self.W_q(q).unsqueeze(-2) + self.W_k(k).unsqueeze(-3)  # (..., T, S, d_hidden)
+        return self.w(torch.tanh(h)).squeeze(-1)  # (..., T, S)
+
+
+class SelfAttention(nn.Module):
+    """Single-head self-attention with learned query, key and value projections.
+
+    Args:
+        d_model: input width ``C``.
+        d_head: width ``D`` of queries, keys and values; defaults to ``d_model``.
+        bias: whether the projections have a bias.
+    """
+
+    def __init__(self, d_model: int, d_head: int | None = None, bias: bool = True):
+        super().__init__()
+        d_head = d_model if d_head is None else d_head
+        self.q_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_head, bias=bias)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attend from every position of ``x`` to every position of ``x``.
+
+        Args:
+            x: ``(B, T, C)``.
+            mask: optional, broadcastable to ``(B, T, T)``, as in
+                :func:`scaled_dot_product_attention`.
+
+        Returns:
+            ``(out, weights)`` of shapes ``(B, T, D)`` and ``(B, T, T)``.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
+            raise ValueError(
+                f"expected x of shape (B, T, {self.q_proj.in_features}), got {tuple(x.shape)}"
+            )
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # each (B, T, D)
+        return scaled_dot_product_attention(q, k, v, mask=mask)

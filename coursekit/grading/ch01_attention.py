@@ -1,0 +1,338 @@
+"""Hidden checks for Exercise 1 (attention).
+
+Each ``grade_*`` function takes the student's object, compares it with
+:mod:`coursekit.attention` on fresh seeded inputs and tests properties, and raises
+:class:`~coursekit.grading.core.GradingFailure` with a hint per failed check.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from coursekit import attention as ref
+from coursekit.grading.core import Grader, close, describe, generator
+
+__all__ = ["grade_softmax", "grade_causal_mask", "grade_attention", "grade_self_attention"]
+
+
+def _rand(name: str, *shape: int, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=generator(name), dtype=dtype) * scale
+
+
+# --------------------------------------------------------------------------- softmax
+
+
+def grade_softmax(softmax) -> None:
+    """Grade a student's ``softmax(x, dim=-1)``."""
+    g = Grader("softmax")
+
+    with g.check("returns a tensor of the input's shape and dtype"):
+        for dtype in (torch.float32, torch.float64):
+            x = _rand("softmax.shape", 3, 4, 5, dtype=dtype)
+            p = softmax(x)
+            g.expect(
+                isinstance(p, torch.Tensor) and p.shape == x.shape and p.dtype == x.dtype,
+                f"for input {describe(x)} expected the same shape and dtype, got {describe(p)}",
+            )
+
+    with g.check("matches torch.softmax on random inputs"):
+        x = _rand("softmax.values", 4, 7, scale=3.0)
+        p = softmax(x)
+        expected = torch.softmax(x, dim=-1)
+        if isinstance(p, torch.Tensor) and p.shape == x.shape and not close(p.sum(-1), torch.ones(4, dtype=x.dtype)):
+            g.fail("your rows do not sum to 1: normalise by the sum over the last axis (keepdim=True)")
+        g.expect(close(p, expected), "values differ from torch.softmax(x, dim=-1)")
+
+    with g.check("normalises along the `dim` argument"):
+        x = _rand("softmax.dim", 3, 4, 5)
+        for dim in (0, 1, -1):
+            p = softmax(x, dim=dim)
+            g.expect(
+                close(p, torch.softmax(x, dim=dim)),
+                f"softmax(x, dim={dim}) does not sum to 1 along dim {dim}: "
+                "softmax over the wrong axis? Use `dim` in both the max and the sum",
+            )
+
+    with g.check("stable for large and very negative inputs"):
+        x = _rand("softmax.large", 3, 6, dtype=torch.float32, scale=50.0) + 1000.0
+        p = softmax(x)
+        g.expect(
+            isinstance(p, torch.Tensor) and bool(torch.isfinite(p).all()),
+            "got inf or NaN for inputs around 1000: exp(1000) overflows; "
+            "subtract the maximum of each slice before exponentiating",
+        )
+        g.expect(close(p, torch.softmax(x, dim=-1)), "values differ from torch.softmax for inputs around 1000")
+        y = torch.full((2, 3), -1000.0)
+        g.expect(
+            close(softmax(y), torch.full((2, 3), 1 / 3)),
+            "inputs of all -1000 should give a uniform distribution: exp(-1000) underflows to 0, "
+            "so subtract the maximum first",
+        )
+
+    with g.check("a slice of all -inf gives zeros, not NaN"):
+        x = torch.tensor([[0.0, -math.inf, 1.0], [-math.inf, -math.inf, -math.inf]], dtype=torch.float64)
+        p = softmax(x)
+        expected = torch.tensor([[1 / (1 + math.e), 0.0, math.e / (1 + math.e)], [0.0, 0.0, 0.0]], dtype=torch.float64)
+        g.expect(
+            isinstance(p, torch.Tensor) and not bool(torch.isnan(p).any()),
+            "a fully masked row (all -inf) gave NaN: replace an infinite maximum by 0 before subtracting, "
+            "and divide by 1 where the sum is 0",
+        )
+        g.expect(close(p, expected), "softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be [[0.269, 0, 0.731], [0, 0, 0]]")
+
+    with g.check("leaves its input unchanged"):
+        x = _rand("softmax.inplace", 3, 5)
+        before = x.clone()
+        softmax(x)
+        g.expect(torch.equal(x, before), "softmax modified its input in place (x -= ... or x.exp_()): compute a new tensor")
+
+    g.finish()
+
+
+# --------------------------------------------------------------------------- causal mask
+
+
+def grade_causal_mask(causal_mask) -> None:
+    """Grade a student's ``causal_mask(T, S=None)``."""
+    g = Grader("causal_mask")
+
+    with g.check("returns a boolean (T, S) tensor"):
+        m = causal_mask(4)
+        g.expect(
+            isinstance(m, torch.Tensor) and m.dtype == torch.bool and m.shape == (4, 4),
+            f"causal_mask(4) should be a bool tensor of shape (4, 4), got {describe(m)}",
+        )
+
+    with g.check("square masks (S = T) allow exactly the past and the present"):
+        for T in (5, 1, 2, 9):
+            m = causal_mask(T)
+            expected = ref.causal_mask(T)
+            if isinstance(m, torch.Tensor) and m.shape == expected.shape and m.dtype == torch.bool and T > 1:
+                if torch.equal(m, expected.T):
+                    g.fail("the mask is transposed: query i (row) may attend to keys j <= i (columns)")
+                if torch.equal(m, ~expected):
+                    g.fail("the mask is inverted: True means *may attend*")
+            if isinstance(m, torch.Tensor) and m.shape == expected.shape and m.dtype == torch.bool:
+                if not bool(m.diagonal().all()):
+                    g.fail("a position may not attend to itself: the diagonal must be True (off by one?)")
+                if bool((m & ~expected).any()):
+                    g.fail("a query can see a future key: entries above the diagonal must be False")
+            g.expect(
+                isinstance(m, torch.Tensor) and torch.equal(m, expected),
+                f"causal_mask({T}) differs from the lower-triangular mask",
+            )
+
+    with g.check("with S > T keys, the last query sees every key (bottom-right alignment)"):
+        for T, S in ((1, 4), (3, 5), (2, 7)):
+            m = causal_mask(T, S)
+            g.expect(
+                isinstance(m, torch.Tensor) and m.shape == (T, S),
+                f"causal_mask({T}, {S}) should have shape ({T}, {S}), got {describe(m)}",
+            )
+            g.expect(
+                torch.equal(m, ref.causal_mask(T, S)),
+                f"causal_mask({T}, {S}) is misaligned: the queries are the last {T} of {S} positions, "
+                f"so query i may attend to keys j <= i + (S - T)",
+            )
+
+    g.finish()
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def _unpack(result, name: str, g: Grader):
+    g.expect(
+        isinstance(result, tuple) and len(result) == 2,
+        f"{name} must return a tuple (out, weights), got {describe(result)}",
+    )
+    return result
+
+
+def grade_attention(attention) -> None:
+    """Grade a student's ``scaled_dot_product_attention(q, k, v, mask=None, scale=None)``."""
+    g = Grader("scaled_dot_product_attention")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def inputs(name, *batch, T=5, S=6, D=4, Dv=3, dtype=torch.float64):
+        return (
+            _rand(name + ".q", *batch, T, D, dtype=dtype),
+            _rand(name + ".k", *batch, S, D, dtype=dtype),
+            _rand(name + ".v", *batch, S, Dv, dtype=dtype),
+        )
+
+    with g.check("returns (out, weights) with shapes (..., T, Dv) and (..., T, S)"):
+        q, k, v = inputs("att.shape", 2, T=5, S=6, D=4, Dv=3)
+        out, w = _unpack(attention(q, k, v), "attention", g)
+        g.expect(
+            isinstance(out, torch.Tensor) and out.shape == (2, 5, 3),
+            f"out should be (2, 5, 3) for q (2, 5, 4), k (2, 6, 4), v (2, 6, 3); got {describe(out)}",
+        )
+        g.expect(
+            isinstance(w, torch.Tensor) and w.shape == (2, 5, 6),
+            f"weights should be (2, 5, 6) = (B, T, S); got {describe(w)}",
+        )
+
+    with g.check("matches torch's scaled_dot_product_attention without a mask"):
+        for batch in ((), (3,), (2, 3)):
+            q, k, v = inputs(f"att.nomask{batch}", *batch, T=5, S=7, D=8, Dv=3)
+            out, w = _unpack(attention(q, k, v), "attention", g)
+            if isinstance(w, torch.Tensor) and w.shape[-2:] == (5, 7):
+                sums = w.sum(-1)
+                if not close(sums, torch.ones_like(sums)):
+                    g.fail("rows of the weights do not sum to 1: take the softmax over the keys (last axis)")
+            if close(out, sdpa(q, k, v, scale=1.0)):
+                g.fail("the scores are not scaled: divide q k^T by sqrt(D)")
+            if close(out, sdpa(q, k, v, scale=1.0 / q.shape[-1])):
+                g.fail("the scores are divided by D: divide by sqrt(D) instead")
+            g.expect(close(out, sdpa(q, k, v)), f"out differs from the reference for batch shape {batch}")
+            g.expect(close(w, ref.scaled_dot_product_attention(q, k, v)[1]), "weights differ from the reference")
+
+    with g.check("uses the `scale` argument when given"):
+        q, k, v = inputs("att.scale", 2)
+        out, _ = _unpack(attention(q, k, v, scale=0.3), "attention", g)
+        g.expect(close(out, sdpa(q, k, v, scale=0.3)), "scale=0.3 was not used: multiply the scores by `scale` when it is given")
+
+    with g.check("a boolean mask: True means may attend"):
+        q, k, v = inputs("att.bool", 2, T=4, S=5)
+        mask = torch.rand(2, 4, 5, generator=generator("att.bool.mask")) < 0.6
+        mask[..., 0] = True  # every query sees at least one key
+        out, w = _unpack(attention(q, k, v, mask=mask), "attention", g)
+        if close(out, sdpa(q, k, v, attn_mask=~mask)):
+            g.fail("the mask is inverted: True means the query *may attend* to the key")
+        if isinstance(w, torch.Tensor) and w.shape == mask.shape:
+            g.expect(
+                bool((w[~mask] == 0).all()),
+                "masked keys got non-zero weight: set their scores to -inf *before* the softmax",
+            )
+            sums = w.sum(-1)
+            g.expect(
+                close(sums, torch.ones_like(sums)),
+                "with a mask the rows no longer sum to 1: mask the scores before the softmax, not the weights after it",
+            )
+        g.expect(close(out, sdpa(q, k, v, attn_mask=mask)), "out differs from the reference with a boolean mask")
+
+    with g.check("a causal mask broadcast over the batch"):
+        q, k, v = inputs("att.causal", 3, T=6, S=6)
+        out, _ = _unpack(attention(q, k, v, mask=ref.causal_mask(6)), "attention", g)
+        g.expect(close(out, sdpa(q, k, v, is_causal=True)), "out differs from the reference with a (T, S) causal mask")
+
+    with g.check("a floating mask is added to the scores"):
+        q, k, v = inputs("att.additive", 2, T=4, S=5)
+        bias = _rand("att.additive.bias", 4, 5)
+        bias[1, 2] = -math.inf
+        out, _ = _unpack(attention(q, k, v, mask=bias), "attention", g)
+        g.expect(
+            close(out, sdpa(q, k, v, attn_mask=bias)),
+            "a floating (additive) mask must be added to the scaled scores; only boolean masks select keys",
+        )
+
+    with g.check("a query with no visible key gets zero weights and a zero output"):
+        q, k, v = inputs("att.empty", 2, T=3, S=4)
+        mask = torch.ones(3, 4, dtype=torch.bool)
+        mask[1] = False
+        out, w = _unpack(attention(q, k, v, mask=mask), "attention", g)
+        g.expect(
+            isinstance(out, torch.Tensor) and not bool(torch.isnan(out).any()),
+            "a fully masked row gave NaN: its weights must be all zero (see the softmax part)",
+        )
+        g.expect(close(out, sdpa(q, k, v, attn_mask=mask)), "the fully masked query's output should be zeros")
+
+    with g.check("gradients match the reference"):
+        q, k, v = inputs("att.grad", 2, T=3, S=4)
+        qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+        qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+        out, _ = _unpack(attention(qs, ks, vs), "attention", g)
+        g.expect(
+            isinstance(out, torch.Tensor) and out.requires_grad,
+            "the output does not depend on q, k, v through autograd: avoid .detach(), .numpy() or .item()",
+        )
+        upstream = _rand("att.grad.up", *q.shape[:-1], v.shape[-1])  # (B, T, Dv)
+        (out * upstream).sum().backward()
+        (sdpa(qr, kr, vr) * upstream).sum().backward()
+        for name, a, b in (("q", qs, qr), ("k", ks, kr), ("v", vs, vr)):
+            g.expect(
+                a.grad is not None and close(a.grad, b.grad),
+                f"the gradient with respect to {name} differs from the reference",
+            )
+
+    with g.check("leaves q, k, v and the mask unchanged"):
+        q, k, v = inputs("att.inplace", 2)
+        mask = torch.rand(5, 6, generator=generator("att.inplace.mask")) < 0.7
+        mask[:, 0] = True
+        saved = [t.clone() for t in (q, k, v, mask)]
+        attention(q, k, v, mask=mask)
+        for name, a, b in zip("qkvm", (q, k, v, mask), saved):
+            g.expect(torch.equal(a, b), f"{'mask' if name == 'm' else name} was modified in place: compute new tensors")
+
+    g.finish()
+
+
+# --------------------------------------------------------------------------- self-attention module
+
+
+def grade_self_attention(SelfAttention) -> None:
+    """Grade a student's ``SelfAttention(d_model, d_head=None, bias=True)`` module class."""
+    g = Grader("SelfAttention")
+    C, D = 8, 4
+
+    def build(**kwargs):
+        torch.manual_seed(0)
+        return SelfAttention(C, D, **kwargs).double()
+
+    with g.check("has q_proj, k_proj and v_proj of shape C -> D"):
+        m = build()
+        for name in ("q_proj", "k_proj", "v_proj"):
+            layer = getattr(m, name, None)
+            g.expect(isinstance(layer, torch.nn.Linear), f"SelfAttention needs an nn.Linear called {name}")
+            g.expect(
+                (layer.in_features, layer.out_features) == (C, D),
+                f"{name} should map C={C} to D={D} features, got {layer.in_features} -> {layer.out_features}",
+            )
+
+    with g.check("parameter count: 3 (C D + D) with bias, 3 C D without"):
+        for bias, expected in ((True, 3 * (C * D + D)), (False, 3 * C * D)):
+            n = sum(p.numel() for p in build(bias=bias).parameters())
+            g.expect(n == expected, f"with bias={bias} expected {expected} parameters, got {n}")
+
+    with g.check("d_head defaults to d_model"):
+        torch.manual_seed(0)
+        m = SelfAttention(C)
+        g.expect(m.q_proj.out_features == C, "SelfAttention(C) should use D = C when d_head is not given")
+
+    with g.check("matches the reference with the same weights"):
+        m = build()
+        r = ref.SelfAttention(C, D).double()
+        r.load_state_dict(m.state_dict())
+        x = _rand("sa.x", 2, 5, C)
+        out, w = _unpack(m(x), "SelfAttention.forward", g)
+        out_r, w_r = r(x)
+        if close(w, w_r) and not close(out, out_r):
+            g.fail("the weights match but the output does not: the values must be v_proj(x)")
+        g.expect(close(w, w_r), "the attention weights differ: queries come from q_proj(x) and keys from k_proj(x)")
+        g.expect(close(out, out_r), "the output differs from the reference with the same weights")
+
+    with g.check("passes the mask to attention"):
+        m = build()
+        r = ref.SelfAttention(C, D).double()
+        r.load_state_dict(m.state_dict())
+        x = _rand("sa.mask.x", 2, 5, C)
+        mask = ref.causal_mask(5)
+        out, _ = _unpack(m(x, mask=mask), "SelfAttention.forward", g)
+        g.expect(close(out, r(x, mask=mask)[0]), "with mask=causal_mask(T) the output differs: is the mask passed on?")
+
+    with g.check("changing a future token does not change earlier outputs under a causal mask"):
+        m = build()
+        x = _rand("sa.causal.x", 1, 6, C)
+        y = x.clone()
+        y[:, 4:] += 1.0
+        a, _ = _unpack(m(x, mask=ref.causal_mask(6)), "SelfAttention.forward", g)
+        b, _ = _unpack(m(y, mask=ref.causal_mask(6)), "SelfAttention.forward", g)
+        g.expect(
+            isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and close(a[:, :4], b[:, :4]),
+            "outputs at positions 0-3 changed when only positions 4-5 changed: information leaks from the future",
+        )
+
+    g.finish()

@@ -1,0 +1,23 @@
+"""nbgrader configuration: the course root is this folder.
+
+nbgrader's "source" is `solutions/` (instructor notebooks with full solutions and
+hidden tests) and its "release" is `exercises/` (what students get, committed and
+regenerated with `coursekit release`). Gradebook, submissions and feedback stay
+out of git (see .gitignore).
+"""
+
+c = get_config()  # noqa: F821 (provided by nbgrader)
+
+c.CourseDirectory.root = "."
+c.CourseDirectory.course_id = "transformers-course"
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "exercises"
+# Only notebooks and small data files belong to an assignment.
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "*.egg-info"]
+
+# Students see these two lines in place of each solution region.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# A cell that runs for longer than this is stopped; the submission is still graded.
+c.ExecutePreprocessor.timeout = 120

@@ -1,0 +1,228 @@
+"""Wrong implementations for Exercise 1, each a mistake students really make."""
+
+from tests.mutants import Mutant
+
+MUTANTS = [
+    Mutant(
+        "softmax_no_max_shift", "softmax", "softmax", "subtract the maximum",
+        '''
+def softmax(x, dim=-1):
+    e = torch.exp(x)
+    return e / e.sum(dim=dim, keepdim=True)
+''',
+    ),
+    Mutant(
+        "softmax_wrong_axis", "softmax", "softmax", "softmax over the wrong axis",
+        '''
+def softmax(x, dim=-1):
+    m = x.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(x - m)
+    s = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(s > 0, s, torch.ones_like(s))
+''',
+    ),
+    Mutant(
+        "softmax_in_place", "softmax", "softmax", "modified its input in place",
+        '''
+def softmax(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    x -= m
+    e = x.exp()
+    s = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(s > 0, s, torch.ones_like(s))
+''',
+    ),
+    Mutant(
+        "softmax_nan_on_masked_row", "softmax", "softmax", "gave NaN",
+        '''
+def softmax(x, dim=-1):
+    e = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return e / e.sum(dim=dim, keepdim=True)
+''',
+    ),
+    Mutant(
+        "causal_off_by_one", "causal_mask", "causal_mask", "may not attend to itself",
+        '''
+def causal_mask(T, S=None, device=None):
+    S = T if S is None else S
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T - 1)
+''',
+    ),
+    Mutant(
+        "causal_transposed", "causal_mask", "causal_mask", "transposed",
+        '''
+def causal_mask(T, S=None, device=None):
+    S = T if S is None else S
+    return torch.ones(T, S, dtype=torch.bool, device=device).triu()
+''',
+    ),
+    Mutant(
+        "causal_top_left", "causal_mask", "causal_mask", "misaligned",
+        '''
+def causal_mask(T, S=None, device=None):
+    S = T if S is None else S
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril()
+''',
+    ),
+    Mutant(
+        "attention_no_scaling", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "divide q k^T by sqrt(D)",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scores = q @ k.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = softmax(scores, dim=-1)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "attention_scale_by_d", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "divided by D",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scale = 1.0 / q.shape[-1] if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = softmax(scores, dim=-1)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "attention_softmax_over_queries", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "softmax over the keys",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = softmax(scores, dim=-2)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "attention_mask_after_softmax", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "before the softmax",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    weights = softmax(q @ k.transpose(-2, -1) * scale, dim=-1)
+    if mask is not None:
+        weights = weights * mask if mask.dtype == torch.bool else softmax(torch.log(weights) + mask, dim=-1)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "attention_mask_inverted", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "the mask is inverted",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = softmax(scores, dim=-1)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "attention_nan_on_masked_row", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "gave NaN",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "attention_in_place_scale", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "was modified in place",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    q *= 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = softmax(scores, dim=-1)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "attention_detached", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "through autograd",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    q, k, v = q.detach(), k.detach(), v.detach()
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = softmax(scores, dim=-1)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "self_attention_unprojected_values", "SelfAttention", "SelfAttention", "the values must be v_proj(x)",
+        '''
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, d_head=None, bias=True):
+        super().__init__()
+        d_head = d_model if d_head is None else d_head
+        self.q_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_head, bias=bias)
+
+    def forward(self, x, mask=None):
+        q, k = self.q_proj(x), self.k_proj(x)
+        v = x[..., : q.shape[-1]]
+        return scaled_dot_product_attention(q, k, v, mask=mask)
+''',
+    ),
+    Mutant(
+        "self_attention_ignores_mask", "SelfAttention", "SelfAttention", "is the mask passed on",
+        '''
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, d_head=None, bias=True):
+        super().__init__()
+        d_head = d_model if d_head is None else d_head
+        self.q_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_head, bias=bias)
+
+    def forward(self, x, mask=None):
+        return scaled_dot_product_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x))
+''',
+    ),
+    Mutant(
+        "self_attention_shared_qk", "SelfAttention", "SelfAttention", "queries come from q_proj(x)",
+        '''
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, d_head=None, bias=True):
+        super().__init__()
+        d_head = d_model if d_head is None else d_head
+        self.q_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_head, bias=bias)
+
+    def forward(self, x, mask=None):
+        q = self.q_proj(x)
+        return scaled_dot_product_attention(q, q, self.v_proj(x), mask=mask)
+''',
+    ),
+]
