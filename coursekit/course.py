@@ -1,0 +1,216 @@
+"""Instructor workflow around nbgrader: release, collect, autograde, feedback, export.
+
+nbgrader does the real work (its gradebook, its autograder, its feedback); this
+module only drives its Python API with the course's ``nbgrader_config.py``:
+``solutions/`` is nbgrader's source folder and ``exercises/`` its release folder.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: Student ids become folder names and database keys: keep them plain.
+STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def repo_root() -> Path:
+    """The course root: the nearest folder upward holding ``nbgrader_config.py``."""
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "nbgrader_config.py").is_file():
+            return folder
+    raise FileNotFoundError(f"no nbgrader_config.py in {here} or any folder above it: run from the course folder")
+
+
+def assignments(root: Path) -> list[str]:
+    """Assignment ids: the folders of ``solutions/`` (``ch01_attention``, ...)."""
+    source = root / "solutions"
+    if not source.is_dir():
+        raise FileNotFoundError(f"{source} does not exist")
+    return sorted(p.name for p in source.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _api(root: Path, **overrides):
+    """An ``NbGraderAPI`` configured from ``root/nbgrader_config.py`` (plus overrides)."""
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config.loader import PyFileConfigLoader
+
+    # nbgrader runs the `alembic` executable from PATH; make sure this environment's is found.
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    config.CourseDirectory.root = str(root)
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    coursedir = CourseDirectory(config=config)
+    return NbGraderAPI(coursedir=coursedir, config=config)
+
+
+def _check(result: dict, what: str) -> None:
+    if not result.get("success"):
+        raise RuntimeError(f"{what} failed:\n{result.get('error') or result.get('log')}")
+
+
+# --------------------------------------------------------------------------- release
+
+
+def release(root: Path, names: list[str] | None = None, out: Path | None = None) -> list[Path]:
+    """Regenerate the student release of ``names`` (default: all) from ``solutions/``.
+
+    Uses ``nbgrader generate_assignment`` with a throwaway gradebook, so releasing
+    never touches the instructor's grades. Writes to ``root/exercises`` unless
+    ``out`` is given. Returns the written notebooks.
+    """
+    names = names or assignments(root)
+    unknown = sorted(set(names) - set(assignments(root)))
+    if unknown:
+        raise ValueError(f"no such assignment in solutions/: {', '.join(unknown)} (have: {', '.join(assignments(root))})")
+    out = (out or root / "exercises").resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        staging = Path(tmp) / "release"
+        api = _api(
+            root,
+            **{
+                "CourseDirectory.release_directory": str(staging),
+                "CourseDirectory.db_url": f"sqlite:///{tmp}/gradebook.db",
+            },
+        )
+        for name in names:
+            _check(api.generate_assignment(name, force=True, create=True), f"releasing {name}")
+            target = out / name
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(staging / name, target)
+    return sorted(p for name in names for p in (out / name).rglob("*.ipynb"))
+
+
+def stale_releases(root: Path) -> list[str]:
+    """Names of files in ``exercises/`` that differ from a fresh release (empty if current)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp) / "exercises"
+        release(root, out=fresh)
+        committed = root / "exercises"
+        problems = []
+        for path in sorted(fresh.rglob("*")):
+            rel = path.relative_to(fresh)
+            if path.is_file() and not (committed / rel).is_file():
+                problems.append(f"missing: exercises/{rel}")
+            elif path.is_file() and not filecmp.cmp(path, committed / rel, shallow=False):
+                problems.append(f"differs: exercises/{rel}")
+        for path in sorted(committed.rglob("*")) if committed.is_dir() else []:
+            if path.is_file() and not (fresh / path.relative_to(committed)).exists():
+                problems.append(f"extra: exercises/{path.relative_to(committed)}")
+        return problems
+
+
+# --------------------------------------------------------------------------- collect and autograde
+
+
+@dataclass(frozen=True)
+class Grade:
+    student: str
+    score: float
+    max_score: float
+    error: str | None = None  # why grading this submission failed, if it did
+
+
+def collect(root: Path, assignment: str, submissions: Path) -> list[str]:
+    """Copy a folder of submissions into nbgrader's ``submitted/`` layout.
+
+    ``submissions`` holds either ``<student>/<notebook>.ipynb`` (one folder per
+    student) or ``<student>.ipynb`` (one notebook per student, for single-notebook
+    assignments). Returns the student ids. Earlier copies of the same student's
+    submission are replaced; nothing in ``submissions`` is modified.
+    """
+    if assignment not in assignments(root):
+        raise ValueError(f"no such assignment in solutions/: {assignment!r}")
+    if not submissions.is_dir():
+        raise FileNotFoundError(f"submissions folder {submissions} does not exist")
+    expected = sorted(p.name for p in (root / "solutions" / assignment).glob("*.ipynb"))
+    found: dict[str, list[Path]] = {}
+    for entry in sorted(submissions.iterdir()):
+        if entry.is_dir():
+            found[entry.name] = sorted(entry.rglob("*.ipynb"))
+        elif entry.suffix == ".ipynb":
+            if len(expected) != 1:
+                raise ValueError(f"{entry.name}: {assignment} has {len(expected)} notebooks; give each student a folder")
+            found[entry.stem] = [entry]
+    bad = [s for s in found if not STUDENT_ID.match(s)]
+    if bad:
+        raise ValueError(f"student ids must be letters, digits, '.', '_' or '-': {bad}")
+    if not found:
+        raise ValueError(f"no submissions in {submissions}: expected <student>.ipynb or <student>/<notebook>.ipynb")
+    for student, notebooks in found.items():
+        dest = root / "submitted" / student / assignment
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        for nb in notebooks:
+            # a lone notebook takes the assignment's notebook name, whatever the student called it
+            name = expected[0] if len(notebooks) == 1 and len(expected) == 1 else nb.name
+            shutil.copy2(nb, dest / name)
+    return sorted(found)
+
+
+def autograde(root: Path, assignment: str, students: list[str], feedback: bool = True) -> list[Grade]:
+    """Autograde each student's submission with nbgrader, then write feedback.
+
+    The assignment is first (re)registered in the gradebook from ``solutions/``
+    so that its hidden tests are known. One student's failure is recorded in
+    their :class:`Grade` and does not stop the others.
+    """
+    from nbgrader.api import Gradebook
+
+    api = _api(root)
+    with tempfile.TemporaryDirectory() as tmp:  # registers grade cells; the release itself is discarded
+        staging = _api(root, **{"CourseDirectory.release_directory": tmp})
+        _check(staging.generate_assignment(assignment, force=True, create=True), f"registering {assignment}")
+    errors: dict[str, str] = {}
+    for student in students:
+        result = api.autograde(assignment, student, force=True, create=True)
+        if not result.get("success"):
+            errors[student] = _last_line(result.get("error") or result.get("log") or "unknown error")
+            log.warning("autograding %s failed: %s", student, errors[student])
+        elif feedback:
+            fb = api.generate_feedback(assignment, student, force=True)
+            if not fb.get("success"):
+                log.warning("feedback for %s failed: %s", student, _last_line(fb.get("error", "")))
+    grades = []
+    with Gradebook(api.coursedir.db_url) as gb:
+        max_score = gb.find_assignment(assignment).max_score
+        for student in students:
+            try:
+                score = gb.find_submission(assignment, student).score
+            except Exception:  # never graded
+                score = 0.0
+            grades.append(Grade(student, float(score), float(max_score), errors.get(student)))
+    return grades
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
+def export_csv(root: Path, path: Path) -> Path:
+    """Export every grade in the gradebook to ``path`` with nbgrader's CSV exporter."""
+    from nbgrader.api import Gradebook
+    from nbgrader.plugins import CsvExportPlugin
+
+    api = _api(root)
+    with Gradebook(api.coursedir.db_url) as gb:
+        CsvExportPlugin(to=str(path)).export(gb)
+    return path

@@ -1,0 +1,50 @@
+"""Build fake student submissions from the release: filled in, untouched, or mutated."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import textwrap
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(path: Path):
+    return nbformat.read(path, as_version=4)
+
+
+def filled(assignment: str):
+    """The release with every solution cell answered by the instructor's solution."""
+    nb_name = f"{assignment}.ipynb"
+    release = load(ROOT / "exercises" / assignment / nb_name)
+    solution = load(ROOT / "solutions" / assignment / nb_name)
+    answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in solution.cells if c.metadata.get("nbgrader", {}).get("solution")}
+    nb = copy.deepcopy(release)
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid in answers:
+            cell.source = answers[gid]
+    return nb
+
+
+def replace_definition(nb, name: str, new_source: str):
+    """Return a copy of ``nb`` where the top-level def/class ``name`` is ``new_source``."""
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+                lines = cell.source.splitlines()
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+                lines[start : node.end_lineno] = textwrap.dedent(new_source).strip().splitlines()
+                cell.source = "\n".join(lines)
+                return nb
+    raise KeyError(f"no top-level definition of {name!r} in the notebook")

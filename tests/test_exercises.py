@@ -1,0 +1,75 @@
+"""solutions/ and exercises/ stay in step with coursekit, and the solutions run."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from coursekit import attention, course
+from tests.submissions import ROOT, load
+
+#: assignment -> the coursekit module its solution cells must reproduce
+MODULES = {"ch01_attention": attention}
+
+
+def definitions(source: str) -> dict[str, str]:
+    """Top-level def/class name -> AST dump (comments, and so solution markers, vanish)."""
+    tree = ast.parse(source)
+    return {n.name: ast.dump(n) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+@pytest.mark.parametrize("assignment", sorted(MODULES))
+def test_solution_cells_are_the_coursekit_code(assignment):
+    nb = load(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    module = MODULES[assignment]
+    solved = {}
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            solved.update(definitions(cell.source))
+    assert solved, "no solution cells found"
+    for name, dump in solved.items():
+        reference = definitions(textwrap.dedent(inspect.getsource(getattr(module, name))))[name]
+        assert dump == reference, f"{assignment}: the solution of {name} differs from coursekit.{module.__name__.split('.')[-1]}.{name}"
+
+
+def test_every_assignment_has_a_module_and_a_release():
+    assert sorted(MODULES) == course.assignments(ROOT)
+    for name in MODULES:
+        assert (ROOT / "exercises" / name / f"{name}.ipynb").is_file()
+
+
+def test_release_hides_solutions_and_hidden_tests():
+    for name in MODULES:
+        text = (ROOT / "exercises" / name / f"{name}.ipynb").read_text()
+        assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text and "coursekit.grading" not in text
+        assert "raise NotImplementedError()" in text
+
+
+def test_committed_notebooks_have_no_outputs():
+    for folder in ("solutions", "exercises"):
+        for path in (ROOT / folder).rglob("*.ipynb"):
+            nb = load(path)
+            assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{path} has outputs"
+
+
+@pytest.mark.slow
+def test_exercises_are_current():
+    problems = course.stale_releases(ROOT)
+    assert not problems, "exercises/ is stale, run `coursekit release`:\n" + "\n".join(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", sorted(MODULES))
+def test_solution_notebook_passes_nbval(assignment):
+    path = ROOT / "solutions" / assignment / f"{assignment}.ipynb"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", str(path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout
