@@ -1,0 +1,37 @@
+# Two commands on a fresh machine (each sets up what it needs):
+#   make book   # build the book into _build/html (warnings are errors)
+#   make test   # run the whole test suite
+# Quick loop while developing: make quick   (unit tests, under a minute)
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup mathjax book test quick release clean
+
+$(BIN)/coursekit: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
+setup: $(BIN)/coursekit
+
+mathjax:
+	scripts/install_mathjax.sh
+
+book: setup mathjax
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter-book build . -W -n --keep-going
+
+test: setup mathjax
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+quick: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest -m "not slow and not browser"
+
+release: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/coursekit release
+
+clean:
+	rm -rf _build .pytest_cache

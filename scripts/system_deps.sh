@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Debian packages the tests need: Chromium and its driver (browser test of the book).
+# Installs them when missing and we may (root or sudo); otherwise says what to install.
+set -euo pipefail
+missing=()
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
+command -v npm >/dev/null || missing+=(npm)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo="sudo"; else
+  echo "please install: ${missing[*]} (Debian/Ubuntu: apt-get install ${missing[*]})" >&2; exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "installed: ${missing[*]}"
