@@ -72,7 +72,7 @@ def cmd_doctor(args) -> int:
         report(path is not None, exe, path or "not found (needed by the browser test): apt-get install chromium chromium-driver")
     try:
         root = course.repo_root()
-        mathjax = root / "_static" / "mathjax" / "tex-chtml.js"
+        mathjax = root / "_vendor" / "mathjax" / "tex-chtml.js"
         report(mathjax.is_file(), "local MathJax", str(mathjax) if mathjax.is_file() else "missing: run `make mathjax`")
     except FileNotFoundError as e:
         report(False, "course folder", str(e))

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Serve MathJax from the book itself, so math renders offline (no CDN).
 # Installs the npm package `mathjax` (pinned) and copies what the CommonHTML
-# renderer loads into _static/mathjax/, which Sphinx copies into the build.
+# renderer loads into _vendor/mathjax/; Sphinx copies it to _static/mathjax/ in the build.
+# (Not into a root _static/: Jupyter Book would add every .js file found there to every page.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=3.2.2
-dest=_static/mathjax
+dest=_vendor/mathjax
 if [ -f "$dest/VERSION" ] && [ "$(cat "$dest/VERSION")" = "$VERSION" ]; then
   exit 0
 fi

@@ -1,0 +1,116 @@
+"""Plotting helpers shared by the book's chapters.
+
+Every function draws on a Matplotlib ``Axes`` (a new figure and axes when ``ax``
+is ``None``) and returns that ``Axes``, so pages can compose panels with
+``plt.subplots``. Nothing here calls ``plt.show()``: the page does.
+
+Conventions (see the book's notation page): an attention matrix has shape
+``(T, S)``, one row per query and one column per key, so queries run down the
+vertical axis and keys along the horizontal one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.axes import Axes
+
+__all__ = ["attention_heatmap"]
+
+
+def _as_matrix(weights: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A 2-D float NumPy copy of ``weights`` (booleans become 0.0 and 1.0)."""
+    if isinstance(weights, torch.Tensor):
+        weights = weights.detach().to("cpu")
+        weights = weights.to(torch.float64) if weights.dtype == torch.bool else weights
+        array = weights.numpy()
+    else:
+        array = np.asarray(weights)
+    if array.ndim != 2:
+        hint = " (pass one matrix, e.g. weights[0] for the first sequence)" if array.ndim > 2 else ""
+        raise ValueError(f"weights must be a 2-D (T, S) matrix, got shape {tuple(array.shape)}{hint}")
+    if array.dtype == np.bool_:
+        array = array.astype(np.float64)
+    if not np.issubdtype(array.dtype, np.number):
+        raise TypeError(f"weights must be numeric or boolean, got dtype {array.dtype}")
+    return array
+
+
+def _check_labels(labels: Sequence[str] | None, n: int, name: str, axis: str) -> list[str]:
+    if labels is None:
+        return [str(i) for i in range(n)]
+    labels = [str(label) for label in labels]
+    if len(labels) != n:
+        raise ValueError(f"{name} has {len(labels)} entries but weights has {axis}={n}")
+    return labels
+
+
+def attention_heatmap(
+    weights: torch.Tensor | np.ndarray,
+    query_labels: Sequence[str] | None = None,
+    key_labels: Sequence[str] | None = None,
+    ax: Axes | None = None,
+    title: str | None = None,
+    *,
+    annotate: bool = False,
+    fmt: str = "{:.2f}",
+    cmap: str = "viridis",
+    vmin: float | None = 0.0,
+    vmax: float | None = 1.0,
+    colorbar: bool = True,
+) -> Axes:
+    """Draw a ``(T, S)`` attention matrix (or mask) as an image with token labels.
+
+    Row ``t`` is query ``t`` and column ``s`` is key ``s``, so entry ``(t, s)`` is
+    how much query ``t`` attends to key ``s``. Boolean masks are drawn as 0 and 1.
+
+    Args:
+        weights: ``(T, S)`` tensor or array: attention weights, scores or a mask.
+        query_labels: ``T`` labels for the rows; defaults to ``0 .. T-1``.
+        key_labels: ``S`` labels for the columns; defaults to ``0 .. S-1``.
+        ax: the Axes to draw on; a new figure is made when ``None``.
+        title: the Axes' title.
+        annotate: write each entry's value (formatted with ``fmt``) in its cell.
+        fmt: format string for the annotations.
+        cmap: Matplotlib colormap name.
+        vmin: value mapped to the bottom of the colormap; ``None`` for the data's
+            minimum (0 suits weights, which lie in [0, 1]).
+        vmax: value mapped to the top of the colormap; ``None`` for the data's maximum.
+        colorbar: add a colorbar next to the Axes.
+
+    Returns:
+        The Axes, with the ``(T, S)`` image as ``ax.images[0]``.
+
+    Raises:
+        ValueError: if ``weights`` is not 2-D or a label list has the wrong length.
+        TypeError: if ``weights`` is neither numeric nor boolean.
+    """
+    matrix = _as_matrix(weights)  # (T, S)
+    T, S = matrix.shape
+    rows = _check_labels(query_labels, T, "query_labels", "T")
+    cols = _check_labels(key_labels, S, "key_labels", "S")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.45 * S + 2.0, 0.45 * T + 1.5))
+
+    image = ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest")
+    words = max(map(len, cols), default=0) > 2  # slant word labels so they do not overlap
+    ax.set_xticks(range(S), cols, rotation=60 if words else 0, ha="right" if words else "center",
+                  rotation_mode="anchor" if words else "default")
+    ax.set_yticks(range(T), rows)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    if title is not None:
+        ax.set_title(title)
+    if annotate:
+        for t in range(T):
+            for s in range(S):
+                r, g, b, _ = image.cmap(image.norm(matrix[t, s]))
+                luminance = 0.299 * r + 0.587 * g + 0.114 * b
+                ax.text(s, t, fmt.format(matrix[t, s]), ha="center", va="center", fontsize=7,
+                        color="black" if luminance > 0.5 else "white")
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    return ax
