@@ -75,7 +75,12 @@ def check_attention_inputs(
         k: keys ``(..., S, D)``.
         v: values ``(..., S, Dv)``.
         mask: ``None``, or a boolean or floating tensor that broadcasts to
-            ``(..., T, S)``.
+            ``(..., T, S)``; a floating mask has the dtype of ``q``.
+
+    Raises:
+        TypeError: a non-tensor, a non-floating ``q, k, v``, mixed dtypes, or a
+            mask that is neither boolean nor of ``q``'s floating dtype.
+        ValueError: shapes that do not fit together, naming the shapes received.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -111,6 +116,11 @@ def check_attention_inputs(
         raise TypeError(
             f"mask must be boolean (True = may attend) or floating (additive), got {mask.dtype}"
         )
+    if mask.dtype != torch.bool and mask.dtype != q.dtype:
+        raise TypeError(
+            f"an additive mask must have the dtype of q, k and v ({q.dtype}), got {mask.dtype}: "
+            f"convert it with mask.to({q.dtype})"
+        )
     scores_shape = (*batch, q.shape[-2], k.shape[-2])
     try:
         fits = torch.broadcast_shapes(mask.shape, scores_shape) == torch.Size(scores_shape)
@@ -118,8 +128,8 @@ def check_attention_inputs(
         fits = False
     if not fits:
         raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' "
-            f"shape (..., T, S) = {scores_shape}"
+            f"mask of shape {tuple(mask.shape)} must broadcast to the scores' shape "
+            f"(..., T, S) = {scores_shape} without enlarging it"
         )
 
 
@@ -171,6 +181,7 @@ def causal_mask(
     Args:
         T: number of queries.
         S: number of keys, ``S >= T``; defaults to ``T``.
+        device: where to create the mask (default: the CPU).
 
     Returns:
         ``(T, S)`` boolean tensor, ``True`` where attending is allowed.
@@ -204,7 +215,9 @@ def padding_mask(lengths: torch.Tensor | list[int], S: int | None = None) -> tor
     """
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-        raise ValueError(f"lengths must be a 1-D integer tensor, got {lengths.dtype} {tuple(lengths.shape)}")
+        raise ValueError(
+            f"lengths must be a 1-D integer tensor, got {lengths.dtype} {tuple(lengths.shape)}"
+        )
     if (lengths < 0).any():
         raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
     longest = int(lengths.max()) if lengths.numel() else 0
@@ -270,6 +283,10 @@ def scaled_dot_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 class BilinearScore(nn.Module):
     """Bilinear ("general") score ``q W k^T`` of Luong et al. (2015).
 
+    ``W`` starts with variance ``1 / (Dq Dk)``, so unit-variance queries and keys
+    give unit-variance scores (the same reason scaled dot-product attention
+    divides by ``sqrt(D)``).
+
     Args:
         d_q: query width ``Dq``.
         d_k: key width ``Dk`` (may differ from ``Dq``).
@@ -277,7 +294,7 @@ class BilinearScore(nn.Module):
 
     def __init__(self, d_q: int, d_k: int):
         super().__init__()
-        self.W = nn.Parameter(torch.randn(d_q, d_k) / math.sqrt(d_q))
+        self.W = nn.Parameter(torch.randn(d_q, d_k) / math.sqrt(d_q * d_k))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """``(..., T, Dq), (..., S, Dk) -> (..., T, S)``."""

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from coursekit import attention as A
-from tests.conftest import TOL, assert_close
+from tests.conftest import assert_close
 
 DTYPES = [torch.float64, torch.float32]
 
@@ -165,7 +165,7 @@ def test_bad_shapes_give_clear_errors(shapes, message):
 
 def test_bad_mask_and_dtype_errors():
     q = torch.zeros(2, 4, 8)
-    with pytest.raises(ValueError, match=r"does not broadcast to the scores' shape"):
+    with pytest.raises(ValueError, match=r"must broadcast to the scores' shape"):
         A.scaled_dot_product_attention(q, q, q, mask=torch.ones(4, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match="boolean .* or floating"):
         A.scaled_dot_product_attention(q, q, q, mask=torch.ones(4, 4, dtype=torch.int64))
@@ -173,6 +173,16 @@ def test_bad_mask_and_dtype_errors():
         A.scaled_dot_product_attention(q, q.double(), q)
     with pytest.raises(TypeError, match="floating tensor"):
         A.scaled_dot_product_attention(q.long(), q.long(), q.long())
+    with pytest.raises(TypeError, match=r"additive mask must have the dtype of q.*mask.to\(torch.float32\)"):
+        A.scaled_dot_product_attention(q, q, q, mask=torch.zeros(4, 4, dtype=torch.float64))
+
+
+def test_bilinear_scores_start_with_unit_variance():
+    torch.manual_seed(0)
+    bil = A.BilinearScore(64, 32)
+    q, k = torch.randn(4000, 64), torch.randn(4000, 32)
+    var = (q[:, None, :] @ bil.W @ k[:, :, None]).var().item()
+    assert 0.8 < var < 1.25, var
 
 
 # --------------------------------------------------------------------------- masks
