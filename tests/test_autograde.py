@@ -37,6 +37,7 @@ def graded(tmp_path_factory):
     inbox.mkdir()
     reference = filled(ASSIGNMENT)
     nbformat.write(reference, inbox / "reference.ipynb")
+    shutil.copy(ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", inbox / "solution.ipynb")
     nbformat.write(load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), inbox / "untouched.ipynb")
     for m in MUTANTS:
         nbformat.write(replace_definition(reference, m.target, m.source), inbox / f"{m.name}.ipynb")
@@ -53,16 +54,18 @@ def score(rows, student):
     return float(rows[student]["score"]), float(rows[student]["max_score"])
 
 
-def test_reference_scores_full_marks(graded):
+@pytest.mark.parametrize("student", ["reference", "solution"])
+def test_solution_scores_full_marks(graded, student):
+    """The release filled in with the solutions, and the instructor's notebook itself."""
     _, rows = graded
-    got, best = score(rows, "reference")
+    got, best = score(rows, student)
     assert best == 12 and got == best
 
 
 def test_untouched_release_scores_zero_without_stopping_the_batch(graded):
     _, rows = graded
     assert score(rows, "untouched")[0] == 0
-    assert len(rows) == len(MUTANTS) + 2  # everyone after it was graded
+    assert len(rows) == len(MUTANTS) + 3  # everyone after it was graded
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)

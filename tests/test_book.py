@@ -145,3 +145,24 @@ def test_internal_links_resolve(page, book):
         if parsed.fragment and target.suffix == ".html":
             ids = set(re.findall(r'id="([^"]+)"', target.read_text()))
             assert unquote(parsed.fragment) in ids, f"{page}: link {href} points to a missing anchor"
+
+
+@pytest.mark.parametrize("code,fails", [("print('fine')", False), ("raise ValueError('this cell fails')", True)])
+def test_a_failing_cell_fails_the_build(tmp_path, code, fails):
+    """With the book's own _config.yml, an exception in a page's code is an error, not a warning
+    (and the same page without it builds, so the failure is the cell's)."""
+    shutil.copy(ROOT / "_config.yml", tmp_path)
+    (tmp_path / "_vendor").mkdir()
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: page\n")
+    (tmp_path / "page.md").write_text(
+        "---\njupytext:\n  text_representation:\n    format_name: myst\n"
+        "kernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n# A page\n\n"
+        f"```{{code-cell}} ipython3\n{code}\n```\n"
+    )
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "jupyter-book"), "build", ".", "-W", "-n", "--keep-going"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert (run.returncode != 0) == fails, run.stdout[-3000:]
+    assert ("this cell fails" in run.stdout + run.stderr) == fails
