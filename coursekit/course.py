@@ -178,7 +178,7 @@ def autograde(root: Path, assignment: str, students: list[str], feedback: bool =
     so that its hidden tests are known. One student's failure is recorded in
     their :class:`Grade` and does not stop the others.
     """
-    from nbgrader.api import Gradebook
+    from nbgrader.api import Gradebook, MissingEntry
 
     api = _api(root)
     with tempfile.TemporaryDirectory() as tmp:  # registers grade cells; the release itself is discarded
@@ -200,7 +200,7 @@ def autograde(root: Path, assignment: str, students: list[str], feedback: bool =
         for student in students:
             try:
                 score = gb.find_submission(assignment, student).score
-            except Exception:  # never graded
+            except MissingEntry:  # autograding failed before nbgrader recorded a submission
                 score = 0.0
             grades.append(Grade(student, float(score), float(max_score), errors.get(student)))
     return grades
