@@ -23,6 +23,7 @@ __all__ = [
     "GradingFailure",
     "Grader",
     "close",
+    "describe",
     "generator",
 ]
 
