@@ -6,6 +6,7 @@ the catalogue, autograded by ``coursekit autograde`` in a temporary course folde
 
 from __future__ import annotations
 
+import csv
 import shutil
 
 import nbformat
@@ -43,8 +44,6 @@ def graded(tmp_path_factory):
         nbformat.write(replace_definition(reference, m.target, m.source), inbox / f"{m.name}.ipynb")
     csv_path = root / "grades.csv"
     assert cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--csv", str(csv_path)]) == 0
-    import csv
-
     with open(csv_path, newline="") as f:
         rows = {r["student_id"]: r for r in csv.DictReader(f)}
     return root, rows
@@ -92,7 +91,7 @@ def test_feedback_is_written_for_every_student(graded):
     assert "subtract the maximum" in text
 
 
-def test_rerun_gives_identical_scores(graded, tmp_path):
+def test_rerun_gives_identical_scores(graded):
     root, rows = graded
     students = ["reference", "attention_no_scaling"]
     again = {g.student: g.score for g in course.autograde(root, ASSIGNMENT, students, feedback=False)}
