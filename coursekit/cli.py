@@ -1,7 +1,9 @@
 """The ``coursekit`` command: release exercises, autograde submissions, check the setup.
 
     coursekit release [ASSIGNMENT ...] [--check]
-    coursekit autograde SUBMISSIONS --assignment ch01_attention [--csv grades.csv]
+    coursekit autograde SUBMISSIONS --assignment ch01_attention [--jobs 2] [--csv grades.csv]
+    coursekit report --assignment ch01_attention
+    coursekit check NOTEBOOK          (students: run the public checks locally)
     coursekit doctor
 """
 
@@ -13,9 +15,11 @@ import logging
 import platform
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from coursekit import course
+from coursekit.sandbox import Limits, SandboxError
 
 
 def _root(args) -> Path:
@@ -35,21 +39,63 @@ def cmd_release(args) -> int:
     return 0
 
 
+def _limits(args) -> Limits:
+    if min(args.cell_timeout, args.check_timeout, args.timeout, args.memory) <= 0:
+        raise ValueError("timeouts and the memory limit must be positive")
+    return Limits(
+        cell_seconds=args.cell_timeout, check_seconds=args.check_timeout,
+        submission_seconds=args.timeout, memory=int(args.memory * 2**30),
+    )
+
+
 def cmd_autograde(args) -> int:
+    from coursekit import autograde, report
+
     root = _root(args)
+    limits = _limits(args)
     students = course.collect(root, args.assignment, Path(args.submissions))
     print(f"collected {len(students)} submissions of {args.assignment} into {root / 'submitted'}")
-    grades = course.autograde(root, args.assignment, students, feedback=not args.no_feedback)
-    width = max(len(g.student) for g in grades)
-    for g in grades:
-        note = f"  (not graded: {g.error})" if g.error else ""
-        print(f"{g.student:<{width}}  {g.score:g} / {g.max_score:g}{note}")
+    started = time.monotonic()
+    results = autograde.autograde(
+        root, args.assignment, students, jobs=args.jobs, limits=limits, sandbox=args.sandbox,
+        fresh=args.fresh, feedback=not args.no_feedback, progress=sys.stderr.isatty(),
+    )
+    elapsed = time.monotonic() - started
+    width = max(len(r.student) for r in results)
+    for r in results:
+        extra = f"  (not graded: {r.error})" if r.error else (f"  [{r.notes[0]}{' ...' if len(r.notes) > 1 else ''}]" if r.notes else "")
+        print(f"{r.student:<{width}}  {r.score:g} / {r.max_score:g}{extra}")
+    cached = sum(r.cached for r in results)
+    print(f"graded {len(results)} notebooks in {elapsed:.1f} s ({elapsed / len(results):.2f} s each"
+          f"{f'; {cached} unchanged since the last run' if cached else ''})")
     csv_path = Path(args.csv).resolve()
     course.export_csv(root, csv_path)
     print(f"grades of every assignment: {csv_path}")
+    print(f"class report: {report.write_report(root, args.assignment)}")
     if not args.no_feedback:
         print(f"feedback (HTML, one per student): {root / 'feedback'}")
+    return 1 if any(r.error for r in results) else 0
+
+
+def cmd_report(args) -> int:
+    from coursekit import report
+
+    print(report.write_report(_root(args), args.assignment))
     return 0
+
+
+def cmd_check(args) -> int:
+    from coursekit import autograde
+
+    path = Path(args.notebook)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    result = autograde.check_notebook(path, sandbox=args.sandbox, limits=_limits(args))
+    for line in result.lines:
+        print(line)
+    print(f"public checks: {result.public_score:g} of {result.public_max:g} points"
+          + (f"; hidden checks worth {result.hidden_max:g} more points run when your notebook is graded" if result.hidden_max else ""))
+    return 0 if result.public_score == result.public_max else 1
 
 
 def cmd_doctor(args) -> int:
@@ -67,6 +113,10 @@ def cmd_doctor(args) -> int:
             report(True, dist, importlib.metadata.version(dist))
         except importlib.metadata.PackageNotFoundError:
             report(False, dist, "not installed: pip install -r requirements.txt")
+    from coursekit.sandbox import bubblewrap_works
+
+    report(bubblewrap_works(), "bubblewrap", "works (student code is sandboxed)" if bubblewrap_works()
+           else "missing or blocked: the autograder falls back to resource limits only; apt-get install bubblewrap")
     for exe in ("chromium", "chromedriver"):
         path = shutil.which(exe)
         report(path is not None, exe, path or "not found (needed by the browser test): apt-get install chromium chromium-driver")
@@ -103,12 +153,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="only report whether exercises/ is current")
     p.set_defaults(func=cmd_release)
 
-    p = sub.add_parser("autograde", help="collect a folder of submissions, autograde, write feedback and a CSV")
+    def sandbox_options(p):
+        p.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "rlimit"],
+                       help="bubblewrap, or a plain process with resource limits (auto: bubblewrap where it works)")
+        p.add_argument("--cell-timeout", type=float, default=Limits.cell_seconds, help="seconds per notebook cell (default %(default)s)")
+        p.add_argument("--check-timeout", type=float, default=Limits.check_seconds, help="seconds per grading check (default %(default)s)")
+        p.add_argument("--timeout", type=float, default=Limits.submission_seconds, help="seconds per submission (default %(default)s)")
+        p.add_argument("--memory", type=float, default=Limits.memory / 2**30, help="GiB of memory per submission (default %(default)s)")
+
+    p = sub.add_parser("autograde", help="collect a folder of submissions, grade them in a sandbox, write feedback, a CSV and a report")
     p.add_argument("submissions", help="folder of <student>.ipynb or <student>/<notebook>.ipynb")
     p.add_argument("--assignment", required=True, help="assignment id, e.g. ch01_attention")
     p.add_argument("--csv", default="grades.csv", help="where to export grades (default: grades.csv)")
+    p.add_argument("--jobs", type=int, default=1, help="sandboxes grading in parallel (default 1)")
+    p.add_argument("--fresh", action="store_true", help="regrade everyone, even submissions unchanged since the last run")
     p.add_argument("--no-feedback", action="store_true", help="skip the HTML feedback")
+    sandbox_options(p)
     p.set_defaults(func=cmd_autograde)
+
+    p = sub.add_parser("report", help="(re)write the class report of an assignment")
+    p.add_argument("--assignment", required=True)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("check", help="students: run a notebook and its public checks, as the autograder would")
+    p.add_argument("notebook")
+    sandbox_options(p)
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("doctor", help="check versions, Chromium, MathJax and the Jupyter kernel")
     p.set_defaults(func=cmd_doctor)
@@ -117,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (FileNotFoundError, ValueError, RuntimeError, SandboxError) as e:
         print(f"coursekit {args.command}: {e}", file=sys.stderr)
         return 2
 

@@ -14,7 +14,6 @@ import re
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -85,6 +84,7 @@ def release(root: Path, names: list[str] | None = None, out: Path | None = None)
     if unknown:
         raise ValueError(f"no such assignment in solutions/: {', '.join(unknown)} (have: {', '.join(assignments(root))})")
     out = (out or root / "exercises").resolve()
+    _validate_test_cells(root, names)
     with tempfile.TemporaryDirectory() as tmp:
         staging = Path(tmp) / "release"
         api = _api(
@@ -101,6 +101,21 @@ def release(root: Path, names: list[str] | None = None, out: Path | None = None)
                 shutil.rmtree(target)
             shutil.copytree(staging / name, target)
     return sorted(p for name in names for p in (out / name).rglob("*.ipynb"))
+
+
+def _validate_test_cells(root: Path, names: list[str]) -> None:
+    """Every test cell must be a thin call into coursekit.grading: the autograder runs
+    that call on the trusted side (see coursekit.autograde)."""
+    import nbformat
+
+    from coursekit.submission import is_test_cell, nbgrader_meta, thin_calls
+
+    for name in names:
+        for path in sorted((root / "solutions" / name).glob("*.ipynb")):
+            for cell in nbformat.read(path, as_version=4).cells:
+                if is_test_cell(cell):
+                    gid = nbgrader_meta(cell).get("grade_id")
+                    thin_calls(cell.source, f"{path.relative_to(root)}: test cell {gid!r}")
 
 
 def stale_releases(root: Path) -> list[str]:
@@ -123,14 +138,6 @@ def stale_releases(root: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------- collect and autograde
-
-
-@dataclass(frozen=True)
-class Grade:
-    student: str
-    score: float
-    max_score: float
-    error: str | None = None  # why grading this submission failed, if it did
 
 
 def collect(root: Path, assignment: str, submissions: Path) -> list[str]:
@@ -169,41 +176,6 @@ def collect(root: Path, assignment: str, submissions: Path) -> list[str]:
             name = expected[0] if len(notebooks) == 1 and len(expected) == 1 else nb.name
             shutil.copy2(nb, dest / name)
     return sorted(found)
-
-
-def autograde(root: Path, assignment: str, students: list[str], feedback: bool = True) -> list[Grade]:
-    """Autograde each student's submission with nbgrader, then write feedback.
-
-    The assignment is first (re)registered in the gradebook from ``solutions/``
-    so that its hidden tests are known. One student's failure is recorded in
-    their :class:`Grade` and does not stop the others.
-    """
-    from nbgrader.api import Gradebook, MissingEntry
-
-    api = _api(root)
-    with tempfile.TemporaryDirectory() as tmp:  # registers grade cells; the release itself is discarded
-        staging = _api(root, **{"CourseDirectory.release_directory": tmp})
-        _check(staging.generate_assignment(assignment, force=True, create=True), f"registering {assignment}")
-    errors: dict[str, str] = {}
-    for student in students:
-        result = api.autograde(assignment, student, force=True, create=True)
-        if not result.get("success"):
-            errors[student] = _last_line(result.get("error") or result.get("log") or "unknown error")
-            log.warning("autograding %s failed: %s", student, errors[student])
-        elif feedback:
-            fb = api.generate_feedback(assignment, student, force=True)
-            if not fb.get("success"):
-                log.warning("feedback for %s failed: %s", student, _last_line(fb.get("error", "")))
-    grades = []
-    with Gradebook(api.coursedir.db_url) as gb:
-        max_score = gb.find_assignment(assignment).max_score
-        for student in students:
-            try:
-                score = gb.find_submission(assignment, student).score
-            except MissingEntry:  # autograding failed before nbgrader recorded a submission
-                score = 0.0
-            grades.append(Grade(student, float(score), float(max_score), errors.get(student)))
-    return grades
 
 
 def _last_line(text: str) -> str:

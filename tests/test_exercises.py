@@ -46,7 +46,7 @@ def test_every_assignment_has_a_module_and_a_release():
 def test_release_hides_solutions_and_hidden_tests():
     for name in MODULES:
         text = (ROOT / "exercises" / name / f"{name}.ipynb").read_text()
-        assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text and "coursekit.grading" not in text
+        assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text and ".grade_" not in text
         assert "raise NotImplementedError()" in text
 
 

@@ -1,7 +1,10 @@
-"""Hidden checks for Exercise 1 (attention).
+"""Checks for Exercise 1 (attention).
 
-Each ``grade_*`` function takes the student's object, compares it with
-:mod:`coursekit.attention` on fresh seeded inputs and tests properties, and raises
+Each part has two entry points, both called from the notebook with the student's
+object. ``check_*`` holds the *public* checks: small, fixed examples that a
+student runs while working (and ``coursekit check`` runs). ``grade_*`` holds the
+*hidden* checks: it compares the object with :mod:`coursekit.attention` on fresh
+seeded inputs and tests properties. Both raise
 :class:`~coursekit.grading.core.GradingFailure` with a hint per failed check.
 """
 
@@ -12,9 +15,12 @@ import math
 import torch
 
 from coursekit import attention as ref
-from coursekit.grading.core import Grader, close, describe, generator
+from coursekit.grading.core import Grader, close, describe, generator, is_a, is_tensor, probe
 
-__all__ = ["grade_softmax", "grade_causal_mask", "grade_attention", "grade_self_attention"]
+__all__ = [
+    "check_softmax", "check_causal_mask", "check_attention", "check_self_attention",
+    "grade_softmax", "grade_causal_mask", "grade_attention", "grade_self_attention",
+]
 
 
 def _rand(name: str, *shape: int, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
@@ -33,7 +39,7 @@ def grade_softmax(softmax) -> None:
             x = _rand("softmax.shape", 3, 4, 5, dtype=dtype)
             p = softmax(x)
             g.expect(
-                isinstance(p, torch.Tensor) and p.shape == x.shape and p.dtype == x.dtype,
+                is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
                 f"for input {describe(x)} expected the same shape and dtype, got {describe(p)}",
             )
 
@@ -41,7 +47,7 @@ def grade_softmax(softmax) -> None:
         x = _rand("softmax.values", 4, 7, scale=3.0)
         p = softmax(x)
         expected = torch.softmax(x, dim=-1)
-        if isinstance(p, torch.Tensor) and p.shape == x.shape and not close(p.sum(-1), torch.ones(4, dtype=x.dtype)):
+        if is_tensor(p) and p.shape == x.shape and not close(p.sum(-1), torch.ones(4, dtype=x.dtype)):
             g.fail("your rows do not sum to 1: normalise by the sum over the last axis (keepdim=True)")
         g.expect(close(p, expected), "values differ from torch.softmax(x, dim=-1)")
 
@@ -59,7 +65,7 @@ def grade_softmax(softmax) -> None:
         x = _rand("softmax.large", 3, 6, dtype=torch.float32, scale=50.0) + 1000.0
         p = softmax(x)
         g.expect(
-            isinstance(p, torch.Tensor) and bool(torch.isfinite(p).all()),
+            is_tensor(p) and bool(torch.isfinite(p).all()),
             "got inf or NaN for inputs around 1000: exp(1000) overflows; "
             "subtract the maximum of each slice before exponentiating",
         )
@@ -76,7 +82,7 @@ def grade_softmax(softmax) -> None:
         p = softmax(x)
         expected = torch.tensor([[1 / (1 + math.e), 0.0, math.e / (1 + math.e)], [0.0, 0.0, 0.0]], dtype=torch.float64)
         g.expect(
-            isinstance(p, torch.Tensor) and not bool(torch.isnan(p).any()),
+            is_tensor(p) and not bool(torch.isnan(p).any()),
             "a fully masked row (all -inf) gave NaN: replace an infinite maximum by 0 before subtracting, "
             "and divide by 1 where the sum is 0",
         )
@@ -84,9 +90,8 @@ def grade_softmax(softmax) -> None:
 
     with g.check("leaves its input unchanged"):
         x = _rand("softmax.inplace", 3, 5)
-        before = x.clone()
-        softmax(x)
-        g.expect(torch.equal(x, before), "softmax modified its input in place (x -= ... or x.exp_()): compute a new tensor")
+        after = probe(softmax, x.clone()).args[0]
+        g.expect(is_tensor(after) and torch.equal(after, x), "softmax modified its input in place (x -= ... or x.exp_()): compute a new tensor")
 
     g.finish()
 
@@ -101,7 +106,7 @@ def grade_causal_mask(causal_mask) -> None:
     with g.check("returns a boolean (T, S) tensor"):
         m = causal_mask(4)
         g.expect(
-            isinstance(m, torch.Tensor) and m.dtype == torch.bool and m.shape == (4, 4),
+            is_tensor(m) and m.dtype == torch.bool and m.shape == (4, 4),
             f"causal_mask(4) should be a bool tensor of shape (4, 4), got {describe(m)}",
         )
 
@@ -109,18 +114,18 @@ def grade_causal_mask(causal_mask) -> None:
         for T in (5, 1, 2, 9):
             m = causal_mask(T)
             expected = ref.causal_mask(T)
-            if isinstance(m, torch.Tensor) and m.shape == expected.shape and m.dtype == torch.bool and T > 1:
+            if is_tensor(m) and m.shape == expected.shape and m.dtype == torch.bool and T > 1:
                 if torch.equal(m, expected.T):
                     g.fail("the mask is transposed: query i (row) may attend to keys j <= i (columns)")
                 if torch.equal(m, ~expected):
                     g.fail("the mask is inverted: True means *may attend*")
-            if isinstance(m, torch.Tensor) and m.shape == expected.shape and m.dtype == torch.bool:
+            if is_tensor(m) and m.shape == expected.shape and m.dtype == torch.bool:
                 if not bool(m.diagonal().all()):
                     g.fail("a position may not attend to itself: the diagonal must be True (off by one?)")
                 if bool((m & ~expected).any()):
                     g.fail("a query can see a future key: entries above the diagonal must be False")
             g.expect(
-                isinstance(m, torch.Tensor) and torch.equal(m, expected),
+                is_tensor(m) and torch.equal(m, expected),
                 f"causal_mask({T}) differs from the lower-triangular mask",
             )
 
@@ -128,7 +133,7 @@ def grade_causal_mask(causal_mask) -> None:
         for T, S in ((1, 4), (3, 5), (2, 7)):
             m = causal_mask(T, S)
             g.expect(
-                isinstance(m, torch.Tensor) and m.shape == (T, S),
+                is_tensor(m) and m.shape == (T, S),
                 f"causal_mask({T}, {S}) should have shape ({T}, {S}), got {describe(m)}",
             )
             g.expect(
@@ -167,11 +172,11 @@ def grade_attention(attention) -> None:
         q, k, v = inputs("att.shape", 2, T=5, S=6, D=4, Dv=3)
         out, w = _unpack(attention(q, k, v), "attention", g)
         g.expect(
-            isinstance(out, torch.Tensor) and out.shape == (2, 5, 3),
+            is_tensor(out) and out.shape == (2, 5, 3),
             f"out should be (2, 5, 3) for q (2, 5, 4), k (2, 6, 4), v (2, 6, 3); got {describe(out)}",
         )
         g.expect(
-            isinstance(w, torch.Tensor) and w.shape == (2, 5, 6),
+            is_tensor(w) and w.shape == (2, 5, 6),
             f"weights should be (2, 5, 6) = (B, T, S); got {describe(w)}",
         )
 
@@ -179,7 +184,7 @@ def grade_attention(attention) -> None:
         for batch in ((), (3,), (2, 3)):
             q, k, v = inputs(f"att.nomask{batch}", *batch, T=5, S=7, D=8, Dv=3)
             out, w = _unpack(attention(q, k, v), "attention", g)
-            if isinstance(w, torch.Tensor) and w.shape[-2:] == (5, 7):
+            if is_tensor(w) and w.shape[-2:] == (5, 7):
                 sums = w.sum(-1)
                 if not close(sums, torch.ones_like(sums)):
                     g.fail("rows of the weights do not sum to 1: take the softmax over the keys (last axis)")
@@ -202,7 +207,7 @@ def grade_attention(attention) -> None:
         out, w = _unpack(attention(q, k, v, mask=mask), "attention", g)
         if close(out, sdpa(q, k, v, attn_mask=~mask)):
             g.fail("the mask is inverted: True means the query *may attend* to the key")
-        if isinstance(w, torch.Tensor) and w.shape == mask.shape:
+        if is_tensor(w) and w.shape == mask.shape:
             g.expect(
                 bool((w[~mask] == 0).all()),
                 "masked keys got non-zero weight: set their scores to -inf *before* the softmax",
@@ -235,26 +240,25 @@ def grade_attention(attention) -> None:
         mask[1] = False
         out, w = _unpack(attention(q, k, v, mask=mask), "attention", g)
         g.expect(
-            isinstance(out, torch.Tensor) and not bool(torch.isnan(out).any()),
+            is_tensor(out) and not bool(torch.isnan(out).any()),
             "a fully masked row gave NaN: its weights must be all zero (see the softmax part)",
         )
         g.expect(close(out, sdpa(q, k, v, attn_mask=mask)), "the fully masked query's output should be zeros")
 
     with g.check("gradients match the reference"):
         q, k, v = inputs("att.grad", 2, T=3, S=4)
-        qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
-        qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
-        out, _ = _unpack(attention(qs, ks, vs), "attention", g)
+        upstream = _rand("att.grad.up", *q.shape[:-1], v.shape[-1])  # (B, T, Dv)
+        p = probe(attention, *(t.clone().requires_grad_() for t in (q, k, v)), backward=(0, upstream))
+        out, _ = _unpack(p.result, "attention", g)
         g.expect(
-            isinstance(out, torch.Tensor) and out.requires_grad,
+            is_tensor(out) and out.requires_grad,
             "the output does not depend on q, k, v through autograd: avoid .detach(), .numpy() or .item()",
         )
-        upstream = _rand("att.grad.up", *q.shape[:-1], v.shape[-1])  # (B, T, Dv)
-        (out * upstream).sum().backward()
+        qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
         (sdpa(qr, kr, vr) * upstream).sum().backward()
-        for name, a, b in (("q", qs, qr), ("k", ks, kr), ("v", vs, vr)):
+        for name, got, b in zip("qkv", p.grads, (qr, kr, vr)):
             g.expect(
-                a.grad is not None and close(a.grad, b.grad),
+                got is not None and close(got, b.grad),
                 f"the gradient with respect to {name} differs from the reference",
             )
 
@@ -262,10 +266,9 @@ def grade_attention(attention) -> None:
         q, k, v = inputs("att.inplace", 2)
         mask = torch.rand(5, 6, generator=generator("att.inplace.mask")) < 0.7
         mask[:, 0] = True
-        saved = [t.clone() for t in (q, k, v, mask)]
-        attention(q, k, v, mask=mask)
-        for name, a, b in zip("qkvm", (q, k, v, mask), saved):
-            g.expect(torch.equal(a, b), f"{'mask' if name == 'm' else name} was modified in place: compute new tensors")
+        p = probe(attention, q.clone(), k.clone(), v.clone(), mask=mask.clone())
+        for name, a, b in zip("qkvm", (*p.args, p.kwargs.get("mask")), (q, k, v, mask)):
+            g.expect(is_tensor(a) and torch.equal(a, b), f"{'mask' if name == 'm' else name} was modified in place: compute new tensors")
 
     g.finish()
 
@@ -286,7 +289,7 @@ def grade_self_attention(SelfAttention) -> None:
         m = build()
         for name in ("q_proj", "k_proj", "v_proj"):
             layer = getattr(m, name, None)
-            g.expect(isinstance(layer, torch.nn.Linear), f"SelfAttention needs an nn.Linear called {name}")
+            g.expect(is_a(layer, "torch.nn.modules.linear.Linear"), f"SelfAttention needs an nn.Linear called {name}")
             g.expect(
                 (layer.in_features, layer.out_features) == (C, D),
                 f"{name} should map C={C} to D={D} features, got {layer.in_features} -> {layer.out_features}",
@@ -331,8 +334,112 @@ def grade_self_attention(SelfAttention) -> None:
         a, _ = _unpack(m(x, mask=ref.causal_mask(6)), "SelfAttention.forward", g)
         b, _ = _unpack(m(y, mask=ref.causal_mask(6)), "SelfAttention.forward", g)
         g.expect(
-            isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and close(a[:, :4], b[:, :4]),
+            is_tensor(a) and is_tensor(b) and close(a[:, :4], b[:, :4]),
             "outputs at positions 0-3 changed when only positions 4-5 changed: information leaks from the future",
         )
 
+    g.finish()
+
+
+# --------------------------------------------------------------------------- public checks
+
+
+def check_softmax(softmax) -> None:
+    """Public checks of ``softmax`` on one small example."""
+    g = Grader("softmax (public)")
+    x = torch.tensor([[0.0, math.log(3.0)], [1000.0, 1000.0], [-math.inf, 0.0]])
+    expected = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.0, 1.0]])
+    with g.check("softmax([[0, log 3], [1000, 1000], [-inf, 0]]) is [[0.25, 0.75], [0.5, 0.5], [0, 1]]"):
+        p = softmax(x)
+        g.expect(is_tensor(p) and p.shape == x.shape, f"softmax must return a tensor of shape {tuple(x.shape)}, got {describe(p)}")
+        g.expect(
+            bool(torch.isfinite(p).all()),
+            "softmax gave inf or NaN for [1000, 1000]: subtract the maximum of each slice before exponentiating",
+        )
+        g.expect(torch.allclose(p.sum(-1), torch.ones(3)), "your rows do not sum to 1: normalise by the sum over `dim`")
+        g.expect(torch.allclose(p, expected), f"expected\n{expected}\ngot\n{p}")
+    g.finish()
+
+
+def check_causal_mask(causal_mask) -> None:
+    """Public checks of ``causal_mask`` for T = S = 3 and for T = 2, S = 4."""
+    g = Grader("causal_mask (public)")
+    with g.check("causal_mask(3) is the lower-triangular (3, 3) boolean mask"):
+        m = causal_mask(3)
+        g.expect(is_tensor(m) and m.dtype == torch.bool and m.shape == (3, 3), f"causal_mask(3) must be a (3, 3) boolean tensor, got {describe(m)}")
+        g.expect(bool(m.diagonal().all()), "a position may not attend to itself: the diagonal must be True (off by one?)")
+        g.expect(
+            not bool(m[0, 1]),
+            "query 0 can see key 1, a future key: entries above the diagonal must be False (is the mask transposed?)",
+        )
+        g.expect(torch.equal(m, torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)), f"causal_mask(3) is\n{m}")
+    with g.check("with S > T keys, the last query sees every key"):
+        m = causal_mask(2, 4)
+        g.expect(is_tensor(m) and m.shape == (2, 4), f"causal_mask(2, 4) must have shape (2, 4), got {describe(m)}")
+        g.expect(bool(m[-1].all()), "with S > T keys, the last query sees every key: causal_mask(2, 4) is misaligned")
+    g.finish()
+
+
+def check_attention(attention) -> None:
+    """Public checks of ``scaled_dot_product_attention`` against torch's, with and without a mask."""
+    g = Grader("scaled_dot_product_attention (public)")
+    q, k, v = _rand("public.q", 2, 3, 4, dtype=torch.float32), _rand("public.k", 2, 5, 4, dtype=torch.float32), _rand("public.v", 2, 5, 6, dtype=torch.float32)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with g.check("q (2, 3, 4), k (2, 5, 4), v (2, 5, 6) give out (2, 3, 6) equal to torch's"):
+        out, weights = _unpack(attention(q, k, v), "attention", g)
+        g.expect(
+            is_tensor(out) and is_tensor(weights) and out.shape == (2, 3, 6) and weights.shape == (2, 3, 5),
+            f"expected out (2, 3, 6) and weights (2, 3, 5), got {describe(out)} and {describe(weights)}",
+        )
+        g.expect(
+            torch.allclose(weights.sum(-1), torch.ones(2, 3)),
+            "rows of the weights do not sum to 1: take the softmax over the keys (last axis)",
+        )
+        g.expect(
+            torch.allclose(out, sdpa(q, k, v), atol=1e-6),
+            "out differs from torch's scaled_dot_product_attention (is q k^T divided by sqrt(D)?)",
+        )
+    with g.check("a boolean causal mask (3, 5): masked keys get zero weight"):
+        mask = ref.causal_mask(3, 5)
+        out, weights = _unpack(attention(q, k, v, mask=mask), "attention", g)
+        g.expect(is_tensor(weights) and weights.shape == (2, 3, 5), f"weights should be (2, 3, 5), got {describe(weights)}")
+        g.expect(
+            bool((weights[:, ~mask] == 0).all()),
+            "masked keys got non-zero weight: set their scores to -inf before the softmax",
+        )
+        g.expect(
+            is_tensor(out) and torch.allclose(out, sdpa(q, k, v, attn_mask=mask), atol=1e-6),
+            "with a boolean mask, out differs from torch's",
+        )
+    g.finish()
+
+
+def check_self_attention(SelfAttention) -> None:
+    """Public checks of ``SelfAttention(8, 4)``: shapes, parameter count, and the computation."""
+    g = Grader("SelfAttention (public)")
+    x = _rand("public.x", 2, 5, 8, dtype=torch.float32)
+    with g.check("SelfAttention(8, 4) maps (2, 5, 8) to out (2, 5, 4) and weights (2, 5, 5)"):
+        out, weights = _unpack(SelfAttention(8, 4)(x), "SelfAttention.forward", g)
+        g.expect(
+            is_tensor(out) and is_tensor(weights) and out.shape == (2, 5, 4) and weights.shape == (2, 5, 5),
+            f"expected out (2, 5, 4) and weights (2, 5, 5), got {describe(out)} and {describe(weights)}",
+        )
+    with g.check("SelfAttention(8, 4) has 3 * (8*4 + 4) = 108 parameters"):
+        n = sum(p.numel() for p in SelfAttention(8, 4).parameters())
+        g.expect(n == 3 * (8 * 4 + 4), f"SelfAttention(8, 4) should have 3 * (8*4 + 4) = 108 parameters, got {n}")
+    with g.check("out is attention over q_proj(x), k_proj(x), v_proj(x)"):
+        layer = SelfAttention(8, 4)
+        weights = layer.state_dict()
+        names = ("q_proj", "k_proj", "v_proj")
+        g.expect(
+            isinstance(weights, dict) and all(f"{n}.weight" in weights for n in names),
+            "SelfAttention needs three nn.Linear layers called q_proj, k_proj and v_proj",
+        )
+        reference = ref.SelfAttention(8, 4)
+        reference.load_state_dict(weights)
+        out, _ = _unpack(layer(x), "SelfAttention.forward", g)
+        g.expect(
+            is_tensor(out) and torch.allclose(out, reference(x)[0], atol=1e-6),
+            "out differs from attention over q_proj(x), k_proj(x), v_proj(x)",
+        )
     g.finish()

@@ -12,9 +12,12 @@ anything failed.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import traceback
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -22,10 +25,21 @@ __all__ = [
     "TOLERANCES",
     "GradingFailure",
     "Grader",
+    "Probe",
     "close",
     "describe",
     "generator",
+    "is_a",
+    "is_tensor",
+    "probe",
 ]
+
+#: The sandbox session the student's objects live in while the autograder runs
+#: (``None`` when a grader is called in-process, as in a notebook or a unit test).
+#: Each :meth:`Grader.check` then runs in a fresh process forked from the notebook.
+SESSION: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_session", default=None)
+#: Where :meth:`Grader.finish` writes its lines: a list to append to, or ``None`` to print.
+REPORT: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_report", default=None)
 
 #: One table of tolerances for every comparison a grader makes: (rtol, atol).
 #: float64 is tight; float32 follows torch.testing's defaults.
@@ -58,9 +72,9 @@ def generator(name: str) -> torch.Generator:
 
 
 def close(actual: object, expected: torch.Tensor) -> bool:
-    """True when ``actual`` is a tensor of ``expected``'s shape and dtype whose
-    values agree within :data:`TOLERANCES` (NaN never agrees)."""
-    if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+    """True when ``actual`` is a plain tensor (not a subclass) of ``expected``'s shape
+    and dtype whose values agree within :data:`TOLERANCES` (NaN never agrees)."""
+    if type(actual) not in (torch.Tensor, torch.nn.Parameter) or actual.shape != expected.shape:
         return False
     if actual.dtype != expected.dtype:
         return False
@@ -70,9 +84,58 @@ def close(actual: object, expected: torch.Tensor) -> bool:
 
 def describe(x: object) -> str:
     """Short description of a value for a hint: ``tensor float32 (2, 3)``."""
-    if isinstance(x, torch.Tensor):
+    if type(x) in (torch.Tensor, torch.nn.Parameter):
         return f"tensor {str(x.dtype).removeprefix('torch.')} {tuple(x.shape)}"
-    return type(x).__name__
+    name = getattr(x, "type_name", None)  # an object living in the sandbox
+    return name if isinstance(name, str) else type(x).__name__
+
+
+def is_tensor(x: object) -> bool:
+    """A plain tensor (or parameter): a subclass could lie about its values."""
+    return type(x) in (torch.Tensor, torch.nn.Parameter)
+
+
+def is_a(obj: object, qualified: str) -> bool:
+    """``isinstance`` by qualified class name, for local objects and sandbox objects alike:
+    ``is_a(layer, "torch.nn.modules.linear.Linear")``."""
+    check = getattr(type(obj), "is_a", None)
+    if check is not None and getattr(obj, "type_name", None) is not None:
+        return obj.is_a(qualified)
+    return any(f"{c.__module__}.{c.__qualname__}" == qualified for c in type(obj).__mro__)
+
+
+@dataclass
+class Probe:
+    """What one call of the student's code did: its result, its arguments afterwards
+    (to detect in-place changes) and, if asked, the gradients of its arguments."""
+
+    result: Any
+    args: list
+    kwargs: dict
+    grads: list | None = None
+
+
+def probe(fn, *args, backward: tuple[int | None, torch.Tensor] | None = None, **kwargs) -> Probe:
+    """Call ``fn(*args, **kwargs)`` and report what it did.
+
+    With ``backward=(i, upstream)``, ``sum(result[i] * upstream)`` is
+    back-propagated (``i=None``: the result itself) and ``grads`` holds the
+    gradient of each argument that requires one. Works the same whether ``fn`` is
+    local or lives in the sandbox (where autograd cannot cross the process boundary).
+    """
+    remote = getattr(fn, "_probe", None)
+    if remote is not None and getattr(fn, "type_name", None) is not None:
+        answer = remote(args, kwargs, backward)
+        return Probe(answer["result"], answer.get("args", list(args)), answer.get("kwargs", kwargs), answer.get("grads"))
+    result = fn(*args, **kwargs)
+    grads = None
+    if backward is not None:
+        index, upstream = backward
+        out = result if index is None else result[index]
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            (out * upstream).sum().backward()
+        grads = [a.grad if isinstance(a, torch.Tensor) and a.requires_grad else None for a in args]
+    return Probe(result, list(args), kwargs, grads)
 
 
 class Grader:
@@ -101,30 +164,55 @@ class Grader:
 
     @contextlib.contextmanager
     def check(self, name: str) -> Iterator[None]:
-        """Run one check; an exception from the student's code fails it with a hint."""
+        """Run one check; an exception from the student's code fails it with a hint.
+
+        Under the autograder the check runs against a fresh, reseeded copy of the
+        student's notebook process, so one check cannot disturb the next.
+        """
+        session = SESSION.get()
         try:
+            if session is not None:
+                session.begin_check(f"{self.part}: {name}")
             yield
         except _Failed as f:
             self.results.append((name, f.hint))
         except NotImplementedError:
-            self.results.append((name, "not implemented yet (the cell still raises NotImplementedError)"))
+            self.results.append((name, _NOT_IMPLEMENTED))
         except Exception as e:  # the student's code raised: report where, not our internals
-            where = _student_frame(e)
-            self.results.append((name, f"your code raised {type(e).__name__}: {e}{where}"))
+            self.results.append((name, _hint_for(e)))
         else:
             self.results.append((name, None))
+        finally:
+            if session is not None:
+                session.end_check()
 
     @property
     def failures(self) -> list[tuple[str, str]]:
         return [(n, h) for n, h in self.results if h is not None]
 
     def finish(self) -> None:
-        """Print a line per check; raise :class:`GradingFailure` if any failed."""
-        for name, hint in self.results:
-            print(f"[{'pass' if hint is None else 'FAIL'}] {self.part}: {name}")
+        """Report a line per check; raise :class:`GradingFailure` if any failed."""
+        lines = [f"[{'pass' if hint is None else 'FAIL'}] {self.part}: {name}" for name, hint in self.results]
+        if not self.failures:
+            lines.append(f"{self.part}: all {len(self.results)} checks passed")
+        sink = REPORT.get()
+        if sink is None:
+            print("\n".join(lines))
+        else:
+            sink.extend(lines)
         if self.failures:
             raise GradingFailure(self.part, self.failures, len(self.results))
-        print(f"{self.part}: all {len(self.results)} checks passed")
+
+
+_NOT_IMPLEMENTED = "not implemented yet (the cell still raises NotImplementedError)"
+
+
+def _hint_for(e: Exception) -> str:
+    if getattr(e, "type_name", None) == "NotImplementedError":  # raised in the sandbox
+        return _NOT_IMPLEMENTED
+    if type(e).__module__ == "coursekit.sandbox.host":  # raised, timed out or crashed in the sandbox
+        return str(e)
+    return f"your code raised {type(e).__name__}: {e}{_student_frame(e)}"
 
 
 def _student_frame(e: BaseException) -> str:

@@ -1,0 +1,607 @@
+"""``coursekit autograde``: nbgrader's gradebook and feedback, with student code sandboxed.
+
+For every submission:
+
+1. **Rebuild** the notebook on the release's structure (:mod:`coursekit.submission`):
+   broken JSON, deleted, duplicated or retyped cells become plain notes, never a crash.
+2. **Run** its code cells (not its test cells) in a sandbox (:mod:`coursekit.sandbox`),
+   one cell at a time with a wall-clock cap; a cell that hangs or kills its process
+   is skipped and the notebook is run again without it.
+3. **Grade** each test cell on the trusted side: the cell is a thin call into
+   ``coursekit.grading``, whose checks send inputs to a fresh, reseeded copy of
+   the notebook's process and read the answers back as data. Hidden tests never
+   enter the sandbox.
+4. **Record** the result (a *verdict*) in ``.coursekit/verdicts/``; then nbgrader's
+   own autograder runs on the rebuilt notebook with its ``Execute`` step replaced by
+   :class:`ApplyVerdicts`, so the gradebook, manual grades, late penalties and
+   feedback stay nbgrader's.
+
+Sandboxing and grading run in parallel workers (``jobs``); one process writes the
+gradebook, under a lock, after a backup. Verdicts are cached by the content of the
+submission, the assignment and the grader code, so an interrupted run resumes where
+it stopped and a re-run gives identical scores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import importlib
+import json
+import logging
+import os
+import queue
+import shutil
+import sqlite3
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nbformat
+from nbgrader.preprocessors import NbGraderPreprocessor
+from traitlets import Unicode
+
+import coursekit
+from coursekit import course
+from coursekit.grading import core
+from coursekit.sandbox import CellFailed, Limits, StudentError, Worker
+from coursekit.submission import Call, is_test_cell, nbgrader_meta, normalize, thin_calls
+
+log = logging.getLogger(__name__)
+
+VERDICT_VERSION = 1
+HIDDEN_PLACEHOLDER = "# Hidden checks ran here when your notebook was graded; their results are below."
+KEEP_BACKUPS = 20
+
+
+# --------------------------------------------------------------------------- the assignment
+
+
+@dataclass
+class NotebookPlan:
+    """What grading one notebook of an assignment needs, all from trusted files."""
+
+    name: str
+    release: nbformat.NotebookNode  # the students' version (answers blank, hidden tests removed)
+    tests: dict[str, list[Call]]  # test cell grade id -> its thin calls (from the instructor's notebook)
+    points: dict[str, float]  # grade id -> points, for every graded cell
+    hidden: set[str]  # test cells whose checks students do not see
+
+
+@dataclass
+class Plan:
+    assignment: str
+    notebooks: list[NotebookPlan]
+    files: dict[str, bytes]  # data files shipped with the assignment
+    fingerprint: str  # changes when the assignment or the grading code changes
+
+
+def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode, name: str) -> NotebookPlan:
+    """Read the test cells of the instructor's notebook ``source`` (raises ``ValueError``
+    if one is not a thin call into ``coursekit.grading``)."""
+    tests, points, hidden = {}, {}, set()
+    released = {nbgrader_meta(c).get("grade_id"): c for c in release.cells}
+    for cell in source.cells:
+        meta = nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        if meta.get("grade"):
+            points[gid] = float(meta.get("points", 0))
+        if is_test_cell(cell):
+            tests[gid] = thin_calls(cell.source, f"test cell {gid!r} of {name}")
+            for call in tests[gid]:
+                _resolve(call)  # fail now, not while grading
+            if gid in released and "coursekit.grading" not in released[gid].source:
+                hidden.add(gid)
+    return NotebookPlan(name, release, tests, points, hidden)
+
+
+def _resolve(call: Call):
+    if not call.module.startswith("coursekit.grading."):
+        raise ValueError(f"{call.module} is not a coursekit.grading module")
+    module = importlib.import_module(call.module)
+    fn = getattr(module, call.function, None)
+    if not callable(fn):
+        raise ValueError(f"{call.module} has no function {call.function}")
+    return fn
+
+
+def load_plan(root: Path, assignment: str, release_dir: Path) -> Plan:
+    source_dir = root / "solutions" / assignment
+    notebooks, files = [], {}
+    for path in sorted(source_dir.glob("*.ipynb")):
+        source = nbformat.read(path, as_version=4)
+        release = nbformat.read(release_dir / assignment / path.name, as_version=4)
+        notebooks.append(plan_notebook(source, release, path.stem))
+    for path in sorted(source_dir.rglob("*")):
+        if path.is_file() and path.suffix != ".ipynb" and ".ipynb_checkpoints" not in path.parts:
+            files[str(path.relative_to(source_dir))] = path.read_bytes()
+    digest = hashlib.sha256()
+    for nb in notebooks:
+        digest.update(nbformat.writes(nb.release).encode())
+        digest.update(json.dumps({k: [asdict(c) for c in v] for k, v in nb.tests.items()}, sort_keys=True, default=str).encode())
+    for name, data in files.items():
+        digest.update(name.encode() + hashlib.sha256(data).digest())
+    digest.update(_code_fingerprint().encode())
+    return Plan(assignment, notebooks, files, digest.hexdigest())
+
+
+def _code_fingerprint() -> str:
+    """A hash of coursekit's source: verdicts made by other grading code are not reused."""
+    digest = hashlib.sha256()
+    package = Path(coursekit.__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- grading one submission
+
+
+def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files: dict[str, bytes], deadline: float) -> dict:
+    """Grade one notebook (``raw`` is ``None`` when it was not submitted); return its verdict."""
+    started = time.monotonic()
+    if raw is None:
+        norm = normalize(b"", plan.release)
+        norm.notes[:] = [f"{plan.name}.ipynb was not submitted"]
+    else:
+        norm = normalize(raw, plan.release)
+    verdict = {
+        "version": VERDICT_VERSION, "notebook": plan.name, "notes": list(norm.notes),
+        "normalized": json.loads(nbformat.writes(norm.notebook)), "outputs": {}, "tests": {},
+    }
+    session = None
+    if norm.readable:
+        cells = [(c.id, c.source, nbgrader_meta(c).get("grade_id") or f"added cell {c.id}") for c in norm.notebook.cells
+                 if c.cell_type == "code" and not is_test_cell(c)]
+        session = _run_notebook(worker, cells, files, deadline, verdict)
+    for gid, calls in plan.tests.items():
+        verdict["tests"][gid] = _grade_cell(session, calls, deadline, gid in plan.hidden, plan.points.get(gid, 0.0),
+                                            None if norm.readable else norm.notes[0])
+    if session is not None:
+        session.close()
+    with contextlib.suppress(Exception):
+        worker.reset()
+    verdict["score"] = sum(t["score"] for t in verdict["tests"].values())
+    verdict["max_score"] = sum(plan.points.values())
+    verdict["seconds"] = round(time.monotonic() - started, 3)
+    return verdict
+
+
+def _run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict):
+    """Run the code cells; skip (and note) any that hang or kill the process. Returns the session."""
+    skipped: dict[str, str] = {}
+    for _attempt in range(4):
+        session = worker.session(files=files)
+        failed = None
+        for cid, source, label in cells:
+            if cid in skipped:
+                continue
+            try:
+                reply = session.run_cell(source, label, deadline)
+            except CellFailed as e:
+                failed = (cid, label, str(e))
+                break
+            verdict["outputs"][cid] = {"outputs": reply.get("outputs", []), "execution_count": reply.get("execution_count")}
+        if failed is None:
+            session.revive = lambda: _revive(worker, cells, skipped, files, deadline)
+            return session
+        cid, label, why = failed
+        session.close()
+        skipped[cid] = why
+        where = f"the cell {label!r}" if not label.startswith("added cell") else "a cell you added"
+        verdict["notes"].append(f"{where} was stopped: {why}; the rest of the notebook ran without it")
+        verdict["outputs"][cid] = {"outputs": [_error_output("Stopped", f"this cell was stopped by the autograder: {why}")],
+                                   "execution_count": None}
+        if time.monotonic() >= deadline:
+            break
+    verdict["notes"].append("your notebook could not be run to the end; the remaining checks failed")
+    return None
+
+
+def _revive(worker, cells, skipped, files, deadline):
+    """A fresh notebook process with the same state, after the sandbox killed the last one."""
+    session = worker.session(files=files)
+    for cid, source, label in cells:
+        if cid not in skipped:
+            session.run_cell(source, label, deadline)
+    return session
+
+
+def _grade_cell(session, calls: list[Call], deadline: float, hidden: bool, points: float, unreadable: str | None) -> dict:
+    result = {"hidden": hidden, "points": points, "lines": [], "failure": None, "passed": False, "score": 0.0}
+    if unreadable is not None:
+        result["failure"] = f"not graded: {unreadable}"
+        return result
+    if session is None:
+        result["failure"] = "not graded: your notebook could not be run"
+        return result
+    if time.monotonic() >= deadline:
+        result["failure"] = "not graded: your submission used up its time budget"
+        return result
+    lines: list[str] = []
+    tokens = core.SESSION.set(session), core.REPORT.set(lines)
+    try:
+        for call in calls:
+            fn = _resolve(call)
+            fn(*(session.remote(name) for name in call.args), **dict(call.kwargs))
+        result["passed"], result["score"] = True, points
+    except core.GradingFailure as e:
+        result["failure"] = str(e)
+    except StudentError as e:
+        result["failure"] = str(e)
+    except Exception as e:  # a bug in a grader: say so plainly, and keep grading the others
+        log.exception("grader error")
+        result["failure"] = f"internal error in the grader ({type(e).__name__}: {e}); please tell your instructor"
+    finally:
+        core.SESSION.reset(tokens[0])
+        core.REPORT.reset(tokens[1])
+        session.end_check()
+    result["lines"] = lines
+    return result
+
+
+def _error_output(ename: str, evalue: str) -> dict:
+    return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
+
+
+# --------------------------------------------------------------------------- nbgrader integration
+
+
+class ApplyVerdicts(NbGraderPreprocessor):
+    """Replaces nbgrader's ``Execute``: fills in the outputs the sandbox produced and the
+    trusted results of the test cells, from the verdict of this student's notebook."""
+
+    verdict_dir = Unicode("", help="folder of <student>/<notebook>.json verdicts").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        info = resources["nbgrader"]
+        path = Path(self.verdict_dir) / info["student"] / f"{info['notebook']}.json"
+        verdict = json.loads(path.read_text())
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            gid = nbgrader_meta(cell).get("grade_id")
+            if is_test_cell(cell) and gid in verdict["tests"]:
+                test = verdict["tests"][gid]
+                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="\n".join(test["lines"]) + "\n")] if test["lines"] else []
+                if not test["passed"]:
+                    cell.outputs.append(nbformat.v4.new_output("error", ename="GradingFailure", evalue=test["failure"] or "failed",
+                                                               traceback=[test["failure"] or "failed"]))
+                cell.execution_count = None
+            elif cell.get("id") in verdict["outputs"]:
+                ran = verdict["outputs"][cell.id]
+                cell.outputs = [nbformat.from_dict(o) for o in ran["outputs"]]
+                cell.execution_count = ran.get("execution_count")
+        if verdict["notes"]:
+            text = "**Notes from the autograder**\n\n" + "\n".join(f"- {n}" for n in verdict["notes"])
+            note = nbformat.v4.new_markdown_cell(text)
+            note.id = "autograder-notes"
+            nb.cells.insert(0, note)
+        return nb, resources
+
+
+class HideHiddenTests(NbGraderPreprocessor):
+    """For the students' feedback: a test cell holding hidden tests shows a placeholder
+    instead of its source (its results stay). The instructor's autograded copy is untouched."""
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type == "code" and "BEGIN HIDDEN TESTS" in cell.source:
+            cell.source = HIDDEN_PLACEHOLDER
+        return cell, resources
+
+
+def _feedback_preprocessors() -> list:
+    from nbgrader.preprocessors import GetGrades
+    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+
+    return [HideHiddenTests, GetGrades, CSSHTMLHeaderPreprocessor]
+
+
+# --------------------------------------------------------------------------- a batch
+
+
+@dataclass
+class Result:
+    student: str
+    score: float
+    max_score: float
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None  # nbgrader could not record this student (should not happen)
+    cached: bool = False
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def course_lock(root: Path):
+    """One autograde run per course at a time: the second one stops with a clear message."""
+    folder = root / ".coursekit"
+    folder.mkdir(exist_ok=True)
+    with open(folder / "autograde.lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise RuntimeError(f"another `coursekit autograde` is running on this course ({holder}); wait for it to finish") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}, started {dt.datetime.now():%Y-%m-%d %H:%M:%S}")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.seek(0)
+            f.truncate()
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def backup_gradebook(root: Path, db_url: str) -> Path | None:
+    """Copy the gradebook (consistently, with SQLite's backup API) before a run writes to it."""
+    if not db_url.startswith("sqlite:///"):
+        return None
+    db = Path(db_url.removeprefix("sqlite:///"))
+    if not db.is_file():
+        return None
+    folder = root / ".coursekit" / "backups"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"gradebook-{dt.datetime.now():%Y%m%d-%H%M%S-%f}.db"
+    with contextlib.closing(sqlite3.connect(db)) as src, contextlib.closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+    for old in sorted(folder.glob("gradebook-*.db"))[:-KEEP_BACKUPS]:
+        old.unlink()
+    return target
+
+
+def autograde(
+    root: Path,
+    assignment: str,
+    students: list[str],
+    *,
+    jobs: int = 1,
+    limits: Limits = Limits(),
+    sandbox: str = "auto",
+    fresh: bool = False,
+    feedback: bool = True,
+    progress: bool = False,
+) -> list[Result]:
+    """Grade ``students``' submissions of ``assignment`` (already in ``submitted/``)."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    with course_lock(root):
+        api = course._api(root)
+        backup_gradebook(root, api.coursedir.db_url)
+        with tempfile.TemporaryDirectory() as tmp:  # registers the assignment; keeps the release for the plan
+            staging = course._api(root, **{"CourseDirectory.release_directory": tmp})
+            course._check(staging.generate_assignment(assignment, force=True, create=True), f"registering {assignment}")
+            plan = load_plan(root, assignment, Path(tmp))
+        verdicts = root / ".coursekit" / "verdicts" / assignment
+        todo: list[tuple[str, str]] = []  # (student, cache key) still to grade
+        done: queue.Queue = queue.Queue()
+        for student in students:
+            key = _key(root, assignment, student, plan, limits)
+            if not fresh and _cached(verdicts / student, plan, key):
+                done.put((student, key, None, True))
+            else:
+                todo.append((student, key))
+        threads = []
+        if todo:
+            work: queue.Queue = queue.Queue()
+            for item in todo:
+                work.put(item)
+            for _ in range(min(jobs, len(todo))):
+                t = threading.Thread(target=_worker_loop, args=(root, plan, work, done, limits, sandbox, verdicts), daemon=True)
+                t.start()
+                threads.append(t)
+        results = _record_all(root, assignment, plan, students, done, feedback, progress, verdicts)
+        for t in threads:
+            t.join()
+        return results
+
+
+def _key(root: Path, assignment: str, student: str, plan: Plan, limits: Limits) -> str:
+    digest = hashlib.sha256(plan.fingerprint.encode() + json.dumps(asdict(limits), sort_keys=True).encode())
+    folder = root / "submitted" / student / assignment
+    for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
+        if path.is_file():
+            digest.update(str(path.relative_to(folder)).encode() + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _cached(folder: Path, plan: Plan, key: str) -> bool:
+    try:
+        return all(json.loads((folder / f"{nb.name}.json").read_text()).get("key") == key for nb in plan.notebooks)
+    except (OSError, ValueError):
+        return False
+
+
+def _worker_loop(root, plan: Plan, work: queue.Queue, done: queue.Queue, limits, sandbox, verdicts: Path) -> None:
+    worker = None
+    try:
+        while True:
+            try:
+                student, key = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                if worker is None or not worker.alive():
+                    if worker is not None:
+                        worker.close()
+                    worker = Worker(sandbox, limits, preload=_preload(plan))
+                _grade_student(worker, root, plan, student, key, limits, verdicts)
+                done.put((student, key, None, False))
+            except Exception as e:  # the sandbox itself failed: record it, start a fresh one, go on
+                log.exception("grading %s failed", student)
+                if worker is not None:
+                    worker.close()
+                    worker = None
+                done.put((student, key, f"{type(e).__name__}: {e}", False))
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+def _preload(plan: Plan) -> tuple[str, ...]:
+    """The coursekit modules the notebooks import, loaded once in each sandbox's template."""
+    modules = set()
+    for nb in plan.notebooks:
+        for cell in nb.release.cells:
+            if cell.cell_type == "code":
+                for line in cell.source.splitlines():
+                    words = line.split()
+                    if len(words) >= 2 and words[0] in ("from", "import") and words[1].startswith("coursekit."):
+                        name = words[1].rstrip(",")
+                        if not name.startswith("coursekit.grading"):
+                            modules.add(name)
+    return tuple(sorted(modules))
+
+
+def _grade_student(worker: Worker, root: Path, plan: Plan, student: str, key: str, limits: Limits, verdicts: Path) -> None:
+    folder = root / "submitted" / student / plan.assignment
+    deadline = time.monotonic() + limits.submission_seconds
+    expected = {f"{nb.name}.ipynb" for nb in plan.notebooks}
+    extra = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                   if p.is_file() and p.name not in expected and p.name != "timestamp.txt") if folder.is_dir() else []
+    out = verdicts / student
+    out.mkdir(parents=True, exist_ok=True)
+    for nb in plan.notebooks:
+        path = folder / f"{nb.name}.ipynb"
+        raw = path.read_bytes() if path.is_file() else None
+        verdict = grade_notebook(worker, nb, raw, plan.files, deadline)
+        if extra:
+            verdict["notes"].append(f"other files in your submission were not used: {', '.join(extra[:10])}")
+        verdict["key"] = key
+        tmp = out / f".{nb.name}.json.tmp"
+        tmp.write_text(json.dumps(verdict))
+        tmp.replace(out / f"{nb.name}.json")  # atomic: an interrupted run never leaves half a verdict
+
+
+def _record_all(root, assignment, plan: Plan, students, done: queue.Queue, feedback, progress, verdicts: Path) -> list[Result]:
+    """The single writer: for each finished student, run nbgrader on the rebuilt notebook."""
+    from tqdm import tqdm
+
+    api = course._api(
+        root,
+        **{
+            "CourseDirectory.submitted_directory": str(root / ".coursekit" / "normalized"),
+            "Autograde.autograde_preprocessors": _autograde_preprocessors(),
+            "ApplyVerdicts.verdict_dir": str(verdicts),
+            "GenerateFeedback.preprocessors": _feedback_preprocessors(),
+            "NbGraderAPI.log_level": "ERROR",  # "removing existing assignment" on every re-run is expected
+        },
+    )
+    try:  # nbgrader's own database code warns about its session handling; not ours to fix
+        from sqlalchemy.exc import SAWarning
+
+        warnings.filterwarnings("ignore", category=SAWarning)
+    except ImportError:
+        pass
+    results: dict[str, Result] = {}
+    bar = tqdm(total=len(students), desc=f"grading {assignment}", unit="notebook", disable=not progress)
+    while len(results) < len(students):
+        student, key, error, cached = done.get()
+        results[student] = _record(root, api, plan, student, error, cached, feedback, verdicts)
+        bar.update(1)
+    bar.close()
+    return [results[s] for s in students]
+
+
+def _autograde_preprocessors() -> list:
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput, SaveAutoGrades
+
+    return [ApplyVerdicts, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+
+
+def _record(root: Path, api, plan: Plan, student: str, error: str | None, cached: bool, feedback: bool, verdicts: Path) -> Result:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    if error is not None:
+        # the sandbox failed on this student (not their code's fault): record nothing, say so
+        return Result(student, 0.0, sum(sum(nb.points.values()) for nb in plan.notebooks), [], f"not graded: {error}")
+    notes, seconds = [], 0.0
+    staged = root / ".coursekit" / "normalized" / student / plan.assignment
+    if staged.exists():
+        shutil.rmtree(staged)
+    staged.mkdir(parents=True)
+    stamp = root / "submitted" / student / plan.assignment / "timestamp.txt"
+    if stamp.is_file():
+        shutil.copy2(stamp, staged / "timestamp.txt")
+    for nb in plan.notebooks:
+        verdict = json.loads((verdicts / student / f"{nb.name}.json").read_text())
+        notes += verdict["notes"]
+        seconds += verdict.get("seconds", 0.0)
+        nbformat.write(nbformat.from_dict(verdict["normalized"]), staged / f"{nb.name}.ipynb")
+    outcome = api.autograde(plan.assignment, student, force=True, create=True)
+    error = None
+    if not outcome.get("success"):
+        error = course._last_line(outcome.get("error") or outcome.get("log") or "unknown error")
+        log.warning("nbgrader could not record %s: %s", student, error)
+    elif feedback:
+        fb = api.generate_feedback(plan.assignment, student, force=True)
+        if not fb.get("success"):
+            log.warning("feedback for %s failed: %s", student, course._last_line(fb.get("error", "")))
+    with Gradebook(api.coursedir.db_url) as gb:
+        max_score = gb.find_assignment(plan.assignment).max_score
+        try:
+            score = gb.find_submission(plan.assignment, student).score
+        except MissingEntry:
+            score = 0.0
+    return Result(student, float(score), float(max_score), notes, error, cached, seconds)
+
+
+# --------------------------------------------------------------------------- students: coursekit check
+
+
+@dataclass
+class CheckReport:
+    lines: list[str]
+    public_score: float
+    public_max: float
+    hidden_max: float
+
+
+def check_notebook(path: Path, *, sandbox: str = "auto", limits: Limits = Limits()) -> CheckReport:
+    """Run a student's notebook like the autograder does, with its public checks only."""
+    raw = Path(path).read_bytes()
+    try:
+        nb = nbformat.reads(raw.decode("utf-8-sig"), as_version=4)
+    except Exception as e:  # anything nbformat cannot read
+        raise ValueError(f"{path} is not a readable notebook: {e}") from None
+    tests, points, hidden = {}, {}, 0.0
+    for cell in nb.cells:
+        meta = nbgrader_meta(cell)
+        if not is_test_cell(cell):
+            continue
+        gid = meta.get("grade_id")
+        try:
+            tests[gid] = thin_calls(cell.source, f"test cell {gid!r}")
+            points[gid] = float(meta.get("points", 0))
+        except ValueError:
+            hidden += float(meta.get("points", 0))  # a hidden test cell: only a comment in the release
+    if not tests:
+        raise ValueError(f"{path} has no public checks (is it an exercise notebook of this course?)")
+    plan = NotebookPlan(Path(path).stem, nb, tests, points, set())
+    kind = sandbox if sandbox != "auto" else ("bwrap" if _bwrap_ok() else "rlimit")
+    with Worker(kind, limits, preload=_preload(Plan("check", [plan], {}, ""))) as worker:
+        verdict = grade_notebook(worker, plan, raw, {}, time.monotonic() + limits.submission_seconds)
+    lines = [f"note: {n}" for n in verdict["notes"]]
+    for cid, ran in verdict["outputs"].items():
+        for o in ran["outputs"]:
+            if o.get("output_type") == "error":
+                lines.append(f"cell {cid}: {o.get('ename')}: {o.get('evalue')}")
+    for gid, t in verdict["tests"].items():
+        lines += t["lines"]
+        if not t["passed"] and t["failure"] and not t["lines"]:
+            lines.append(f"{gid}: {t['failure']}")
+    return CheckReport(lines, verdict["score"], verdict["max_score"], hidden)
+
+
+def _bwrap_ok() -> bool:
+    from coursekit.sandbox import bubblewrap_works
+
+    return bubblewrap_works()

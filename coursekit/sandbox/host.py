@@ -1,0 +1,492 @@
+"""The trusted side of the sandbox: start workers, run notebooks, call student code.
+
+A :class:`Worker` is one sandbox (``bubblewrap`` when available) holding a
+template process that has imported torch once; each submission is a
+:class:`Session` in a fresh process forked from it. A grader talks to the
+student's objects through :class:`Remote` proxies: every call sends its inputs as
+data, runs in a check process forked from the notebook's final state, and returns
+the results as data. Nothing the sandbox sends is trusted: frames are size-capped,
+tensors are rebuilt as plain ``torch.Tensor`` objects, and every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import coursekit
+from coursekit.sandbox import protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits for one submission (wall-clock caps are enforced here, the rest inside)."""
+
+    cell_seconds: float = 60.0  # wall clock per notebook cell
+    check_seconds: float = 20.0  # wall clock per grading check
+    submission_seconds: float = 600.0  # wall clock for the whole submission
+    memory: int = 3 << 30  # bytes of memory, per process and for all of them together
+    cpu_seconds: int = 900  # CPU time per process
+    file_size: int = 64 << 20  # largest file a process may write
+    disk: int = 256 << 20  # size of the writable scratch folder (bubblewrap only)
+    processes: int = 64  # processes alive at once
+
+
+class SandboxError(Exception):
+    """The sandbox itself could not be started or stopped responding."""
+
+
+class StudentError(Exception):
+    """Something went wrong in the student's code; ``str()`` is the hint."""
+
+
+class RemoteTimeout(StudentError):
+    pass
+
+
+class RemoteCrash(StudentError):
+    pass
+
+
+class StudentRaised(StudentError):
+    """The student's code raised ``type_name(message)`` at ``where``."""
+
+    def __init__(self, type_name: str, message: str, where: str):
+        self.type_name, self.message, self.where = type_name, message, where
+        at = f" (at {where})" if where else ""
+        super().__init__(f"your code raised {type_name}: {message}{at}")
+
+
+@functools.lru_cache(maxsize=None)
+def _raised_class(type_name: str) -> type:
+    """A StudentRaised that is also the builtin exception of that name, so that
+    ``getattr(obj, name, None)`` and ``except KeyError`` work on remote objects."""
+    import builtins
+
+    base = getattr(builtins, type_name, None)
+    if isinstance(base, type) and issubclass(base, Exception) and base.__module__ == "builtins":
+        return type(f"Student{type_name}", (StudentRaised, base), {"__init__": StudentRaised.__init__, "__str__": StudentError.__str__})
+    return StudentRaised
+
+
+# --------------------------------------------------------------------------- starting sandboxes
+
+
+def bubblewrap_works() -> bool:
+    """True when ``bwrap`` is installed and can create namespaces here."""
+    return _probe_bwrap()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_bwrap() -> bool:
+    exe = shutil.which("bwrap")
+    if not exe:
+        return False
+    args = [exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"]
+    try:
+        return subprocess.run(args, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def choose_kind(kind: str = "auto") -> str:
+    """``"bwrap"`` or ``"rlimit"``; ``auto`` picks bubblewrap where it works, loudly otherwise."""
+    if kind not in ("auto", "bwrap", "rlimit"):
+        raise ValueError(f"sandbox must be auto, bwrap or rlimit, got {kind!r}")
+    if kind == "bwrap" and not bubblewrap_works():
+        raise SandboxError("bubblewrap (bwrap) is not installed or cannot create namespaces here: apt-get install bubblewrap")
+    if kind == "auto":
+        kind = "bwrap" if bubblewrap_works() else "rlimit"
+        if kind == "rlimit":
+            log.warning(
+                "WARNING: bubblewrap is not available, so student code runs in a plain child process with resource "
+                "limits only: it can read your files and use the network. Install it: apt-get install bubblewrap"
+            )
+    return kind
+
+
+def _bwrap_command(limits: Limits) -> tuple[list[str], str]:
+    """The bubblewrap command line and the scratch path inside the sandbox."""
+    args = [
+        shutil.which("bwrap"), "--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--new-session",
+        "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000",
+        "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
+        "--size", str(64 << 20), "--tmpfs", "/tmp",
+        "--size", str(limits.disk), "--tmpfs", "/scratch",
+    ]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for etc in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "fonts", "alternatives", "localtime", "mime.types"):
+        if os.path.exists(f"/etc/{etc}"):
+            args += ["--ro-bind", f"/etc/{etc}", f"/etc/{etc}"]
+    # the interpreter's installation, and the virtual environment (if any) at a neutral path,
+    # so that nothing of the folder holding it (often the course folder) is visible
+    interpreter = str(Path(sys.executable).resolve().parents[1])
+    for prefix in sorted({sys.base_prefix, interpreter}):
+        if not (prefix == "/usr" or prefix.startswith("/usr/")):
+            args += ["--ro-bind", prefix, prefix]
+    if sys.prefix != sys.base_prefix:
+        args += ["--ro-bind", sys.prefix, "/opt/venv"]
+    package = str(Path(coursekit.__file__).resolve().parent)
+    args += ["--ro-bind", package, "/opt/coursekit/coursekit"]
+    env = {"PYTHONPATH": "/opt/coursekit", "HOME": "/scratch", "MPLCONFIGDIR": "/tmp/matplotlib"}
+    cache = _matplotlib_cache()
+    if cache:
+        args += ["--ro-bind", cache, "/opt/matplotlib-cache"]
+        env["MPLCONFIGDIR"] = "/opt/matplotlib-cache"
+    args += ["--clearenv", "--chdir", "/scratch"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    return args, "/scratch"
+
+
+def _sandbox_python() -> str:
+    """The interpreter path as seen inside the bubblewrap sandbox."""
+    if sys.prefix != sys.base_prefix:
+        return "/opt/venv/bin/" + Path(sys.executable).name
+    return str(Path(sys.executable).resolve())
+
+
+@functools.lru_cache(maxsize=1)
+def _matplotlib_cache() -> str | None:
+    try:
+        import matplotlib
+
+        path = matplotlib.get_cachedir()
+        return path if any(Path(path).glob("fontlist*.json")) else None
+    except Exception:
+        return None
+
+
+class Worker:
+    """One sandbox with a template process; grades one submission at a time."""
+
+    def __init__(self, kind: str = "auto", limits: Limits = Limits(), preload: tuple[str, ...] = ()):
+        self.kind = choose_kind(kind)
+        self.limits = limits
+        self.preload = preload
+        self._host_dir = tempfile.mkdtemp(prefix="coursekit-sandbox-")
+        ours, theirs = socket.socketpair()
+        python = [sys.executable, "-m", "coursekit.sandbox.worker"]
+        if self.kind == "bwrap":
+            wrap, scratch = _bwrap_command(limits)
+            command = wrap + [_sandbox_python()] + python[1:] + [str(theirs.fileno()), scratch, "pidns", ",".join(preload)]
+            env = None
+        else:
+            scratch = os.path.join(self._host_dir, "scratch")
+            os.makedirs(scratch)
+            command = python + [str(theirs.fileno()), scratch, "plain", ",".join(preload)]
+            package_parent = str(Path(coursekit.__file__).resolve().parents[1])
+            env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": package_parent, "HOME": scratch, "LANG": "C.UTF-8"}
+        self._log = open(os.path.join(self._host_dir, "worker.log"), "wb")
+        self.proc = subprocess.Popen(
+            command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
+            env=env, cwd=scratch if self.kind == "rlimit" else "/", start_new_session=True,
+        )
+        theirs.close()
+        self.ctrl = ours
+        try:
+            hello, _, _ = protocol.recv(self.ctrl, time.monotonic() + 180)
+        except protocol.ProtocolError as e:
+            self.close()
+            raise SandboxError(f"the sandbox did not start ({e}); its log:\n{self.log_tail()}") from None
+        if not hello.get("ready"):
+            self.close()
+            raise SandboxError(f"the sandbox sent {hello!r} instead of ready")
+        self.preload_seconds = float(hello.get("preload_s", 0))
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return Path(self._host_dir, "worker.log").read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def command(self, header: dict, want_fds: bool = False, timeout: float = 30.0):
+        try:
+            protocol.send(self.ctrl, header)
+            return protocol.recv(self.ctrl, time.monotonic() + timeout, max_blob=0, want_fds=want_fds)
+        except (protocol.ProtocolError, OSError) as e:
+            raise SandboxError(f"the sandbox stopped responding ({e})") from None
+
+    def reset(self) -> str | None:
+        """Kill every process of the current submission; return why the sandbox killed them, if it did."""
+        reply, _, _ = self.command({"op": "reset"})
+        return reply.get("killed_because")
+
+    def kill(self, pid: int) -> None:
+        self.command({"op": "kill", "pid": int(pid)})
+
+    def session(self, files: dict[str, bytes] | None = None, seed: int = 0) -> Session:
+        reply, _, fds = self.command(
+            {"op": "session", "limits": asdict(self.limits), "seed": seed,
+             "files": {k: v.hex() for k, v in (files or {}).items()}},
+            want_fds=True,
+        )
+        if not reply.get("ok") or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxError(f"the sandbox could not start a notebook process: {reply!r}")
+        return Session(self, socket.socket(fileno=fds[0]), int(reply["pid"]))
+
+    def close(self) -> None:
+        try:
+            protocol.send(self.ctrl, {"op": "exit"})
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        self.ctrl.close()
+        self._log.close()
+        shutil.rmtree(self._host_dir, ignore_errors=True)
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- a submission
+
+
+class CellFailed(Exception):
+    """A cell could not finish: it ran out of time, or its process died."""
+
+
+class Session:
+    """One submission's notebook process, and the check processes forked from it."""
+
+    def __init__(self, worker: Worker, sock: socket.socket, pid: int):
+        self.worker = worker
+        self.sock = sock
+        self.pid = pid
+        self.channel: _Channel | None = None
+        self.dead_because: str | None = None
+        #: called to get a fresh session in the same state when the sandbox killed this one
+        self.revive = None
+        self.revivals = 0
+
+    def run_cell(self, source: str, label: str, deadline: float) -> dict:
+        """Run one cell; return its outputs. Raises :class:`CellFailed` with a plain reason."""
+        limit = self.worker.limits.cell_seconds
+        until = min(deadline, time.monotonic() + limit)
+        try:
+            protocol.send(self.sock, {"op": "cell", "source": source, "label": label})
+            reply, _, _ = protocol.recv(self.sock, until, max_blob=0)
+        except protocol.TimedOut:
+            why = self.worker.reset()
+            self.dead_because = why or f"did not finish within {limit:g} s"
+            if why is None and until < time.monotonic() + 0.01 and until == deadline:
+                self.dead_because = "the submission used up its time budget"
+            raise CellFailed(self.dead_because) from None
+        except (protocol.ProtocolError, OSError):
+            why = self.worker.reset()
+            self.dead_because = why or "its process ended (os._exit, a crash, or a resource limit)"
+            raise CellFailed(self.dead_because) from None
+        return reply
+
+    # ---- checks
+
+    def _adopt_revived(self) -> bool:
+        """Replace a dead notebook process by a fresh one (at most twice per submission)."""
+        if self.revive is None or self.revivals >= 2:
+            return False
+        self.revivals += 1
+        try:
+            fresh = self.revive()
+        except (CellFailed, SandboxError):
+            return False
+        self.sock.close()
+        self.sock, self.pid, self.dead_because = fresh.sock, fresh.pid, None
+        return True
+
+    def begin_check(self, name: str) -> None:
+        self.end_check()
+        if self.dead_because and not self._adopt_revived():
+            raise RemoteCrash(f"your notebook's process is gone: {self.dead_because}")
+        seed = zlib.crc32(name.encode())
+        try:
+            protocol.send(self.sock, {"op": "fork", "seed": seed})
+            reply, _, fds = protocol.recv(self.sock, time.monotonic() + 30, max_blob=0, want_fds=True)
+        except (protocol.ProtocolError, OSError):
+            self.dead_because = self.worker.reset() or "its process ended"
+            if self._adopt_revived():
+                return self.begin_check(name)
+            raise RemoteCrash(f"your notebook's process is gone: {self.dead_because}") from None
+        if len(fds) != 1 or not reply.get("ok"):
+            for fd in fds:
+                os.close(fd)
+            self.dead_because = "its process misbehaved"
+            self.worker.reset()
+            raise RemoteCrash("your notebook's process did not start a check")
+        self.channel = _Channel(self, socket.socket(fileno=fds[0]), int(reply.get("pid", -1)),
+                                time.monotonic() + self.worker.limits.check_seconds)
+
+    def end_check(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+
+    def current(self) -> _Channel:
+        if self.channel is None:
+            self.begin_check("outside a check")
+        return self.channel
+
+    def remote(self, name: str) -> Remote:
+        """A proxy for the global ``name`` of the student's notebook."""
+        return Remote(self, {"name": name}, name, ())
+
+    def close(self) -> None:
+        self.end_check()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class _Channel:
+    """The connection to one check process."""
+
+    def __init__(self, session: Session, sock: socket.socket, pid: int, deadline: float):
+        self.session, self.sock, self.pid, self.deadline = session, sock, pid, deadline
+        self.broken: str | None = None
+
+    def request(self, header: dict, values: dict) -> dict:
+        if self.broken:
+            raise RemoteCrash(self.broken)
+        arrays: dict = {}
+        for key, value in values.items():
+            header[key] = protocol.encode(value, arrays, self._ref)
+        try:
+            protocol.send(self.sock, header, arrays)
+            reply, out, _ = protocol.recv(self.sock, self.deadline)
+        except protocol.TimedOut:
+            self.session.worker.kill(self.pid)
+            self.broken = f"did not finish within {self.session.worker.limits.check_seconds:g} s (an endless loop?)"
+            raise RemoteTimeout(f"your code {self.broken}") from None
+        except protocol.Closed:
+            why = self._why_gone()
+            self.broken = f"the process running your code ended ({why})"
+            raise RemoteCrash(self.broken) from None
+        except (protocol.ProtocolError, OSError) as e:
+            self.session.worker.kill(self.pid)
+            self.broken = f"your code's answer could not be read: {e}"
+            raise RemoteCrash(self.broken) from None
+        if "raised" in reply:
+            r = reply["raised"] if isinstance(reply["raised"], dict) else {}
+            cls = _raised_class(str(r.get("type", "Exception"))[:100])
+            raise cls(str(r.get("type", "Exception"))[:100], str(r.get("message", ""))[:2000], str(r.get("where", ""))[:500])
+        if "unsendable" in reply:
+            raise StudentError(f"your code returned something that cannot be graded: {str(reply['unsendable'])[:300]}")
+        if "ok" not in reply:
+            raise RemoteCrash("the process running your code sent a malformed answer")
+        value = protocol.decode(reply["ok"], out, self._handle)
+        if not isinstance(value, dict):
+            raise RemoteCrash("the process running your code sent a malformed answer")
+        return value
+
+    def _why_gone(self) -> str:
+        try:
+            why = self.session.worker.command({"op": "status"})[0].get("killed_because")
+        except SandboxError:
+            why = None
+        return why or "os._exit, a crash, or a resource limit such as memory"
+
+    def _ref(self, obj) -> dict:
+        if isinstance(obj, Remote) and obj._channel is self and "$h" in obj._ref:
+            return {"$ref": obj._ref["$h"]}
+        raise TypeError(f"cannot send {type(obj).__name__} to the sandbox")
+
+    def _handle(self, h: dict) -> Remote:
+        if "$h" not in h:
+            raise protocol.ProtocolError("unexpected reference")
+        mro = tuple(str(m)[:200] for m in h.get("mro", [])[:20]) if isinstance(h.get("mro"), list) else ()
+        return Remote(self.session, {"$h": int(h["$h"])}, str(h.get("type", "object"))[:100], mro, channel=self)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class Remote:
+    """A student's object that lives in the sandbox; calls and attributes go over the wire.
+
+    Values that are data (tensors, numbers, strings, containers) come back as
+    plain local objects; anything else comes back as another :class:`Remote`.
+    """
+
+    __slots__ = ("_session", "_ref", "_type", "_mro", "_channel")
+
+    def __init__(self, session: Session, ref: dict, type_name: str, mro: tuple[str, ...], channel: _Channel | None = None):
+        self._session, self._ref, self._type, self._mro, self._channel = session, ref, type_name, mro, channel
+
+    def _request(self, op: str, **values) -> dict:
+        channel = self._session.current()
+        if self._channel is not None and self._channel is not channel:
+            raise RuntimeError("a sandbox object was used after its check ended")
+        target = self._ref if "name" in self._ref else {"$ref": self._ref["$h"]}
+        header = {"op": op, "target": target}
+        for key in ("return_args",):
+            if key in values:
+                header[key] = values.pop(key)
+        return channel.request(header, values)
+
+    def __call__(self, *args, **kwargs):
+        return self._request("call", args=list(args), kwargs=kwargs)["result"]
+
+    def _probe(self, args: tuple, kwargs: dict, backward):
+        return self._request("call", args=list(args), kwargs=kwargs, return_args=True, backward=backward)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self._request("getattr", name=name)["result"]
+
+    def __iter__(self):
+        return iter(self._request("list")["result"])
+
+    def __len__(self) -> int:
+        n = self._request("len")["result"]
+        if type(n) is not int or n < 0:
+            raise StudentError(f"len() of your {self._type} is not a non-negative int")
+        return n
+
+    def __getitem__(self, key):
+        return self._request("getitem", key=key)["result"]
+
+    def __repr__(self) -> str:
+        return f"<{self._type} in the sandbox>"
+
+    @property
+    def type_name(self) -> str:
+        return self._type
+
+    def is_a(self, qualified: str) -> bool:
+        return qualified in self._mro

@@ -1,0 +1,301 @@
+"""The wire format between the trusted grader and the sandbox: data only, never pickles.
+
+A message is one frame::
+
+    b"CKIT" | header length (4 bytes, big-endian) | blob length (8 bytes) | header | blob
+
+The header is UTF-8 JSON; the blob is an ``.npz`` archive holding the arrays the
+header refers to, read back with ``numpy.load(..., allow_pickle=False)``. File
+descriptors (a fresh socket for a new process) travel beside a frame with
+``SCM_RIGHTS``.
+
+Values are encoded by :func:`encode` into JSON plus arrays and rebuilt by
+:func:`decode`. Tensors come back as plain ``torch.Tensor`` objects (never a
+subclass); anything that is not data (a module, a function) stays in the sandbox
+and crosses as a *handle*, ``{"$h": id}``, which the trusted side wraps in a proxy.
+Both directions use the same code, but the trusted side treats every frame it
+reads as hostile: sizes are capped, nesting is bounded, and a malformed frame
+raises :class:`ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import socket
+import struct
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+MAGIC = b"CKIT"
+_PREFIX = struct.Struct(">4sIQ")
+MAX_HEADER = 32 << 20  # bytes of JSON in one frame
+MAX_BLOB = 512 << 20  # bytes of arrays in one frame
+MAX_DEPTH = 32  # nesting of lists, tuples and dicts
+MAX_ITEMS = 1_000_000  # values in one message
+
+#: dtypes that cross as themselves; bfloat16 and float16 cross as float32 and are cast back
+_DTYPES = {
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+    "complex64", "complex128",
+}
+
+
+class ProtocolError(Exception):
+    """The other side sent something that is not a valid message."""
+
+
+class Closed(ProtocolError):
+    """The other side closed the connection (its process ended)."""
+
+
+class TimedOut(ProtocolError):
+    """No complete message arrived before the deadline."""
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def send(sock: socket.socket, header: dict, arrays: dict[str, np.ndarray] | None = None, fds: list[int] = ()) -> None:
+    """Send one frame (and optionally file descriptors) on ``sock``."""
+    head = json.dumps(header, allow_nan=False, separators=(",", ":")).encode()
+    blob = b""
+    if arrays:
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        blob = buf.getvalue()
+    data = _PREFIX.pack(MAGIC, len(head), len(blob)) + head + blob
+    if fds:
+        socket.send_fds(sock, [data[:_PREFIX.size]], list(fds))
+        sock.sendall(data[_PREFIX.size:])
+    else:
+        sock.sendall(data)
+
+
+def recv(sock: socket.socket, deadline: float | None = None, *, max_blob: int = MAX_BLOB, want_fds: bool = False):
+    """Read one frame; return ``(header, arrays, fds)``.
+
+    ``deadline`` is a ``time.monotonic()`` value; past it :class:`TimedOut` is raised.
+    """
+    fds: list[int] = []
+    if want_fds:
+        _settimeout(sock, deadline)
+        try:
+            first, fds, _flags, _addr = socket.recv_fds(sock, _PREFIX.size, 4)
+        except TimeoutError as e:
+            raise TimedOut("no answer in time") from e
+        except OSError as e:
+            raise Closed(str(e)) from e
+        if not first:
+            raise Closed("connection closed")
+        prefix = first + _read_exact(sock, _PREFIX.size - len(first), deadline)
+    else:
+        prefix = _read_exact(sock, _PREFIX.size, deadline)
+    magic, n_head, n_blob = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise ProtocolError("not a coursekit frame")
+    if n_head > MAX_HEADER:
+        raise ProtocolError(f"message header of {n_head} bytes exceeds the limit of {MAX_HEADER}")
+    if n_blob > max_blob:
+        raise ProtocolError(f"message of {n_blob / 2**20:.0f} MiB exceeds the limit of {max_blob / 2**20:.0f} MiB")
+    try:
+        header = json.loads(_read_exact(sock, n_head, deadline))
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"malformed header: {e}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header is not a JSON object")
+    arrays: dict[str, np.ndarray] = {}
+    if n_blob:
+        blob = _read_exact(sock, n_blob, deadline)
+        try:
+            with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
+                arrays = {k: archive[k] for k in archive.files}
+        except Exception as e:  # any failure to parse the archive is the other side's fault
+            raise ProtocolError(f"malformed array archive: {type(e).__name__}: {e}") from None
+    return header, arrays, fds
+
+
+def _settimeout(sock: socket.socket, deadline: float | None) -> None:
+    if deadline is None:
+        sock.settimeout(None)
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimedOut("no answer in time")
+    sock.settimeout(left)
+
+
+def _read_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        _settimeout(sock, deadline)
+        try:
+            chunk = sock.recv(min(n - got, 1 << 20))
+        except TimeoutError as e:
+            raise TimedOut("no answer in time") from e
+        except OSError as e:
+            raise Closed(str(e)) from e
+        if not chunk:
+            raise Closed("connection closed")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+# --------------------------------------------------------------------------- values
+
+
+class Opaque:
+    """A value that the sandbox could not send as data (shown by type name in hints)."""
+
+    def __init__(self, type_name: str, why: str = ""):
+        self.type_name = type_name
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} from the sandbox>"
+
+
+def encode(value: Any, arrays: dict[str, np.ndarray], handle: Callable[[Any], dict] | None = None, _depth: int = 0) -> Any:
+    """JSON-able form of ``value``; arrays are stored in ``arrays``.
+
+    ``handle(obj)`` is called for objects that are not data; without it they are
+    an error.
+    """
+    import torch
+
+    if _depth > MAX_DEPTH:
+        raise ValueError(f"value nested more than {MAX_DEPTH} levels deep")
+    t = type(value)
+    if value is None or t is bool or t is str:
+        return value
+    if t is int:
+        return value if abs(value) < 2**63 else {"$int": str(value)}
+    if t is float:
+        return value if math.isfinite(value) else {"$f": repr(value)}
+    if t is torch.Tensor or t is torch.nn.Parameter:
+        x = value.detach().cpu()
+        dtype = str(x.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            return {"$opaque": f"tensor of dtype {dtype}"}
+        if dtype in ("bfloat16", "float16"):
+            x = x.float()
+        key = f"a{len(arrays)}"
+        arrays[key] = x.resolve_conj().resolve_neg().numpy().copy()
+        return {"$t": key, "dtype": dtype, "grad": bool(value.requires_grad)}
+    if t is np.ndarray and value.dtype != object:
+        key = f"a{len(arrays)}"
+        arrays[key] = value
+        return {"$a": key}
+    if isinstance(value, np.generic) and t.__module__ == "numpy" and not isinstance(value, np.object_):
+        key = f"a{len(arrays)}"
+        arrays[key] = np.asarray(value)
+        return {"$np": key}
+    if t is torch.dtype:
+        return {"$dtype": str(value).removeprefix("torch.")}
+    if t is torch.Size:
+        return {"$size": [int(v) for v in value]}
+    if t is bytes:
+        return {"$b": base64.b64encode(value).decode()}
+    if t is slice:
+        return {"$slice": [encode(v, arrays, handle, _depth + 1) for v in (value.start, value.stop, value.step)]}
+    if value is Ellipsis:
+        return {"$ellipsis": True}
+    if t is list:
+        return [encode(v, arrays, handle, _depth + 1) for v in value]
+    if t is tuple:
+        return {"$tuple": [encode(v, arrays, handle, _depth + 1) for v in value]}
+    if t in (set, frozenset):
+        return {"$set": [encode(v, arrays, handle, _depth + 1) for v in value]}
+    if t is dict or type(value).__name__ == "OrderedDict" and isinstance(value, dict):
+        return {"$dict": [[encode(k, arrays, handle, _depth + 1), encode(v, arrays, handle, _depth + 1)] for k, v in value.items()]}
+    if handle is not None:
+        return handle(value)
+    raise TypeError(f"cannot send a {t.__name__} to the sandbox")
+
+
+def decode(obj: Any, arrays: dict[str, np.ndarray], handle: Callable[[dict], Any] | None = None) -> Any:
+    """Rebuild a value encoded by :func:`encode`; raises :class:`ProtocolError` if malformed."""
+    budget = [MAX_ITEMS]
+    try:
+        return _decode(obj, arrays, handle, 0, budget)
+    except ProtocolError:
+        raise
+    except Exception as e:  # malformed input of any kind
+        raise ProtocolError(f"malformed value: {type(e).__name__}: {e}") from None
+
+
+def _decode(obj, arrays, handle, depth, budget):
+    import torch
+
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ProtocolError(f"message holds more than {MAX_ITEMS} values")
+    if depth > MAX_DEPTH:
+        raise ProtocolError(f"value nested more than {MAX_DEPTH} levels deep")
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj
+    if isinstance(obj, list):
+        return [_decode(v, arrays, handle, depth + 1, budget) for v in obj]
+    if not isinstance(obj, dict) or len(obj) == 0:
+        raise ProtocolError(f"unexpected {type(obj).__name__} in a message")
+    tag = next(iter(obj))
+    if tag == "$t":
+        array = _array(arrays, obj["$t"])
+        dtype = obj.get("dtype")
+        if dtype not in _DTYPES:
+            raise ProtocolError(f"unknown dtype {dtype!r}")
+        x = torch.from_numpy(array.copy())
+        if dtype in ("bfloat16", "float16"):
+            x = x.to(getattr(torch, dtype))
+        elif str(x.dtype).removeprefix("torch.") != dtype:
+            raise ProtocolError(f"tensor claims dtype {dtype} but holds {x.dtype}")
+        if obj.get("grad") is True and x.is_floating_point():
+            x.requires_grad_(True)
+        return x
+    if tag == "$a":
+        return _array(arrays, obj["$a"]).copy()
+    if tag == "$np":
+        return _array(arrays, obj["$np"])[()]
+    if tag == "$int":
+        return int(obj["$int"])
+    if tag == "$f":
+        if obj["$f"] not in ("nan", "inf", "-inf"):
+            raise ProtocolError("bad float")
+        return float(obj["$f"])
+    if tag == "$dtype":
+        value = getattr(torch, str(obj["$dtype"]), None)
+        if not isinstance(value, torch.dtype):
+            raise ProtocolError(f"unknown dtype {obj['$dtype']!r}")
+        return value
+    if tag == "$size":
+        return torch.Size([int(v) for v in obj["$size"]])
+    if tag == "$b":
+        return base64.b64decode(obj["$b"], validate=True)
+    if tag == "$slice":
+        return slice(*(_decode(v, arrays, handle, depth + 1, budget) for v in obj["$slice"]))
+    if tag == "$ellipsis":
+        return Ellipsis
+    if tag == "$tuple":
+        return tuple(_decode(v, arrays, handle, depth + 1, budget) for v in obj["$tuple"])
+    if tag == "$set":
+        return set(_decode(v, arrays, handle, depth + 1, budget) for v in obj["$set"])
+    if tag == "$dict":
+        return {_decode(k, arrays, handle, depth + 1, budget): _decode(v, arrays, handle, depth + 1, budget) for k, v in obj["$dict"]}
+    if tag == "$opaque":
+        return Opaque(str(obj["$opaque"])[:200])
+    if tag in ("$h", "$ref") and handle is not None:
+        return handle(obj)
+    raise ProtocolError(f"unknown tag {str(tag)[:40]!r}")
+
+
+def _array(arrays, key) -> np.ndarray:
+    if not isinstance(key, str) or key not in arrays:
+        raise ProtocolError(f"missing array {str(key)[:40]!r}")
+    return arrays[key]

@@ -1,0 +1,220 @@
+"""Read a student's notebook as data and rebuild it on the release's structure.
+
+A submission is never trusted to be a well-formed notebook. :func:`normalize`
+parses the raw bytes and returns a notebook with exactly the release's cells, in
+the release's order: answer cells hold the student's text (the first copy, if a
+cell was duplicated), locked and test cells are restored from the release, cells
+the student added are kept where they stood (without any grading metadata), and
+every repair is listed as a plain note for the student. nbgrader only ever sees
+this rebuilt notebook, so one broken file cannot stop a batch.
+
+:func:`thin_calls` reads a test cell of the *instructor's* notebook: by
+convention every test cell is a thin call into ``coursekit.grading``
+(``checks.grade_softmax(softmax)``); the autograder runs that call on the trusted
+side against the student's objects in the sandbox.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+from dataclasses import dataclass, field
+
+import nbformat
+
+__all__ = ["Call", "Normalized", "normalize", "thin_calls", "is_test_cell", "nbgrader_meta"]
+
+
+def nbgrader_meta(cell) -> dict:
+    meta = cell.get("metadata") if isinstance(cell, dict) else None
+    nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
+    return nbg if isinstance(nbg, dict) else {}
+
+
+def is_test_cell(cell) -> bool:
+    """An autograded test cell: graded, not an answer, code."""
+    m = nbgrader_meta(cell)
+    return cell.get("cell_type") == "code" and bool(m.get("grade")) and not m.get("solution")
+
+
+# --------------------------------------------------------------------------- thin calls
+
+
+@dataclass(frozen=True)
+class Call:
+    """``module.function(*names, **constants)`` where ``names`` are globals of the notebook."""
+
+    module: str
+    function: str
+    args: tuple[str, ...]
+    kwargs: tuple[tuple[str, object], ...] = ()
+
+
+def thin_calls(source: str, where: str = "a test cell") -> list[Call]:
+    """Parse a test cell that must consist of imports from ``coursekit.grading`` and calls
+    ``alias.function(name, ...)``; raise ``ValueError`` naming what else it found."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise ValueError(f"{where} is not valid Python: {e}") from None
+    modules: dict[str, str] = {}  # alias -> module
+    functions: dict[str, tuple[str, str]] = {}  # alias -> (module, function)
+    calls: list[Call] = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full.startswith("coursekit.grading.") and node.module == "coursekit.grading":
+                    modules[alias.asname or alias.name] = full
+                elif node.module.startswith("coursekit.grading."):
+                    functions[alias.asname or alias.name] = (node.module, alias.name)
+                else:
+                    raise ValueError(f"{where} imports {full}; test cells may only import from coursekit.grading")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if not alias.name.startswith("coursekit.grading.") or not alias.asname:
+                    raise ValueError(f"{where}: use `import coursekit.grading.<module> as <alias>`")
+                modules[alias.asname] = alias.name
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            call = node.value
+            if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id in modules:
+                module, function = modules[call.func.value.id], call.func.attr
+            elif isinstance(call.func, ast.Name) and call.func.id in functions:
+                module, function = functions[call.func.id]
+            else:
+                raise ValueError(f"{where} calls {ast.unparse(call.func)}, which is not imported from coursekit.grading")
+            if not all(isinstance(a, ast.Name) for a in call.args):
+                raise ValueError(f"{where}: the arguments of {ast.unparse(call)} must be names defined by the notebook")
+            try:
+                kwargs = tuple((k.arg, ast.literal_eval(k.value)) for k in call.keywords)
+            except ValueError:
+                raise ValueError(f"{where}: keyword arguments of {ast.unparse(call)} must be constants") from None
+            if any(k is None for k, _ in kwargs):
+                raise ValueError(f"{where}: ** arguments are not allowed in {ast.unparse(call)}")
+            calls.append(Call(module, function, tuple(a.id for a in call.args), kwargs))
+        else:
+            raise ValueError(
+                f"{where} holds `{ast.unparse(node)[:80]}`; a test cell must only import from coursekit.grading "
+                "and call its functions with the student's objects"
+            )
+    if not calls:
+        raise ValueError(f"{where} calls no grading function")
+    return calls
+
+
+# --------------------------------------------------------------------------- normalizing a submission
+
+
+@dataclass
+class Normalized:
+    notebook: nbformat.NotebookNode
+    notes: list[str] = field(default_factory=list)
+    readable: bool = True  # False: the file was not a notebook at all; every answer counts as missing
+    answered: set[str] = field(default_factory=set)  # grade ids of answer cells the student filled in
+
+
+def _text(source) -> str | None:
+    if isinstance(source, str):
+        return source
+    if isinstance(source, list) and all(isinstance(s, str) for s in source):
+        return "".join(source)
+    return None
+
+
+def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
+    """Rebuild the student's notebook ``raw`` on the structure of ``release``."""
+    notes: list[str] = []
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        return _unreadable(release, "your file is not a notebook: it is not UTF-8 text")
+    except json.JSONDecodeError as e:
+        return _unreadable(release, f"your file is not a valid notebook: broken JSON at line {e.lineno}, column {e.colno} ({e.msg})")
+    except RecursionError:
+        return _unreadable(release, "your file is not a valid notebook: its JSON is nested too deeply")
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        return _unreadable(release, "your file is not a Jupyter notebook: it has no list of cells")
+
+    # the student's cells, as (cell_type, text, grade_id or None)
+    cells = []
+    for i, cell in enumerate(data["cells"], start=1):
+        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
+            notes.append(f"cell {i} of your file is malformed and was ignored")
+            continue
+        text = _text(cell.get("source", ""))
+        if text is None:
+            notes.append(f"cell {i} of your file has a malformed source and was ignored")
+            continue
+        gid = nbgrader_meta(cell).get("grade_id")
+        cells.append((cell["cell_type"], text, gid if isinstance(gid, str) else None, bool(nbgrader_meta(cell))))
+    if not cells:
+        return _unreadable(release, "your notebook has no cells: every cell was deleted")
+
+    known = {nbgrader_meta(c).get("grade_id"): c for c in release.cells if nbgrader_meta(c).get("grade_id")}
+    first: dict[str, tuple[str, str]] = {}
+    extras: dict[str | None, list[tuple[str, str]]] = {}  # anchor grade id (None: the top) -> added cells
+    anchor = None
+    for cell_type, text, gid, had_meta in cells:
+        if gid in known and gid not in first:
+            first[gid] = (cell_type, text)
+            anchor = gid
+            continue
+        if gid in known:
+            notes.append(f"the cell {gid!r} appears more than once; the first copy was graded and the others ran as ordinary cells")
+        elif had_meta:
+            notes.append("grading metadata on a cell you added was ignored")
+        extras.setdefault(anchor, []).append((cell_type, text))
+
+    out = copy.deepcopy(release)
+    rebuilt = []
+    answered = set()
+    counter = 0
+
+    def add_extras(key):
+        nonlocal counter
+        for cell_type, text in extras.get(key, []):
+            counter += 1
+            maker = {"code": nbformat.v4.new_code_cell, "markdown": nbformat.v4.new_markdown_cell, "raw": nbformat.v4.new_raw_cell}[cell_type]
+            new = maker(text)
+            new.id = f"added-{counter}"
+            rebuilt.append(new)
+
+    add_extras(None)
+    for cell in out.cells:
+        meta = nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+        if gid is None:
+            rebuilt.append(cell)
+            continue
+        theirs = first.get(gid)
+        if meta.get("solution"):
+            if theirs is None:
+                notes.append(f"your answer cell {gid!r} was deleted; it was graded as unanswered")
+            else:
+                if theirs[0] != cell.cell_type:
+                    notes.append(f"your answer cell {gid!r} was changed from {cell.cell_type} to {theirs[0]}; it was graded as {cell.cell_type}")
+                if theirs[1] != cell.source:
+                    answered.add(gid)
+                cell.source = theirs[1]
+        elif theirs is None:
+            if is_test_cell(cell):
+                notes.append(f"the test cell {gid!r} was deleted; it was restored and run")
+            else:
+                notes.append(f"the cell {gid!r} was deleted; it was restored")
+        elif theirs != (cell.cell_type, cell.source):
+            notes.append(f"the read-only cell {gid!r} was changed; the original was restored")
+        rebuilt.append(cell)
+        add_extras(gid)
+    out.cells = rebuilt
+    return Normalized(out, notes, True, answered)
+
+
+def _unreadable(release, reason: str) -> Normalized:
+    out = copy.deepcopy(release)
+    for cell in out.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return Normalized(out, [reason], False, set())
