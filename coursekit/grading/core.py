@@ -170,10 +170,16 @@ class Grader:
         student's notebook process, so one check cannot disturb the next.
         """
         session = SESSION.get()
-        try:
-            if session is not None:
+        cannot_start = None
+        if session is not None:
+            try:
                 session.begin_check(f"{self.part}: {name}")
+            except Exception as e:  # the student's process is gone: this check fails with the reason
+                cannot_start = e
+        try:
             yield
+            if cannot_start is not None:
+                raise cannot_start
         except _Failed as f:
             self.results.append((name, f.hint))
         except NotImplementedError:

@@ -21,6 +21,7 @@ data.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import random
 import re
@@ -47,6 +48,9 @@ CLEAN_ENV = {
     "TERM": "dumb",
 }
 
+#: the modules loaded before any student code ran; a check process restores them in sys.modules
+TRUSTED_MODULES: dict = {}
+
 MAX_TEXT = 64 * 1024  # characters of stdout/stderr kept per cell
 MAX_DISPLAY = 2 << 20  # bytes of rich display data kept per cell
 
@@ -62,9 +66,12 @@ class Template:
         self.limits: dict = {}
         self.session_sid: int | None = None
         self.killed_because: str | None = None
+        self.last_memory_check = 0.0
         started = time.monotonic()
         self.shell = _preload(preload)
         self.preload_seconds = time.monotonic() - started
+        # what every process forked from here starts with; the memory limit comes on top of it
+        self.baseline = _memory(os.getpid())
         _set_not_dumpable()
 
     def serve(self) -> None:
@@ -145,8 +152,12 @@ class Template:
             self.killed_because = f"it started more than {self.limits['processes']} processes"
             self.kill_all()
             return
-        rss = sum(_rss(pid) for pid in pids)
-        if rss > self.limits["memory"]:
+        now = time.monotonic()
+        if now - self.last_memory_check < 0.1:
+            return
+        self.last_memory_check = now
+        used = sum(_memory(pid) for pid in pids)
+        if used > self.limits["memory"] + self.baseline:
             self.killed_because = f"its processes used more than {self.limits['memory'] / 2**30:.1f} GiB of memory"
             self.kill_all()
 
@@ -201,7 +212,9 @@ def _preload(modules: list[str]):
     for name in modules:
         importlib.import_module(name)
     _warm_up(torch)
-    return _make_shell()
+    shell = _make_shell()
+    TRUSTED_MODULES.update(sys.modules)
+    return shell
 
 
 def _warm_up(torch) -> None:
@@ -240,16 +253,36 @@ def _make_shell():
         displayhook_class = Type(Hook)
 
         def _showtraceback(self, etype, evalue, stb):
+            text = str(evalue)
+            if etype is MemoryError:
+                text = f"out of memory (the limit is {self._memory_limit / 2**30:.1f} GiB of memory) {text}".strip()
+                stb = [*stb[:-1], f"MemoryError: {text}\n"]
             self._outputs.append(
                 {"output_type": "error", "ename": getattr(etype, "__name__", str(etype)),
-                 "evalue": _short(str(evalue), 2000), "traceback": [_short(line, 4000) for line in stb[-30:]]}
+                 "evalue": _short(text, 2000), "traceback": [_short(line, 4000) for line in stb[-30:]]}
             )
+
+        def _format_exception_for_storage(self, exception, filename=None, running_compiled_code=False):
+            # IPython formats every exception a second time, for its history; skip that
+            return {"ename": type(exception).__name__, "evalue": str(exception)[:200], "traceback": []}
+
+        def showtraceback(self, exc_tuple=None, filename=None, tb_offset=None, exception_only=False, running_compiled_code=False):
+            # Python's own formatting: IPython's takes seconds on a deep recursion
+            etype, value, tb = exc_tuple or sys.exc_info()
+            if etype is None:
+                return
+            if issubclass(etype, SyntaxError):
+                return self.showsyntaxerror(filename)
+            frames = [f for f in traceback.extract_tb(tb) if not f.filename.endswith("interactiveshell.py")]
+            lines = traceback.format_list(frames[-12:]) + traceback.format_exception_only(etype, value)
+            self._showtraceback(etype, value, ["Traceback (most recent call last):\n", *lines])
 
     config = Config()
     config.HistoryManager.enabled = False
     config.InteractiveShell.colors = "nocolor"
     shell = SandboxShell.instance(config=config)
     shell._outputs = []
+    shell._memory_limit = 0
     shell.display_pub = CapturingDisplayPublisher()
     try:
         shell.enable_matplotlib("inline")
@@ -277,6 +310,7 @@ class NotebookProcess:
         os.environ["HOME"] = workdir
         os.environ["TMPDIR"] = workdir
         _limit(limits)
+        shell._memory_limit = int(limits["memory"])
         _reseed(seed)
 
     def serve(self) -> None:
@@ -310,6 +344,12 @@ class NotebookProcess:
             shell._outputs.append({"output_type": "error", "ename": type(e).__name__, "evalue": _short(str(e), 2000), "traceback": []})
         finally:
             sys.stdout, sys.stderr = saved
+            # a failed cell's frames (and whatever they hold) are kept alive for %debug: let them go
+            sys.last_type = sys.last_value = sys.last_traceback = None
+            shell.last_execution_result = None
+            result = None
+            if not ok:
+                gc.collect()  # the exception's traceback and frames form cycles; free them now
         outputs = []
         if out.kept or out.dropped:
             outputs.append({"output_type": "stream", "name": "stdout", "text": out.value()})
@@ -339,6 +379,7 @@ class NotebookProcess:
             try:
                 ours.close()
                 self.sock.close()
+                sys.modules.update(TRUSTED_MODULES)  # undo a student's swap of numpy, torch, ... in sys.modules
                 _reseed(seed)
                 CheckProcess(theirs, self.shell.user_ns, self.labels).serve()
             finally:
@@ -526,7 +567,16 @@ def _stat(pid: int, field: int) -> int | None:
         return None
 
 
-def _rss(pid: int) -> int:
+def _memory(pid: int) -> int:
+    """Bytes of memory the process really uses: its proportional share (PSS), so that
+    pages a forked process still shares with its parent are not counted twice."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         with open(f"/proc/{pid}/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
