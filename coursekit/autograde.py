@@ -232,6 +232,7 @@ def _grade_cell(session, calls: list[Call], deadline: float, hidden: bool, point
         result["passed"], result["score"] = True, points
     except core.GradingFailure as e:
         result["failure"] = str(e)
+        result["failed_checks"] = [[f"{e.part}: {name}", hint] for name, hint in e.failures]
     except StudentError as e:
         result["failure"] = str(e)
     except Exception as e:  # a bug in a grader: say so plainly, and keep grading the others
@@ -595,9 +596,9 @@ def check_notebook(path: Path, *, sandbox: str = "auto", limits: Limits = Limits
             if o.get("output_type") == "error":
                 lines.append(f"cell {cid}: {o.get('ename')}: {o.get('evalue')}")
     for gid, t in verdict["tests"].items():
-        lines += t["lines"]
-        if not t["passed"] and t["failure"] and not t["lines"]:
-            lines.append(f"{gid}: {t['failure']}")
+        lines += [line for line in t["lines"] if not line.startswith("[FAIL]")]
+        if not t["passed"]:
+            lines.append(t["failure"] or f"{gid}: failed")
     return CheckReport(lines, verdict["score"], verdict["max_score"], hidden)
 
 

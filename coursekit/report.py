@@ -14,7 +14,6 @@ import csv
 import html
 import io
 import json
-import re
 from pathlib import Path
 
 __all__ = ["write_report"]
@@ -84,12 +83,11 @@ def write_report(root: Path, assignment: str) -> Path:
     failed = collections.Counter()
     for r in rows:
         for test in r["tests"].values():
-            for line in (test.get("failure") or "").splitlines():
-                m = re.match(r"\s+- (.+?): (.+)", line)
-                if m:
-                    failed[(m.group(1), m.group(2))] += 1
-                elif line and not line.startswith(" ") and "checks failed" not in line:
-                    failed[("(whole cell)", line)] += 1
+            checks = test.get("failed_checks")
+            if checks:
+                failed.update((str(check), str(hint)) for check, hint in checks)
+            elif test.get("failure"):
+                failed[("(whole test cell)", test["failure"].splitlines()[0])] += 1
     common = failed.most_common(15)
 
     e = html.escape

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Debian packages the tests need: Chromium and its driver (browser test of the book).
+# Debian packages the tests need: Chromium and its driver (browser test of the book) and
+# bubblewrap (the autograder's sandbox).
 # Installs them when missing and we may (root or sudo); otherwise says what to install.
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
 command -v npm >/dev/null || missing+=(npm)
+command -v bwrap >/dev/null || missing+=(bubblewrap)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo="sudo"; else
   echo "please install: ${missing[*]} (Debian/Ubuntu: apt-get install ${missing[*]})" >&2; exit 1

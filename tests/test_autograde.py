@@ -1,19 +1,27 @@
-"""Exercise 1 through real nbgrader: release, collect, autograde, feedback, export.
+"""Exercise 1 through ``coursekit autograde``: collect, sandbox, nbgrader, feedback, export.
 
-One batch holds the reference solution, the untouched release and every mutant of
-the catalogue, autograded by ``coursekit autograde`` in a temporary course folder.
+One batch holds the reference solution, the instructor's notebook, the untouched
+release and every mutant of the catalogue, autograded in a temporary course
+folder. Then the integrity of the gradebook: identical re-runs (cached and fresh),
+manual grades kept, one run at a time, backups, and resuming an interrupted run.
 """
 
 from __future__ import annotations
 
 import csv
+import html
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from coursekit import cli, course
+from coursekit import autograde, cli, course
 from tests.mutants.ch01_attention import MUTANTS
 from tests.submissions import ROOT, filled, load, replace_definition
 
@@ -43,7 +51,7 @@ def graded(tmp_path_factory):
     for m in MUTANTS:
         nbformat.write(replace_definition(reference, m.target, m.source), inbox / f"{m.name}.ipynb")
     csv_path = root / "grades.csv"
-    assert cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--csv", str(csv_path)]) == 0
+    assert cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--csv", str(csv_path), "--jobs", "2"]) == 0
     with open(csv_path, newline="") as f:
         rows = {r["student_id"]: r for r in csv.DictReader(f)}
     return root, rows
@@ -91,11 +99,95 @@ def test_feedback_is_written_for_every_student(graded):
     assert "subtract the maximum" in text
 
 
-def test_rerun_gives_identical_scores(graded):
+def test_class_report_has_figures_and_the_common_failures(graded):
     root, rows = graded
-    students = ["reference", "attention_no_scaling"]
-    again = {g.student: g.score for g in course.autograde(root, ASSIGNMENT, students, feedback=False)}
-    assert again == {s: float(rows[s]["score"]) for s in students}
+    folder = root / "reports" / ASSIGNMENT
+    page = (folder / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 2
+    assert any(html.escape(m.hint) in page for m in MUTANTS)  # the common failures table shows hints
+    with open(folder / "scores.csv", newline="") as f:
+        scores = {r["student"]: float(r["score"]) for r in csv.DictReader(f)}
+    assert scores == {s: float(rows[s]["score"]) for s in rows}
+
+
+def _gradebook_scores(root):
+    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
+        return {s.student.id: s.score for s in gb.assignment_submissions(ASSIGNMENT)}
+
+
+def test_rerun_gives_identical_scores_cached_and_fresh(graded):
+    root, rows = graded
+    students = ["reference", "attention_no_scaling", "untouched"]
+    before = _gradebook_scores(root)
+    cached = autograde.autograde(root, ASSIGNMENT, students, feedback=False)
+    assert all(r.cached for r in cached)
+    fresh = autograde.autograde(root, ASSIGNMENT, students, feedback=False, fresh=True)
+    assert not any(r.cached for r in fresh)
+    for results in (cached, fresh):
+        assert {r.student: r.score for r in results} == {s: float(rows[s]["score"]) for s in students}
+    assert _gradebook_scores(root) == before
+
+
+def test_manual_grades_survive_a_rerun(graded):
+    root, _ = graded
+    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
+        grade = gb.find_grade("softmax_hidden", ASSIGNMENT, ASSIGNMENT, "softmax_no_max_shift")
+        grade.manual_score = 1.5  # the instructor gives partial credit by hand
+        gb.db.commit()
+    (result,) = autograde.autograde(root, ASSIGNMENT, ["softmax_no_max_shift"], feedback=False, fresh=True)
+    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
+        grade = gb.find_grade("softmax_hidden", ASSIGNMENT, ASSIGNMENT, "softmax_no_max_shift")
+        assert grade.manual_score == 1.5 and grade.auto_score == 0 and grade.score == 1.5
+    assert result.score == float(_gradebook_scores(root)["softmax_no_max_shift"])
+
+
+def test_a_second_run_waits_for_none_and_says_why(graded):
+    root, _ = graded
+    with autograde.course_lock(root):
+        with pytest.raises(RuntimeError, match="another `coursekit autograde` is running"):
+            autograde.autograde(root, ASSIGNMENT, ["reference"], feedback=False)
+    assert cli.main(["--course", str(root), "report", "--assignment", ASSIGNMENT]) == 0  # the lock was released
+
+
+def test_each_run_backs_up_the_gradebook(graded):
+    root, _ = graded
+    before = set((root / ".coursekit" / "backups").glob("gradebook-*.db"))
+    autograde.autograde(root, ASSIGNMENT, ["reference"], feedback=False)
+    after = set((root / ".coursekit" / "backups").glob("gradebook-*.db"))
+    (new,) = after - before
+    with Gradebook(f"sqlite:///{new}") as gb:
+        assert gb.find_submission(ASSIGNMENT, "reference").score == 12
+
+
+def test_an_interrupted_run_resumes(tmp_path):
+    """Kill a run part-way; the next run grades only what is left and agrees with a clean run."""
+    root = tmp_path / "course"
+    root.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(ROOT / "solutions", root / "solutions")
+    inbox = root / "inbox"
+    inbox.mkdir()
+    reference = filled(ASSIGNMENT)
+    names = [f"s{i:02d}" for i in range(8)]
+    for i, name in enumerate(names):
+        nb = reference if i % 2 == 0 else replace_definition(reference, MUTANTS[i].target, MUTANTS[i].source)
+        nbformat.write(nb, inbox / f"{name}.ipynb")
+    command = [sys.executable, "-m", "coursekit.cli", "--course", str(root), "autograde", str(inbox),
+               "--assignment", ASSIGNMENT, "--no-feedback"]
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    verdicts = root / ".coursekit" / "verdicts" / ASSIGNMENT
+    deadline = time.monotonic() + 240
+    while len(list(verdicts.glob("*/*.json"))) < 3 and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.2)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    done = len(list(verdicts.glob("*/*.json")))
+    assert 3 <= done < len(names), "the run should have been stopped part-way"
+    results = autograde.autograde(root, ASSIGNMENT, names, feedback=False)
+    assert sum(r.cached for r in results) == done  # what was graded before the kill is not graded again
+    clean = autograde.autograde(root, ASSIGNMENT, names, feedback=False, fresh=True)
+    assert [r.score for r in results] == [r.score for r in clean]
+    assert [r.score for r in clean][::2] == [12.0] * 4 and all(r.score < 12 for r in clean[1::2])
 
 
 def test_collect_rejects_bad_input(tmp_path):

@@ -33,3 +33,22 @@ def test_doctor_finds_everything_in_a_set_up_environment():
     run = subprocess.run([sys.executable, "-m", "coursekit.cli", "doctor"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "[ok] python3 kernel" in run.stdout and "FAIL" not in run.stdout
+
+
+@pytest.mark.slow
+def test_check_runs_the_public_checks_of_a_student_notebook(tmp_path, capsys):
+    import nbformat
+
+    from tests.submissions import ROOT, filled
+
+    done = tmp_path / "done.ipynb"
+    nbformat.write(filled("ch01_attention"), done)
+    assert cli.main(["check", str(done)]) == 0
+    out = capsys.readouterr().out
+    assert "public checks: 4 of 4 points; hidden checks worth 8 more points" in out
+    assert "[pass] softmax (public)" in out
+    untouched = ROOT / "exercises" / "ch01_attention" / "ch01_attention.ipynb"
+    assert cli.main(["check", str(untouched)]) == 1
+    assert "not implemented yet" in capsys.readouterr().out
+    (tmp_path / "bad.ipynb").write_text("{")
+    assert cli.main(["check", str(tmp_path / "bad.ipynb")]) == 2

@@ -94,3 +94,35 @@ def test_grading_is_deterministic():
     seen.clear()
     grader.grade_softmax(spy)
     assert len(first) == len(seen) and all(torch.equal(a, b) for a, b in zip(first, seen))
+
+
+PUBLIC = {
+    "softmax": grader.check_softmax,
+    "causal_mask": grader.check_causal_mask,
+    "scaled_dot_product_attention": grader.check_attention,
+    "SelfAttention": grader.check_self_attention,
+}
+
+
+@pytest.mark.parametrize("part", list(PUBLIC))
+def test_public_checks_pass_the_reference_and_fail_a_stub(part, capsys):
+    PUBLIC[part](getattr(ref, part))
+    assert "checks passed" in capsys.readouterr().out
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError()
+
+    with pytest.raises(GradingFailure, match="not implemented yet"):
+        PUBLIC[part](stub)
+
+
+def test_a_lying_tensor_subclass_fails_in_process_too():
+    class Liar(torch.Tensor):
+        def __eq__(self, other):
+            return True
+
+    def causal_mask(T, S=None, device=None):
+        return torch.zeros(T, T if S is None else S, dtype=torch.bool).as_subclass(Liar)
+
+    with pytest.raises(GradingFailure, match="got Liar"):
+        grader.grade_causal_mask(causal_mask)

@@ -1,0 +1,151 @@
+"""The sandbox's wire format and both kinds of sandbox (bubblewrap and the rlimit fallback)."""
+
+from __future__ import annotations
+
+import io
+import math
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from coursekit.sandbox import Limits, RemoteTimeout, StudentRaised, Worker, bubblewrap_works, protocol
+
+
+def roundtrip(value):
+    arrays: dict = {}
+    header = protocol.encode(value, arrays)
+    a, b = socket.socketpair()
+    with a, b:
+        protocol.send(a, {"v": header}, arrays)
+        got, out, _ = protocol.recv(b, time.monotonic() + 5)
+    return protocol.decode(got["v"], out)
+
+
+def test_values_cross_as_data_and_come_back_equal():
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    value = {
+        "tensor": x, "bool": torch.tensor([True, False]), "bf16": torch.ones(2, dtype=torch.bfloat16),
+        "array": np.arange(6).reshape(2, 3), "scalar": np.float32(1.5), (1, "a"): [None, True, 3, 2**70, -math.inf, "s", b"\x00\xff"],
+        "set": {1, 2}, "size": torch.Size([2, 3]), "dtype": torch.float16, "slice": slice(1, None, 2),
+    }
+    back = roundtrip(value)
+    assert torch.equal(back["tensor"], x.detach()) and back["tensor"].dtype == torch.float64 and back["tensor"].requires_grad
+    assert type(back["tensor"]) is torch.Tensor
+    assert back["bool"].dtype == torch.bool and back["bf16"].dtype == torch.bfloat16
+    assert np.array_equal(back["array"], value["array"]) and back["scalar"] == np.float32(1.5)
+    assert back[(1, "a")] == value[(1, "a")]
+    assert back["set"] == {1, 2} and back["size"] == torch.Size([2, 3]) and back["dtype"] is torch.float16
+    assert back["slice"] == slice(1, None, 2)
+
+
+def test_objects_that_are_not_data_need_a_handle():
+    class Liar(torch.Tensor):
+        pass
+
+    with pytest.raises(TypeError, match="cannot send"):
+        protocol.encode(torch.zeros(2).as_subclass(Liar), {})
+    assert protocol.encode(torch.nn.Linear(2, 2), {}, handle=lambda obj: {"$h": 1}) == {"$h": 1}
+
+
+@pytest.mark.parametrize(
+    "header, arrays, match",
+    [
+        ({"$t": "a0", "dtype": "float32"}, {"a0": np.zeros(2, dtype=np.float64)}, "claims dtype"),
+        ({"$t": "a9", "dtype": "float32"}, {}, "missing array"),
+        ({"$evil": 1}, {}, "unknown tag"),
+        ({"$t": "a0", "dtype": "object"}, {"a0": np.zeros(1)}, "unknown dtype"),
+        ({"$f": "1e999"}, {}, "bad float"),
+    ],
+)
+def test_malformed_values_are_rejected(header, arrays, match):
+    with pytest.raises(protocol.ProtocolError, match=match):
+        protocol.decode(header, arrays)
+
+
+def test_deep_nesting_is_rejected():
+    value = []
+    for _ in range(protocol.MAX_DEPTH + 5):
+        value = [value]
+    with pytest.raises(protocol.ProtocolError, match="nested"):
+        protocol.decode(value, {})
+
+
+def test_frames_are_checked_before_they_are_trusted():
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"EVIL" + bytes(12))
+        with pytest.raises(protocol.ProtocolError, match="not a coursekit frame"):
+            protocol.recv(b, time.monotonic() + 5)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(struct.pack(">4sIQ", b"CKIT", 2, 10**12))
+        with pytest.raises(protocol.ProtocolError, match="exceeds the limit"):
+            protocol.recv(b, time.monotonic() + 5)
+    a, b = socket.socketpair()
+    with a, b:  # a pickled object array is refused: allow_pickle=False
+        buf = io.BytesIO()
+        np.savez(buf, a0=np.array([object()], dtype=object))
+        blob, head = buf.getvalue(), b"{}"
+        a.sendall(struct.pack(">4sIQ", b"CKIT", len(head), len(blob)) + head + blob)
+        with pytest.raises(protocol.ProtocolError, match="malformed array archive"):
+            protocol.recv(b, time.monotonic() + 5)
+    a, b = socket.socketpair()
+    with a, b:
+        with pytest.raises(protocol.TimedOut):
+            protocol.recv(b, time.monotonic() + 0.2)
+        a.close()
+        with pytest.raises(protocol.Closed):
+            protocol.recv(b, time.monotonic() + 1)
+
+
+KINDS = ["rlimit"] + (["bwrap"] if bubblewrap_works() else [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_worker_runs_cells_and_checks(kind):
+    with Worker(kind, Limits(cell_seconds=3, check_seconds=2), preload=("coursekit.attention",)) as worker:
+        session = worker.session()
+        deadline = time.monotonic() + 60
+        reply = session.run_cell("import os, torch\nprint(sorted(os.environ))\ndef double(x):\n    return 2 * x", "setup", deadline)
+        assert reply["ok"] and "HOME" in reply["outputs"][0]["text"] and "COURSEKIT" not in reply["outputs"][0]["text"]
+        session.begin_check("double")
+        assert torch.equal(session.remote("double")(torch.ones(3)), torch.full((3,), 2.0))
+        with pytest.raises(StudentRaised, match="NameError"):
+            session.remote("missing")(1)
+        session.end_check()
+        session.run_cell("def spin(x):\n    while True:\n        pass", "spin", deadline)
+        session.begin_check("spin")
+        with pytest.raises(RemoteTimeout, match="did not finish within 2 s"):
+            session.remote("spin")(1)
+        session.end_check()
+        session.begin_check("after a timeout, the next check still works")
+        assert session.remote("double")(21) == 42
+        session.close()
+
+
+@pytest.mark.slow
+def test_bubblewrap_hides_the_course_and_the_network():
+    if not bubblewrap_works():
+        pytest.skip("bubblewrap is not available here")
+    with Worker("bwrap", Limits(cell_seconds=5)) as worker:
+        session = worker.session()
+        code = (
+            "import os, socket, coursekit\n"
+            "print(sorted(os.listdir('/')), os.path.exists(" + repr(str(Path_root())) + "), coursekit.__file__)\n"
+            "try:\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\nexcept OSError as e:\n    print('offline', e.errno)"
+        )
+        out = session.run_cell(code, "probe", time.monotonic() + 30)["outputs"][0]["text"]
+        assert "False" in out and "/opt/coursekit/coursekit" in out and "offline" in out
+        assert "work" not in out.split("]")[0]
+        session.close()
+
+
+def Path_root():
+    from tests.submissions import ROOT
+
+    return ROOT
