@@ -130,7 +130,7 @@ def leak_evidence(name: str, root: Path, reached: list[bytes]) -> str:
         found.append("the notebook reached the grader's network")
     if name == "environment" and SECRET in text:
         found.append("the grader's environment (a secret) is in the student's outputs")
-    if name == "read_solutions" and "BEGIN SOLUTION" in text:
+    if name == "read_solutions" and "SOLUTIONS READ: True" in text:
         found.append("the instructor's solutions were read")
     if name == "read_gradebook" and "SQLite" in text:
         found.append("the gradebook was read")

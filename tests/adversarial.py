@@ -272,7 +272,7 @@ CONFIDENTIALITY = [
     Case("read_solutions", "confidentiality", FULL, "No such file",
          lambda ctx: added(reference(), (
              f"for p in ['{ctx.course}/solutions/{ASSIGNMENT}/{ASSIGNMENT}.ipynb', '../../solutions', '/work/solutions']:\n"
-             "    try:\n        print(open(p).read()[:2000])\n    except OSError as e:\n        print(e)"), after="outro")),
+             "    try:\n        print('SOLUTIONS READ:', 'BEGIN SOLUTION' in open(p).read())\n    except OSError as e:\n        print(e)"), after="outro")),
     Case("read_gradebook", "confidentiality", FULL, "No such file",
          lambda ctx: added(reference(), f"print(open('{ctx.course}/gradebook.db', 'rb').read(100))", after="outro")),
     Case("network", "confidentiality", FULL, "Errno",
