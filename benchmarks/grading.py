@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,14 +35,9 @@ def make_course(parent: Path, name: str, n: int) -> tuple[Path, Path]:
     import nbformat
 
     from tests.mutants.ch01_attention import MUTANTS
-    from tests.submissions import filled, load, replace_definition
+    from tests.submissions import course_folder, filled, load, replace_definition
 
-    root = parent / name
-    root.mkdir()
-    shutil.copy(ROOT / "nbgrader_config.py", root)
-    shutil.copytree(ROOT / "solutions", root / "solutions")
-    inbox = root / "inbox"
-    inbox.mkdir()
+    root, inbox = course_folder(parent, name)
     reference = filled(ASSIGNMENT)
     notebooks = [("reference", reference), ("untouched", load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")),
                  ("solution", load(ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"))]

@@ -19,11 +19,9 @@ import json
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -31,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.adversarial import ASSIGNMENT, CASES, Context, write  # noqa: E402
+from tests.submissions import Listener, course_folder  # noqa: E402
 
 SKIP = {"fork_bomb": "not run: without a sandbox nothing stops a fork bomb (as root, RLIMIT_NPROC does not apply)"}
 SECRET = "plain-nbgrader-secret-1b7c"
@@ -48,28 +47,10 @@ def main() -> None:
     from coursekit import course
 
     tmp = Path(tempfile.mkdtemp(prefix="plain-nbgrader-"))
-    root = tmp / "course"
-    root.mkdir()
-    shutil.copy(ROOT / "nbgrader_config.py", root)
-    shutil.copytree(ROOT / "solutions", root / "solutions")
-    inbox = tmp / "inbox"
-    inbox.mkdir()
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.2)
-    reached: list[bytes] = []
-    stop = threading.Event()
-
-    def listen():
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-                reached.append(conn.recv(100))
-                conn.close()
-            except OSError:
-                pass
-
-    threading.Thread(target=listen, daemon=True).start()
-    ctx = Context(course=str(root), port=server.getsockname()[1], secret=SECRET)
+    root, inbox = course_folder(tmp)
+    listener = Listener().start()
+    reached = listener.received
+    ctx = Context(course=str(root), port=listener.port, secret=SECRET)
     cases = [c for c in CASES if c.name not in SKIP]
     for case in cases:
         write(case, inbox, ctx)
@@ -112,7 +93,7 @@ def main() -> None:
         leak = leak_evidence(case.name, root, reached[before:])
         rows.append((case, score, note, leak, seconds))
         print(f"{case.name:32s} expected {case.expected:>4g}  nbgrader {score if score is not None else '-':>4}  {note[:60]} {leak}", flush=True)
-    stop.set()
+    listener.close()
     cleanup(root)
     write_report(rows)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -48,3 +48,54 @@ def replace_definition(nb, name: str, new_source: str):
                 cell.source = "\n".join(lines)
                 return nb
     raise KeyError(f"no top-level definition of {name!r} in the notebook")
+
+
+def course_folder(parent: Path, name: str = "course") -> tuple[Path, Path]:
+    """A throwaway course: ``parent/name`` with nbgrader_config.py, solutions/ and an empty inbox/."""
+    import shutil
+
+    root = parent / name
+    root.mkdir(parents=True)
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(ROOT / "solutions", root / "solutions")
+    (root / "inbox").mkdir()
+    return root, root / "inbox"
+
+
+class Listener:
+    """A TCP server on the host's loopback that records what reaches it (for network attacks)."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.2)
+        self.port = self.server.getsockname()[1]
+        self.received: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+
+    def _listen(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+                self.received.append(conn.recv(100))
+                conn.close()
+            except OSError:
+                pass
+
+    def start(self) -> Listener:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.server.close()
+
+    def __enter__(self) -> Listener:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -14,16 +14,13 @@ import csv
 import html
 import os
 import re
-import shutil
-import socket
 import subprocess
-import threading
 
 import pytest
 
 from coursekit import cli
 from tests.adversarial import ASSIGNMENT, CASES, Context, write
-from tests.submissions import ROOT
+from tests.submissions import ROOT, Listener, course_folder
 
 
 
@@ -43,39 +40,18 @@ def test_catalogue_covers_every_category():
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
-    root = tmp_path_factory.mktemp("course")
-    shutil.copy(ROOT / "nbgrader_config.py", root)
-    shutil.copytree(ROOT / "solutions", root / "solutions")
-    inbox = root / "inbox"
-    inbox.mkdir()
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.2)
-    connections = []
-    stop = threading.Event()
-
-    def listen():
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-                connections.append(conn.recv(100))
-                conn.close()
-            except OSError:
-                pass
-
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    ctx = Context(course=str(root), port=server.getsockname()[1], secret=SECRET)
-    for case in CASES:
-        write(case, inbox, ctx)
-    os.environ["COURSEKIT_TEST_SECRET"] = SECRET
-    try:
-        code = cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT,
-                         "--csv", str(root / "grades.csv"), "--jobs", "2", *LIMITS])
-    finally:
-        del os.environ["COURSEKIT_TEST_SECRET"]
-        stop.set()
-        listener.join()
-        server.close()
+    root, inbox = course_folder(tmp_path_factory.mktemp("class"))
+    with Listener() as listener:
+        ctx = Context(course=str(root), port=listener.port, secret=SECRET)
+        for case in CASES:
+            write(case, inbox, ctx)
+        os.environ["COURSEKIT_TEST_SECRET"] = SECRET
+        try:
+            code = cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT,
+                             "--csv", str(root / "grades.csv"), "--jobs", "2", *LIMITS])
+        finally:
+            del os.environ["COURSEKIT_TEST_SECRET"]
+    connections = listener.received
     assert code == 0
     with open(root / "grades.csv", newline="") as f:
         scores = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}

@@ -23,7 +23,7 @@ from nbgrader.api import Gradebook
 
 from coursekit import autograde, cli, course
 from tests.mutants.ch01_attention import MUTANTS
-from tests.submissions import ROOT, filled, load, replace_definition
+from tests.submissions import ROOT, course_folder, filled, load, replace_definition
 
 pytestmark = pytest.mark.slow
 
@@ -39,11 +39,7 @@ HIDDEN_CELL = {
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """Autograde one class of fake students; return the course folder and the CSV rows."""
-    root = tmp_path_factory.mktemp("course")
-    shutil.copy(ROOT / "nbgrader_config.py", root)
-    shutil.copytree(ROOT / "solutions", root / "solutions")
-    inbox = root / "inbox"
-    inbox.mkdir()
+    root, inbox = course_folder(tmp_path_factory.mktemp("class"))
     reference = filled(ASSIGNMENT)
     nbformat.write(reference, inbox / "reference.ipynb")
     shutil.copy(ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", inbox / "solution.ipynb")
@@ -161,12 +157,7 @@ def test_each_run_backs_up_the_gradebook(graded):
 
 def test_an_interrupted_run_resumes(tmp_path):
     """Kill a run part-way; the next run grades only what is left and agrees with a clean run."""
-    root = tmp_path / "course"
-    root.mkdir()
-    shutil.copy(ROOT / "nbgrader_config.py", root)
-    shutil.copytree(ROOT / "solutions", root / "solutions")
-    inbox = root / "inbox"
-    inbox.mkdir()
+    root, inbox = course_folder(tmp_path)
     reference = filled(ASSIGNMENT)
     names = [f"s{i:02d}" for i in range(8)]
     for i, name in enumerate(names):
@@ -191,11 +182,7 @@ def test_an_interrupted_run_resumes(tmp_path):
 
 
 def test_collect_rejects_bad_input(tmp_path):
-    root = tmp_path
-    shutil.copy(ROOT / "nbgrader_config.py", root)
-    shutil.copytree(ROOT / "solutions", root / "solutions")
-    inbox = root / "inbox"
-    inbox.mkdir()
+    root, inbox = course_folder(tmp_path)
     with pytest.raises(ValueError, match="no submissions"):
         course.collect(root, ASSIGNMENT, inbox)
     (inbox / "bad name!.ipynb").write_text("{}")

@@ -299,10 +299,8 @@ class Session:
             protocol.send(self.sock, {"op": "cell", "source": source, "label": label})
             reply, _, _ = protocol.recv(self.sock, until, max_blob=0)
         except protocol.TimedOut:
-            why = self.worker.reset()
-            self.dead_because = why or f"did not finish within {limit:g} s"
-            if why is None and until < time.monotonic() + 0.01 and until == deadline:
-                self.dead_because = "the submission used up its time budget"
+            budget = "the submission used up its time budget" if until == deadline else f"did not finish within {limit:g} s"
+            self.dead_because = self.worker.reset() or budget
             raise CellFailed(self.dead_because) from None
         except (protocol.ProtocolError, OSError):
             why = self.worker.reset()
