@@ -42,6 +42,18 @@ def test_values_cross_as_data_and_come_back_equal():
     assert back["slice"] == slice(1, None, 2)
 
 
+def test_dict_subclasses_arrive_as_plain_dicts_of_their_real_items():
+    from collections import Counter, OrderedDict, defaultdict
+
+    class Liar(dict):
+        def items(self):
+            return iter([("forged", 1)])
+
+    for value in (Counter({(1, 2): 3}), defaultdict(int, {(1, 2): 3}), OrderedDict({(1, 2): 3}), Liar({(1, 2): 3})):
+        back = roundtrip(value)
+        assert type(back) is dict and back == {(1, 2): 3}
+
+
 def test_objects_that_are_not_data_need_a_handle():
     class Liar(torch.Tensor):
         pass

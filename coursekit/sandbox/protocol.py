@@ -211,8 +211,9 @@ def encode(value: Any, arrays: dict[str, np.ndarray], handle: Callable[[Any], di
         return {"$tuple": [encode(v, arrays, handle, _depth + 1) for v in value]}
     if t in (set, frozenset):
         return {"$set": [encode(v, arrays, handle, _depth + 1) for v in value]}
-    if t is dict or type(value).__name__ == "OrderedDict" and isinstance(value, dict):
-        return {"$dict": [[encode(k, arrays, handle, _depth + 1), encode(v, arrays, handle, _depth + 1)] for k, v in value.items()]}
+    if isinstance(value, dict):  # Counter, defaultdict, OrderedDict arrive as plain dicts (read with dict.items)
+        items = dict.items(value)
+        return {"$dict": [[encode(k, arrays, handle, _depth + 1), encode(v, arrays, handle, _depth + 1)] for k, v in items]}
     if handle is not None:
         return handle(value)
     raise TypeError(f"cannot send a {t.__name__} to the sandbox")
