@@ -54,6 +54,15 @@ def test_dict_subclasses_arrive_as_plain_dicts_of_their_real_items():
         assert type(back) is dict and back == {(1, 2): 3}
 
 
+@pytest.mark.parametrize("name, base", [("KeyError", KeyError), ("UnicodeDecodeError", UnicodeDecodeError), ("OSError", OSError)])
+def test_a_student_exception_can_be_caught_as_its_builtin_type(name, base):
+    from coursekit.sandbox.host import StudentRaised, _raised_class
+
+    error = _raised_class(name)(name, "message", "line 3")
+    assert isinstance(error, base) and isinstance(error, StudentRaised)
+    assert str(error) == f"your code raised {name}: message (at line 3)"
+
+
 def test_objects_that_are_not_data_need_a_handle():
     class Liar(torch.Tensor):
         pass

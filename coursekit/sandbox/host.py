@@ -67,7 +67,8 @@ class StudentRaised(StudentError):
     def __init__(self, type_name: str, message: str, where: str):
         self.type_name, self.message, self.where = type_name, message, where
         at = f" (at {where})" if where else ""
-        super().__init__(f"your code raised {type_name}: {message}{at}")
+        # Exception's own __init__, never the builtin base's: UnicodeDecodeError's takes 5 arguments.
+        Exception.__init__(self, f"your code raised {type_name}: {message}{at}")
 
 
 @functools.lru_cache(maxsize=None)
