@@ -1,0 +1,230 @@
+"""Chapter 2: multi-head attention, with grouped-query (GQA) and multi-query (MQA) variants.
+
+One module holds every variant. With ``H`` query heads of width ``D = C / H`` and
+``H_kv`` key/value heads:
+
+- ``H_kv == H`` is multi-head attention (Vaswani et al., 2017);
+- ``H_kv == 1`` is multi-query attention (Shazeer, 2019);
+- ``1 < H_kv < H`` is grouped-query attention (Ainslie et al., 2023): query head ``h``
+  reads key/value head ``h // (H / H_kv)``, the grouping of
+  ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)``.
+
+The query, key and value projections are *packed* into one ``nn.Linear`` whose
+output rows are ``[q (C) | k (H_kv D) | v (H_kv D)]``, the layout of
+``nn.MultiheadAttention.in_proj_weight``; cross-attention applies the ``q`` rows to
+the queries' sequence and the ``k``/``v`` rows to the other sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coursekit.attention import bool_to_additive, causal_mask, scaled_dot_product_attention
+
+__all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv", "kv_cache_bytes"]
+
+
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Cut the feature axis into ``n_heads`` heads and move the heads before the sequence.
+
+    Args:
+        x: ``(B, T, H * D)``.
+        n_heads: ``H``; must divide the last dimension.
+
+    Returns:
+        ``(B, H, T, D)``, where head ``h`` holds features ``h*D .. (h+1)*D - 1``.
+
+    Example: ``x`` of shape ``(2, 5, 12)`` with 3 heads becomes ``(2, 3, 5, 4)``.
+    """
+    if x.dim() != 3:
+        raise ValueError(f"expected x of shape (B, T, H*D), got {tuple(x.shape)}")
+    B, T, HD = x.shape
+    if n_heads < 1 or HD % n_heads:
+        raise ValueError(f"n_heads={n_heads} must be positive and divide the width {HD}")
+    return x.view(B, T, n_heads, HD // n_heads).transpose(1, 2)  # (B, H, T, D)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`split_heads`: concatenate the heads' features.
+
+    Args:
+        x: ``(B, H, T, D)``.
+
+    Returns:
+        ``(B, T, H * D)``.
+    """
+    if x.dim() != 4:
+        raise ValueError(f"expected x of shape (B, H, T, D), got {tuple(x.shape)}")
+    B, H, T, D = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H*D)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """Repeat each key/value head ``n_rep`` times, so ``H_kv`` heads serve ``H = H_kv * n_rep``.
+
+    Args:
+        x: ``(B, H_kv, S, D)``.
+        n_rep: queries per key/value head.
+
+    Returns:
+        ``(B, H_kv * n_rep, S, D)``; output head ``h`` is input head ``h // n_rep``.
+
+    Example: heads ``[a, b]`` with ``n_rep=2`` become ``[a, a, b, b]`` (not ``[a, b, a, b]``).
+    """
+    if x.dim() != 4:
+        raise ValueError(f"expected x of shape (B, H_kv, S, D), got {tuple(x.shape)}")
+    if n_rep < 1:
+        raise ValueError(f"n_rep must be positive, got {n_rep}")
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)  # (B, H, S, D)
+
+
+def kv_cache_bytes(
+    n_layers: int, n_kv_heads: int, d_head: int, seq_len: int, batch: int = 1, bytes_per_value: int = 2
+) -> int:
+    """Memory of a KV cache: a key and a value vector per layer, key/value head and token.
+
+    MQA (``H_kv = 1``) and GQA shrink it by ``H / H_kv`` against MHA (``H_kv = H``).
+
+    Args:
+        n_layers: attention layers ``L``.
+        n_kv_heads: key/value heads ``H_kv`` per layer.
+        d_head: head width ``D``.
+        seq_len: cached tokens ``T``.
+        batch: sequences ``B``.
+        bytes_per_value: 2 for float16/bfloat16, 4 for float32.
+
+    Returns:
+        ``2 * L * H_kv * D * T * B * bytes_per_value`` bytes.
+
+    Example: Llama 2 7B (``L=32, H_kv=32, D=128``) at 4096 tokens in float16 needs
+    ``kv_cache_bytes(32, 32, 128, 4096)`` = 2 GiB.
+    """
+    for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("d_head", d_head),
+                        ("seq_len", seq_len), ("batch", batch), ("bytes_per_value", bytes_per_value)):
+        if value < 0:
+            raise ValueError(f"{name} must be non-negative, got {value}")
+    return 2 * n_layers * n_kv_heads * d_head * seq_len * batch * bytes_per_value
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with packed projections; GQA/MQA through ``n_kv_heads``.
+
+    Args:
+        d_model: model width ``C``.
+        n_heads: query heads ``H``; must divide ``C``. Each head has width ``D = C / H``.
+        n_kv_heads: key/value heads ``H_kv`` (default ``H``); must divide ``H``.
+        bias: whether the projections have biases.
+        dropout: probability of zeroing an attention weight in training mode (as in
+            Vaswani et al., 2017 and ``nn.MultiheadAttention``).
+
+    Parameters: ``qkv_proj`` (``C -> C + 2 H_kv D``) and ``out_proj`` (``C -> C``), so
+    MHA has ``4 C^2 + 4 C`` parameters whatever ``H`` is.
+    """
+
+    def __init__(
+        self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True, dropout: float = 0.0
+    ):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if d_model < 1 or n_heads < 1 or d_model % n_heads:
+            raise ValueError(f"n_heads={n_heads} must be positive and divide d_model={d_model}")
+        if n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads={n_kv_heads} must be positive and divide n_heads={n_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.d_head = d_model // n_heads
+        self.dropout = dropout
+        self.qkv_proj = nn.Linear(d_model, d_model + 2 * n_kv_heads * self.d_head, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def project(self, x: torch.Tensor, kv: torch.Tensor | None = None):
+        """Queries from ``x``; keys and values from ``kv`` (default ``x``), split into heads.
+
+        Args:
+            x: queries' sequence ``(B, T, C)``.
+            kv: keys' and values' sequence ``(B, S, C)``; ``None`` for self-attention.
+
+        Returns:
+            ``q (B, H, T, D)``, ``k (B, H_kv, S, D)``, ``v (B, H_kv, S, D)``: the
+            ``k`` and ``v`` are what a KV cache stores.
+        """
+        C, kvw = self.d_model, self.n_kv_heads * self.d_head
+        w, b = self.qkv_proj.weight, self.qkv_proj.bias
+        if kv is None:
+            q, k, v = self.qkv_proj(x).split([C, kvw, kvw], dim=-1)  # (B, T, C), 2 x (B, T, H_kv D)
+        else:
+            q = F.linear(x, w[:C], None if b is None else b[:C])  # (B, T, C)
+            k, v = F.linear(kv, w[C:], None if b is None else b[C:]).split([kvw, kvw], dim=-1)  # (B, S, H_kv D)
+        return split_heads(q, self.n_heads), split_heads(k, self.n_kv_heads), split_heads(v, self.n_kv_heads)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend from ``x`` to ``kv`` (self-attention when ``kv`` is None).
+
+        Args:
+            x: queries' sequence ``(B, T, C)``.
+            kv: keys' and values' sequence ``(B, S, C)`` for cross-attention.
+            mask: broadcastable to ``(B, H, T, S)``; boolean ``True`` = may attend, or
+                floating and added to the scores. A ``(T, S)`` mask applies to every
+                batch element and head.
+            key_padding_mask: ``(B, S)`` boolean, ``True`` for real keys and ``False``
+                for padding (the opposite of ``nn.MultiheadAttention``'s argument).
+            is_causal: add :func:`~coursekit.attention.causal_mask` (bottom-right aligned).
+            need_weights: also return the attention weights.
+
+        Returns:
+            ``(out, weights)``: ``out (B, T, C)``; ``weights (B, H, T, S)`` (after
+            dropout) or ``None``. A query with no visible key gets a zero attention
+            output (then ``out_proj``'s bias).
+        """
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"expected x of shape (B, T, {self.d_model}), got {tuple(x.shape)}")
+        if kv is not None and (kv.dim() != 3 or kv.shape[0] != x.shape[0] or kv.shape[-1] != self.d_model):
+            raise ValueError(f"expected kv of shape ({x.shape[0]}, S, {self.d_model}), got {tuple(kv.shape)}")
+        source = x if kv is None else kv
+        B, T, S = x.shape[0], x.shape[1], source.shape[1]
+        q, k, v = self.project(x, kv)  # (B, H, T, D), (B, H_kv, S, D), (B, H_kv, S, D)
+        n_rep = self.n_heads // self.n_kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, D)
+        mask = self._combine_masks(mask, key_padding_mask, is_causal, B, T, S, x)
+        out, weights = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, H, T, D), (B, H, T, S)
+        if self.training and self.dropout > 0:
+            weights = F.dropout(weights, self.dropout)
+            out = weights @ v  # (B, H, T, D)
+        return self.out_proj(merge_heads(out)), (weights if need_weights else None)
+
+    @staticmethod
+    def _combine_masks(mask, key_padding_mask, is_causal, B, T, S, x):
+        """One additive mask broadcastable to ``(B, H, T, S)`` (``0`` keep, ``-inf`` drop), or None.
+
+        Each boolean part becomes ``0``/``-inf`` and the parts are added, so a key is
+        dropped if any part drops it (the logical *and* of the boolean masks).
+        """
+        parts = []
+        if mask is not None:
+            if mask.dtype == torch.bool:
+                parts.append(bool_to_additive(mask, x.dtype))
+            elif mask.is_floating_point():
+                parts.append(mask.to(x.dtype))
+            else:
+                raise ValueError(f"mask must be boolean or floating, got {mask.dtype}")
+        if key_padding_mask is not None:
+            if key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (B, S):
+                raise ValueError(
+                    f"key_padding_mask must be a boolean ({B}, {S}) tensor (True = real key), "
+                    f"got {key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+                )
+            parts.append(bool_to_additive(key_padding_mask[:, None, None, :], x.dtype))  # (B, 1, 1, S)
+        if is_causal:
+            parts.append(bool_to_additive(causal_mask(T, S, device=x.device), x.dtype))  # (T, S)
+        return sum(parts) if parts else None
