@@ -1,0 +1,594 @@
+"""Chapter 4: transformer layers, stacks, parameter counts and a mixture-of-experts feed-forward.
+
+A transformer layer is two (encoder) or three (decoder) *sub-layers*, each wrapped in a
+residual connection and a layer normalisation (Vaswani et al., 2017):
+
+- **post-norm** (``norm_first=False``, the original paper): ``x = norm(x + dropout(sublayer(x)))``;
+- **pre-norm** (``norm_first=True``, GPT-2 and most models since; Xiong et al., 2020):
+  ``x = x + dropout(sublayer(norm(x)))``, and a pre-norm *stack* ends with one final norm.
+
+Dropout sits where Vaswani et al. (2017, section 5.4) put it, on each sub-layer's output
+before the residual add, plus the two places their code (and ``torch.nn``) also uses: on the
+attention weights (inside :class:`~coursekit.multihead.MultiHeadAttention`) and on the
+feed-forward's hidden activations. The layers compute exactly what
+``nn.TransformerEncoderLayer`` and ``nn.TransformerDecoderLayer`` compute with
+``batch_first=True``; :func:`from_torch_state_dict` maps their weights onto ours.
+
+Masks follow the course convention: boolean ``True`` = may attend, and ``key_padding_mask``
+is ``(B, S)`` with ``True`` at real tokens (the opposite of torch's argument).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from coursekit.attention import softmax
+from coursekit.multihead import MultiHeadAttention
+
+__all__ = [
+    "LayerNorm",
+    "FeedForward",
+    "EncoderLayer",
+    "DecoderLayer",
+    "Encoder",
+    "Decoder",
+    "MoEFeedForward",
+    "from_torch_state_dict",
+    "to_torch_state_dict",
+    "count_params",
+    "layer_norm_params",
+    "attention_params",
+    "feedforward_params",
+    "encoder_layer_params",
+    "decoder_layer_params",
+    "moe_feedforward_params",
+    "gpt_params",
+    "approx_gpt_params",
+    "GPTShape",
+    "GPT2_SHAPES",
+]
+
+# --------------------------------------------------------------------------- building blocks
+
+
+class LayerNorm(nn.Module):
+    """Layer normalisation (Ba et al., 2016) over the last (feature) axis.
+
+    Each token is normalised on its own: ``y = (x - mean) / sqrt(var + eps) * weight + bias``,
+    with the mean and the *biased* variance (divide by ``C``, not ``C - 1``) of its ``C``
+    features. Nothing depends on the other tokens or the batch, so training and
+    evaluation compute the same thing (unlike batch normalisation).
+
+    Args:
+        d_model: number of features ``C``.
+        eps: added to the variance inside the square root.
+        bias: whether to learn the shift ``bias`` (the scale ``weight`` is always learnt).
+
+    Parameters: ``weight`` (ones) and ``bias`` (zeros), each ``(C,)``, named as in
+    ``nn.LayerNorm``.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.d_model, self.eps = d_model, eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x`` of shape ``(..., C)``; returns the same shape."""
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"expected x of shape (..., {self.d_model}), got {tuple(x.shape)}")
+        mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
+        var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # (..., 1), biased: divide by C
+        y = (x - mean) / torch.sqrt(var + self.eps) * self.weight  # (..., C)
+        return y if self.bias is None else y + self.bias
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network ``linear2(dropout(act(linear1(x))))``.
+
+    The same two-layer MLP is applied to every position separately (it never mixes
+    tokens). ``act`` is ReLU or the *exact* GELU ``x * Phi(x)`` of Hendrycks & Gimpel (2016),
+    as torch's ``"gelu"`` (not the tanh approximation of GPT-2's code).
+
+    Args:
+        d_model: model width ``C``.
+        d_ff: hidden width; defaults to ``4 * C`` as in Vaswani et al. (2017).
+        activation: ``"relu"`` or ``"gelu"``.
+        dropout: probability of zeroing a hidden activation in training mode.
+        bias: whether the two linear layers have biases.
+
+    Parameters: ``linear1`` (``C -> d_ff``) and ``linear2`` (``d_ff -> C``).
+    """
+
+    def __init__(
+        self, d_model: int, d_ff: int | None = None, activation: str = "relu", dropout: float = 0.0, bias: bool = True
+    ):
+        super().__init__()
+        if activation not in ("relu", "gelu"):
+            raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.act = nn.ReLU() if activation == "relu" else nn.GELU()
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., C) -> (..., C)``, through a hidden ``(..., d_ff)``."""
+        h = self.act(self.linear1(x))  # (..., d_ff)
+        return self.linear2(self.dropout(h))  # (..., C)
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class EncoderLayer(nn.Module):
+    """Transformer encoder layer: self-attention and a feed-forward, each with a residual.
+
+    Post-norm (``norm_first=False``, Vaswani et al., 2017)::
+
+        x = norm1(x + dropout1(self_attn(x)))
+        x = norm2(x + dropout2(ff(x)))
+
+    Pre-norm (``norm_first=True``, Xiong et al., 2020)::
+
+        x = x + dropout1(self_attn(norm1(x)))
+        x = x + dropout2(ff(norm2(x)))
+
+    The same layer with ``is_causal=True`` is a GPT block.
+
+    Args:
+        d_model: model width ``C``.
+        n_heads: attention heads ``H``; must divide ``C``.
+        d_ff: feed-forward hidden width (default ``4 C``).
+        dropout: on sub-layer outputs, attention weights and feed-forward activations.
+        activation: ``"relu"`` or ``"gelu"``.
+        norm_first: pre-norm if True, post-norm if False.
+        eps: the layer norms' epsilon.
+        bias: biases in the projections and the layer norms.
+
+    Submodules: ``self_attn``, ``ff``, ``norm1``, ``norm2``, ``dropout1``, ``dropout2``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        norm_first: bool = False,
+        eps: float = 1e-5,
+        bias: bool = True,
+    ):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
+        self.ff = FeedForward(d_model, d_ff, activation, dropout=dropout, bias=bias)
+        self.norm1 = LayerNorm(d_model, eps, bias)
+        self.norm2 = LayerNorm(d_model, eps, bias)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        """Apply the layer.
+
+        Args:
+            x: ``(B, T, C)``.
+            mask: boolean ``True`` = may attend (or additive), broadcastable to ``(B, H, T, T)``.
+            key_padding_mask: ``(B, T)`` boolean, ``True`` at real tokens.
+            is_causal: each position attends only to itself and earlier positions.
+
+        Returns:
+            ``(B, T, C)``.
+        """
+        def attend(h):
+            return self.self_attn(h, mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal)[0]
+
+        if self.norm_first:
+            x = x + self.dropout1(attend(self.norm1(x)))
+            x = x + self.dropout2(self.ff(self.norm2(x)))
+        else:
+            x = self.norm1(x + self.dropout1(attend(x)))
+            x = self.norm2(x + self.dropout2(self.ff(x)))
+        return x
+
+
+class DecoderLayer(nn.Module):
+    """Transformer decoder layer: masked self-attention, cross-attention, feed-forward.
+
+    Post-norm (``norm_first=False``)::
+
+        x = norm1(x + dropout1(self_attn(x)))            # causal by default
+        x = norm2(x + dropout2(cross_attn(x, memory)))   # queries from x, keys/values from memory
+        x = norm3(x + dropout3(ff(x)))
+
+    Pre-norm (``norm_first=True``) normalises each sub-layer's input instead,
+    ``x = x + dropout(sublayer(norm(x)))``; ``memory`` is used as it comes (a pre-norm
+    encoder stack has already normalised it).
+
+    Args: as :class:`EncoderLayer`.
+
+    Submodules: ``self_attn``, ``cross_attn``, ``ff``, ``norm1``, ``norm2``, ``norm3``,
+    ``dropout1``, ``dropout2``, ``dropout3``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        norm_first: bool = False,
+        eps: float = 1e-5,
+        bias: bool = True,
+    ):
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
+        self.ff = FeedForward(d_model, d_ff, activation, dropout=dropout, bias=bias)
+        self.norm1 = LayerNorm(d_model, eps, bias)
+        self.norm2 = LayerNorm(d_model, eps, bias)
+        self.norm3 = LayerNorm(d_model, eps, bias)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.dropout3 = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        memory_key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = True,
+    ) -> torch.Tensor:
+        """Apply the layer.
+
+        Args:
+            x: the decoder's sequence ``(B, T, C)``.
+            memory: the encoder's output ``(B, S, C)``.
+            mask: extra self-attention mask, broadcastable to ``(B, H, T, T)``.
+            key_padding_mask: ``(B, T)`` boolean, ``True`` at real decoder tokens.
+            memory_mask: cross-attention mask, broadcastable to ``(B, H, T, S)``.
+            memory_key_padding_mask: ``(B, S)`` boolean, ``True`` at real encoder tokens.
+            is_causal: causal self-attention (the default: a decoder must not see the future).
+
+        Returns:
+            ``(B, T, C)``.
+        """
+        def self_attend(h):
+            return self.self_attn(h, mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal)[0]
+
+        def cross_attend(h):
+            return self.cross_attn(h, kv=memory, mask=memory_mask, key_padding_mask=memory_key_padding_mask)[0]
+
+        if self.norm_first:
+            x = x + self.dropout1(self_attend(self.norm1(x)))
+            x = x + self.dropout2(cross_attend(self.norm2(x)))
+            x = x + self.dropout3(self.ff(self.norm3(x)))
+        else:
+            x = self.norm1(x + self.dropout1(self_attend(x)))
+            x = self.norm2(x + self.dropout2(cross_attend(x)))
+            x = self.norm3(x + self.dropout3(self.ff(x)))
+        return x
+
+
+# --------------------------------------------------------------------------- stacks
+
+
+class _Stack(nn.Module):
+    """``n_layers`` copies of ``layer_cls`` and, for pre-norm, a final :class:`LayerNorm`."""
+
+    layer_cls: type[nn.Module]
+
+    def __init__(
+        self,
+        n_layers: int,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        norm_first: bool = False,
+        eps: float = 1e-5,
+        bias: bool = True,
+    ):
+        super().__init__()
+        if n_layers < 1:
+            raise ValueError(f"n_layers must be at least 1, got {n_layers}")
+        self.layers = nn.ModuleList(
+            self.layer_cls(d_model, n_heads, d_ff, dropout, activation, norm_first, eps, bias) for _ in range(n_layers)
+        )
+        self.norm = LayerNorm(d_model, eps, bias) if norm_first else None
+
+
+class Encoder(_Stack):
+    """A stack of ``n_layers`` :class:`EncoderLayer`; pre-norm stacks end with a final norm.
+
+    Without the final norm a pre-norm stack would hand on an un-normalised residual
+    stream whose scale grows with depth (GPT-2 calls this norm ``ln_f``; torch's
+    ``nn.TransformerEncoder`` takes it as ``norm=``). A post-norm stack already ends
+    with a norm, its last layer's ``norm2``.
+
+    Args:
+        n_layers: number of layers ``L``.
+        d_model, n_heads, d_ff, dropout, activation, norm_first, eps, bias: as
+            :class:`EncoderLayer`, shared by every layer.
+
+    Submodules: ``layers`` (an ``nn.ModuleList``) and ``norm`` (``None`` for post-norm).
+    """
+
+    layer_cls = EncoderLayer
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        """``(B, T, C) -> (B, T, C)``; the masks as in :meth:`EncoderLayer.forward`."""
+        for layer in self.layers:
+            x = layer(x, mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
+        return x if self.norm is None else self.norm(x)
+
+
+class Decoder(_Stack):
+    """A stack of ``n_layers`` :class:`DecoderLayer` reading the same ``memory``.
+
+    Args: as :class:`Encoder`. Submodules: ``layers`` and ``norm`` (``None`` for post-norm).
+    """
+
+    layer_cls = DecoderLayer
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        memory_key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = True,
+    ) -> torch.Tensor:
+        """``(B, T, C), (B, S, C) -> (B, T, C)``; the masks as in :meth:`DecoderLayer.forward`."""
+        for layer in self.layers:
+            x = layer(x, memory, mask=mask, key_padding_mask=key_padding_mask, memory_mask=memory_mask,
+                      memory_key_padding_mask=memory_key_padding_mask, is_causal=is_causal)
+        return x if self.norm is None else self.norm(x)
+
+
+# --------------------------------------------------------------------------- torch weights
+
+#: torch's name -> ours, for one component of a state-dict key (``self_attn.in_proj_weight``
+#: becomes ``self_attn.qkv_proj.weight``; ``linear1.bias`` becomes ``ff.linear1.bias``).
+TORCH_TO_OURS = {
+    "in_proj_weight": "qkv_proj.weight",
+    "in_proj_bias": "qkv_proj.bias",
+    "multihead_attn": "cross_attn",
+    "linear1": "ff.linear1",
+    "linear2": "ff.linear2",
+}
+_OURS_TO_TORCH = {v: k for k, v in TORCH_TO_OURS.items()}
+
+
+def from_torch_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename the weights of ``nn.TransformerEncoderLayer`` / ``DecoderLayer`` (or of their
+    ``nn.TransformerEncoder`` / ``Decoder`` stacks, ``batch_first`` or not) to ours.
+
+    Both store the packed ``[q | k | v]`` projection the same way, so only names change:
+    ``self_attn.in_proj_weight -> self_attn.qkv_proj.weight``, ``multihead_attn ->
+    cross_attn``, ``linear1/linear2 -> ff.linear1/ff.linear2``; ``norm*``, ``out_proj``
+    and ``layers.{i}`` stay.
+
+    Example: ``{"layers.0.linear1.weight": w} -> {"layers.0.ff.linear1.weight": w}``.
+    """
+    out = {}
+    for key, value in state_dict.items():
+        parts = key.split(".")
+        out[".".join(TORCH_TO_OURS.get(p, p) for p in parts)] = value
+    return out
+
+
+def to_torch_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`from_torch_state_dict`: our names to torch's."""
+    out = {}
+    for key, value in state_dict.items():
+        parts = key.split(".")
+        renamed, i = [], 0
+        while i < len(parts):
+            pair = ".".join(parts[i:i + 2])
+            if pair in _OURS_TO_TORCH:
+                renamed.append(_OURS_TO_TORCH[pair])
+                i += 2
+            else:
+                renamed.append(_OURS_TO_TORCH.get(parts[i], parts[i]))
+                i += 1
+        out[".".join(renamed)] = value
+    return out
+
+
+# --------------------------------------------------------------------------- parameter counts
+
+
+def count_params(module: nn.Module) -> int:
+    """Number of parameters of ``module``; a tied (shared) tensor counts once. Works on ``meta``."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def layer_norm_params(d_model: int, bias: bool = True) -> int:
+    """``2 C`` (scale and shift), or ``C`` without the shift."""
+    return d_model * (2 if bias else 1)
+
+
+def attention_params(d_model: int, bias: bool = True) -> int:
+    """Multi-head attention: ``4 C^2 + 4 C`` (``q, k, v`` and output projections), whatever ``H``."""
+    return 4 * d_model * d_model + (4 * d_model if bias else 0)
+
+
+def feedforward_params(d_model: int, d_ff: int | None = None, bias: bool = True) -> int:
+    """``2 C d_ff + d_ff + C``; with ``d_ff = 4 C`` that is ``8 C^2 + 5 C``."""
+    d_ff = 4 * d_model if d_ff is None else d_ff
+    return 2 * d_model * d_ff + ((d_ff + d_model) if bias else 0)
+
+
+def encoder_layer_params(d_model: int, d_ff: int | None = None, bias: bool = True) -> int:
+    """One encoder (or GPT) layer: attention, feed-forward and two norms; ``12 C^2 + 13 C`` at ``d_ff = 4 C``."""
+    return attention_params(d_model, bias) + feedforward_params(d_model, d_ff, bias) + 2 * layer_norm_params(d_model, bias)
+
+
+def decoder_layer_params(d_model: int, d_ff: int | None = None, bias: bool = True) -> int:
+    """One decoder layer: two attentions, feed-forward, three norms; ``16 C^2 + 19 C`` at ``d_ff = 4 C``."""
+    return 2 * attention_params(d_model, bias) + feedforward_params(d_model, d_ff, bias) + 3 * layer_norm_params(d_model, bias)
+
+
+def moe_feedforward_params(d_model: int, n_experts: int, d_ff: int | None = None, bias: bool = True) -> int:
+    """``n_experts`` feed-forwards plus a bias-free router ``C -> n_experts``."""
+    return n_experts * feedforward_params(d_model, d_ff, bias) + d_model * n_experts
+
+
+def gpt_params(
+    vocab_size: int, n_positions: int, d_model: int, n_layers: int, d_ff: int | None = None, tied: bool = True
+) -> int:
+    """Exact parameter count of a GPT-2-style language model.
+
+    Token embedding ``V C``, learned positions ``T_max C``, ``L`` pre-norm layers of
+    ``12 C^2 + 13 C`` (at ``d_ff = 4 C``), a final norm ``2 C``, and an output layer that
+    reuses the token embedding (``tied=True``, as GPT-2) or adds ``V C`` more.
+
+    Example: ``gpt_params(50257, 1024, 768, 12)`` is 124,439,808, GPT-2 small.
+    """
+    embeddings = vocab_size * d_model + n_positions * d_model
+    head = 0 if tied else vocab_size * d_model
+    return embeddings + n_layers * encoder_layer_params(d_model, d_ff) + layer_norm_params(d_model) + head
+
+
+def approx_gpt_params(vocab_size: int, d_model: int, n_layers: int) -> int:
+    """The rule of thumb ``V C + 12 L C^2``: embeddings plus ``4 C^2`` attention and ``8 C^2``
+    feed-forward weights per layer; it drops biases, norms and position embeddings."""
+    return vocab_size * d_model + 12 * n_layers * d_model * d_model
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    """The shape of a GPT-2-style model (keys match :func:`gpt_params` and ``GPT2Config``)."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    vocab_size: int = 50257
+    n_positions: int = 1024
+
+
+#: The published GPT-2 family (Radford et al., 2019).
+GPT2_SHAPES = {
+    "gpt2": GPTShape(n_layers=12, d_model=768, n_heads=12),
+    "gpt2-medium": GPTShape(n_layers=24, d_model=1024, n_heads=16),
+    "gpt2-large": GPTShape(n_layers=36, d_model=1280, n_heads=20),
+    "gpt2-xl": GPTShape(n_layers=48, d_model=1600, n_heads=25),
+}
+
+
+# --------------------------------------------------------------------------- mixture of experts
+
+
+class MoEFeedForward(nn.Module):
+    """A mixture-of-experts feed-forward with top-``k`` routing (Shazeer et al., 2017).
+
+    A bias-free linear *router* scores the ``n_experts`` experts for each token; the
+    token goes to the ``k`` best, and its output is the gated sum of their outputs:
+    ``y = sum_j gate_j * expert_{e_j}(x)``. Each expert sees only its own tokens
+    (dispatch by index), so a token costs ``k`` feed-forwards, not ``n_experts``.
+
+    Gates: with ``normalize=True`` (the default) they are the softmax over the ``k``
+    selected logits, as in Shazeer et al. (2017) and Mixtral (Jiang et al., 2024). With
+    ``normalize=False`` they are the full softmax probabilities of the selected experts,
+    as in the Switch Transformer (Fedus et al., 2022), whose ``k = 1`` would otherwise give
+    a constant gate of 1 and no gradient to the router from the output.
+
+    Load balancing (Fedus et al., 2022): ``aux = n_experts * sum_i f_i P_i`` with ``f_i``
+    the fraction of the ``N k`` token-to-expert assignments that go to expert ``i`` (not
+    differentiable) and ``P_i`` the router's mean probability for expert ``i``. It is 1
+    for perfectly uniform routing and grows as the load concentrates. Every token is
+    served (no capacity limit, no dropped tokens).
+
+    Args:
+        d_model: model width ``C``.
+        n_experts: number of experts ``E``.
+        k: experts per token, ``1 <= k <= E``.
+        d_ff, activation, dropout, bias: of each expert, as :class:`FeedForward`.
+        normalize: renormalise the gates over the selected experts (see above).
+
+    Submodules: ``router`` (``C -> E``, no bias) and ``experts`` (an ``nn.ModuleList``).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_experts: int,
+        k: int = 2,
+        d_ff: int | None = None,
+        activation: str = "gelu",
+        dropout: float = 0.0,
+        bias: bool = True,
+        normalize: bool = True,
+    ):
+        super().__init__()
+        if n_experts < 1 or not 1 <= k <= n_experts:
+            raise ValueError(f"need 1 <= k <= n_experts, got k={k} and n_experts={n_experts}")
+        self.n_experts, self.k, self.normalize = n_experts, k, normalize
+        self.router = nn.Linear(d_model, n_experts, bias=False)
+        self.experts = nn.ModuleList(FeedForward(d_model, d_ff, activation, dropout, bias) for _ in range(n_experts))
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Choose the experts of each token.
+
+        Args:
+            x: ``(N, C)`` tokens.
+
+        Returns:
+            ``(probs, experts, gates)``: the router's softmax ``(N, E)``, the indices of
+            the ``k`` chosen experts ``(N, k)`` (best first) and their gates ``(N, k)``.
+        """
+        logits = self.router(x)  # (N, E)
+        probs = softmax(logits, dim=-1)  # (N, E)
+        top_logits, experts = logits.topk(self.k, dim=-1)  # (N, k), (N, k)
+        gates = softmax(top_logits, dim=-1) if self.normalize else probs.gather(-1, experts)  # (N, k)
+        return probs, experts, gates
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Route every token to its ``k`` experts and combine their outputs.
+
+        Args:
+            x: ``(B, T, C)``.
+
+        Returns:
+            ``(out, aux_loss)``: ``out (B, T, C)`` and the scalar load-balancing loss
+            (add ``alpha * aux_loss`` to the training loss; Switch uses ``alpha = 0.01``).
+        """
+        if x.dim() != 3:
+            raise ValueError(f"expected x of shape (B, T, C), got {tuple(x.shape)}")
+        B, T, C = x.shape
+        flat = x.reshape(B * T, C)  # (N, C)
+        probs, experts, gates = self.route(flat)  # (N, E), (N, k), (N, k)
+        out = torch.zeros_like(flat)  # (N, C)
+        for e, expert in enumerate(self.experts):
+            token, slot = (experts == e).nonzero(as_tuple=True)  # (n_e,), (n_e,): who goes to expert e
+            if token.numel():
+                out = out.index_add(0, token, gates[token, slot, None] * expert(flat[token]))  # (N, C)
+        load = torch.bincount(experts.flatten(), minlength=self.n_experts).to(x.dtype) / experts.numel()  # (E,) f_i
+        aux_loss = self.n_experts * (load * probs.mean(dim=0)).sum()
+        return out.view(B, T, C), aux_loss
