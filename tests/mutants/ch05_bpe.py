@@ -1,0 +1,210 @@
+"""Wrong implementations for Exercise 5 (BPE), each a mistake students really make."""
+
+from tests.mutants import Mutant
+
+HIDDEN_CELL = {
+    "get_pair_counts": "get_pair_counts_hidden",
+    "merge": "merge_hidden",
+    "train_naive": "train_hidden",
+    "encode_chunk": "encode_chunk_hidden",
+    "decode": "decode_hidden",
+}
+
+MUTANTS = [
+    Mutant(
+        "pairs_skip_overlaps", "get_pair_counts", "get_pair_counts", "also where pairs overlap",
+        '''
+def get_pair_counts(ids, counts=None, weight=1):
+    counts = {} if counts is None else counts
+    i = 0
+    while i < len(ids) - 1:
+        pair = (ids[i], ids[i + 1])
+        counts[pair] = counts.get(pair, 0) + weight
+        i += 2 if ids[i] == ids[i + 1] else 1
+    return counts
+''',
+    ),
+    Mutant(
+        "pairs_ignore_weight", "get_pair_counts", "get_pair_counts", "add 5 per occurrence",
+        '''
+def get_pair_counts(ids, counts=None, weight=1):
+    counts = {} if counts is None else counts
+    for pair in zip(ids, ids[1:]):
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+''',
+    ),
+    Mutant(
+        "pairs_new_dict_each_call", "get_pair_counts", "get_pair_counts", "to the given dict",
+        '''
+def get_pair_counts(ids, counts=None, weight=1):
+    out = {}
+    for pair in zip(ids, ids[1:]):
+        out[pair] = out.get(pair, 0) + weight
+    return out
+''',
+    ),
+    Mutant(
+        "merge_overlapping_twice", "merge", "merge", "the middle 5 was used twice",
+        '''
+def merge(ids, pair, new_id):
+    out = []
+    for i in range(len(ids) - 1):
+        if (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+        elif i == 0 or (ids[i - 1], ids[i]) != pair:
+            out.append(ids[i])
+    if ids and (len(ids) < 2 or (ids[-2], ids[-1]) != pair):
+        out.append(ids[-1])
+    return out
+''',
+    ),
+    Mutant(
+        "merge_first_only", "merge", "merge", "only the first occurrence was merged",
+        '''
+def merge(ids, pair, new_id):
+    for i in range(len(ids) - 1):
+        if (ids[i], ids[i + 1]) == pair:
+            return ids[:i] + [new_id] + ids[i + 2:]
+    return list(ids)
+''',
+    ),
+    Mutant(
+        "train_tie_first_seen", "train_naive", "train_naive", "choose max count, then the smallest pair",
+        '''
+def train_naive(text, vocab_size, pattern="gpt4"):
+    freq = chunk_counts(text, pattern)
+    chunks = [list(c.encode("utf-8")) for c in freq]
+    weights = list(freq.values())
+    merges = []
+    for new_id in range(256, vocab_size):
+        counts = {}
+        for ids, w in zip(chunks, weights):
+            get_pair_counts(ids, counts, w)
+        if not counts:
+            break
+        pair = max(counts, key=counts.get)
+        if counts[pair] < 2:
+            break
+        chunks = [merge(ids, pair, new_id) for ids in chunks]
+        merges.append(pair)
+    return merges
+''',
+    ),
+    Mutant(
+        "train_ids_off_by_one", "train_naive", "train_naive", "the new ids are off by one",
+        '''
+def train_naive(text, vocab_size, pattern="gpt4"):
+    freq = chunk_counts(text, pattern)
+    chunks = [list(c.encode("utf-8")) for c in freq]
+    weights = list(freq.values())
+    merges = []
+    for new_id in range(257, vocab_size + 1):
+        counts = {}
+        for ids, w in zip(chunks, weights):
+            get_pair_counts(ids, counts, w)
+        if not counts:
+            break
+        pair = min(counts, key=lambda p: (-counts[p], p))
+        if counts[pair] < 2:
+            break
+        chunks = [merge(ids, pair, new_id) for ids in chunks]
+        merges.append(pair)
+    return merges
+''',
+    ),
+    Mutant(
+        "train_across_chunks", "train_naive", "train_naive", "which are in different chunks",
+        '''
+def train_naive(text, vocab_size, pattern="gpt4"):
+    ids = list(text.encode("utf-8"))
+    merges = []
+    for new_id in range(256, vocab_size):
+        counts = get_pair_counts(ids)
+        if not counts:
+            break
+        pair = min(counts, key=lambda p: (-counts[p], p))
+        if counts[pair] < 2:
+            break
+        ids = merge(ids, pair, new_id)
+        merges.append(pair)
+    return merges
+''',
+    ),
+    Mutant(
+        "train_never_stops", "train_naive", "train_naive", "fewer than 2 times",
+        '''
+def train_naive(text, vocab_size, pattern="gpt4"):
+    freq = chunk_counts(text, pattern)
+    chunks = [list(c.encode("utf-8")) for c in freq]
+    weights = list(freq.values())
+    merges = []
+    for new_id in range(256, vocab_size):
+        counts = {}
+        for ids, w in zip(chunks, weights):
+            get_pair_counts(ids, counts, w)
+        if not counts:
+            break
+        pair = min(counts, key=lambda p: (-counts[p], p))
+        chunks = [merge(ids, pair, new_id) for ids in chunks]
+        merges.append(pair)
+    return merges
+''',
+    ),
+    Mutant(
+        "encode_greedy_left_to_right", "encode_chunk", "encode_chunk", "you merged the leftmost learnt pair",
+        '''
+def encode_chunk(chunk, ranks):
+    ids = list(chunk.encode("utf-8"))
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(ids) - 1):
+            pair = (ids[i], ids[i + 1])
+            if pair in ranks:
+                ids = merge(ids, pair, ranks[pair])
+                changed = True
+                break
+    return ids
+''',
+    ),
+    Mutant(
+        "encode_one_merge", "encode_chunk", "encode_chunk", "repeat until no adjacent pair is in ranks",
+        '''
+def encode_chunk(chunk, ranks):
+    ids = list(chunk.encode("utf-8"))
+    if len(ids) >= 2:
+        pair = min(zip(ids, ids[1:]), key=lambda p: ranks.get(p, float("inf")))
+        if pair in ranks:
+            ids = merge(ids, pair, ranks[pair])
+    return ids
+''',
+    ),
+    Mutant(
+        "encode_characters_not_bytes", "encode_chunk", "encode_chunk", "should be its UTF-8 bytes",
+        '''
+def encode_chunk(chunk, ranks):
+    ids = [ord(c) for c in chunk]
+    while len(ids) >= 2:
+        pair = min(zip(ids, ids[1:]), key=lambda p: ranks.get(p, float("inf")))
+        if pair not in ranks:
+            break
+        ids = merge(ids, pair, ranks[pair])
+    return ids
+''',
+    ),
+    Mutant(
+        "decode_token_by_token", "decode", "decode", "decoding token by token breaks characters",
+        '''
+def decode(ids, vocab, errors="replace"):
+    return "".join(vocab[i].decode("utf-8", errors=errors) for i in ids)
+''',
+    ),
+    Mutant(
+        "decode_strict", "decode", "decode", "errors='replace'",
+        '''
+def decode(ids, vocab, errors="replace"):
+    return b"".join(vocab[i] for i in ids).decode("utf-8")
+''',
+    ),
+]

@@ -1,0 +1,200 @@
+"""coursekit.bpe against independent references: tiktoken with our ranks, the naive recount loop."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import tiktoken
+
+from coursekit import bpe
+
+EOT = "<|endoftext|>"
+
+EDGE_CASES = [
+    "",
+    " ",
+    "   \n\n\t  \r\n ",
+    "Hello, world!",
+    "don't DON'T we'll they've I'M",
+    "!!! ... ??? ;-) (a) [b] {c} <d>",
+    "1234567 3.14159 1e-10 0x1F",
+    "Straße naïve café Ελληνικά Русский текст",
+    "日本語のテキスト 中文文本 한국어",
+    "emoji 🙂🚀👩‍👩‍👧 flags 🇩🇪🇯🇵",
+    "tabs\tand\nnewlines\n\n\nand trailing spaces   ",
+    "def f(x):\n    return x ** 2  # square\n",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+]
+
+
+@functools.lru_cache(maxsize=None)
+def corpus() -> str:
+    return bpe.python_docs_text()
+
+
+@functools.lru_cache(maxsize=None)
+def trained(pattern: str = "gpt4", vocab_size: int = 1024) -> bpe.Tokenizer:
+    return bpe.train(corpus(), vocab_size, pattern, special_tokens=[EOT])
+
+
+def tiktoken_twin(tok: bpe.Tokenizer) -> tiktoken.Encoding:
+    """A tiktoken encoding built offline from our merges, pattern and special tokens."""
+    return tiktoken.Encoding(
+        name="coursekit-test", pat_str=tok.pattern,
+        mergeable_ranks=tok.mergeable_ranks(), special_tokens=tok.special_tokens,
+    )
+
+
+# --------------------------------------------------------------------------- primitives
+
+
+def test_pair_counts_count_overlapping_pairs():
+    assert bpe.get_pair_counts([1, 2, 3, 1, 2]) == {(1, 2): 2, (2, 3): 1, (3, 1): 1}
+    assert bpe.get_pair_counts([7, 7, 7]) == {(7, 7): 2}
+    assert bpe.get_pair_counts([5]) == {} and bpe.get_pair_counts([]) == {}
+
+
+def test_merge_is_left_to_right_without_overlap():
+    assert bpe.merge([5, 5, 5, 6], (5, 5), 9) == [9, 5, 6]
+    assert bpe.merge([5, 5, 5, 5], (5, 5), 9) == [9, 9]
+    assert bpe.merge([1, 2, 1, 2, 1], (1, 2), 7) == [7, 7, 1]
+    assert bpe.merge([2, 1], (1, 2), 7) == [2, 1]
+
+
+def test_the_worked_example_and_its_tie_break():
+    """aaabdaaabac: aa (4) first; then ab and (aa)a tie at 2 and (97, 98) < (256, 97) wins."""
+    tok = bpe.train("aaabdaaabac", 259, pattern=r".+")
+    assert tok.merges == [(97, 97), (97, 98), (256, 257)]
+    assert tok.vocab[258] == b"aaab"
+    assert tok.encode("aaabdaaabac") == [258, ord("d"), 258, ord("a"), ord("c")]
+
+
+def test_ties_go_to_the_smallest_pair():
+    # every pair occurs exactly twice: (98, 99) < (99, 100) < (100, 98) ...; "bc" is merged first
+    tok = bpe.train(["bcd", "bcd", "xyz", "xyz"], 257, pattern=r".+")
+    assert tok.merges == [(98, 99)]
+    tok = bpe.train(["zy", "zy", "ab", "ab"], 258, pattern=r".+")
+    assert tok.merges == [(97, 98), (122, 121)]
+
+
+def test_training_stops_when_no_pair_repeats():
+    tok = bpe.train("abcdef", 300, pattern=r".+")
+    assert tok.merges == [] and len(tok) == 256
+
+
+def test_incremental_training_equals_the_naive_recount():
+    text = corpus()[:40_000]
+    for pattern in ("gpt2", "gpt4"):
+        assert bpe.train(text, 256 + 300, pattern).merges == bpe.train_naive(text, 256 + 300, pattern)
+
+
+def test_chunks_of_separate_texts_never_merge_across():
+    tok = bpe.train(["ab", "ab", "ab"], 300, pattern=r".+")
+    assert tok.merges == [(97, 98)]
+    tok = bpe.train(["a", "b", "a", "b"], 300, pattern=r".+")
+    assert tok.merges == []
+
+
+# --------------------------------------------------------------------------- exactness against tiktoken
+
+
+@pytest.mark.parametrize("pattern", ["gpt2", "gpt4"])
+def test_token_ids_equal_tiktoken_on_the_corpus_and_edge_cases(pattern):
+    tok = trained(pattern)
+    twin = tiktoken_twin(tok)
+    text = corpus()
+    assert tok.encode(text) == twin.encode_ordinary(text)
+    for case in EDGE_CASES:
+        assert tok.encode(case) == twin.encode_ordinary(case), case
+    with_special = f"first document{EOT}second document"
+    assert tok.encode(with_special, allowed_special="all") == twin.encode(with_special, allowed_special="all")
+
+
+def test_patterns_are_tiktokens():
+    """Our split patterns are the ones tiktoken ships for GPT-2 and GPT-4 (read from its source,
+    since building those encodings would download their ranks)."""
+    import inspect
+    import re
+
+    from tiktoken_ext import openai_public
+
+    assert bpe.GPT2_PATTERN == openai_public.r50k_pat_str
+    source = inspect.getsource(openai_public.cl100k_base)
+    literal = re.search(r'"pat_str": r"""(.*?)"""', source).group(1)
+    assert bpe.GPT4_PATTERN == literal
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("case", EDGE_CASES)
+def test_decode_inverts_encode(case):
+    tok = trained()
+    assert tok.decode(tok.encode(case)) == case
+
+
+def test_decode_inverts_encode_on_the_whole_corpus():
+    tok = trained()
+    assert tok.decode(tok.encode(corpus())) == corpus()
+
+
+def test_decoding_a_cut_utf8_character():
+    tok = trained()
+    ids = tok.encode("€")  # 3 bytes; the trained vocabulary has no token for it
+    assert len(ids) > 1
+    assert tok.decode_bytes(ids[:1]) == "€".encode()[: len(tok.vocab[ids[0]])]
+    assert tok.decode(ids[:1]) == "\ufffd" == tiktoken_twin(tok).decode(ids[:1])
+    assert tok.decode(ids[:1]) + tok.decode(ids[1:]) != "€"  # cut characters are lost when decoded apart ...
+    assert tok.decode_bytes(ids[:1]) + tok.decode_bytes(ids[1:]) == "€".encode()  # ... but never their bytes
+    with pytest.raises(UnicodeDecodeError):
+        tok.decode(ids[:1], errors="strict")
+
+
+def test_special_tokens():
+    tok = trained()
+    eot = tok.special_tokens[EOT]
+    assert eot == len(tok) - 1 == 256 + len(tok.merges)
+    assert tok.encode(f"a{EOT}b", allowed_special={EOT}) == tok.encode("a") + [eot] + tok.encode("b")
+    with pytest.raises(ValueError, match="special token"):
+        tok.encode(f"a{EOT}b")
+    plain = tok.encode_ordinary(f"a{EOT}b")
+    assert eot not in plain and tok.decode(plain) == f"a{EOT}b"
+    with pytest.raises(ValueError, match="not special tokens"):
+        tok.encode("x", allowed_special={"<|nope|>"})
+
+
+def test_save_and_load_round_trip(tmp_path):
+    tok = trained()
+    path = tok.save(tmp_path / "tok.json")
+    again = bpe.Tokenizer.load(path)
+    assert again.merges == tok.merges and again.pattern == tok.pattern and again.special_tokens == tok.special_tokens
+    text = corpus()[:20_000] + EOT + EDGE_CASES[9]
+    assert again.encode(text, allowed_special="all") == tok.encode(text, allowed_special="all")
+
+
+def test_bad_files_and_bad_input_give_clear_errors(tmp_path):
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a coursekit BPE file"):
+        bpe.Tokenizer.load(tmp_path / "x.json")
+    (tmp_path / "y.json").write_text('{"format": "coursekit-bpe", "version": 99}')
+    with pytest.raises(ValueError, match="version 99"):
+        bpe.Tokenizer.load(tmp_path / "y.json")
+    with pytest.raises(ValueError, match="smaller than 256"):
+        bpe.train("abc", 200)
+    with pytest.raises(ValueError, match="does not exist"):
+        bpe.Tokenizer([(300, 1)])
+    with pytest.raises(ValueError, match="unknown token id"):
+        trained().decode([10**6])
+    with pytest.raises(TypeError, match="must be str"):
+        trained().encode(b"bytes")
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        bpe.read_text(tmp_path / "bin.txt")
+
+
+def test_corpora():
+    text = corpus()
+    assert 400_000 < len(text) < 600_000 and "assignment" in text
+    source = bpe.stdlib_source_text(max_bytes=50_000)
+    assert len(source) == 50_000 and "def " in source
