@@ -32,6 +32,10 @@ PAGES = {
     "book/intro.html": (0, 0),
     "book/notation.html": (0, 5),
     "book/ch01_attention.html": (4, 10),
+    "book/ch02_multihead.html": (5, 10),
+    "book/ch03_positional.html": (6, 10),
+    "book/ch04_layers.html": (6, 10),
+    "book/ch05_bpe.html": (2, 5),
 }
 
 

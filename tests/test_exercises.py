@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import subprocess
 import sys
@@ -10,11 +11,17 @@ import textwrap
 
 import pytest
 
-from coursekit import attention, course
+from coursekit import course
 from tests.submissions import ROOT, load
 
 #: assignment -> the coursekit module its solution cells must reproduce
-MODULES = {"ch01_attention": attention}
+MODULES = {
+    "ch01_attention": "attention",
+    "ch02_multihead": "multihead",
+    "ch03_positional": "positional",
+    "ch04_layers": "layers",
+    "ch05_bpe": "bpe",
+}
 
 
 def definitions(source: str) -> dict[str, str]:
@@ -26,7 +33,7 @@ def definitions(source: str) -> dict[str, str]:
 @pytest.mark.parametrize("assignment", sorted(MODULES))
 def test_solution_cells_are_the_coursekit_code(assignment):
     nb = load(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
-    module = MODULES[assignment]
+    module = importlib.import_module(f"coursekit.{MODULES[assignment]}")
     solved = {}
     for cell in nb.cells:
         if cell.metadata.get("nbgrader", {}).get("solution"):
