@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,15 @@ def timed(fn, *args, **kwargs):
     start = time.perf_counter()
     out = fn(*args, **kwargs)
     return out, time.perf_counter() - start
+
+
+def median_of(repeats: int, fn, *args, **kwargs):
+    """``(result of the last call, median seconds)`` over ``repeats`` calls (this VM's timings are noisy)."""
+    times = []
+    for _ in range(repeats):
+        out, seconds = timed(fn, *args, **kwargs)
+        times.append(seconds)
+    return out, statistics.median(times)
 
 
 def hf_train(text: str, vocab_size: int) -> float:
@@ -59,6 +69,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 4096])
     parser.add_argument("--naive-all", action="store_true", help="also time the naive loop above 1024 tokens")
     parser.add_argument("--quick", action="store_true", help="a 50 KB corpus and sizes 300, 512: checks that it runs")
+    parser.add_argument("--repeat", type=int, default=5, help="median of this many runs (the naive loop runs once)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
@@ -73,12 +84,12 @@ def main(argv=None) -> dict:
     rows = []
     print(f"{'vocab':>6} {'coursekit s':>12} {'naive s':>9} {'tokenizers s':>13} {'naive/ours':>11} {'ours/tokenizers':>16}")
     for size in sizes:
-        tok, ours = timed(bpe.train, text, size, "gpt4")
+        tok, ours = median_of(args.repeat, bpe.train, text, size, "gpt4")
         naive = None
         if size <= 1024 or args.naive_all:
             merges, naive = timed(bpe.train_naive, text, size, "gpt4")
             assert merges == tok.merges, "the naive loop learnt different merges"
-        hf = hf_train(text, size)
+        hf = statistics.median(hf_train(text, size) for _ in range(args.repeat))
         rows.append({"vocab_size": size, "coursekit_s": ours, "naive_s": naive, "tokenizers_s": hf})
         naive_txt = f"{naive:9.2f}" if naive is not None else f"{'-':>9}"
         ratio = f"{naive / ours:10.1f}x" if naive is not None else f"{'-':>11}"
@@ -88,13 +99,14 @@ def main(argv=None) -> dict:
 
     tok = bpe.train(text, sizes[min(1, len(sizes) - 1)], "gpt4")
     twin = tiktoken.Encoding("coursekit", pat_str=tok.pattern, mergeable_ranks=tok.mergeable_ranks(), special_tokens={})
-    cold_ids, cold = timed(tok.encode_ordinary, text)
-    warm_ids, warm = timed(tok.encode_ordinary, text)
-    twin_ids, tik = timed(twin.encode_ordinary, text)
+    cold_ids, cold = median_of(args.repeat, lambda: bpe.Tokenizer(tok.merges, tok.pattern).encode_ordinary(text))  # empty cache
+    warm_ids, warm = median_of(args.repeat, tok.encode_ordinary, text)  # the first run fills the cache
+    twin_ids, tik = median_of(args.repeat, twin.encode_ordinary, text)
     assert cold_ids == warm_ids == twin_ids, "coursekit and tiktoken disagree"
     encoding = {"vocab_size": tok.vocab_size, "coursekit_cold_MBps": mb / cold, "coursekit_warm_MBps": mb / warm,
                 "tiktoken_MBps": mb / tik, "identical_ids": True}
-    print(f"\nencoding ({tok.vocab_size} tokens, {len(cold_ids):,} ids, identical to tiktoken): "
+    print(f"\nmedians of {args.repeat} runs (the naive loop: one run)")
+    print(f"encoding ({tok.vocab_size} tokens, {len(cold_ids):,} ids, identical to tiktoken): "
           f"coursekit {mb / cold:.2f} MB/s cold, {mb / warm:.2f} MB/s warm cache; tiktoken {mb / tik:.2f} MB/s "
           f"({cold / tik:.1f}x faster than our cold run)")
     result = {"corpus_chars": len(text), "training": rows, "encoding": encoding}

@@ -303,8 +303,10 @@ class Tokenizer:
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode ``text``, treating special-token strings as ordinary text."""
         out: list[int] = []
+        cache = self._cache
         for chunk in self._regex.findall(text):
-            out.extend(self._encode_chunk(chunk))
+            ids = cache.get(chunk)  # most chunks repeat: look them up before calling anything
+            out.extend(ids if ids is not None else self._encode_chunk(chunk))
         return out
 
     def encode(self, text: str, allowed_special: str | Iterable[str] = "none") -> list[int]:
