@@ -12,13 +12,14 @@ vertical axis and keys along the horizontal one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.axes import Axes
 
-__all__ = ["attention_heatmap"]
+__all__ = ["attention_heatmap", "loss_curves"]
 
 
 def _as_matrix(weights: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -113,4 +114,49 @@ def attention_heatmap(
                         color="black" if luminance > 0.5 else "white")
     if colorbar:
         ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    return ax
+
+
+def loss_curves(history: Any, ax: Axes | None = None, *, keys: Sequence[str] | None = None,
+                title: str | None = None) -> Axes:
+    """Plot the training loss of every step and the evaluation losses against the step.
+
+    Args:
+        history: a :class:`coursekit.train.History` (anything with ``steps``,
+            ``train_loss`` and ``evals``, a list of ``{"step": s, name: value}``).
+        ax: the Axes to draw on; a new figure is made when ``None``.
+        keys: the evaluation metrics to draw; default every one whose name contains
+            ``"loss"`` (so an accuracy is not drawn on the loss axis).
+        title: the Axes' title.
+
+    Returns:
+        The Axes: ``ax.lines[0]`` is the training loss (one point per step), then one
+        line with markers per evaluation metric, in ``keys`` order, and a legend.
+
+    Raises:
+        ValueError: if the history is empty or a requested key was never evaluated.
+    """
+    steps, train_loss, evals = list(history.steps), list(history.train_loss), list(history.evals)
+    if len(steps) != len(train_loss):
+        raise ValueError(f"history has {len(steps)} steps but {len(train_loss)} training losses")
+    if not steps and not evals:
+        raise ValueError("the history is empty: nothing to plot (train for at least one step)")
+    available = list(dict.fromkeys(k for record in evals for k in record if k != "step"))
+    if keys is None:
+        keys = [k for k in available if "loss" in k]
+    missing = [k for k in keys if k not in available]
+    if missing:
+        raise ValueError(f"no evaluation recorded {missing}; the history has {available}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.0, 3.5))
+    if steps:
+        ax.plot(steps, train_loss, lw=0.8, alpha=0.6, label="train (per batch)")
+    for key in keys:
+        points = [(record["step"], record[key]) for record in evals if key in record]
+        ax.plot([s for s, _ in points], [v for _, v in points], marker="o", ms=3, label=key)
+    ax.set_xlabel("step (optimizer updates)")
+    ax.set_ylabel("loss")
+    if title is not None:
+        ax.set_title(title)
+    ax.legend()
     return ax
