@@ -27,13 +27,14 @@ Rules, stated once and tested:
 from __future__ import annotations
 
 import heapq
-import json
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
 import regex
+
+from coursekit._files import read_json, write_json
 
 __all__ = [
     "GPT2_PATTERN", "GPT4_PATTERN", "Tokenizer", "chunk_counts", "decode", "encode_chunk", "get_pair_counts",
@@ -375,27 +376,16 @@ class Tokenizer:
              "merges": [[left, right], ...],      # merge i creates id 256 + i
              "special_tokens": {"<|endoftext|>": 1280, ...}}
         """
-        path = Path(path)
         data = {
             "format": _FORMAT, "version": _VERSION, "pattern": self.pattern,
             "merges": [list(m) for m in self.merges], "special_tokens": self.special_tokens,
         }
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        return write_json(path, data)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
         """Read a file written by :meth:`save`."""
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not a coursekit BPE file: {e}") from None
-        if not isinstance(data, dict) or data.get("format") != _FORMAT:
-            raise ValueError(f"{path} is not a coursekit BPE file (no \"format\": \"{_FORMAT}\")")
-        if data.get("version") != _VERSION:
-            raise ValueError(f"{path} has format version {data.get('version')}; this coursekit reads {_VERSION}")
+        data = read_json(path, _FORMAT, _VERSION, "coursekit BPE file")
         return cls([tuple(m) for m in data["merges"]], data["pattern"], data["special_tokens"])
 
     # ----- interoperability

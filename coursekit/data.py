@@ -20,7 +20,6 @@ One pipeline, stated once and tested:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Protocol
 import torch
 
 from coursekit import bpe
+from coursekit._files import read_json, write_json
 from coursekit.bpe import python_docs_text, read_text
 
 __all__ = [
@@ -174,25 +174,12 @@ class CharTokenizer:
 
         Format, version 1: ``{"format": "coursekit-char", "version": 1, "chars": ["\\n", " ", ...]}``.
         """
-        path = Path(path)
-        data = {"format": _FORMAT, "version": _VERSION, "chars": self.chars}
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        return write_json(path, {"format": _FORMAT, "version": _VERSION, "chars": self.chars})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CharTokenizer:
         """Read a file written by :meth:`save`."""
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not a coursekit character tokenizer file: {e}") from None
-        if not isinstance(data, dict) or data.get("format") != _FORMAT:
-            raise ValueError(f"{path} is not a coursekit character tokenizer file (no \"format\": \"{_FORMAT}\")")
-        if data.get("version") != _VERSION:
-            raise ValueError(f"{path} has format version {data.get('version')}; this coursekit reads {_VERSION}")
-        return cls(data["chars"])
+        return cls(read_json(path, _FORMAT, _VERSION, "coursekit character tokenizer file")["chars"])
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"

@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from coursekit._files import atomic_write
+
 __all__ = [
     "History", "TrainConfig", "TRAIN_PRESETS",
     "evaluate", "lm_loss", "load_checkpoint", "lr_at", "make_optimizer", "save_checkpoint", "train",
@@ -285,10 +287,7 @@ def save_checkpoint(
         "rng": {"torch": torch.get_rng_state(), "generator": None if generator is None else generator.get_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def _read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
