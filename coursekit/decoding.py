@@ -1,0 +1,287 @@
+"""Chapter 7: turning next-token logits into text: greedy, sampling (temperature, top-k, top-p), beam search.
+
+Every decoder here drives a *language model*: a module called as ``model(idx, cache=cache)``
+that returns logits ``(B, T, V)`` and has ``init_cache(batch_size, max_len)`` returning a
+cache with ``length`` and ``reorder(index)`` (:class:`coursekit.gpt.GPT` is one). With
+``use_cache=True`` the prompt is run once and each step feeds only the newest token; with
+``use_cache=False`` every step re-runs the whole (cropped) context. Both give the same
+tokens (a test checks it), the cache only saves work.
+
+The filters act on logits and return logits, so they compose:
+``sample_next`` divides by the temperature, applies top-k, then top-p, and samples from the
+softmax of what is left. Randomness is explicit: every sampler takes a ``torch.Generator``.
+
+- **top-k** (Fan et al., 2018) keeps the ``k`` largest logits (ties with the ``k``-th are kept).
+- **top-p** or nucleus sampling (Holtzman et al., 2020) keeps the smallest set of most
+  likely tokens whose probabilities sum to at least ``p``: the token whose probability
+  *crosses* ``p`` is kept, so at least one token always survives.
+- **beam search** keeps the ``W`` best partial sequences by total log-probability; finished
+  ones (ending in EOS) are ranked by ``log p / length ** alpha`` (length normalisation, Wu
+  et al., 2016; ``alpha = 0`` is the raw sum, which favours short outputs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["top_k_filter", "top_p_filter", "sample_next", "generate", "beam_search", "sequence_logprob"]
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the ``k`` largest logits of each row, set the rest to ``-inf``.
+
+    Example: ``top_k_filter([1., 3., 2.], 2) -> [-inf, 3., 2.]``. Values tied with the
+    ``k``-th largest are all kept (as in Hugging Face's ``TopKLogitsWarper``).
+
+    Args:
+        logits: ``(..., V)``.
+        k: how many to keep, ``1 <= k``; ``k >= V`` keeps everything.
+
+    Returns:
+        ``(..., V)``, a new tensor.
+    """
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    k = min(k, logits.shape[-1])
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1): the k-th largest
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability sums to at least ``p``.
+
+    Sort by probability; a token is kept if the probability of the tokens ranked *before*
+    it is still below ``p``. So the token that crosses ``p`` is kept, and the most likely
+    token always is. Example: probabilities ``[0.5, 0.3, 0.2]`` with ``p = 0.6`` keep
+    the first two (0.5 < 0.6, so the 0.3 that crosses it stays).
+
+    Args:
+        logits: ``(..., V)``.
+        p: in ``(0, 1]``; ``1`` keeps every token with non-zero probability.
+
+    Returns:
+        ``(..., V)``, a new tensor with ``-inf`` at dropped tokens.
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (..., V)
+    probs = F.softmax(sorted_logits, dim=-1)  # (..., V)
+    before = probs.cumsum(dim=-1) - probs  # (..., V): mass ranked strictly above each token
+    drop_sorted = before >= p  # the first token has before = 0 < p: never dropped
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample_next(
+    logits: torch.Tensor,
+    generator: torch.Generator | None = None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """Choose the next token of each row from its logits.
+
+    Args:
+        logits: ``(B, V)``.
+        generator: the source of randomness; required unless ``temperature == 0``.
+        temperature: divides the logits; ``0`` means greedy (the argmax, no randomness).
+        top_k: apply :func:`top_k_filter` (after the temperature).
+        top_p: apply :func:`top_p_filter` (after top-k).
+
+    Returns:
+        ``(B,)`` token ids, ``torch.long``.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"expected logits (B, V), got {tuple(logits.shape)}")
+    if temperature < 0 or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)  # (B,)
+    if generator is None:
+        raise ValueError("sampling needs an explicit torch.Generator (or temperature=0 for greedy decoding)")
+    logits = logits / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    probs = F.softmax(logits.float(), dim=-1)  # (B, V)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    use_cache: bool = True,
+) -> torch.Tensor:
+    """Extend ``prompt`` by up to ``max_new_tokens`` tokens, one at a time.
+
+    Greedy by default (``temperature=0``); a positive temperature samples with
+    :func:`sample_next`. After a row emits ``eos_id`` it is padded with ``eos_id``, and
+    decoding stops when every row has finished. The model is put in eval mode and its
+    mode restored.
+
+    Args:
+        model: a language model (see the module docstring) with ``cfg.block_size``.
+        prompt: ``(B, T0)`` token ids, ``T0 >= 1``.
+        max_new_tokens: at most this many new tokens per row.
+        temperature, top_k, top_p, generator: as :func:`sample_next`.
+        eos_id: the end-of-sequence token, or ``None`` to always generate ``max_new_tokens``.
+        use_cache: keep a KV cache (needs ``T0 + max_new_tokens <= block_size``); without it
+            each step re-reads the last ``block_size`` tokens.
+
+    Returns:
+        ``(B, T0 + n)`` with ``n <= max_new_tokens`` new tokens.
+    """
+    if prompt.dim() != 2 or prompt.shape[1] < 1 or prompt.dtype != torch.long:
+        raise ValueError(f"prompt must be (B, T0) torch.long token ids with T0 >= 1, got {prompt.dtype} {tuple(prompt.shape)}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    block = model.cfg.block_size
+    B, T0 = prompt.shape
+    if use_cache and T0 + max_new_tokens > block:
+        raise ValueError(f"prompt ({T0}) + max_new_tokens ({max_new_tokens}) exceed block_size={block}: "
+                         "use_cache=False crops the context instead")
+    was_training = model.training
+    model.eval()
+    try:
+        out = prompt
+        done = torch.zeros(B, dtype=torch.bool, device=prompt.device)
+        cache = model.init_cache(B, T0 + max_new_tokens) if use_cache else None
+        step_input = prompt
+        for _ in range(max_new_tokens):
+            logits = model(step_input if use_cache else out[:, -block:], cache=cache)[:, -1]  # (B, V)
+            nxt = sample_next(logits, generator, temperature, top_k, top_p)  # (B,)
+            if eos_id is not None:
+                nxt = nxt.masked_fill(done, eos_id)
+                done = done | (nxt == eos_id)
+            out = torch.cat([out, nxt[:, None]], dim=1)  # (B, t + 1)
+            step_input = nxt[:, None]  # (B, 1)
+            if eos_id is not None and bool(done.all()):
+                break
+        return out
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def sequence_logprob(model: nn.Module, prompt: torch.Tensor, continuation: torch.Tensor) -> torch.Tensor:
+    """``log p(continuation | prompt)`` under ``model``, summed over the continuation's tokens.
+
+    Args:
+        prompt: ``(B, T0)``; continuation: ``(B, N)``.
+
+    Returns:
+        ``(B,)`` float tensor.
+    """
+    full = torch.cat([prompt, continuation], dim=1)  # (B, T0 + N)
+    logp = F.log_softmax(model(full).float(), dim=-1)  # (B, T0 + N, V)
+    T0 = prompt.shape[1]
+    scored = logp[:, T0 - 1:-1].gather(-1, continuation[..., None]).squeeze(-1)  # (B, N)
+    return scored.sum(dim=-1)
+
+
+@torch.no_grad()
+def beam_search(
+    model: nn.Module,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    beam_width: int = 4,
+    *,
+    eos_id: int | None = None,
+    length_penalty: float = 1.0,
+) -> tuple[torch.Tensor, float]:
+    """The most likely continuation of one prompt found by beam search.
+
+    Each step expands the ``W`` live beams with every token and ranks the candidates by
+    total log-probability; an EOS candidate among the best ``W`` becomes a finished
+    hypothesis, and the best ``W`` candidates that do not end in EOS stay live. It stops after
+    ``max_new_tokens`` steps (the live beams then count as finished), or once ``W``
+    hypotheses have finished and no live beam can still outrank the worst of them.
+    Finished hypotheses are ranked by ``logprob / n ** length_penalty`` where ``n`` is the
+    number of generated tokens (EOS included). ``beam_width=1`` is greedy decoding (with an
+    EOS, only at ``length_penalty=0``: otherwise it may search past an early EOS for a
+    better-normalised sequence).
+
+    Args:
+        model: a language model whose cache supports ``reorder`` (see the module docstring).
+        prompt: ``(1, T0)`` token ids.
+        max_new_tokens: the longest continuation, ``>= 1``.
+        beam_width: ``W >= 1``.
+        eos_id: the end-of-sequence token, or ``None``.
+        length_penalty: ``alpha`` above (``0`` ranks by raw log-probability).
+
+    Returns:
+        ``(tokens (1, T0 + n), score)``: the best sequence (prompt included) and its
+        length-normalised log-probability.
+    """
+    if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.dtype != torch.long:
+        raise ValueError(f"beam_search takes one prompt of shape (1, T0), torch.long; got {prompt.dtype} {tuple(prompt.shape)}")
+    if not isinstance(beam_width, int) or beam_width < 1:
+        raise ValueError(f"beam_width must be a positive integer, got {beam_width!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    W, T0 = beam_width, prompt.shape[1]
+    was_training = model.training
+    model.eval()
+    try:
+        cache = model.init_cache(1, T0 + max_new_tokens)
+        logits = model(prompt, cache=cache)[:, -1]  # (1, V)
+        beams = prompt  # (N, T0 + t): N live beams, N = 1 at first
+        scores = torch.zeros(1)  # (N,) total log-probability of each live beam's new tokens
+        finished: list[tuple[float, torch.Tensor]] = []
+
+        def rank(total: float, n: int) -> float:
+            return total / n ** length_penalty
+
+        def cannot_improve(live_scores: list[float], t: int) -> bool:
+            """``W`` hypotheses have finished and no live beam can still beat the worst of them."""
+            if len(finished) < W:
+                return False
+            worst_kept = sorted(f[0] for f in finished)[-W]
+            # a live total only falls (log-probabilities are <= 0), so its best final rank is at
+            # the shortest or the longest length it can still reach
+            best = max(max(rank(s, t + 1), rank(s, max_new_tokens)) for s in live_scores)
+            return best <= worst_kept
+
+        for t in range(1, max_new_tokens + 1):
+            logp = F.log_softmax(logits.float(), dim=-1)  # (N, V)
+            V = logp.shape[-1]
+            cand = (scores[:, None] + logp).view(-1)  # (N V,)
+            top_scores, top_idx = cand.topk(min(2 * W, cand.numel()))  # best first
+            keep_beam, keep_tok, keep_score = [], [], []
+            for r, (s, i) in enumerate(zip(top_scores.tolist(), top_idx.tolist())):
+                beam, tok = divmod(i, V)
+                if eos_id is not None and tok == eos_id:
+                    if r < W:  # only an ending among the W best candidates finishes a hypothesis
+                        finished.append((rank(s, t), torch.cat([beams[beam], beams.new_tensor([tok])])))
+                elif len(keep_beam) < W:
+                    keep_beam.append(beam)
+                    keep_tok.append(tok)
+                    keep_score.append(s)
+            if not keep_beam or t == max_new_tokens or cannot_improve(keep_score, t):
+                break
+            index = torch.tensor(keep_beam)
+            cache.reorder(index)
+            tokens = torch.tensor(keep_tok)[:, None]  # (N, 1)
+            beams = torch.cat([beams[index], tokens], dim=1)  # (N, T0 + t)
+            scores = torch.tensor(keep_score)
+            logits = model(tokens, cache=cache)[:, -1]  # (N, V)
+        if t == max_new_tokens:  # out of steps: the live beams count as finished hypotheses
+            for beam, tok, s in zip(keep_beam, keep_tok, keep_score):
+                finished.append((rank(s, t), torch.cat([beams[beam], beams.new_tensor([tok])])))
+        best_score, best = max(finished, key=lambda f: f[0])
+        return best[None], best_score
+    finally:
+        model.train(was_training)

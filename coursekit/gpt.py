@@ -1,0 +1,459 @@
+"""Chapter 7: a GPT decoder, its KV cache, the causal LM loss and a tested GPT-2 weight mapping.
+
+A GPT (Radford et al., 2018, 2019) is a stack of *pre-norm* transformer layers whose
+self-attention is causal, between a token-plus-position embedding and an output layer
+that reuses the token embedding (tied weights, Press & Wolf, 2017). It models
+``p(x_1 .. x_T) = prod_t p(x_t | x_<t)``: the logits at position ``t`` predict token
+``t + 1``, so training on a window is ``T`` next-token problems at once (teacher forcing).
+
+Built from the earlier chapters: every :class:`Block` holds Chapter 4's
+:class:`~coursekit.layers.LayerNorm` (run by torch's fused kernel, :class:`FusedLayerNorm`)
+and :class:`~coursekit.layers.FeedForward` and
+Chapter 2's :class:`~coursekit.multihead.MultiHeadAttention`. Its attention runs through
+:func:`causal_self_attention`, which uses the module's own projections and adds what
+generation needs: a :class:`KVCache`, and torch's fused ``scaled_dot_product_attention``
+kernel (a test keeps it equal to ``MultiHeadAttention.forward(x, is_causal=True)``).
+
+**The KV cache.** At decoding step ``t`` a layer needs the keys and values of all earlier
+tokens, which do not change: the cache keeps them, so each step computes ``q, k, v`` for
+the one new token only. Two things must then be offset by the number of cached tokens
+``P``: the new tokens' *positions* (``P, P + 1, ...``) and the *causal mask* (new token
+``i`` may see keys ``0 .. P + i``, a bottom-right aligned mask).
+
+**Hugging Face weights.** :func:`from_hf_state_dict` / :func:`to_hf_state_dict` map
+between this module and ``transformers.GPT2LMHeadModel``; GPT-2 stores its linear
+layers as ``Conv1D`` with the weight transposed (``(in, out)``), and packs ``[q | k | v]``
+in ``c_attn`` exactly as our ``qkv_proj`` does. With internet access, real GPT-2 loads
+through the same mapping::
+
+    from transformers import GPT2LMHeadModel            # downloads about 500 MB
+    hf = GPT2LMHeadModel.from_pretrained("gpt2")
+    model = GPT(GPT_PRESETS["gpt2"])
+    model.load_state_dict(from_hf_state_dict(hf.state_dict()))
+    enc = tiktoken.get_encoding("gpt2")                 # GPT-2's tokenizer (also downloaded)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coursekit.attention import causal_mask
+from coursekit.layers import FeedForward, LayerNorm, encoder_layer_params, layer_norm_params
+from coursekit.multihead import MultiHeadAttention, merge_heads
+
+__all__ = [
+    "GPTConfig", "GPT_PRESETS", "GPT", "Block", "FusedLayerNorm", "KVCache", "LayerCache",
+    "causal_self_attention", "causal_lm_loss", "gpt_param_count",
+    "from_hf_state_dict", "to_hf_state_dict", "config_from_hf", "hf_config_kwargs",
+]
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape and regularisation of a :class:`GPT`; the keys are ``GPT``'s constructor arguments.
+
+    Args:
+        vocab_size: ``V``.
+        block_size: the longest context, ``T_max`` (learned positions ``0 .. T_max - 1``).
+        n_layers: ``L``.
+        n_heads: ``H``; must divide ``d_model``.
+        d_model: ``C``.
+        d_ff: feed-forward width; ``None`` for ``4 C``.
+        dropout: on embeddings, attention weights, sub-layer outputs and FF activations.
+        bias: biases in the linear layers and norms (GPT-2 has them).
+        activation: ``"gelu_tanh"`` (GPT-2's tanh approximation) or ``"gelu"`` (exact).
+        eps: the layer norms' epsilon.
+    """
+
+    vocab_size: int
+    block_size: int
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_ff: int | None = None
+    dropout: float = 0.0
+    bias: bool = True
+    activation: str = "gelu_tanh"
+    eps: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
+        if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
+            raise ValueError(f"d_ff must be a positive integer or None (for 4 * d_model), got {self.d_ff!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.activation not in ("gelu", "gelu_tanh"):
+            raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+
+#: ``nano`` for tests; ``small`` is the book's character-level model (set ``vocab_size`` from
+#: the tokenizer with ``dataclasses.replace``); the rest are published shapes (GPT-2:
+#: Radford et al., 2019; GPT-3 175B: Brown et al., 2020) for parameter arithmetic.
+GPT_PRESETS: dict[str, GPTConfig] = {
+    "nano": GPTConfig(vocab_size=64, block_size=32, n_layers=2, n_heads=2, d_model=32),
+    "small": GPTConfig(vocab_size=128, block_size=128, n_layers=4, n_heads=4, d_model=128),
+    "gpt2": GPTConfig(vocab_size=50257, block_size=1024, n_layers=12, n_heads=12, d_model=768),
+    "gpt2-medium": GPTConfig(vocab_size=50257, block_size=1024, n_layers=24, n_heads=16, d_model=1024),
+    "gpt2-large": GPTConfig(vocab_size=50257, block_size=1024, n_layers=36, n_heads=20, d_model=1280),
+    "gpt2-xl": GPTConfig(vocab_size=50257, block_size=1024, n_layers=48, n_heads=25, d_model=1600),
+    "gpt3": GPTConfig(vocab_size=50257, block_size=2048, n_layers=96, n_heads=96, d_model=12288),
+}
+
+
+def gpt_param_count(cfg: GPTConfig) -> int:
+    """Exact number of parameters of ``GPT(cfg)`` (tied output layer), from Chapter 4's counts."""
+    embeddings = (cfg.vocab_size + cfg.block_size) * cfg.d_model
+    return embeddings + cfg.n_layers * encoder_layer_params(cfg.d_model, cfg.d_ff, cfg.bias) + \
+        layer_norm_params(cfg.d_model, cfg.bias)
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+class LayerCache:
+    """One layer's cached keys and values, preallocated for ``max_len`` positions.
+
+    ``update`` writes the new tokens' keys and values at positions ``length ..
+    length + T - 1`` and returns views of everything cached so far; writing into a
+    preallocated buffer keeps a decoding step's cost independent of how many steps came
+    before (concatenating would copy the whole cache at every step).
+
+    Args:
+        batch_size, n_kv_heads, max_len, d_head: the buffers are ``(B, H_kv, max_len, D)``.
+        dtype, device: of the buffers.
+    """
+
+    def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, d_head: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        shape = (batch_size, n_kv_heads, max_len, d_head)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, H_kv, max_len, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (B, H_kv, max_len, D)
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``k, v`` of shape ``(B, H_kv, T, D)``; return all cached ``(B, H_kv, length, D)``."""
+        if k.shape != v.shape or k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
+            raise ValueError(f"expected k and v of shape ({self.k.shape[0]}, {self.k.shape[1]}, T, {self.k.shape[3]}), "
+                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        start, end = self.length, self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"the cache holds {self.max_len} positions; {start} are used and {k.shape[2]} more do not fit")
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]  # (B, H_kv, end, D) each
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep batch rows ``index`` (beam search: each new beam copies its parent's cache)."""
+        self.k, self.v = self.k[index], self.v[index]
+
+
+class KVCache:
+    """The :class:`LayerCache` of every layer of a model; ``length`` is the number of cached positions."""
+
+    def __init__(self, layers: list[LayerCache]):
+        if not layers:
+            raise ValueError("a KVCache needs at least one layer")
+        self.layers = layers
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    @property
+    def max_len(self) -> int:
+        return self.layers[0].max_len
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep batch rows ``index`` in every layer (see :meth:`LayerCache.reorder`)."""
+        for layer in self.layers:
+            layer.reorder(index)
+
+    def nbytes(self) -> int:
+        """Bytes held by the buffers (equal to :func:`~coursekit.multihead.kv_cache_bytes` at ``max_len``)."""
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.k, layer.v))
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def causal_self_attention(
+    attn: MultiHeadAttention, x: torch.Tensor, cache: LayerCache | None = None
+) -> torch.Tensor:
+    """Causal self-attention of ``x`` with ``attn``'s weights, optionally extending a KV cache.
+
+    The new tokens sit at positions ``P .. P + T - 1`` after the ``P`` cached ones, so new
+    token ``i`` may attend to keys ``0 .. P + i``: the causal mask is aligned to the
+    bottom right of the ``(T, P + T)`` score matrix.
+
+    Args:
+        attn: a Chapter 2 :class:`~coursekit.multihead.MultiHeadAttention` (its ``qkv_proj``
+            and ``out_proj`` are used; its ``dropout`` applies in training mode).
+        x: the new tokens ``(B, T, C)``.
+        cache: this layer's cache; it is extended by the ``T`` new keys and values.
+
+    Returns:
+        ``(B, T, C)``, equal to ``attn(x_all, is_causal=True)[0]`` at the new positions.
+    """
+    q, k, v = attn.project(x)  # (B, H, T, D), (B, H_kv, T, D), (B, H_kv, T, D)
+    if cache is not None:
+        k, v = cache.update(k, v)  # (B, H_kv, S, D) with S = P + T
+    T, S = q.shape[2], k.shape[2]
+    dropout_p = attn.dropout if attn.training else 0.0
+    gqa = attn.n_kv_heads != attn.n_heads
+    if T == S:  # no cached past: the usual top-left causal mask, the fused kernel's fast path
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
+    elif T == 1:  # one new token sees every cached key
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, enable_gqa=gqa)
+    else:
+        mask = causal_mask(T, S, device=x.device)  # (T, S), bottom-right aligned
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
+    return attn.out_proj(merge_heads(out))  # (B, H, T, D) -> (B, T, C)
+
+
+class FusedLayerNorm(LayerNorm):
+    """Chapter 4's :class:`~coursekit.layers.LayerNorm` (same parameters, same result) computed
+    by torch's fused kernel: one operation instead of eight, which matters at every decoding step."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
+
+
+class Block(nn.Module):
+    """A pre-norm GPT layer: ``x + attn(norm1(x))``, then ``x + ff(norm2(x))``.
+
+    Submodules: ``norm1``, ``attn``, ``norm2``, ``ff``, ``dropout1``, ``dropout2``.
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.norm1 = FusedLayerNorm(cfg.d_model, cfg.eps, cfg.bias)
+        self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, dropout=cfg.dropout)
+        self.norm2 = FusedLayerNorm(cfg.d_model, cfg.eps, cfg.bias)
+        self.ff = FeedForward(cfg.d_model, cfg.d_ff, "gelu", dropout=cfg.dropout, bias=cfg.bias)
+        if cfg.activation == "gelu_tanh":  # Chapter 4 offers the exact GELU; GPT-2 was trained with this one
+            self.ff.act = nn.GELU(approximate="tanh")
+        self.dropout1 = nn.Dropout(cfg.dropout)
+        self.dropout2 = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        """``(B, T, C) -> (B, T, C)``; ``cache`` as in :func:`causal_self_attention`."""
+        x = x + self.dropout1(causal_self_attention(self.attn, self.norm1(x), cache))
+        return x + self.dropout2(self.ff(self.norm2(x)))
+
+
+class GPT(nn.Module):
+    """A GPT language model: embeddings, ``L`` :class:`Block` s, a final norm, tied output layer.
+
+    Initialisation follows GPT-2: weights ``N(0, 0.02)``, the two projections that write
+    into the residual stream (``attn.out_proj``, ``ff.linear2``) scaled by ``1 / sqrt(2 L)``
+    so the stream's variance does not grow with depth, biases zero, norms one.
+
+    Args:
+        cfg: a :class:`GPTConfig` (see :data:`GPT_PRESETS`).
+
+    Submodules: ``tok_emb``, ``pos_emb``, ``drop``, ``blocks``, ``norm``, ``lm_head``
+    (whose weight *is* ``tok_emb.weight``).
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        if not isinstance(cfg, GPTConfig):
+            raise TypeError(f"GPT takes a GPTConfig (see GPT_PRESETS), got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = FusedLayerNorm(cfg.d_model, cfg.eps, cfg.bias)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # tied: one (V, C) matrix embeds and predicts
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.out_proj.weight", "ff.linear2.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def init_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        """An empty :class:`KVCache` for ``batch_size`` sequences of up to ``max_len`` (default ``block_size``) tokens."""
+        max_len = self.cfg.block_size if max_len is None else max_len
+        if not 1 <= max_len <= self.cfg.block_size:
+            raise ValueError(f"max_len must be in [1, block_size={self.cfg.block_size}], got {max_len}")
+        p = self.tok_emb.weight
+        return KVCache([LayerCache(batch_size, b.attn.n_kv_heads, max_len, b.attn.d_head, p.dtype, p.device)
+                        for b in self.blocks])
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Next-token logits for every position of ``idx``.
+
+        Args:
+            idx: token ids ``(B, T)``, ``torch.long``.
+            cache: continue after the ``P = cache.length`` cached tokens: ``idx`` gets the
+                positions ``P .. P + T - 1`` and the cache grows by ``T``.
+
+        Returns:
+            ``(B, T, V)``: the logits at position ``t`` score the token at ``t + 1``.
+        """
+        if idx.dim() != 2 or idx.dtype != torch.long:
+            raise ValueError(f"idx must be (B, T) torch.long token ids, got {idx.dtype} {tuple(idx.shape)}")
+        B, T = idx.shape
+        start = 0 if cache is None else cache.length
+        if start + T > self.cfg.block_size:
+            raise ValueError(f"{start} cached + {T} new tokens exceed block_size={self.cfg.block_size}: "
+                             "crop the context (or decode without the cache)")
+        if cache is not None and len(cache.layers) != len(self.blocks):
+            raise ValueError(f"the cache has {len(cache.layers)} layers, the model {len(self.blocks)}: use model.init_cache")
+        pos = torch.arange(start, start + T, device=idx.device)  # (T,), offset by the cached length
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if cache is None else cache.layers[i])
+        return self.lm_head(self.norm(x))  # (B, T, V)
+
+
+def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``logits`` for the sequence ``input_ids`` itself.
+
+    The logits at position ``t`` predict token ``t + 1``: drop the last position's logits
+    and the first token, then compare (the "shift" of Hugging Face's ``labels=input_ids``).
+    Example: for tokens ``[a, b, c]`` the pairs are ``(logits_0, b)`` and ``(logits_1, c)``.
+
+    Args:
+        logits: ``(B, T, V)`` from ``model(input_ids)``.
+        input_ids: ``(B, T)``; positions equal to ``ignore_index`` are not scored.
+
+    Returns:
+        A scalar: the mean over the ``B (T - 1)`` scored positions.
+    """
+    if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
+        raise ValueError(f"expected logits (B, T, V) and input_ids (B, T), got {tuple(logits.shape)} and {tuple(input_ids.shape)}")
+    if logits.shape[1] < 2:
+        raise ValueError("a sequence needs at least 2 tokens to have a next-token target")
+    pred = logits[:, :-1]  # (B, T-1, V): positions 0 .. T-2
+    target = input_ids[:, 1:]  # (B, T-1): tokens 1 .. T-1
+    return F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), ignore_index=ignore_index)
+
+
+# --------------------------------------------------------------------------- Hugging Face GPT-2
+
+#: Our parameter name -> GPT-2's, per layer (``blocks.{i}.`` <-> ``transformer.h.{i}.``).
+_LAYER_NAMES = {
+    "norm1": "ln_1", "attn.qkv_proj": "attn.c_attn", "attn.out_proj": "attn.c_proj",
+    "norm2": "ln_2", "ff.linear1": "mlp.c_fc", "ff.linear2": "mlp.c_proj",
+}
+_TOP_NAMES = {"tok_emb.weight": "transformer.wte.weight", "pos_emb.weight": "transformer.wpe.weight",
+              "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias"}
+#: GPT-2's Conv1D layers store ``weight`` as ``(in, out)``: these are transposed both ways.
+_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+#: Buffers some GPT-2 checkpoints carry (the causal mask); they hold no weights.
+_HF_BUFFERS = (".attn.bias", ".attn.masked_bias")
+
+
+def _is_conv1d_weight(hf_name: str) -> bool:
+    """``transformer.h.{i}.attn.c_attn.weight`` and the other Conv1D weights."""
+    parts = hf_name.split(".")  # transformer, h, i, module..., leaf
+    return parts[:2] == ["transformer", "h"] and parts[-1] == "weight" and ".".join(parts[3:-1]) in _CONV1D
+
+
+def _ours_to_hf_name(name: str) -> str:
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    _, i, rest = name.split(".", 2)  # blocks.{i}.{module}.{weight|bias}
+    module, leaf = rest.rsplit(".", 1)
+    if module not in _LAYER_NAMES:
+        raise KeyError(f"no GPT-2 name for our parameter {name!r}")
+    return f"transformer.h.{i}.{_LAYER_NAMES[module]}.{leaf}"
+
+
+def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our :class:`GPT` state dict as ``GPT2LMHeadModel``'s (Conv1D weights transposed).
+
+    ``lm_head.weight`` is included (equal to ``transformer.wte.weight``: tied).
+    Example: ``blocks.0.attn.qkv_proj.weight (3C, C) -> transformer.h.0.attn.c_attn.weight (C, 3C)``.
+    """
+    out = {}
+    for name, value in state_dict.items():
+        if name == "lm_head.weight":
+            continue
+        hf = _ours_to_hf_name(name)
+        out[hf] = value.t() if _is_conv1d_weight(hf) else value
+    out["lm_head.weight"] = out["transformer.wte.weight"]
+    return out
+
+
+def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A ``GPT2LMHeadModel`` state dict as ours: the inverse of :func:`to_hf_state_dict`.
+
+    Mask buffers (``attn.bias``, ``attn.masked_bias``) are dropped; ``lm_head.weight``
+    must equal the token embedding (GPT-2 ties them), else it is an error.
+
+    Raises:
+        KeyError: a name that is not part of GPT-2 (with the name).
+        ValueError: an untied ``lm_head.weight``.
+    """
+    hf_to_ours = {}
+    n_layers = 1 + max((int(k.split(".")[2]) for k in state_dict if k.startswith("transformer.h.")), default=-1)
+    for ours, hf in _TOP_NAMES.items():
+        hf_to_ours[hf] = ours
+    for i in range(n_layers):
+        for ours, hf in _LAYER_NAMES.items():
+            for leaf in ("weight", "bias"):
+                hf_to_ours[f"transformer.h.{i}.{hf}.{leaf}"] = f"blocks.{i}.{ours}.{leaf}"
+    out = {}
+    for name, value in state_dict.items():
+        if name.endswith(_HF_BUFFERS):
+            continue
+        if name == "lm_head.weight":
+            wte = state_dict.get("transformer.wte.weight")
+            if wte is None or not torch.equal(value, wte):
+                raise ValueError("lm_head.weight differs from transformer.wte.weight: our GPT ties them, as GPT-2 does")
+            continue
+        if name not in hf_to_ours:
+            raise KeyError(f"{name!r} is not a GPT2LMHeadModel parameter this mapping knows")
+        out[hf_to_ours[name]] = value.t() if _is_conv1d_weight(name) else value
+    out["lm_head.weight"] = out["tok_emb.weight"]
+    return out
+
+
+def config_from_hf(hf_config) -> GPTConfig:
+    """The :class:`GPTConfig` of a ``transformers.GPT2Config`` (tanh GELU, as ``gelu_new``)."""
+    acts = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
+    if hf_config.activation_function not in acts:
+        raise ValueError(f"unsupported GPT-2 activation {hf_config.activation_function!r}; expected one of {sorted(acts)}")
+    return GPTConfig(vocab_size=hf_config.vocab_size, block_size=hf_config.n_positions, n_layers=hf_config.n_layer,
+                     n_heads=hf_config.n_head, d_model=hf_config.n_embd, d_ff=hf_config.n_inner,
+                     activation=acts[hf_config.activation_function], eps=hf_config.layer_norm_epsilon)
+
+
+def hf_config_kwargs(cfg: GPTConfig) -> dict:
+    """Keyword arguments of ``transformers.GPT2Config`` for the same model (dropout off)."""
+    return dict(vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_layer=cfg.n_layers, n_head=cfg.n_heads,
+                n_embd=cfg.d_model, n_inner=cfg.d_ff, layer_norm_epsilon=cfg.eps,
+                activation_function="gelu_new" if cfg.activation == "gelu_tanh" else "gelu",
+                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0)

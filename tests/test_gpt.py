@@ -1,0 +1,226 @@
+"""coursekit.gpt against Hugging Face GPT-2 (tiny random configs, no download) and true properties."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from coursekit import decoding, gpt
+from coursekit.layers import LayerNorm
+from coursekit.multihead import MultiHeadAttention
+from tests.conftest import assert_close
+
+transformers = pytest.importorskip("transformers")
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+CFG = gpt.GPTConfig(vocab_size=61, block_size=40, n_layers=2, n_heads=4, d_model=32)
+
+
+def randomise(module: nn.Module, seed: int = 0, scale: float = 0.3) -> nn.Module:
+    """Random values in every parameter (norms and biases too), so no mapping error hides behind an init."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
+    return module
+
+
+def ours(cfg=CFG, seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return randomise(gpt.GPT(cfg), seed).to(dtype).eval()
+
+
+def hf_from(model: gpt.GPT) -> GPT2LMHeadModel:
+    hf = GPT2LMHeadModel(GPT2Config(**gpt.hf_config_kwargs(model.cfg))).to(model.tok_emb.weight.dtype).eval()
+    hf.load_state_dict(gpt.to_hf_state_dict(model.state_dict()))
+    return hf
+
+
+def tokens(B, T, V=CFG.vocab_size, seed=0):
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+# --------------------------------------------------------------------------- Hugging Face parity
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
+def test_logits_equal_hf_gpt2_through_our_mapping(activation):
+    m = ours(replace(CFG, activation=activation))
+    hf = hf_from(m)
+    x = tokens(3, 17)
+    torch.testing.assert_close(m(x), hf(x).logits, rtol=0, atol=1e-5)
+
+
+def test_hf_weights_load_into_ours():
+    torch.manual_seed(1)
+    hf = randomise(GPT2LMHeadModel(GPT2Config(**gpt.hf_config_kwargs(CFG))), seed=1).eval()
+    m = gpt.GPT(gpt.config_from_hf(hf.config)).eval()
+    m.load_state_dict(gpt.from_hf_state_dict(hf.state_dict()))
+    x = tokens(2, 11, seed=1)
+    torch.testing.assert_close(m(x), hf(x).logits, rtol=0, atol=1e-5)
+    assert m.lm_head.weight is m.tok_emb.weight
+
+
+def test_mapping_round_trips_and_transposes_conv1d():
+    m = ours()
+    sd = m.state_dict()
+    hf_sd = gpt.to_hf_state_dict(sd)
+    assert hf_sd["transformer.h.0.attn.c_attn.weight"].shape == (CFG.d_model, 3 * CFG.d_model)  # Conv1D: (in, out)
+    assert torch.equal(hf_sd["transformer.h.1.mlp.c_proj.weight"], sd["blocks.1.ff.linear2.weight"].t())
+    back = gpt.from_hf_state_dict(hf_sd)
+    assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
+
+
+def test_greedy_generation_identical_to_hf_generate():
+    m = ours(replace(CFG, block_size=64))
+    hf = hf_from(m)
+    prompt = tokens(2, 5, seed=3)
+    expected = hf.generate(prompt, max_new_tokens=30, min_new_tokens=30, do_sample=False,
+                           attention_mask=torch.ones_like(prompt))
+    assert torch.equal(decoding.generate(m, prompt, 30), expected)
+    assert torch.equal(decoding.generate(m, prompt, 30, use_cache=False), expected)
+
+
+def test_causal_lm_loss_equals_hf_loss_with_labels():
+    m = ours()
+    hf = hf_from(m)
+    x = tokens(3, 12, seed=4)
+    labels = x.clone()
+    labels[0, 5:] = -100  # ignored positions are ignored the same way
+    torch.testing.assert_close(gpt.causal_lm_loss(m(x), labels), hf(x, labels=labels).loss, rtol=1e-6, atol=1e-6)
+
+
+def test_from_hf_rejects_unknown_names_and_untied_head():
+    hf_sd = gpt.to_hf_state_dict(ours().state_dict())
+    with pytest.raises(KeyError, match="transformer.h.0.attn.rotary"):
+        gpt.from_hf_state_dict({**hf_sd, "transformer.h.0.attn.rotary": torch.zeros(1)})
+    with pytest.raises(ValueError, match="ties them"):
+        gpt.from_hf_state_dict({**hf_sd, "lm_head.weight": torch.zeros_like(hf_sd["lm_head.weight"])})
+    sd = gpt.from_hf_state_dict({**hf_sd, "transformer.h.0.attn.bias": torch.ones(1, 1, 4, 4)})  # old mask buffer
+    assert "blocks.0.attn.bias" not in sd
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"])
+def test_parameter_counts_match_hf_on_meta(name):
+    cfg = gpt.GPT_PRESETS[name]
+    with torch.device("meta"):
+        hf = GPT2LMHeadModel(GPT2Config(**gpt.hf_config_kwargs(cfg)))
+        m = gpt.GPT(cfg)
+    n_hf = sum(p.numel() for p in hf.parameters())
+    assert sum(p.numel() for p in m.parameters()) == n_hf == gpt.gpt_param_count(cfg)
+
+
+def test_gpt3_is_175b_and_bias_free_counts():
+    assert abs(gpt.gpt_param_count(gpt.GPT_PRESETS["gpt3"]) / 175e9 - 1) < 0.005
+    cfg = replace(CFG, bias=False)
+    assert sum(p.numel() for p in gpt.GPT(cfg).parameters()) == gpt.gpt_param_count(cfg)
+
+
+# --------------------------------------------------------------------------- built from chapters 2-4
+
+
+def test_causal_self_attention_equals_chapter2_module():
+    torch.manual_seed(0)
+    attn = randomise(MultiHeadAttention(CFG.d_model, CFG.n_heads)).double().eval()
+    x = torch.randn(2, 9, CFG.d_model, dtype=torch.float64)
+    assert_close(gpt.causal_self_attention(attn, x), attn(x, is_causal=True)[0])
+
+
+def test_fused_layer_norm_equals_chapter4_layer_norm():
+    a, b = randomise(LayerNorm(16)).double(), gpt.FusedLayerNorm(16).double()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    assert_close(b(x), a(x))
+
+
+def test_output_layer_is_tied_and_init_scales_residual_projections():
+    m = gpt.GPT(replace(CFG, n_layers=8, d_model=64, n_heads=4))
+    assert m.lm_head.weight is m.tok_emb.weight
+    std_out = m.blocks[0].attn.out_proj.weight.std().item()
+    std_in = m.blocks[0].attn.qkv_proj.weight.std().item()
+    assert abs(std_in - 0.02) < 0.002 and abs(std_out - 0.02 / 4) < 0.001  # 1 / sqrt(2 L) = 1/4
+
+
+def test_changing_future_tokens_leaves_earlier_logits_unchanged():
+    m = ours(dtype=torch.float64)
+    x = tokens(2, 20)
+    y = x.clone()
+    y[:, 12:] = tokens(2, 8, seed=9)
+    assert_close(m(y)[:, :12], m(x)[:, :12])
+    assert not torch.allclose(m(y)[:, 12:], m(x)[:, 12:])
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+def test_cached_decoding_gives_the_uncached_logits(dtype, atol):
+    m = ours(dtype=dtype)
+    seq = tokens(2, 30, seed=5)
+    full = m(seq)  # (B, 30, V)
+    cache = m.init_cache(2)
+    steps = [m(seq[:, :6], cache=cache)]  # a prompt of 6, then one token at a time
+    for t in range(6, 30):
+        steps.append(m(seq[:, t:t + 1], cache=cache))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=atol)
+    assert cache.length == 30
+
+
+def test_cache_extended_by_chunks_uses_a_bottom_right_causal_mask():
+    m = ours(dtype=torch.float64)
+    seq = tokens(1, 24, seed=6)
+    cache = m.init_cache(1)
+    chunks = [m(seq[:, a:b], cache=cache) for a, b in ((0, 5), (5, 13), (13, 24))]
+    assert_close(torch.cat(chunks, dim=1), m(seq))
+
+
+def test_cache_positions_continue_after_the_cached_tokens():
+    m = ours(dtype=torch.float64)
+    seq = tokens(1, 8, seed=7)
+    cache = m.init_cache(1)
+    m(seq[:, :7], cache=cache)
+    last = m(seq[:, 7:], cache=cache)
+    fresh = m(seq[:, 7:])  # the same token at position 0, with no past: a different prediction
+    assert_close(last[:, 0], m(seq)[:, 7])
+    assert not torch.allclose(last, fresh)
+
+
+def test_cache_size_and_overflow_errors():
+    m = ours()
+    cache = m.init_cache(3, max_len=10)
+    layer = cache.layers[0]
+    assert cache.nbytes() == 2 * CFG.n_layers * 3 * CFG.n_heads * 10 * CFG.d_head * 4
+    m(tokens(3, 10), cache=cache)
+    with pytest.raises(ValueError, match="10 positions; 10 are used and 1 more do not fit"):
+        m(tokens(3, 1), cache=cache)
+    with pytest.raises(ValueError, match="max_len must be in"):
+        m.init_cache(1, max_len=CFG.block_size + 1)
+    with pytest.raises(ValueError, match="expected k and v of shape"):
+        layer.update(torch.zeros(3, CFG.n_heads, 1, 3), torch.zeros(3, CFG.n_heads, 1, 3))
+
+
+def test_bad_inputs_are_named():
+    m = ours()
+    with pytest.raises(ValueError, match="exceed block_size=40"):
+        m(tokens(1, 41))
+    with pytest.raises(ValueError, match=r"torch.long token ids"):
+        m(torch.zeros(1, 3))
+    with pytest.raises(TypeError, match="GPTConfig"):
+        gpt.GPT({"vocab_size": 3})
+    with pytest.raises(ValueError, match="n_heads=3 must divide d_model=32"):
+        replace(CFG, n_heads=3)
+    with pytest.raises(ValueError, match="activation"):
+        replace(CFG, activation="relu")
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        gpt.causal_lm_loss(torch.zeros(1, 1, 5), torch.zeros(1, 1, dtype=torch.long))
+
+
+def test_causal_lm_loss_pairs_each_position_with_the_next_token():
+    logits = torch.full((1, 3, 4), -1e9)
+    logits[0, 0, 2] = logits[0, 1, 3] = 0.0  # position 0 predicts token 2, position 1 token 3
+    ids = torch.tensor([[1, 2, 3]])
+    assert gpt.causal_lm_loss(logits, ids).item() == pytest.approx(0.0, abs=1e-6)
+    assert gpt.causal_lm_loss(logits, torch.tensor([[2, 3, 0]])).item() > 1e8  # unshifted targets are wrong
