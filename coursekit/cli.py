@@ -4,6 +4,7 @@
     coursekit autograde SUBMISSIONS --assignment ch01_attention [--jobs 2] [--csv grades.csv]
     coursekit report --assignment ch01_attention
     coursekit check NOTEBOOK          (students: run the public checks locally)
+    coursekit pretrain NAME [--out checkpoints]   (regenerate a committed checkpoint)
     coursekit doctor
 """
 
@@ -143,6 +144,18 @@ def cmd_doctor(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_pretrain(args) -> int:
+    from coursekit import pretrained
+
+    if args.name not in pretrained.CHECKPOINTS:
+        raise ValueError(f"no checkpoint called {args.name!r}; the course has {sorted(pretrained.CHECKPOINTS)}")
+    out = Path(args.out) if args.out else pretrained.checkpoint_dir()
+    metrics = pretrained.CHECKPOINTS[args.name](out)
+    shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
+    print(f"wrote {out}/{args.name}.pt and {args.name}.json: {shown}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="coursekit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--course", help="course folder (default: the nearest folder with nbgrader_config.py)")
@@ -179,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("notebook")
     sandbox_options(p)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("pretrain", help="retrain a committed checkpoint from scratch and record its metrics")
+    p.add_argument("name", help="gpt-char or bert-small")
+    p.add_argument("--out", help="folder to write into (default: the repository's checkpoints/)")
+    p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("doctor", help="check versions, Chromium, MathJax and the Jupyter kernel")
     p.set_defaults(func=cmd_doctor)

@@ -1,0 +1,168 @@
+"""The course's committed checkpoints: their recipes, the one command that regenerates them, loading.
+
+``checkpoints/<name>.pt`` holds float16 weights (a few MB) and ``checkpoints/<name>.json``
+the metrics measured *with those rounded weights*, the recipe and the command. A fast test
+re-evaluates each checkpoint and requires the recorded validation loss; retraining is an
+opt-in slow test. Regenerate with::
+
+    coursekit pretrain gpt-char        # about 10 minutes on 2 CPU cores
+    coursekit pretrain bert-small
+
+Recipes:
+
+- :data:`GPT_CHAR` (``gpt-char``): the Chapter 7 model, character level on the Python
+  reference manual, trained for at most 10 minutes.
+- :data:`GPT_CHAR_FAST`: the recipe that ``benchmarks/gpt_char.py`` races against
+  nanoGPT's CPU recipe in the same wall-clock time (its step count is set there).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from coursekit import data, train
+from coursekit._files import read_json, write_json
+from coursekit.gpt import GPT, GPTConfig
+
+__all__ = ["Recipe", "GPT_CHAR", "GPT_CHAR_FAST", "CHECKPOINTS", "train_gpt", "gpt_val_loss",
+           "calibrate_steps", "fit_to_budget", "pretrain_gpt_char", "load_gpt_char", "checkpoint_dir"]
+
+_FORMAT = "coursekit-pretrained"
+_VERSION = 1
+#: The validation windows every GPT checkpoint is measured on (seeded, so re-evaluation is exact).
+VAL_BATCHES, VAL_BATCH_SIZE, VAL_SEED = 50, 32, 1234
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A model configuration and how to train it (``model.vocab_size`` is set from the data).
+
+    With ``minutes`` set, the recipe is *time-budgeted*: a short calibration run measures
+    this machine's steps per second and ``train.max_steps`` becomes the number of steps
+    that fits in ``minutes`` (warmup and evaluation intervals scale with it).
+    """
+
+    model: GPTConfig
+    train: train.TrainConfig
+    minutes: float | None = None
+
+
+GPT_CHAR_FAST = Recipe(
+    model=GPTConfig(vocab_size=1, block_size=128, n_layers=4, n_heads=4, d_model=96, bias=False),
+    train=train.TrainConfig(max_steps=2000, batch_size=12, lr=4e-3, min_lr_ratio=0.1, warmup_steps=100,
+                            weight_decay=0.1, betas=(0.9, 0.99), grad_clip=1.0, eval_interval=2000, eval_batches=10),
+)
+
+GPT_CHAR = Recipe(
+    model=GPTConfig(vocab_size=1, block_size=256, n_layers=6, n_heads=4, d_model=128, bias=False),
+    train=train.TrainConfig(max_steps=1000, batch_size=16, lr=3e-3, min_lr_ratio=0.1, warmup_steps=100,
+                            weight_decay=0.1, betas=(0.9, 0.99), grad_clip=1.0, eval_interval=200, eval_batches=10),
+    minutes=9.5,
+)
+
+
+def checkpoint_dir() -> Path:
+    """``checkpoints/`` of the repository (``COURSEKIT_CHECKPOINTS`` overrides it)."""
+    return Path(os.environ.get("COURSEKIT_CHECKPOINTS", Path(__file__).resolve().parents[1] / "checkpoints"))
+
+
+def gpt_val_loss(model: GPT, d: data.TokenData) -> float:
+    """Mean next-token cross-entropy (nats per token) over the fixed validation windows."""
+    batches = data.eval_batches(d.val, model.cfg.block_size, VAL_BATCH_SIZE, VAL_BATCHES, seed=VAL_SEED)
+    return train.evaluate(model, batches, train.lm_loss)
+
+
+def train_gpt(model: GPT, d: data.TokenData, cfg: train.TrainConfig, *, checkpoint_path=None,
+              resume: bool = False, progress: bool = True) -> train.History:
+    """Train ``model`` on ``d.train`` with :func:`coursekit.train.train`, evaluating on ``d.val``."""
+    T = model.cfg.block_size
+    val = data.eval_batches(d.val, T, cfg.batch_size, cfg.eval_batches, seed=cfg.seed)
+    return train.train(
+        model, lambda step, g: data.lm_batch(d.train, T, cfg.batch_size, g), cfg,
+        loss_fn=train.lm_loss, eval_fn=lambda m: {"val_loss": train.evaluate(m, val, train.lm_loss)},
+        checkpoint_path=checkpoint_path, resume=resume, progress=progress,
+    )
+
+
+def fit_to_budget(cfg: train.TrainConfig, steps_per_s: float, seconds: float) -> train.TrainConfig:
+    """``cfg`` with as many steps as fit in ``seconds`` (3% margin); warmup and evaluations scale along."""
+    steps = max(10, int(seconds * steps_per_s * 0.97))
+    warmup = min(cfg.warmup_steps, steps // 10)
+    return replace(cfg, max_steps=steps, warmup_steps=warmup, eval_interval=max(1, steps // 6))
+
+
+def calibrate_steps(model_cfg: GPTConfig, cfg: train.TrainConfig, d: data.TokenData, steps: int = 30) -> float:
+    """Training steps per second of this recipe on this machine, from a short throwaway run."""
+    model = GPT(model_cfg)
+    short = replace(cfg, max_steps=steps, warmup_steps=0, eval_interval=steps)
+    history = train_gpt(model, d, short, progress=False)
+    return steps / history.train_time
+
+
+# --------------------------------------------------------------------------- gpt-char
+
+
+def _save(model: GPT, tok: data.CharTokenizer, recipe: Recipe, metrics: dict, out_dir: Path, name: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.to(torch.float16) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    torch.save(weights, out_dir / f"{name}.pt")
+    tok.save(out_dir / f"{name}.tokenizer.json")
+    return write_json(out_dir / f"{name}.json", {
+        "format": _FORMAT, "version": _VERSION, "name": name,
+        "model": asdict(recipe.model), "train": asdict(recipe.train), "metrics": metrics,
+        "command": f"coursekit pretrain {name}",
+    })
+
+
+def load_gpt_char(directory: str | os.PathLike | None = None, name: str = "gpt-char") -> tuple[GPT, data.CharTokenizer, dict]:
+    """The committed character-level GPT (float32, eval mode), its tokenizer and its record."""
+    directory = Path(directory) if directory is not None else checkpoint_dir()
+    record = read_json(directory / f"{name}.json", _FORMAT, _VERSION, "coursekit pretrained-model record")
+    model = GPT(GPTConfig(**record["model"]))
+    weights = torch.load(directory / f"{name}.pt", map_location="cpu", weights_only=True)
+    weights["lm_head.weight"] = weights["tok_emb.weight"]
+    model.load_state_dict({k: v.float() for k, v in weights.items()})
+    return model.eval(), data.CharTokenizer.load(directory / f"{name}.tokenizer.json"), record
+
+
+def pretrain_gpt_char(out_dir: str | os.PathLike | None = None, recipe: Recipe = GPT_CHAR,
+                      name: str = "gpt-char", progress: bool = True) -> dict:
+    """Train :data:`GPT_CHAR` from scratch, round to float16, measure and write ``<name>.{pt,json}``.
+
+    A time-budgeted recipe is first fitted to this machine (see :class:`Recipe`); the record
+    stores the steps actually run.
+
+    Returns:
+        The recorded metrics.
+    """
+    out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir()
+    d = data.prepare("python-docs")
+    recipe = replace(recipe, model=replace(recipe.model, vocab_size=d.vocab_size))
+    if recipe.minutes is not None:
+        rate = calibrate_steps(recipe.model, recipe.train, d)
+        recipe = replace(recipe, train=fit_to_budget(recipe.train, rate, recipe.minutes * 60), minutes=None)
+    torch.manual_seed(recipe.train.seed)
+    model = GPT(recipe.model)
+    history = train_gpt(model, d, recipe.train, progress=progress)
+    model.load_state_dict({k: v.half().float() for k, v in model.state_dict().items()})  # what is stored
+    metrics = {
+        "val_loss": gpt_val_loss(model, d),
+        "val_loss_during_training": history.evals,
+        "train_seconds": round(history.train_time, 1),
+        "tokens_per_s": round(history.tokens_per_s),
+        "steps": len(history.steps),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+    }
+    _save(model, d.tokenizer, recipe, metrics, out_dir, name)
+    return metrics
+
+
+#: Checkpoint name -> the function that regenerates it (``coursekit pretrain <name>``).
+CHECKPOINTS = {"gpt-char": pretrain_gpt_char}
