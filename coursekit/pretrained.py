@@ -36,7 +36,7 @@ __all__ = ["Recipe", "GPT_CHAR", "GPT_CHAR_FAST", "CHECKPOINTS", "train_gpt", "g
 _FORMAT = "coursekit-pretrained"
 _VERSION = 1
 #: The validation windows every GPT checkpoint is measured on (seeded, so re-evaluation is exact).
-VAL_BATCHES, VAL_BATCH_SIZE, VAL_SEED = 50, 32, 1234
+VAL_BATCHES, VAL_BATCH_SIZE, VAL_SEED = 20, 16, 1234
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ GPT_CHAR_FAST = Recipe(
 
 GPT_CHAR = Recipe(
     model=GPTConfig(vocab_size=1, block_size=256, n_layers=6, n_heads=4, d_model=128, bias=False),
-    train=train.TrainConfig(max_steps=1000, batch_size=16, lr=3e-3, min_lr_ratio=0.1, warmup_steps=100,
+    train=train.TrainConfig(max_steps=1000, batch_size=8, lr=3e-3, min_lr_ratio=0.1, warmup_steps=100,
                             weight_decay=0.1, betas=(0.9, 0.99), grad_clip=1.0, eval_interval=200, eval_batches=10),
     minutes=9.5,
 )
@@ -153,6 +153,7 @@ def pretrain_gpt_char(out_dir: str | os.PathLike | None = None, recipe: Recipe =
     model.load_state_dict({k: v.half().float() for k, v in model.state_dict().items()})  # what is stored
     metrics = {
         "val_loss": gpt_val_loss(model, d),
+        "val_protocol": f"{VAL_BATCHES} x {VAL_BATCH_SIZE} windows of block_size tokens, eval_batches seed {VAL_SEED}",
         "val_loss_during_training": history.evals,
         "train_seconds": round(history.train_time, 1),
         "tokens_per_s": round(history.tokens_per_s),
@@ -164,5 +165,12 @@ def pretrain_gpt_char(out_dir: str | os.PathLike | None = None, recipe: Recipe =
     return metrics
 
 
+def _pretrain_bert_small(out_dir: str | os.PathLike | None = None) -> dict:
+    from coursekit import bert
+
+    return bert.pretrain_checkpoint(out_dir if out_dir is not None else checkpoint_dir(),
+                                    command="coursekit pretrain bert-small")
+
+
 #: Checkpoint name -> the function that regenerates it (``coursekit pretrain <name>``).
-CHECKPOINTS = {"gpt-char": pretrain_gpt_char}
+CHECKPOINTS = {"gpt-char": pretrain_gpt_char, "bert-small": _pretrain_bert_small}
