@@ -1,0 +1,253 @@
+"""Wrong implementations for Exercise 6 (BERT), each a mistake students really make."""
+
+from tests.mutants import Mutant
+
+HIDDEN_CELL = {
+    "BertEmbeddings": "embeddings_hidden",
+    "mask_tokens": "mask_tokens_hidden",
+    "mlm_loss": "mlm_loss_hidden",
+    "ClsHead": "cls_head_hidden",
+}
+
+MUTANTS = [
+    Mutant(
+        "emb_no_segment", "BertEmbeddings", "BertEmbeddings", "the segment embedding is missing",
+        '''
+class BertEmbeddings(nn.Module):
+    def __init__(self, vocab_size, max_len, d_model, n_segments=2, dropout=0.1, eps=1e-12):
+        super().__init__()
+        self.token = nn.Embedding(vocab_size, d_model)
+        self.position = nn.Embedding(max_len, d_model)
+        self.segment = nn.Embedding(n_segments, d_model)
+        self.norm = LayerNorm(d_model, eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids, token_type_ids=None):
+        T = input_ids.shape[1]
+        x = self.token(input_ids) + self.position(torch.arange(T))
+        return self.dropout(self.norm(x))
+''',
+    ),
+    Mutant(
+        "emb_no_norm", "BertEmbeddings", "BertEmbeddings", "the layer norm is missing",
+        '''
+class BertEmbeddings(nn.Module):
+    def __init__(self, vocab_size, max_len, d_model, n_segments=2, dropout=0.1, eps=1e-12):
+        super().__init__()
+        self.token = nn.Embedding(vocab_size, d_model)
+        self.position = nn.Embedding(max_len, d_model)
+        self.segment = nn.Embedding(n_segments, d_model)
+        self.norm = LayerNorm(d_model, eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids, token_type_ids=None):
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        T = input_ids.shape[1]
+        return self.dropout(self.token(input_ids) + self.position(torch.arange(T)) + self.segment(token_type_ids))
+''',
+    ),
+    Mutant(
+        "emb_positions_from_one", "BertEmbeddings", "BertEmbeddings", "positions start at 0",
+        '''
+class BertEmbeddings(nn.Module):
+    def __init__(self, vocab_size, max_len, d_model, n_segments=2, dropout=0.1, eps=1e-12):
+        super().__init__()
+        self.token = nn.Embedding(vocab_size, d_model)
+        self.position = nn.Embedding(max_len, d_model)
+        self.segment = nn.Embedding(n_segments, d_model)
+        self.norm = LayerNorm(d_model, eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, input_ids, token_type_ids=None):
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        T = input_ids.shape[1]
+        x = self.token(input_ids) + self.position(torch.arange(1, T + 1)) + self.segment(token_type_ids)
+        return self.dropout(self.norm(x))
+''',
+    ),
+    Mutant(
+        "mask_selects_specials", "mask_tokens", "mask_tokens", "special tokens ([PAD], [CLS], [SEP]) were selected",
+        '''
+def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
+    selected = torch.rand(input_ids.shape, generator=generator) < mlm_probability
+    labels = torch.where(selected, input_ids, -100)
+    action = torch.rand(input_ids.shape, generator=generator)
+    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special.ids])
+    random_ids = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]
+    inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    return inputs, labels
+''',
+    ),
+    Mutant(
+        "mask_always_mask", "mask_tokens", "mask_tokens", "every selected position became [MASK]",
+        '''
+def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
+    is_special = torch.isin(input_ids, torch.tensor(special.ids))
+    selected = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & ~is_special
+    labels = torch.where(selected, input_ids, -100)
+    return torch.where(selected, special.mask, input_ids), labels
+''',
+    ),
+    Mutant(
+        "mask_random_from_whole_vocab", "mask_tokens", "mask_tokens", "a random replacement was a special token",
+        '''
+def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
+    is_special = torch.isin(input_ids, torch.tensor(special.ids))
+    selected = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & ~is_special
+    labels = torch.where(selected, input_ids, -100)
+    action = torch.rand(input_ids.shape, generator=generator)
+    random_ids = torch.randint(vocab_size, input_ids.shape, generator=generator)
+    inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    return inputs, labels
+''',
+    ),
+    Mutant(
+        "mask_random_below_vocab_minus_4", "mask_tokens", "mask_tokens", "a random replacement was a special token",
+        '''
+def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
+    is_special = torch.isin(input_ids, torch.tensor(special.ids))
+    selected = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & ~is_special
+    labels = torch.where(selected, input_ids, -100)
+    action = torch.rand(input_ids.shape, generator=generator)
+    random_ids = torch.randint(vocab_size - 4, input_ids.shape, generator=generator)  # assumes specials come last
+    inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    return inputs, labels
+''',
+    ),
+    Mutant(
+        "mask_labels_everywhere", "mask_tokens", "mask_tokens", "labels must be -100 at every position",
+        '''
+def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
+    is_special = torch.isin(input_ids, torch.tensor(special.ids))
+    selected = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & ~is_special
+    labels = input_ids.clone()
+    action = torch.rand(input_ids.shape, generator=generator)
+    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special.ids])
+    random_ids = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]
+    inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    return inputs, labels
+''',
+    ),
+    Mutant(
+        "mask_inverted_rate", "mask_tokens", "mask_tokens", "expected about 15%",
+        '''
+def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
+    is_special = torch.isin(input_ids, torch.tensor(special.ids))
+    selected = (torch.rand(input_ids.shape, generator=generator) > mlm_probability) & ~is_special
+    labels = torch.where(selected, input_ids, -100)
+    action = torch.rand(input_ids.shape, generator=generator)
+    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special.ids])
+    random_ids = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]
+    inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    return inputs, labels
+''',
+    ),
+    Mutant(
+        "mask_ignores_probability", "mask_tokens", "mask_tokens", "with mlm_probability=0.4",
+        '''
+def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
+    is_special = torch.isin(input_ids, torch.tensor(special.ids))
+    selected = (torch.rand(input_ids.shape, generator=generator) < 0.15) & ~is_special
+    labels = torch.where(selected, input_ids, -100)
+    action = torch.rand(input_ids.shape, generator=generator)
+    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special.ids])
+    random_ids = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]
+    inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    return inputs, labels
+''',
+    ),
+    Mutant(
+        "mask_global_rng", "mask_tokens", "mask_tokens", "generator=generator",
+        '''
+def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
+    is_special = torch.isin(input_ids, torch.tensor(special.ids))
+    selected = (torch.rand(input_ids.shape) < mlm_probability) & ~is_special
+    labels = torch.where(selected, input_ids, -100)
+    action = torch.rand(input_ids.shape)
+    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special.ids])
+    random_ids = ordinary[torch.randint(len(ordinary), input_ids.shape)]
+    inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    return inputs, labels
+''',
+    ),
+    Mutant(
+        "loss_over_all_positions", "mlm_loss", "mlm_loss", "averaged over all positions",
+        '''
+def mlm_loss(logits, labels):
+    if not (labels != -100).any():
+        raise ValueError("no position is selected")
+    V = logits.shape[-1]
+    ce = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100, reduction="sum")
+    return ce / labels.numel()
+''',
+    ),
+    Mutant(
+        "loss_unselected_as_token_0", "mlm_loss", "mlm_loss", "unselected positions (label -100) count",
+        '''
+def mlm_loss(logits, labels):
+    if not (labels != -100).any():
+        raise ValueError("no position is selected")
+    V = logits.shape[-1]
+    return F.cross_entropy(logits.reshape(-1, V), labels.clamp(min=0).reshape(-1))
+''',
+    ),
+    Mutant(
+        "loss_no_empty_check", "mlm_loss", "mlm_loss", "raise a ValueError saying that no position is selected",
+        '''
+def mlm_loss(logits, labels):
+    V = logits.shape[-1]
+    return F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)
+''',
+    ),
+    Mutant(
+        "cls_last_token", "ClsHead", "ClsHead", "you pooled the last position",
+        '''
+class ClsHead(nn.Module):
+    def __init__(self, d_model, n_classes, dropout=0.1):
+        super().__init__()
+        self.pooler = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(d_model, n_classes)
+
+    def forward(self, hidden):
+        return self.classifier(self.dropout(torch.tanh(self.pooler(hidden[:, -1]))))
+''',
+    ),
+    Mutant(
+        "cls_no_tanh", "ClsHead", "ClsHead", "the tanh is missing",
+        '''
+class ClsHead(nn.Module):
+    def __init__(self, d_model, n_classes, dropout=0.1):
+        super().__init__()
+        self.pooler = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(d_model, n_classes)
+
+    def forward(self, hidden):
+        return self.classifier(self.dropout(self.pooler(hidden[:, 0])))
+''',
+    ),
+    Mutant(
+        "cls_mean_pool", "ClsHead", "ClsHead", "you averaged over the positions",
+        '''
+class ClsHead(nn.Module):
+    def __init__(self, d_model, n_classes, dropout=0.1):
+        super().__init__()
+        self.pooler = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(d_model, n_classes)
+
+    def forward(self, hidden):
+        return self.classifier(self.dropout(torch.tanh(self.pooler(hidden.mean(dim=1)))))
+''',
+    ),
+]

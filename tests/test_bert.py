@@ -1,0 +1,459 @@
+"""coursekit.bert against Hugging Face BERT (tiny random configs, no download), closed forms,
+binomial bounds for the masking rule, and the committed checkpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from coursekit import bert as B
+from coursekit import data
+from tests.conftest import TOL, assert_close
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKPOINTS = ROOT / "checkpoints"
+#: The tiny model the parity tests use: every feature on (2 segments, padding, 2 layers).
+TINY = replace(B.BERT_PRESETS["nano"], vocab_size=40, max_len=12, dropout=0.0)
+#: How far from its expectation a binomial count may fall, in standard deviations. With
+#: a fixed generator the tests are deterministic; 5 sigma keeps them valid for any seed.
+Z = 5.0
+
+
+def hf():
+    transformers = pytest.importorskip("transformers")
+    return transformers
+
+
+def hf_mlm(cfg=TINY, seed=0, attn="eager"):
+    t = hf()
+    torch.manual_seed(seed)
+    return t.BertForMaskedLM(t.BertConfig(**cfg.hf_kwargs(), attn_implementation=attn)).double().eval()
+
+
+def hf_classifier(cfg=TINY, n_classes=3, seed=0):
+    t = hf()
+    torch.manual_seed(seed)
+    config = t.BertConfig(**cfg.hf_kwargs(), num_labels=n_classes, attn_implementation="eager")
+    return t.BertForSequenceClassification(config).double().eval()
+
+
+def randomise(module, seed=0):
+    """Random values everywhere (biases, norms and the MLM bias too), so no mapping error hides."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+    return module
+
+
+def batch(cfg=TINY, B_=3, T=10, seed=0):
+    """ids, a padding mask (True = real; row 1 has 4 pads, row 2 has 1) and random segments."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (B_, T), generator=g)
+    mask = torch.ones(B_, T, dtype=torch.bool)
+    mask[1, T - 4:] = False
+    mask[2, T - 1:] = False
+    segments = torch.randint(0, cfg.n_segments, (B_, T), generator=g)
+    return ids, mask, segments
+
+
+# --------------------------------------------------------------------------- Hugging Face parity
+
+
+def test_logits_equal_hugging_face_with_its_weights():
+    theirs = randomise(hf_mlm())
+    ours = B.BertForMaskedLM(TINY).double().eval()
+    ours.load_state_dict(B.from_hf_state_dict(theirs.state_dict()))
+    ids, mask, segments = batch()
+    expected = theirs(input_ids=ids, attention_mask=mask.long(), token_type_ids=segments).logits
+    assert_close(ours(ids, mask, segments), expected)
+
+
+def test_hugging_face_equals_ours_with_our_weights():
+    ours = randomise(B.BertForMaskedLM(TINY).double().eval(), seed=1)
+    theirs = hf_mlm(seed=5)
+    theirs.load_state_dict(B.to_hf_state_dict(ours.state_dict()))  # strict: every HF key, nothing else
+    ids, mask, segments = batch(seed=1)
+    expected = theirs(input_ids=ids, attention_mask=mask.long(), token_type_ids=segments).logits
+    assert_close(ours(ids, mask, segments), expected)
+
+
+def test_float32_with_hugging_face_sdpa_attention():
+    """The default float32 path (HF's SDPA kernel vs our attention) agrees within TOL[float32]."""
+    theirs = randomise(hf_mlm(attn="sdpa")).float()
+    ours = B.BertForMaskedLM(TINY).eval()
+    ours.load_state_dict(B.from_hf_state_dict(theirs.state_dict()))
+    ids, mask, segments = batch(seed=2)
+    expected = theirs(input_ids=ids, attention_mask=mask.long(), token_type_ids=segments).logits
+    real = mask[..., None].expand_as(expected)
+    torch.testing.assert_close(ours(ids, mask, segments)[real], expected[real], **TOL[torch.float32])
+
+
+def test_state_dict_names_round_trip_and_match_hugging_face():
+    ours = randomise(B.BertForMaskedLM(TINY).double())
+    sd = ours.state_dict()
+    hf_keys = set(hf_mlm().state_dict())
+    assert set(B.to_hf_state_dict(sd)) == hf_keys
+    back = B.from_hf_state_dict(B.to_hf_state_dict(sd))
+    assert set(back) == set(sd) and all(torch.equal(back[k], sd[k]) for k in sd)
+
+
+def test_qkv_rows_are_query_key_value_in_that_order():
+    theirs = randomise(hf_mlm())
+    ours = B.from_hf_state_dict(theirs.state_dict())
+    w = ours["bert.encoder.layers.1.self_attn.qkv_proj.weight"]
+    C = TINY.d_model
+    for j, part in enumerate(("query", "key", "value")):
+        assert torch.equal(w[j * C:(j + 1) * C], theirs.state_dict()[f"bert.encoder.layer.1.attention.self.{part}.weight"])
+
+
+def test_decoder_is_tied_to_the_token_embedding():
+    model = B.BertForMaskedLM(TINY)
+    assert not any("decoder" in k for k in model.state_dict())
+    hf_sd = B.to_hf_state_dict(model.state_dict())
+    assert hf_sd["cls.predictions.decoder.weight"] is model.state_dict()["bert.embeddings.token.weight"] or torch.equal(
+        hf_sd["cls.predictions.decoder.weight"], model.bert.embeddings.token.weight)
+    untied = dict(hf_sd, **{"cls.predictions.decoder.weight": hf_sd["cls.predictions.decoder.weight"] + 1})
+    with pytest.raises(ValueError, match="tied"):
+        B.from_hf_state_dict(untied)
+
+
+def test_classifier_equals_hugging_face_sequence_classification_both_ways():
+    theirs = randomise(hf_classifier())
+    ours = B.BertClassifier(TINY, 3).double().eval()
+    ours.load_state_dict(B.from_hf_state_dict(theirs.state_dict()))
+    ids, mask, segments = batch(seed=3)
+    expected = theirs(input_ids=ids, attention_mask=mask.long(), token_type_ids=segments).logits
+    assert_close(ours(ids, mask, segments), expected)
+
+    randomise(ours, seed=4)
+    other = hf_classifier(seed=7)
+    other.load_state_dict(B.to_hf_state_dict(ours.state_dict()))
+    expected = other(input_ids=ids, attention_mask=mask.long(), token_type_ids=segments).logits
+    assert_close(ours(ids, mask, segments), expected)
+
+
+def test_classifier_from_bert_copies_the_encoder_and_adds_a_fresh_head():
+    bert = randomise(B.Bert(TINY))
+    clf = B.BertClassifier.from_bert(bert, 5)
+    assert all(torch.equal(v, bert.state_dict()[k]) for k, v in clf.bert.state_dict().items())
+    assert clf.head.classifier.out_features == 5 and clf.bert is not bert
+
+
+def test_mapping_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="unexpected Hugging Face key"):
+        B.from_hf_state_dict({"bert.encoder.layer.0.crossattention.self.query.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="query, key and value"):
+        B.from_hf_state_dict({"bert.encoder.layer.0.attention.self.query.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="no Hugging Face name"):
+        B.to_hf_state_dict({"bert.pooler.weight": torch.zeros(1)})
+
+
+# --------------------------------------------------------------------------- parameter counts
+
+
+@pytest.mark.parametrize("name,published", [("bert-base", 110e6), ("bert-large", 340e6)])
+def test_parameter_counts_equal_hugging_face_on_the_meta_device(name, published):
+    t = hf()
+    cfg = B.BERT_PRESETS[name]
+    with torch.device("meta"):
+        mlm = t.BertForMaskedLM(t.BertConfig(**cfg.hf_kwargs()))
+        base = t.BertModel(t.BertConfig(**cfg.hf_kwargs()))
+        clf = t.BertForSequenceClassification(t.BertConfig(**cfg.hf_kwargs(), num_labels=4))
+        ours = B.BertForMaskedLM(cfg)
+    assert B.bert_params(cfg, "mlm") == sum(p.numel() for p in mlm.parameters()) == sum(p.numel() for p in ours.parameters())
+    assert B.bert_params(cfg, "pooler") == sum(p.numel() for p in base.parameters())
+    assert B.bert_params(cfg, "classifier", 4) == sum(p.numel() for p in clf.parameters())
+    # Devlin et al. (2019) report 110M and 340M; the exact counts are 109.5M and 335.1M
+    assert abs(B.bert_params(cfg, "pooler") - published) / published < 0.02
+
+
+@pytest.mark.parametrize("preset", ["nano", "small"])
+def test_parameter_count_of_our_modules(preset):
+    cfg = B.BERT_PRESETS[preset]
+    assert B.bert_params(cfg, "mlm") == sum(p.numel() for p in B.BertForMaskedLM(cfg).parameters())
+    assert B.bert_params(cfg, "none") == sum(p.numel() for p in B.Bert(cfg).parameters())
+    assert B.bert_params(cfg, "classifier", 3) == sum(p.numel() for p in B.BertClassifier(cfg, 3).parameters())
+    with pytest.raises(ValueError, match="head must be one of"):
+        B.bert_params(cfg, "nsp")
+
+
+# --------------------------------------------------------------------------- properties and errors
+
+
+def test_padding_does_not_change_the_real_tokens_outputs():
+    model = randomise(B.BertForMaskedLM(TINY).double().eval())
+    g = torch.Generator().manual_seed(0)
+    ids, segments = torch.randint(0, TINY.vocab_size, (1, 6), generator=g), torch.randint(0, 2, (1, 6), generator=g)
+    padded = torch.cat([ids, torch.randint(0, TINY.vocab_size, (1, 5))], 1)
+    mask = torch.arange(11)[None] < 6
+    alone = model(ids, None, segments)
+    with_pads = model(padded, mask, torch.cat([segments, torch.ones(1, 5, dtype=torch.long)], 1))
+    assert_close(with_pads[:, :6], alone)
+
+
+def test_segment_embeddings_change_the_output():
+    model = randomise(B.Bert(TINY).double().eval())
+    ids, mask, _ = batch()
+    assert not torch.allclose(model(ids, mask, torch.ones_like(ids)), model(ids, mask))
+    assert_close(model(ids, mask), model(ids, mask, torch.zeros_like(ids)))
+
+
+def test_bert_has_no_dropout_inside_the_feed_forward():
+    """BERT's intermediate layer has no dropout (HF's BertIntermediate); torch's layer does."""
+    model = B.Bert(TINY)
+    assert all(isinstance(layer.ff.dropout, torch.nn.Identity) for layer in model.encoder.layers)
+    assert all(layer.dropout1.p == TINY.dropout and not layer.norm_first for layer in model.encoder.layers)
+
+
+def test_initialisation_is_berts():
+    model = B.BertForMaskedLM(B.BERT_PRESETS["small"])
+    w = model.bert.encoder.layers[0].ff.linear1.weight.detach()
+    assert abs(float(w.std()) - 0.02) < 0.001 and not model.bert.encoder.layers[0].ff.linear1.bias.any()
+    assert not model.mlm.bias.any()
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda ids: (ids.int(),), "torch.long"),
+    (lambda ids: (ids[0],), r"\(B, T\)"),
+    (lambda ids: (ids + TINY.vocab_size,), "token ids must be in"),
+    (lambda ids: (torch.zeros(1, TINY.max_len + 1, dtype=torch.long),), "positions"),
+    (lambda ids: (ids, torch.ones_like(ids)), "boolean"),
+    (lambda ids: (ids, None, torch.full_like(ids, 2)), "segment ids"),
+])
+def test_bad_input_gets_a_clear_error(bad, match):
+    model = B.BertForMaskedLM(TINY)
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=match):
+        model(*bad(ids))
+
+
+def test_config_and_special_tokens_validate():
+    with pytest.raises(ValueError, match="must divide"):
+        replace(TINY, n_heads=3)
+    with pytest.raises(ValueError, match="activation"):
+        replace(TINY, activation="swish")
+    with pytest.raises(ValueError, match="distinct"):
+        B.SpecialTokens(1, 1, 2, 3)
+    sp = B.SpecialTokens.after(1024)
+    assert sp.ids == (1024, 1025, 1026, 1027) and sp.name(1027) == "[MASK]" and sp.name(5) is None
+
+
+def test_gradcheck_of_the_classifier_head_and_the_loss():
+    torch.manual_seed(0)
+    head = B.ClsHead(4, 3, dropout=0.0).double()
+    h = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(head, (h,))
+    logits = torch.randn(2, 5, 7, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([[-100, 3, -100, 0, -100], [6, -100, -100, -100, 1]])
+    assert torch.autograd.gradcheck(lambda x: B.mlm_loss(x, labels), (logits,))
+
+
+# --------------------------------------------------------------------------- masking
+
+
+def within(count: int, n: int, p: float) -> bool:
+    """``count`` successes of ``n`` trials is within Z standard deviations of ``n p``."""
+    return abs(count - n * p) <= Z * math.sqrt(n * p * (1 - p)) + 1
+
+
+def sentences(special, n_ordinary, B_=128, T=128, seed=0):
+    """``[CLS] words [SEP] [PAD]...`` rows with random lengths, ordinary ids only inside."""
+    g = torch.Generator().manual_seed(seed)
+    ordinary = torch.tensor([i for i in range(n_ordinary + 4) if i not in special.ids])
+    ids = ordinary[torch.randint(len(ordinary), (B_, T), generator=g)]
+    lengths = torch.randint(T // 2, T + 1, (B_,), generator=g)
+    for b, n in enumerate(lengths.tolist()):
+        ids[b, 0], ids[b, n - 1] = special.cls, special.sep
+        ids[b, n:] = special.pad
+    return ids
+
+
+@pytest.mark.parametrize("special", [B.SpecialTokens.after(60), B.SpecialTokens(0, 1, 2, 3)], ids=["appended", "first"])
+@pytest.mark.parametrize("p", [0.15, 0.4])
+def test_mask_tokens_follows_the_80_10_10_rule(special, p):
+    V = 64
+    ids = sentences(special, V - 4)
+    inputs, labels = B.mask_tokens(ids, special, V, torch.Generator().manual_seed(1), p)
+    assert inputs.dtype == labels.dtype == torch.long and inputs.shape == labels.shape == ids.shape
+    is_special = torch.isin(ids, torch.tensor(special.ids))
+    sel = labels != -100
+    assert not (sel & is_special).any(), "a special token was selected"
+    assert torch.equal(labels[sel], ids[sel]), "labels hold the original ids"
+    assert torch.equal(inputs[~sel], ids[~sel]), "unselected positions are unchanged"
+    n, k = int((~is_special).sum()), int(sel.sum())
+    assert within(k, n, p)
+    masked = int((inputs[sel] == special.mask).sum())
+    kept = int((inputs[sel] == ids[sel]).sum())
+    swapped = inputs[sel][(inputs[sel] != special.mask) & (inputs[sel] != ids[sel])]
+    assert within(masked, k, 0.8)
+    assert within(kept, k, 0.1 + 0.1 / (V - 4))  # a random token equals the original 1 in V - 4 times
+    assert within(len(swapped), k, 0.1 * (1 - 1 / (V - 4)))
+    assert not torch.isin(swapped, torch.tensor(special.ids)).any() and int(swapped.max()) < V
+
+
+def test_random_replacements_cover_the_ordinary_vocabulary_uniformly():
+    special, V = B.SpecialTokens.after(12), 16
+    ids = sentences(special, 12, B_=256, T=256)
+    inputs, labels = B.mask_tokens(ids, special, V, torch.Generator().manual_seed(0), 0.5)
+    sel = labels != -100
+    swapped = inputs[sel][(inputs[sel] != special.mask) & (inputs[sel] != ids[sel])]
+    counts = torch.bincount(swapped, minlength=V)[:12]
+    assert all(within(int(c), len(swapped), 1 / 12) for c in counts)
+
+
+def test_mask_tokens_uses_only_its_generator_and_leaves_the_input():
+    special = B.SpecialTokens.after(30)
+    ids = sentences(special, 30, B_=8, T=32)
+    before, state = ids.clone(), torch.get_rng_state()
+    a = B.mask_tokens(ids, special, 34, torch.Generator().manual_seed(3))
+    b = B.mask_tokens(ids, special, 34, torch.Generator().manual_seed(3))
+    c = B.mask_tokens(ids, special, 34, torch.Generator().manual_seed(4))
+    assert torch.equal(torch.get_rng_state(), state) and torch.equal(ids, before)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and not torch.equal(a[1], c[1])
+
+
+def test_mlm_loss_is_cross_entropy_over_selected_positions_only():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 11, generator=g, dtype=torch.float64)
+    labels = torch.full((3, 7), -100)
+    labels[0, 2], labels[1, 5], labels[2, 0], labels[2, 6] = 4, 10, 0, 7
+    sel = labels != -100
+    expected = -torch.log_softmax(logits[sel], -1).gather(1, labels[sel][:, None]).mean()
+    assert_close(B.mlm_loss(logits, labels), expected)
+    # changing the logits of unselected positions changes nothing
+    other = logits.clone()
+    other[~sel] = torch.randn(int((~sel).sum()), 11, generator=g, dtype=torch.float64)
+    assert_close(B.mlm_loss(other, labels), expected)
+
+
+def test_mlm_loss_errors():
+    with pytest.raises(ValueError, match="no position is selected"):
+        B.mlm_loss(torch.randn(2, 3, 5), torch.full((2, 3), -100))
+    with pytest.raises(ValueError, match="shape of logits"):
+        B.mlm_loss(torch.randn(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_mlm_batch_is_cls_window_sep_with_masks():
+    special = B.SpecialTokens.after(100)
+    tokens = torch.arange(100).repeat(5)  # ordinary ids 0..99, consecutive
+    inputs, labels = B.mlm_batch(tokens, special, 20, 8, 104, torch.Generator().manual_seed(0))
+    assert inputs.shape == (8, 22)
+    assert (inputs[:, 0] == special.cls).all() and (inputs[:, -1] == special.sep).all()
+    original = torch.where(labels != -100, labels, inputs)[:, 1:-1]
+    assert ((original[:, 1:] - original[:, :-1]) % 100 == 1).all(), "windows are contiguous text"
+
+
+def test_count_baselines_on_a_text_whose_bigrams_are_certain():
+    special = B.SpecialTokens.after(8)
+    tokens = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 0] * 50)  # 0 is the most frequent
+    batches = B.mlm_eval_batches(tokens, special, 30, 16, 12, n_batches=4, seed=0)
+    base = B.mlm_baselines(tokens, batches, special, 12)
+    targets = torch.cat([lab[lab != -100] for _, lab in batches])
+    assert base["unigram"] == pytest.approx(float((targets == 0).double().mean()))
+    assert base["bigram"] > 0.85 > base["unigram"]  # 1 -> 2 -> 3 -> 0 always; after 0: 1 (3 in 4 times)
+
+
+def test_evaluate_mlm_counts_every_masked_position_once():
+    model = B.BertForMaskedLM(TINY).eval()
+    special = B.SpecialTokens.after(36)
+    batches = B.mlm_eval_batches(torch.arange(36).repeat(10), special, 8, 4, 40, n_batches=3)
+    got = B.evaluate_mlm(model, batches)
+    with torch.no_grad():
+        logits = torch.cat([model(x)[y != -100] for x, y in batches])
+    targets = torch.cat([y[y != -100] for _, y in batches])
+    assert got["n_masked"] == len(targets)
+    assert got["loss"] == pytest.approx(float(F.cross_entropy(logits, targets)), rel=1e-5)
+    assert got["accuracy"] == pytest.approx(float((logits.argmax(-1) == targets).double().mean()))
+
+
+def test_encode_with_special_gives_the_mask_its_leading_space():
+    tok = data.bpe_tokenizer("the if statement and the for statement " * 20, 300)
+    special = B.SpecialTokens.after(tok.vocab_size)
+    ids = B.encode_with_special(tok, special, "the [MASK] statement")
+    assert ids == tok.encode("the") + [special.mask] + tok.encode(" statement")
+
+
+# --------------------------------------------------------------------------- the classification task
+
+
+def test_every_topic_of_this_python_is_in_exactly_one_group():
+    from pydoc_data.topics import topics
+
+    B.check_topic_groups(topics)
+    grouped = [k for keys in B.TOPIC_GROUPS.values() for k in keys]
+    assert sorted(grouped) == sorted(topics)
+    with pytest.raises(ValueError, match="in no group \\['match'\\]"):
+        B.check_topic_groups([*topics, "match"])
+    with pytest.raises(KeyError, match="'match'"):
+        B.topic_group("match")
+
+
+def test_duplicate_topics_are_sections_of_bigger_ones():
+    from pydoc_data.topics import topics
+
+    dupes = B.duplicate_topics(topics)
+    assert dupes["if"] == dupes["else"] == dupes["for"] == "compound" and dupes["customization"] == "specialnames"
+    assert "compound" not in dupes and "specialnames" not in dupes and "typesseq" not in dupes
+    for key, container in dupes.items():
+        assert B.topic_group(key) == B.topic_group(container)
+
+
+def test_topic_passages_split_each_topic_in_order():
+    text = data.split_text(data.load_text("python-docs"))[0]
+    tok = data.bpe_tokenizer(text[:60000], 400)
+    special = B.SpecialTokens.after(tok.vocab_size)
+    train_d, test_d = B.topic_passages(tok, special, length=30)
+    for d in (train_d, test_d):
+        assert d.ids.shape[1] == 32 and (d.ids[:, 0] == special.cls).all()
+        assert torch.equal(d.mask, d.ids != special.pad)
+        last = d.mask.sum(1) - 1
+        assert (d.ids[torch.arange(len(last)), last] == special.sep).all()
+        assert set(d.labels.tolist()) == {0, 1, 2, 3}
+    n_train, n_test = len(train_d.labels), len(test_d.labels)
+    assert 0.15 < n_test / (n_train + n_test) < 0.25
+    assert not set(train_d.topics) & set(B.duplicate_topics(__import__("pydoc_data.topics").topics.topics))
+
+
+# --------------------------------------------------------------------------- the committed checkpoint
+
+
+def test_checkpoint_reproduces_its_recorded_validation_loss():
+    """Deterministic re-evaluation of the committed float16 weights on the fixed validation set."""
+    if not (CHECKPOINTS / "bert-small.pt").is_file():
+        pytest.fail("checkpoints/bert-small.pt is missing: run `python -m coursekit.bert pretrain --out checkpoints`")
+    model, tok, special, metrics = B.load_pretrained(CHECKPOINTS)
+    size = sum(p.stat().st_size for p in CHECKPOINTS.glob("bert-small*"))
+    assert size < 6e6, f"the checkpoint files take {size / 1e6:.1f} MB"
+    val_text = data.split_text(data.load_text("python-docs"))[1]
+    val = data.encode_text(tok, val_text)
+    v = metrics["validation"]
+    batches = B.mlm_eval_batches(val, special, model.config.max_len - 2, v["batch_size"], model.config.vocab_size,
+                                 v["batches"], v["seed"])
+    got = B.evaluate_mlm(model, batches)
+    assert got["n_masked"] == v["n_masked"]
+    assert got["loss"] == pytest.approx(v["loss"], abs=1e-4)
+    assert got["accuracy"] == pytest.approx(v["accuracy"], abs=1e-3)
+    assert v["accuracy"] > metrics["baselines"]["bigram"] + 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("COURSEKIT_RETRAIN") != "1", reason="retraining: set COURSEKIT_RETRAIN=1 (a few minutes)")
+def test_retraining_a_short_version_writes_a_consistent_checkpoint(tmp_path):
+    torch.set_num_threads(1)
+    metrics = B.pretrain_checkpoint(tmp_path, max_steps=150, finetune_steps=30, progress=False)
+    model, tok, special, recorded = B.load_pretrained(tmp_path)
+    assert recorded == json.loads(json.dumps(metrics))
+    val = data.encode_text(tok, data.split_text(data.load_text("python-docs"))[1])
+    batches = B.mlm_eval_batches(val, special, model.config.max_len - 2, 32, model.config.vocab_size, 8, 0)
+    assert B.evaluate_mlm(model, batches)["loss"] == pytest.approx(recorded["validation"]["loss"], abs=1e-4)
+    evals = metrics["train"]["evals"]
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 1.0, "MLM training lowered the validation loss"
+    assert metrics["validation"]["accuracy"] > metrics["baselines"]["unigram"]
