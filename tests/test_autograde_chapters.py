@@ -23,7 +23,7 @@ from tests.submissions import ROOT, course_folder, filled, load, replace_definit
 
 pytestmark = pytest.mark.slow
 
-ASSIGNMENTS = ["ch02_multihead", "ch03_positional", "ch04_layers", "ch05_bpe"]
+ASSIGNMENTS = ["ch02_multihead", "ch03_positional", "ch04_layers", "ch05_bpe", "ch06_bert", "ch07_gpt"]
 
 
 def catalogue(assignment: str):
