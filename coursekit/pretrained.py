@@ -61,8 +61,8 @@ GPT_CHAR_FAST = Recipe(
 )
 
 GPT_CHAR = Recipe(
-    model=GPTConfig(vocab_size=1, block_size=256, n_layers=6, n_heads=4, d_model=128, bias=False),
-    train=train.TrainConfig(max_steps=1000, batch_size=8, lr=3e-3, min_lr_ratio=0.1, warmup_steps=100,
+    model=GPTConfig(vocab_size=1, block_size=128, n_layers=6, n_heads=4, d_model=128, bias=False),
+    train=train.TrainConfig(max_steps=1000, batch_size=12, lr=3e-3, min_lr_ratio=0.1, warmup_steps=100,
                             weight_decay=0.1, betas=(0.9, 0.99), grad_clip=1.0, eval_interval=200, eval_batches=10),
     minutes=9.5,
 )
