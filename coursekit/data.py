@@ -35,7 +35,7 @@ from coursekit.bpe import python_docs_text, read_text
 __all__ = [
     "CORPORA", "CharTokenizer", "TokenData", "TokenizerLike",
     "bpe_tokenizer", "encode_text", "eval_batches", "lm_batch", "load_text", "prepare",
-    "python_docs_text", "split_text",
+    "python_docs_text", "split_batches", "split_text",
 ]
 
 #: Corpora that need no download, by name (see :func:`load_text`).
@@ -318,3 +318,28 @@ def eval_batches(
         raise ValueError(f"n_batches must be at least 1, got {n_batches}")
     g = torch.Generator().manual_seed(seed)
     return [lm_batch(data, block_size, batch_size, g) for _ in range(n_batches)]
+
+
+def split_batches(
+    data: torch.Tensor, block_size: int, batch_size: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The whole split as consecutive, non-overlapping windows: every token predicted once.
+
+    Windows start at ``0, T, 2T, ...``; the ``(N - 1) mod T`` tokens left at the end,
+    fewer than one window, are not scored. Unlike :func:`eval_batches` nothing is sampled,
+    so the loss over these batches is *the* loss on the split. Example: with
+    ``data = arange(8)`` and ``T = 3``, the windows are ``x = [0, 1, 2], [3, 4, 5]`` with
+    ``y = [1, 2, 3], [4, 5, 6]``.
+
+    Args:
+        data: ``(N,)`` token ids, ``torch.long``, ``N >= T + 1``.
+        block_size: ``T``.
+        batch_size: ``B``, windows per batch (the last batch may hold fewer).
+
+    Returns:
+        Pairs ``(x, y)``, each ``(b, T)`` with ``b <= B``; ``(N - 1) // T`` windows in all.
+    """
+    _check_tokens(data, block_size, batch_size)
+    n = (data.numel() - 1) // block_size  # whole windows
+    offsets = torch.arange(n) * block_size  # (n,)
+    return [_windows(data, offsets[i : i + batch_size], block_size) for i in range(0, n, batch_size)]

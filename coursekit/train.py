@@ -188,18 +188,24 @@ def _default_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 def evaluate(model: nn.Module, batches: list[Batch], loss_fn: LossFn | None = None) -> float:
     """The mean loss over ``batches`` in eval mode without gradients; the mode is restored.
 
+    Each batch's loss is weighted by its number of input ids, so a short last batch (as
+    :func:`coursekit.data.split_batches` makes) counts for what it holds; batches of one
+    size get the plain mean.
+
     Example: ``eval_fn = lambda m: {"val_loss": evaluate(m, val_batches, lm_loss)}``.
     """
     if not batches:
         raise ValueError("evaluate needs at least one batch, got none")
     loss_fn = loss_fn or _default_loss
+    sizes = [_n_tokens(b) for b in batches]
+    weights = sizes if all(sizes) else [1] * len(batches)
     was_training = model.training
     model.eval()
     try:
-        total = sum(float(loss_fn(model, b)) for b in batches)
+        total = sum(w * float(loss_fn(model, b)) for w, b in zip(weights, batches))
     finally:
         model.train(was_training)
-    return total / len(batches)
+    return total / sum(weights)
 
 
 @dataclass
@@ -355,6 +361,7 @@ def train(
     extra: dict | None = None,
     stop_at: int | None = None,
     progress: bool = True,
+    write_checkpoints: bool = True,
 ) -> History:
     """Train ``model`` for ``cfg.max_steps`` updates (see the module's conventions).
 
@@ -376,6 +383,8 @@ def train(
         stop_at: stop after this many updates (to train in pieces); the schedule still
             runs to ``cfg.max_steps``.
         progress: show a ``tqdm`` bar with the loss on stderr; ``False`` prints nothing.
+        write_checkpoints: ``False`` reads ``checkpoint_path`` to resume but never writes it
+            (the other processes of a distributed run, see :mod:`coursekit.distributed`).
 
     Returns:
         The :class:`History` of the whole run (including resumed pieces).
@@ -472,7 +481,7 @@ def train(
             at_eval = done % cfg.eval_interval == 0 or done == cfg.max_steps
             if eval_fn is not None and at_eval:
                 run_eval(done)
-            if checkpoint_path is not None and (at_eval or done == stop):
+            if checkpoint_path is not None and write_checkpoints and (at_eval or done == stop):
                 save(done)
     finally:
         bar.close()

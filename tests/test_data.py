@@ -228,3 +228,15 @@ def test_eval_batches_are_fixed_by_the_seed():
     assert all(torch.equal(y, x + 1) for x, y in first)
     with pytest.raises(ValueError, match="n_batches must be at least 1, got 0"):
         data.eval_batches(tokens, 16, 4, n_batches=0)
+
+
+def test_split_batches_score_every_whole_window_once():
+    tokens = torch.arange(1, 24)  # N = 23: (N - 1) // 4 = 5 windows, 2 tokens left unscored
+    batches = data.split_batches(tokens, 4, 2)
+    assert [tuple(x.shape) for x, _ in batches] == [(2, 4), (2, 4), (1, 4)]
+    xs = torch.cat([x for x, _ in batches]).flatten()
+    assert torch.equal(xs, tokens[:20])  # consecutive, no overlap, no gap
+    assert all(torch.equal(y, x + 1) for x, y in batches)
+    assert data.split_batches(torch.arange(5), 4, 8)[0][0].shape == (1, 4)  # exactly one window
+    with pytest.raises(ValueError, match="a window needs block_size \\+ 1 = 5"):
+        data.split_batches(torch.arange(4), 4, 2)

@@ -184,6 +184,19 @@ def test_evaluate_averages_without_gradients_and_restores_the_mode():
 # --------------------------------------------------------------------------- the loop
 
 
+
+def test_evaluate_over_a_whole_split_is_the_token_mean():
+    """A short last batch counts for its tokens: the result is the loss over all tokens at once."""
+    model = TinyLM().eval()
+    tokens = random_tokens()
+    batches = data.split_batches(tokens, T, 4)  # 66 windows: the last batch holds 2
+    assert len({len(x) for x, _ in batches}) > 1, "the test needs a short last batch"
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    with torch.no_grad():
+        expected = train.lm_loss(model, (x, y)).item()
+    assert train.evaluate(model, batches, train.lm_loss) == pytest.approx(expected, rel=1e-6)
+
 def test_a_tiny_model_learns_a_fixed_pattern():
     tokens = torch.arange(4).repeat(100)  # 0 1 2 3 0 1 ...: each token determines the next
     val = data.eval_batches(tokens, T, B, 2, seed=0)
