@@ -1,0 +1,485 @@
+"""Appendix: transformer arithmetic, the numbers to work out before training or serving a model.
+
+Everything here is a closed form, checked against something real in the tests:
+
+- **Parameters**: the exact counts of the published shapes come from the chapters' own
+  counts (:func:`~coursekit.gpt.gpt_param_count`, :func:`~coursekit.bert.bert_params`),
+  which the tests compare with our modules and Hugging Face's built on the ``meta`` device;
+  :func:`approx_param_count` is the rule of thumb ``V C + 12 L C^2``;
+  :func:`decoder_params` counts a GPT-2-style decoder with grouped-query attention.
+- **Training memory** per parameter (:func:`memory_per_param`, :func:`training_memory_gib`)
+  for fp32 or mixed precision and four optimizers, in the convention of ZeRO
+  (Rajbhandari et al., 2020): mixed-precision Adam is ``2 + 2 + 12 = 16`` bytes.
+- **Activations** per layer (:func:`activation_bytes`), the formula of Korthikanti et al.
+  (2022), and :func:`saved_tensor_bytes`, which measures what autograd keeps.
+- **KV cache** (:func:`kv_cache_gib`), for multi-, grouped- and multi-query attention.
+- **FLOPs**: :func:`forward_flops` counts every matrix product of a :class:`~coursekit.gpt.GPT`
+  exactly (the tests compare it with ``torch.utils.flop_counter.FlopCounterMode``, which
+  :func:`counted_flops` runs); :func:`training_flops` is ``6 N D`` (Kaplan et al., 2020) plus
+  the attention term ``12 L T C D`` (Chowdhery et al., 2022); :func:`training_days` turns
+  FLOPs into days on a number of GPUs at a model-FLOPs utilisation (MFU).
+- **Scaling laws**: :class:`KaplanFit` (Kaplan et al., 2020) and :class:`ChinchillaFit`
+  (Hoffmann et al., 2022) with their published constants, the compute-optimal ``N`` and
+  ``D`` for a budget, and the "20 tokens per parameter" rule (:func:`tokens_per_param_rule`).
+
+Units: bytes and FLOPs are plain numbers; ``GiB`` is ``2**30`` bytes (a ``GB`` is ``10**9``).
+Shapes: ``V`` vocabulary, ``C`` model width, ``L`` layers, ``H`` heads, ``H_kv`` key/value
+heads, ``D = C / H`` head width, ``T`` sequence length, ``B`` batch.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from coursekit.bert import BERT_PRESETS, BertConfig, bert_params
+from coursekit.gpt import GPT_PRESETS, GPTConfig, gpt_param_count
+from coursekit.layers import approx_gpt_params
+
+__all__ = [
+    "PUBLISHED", "REPORTED_PARAMS", "GPU_PEAK_TFLOPS", "KAPLAN", "CHINCHILLA", "CHINCHILLA_REFIT",
+    "KaplanFit", "ChinchillaFit",
+    "require_positive", "param_count", "approx_param_count", "non_embedding_param_count", "decoder_params",
+    "memory_per_param", "training_memory_gib", "activation_bytes", "saved_tensor_bytes",
+    "kv_cache_gib", "forward_flops", "counted_flops", "training_flops", "training_days", "tokens_per_param_rule",
+]
+
+
+def require_positive(integer: bool = False, **values) -> None:
+    """Raise a ``ValueError`` naming the first value that is not a positive number.
+
+    Args:
+        integer: also require whole numbers (layer counts, widths, lengths).
+        **values: ``name=value`` pairs, checked in order.
+
+    Example: ``require_positive(n_layers=12, seq_len=0)`` raises
+    ``ValueError("seq_len must be a positive number, got 0")``.
+    """
+    kind = numbers.Integral if integer else numbers.Real
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+            what = "a positive integer" if integer else "a positive number"
+            raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+# =========================================================================== parameters
+
+#: The published shapes: GPT-2 (Radford et al., 2019), GPT-3 175B (Brown et al., 2020),
+#: BERT (Devlin et al., 2019).
+PUBLISHED: dict[str, GPTConfig | BertConfig] = {
+    **{name: GPT_PRESETS[name] for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3")},
+    "bert-base": BERT_PRESETS["bert-base"],
+    "bert-large": BERT_PRESETS["bert-large"],
+}
+
+#: The counts the papers report for :data:`PUBLISHED` (GPT-2's table gives 117M, 345M, 762M and
+#: 1542M: the released models have more, see the appendix).
+REPORTED_PARAMS: dict[str, float] = {
+    "gpt2": 117e6, "gpt2-medium": 345e6, "gpt2-large": 762e6, "gpt2-xl": 1542e6, "gpt3": 175e9,
+    "bert-base": 110e6, "bert-large": 340e6,
+}
+
+
+def param_count(config: GPTConfig | BertConfig) -> int:
+    """Exact parameter count of a published shape.
+
+    A :class:`~coursekit.gpt.GPTConfig` counts :class:`~coursekit.gpt.GPT` (tied output layer,
+    as GPT-2's ``GPT2LMHeadModel``); a :class:`~coursekit.bert.BertConfig` counts the encoder
+    with its pooler, as Hugging Face's ``BertModel`` and the BERT paper.
+
+    Example: ``param_count(PUBLISHED["gpt2"])`` is 124,439,808.
+    """
+    if isinstance(config, GPTConfig):
+        return gpt_param_count(config)
+    if isinstance(config, BertConfig):
+        return bert_params(config, "pooler")
+    raise ValueError(f"expected a GPTConfig or a BertConfig, got {type(config).__name__}")
+
+
+def approx_param_count(config: GPTConfig | BertConfig) -> int:
+    """The rule of thumb ``V C + 12 L C^2``: embeddings and the layers' weight matrices only."""
+    if not isinstance(config, (GPTConfig, BertConfig)):
+        raise ValueError(f"expected a GPTConfig or a BertConfig, got {type(config).__name__}")
+    return approx_gpt_params(config.vocab_size, config.d_model, config.n_layers)
+
+
+def non_embedding_param_count(config: GPTConfig) -> int:
+    """Kaplan et al.'s ``N``: the parameters of a :class:`~coursekit.gpt.GPT` without its token
+    and position embeddings (the tied output layer goes with the embedding)."""
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"expected a GPTConfig, got {type(config).__name__}")
+    return gpt_param_count(config) - (config.vocab_size + config.block_size) * config.d_model
+
+
+def decoder_params(vocab_size: int, n_positions: int, d_model: int, n_layers: int, n_heads: int,
+                   n_kv_heads: int | None = None, d_ff: int | None = None, tied: bool = True) -> int:
+    """Exact parameter count of a GPT-2-style decoder with grouped-query attention.
+
+    Token embedding ``V C`` and learned positions ``T_max C``; per layer, a query projection
+    ``C -> C``, key and value projections ``C -> H_kv D`` each (``D = C / H``), an output
+    projection ``C -> C``, a feed-forward ``C -> d_ff -> C``, every one with a bias, and two
+    layer norms of ``2 C`` (scale and shift); a final layer norm; and an output layer that
+    reuses the token embedding (``tied=True``) or adds a bias-free ``V C``.
+
+    Args:
+        vocab_size: ``V``.
+        n_positions: ``T_max``, the number of learned positions.
+        d_model: ``C``.
+        n_layers: ``L``.
+        n_heads: query heads ``H``; must divide ``C``.
+        n_kv_heads: key/value heads ``H_kv``; must divide ``H``; ``None`` for ``H`` (MHA).
+        d_ff: feed-forward width; ``None`` for ``4 C``.
+        tied: whether the output layer is the token embedding.
+
+    Returns:
+        The number of parameters, an ``int``.
+
+    Example: ``decoder_params(50257, 1024, 768, 12, 12)`` is 124,439,808 (GPT-2 small);
+    with ``n_kv_heads=4`` the key and value projections shrink to a third: 114,990,336.
+    """
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    d_ff = 4 * d_model if d_ff is None else d_ff
+    require_positive(integer=True, vocab_size=vocab_size, n_positions=n_positions, d_model=d_model,
+                     n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff)
+    if d_model % n_heads or n_heads % n_kv_heads:
+        raise ValueError(f"need n_heads | d_model and n_kv_heads | n_heads, got d_model={d_model}, "
+                         f"n_heads={n_heads}, n_kv_heads={n_kv_heads}")
+    kv_width = n_kv_heads * (d_model // n_heads)
+    attention = (d_model + 1) * (d_model + 2 * kv_width) + (d_model + 1) * d_model  # q, k, v and output, with biases
+    feedforward = (d_model + 1) * d_ff + (d_ff + 1) * d_model
+    norms = 2 * 2 * d_model
+    embeddings = (vocab_size + n_positions) * d_model
+    head = 0 if tied else vocab_size * d_model
+    return embeddings + n_layers * (attention + feedforward + norms) + 2 * d_model + head
+
+
+# =========================================================================== training memory
+
+
+def memory_per_param(precision: str = "fp32", optimizer: str = "adam", fp32_grads: bool = False) -> dict[str, int]:
+    """Bytes per parameter that training keeps, by what they hold (activations excluded).
+
+    ``precision="fp32"``: weights and gradients in float32. ``"fp16"`` or ``"bf16"``: mixed
+    precision, weights and gradients in 16 bits plus a float32 *master* copy of the weights
+    that the optimizer updates. The optimizer's states are float32: none for ``"sgd"``, one
+    momentum buffer for ``"momentum"``, two moments for ``"adam"`` (AdamW too); ``"adam8bit"``
+    keeps both moments in 8 bits (Dettmers et al., 2022; their per-block scales, 8 bytes per
+    2048 values, are left out).
+
+    Args:
+        precision: ``"fp32"``, ``"fp16"`` or ``"bf16"``.
+        optimizer: ``"sgd"``, ``"momentum"``, ``"adam"`` or ``"adam8bit"``.
+        fp32_grads: mixed precision with float32 gradients (4 bytes instead of 2): the
+            convention that gives 18 bytes for mixed-precision Adam; ZeRO's gives 16.
+
+    Returns:
+        ``{"weights", "gradients", "master weights", "optimizer states"}`` in bytes.
+
+    Example: ``memory_per_param("bf16", "adam")`` is ``{"weights": 2, "gradients": 2,
+    "master weights": 4, "optimizer states": 8}``: 16 bytes, as fp32 Adam.
+    """
+    value_bytes = {"fp32": 4, "fp16": 2, "bf16": 2}
+    state_bytes = {"sgd": 0, "momentum": 4, "adam": 8, "adam8bit": 2}
+    if precision not in value_bytes:
+        raise ValueError(f"precision must be one of {sorted(value_bytes)}, got {precision!r}")
+    if optimizer not in state_bytes:
+        raise ValueError(f"optimizer must be one of {sorted(state_bytes)}, got {optimizer!r}")
+    mixed = value_bytes[precision] < 4
+    return {
+        "weights": value_bytes[precision],
+        "gradients": 4 if fp32_grads else value_bytes[precision],
+        "master weights": 4 if mixed else 0,
+        "optimizer states": state_bytes[optimizer],
+    }
+
+
+def training_memory_gib(n_params: float, precision: str = "fp32", optimizer: str = "adam") -> float:
+    """GiB of weights, gradients and optimizer states to train ``n_params`` parameters.
+
+    Args:
+        n_params: number of parameters ``N``.
+        precision, optimizer: as :func:`memory_per_param` (16-bit gradients in mixed precision).
+
+    Returns:
+        GiB (``2**30`` bytes); activations, buffers and fragmentation come on top.
+
+    Example: 1 billion parameters with fp32 Adam need ``16e9 / 2**30 = 14.9`` GiB.
+    """
+    require_positive(n_params=n_params)
+    return n_params * sum(memory_per_param(precision, optimizer).values()) / 2**30
+
+
+def activation_bytes(seq_len: int, batch: int, d_model: int, n_heads: int, n_layers: int = 1,
+                     bytes_per_value: float = 2, mask_bytes: float = 1, dropout: bool = True,
+                     recompute: str = "none") -> float:
+    """Activations a transformer layer keeps for the backward pass (Korthikanti et al., 2022).
+
+    With ``s`` tokens, batch ``b``, width ``h``, ``a`` heads, ``p`` bytes per value and ``m``
+    bytes per dropout-mask entry, one GPT layer stores ``s b h (16 p + 2 m) + a s^2 b (2 p + m)``
+    bytes: ``34 s b h + 5 a s^2 b`` at ``p = 2, m = 1``. Without dropout: ``16 p s b h + p a s^2 b``.
+    ``recompute="selective"`` recomputes the attention core (the ``s^2`` terms) in the
+    backward pass; ``"full"`` keeps only each layer's input, ``p s b h``.
+
+    Args:
+        seq_len, batch, d_model, n_heads: ``s, b, h, a``.
+        n_layers: layers ``L`` (the result is ``L`` times one layer's).
+        bytes_per_value: ``p``: 2 for 16-bit activations, 4 for float32.
+        mask_bytes: ``m``: 1 for the boolean masks of GPU kernels; torch on CPU stores a
+            mask of the activations' dtype (``m = p``).
+        dropout: whether the layer has dropout (on the attention weights and both residual branches).
+        recompute: ``"none"``, ``"selective"`` or ``"full"``.
+
+    Returns:
+        Bytes for ``n_layers`` layers (embeddings, output layer and loss not included).
+    """
+    require_positive(integer=True, seq_len=seq_len, batch=batch, d_model=d_model, n_heads=n_heads, n_layers=n_layers)
+    require_positive(bytes_per_value=bytes_per_value, mask_bytes=mask_bytes)
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+    p, m = bytes_per_value, (mask_bytes if dropout else 0)
+    sbh, as2b = seq_len * batch * d_model, n_heads * seq_len**2 * batch
+    linear = sbh * (16 * p + 2 * m)  # norms' and projections' inputs, q, k, v, GELU in and out, residual masks
+    core = as2b * (2 * p + m) if dropout else as2b * p  # softmax output (with dropout: its mask and the dropped copy)
+    per_layer = {"none": linear + core, "selective": linear, "full": p * sbh}[recompute]
+    return n_layers * per_layer
+
+
+def saved_tensor_bytes(fn, *args, exclude=(), **kwargs) -> int:
+    """Bytes of the tensors autograd saves for the backward pass while ``fn(*args, **kwargs)`` runs.
+
+    Counts each storage once, only those still held when ``fn`` returns (a branch whose
+    graph was dropped does not count), and skips the storages of ``exclude`` (pass the
+    model's parameters: they are saved by reference, not copied). Use
+    ``torch.nn.attention.sdpa_kernel`` around the call to choose the attention kernel.
+
+    Returns:
+        The number of bytes.
+    """
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    saved = []
+
+    def pack(t):
+        saved.append(weakref.ref(t))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args, **kwargs)
+    storages = {}
+    for ref in saved:
+        t = ref()
+        if t is not None and t.untyped_storage().data_ptr() not in skip:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    del out
+    return sum(storages.values())
+
+
+# =========================================================================== KV cache
+
+
+def kv_cache_gib(n_layers: int, n_heads: int, n_kv_heads: int, d_model: int, seq_len: int,
+                 batch: int = 1, bits: int = 16) -> float:
+    """GiB of a KV cache: a key and a value vector per layer, key/value head, token and sequence.
+
+    Args:
+        n_layers: ``L``.
+        n_heads: query heads ``H`` (they set the head width ``D = C / H``).
+        n_kv_heads: key/value heads ``H_kv``: ``H`` for MHA, fewer for GQA, 1 for MQA.
+        d_model: ``C``.
+        seq_len: cached tokens ``T`` per sequence.
+        batch: sequences ``B``.
+        bits: bits per cached value (16 for float16/bfloat16, 8 or 4 when quantized).
+
+    Returns:
+        The size of the cache in GiB (``2**30`` bytes).
+
+    Example: a Llama-3-8B shape (``L=32, H=32, H_kv=8, C=4096``) at 8192 tokens in 16 bits
+    holds ``kv_cache_gib(32, 32, 8, 4096, 8192)`` = 1.0 GiB per sequence.
+    """
+    require_positive(integer=True, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                     d_model=d_model, seq_len=seq_len, batch=batch, bits=bits)
+    if d_model % n_heads or n_heads % n_kv_heads:
+        raise ValueError(f"need n_heads | d_model and n_kv_heads | n_heads, got d_model={d_model}, "
+                         f"n_heads={n_heads}, n_kv_heads={n_kv_heads}")
+    d_head = d_model // n_heads
+    values = 2 * n_layers * n_kv_heads * d_head * seq_len * batch  # keys and values
+    return values * bits / 8 / 2**30
+
+
+# =========================================================================== FLOPs
+
+
+def forward_flops(config: GPTConfig, seq_len: int, batch: int = 1) -> int:
+    """FLOPs of the matrix products of ``GPT(config)`` on ``batch`` sequences of ``seq_len`` tokens.
+
+    Each multiply-add is 2 FLOPs. Per token: every weight matrix once, ``L (4 C^2 + 2 C d_ff)``
+    in the layers plus ``V C`` in the (tied) output layer; the attention scores ``q k^T`` and
+    the weighted values, ``2 T C`` each per layer, over all ``T`` keys (the causal mask
+    removes half of them, but the usual kernels compute the full square). Embedding lookups,
+    biases, norms and softmax are not matrix products and are not counted, as
+    ``torch.utils.flop_counter`` does not count them.
+
+    Returns:
+        ``B T (2 (L (4 C^2 + 2 C d_ff) + V C) + 4 L T C)``.
+    """
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"expected a GPTConfig, got {type(config).__name__}")
+    require_positive(integer=True, seq_len=seq_len, batch=batch)
+    if seq_len > config.block_size:
+        raise ValueError(f"seq_len={seq_len} exceeds the model's block_size={config.block_size}")
+    C, L = config.d_model, config.n_layers
+    d_ff = 4 * C if config.d_ff is None else config.d_ff
+    weights = L * (4 * C * C + 2 * C * d_ff) + config.vocab_size * C
+    return batch * seq_len * (2 * weights + 4 * L * seq_len * C)
+
+
+def counted_flops(fn, *args, **kwargs) -> int:
+    """FLOPs that ``torch.utils.flop_counter.FlopCounterMode`` counts while ``fn(*args, **kwargs)`` runs.
+
+    Attention runs through torch's math kernel, a matrix product torch can count: the
+    counter has no formula for the fused CPU kernel, whose work would be missed.
+    """
+    counter = FlopCounterMode(display=False)
+    with sdpa_kernel(SDPBackend.MATH), counter:
+        fn(*args, **kwargs)
+    return counter.get_total_flops()
+
+
+def training_flops(n_params: float, n_tokens: float, n_layers: int = 0, seq_len: int = 0, d_model: int = 0) -> float:
+    """Training FLOPs: ``6 N D`` plus, if the shape is given, the attention term ``12 L T C D``.
+
+    The forward pass costs ``2 N`` FLOPs per token (a multiply-add per parameter) and the
+    backward pass twice that (gradients for the inputs and for the weights): ``6 N D`` for
+    ``D`` tokens (Kaplan et al., 2020). Attention adds ``4 L T C`` per token forward, so
+    ``12 L T C`` for training (Chowdhery et al., 2022, appendix B), with ``T`` the context.
+
+    Args:
+        n_params: ``N``.
+        n_tokens: ``D``.
+        n_layers, seq_len, d_model: ``L, T, C`` for the attention term; all 0 to leave it out.
+
+    Returns:
+        FLOPs, a float.
+    """
+    require_positive(n_params=n_params, n_tokens=n_tokens)
+    shape = (n_layers, seq_len, d_model)
+    if any(shape):
+        require_positive(integer=True, n_layers=n_layers, seq_len=seq_len, d_model=d_model)
+    return 6 * n_params * n_tokens + 12 * n_layers * seq_len * d_model * n_tokens
+
+
+#: Peak dense tensor-core throughput, TFLOP/s, in the precision each is named with.
+GPU_PEAK_TFLOPS: dict[str, float] = {"V100 (fp16)": 125.0, "A100 (bf16)": 312.0, "H100 SXM (bf16)": 989.0}
+
+
+def training_days(n_params: float, n_tokens: float, n_gpus: int, gpu_tflops: float, mfu: float) -> float:
+    """Days to train ``n_params`` parameters on ``n_tokens`` tokens with ``6 N D`` FLOPs.
+
+    Args:
+        n_params: ``N``.
+        n_tokens: ``D``.
+        n_gpus: number of GPUs.
+        gpu_tflops: peak throughput of one GPU in TFLOP/s (``10**12`` FLOP per second).
+        mfu: model FLOPs utilisation, the fraction of the peak the training achieves, in ``(0, 1]``.
+
+    Returns:
+        The training time in days.
+
+    Example: 1 billion parameters on 20 billion tokens, 8 GPUs of 312 TFLOP/s at 50% MFU:
+    1.11 days.
+    """
+    require_positive(n_params=n_params, n_tokens=n_tokens, n_gpus=n_gpus, gpu_tflops=gpu_tflops, mfu=mfu)
+    if mfu > 1:
+        raise ValueError(f"mfu is a fraction of the peak, in (0, 1], got {mfu}")
+    flops = 6 * n_params * n_tokens
+    seconds = flops / (n_gpus * gpu_tflops * 1e12 * mfu)
+    return seconds / 86400
+
+
+# =========================================================================== scaling laws
+
+
+@dataclass(frozen=True)
+class KaplanFit:
+    """``L(N, D) = ((N_c / N)^(alpha_N / alpha_D) + D_c / D)^alpha_D`` (Kaplan et al., 2020, eq. 1.5).
+
+    ``N`` counts non-embedding parameters, ``D`` tokens, the loss is in nats per token on
+    their WebText2 test set. With ``D`` infinite it is ``(N_c / N)^alpha_N`` (eq. 1.1), with
+    ``N`` infinite ``(D_c / D)^alpha_D`` (eq. 1.2).
+    """
+
+    alpha_N: float
+    N_c: float
+    alpha_D: float
+    D_c: float
+
+    def loss(self, n_params=math.inf, n_tokens=math.inf):
+        """The loss of ``n_params`` non-embedding parameters trained on ``n_tokens`` tokens (arrays broadcast)."""
+        n, d = np.asarray(n_params, dtype=float), np.asarray(n_tokens, dtype=float)
+        if np.any(n <= 0) or np.any(d <= 0):
+            raise ValueError(f"n_params and n_tokens must be positive, got {n_params!r} and {n_tokens!r}")
+        return ((self.N_c / n) ** (self.alpha_N / self.alpha_D) + self.D_c / d) ** self.alpha_D
+
+
+@dataclass(frozen=True)
+class ChinchillaFit:
+    """``L(N, D) = E + A / N^alpha + B / D^beta`` (Hoffmann et al., 2022, approach 3).
+
+    ``N`` counts all parameters, ``D`` training tokens, the loss is in nats per token on
+    their MassiveText data. :meth:`optimal` minimises it under the budget ``C = 6 N D``.
+    """
+
+    E: float
+    A: float
+    B: float
+    alpha: float
+    beta: float
+
+    def loss(self, n_params, n_tokens):
+        """The fitted loss (arrays broadcast)."""
+        n, d = np.asarray(n_params, dtype=float), np.asarray(n_tokens, dtype=float)
+        if np.any(n <= 0) or np.any(d <= 0):
+            raise ValueError(f"n_params and n_tokens must be positive, got {n_params!r} and {n_tokens!r}")
+        return self.E + self.A / n**self.alpha + self.B / d**self.beta
+
+    def optimal(self, flops):
+        """The compute-optimal ``(N, D)`` for a budget of ``flops = 6 N D`` FLOPs.
+
+        Setting the derivative of ``L(N, C / (6 N))`` to zero gives
+        ``N = G (C / 6)^a`` and ``D = (C / 6)^b / G`` with ``a = beta / (alpha + beta)``,
+        ``b = alpha / (alpha + beta)`` and ``G = (alpha A / (beta B))^(1 / (alpha + beta))``.
+        """
+        c = np.asarray(flops, dtype=float)
+        if np.any(c <= 0):
+            raise ValueError(f"flops must be positive, got {flops!r}")
+        s = self.alpha + self.beta
+        G = (self.alpha * self.A / (self.beta * self.B)) ** (1 / s)
+        return G * (c / 6) ** (self.beta / s), (c / 6) ** (self.alpha / s) / G
+
+
+#: Kaplan et al. (2020), eqs. 1.1, 1.2 and 1.5.
+KAPLAN = KaplanFit(alpha_N=0.076, N_c=8.8e13, alpha_D=0.095, D_c=5.4e13)
+#: Hoffmann et al. (2022), the published constants of approach 3.
+CHINCHILLA = ChinchillaFit(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
+#: Besiroglu et al. (2024), approach 3 refitted to data read off Hoffmann et al.'s figures.
+CHINCHILLA_REFIT = ChinchillaFit(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658)
+
+
+def tokens_per_param_rule(flops, tokens_per_param: float = 20.0):
+    """The allocation ``D = r N`` under ``6 N D = C``: ``N = sqrt(C / (6 r))``, ``D = r N``.
+
+    ``r = 20`` is Chinchilla's own ratio (70B parameters on 1.4T tokens, Hoffmann et al., 2022).
+    Returns ``(N, D)`` (arrays broadcast).
+    """
+    c = np.asarray(flops, dtype=float)
+    if np.any(c <= 0):
+        raise ValueError(f"flops must be positive, got {flops!r}")
+    require_positive(tokens_per_param=tokens_per_param)
+    n = np.sqrt(c / (6 * tokens_per_param))
+    return n, tokens_per_param * n

@@ -1,0 +1,259 @@
+"""Wrong implementations for the appendix exercise (transformer arithmetic), each a mistake students really make."""
+
+from tests.mutants import Mutant
+
+HIDDEN_CELL = {
+    "decoder_params": "decoder_params_hidden",
+    "training_memory_gib": "training_memory_hidden",
+    "kv_cache_gib": "kv_cache_hidden",
+    "training_days": "training_days_hidden",
+}
+
+MUTANTS = [
+    # ----------------------------------------------------------------- part 1: decoder_params
+    Mutant(
+        "params_rule_of_thumb", "decoder_params", "decoder_params", "that is the rule of thumb V C + 12 L C^2",
+        '''
+def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
+    return vocab_size * d_model + 12 * n_layers * d_model * d_model
+''',
+    ),
+    Mutant(
+        "params_no_biases_or_norms", "decoder_params", "decoder_params", "the biases and the layer norms are missing",
+        '''
+def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    d_ff = 4 * d_model if d_ff is None else d_ff
+    kv = n_kv_heads * (d_model // n_heads)
+    layer = d_model * (d_model + 2 * kv) + d_model * d_model + 2 * d_model * d_ff
+    head = 0 if tied else vocab_size * d_model
+    return (vocab_size + n_positions) * d_model + n_layers * layer + head
+''',
+    ),
+    Mutant(
+        "params_norm_one_vector", "decoder_params", "decoder_params", "a scale and a shift: 2 d_model, not d_model",
+        '''
+def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    d_ff = 4 * d_model if d_ff is None else d_ff
+    kv = n_kv_heads * (d_model // n_heads)
+    attention = (d_model + 1) * (d_model + 2 * kv) + (d_model + 1) * d_model
+    feedforward = (d_model + 1) * d_ff + (d_ff + 1) * d_model
+    layer = attention + feedforward + 2 * d_model  # two norms of d_model each
+    head = 0 if tied else vocab_size * d_model
+    return (vocab_size + n_positions) * d_model + n_layers * layer + d_model + head
+''',
+    ),
+    Mutant(
+        "params_ignore_gqa", "decoder_params", "decoder_params", "with grouped-query attention only the query and output",
+        '''
+def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
+    d_ff = 4 * d_model if d_ff is None else d_ff
+    attention = 4 * d_model * d_model + 4 * d_model
+    feedforward = 2 * d_model * d_ff + d_ff + d_model
+    layer = attention + feedforward + 4 * d_model
+    head = 0 if tied else vocab_size * d_model
+    return (vocab_size + n_positions) * d_model + n_layers * layer + 2 * d_model + head
+''',
+    ),
+    Mutant(
+        "params_no_positions", "decoder_params", "decoder_params", "position embeddings (n_positions x d_model) are missing",
+        '''
+def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    d_ff = 4 * d_model if d_ff is None else d_ff
+    kv = n_kv_heads * (d_model // n_heads)
+    attention = (d_model + 1) * (d_model + 2 * kv) + (d_model + 1) * d_model
+    feedforward = (d_model + 1) * d_ff + (d_ff + 1) * d_model
+    head = 0 if tied else vocab_size * d_model
+    return vocab_size * d_model + n_layers * (attention + feedforward + 4 * d_model) + 2 * d_model + head
+''',
+    ),
+    Mutant(
+        "params_head_always_counted", "decoder_params", "decoder_params", "with tied=True the output layer reuses",
+        '''
+def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    d_ff = 4 * d_model if d_ff is None else d_ff
+    kv = n_kv_heads * (d_model // n_heads)
+    attention = (d_model + 1) * (d_model + 2 * kv) + (d_model + 1) * d_model
+    feedforward = (d_model + 1) * d_ff + (d_ff + 1) * d_model
+    layer = attention + feedforward + 4 * d_model
+    return (vocab_size + n_positions) * d_model + n_layers * layer + 2 * d_model + vocab_size * d_model
+''',
+    ),
+    Mutant(
+        "params_ignore_d_ff", "decoder_params", "decoder_params", "use d_ff for the feed-forward width",
+        '''
+def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    kv = n_kv_heads * (d_model // n_heads)
+    attention = (d_model + 1) * (d_model + 2 * kv) + (d_model + 1) * d_model
+    feedforward = 8 * d_model * d_model + 5 * d_model
+    head = 0 if tied else vocab_size * d_model
+    return (vocab_size + n_positions) * d_model + n_layers * (attention + feedforward + 4 * d_model) + 2 * d_model + head
+''',
+    ),
+    # ----------------------------------------------------------------- part 2: training memory
+    Mutant(
+        "memory_gb", "training_memory_gib", "training_memory_gib", "you divided by 10**9, which is a GB",
+        '''
+def training_memory_gib(n_params, precision="fp32", optimizer="adam"):
+    return n_params * sum(memory_per_param(precision, optimizer).values()) / 1e9
+''',
+    ),
+    Mutant(
+        "memory_no_master", "memory_per_param", "training_memory_gib", "the float32 master weights are missing",
+        '''
+def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
+    value_bytes = {"fp32": 4, "fp16": 2, "bf16": 2}
+    state_bytes = {"sgd": 0, "momentum": 4, "adam": 8, "adam8bit": 2}
+    if precision not in value_bytes or optimizer not in state_bytes:
+        raise ValueError(f"unknown precision {precision!r} or optimizer {optimizer!r}")
+    return {"weights": value_bytes[precision], "gradients": 4 if fp32_grads else value_bytes[precision],
+            "master weights": 0, "optimizer states": state_bytes[optimizer]}
+''',
+    ),
+    Mutant(
+        "memory_fp32_grads", "training_memory_gib", "training_memory_gib", "the 18-byte convention",
+        '''
+def training_memory_gib(n_params, precision="fp32", optimizer="adam"):
+    return n_params * sum(memory_per_param(precision, optimizer, fp32_grads=True).values()) / 2**30
+''',
+    ),
+    Mutant(
+        "memory_one_adam_moment", "memory_per_param", "training_memory_gib", "Adam keeps two moments per parameter",
+        '''
+def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
+    value_bytes = {"fp32": 4, "fp16": 2, "bf16": 2}
+    state_bytes = {"sgd": 0, "momentum": 4, "adam": 4, "adam8bit": 2}
+    if precision not in value_bytes or optimizer not in state_bytes:
+        raise ValueError(f"unknown precision {precision!r} or optimizer {optimizer!r}")
+    mixed = precision != "fp32"
+    return {"weights": value_bytes[precision], "gradients": 4 if fp32_grads else value_bytes[precision],
+            "master weights": 4 if mixed else 0, "optimizer states": state_bytes[optimizer]}
+''',
+    ),
+    Mutant(
+        "memory_8bit_as_8_bytes", "memory_per_param", "training_memory_gib", "in 8 bits = 1 byte",
+        '''
+def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
+    value_bytes = {"fp32": 4, "fp16": 2, "bf16": 2}
+    state_bytes = {"sgd": 0, "momentum": 4, "adam": 8, "adam8bit": 2 * 8}
+    if precision not in value_bytes or optimizer not in state_bytes:
+        raise ValueError(f"unknown precision {precision!r} or optimizer {optimizer!r}")
+    mixed = precision != "fp32"
+    return {"weights": value_bytes[precision], "gradients": 4 if fp32_grads else value_bytes[precision],
+            "master weights": 4 if mixed else 0, "optimizer states": state_bytes[optimizer]}
+''',
+    ),
+    Mutant(
+        "memory_no_gradients", "memory_per_param", "training_memory_gib", "the gradients are missing",
+        '''
+def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
+    value_bytes = {"fp32": 4, "fp16": 2, "bf16": 2}
+    state_bytes = {"sgd": 0, "momentum": 4, "adam": 8, "adam8bit": 2}
+    if precision not in value_bytes or optimizer not in state_bytes:
+        raise ValueError(f"unknown precision {precision!r} or optimizer {optimizer!r}")
+    mixed = precision != "fp32"
+    return {"weights": value_bytes[precision], "gradients": 0,
+            "master weights": 4 if mixed else 0, "optimizer states": state_bytes[optimizer]}
+''',
+    ),
+    Mutant(
+        "memory_unknown_names_default", "memory_per_param", "training_memory_gib", "raise a ValueError that names",
+        '''
+def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
+    value = {"fp32": 4, "fp16": 2, "bf16": 2}.get(precision, 4)
+    mixed = value < 4
+    return {"weights": value, "gradients": 4 if fp32_grads else value, "master weights": 4 if mixed else 0,
+            "optimizer states": {"sgd": 0, "momentum": 4, "adam8bit": 2}.get(optimizer, 8)}
+''',
+    ),
+    # ----------------------------------------------------------------- part 3: KV cache
+    Mutant(
+        "kv_no_factor_2", "kv_cache_gib", "kv_cache_gib", "every layer caches a key AND a value",
+        '''
+def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
+    return n_layers * n_kv_heads * (d_model // n_heads) * seq_len * batch * bits / 8 / 2**30
+''',
+    ),
+    Mutant(
+        "kv_query_heads", "kv_cache_gib", "kv_cache_gib", "only the n_kv_heads key/value heads are cached",
+        '''
+def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
+    return 2 * n_layers * d_model * seq_len * batch * bits / 8 / 2**30
+''',
+    ),
+    Mutant(
+        "kv_bits_as_bytes", "kv_cache_gib", "kv_cache_gib", "divide by 8 to get bytes",
+        '''
+def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
+    return 2 * n_layers * n_kv_heads * (d_model // n_heads) * seq_len * batch * bits / 2**30
+''',
+    ),
+    Mutant(
+        "kv_gb", "kv_cache_gib", "kv_cache_gib", "you divided by 10**9, which is a GB",
+        '''
+def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
+    return 2 * n_layers * n_kv_heads * (d_model // n_heads) * seq_len * batch * bits / 8 / 1e9
+''',
+    ),
+    Mutant(
+        "kv_head_width_d_model", "kv_cache_gib", "kv_cache_gib", "d_head = d_model // n_heads, not d_model",
+        '''
+def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
+    return 2 * n_layers * n_kv_heads * d_model * seq_len * batch * bits / 8 / 2**30
+''',
+    ),
+    Mutant(
+        "kv_fixed_two_bytes", "kv_cache_gib", "kv_cache_gib", "use the bits argument",
+        '''
+def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
+    return 2 * n_layers * n_kv_heads * (d_model // n_heads) * seq_len * batch * 2 / 2**30
+''',
+    ),
+    # ----------------------------------------------------------------- part 4: training days
+    Mutant(
+        "days_2nd", "training_days", "training_days", "2 N D is the forward pass alone",
+        '''
+def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
+    return 2 * n_params * n_tokens / (n_gpus * gpu_tflops * 1e12 * mfu) / 86400
+''',
+    ),
+    Mutant(
+        "days_mfu_ignored", "training_days", "training_days", "divide by the MFU as well",
+        '''
+def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
+    return 6 * n_params * n_tokens / (n_gpus * gpu_tflops * 1e12) / 86400
+''',
+    ),
+    Mutant(
+        "days_mfu_multiplied", "training_days", "training_days", "you multiplied by mfu",
+        '''
+def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
+    return 6 * n_params * n_tokens * mfu / (n_gpus * gpu_tflops * 1e12) / 86400
+''',
+    ),
+    Mutant(
+        "days_hours", "training_days", "training_days", "you returned hours",
+        '''
+def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
+    return 6 * n_params * n_tokens / (n_gpus * gpu_tflops * 1e12 * mfu) / 3600
+''',
+    ),
+    Mutant(
+        "days_tflops_not_scaled", "training_days", "training_days", "multiply by 10**12 to get FLOP/s",
+        '''
+def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
+    return 6 * n_params * n_tokens / (n_gpus * gpu_tflops * mfu) / 86400
+''',
+    ),
+    Mutant(
+        "days_one_gpu", "training_days", "training_days", "divide by the number of GPUs",
+        '''
+def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
+    return 6 * n_params * n_tokens / (gpu_tflops * 1e12 * mfu) / 86400
+''',
+    ),
+]

@@ -1,0 +1,462 @@
+"""coursekit.arithmetic against real modules (ours and Hugging Face's, on the meta device),
+torch's own FLOP counter and saved tensors, optimizers' real states, and closed forms."""
+
+from __future__ import annotations
+
+import math
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
+
+from coursekit import arithmetic as A
+from coursekit import bert, gpt
+from coursekit.layers import FeedForward, LayerNorm, count_params, gpt_params
+from coursekit.multihead import MultiHeadAttention, kv_cache_bytes
+
+transformers = pytest.importorskip("transformers")
+from transformers import (  # noqa: E402
+    BertConfig as HFBertConfig,
+    BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+
+GIB = 2**30
+
+#: Stated relative errors of the rules of thumb, one place (see the appendix's tables).
+APPROX_PARAMS_RTOL = 0.011  # V C + 12 L C^2 against the exact count, all published shapes (BERT-base: 1.0%)
+APPROX_PARAMS_RTOL_GPT3 = 3e-4  # ... and for GPT-3 alone
+LAYER_NORM_STATS_RTOL = 0.01  # measured activations vs Korthikanti: LayerNorm's mean and rstd are not in the formula
+
+
+# =========================================================================== parameters
+
+
+def hf_on_meta(config):
+    """Hugging Face's model of a published shape, built on the meta device (no weights, no download)."""
+    with torch.device("meta"):
+        if isinstance(config, gpt.GPTConfig):
+            return GPT2LMHeadModel(GPT2Config(**gpt.hf_config_kwargs(config)))
+        return BertModel(HFBertConfig(**config.hf_kwargs()))
+
+
+def ours_on_meta(config):
+    """Our model of a published shape on the meta device: GPT, or BERT with its pooler (a 1-class head minus its classifier)."""
+    with torch.device("meta"):
+        if isinstance(config, gpt.GPTConfig):
+            return gpt.GPT(config)
+        model = bert.BertClassifier(config, n_classes=1)
+    model.head.classifier = nn.Identity()  # keep the pooler, as BertModel
+    return model
+
+
+@pytest.mark.parametrize("name", list(A.PUBLISHED))
+def test_exact_counts_equal_our_modules_and_hf_on_meta(name):
+    config = A.PUBLISHED[name]
+    assert count_params(ours_on_meta(config)) == A.param_count(config) == count_params(hf_on_meta(config))
+
+
+def test_published_counts_are_the_known_facts():
+    assert A.param_count(A.PUBLISHED["gpt2"]) == 124_439_808
+    assert A.param_count(A.PUBLISHED["bert-base"]) == 109_482_240
+    assert abs(A.param_count(A.PUBLISHED["gpt3"]) / 175e9 - 1) < 0.003
+
+
+@pytest.mark.parametrize("name", list(A.PUBLISHED))
+def test_rule_of_thumb_is_a_slight_underestimate_within_the_stated_error(name):
+    config = A.PUBLISHED[name]
+    exact, approx = A.param_count(config), A.approx_param_count(config)
+    assert approx < exact
+    assert abs(approx / exact - 1) < (APPROX_PARAMS_RTOL_GPT3 if name == "gpt3" else APPROX_PARAMS_RTOL)
+
+
+def test_rule_of_thumb_error_shrinks_with_size():
+    errors = [1 - A.approx_param_count(c) / A.param_count(c) for n, c in A.PUBLISHED.items() if n.startswith("gpt")]
+    assert errors == sorted(errors, reverse=True)
+
+
+def test_gpt2_paper_undercounts_its_own_models():
+    """GPT-2's table says 117M; the released model has 124M (the reported numbers are about 5% low)."""
+    for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"):
+        ratio = A.REPORTED_PARAMS[name] / A.param_count(A.PUBLISHED[name])
+        assert 0.93 < ratio < 1.0
+    for name in ("gpt3", "bert-base", "bert-large"):
+        assert abs(A.REPORTED_PARAMS[name] / A.param_count(A.PUBLISHED[name]) - 1) < 0.015
+
+
+def test_non_embedding_count_of_gpt2_small():
+    cfg = A.PUBLISHED["gpt2"]
+    with torch.device("meta"):
+        model = gpt.GPT(cfg)
+    expected = count_params(model) - model.tok_emb.weight.numel() - model.pos_emb.weight.numel()
+    assert A.non_embedding_param_count(cfg) == expected == 85_056_000
+
+
+def gqa_decoder_on_meta(V, T, C, L, H, H_kv, d_ff, tied):
+    """A GPT-2-style decoder with GQA, assembled from the course's modules on the meta device."""
+    with torch.device("meta"):
+        parts = {"tok": nn.Embedding(V, C), "pos": nn.Embedding(T, C), "norm": LayerNorm(C)}
+        parts["layers"] = nn.ModuleList(
+            nn.ModuleList([LayerNorm(C), MultiHeadAttention(C, H, H_kv), LayerNorm(C), FeedForward(C, d_ff)])
+            for _ in range(L))
+        if not tied:
+            parts["head"] = nn.Linear(C, V, bias=False)
+        return nn.ModuleDict(parts)
+
+
+@pytest.mark.parametrize("V,T,C,L,H,H_kv,d_ff,tied", [
+    (50257, 1024, 768, 12, 12, 12, 3072, True),
+    (50257, 1024, 768, 12, 12, 4, 3072, True),
+    (32000, 4096, 4096, 32, 32, 8, 11008, False),
+    (1000, 64, 96, 3, 6, 1, 200, False),
+])
+def test_decoder_params_equal_modules_on_meta(V, T, C, L, H, H_kv, d_ff, tied):
+    expected = count_params(gqa_decoder_on_meta(V, T, C, L, H, H_kv, d_ff, tied))
+    assert A.decoder_params(V, T, C, L, H, H_kv, d_ff, tied) == expected
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_decoder_params_equal_hf_gpt2_without_gqa(tied):
+    kw = dict(vocab_size=5000, n_positions=256, n_embd=192, n_layer=4, n_head=6, n_inner=500, tie_word_embeddings=tied)
+    with torch.device("meta"):
+        hf = GPT2LMHeadModel(GPT2Config(**kw))
+    assert A.decoder_params(5000, 256, 192, 4, 6, None, 500, tied) == count_params(hf)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt2-xl", "gpt3"])
+def test_decoder_params_with_mha_is_chapter_4s_count(name):
+    c = A.PUBLISHED[name]
+    assert A.decoder_params(c.vocab_size, c.block_size, c.d_model, c.n_layers, c.n_heads) == \
+        gpt_params(c.vocab_size, c.block_size, c.d_model, c.n_layers)
+
+
+def test_fewer_kv_heads_save_exactly_the_kv_projections():
+    full = A.decoder_params(50257, 1024, 768, 12, 12, 12)
+    for H_kv in (6, 4, 3, 2, 1):
+        saved = 12 * 2 * (768 + 1) * (768 - H_kv * 64)  # k and v: (C + 1) x (C - H_kv D) fewer, per layer
+        assert full - A.decoder_params(50257, 1024, 768, 12, 12, H_kv) == saved
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(n_heads=5), "n_heads"),
+    (dict(n_kv_heads=5), "n_kv_heads"),
+    (dict(d_model=0), "d_model must be a positive integer, got 0"),
+    (dict(n_layers=2.5), "n_layers must be a positive integer"),
+    (dict(vocab_size=True), "vocab_size"),
+])
+def test_decoder_params_bad_inputs(kwargs, match):
+    args = dict(vocab_size=100, n_positions=16, d_model=64, n_layers=2, n_heads=8, n_kv_heads=4) | kwargs
+    with pytest.raises(ValueError, match=match):
+        A.decoder_params(**args)
+
+
+def test_param_count_rejects_other_objects():
+    with pytest.raises(ValueError, match="GPTConfig or a BertConfig, got dict"):
+        A.param_count({"d_model": 3})
+    with pytest.raises(ValueError, match="GPTConfig or a BertConfig"):
+        A.approx_param_count(None)
+    with pytest.raises(ValueError, match="expected a GPTConfig"):
+        A.non_embedding_param_count(A.PUBLISHED["bert-base"])
+
+
+# =========================================================================== training memory
+
+
+def test_memory_per_param_conventions():
+    total = lambda *a, **k: sum(A.memory_per_param(*a, **k).values())  # noqa: E731
+    assert total("fp32", "adam") == 16  # 4 + 4 + 8
+    assert total("bf16", "adam") == total("fp16", "adam") == 16  # ZeRO: 2 + 2 + (4 + 4 + 4)
+    assert total("bf16", "adam", fp32_grads=True) == 18  # the other convention: float32 gradients
+    assert A.memory_per_param("fp16", "adam") == {"weights": 2, "gradients": 2, "master weights": 4, "optimizer states": 8}
+    assert total("fp32", "sgd") == 8 and total("fp32", "momentum") == 12 and total("fp32", "adam8bit") == 10
+    assert total("bf16", "sgd") == 8 and total("bf16", "momentum") == 12 and total("bf16", "adam8bit") == 10
+
+
+@pytest.mark.parametrize("optimizer,make", [
+    ("sgd", lambda p: torch.optim.SGD(p, lr=0.1)),
+    ("momentum", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
+    ("adam", lambda p: torch.optim.Adam(p)),
+    ("adam", lambda p: torch.optim.AdamW(p)),
+])
+def test_fp32_bytes_per_param_equal_torch_optimizers_real_state(optimizer, make):
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8))
+    opt = make(model.parameters())
+    model(torch.randn(4, 32)).square().sum().backward()
+    opt.step()
+    n = count_params(model)
+    held = sum(p.nbytes + p.grad.nbytes for p in model.parameters())
+    held += sum(t.nbytes for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.numel() > 1)
+    assert held / n == sum(A.memory_per_param("fp32", optimizer).values())
+
+
+def test_training_memory_gib_is_gib():
+    assert A.training_memory_gib(1e9, "fp32", "adam") == pytest.approx(16e9 / GIB, rel=1e-12)
+    assert A.training_memory_gib(GIB, "fp32", "sgd") == 8.0
+    assert A.training_memory_gib(2 * GIB, "bf16", "adam8bit") == 20.0
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: A.memory_per_param("fp8", "adam"), "precision must be one of .*'fp8'"),
+    (lambda: A.memory_per_param("fp32", "lion"), "optimizer must be one of .*'lion'"),
+    (lambda: A.training_memory_gib(0), "n_params must be a positive number, got 0"),
+    (lambda: A.training_memory_gib(float("nan")), "n_params"),
+])
+def test_memory_bad_inputs(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# =========================================================================== activations
+
+
+def gpt_block(s, h, a, dropout, dtype=torch.float32):
+    """A GPT-2 layer (our Block without the dropout on the MLP's hidden units, which GPT-2 does not have)."""
+    cfg = gpt.GPTConfig(vocab_size=8, block_size=s, n_layers=1, n_heads=a, d_model=h, dropout=dropout)
+    torch.manual_seed(0)
+    block = gpt.Block(cfg).to(dtype).train()
+    block.ff.dropout = nn.Identity()
+    return block
+
+
+def measured(block, x, backend=SDPBackend.MATH):
+    with sdpa_kernel(backend):
+        return A.saved_tensor_bytes(block, x, exclude=list(block.parameters()))
+
+
+# b >= 2: with b = 1 the math kernel saves v as a view of the packed q|k|v output, which keeps
+# the whole buffer alive (2 s b h p more than the formula's separate copy of v).
+@pytest.mark.parametrize("s,b,h,a", [(128, 2, 64, 4), (64, 3, 96, 6), (200, 2, 32, 2)])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_activation_formula_matches_saved_tensors(s, b, h, a, dropout):
+    """Korthikanti et al.'s count against what autograd really keeps, float32 on CPU
+    (where a dropout mask is stored in the activations' dtype, so m = p = 4)."""
+    block = gpt_block(s, h, a, dropout)
+    x = torch.randn(b, s, h, requires_grad=True)
+    got = measured(block, x)
+    expected = A.activation_bytes(s, b, h, a, bytes_per_value=4, mask_bytes=4, dropout=dropout > 0)
+    assert got >= expected
+    assert got / expected - 1 < LAYER_NORM_STATS_RTOL
+    assert got - expected == 2 * 2 * s * b * 4  # exactly the two norms' float32 mean and 1/std per token
+
+
+def test_full_recomputation_keeps_only_the_layer_input():
+    s, b, h, a = 64, 2, 32, 4
+    block = gpt_block(s, h, a, 0.1)
+    x = torch.randn(b, s, h, requires_grad=True)
+    with sdpa_kernel(SDPBackend.MATH):
+        got = A.saved_tensor_bytes(lambda t: checkpoint(block, t, use_reentrant=True), x, exclude=list(block.parameters()))
+    assert got == A.activation_bytes(s, b, h, a, bytes_per_value=4, recompute="full") == 4 * s * b * h
+
+
+def test_fused_attention_keeps_no_attention_matrix():
+    """The fused CPU kernel (flash attention) saves out and log-sum-exp, not the (a, s, s) weights."""
+    s, b, h, a = 128, 2, 64, 4
+    block = gpt_block(s, h, a, 0.0)
+    x = torch.randn(b, s, h, requires_grad=True)
+    fused = measured(block, x, SDPBackend.FLASH_ATTENTION)
+    assert fused < measured(block, x) - 4 * a * s * s * b + 4 * s * b * h  # the s^2 term is gone (an output copy may remain)
+    assert fused < A.activation_bytes(s, b, h, a, 4, dropout=False, recompute="selective") * 1.2
+
+
+def test_activation_formula_closed_forms():
+    s, b, h, a = 2048, 1, 12288, 96  # GPT-3
+    assert A.activation_bytes(s, b, h, a) == 34 * s * b * h + 5 * a * s * s * b
+    assert A.activation_bytes(s, b, h, a, recompute="selective") == 34 * s * b * h
+    assert A.activation_bytes(s, b, h, a, recompute="full", n_layers=96) == 96 * 2 * s * b * h
+    assert A.activation_bytes(s, b, h, a, dropout=False) == 32 * s * b * h + 2 * a * s * s * b
+    assert A.activation_bytes(2 * s, b, h, a) > 2 * A.activation_bytes(s, b, h, a)  # quadratic in s
+    assert A.activation_bytes(s, 3, h, a) == 3 * A.activation_bytes(s, 1, h, a)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(recompute="some"), "recompute must be"),
+    (dict(seq_len=0), "seq_len must be a positive integer"),
+    (dict(bytes_per_value=-2), "bytes_per_value must be a positive number"),
+])
+def test_activation_bad_inputs(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        A.activation_bytes(**(dict(seq_len=8, batch=1, d_model=16, n_heads=2) | kwargs))
+
+
+# =========================================================================== KV cache
+
+
+@pytest.mark.parametrize("L,H,H_kv,C,T,B", [(32, 32, 8, 4096, 8192, 1), (12, 12, 12, 768, 1024, 4), (80, 64, 1, 8192, 100, 3)])
+def test_kv_cache_equals_real_cache_buffers(L, H, H_kv, C, T, B):
+    D = C // H
+    cache = gpt.KVCache([gpt.LayerCache(B, H_kv, T, D, torch.float16, "meta") for _ in range(L)])
+    assert A.kv_cache_gib(L, H, H_kv, C, T, B) == cache.nbytes() / GIB == kv_cache_bytes(L, H_kv, D, T, B) / GIB
+
+
+def test_kv_cache_equals_hf_llama_gqa_cache():
+    cfg = LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=6, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        cache = model(torch.randint(0, 50, (2, 11)), use_cache=True).past_key_values
+    held = sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values))
+    assert A.kv_cache_gib(3, 6, 2, 48, 11, 2, bits=16) * GIB == held
+
+
+def test_kv_cache_scales():
+    base = A.kv_cache_gib(32, 32, 8, 4096, 8192)
+    assert base == 1.0
+    assert A.kv_cache_gib(32, 32, 32, 4096, 8192) == 4 * base  # MHA
+    assert A.kv_cache_gib(32, 32, 1, 4096, 8192) == base / 8  # MQA
+    assert A.kv_cache_gib(32, 32, 8, 4096, 8192, bits=8) == base / 2
+    assert A.kv_cache_gib(32, 32, 8, 4096, 8192, bits=4) == base / 4
+    assert A.kv_cache_gib(32, 32, 8, 4096, 1024, batch=8) == base
+
+
+@pytest.mark.parametrize("args,match", [
+    ((32, 32, 5, 4096, 10), "n_kv_heads | n_heads"),
+    ((32, 30, 5, 4096, 10), "n_heads | d_model"),
+    ((32, 32, 8, 4096, 0), "seq_len must be a positive integer, got 0"),
+    ((32, 32, 8, 4096, 10, 1, 16.5), "bits"),
+])
+def test_kv_cache_bad_inputs(args, match):
+    with pytest.raises(ValueError, match=match):
+        A.kv_cache_gib(*args)
+
+
+# =========================================================================== FLOPs
+
+SMALL = [
+    gpt.GPT_PRESETS["nano"],
+    gpt.GPTConfig(vocab_size=97, block_size=48, n_layers=3, n_heads=4, d_model=48, d_ff=100),
+    gpt.GPTConfig(vocab_size=50, block_size=64, n_layers=1, n_heads=1, d_model=16, bias=False),
+]
+
+
+def model_and_tokens(cfg, B, T):
+    torch.manual_seed(0)
+    return gpt.GPT(cfg).eval(), torch.randint(0, cfg.vocab_size, (B, T))
+
+
+@pytest.mark.parametrize("cfg", SMALL)
+@pytest.mark.parametrize("B,T", [(1, 7), (3, 16)])
+def test_forward_flops_equal_flop_counter(cfg, B, T):
+    model, x = model_and_tokens(cfg, B, T)
+    with torch.no_grad():
+        assert A.counted_flops(model, x) == A.forward_flops(cfg, T, B)
+
+
+@pytest.mark.parametrize("cfg", SMALL[:2])
+def test_training_step_is_three_forward_passes_and_the_palm_formula(cfg):
+    B, T = 2, 12
+    model, x = model_and_tokens(cfg, B, T)
+    counted = A.counted_flops(lambda: model(x).square().mean().backward())
+    assert counted == 3 * A.forward_flops(cfg, T, B)
+    d_ff = 4 * cfg.d_model if cfg.d_ff is None else cfg.d_ff
+    matmul_params = cfg.n_layers * (4 * cfg.d_model**2 + 2 * cfg.d_model * d_ff) + cfg.vocab_size * cfg.d_model
+    assert A.training_flops(matmul_params, B * T, cfg.n_layers, T, cfg.d_model) == counted
+
+
+@pytest.mark.parametrize("name,bound", [("gpt2", 0.20), ("gpt3", 0.03)])
+def test_6nd_underestimates_by_the_attention_share(name, bound):
+    """At their full context, 6 N D misses GPT-2 small's attention (about 15%), hardly GPT-3's."""
+    cfg = A.PUBLISHED[name]
+    T = cfg.block_size
+    exact = 3 * A.forward_flops(cfg, T)
+    rule = A.training_flops(A.param_count(cfg), T)
+    assert 0 < 1 - rule / exact < bound
+    assert abs(A.training_flops(A.param_count(cfg), T, cfg.n_layers, T, cfg.d_model) / exact - 1) < 0.01
+
+
+def test_training_flops_and_days_closed_forms():
+    assert A.training_flops(175e9, 300e9) == pytest.approx(3.15e23, rel=1e-9)  # GPT-3's 3.14e23 (Brown et al.)
+    assert A.training_flops(1, 1, 2, 3, 4) == 6 + 12 * 2 * 3 * 4
+    days = A.training_days(1e9, 20e9, 8, 312, 0.5)
+    assert days == pytest.approx(6 * 1e9 * 20e9 / (8 * 312e12 * 0.5) / 86400, rel=1e-12)
+    assert A.training_days(1e9, 20e9, 16, 312, 0.5) == pytest.approx(days / 2, rel=1e-12)
+    assert A.training_days(1e9, 20e9, 8, 312, 0.25) == pytest.approx(days * 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: A.training_days(1e9, 1e9, 8, 312, 1.5), r"mfu is a fraction of the peak, in \(0, 1\], got 1.5"),
+    (lambda: A.training_days(1e9, 1e9, 0, 312, 0.5), "n_gpus must be a positive number, got 0"),
+    (lambda: A.training_flops(1e9, 1e9, 12, 0, 768), "seq_len must be a positive integer"),
+    (lambda: A.forward_flops(gpt.GPT_PRESETS["nano"], 33), "exceeds the model's block_size=32"),
+    (lambda: A.forward_flops(A.PUBLISHED["bert-base"], 8), "expected a GPTConfig"),
+])
+def test_flops_bad_inputs(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# =========================================================================== scaling laws
+
+BUDGETS = np.logspace(18, 26, 9)
+
+
+@pytest.mark.parametrize("fit", [A.CHINCHILLA, A.CHINCHILLA_REFIT])
+def test_chinchilla_optimum_minimises_the_loss_on_the_iso_flop_curve(fit):
+    from scipy.optimize import minimize_scalar
+
+    for C in (1e19, 5.76e23):
+        N, D = fit.optimal(C)
+        assert 6 * N * D == pytest.approx(C, rel=1e-12)
+        res = minimize_scalar(lambda logn: fit.loss(math.exp(logn), C / (6 * math.exp(logn))),
+                              bounds=(math.log(1e5), math.log(1e14)), method="bounded", options={"xatol": 1e-10})
+        assert math.exp(res.x) == pytest.approx(N, rel=1e-4)
+
+
+@pytest.mark.parametrize("fit", [A.CHINCHILLA, A.CHINCHILLA_REFIT])
+def test_chinchilla_optimum_grows_with_compute(fit):
+    N, D = fit.optimal(BUDGETS)
+    assert np.all(np.diff(N) > 0) and np.all(np.diff(D) > 0)
+    assert np.all(np.diff(fit.loss(N, D)) < 0)
+    s = fit.alpha + fit.beta
+    slope = np.polyfit(np.log(BUDGETS), np.log(N), 1)[0]
+    assert slope == pytest.approx(fit.beta / s, rel=1e-9)
+
+
+def test_tokens_per_parameter_at_the_fitted_constants():
+    """About 20 with the refit; the published constants give several times more, growing with C."""
+    N, D = A.CHINCHILLA_REFIT.optimal(BUDGETS)
+    assert np.all((D / N > 15) & (D / N < 30))
+    N, D = A.CHINCHILLA.optimal(BUDGETS)
+    assert np.all(np.diff(D / N) > 0)  # alpha > beta: data grows faster than parameters
+    N, D = A.CHINCHILLA.optimal(5.76e23)
+    assert D / N > 60
+
+
+def test_twenty_tokens_rule_recovers_chinchilla():
+    N, D = A.tokens_per_param_rule(5.76e23)  # Gopher's and Chinchilla's budget
+    assert D / N == pytest.approx(20) and 6 * N * D == pytest.approx(5.76e23)
+    assert N == pytest.approx(70e9, rel=0.02) and D == pytest.approx(1.4e12, rel=0.02)
+
+
+def test_kaplan_limits_and_monotonicity():
+    k = A.KAPLAN
+    assert k.loss(1e9) == pytest.approx((8.8e13 / 1e9) ** 0.076, rel=1e-12)
+    assert k.loss(n_tokens=1e10) == pytest.approx((5.4e13 / 1e10) ** 0.095, rel=1e-12)
+    N = np.logspace(6, 11, 6)
+    assert np.all(np.diff(k.loss(N, 1e10)) < 0) and np.all(k.loss(N, 1e10) > k.loss(N))
+
+
+@pytest.mark.parametrize("call", [
+    lambda: A.CHINCHILLA.optimal(-1.0),
+    lambda: A.CHINCHILLA.loss(0, 1e9),
+    lambda: A.KAPLAN.loss(np.array([1e9, -1.0])),
+    lambda: A.tokens_per_param_rule(1e20, 0),
+])
+def test_scaling_bad_inputs(call):
+    with pytest.raises(ValueError, match="must be positive|positive number"):
+        call()
+
+
+def test_require_positive():
+    A.require_positive(a=1, b=2.5, c=np.int64(3))
+    A.require_positive(integer=True, a=np.int64(3))
+    for bad in (0, -1, float("nan"), "3", None, True):
+        with pytest.raises(ValueError, match="x must be a positive"):
+            A.require_positive(x=bad)
+    with pytest.raises(ValueError, match="x must be a positive integer, got 2.0"):
+        A.require_positive(integer=True, x=2.0)
