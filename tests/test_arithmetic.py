@@ -460,3 +460,36 @@ def test_require_positive():
             A.require_positive(x=bad)
     with pytest.raises(ValueError, match="x must be a positive integer, got 2.0"):
         A.require_positive(integer=True, x=2.0)
+
+
+# --------------------------------------------------------------------------- ZeRO and pipelines
+
+
+@pytest.mark.parametrize("stage,gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_memory_matches_the_papers_example(stage, gb):
+    """Rajbhandari et al. (2020), Figure 1: 7.5B parameters, 64 GPUs, mixed-precision Adam."""
+    assert A.zero_memory_gib(7.5e9, 64, stage, "fp16", "adam") * GIB / 1e9 == pytest.approx(gb, abs=0.05)
+
+
+def test_zero_stages_interpolate_between_replication_and_full_sharding():
+    full = A.training_memory_gib(1e9, "bf16", "adam")
+    assert A.zero_memory_gib(1e9, 8, 0) == pytest.approx(full)
+    assert A.zero_memory_gib(1e9, 8, 3) == pytest.approx(full / 8)
+    assert A.zero_memory_gib(1e9, 1, 2) == pytest.approx(full)  # one GPU: nothing to shard
+    stages = [A.zero_memory_gib(1e9, 8, s) for s in range(4)]
+    assert stages == sorted(stages, reverse=True) and len(set(stages)) == 4
+    with pytest.raises(ValueError, match="stage must be 0, 1, 2 or 3, got 4"):
+        A.zero_memory_gib(1e9, 8, 4)
+    with pytest.raises(ValueError, match="n_gpus must be a positive integer, got 0"):
+        A.zero_memory_gib(1e9, 0, 1)
+
+
+def test_pipeline_bubble_by_simulation():
+    """Count idle slots of a GPipe forward schedule: stage s works on micro-batch j at slot s + j."""
+    for p, m in [(1, 1), (2, 3), (4, 4), (4, 32), (8, 5)]:
+        slots = m + p - 1
+        busy = {(s, s + j) for s in range(p) for j in range(m)}
+        idle = p * slots - len(busy)
+        assert A.pipeline_bubble(p, m) == pytest.approx(idle / (p * slots))
+    with pytest.raises(ValueError, match="n_microbatches must be a positive integer"):
+        A.pipeline_bubble(4, 0)
