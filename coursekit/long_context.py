@@ -1,0 +1,866 @@
+"""Chapter 10: long contexts: exact tiled attention, sparse and local patterns, linear attention,
+KV-cache sizes, context extension and segment recurrence.
+
+Softmax attention over ``T`` tokens costs ``T^2`` scores. This module holds the standard answers,
+each checked against the plain attention of :mod:`coursekit.attention`:
+
+* **the same result with less memory**: :func:`tiled_attention` computes exact attention block
+  by block with the *online softmax* of FlashAttention (Dao et al., 2022), never holding more
+  than a ``block_q x block_k`` tile of scores; :func:`attention_peak_memory` measures it;
+* **fewer pairs**: :func:`sliding_window_mask` (local causal attention, Mistral's sliding
+  window) decoded with a fixed-size ring buffer, :class:`RollingKVCache`; the strided and fixed
+  patterns of Child et al. (2019), :func:`strided_mask` and :func:`fixed_mask`; Longformer's
+  window plus global tokens (Beltagy et al., 2020), :func:`longformer_mask`; and
+  :func:`attended_pairs`, which counts the pairs of each pattern without building its mask;
+* **no softmax**: linear attention with the positive feature map ``elu(x) + 1`` (Katharopoulos
+  et al., 2020) in its parallel form, :func:`linear_attention_parallel`, its causal
+  prefix-sum (recurrent) form, :func:`causal_linear_attention`, and chunk by chunk,
+  :func:`chunked_linear_attention`;
+* **what a cache costs**: :func:`kv_cache_size`, Chapter 2's
+  :func:`~coursekit.multihead.kv_cache_bytes` with a dtype, grouped heads and a sliding window;
+* **a longer context than trained**: :class:`ContextLM`, a tiny causal model whose position
+  signal is a choice (none, learned, sinusoidal, RoPE with optional position interpolation or
+  NTK-aware scaling, ALiBi; all from :mod:`coursekit.positional`), trained short and tested long
+  on the synthetic :func:`needle_task`;
+* **memory across segments**: :func:`attend_with_memory` and :func:`segment_recurrence`
+  (Transformer-XL, Dai et al., 2019), equal to full attention under
+  :func:`segment_recurrence_mask`.
+
+Conventions (see the book's notation page): ``B`` batch, ``H`` heads, ``T`` queries, ``S`` keys,
+``D`` head width, ``C`` model width, ``W`` window. Boolean masks are ``True`` where a query may
+attend. With ``S > T`` keys the queries are the *last* ``T`` of ``S`` positions (bottom-right
+alignment, as :func:`coursekit.attention.causal_mask`). A query that may attend to no key gets a
+zero output, never NaN, everywhere in this module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coursekit.attention import check_attention_inputs, scaled_dot_product_attention
+from coursekit.gpt import FusedLayerNorm
+from coursekit.layers import FeedForward
+from coursekit.multihead import MultiHeadAttention, merge_heads, repeat_kv
+from coursekit.train import TrainConfig, lm_loss, train
+from coursekit.positional import LearnedPositionalEmbedding, alibi_bias, alibi_slopes, apply_rope, sinusoidal_encoding
+
+__all__ = [
+    "tiled_attention",
+    "attention_peak_memory",
+    "sliding_window_mask",
+    "RollingKVCache",
+    "sliding_window_decode",
+    "strided_mask",
+    "fixed_mask",
+    "longformer_mask",
+    "attended_pairs",
+    "elu_feature_map",
+    "linear_attention_parallel",
+    "causal_linear_attention",
+    "chunked_linear_attention",
+    "linear_attention",
+    "kv_cache_size",
+    "attend_with_memory",
+    "segment_recurrence",
+    "segment_recurrence_mask",
+    "POSITIONS",
+    "ContextLM",
+    "needle_task",
+    "NEEDLE_VOCAB",
+    "train_context_model",
+    "needle_accuracy",
+]
+
+
+# --------------------------------------------------------------------------- exact tiled attention
+
+
+def tiled_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+    block_q: int = 64,
+    block_k: int = 64,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Exact attention ``softmax(q k^T * scale) v`` computed tile by tile with the online softmax.
+
+    This is the forward pass of FlashAttention (Dao et al., 2022): for each block of ``block_q``
+    queries, walk over the keys ``block_k`` at a time and keep, per query, the running maximum
+    ``m`` of its scores, the running sum ``l`` of ``exp(score - m)`` and the running weighted sum
+    ``acc`` of the values. When a new tile raises the maximum from ``m`` to ``m_new``, the old
+    ``l`` and ``acc`` were computed relative to ``m`` and are rescaled by ``exp(m - m_new)``;
+    only at the end is ``acc`` divided by ``l``. No ``(T, S)`` matrix of scores is ever held: the
+    extra memory is one ``block_q x block_k`` tile (and the optional boolean mask, the caller's).
+
+    Args:
+        q: queries ``(..., T, D)``.
+        k: keys ``(..., S, D)``.
+        v: values ``(..., S, Dv)``.
+        causal: query ``i`` sees keys ``j <= i + S - T`` (bottom-right alignment; needs ``S >= T``).
+            Key tiles entirely in a query tile's future are skipped.
+        mask: optional boolean, broadcastable to ``(..., T, S)``, ``True`` = may attend (combined
+            with ``causal``). It is cut into tiles as well.
+        block_q: queries per tile, ``>= 1``.
+        block_k: keys per tile, ``>= 1``.
+        scale: multiplies the scores; defaults to ``1 / sqrt(D)``.
+
+    Returns:
+        ``(..., T, Dv)``, equal to :func:`coursekit.attention.scaled_dot_product_attention`.
+        A query that may attend to no key gets a zero output (its ``l`` stays 0).
+    """
+    check_attention_inputs(q, k, v, mask)
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"tiled_attention takes a boolean mask (True = may attend), got {mask.dtype}")
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block sizes must be positive, got block_q={block_q} and block_k={block_k}")
+    T, S = q.shape[-2], k.shape[-2]
+    if causal and S < T:
+        raise ValueError(f"a causal mask needs at least as many keys as queries, got T={T} and S={S}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    if mask is not None:
+        mask = mask.expand(*batch, T, S)  # a view: tiles can be sliced from it
+    outputs = []
+    for i0 in range(0, T, block_q):
+        i1 = min(i0 + block_q, T)
+        qi = q[..., i0:i1, :] * scale  # (..., Tq, D)
+        m = torch.full((*batch, i1 - i0, 1), -math.inf, dtype=q.dtype, device=q.device)  # running max
+        l = torch.zeros((*batch, i1 - i0, 1), dtype=q.dtype, device=q.device)  # running sum of exp
+        acc = torch.zeros((*batch, i1 - i0, v.shape[-1]), dtype=q.dtype, device=q.device)  # (..., Tq, Dv)
+        for j0 in range(0, S, block_k):
+            if causal and j0 > i1 - 1 + S - T:
+                break  # this tile and all later ones lie in the future of every query of the block
+            j1 = min(j0 + block_k, S)
+            s = qi @ k[..., j0:j1, :].transpose(-2, -1)  # (..., Tq, Sk) one tile of scores
+            if causal:
+                rows = torch.arange(i0, i1, device=q.device)[:, None] + (S - T)  # (Tq, 1) query positions
+                s = s.masked_fill(torch.arange(j0, j1, device=q.device)[None, :] > rows, -math.inf)
+            if mask is not None:
+                s = s.masked_fill(~mask[..., i0:i1, j0:j1], -math.inf)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (..., Tq, 1)
+            shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))  # no key yet: 0
+            p = torch.exp(s - shift)  # (..., Tq, Sk), masked scores give 0
+            alpha = torch.exp(m - shift)  # (..., Tq, 1) rescales what was summed relative to m
+            l = alpha * l + p.sum(dim=-1, keepdim=True)
+            acc = alpha * acc + p @ v[..., j0:j1, :]  # (..., Tq, Dv)
+            m = m_new
+        outputs.append(acc / torch.where(l > 0, l, torch.ones_like(l)))  # fully masked rows: 0 / 1
+    return torch.cat(outputs, dim=-2)  # (..., T, Dv)
+
+
+_ATTENTION_METHODS = ("naive", "tiled", "torch")
+
+_MEMORY_PROBE = r"""
+import json, re, resource, sys, time
+import torch
+import torch.nn.functional as F
+from coursekit import attention, long_context
+torch.set_num_threads(1)
+method, T, D, block, causal = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1"
+def run(q, k, v):
+    if method == "naive":
+        mask = attention.causal_mask(q.shape[-2]) if causal else None
+        return attention.scaled_dot_product_attention(q, k, v, mask=mask)[0]
+    if method == "tiled":
+        return long_context.tiled_attention(q, k, v, causal=causal, block_q=block, block_k=block)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+def kib(field):
+    return int(re.search(field + r":\s+(\d+) kB", open("/proc/self/status").read()).group(1))
+run(*(torch.randn(1, 1, 8, D) for _ in range(3)))  # load every kernel before measuring
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 1, T, D, generator=g) for _ in range(3))
+try:  # reset the high-water mark VmHWM to the current resident set size (Linux >= 4.0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    measure, before = "VmHWM", kib("VmRSS")
+except OSError:
+    measure, before = "ru_maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+out = run(q, k, v)
+seconds = time.perf_counter() - start
+after = kib("VmHWM") if measure == "VmHWM" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"peak_bytes": (after - before) * 1024, "seconds": seconds, "measure": measure,
+                  "finite": bool(out.isfinite().all())}))
+"""
+
+
+def attention_peak_memory(
+    method: str, T: int, D: int = 64, block_size: int = 512, causal: bool = False, timeout: float = 600.0
+) -> dict:
+    """Peak extra memory of one attention call, measured in a fresh Python process.
+
+    The process builds ``q, k, v`` of shape ``(1, 1, T, D)`` in float32 on one thread and calls
+    the method once on a tiny input (so that loading kernels is not counted). Then it resets the
+    kernel's high-water mark of its resident set size to the current size (writing ``5`` to
+    ``/proc/self/clear_refs``), makes the call, and reads the high-water mark (``VmHWM``) again:
+    the difference is the most memory the call held at any moment beyond what was already
+    resident, its ``(T, D)`` output included. Where the reset is not allowed, the growth of
+    ``ru_maxrss`` (the peak since the process started) is reported instead, and ``"measure"``
+    says so; it can read low, since an earlier transient may exceed the call's need.
+
+    Args:
+        method: ``"naive"`` (:func:`coursekit.attention.scaled_dot_product_attention`, which
+            materialises the scores), ``"tiled"`` (:func:`tiled_attention` with square tiles of
+            ``block_size``) or ``"torch"`` (``torch.nn.functional.scaled_dot_product_attention``).
+        T: sequence length (queries and keys).
+        D: head width.
+        block_size: the tile of ``"tiled"``.
+        causal: use a causal mask.
+        timeout: seconds before the measurement is abandoned.
+
+    Returns:
+        ``{"method", "T", "D", "causal", "peak_bytes", "seconds", "measure", "finite"}``;
+        ``seconds`` is the wall time of the call.
+    """
+    if method not in _ATTENTION_METHODS:
+        raise ValueError(f"method must be one of {_ATTENTION_METHODS}, got {method!r}")
+    if T < 1 or D < 1 or block_size < 1:
+        raise ValueError(f"T, D and block_size must be positive, got T={T}, D={D}, block_size={block_size}")
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run(
+        [sys.executable, "-c", _MEMORY_PROBE, method, str(T), str(D), str(block_size), "1" if causal else "0"],
+        capture_output=True, text=True, env=env, timeout=timeout,
+    )
+    if run.returncode != 0:
+        raise RuntimeError(f"the memory probe for {method} at T={T} failed:\n{run.stderr[-2000:]}")
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    return {"method": method, "T": T, "D": D, "causal": causal, **result}
+
+
+# --------------------------------------------------------------------------- local and sparse patterns
+
+
+def _positions(T: int, S: int | None, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    S = T if S is None else S
+    if T < 0 or S < T:
+        raise ValueError(f"need 0 <= T <= S, got T={T} and S={S}")
+    i = torch.arange(T, device=device)[:, None] + (S - T)  # (T, 1) query positions
+    j = torch.arange(S, device=device)[None, :]  # (1, S) key positions
+    return i, j, S
+
+
+def sliding_window_mask(
+    T: int, window: int, S: int | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Local causal attention: each query sees itself and the ``window - 1`` keys before it.
+
+    Query ``i`` sits at position ``p = i + S - T`` (bottom-right alignment) and may attend to key
+    ``j`` when ``p - window < j <= p``: at most ``window`` keys, never a future one. This is the
+    sliding window of Longformer's causal variant and of Mistral 7B (Hugging Face's
+    ``sliding_window``). ``window >= S`` gives the plain causal mask.
+
+    Args:
+        T: number of queries.
+        window: keys each query sees at most, ``W >= 1`` (itself included).
+        S: number of keys, ``S >= T``; defaults to ``T``.
+        device: where to build the mask.
+
+    Returns:
+        ``(T, S)`` boolean, ``True`` = may attend.
+
+    Example:
+        ``sliding_window_mask(4, 2)`` is ``[[1,0,0,0], [1,1,0,0], [0,1,1,0], [0,0,1,1]]``.
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    S = T if S is None else S
+    if T < 0 or S < T:
+        raise ValueError(f"sliding_window_mask needs 0 <= T <= S, got T={T} and S={S}")
+    p = torch.arange(T, device=device)[:, None] + (S - T)  # (T, 1) query positions
+    j = torch.arange(S, device=device)[None, :]  # (1, S) key positions
+    return (j <= p) & (j > p - window)  # (T, S)
+
+
+class RollingKVCache:
+    """The keys and values of the last ``window`` tokens in a fixed-size ring buffer.
+
+    Token ``t`` is written to slot ``t % window``, overwriting token ``t - window``, which a
+    sliding window of ``window`` keys no longer needs (Mistral's "rolling buffer cache"). The
+    slots are then out of order, but attention does not care about the order of its keys (any
+    position information is already in them, e.g. RoPE applied before caching), so the buffer is
+    used as it is. Memory stays ``2 B H_kv window D`` values however long the sequence.
+
+    Args:
+        batch: sequences ``B``.
+        n_kv_heads: key/value heads ``H_kv``.
+        window: slots ``W``.
+        d_head: head width ``D``.
+        dtype, device: of the buffers.
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, window: int, d_head: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        for name, value in (("batch", batch), ("n_kv_heads", n_kv_heads), ("window", window), ("d_head", d_head)):
+            if value < 1:
+                raise ValueError(f"{name} must be positive, got {value}")
+        self.window = window
+        self.k = torch.zeros(batch, n_kv_heads, window, d_head, dtype=dtype, device=device)  # (B, H_kv, W, D)
+        self.v = torch.zeros_like(self.k)  # (B, H_kv, W, D)
+        self.length = 0  # tokens seen so far
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the two buffers: constant, whatever ``length`` is."""
+        return self.k.numel() * self.k.element_size() * 2
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write one new token's key and value over the oldest slot.
+
+        Args:
+            k, v: ``(B, H_kv, 1, D)``.
+
+        Returns:
+            ``(keys, values, valid)``: the buffers ``(B, H_kv, W, D)`` and a ``(W,)`` boolean
+            that is ``False`` at slots not written yet (before ``W`` tokens were seen).
+        """
+        if k.shape != self.k[:, :, :1].shape or v.shape != k.shape:
+            raise ValueError(f"update takes one token, k and v of shape {tuple(self.k[:, :, :1].shape)}, "
+                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+        slot = self.length % self.window
+        self.k[:, :, slot] = k[:, :, 0]
+        self.v[:, :, slot] = v[:, :, 0]
+        self.length += 1
+        valid = torch.arange(self.window, device=self.k.device) < min(self.length, self.window)  # (W,)
+        return self.k, self.v, valid
+
+
+def sliding_window_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+    """Attend token by token through a :class:`RollingKVCache`, as a decoder generates.
+
+    Args:
+        q: ``(B, H, T, D)``.
+        k, v: ``(B, H_kv, T, D)``, ``H_kv`` dividing ``H`` (grouped-query attention).
+        window: the cache's slots ``W``.
+
+    Returns:
+        ``(B, H, T, D)``, equal to full attention under :func:`sliding_window_mask` ``(T, W)``.
+    """
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(f"expected q (B, H, T, D) and k, v (B, H_kv, T, D), got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    B, H, T, D = q.shape
+    if H % k.shape[1]:
+        raise ValueError(f"the key/value heads ({k.shape[1]}) must divide the query heads ({H})")
+    cache = RollingKVCache(B, k.shape[1], window, D, dtype=k.dtype, device=k.device)
+    outputs = []
+    for t in range(T):
+        keys, values, valid = cache.update(k[:, :, t:t + 1], v[:, :, t:t + 1])  # (B, H_kv, W, D) x 2, (W,)
+        keys, values = repeat_kv(keys, H // k.shape[1]), repeat_kv(values, H // k.shape[1])  # (B, H, W, D)
+        outputs.append(scaled_dot_product_attention(q[:, :, t:t + 1], keys, values, mask=valid[None, :])[0])
+    return torch.cat(outputs, dim=2)  # (B, H, T, D)
+
+
+def strided_mask(T: int, stride: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """The causal *strided* pattern of Child et al. (2019), both heads' patterns combined.
+
+    Query ``i`` sees key ``j <= i`` when ``i - j < stride`` (the last ``stride`` positions) or
+    ``(i - j) % stride == 0`` (every ``stride``-th position before it). With ``stride ~ sqrt(T)``
+    each query sees about ``2 sqrt(T)`` keys, and any key reaches any later query in two steps.
+
+    Returns:
+        ``(T, T)`` boolean, ``True`` = may attend.
+
+    Example: ``strided_mask(5, 2)[4]`` is ``[1, 0, 1, 1, 1]``.
+    """
+    if stride < 1:
+        raise ValueError(f"stride must be positive, got {stride}")
+    i, j, _ = _positions(T, None, device)
+    return (j <= i) & ((i - j < stride) | ((i - j) % stride == 0))  # (T, T)
+
+
+def fixed_mask(T: int, block: int, summary: int = 1, device: torch.device | str | None = None) -> torch.Tensor:
+    """The causal *fixed* pattern of Child et al. (2019), both heads' patterns combined.
+
+    Positions are cut into blocks of ``block``. Query ``i`` sees key ``j <= i`` in its own block,
+    and the last ``summary`` positions of every earlier block, which act as summaries.
+
+    Returns:
+        ``(T, T)`` boolean, ``True`` = may attend.
+
+    Example: ``fixed_mask(6, 3)[4]`` is ``[0, 0, 1, 1, 1, 0]``.
+    """
+    if block < 1 or not 1 <= summary <= block:
+        raise ValueError(f"need block >= 1 and 1 <= summary <= block, got block={block} and summary={summary}")
+    i, j, _ = _positions(T, None, device)
+    return (j <= i) & ((i // block == j // block) | (j % block >= block - summary))  # (T, T)
+
+
+def _global_index(T: int, global_positions) -> torch.Tensor:
+    g = torch.as_tensor(list(global_positions) if not isinstance(global_positions, torch.Tensor) else global_positions,
+                        dtype=torch.long).unique()
+    if g.dim() != 1 or (g.numel() and (int(g.min()) < 0 or int(g.max()) >= T)):
+        raise ValueError(f"global positions must lie in 0 .. {T - 1}, got {g.tolist()}")
+    return g
+
+
+def longformer_mask(T: int, radius: int, global_positions=(), device: torch.device | str | None = None) -> torch.Tensor:
+    """Longformer's pattern (Beltagy et al., 2020): a symmetric window plus global tokens.
+
+    Every query sees the keys within ``radius`` positions on either side (``2 radius + 1`` keys
+    away from the edges). A *global* token (e.g. ``[CLS]``, or the question in question
+    answering) sees every key and is seen by every query. Not causal: Longformer is an encoder.
+
+    Args:
+        T: sequence length.
+        radius: one-sided window, ``>= 0``.
+        global_positions: indices of the global tokens.
+
+    Returns:
+        ``(T, T)`` boolean, ``True`` = may attend.
+    """
+    if radius < 0:
+        raise ValueError(f"radius must be non-negative, got {radius}")
+    i, j, _ = _positions(T, None, device)
+    is_global = torch.zeros(T, dtype=torch.bool, device=device)
+    is_global[_global_index(T, global_positions).to(is_global.device)] = True
+    return ((i - j).abs() <= radius) | is_global[:, None] | is_global[None, :]  # (T, T)
+
+
+PATTERNS = ("full", "causal", "sliding_window", "strided", "fixed", "longformer")
+
+
+def attended_pairs(pattern: str, T: int, **params) -> int:
+    """Number of ``(query, key)`` pairs a pattern lets attend, from each row's closed-form count.
+
+    Equals ``mask.sum()`` of the pattern's mask, but needs ``O(T)`` memory, so it can count for a
+    million tokens. Per query ``i`` (0-based):
+
+    * ``full``: ``T``; ``causal``: ``i + 1`` (``T (T + 1) / 2`` in all);
+    * ``sliding_window`` (``window=W``): ``min(i + 1, W)``, about ``T W``;
+    * ``strided`` (``stride=s``): ``min(i + 1, s) + i // s``;
+    * ``fixed`` (``block=l``, ``summary=c``): ``i % l + 1 + (i // l) c``;
+    * ``longformer`` (``radius=r``, ``global_positions``): ``T`` for a global query; otherwise its
+      window clipped to ``0 .. T - 1`` plus the global keys outside the window.
+
+    Example: ``attended_pairs("sliding_window", 4, window=2)`` is ``1 + 2 + 2 + 2 = 7``.
+    """
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    if T < 0:
+        raise ValueError(f"T must be non-negative, got {T}")
+    i = torch.arange(T, dtype=torch.int64)  # (T,) query positions
+    if pattern == "full":
+        counts = torch.full_like(i, T)
+    elif pattern == "causal":
+        counts = i + 1
+    elif pattern == "sliding_window":
+        sliding_window_mask(0, params["window"])  # validates the window
+        counts = (i + 1).clamp(max=params["window"])
+    elif pattern == "strided":
+        s = params["stride"]
+        strided_mask(0, s)
+        counts = (i + 1).clamp(max=s) + i // s
+    elif pattern == "fixed":
+        block, summary = params["block"], params.get("summary", 1)
+        fixed_mask(0, block, summary)
+        counts = i % block + 1 + (i // block) * summary
+    else:
+        r = params["radius"]
+        longformer_mask(0, r)
+        g = _global_index(T, params.get("global_positions", ()))
+        lo, hi = (i - r).clamp(min=0), (i + r).clamp(max=T - 1)  # (T,) window ends
+        outside = ((g[None, :] < lo[:, None]) | (g[None, :] > hi[:, None])).sum(-1)  # (T,) globals outside
+        counts = hi - lo + 1 + outside
+        counts[g] = T
+    return int(counts.sum())
+
+
+# --------------------------------------------------------------------------- linear attention
+
+
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """``phi(x) = elu(x) + 1``, the positive feature map of Katharopoulos et al. (2020).
+
+    ``elu(x) + 1`` is ``x + 1`` for ``x > 0`` and ``exp(x)`` otherwise: positive, so every weight
+    ``phi(q) . phi(k)`` is positive and the normaliser cannot vanish or change sign. It is
+    computed in that second form: ``F.elu(x) + 1`` adds 1 to ``exp(x) - 1`` and rounds to exactly
+    0 below ``x = -37`` in float64 (``-17`` in float32), where ``exp(x)`` is still positive.
+
+    Example: ``elu_feature_map(torch.tensor([-1.0, 0.0, 2.0]))`` is ``[0.3679, 1, 3]``.
+    """
+    return torch.where(x > 0, x + 1, torch.exp(x.clamp(max=0)))  # clamp: no overflow in the unused branch
+
+
+def _check_qkv(q, k, v, eps):
+    check_attention_inputs(q, k, v)
+    if eps < 0:
+        raise ValueError(f"eps must be non-negative, got {eps}")
+
+
+def linear_attention_parallel(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """Linear attention in its parallel form: softmax's ``exp(q . k)`` replaced by ``phi(q) . phi(k)``.
+
+    ``out_i = sum_j A_ij v_j / (sum_j A_ij + eps)`` with ``A = phi(q) phi(k)^T`` (and ``A_ij = 0``
+    for ``j > i`` when causal), ``phi =`` :func:`elu_feature_map`. It builds the ``(T, S)``
+    matrix like softmax attention does; :func:`causal_linear_attention` and
+    :func:`linear_attention` compute the same without it.
+
+    Args:
+        q: ``(..., T, D)``; k: ``(..., S, D)``; v: ``(..., S, Dv)``.
+        causal: mask future keys (needs ``S == T``).
+        eps: added to each normaliser.
+
+    Returns:
+        ``(..., T, Dv)``.
+    """
+    _check_qkv(q, k, v, eps)
+    if causal and q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal linear attention needs T == S, got T={q.shape[-2]} and S={k.shape[-2]}")
+    A = elu_feature_map(q) @ elu_feature_map(k).transpose(-2, -1)  # (..., T, S), all positive
+    if causal:
+        A = A.tril()  # query i keeps keys j <= i
+    return (A @ v) / (A.sum(dim=-1, keepdim=True) + eps)  # (..., T, Dv)
+
+
+def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Causal linear attention by prefix sums: ``O(T)`` time, no ``(T, T)`` matrix.
+
+    With ``phi =`` :func:`elu_feature_map`, the causal numerator ``sum_{j<=i} (phi(q_i) . phi(k_j)) v_j``
+    is ``phi(q_i) S_i`` with the state ``S_i = sum_{j<=i} phi(k_j)^T v_j`` ``(D, Dv)``, and the
+    normaliser is ``phi(q_i) . z_i`` with ``z_i = sum_{j<=i} phi(k_j)``. Both are running sums:
+    ``S_i = S_{i-1} + phi(k_i)^T v_i`` is the recurrence of an RNN, computed here for every ``i`` at
+    once with ``cumsum``.
+
+    Args:
+        q, k: ``(..., T, D)``.
+        v: ``(..., T, Dv)``.
+        eps: added to each normaliser ``phi(q_i) . z_i``.
+
+    Returns:
+        ``(..., T, Dv)``, equal to ``linear_attention_parallel(q, k, v, causal=True, eps=eps)``.
+    """
+    check_attention_inputs(q, k, v)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal linear attention needs as many keys as queries, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if eps < 0:
+        raise ValueError(f"eps must be non-negative, got {eps}")
+    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)  # (..., T, D), positive
+    state = (phi_k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=-3)  # (..., T, D, Dv): S_i
+    z = phi_k.cumsum(dim=-2)  # (..., T, D): z_i
+    numerator = (phi_q.unsqueeze(-2) @ state).squeeze(-2)  # (..., 1, D) @ (..., D, Dv) -> (..., T, Dv)
+    normaliser = (phi_q * z).sum(dim=-1, keepdim=True)  # (..., T, 1)
+    return numerator / (normaliser + eps)
+
+
+def chunked_linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int = 128, eps: float = 1e-6
+) -> torch.Tensor:
+    """Causal linear attention chunk by chunk: the parallel form inside a chunk, the state across chunks.
+
+    The prefix-sum form of :func:`causal_linear_attention` holds a ``(D, Dv)`` state for *every*
+    position, ``T D Dv`` numbers, and is limited by memory traffic. Here the state is kept only
+    at chunk boundaries: chunk ``c`` adds to its own causal ``(C, C)`` weights the contribution
+    ``phi(q) S`` of the state ``S`` of all earlier chunks, then adds its keys and values to ``S``.
+    Time ``O(T C D + T D Dv)``, memory ``O(C^2 + D Dv)`` beyond the output: how fast
+    implementations of linear attention (and its gated successors) run.
+
+    Args:
+        q, k: ``(..., T, D)``.
+        v: ``(..., T, Dv)``.
+        chunk: positions per chunk ``C >= 1``.
+        eps: added to each normaliser.
+
+    Returns:
+        ``(..., T, Dv)``, equal to :func:`causal_linear_attention`.
+    """
+    _check_qkv(q, k, v, eps)
+    if q.shape[-2] != k.shape[-2] or chunk < 1:
+        raise ValueError(f"need as many keys as queries and chunk >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}, chunk={chunk}")
+    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)  # (..., T, D)
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    state = q.new_zeros(*batch, q.shape[-1], v.shape[-1])  # (..., D, Dv): sum of phi(k_j)^T v_j so far
+    z = q.new_zeros(*batch, q.shape[-1], 1)  # (..., D, 1): sum of phi(k_j) so far
+    outputs = []
+    for c0 in range(0, q.shape[-2], chunk):
+        qc, kc, vc = phi_q[..., c0:c0 + chunk, :], phi_k[..., c0:c0 + chunk, :], v[..., c0:c0 + chunk, :]
+        A = (qc @ kc.transpose(-2, -1)).tril()  # (..., C, C) causal weights inside the chunk
+        numerator = qc @ state + A @ vc  # (..., C, Dv): earlier chunks + this one
+        normaliser = qc @ z + A.sum(dim=-1, keepdim=True)  # (..., C, 1)
+        outputs.append(numerator / (normaliser + eps))
+        state = state + kc.transpose(-2, -1) @ vc  # (..., D, Dv)
+        z = z + kc.sum(dim=-2).unsqueeze(-1)  # (..., D, 1)
+    return torch.cat(outputs, dim=-2)  # (..., T, Dv)
+
+
+def linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """Linear attention in ``O(T)``: by associativity when not causal, by prefix sums when causal.
+
+    Not causal: ``phi(q) (phi(k)^T v)`` multiplies a ``(D, Dv)`` summary of all keys and values,
+    built once, instead of a ``(T, S)`` matrix; the normaliser is ``phi(q) . sum_j phi(k_j)``.
+
+    Returns:
+        ``(..., T, Dv)``, equal to :func:`linear_attention_parallel` with the same arguments.
+    """
+    if causal:
+        return causal_linear_attention(q, k, v, eps)
+    _check_qkv(q, k, v, eps)
+    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)  # (..., T, D), (..., S, D)
+    summary = phi_k.transpose(-2, -1) @ v  # (..., D, Dv)
+    normaliser = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (..., T, D) @ (..., D, 1) -> (..., T, 1)
+    return (phi_q @ summary) / (normaliser + eps)  # (..., T, Dv)
+
+
+# --------------------------------------------------------------------------- KV-cache size
+
+
+def kv_cache_size(
+    n_layers: int,
+    n_heads: int,
+    d_head: int,
+    seq_len: int,
+    n_kv_heads: int | None = None,
+    batch: int = 1,
+    dtype: torch.dtype = torch.float16,
+    window: int | None = None,
+) -> int:
+    """Bytes of a KV cache: ``2 * L * B * tokens * H_kv * D * bytes per value``.
+
+    The 2 is one key and one value per cached token, layer and key/value head. ``H_kv = H`` is
+    multi-head attention, ``1 < H_kv < H`` grouped-query and ``H_kv = 1`` multi-query attention:
+    query heads share key/value heads, and only those are cached. With a sliding window of ``W``
+    keys, a rolling buffer holds ``min(seq_len, W)`` tokens. Equal to
+    :func:`coursekit.multihead.kv_cache_bytes` with ``bytes_per_value`` from ``dtype``.
+
+    Args:
+        n_layers: ``L``.
+        n_heads: query heads ``H``.
+        d_head: head width ``D``.
+        seq_len: tokens in the context ``T``.
+        n_kv_heads: key/value heads ``H_kv``, dividing ``H``; ``None`` for ``H``.
+        batch: sequences ``B``.
+        dtype: of the cached values (2 bytes for float16 and bfloat16, 4 for float32).
+        window: sliding-window size ``W``, or ``None`` for full attention.
+
+    Returns:
+        The size in bytes (an ``int``).
+
+    Example: a 7B Llama-2 shape (``L=32, H=32, D=128``) in float16 needs
+    ``2 * 32 * 32 * 128 * 2 = 524,288`` bytes (0.5 MiB) per token, 64 GiB at 131,072 tokens.
+    """
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    for name, value in (("n_layers", n_layers), ("n_heads", n_heads), ("d_head", d_head),
+                        ("n_kv_heads", n_kv_heads), ("batch", batch)):
+        if value < 1:
+            raise ValueError(f"{name} must be positive, got {value}")
+    if seq_len < 0:
+        raise ValueError(f"seq_len must be non-negative, got {seq_len}")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be positive or None, got {window}")
+    tokens = seq_len if window is None else min(seq_len, window)
+    bytes_per_value = torch.empty((), dtype=dtype).element_size()
+    return 2 * n_layers * batch * tokens * n_kv_heads * d_head * bytes_per_value
+
+
+# --------------------------------------------------------------------------- segment recurrence
+
+
+def attend_with_memory(
+    attn: MultiHeadAttention, x: torch.Tensor, memory: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Causal self-attention of a segment over ``[memory; segment]`` (Transformer-XL, Dai et al., 2019).
+
+    Queries come from the segment ``x``; keys and values from the cached ``memory`` (the ``M``
+    positions before the segment, *detached*: no gradient flows into earlier segments) followed
+    by ``x``. Segment token ``i`` sees every memory position and segment tokens ``0 .. i``: the
+    bottom-right aligned causal mask of ``(T, M + T)`` scores.
+
+    Args:
+        attn: a :class:`~coursekit.multihead.MultiHeadAttention`.
+        x: the segment ``(B, T, C)``.
+        memory: ``(B, M, C)`` or ``None``.
+
+    Returns:
+        ``(B, T, C)``.
+    """
+    if memory is not None and (memory.dim() != 3 or memory.shape[0] != x.shape[0] or memory.shape[-1] != x.shape[-1]):
+        raise ValueError(f"memory must be (B, M, C) = ({x.shape[0]}, M, {x.shape[-1]}), got {tuple(memory.shape)}")
+    kv = x if memory is None else torch.cat([memory.detach(), x], dim=1)  # (B, M + T, C), stop-gradient memory
+    return attn(x, kv=kv, is_causal=True)[0]
+
+
+def segment_recurrence(attn: MultiHeadAttention, x: torch.Tensor, segment_len: int, mem_len: int) -> torch.Tensor:
+    """Run a long sequence segment by segment, each attending over the previous ``mem_len`` positions.
+
+    After each segment the memory becomes the last ``mem_len`` positions of ``[memory; segment]``,
+    detached. One layer's memory is its input; a deep Transformer-XL caches each layer's input
+    the same way, so its reach grows with depth.
+
+    Args:
+        attn: the attention layer.
+        x: ``(B, T, C)``.
+        segment_len: ``L >= 1`` positions per segment.
+        mem_len: ``M >= 0`` positions of memory.
+
+    Returns:
+        ``(B, T, C)``, equal to ``attn(x, mask=segment_recurrence_mask(T, L, M))`` in the forward pass.
+    """
+    if segment_len < 1 or mem_len < 0:
+        raise ValueError(f"need segment_len >= 1 and mem_len >= 0, got {segment_len} and {mem_len}")
+    outputs, memory = [], None
+    for s0 in range(0, x.shape[1], segment_len):
+        segment = x[:, s0:s0 + segment_len]  # (B, L, C)
+        outputs.append(attend_with_memory(attn, segment, memory))
+        seen = segment if memory is None else torch.cat([memory, segment], dim=1)  # (B, M + L, C)
+        memory = seen[:, max(0, seen.shape[1] - mem_len):].detach() if mem_len else None  # the last M positions
+    return torch.cat(outputs, dim=1)  # (B, T, C)
+
+
+def segment_recurrence_mask(T: int, segment_len: int, mem_len: int) -> torch.Tensor:
+    """The ``(T, T)`` mask under which full attention equals :func:`segment_recurrence`.
+
+    Query ``i`` lies in the segment starting at ``s = (i // L) L`` and sees keys
+    ``s - M <= j <= i``: its own segment up to itself and the ``M`` positions before the segment.
+
+    Example: ``segment_recurrence_mask(4, 2, 1)[3]`` is ``[0, 1, 1, 1]``.
+    """
+    if segment_len < 1 or mem_len < 0:
+        raise ValueError(f"need segment_len >= 1 and mem_len >= 0, got {segment_len} and {mem_len}")
+    i, j, _ = _positions(T, None, None)
+    start = (i // segment_len) * segment_len  # (T, 1) first position of each query's segment
+    return (j <= i) & (j >= start - mem_len)  # (T, T)
+
+
+# --------------------------------------------------------------------------- train short, test long
+
+#: How :class:`ContextLM` sees positions.
+POSITIONS = ("none", "learned", "sinusoidal", "rope", "alibi")
+
+
+class ContextLM(nn.Module):
+    """A tiny pre-norm causal language model whose position signal is a choice.
+
+    ``position`` is one of :data:`POSITIONS`: ``"none"`` (the causal mask is the only order
+    signal), ``"learned"`` (a table of ``max_len`` rows added to the embeddings), ``"sinusoidal"``
+    (added to the embeddings), ``"rope"`` (queries and keys rotated, with ``rope_scaling`` and
+    ``rope_factor`` passed to :func:`~coursekit.positional.apply_rope`: set them after training
+    for position interpolation, ``"linear"``, or NTK-aware scaling, ``"ntk"``) or ``"alibi"``
+    (Press et al.'s bias). Each layer is Chapter 2's multi-head attention and Chapter 4's
+    feed-forward, run through torch's fused attention.
+
+    Args:
+        vocab_size: ``V``.
+        position: one of :data:`POSITIONS`.
+        d_model, n_heads, n_layers: ``C``, ``H``, ``L``.
+        max_len: rows of the learned table (the longest test length).
+    """
+
+    def __init__(self, vocab_size: int, position: str, d_model: int = 64, n_heads: int = 4,
+                 n_layers: int = 2, max_len: int = 512):
+        super().__init__()
+        if position not in POSITIONS:
+            raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+        self.position, self.n_heads = position, n_heads
+        self.rope_scaling: str | None = None
+        self.rope_factor = 1.0
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.wpe = LearnedPositionalEmbedding(max_len, d_model) if position == "learned" else None
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+        self.layers = nn.ModuleList(
+            nn.ModuleDict(dict(norm1=FusedLayerNorm(d_model), attn=MultiHeadAttention(d_model, n_heads),
+                               norm2=FusedLayerNorm(d_model), ff=FeedForward(d_model, 2 * d_model, "gelu")))
+            for _ in range(n_layers))
+        self.norm = FusedLayerNorm(d_model)
+        self.unembed = nn.Linear(d_model, vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``(B, T)`` token ids -> ``(B, T, V)`` next-token logits."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (B, T), got {tuple(tokens.shape)}")
+        T = tokens.shape[1]
+        positions = torch.arange(T, device=tokens.device)
+        x = self.embed(tokens)  # (B, T, C)
+        if self.position == "learned":
+            x = x + self.wpe(positions)  # + (T, C)
+        elif self.position == "sinusoidal":
+            x = x + sinusoidal_encoding(T, x.shape[-1]).to(x.device)  # + (T, C)
+        bias = alibi_bias(self.slopes, T) if self.position == "alibi" else None  # (H, T, T), -inf above the diagonal
+        for layer in self.layers:
+            q, k, v = layer.attn.project(layer.norm1(x))  # each (B, H, T, D)
+            if self.position == "rope":
+                q, k = apply_rope(torch.stack([q, k]), positions, scaling=self.rope_scaling, factor=self.rope_factor)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=bias is None)  # (B, H, T, D)
+            x = x + layer.attn.out_proj(merge_heads(out))  # (B, T, C)
+            x = x + layer.ff(layer.norm2(x))
+        return self.unembed(self.norm(x))  # (B, T, V)
+
+
+def needle_task(B: int, T: int, generator: torch.Generator, n_plain: int = 8, n_values: int = 8,
+                distractors: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+    """A synthetic long-range task: find the token that follows the marker, wherever it was.
+
+    A sequence holds plain tokens ``0 .. n_plain - 1``, *value* tokens ``n_plain ..
+    n_plain + n_values - 1`` scattered as distractors (each position with probability
+    ``distractors``), and one marker (token ``n_plain + n_values``) at a uniformly random position
+    ``p < T - 1``, followed by the *needle*, a value token. From position ``p + 1`` on, the target at
+    every position is the needle; before it there is nothing to predict (``-100``). Solving it takes
+    a relative position (the needle is the token *right after* the marker) and a retrieval over up
+    to ``T - 2`` positions.
+
+    Args:
+        B, T: batch size and length, ``T >= 2``.
+        generator: the source of all randomness.
+        n_plain, n_values: sizes of the two vocabularies; the model needs ``n_plain + n_values + 1``.
+        distractors: probability of a value token at any other position.
+
+    Returns:
+        ``(tokens, targets)``, both ``(B, T)`` int64.
+    """
+    if B < 1 or T < 2:
+        raise ValueError(f"need B >= 1 and T >= 2, got B={B} and T={T}")
+    tokens = torch.randint(0, n_plain, (B, T), generator=generator)
+    values = torch.randint(n_plain, n_plain + n_values, (B, T), generator=generator)
+    tokens = torch.where(torch.rand(B, T, generator=generator) < distractors, values, tokens)
+    where = torch.randint(0, T - 1, (B,), generator=generator)  # (B,) marker positions
+    needle = torch.randint(n_plain, n_plain + n_values, (B,), generator=generator)  # (B,)
+    rows = torch.arange(B)
+    tokens[rows, where] = n_plain + n_values  # the marker
+    tokens[rows, where + 1] = needle
+    scored = torch.arange(T)[None, :] > where[:, None]  # (B, T): from the needle on
+    return tokens, torch.where(scored, needle[:, None].expand(B, T), torch.full_like(tokens, -100))
+
+
+#: the vocabulary of :func:`needle_task` with its default sizes: 8 plain, 8 values, 1 marker
+NEEDLE_VOCAB = 17
+
+
+def train_context_model(position: str, T: int = 64, steps: int = 500, batch: int = 16, lr: float = 3e-3,
+                        seed: int = 0, **model_kwargs) -> ContextLM:
+    """Train a :class:`ContextLM` on :func:`needle_task` at length ``T`` with :func:`coursekit.train.train`.
+
+    AdamW with a short warmup and cosine decay; ``model_kwargs`` go to :class:`ContextLM`
+    (default width 48). Returns the model in eval mode.
+    """
+    torch.manual_seed(seed)
+    model = ContextLM(NEEDLE_VOCAB, position, **{"d_model": 48, **model_kwargs})
+    cfg = TrainConfig(max_steps=steps, batch_size=batch, lr=lr, warmup_steps=min(25, steps), weight_decay=0.0,
+                      eval_interval=steps, seed=seed)
+    train(model, lambda step, g: needle_task(batch, T, g), cfg, loss_fn=lm_loss, progress=False)
+    return model.eval()
+
+
+@torch.no_grad()
+def needle_accuracy(model: ContextLM, T: int, n: int = 64, seed: int = 2) -> float:
+    """Share of the scored positions of ``n`` fresh :func:`needle_task` sequences of length ``T``
+    at which the model's most likely next token is the needle (chance: 1 in ``NEEDLE_VOCAB``)."""
+    tokens, targets = needle_task(n, T, torch.Generator().manual_seed(seed))
+    keep = targets != -100
+    return (model(tokens).argmax(-1)[keep] == targets[keep]).double().mean().item()
