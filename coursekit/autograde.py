@@ -35,6 +35,7 @@ import os
 import queue
 import shutil
 import sqlite3
+import subprocess
 import tempfile
 import threading
 import time
@@ -342,20 +343,129 @@ def course_lock(root: Path):
 
 
 def backup_gradebook(root: Path, db_url: str) -> Path | None:
-    """Copy the gradebook (consistently, with SQLite's backup API) before a run writes to it."""
+    """Copy the gradebook before a run writes to it: SQLite with its backup API (consistent
+    while in use), PostgreSQL with ``pg_dump`` (custom format: restore with ``pg_restore``)."""
+    from sqlalchemy import make_url
+
+    url = make_url(db_url)
+    if _is_server(db_url):
+        return _pg_dump(root, url)
     if not db_url.startswith("sqlite:///"):
+        log.warning("gradebook %s was not backed up: coursekit backs up SQLite and PostgreSQL gradebooks only",
+                    url.render_as_string(hide_password=True))
         return None
     db = Path(db_url.removeprefix("sqlite:///"))
     if not db.is_file():
         return None
-    folder = root / ".coursekit" / "backups"
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / f"gradebook-{dt.datetime.now():%Y%m%d-%H%M%S-%f}.db"
+    target = _backup_path(root, ".db")
     with contextlib.closing(sqlite3.connect(db)) as src, contextlib.closing(sqlite3.connect(target)) as dst:
         src.backup(dst)
-    for old in sorted(folder.glob("gradebook-*.db"))[:-KEEP_BACKUPS]:
-        old.unlink()
+    _prune_backups(target.parent, ".db")
     return target
+
+
+def _backup_path(root: Path, suffix: str) -> Path:
+    folder = root / ".coursekit" / "backups"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"gradebook-{dt.datetime.now():%Y%m%d-%H%M%S-%f}{suffix}"
+
+
+def _prune_backups(folder: Path, suffix: str) -> None:
+    for old in sorted(folder.glob(f"gradebook-*{suffix}"))[:-KEEP_BACKUPS]:
+        old.unlink()
+
+
+def _pg_dump(root: Path, url) -> Path | None:
+    """``pg_dump`` the PostgreSQL gradebook at ``url``; raise if it fails, warn if there is none."""
+    from sqlalchemy import URL
+
+    exe = shutil.which("pg_dump")
+    if exe is None:
+        log.warning("pg_dump not found: the PostgreSQL gradebook was NOT backed up before this run "
+                    "(install the PostgreSQL client tools, e.g. apt-get install postgresql-client)")
+        return None
+    target = _backup_path(root, ".dump")
+    # libpq's own URI (no "+driver"); the password goes in the environment, not on the command line
+    dsn = URL.create("postgresql", username=url.username, host=url.host, port=url.port, database=url.database, query=url.query)
+    env = dict(os.environ, **({"PGPASSWORD": url.password} if url.password else {}))
+    done = subprocess.run([exe, "--format=custom", f"--file={target}", f"--dbname={dsn.render_as_string()}"],
+                          env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        target.unlink(missing_ok=True)
+        raise RuntimeError(f"pg_dump could not back up the gradebook, so nothing was graded: {course._last_line(done.stderr)}")
+    _prune_backups(target.parent, ".dump")
+    return target
+
+
+@contextlib.contextmanager
+def gradebook_lock(db_url: str, assignment: str):
+    """One run per assignment and PostgreSQL gradebook at a time, from whichever course folder.
+    A file gradebook needs no more than :func:`course_lock`, which covers its course folder."""
+    if not _is_server(db_url):
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(_advisory_lock(db_url, f"coursekit autograde {assignment}", wait=False))
+        except BlockingIOError:
+            raise RuntimeError(f"another `coursekit autograde` is grading {assignment} into this gradebook "
+                               "(from another course folder); wait for it to finish") from None
+        yield
+
+
+@contextlib.contextmanager
+def gradebook_setup(db_url: str, course_id: str, students: list[str]):
+    """Create, one run at a time, the rows that runs from other course folders may create at
+    the same moment in a shared PostgreSQL gradebook: tables, courses, students, and (in the
+    block) the assignment. nbgrader looks a row up, then inserts it: two runs doing so at
+    once fail with a duplicate key. A file gradebook has one writer at a time: nothing to do."""
+    if not _is_server(db_url):
+        yield
+        return
+    from nbgrader.api import Gradebook
+
+    with _advisory_lock(db_url, "coursekit gradebook setup", wait=True):
+        with Gradebook(db_url):  # the default course, which coursekit.report opens
+            pass
+        with Gradebook(db_url, course_id) as gb:
+            for student in students:
+                gb.update_or_create_student(student)
+        yield
+
+
+def _is_server(db_url: str) -> bool:
+    from sqlalchemy import make_url
+
+    return make_url(db_url).get_backend_name() == "postgresql"
+
+
+@contextlib.contextmanager
+def _advisory_lock(db_url: str, name: str, *, wait: bool):
+    """Hold the PostgreSQL advisory lock ``name`` on a connection of its own; if not ``wait``,
+    raise ``BlockingIOError`` when another session holds it."""
+    from sqlalchemy import create_engine, make_url, text
+    from sqlalchemy.exc import OperationalError
+
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    engine = create_engine(db_url)
+    try:
+        try:
+            conn = engine.connect()
+        except OperationalError as e:
+            where = make_url(db_url).render_as_string(hide_password=True)
+            raise RuntimeError(f"cannot connect to the gradebook {where}: {str(e.orig or e).strip()}") from None
+        with conn:
+            if wait:
+                conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": key})
+            elif not conn.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": key}).scalar():
+                raise BlockingIOError(name)
+            conn.commit()  # the lock is the session's: no transaction stays open while it is held
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+    finally:
+        engine.dispose()
 
 
 def autograde(
@@ -373,10 +483,12 @@ def autograde(
     """Grade ``students``' submissions of ``assignment`` (already in ``submitted/``)."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
-    with course_lock(root):
-        api = course._api(root)
-        backup_gradebook(root, api.coursedir.db_url)
-        with tempfile.TemporaryDirectory() as tmp:  # registers the assignment; keeps the release for the plan
+    api = course._api(root)
+    db_url = api.coursedir.db_url
+    with course_lock(root), gradebook_lock(db_url, assignment):
+        backup_gradebook(root, db_url)
+        # registers the assignment; keeps the release for the plan
+        with gradebook_setup(db_url, api.coursedir.course_id, students), tempfile.TemporaryDirectory() as tmp:
             staging = course._api(root, **{"CourseDirectory.release_directory": tmp})
             course._check(staging.generate_assignment(assignment, force=True, create=True), f"registering {assignment}")
             plan = load_plan(root, assignment, Path(tmp))
