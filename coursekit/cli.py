@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("pretrain", help="retrain a committed checkpoint from scratch and record its metrics")
-    p.add_argument("name", help="gpt-char (the Chapter 6 BERT: python -m coursekit.bert pretrain)")
+    p.add_argument("name", help="gpt-char or seq2seq-numbers (the Chapter 6 BERT: python -m coursekit.bert pretrain)")
     p.add_argument("--out", help="folder to write into (default: the repository's checkpoints/)")
     p.set_defaults(func=cmd_pretrain)
 

@@ -25,6 +25,7 @@ def test_checkpoint_reproduces_its_recorded_validation_loss(gpt_char):
     loss = pretrained.gpt_val_loss(model, d)
     assert loss == pytest.approx(record["metrics"]["val_loss"], abs=1e-4)
     assert record["metrics"]["train_seconds"] <= 600  # trained for at most 10 minutes
+    assert loss <= 1.20  # the issue's target for the 10-minute checkpoint, re-measured here
 
 
 def test_checkpoint_is_small_and_records_its_command(gpt_char):
@@ -38,9 +39,13 @@ def test_checkpoint_is_small_and_records_its_command(gpt_char):
 def test_checkpoint_writes_python_docs_like_text(gpt_char):
     model, tok, _ = gpt_char
     prompt = torch.tensor([tok.encode("The ")])
-    text = tok.decode(decoding.generate(model, prompt, 60)[0].tolist())
-    words = text.split()
-    assert len(words) >= 6 and sum(w.isalpha() for w in words) >= len(words) // 2  # mostly words, not noise
+    words = []  # four samples at temperature 0.8 (greedy tends to settle into runs of indentation)
+    for seed in range(4):
+        ids = decoding.generate(model, prompt, 120, temperature=0.8, generator=torch.Generator().manual_seed(seed))
+        words += tok.decode(ids[0].tolist()).split()
+    alphabetic = sum(w.strip(".,:;()\"'_").isalpha() for w in words)
+    # measured: a random model writes about 17 "words", 5 of them alphabetic; the checkpoint 82 and 71
+    assert len(words) >= 50 and alphabetic >= 0.6 * len(words), words
 
 
 def test_loading_rejects_a_missing_checkpoint(tmp_path):
