@@ -2,7 +2,14 @@
 
 For each page: a screenshot (``_build/screenshots/``), math rendered by the local
 MathJax (no raw ``\\(`` left), every image loaded, every internal link and anchor
-resolving, and nothing fetched from outside the book.
+resolving, and nothing fetched from outside the book; at a phone's width (390 px) nothing
+makes the page wider than the screen (a second screenshot, ``_build/screenshots/phone/``).
+Each chapter offers its exercise notebook for download and each exercise links its page;
+every paper in ``references.bib`` is cited; launch buttons appear only with a repository URL.
+
+The README shows ``docs/book.png``, a screenshot this test takes: a screenshot is not
+byte-reproducible (fonts, antialiasing), so the test only checks that the committed file is a
+PNG of the size it would take now, and rewrites it when ``UPDATE_BOOK_SCREENSHOT=1`` is set.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import http.server
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -24,6 +32,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
+README_SHOT = ROOT / "docs" / "book.png"
+#: the README's screenshot: this page, scrolled to its first figure, at the browser's desktop size
+README_PAGE = "book/ch01_attention.html"
+PHONE = (390, 844)  # CSS pixels, a common phone
+DESKTOP = (1280, 1000)
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -38,6 +51,13 @@ PAGES = {
     "book/ch05_bpe.html": (2, 5),
     "book/ch06_bert.html": (2, 10),
     "book/ch07_gpt.html": (3, 5),
+    "book/ch08_seq2seq.html": (3, 5),
+    "book/ch09_vit.html": (3, 5),
+    "book/ch10_long_context.html": (4, 10),
+    "book/appendix_arithmetic.html": (2, 10),
+    "book/appendix_parallelism.html": (3, 3),
+    "book/glossary.html": (0, 20),
+    "book/bibliography.html": (0, 0),
 }
 
 
@@ -85,7 +105,7 @@ def browser():
     options.binary_location = chromium
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-                 f"--user-data-dir={profile}", "--window-size=1280,1000"):
+                 f"--user-data-dir={profile}", "--window-size={},{}".format(*DESKTOP)):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
@@ -104,13 +124,7 @@ def test_every_built_page_is_checked(book):
 def test_page_renders(page, server, browser):
     min_images, min_math = PAGES[page]
     url = urljoin(server, page)
-    browser.get(url)
-    # wait until MathJax has typeset the page (it is loaded on every page)
-    state = browser.execute_async_script(
-        "const done = arguments[arguments.length - 1];"
-        "if (!window.MathJax || !MathJax.startup) { done('no MathJax'); return; }"
-        "MathJax.startup.promise.then(() => done('ok'), e => done('error: ' + e));"
-    )
+    state = load(browser, url)  # waits until MathJax has typeset the page
     assert state == "ok", f"{page}: MathJax did not run ({state})"
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SHOTS / (page.replace("/", "_").removesuffix(".html") + ".png")))
@@ -136,6 +150,139 @@ def test_page_renders(page, server, browser):
     assert not errors, f"{page}: console errors: {errors}"
 
 
+def load(browser, url):
+    """Open a page and wait until MathJax has typeset it; return MathJax's state. Sphinx loads
+    MathJax on every page with math (and on the root page); a page without any may lack it."""
+    browser.get(url)
+    return browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "if (!window.MathJax || !MathJax.startup) { done(document.querySelector('.math') ? 'no MathJax' : 'ok'); return; }"
+        "MathJax.startup.promise.then(() => done('ok'), e => done('error: ' + e));"
+    )
+
+
+#: elements that stick out to the right of the viewport without a scrolling box of their own
+OVERFLOWING = """
+const W = document.documentElement.clientWidth, out = [];
+for (const e of document.querySelectorAll('main *')) {
+  const r = e.getBoundingClientRect();
+  if (r.width === 0 || r.right <= W + 0.5) continue;
+  let p = e.parentElement, contained = false;
+  for (; p; p = p.parentElement) {
+    const o = getComputedStyle(p).overflowX;
+    if (o !== 'visible' && p.getBoundingClientRect().right <= W + 0.5) { contained = true; break; }
+  }
+  if (!contained) out.push(e.tagName.toLowerCase() + (e.className && e.className.baseVal === undefined ? '.' + e.className.trim().split(/\\s+/).join('.') : '') + ': ' + (e.textContent || '').trim().slice(0, 60));
+}
+return out.slice(0, 10);
+"""
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_page_fits_a_phone(page, server, browser):
+    """At 390 px, no page is wider than the screen: wide tables, code, math and figures scroll
+    inside their own boxes (see _ext/static/course.css)."""
+    browser.set_window_size(*PHONE)
+    try:
+        state = load(browser, urljoin(server, page))
+        assert state == "ok", f"{page}: MathJax did not run ({state})"
+        (SHOTS / "phone").mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(SHOTS / "phone" / (page.replace("/", "_").removesuffix(".html") + ".png")))
+        inner, client, scroll = browser.execute_script(
+            "return [window.innerWidth, document.documentElement.clientWidth, document.documentElement.scrollWidth]")
+        assert inner <= PHONE[0], f"the window did not shrink to a phone's width ({inner} px)"
+        assert scroll <= client, (f"{page}: {scroll} px wide on a {client} px screen; sticking out: "
+                                  f"{browser.execute_script(OVERFLOWING)}")
+    finally:
+        browser.set_window_size(*DESKTOP)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height of a PNG file (ValueError if it is not one)."""
+    head = path.read_bytes()[:24]
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        raise ValueError(f"{path} is not a PNG file")
+    return struct.unpack(">II", head[16:24])
+
+
+def test_readme_screenshot(server, browser):
+    """docs/book.png, shown by the README, is a screenshot of the built book at the browser's
+    desktop size; `UPDATE_BOOK_SCREENSHOT=1 pytest tests/test_book.py -k readme` retakes it."""
+    state = load(browser, urljoin(server, README_PAGE))
+    assert state == "ok", f"{README_PAGE}: MathJax did not run ({state})"
+    browser.execute_script("const f = document.querySelector('main img'); if (f) f.scrollIntoView({block: 'center'});")
+    shot = browser.get_screenshot_as_png()
+    if os.environ.get("UPDATE_BOOK_SCREENSHOT"):
+        README_SHOT.parent.mkdir(exist_ok=True)
+        README_SHOT.write_bytes(shot)
+    assert README_SHOT.is_file(), "docs/book.png is missing: run with UPDATE_BOOK_SCREENSHOT=1"
+    size = png_size(README_SHOT)
+    assert size == struct.unpack(">II", shot[16:24]), (
+        f"docs/book.png is {size[0]}x{size[1]}, a screenshot now is another size: retake it with UPDATE_BOOK_SCREENSHOT=1")
+    assert f"({README_SHOT.relative_to(ROOT)})" in (ROOT / "README.md").read_text(), "the README does not show docs/book.png"
+
+
+#: chapter pages and their exercises: every exercises/NAME/NAME.ipynb goes with book/NAME.md
+EXERCISES = sorted(p.name for p in (ROOT / "exercises").iterdir() if (p / f"{p.name}.ipynb").is_file())
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_chapter_offers_its_exercise(name, book):
+    """The page ends with an Exercise box whose link downloads the student notebook itself, and
+    its download menu offers the page as .md and as the executed .ipynb."""
+    page = book / "book" / f"{name}.html"
+    html = page.read_text()
+    boxes = re.findall(r'<div class="(?=[^"]*\badmonition\b)(?=[^"]*\bexercise\b)[^"]*">(.*?)</div>', html, re.S)
+    assert boxes, f"{name}: no Exercise box (:::{{admonition}} Exercise / :class: tip exercise)"
+    links = re.findall(r'href="(\.\./_downloads/[0-9a-f]+/' + name + r'\.ipynb)"', boxes[-1])
+    assert links, f"{name}: the Exercise box does not offer {name}.ipynb for download"
+    downloaded = (page.parent / links[0]).resolve()
+    assert downloaded.read_bytes() == (ROOT / "exercises" / name / f"{name}.ipynb").read_bytes(), (
+        f"{name}: the downloaded notebook is not the student release")
+    for source in (f"../_sources/book/{name}.md", f"../_sources/book/{name}.ipynb"):
+        assert f'href="{source}"' in html, f"{name}: the download menu does not offer {source}"
+        assert (page.parent / source).resolve().is_file()
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_exercise_links_its_page(name):
+    """The student notebook's first cell links the page it goes with (relative to the notebook)."""
+    import nbformat
+
+    intro = nbformat.read(ROOT / "exercises" / name / f"{name}.ipynb", as_version=4).cells[0]
+    assert f"](../../book/{name}.md)" in intro.source, f"{name}: the intro cell does not link ../../book/{name}.md"
+    assert (ROOT / "book" / f"{name}.md").is_file()
+
+
+def test_every_reference_is_cited():
+    """references.bib holds the papers the pages cite, no more and no fewer (a key missing from it
+    fails the build)."""
+    keys = set(re.findall(r"^@\w+\{([^,\s]+),", (ROOT / "references.bib").read_text(), re.M))
+    cited = set()
+    for page in (ROOT / "book").glob("*.md"):
+        for roles in re.findall(r"\{cite:[a-z]+\}`([^`]+)`", page.read_text()):
+            cited |= {re.sub(r"\{[^}]*\}", "", key).strip() for key in roles.split(",")}
+    assert not cited - keys, f"cited but not in references.bib: {sorted(cited - keys)}"
+    assert not keys - cited, f"in references.bib but cited by no page: {sorted(keys - cited)}"
+
+
+def test_launch_buttons_follow_the_repository_url(book):
+    """Without repository.url no page has a launch button (Jupyter Book would link its own
+    repository); with it, Binder opens the page from that repository."""
+    import yaml
+
+    url = (yaml.safe_load((ROOT / "_config.yml").read_text()).get("repository") or {}).get("url") or ""
+    pages = {page: (book / page).read_text() for page in PAGES}
+    assert not any("executablebooks/jupyter-book" in html for html in pages.values())
+    launch = {page: re.findall(r'href="(https://mybinder\.org/v2/[^"]+|https://colab\.research\.google\.com/[^"]+)"', html)
+              for page, html in pages.items()}
+    if not url:
+        assert not any(launch.values()), f"launch buttons without a repository URL: {launch}"
+    else:
+        org_repo = "/".join(url.rstrip("/").split("/")[-2:])
+        assert any(f"/v2/gh/{org_repo}/" in link for links in launch.values() for link in links), launch
+
+
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_internal_links_resolve(page, book):
     html = (book / page).read_text()
@@ -158,6 +305,8 @@ def test_a_failing_cell_fails_the_build(tmp_path, code, fails):
     """With the book's own _config.yml, an exception in a page's code is an error, not a warning
     (and the same page without it builds, so the failure is the cell's)."""
     shutil.copy(ROOT / "_config.yml", tmp_path)
+    shutil.copy(ROOT / "references.bib", tmp_path)
+    shutil.copytree(ROOT / "_ext", tmp_path / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "_vendor").mkdir()
     (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: page\n")
     (tmp_path / "page.md").write_text(

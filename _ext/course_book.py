@@ -1,0 +1,153 @@
+"""Sphinx extension for the course book, loaded by `_config.yml` (`sphinx.local_extensions`).
+
+Four things Jupyter Book 1 does not do by configuration alone:
+
+1. **Launch buttons only with a real repository.** `launch_buttons` in `_config.yml` names Binder
+   and Colab, but a launch link needs the public repository (`repository.url`). Without one,
+   Jupyter Book falls back to its own default (github.com/executablebooks/jupyter-book, so the
+   buttons would open the wrong repository), and an empty `url: ""` makes sphinx-book-theme
+   crash. While `repository.url` is empty (or that default), the launch providers are dropped and
+   the build says so; set the URL and the buttons appear.
+2. **Colab opens .ipynb files only.** Every page is a MyST Markdown notebook (`.md`), which Colab
+   cannot open (jupyter-book/jupyter-book#752); Binder opens it as a notebook through jupytext.
+   So the Colab button is kept only on pages whose source is an `.ipynb`.
+3. **Author-year citations in round brackets.** `{cite:t}` gives "Vaswani et al. (2017)",
+   `{cite:p}` "(Vaswani et al., 2017)" (sphinxcontrib-bibtex's `author_year` uses square ones),
+   and the bibliography is labelled and sorted the same way ("Vaswani et al., 2017") rather than
+   with alpha codes such as "[VSP+17]" that the text never uses.
+4. **The page as a notebook, and a stylesheet.** The download menu of every executed page offers
+   its `.md` source and the executed `.ipynb` (sphinx-book-theme adds the latter only when launch
+   buttons are on); `static/course.css` keeps pages within a phone's width. The stylesheet lives
+   here rather than in a root `_static/`, from which Jupyter Book would load every `.js` file.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pybtex.plugin
+import sphinxcontrib.bibtex.plugin
+from pybtex.richtext import Text
+from pybtex.style.formatting.unsrt import Style as UnsrtStyle
+from pybtex.style.labels import BaseLabelStyle
+from sphinx.application import Sphinx
+from sphinx.util import logging
+from sphinxcontrib.bibtex.style.referencing import BracketStyle
+from sphinxcontrib.bibtex.style.referencing.author_year import AuthorYearReferenceStyle
+
+logger = logging.getLogger(__name__)
+
+#: what Jupyter Book 1 puts in `repository.url` when `_config.yml` does not set it
+JUPYTER_BOOK_DEFAULT_URL = "https://github.com/executablebooks/jupyter-book"
+#: launch providers that need the repository URL
+PROVIDERS = ("binderhub_url", "jupyterhub_url", "colab_url", "deepnote_url", "thebe")
+STATIC = Path(__file__).parent / "static"
+
+
+def repository_url(theme_options: dict) -> str:
+    """The repository URL the book is published from, or "" if there is none yet."""
+    url = (theme_options.get("repository_url") or "").strip()
+    return "" if url.rstrip("/") == JUPYTER_BOOK_DEFAULT_URL else url
+
+
+def launch_providers_without_repository(app: Sphinx, config) -> None:
+    """Drop the launch providers (and Jupyter Book's default URL) while no repository is set."""
+    options = config.html_theme_options
+    options["use_download_button"] = True
+    if repository_url(options):
+        return
+    launch = dict(options.get("launch_buttons") or {})
+    dropped = [key for key in PROVIDERS if launch.pop(key, None)]
+    options["launch_buttons"] = launch
+    options["repository_url"] = ""
+    if dropped:
+        logger.info("[course_book] no launch buttons (%s): set repository.url in _config.yml to the "
+                    "public repository to show them", ", ".join(dropped))
+
+
+def executed_notebook_download(app: Sphinx, pagename, templatename, context, doctree) -> None:
+    """Offer the executed notebook of every notebook page in the download menu."""
+    if "kernelspec" not in app.env.metadata.get(pagename, {}) or context.get("ipynb_source"):
+        return
+    executed = Path(app.outdir).parent / "jupyter_execute" / f"{pagename}.ipynb"
+    if not executed.is_file():
+        return
+    target = Path(app.outdir) / "_sources" / f"{pagename}.ipynb"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(executed, target)
+    context["ipynb_source"] = f"{pagename}.ipynb"
+
+
+def no_colab_for_markdown(app: Sphinx, pagename, templatename, context, doctree) -> None:
+    """Remove the Colab launch link from pages whose source Colab cannot open."""
+    if context.get("page_source_suffix") == ".ipynb":
+        return
+    for group in context.get("header_buttons", []):
+        if group.get("label") == "launch-buttons":
+            group["buttons"] = [b for b in group["buttons"] if b.get("text") != "Colab"]
+    context["header_buttons"] = [g for g in context.get("header_buttons", [])
+                                 if g.get("label") != "launch-buttons" or g["buttons"]]
+
+
+def _round() -> BracketStyle:
+    return BracketStyle(left="(", right=")")
+
+
+@dataclass
+class RoundAuthorYear(AuthorYearReferenceStyle):
+    """`bibtex_reference_style = "author_year_round"`: author-year citations in round brackets."""
+
+    bracket_textual: BracketStyle = field(default_factory=_round)
+    bracket_parenthetical: BracketStyle = field(default_factory=_round)
+    bracket_author: BracketStyle = field(default_factory=_round)
+    bracket_label: BracketStyle = field(default_factory=_round)
+    bracket_year: BracketStyle = field(default_factory=_round)
+
+
+class AuthorYearLabels(BaseLabelStyle):
+    """Bibliography labels as the text cites: "Gage, 1994", "Press and Wolf, 2017", "Vaswani et al., 2017"."""
+
+    def format_labels(self, sorted_entries):
+        labels = [self.format_label(entry) for entry in sorted_entries]
+        seen, counts = Counter(), Counter(labels)
+        for label in labels:  # two papers with the same label get "2018a", "2018b"
+            seen[label] += 1
+            yield label + "abcdefghij"[seen[label] - 1] if counts[label] > 1 else label
+
+    @staticmethod
+    def format_label(entry) -> str:
+        persons = entry.persons.get("author") or entry.persons.get("editor") or []
+        names = [Text.from_latex(" ".join(p.prelast_names + p.last_names)).render_as("text") for p in persons]
+        year = entry.fields.get("year", "n.d.")
+        if len(names) > 2 or (len(names) == 2 and names[1] == "others"):
+            return f"{names[0]} et al., {year}"
+        return f"{' and '.join(names) or entry.key}, {year}"
+
+
+class AuthorYearStyle(UnsrtStyle):
+    """`bibtex_default_style = "course"`: unsrt entries, labelled and sorted by author and year."""
+
+    default_label_style = "course-author-year"
+    default_sorting_style = "author_year_title"
+
+
+def add_static_path(app: Sphinx) -> None:
+    app.config.html_static_path.append(str(STATIC))
+
+
+def setup(app: Sphinx) -> dict:
+    sphinxcontrib.bibtex.plugin.register_plugin(
+        "sphinxcontrib.bibtex.style.referencing", "author_year_round", RoundAuthorYear)
+    pybtex.plugin.register_plugin("pybtex.style.labels", "course-author-year", AuthorYearLabels)
+    pybtex.plugin.register_plugin("pybtex.style.formatting", "course", AuthorYearStyle)
+    app.connect("config-inited", launch_providers_without_repository)
+    app.connect("builder-inited", add_static_path)
+    app.add_css_file("course.css")
+    # sphinx-book-theme builds its header buttons at priority 501: copy the notebook before,
+    # prune the launch menu after
+    app.connect("html-page-context", executed_notebook_download, priority=500)
+    app.connect("html-page-context", no_colab_for_markdown, priority=502)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
