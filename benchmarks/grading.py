@@ -1,6 +1,6 @@
 """Per-notebook grading time: ``coursekit autograde`` against plain ``nbgrader autograde``.
 
-    .venv/bin/python benchmarks/grading.py [--students 20] [--json out.json]
+    .venv/bin/python benchmarks/grading.py [--students 20] [--quick] [--json out.json]
 
 The same submissions of Exercise 1 (the reference, the instructor's notebook, the
 untouched release and mutants of the catalogue) are graded, in one run, by
@@ -52,8 +52,11 @@ def make_course(parent: Path, name: str, n: int) -> tuple[Path, Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--students", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="3 notebooks: checks that the benchmark runs")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
+    if args.quick:
+        args.students = 3
     from coursekit import course
     from coursekit.sandbox import bubblewrap_works
 
