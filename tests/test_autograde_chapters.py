@@ -23,7 +23,8 @@ from tests.submissions import ROOT, course_folder, filled, load, replace_definit
 
 pytestmark = pytest.mark.slow
 
-ASSIGNMENTS = ["ch02_multihead", "ch03_positional", "ch04_layers", "ch05_bpe", "ch06_bert", "ch07_gpt"]
+ASSIGNMENTS = ["ch02_multihead", "ch03_positional", "ch04_layers", "ch05_bpe", "ch06_bert", "ch07_gpt",
+               "ch08_seq2seq", "ch09_vit", "ch10_long_context", "appendix_arithmetic"]
 
 
 def catalogue(assignment: str):

@@ -24,6 +24,10 @@ MODULES = {
     "ch05_bpe": "bpe",
     "ch06_bert": "bert",
     "ch07_gpt": ("gpt", "decoding"),  # parts 1 and 5 are in gpt.py, parts 2-4 in decoding.py
+    "ch08_seq2seq": "seq2seq",
+    "ch09_vit": "vit",
+    "ch10_long_context": "long_context",
+    "appendix_arithmetic": "arithmetic",
 }
 
 

@@ -1,0 +1,599 @@
+"""Chapter 9: the vision transformer (ViT), its patches, and a small one trained on 8x8 digits.
+
+A ViT (Dosovitskiy et al., 2021) reads an image as a sequence. It cuts the image into
+non-overlapping ``P x P`` patches (:func:`patchify`), maps each flattened patch to a
+``C``-wide token with one linear layer (:class:`PatchEmbedding`), puts a learned ``[CLS]``
+token in front, adds one learned position vector per token (1-D positions, numbered in
+row-major order; :func:`add_cls_and_positions`), and runs Chapter 4's *pre-norm*
+:class:`~coursekit.layers.Encoder`. A linear classifier reads the encoder's (normalised)
+output at ``[CLS]``.
+
+Shapes: images are ``(B, C_in, H_img, W_img)`` (``C_in`` colour channels); ``P`` is the
+patch size; ``N_p = (H_img / P) (W_img / P)`` the number of patches and ``T = N_p + 1``
+the number of tokens; ``C``, ``H``, ``D``, ``L`` as everywhere (width, heads, head width,
+layers) and ``K`` the number of classes.
+
+Conventions, stated once and tested:
+
+- **Patch order and layout.** Patches are numbered row by row (patch ``n`` is at grid row
+  ``n // (W_img / P)``, column ``n % (W_img / P)``), and each patch is flattened
+  channel-first, as ``(C_in, P, P)``: the layout of ``F.unfold`` and of a ``Conv2d``
+  weight, so the linear patch embedding is exactly a ``Conv2d`` with kernel and stride
+  ``P`` whose weight is ``proj.weight.view(C, C_in, P, P)``.
+- **Hugging Face.** :func:`to_hf_state_dict` / :func:`from_hf_state_dict` map to and from
+  ``transformers.ViTForImageClassification`` (its patch projection is that ``Conv2d``;
+  its query, key and value are our ``qkv_proj`` cut in three).
+- **Data.** scikit-learn's bundled 8x8 digits (1,797 images, no download), scaled to
+  ``[0, 1]``, split 80/20 stratified with ``random_state=0`` (:func:`digits_split`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coursekit import train
+from coursekit.bert import _pattern, _rename  # the name-table helpers of BERT's mapping
+from coursekit.gpt import FusedLayerNorm
+from coursekit.layers import Encoder, encoder_layer_params, layer_norm_params
+from coursekit.positional import LearnedPositionalEmbedding
+
+__all__ = [
+    "ViTConfig", "VIT_PRESETS", "ViT", "PatchEmbedding", "SmallCNN", "DigitsSplit",
+    "patchify", "unpatchify", "add_cls_and_positions", "cls_attention", "vit_params",
+    "to_hf_state_dict", "from_hf_state_dict", "hf_config_kwargs",
+    "digits_split", "random_shift", "accuracy", "predict", "fit_classifier", "sklearn_baselines",
+    "Recipe", "DIGITS_RECIPES",
+]
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """The shape of a :class:`ViT`; the keys are its constructor's.
+
+    Args:
+        image_size: ``H_img = W_img`` (square images).
+        patch_size: ``P``; must divide ``image_size``.
+        in_channels: ``C_in`` (1 for grey, 3 for colour).
+        n_classes: ``K``.
+        n_layers: encoder layers ``L``.
+        n_heads: ``H``; must divide ``d_model``.
+        d_model: ``C``.
+        d_ff: feed-forward width; ``None`` for ``4 C``.
+        dropout: on the embeddings, attention weights, sub-layer outputs and feed-forward
+            activations (in training mode).
+        eps: the layer norms' epsilon (``1e-6`` in the ViT paper's code).
+    """
+
+    image_size: int
+    patch_size: int
+    in_channels: int
+    n_classes: int
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_ff: int | None = None
+    dropout: float = 0.0
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        for name in ("image_size", "patch_size", "in_channels", "n_classes", "n_layers", "n_heads", "d_model"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
+        if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
+            raise ValueError(f"d_ff must be a positive integer or None (for 4 * d_model), got {self.d_ff!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+
+    @property
+    def grid(self) -> int:
+        """Patches per row (and per column): ``image_size / P``."""
+        return self.image_size // self.patch_size
+
+    @property
+    def n_patches(self) -> int:
+        """``N_p``."""
+        return self.grid * self.grid
+
+    @property
+    def patch_dim(self) -> int:
+        """Values in one flattened patch, ``C_in P^2``."""
+        return self.in_channels * self.patch_size ** 2
+
+
+#: ``nano`` for tests; ``small`` is the book's digit classifier (8x8 grey images, 4x4
+#: patches: 4 tokens and [CLS]); the rest are the published shapes of Dosovitskiy et al. (2021, table 1) with a
+#: 1000-class head (ImageNet), for parameter arithmetic.
+VIT_PRESETS: dict[str, ViTConfig] = {
+    "nano": ViTConfig(image_size=8, patch_size=2, in_channels=3, n_classes=5, n_layers=2, n_heads=2, d_model=16),
+    "small": ViTConfig(image_size=8, patch_size=4, in_channels=1, n_classes=10, n_layers=4, n_heads=4, d_model=64),
+    "vit-b/16": ViTConfig(image_size=224, patch_size=16, in_channels=3, n_classes=1000, n_layers=12, n_heads=12,
+                          d_model=768),
+    "vit-l/16": ViTConfig(image_size=224, patch_size=16, in_channels=3, n_classes=1000, n_layers=24, n_heads=16,
+                          d_model=1024),
+    "vit-h/14": ViTConfig(image_size=224, patch_size=14, in_channels=3, n_classes=1000, n_layers=32, n_heads=16,
+                          d_model=1280),
+}
+
+
+def vit_params(cfg: ViTConfig) -> int:
+    """Exact number of parameters of ``ViT(cfg)``.
+
+    Patch embedding ``C_in P^2 C + C``, ``[CLS]`` ``C``, positions ``(N_p + 1) C``, ``L``
+    pre-norm layers of ``12 C^2 + 13 C`` (at ``d_ff = 4 C``, Chapter 4), the final norm
+    ``2 C`` and the classifier ``C K + K``.
+
+    Example: ``vit_params(VIT_PRESETS["vit-b/16"])`` is 86,567,656.
+    """
+    C = cfg.d_model
+    embeddings = cfg.patch_dim * C + C + C + (cfg.n_patches + 1) * C
+    layers = cfg.n_layers * encoder_layer_params(C, cfg.d_ff)
+    return embeddings + layers + layer_norm_params(C) + C * cfg.n_classes + cfg.n_classes
+
+
+# --------------------------------------------------------------------------- patches
+
+
+def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """Cut images into non-overlapping square patches, each flattened channel-first.
+
+    Patch ``n`` covers rows ``P r .. P r + P - 1`` and columns ``P c .. P c + P - 1`` with
+    ``r, c = divmod(n, W_img / P)`` (row-major order); its values are listed as
+    ``(C_in, P, P)``, the layout of ``F.unfold`` and of a ``Conv2d`` weight. Example: a
+    ``(1, 1, 4, 4)`` image holding ``0 .. 15`` with ``P = 2`` gives the patches
+    ``[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]``.
+
+    Args:
+        images: ``(B, C_in, H_img, W_img)``; ``P`` must divide ``H_img`` and ``W_img``.
+        patch_size: ``P``.
+
+    Returns:
+        ``(B, N_p, C_in P^2)`` with ``N_p = (H_img / P) (W_img / P)``.
+
+    Raises:
+        ValueError: ``images`` is not 4-D, or ``P`` does not divide its height and width.
+    """
+    if images.dim() != 4:
+        raise ValueError(f"expected images of shape (B, C_in, H_img, W_img), got {tuple(images.shape)}")
+    B, C_in, H_img, W_img = images.shape
+    P = patch_size
+    if P < 1:
+        raise ValueError(f"patch_size must be a positive integer, got {P}")
+    if H_img % P or W_img % P:
+        raise ValueError(f"the image size {H_img}x{W_img} is not divisible by patch_size={P}")
+    x = images.reshape(B, C_in, H_img // P, P, W_img // P, P)  # (B, C_in, rows, P, cols, P)
+    x = x.permute(0, 2, 4, 1, 3, 5)  # (B, rows, cols, C_in, P, P)
+    return x.reshape(B, (H_img // P) * (W_img // P), C_in * P * P)  # (B, N_p, C_in P^2)
+
+
+def unpatchify(patches: torch.Tensor, patch_size: int, image_size: int | tuple[int, int]) -> torch.Tensor:
+    """The inverse of :func:`patchify`: ``(B, N_p, C_in P^2)`` back to ``(B, C_in, H_img, W_img)``.
+
+    Args:
+        patches: ``(B, N_p, C_in P^2)`` in :func:`patchify`'s order and layout.
+        patch_size: ``P``.
+        image_size: ``H_img`` (square) or ``(H_img, W_img)``; ``P`` must divide both.
+
+    Raises:
+        ValueError: the shapes do not fit together.
+    """
+    H_img, W_img = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    P = patch_size
+    if not isinstance(P, int) or P < 1 or H_img % P or W_img % P:
+        raise ValueError(f"patch_size={P!r} must be a positive integer dividing the image size {H_img}x{W_img}")
+    rows, cols = H_img // P, W_img // P
+    if patches.dim() != 3 or patches.shape[1] != rows * cols or patches.shape[2] % (P * P):
+        raise ValueError(f"expected patches of shape (B, {rows * cols}, C_in * {P * P}) for {H_img}x{W_img} images "
+                         f"and P={P}, got {tuple(patches.shape)}")
+    B, C_in = patches.shape[0], patches.shape[2] // (P * P)
+    x = patches.reshape(B, rows, cols, C_in, P, P)  # (B, rows, cols, C_in, P, P)
+    x = x.permute(0, 3, 1, 4, 2, 5)  # (B, C_in, rows, P, cols, P)
+    return x.reshape(B, C_in, H_img, W_img)  # (B, C_in, H_img, W_img)
+
+
+class PatchEmbedding(nn.Module):
+    """Embed each ``P x P`` patch with one linear map: ``proj(patchify(images, P))``.
+
+    The same ``C_in P^2 -> C`` matrix is applied to every patch, which is a ``Conv2d``
+    with kernel size and stride ``P`` (Dosovitskiy et al., 2021, eq. 1).
+
+    Args:
+        image_size: ``H_img = W_img``; ``P`` must divide it.
+        patch_size: ``P``.
+        in_channels: ``C_in``.
+        d_model: ``C``.
+
+    Submodules: ``proj`` (``nn.Linear(C_in P^2, C)``).
+    """
+
+    def __init__(self, image_size: int, patch_size: int, in_channels: int, d_model: int):
+        super().__init__()
+        if image_size % patch_size:
+            raise ValueError(f"patch_size={patch_size} must divide image_size={image_size}")
+        self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
+        self.proj = nn.Linear(in_channels * patch_size * patch_size, d_model)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """``(B, C_in, H_img, W_img) -> (B, N_p, C)``; the image must have the configured size and channels."""
+        expected = (self.in_channels, self.image_size, self.image_size)
+        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
+            raise ValueError(f"expected images of shape (B, {expected[0]}, {expected[1]}, {expected[2]}), "
+                             f"got {tuple(images.shape)}")
+        return self.proj(patchify(images, self.patch_size))  # (B, N_p, C)
+
+
+def add_cls_and_positions(patches: torch.Tensor, cls_token: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Put the ``[CLS]`` token in front of every sequence, then add one position vector per token.
+
+    ``out[b] = [cls, x_1, ..., x_{N_p}] + positions``: ``[CLS]`` is token 0 and gets
+    ``positions[0]``; patch ``n`` is token ``n + 1`` and gets ``positions[n + 1]``.
+
+    Args:
+        patches: embedded patches ``(B, N_p, C)``.
+        cls_token: the learned ``[CLS]`` vector, ``(1, 1, C)``, shared by the batch.
+        positions: ``(N_p + 1, C)``, one learned vector per token.
+
+    Returns:
+        ``(B, N_p + 1, C)``.
+
+    Raises:
+        ValueError: the shapes do not fit together.
+    """
+    if patches.dim() != 3:
+        raise ValueError(f"expected patches of shape (B, N_p, C), got {tuple(patches.shape)}")
+    B, N_p, C = patches.shape
+    if tuple(cls_token.shape) != (1, 1, C) or tuple(positions.shape) != (N_p + 1, C):
+        raise ValueError(f"for patches {tuple(patches.shape)} expected cls_token (1, 1, {C}) and positions "
+                         f"({N_p + 1}, {C}), got {tuple(cls_token.shape)} and {tuple(positions.shape)}")
+    cls = cls_token.expand(B, 1, C)  # (B, 1, C): the same vector for every image
+    return torch.cat([cls, patches], dim=1) + positions  # (B, N_p + 1, C)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class ViT(nn.Module):
+    """A vision transformer for image classification (Dosovitskiy et al., 2021).
+
+    ``logits = head(encoder(dropout(add_cls_and_positions(patch_embed(images), cls_token,
+    pos_emb)))[:, 0])``, where the pre-norm ``encoder`` ends with its final layer norm.
+
+    Args:
+        cfg: a :class:`ViTConfig` (see :data:`VIT_PRESETS`).
+
+    Submodules: ``patch_embed`` (:class:`PatchEmbedding`), ``cls_token`` (a ``(1, 1, C)``
+    parameter), ``pos_emb`` (Chapter 3's
+    :class:`~coursekit.positional.LearnedPositionalEmbedding` with ``N_p + 1`` rows),
+    ``dropout``, ``encoder`` (Chapter 4's pre-norm :class:`~coursekit.layers.Encoder`,
+    exact GELU, its layer norms computed by :class:`~coursekit.gpt.FusedLayerNorm`) and ``head``
+    (``nn.Linear(C, K)``).
+    """
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        if not isinstance(cfg, ViTConfig):
+            raise TypeError(f"ViT takes a ViTConfig (see VIT_PRESETS), got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.patch_embed = PatchEmbedding(cfg.image_size, cfg.patch_size, cfg.in_channels, cfg.d_model)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, cfg.d_model) * 0.02)
+        self.pos_emb = LearnedPositionalEmbedding(cfg.n_patches + 1, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = Encoder(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, "gelu",
+                               norm_first=True, eps=cfg.eps)
+        for layer in self.encoder.layers:  # the same norms, computed by torch's fused kernel (faster on small tensors)
+            layer.norm1, layer.norm2 = FusedLayerNorm(cfg.d_model, cfg.eps), FusedLayerNorm(cfg.d_model, cfg.eps)
+        self.encoder.norm = FusedLayerNorm(cfg.d_model, cfg.eps)
+        self.head = nn.Linear(cfg.d_model, cfg.n_classes)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """The encoder's input: ``(B, C_in, H_img, W_img) -> (B, N_p + 1, C)``, ``[CLS]`` first."""
+        x = self.patch_embed(images)  # (B, N_p, C)
+        positions = self.pos_emb(torch.arange(x.shape[1] + 1, device=x.device))  # (N_p + 1, C)
+        return self.dropout(add_cls_and_positions(x, self.cls_token, positions))  # (B, N_p + 1, C)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Class logits ``(B, K)`` of images ``(B, C_in, H_img, W_img)``, read from the ``[CLS]`` output."""
+        h = self.encoder(self.embed(images))  # (B, N_p + 1, C), normalised by the stack's final norm
+        return self.head(h[:, 0])  # (B, K): the [CLS] token only
+
+
+@torch.no_grad()
+def cls_attention(model: ViT, images: torch.Tensor) -> torch.Tensor:
+    """How much the ``[CLS]`` token attends to each patch in the last layer, averaged over heads.
+
+    The last layer's attention weights are recomputed from its (pre-norm) input
+    ``norm1(x)``; the model runs in eval mode (its mode is restored).
+
+    Args:
+        model: a :class:`ViT`.
+        images: ``(B, C_in, H_img, W_img)``.
+
+    Returns:
+        ``(B, N_p)``: row ``b`` is the ``[CLS]`` query's weights on the patches (the weight on
+        ``[CLS]`` itself is left out, so a row sums to at most 1).
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        x = model.embed(images)  # (B, T, C)
+        *earlier, last = model.encoder.layers
+        for layer in earlier:
+            x = layer(x)
+        _, weights = last.self_attn(last.norm1(x), need_weights=True)  # (B, H, T, T)
+    finally:
+        model.train(was_training)
+    return weights[:, :, 0, 1:].mean(dim=1)  # (B, N_p): query [CLS], keys the patches
+
+
+# --------------------------------------------------------------------------- Hugging Face ViT
+
+#: Our parameter name -> ``transformers.ViTForImageClassification``'s; ``{i}`` is a layer
+#: index. Not a plain rename: our ``qkv_proj`` rows are HF's ``q_proj``, ``k_proj`` and
+#: ``v_proj`` stacked, HF's patch projection is a ``Conv2d`` (weight ``(C, C_in, P, P)``,
+#: ours ``(C, C_in P^2)``) and HF's position table has a leading axis of 1.
+HF_NAMES = {
+    "cls_token": "vit.embeddings.cls_token",
+    "pos_emb.weight": "vit.embeddings.position_embeddings",
+    "patch_embed.proj.{p}": "vit.embeddings.patch_embeddings.projection.{p}",
+    "encoder.layers.{i}.norm1.{p}": "vit.layers.{i}.layernorm_before.{p}",
+    "encoder.layers.{i}.self_attn.out_proj.{p}": "vit.layers.{i}.attention.o_proj.{p}",
+    "encoder.layers.{i}.norm2.{p}": "vit.layers.{i}.layernorm_after.{p}",
+    "encoder.layers.{i}.ff.linear1.{p}": "vit.layers.{i}.mlp.fc1.{p}",
+    "encoder.layers.{i}.ff.linear2.{p}": "vit.layers.{i}.mlp.fc2.{p}",
+    "encoder.norm.{p}": "vit.layernorm.{p}",
+    "head.{p}": "classifier.{p}",
+}
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+_OURS_TO_HF = [(_pattern(ours), hf) for ours, hf in HF_NAMES.items()]
+_HF_TO_OURS = [(_pattern(hf), ours) for ours, hf in HF_NAMES.items()]
+_OUR_QKV = _pattern("encoder.layers.{i}.self_attn.qkv_proj.{p}")
+_HF_QKV = re.compile(r"vit\.layers\.(?P<i>\d+)\.attention\.(?P<part>q_proj|k_proj|v_proj)\.(?P<p>weight|bias)$")
+
+
+def to_hf_state_dict(state_dict: dict[str, torch.Tensor], patch_size: int) -> dict[str, torch.Tensor]:
+    """Our :class:`ViT` weights with ``ViTForImageClassification``'s names and shapes.
+
+    ``qkv_proj`` is cut into ``q_proj``, ``k_proj``, ``v_proj`` (``C`` rows each); the patch
+    projection ``(C, C_in P^2)`` becomes a ``Conv2d`` weight ``(C, C_in, P, P)`` (the same
+    numbers: :func:`patchify` flattens channel-first); the positions get a leading axis.
+
+    Raises:
+        ValueError: a key that is not one of a :class:`ViT`'s.
+    """
+    out = {}
+    for key, value in state_dict.items():
+        m = _OUR_QKV.match(key)
+        if m:
+            for part, chunk in zip(_QKV, value.chunk(3, dim=0)):  # 3 x (C, C) or (C,)
+                out[f"vit.layers.{m['i']}.attention.{part}.{m['p']}"] = chunk
+            continue
+        name = _rename(key, _OURS_TO_HF)
+        if name is None:
+            raise ValueError(f"no Hugging Face name for {key!r}: is it a ViT state dict?")
+        if key == "patch_embed.proj.weight":
+            C, patch_dim = value.shape
+            value = value.reshape(C, patch_dim // (patch_size * patch_size), patch_size, patch_size)  # (C, C_in, P, P)
+        elif key == "pos_emb.weight":
+            value = value.unsqueeze(0)  # (1, T, C)
+        out[name] = value
+    return out
+
+
+def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``ViTForImageClassification`` weights with our names and shapes: the inverse of :func:`to_hf_state_dict`.
+
+    Raises:
+        ValueError: an unknown key (for instance a pooler: use a model built with
+            ``add_pooling_layer=False``, as ``ViTForImageClassification`` is), or a layer
+            without all of ``q_proj``, ``k_proj``, ``v_proj``.
+    """
+    out, qkv = {}, {}
+    for key, value in state_dict.items():
+        m = _HF_QKV.match(key)
+        if m:
+            qkv.setdefault((m["i"], m["p"]), {})[m["part"]] = value
+            continue
+        name = _rename(key, _HF_TO_OURS)
+        if name is None:
+            raise ValueError(f"unexpected Hugging Face key {key!r} (ViTForImageClassification is supported)")
+        if name == "patch_embed.proj.weight":
+            value = value.reshape(value.shape[0], -1)  # (C, C_in, P, P) -> (C, C_in P^2), channel-first
+        elif name == "pos_emb.weight":
+            value = value.squeeze(0)  # (1, T, C) -> (T, C)
+        out[name] = value
+    for (i, p), parts in qkv.items():
+        if set(parts) != set(_QKV):
+            raise ValueError(f"layer {i} {p}: expected q_proj, k_proj and v_proj, got {sorted(parts)}")
+        out[f"encoder.layers.{i}.self_attn.qkv_proj.{p}"] = torch.cat([parts[k] for k in _QKV], dim=0)  # (3C, ...)
+    return out
+
+
+def hf_config_kwargs(cfg: ViTConfig) -> dict:
+    """Keyword arguments of the equal ``transformers.ViTConfig`` (dropout as ours)."""
+    return dict(image_size=cfg.image_size, patch_size=cfg.patch_size, num_channels=cfg.in_channels,
+                num_labels=cfg.n_classes, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                hidden_size=cfg.d_model, intermediate_size=cfg.d_ff or 4 * cfg.d_model, hidden_act="gelu",
+                hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout, layer_norm_eps=cfg.eps,
+                qkv_bias=True)
+
+
+# --------------------------------------------------------------------------- data and training
+
+
+class DigitsSplit(NamedTuple):
+    """The digits split: images ``(n, 1, 8, 8)`` float32 in ``[0, 1]``, labels ``(n,)`` long."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+
+def digits_split(test_size: float = 0.2, random_state: int = 0) -> DigitsSplit:
+    """scikit-learn's 8x8 digits (bundled, no download), split stratified by class.
+
+    The images' 17 grey levels ``0 .. 16`` are scaled to ``[0, 1]``. With the defaults
+    1,437 images train and 360 test, each class in the same proportion in both.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (1797, 1, 8, 8)
+    y = torch.tensor(digits.target, dtype=torch.long)  # (1797,)
+    train_i, test_i = train_test_split(torch.arange(len(y)).numpy(), test_size=test_size, stratify=y.numpy(),
+                                       random_state=random_state)
+    train_i, test_i = torch.as_tensor(train_i), torch.as_tensor(test_i)
+    return DigitsSplit(x[train_i], y[train_i], x[test_i], y[test_i])
+
+
+def random_shift(images: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
+    """Shift each image by its own random whole number of pixels in ``[-max_shift, max_shift]``
+    along each axis; pixels that move in from outside are 0.
+
+    Args:
+        images: ``(B, C_in, H_img, W_img)``.
+        max_shift: the largest shift, ``>= 0`` (0 returns the images unchanged).
+        generator: the source of the shifts.
+
+    Returns:
+        ``(B, C_in, H_img, W_img)``.
+    """
+    if max_shift < 0:
+        raise ValueError(f"max_shift must be >= 0, got {max_shift}")
+    if max_shift == 0:
+        return images
+    B, C_in, H_img, W_img = images.shape
+    s = max_shift
+    padded = F.pad(images, (s, s, s, s))  # (B, C_in, H_img + 2s, W_img + 2s)
+    dy = torch.randint(0, 2 * s + 1, (B,), generator=generator)  # (B,): top row of the crop
+    dx = torch.randint(0, 2 * s + 1, (B,), generator=generator)  # (B,)
+    rows = dy[:, None] + torch.arange(H_img)  # (B, H_img)
+    cols = dx[:, None] + torch.arange(W_img)  # (B, W_img)
+    b = torch.arange(B)[:, None, None]  # (B, 1, 1)
+    out = padded.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]]  # (B, H_img, W_img, C_in)
+    return out.permute(0, 3, 1, 2)  # (B, C_in, H_img, W_img)
+
+
+class Recipe(NamedTuple):
+    """How a classifier is trained on the digits by :func:`fit_classifier`."""
+
+    train: train.TrainConfig
+    max_shift: int = 1
+    label_smoothing: float = 0.0
+
+
+#: The book's recipes on the digits split. The ViT's was chosen on a validation split of the
+#: training images (the last 20%, stratified, ``random_state=0``), never on the test images,
+#: to fit about 90 s of training on one CPU thread; the CNN's was set once and not tuned.
+DIGITS_RECIPES = {
+    "vit": Recipe(train.TrainConfig(max_steps=2000, batch_size=128, lr=1e-3, min_lr_ratio=0.0, warmup_steps=100,
+                                    weight_decay=0.05, betas=(0.9, 0.999), eval_interval=250),
+                  max_shift=1, label_smoothing=0.1),
+    "cnn": Recipe(train.TrainConfig(max_steps=1000, batch_size=64, lr=1e-3, min_lr_ratio=0.0, warmup_steps=100,
+                                    weight_decay=0.05, betas=(0.9, 0.999), eval_interval=200),
+                  max_shift=1, label_smoothing=0.0),
+}
+
+
+@torch.no_grad()
+def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
+    """The predicted class ``(n,)`` of each image, in eval mode (the mode is restored)."""
+    was_training = model.training
+    model.eval()
+    try:
+        return torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
+    finally:
+        model.train(was_training)
+
+
+def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+    """Fraction of ``images`` whose predicted class is ``labels``."""
+    return float((predict(model, images) == labels).double().mean())
+
+
+def fit_classifier(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, cfg: train.TrainConfig, *,
+                   max_shift: int = 1, label_smoothing: float = 0.0,
+                   eval_data: tuple[torch.Tensor, torch.Tensor] | None = None, progress: bool = False) -> train.History:
+    """Train an image classifier with :func:`coursekit.train.train`.
+
+    Each step draws ``cfg.batch_size`` training images at random (with replacement),
+    shifts each by up to ``max_shift`` pixels (:func:`random_shift`) and minimises the
+    cross-entropy with ``label_smoothing``. With ``eval_data = (x, y)`` the accuracy on it
+    is recorded as ``accuracy`` at every ``cfg.eval_interval`` steps (it is not used to
+    choose anything).
+    """
+    n = len(train_y)
+
+    def batch_fn(step, g):
+        i = torch.randint(n, (cfg.batch_size,), generator=g)  # (B,)
+        return random_shift(train_x[i], max_shift, g), train_y[i]
+
+    def loss_fn(m, batch):
+        x, y = batch
+        return F.cross_entropy(m(x), y, label_smoothing=label_smoothing)
+
+    eval_fn = None if eval_data is None else (lambda m: {"accuracy": accuracy(m, *eval_data)})
+    return train.train(model, batch_fn, cfg, loss_fn=loss_fn, eval_fn=eval_fn, progress=progress)
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+class SmallCNN(nn.Module):
+    """A small convolutional network for 8x8 digits, the baseline with the image prior built in.
+
+    ``conv 3x3 (C_in -> w) - ReLU - conv 3x3 (w -> 2w) - ReLU - max-pool 2x2 - linear (32 w -> 128)
+    - ReLU - linear (128 -> K)``; the convolutions are padded, so the pooled map is 4x4.
+
+    Args:
+        in_channels: ``C_in``.
+        n_classes: ``K``.
+        width: ``w``, the first convolution's channels.
+    """
+
+    def __init__(self, in_channels: int = 1, n_classes: int = 10, width: int = 32):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(2 * width * 16, 128), nn.ReLU(), nn.Linear(128, n_classes))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """``(B, C_in, 8, 8) -> (B, K)`` logits."""
+        return self.classifier(self.features(images))  # (B, 2w, 4, 4) -> (B, K)
+
+
+def sklearn_baselines(split: DigitsSplit, svm_gamma: float = 0.001) -> dict[str, float]:
+    """Test accuracies of scikit-learn's logistic regression and RBF-kernel SVM on ``split``.
+
+    Both read the 64 pixels as a vector with the dataset's own grey levels ``0 .. 16``, as
+    scikit-learn's digits example does (``SVC(gamma=0.001)`` is that example's setting);
+    nothing is tuned on the test set.
+    """
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.svm import SVC
+
+    x_train = (split.train_x.reshape(len(split.train_y), -1) * 16).numpy()  # (n, 64), grey levels 0 .. 16
+    x_test = (split.test_x.reshape(len(split.test_y), -1) * 16).numpy()
+    y_train, y_test = split.train_y.numpy(), split.test_y.numpy()
+    models = {"logistic regression": LogisticRegression(max_iter=5000), f"SVM (RBF, gamma={svm_gamma:g})": SVC(gamma=svm_gamma)}
+    return {name: float((m.fit(x_train, y_train).predict(x_test) == y_test).mean()) for name, m in models.items()}

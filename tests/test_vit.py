@@ -1,0 +1,316 @@
+"""coursekit.vit against independent references: F.unfold, Conv2d, explicit slicing, Hugging Face
+ViTForImageClassification (tiny random configs, no download), scikit-learn's split, and true properties."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coursekit import train, vit
+from coursekit.layers import count_params
+from tests.conftest import assert_close
+from tests.test_gpt import randomise
+
+transformers = pytest.importorskip("transformers")
+from transformers import ViTConfig as HFViTConfig  # noqa: E402
+from transformers import ViTForImageClassification  # noqa: E402
+
+NANO = vit.VIT_PRESETS["nano"]  # 8x8 RGB images, 2x2 patches, 5 classes
+#: Hugging Face's eager attention takes its softmax in float32 even for float64 inputs, so
+#: attention weights read from it agree to about 1e-7, not to float64 rounding.
+HF_EAGER_ATOL = 1e-6
+
+
+def hf_model(cfg=NANO, seed=0, attn="sdpa", dtype=torch.float64):
+    torch.manual_seed(seed)
+    hf = ViTForImageClassification(HFViTConfig(**vit.hf_config_kwargs(cfg), attn_implementation=attn))
+    return randomise(hf.to(dtype), seed).eval()
+
+
+def ours_from(hf, cfg=NANO):
+    m = vit.ViT(cfg).to(hf.dtype).eval()
+    m.load_state_dict(vit.from_hf_state_dict(hf.state_dict()))
+    return m
+
+
+def images(B, C_in=3, H=8, W=8, seed=0, dtype=torch.float64):
+    return torch.randn(B, C_in, H, W, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def sliced_patches(x: torch.Tensor, P: int) -> torch.Tensor:
+    """The patches cut one by one with explicit slices, row by row: an independent patchify."""
+    B, _, H, W = x.shape
+    out = [x[:, :, r * P:(r + 1) * P, c * P:(c + 1) * P].reshape(B, -1) for r in range(H // P) for c in range(W // P)]
+    return torch.stack(out, dim=1)
+
+
+# --------------------------------------------------------------------------- patches
+
+
+def test_patchify_worked_example():
+    x = torch.arange(16.0).view(1, 1, 4, 4)
+    expected = torch.tensor([[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]], dtype=torch.float32)
+    assert torch.equal(vit.patchify(x, 2), expected[None])
+
+
+@pytest.mark.parametrize("shape,P", [((2, 3, 8, 8), 2), ((3, 1, 8, 8), 4), ((2, 3, 6, 9), 3), ((1, 2, 8, 4), 1), ((2, 3, 8, 8), 8)])
+def test_patchify_equals_unfold_and_explicit_slices(shape, P):
+    x = images(*shape)
+    p = vit.patchify(x, P)
+    N_p = (shape[2] // P) * (shape[3] // P)
+    assert p.shape == (shape[0], N_p, shape[1] * P * P)
+    assert torch.equal(p, F.unfold(x, kernel_size=P, stride=P).transpose(1, 2))  # (B, C_in P^2, N_p) -> (B, N_p, C_in P^2)
+    assert torch.equal(p, sliced_patches(x, P))
+
+
+@pytest.mark.parametrize("shape,P", [((2, 3, 8, 8), 2), ((2, 3, 6, 9), 3), ((1, 1, 8, 8), 8)])
+def test_unpatchify_inverts_patchify_both_ways(shape, P):
+    x = images(*shape)
+    assert torch.equal(vit.unpatchify(vit.patchify(x, P), P, shape[2:]), x)
+    patches = torch.randn(2, (shape[2] // P) * (shape[3] // P), shape[1] * P * P, dtype=torch.float64)
+    assert torch.equal(vit.patchify(vit.unpatchify(patches, P, shape[2:]), P), patches)
+    assert torch.equal(vit.unpatchify(vit.patchify(x, P), P, shape[2:]),
+                       F.fold(vit.patchify(x, P).transpose(1, 2), shape[2:], kernel_size=P, stride=P))
+
+
+def test_patchify_and_its_inverse_have_correct_gradients():
+    x = images(2, 2, 4, 6).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: vit.patchify(t, 2), (x,))
+    p = torch.randn(1, 4, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: vit.unpatchify(t, 2, (4, 4)), (p,))
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda: vit.patchify(images(1, 3, 8, 8), 3), r"image size 8x8 is not divisible by patch_size=3"),
+    (lambda: vit.patchify(images(1, 3, 8, 6), 4), r"8x6 is not divisible by patch_size=4"),
+    (lambda: vit.patchify(torch.zeros(3, 8, 8), 2), r"expected images of shape \(B, C_in, H_img, W_img\), got \(3, 8, 8\)"),
+    (lambda: vit.patchify(images(1), 0), r"patch_size must be a positive integer, got 0"),
+    (lambda: vit.unpatchify(torch.zeros(1, 5, 12), 2, 4), r"expected patches of shape \(B, 4, C_in \* 4\)"),
+    (lambda: vit.unpatchify(torch.zeros(1, 4, 12), 3, 4), r"must be a positive integer dividing the image size 4x4"),
+    (lambda: vit.PatchEmbedding(8, 3, 1, 16), r"patch_size=3 must divide image_size=8"),
+    (lambda: vit.PatchEmbedding(8, 2, 3, 16)(images(1, 1, 8, 8, dtype=torch.float32)),
+     r"expected images of shape \(B, 3, 8, 8\), got \(1, 1, 8, 8\)"),
+    (lambda: vit.PatchEmbedding(8, 2, 3, 16)(images(1, 3, 16, 16, dtype=torch.float32)),
+     r"expected images of shape \(B, 3, 8, 8\), got \(1, 3, 16, 16\)"),
+    (lambda: vit.ViTConfig(image_size=10, patch_size=4, in_channels=1, n_classes=2, n_layers=1, n_heads=1, d_model=4),
+     r"patch_size=4 must divide image_size=10"),
+    (lambda: replace(NANO, n_heads=3), r"n_heads=3 must divide d_model=16"),
+    (lambda: replace(NANO, in_channels=0), r"in_channels must be a positive integer, got 0"),
+    (lambda: vit.ViT(NANO).float()(images(2, 1, 8, 8, dtype=torch.float32)), r"expected images of shape \(B, 3, 8, 8\)"),
+    (lambda: vit.add_cls_and_positions(torch.zeros(2, 4, 8), torch.zeros(1, 1, 8), torch.zeros(4, 8)),
+     r"expected cls_token \(1, 1, 8\) and positions \(5, 8\), got \(1, 1, 8\) and \(4, 8\)"),
+])
+def test_bad_inputs_raise_clear_errors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        bad()
+
+
+def test_vit_takes_a_config():
+    with pytest.raises(TypeError, match="ViT takes a ViTConfig"):
+        vit.ViT({"image_size": 8, "patch_size": 2})
+
+
+def test_patch_embedding_is_a_strided_conv2d():
+    emb = randomise(vit.PatchEmbedding(8, 2, 3, 16)).double()
+    conv = nn.Conv2d(3, 16, kernel_size=2, stride=2).double()
+    with torch.no_grad():
+        conv.weight.copy_(emb.proj.weight.view(16, 3, 2, 2))  # (C, C_in P^2) -> (C, C_in, P, P)
+        conv.bias.copy_(emb.proj.bias)
+    x = images(4)
+    expected = conv(x).flatten(2).transpose(1, 2)  # (B, C, 4, 4) -> (B, N_p, C), row-major patches
+    assert_close(emb(x), expected)
+
+
+def test_add_cls_and_positions_puts_cls_first_and_adds_a_position_to_every_token():
+    B, N_p, C = 3, 4, 5
+    patches = torch.randn(B, N_p, C, dtype=torch.float64)
+    cls = torch.randn(1, 1, C, dtype=torch.float64)
+    pos = torch.randn(N_p + 1, C, dtype=torch.float64)
+    out = vit.add_cls_and_positions(patches, cls, pos)
+    assert out.shape == (B, N_p + 1, C)
+    for b in range(B):
+        assert_close(out[b, 0], cls[0, 0] + pos[0])
+        for n in range(N_p):
+            assert_close(out[b, n + 1], patches[b, n] + pos[n + 1])
+    args = (patches.requires_grad_(), cls.requires_grad_(), pos.requires_grad_())
+    assert torch.autograd.gradcheck(vit.add_cls_and_positions, args)
+
+
+# --------------------------------------------------------------------------- Hugging Face parity
+
+
+def test_logits_equal_hf_vit_float64():
+    hf = hf_model()
+    m = ours_from(hf)
+    x = images(4)
+    assert_close(m(x), hf(pixel_values=x).logits)
+
+
+def test_logits_equal_hf_vit_float32_with_default_init():
+    """HF's own initialisation and default attention kernel, float32, with more layers and a 4x4 patch."""
+    cfg = replace(NANO, patch_size=4, n_layers=3, n_heads=4, d_model=32, n_classes=7, d_ff=48)
+    torch.manual_seed(3)
+    hf = ViTForImageClassification(HFViTConfig(**vit.hf_config_kwargs(cfg))).eval()
+    m = ours_from(hf, cfg)
+    x = images(5, seed=3, dtype=torch.float32)
+    assert_close(m(x), hf(pixel_values=x).logits)
+
+
+def test_mapping_round_trips_with_hf_names_and_shapes():
+    torch.manual_seed(0)
+    m = randomise(vit.ViT(NANO))
+    sd = m.state_dict()
+    hf_sd = vit.to_hf_state_dict(sd, NANO.patch_size)
+    theirs = ViTForImageClassification(HFViTConfig(**vit.hf_config_kwargs(NANO))).state_dict()
+    assert hf_sd.keys() == theirs.keys()
+    assert all(hf_sd[k].shape == theirs[k].shape for k in theirs)
+    back = vit.from_hf_state_dict(hf_sd)
+    assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
+    hf = ViTForImageClassification(HFViTConfig(**vit.hf_config_kwargs(NANO))).eval()
+    hf.load_state_dict(hf_sd)  # strict: our weights fill every HF parameter
+    x = images(2, dtype=torch.float32)
+    assert_close(m.eval()(x), hf(pixel_values=x).logits)
+
+
+def test_from_hf_rejects_unknown_keys_and_incomplete_qkv():
+    sd = hf_model().state_dict()
+    with pytest.raises(ValueError, match="unexpected Hugging Face key 'vit.pooler.dense.weight'"):
+        vit.from_hf_state_dict({**sd, "vit.pooler.dense.weight": torch.zeros(1)})
+    partial = {k: v for k, v in sd.items() if k != "vit.layers.1.attention.k_proj.bias"}
+    with pytest.raises(ValueError, match=r"layer 1 bias: expected q_proj, k_proj and v_proj, got \['q_proj', 'v_proj'\]"):
+        vit.from_hf_state_dict(partial)
+    with pytest.raises(ValueError, match="no Hugging Face name for 'decoder.weight'"):
+        vit.to_hf_state_dict({"decoder.weight": torch.zeros(1)}, 2)
+
+
+def test_cls_attention_equals_hf_last_layer_attention_averaged_over_heads():
+    hf = hf_model(attn="eager")
+    m = ours_from(hf)
+    x = images(3, seed=1)
+    expected = hf(pixel_values=x, output_attentions=True).attentions[-1][:, :, 0, 1:].mean(dim=1)  # (B, N_p)
+    got = vit.cls_attention(m.train(), x)
+    assert m.training  # the mode is restored
+    assert got.shape == (3, NANO.n_patches)
+    torch.testing.assert_close(got, expected, rtol=0, atol=HF_EAGER_ATOL)
+    assert bool((got.sum(-1) < 1).all())  # the weight on [CLS] itself is left out
+
+
+# --------------------------------------------------------------------------- properties
+
+
+def test_cls_output_invariant_when_patches_move_with_their_positions():
+    """Attention has no notion of order: permuting the patch tokens together with their position
+    vectors changes nothing the [CLS] token sees."""
+    torch.manual_seed(0)
+    m = randomise(vit.ViT(NANO)).double().eval()
+    x = images(2)
+    perm = torch.randperm(NANO.n_patches, generator=torch.Generator().manual_seed(1))
+    tokens = m.embed(x)  # (B, T, C)
+    moved = torch.cat([tokens[:, :1], tokens[:, 1:][:, perm]], dim=1)
+    assert_close(m.head(m.encoder(moved)[:, 0]), m(x))
+    shuffled = vit.unpatchify(vit.patchify(x, 2)[:, perm], 2, 8)  # the same patches, elsewhere in the image
+    assert not torch.allclose(m(shuffled), m(x))  # with the positions fixed, the model does see the layout
+
+
+def test_model_reads_the_cls_token_only():
+    torch.manual_seed(0)
+    m = randomise(vit.ViT(NANO)).double().eval()
+    x = images(2)
+    h = m.encoder(m.embed(x))  # (B, T, C)
+    assert_close(m(x), F.linear(h[:, 0], m.head.weight, m.head.bias))
+    assert m.encoder.norm is not None  # the pre-norm stack ends with its final norm
+
+
+def test_dropout_only_in_training_mode():
+    torch.manual_seed(0)
+    m = vit.ViT(replace(NANO, dropout=0.5)).double()
+    x = images(2)
+    m.eval()
+    assert torch.equal(m(x), m(x))
+    m.train()
+    assert not torch.equal(m(x), m(x))
+
+
+# --------------------------------------------------------------------------- parameter counts
+
+
+@pytest.mark.parametrize("name", ["nano", "small", "vit-b/16", "vit-l/16", "vit-h/14"])
+def test_parameter_counts_equal_our_model_and_hf_on_meta(name):
+    cfg = vit.VIT_PRESETS[name]
+    with torch.device("meta"):
+        ours = count_params(vit.ViT(cfg))
+        theirs = sum(p.numel() for p in ViTForImageClassification(HFViTConfig(**vit.hf_config_kwargs(cfg))).parameters())
+    assert vit.vit_params(cfg) == ours == theirs
+
+
+def test_vit_b16_has_86_6_million_parameters():
+    # 86.6M (86M in Dosovitskiy et al., 2021, table 1; 86.57M in timm's vit_base_patch16_224)
+    assert vit.vit_params(vit.VIT_PRESETS["vit-b/16"]) == 86_567_656
+
+
+# --------------------------------------------------------------------------- data and training
+
+
+def test_digits_split_is_sklearns_stratified_80_20_split():
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    s = vit.digits_split()
+    d = load_digits()
+    x_train, x_test, y_train, y_test = train_test_split(d.images, d.target, test_size=0.2, stratify=d.target, random_state=0)
+    assert s.train_x.shape == (1437, 1, 8, 8) and s.test_x.shape == (360, 1, 8, 8)
+    assert torch.equal(s.train_y, torch.as_tensor(y_train)) and torch.equal(s.test_y, torch.as_tensor(y_test))
+    assert torch.equal(s.test_x[:, 0] * 16, torch.as_tensor(x_test, dtype=torch.float32))
+    assert float(s.train_x.min()) == 0.0 and float(s.train_x.max()) == 1.0
+    per_class = torch.bincount(torch.as_tensor(d.target))  # stratified: a fifth of every class tests
+    assert bool(((torch.bincount(s.test_y) - 0.2 * per_class).abs() < 1).all())
+
+
+def test_random_shift_moves_each_image_by_a_whole_shift_within_range():
+    x = torch.rand(64, 2, 8, 8)
+    out = vit.random_shift(x, 1, torch.Generator().manual_seed(0))
+    padded = F.pad(x, (2, 2, 2, 2))
+    seen = set()
+    for b in range(len(x)):
+        matches = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1)
+                   if torch.equal(out[b], padded[b, :, 2 - dy:10 - dy, 2 - dx:10 - dx])]
+        assert matches, f"image {b} is not a shift of its input by at most one pixel"
+        seen.add(matches[0])
+    assert len(seen) == 9  # all nine shifts occur among 64 images
+    assert torch.equal(vit.random_shift(x, 0, torch.Generator()), x)
+    again = vit.random_shift(x, 1, torch.Generator().manual_seed(0))
+    assert torch.equal(out, again)
+    with pytest.raises(ValueError, match="max_shift must be >= 0, got -1"):
+        vit.random_shift(x, -1, torch.Generator())
+
+
+def test_fit_classifier_learns_and_records_accuracy():
+    s = vit.digits_split()
+    cfg = replace(vit.VIT_PRESETS["small"], n_layers=1, d_model=32, n_heads=2)
+    torch.manual_seed(0)
+    m = vit.ViT(cfg)
+    tc = train.TrainConfig(max_steps=100, batch_size=64, lr=3e-3, warmup_steps=10, eval_interval=50)
+    history = vit.fit_classifier(m, s.train_x[:512], s.train_y[:512], tc, label_smoothing=0.1,
+                                 eval_data=(s.test_x[:200], s.test_y[:200]))
+    assert [e["step"] for e in history.evals] == [0, 50, 100]
+    assert history.evals[-1]["accuracy"] > history.evals[0]["accuracy"] + 0.3
+    assert vit.accuracy(m, s.test_x[:200], s.test_y[:200]) == history.evals[-1]["accuracy"]
+    assert vit.predict(m, s.test_x[:10]).shape == (10,)
+
+
+def test_book_recipes_are_well_formed():
+    for name, recipe in vit.DIGITS_RECIPES.items():
+        assert isinstance(recipe.train, train.TrainConfig) and recipe.max_shift >= 0, name
+        assert 0.0 <= recipe.label_smoothing < 1.0, name
+
+
+def test_small_cnn_and_sklearn_baselines_run_on_the_split():
+    s = vit.digits_split()
+    assert vit.SmallCNN()(s.test_x[:3]).shape == (3, 10)
+    scores = vit.sklearn_baselines(s)
+    assert set(scores) == {"logistic regression", "SVM (RBF, gamma=0.001)"}
+    assert all(0.9 < v <= 1.0 for v in scores.values())
