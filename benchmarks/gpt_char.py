@@ -15,9 +15,9 @@ in the same wall-clock time, measured side by side in one run.
    a short calibration measures our steps/s, the schedule gets the number of steps that
    fits in ``W``, and the run is timed.
 
-Both are evaluated identically: mean cross-entropy (nats/char) over the same fixed
-validation windows (``data.eval_batches`` with seed 1234), each model at its own context
-length. FLOPs per trained token are counted as ``6 N + 6 L T C`` (Kaplan et al., 2020:
+Both are evaluated identically: mean cross-entropy (nats/char) over the whole validation
+split cut into consecutive windows (``data.split_batches``, as the committed checkpoint is
+scored), each model at its own context length. FLOPs per trained token are counted as ``6 N + 6 L T C`` (Kaplan et al., 2020:
 ``N`` the weights used in matmuls, the output layer included; the second term the
 attention scores and weighted sums, forward and backward).
 """
@@ -145,11 +145,9 @@ def train_nanogpt(d: data.TokenData, iters: int) -> tuple[nn.Module, float, int]
 # --------------------------------------------------------------------------- shared measures
 
 
-@torch.no_grad()
-def val_loss(model: nn.Module, d: data.TokenData, block_size: int, n_batches: int = 50) -> float:
-    model.eval()
-    batches = data.eval_batches(d.val, block_size, 32, n_batches, seed=1234)
-    return sum(train.lm_loss(model, b).item() for b in batches) / len(batches)
+def val_loss(model: nn.Module, d: data.TokenData, block_size: int) -> float:
+    """Nats/char over all of ``d.val``: every character predicted once, nothing sampled."""
+    return train.evaluate(model, data.split_batches(d.val, block_size, 32), train.lm_loss)
 
 
 def matmul_weights(model: nn.Module) -> int:
