@@ -15,7 +15,7 @@ any moment, its ``(T, 64)`` output included. The methods:
   FlashAttention-style kernel).
 
 ``scores_bytes`` is the size of one float32 ``(T, T)`` matrix, for reference. The chapter's page
-reads the committed ``benchmarks/results/long_context.json`` and repeats a smaller measurement live.
+reads the committed ``benchmarks/results/attention_memory.json`` (written by ``benchmarks/run.py``) and repeats a smaller measurement live.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``benchmarks/run.py --quick``: every benchmark runs and lands in one report (CI budget: 3 minutes)."""
+"""The benchmark report: the committed full run covers every benchmark and its markdown is current;
+``benchmarks/run.py --quick`` runs every benchmark into one report (slow; CI budget: 3 minutes)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,27 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import run as bench  # noqa: E402
 
-pytestmark = pytest.mark.slow
+RESULTS = ROOT / "benchmarks" / "results"
 
 
+def test_committed_report_is_a_full_run_of_every_benchmark():
+    report = json.loads((RESULTS / "report.json").read_text())
+    assert report["quick"] is False, "commit a full run (python benchmarks/run.py), not a quick one"
+    assert set(report["benchmarks"]) == set(bench.BENCHMARKS), "re-run the benchmarks that are missing"
+    for name, b in report["benchmarks"].items():
+        assert b["summary"], f"{name} has no summary rows"
+        assert b["results"].get("quick") in (None, False), f"{name} was measured in quick mode"
+        # each benchmark's own JSON is the one the report summarises (the chapters read those files)
+        assert json.loads((RESULTS / f"{name}.json").read_text()) == b["results"], f"{name}.json differs from report.json"
+        assert [list(row) for row in bench.BENCHMARKS[name][2](b["results"])] == b["summary"]
+
+
+def test_committed_markdown_is_generated_from_the_json():
+    report = json.loads((RESULTS / "report.json").read_text())
+    assert (RESULTS / "report.md").read_text() == bench.markdown(report), "regenerate with python benchmarks/run.py"
+
+
+@pytest.mark.slow
 def test_quick_mode_runs_every_benchmark_into_one_report(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)

@@ -56,6 +56,7 @@ PAGES = {
     "book/ch10_long_context.html": (4, 10),
     "book/appendix_arithmetic.html": (2, 10),
     "book/appendix_parallelism.html": (3, 3),
+    "book/appendix_performance.html": (3, 2),
     "book/glossary.html": (0, 20),
     "book/bibliography.html": (0, 0),
 }
