@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
+from torch import nn
 
 # Hugging Face models in tests are built from tiny random configs; never reach the Hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -20,3 +22,25 @@ TOL = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=1.3
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual, expected, **TOL[expected.dtype])
+
+
+def randomise(module: nn.Module, seed: int = 0, scale: float = 0.3, offset_1d: float = 0.0) -> nn.Module:
+    """Give every parameter (biases and norm scales too) normal values times ``scale``, so no
+    mapping or loading error hides behind an initialisation; ``offset_1d`` shifts the 1-D ones
+    (biases, norm scales). Returns ``module``, changed in place."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale + (offset_1d if p.dim() == 1 else 0.0))
+    return module
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module's tests. Graders run many tiny ops (a GPT decoding token
+    by token), where extra threads only spin on a busy machine; the sandbox runs student code on
+    one thread too. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

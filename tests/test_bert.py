@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from coursekit import bert as B
 from coursekit import data
 from tests.conftest import TOL, assert_close
+from tests.conftest import randomise as _randomise
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINTS = ROOT / "checkpoints"
@@ -45,12 +46,8 @@ def hf_classifier(cfg=TINY, n_classes=3, seed=0):
 
 
 def randomise(module, seed=0):
-    """Random values everywhere (biases, norms and the MLM bias too), so no mapping error hides."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
-    return module
+    """Random values everywhere (biases, norms and the MLM bias too; 1-D ones around 1), so no mapping error hides."""
+    return _randomise(module, seed, scale=0.3, offset_1d=1.0)
 
 
 def batch(cfg=TINY, B_=3, T=10, seed=0):

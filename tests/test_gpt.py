@@ -6,26 +6,16 @@ from dataclasses import replace
 
 import pytest
 import torch
-from torch import nn
 
 from coursekit import decoding, gpt
 from coursekit.layers import LayerNorm
 from coursekit.multihead import MultiHeadAttention
-from tests.conftest import assert_close
+from tests.conftest import assert_close, randomise
 
 transformers = pytest.importorskip("transformers")
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 CFG = gpt.GPTConfig(vocab_size=61, block_size=40, n_layers=2, n_heads=4, d_model=32)
-
-
-def randomise(module: nn.Module, seed: int = 0, scale: float = 0.3) -> nn.Module:
-    """Random values in every parameter (norms and biases too), so no mapping error hides behind an init."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
-    return module
 
 
 def ours(cfg=CFG, seed=0, dtype=torch.float32):

@@ -14,7 +14,10 @@ from torch import nn
 from coursekit import attention, decoding, gpt, multihead
 from coursekit.grading import GradingFailure
 from coursekit.grading import ch07_gpt as grader
+from coursekit.grading.core import rand
 from tests.mutants.ch07_gpt import HIDDEN_CELL, MUTANTS
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors run on one thread
 
 #: the classes the notebook passes to the graders of parts 4 and 5, besides the student's function
 EXTRA = {
@@ -41,16 +44,6 @@ PUBLIC = {
     "beam_search": grader.check_beam_search,
     "causal_self_attention": grader.check_causal_self_attention,
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The graders run many tiny ops (a GPT decoding token by token); on a busy machine extra
-    intra-op threads only spin. The sandbox runs student code on one thread too."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def grade(part, fn):
@@ -211,11 +204,11 @@ def test_table_lm_follows_the_decoding_protocol_and_checks_its_cache():
 def test_filter_expectations_equal_hugging_face_and_coursekit():
     """The grader's expected filters (Hugging Face's warpers) equal coursekit's on every input it uses."""
     pytest.importorskip("transformers")
-    for x in (grader._rand("topk.hf", 4, 40, scale=2.0), grader._rand("topp.compose", 3, 20, scale=2.0)):
+    for x in (rand("topk.hf", 4, 40, scale=2.0), rand("topp.compose", 3, 20, scale=2.0)):
         for k in (1, 2, 4, 6, 7, 39):
             assert torch.equal(grader._warped("k", k, x), decoding.top_k_filter(x, k))
     for dtype in (torch.float64, torch.float32):
-        x = grader._rand("topp.hf", 6, 40, dtype=dtype, scale=2.0)
+        x = rand("topp.hf", 6, 40, dtype=dtype, scale=2.0)
         for p in (0.05, 0.3, 0.5, 0.8, 0.9, 0.97):
             assert torch.equal(grader._warped("p", p, x), decoding.top_p_filter(x, p))
 

@@ -16,6 +16,8 @@ from coursekit.grading import GradingFailure
 from coursekit.grading import ch08_seq2seq as grader
 from tests.mutants.ch08_seq2seq import HIDDEN_CELL, MUTANTS
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors run on one thread
+
 #: the classes the notebook passes to a grader besides the student's object
 EXTRA = {"cross_attention": (multihead.MultiHeadAttention,)}
 
@@ -32,14 +34,6 @@ PUBLIC = {
     "PreNormDecoderLayer": grader.check_pre_norm_decoder_layer,
     "label_smoothed_loss": grader.check_label_smoothed_loss,
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def namespace(**overrides):

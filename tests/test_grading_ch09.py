@@ -17,7 +17,8 @@ from coursekit.gpt import FusedLayerNorm
 from coursekit.layers import Encoder
 from coursekit.positional import LearnedPositionalEmbedding
 from tests.mutants.ch09_vit import HIDDEN_CELL, MUTANTS
-from tests.test_grading_ch07 import one_thread  # noqa: F401 (an autouse fixture: tiny tensors run on one thread)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors run on one thread
 
 #: graded part -> (hidden grader, public check)
 PARTS = {

@@ -14,7 +14,10 @@ import torch.nn.functional as F
 from coursekit import attention, long_context
 from coursekit.grading import GradingFailure
 from coursekit.grading import ch10_long_context as grader
+from coursekit.grading.core import rand
 from tests.mutants.ch10_long_context import BY_HAND, HIDDEN_CELL, MUTANTS
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors run on one thread
 
 GRADERS = {
     "tiled_attention": grader.grade_tiled_attention,
@@ -33,14 +36,6 @@ PUBLIC = {
 #: a (T, T) allocation is refused at once only if the kernel does not overcommit blindly
 OVERCOMMIT_ALWAYS = Path("/proc/sys/vm/overcommit_memory").is_file() and \
     Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def namespace(**overrides):
@@ -142,8 +137,8 @@ def test_grading_is_deterministic():
 
 def test_the_modelled_mistakes_differ_from_the_right_answer():
     """Every wrong answer the hints describe is really wrong on the inputs the graders use."""
-    q, k, v = grader._rand("public.tiled.q", 1, 6, 4, scale=3.0), grader._rand("public.tiled.k", 1, 6, 4, scale=3.0), \
-        grader._rand("public.tiled.v", 1, 6, 2)
+    q, k, v = rand("public.tiled.q", 1, 6, 4, scale=3.0), rand("public.tiled.k", 1, 6, 4, scale=3.0), \
+        rand("public.tiled.v", 1, 6, 2)
     q = q[:, 3:]  # 3 queries, 6 keys: the top-left and bottom-right causal masks differ
     right = grader._naive(q, k, v, causal=True)
     wrong = grader._tiled_mistakes(q, k, v, causal=True, block_q=2, block_k=4)
@@ -151,7 +146,7 @@ def test_the_modelled_mistakes_differ_from_the_right_answer():
     T, S, W = 3, 8, 2
     right = long_context.sliding_window_mask(T, W, S)
     assert all(not torch.equal(w, right) for w, _ in grader._window_mistakes(T, S, W))
-    q, k, v = grader._rand("lin.eps.q", 1, 6, 3), grader._rand("lin.eps.k", 1, 6, 3), grader._rand("lin.eps.v", 1, 6, 3)
+    q, k, v = rand("lin.eps.q", 1, 6, 3), rand("lin.eps.k", 1, 6, 3), rand("lin.eps.v", 1, 6, 3)
     right = grader._recurrence(q, k, v, 0.5)
     assert all(not torch.allclose(w, right) for w, _ in grader._linear_mistakes(q, k, v, 0.5))
     shown = set()
@@ -162,7 +157,7 @@ def test_the_modelled_mistakes_differ_from_the_right_answer():
 
 
 def test_the_recurrence_reference_equals_the_parallel_form():
-    q, k, v = grader._rand("x.q", 2, 9, 3), grader._rand("x.k", 2, 9, 3), grader._rand("x.v", 2, 9, 4)
+    q, k, v = rand("x.q", 2, 9, 3), rand("x.k", 2, 9, 3), rand("x.v", 2, 9, 4)
     torch.testing.assert_close(grader._recurrence(q, k, v, 1e-6),
                                long_context.linear_attention_parallel(q, k, v, causal=True), rtol=1e-10, atol=1e-12)
 

@@ -12,6 +12,7 @@ from torch import nn
 from coursekit import layers as L
 from coursekit.attention import causal_mask, padding_mask
 from tests.conftest import assert_close
+from tests.conftest import randomise as _randomise
 
 DTYPES = [torch.float64, torch.float32]
 C, H, DFF = 16, 4, 24
@@ -22,12 +23,7 @@ def rand(*shape, dtype=torch.float64, seed=0):
 
 
 def randomise(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Give every parameter (layer-norm scales and shifts included) random values."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
-    return module
+    return _randomise(module, seed, scale=0.5)
 
 
 def torch_encoder_layer(norm_first, activation, bias=True, dropout=0.0, d_ff=DFF):

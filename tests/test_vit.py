@@ -12,8 +12,7 @@ from torch import nn
 
 from coursekit import train, vit
 from coursekit.layers import count_params
-from tests.conftest import assert_close
-from tests.test_gpt import randomise
+from tests.conftest import assert_close, randomise
 
 transformers = pytest.importorskip("transformers")
 from transformers import ViTConfig as HFViTConfig  # noqa: E402

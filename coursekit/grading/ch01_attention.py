@@ -15,16 +15,12 @@ import math
 import torch
 
 from coursekit import attention as ref
-from coursekit.grading.core import Grader, close, describe, generator, is_a, is_tensor, probe
+from coursekit.grading.core import Grader, close, describe, generator, is_a, is_tensor, probe, rand
 
 __all__ = [
     "check_softmax", "check_causal_mask", "check_attention", "check_self_attention",
     "grade_softmax", "grade_causal_mask", "grade_attention", "grade_self_attention",
 ]
-
-
-def _rand(name: str, *shape: int, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(*shape, generator=generator(name), dtype=dtype) * scale
 
 
 # --------------------------------------------------------------------------- softmax
@@ -36,7 +32,7 @@ def grade_softmax(softmax) -> None:
 
     with g.check("returns a tensor of the input's shape and dtype"):
         for dtype in (torch.float32, torch.float64):
-            x = _rand("softmax.shape", 3, 4, 5, dtype=dtype)
+            x = rand("softmax.shape", 3, 4, 5, dtype=dtype)
             p = softmax(x)
             g.expect(
                 is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
@@ -44,7 +40,7 @@ def grade_softmax(softmax) -> None:
             )
 
     with g.check("matches torch.softmax on random inputs"):
-        x = _rand("softmax.values", 4, 7, scale=3.0)
+        x = rand("softmax.values", 4, 7, scale=3.0)
         p = softmax(x)
         expected = torch.softmax(x, dim=-1)
         if is_tensor(p) and p.shape == x.shape and not close(p.sum(-1), torch.ones(4, dtype=x.dtype)):
@@ -52,7 +48,7 @@ def grade_softmax(softmax) -> None:
         g.expect(close(p, expected), "values differ from torch.softmax(x, dim=-1)")
 
     with g.check("normalises along the `dim` argument"):
-        x = _rand("softmax.dim", 3, 4, 5)
+        x = rand("softmax.dim", 3, 4, 5)
         for dim in (0, 1, -1):
             p = softmax(x, dim=dim)
             g.expect(
@@ -62,7 +58,7 @@ def grade_softmax(softmax) -> None:
             )
 
     with g.check("stable for large and very negative inputs"):
-        x = _rand("softmax.large", 3, 6, dtype=torch.float32, scale=50.0) + 1000.0
+        x = rand("softmax.large", 3, 6, dtype=torch.float32, scale=50.0) + 1000.0
         p = softmax(x)
         g.expect(
             is_tensor(p) and bool(torch.isfinite(p).all()),
@@ -89,7 +85,7 @@ def grade_softmax(softmax) -> None:
         g.expect(close(p, expected), "softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be [[0.269, 0, 0.731], [0, 0, 0]]")
 
     with g.check("leaves its input unchanged"):
-        x = _rand("softmax.inplace", 3, 5)
+        x = rand("softmax.inplace", 3, 5)
         after = probe(softmax, x.clone()).args[0]
         g.expect(is_tensor(after) and torch.equal(after, x), "softmax modified its input in place (x -= ... or x.exp_()): compute a new tensor")
 
@@ -163,9 +159,9 @@ def grade_attention(attention) -> None:
 
     def inputs(name, *batch, T=5, S=6, D=4, Dv=3, dtype=torch.float64):
         return (
-            _rand(name + ".q", *batch, T, D, dtype=dtype),
-            _rand(name + ".k", *batch, S, D, dtype=dtype),
-            _rand(name + ".v", *batch, S, Dv, dtype=dtype),
+            rand(name + ".q", *batch, T, D, dtype=dtype),
+            rand(name + ".k", *batch, S, D, dtype=dtype),
+            rand(name + ".v", *batch, S, Dv, dtype=dtype),
         )
 
     with g.check("returns (out, weights) with shapes (..., T, Dv) and (..., T, S)"):
@@ -226,7 +222,7 @@ def grade_attention(attention) -> None:
 
     with g.check("a floating mask is added to the scores"):
         q, k, v = inputs("att.additive", 2, T=4, S=5)
-        bias = _rand("att.additive.bias", 4, 5)
+        bias = rand("att.additive.bias", 4, 5)
         bias[1, 2] = -math.inf
         out, _ = _unpack(attention(q, k, v, mask=bias), "attention", g)
         g.expect(
@@ -247,7 +243,7 @@ def grade_attention(attention) -> None:
 
     with g.check("gradients match the reference"):
         q, k, v = inputs("att.grad", 2, T=3, S=4)
-        upstream = _rand("att.grad.up", *q.shape[:-1], v.shape[-1])  # (B, T, Dv)
+        upstream = rand("att.grad.up", *q.shape[:-1], v.shape[-1])  # (B, T, Dv)
         p = probe(attention, *(t.clone().requires_grad_() for t in (q, k, v)), backward=(0, upstream))
         out, _ = _unpack(p.result, "attention", g)
         g.expect(
@@ -309,7 +305,7 @@ def grade_self_attention(SelfAttention) -> None:
         m = build()
         r = ref.SelfAttention(C, D).double()
         r.load_state_dict(m.state_dict())
-        x = _rand("sa.x", 2, 5, C)
+        x = rand("sa.x", 2, 5, C)
         out, w = _unpack(m(x), "SelfAttention.forward", g)
         out_r, w_r = r(x)
         if close(w, w_r) and not close(out, out_r):
@@ -321,14 +317,14 @@ def grade_self_attention(SelfAttention) -> None:
         m = build()
         r = ref.SelfAttention(C, D).double()
         r.load_state_dict(m.state_dict())
-        x = _rand("sa.mask.x", 2, 5, C)
+        x = rand("sa.mask.x", 2, 5, C)
         mask = ref.causal_mask(5)
         out, _ = _unpack(m(x, mask=mask), "SelfAttention.forward", g)
         g.expect(close(out, r(x, mask=mask)[0]), "with mask=causal_mask(T) the output differs: is the mask passed on?")
 
     with g.check("changing a future token does not change earlier outputs under a causal mask"):
         m = build()
-        x = _rand("sa.causal.x", 1, 6, C)
+        x = rand("sa.causal.x", 1, 6, C)
         y = x.clone()
         y[:, 4:] += 1.0
         a, _ = _unpack(m(x, mask=ref.causal_mask(6)), "SelfAttention.forward", g)
@@ -383,7 +379,7 @@ def check_causal_mask(causal_mask) -> None:
 def check_attention(attention) -> None:
     """Public checks of ``scaled_dot_product_attention`` against torch's, with and without a mask."""
     g = Grader("scaled_dot_product_attention (public)")
-    q, k, v = _rand("public.q", 2, 3, 4, dtype=torch.float32), _rand("public.k", 2, 5, 4, dtype=torch.float32), _rand("public.v", 2, 5, 6, dtype=torch.float32)
+    q, k, v = rand("public.q", 2, 3, 4, dtype=torch.float32), rand("public.k", 2, 5, 4, dtype=torch.float32), rand("public.v", 2, 5, 6, dtype=torch.float32)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     with g.check("q (2, 3, 4), k (2, 5, 4), v (2, 5, 6) give out (2, 3, 6) equal to torch's"):
         out, weights = _unpack(attention(q, k, v), "attention", g)
@@ -417,7 +413,7 @@ def check_attention(attention) -> None:
 def check_self_attention(SelfAttention) -> None:
     """Public checks of ``SelfAttention(8, 4)``: shapes, parameter count, and the computation."""
     g = Grader("SelfAttention (public)")
-    x = _rand("public.x", 2, 5, 8, dtype=torch.float32)
+    x = rand("public.x", 2, 5, 8, dtype=torch.float32)
     with g.check("SelfAttention(8, 4) maps (2, 5, 8) to out (2, 5, 4) and weights (2, 5, 5)"):
         out, weights = _unpack(SelfAttention(8, 4)(x), "SelfAttention.forward", g)
         g.expect(

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from coursekit import attention as att
 from coursekit import multihead as ref
-from coursekit.grading.core import Grader, close, describe, generator, is_a, is_tensor, probe
+from coursekit.grading.core import Grader, close, describe, generator, is_a, is_tensor, probe, rand
 
 __all__ = [
     "check_split_heads", "check_merge_heads", "check_repeat_kv", "check_multihead_attention",
@@ -34,10 +34,6 @@ _VIEW_HINT = (
     "view() failed because its input is not contiguous (the result of a transpose): "
     "use .reshape(...) or .contiguous().view(...) after transposing"
 )
-
-
-def _rand(name: str, *shape: int, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(*shape, generator=generator(name), dtype=dtype) * scale
 
 
 def _call(g: Grader, fn, *args, **kwargs):
@@ -67,7 +63,7 @@ def grade_split_heads(split_heads) -> None:
 
     with g.check("returns (B, H, T, D) with the input's dtype"):
         for B, T, H, D, dtype in ((2, 5, 3, 4, torch.float64), (1, 3, 4, 2, torch.float32)):
-            x = _rand("split.shape", B, T, H * D, dtype=dtype)
+            x = rand("split.shape", B, T, H * D, dtype=dtype)
             out = _call(g, split_heads, x, H)
             g.expect(
                 is_tensor(out) and out.shape == (B, H, T, D) and out.dtype == dtype,
@@ -77,7 +73,7 @@ def grade_split_heads(split_heads) -> None:
 
     with g.check("head h holds features h*D .. (h+1)*D - 1 of every token"):
         B, T, C = 2, 5, 12
-        x = _rand("split.values", B, T, C)
+        x = rand("split.values", B, T, C)
         for H in (3, 4, 2, 1, 12):
             D = C // H
             out = _call(g, split_heads, x, H)
@@ -99,7 +95,7 @@ def grade_split_heads(split_heads) -> None:
             )
 
     with g.check("merge_heads (the reference) undoes it"):
-        x = _rand("split.roundtrip", 3, 4, 8)
+        x = rand("split.roundtrip", 3, 4, 8)
         out = _call(g, split_heads, x, 2)
         g.expect(
             is_tensor(out) and out.shape == (3, 2, 4, 4) and torch.equal(ref.merge_heads(out), x),
@@ -107,7 +103,7 @@ def grade_split_heads(split_heads) -> None:
         )
 
     with g.check("a width that n_heads does not divide raises ValueError"):
-        x = _rand("split.error", 2, 3, 12)
+        x = rand("split.error", 2, 3, 12)
         try:
             out = split_heads(x, 5)
         except ValueError:
@@ -129,7 +125,7 @@ def grade_merge_heads(merge_heads) -> None:
 
     with g.check("returns (B, T, H * D) with the input's dtype"):
         for B, H, T, D, dtype in ((2, 3, 5, 4, torch.float64), (1, 4, 3, 2, torch.float32)):
-            x = _rand("merge.shape", B, H, T, D, dtype=dtype)
+            x = rand("merge.shape", B, H, T, D, dtype=dtype)
             out = _call(g, merge_heads, x)
             g.expect(
                 is_tensor(out) and out.shape == (B, T, H * D) and out.dtype == dtype,
@@ -139,7 +135,7 @@ def grade_merge_heads(merge_heads) -> None:
 
     with g.check("token t holds the features of head 0, then head 1, ..."):
         B, H, T, D = 2, 3, 5, 4
-        x = _rand("merge.values", B, H, T, D)
+        x = rand("merge.values", B, H, T, D)
         out = _call(g, merge_heads, x)
         expected = ref.merge_heads(x)
         if is_tensor(out) and out.shape == expected.shape and torch.equal(out, x.reshape(B, T, H * D)):
@@ -153,7 +149,7 @@ def grade_merge_heads(merge_heads) -> None:
         )
 
     with g.check("undoes split_heads (the reference) for any number of heads"):
-        y = _rand("merge.roundtrip", 2, 4, 12)
+        y = rand("merge.roundtrip", 2, 4, 12)
         for H in (1, 3, 4, 12):
             out = _call(g, merge_heads, ref.split_heads(y, H))
             g.expect(
@@ -162,7 +158,7 @@ def grade_merge_heads(merge_heads) -> None:
             )
 
     with g.check("a tensor that is not (B, H, T, D) raises ValueError"):
-        x = _rand("merge.error", 2, 3, 12)
+        x = rand("merge.error", 2, 3, 12)
         try:
             out = merge_heads(x)
         except ValueError:
@@ -184,7 +180,7 @@ def grade_repeat_kv(repeat_kv) -> None:
 
     with g.check("returns (B, H_kv * n_rep, S, D)"):
         for n_rep in (1, 2, 3):
-            x = _rand("repeat.shape", 2, 2, 5, 3)
+            x = rand("repeat.shape", 2, 2, 5, 3)
             out = repeat_kv(x, n_rep)
             g.expect(
                 is_tensor(out) and out.shape == (2, 2 * n_rep, 5, 3) and out.dtype == x.dtype,
@@ -192,13 +188,13 @@ def grade_repeat_kv(repeat_kv) -> None:
             )
 
     with g.check("n_rep = 1 returns the heads unchanged"):
-        x = _rand("repeat.one", 2, 3, 4, 2)
+        x = rand("repeat.one", 2, 3, 4, 2)
         out = repeat_kv(x, 1)
         g.expect(is_tensor(out) and torch.equal(out, x), "repeat_kv(x, 1) must return x's values unchanged")
 
     with g.check("query head h gets key/value head h // n_rep"):
         for H_kv, n_rep in ((2, 3), (3, 2), (1, 4)):
-            x = _rand("repeat.groups", 2, H_kv, 5, 3)
+            x = rand("repeat.groups", 2, H_kv, 5, 3)
             out = repeat_kv(x, n_rep)
             expected = ref.repeat_kv(x, n_rep)
             if is_tensor(out) and out.shape == expected.shape and H_kv > 1 and torch.equal(out, x.repeat(1, n_rep, 1, 1)):
@@ -212,8 +208,8 @@ def grade_repeat_kv(repeat_kv) -> None:
             )
 
     with g.check("attention over repeated heads equals torch's enable_gqa=True"):
-        q = _rand("repeat.sdpa.q", 2, 6, 4, 5)  # (B, H, T, D)
-        k, v = _rand("repeat.sdpa.k", 2, 2, 7, 5), _rand("repeat.sdpa.v", 2, 2, 7, 5)  # (B, H_kv, S, D)
+        q = rand("repeat.sdpa.q", 2, 6, 4, 5)  # (B, H, T, D)
+        k, v = rand("repeat.sdpa.k", 2, 2, 7, 5), rand("repeat.sdpa.v", 2, 2, 7, 5)  # (B, H_kv, S, D)
         rk, rv = repeat_kv(k, 3), repeat_kv(v, 3)
         g.expect(is_tensor(rk) and is_tensor(rv) and rk.shape == (2, 6, 7, 5), f"repeat_kv(k, 3) should be (2, 6, 7, 5), got {describe(rk)}")
         out, _ = att.scaled_dot_product_attention(q, rk, rv)
@@ -224,8 +220,8 @@ def grade_repeat_kv(repeat_kv) -> None:
         )
 
     with g.check("gradients reach every key/value head"):
-        x = _rand("repeat.grad", 1, 2, 3, 4)
-        upstream = _rand("repeat.grad.up", 1, 6, 3, 4)
+        x = rand("repeat.grad", 1, 2, 3, 4)
+        upstream = rand("repeat.grad.up", 1, 6, 3, 4)
         p = probe(repeat_kv, x.clone().requires_grad_(), 3, backward=(None, upstream))
         g.expect(
             is_tensor(p.result) and p.result.requires_grad,
@@ -322,7 +318,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
     with g.check("self-attention matches the reference with the same weights"):
         m = _build(MultiHeadAttention)
         r = _twin(g, m)
-        x = _rand("mha.self.x", 2, 5, C)
+        x = rand("mha.self.x", 2, 5, C)
         out, w = _unpack(_call(g, m, x, need_weights=True), "forward", g)
         out_r, w_r = r(x, need_weights=True)
         q, k, v = _heads(r, x)
@@ -340,7 +336,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
     with g.check("need_weights=False returns (out, None)"):
         m = _build(MultiHeadAttention)
         r = _twin(g, m)
-        x = _rand("mha.noweights.x", 2, 4, C)
+        x = rand("mha.noweights.x", 2, 4, C)
         out, w = _unpack(_call(g, m, x), "forward", g)
         g.expect(w is None, f"without need_weights=True the second value should be None, got {describe(w)}")
         g.expect(close(out, r(x)[0]), "out differs from the reference when need_weights is False")
@@ -348,7 +344,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
     with g.check("cross-attention: queries from x, keys and values from kv"):
         m = _build(MultiHeadAttention)
         r = _twin(g, m)
-        x, kv = _rand("mha.cross.x", 2, 4, C), _rand("mha.cross.kv", 2, 6, C)
+        x, kv = rand("mha.cross.x", 2, 4, C), rand("mha.cross.kv", 2, 6, C)
         out, w = _unpack(_call(g, m, x, kv, need_weights=True), "forward", g)
         out_r, w_r = r(x, kv, need_weights=True)
         if is_tensor(w) and w.shape == (2, H, 4, 4):
@@ -361,7 +357,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
     with g.check("key_padding_mask: True marks a real key, False a padded one"):
         m = _build(MultiHeadAttention)
         r = _twin(g, m)
-        x = _rand("mha.kpm.x", 2, 5, C)
+        x = rand("mha.kpm.x", 2, 5, C)
         keep = att.padding_mask([5, 3], S=5)  # (B, S)
         out, w = _unpack(_call(g, m, x, key_padding_mask=keep, need_weights=True), "forward", g)
         if close(out, r(x, key_padding_mask=~keep)[0]):
@@ -376,7 +372,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
     with g.check("is_causal=True hides future keys"):
         m = _build(MultiHeadAttention)
         r = _twin(g, m)
-        x = _rand("mha.causal.x", 2, 6, C)
+        x = rand("mha.causal.x", 2, 6, C)
         out, _ = _unpack(_call(g, m, x, is_causal=True), "forward", g)
         if close(out, r(x)[0]):
             g.fail("is_causal=True was ignored: combine causal_mask(T, S) with the other masks")
@@ -392,10 +388,10 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
     with g.check("boolean and floating attention masks, alone and combined"):
         m = _build(MultiHeadAttention)
         r = _twin(g, m)
-        x = _rand("mha.mask.x", 2, 5, C)
+        x = rand("mha.mask.x", 2, 5, C)
         bool_mask = torch.rand(2, 1, 5, 5, generator=generator("mha.mask.bool")) < 0.6  # (B, 1, T, S)
         bool_mask[..., 0] = True
-        float_mask = _rand("mha.mask.float", 5, 5)  # (T, S)
+        float_mask = rand("mha.mask.float", 5, 5)  # (T, S)
         keep = att.padding_mask([5, 4], S=5)
         for kwargs, what in (
             (dict(mask=bool_mask), "a boolean (B, 1, T, S) mask"),
@@ -414,7 +410,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
     with g.check("a query with no visible key gets a zero attention output, not NaN"):
         m = _build(MultiHeadAttention)
         r = _twin(g, m)
-        x = _rand("mha.empty.x", 2, 4, C)
+        x = rand("mha.empty.x", 2, 4, C)
         mask = torch.ones(2, 1, 4, 4, dtype=torch.bool)
         mask[1, 0, 2] = False  # query 2 of sequence 1 sees nothing
         out, _ = _unpack(_call(g, m, x, mask=mask), "forward", g)
@@ -432,7 +428,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
         for n_kv in (2, 1):
             m = _build(MultiHeadAttention, n_kv_heads=n_kv)
             r = _twin(g, m, n_kv_heads=n_kv)
-            x = _rand(f"mha.gqa{n_kv}.x", 2, 5, C)
+            x = rand(f"mha.gqa{n_kv}.x", 2, 5, C)
             out, w = _unpack(_call(g, m, x, need_weights=True), "forward", g)
             out_r, w_r = r(x, need_weights=True)
             _expect_weights(g, w, w_r, f" with n_kv_heads={n_kv}")
@@ -451,7 +447,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
         m = _build(MultiHeadAttention, dropout=0.5)
         r = _twin(g, m, dropout=0.5)
         m.eval()
-        x = _rand("mha.eval.x", 2, 5, C)
+        x = rand("mha.eval.x", 2, 5, C)
         out, w = _unpack(_call(g, m, x, need_weights=True), "forward", g)
         _, w_r = r(x, need_weights=True)
         if is_tensor(w) and w.shape == w_r.shape and bool((w == 0).any()):
@@ -463,7 +459,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
         m = _build(MultiHeadAttention, dropout=p)
         r = _twin(g, m, dropout=p)
         m.train()
-        x = _rand("mha.train.x", 2, 5, C)
+        x = rand("mha.train.x", 2, 5, C)
         out, w = _unpack(_call(g, m, x, need_weights=True), "forward", g)
         _, w_r = r(x, need_weights=True)
         _expect_weights(g, w, w_r, " (after dropout)")
@@ -484,8 +480,8 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
     with g.check("gradients with respect to x match the reference"):
         m = _build(MultiHeadAttention, n_kv_heads=2)
         r = _twin(g, m, n_kv_heads=2)
-        x = _rand("mha.grad.x", 2, 4, C)
-        upstream = _rand("mha.grad.up", 2, 4, C)
+        x = rand("mha.grad.x", 2, 4, C)
+        upstream = rand("mha.grad.up", 2, 4, C)
         pr = probe(m, x.clone().requires_grad_(), is_causal=True, backward=(0, upstream))
         out, _ = _unpack(pr.result, "forward", g)
         g.expect(is_tensor(out) and out.requires_grad, "out does not depend on x through autograd: avoid .detach(), .numpy() or .item()")
@@ -543,7 +539,7 @@ def check_repeat_kv(repeat_kv) -> None:
 def check_multihead_attention(MultiHeadAttention) -> None:
     """Public checks of ``MultiHeadAttention(8, 2)``: shapes, parameter count and the computation."""
     g = Grader("MultiHeadAttention (public)")
-    x = _rand("public.mha.x", 2, 5, 8, dtype=torch.float32)
+    x = rand("public.mha.x", 2, 5, 8, dtype=torch.float32)
     with g.check("MultiHeadAttention(8, 2) maps (2, 5, 8) to out (2, 5, 8) and weights (2, 2, 5, 5)"):
         out, weights = _unpack(MultiHeadAttention(8, 2)(x, need_weights=True), "forward", g)
         g.expect(

@@ -17,7 +17,7 @@ import math
 import torch
 
 from coursekit import positional as ref
-from coursekit.grading.core import Grader, close, describe, generator, is_tensor, probe
+from coursekit.grading.core import Grader, close, describe, is_tensor, probe, rand
 
 __all__ = [
     "check_sinusoidal_encoding", "check_apply_rope", "check_alibi_slopes", "check_alibi_bias",
@@ -25,10 +25,6 @@ __all__ = [
 ]
 
 F64 = torch.float64
-
-
-def _rand(name: str, *shape: int, dtype=F64) -> torch.Tensor:
-    return torch.randn(*shape, generator=generator(name), dtype=dtype)
 
 
 def _same(a: object, b: torch.Tensor) -> bool:
@@ -188,7 +184,7 @@ def grade_apply_rope(apply_rope) -> None:
 
     with g.check("returns a tensor of x's shape and dtype"):
         for dtype in (torch.float32, F64):
-            x = _rand("rope.shape", 2, 3, 5, 8, dtype=dtype)
+            x = rand("rope.shape", 2, 3, 5, 8, dtype=dtype)
             out = apply_rope(x, torch.arange(5))
             g.expect(
                 is_tensor(out) and out.shape == x.shape and out.dtype == dtype,
@@ -196,28 +192,28 @@ def grade_apply_rope(apply_rope) -> None:
             )
 
     with g.check("is the identity at position 0"):
-        x = _rand("rope.zero", 2, 2, 4, 8)
+        x = rand("rope.zero", 2, 2, 4, 8)
         out = apply_rope(x, torch.zeros(4, dtype=torch.long))
         if close(out, ref.apply_rope(x, torch.ones(4, dtype=torch.long))):
             g.fail("at position 0 the rotation must be the identity: your positions are shifted by one (start at 0)")
         g.expect(close(out, x), "at position 0 the rotation must be the identity (angle 0): apply_rope(x, zeros) should return x")
 
     with g.check("matches the reference for positions 0 .. T-1"):
-        x = _rand("rope.arange", 2, 3, 6, 8)
+        x = rand("rope.arange", 2, 3, 6, 8)
         positions = torch.arange(6)
         out = apply_rope(x, positions)
         _diagnose_rope(g, out, x, positions)
         g.expect(close(out, ref.apply_rope(x, positions)), "the rotated x differs from the reference")
 
     with g.check("uses explicit positions (T,)"):
-        x = _rand("rope.explicit", 2, 2, 6, 8)
+        x = rand("rope.explicit", 2, 2, 6, 8)
         positions = torch.tensor([5, 0, 17, 3, 100, 42])
         out = apply_rope(x, positions)
         _diagnose_rope(g, out, x, positions)
         g.expect(close(out, ref.apply_rope(x, positions)), "with positions [5, 0, 17, 3, 100, 42] the result differs from the reference")
 
     with g.check("one row of positions per sequence (B, T), shared by the heads"):
-        x = _rand("rope.batched", 2, 2, 4, 6)  # B = H, so angles broadcast over the wrong axis run silently
+        x = rand("rope.batched", 2, 2, 4, 6)  # B = H, so angles broadcast over the wrong axis run silently
         positions = torch.tensor([[0, 1, 2, 3], [9, 4, 20, 7]])
         out = apply_rope(x, positions)
         on_heads = torch.stack([torch.stack([ref.apply_rope(x[b, h], positions[h]) for h in range(2)]) for b in range(2)])
@@ -230,7 +226,7 @@ def grade_apply_rope(apply_rope) -> None:
         g.expect(close(out, ref.apply_rope(x, positions)), "with (B, T) positions the result differs from the reference")
 
     with g.check("preserves norms, and scores depend only on the offset"):
-        q, k = _rand("rope.q", 1, 1, 1, 16), _rand("rope.k", 1, 1, 1, 16)
+        q, k = rand("rope.q", 1, 1, 1, 16), rand("rope.k", 1, 1, 1, 16)
 
         def score(m, n):
             a, b = apply_rope(q, torch.tensor([m])), apply_rope(k, torch.tensor([n]))
@@ -245,7 +241,7 @@ def grade_apply_rope(apply_rope) -> None:
         )
 
     with g.check("passes base, scaling and factor on"):
-        x = _rand("rope.base", 1, 2, 5, 8)
+        x = rand("rope.base", 1, 2, 5, 8)
         positions = torch.arange(0, 50, 10)
         g.expect(
             close(apply_rope(x, positions), ref.apply_rope(x, positions)),
@@ -258,9 +254,9 @@ def grade_apply_rope(apply_rope) -> None:
             g.expect(close(out, ref.apply_rope(x, positions, **kwargs)), f"with {kwargs} the result differs from the reference")
 
     with g.check("gradients match the reference"):
-        x = _rand("rope.grad", 2, 2, 4, 6)
+        x = rand("rope.grad", 2, 2, 4, 6)
         positions = torch.tensor([3, 1, 4, 1])
-        upstream = _rand("rope.grad.up", 2, 2, 4, 6)
+        upstream = rand("rope.grad.up", 2, 2, 4, 6)
         p = probe(apply_rope, x.clone().requires_grad_(), positions, backward=(None, upstream))
         g.expect(
             is_tensor(p.result) and p.result.requires_grad,
@@ -272,7 +268,7 @@ def grade_apply_rope(apply_rope) -> None:
         )
 
     with g.check("leaves x and positions unchanged"):
-        x = _rand("rope.inplace", 1, 2, 4, 8)
+        x = rand("rope.inplace", 1, 2, 4, 8)
         positions = torch.tensor([2, 0, 5, 1])
         p = probe(apply_rope, x.clone(), positions.clone())
         g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], x), "x was modified in place: compute a new tensor")
@@ -407,7 +403,7 @@ def grade_alibi_bias(alibi_bias) -> None:
             g.expect(_same(b, ref.alibi_bias(slopes, T, S)), f"alibi_bias(slopes, {T}, {S}) differs from the reference")
 
     with g.check("any slopes, any number of heads"):
-        s = _rand("alibi.bias.slopes", 7).abs()
+        s = rand("alibi.bias.slopes", 7).abs()
         b = alibi_bias(s, 6)
         _diagnose_bias(g, b, s, 6, 6)
         g.expect(_same(b, ref.alibi_bias(s, 6)), "with 7 random slopes the bias differs from the reference")
@@ -456,7 +452,7 @@ def check_apply_rope(apply_rope) -> None:
             g.fail("the rotation goes the wrong way: (a, b) becomes (a cos - b sin, a sin + b cos)")
         g.expect(torch.allclose(out[1], torch.tensor([c, 0.0, s, 0.0]), atol=1e-6), f"expected [0.5403, 0, 0.8415, 0] at position 1, got {out[1].tolist()}")
     with g.check("(B, H, T, D) input: norms are preserved"):
-        y = _rand("public.rope", 2, 3, 5, 8, dtype=torch.float32)
+        y = rand("public.rope", 2, 3, 5, 8, dtype=torch.float32)
         out = apply_rope(y, torch.arange(5))
         g.expect(is_tensor(out) and out.shape == y.shape, f"expected shape {tuple(y.shape)}, got {describe(out)}")
         g.expect(torch.allclose(out.norm(dim=-1), y.norm(dim=-1), atol=1e-5), "the norms changed: each pair must be rotated, not scaled")

@@ -21,7 +21,20 @@ from torch import nn
 
 from coursekit import layers as ref
 from coursekit.attention import causal_mask, padding_mask
-from coursekit.grading.core import Grader, close, describe, generator, is_a, is_tensor, probe
+from coursekit.grading.core import (
+    Grader,
+    close,
+    describe,
+    first_match,
+    generator,
+    is_a,
+    is_tensor,
+    load_weights,
+    names_hint,
+    probe,
+    rand,
+    random_weights,
+)
 
 __all__ = [
     "check_layer_norm", "check_feed_forward", "check_encoder_layer", "check_decoder_layer",
@@ -29,48 +42,6 @@ __all__ = [
 ]
 
 C, H, DFF = 16, 4, 24
-
-
-def _rand(name: str, *shape: int, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(*shape, generator=generator(name), dtype=dtype) * scale
-
-
-def _random_weights(module: nn.Module, name: str) -> dict[str, torch.Tensor]:
-    """A state dict of ``module``'s names with random float64 values (norm scales around 1)."""
-    g = generator(name)
-    out = {}
-    for key, value in module.state_dict().items():
-        noise = torch.randn(value.shape, generator=g, dtype=torch.float64) * 0.5
-        is_norm_scale = key.endswith(".weight") and key.split(".")[-2].startswith("norm")
-        out[key] = noise + 1.0 if is_norm_scale else noise
-    return out
-
-
-def _names_hint(what: str, got: set[str], expected: set[str]) -> str:
-    missing, extra = sorted(expected - got), sorted(got - expected)
-    parts = []
-    if missing:
-        parts.append(f"missing {missing[:6]}")
-    if extra:
-        parts.append(f"unexpected {extra[:6]}")
-    return f"{what}'s parameters must be named as in the instructions ({'; '.join(parts)})"
-
-
-def _load(g: Grader, module, weights: dict[str, torch.Tensor], what: str) -> None:
-    """Push ``weights`` into the student's module after checking the names fit."""
-    sd = module.state_dict()
-    got = set(sd) if isinstance(sd, dict) else set()
-    g.expect(got == set(weights), _names_hint(what, got, set(weights)))
-    module.load_state_dict(weights)
-
-
-def _first_match(g: Grader, out, candidates) -> None:
-    """Fail with the hint of the first wrong-implementation candidate that ``out`` equals."""
-    if not is_tensor(out):
-        return
-    for expected, hint in candidates:
-        if close(out, expected):
-            g.fail(hint)
 
 
 # --------------------------------------------------------------------------- LayerNorm
@@ -86,9 +57,9 @@ def grade_layer_norm(LayerNorm) -> None:
 
     def build(name, **kwargs):
         m = LayerNorm(C, **kwargs).double()
-        w, b = _rand(name + ".w", C) * 0.5 + 1, _rand(name + ".b", C) * 0.5
+        w, b = rand(name + ".w", C) * 0.5 + 1, rand(name + ".b", C) * 0.5
         weights = {"weight": w, "bias": b} if kwargs.get("bias", True) else {"weight": w}
-        _load(g, m, weights, "LayerNorm")
+        load_weights(g, m, weights, "LayerNorm")
         return m, w, (b if kwargs.get("bias", True) else None)
 
     with g.check("has parameters weight (ones) and bias (zeros) of shape (C,)"):
@@ -109,12 +80,12 @@ def grade_layer_norm(LayerNorm) -> None:
 
     with g.check("matches nn.LayerNorm with random scale and shift"):
         m, w, b = build("ln.values")
-        x = _rand("ln.values.x", 3, 5, C, scale=2.0) + 1.0
+        x = rand("ln.values.x", 3, 5, C, scale=2.0) + 1.0
         out = m(x)
         g.expect(is_tensor(out) and out.shape == x.shape and out.dtype == x.dtype,
                  f"for input {describe(x)} expected the same shape and dtype, got {describe(out)}")
         mean = x.mean(-1, keepdim=True)
-        _first_match(g, out, [
+        first_match(g, out, [
             ((x - mean) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) * w + b,
              "you used the unbiased variance (dividing by C - 1): layer norm divides by C, "
              "x.var(-1, unbiased=False) or ((x - mean) ** 2).mean(-1)"),
@@ -127,9 +98,9 @@ def grade_layer_norm(LayerNorm) -> None:
 
     with g.check("normalises each token over its own features (not over the batch)"):
         m, w, b = build("ln.axis")
-        x = _rand("ln.axis.x", 4, 3, C)
+        x = rand("ln.axis.x", 4, 3, C)
         y = x.clone()
-        y[1:] = _rand("ln.axis.other", 3, 3, C, scale=3.0) + 2.0
+        y[1:] = rand("ln.axis.other", 3, 3, C, scale=3.0) + 2.0
         a, c = m(x), m(y)
         g.expect(
             is_tensor(a) and is_tensor(c) and a.shape == x.shape and close(a[0], c[0]),
@@ -140,13 +111,13 @@ def grade_layer_norm(LayerNorm) -> None:
 
     with g.check("eps is added to the variance inside the square root"):
         m = LayerNorm(C, eps=0.1).double()
-        w, b = _rand("ln.eps.w", C) * 0.5 + 1, _rand("ln.eps.b", C) * 0.5
-        _load(g, m, {"weight": w, "bias": b}, "LayerNorm")
-        x = _rand("ln.eps.x", 2, 4, C, scale=0.1) + 3.0  # variance about 0.01, well below eps
+        w, b = rand("ln.eps.w", C) * 0.5 + 1, rand("ln.eps.b", C) * 0.5
+        load_weights(g, m, {"weight": w, "bias": b}, "LayerNorm")
+        x = rand("ln.eps.x", 2, 4, C, scale=0.1) + 3.0  # variance about 0.01, well below eps
         out = m(x)
         mean = x.mean(-1, keepdim=True)
         std = x.var(-1, unbiased=False, keepdim=True).sqrt()
-        _first_match(g, out, [
+        first_match(g, out, [
             ((x - mean) / (std + 0.1) * w + b,
              "eps must be added to the variance inside the square root: (x - mean) / sqrt(var + eps)"),
             (_ln_expected(x, w, b, eps=1e-5),
@@ -157,22 +128,22 @@ def grade_layer_norm(LayerNorm) -> None:
 
     with g.check("bias=False: a scale but no shift"):
         m, w, _ = build("ln.nobias", bias=False)
-        x = _rand("ln.nobias.x", 2, 3, C)
+        x = rand("ln.nobias.x", 2, 3, C)
         g.expect(close(m(x), _ln_expected(x, w, None)),
                  "with bias=False the output differs from nn.LayerNorm(C, bias=False)")
 
     with g.check("any number of leading dimensions"):
         m, w, b = build("ln.shapes")
         for shape in ((C,), (2, 3, 4, C)):
-            x = _rand(f"ln.shapes.{shape}", *shape)
+            x = rand(f"ln.shapes.{shape}", *shape)
             out = m(x)
             g.expect(close(out, _ln_expected(x, w, b)),
                      f"for an input of shape {shape} the output differs from nn.LayerNorm")
 
     with g.check("gradients match nn.LayerNorm"):
         m, w, b = build("ln.grad")
-        x = _rand("ln.grad.x", 2, 3, C)
-        up = _rand("ln.grad.up", 2, 3, C)
+        x = rand("ln.grad.x", 2, 3, C)
+        up = rand("ln.grad.up", 2, 3, C)
         p = probe(m, x.clone().requires_grad_(), backward=(None, up))
         g.expect(is_tensor(p.result) and p.result.requires_grad,
                  "the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
@@ -194,8 +165,8 @@ def grade_feed_forward(FeedForward) -> None:
     def build(name, d_ff=DFF, activation="relu", **kwargs):
         m = FeedForward(C, d_ff, activation, **kwargs).double().eval()
         r = ref.FeedForward(C, d_ff, activation, bias=kwargs.get("bias", True)).double().eval()
-        weights = _random_weights(r, name)
-        _load(g, m, weights, "FeedForward")
+        weights = random_weights(r, name)
+        load_weights(g, m, weights, "FeedForward")
         r.load_state_dict(weights)
         return m, r
 
@@ -214,12 +185,12 @@ def grade_feed_forward(FeedForward) -> None:
     for activation in ("relu", "gelu"):
         with g.check(f"activation={activation!r} matches the reference"):
             m, r = build(f"ff.{activation}", activation=activation)
-            x = _rand(f"ff.{activation}.x", 2, 5, C)
+            x = rand(f"ff.{activation}.x", 2, 5, C)
             out = m(x)
             h = r.linear1(x)
             with torch.no_grad():
                 act = F.relu if activation == "relu" else F.gelu
-                _first_match(g, out, [
+                first_match(g, out, [
                     (act(r.linear2(h)), "the activation goes between the two linear layers: linear2(act(linear1(x))), "
                                         "not act(linear2(linear1(x)))"),
                     (r.linear2(h), "no nonlinearity was applied: use linear2(act(linear1(x)))"),
@@ -240,16 +211,16 @@ def grade_feed_forward(FeedForward) -> None:
 
     with g.check("applied to each position separately"):
         m, r = build("ff.position")
-        x = _rand("ff.position.x", 1, 4, C)
+        x = rand("ff.position.x", 1, 4, C)
         y = x.clone()
-        y[:, 1:] = _rand("ff.position.other", 1, 3, C)
+        y[:, 1:] = rand("ff.position.other", 1, 3, C)
         a, b = m(x), m(y)
         g.expect(is_tensor(a) and is_tensor(b) and close(a[:, 0], b[:, 0]),
                  "the output at position 0 changed when only other positions changed: the feed-forward must act on each token alone")
 
     with g.check("dropout on the hidden activations, only in training mode"):
         m, r = build("ff.dropout", dropout=0.5)
-        x = _rand("ff.dropout.x", 4, 6, C)
+        x = rand("ff.dropout.x", 4, 6, C)
         out = m(x)
         g.expect(close(out, r(x)), "in eval mode dropout must do nothing (use nn.Dropout, which knows the mode)")
         m.train()
@@ -313,8 +284,8 @@ def grade_encoder_layer(EncoderLayer) -> None:
     def build(name, norm_first=False, activation="relu", bias=True, dropout=0.0):
         m = EncoderLayer(C, H, DFF, dropout=dropout, activation=activation, norm_first=norm_first, bias=bias).double().eval()
         r = ref.EncoderLayer(C, H, DFF, dropout=0.0, activation=activation, norm_first=norm_first, bias=bias).double().eval()
-        weights = _random_weights(r, name)
-        _load(g, m, weights, "EncoderLayer")
+        weights = random_weights(r, name)
+        load_weights(g, m, weights, "EncoderLayer")
         r.load_state_dict(weights)
         return m, r, _torch_encoder(weights, norm_first, activation, bias)
 
@@ -323,7 +294,7 @@ def grade_encoder_layer(EncoderLayer) -> None:
         expected = set(ref.EncoderLayer(C, H, DFF).state_dict())
         sd = m.state_dict()
         got = set(sd) if isinstance(sd, dict) else set()
-        g.expect(got == expected, _names_hint("EncoderLayer", got, expected))
+        g.expect(got == expected, names_hint("EncoderLayer", got, expected))
         n = sum(p.numel() for p in m.parameters())
         g.expect(n == ref.encoder_layer_params(C, DFF), f"expected {ref.encoder_layer_params(C, DFF)} parameters, got {n}")
 
@@ -336,20 +307,20 @@ def grade_encoder_layer(EncoderLayer) -> None:
         label = "pre-norm" if norm_first else "post-norm"
         with g.check(f"{label} (norm_first={norm_first}), {activation}: matches nn.TransformerEncoderLayer"):
             m, r, t = build(f"enc.{norm_first}.{activation}", norm_first, activation)
-            x = _rand(f"enc.{norm_first}.{activation}.x", 2, 5, C)
+            x = rand(f"enc.{norm_first}.{activation}.x", 2, 5, C)
             out = m(x)
             g.expect(is_tensor(out) and out.shape == x.shape,
                      f"expected an output of shape {tuple(x.shape)}, got {describe(out)}")
-            _first_match(g, out, _encoder_mistakes(r, x, norm_first))
+            first_match(g, out, _encoder_mistakes(r, x, norm_first))
             g.expect(close(out, t(x)),
                      f"the {label} output differs from nn.TransformerEncoderLayer(norm_first={norm_first}) with the same weights")
 
     with g.check("key_padding_mask (True = real token) reaches self-attention"):
         m, r, t = build("enc.padding", norm_first=True)
-        x = _rand("enc.padding.x", 3, 5, C)
+        x = rand("enc.padding.x", 3, 5, C)
         keep = padding_mask([4, 3, 2], S=5)  # every sequence has padding, so the inverted mask hides no row entirely
         out = m(x, key_padding_mask=keep)
-        _first_match(g, out, [
+        first_match(g, out, [
             (t(x, src_key_padding_mask=keep), "key_padding_mask is inverted: in this course True marks real tokens"),
             (t(x), "key_padding_mask was ignored: pass it to self_attn(..., key_padding_mask=key_padding_mask)"),
         ])
@@ -358,7 +329,7 @@ def grade_encoder_layer(EncoderLayer) -> None:
 
     with g.check("mask and is_causal reach self-attention"):
         m, r, t = build("enc.mask")
-        x = _rand("enc.mask.x", 2, 5, C)
+        x = rand("enc.mask.x", 2, 5, C)
         mask = torch.rand(5, 5, generator=generator("enc.mask.m")) < 0.6
         mask[:, 0] = True
         out = m(x, mask=mask)
@@ -379,7 +350,7 @@ def grade_encoder_layer(EncoderLayer) -> None:
 
     with g.check("dropout does nothing in eval mode and something in training mode"):
         m, r, t = build("enc.dropout", dropout=0.5)
-        x = _rand("enc.dropout.x", 2, 5, C)
+        x = rand("enc.dropout.x", 2, 5, C)
         g.expect(close(m(x), t(x)),
                  "EncoderLayer(..., dropout=0.5) in eval mode differs from the reference: use nn.Dropout modules")
         m.train()
@@ -388,8 +359,8 @@ def grade_encoder_layer(EncoderLayer) -> None:
 
     with g.check("gradients match nn.TransformerEncoderLayer"):
         m, r, t = build("enc.grad", norm_first=True, activation="gelu")
-        x = _rand("enc.grad.x", 2, 4, C)
-        up = _rand("enc.grad.up", 2, 4, C)
+        x = rand("enc.grad.x", 2, 4, C)
+        up = rand("enc.grad.up", 2, 4, C)
         p = probe(m, x.clone().requires_grad_(), backward=(None, up))
         g.expect(is_tensor(p.result) and p.result.requires_grad,
                  "the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
@@ -451,8 +422,8 @@ def grade_decoder_layer(DecoderLayer) -> None:
     def build(name, norm_first=False, activation="relu", dropout=0.0):
         m = DecoderLayer(C, H, DFF, dropout=dropout, activation=activation, norm_first=norm_first).double().eval()
         r = ref.DecoderLayer(C, H, DFF, dropout=0.0, activation=activation, norm_first=norm_first).double().eval()
-        weights = _random_weights(r, name)
-        _load(g, m, weights, "DecoderLayer")
+        weights = random_weights(r, name)
+        load_weights(g, m, weights, "DecoderLayer")
         r.load_state_dict(weights)
         return m, r, _torch_decoder(weights, norm_first, activation)
 
@@ -461,7 +432,7 @@ def grade_decoder_layer(DecoderLayer) -> None:
         expected = set(ref.DecoderLayer(C, H, DFF).state_dict())
         sd = m.state_dict()
         got = set(sd) if isinstance(sd, dict) else set()
-        g.expect(got == expected, _names_hint("DecoderLayer", got, expected))
+        g.expect(got == expected, names_hint("DecoderLayer", got, expected))
         n = sum(p.numel() for p in m.parameters())
         g.expect(n == ref.decoder_layer_params(C, DFF), f"expected {ref.decoder_layer_params(C, DFF)} parameters, got {n}")
 
@@ -469,25 +440,25 @@ def grade_decoder_layer(DecoderLayer) -> None:
         label = "pre-norm" if norm_first else "post-norm"
         with g.check(f"{label} (norm_first={norm_first}), {activation}: matches nn.TransformerDecoderLayer with a causal mask"):
             m, r, t = build(f"dec.{norm_first}", norm_first, activation)
-            x, memory = _rand(f"dec.{norm_first}.x", 2, 5, C), _rand(f"dec.{norm_first}.mem", 2, 7, C)
+            x, memory = rand(f"dec.{norm_first}.x", 2, 5, C), rand(f"dec.{norm_first}.mem", 2, 7, C)
             out = m(x, memory)
             g.expect(is_tensor(out) and out.shape == x.shape,
                      f"for x {tuple(x.shape)} and memory {tuple(memory.shape)} expected an output of shape {tuple(x.shape)}, got {describe(out)}")
-            _first_match(g, out, _decoder_mistakes(r, x, memory, norm_first))
+            first_match(g, out, _decoder_mistakes(r, x, memory, norm_first))
             g.expect(close(out, _causal_torch(t, x, memory)),
                      f"the {label} output differs from nn.TransformerDecoderLayer(norm_first={norm_first}) with the same weights")
 
     with g.check("is_causal=False removes the causal mask"):
         m, r, t = build("dec.noncausal", norm_first=True)
-        x, memory = _rand("dec.noncausal.x", 2, 4, C), _rand("dec.noncausal.mem", 2, 6, C)
+        x, memory = rand("dec.noncausal.x", 2, 4, C), rand("dec.noncausal.mem", 2, 6, C)
         g.expect(close(m(x, memory, is_causal=False), t(x, memory)),
                  "with is_causal=False the output differs from nn.TransformerDecoderLayer without a target mask")
 
     with g.check("a future token does not change earlier outputs"):
         m, r, t = build("dec.future")
-        x, memory = _rand("dec.future.x", 2, 6, C), _rand("dec.future.mem", 2, 5, C)
+        x, memory = rand("dec.future.x", 2, 6, C), rand("dec.future.mem", 2, 5, C)
         y = x.clone()
-        y[:, 4:] = _rand("dec.future.y", 2, 2, C)
+        y[:, 4:] = rand("dec.future.y", 2, 2, C)
         a, b = m(x, memory), m(y, memory)
         g.expect(is_tensor(a) and is_tensor(b) and close(a[:, :4], b[:, :4]),
                  "outputs at positions 0-3 changed when only positions 4-5 changed: information leaks from the future "
@@ -495,10 +466,10 @@ def grade_decoder_layer(DecoderLayer) -> None:
 
     with g.check("memory_key_padding_mask (True = real token) reaches cross-attention"):
         m, r, t = build("dec.mempad", norm_first=True)
-        x, memory = _rand("dec.mempad.x", 3, 4, C), _rand("dec.mempad.mem", 3, 6, C)
+        x, memory = rand("dec.mempad.x", 3, 4, C), rand("dec.mempad.mem", 3, 6, C)
         keep = padding_mask([5, 3, 1], S=6)  # every sequence has padding
         out = m(x, memory, memory_key_padding_mask=keep)
-        _first_match(g, out, [
+        first_match(g, out, [
             (_causal_torch(t, x, memory), "memory_key_padding_mask was ignored: pass it to cross_attn as key_padding_mask"),
             (_causal_torch(t, x, memory, memory_key_padding_mask=keep),
              "memory_key_padding_mask is inverted: in this course True marks real tokens"),
@@ -508,7 +479,7 @@ def grade_decoder_layer(DecoderLayer) -> None:
 
     with g.check("key_padding_mask and memory_mask reach their attentions"):
         m, r, t = build("dec.masks")
-        x, memory = _rand("dec.masks.x", 3, 5, C), _rand("dec.masks.mem", 3, 6, C)
+        x, memory = rand("dec.masks.x", 3, 5, C), rand("dec.masks.mem", 3, 6, C)
         keep = padding_mask([5, 4, 3])
         out = m(x, memory, key_padding_mask=keep)
         g.expect(not close(out, _causal_torch(t, x, memory)),
@@ -525,7 +496,7 @@ def grade_decoder_layer(DecoderLayer) -> None:
 
     with g.check("dropout does nothing in eval mode and something in training mode"):
         m, r, t = build("dec.dropout", dropout=0.5)
-        x, memory = _rand("dec.dropout.x", 2, 5, C), _rand("dec.dropout.mem", 2, 6, C)
+        x, memory = rand("dec.dropout.x", 2, 5, C), rand("dec.dropout.mem", 2, 6, C)
         g.expect(close(m(x, memory), _causal_torch(t, x, memory)),
                  "DecoderLayer(..., dropout=0.5) in eval mode differs from the reference: use nn.Dropout modules")
         m.train()
@@ -533,8 +504,8 @@ def grade_decoder_layer(DecoderLayer) -> None:
 
     with g.check("gradients reach x and memory as in nn.TransformerDecoderLayer"):
         m, r, t = build("dec.grad", norm_first=True, activation="gelu")
-        x, memory = _rand("dec.grad.x", 2, 4, C), _rand("dec.grad.mem", 2, 5, C)
-        up = _rand("dec.grad.up", 2, 4, C)
+        x, memory = rand("dec.grad.x", 2, 4, C), rand("dec.grad.mem", 2, 5, C)
+        up = rand("dec.grad.up", 2, 4, C)
         p = probe(m, x.clone().requires_grad_(), memory.clone().requires_grad_(), backward=(None, up))
         g.expect(is_tensor(p.result) and p.result.requires_grad,
                  "the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
@@ -580,12 +551,12 @@ def check_feed_forward(FeedForward) -> None:
         g.expect(is_a(ff.linear1, "torch.nn.modules.linear.Linear") and is_a(ff.linear2, "torch.nn.modules.linear.Linear"),
                  "FeedForward needs nn.Linear layers called linear1 and linear2")
         g.expect(ff.linear1.out_features == 32, f"d_ff defaults to 4 * d_model = 32, got {ff.linear1.out_features}")
-        out = ff(_rand("public.ff.x", 2, 3, 8, dtype=torch.float32))
+        out = ff(rand("public.ff.x", 2, 3, 8, dtype=torch.float32))
         g.expect(is_tensor(out) and out.shape == (2, 3, 8), f"expected (2, 3, 8), got {describe(out)}")
     with g.check("out = linear2(relu(linear1(x)))"):
         ff = FeedForward(8, 16)
         w = ff.state_dict()
-        x = _rand("public.ff.x2", 2, 3, 8, dtype=torch.float32)
+        x = rand("public.ff.x2", 2, 3, 8, dtype=torch.float32)
         expected = F.linear(F.relu(F.linear(x, w["linear1.weight"], w["linear1.bias"])), w["linear2.weight"], w["linear2.bias"])
         out = ff(x)
         g.expect(is_tensor(out) and torch.allclose(out, expected, atol=1e-5), "out differs from linear2(relu(linear1(x)))")
@@ -595,14 +566,14 @@ def check_feed_forward(FeedForward) -> None:
 def check_encoder_layer(EncoderLayer) -> None:
     """Public checks of ``EncoderLayer(8, 2)`` against ``nn.TransformerEncoderLayer`` (both norm_first)."""
     g = Grader("EncoderLayer (public)")
-    x = _rand("public.enc.x", 2, 5, 8, dtype=torch.float32)
+    x = rand("public.enc.x", 2, 5, 8, dtype=torch.float32)
     for norm_first in (False, True):
         with g.check(f"EncoderLayer(8, 2, dropout=0.0, norm_first={norm_first}) equals torch's layer with its weights"):
             layer = EncoderLayer(8, 2, dropout=0.0, norm_first=norm_first).eval()
             sd = layer.state_dict()
             expected_names = set(ref.EncoderLayer(8, 2).state_dict())
             g.expect(isinstance(sd, dict) and set(sd) == expected_names,
-                     _names_hint("EncoderLayer", set(sd) if isinstance(sd, dict) else set(), expected_names))
+                     names_hint("EncoderLayer", set(sd) if isinstance(sd, dict) else set(), expected_names))
             t = nn.TransformerEncoderLayer(8, 2, 32, dropout=0.0, norm_first=norm_first, batch_first=True).eval()
             t.load_state_dict(ref.to_torch_state_dict(sd))
             out = layer(x)
@@ -616,15 +587,15 @@ def check_encoder_layer(EncoderLayer) -> None:
 def check_decoder_layer(DecoderLayer) -> None:
     """Public checks of ``DecoderLayer(8, 2)`` against ``nn.TransformerDecoderLayer`` with a causal mask."""
     g = Grader("DecoderLayer (public)")
-    x = _rand("public.dec.x", 2, 4, 8, dtype=torch.float32)
-    memory = _rand("public.dec.mem", 2, 6, 8, dtype=torch.float32)
+    x = rand("public.dec.x", 2, 4, 8, dtype=torch.float32)
+    memory = rand("public.dec.mem", 2, 6, 8, dtype=torch.float32)
     for norm_first in (False, True):
         with g.check(f"DecoderLayer(8, 2, dropout=0.0, norm_first={norm_first}) equals torch's layer with its weights"):
             layer = DecoderLayer(8, 2, dropout=0.0, norm_first=norm_first).eval()
             sd = layer.state_dict()
             expected_names = set(ref.DecoderLayer(8, 2).state_dict())
             g.expect(isinstance(sd, dict) and set(sd) == expected_names,
-                     _names_hint("DecoderLayer", set(sd) if isinstance(sd, dict) else set(), expected_names))
+                     names_hint("DecoderLayer", set(sd) if isinstance(sd, dict) else set(), expected_names))
             t = nn.TransformerDecoderLayer(8, 2, 32, dropout=0.0, norm_first=norm_first, batch_first=True).eval()
             t.load_state_dict(ref.to_torch_state_dict(sd))
             out = layer(x, memory)

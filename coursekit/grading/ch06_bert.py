@@ -22,7 +22,20 @@ import torch
 import torch.nn.functional as F
 
 from coursekit import bert as ref
-from coursekit.grading.core import SESSION, Grader, close, describe, generator, is_a, is_tensor, probe
+from coursekit.grading.core import (
+    Grader,
+    close,
+    describe,
+    first_match,
+    generator,
+    is_a,
+    is_tensor,
+    load_weights,
+    probe,
+    rand,
+    random_weights,
+    student_side,
+)
 
 __all__ = [
     "check_bert_embeddings", "check_mask_tokens", "check_mlm_loss", "check_cls_head",
@@ -33,49 +46,12 @@ V, MAXLEN, C, K = 30, 12, 16, 3
 Z = 5.0  # binomial standard deviations a count may stray from its expectation
 
 
-def _rand(name: str, *shape: int, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(*shape, generator=generator(name), dtype=dtype) * scale
-
-
-def _random_weights(module, name: str) -> dict[str, torch.Tensor]:
-    """A state dict of ``module``'s names with random float64 values (norm scales around 1)."""
-    g = generator(name)
-    out = {}
-    for key, value in module.state_dict().items():
-        noise = torch.randn(value.shape, generator=g, dtype=torch.float64) * 0.5
-        out[key] = noise + 1.0 if key == "norm.weight" else noise
-    return out
-
-
-def _load(g: Grader, module, weights: dict[str, torch.Tensor], what: str) -> None:
-    sd = module.state_dict()
-    got = set(sd) if isinstance(sd, dict) else set()
-    missing, extra = sorted(set(weights) - got), sorted(got - set(weights))
-    g.expect(not missing and not extra, f"{what}'s parameters must be named as in the instructions "
-                                        f"(missing {missing[:6]}, unexpected {extra[:6]})")
-    module.load_state_dict(weights)
-
-
-def _first_match(g: Grader, out, candidates) -> None:
-    if not is_tensor(out):
-        return
-    for expected, hint in candidates:
-        if close(out, expected):
-            g.fail(hint)
-
-
-def _student_side(name: str, local):
-    """``local`` in-process; under the autograder, the notebook's own global ``name``."""
-    session = SESSION.get()
-    return local if session is None else session.remote(name)
-
-
 def _generator(seed: int):
-    return _student_side("torch", torch).Generator().manual_seed(seed)
+    return student_side("torch", torch).Generator().manual_seed(seed)
 
 
 def _special(pad: int, cls: int, sep: int, mask: int):
-    return _student_side("SpecialTokens", ref.SpecialTokens)(pad, cls, sep, mask)
+    return student_side("SpecialTokens", ref.SpecialTokens)(pad, cls, sep, mask)
 
 
 def _within(count: int, n: int, p: float) -> bool:
@@ -97,8 +73,8 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
 
     def build(name, **kwargs):
         m = BertEmbeddings(V, MAXLEN, C, 2, **{"dropout": 0.0, **kwargs}).double().eval()
-        weights = _random_weights(ref.BertEmbeddings(V, MAXLEN, C), name)
-        _load(g, m, weights, "BertEmbeddings")
+        weights = random_weights(ref.BertEmbeddings(V, MAXLEN, C), name)
+        load_weights(g, m, weights, "BertEmbeddings")
         return m, weights
 
     with g.check("has token, position and segment embeddings and a norm"):
@@ -118,7 +94,7 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
         g.expect(is_tensor(out) and out.shape == (3, 9, C), f"expected a (3, 9, {C}) tensor, got {describe(out)}")
         tok, pos, sg = w["token.weight"][ids], w["position.weight"][:9], w["segment.weight"][seg]
         norm = lambda x: F.layer_norm(x, (C,), w["norm.weight"], w["norm.bias"], 1e-12)  # noqa: E731
-        _first_match(g, out, [
+        first_match(g, out, [
             (norm(tok + pos), "the segment embedding is missing: add segment(token_type_ids) to the token and position embeddings"),
             (tok + pos + sg, "the layer norm is missing: return dropout(norm(token + position + segment))"),
             (norm(tok + sg), "the position embedding is missing: add position(arange(T)) (positions 0 .. T-1)"),
@@ -142,7 +118,7 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
 
     with g.check("dropout after the norm, only in training mode"):
         m = BertEmbeddings(V, MAXLEN, C, 2, 0.5).double()
-        m.load_state_dict(_random_weights(ref.BertEmbeddings(V, MAXLEN, C), "emb.dropout"))
+        m.load_state_dict(random_weights(ref.BertEmbeddings(V, MAXLEN, C), "emb.dropout"))
         ids = torch.randint(0, V, (8, 12), generator=generator("emb.dropout.ids"))
         out = m.train()(ids)
         zeros = float((out == 0).double().mean()) if is_tensor(out) else 0.0
@@ -282,7 +258,7 @@ def check_mask_tokens(mask_tokens) -> None:
 
 
 def _loss_case(name: str, B=3, T=8, V_=11):
-    logits = _rand(name + ".logits", B, T, V_, scale=2.0)
+    logits = rand(name + ".logits", B, T, V_, scale=2.0)
     labels = torch.randint(0, V_, (B, T), generator=generator(name + ".labels"))
     keep = torch.rand(B, T, generator=generator(name + ".keep")) < 0.3
     keep[0, 0] = True
@@ -299,7 +275,7 @@ def grade_mlm_loss(mlm_loss) -> None:
         sel = labels != -100
         ce = F.cross_entropy(logits.reshape(-1, 11), labels.clamp(min=0).reshape(-1), reduction="none").view(labels.shape)
         g.expect(is_tensor(out) and out.dim() == 0, f"return a scalar tensor, got {describe(out)}")
-        _first_match(g, out, [
+        first_match(g, out, [
             (ce[sel].sum() / labels.numel(), "the loss is averaged over all positions: divide by the number of "
                                              "selected positions (labels != -100), e.g. F.cross_entropy(..., ignore_index=-100)"),
             (ce.mean(), "unselected positions (label -100) count in the loss: ignore them (ignore_index=-100)"),
@@ -311,7 +287,7 @@ def grade_mlm_loss(mlm_loss) -> None:
     with g.check("logits of unselected positions do not matter"):
         logits, labels = _loss_case("loss.ignore")
         other = logits.clone()
-        other[labels == -100] = _rand("loss.ignore.other", int((labels == -100).sum()), 11, scale=5.0)
+        other[labels == -100] = rand("loss.ignore.other", int((labels == -100).sum()), 11, scale=5.0)
         a, b = mlm_loss(logits, labels), mlm_loss(other, labels)
         g.expect(is_tensor(a) and is_tensor(b) and close(a, b),
                  "changing the logits at positions with label -100 changed the loss: only selected positions count")
@@ -369,8 +345,8 @@ def grade_cls_head(ClsHead) -> None:
 
     def build(name):
         m = ClsHead(C, K, 0.0).double().eval()
-        w = _random_weights(ref.ClsHead(C, K), name)
-        _load(g, m, w, "ClsHead")
+        w = random_weights(ref.ClsHead(C, K), name)
+        load_weights(g, m, w, "ClsHead")
         r = ref.ClsHead(C, K, 0.0).double().eval()
         r.load_state_dict(w)
         return m, r, w
@@ -385,11 +361,11 @@ def grade_cls_head(ClsHead) -> None:
 
     with g.check("matches classifier(tanh(pooler(h[:, 0]))) with random weights"):
         m, r, w = build("cls.values")
-        h = _rand("cls.values.h", 4, 7, C)
+        h = rand("cls.values.h", 4, 7, C)
         out = m(h)
         g.expect(is_tensor(out) and out.shape == (4, K), f"expected a (4, {K}) tensor, got {describe(out)}")
         lin = lambda x, n: F.linear(x, w[f"{n}.weight"], w[f"{n}.bias"])  # noqa: E731
-        _first_match(g, out, [
+        first_match(g, out, [
             (lin(torch.tanh(lin(h[:, -1], "pooler")), "classifier"),
              "you pooled the last position: BERT classifies from [CLS], the first position, h[:, 0]"),
             (lin(torch.tanh(lin(h.mean(1), "pooler")), "classifier"),
@@ -404,17 +380,17 @@ def grade_cls_head(ClsHead) -> None:
 
     with g.check("only position 0 matters"):
         m, r, _ = build("cls.position")
-        h = _rand("cls.position.h", 2, 5, C)
+        h = rand("cls.position.h", 2, 5, C)
         h2 = h.clone()
-        h2[:, 1:] = _rand("cls.position.other", 2, 4, C)
+        h2[:, 1:] = rand("cls.position.other", 2, 4, C)
         a, b = m(h), m(h2)
         g.expect(is_tensor(a) and is_tensor(b) and close(a, b),
                  "changing positions 1 .. T-1 changed the logits: the head reads the [CLS] position only")
 
     with g.check("dropout before the classifier, only in training mode"):
         m = ClsHead(C, K, 0.5).double()
-        m.load_state_dict(_random_weights(ref.ClsHead(C, K), "cls.dropout"))
-        h = _rand("cls.dropout.h", 64, 3, C)
+        m.load_state_dict(random_weights(ref.ClsHead(C, K), "cls.dropout"))
+        h = rand("cls.dropout.h", 64, 3, C)
         a, b = m.eval()(h), m(h)
         g.expect(close(a, b), "in eval mode the output must not change between calls")
         c = m.train()(h)

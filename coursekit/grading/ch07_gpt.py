@@ -36,7 +36,18 @@ from coursekit import attention as att
 from coursekit import decoding as dec
 from coursekit import gpt as ref
 from coursekit import multihead as mh
-from coursekit.grading.core import Grader, close, describe, generator, is_tensor, probe
+from coursekit.grading.core import (
+    Grader,
+    close,
+    describe,
+    first_match,
+    generator,
+    is_tensor,
+    probe,
+    raise_unless_student_error,
+    rand,
+    random_weights,
+)
 
 __all__ = [
     "TableLM",
@@ -47,28 +58,8 @@ __all__ = [
 ]
 
 
-def _rand(name: str, *shape: int, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(*shape, generator=generator(name), dtype=dtype) * scale
-
-
 def _ids(name: str, *shape: int, V: int) -> torch.Tensor:
     return torch.randint(0, V, shape, generator=generator(name))
-
-
-def _raise_unless_student_error(e: Exception) -> None:
-    """Let "not implemented yet" reach :meth:`Grader.check` unchanged."""
-    if isinstance(e, NotImplementedError) or getattr(e, "type_name", None) == "NotImplementedError":
-        raise e
-
-
-def _first_match(g: Grader, out, candidates, right: torch.Tensor) -> None:
-    """Fail with the hint of the first wrong-implementation candidate that ``out`` equals
-    (candidates that happen to equal the right answer ``right`` on this input are skipped)."""
-    if not is_tensor(out):
-        return
-    for wrong, hint in candidates:
-        if wrong is not None and is_tensor(wrong) and wrong.shape == right.shape and not close(wrong, right) and close(out, wrong):
-            g.fail(hint)
 
 
 # =========================================================================== the toy model
@@ -262,7 +253,7 @@ def _loss_call(g: Grader, fn, logits, ids, what: str, **kwargs):
     try:
         return fn(logits, ids, **kwargs)
     except Exception as e:
-        _raise_unless_student_error(e)
+        raise_unless_student_error(e)
         g.fail(f"with {what} your code raised {type(e).__name__.removeprefix('Student')}: {e}. Positions whose token is "
                "ignore_index must be skipped, not looked up: pass ignore_index=ignore_index to F.cross_entropy")
 
@@ -273,17 +264,17 @@ def grade_causal_lm_loss(causal_lm_loss) -> None:
 
     with g.check("returns a scalar tensor of the logits' dtype"):
         for dtype in (torch.float64, torch.float32):
-            logits = _rand("loss.shape", 2, 5, 7, dtype=dtype)
+            logits = rand("loss.shape", 2, 5, 7, dtype=dtype)
             out = causal_lm_loss(logits, _ids("loss.shape.ids", 2, 5, V=7))
             _scalar_loss(g, out, dtype)
 
     with g.check("the logits at position t are scored against token t + 1"):
         for B, T, V in ((3, 6, 11), (1, 2, 5), (4, 9, 3)):
-            logits = _rand(f"loss.shift.{T}", B, T, V, scale=2.0)
+            logits = rand(f"loss.shift.{T}", B, T, V, scale=2.0)
             ids = _ids(f"loss.shift.{T}.ids", B, T, V=V)
             out = causal_lm_loss(logits, ids)
             _scalar_loss(g, out, torch.float64)
-            _first_match(g, out, _loss_mistakes(logits, ids), _shifted_ce(logits, ids))
+            first_match(g, out, _loss_mistakes(logits, ids), _shifted_ce(logits, ids))
             g.expect(close(out, _shifted_ce(logits, ids)),
                      f"for (B, T, V) = {(B, T, V)} the loss differs from the mean cross-entropy of logits[:, :-1] "
                      "against input_ids[:, 1:]")
@@ -307,31 +298,31 @@ def grade_causal_lm_loss(causal_lm_loss) -> None:
 
     with g.check("positions whose target is ignore_index (-100) are not scored"):
         B, T, V = 3, 7, 9
-        logits = _rand("loss.ignore", B, T, V, scale=2.0)
+        logits = rand("loss.ignore", B, T, V, scale=2.0)
         ids = _ids("loss.ignore.ids", B, T, V=V)
         ids[0, 3], ids[1, 5:], ids[2, 1] = -100, -100, -100  # padding at the end of row 1, holes elsewhere
         ids[2, 0] = -100  # the first token is never a target, so this changes nothing
         out = _loss_call(g, causal_lm_loss, logits, ids, "-100 in input_ids")
         _scalar_loss(g, out, torch.float64)
-        _first_match(g, out, _loss_mistakes(logits, ids), _shifted_ce(logits, ids))
+        first_match(g, out, _loss_mistakes(logits, ids), _shifted_ce(logits, ids))
         g.expect(close(out, _shifted_ce(logits, ids)),
                  "with -100 in input_ids the loss differs from F.cross_entropy(logits[:, :-1], input_ids[:, 1:], ignore_index=-100) "
                  "(the mean over the scored positions only)")
 
     with g.check("a custom ignore_index (a padding id) is honoured"):
         B, T, V = 2, 6, 5
-        logits = _rand("loss.pad", B, T, V, scale=2.0)
+        logits = rand("loss.pad", B, T, V, scale=2.0)
         ids = _ids("loss.pad.ids", B, T, V=V - 1) + 1  # tokens 1 .. V-1; 0 is the padding id
         ids[0, 4:], ids[1, 2] = 0, 0
         out = _loss_call(g, causal_lm_loss, logits, ids, "ignore_index=0", ignore_index=0)
         _scalar_loss(g, out, torch.float64)
-        _first_match(g, out, _loss_mistakes(logits, ids, ignore_index=0), _shifted_ce(logits, ids, ignore_index=0))
+        first_match(g, out, _loss_mistakes(logits, ids, ignore_index=0), _shifted_ce(logits, ids, ignore_index=0))
         g.expect(close(out, _shifted_ce(logits, ids, ignore_index=0)),
                  "with ignore_index=0 the loss differs from F.cross_entropy(..., ignore_index=0) on the shifted tensors")
 
     with g.check("gradients: the last position's logits get none, the others the reference's"):
         B, T, V = 2, 5, 6
-        logits = _rand("loss.grad", B, T, V)
+        logits = rand("loss.grad", B, T, V)
         ids = _ids("loss.grad.ids", B, T, V=V)
         ids[1, 2] = -100
         p = probe(causal_lm_loss, logits.clone().requires_grad_(), ids, backward=(None, torch.tensor(1.0, dtype=torch.float64)))
@@ -348,11 +339,11 @@ def grade_causal_lm_loss(causal_lm_loss) -> None:
 
     with g.check("a sequence of one token raises ValueError (it has no next-token target)"):
         try:
-            out = causal_lm_loss(_rand("loss.short", 2, 1, 5), torch.zeros(2, 1, dtype=torch.long))
+            out = causal_lm_loss(rand("loss.short", 2, 1, 5), torch.zeros(2, 1, dtype=torch.long))
         except ValueError:
             pass
         except Exception as e:
-            _raise_unless_student_error(e)
+            raise_unless_student_error(e)
             g.fail(f"with T = 1 your code raised {type(e).__name__.removeprefix('Student')}; raise a ValueError that says a "
                    "sequence needs at least 2 tokens")
         else:
@@ -373,7 +364,7 @@ def check_causal_lm_loss(causal_lm_loss) -> None:
         g.expect(is_tensor(out) and out.dim() == 0, f"the loss should be a scalar (0-dimensional) tensor, got {describe(out)}")
         g.expect(float(out) < 1e-6, _NOT_SHIFTED + f" (got a loss of {float(out):.3g}, expected about 0)")
     with g.check("equals F.cross_entropy(logits[:, :-1], input_ids[:, 1:]) with -100 positions skipped"):
-        logits = _rand("public.loss", 2, 4, 5, dtype=torch.float32)
+        logits = rand("public.loss", 2, 4, 5, dtype=torch.float32)
         ids = torch.tensor([[1, 4, 0, 2], [3, 3, -100, -100]])
         out = _loss_call(g, causal_lm_loss, logits, ids, "-100 in input_ids")
         expected = _shifted_ce(logits, ids)
@@ -415,7 +406,7 @@ def _filter_basics(g: Grader, fn, name: str, x: torch.Tensor, arg, mistakes=(), 
     if p.args and is_tensor(p.args[0]) and not torch.equal(p.args[0], x):
         g.fail(_in_place_hint(name))
     if right is not None:
-        _first_match(g, out, mistakes, right)
+        first_match(g, out, mistakes, right)
     changed = out != x
     g.expect(bool(torch.isneginf(out[changed]).all()),
              f"{name} must leave kept logits unchanged and set dropped ones to float('-inf') (not a large negative "
@@ -459,16 +450,16 @@ def grade_top_k_filter(top_k_filter) -> None:
 
     with g.check("returns a new tensor of the input's shape and dtype, -inf where dropped"):
         for dtype in (torch.float64, torch.float32):
-            x = _rand("topk.basic", 3, 20, dtype=dtype, scale=2.0)
+            x = rand("topk.basic", 3, 20, dtype=dtype, scale=2.0)
             out = _filter_basics(g, top_k_filter, "top_k_filter", x, 5, _top_k_mistakes(x, 5), _warped("k", 5, x))
             g.expect(out.isfinite().sum(-1).tolist() == [5, 5, 5], _count_hint("top_k_filter", out, _warped("k", 5, x), 5))
 
     with g.check("equals Hugging Face's TopKLogitsWarper for k = 1, 2, 7, 39"):
-        x = _rand("topk.hf", 4, 40, scale=2.0)
+        x = rand("topk.hf", 4, 40, scale=2.0)
         for k in (1, 2, 7, 39):
             out = top_k_filter(x, k)
             expected = _warped("k", k, x)
-            _first_match(g, out, _top_k_mistakes(x, k), expected)
+            first_match(g, out, _top_k_mistakes(x, k), expected)
             g.expect(is_tensor(out) and out.shape == x.shape and torch.equal(out, expected),
                      _count_hint("top_k_filter", out, expected, k) if is_tensor(out) and out.shape == x.shape
                      else f"top_k_filter(logits (4, 40), {k}) should be (4, 40), got {describe(out)}")
@@ -478,23 +469,23 @@ def grade_top_k_filter(top_k_filter) -> None:
         for k in (1, 2):
             out = top_k_filter(x, k)
             expected = _warped("k", k, x)
-            _first_match(g, out, _top_k_mistakes(x, k), expected)
+            first_match(g, out, _top_k_mistakes(x, k), expected)
             g.expect(is_tensor(out) and out.shape == x.shape and torch.equal(out, expected),
                      _TIES_HINT + f" (top_k_filter({x.tolist()}, {k}) should keep {expected.isfinite().tolist()}, "
                                   f"got {out.isfinite().tolist() if is_tensor(out) and out.shape == x.shape else describe(out)})")
         x = torch.randint(0, 4, (5, 12), generator=generator("topk.ties")).double()
         out = top_k_filter(x, 3)
         expected = _warped("k", 3, x)
-        _first_match(g, out, _top_k_mistakes(x, 3), expected)
+        first_match(g, out, _top_k_mistakes(x, 3), expected)
         g.expect(is_tensor(out) and out.shape == x.shape and torch.equal(out, expected), _TIES_HINT)
 
     with g.check("k >= V keeps every logit"):
-        x = _rand("topk.all", 2, 6)
+        x = rand("topk.all", 2, 6)
         for k in (6, 10):
             try:
                 out = top_k_filter(x, k)
             except Exception as e:
-                _raise_unless_student_error(e)
+                raise_unless_student_error(e)
                 g.fail(f"top_k_filter(logits with V=6, {k}) raised {type(e).__name__.removeprefix('Student')}: {e}. "
                        "With k >= V every token is kept: clamp k to min(k, V) before torch.topk")
             g.expect(is_tensor(out) and out.shape == x.shape and torch.equal(out, x),
@@ -502,9 +493,9 @@ def grade_top_k_filter(top_k_filter) -> None:
 
     with g.check("works on any leading shape (..., V)"):
         for shape in ((2, 3, 15), (15,)):
-            x = _rand(f"topk.shape.{len(shape)}", *shape, scale=2.0)
+            x = rand(f"topk.shape.{len(shape)}", *shape, scale=2.0)
             out = top_k_filter(x, 4)
-            _first_match(g, out, _top_k_mistakes(x, 4), _warped("k", 4, x))
+            first_match(g, out, _top_k_mistakes(x, 4), _warped("k", 4, x))
             g.expect(is_tensor(out) and out.shape == x.shape and torch.equal(out, _warped("k", 4, x)),
                      f"for logits of shape {shape} the result differs: filter along the last axis only "
                      "(torch.topk(..., dim=-1), keepdim-style [..., -1:] indexing)")
@@ -512,11 +503,11 @@ def grade_top_k_filter(top_k_filter) -> None:
     with g.check("k < 1 raises ValueError"):
         for k in (0, -2):
             try:
-                out = top_k_filter(_rand("topk.bad", 2, 5), k)
+                out = top_k_filter(rand("topk.bad", 2, 5), k)
             except ValueError:
                 continue
             except Exception as e:
-                _raise_unless_student_error(e)
+                raise_unless_student_error(e)
                 g.fail(f"top_k_filter(logits, {k}) raised {type(e).__name__.removeprefix('Student')}; raise a ValueError that names k")
             g.fail(f"top_k_filter(logits, {k}) returned {describe(out)}: k must be a positive integer, raise a ValueError")
 
@@ -577,16 +568,16 @@ def grade_top_p_filter(top_p_filter) -> None:
 
     with g.check("returns a new tensor of the input's shape and dtype, -inf where dropped"):
         for dtype in (torch.float64, torch.float32):
-            x = _rand("topp.basic", 3, 20, dtype=dtype, scale=2.0)
+            x = rand("topp.basic", 3, 20, dtype=dtype, scale=2.0)
             _filter_basics(g, top_p_filter, "top_p_filter", x, 0.7, _top_p_mistakes(x, 0.7), _warped("p", 0.7, x))
 
     with g.check("equals Hugging Face's TopPLogitsWarper for p = 0.05 .. 0.97"):
         for dtype in (torch.float64, torch.float32):
-            x = _rand("topp.hf", 6, 40, dtype=dtype, scale=2.0)
+            x = rand("topp.hf", 6, 40, dtype=dtype, scale=2.0)
             for p in (0.05, 0.3, 0.5, 0.8, 0.9, 0.97):
                 out = top_p_filter(x, p)
                 expected = _warped("p", p, x)
-                _first_match(g, out, _top_p_mistakes(x, p), expected)
+                first_match(g, out, _top_p_mistakes(x, p), expected)
                 g.expect(is_tensor(out) and out.shape == x.shape and torch.equal(out, expected),
                          _count_hint("top_p_filter", out, expected, p) + " (the smallest set of most likely tokens whose "
                          "probabilities sum to at least p)" if is_tensor(out) and out.shape == x.shape
@@ -601,17 +592,17 @@ def grade_top_p_filter(top_p_filter) -> None:
         ]
         for probs, p, kept in cases:
             out = top_p_filter(_p_logits(probs), p)
-            _first_match(g, out, _top_p_mistakes(_p_logits(probs), p), _warped("p", p, _p_logits(probs)))
+            first_match(g, out, _top_p_mistakes(_p_logits(probs), p), _warped("p", p, _p_logits(probs)))
             got = out.isfinite()[0].tolist() if is_tensor(out) and out.shape == (1, len(probs)) else describe(out)
             g.expect(got == kept, _CROSS_HINT + f" (probabilities {probs} with p = {p} should keep {kept}, got {got})")
 
     with g.check("the most likely token always survives; p = 1 keeps every token"):
         x = _p_logits([0.05, 0.9, 0.05], [0.6, 0.3, 0.1])
         out = top_p_filter(x, 0.5)
-        _first_match(g, out, _top_p_mistakes(x, 0.5), _warped("p", 0.5, x))
+        first_match(g, out, _top_p_mistakes(x, 0.5), _warped("p", 0.5, x))
         g.expect(is_tensor(out) and out.shape == x.shape and out.isfinite().tolist() == [[False, True, False], [True, False, False]],
                  _CROSS_HINT + " (a token of probability 0.9 with p = 0.5 must be kept alone, a row is never emptied)")
-        x = _rand("topp.one", 3, 12)
+        x = rand("topp.one", 3, 12)
         out = top_p_filter(x, 1.0)
         g.expect(is_tensor(out) and out.shape == x.shape and torch.equal(out, x),
                  "with p = 1 every token (of non-zero probability) must be kept")
@@ -619,32 +610,32 @@ def grade_top_p_filter(top_p_filter) -> None:
     with g.check("probabilities are accumulated from the most likely token down"):
         x = _p_logits([0.05, 0.1, 0.15, 0.7], [0.3, 0.05, 0.45, 0.2])
         out = top_p_filter(x, 0.5)
-        _first_match(g, out, _top_p_mistakes(x, 0.5), _warped("p", 0.5, x))
+        first_match(g, out, _top_p_mistakes(x, 0.5), _warped("p", 0.5, x))
         g.expect(is_tensor(out) and out.shape == x.shape and out.isfinite().tolist() == [[False, False, False, True], [True, False, True, False]],
                  _SORT_HINT + f" (with p = 0.5, {[0.05, 0.1, 0.15, 0.7]} must keep only the 0.7 and "
                               f"{[0.3, 0.05, 0.45, 0.2]} the 0.45 and the 0.3)")
 
     with g.check("the result is in vocabulary order"):
-        x = _rand("topp.order", 4, 16, scale=2.0)
+        x = rand("topp.order", 4, 16, scale=2.0)
         out = top_p_filter(x, 0.6)
-        _first_match(g, out, _top_p_mistakes(x, 0.6), _warped("p", 0.6, x))
+        first_match(g, out, _top_p_mistakes(x, 0.6), _warped("p", 0.6, x))
         g.expect(is_tensor(out) and out.shape == x.shape and torch.equal(out, _warped("p", 0.6, x)),
                  "kept logits must stay at their vocabulary positions, unchanged")
 
     with g.check("composes with top-k: logits already at -inf stay -inf"):
-        x = _warped("k", 6, _rand("topp.compose", 3, 20, scale=2.0))
+        x = _warped("k", 6, rand("topp.compose", 3, 20, scale=2.0))
         for p in (0.5, 0.95):
             out = top_p_filter(x, p)
-            _first_match(g, out, _top_p_mistakes(x, p), _warped("p", p, x))
+            first_match(g, out, _top_p_mistakes(x, p), _warped("p", p, x))
             g.expect(is_tensor(out) and out.shape == x.shape and torch.equal(out, _warped("p", p, x)),
                      f"after top-k (6 of 20 tokens left) top_p_filter(..., {p}) differs from TopPLogitsWarper: the "
                      "softmax of the filtered logits gives the removed tokens probability 0, they must stay -inf")
 
     with g.check("works on any leading shape (..., V)"):
         for shape in ((2, 3, 15), (15,)):
-            x = _rand(f"topp.shape.{len(shape)}", *shape, scale=2.0)
+            x = rand(f"topp.shape.{len(shape)}", *shape, scale=2.0)
             out = top_p_filter(x, 0.7)
-            _first_match(g, out, _top_p_mistakes(x, 0.7), _warped("p", 0.7, x))
+            first_match(g, out, _top_p_mistakes(x, 0.7), _warped("p", 0.7, x))
             g.expect(is_tensor(out) and out.shape == x.shape and torch.equal(out, _warped("p", 0.7, x)),
                      f"for logits of shape {shape} the result differs: sort, softmax and cumsum along the last axis "
                      "(dim=-1), and scatter back along it")
@@ -652,11 +643,11 @@ def grade_top_p_filter(top_p_filter) -> None:
     with g.check("p outside (0, 1] raises ValueError"):
         for p in (0.0, 1.5, -0.1):
             try:
-                out = top_p_filter(_rand("topp.bad", 2, 5), p)
+                out = top_p_filter(rand("topp.bad", 2, 5), p)
             except ValueError:
                 continue
             except Exception as e:
-                _raise_unless_student_error(e)
+                raise_unless_student_error(e)
                 g.fail(f"top_p_filter(logits, {p}) raised {type(e).__name__.removeprefix('Student')}; raise a ValueError that names p")
             g.fail(f"top_p_filter(logits, {p}) returned {describe(out)}: p must be in (0, 1], raise a ValueError")
 
@@ -698,7 +689,7 @@ def _beam_call(g: Grader, fn, *args, **kwargs):
     try:
         result = fn(*args, **kwargs)
     except Exception as e:
-        _raise_unless_student_error(e)
+        raise_unless_student_error(e)
         text = str(e)
         if "expected k and v of shape" in text or "reorder the cache" in text:
             g.fail(_REORDER_HINT + f" (the model raised: {text[:200]})")
@@ -878,7 +869,7 @@ def grade_beam_search(beam_search, TableLM, GPT, GPTConfig) -> None:
             except ValueError:
                 continue
             except Exception as e:
-                _raise_unless_student_error(e)
+                raise_unless_student_error(e)
                 g.fail(f"with {what} your code raised {type(e).__name__.removeprefix('Student')}; raise a ValueError that says what is wrong")
             g.fail(f"with {what} your code returned {describe(out)}: raise a ValueError")
 
@@ -911,16 +902,11 @@ _AT_ZERO_HINT = ("the cache is written at position 0 instead of after the cached
                  "P .. P + T - 1 (cache.update(k, v) does this and advances cache.length)")
 
 
-def _random_state(module: nn.Module, name: str) -> dict[str, torch.Tensor]:
-    gen = generator(name)
-    return {k: torch.randn(v.shape, generator=gen, dtype=torch.float64) * 0.5 for k, v in module.state_dict().items()}
-
-
-def _attn_pair(MultiHeadAttention, name: str, n_kv: int | None = None, dropout: float = 0.0):
+def attention_pair(MultiHeadAttention, name: str, n_kv: int | None = None, dropout: float = 0.0):
     """A Chapter 2 attention module built with the student's class (in their process) and with coursekit's,
     holding the same random float64 weights, both in eval mode."""
     local = mh.MultiHeadAttention(C, H, n_kv, dropout=dropout).double()
-    weights = _random_state(local, name)
+    weights = random_weights(local, name)
     local.load_state_dict(weights)
     local.eval()
     theirs = MultiHeadAttention(C, H, n_kv, dropout=dropout)
@@ -971,7 +957,7 @@ def _csa_call(g: Grader, fn, *args):
     try:
         return fn(*args)
     except Exception as e:
-        _raise_unless_student_error(e)
+        raise_unless_student_error(e)
         if "expected k and v of shape" in str(e):
             g.fail("cache.update received keys/values of the wrong shape: store the H_kv key/value heads that "
                    f"attn.project returns, (B, H_kv, T, D), and repeat them for the query heads only after reading the cache ({e})")
@@ -980,7 +966,7 @@ def _csa_call(g: Grader, fn, *args):
 
 def _prefilled(LayerCache, r, name: str, B: int, P: int, max_len: int):
     """A cache (of the student's class) holding the reference keys and values of ``P`` random tokens."""
-    x_past = _rand(name + ".past", B, P, C)
+    x_past = rand(name + ".past", B, P, C)
     _, k, v = r.project(x_past)  # (B, H_kv, P, D) each
     cache = LayerCache(B, r.n_kv_heads, max_len, D, torch.float64)
     if P:
@@ -1015,48 +1001,48 @@ def grade_causal_self_attention(causal_self_attention, MultiHeadAttention, Layer
 
     with g.check("without a cache: causal multi-head attention of x, (B, T, C)"):
         for n_kv in (None, 2):
-            m, r = _attn_pair(MultiHeadAttention, f"csa.nocache.{n_kv}", n_kv)
-            x = _rand(f"csa.nocache.{n_kv}.x", 2, 6, C)
+            m, r = attention_pair(MultiHeadAttention, f"csa.nocache.{n_kv}", n_kv)
+            x = rand(f"csa.nocache.{n_kv}.x", 2, 6, C)
             out = _csa_call(g, causal_self_attention, m, x)
             g.expect(is_tensor(out) and out.shape == x.shape and out.dtype == x.dtype,
                      f"for x {describe(x)} expected the same shape and dtype, got {describe(out)}")
             _, k, v = r.project(x)
-            _first_match(g, out, _csa_mistakes(r, x, k, v, 0), r(x, is_causal=True)[0])
+            first_match(g, out, _csa_mistakes(r, x, k, v, 0), r(x, is_causal=True)[0])
             g.expect(close(out, r(x, is_causal=True)[0]),
                      "without a cache the output differs from Chapter 2's attn(x, is_causal=True)[0] with the same weights")
 
     with g.check("one new token after P cached ones sees every cached key"):
-        m, r = _attn_pair(MultiHeadAttention, "csa.step")
+        m, r = attention_pair(MultiHeadAttention, "csa.step")
         B, P = 2, 5
         cache, x_past, k_past, v_past = _prefilled(LayerCache, r, "csa.step", B, P, max_len=8)
-        x_new = _rand("csa.step.new", B, 1, C)
+        x_new = rand("csa.step.new", B, 1, C)
         out = _csa_call(g, causal_self_attention, m, x_new, cache)
         g.expect(is_tensor(out) and out.shape == (B, 1, C), f"one new token: expected (B, 1, C) = {(B, 1, C)}, got {describe(out)}")
         _, k_new, v_new = r.project(x_new)
         k_all, v_all = torch.cat([k_past, k_new], 2), torch.cat([v_past, v_new], 2)
         full = r(torch.cat([x_past, x_new], 1), is_causal=True)[0]  # (B, P + 1, C)
-        _first_match(g, out, _csa_mistakes(r, x_new, k_all, v_all, P), full[:, P:])
+        first_match(g, out, _csa_mistakes(r, x_new, k_all, v_all, P), full[:, P:])
         g.expect(close(out, full[:, P:]), "the new token's output differs from attention over the whole sequence at its position")
         _cache_contents(g, cache, k_all, v_all, P)
 
     with g.check("a chunk of new tokens after a cache: the causal mask is aligned bottom-right"):
-        m, r = _attn_pair(MultiHeadAttention, "csa.chunk")
+        m, r = attention_pair(MultiHeadAttention, "csa.chunk")
         B, P, T = 2, 4, 3
         cache, x_past, k_past, v_past = _prefilled(LayerCache, r, "csa.chunk", B, P, max_len=10)
-        x_new = _rand("csa.chunk.new", B, T, C)
+        x_new = rand("csa.chunk.new", B, T, C)
         out = _csa_call(g, causal_self_attention, m, x_new, cache)
         g.expect(is_tensor(out) and out.shape == (B, T, C), f"expected (B, T, C) = {(B, T, C)}, got {describe(out)}")
         _, k_new, v_new = r.project(x_new)
         k_all, v_all = torch.cat([k_past, k_new], 2), torch.cat([v_past, v_new], 2)
         full = r(torch.cat([x_past, x_new], 1), is_causal=True)[0]
-        _first_match(g, out, _csa_mistakes(r, x_new, k_all, v_all, P), full[:, P:])
+        first_match(g, out, _csa_mistakes(r, x_new, k_all, v_all, P), full[:, P:])
         g.expect(close(out, full[:, P:]), "the chunk's outputs differ from attention over the whole sequence at their positions")
         _cache_contents(g, cache, k_all, v_all, P)
 
     with g.check("decoding piece by piece with the cache equals attention over the whole sequence"):
-        m, r = _attn_pair(MultiHeadAttention, "csa.chain")
+        m, r = attention_pair(MultiHeadAttention, "csa.chain")
         B, S = 2, 9
-        x = _rand("csa.chain.x", B, S, C)
+        x = rand("csa.chain.x", B, S, C)
         cache = LayerCache(B, H, S, D, torch.float64)
         outs = []
         for start, end in ((0, 4), (4, 5), (5, 8), (8, 9)):
@@ -1073,26 +1059,26 @@ def grade_causal_self_attention(causal_self_attention, MultiHeadAttention, Layer
 
     with g.check("grouped-query attention: the cache holds H_kv heads (n_kv_heads = 2 and 1)"):
         for n_kv in (2, 1):
-            m, r = _attn_pair(MultiHeadAttention, f"csa.gqa.{n_kv}", n_kv)
+            m, r = attention_pair(MultiHeadAttention, f"csa.gqa.{n_kv}", n_kv)
             B, P, T = 2, 3, 2
             cache, x_past, k_past, v_past = _prefilled(LayerCache, r, f"csa.gqa.{n_kv}", B, P, max_len=6)
-            x_new = _rand(f"csa.gqa.{n_kv}.new", B, T, C)
+            x_new = rand(f"csa.gqa.{n_kv}.new", B, T, C)
             out = _csa_call(g, causal_self_attention, m, x_new, cache)
             _, k_new, v_new = r.project(x_new)
             k_all, v_all = torch.cat([k_past, k_new], 2), torch.cat([v_past, v_new], 2)
             full = r(torch.cat([x_past, x_new], 1), is_causal=True)[0]
-            _first_match(g, out, _csa_mistakes(r, x_new, k_all, v_all, P), full[:, P:])
+            first_match(g, out, _csa_mistakes(r, x_new, k_all, v_all, P), full[:, P:])
             g.expect(close(out, full[:, P:]), f"with n_kv_heads={n_kv} the output differs from attention over the whole sequence")
             _cache_contents(g, cache, k_all, v_all, P)
 
     with g.check("dropout only in training mode"):
-        m, r = _attn_pair(MultiHeadAttention, "csa.dropout", dropout=0.5)
-        x = _rand("csa.dropout.x", 2, 6, C)
+        m, r = attention_pair(MultiHeadAttention, "csa.dropout", dropout=0.5)
+        x = rand("csa.dropout.x", 2, 6, C)
         out = _csa_call(g, causal_self_attention, m, x)
         again = _csa_call(g, causal_self_attention, m, x)
         g.expect(is_tensor(out) and is_tensor(again) and out.shape == x.shape and torch.equal(out, again),
                  "in eval mode with attn.dropout=0.5 two calls gave different outputs: apply dropout only when attn.training")
-        _first_match(g, out, _csa_mistakes(r, x, *r.project(x)[1:], 0), r(x, is_causal=True)[0])
+        first_match(g, out, _csa_mistakes(r, x, *r.project(x)[1:], 0), r(x, is_causal=True)[0])
         g.expect(close(out, r(x, is_causal=True)[0]), "in eval mode with attn.dropout=0.5 the output differs from the reference")
         m.train()
         out = _csa_call(g, causal_self_attention, m, x)
@@ -1107,14 +1093,14 @@ def check_causal_self_attention(causal_self_attention, MultiHeadAttention, Layer
     """Public checks of ``causal_self_attention``: without a cache, then 3 cached tokens and one more."""
     g = Grader("causal_self_attention (public)")
     with g.check("without a cache it equals attn(x, is_causal=True)[0]"):
-        m, r = _attn_pair(MultiHeadAttention, "public.csa")
-        x = _rand("public.csa.x", 2, 4, C)
+        m, r = attention_pair(MultiHeadAttention, "public.csa")
+        x = rand("public.csa.x", 2, 4, C)
         out = _csa_call(g, causal_self_attention, m, x)
         g.expect(is_tensor(out) and out.shape == (2, 4, C), f"expected (B, T, C) = (2, 4, {C}), got {describe(out)}")
         g.expect(close(out, r(x, is_causal=True)[0]), "the output differs from Chapter 2's attention with is_causal=True")
     with g.check("3 tokens into an empty cache, then 1 more: the outputs equal those without a cache"):
-        m, r = _attn_pair(MultiHeadAttention, "public.csa")
-        x = _rand("public.csa.x", 2, 4, C)
+        m, r = attention_pair(MultiHeadAttention, "public.csa")
+        x = rand("public.csa.x", 2, 4, C)
         cache = LayerCache(2, H, 4, D, torch.float64)
         first = _csa_call(g, causal_self_attention, m, x[:, :3], cache)
         last = _csa_call(g, causal_self_attention, m, x[:, 3:], cache)

@@ -20,10 +20,21 @@ import torch
 import torch.nn.functional as F
 
 from coursekit import vit as ref
-from coursekit.grading.ch06_bert import _load, _student_side
-from coursekit.grading.ch06_bert import _random_weights as _weights
-from coursekit.grading.ch07_gpt import _first_match, _raise_unless_student_error, _rand
-from coursekit.grading.core import Grader, close, describe, is_a, is_tensor, probe
+from coursekit.grading.core import (
+    Grader,
+    close,
+    describe,
+    expect_value_error,
+    first_match,
+    is_a,
+    is_tensor,
+    load_weights,
+    probe,
+    raise_unless_student_error,
+    rand,
+    random_weights,
+    student_side,
+)
 
 __all__ = [
     "check_patchify", "check_patch_embedding", "check_add_cls_and_positions", "check_vit",
@@ -34,20 +45,6 @@ IMG, P, C_IN, C, K = 8, 2, 3, 12, 5  # RGB 8x8 images in 2x2 patches: N_p = 16 t
 N_P = (IMG // P) ** 2
 #: the part 4 model: small, but every piece present (two layers, two heads, a non-default width)
 VIT_KWARGS = dict(image_size=IMG, patch_size=P, in_channels=C_IN, n_classes=K, n_layers=2, n_heads=2, d_model=C)
-
-
-def _expect_value_error(g: Grader, fn, args, what: str) -> None:
-    """``fn(*args)`` must raise a ``ValueError``."""
-    try:
-        out = fn(*args)
-    except ValueError:
-        return
-    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-        _raise_unless_student_error(e)
-        g.fail(f"{what}: your code raised {type(e).__name__.removeprefix('Student')} ({e}); raise a ValueError "
-               "that says what was expected and what came")
-    g.fail(f"{what}: your code returned {describe(out)} instead of raising a ValueError that says what was "
-           "expected and what came")
 
 
 # =========================================================================== part 1: patchify
@@ -103,7 +100,7 @@ def _worked_example(g: Grader, patchify) -> None:
     x = torch.arange(16.0).view(1, 1, 4, 4)
     out = _patchify_call(g, patchify, x, 2)
     expected = torch.tensor([[[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]]], dtype=torch.float32)
-    _first_match(g, out, _patch_mistakes(x, 2), expected)
+    first_match(g, out, _patch_mistakes(x, 2), expected)
     g.expect(close(out, expected), f"the 4x4 image 0 .. 15 in 2x2 patches should give {expected[0].tolist()}, "
                                    f"got {out[0].tolist()}")
 
@@ -114,41 +111,41 @@ def grade_patchify(patchify) -> None:
 
     with g.check("returns (B, N_p, C_in P^2) in the images' dtype"):
         for dtype in (torch.float64, torch.float32):
-            _patchify_call(g, patchify, _rand("patchify.shape", 2, C_IN, IMG, IMG, dtype=dtype), P)
+            _patchify_call(g, patchify, rand("patchify.shape", 2, C_IN, IMG, IMG, dtype=dtype), P)
 
     with g.check("the worked example: a 4x4 image holding 0 .. 15 in 2x2 patches"):
         _worked_example(g, patchify)
 
     with g.check("RGB images: equal to F.unfold (patches row by row, each flattened as (C_in, P, P))"):
         for B, C_in, H_img, W_img, p in ((2, 3, 8, 8, 2), (3, 3, 8, 8, 4), (2, 2, 6, 6, 3)):
-            x = _rand(f"patchify.values.{p}", B, C_in, H_img, W_img)
+            x = rand(f"patchify.values.{p}", B, C_in, H_img, W_img)
             out = _patchify_call(g, patchify, x, p)
-            _first_match(g, out, _patch_mistakes(x, p), _unfold(x, p))
+            first_match(g, out, _patch_mistakes(x, p), _unfold(x, p))
             g.expect(close(out, _unfold(x, p)), f"for images {tuple(x.shape)} and P={p} the patches differ from "
                                                 "F.unfold(images, P, stride=P).transpose(1, 2)")
 
     with g.check("non-square images (6x9 in 3x3 patches, 8x4 in 2x2 patches)"):
         for shape, p in (((2, 3, 6, 9), 3), ((1, 2, 8, 4), 2)):
-            x = _rand(f"patchify.rect.{p}", *shape)
+            x = rand(f"patchify.rect.{p}", *shape)
             out = _patchify_call(g, patchify, x, p)
-            _first_match(g, out, _patch_mistakes(x, p), _unfold(x, p))
+            first_match(g, out, _patch_mistakes(x, p), _unfold(x, p))
             g.expect(close(out, _unfold(x, p)),
                      f"for images {shape} and P={p} the patches differ: with H_img != W_img the grid has H_img / P rows "
                      "and W_img / P columns; take them from images.shape[2] and images.shape[3]")
 
     with g.check("edge cases: P = 1 (a patch per pixel) and P = the image size (one patch)"):
-        x = _rand("patchify.edge", 2, C_IN, 4, 4)
+        x = rand("patchify.edge", 2, C_IN, 4, 4)
         for p in (1, 4):
             out = _patchify_call(g, patchify, x, p)
             g.expect(close(out, _unfold(x, p)), f"with P={p} the patches differ from F.unfold")
 
     with g.check("raises ValueError when P does not divide the image's height or width"):
-        _expect_value_error(g, patchify, (_rand("patchify.bad", 1, C_IN, 8, 8), 3), "8x8 images with P=3")
-        _expect_value_error(g, patchify, (_rand("patchify.bad.w", 1, C_IN, 8, 6), 4),
+        expect_value_error(g, lambda: patchify(rand("patchify.bad", 1, C_IN, 8, 8), 3), "8x8 images with P=3")
+        expect_value_error(g, lambda: patchify(rand("patchify.bad.w", 1, C_IN, 8, 6), 4),
                             "8x6 images with P=4 (the height fits, the width does not)")
 
     with g.check("does not change the images"):
-        x = _rand("patchify.inplace", 2, C_IN, IMG, IMG)
+        x = rand("patchify.inplace", 2, C_IN, IMG, IMG)
         result = probe(patchify, x.clone(), P)
         g.expect(close(result.args[0], x), "patchify changed its input: work on views or copies, never in place")
 
@@ -161,7 +158,7 @@ def check_patchify(patchify) -> None:
     with g.check("a 4x4 image holding 0 .. 15 in 2x2 patches"):
         _worked_example(g, patchify)
     with g.check("a (2, 3, 8, 8) batch in 2x2 patches equals F.unfold(images, 2, stride=2).transpose(1, 2)"):
-        x = _rand("public.patchify", 2, 3, 8, 8)
+        x = rand("public.patchify", 2, 3, 8, 8)
         out = _patchify_call(g, patchify, x, 2)
         g.expect(close(out, _unfold(x, 2)), "the patches differ from F.unfold: patches row by row, each flattened "
                                             "channel-first as (C_in, P, P)")
@@ -188,12 +185,12 @@ def _embed_reference(weights, x, patch_size: int) -> torch.Tensor:
 
 def _patchify_broken(g: Grader) -> None:
     """Fail with "fix part 1 first" when the notebook's ``patchify`` is wrong."""
-    theirs = _student_side("patchify", ref.patchify)
-    x = _rand("embedding.patchify", 2, C_IN, IMG, IMG)
+    theirs = student_side("patchify", ref.patchify)
+    x = rand("embedding.patchify", 2, C_IN, IMG, IMG)
     try:
         ok = close(theirs(x, P), _unfold(x, P))
     except Exception as e:  # noqa: BLE001
-        _raise_unless_student_error(e)
+        raise_unless_student_error(e)
         ok = False
     g.expect(ok, "your patchify (part 1) gives wrong patches, and PatchEmbedding uses it: fix part 1 first")
 
@@ -201,8 +198,8 @@ def _patchify_broken(g: Grader) -> None:
 def _build_embedding(g: Grader, PatchEmbedding, name: str, image_size=IMG, patch_size=P, in_channels=C_IN, d_model=C):
     m = PatchEmbedding(image_size, patch_size, in_channels, d_model)
     m.double()
-    weights = _weights(ref.PatchEmbedding(image_size, patch_size, in_channels, d_model), name)
-    _load(g, m, weights, "PatchEmbedding")
+    weights = random_weights(ref.PatchEmbedding(image_size, patch_size, in_channels, d_model), name)
+    load_weights(g, m, weights, "PatchEmbedding")
     return m, weights
 
 
@@ -222,13 +219,13 @@ def grade_patch_embedding(PatchEmbedding) -> None:
     with g.check("equals a Conv2d with kernel size and stride P (random weights, RGB images)"):
         _patchify_broken(g)
         m, w = _build_embedding(g, PatchEmbedding, "embedding.conv")
-        x = _rand("embedding.conv.x", 3, C_IN, IMG, IMG)
+        x = rand("embedding.conv.x", 3, C_IN, IMG, IMG)
         out = m(x)
         expected = _embed_reference(w, x, P)
         g.expect(is_tensor(out) and out.shape == expected.shape, f"expected (B, N_p, C) = {tuple(expected.shape)}, "
                                                                  f"got {describe(out)}")
         lin = lambda patches: F.linear(patches, w["proj.weight"], w["proj.bias"])  # noqa: E731
-        _first_match(g, out, [(lin(p), hint) for p, hint in _patch_mistakes(x, P)] + [
+        first_match(g, out, [(lin(p), hint) for p, hint in _patch_mistakes(x, P)] + [
             (F.linear(ref.patchify(x, P), w["proj.weight"]), "the bias of proj is missing from the output: return proj(patches)"),
             (ref.patchify(x, P), "the patches are returned without the linear map: return proj(patchify(images, P))"),
         ], expected)
@@ -238,7 +235,7 @@ def grade_patch_embedding(PatchEmbedding) -> None:
     with g.check("other shapes: 4x4 patches of 8x8 images with one channel, 3x3 patches of 6x6 images"):
         for image_size, p, c_in in ((8, 4, 1), (6, 3, 2)):
             m, w = _build_embedding(g, PatchEmbedding, f"embedding.shapes.{p}", image_size, p, c_in, 10)
-            x = _rand(f"embedding.shapes.{p}.x", 2, c_in, image_size, image_size)
+            x = rand(f"embedding.shapes.{p}.x", 2, c_in, image_size, image_size)
             out = m(x)
             g.expect(close(out, _embed_reference(w, x, p)), f"with image_size={image_size}, patch_size={p}, "
                                                             f"in_channels={c_in} the output differs from the Conv2d: "
@@ -246,9 +243,9 @@ def grade_patch_embedding(PatchEmbedding) -> None:
 
     with g.check("raises ValueError for images with the wrong channels or size"):
         m, _ = _build_embedding(g, PatchEmbedding, "embedding.bad")
-        _expect_value_error(g, m, (_rand("embedding.bad.c", 2, 1, IMG, IMG),),
+        expect_value_error(g, lambda: m(rand("embedding.bad.c", 2, 1, IMG, IMG)),
                             f"PatchEmbedding({IMG}, {P}, {C_IN}, {C}) given 1-channel images")
-        _expect_value_error(g, m, (_rand("embedding.bad.s", 2, C_IN, 2 * IMG, 2 * IMG),),
+        expect_value_error(g, lambda: m(rand("embedding.bad.s", 2, C_IN, 2 * IMG, 2 * IMG)),
                             f"PatchEmbedding({IMG}, {P}, {C_IN}, {C}) given {2 * IMG}x{2 * IMG} images")
 
     g.finish()
@@ -265,7 +262,7 @@ def check_patch_embedding(PatchEmbedding) -> None:
                  f"expected parameters ['proj.bias', 'proj.weight'], got {sorted(sd) if isinstance(sd, dict) else describe(sd)}")
         g.expect(tuple(sd["proj.weight"].shape) == (12, 12), f"proj.weight should be (C, C_in P^2) = (12, 12), "
                                                              f"got {tuple(sd['proj.weight'].shape)}")
-        x = _rand("public.embedding", 2, 3, 8, 8, dtype=torch.float32)
+        x = rand("public.embedding", 2, 3, 8, 8, dtype=torch.float32)
         conv = torch.nn.Conv2d(3, 12, 2, stride=2)
         with torch.no_grad():
             conv.weight.copy_(sd["proj.weight"].view(12, 3, 2, 2))
@@ -281,7 +278,7 @@ def check_patch_embedding(PatchEmbedding) -> None:
 
 
 def _tokens(name: str, B: int, N_p: int, C_: int):
-    return _rand(name + ".x", B, N_p, C_), _rand(name + ".cls", 1, 1, C_), _rand(name + ".pos", N_p + 1, C_)
+    return rand(name + ".x", B, N_p, C_), rand(name + ".cls", 1, 1, C_), rand(name + ".pos", N_p + 1, C_)
 
 
 _CLS_LAST = "[CLS] was put at the end: it is token 0, in front of the patches (torch.cat([cls, patches], dim=1))"
@@ -309,7 +306,7 @@ def _cls_call(g: Grader, fn, x, cls, pos):
     try:
         return fn(x, cls, pos)
     except Exception as e:
-        _raise_unless_student_error(e)
+        raise_unless_student_error(e)
         if x.shape[0] > 1 and ("size" in str(e).lower() or "dimension" in str(e).lower()):
             g.fail(f"with a batch of {x.shape[0]} your code raised {type(e).__name__.removeprefix('Student')}: {e}. "
                    "cls_token is (1, 1, C), one vector for every image: expand it to (B, 1, C) before concatenating")
@@ -337,7 +334,7 @@ def grade_add_cls_and_positions(add_cls_and_positions) -> None:
             x, cls, pos = _tokens(f"cls.values.{B}", B, N_p, C_)
             out = _cls_call(g, add_cls_and_positions, x, cls, pos)
             right = expected(x, cls, pos)
-            _first_match(g, out, _cls_mistakes(x, cls, pos), right)
+            first_match(g, out, _cls_mistakes(x, cls, pos), right)
             g.expect(close(out, right), f"for B, N_p, C = {(B, N_p, C_)} the tokens differ from "
                                         "torch.cat([cls_token.expand(B, 1, C), patches], dim=1) + positions")
 
@@ -350,7 +347,7 @@ def grade_add_cls_and_positions(add_cls_and_positions) -> None:
 
     with g.check("gradients reach cls_token and positions, and the patches are not changed in place"):
         x, cls, pos = _tokens("cls.grad", 3, 4, 5)
-        upstream = _rand("cls.grad.up", 3, 5, 5)
+        upstream = rand("cls.grad.up", 3, 5, 5)
         result = probe(add_cls_and_positions, x.clone().requires_grad_(), cls.clone().requires_grad_(),
                        pos.clone().requires_grad_(), backward=(None, upstream))
         g.expect(close(result.args[0].detach(), x), "the patches were changed in place: build a new tensor (torch.cat)")
@@ -389,12 +386,12 @@ def _vit_pair(g: Grader, ViT, ViTConfig, name: str, dropout: float = 0.0, **over
     process) and with coursekit's, both in eval mode."""
     kwargs = {**VIT_KWARGS, "dropout": dropout, **overrides}
     local = ref.ViT(ref.ViTConfig(**kwargs)).double()
-    weights = _weights(local, name)
+    weights = random_weights(local, name)
     local.load_state_dict(weights)
     local.eval()
     theirs = ViT(ViTConfig(**kwargs))
     theirs.double()
-    _load(g, theirs, weights, "ViT")
+    load_weights(g, theirs, weights, "ViT")
     theirs.eval()
     return theirs, local
 
@@ -429,26 +426,26 @@ def _vit_mistakes(r, x):
 
 def _parts_broken(g: Grader, m) -> None:
     """Fail with "fix part N first" when an earlier part of the notebook is wrong."""
-    x = _rand("vit.parts.x", 2, C_IN, IMG, IMG)
+    x = rand("vit.parts.x", 2, C_IN, IMG, IMG)
     try:
-        patchify_ok = close(_student_side("patchify", ref.patchify)(x, P), _unfold(x, P))
+        patchify_ok = close(student_side("patchify", ref.patchify)(x, P), _unfold(x, P))
     except Exception as e:  # noqa: BLE001
-        _raise_unless_student_error(e)
+        raise_unless_student_error(e)
         patchify_ok = False
     g.expect(patchify_ok, "your patchify (part 1) gives wrong patches, and the model uses it: fix part 1 first")
     w = {k: v for k, v in m.state_dict().items() if k.startswith("patch_embed.")}
     try:
         emb_ok = close(m.patch_embed(x), _embed_reference({k.removeprefix("patch_embed."): v for k, v in w.items()}, x, P))
     except Exception as e:  # noqa: BLE001
-        _raise_unless_student_error(e)
+        raise_unless_student_error(e)
         emb_ok = False
     g.expect(emb_ok, "model.patch_embed (your PatchEmbedding, part 2) gives wrong embeddings: fix part 2 first")
     x3, cls, pos = _tokens("vit.parts.cls", 2, 4, 5)
     try:
-        out = _student_side("add_cls_and_positions", ref.add_cls_and_positions)(x3, cls, pos)
+        out = student_side("add_cls_and_positions", ref.add_cls_and_positions)(x3, cls, pos)
         cls_ok = close(out, ref.add_cls_and_positions(x3, cls, pos))
     except Exception as e:  # noqa: BLE001
-        _raise_unless_student_error(e)
+        raise_unless_student_error(e)
         cls_ok = False
     g.expect(cls_ok, "your add_cls_and_positions (part 3) is wrong, and embed uses it: fix part 3 first")
 
@@ -460,7 +457,7 @@ def grade_vit(ViT, ViTConfig) -> None:
     with g.check("embed: [CLS] and the patch embeddings with their positions, (B, N_p + 1, C)"):
         m, r = _vit_pair(g, ViT, ViTConfig, "vit.embed")
         _parts_broken(g, m)
-        x = _rand("vit.embed.x", 3, C_IN, IMG, IMG)
+        x = rand("vit.embed.x", 3, C_IN, IMG, IMG)
         out = m.embed(x)
         right = r.embed(x)
         g.expect(is_tensor(out) and out.shape == right.shape, f"embed should return (B, N_p + 1, C) = {tuple(right.shape)}, "
@@ -473,32 +470,32 @@ def grade_vit(ViT, ViTConfig) -> None:
 
     with g.check("forward: the logits (B, K) from the [CLS] output of the encoder"):
         m, r = _vit_pair(g, ViT, ViTConfig, "vit.forward")
-        x = _rand("vit.forward.x", 4, C_IN, IMG, IMG)
+        x = rand("vit.forward.x", 4, C_IN, IMG, IMG)
         out = m(x)
         right = r(x)
         g.expect(is_tensor(out) and out.shape == right.shape, f"expected logits (B, K) = {tuple(right.shape)}, got {describe(out)}")
-        _first_match(g, out, _vit_mistakes(r, x), right)
+        first_match(g, out, _vit_mistakes(r, x), right)
         g.expect(close(out, right), "the logits differ from head(encoder(embed(images))[:, 0]) with the same weights")
 
     with g.check("another shape: 4x4 patches, 3 layers, 4 heads, one channel"):
         m, r = _vit_pair(g, ViT, ViTConfig, "vit.shape", image_size=8, patch_size=4, in_channels=1, n_layers=3, n_heads=4,
                          d_model=16, n_classes=3)
-        x = _rand("vit.shape.x", 2, 1, 8, 8)
+        x = rand("vit.shape.x", 2, 1, 8, 8)
         out = m(x)
-        _first_match(g, out, _vit_mistakes(r, x), r(x))
+        first_match(g, out, _vit_mistakes(r, x), r(x))
         g.expect(close(out, r(x)), "with patch_size=4, 3 layers, 4 heads and in_channels=1 the logits differ: use "
                                    "the configuration, not fixed numbers")
 
     with g.check("each image is classified on its own"):
         m, r = _vit_pair(g, ViT, ViTConfig, "vit.batch")
-        x = _rand("vit.batch.x", 3, C_IN, IMG, IMG)
+        x = rand("vit.batch.x", 3, C_IN, IMG, IMG)
         together, alone = m(x), m(x[1:2])
         g.expect(is_tensor(together) and is_tensor(alone) and close(alone, together[1:2]),
                  "the logits of an image change with the other images of the batch: never mix the batch axis (0)")
 
     with g.check("dropout only in training mode"):
         m, r = _vit_pair(g, ViT, ViTConfig, "vit.dropout", dropout=0.5)
-        x = _rand("vit.dropout.x", 4, C_IN, IMG, IMG)
+        x = rand("vit.dropout.x", 4, C_IN, IMG, IMG)
         a, b = m(x), m(x)
         g.expect(close(a, b) and close(a, r(x)), "in eval mode with dropout=0.5 the logits should equal the reference's "
                                                  "every time")
@@ -516,7 +513,7 @@ def check_vit(ViT, ViTConfig) -> None:
     with g.check("ViT(ViTConfig(image_size=8, patch_size=2, in_channels=3, n_classes=5, n_layers=2, n_heads=2, "
                  "d_model=12)) equals the reference with the same weights"):
         m, r = _vit_pair(g, ViT, ViTConfig, "public.vit")
-        x = _rand("public.vit.x", 2, C_IN, IMG, IMG)
+        x = rand("public.vit.x", 2, C_IN, IMG, IMG)
         emb = m.embed(x)
         g.expect(is_tensor(emb) and emb.shape == (2, N_P + 1, C), f"embed should return (2, {N_P + 1}, {C}), got {describe(emb)}")
         g.expect(close(emb, r.embed(x)), "embed differs from the reference: [CLS] first, positions added to every token")

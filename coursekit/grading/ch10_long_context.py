@@ -28,8 +28,18 @@ import torch.nn.functional as F
 
 from coursekit import attention as att
 from coursekit import long_context as ref
-from coursekit.grading.ch07_gpt import _first_match, _raise_unless_student_error  # shared hint helpers
-from coursekit.grading.core import Grader, close, describe, generator, is_tensor, probe
+from coursekit.grading.core import (
+    Grader,
+    close,
+    describe,
+    expect_value_error,
+    first_match,
+    generator,
+    is_tensor,
+    probe,
+    raise_unless_student_error,
+    rand,
+)
 
 __all__ = [
     "check_tiled_attention", "check_sliding_window_mask", "check_causal_linear_attention", "check_kv_cache_size",
@@ -37,22 +47,6 @@ __all__ = [
 ]
 
 F64 = torch.float64
-
-
-def _rand(name: str, *shape: int, dtype=F64, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(*shape, generator=generator(name), dtype=dtype) * scale
-
-
-def _expect_value_error(g: Grader, call, what: str) -> None:
-    try:
-        out = call()
-    except ValueError:
-        return
-    except Exception as e:
-        _raise_unless_student_error(e)
-        g.fail(f"{what} should raise a ValueError, but your code raised {type(e).__name__.removeprefix('Student')}: {e}")
-    else:
-        g.fail(f"{what} should raise a ValueError that says what was expected, but your code returned {describe(out)}")
 
 
 # =========================================================================== part 1: tiled attention
@@ -132,7 +126,7 @@ def _tiled_matches(g: Grader, tiled_attention, q, k, v, what: str, overflow: boo
     if not bool(out.isfinite().all()):
         g.fail(_MAX_OVERFLOW if overflow else _NAN_TILES)
     kw.pop("scale", None)
-    _first_match(g, out, _tiled_mistakes(q, k, v, **kw), expected)
+    first_match(g, out, _tiled_mistakes(q, k, v, **kw), expected)
     g.expect(close(out, expected), f"{what}: the result differs from attention with the whole score matrix")
 
 
@@ -142,34 +136,34 @@ def grade_tiled_attention(tiled_attention) -> None:
 
     with g.check("returns (..., T, Dv) of q's dtype"):
         for dtype in (F64, torch.float32):
-            q, k, v = _rand("tiled.shape.q", 2, 3, 5, 4, dtype=dtype), _rand("tiled.shape.k", 2, 3, 7, 4, dtype=dtype), \
-                _rand("tiled.shape.v", 2, 3, 7, 6, dtype=dtype)
+            q, k, v = rand("tiled.shape.q", 2, 3, 5, 4, dtype=dtype), rand("tiled.shape.k", 2, 3, 7, 4, dtype=dtype), \
+                rand("tiled.shape.v", 2, 3, 7, 6, dtype=dtype)
             _tiled_call(g, tiled_attention, q, k, v, block_q=2, block_k=3)
 
     with g.check("one tile (blocks larger than T and S) equals plain attention"):
-        q, k, v = _rand("tiled.one.q", 2, 6, 8), _rand("tiled.one.k", 2, 9, 8), _rand("tiled.one.v", 2, 9, 5)
+        q, k, v = rand("tiled.one.q", 2, 6, 8), rand("tiled.one.k", 2, 9, 8), rand("tiled.one.v", 2, 9, 5)
         _tiled_matches(g, tiled_attention, q, k, v, "with a single tile", block_q=64, block_k=64)
 
     with g.check("many tiles, including tiles that do not divide T or S"):
-        q, k, v = _rand("tiled.many.q", 2, 2, 13, 8, scale=2.0), _rand("tiled.many.k", 2, 2, 21, 8, scale=2.0), \
-            _rand("tiled.many.v", 2, 2, 21, 4)
+        q, k, v = rand("tiled.many.q", 2, 2, 13, 8, scale=2.0), rand("tiled.many.k", 2, 2, 21, 8, scale=2.0), \
+            rand("tiled.many.v", 2, 2, 21, 4)
         for bq, bk in ((1, 1), (4, 5), (13, 8), (5, 21), (64, 3)):
             _tiled_matches(g, tiled_attention, q, k, v, f"with block_q={bq}, block_k={bk}", block_q=bq, block_k=bk)
 
     with g.check("causal, with S == T and with S > T (bottom-right aligned)"):
         for T, S, bq, bk in ((12, 12, 4, 4), (12, 12, 5, 3), (7, 19, 3, 4), (1, 10, 1, 3)):
-            q, k, v = _rand(f"tiled.causal.{T}.{S}.q", 2, T, 8, scale=2.0), _rand(f"tiled.causal.{T}.{S}.k", 2, S, 8, scale=2.0), \
-                _rand(f"tiled.causal.{T}.{S}.v", 2, S, 3)
+            q, k, v = rand(f"tiled.causal.{T}.{S}.q", 2, T, 8, scale=2.0), rand(f"tiled.causal.{T}.{S}.k", 2, S, 8, scale=2.0), \
+                rand(f"tiled.causal.{T}.{S}.v", 2, S, 3)
             _tiled_matches(g, tiled_attention, q, k, v, f"causal with T={T}, S={S}", causal=True, block_q=bq, block_k=bk)
 
     with g.check("a boolean mask; queries that may attend to no key give zeros, not NaN"):
-        q, k, v = _rand("tiled.mask.q", 2, 9, 4), _rand("tiled.mask.k", 2, 11, 4), _rand("tiled.mask.v", 2, 11, 4)
+        q, k, v = rand("tiled.mask.q", 2, 9, 4), rand("tiled.mask.k", 2, 11, 4), rand("tiled.mask.v", 2, 11, 4)
         mask = torch.rand(9, 11, generator=generator("tiled.mask")) < 0.6
         mask[[1, 6]] = False
         out, expected = _tiled_call(g, tiled_attention, q, k, v, mask=mask, block_q=4, block_k=4)
         if not bool(out.isfinite().all()):
             g.fail(_MASKED_NAN)
-        _first_match(g, out, _tiled_mistakes(q, k, v, mask=mask, block_q=4, block_k=4), expected)
+        first_match(g, out, _tiled_mistakes(q, k, v, mask=mask, block_q=4, block_k=4), expected)
         g.expect(close(out, expected), "with a boolean mask (True = may attend) the result differs from plain attention")
         out, expected = _tiled_call(g, tiled_attention, q, k[:, :9], v[:, :9], causal=True, mask=mask[:, :9], block_q=3, block_k=2)
         if not bool(out.isfinite().all()):
@@ -180,23 +174,23 @@ def grade_tiled_attention(tiled_attention) -> None:
     with g.check("scores that overflow exp: the running maximum follows the scores"):
         q = torch.full((1, 5, 4), 10.0, dtype=F64)
         k = torch.linspace(0, 60, 40, dtype=F64)[None, :, None].expand(1, 40, 4)  # scores grow to 2400
-        v = _rand("tiled.overflow.v", 1, 40, 3)
+        v = rand("tiled.overflow.v", 1, 40, 3)
         _tiled_matches(g, tiled_attention, q, k, v, "with scores up to 2400", overflow=True, block_q=2, block_k=8, scale=1.0)
 
     with g.check("float32 agrees with plain attention"):
-        q, k, v = (_rand(f"tiled.f32.{n}", 2, 40, 16, dtype=torch.float32) for n in "qkv")
+        q, k, v = (rand(f"tiled.f32.{n}", 2, 40, 16, dtype=torch.float32) for n in "qkv")
         _tiled_matches(g, tiled_attention, q, k, v, "in float32", causal=True, block_q=16, block_k=16)
 
     with g.check("uses the scale argument"):
-        q, k, v = _rand("tiled.scale.q", 1, 6, 4), _rand("tiled.scale.k", 1, 6, 4), _rand("tiled.scale.v", 1, 6, 4)
+        q, k, v = rand("tiled.scale.q", 1, 6, 4), rand("tiled.scale.k", 1, 6, 4), rand("tiled.scale.v", 1, 6, 4)
         out, expected = _tiled_call(g, tiled_attention, q, k, v, scale=0.3, block_q=2, block_k=2)
         if close(out, _naive(q, k, v)):
             g.fail("the scale argument is ignored: with scale given, multiply the scores by it instead of 1 / sqrt(D)")
         g.expect(close(out, expected), "with scale=0.3 the result differs from plain attention with that scale")
 
     with g.check("gradients equal those of plain attention"):
-        q, k, v = _rand("tiled.grad.q", 2, 7, 4), _rand("tiled.grad.k", 2, 9, 4), _rand("tiled.grad.v", 2, 9, 3)
-        up = _rand("tiled.grad.up", 2, 7, 3)
+        q, k, v = rand("tiled.grad.q", 2, 7, 4), rand("tiled.grad.k", 2, 9, 4), rand("tiled.grad.v", 2, 9, 3)
+        up = rand("tiled.grad.up", 2, 7, 3)
         p = probe(tiled_attention, q.clone().requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_(),
                   causal=True, block_q=3, block_k=2, backward=(None, up))
         g.expect(is_tensor(p.result) and p.result.requires_grad,
@@ -207,9 +201,9 @@ def grade_tiled_attention(tiled_attention) -> None:
             g.expect(is_tensor(got) and close(got, want.grad), f"the gradient with respect to {name} differs from plain attention's")
 
     with g.check("block sizes below 1 raise ValueError"):
-        x = _rand("tiled.bad", 1, 4, 2)
-        _expect_value_error(g, lambda: tiled_attention(x, x, x, block_q=0), "block_q=0")
-        _expect_value_error(g, lambda: tiled_attention(x, x, x, block_k=-2), "block_k=-2")
+        x = rand("tiled.bad", 1, 4, 2)
+        expect_value_error(g, lambda: tiled_attention(x, x, x, block_q=0), "block_q=0")
+        expect_value_error(g, lambda: tiled_attention(x, x, x, block_k=-2), "block_k=-2")
 
     g.finish()
 
@@ -218,8 +212,8 @@ def check_tiled_attention(tiled_attention) -> None:
     """Public checks of ``tiled_attention`` on small examples."""
     g = Grader("tiled_attention (public)")
     with g.check("6 queries, 6 keys, tiles of 2 and 4: equals attention with the whole score matrix"):
-        q, k, v = _rand("public.tiled.q", 1, 6, 4, scale=3.0), _rand("public.tiled.k", 1, 6, 4, scale=3.0), \
-            _rand("public.tiled.v", 1, 6, 2)
+        q, k, v = rand("public.tiled.q", 1, 6, 4, scale=3.0), rand("public.tiled.k", 1, 6, 4, scale=3.0), \
+            rand("public.tiled.v", 1, 6, 2)
         _tiled_matches(g, tiled_attention, q, k, v, "block_q=2, block_k=4", block_q=2, block_k=4)
     with g.check("causal: query i sees keys 0 .. i"):
         _tiled_matches(g, tiled_attention, q, k, v, "causal, block_q=4, block_k=2", causal=True, block_q=4, block_k=2)
@@ -305,8 +299,8 @@ def grade_sliding_window_mask(sliding_window_mask) -> None:
             _window_matches(g, sliding_window_mask, T, W, S)
 
     with g.check("a window below 1 raises ValueError"):
-        _expect_value_error(g, lambda: sliding_window_mask(4, 0), "sliding_window_mask(4, 0)")
-        _expect_value_error(g, lambda: sliding_window_mask(4, -3), "sliding_window_mask(4, -3)")
+        expect_value_error(g, lambda: sliding_window_mask(4, 0), "sliding_window_mask(4, 0)")
+        expect_value_error(g, lambda: sliding_window_mask(4, -3), "sliding_window_mask(4, -3)")
 
     g.finish()
 
@@ -376,7 +370,7 @@ def _linear_matches(g: Grader, causal_linear_attention, q, k, v, what: str, **kw
     expected = _recurrence(q, k, v, eps)
     g.expect(is_tensor(out) and out.shape == expected.shape and out.dtype == q.dtype,
              f"expected a {str(q.dtype).removeprefix('torch.')} tensor of shape {tuple(expected.shape)} (..., T, Dv), got {describe(out)}")
-    _first_match(g, out, _linear_mistakes(q, k, v, eps), expected)
+    first_match(g, out, _linear_mistakes(q, k, v, eps), expected)
     g.expect(close(out, expected), f"{what}: the result differs from the token-by-token recurrence of linear attention")
 
 
@@ -386,8 +380,8 @@ def grade_causal_linear_attention(causal_linear_attention) -> None:
 
     with g.check("returns (..., T, Dv) of q's dtype"):
         for dtype in (F64, torch.float32):
-            q, k = _rand("lin.shape.q", 2, 3, 5, 4, dtype=dtype), _rand("lin.shape.k", 2, 3, 5, 4, dtype=dtype)
-            v = _rand("lin.shape.v", 2, 3, 5, 6, dtype=dtype)
+            q, k = rand("lin.shape.q", 2, 3, 5, 4, dtype=dtype), rand("lin.shape.k", 2, 3, 5, 4, dtype=dtype)
+            v = rand("lin.shape.v", 2, 3, 5, 6, dtype=dtype)
             out = causal_linear_attention(q, k, v)
             g.expect(is_tensor(out) and out.shape == (2, 3, 5, 6) and out.dtype == dtype,
                      f"for q, k {describe(q)} and v {describe(v)} expected a {str(dtype).removeprefix('torch.')} tensor of "
@@ -396,24 +390,24 @@ def grade_causal_linear_attention(causal_linear_attention) -> None:
     with g.check("equals the token-by-token recurrence"):
         for shape in ((1, 9, 4, 4), (2, 3, 17, 8, 5), (1, 1, 2, 3)):
             *lead, T, D, Dv = shape
-            q, k = _rand(f"lin.rec.{shape}.q", *lead, T, D, scale=1.5), _rand(f"lin.rec.{shape}.k", *lead, T, D, scale=1.5)
-            v = _rand(f"lin.rec.{shape}.v", *lead, T, Dv)
+            q, k = rand(f"lin.rec.{shape}.q", *lead, T, D, scale=1.5), rand(f"lin.rec.{shape}.k", *lead, T, D, scale=1.5)
+            v = rand(f"lin.rec.{shape}.v", *lead, T, Dv)
             _linear_matches(g, causal_linear_attention, q, k, v, f"for q, k {tuple(q.shape)} and v {tuple(v.shape)}")
 
     with g.check("changing future keys and values leaves earlier outputs unchanged"):
-        q, k, v = _rand("lin.future.q", 1, 12, 4), _rand("lin.future.k", 1, 12, 4), _rand("lin.future.v", 1, 12, 4)
+        q, k, v = rand("lin.future.q", 1, 12, 4), rand("lin.future.k", 1, 12, 4), rand("lin.future.v", 1, 12, 4)
         k2, v2 = k.clone(), v.clone()
-        k2[:, 8:], v2[:, 8:] = _rand("lin.future.k2", 1, 4, 4, scale=3.0), _rand("lin.future.v2", 1, 4, 4, scale=3.0)
+        k2[:, 8:], v2[:, 8:] = rand("lin.future.k2", 1, 4, 4, scale=3.0), rand("lin.future.v2", 1, 4, 4, scale=3.0)
         a, b = causal_linear_attention(q, k, v), causal_linear_attention(q, k2, v2)
         g.expect(is_tensor(a) and is_tensor(b) and a.shape == (1, 12, 4) and close(b[:, :8], a[:, :8]), _NOT_CAUSAL)
 
     with g.check("uses the eps argument"):
-        q, k, v = _rand("lin.eps.q", 1, 6, 3), _rand("lin.eps.k", 1, 6, 3), _rand("lin.eps.v", 1, 6, 3)
+        q, k, v = rand("lin.eps.q", 1, 6, 3), rand("lin.eps.k", 1, 6, 3), rand("lin.eps.v", 1, 6, 3)
         _linear_matches(g, causal_linear_attention, q, k, v, "with eps=0.5", eps=0.5)
 
     with g.check("gradients equal those of the recurrence"):
-        q, k, v = _rand("lin.grad.q", 2, 6, 3), _rand("lin.grad.k", 2, 6, 3), _rand("lin.grad.v", 2, 6, 2)
-        up = _rand("lin.grad.up", 2, 6, 2)
+        q, k, v = rand("lin.grad.q", 2, 6, 3), rand("lin.grad.k", 2, 6, 3), rand("lin.grad.v", 2, 6, 2)
+        up = rand("lin.grad.up", 2, 6, 2)
         p = probe(causal_linear_attention, q.clone().requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_(),
                   backward=(None, up))
         g.expect(is_tensor(p.result) and p.result.requires_grad,
@@ -425,11 +419,11 @@ def grade_causal_linear_attention(causal_linear_attention) -> None:
 
     with g.check("linear in T: 200,000 tokens without a (T, T) matrix"):
         T = 200_000
-        q, k, v = _rand("lin.long.q", T, 2), _rand("lin.long.k", T, 2), _rand("lin.long.v", T, 2)
+        q, k, v = rand("lin.long.q", T, 2), rand("lin.long.k", T, 2), rand("lin.long.v", T, 2)
         try:
             out = causal_linear_attention(q, k, v)
         except Exception as e:
-            _raise_unless_student_error(e)
+            raise_unless_student_error(e)
             g.fail(f"with T = {T:,} your code raised {type(e).__name__.removeprefix('Student')} ({str(e)[:120]}): a (T, T) matrix "
                    f"of float64 needs {T * T * 8 / 2**30:,.0f} GiB. Use running sums (cumsum), whose memory grows like T D Dv")
         g.expect(is_tensor(out) and out.shape == (T, 2) and bool(out.isfinite().all()),
@@ -437,8 +431,8 @@ def grade_causal_linear_attention(causal_linear_attention) -> None:
         g.expect(close(out, ref.causal_linear_attention(q, k, v)), f"with T = {T:,} the result differs from the reference")
 
     with g.check("keys and queries of different lengths raise ValueError"):
-        q = _rand("lin.bad", 1, 5, 2)
-        _expect_value_error(g, lambda: causal_linear_attention(q, q[:, :3], q[:, :3]), "q with 5 positions and k, v with 3")
+        q = rand("lin.bad", 1, 5, 2)
+        expect_value_error(g, lambda: causal_linear_attention(q, q[:, :3], q[:, :3]), "q with 5 positions and k, v with 3")
 
     g.finish()
 
@@ -447,7 +441,7 @@ def check_causal_linear_attention(causal_linear_attention) -> None:
     """Public checks of ``causal_linear_attention`` on a small example."""
     g = Grader("causal_linear_attention (public)")
     with g.check("5 tokens: equals the causal weights phi(q_i) . phi(k_j), j <= i, normalised"):
-        q, k, v = _rand("public.lin.q", 1, 5, 3), _rand("public.lin.k", 1, 5, 3), _rand("public.lin.v", 1, 5, 2)
+        q, k, v = rand("public.lin.q", 1, 5, 3), rand("public.lin.k", 1, 5, 3), rand("public.lin.v", 1, 5, 2)
         _linear_matches(g, causal_linear_attention, q, k, v, "for 5 tokens")
     g.finish()
 
@@ -535,9 +529,9 @@ def grade_kv_cache_size(kv_cache_size) -> None:
         _kv_matches(g, kv_cache_size, kwargs, expected, wrong)
 
     with g.check("bad shapes raise ValueError"):
-        _expect_value_error(g, lambda: kv_cache_size(2, 8, 16, 10, n_kv_heads=3), "n_kv_heads=3 with n_heads=8 (3 does not divide 8)")
-        _expect_value_error(g, lambda: kv_cache_size(0, 8, 16, 10), "n_layers=0")
-        _expect_value_error(g, lambda: kv_cache_size(2, 8, 16, -1), "seq_len=-1")
+        expect_value_error(g, lambda: kv_cache_size(2, 8, 16, 10, n_kv_heads=3), "n_kv_heads=3 with n_heads=8 (3 does not divide 8)")
+        expect_value_error(g, lambda: kv_cache_size(0, 8, 16, 10), "n_layers=0")
+        expect_value_error(g, lambda: kv_cache_size(2, 8, 16, -1), "seq_len=-1")
 
     g.finish()
 

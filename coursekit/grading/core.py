@@ -28,10 +28,19 @@ __all__ = [
     "Probe",
     "close",
     "describe",
+    "expect_value_error",
+    "first_match",
     "generator",
     "is_a",
     "is_tensor",
+    "load_weights",
+    "names_hint",
     "probe",
+    "raise_unless_student_error",
+    "rand",
+    "random_weights",
+    "same",
+    "student_side",
 ]
 
 #: The sandbox session the student's objects live in while the autograder runs
@@ -71,6 +80,34 @@ def generator(name: str) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(name.encode()))
 
 
+def rand(name: str, *shape: int, dtype: torch.dtype = torch.float64, scale: float = 1.0) -> torch.Tensor:
+    """Standard normal values of ``shape`` (times ``scale``), seeded from ``name``."""
+    return torch.randn(*shape, generator=generator(name), dtype=dtype) * scale
+
+
+def random_weights(module: torch.nn.Module, name: str) -> dict[str, torch.Tensor]:
+    """A state dict with ``module``'s names and random float64 values seeded from ``name``.
+
+    Values are normal with standard deviation 0.5; the scales of normalisation layers (a
+    ``weight`` whose module name starts with ``norm``) are centred on 1, as trained ones are.
+    Load it into the student's module and coursekit's to compare the two on equal weights.
+    """
+    g = generator(name)
+    out = {}
+    for key, value in module.state_dict().items():
+        noise = torch.randn(value.shape, generator=g, dtype=torch.float64) * 0.5
+        is_norm_scale = key.endswith(".weight") and key.split(".")[-2].startswith("norm")
+        out[key] = noise + 1.0 if is_norm_scale else noise
+    return out
+
+
+def student_side(name: str, local: Any) -> Any:
+    """``local`` when the grader runs in-process; under the autograder, the notebook's own
+    global ``name`` (a proxy into the sandbox), so objects are built where the student's code runs."""
+    session = SESSION.get()
+    return local if session is None else session.remote(name)
+
+
 def close(actual: object, expected: torch.Tensor) -> bool:
     """True when ``actual`` is a plain tensor (not a subclass) of ``expected``'s shape
     and dtype whose values agree within :data:`TOLERANCES` (NaN never agrees)."""
@@ -80,6 +117,15 @@ def close(actual: object, expected: torch.Tensor) -> bool:
         return False
     rtol, atol = TOLERANCES.get(expected.dtype, TOLERANCES[torch.float32])
     return torch.allclose(actual.detach(), expected, rtol=rtol, atol=atol, equal_nan=False)
+
+
+def same(actual: object, expected: torch.Tensor) -> bool:
+    """:func:`close` for floating tensors; for integer and boolean ones, exact equality
+    (plain tensors of one shape and dtype)."""
+    if expected.is_floating_point() or expected.is_complex():
+        return close(actual, expected)
+    return (is_tensor(actual) and actual.shape == expected.shape and actual.dtype == expected.dtype
+            and torch.equal(actual, expected))
 
 
 def describe(x: object) -> str:
@@ -208,6 +254,61 @@ class Grader:
             sink.extend(lines)
         if self.failures:
             raise GradingFailure(self.part, self.failures, len(self.results))
+
+
+def raise_unless_student_error(e: Exception) -> None:
+    """Re-raise "not implemented yet" so that :meth:`Grader.check` reports it as such; return
+    for any other exception, which the caller turns into a specific hint."""
+    if isinstance(e, NotImplementedError) or getattr(e, "type_name", None) == "NotImplementedError":
+        raise e
+
+
+def first_match(g: Grader, out: object, candidates, right: torch.Tensor | None = None) -> None:
+    """Fail with the hint of the first wrong implementation whose output ``out`` equals.
+
+    ``candidates`` are ``(wrong_output, hint)`` pairs, computed on the same input; a
+    candidate that is not a tensor is skipped. With ``right`` (the correct output), a
+    candidate of another shape, or one that happens to equal the right answer on this
+    input, is skipped too, so a correct answer never gets a mistake's hint.
+    """
+    if not is_tensor(out):
+        return
+    for wrong, hint in candidates:
+        if not is_tensor(wrong):
+            continue
+        if right is not None and (wrong.shape != right.shape or same(wrong, right)):
+            continue
+        if same(out, wrong):
+            g.fail(hint)
+
+
+def expect_value_error(g: Grader, call, what: str, fix: str = "say what was expected and what came") -> None:
+    """``call()`` must raise a ``ValueError``: fail with a hint naming the bad input ``what``
+    and, in ``fix``, what a good message would tell the caller."""
+    try:
+        out = call()
+    except ValueError:
+        return
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        raise_unless_student_error(e)
+        g.fail(f"with {what} your code raised {type(e).__name__.removeprefix('Student')} ({e}); "
+               f"raise a ValueError instead ({fix})")
+    g.fail(f"with {what} your code returned {describe(out)}; raise a ValueError instead ({fix})")
+
+
+def names_hint(what: str, got: set[str], expected: set[str]) -> str:
+    """The hint for a module whose parameter names are not the instructed ones (up to six of each kind)."""
+    missing, extra = sorted(expected - got), sorted(got - expected)
+    parts = ([f"missing {missing[:6]}"] if missing else []) + ([f"unexpected {extra[:6]}"] if extra else [])
+    return f"{what}'s parameters must be named as in the instructions ({'; '.join(parts)})"
+
+
+def load_weights(g: Grader, module, weights: dict[str, torch.Tensor], what: str) -> None:
+    """Load ``weights`` into the student's ``module``, after checking its parameter names fit."""
+    sd = module.state_dict()
+    got = set(sd) if isinstance(sd, dict) else set()
+    g.expect(got == set(weights), names_hint(what, got, set(weights)))
+    module.load_state_dict(weights)
 
 
 _NOT_IMPLEMENTED = "not implemented yet (the cell still raises NotImplementedError)"

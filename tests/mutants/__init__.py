@@ -7,6 +7,8 @@ checks this in-process and ``tests/test_autograde.py`` through nbgrader.
 
 from __future__ import annotations
 
+import inspect
+import textwrap
 from dataclasses import dataclass
 
 
@@ -17,3 +19,24 @@ class Mutant:
     part: str  # the graded part that must lose its points
     hint: str  # a substring of the hint the student must see
     source: str  # the wrong definition
+
+
+def edit(source: str, *edits: tuple[str, str]) -> str:
+    """``source`` with each ``(old, new)`` edit applied; each ``old`` must occur exactly once,
+    so a mutant stops building (rather than silently equalling the reference) when the
+    reference changes under it."""
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise ValueError(f"mutant edit does not match exactly once ({source.count(old)} times): {old!r}")
+        source = source.replace(old, new)
+    return source
+
+
+def mutate(obj, *edits: tuple[str, str]) -> str:
+    """The source of the reference definition ``obj`` with each ``(old, new)`` edit applied once."""
+    return edit(textwrap.dedent(inspect.getsource(obj)), *edits)
+
+
+def mutant(name: str, obj, hint: str, *edits: tuple[str, str]) -> Mutant:
+    """A mutant that replaces ``obj`` (graded in the part of the same name) by its edited source."""
+    return Mutant(name, obj.__name__, obj.__name__, hint, mutate(obj, *edits))

@@ -8,7 +8,7 @@ import inspect
 import textwrap
 
 from coursekit import multihead
-from tests.mutants import Mutant
+from tests.mutants import Mutant, edit
 
 #: the graded part (the Grader's name) -> the grade_id of its hidden test cell
 HIDDEN_CELL = {
@@ -23,12 +23,7 @@ _CLASS = textwrap.dedent(inspect.getsource(multihead.MultiHeadAttention))
 
 def _module(*edits: tuple[str, str]) -> str:
     """The reference ``MultiHeadAttention`` source with each ``(old, new)`` edit applied once."""
-    source = _CLASS
-    for old, new in edits:
-        if source.count(old) != 1:
-            raise ValueError(f"mutant edit does not match the reference exactly once: {old!r}")
-        source = source.replace(old, new)
-    return source
+    return edit(_CLASS, *edits)
 
 
 MUTANTS = [

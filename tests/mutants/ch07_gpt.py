@@ -10,7 +10,7 @@ import inspect
 import textwrap
 
 from coursekit import decoding
-from tests.mutants import Mutant
+from tests.mutants import Mutant, edit
 
 #: the graded part (the Grader's name) -> the grade_id of its hidden test cell
 HIDDEN_CELL = {
@@ -26,12 +26,7 @@ _BEAM = textwrap.dedent(inspect.getsource(decoding.beam_search))
 
 def _beam(*edits: tuple[str, str]) -> str:
     """The reference ``beam_search`` source with each ``(old, new)`` edit applied once."""
-    source = _BEAM
-    for old, new in edits:
-        if source.count(old) != 1:
-            raise ValueError(f"mutant edit does not match the reference exactly once: {old!r}")
-        source = source.replace(old, new)
-    return source
+    return edit(_BEAM, *edits)
 
 
 # a by-hand attention step, correct but for the edits of the mutants that use it
@@ -51,9 +46,7 @@ def causal_self_attention(attn, x, cache=None):
 
 
 def _csa(old: str, new: str) -> str:
-    if _CSA_BY_HAND.count(old) != 1:
-        raise ValueError(f"mutant edit does not match the by-hand attention exactly once: {old!r}")
-    return _CSA_BY_HAND.replace(old, new)
+    return edit(_CSA_BY_HAND, (old, new))
 
 
 MUTANTS = [

@@ -7,8 +7,7 @@ The mutant sources use the names of the notebook's imports cell.
 """
 
 from coursekit import seq2seq as ref
-from tests.mutants import Mutant
-from tests.mutants.ch04_layers import _mutant, _mutate  # the reference's source with (old, new) edits, each applied once
+from tests.mutants import Mutant, mutant, mutate
 
 #: Grader part -> grade_id of its hidden test cell in the solution notebook.
 HIDDEN_CELL = {
@@ -28,7 +27,7 @@ _UNIFORM = "uniform = -logp.mean(dim=-1)  # (N,): cross-entropy against the unif
 
 def _manual_attention(scores_line: str, softmax_dim: int) -> str:
     """cross_attention written by hand, with a chosen scaling and softmax axis."""
-    return _mutate(ref.cross_attention, (_ATTEND, (
+    return mutate(ref.cross_attention, (_ATTEND, (
         f"scores = {scores_line}  # (B, H, T, S)\n"
         "    if mask is not None:\n"
         "        scores = scores.masked_fill(~mask, float('-inf'))\n"
@@ -38,26 +37,26 @@ def _manual_attention(scores_line: str, softmax_dim: int) -> str:
 
 MUTANTS = [
     # ----------------------------------------------------------------- shift_right
-    _mutant("shift_drops_first_label", ref.shift_right, "the first label was dropped instead of the last",
+    mutant("shift_drops_first_label", ref.shift_right, "the first label was dropped instead of the last",
             (_SHIFT, "shifted = torch.cat([start, labels[:, 1:]], dim=1)")),
-    _mutant("shift_forgets_bos", ref.shift_right, "must start with bos_id",
+    mutant("shift_forgets_bos", ref.shift_right, "must start with bos_id",
             ("start = labels.new_full((labels.shape[0], 1), bos_id)", "start = labels.new_full((labels.shape[0], 1), pad_id)")),
-    _mutant("shift_rolls", ref.shift_right, "torch.roll wraps the last label around",
+    mutant("shift_rolls", ref.shift_right, "torch.roll wraps the last label around",
             (_SHIFT, "shifted = torch.roll(labels, 1, dims=1)")),
-    _mutant("shift_keeps_minus_100", ref.shift_right, "replace it with pad_id",
+    mutant("shift_keeps_minus_100", ref.shift_right, "replace it with pad_id",
             ("return shifted.masked_fill(shifted == -100, pad_id)", "return shifted")),
-    _mutant("shift_in_place", ref.shift_right, "changed labels in place",
+    mutant("shift_in_place", ref.shift_right, "changed labels in place",
             (_SHIFT, "labels[:, 1:] = labels[:, :-1].clone()\n    labels[:, 0] = bos_id\n    shifted = labels")),
     # ----------------------------------------------------------------- cross_attention
-    _mutant("cross_kv_from_decoder", ref.cross_attention, "the keys and values come from x",
+    mutant("cross_kv_from_decoder", ref.cross_attention, "the keys and values come from x",
             ("q, k, v = attn.project(x, memory)", "q, k, v = attn.project(x)")),
-    _mutant("cross_mask_ignored", ref.cross_attention, "memory_key_padding_mask was ignored",
+    mutant("cross_mask_ignored", ref.cross_attention, "memory_key_padding_mask was ignored",
             (_ATTEND, "out, weights = scaled_dot_product_attention(q, k, v)")),
-    _mutant("cross_mask_inverted", ref.cross_attention, "memory_key_padding_mask is inverted",
+    mutant("cross_mask_inverted", ref.cross_attention, "memory_key_padding_mask is inverted",
             ("mask = memory_key_padding_mask[:, None, None, :]", "mask = ~memory_key_padding_mask[:, None, None, :]")),
-    _mutant("cross_no_out_proj", ref.cross_attention, "the output projection is missing",
+    mutant("cross_no_out_proj", ref.cross_attention, "the output projection is missing",
             ("return attn.out_proj(merge_heads(out)), weights", "return merge_heads(out), weights")),
-    _mutant("cross_causal", ref.cross_attention, "cross-attention is not causal",
+    mutant("cross_causal", ref.cross_attention, "cross-attention is not causal",
             (_ATTEND, "causal = torch.ones(x.shape[1], memory.shape[1], dtype=torch.bool).tril()  # (T, S)\n"
                       "    mask = causal if mask is None else mask & causal\n"
                       "    out, weights = scaled_dot_product_attention(q, k, v, mask=mask)")),
@@ -66,37 +65,37 @@ MUTANTS = [
     Mutant("cross_scaled_by_model_width", "cross_attention", "cross_attention", "scaled by 1/sqrt(C)",
            _manual_attention("q @ k.transpose(-2, -1) / math.sqrt(attn.d_model)", -1)),
     # ----------------------------------------------------------------- PreNormDecoderLayer
-    _mutant("layer_post_norm", ref.PreNormDecoderLayer, "this is post-norm",
+    mutant("layer_post_norm", ref.PreNormDecoderLayer, "this is post-norm",
             (_SELF, "x = self.norm1(x + self.dropout1(self.self_attn(x, is_causal=True)[0]))"),
             ("self.norm2(x), memory", "x, memory"),
             ("x = x + self.dropout2(attended)", "x = self.norm2(x + self.dropout2(attended))"),
             ("x = x + self.dropout3(self.ff(self.norm3(x)))", "x = self.norm3(x + self.dropout3(self.ff(x)))")),
-    _mutant("layer_not_causal", ref.PreNormDecoderLayer, "the self-attention must be causal",
+    mutant("layer_not_causal", ref.PreNormDecoderLayer, "the self-attention must be causal",
             (_SELF, "x = x + self.dropout1(self.self_attn(self.norm1(x))[0])")),
-    _mutant("layer_kv_from_decoder", ref.PreNormDecoderLayer, "cross-attention must take its keys and values from memory",
+    mutant("layer_kv_from_decoder", ref.PreNormDecoderLayer, "cross-attention must take its keys and values from memory",
             (_CROSS, "attended, weights = cross_attention(self.cross_attn, self.norm2(x), self.norm2(x))")),
-    _mutant("layer_no_cross_residual", ref.PreNormDecoderLayer, "a residual connection is missing",
+    mutant("layer_no_cross_residual", ref.PreNormDecoderLayer, "a residual connection is missing",
             ("x = x + self.dropout2(attended)", "x = self.dropout2(attended)")),
-    _mutant("layer_normalises_memory", ref.PreNormDecoderLayer, "do not normalise memory",
+    mutant("layer_normalises_memory", ref.PreNormDecoderLayer, "do not normalise memory",
             (_CROSS, "attended, weights = cross_attention(self.cross_attn, self.norm2(x), self.norm2(memory), "
                      "memory_key_padding_mask)")),
-    _mutant("layer_memory_mask_ignored", ref.PreNormDecoderLayer, "memory_key_padding_mask was ignored",
+    mutant("layer_memory_mask_ignored", ref.PreNormDecoderLayer, "memory_key_padding_mask was ignored",
             (_CROSS, "attended, weights = cross_attention(self.cross_attn, self.norm2(x), memory)")),
-    _mutant("layer_normalised_stream", ref.PreNormDecoderLayer, "do not replace x by its normalised version",
+    mutant("layer_normalised_stream", ref.PreNormDecoderLayer, "do not replace x by its normalised version",
             (_SELF, "x = self.norm1(x)\n        x = x + self.dropout1(self.self_attn(x, is_causal=True)[0])\n"
                     "        x = self.norm2(x)"),
             ("self.norm2(x), memory", "x, memory"),
             ("x = x + self.dropout3(self.ff(self.norm3(x)))", "x = self.norm3(x)\n        x = x + self.dropout3(self.ff(x))")),
     # ----------------------------------------------------------------- label_smoothed_loss
-    _mutant("loss_smooths_other_classes", ref.label_smoothed_loss, "to the V - 1 wrong classes only",
+    mutant("loss_smooths_other_classes", ref.label_smoothed_loss, "to the V - 1 wrong classes only",
             (_UNIFORM, "uniform = (-logp.sum(dim=-1) - nll) / (logp.shape[-1] - 1)")),
-    _mutant("loss_counts_padding", ref.label_smoothed_loss, "padding positions are scored",
+    mutant("loss_counts_padding", ref.label_smoothed_loss, "padding positions are scored",
             ("keep = targets != pad_id  # (...)", "keep = torch.ones_like(targets, dtype=torch.bool)")),
-    _mutant("loss_summed", ref.label_smoothed_loss, "the loss is summed",
+    mutant("loss_summed", ref.label_smoothed_loss, "the loss is summed",
             ("return ((1.0 - smoothing) * nll + smoothing * uniform).mean()",
              "return ((1.0 - smoothing) * nll + smoothing * uniform).sum()")),
-    _mutant("loss_sums_over_classes", ref.label_smoothed_loss, "take the mean over the classes",
+    mutant("loss_sums_over_classes", ref.label_smoothed_loss, "take the mean over the classes",
             (_UNIFORM, "uniform = -logp.sum(dim=-1)")),
-    _mutant("loss_no_smoothing", ref.label_smoothed_loss, "smoothing was not applied",
+    mutant("loss_no_smoothing", ref.label_smoothed_loss, "smoothing was not applied",
             ("return ((1.0 - smoothing) * nll + smoothing * uniform).mean()", "return nll.mean()")),
 ]

@@ -7,7 +7,7 @@ sources may use the names the notebook's imports cell defines (``torch``, ``F``,
 ``elu_feature_map``, ``check_attention_inputs``, ...).
 """
 
-from tests.mutants import Mutant
+from tests.mutants import Mutant, edit
 
 #: the graded part (the Grader's name) -> the grade_id of its hidden test cell
 HIDDEN_CELL = {
@@ -87,28 +87,20 @@ BY_HAND = {"tiled_attention": TILED_BY_HAND, "sliding_window_mask": WINDOW_BY_HA
            "causal_linear_attention": LINEAR_BY_HAND, "kv_cache_size": KV_BY_HAND}
 
 
-def _edit(source: str, *edits: tuple[str, str]) -> str:
-    for old, new in edits:
-        if source.count(old) != 1:
-            raise ValueError(f"mutant edit does not match exactly once: {old!r}")
-        source = source.replace(old, new)
-    return source
-
-
 def _tiled(*edits):
-    return _edit(TILED_BY_HAND, *edits)
+    return edit(TILED_BY_HAND, *edits)
 
 
 def _window(*edits):
-    return _edit(WINDOW_BY_HAND, *edits)
+    return edit(WINDOW_BY_HAND, *edits)
 
 
 def _linear(*edits):
-    return _edit(LINEAR_BY_HAND, *edits)
+    return edit(LINEAR_BY_HAND, *edits)
 
 
 def _kv(*edits):
-    return _edit(KV_BY_HAND, *edits)
+    return edit(KV_BY_HAND, *edits)
 
 
 MUTANTS = [

@@ -1,0 +1,124 @@
+"""The grading toolkit itself (``coursekit.grading.core``): the helpers every grader shares."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from coursekit.grading.core import (
+    Grader,
+    GradingFailure,
+    close,
+    expect_value_error,
+    first_match,
+    generator,
+    load_weights,
+    names_hint,
+    rand,
+    random_weights,
+    same,
+    student_side,
+)
+
+
+def hints(run) -> list[tuple[str, str]]:
+    """Run ``run(g)`` inside one check and return the failures the grader recorded."""
+    g = Grader("part")
+    with g.check("the check"):
+        run(g)
+    return g.failures
+
+
+def test_inputs_are_seeded_by_name():
+    assert torch.equal(rand("a", 3, 4), rand("a", 3, 4))
+    assert not torch.equal(rand("a", 3, 4), rand("b", 3, 4))
+    assert rand("a", 2, dtype=torch.float32).dtype == torch.float32
+    assert torch.equal(rand("a", 5, scale=3.0), 3.0 * rand("a", 5))
+    assert torch.equal(torch.randn(4, generator=generator("x")), torch.randn(4, generator=generator("x")))
+
+
+def test_random_weights_keep_the_names_and_centre_norm_scales_on_one():
+    module = nn.Sequential()
+    module.add_module("linear", nn.Linear(64, 64))
+    module.add_module("norm1", nn.LayerNorm(4096))
+    w = random_weights(module, "w")
+    assert set(w) == set(module.state_dict())
+    assert all(v.dtype == torch.float64 for v in w.values())
+    assert abs(w["norm1.weight"].mean().item() - 1.0) < 0.05  # scales around 1
+    assert abs(w["norm1.bias"].mean().item()) < 0.05  # shifts around 0
+    assert abs(w["linear.weight"].mean().item()) < 0.05
+    assert 0.45 < w["linear.weight"].std().item() < 0.55
+    assert torch.equal(w["linear.weight"], random_weights(module, "w")["linear.weight"])
+
+
+def test_same_is_exact_for_integers_and_tolerant_for_floats():
+    ids = torch.tensor([1, 2, 3])
+    assert same(ids.clone(), ids)
+    assert not same(torch.tensor([1, 2, 4]), ids)
+    assert not same(ids.to(torch.int32), ids)  # another dtype is another answer
+    assert not same([1, 2, 3], ids)
+    x = rand("x", 4)
+    assert same(x + 1e-12, x) and not same(x + 1e-3, x)
+    assert not same(x.float(), x)
+    assert close(x, x) and not close(torch.full((4,), float("nan"), dtype=torch.float64), x)
+
+
+def test_first_match_names_the_mistake_the_output_equals():
+    right, wrong_a, wrong_b = torch.zeros(3), torch.ones(3), torch.full((3,), 2.0)
+    candidates = [(wrong_a, "mistake A"), (wrong_b, "mistake B")]
+    assert hints(lambda g: first_match(g, wrong_b.clone(), candidates)) == [("the check", "mistake B")]
+    assert hints(lambda g: first_match(g, right.clone(), candidates)) == []
+    assert hints(lambda g: first_match(g, "not a tensor", candidates)) == []
+
+
+def test_first_match_never_blames_a_right_answer():
+    right = torch.zeros(3)
+    # on this input the modelled mistake happens to give the right answer: no hint for it
+    candidates = [(right.clone(), "a mistake that is harmless here"), (None, "not computable here"),
+                  (torch.zeros(4), "another shape")]
+    assert hints(lambda g: first_match(g, right.clone(), candidates, right)) == []
+    assert hints(lambda g: first_match(g, right.clone(), candidates)) == [("the check", "a mistake that is harmless here")]
+
+
+def test_expect_value_error_accepts_only_a_value_error():
+    def raises(exc):
+        def call():
+            raise exc
+        return call
+
+    assert hints(lambda g: expect_value_error(g, raises(ValueError("bad shape")), "a bad shape")) == []
+    [(_, hint)] = hints(lambda g: expect_value_error(g, raises(IndexError("out of range")), "T=0", "say T must be >= 1"))
+    assert hint == "with T=0 your code raised IndexError (out of range); raise a ValueError instead (say T must be >= 1)"
+    [(_, hint)] = hints(lambda g: expect_value_error(g, lambda: torch.zeros(2), "T=0"))
+    assert hint.startswith("with T=0 your code returned tensor float32 (2,); raise a ValueError instead")
+
+
+def test_not_implemented_reaches_the_grader_as_such():
+    g = Grader("part")
+    with g.check("rejects bad input"):
+        expect_value_error(g, lambda: (_ for _ in ()).throw(NotImplementedError()), "T=0")
+    assert g.failures == [("rejects bad input", "not implemented yet (the cell still raises NotImplementedError)")]
+    with pytest.raises(GradingFailure, match="1 of 1 checks failed"):
+        g.finish()
+
+
+def test_load_weights_explains_misnamed_parameters():
+    reference = nn.Sequential()
+    reference.add_module("proj", nn.Linear(2, 2))
+    weights = random_weights(reference, "w")
+    theirs = nn.Sequential()
+    theirs.add_module("linear", nn.Linear(2, 2))
+    [(_, hint)] = hints(lambda g: load_weights(g, theirs, weights, "MyLayer"))
+    assert hint == "MyLayer's parameters must be named as in the instructions " \
+                   "(missing ['proj.bias', 'proj.weight']; unexpected ['linear.bias', 'linear.weight'])"
+    mine = nn.Sequential()
+    mine.add_module("proj", nn.Linear(2, 2))
+    mine.double()
+    assert hints(lambda g: load_weights(g, mine, weights, "MyLayer")) == []
+    assert torch.equal(mine.proj.weight, weights["proj.weight"])
+    assert names_hint("X", {"a"}, {"a", "b"}) == "X's parameters must be named as in the instructions (missing ['b'])"
+
+
+def test_student_side_is_local_outside_the_autograder():
+    assert student_side("torch", torch) is torch
