@@ -62,7 +62,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from coursekit import bpe, data, train
+from coursekit._config import check_transformer_config
 from coursekit._files import atomic_write, read_json
+from coursekit.hf_names import NameTable
 from coursekit.layers import Encoder, LayerNorm, encoder_layer_params, layer_norm_params
 
 __all__ = [
@@ -112,14 +114,7 @@ class BertConfig:
     init_std: float = 0.02
 
     def __post_init__(self):
-        for name in ("vocab_size", "max_len", "n_layers", "n_heads", "d_model", "d_ff", "n_segments"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_transformer_config(self, ("vocab_size", "max_len", "n_layers", "n_heads", "d_model", "d_ff", "n_segments"))
         if not self.eps > 0 or not self.init_std > 0:
             raise ValueError(f"eps and init_std must be positive, got {self.eps} and {self.init_std}")
         if self.activation not in _ACTIVATIONS:
@@ -778,27 +773,9 @@ HF_NAMES = {
     "head.pooler.{p}": "bert.pooler.dense.{p}",
     "head.classifier.{p}": "classifier.{p}",
 }
-_QKV = ("query", "key", "value")
+_NAMES = NameTable(HF_NAMES, our_qkv="bert.encoder.layers.{i}.self_attn.qkv_proj.{p}",
+                   hf_qkv="bert.encoder.layer.{i}.attention.self.{part}.{p}", parts=("query", "key", "value"))
 _HF_BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
-
-
-def _pattern(template: str) -> re.Pattern:
-    body = re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", r"(?P<p>weight|bias)")
-    return re.compile(body + "$")
-
-
-_OURS_TO_HF = [(_pattern(ours), hf) for ours, hf in HF_NAMES.items()]
-_HF_TO_OURS = [(_pattern(hf), ours) for ours, hf in HF_NAMES.items()]
-_OUR_QKV = _pattern("bert.encoder.layers.{i}.self_attn.qkv_proj.{p}")
-_HF_QKV = re.compile(r"bert\.encoder\.layer\.(?P<i>\d+)\.attention\.self\.(?P<part>query|key|value)\.(?P<p>weight|bias)$")
-
-
-def _rename(key: str, table) -> str | None:
-    for pattern, target in table:
-        m = pattern.match(key)
-        if m:
-            return target.format(**m.groupdict())
-    return None
 
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -810,12 +787,11 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     """
     out = {}
     for key, value in state_dict.items():
-        m = _OUR_QKV.match(key)
-        if m:
-            for part, chunk in zip(_QKV, value.chunk(3, dim=0)):  # 3 x (C, C) or (C,)
-                out[f"bert.encoder.layer.{m['i']}.attention.self.{part}.{m['p']}"] = chunk
+        parts = _NAMES.split_qkv(key, value)
+        if parts is not None:
+            out.update(parts)
             continue
-        name = _rename(key, _OURS_TO_HF)
+        name = _NAMES.hf_name(key)
         if name is None:
             raise ValueError(f"no Hugging Face name for {key!r}: is it a BertForMaskedLM or BertClassifier state dict?")
         out[name] = value
@@ -834,12 +810,9 @@ def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
     """
     out, qkv = {}, {}
     for key, value in state_dict.items():
-        if key in _HF_BUFFERS:
+        if key in _HF_BUFFERS or _NAMES.collect_qkv(key, value, qkv):
             continue
-        m = _HF_QKV.match(key)
-        if m:
-            qkv.setdefault((m["i"], m["p"]), {})[m["part"]] = value
-        elif key == "cls.predictions.decoder.weight":
+        if key == "cls.predictions.decoder.weight":
             emb = state_dict.get("bert.embeddings.word_embeddings.weight")
             if emb is None or not torch.equal(value, emb):
                 raise ValueError("cls.predictions.decoder.weight differs from the word embeddings: ours are tied")
@@ -847,15 +820,12 @@ def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
             if not torch.equal(value, state_dict.get("cls.predictions.bias", value + 1)):
                 raise ValueError("cls.predictions.decoder.bias differs from cls.predictions.bias")
         else:
-            name = _rename(key, _HF_TO_OURS)
+            name = _NAMES.our_name(key)
             if name is None:
                 raise ValueError(f"unexpected Hugging Face key {key!r} (BertForMaskedLM and "
                                  "BertForSequenceClassification are supported)")
             out[name] = value
-    for (i, p), parts in qkv.items():
-        if set(parts) != set(_QKV):
-            raise ValueError(f"layer {i} {p}: expected query, key and value, got {sorted(parts)}")
-        out[f"bert.encoder.layers.{i}.self_attn.qkv_proj.{p}"] = torch.cat([parts[k] for k in _QKV], dim=0)  # (3C, ...)
+    out.update(_NAMES.join_qkv(qkv))
     return out
 
 

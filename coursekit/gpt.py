@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from coursekit._config import check_transformer_config
 from coursekit.attention import causal_mask
 from coursekit.layers import FeedForward, LayerNorm, encoder_layer_params, layer_norm_params
 from coursekit.multihead import MultiHeadAttention, merge_heads
@@ -85,16 +86,7 @@ class GPTConfig:
     eps: float = 1e-5
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
-        if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
-            raise ValueError(f"d_ff must be a positive integer or None (for 4 * d_model), got {self.d_ff!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_transformer_config(self, ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"))
         if self.activation not in ("gelu", "gelu_tanh"):
             raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
 

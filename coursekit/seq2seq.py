@@ -43,7 +43,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coursekit import decoding, train
+from coursekit._config import check_transformer_config
 from coursekit._files import read_json, write_json
 from coursekit.attention import scaled_dot_product_attention
 from coursekit.layers import DecoderLayer, Encoder, LayerNorm, to_torch_state_dict
@@ -494,15 +495,10 @@ class Seq2SeqConfig:
     max_len: int = 16
 
     def __post_init__(self):
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_encoder_layers", "n_decoder_layers",
-                     "max_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.n_heads or self.d_model % 2:
-            raise ValueError(f"d_model={self.d_model} must be even and divisible by n_heads={self.n_heads}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_transformer_config(self, ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "n_encoder_layers",
+                                        "n_decoder_layers", "max_len"))
+        if self.d_model % 2:
+            raise ValueError(f"d_model={self.d_model} must be even (sinusoidal positions come in sin/cos pairs)")
 
 
 #: ``nano`` for tests; ``small`` is the chapter's model.

@@ -29,7 +29,6 @@ Conventions, stated once and tested:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -38,8 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from coursekit import train
-from coursekit.bert import _pattern, _rename  # the name-table helpers of BERT's mapping
+from coursekit._config import check_transformer_config
 from coursekit.gpt import FusedLayerNorm
+from coursekit.hf_names import NameTable
 from coursekit.layers import Encoder, encoder_layer_params, layer_norm_params
 from coursekit.positional import LearnedPositionalEmbedding
 
@@ -85,18 +85,10 @@ class ViTConfig:
     eps: float = 1e-6
 
     def __post_init__(self):
-        for name in ("image_size", "patch_size", "in_channels", "n_classes", "n_layers", "n_heads", "d_model"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_transformer_config(self, ("image_size", "patch_size", "in_channels", "n_classes", "n_layers", "n_heads",
+                                        "d_model"))
         if self.image_size % self.patch_size:
             raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
-        if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
-            raise ValueError(f"d_ff must be a positive integer or None (for 4 * d_model), got {self.d_ff!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if not self.eps > 0:
             raise ValueError(f"eps must be positive, got {self.eps}")
 
@@ -358,13 +350,8 @@ HF_NAMES = {
     "encoder.norm.{p}": "vit.layernorm.{p}",
     "head.{p}": "classifier.{p}",
 }
-_QKV = ("q_proj", "k_proj", "v_proj")
-
-
-_OURS_TO_HF = [(_pattern(ours), hf) for ours, hf in HF_NAMES.items()]
-_HF_TO_OURS = [(_pattern(hf), ours) for ours, hf in HF_NAMES.items()]
-_OUR_QKV = _pattern("encoder.layers.{i}.self_attn.qkv_proj.{p}")
-_HF_QKV = re.compile(r"vit\.layers\.(?P<i>\d+)\.attention\.(?P<part>q_proj|k_proj|v_proj)\.(?P<p>weight|bias)$")
+_NAMES = NameTable(HF_NAMES, our_qkv="encoder.layers.{i}.self_attn.qkv_proj.{p}",
+                   hf_qkv="vit.layers.{i}.attention.{part}.{p}", parts=("q_proj", "k_proj", "v_proj"))
 
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], patch_size: int) -> dict[str, torch.Tensor]:
@@ -379,12 +366,11 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], patch_size: int) -> di
     """
     out = {}
     for key, value in state_dict.items():
-        m = _OUR_QKV.match(key)
-        if m:
-            for part, chunk in zip(_QKV, value.chunk(3, dim=0)):  # 3 x (C, C) or (C,)
-                out[f"vit.layers.{m['i']}.attention.{part}.{m['p']}"] = chunk
+        parts = _NAMES.split_qkv(key, value)
+        if parts is not None:
+            out.update(parts)
             continue
-        name = _rename(key, _OURS_TO_HF)
+        name = _NAMES.hf_name(key)
         if name is None:
             raise ValueError(f"no Hugging Face name for {key!r}: is it a ViT state dict?")
         if key == "patch_embed.proj.weight":
@@ -406,11 +392,9 @@ def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
     """
     out, qkv = {}, {}
     for key, value in state_dict.items():
-        m = _HF_QKV.match(key)
-        if m:
-            qkv.setdefault((m["i"], m["p"]), {})[m["part"]] = value
+        if _NAMES.collect_qkv(key, value, qkv):
             continue
-        name = _rename(key, _HF_TO_OURS)
+        name = _NAMES.our_name(key)
         if name is None:
             raise ValueError(f"unexpected Hugging Face key {key!r} (ViTForImageClassification is supported)")
         if name == "patch_embed.proj.weight":
@@ -418,10 +402,7 @@ def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
         elif name == "pos_emb.weight":
             value = value.squeeze(0)  # (1, T, C) -> (T, C)
         out[name] = value
-    for (i, p), parts in qkv.items():
-        if set(parts) != set(_QKV):
-            raise ValueError(f"layer {i} {p}: expected q_proj, k_proj and v_proj, got {sorted(parts)}")
-        out[f"encoder.layers.{i}.self_attn.qkv_proj.{p}"] = torch.cat([parts[k] for k in _QKV], dim=0)  # (3C, ...)
+    out.update(_NAMES.join_qkv(qkv))
     return out
 
 

@@ -442,8 +442,10 @@ def test_source_padding_does_not_change_the_translation():
 
 
 def test_model_rejects_bad_configs_and_inputs():
-    with pytest.raises(ValueError, match="divisible by n_heads"):
+    with pytest.raises(ValueError, match="n_heads=4 must divide d_model=10"):
         s2s.Seq2SeqConfig(d_model=10, n_heads=4)
+    with pytest.raises(ValueError, match="d_model=9 must be even"):
+        s2s.Seq2SeqConfig(d_model=9, n_heads=3)
     with pytest.raises(ValueError, match="n_encoder_layers must be a positive integer"):
         s2s.Seq2SeqConfig(n_encoder_layers=0)
     with pytest.raises(ValueError, match="dropout"):
