@@ -433,6 +433,43 @@ def gradebook_setup(db_url: str, course_id: str, students: list[str]):
         yield
 
 
+def check_gradebook(db_url: str) -> list[tuple[bool, str, str]]:
+    """What ``coursekit doctor`` reports about a gradebook: ``(ok, what, detail)`` lines.
+
+    A SQLite file needs nothing. A PostgreSQL server needs its driver (psycopg), ``pg_dump``
+    for the backup taken before every run (a run without it warns and goes on, unbacked), and
+    a server that accepts a connection; each missing piece gets a line that says how to fix it.
+    """
+    from sqlalchemy import make_url
+
+    url = make_url(db_url)
+    where = url.render_as_string(hide_password=True)
+    if not _is_server(db_url):
+        return [(True, "gradebook", f"{where} (a file: backed up with SQLite's backup API before each run)")]
+    lines = []
+    try:
+        import psycopg  # noqa: F401 (the driver SQLAlchemy uses for postgresql:// URLs)
+    except ImportError:
+        return [(False, "gradebook driver", "psycopg is missing: pip install -r requirements.txt")]
+    pg_dump = shutil.which("pg_dump")
+    lines.append((pg_dump is not None, "pg_dump", pg_dump or "not found: runs would not be backed up "
+                  "(apt-get install postgresql-client)"))
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    engine = create_engine(db_url, connect_args={"connect_timeout": 5})
+    try:
+        with engine.connect() as conn:
+            version = conn.execute(text("SHOW server_version")).scalar()
+        lines.append((True, "gradebook", f"{where} (PostgreSQL {version})"))
+    except SQLAlchemyError as e:
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        lines.append((False, "gradebook", f"cannot connect to {where}: {reason}"))
+    finally:
+        engine.dispose()
+    return lines
+
+
 def _is_server(db_url: str) -> bool:
     from sqlalchemy import make_url
 

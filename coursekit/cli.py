@@ -122,9 +122,13 @@ def cmd_doctor(args) -> int:
         path = shutil.which(exe)
         report(path is not None, exe, path or "not found (needed by the browser test): apt-get install chromium chromium-driver")
     try:
-        root = course.repo_root()
+        root = _root(args)
         mathjax = root / "_vendor" / "mathjax" / "tex-chtml.js"
         report(mathjax.is_file(), "local MathJax", str(mathjax) if mathjax.is_file() else "missing: run `make mathjax`")
+        from coursekit import autograde
+
+        for good, what, detail in autograde.check_gradebook(course.gradebook_url(root)):
+            report(good, what, detail)
     except FileNotFoundError as e:
         report(False, "course folder", str(e))
     code = "import coursekit.attention, torch; print(torch.__version__)"

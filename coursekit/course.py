@@ -64,6 +64,12 @@ def _api(root: Path, **overrides):
     return NbGraderAPI(coursedir=coursedir, config=config)
 
 
+def gradebook_url(root: Path) -> str:
+    """The gradebook's database URL as ``root/nbgrader_config.py`` sets it (nbgrader's default:
+    ``sqlite:///<root>/gradebook.db``)."""
+    return _api(root).coursedir.db_url
+
+
 def _check(result: dict, what: str) -> None:
     if not result.get("success"):
         raise RuntimeError(f"{what} failed:\n{result.get('error') or result.get('log')}")

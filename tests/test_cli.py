@@ -33,6 +33,7 @@ def test_doctor_finds_everything_in_a_set_up_environment():
     run = subprocess.run([sys.executable, "-m", "coursekit.cli", "doctor"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "[ok] python3 kernel" in run.stdout and "FAIL" not in run.stdout
+    assert "[ok] gradebook: sqlite:///" in run.stdout  # the course's default gradebook
 
 
 @pytest.mark.slow

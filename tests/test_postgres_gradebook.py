@@ -301,6 +301,22 @@ def test_without_pg_dump_a_run_warns_that_it_made_no_backup(server, tmp_path, mo
     assert "gradebook was NOT backed up" in caplog.text
 
 
+def test_doctor_checks_a_postgres_gradebook(server, tmp_path, monkeypatch, capsys):
+    url = server.create_database("doctored")
+    lines = autograde.check_gradebook(url)
+    assert [(ok, what) for ok, what, _ in lines] == [(True, "pg_dump"), (True, "gradebook")]
+    assert "PostgreSQL" in lines[1][2] and "postgresql://grader@/doctored" in lines[1][2]
+    # the course's own nbgrader_config.py decides which gradebook `coursekit doctor` checks
+    root, _ = postgres_course(tmp_path, url.replace("/doctored?", "/no_such_database?"))
+    assert cli.main(["--course", str(root), "doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] gradebook: cannot connect to postgresql://grader@/no_such_database" in out and "does not exist" in out
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *args, **kw: None if name == "pg_dump" else which(name, *args, **kw))
+    ok, what, detail = autograde.check_gradebook(url)[0]
+    assert (ok, what) == (False, "pg_dump") and "apt-get install postgresql-client" in detail
+
+
 def test_one_run_per_assignment_and_database_from_any_course_folder(server, tmp_path):
     """The course lock only sees its own folder; a second folder on the same database is stopped too."""
     url = server.create_database("locks")
