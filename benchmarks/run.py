@@ -1,6 +1,6 @@
 """Run every benchmark and write one report (markdown and JSON) of ratios measured side by side.
 
-    .venv/bin/python benchmarks/run.py            # full: about 25 minutes on a quiet 2-core machine
+    .venv/bin/python benchmarks/run.py            # full: about 17 minutes on a quiet 2-core machine
     .venv/bin/python benchmarks/run.py --quick    # every benchmark at toy size: checks that each runs
     .venv/bin/python benchmarks/run.py --only attention decoding
 
