@@ -787,14 +787,7 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     """
     out = {}
     for key, value in state_dict.items():
-        parts = _NAMES.split_qkv(key, value)
-        if parts is not None:
-            out.update(parts)
-            continue
-        name = _NAMES.hf_name(key)
-        if name is None:
-            raise ValueError(f"no Hugging Face name for {key!r}: is it a BertForMaskedLM or BertClassifier state dict?")
-        out[name] = value
+        out.update(_NAMES.to_hf(key, value, "BertForMaskedLM or BertClassifier"))
     if "mlm.bias" in state_dict:
         out["cls.predictions.decoder.weight"] = state_dict["bert.embeddings.token.weight"]
         out["cls.predictions.decoder.bias"] = state_dict["mlm.bias"]

@@ -74,6 +74,20 @@ class NameTable:
         return {self._hf_qkv_template.format(i=m["i"], part=part, p=m["p"]): chunk
                 for part, chunk in zip(self.parts, value.chunk(3, dim=0))}  # 3 x (C, C) or (C,)
 
+    def to_hf(self, key: str, value: torch.Tensor, what: str) -> dict[str, torch.Tensor]:
+        """Our tensor ``key`` under Hugging Face's name (the fused projection as its three parts).
+
+        Raises:
+            ValueError: ``key`` is not in the table; ``what`` names the state dict expected.
+        """
+        parts = self.split_qkv(key, value)
+        if parts is not None:
+            return parts
+        name = self.hf_name(key)
+        if name is None:
+            raise ValueError(f"no Hugging Face name for {key!r}: is it a {what} state dict?")
+        return {name: value}
+
     def collect_qkv(self, key: str, value: torch.Tensor, pending: dict) -> bool:
         """If ``key`` is one of Hugging Face's three projections, file ``value`` in ``pending``
         (for :meth:`join_qkv`) and return True; otherwise return False."""

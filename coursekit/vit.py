@@ -366,19 +366,12 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], patch_size: int) -> di
     """
     out = {}
     for key, value in state_dict.items():
-        parts = _NAMES.split_qkv(key, value)
-        if parts is not None:
-            out.update(parts)
-            continue
-        name = _NAMES.hf_name(key)
-        if name is None:
-            raise ValueError(f"no Hugging Face name for {key!r}: is it a ViT state dict?")
         if key == "patch_embed.proj.weight":
             C, patch_dim = value.shape
             value = value.reshape(C, patch_dim // (patch_size * patch_size), patch_size, patch_size)  # (C, C_in, P, P)
         elif key == "pos_emb.weight":
             value = value.unsqueeze(0)  # (1, T, C)
-        out[name] = value
+        out.update(_NAMES.to_hf(key, value, "ViT"))
     return out
 
 
