@@ -170,3 +170,75 @@ def Path_root():
     from tests.submissions import ROOT
 
     return ROOT
+
+
+def test_compressed_or_oversized_arrays_are_refused_before_they_are_inflated():
+    """A reply of a few kilobytes must not become gigabytes on the trusted side."""
+    buf = io.BytesIO()
+    np.savez_compressed(buf, a0=np.zeros((2048, 2048)))  # 32 MiB of zeros in about 30 KB
+    assert len(buf.getvalue()) < 1 << 20
+    with pytest.raises(protocol.ProtocolError, match="compressed arrays are not accepted"):
+        protocol.read_arrays(buf.getvalue())
+    # a header that claims more data than the member holds is refused before any allocation
+    good = io.BytesIO()
+    np.savez(good, a0=np.arange(4.0))
+    forged = good.getvalue().replace(b"(4,)", b"(9999999999,)".ljust(4)[:4])  # same length: "(999"
+    with pytest.raises(protocol.ProtocolError, match="malformed array archive"):
+        protocol.read_arrays(forged)
+    assert np.array_equal(protocol.read_arrays(good.getvalue())["a0"], np.arange(4.0))
+    fortran = io.BytesIO()
+    np.savez(fortran, a0=np.asfortranarray(np.arange(6.0).reshape(2, 3)))
+    assert np.array_equal(protocol.read_arrays(fortran.getvalue())["a0"], np.arange(6.0).reshape(2, 3))
+    a, b = socket.socketpair()
+    with a, b:  # a frame over the cap is refused from its prefix, before it is read
+        a.sendall(struct.pack(">4sIQ", b"CKIT", 2, protocol.REPLY_BLOB + 1))
+        with pytest.raises(protocol.ProtocolError, match="exceeds the limit"):
+            protocol.recv(b, time.monotonic() + 5, max_blob=protocol.REPLY_BLOB)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("signal_name", ["SIGSTOP", "SIGKILL"])
+def test_a_template_stopped_or_killed_by_student_code_is_detected_and_replaced(kind, signal_name):
+    """The cell that harmed the sandbox fails with a reason naming the student's code (its
+    process sees its parent stopped or gone); the sandbox is replaced before it is used again."""
+    from coursekit.sandbox import CellFailed
+    from coursekit.sandbox.host import TEMPLATE_GONE
+
+    with Worker(kind, Limits(cell_seconds=5, check_seconds=2)) as worker:
+        worker.COMMAND_SECONDS = 2.0
+        session = worker.session()
+        code = f"import os, signal\nos.kill(os.getppid(), signal.{signal_name})"
+        with pytest.raises(CellFailed) as failed:
+            session.run_cell(code, "attack", time.monotonic() + 60)
+        assert str(failed.value) == TEMPLATE_GONE and worker.broken
+        assert not worker.healthy(timeout=1.0)
+        assert worker.reset_after_student() == TEMPLATE_GONE
+        session.close()
+        worker.restart()
+        assert worker.healthy()
+        fresh = worker.session()
+        assert fresh.run_cell("print(6 * 7)", "after", time.monotonic() + 30)["outputs"][0]["text"] == "42\n"
+        fresh.close()
+
+
+@pytest.mark.slow
+def test_a_cell_that_kills_every_process_it_can_is_reported_as_the_students():
+    """``os.kill(-1, SIGKILL)`` ends the template, and with it the sandbox's PID namespace (tried
+    under bubblewrap only: without a PID namespace it would reach every process of this user)."""
+    if not bubblewrap_works():
+        pytest.skip("bubblewrap is not available here")
+    from coursekit.sandbox import CellFailed
+    from coursekit.sandbox.host import TEMPLATE_GONE
+
+    with Worker("bwrap", Limits(cell_seconds=5)) as worker:
+        worker.COMMAND_SECONDS = 2.0
+        session = worker.session()
+        # Linux spares the caller, but the template's death ends the namespace: either way the cell is blamed
+        with pytest.raises(CellFailed) as failed:
+            session.run_cell("import os, signal\nos.kill(-1, signal.SIGKILL)", "kill all", time.monotonic() + 30)
+        assert str(failed.value) == TEMPLATE_GONE
+        assert not worker.healthy(timeout=1.0)
+        assert worker.reset_after_student() == TEMPLATE_GONE
+        worker.restart()
+        assert worker.session().run_cell("print('back')", "after", time.monotonic() + 30)["ok"]

@@ -61,6 +61,14 @@ class RemoteCrash(StudentError):
     pass
 
 
+#: What a student is told when the sandbox's own process (the template every notebook process is
+#: forked from) stopped answering while their code ran: only their code runs beside it.
+TEMPLATE_GONE = (
+    "the autograder's own process in the sandbox stopped responding while your code ran: did your code "
+    "signal a process it did not start (os.kill(os.getppid(), ...), os.kill(-1, ...), os.killpg)?"
+)
+
+
 class StudentRaised(StudentError):
     """The student's code raised ``type_name(message)`` at ``where``."""
 
@@ -176,12 +184,26 @@ def _matplotlib_cache() -> str | None:
 
 
 class Worker:
-    """One sandbox with a template process; grades one submission at a time."""
+    """One sandbox with a template process; grades one submission at a time.
+
+    The template only runs coursekit's code, but a student's process can signal it (stop or
+    kill it). Every command therefore has a short deadline; a template that misses one is
+    marked :attr:`broken` and never used again: :meth:`healthy` says so, and :meth:`restart`
+    replaces the whole sandbox.
+    """
+
+    COMMAND_SECONDS = 10.0  # a command the template should answer at once (it polls every 20 ms)
 
     def __init__(self, kind: str = "auto", limits: Limits = Limits(), preload: tuple[str, ...] = ()):
         self.kind = choose_kind(kind)
         self.limits = limits
         self.preload = preload
+        self._start()
+
+    def _start(self) -> None:
+        self.broken: str | None = None
+        self._sessions: set[int] = set()  # notebook processes started (their own process groups)
+        preload, limits = self.preload, self.limits
         self._host_dir = tempfile.mkdtemp(prefix="coursekit-sandbox-")
         ours, theirs = socket.socketpair()
         python = [sys.executable, "-m", "coursekit.sandbox.worker"]
@@ -221,12 +243,39 @@ class Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def command(self, header: dict, want_fds: bool = False, timeout: float = 30.0):
+    def healthy(self, timeout: float = 5.0) -> bool:
+        """True when the template is running and answers a status request within ``timeout`` s."""
+        if self.broken or not self.alive():
+            return False
+        try:
+            self.command({"op": "status"}, timeout=timeout)
+        except SandboxError:
+            return False
+        return True
+
+    def restart(self) -> None:
+        """Replace this sandbox by a fresh one (same kind, limits and preloaded modules)."""
+        self.close()
+        self._start()
+
+    def command(self, header: dict, want_fds: bool = False, timeout: float | None = None):
+        if self.broken:
+            raise SandboxError(f"the sandbox stopped responding ({self.broken})")
         try:
             protocol.send(self.ctrl, header)
-            return protocol.recv(self.ctrl, time.monotonic() + timeout, max_blob=0, want_fds=want_fds)
+            return protocol.recv(self.ctrl, time.monotonic() + (timeout or self.COMMAND_SECONDS), max_blob=0,
+                                 max_header=protocol.REPLY_HEADER, want_fds=want_fds)
         except (protocol.ProtocolError, OSError) as e:
+            self.broken = str(e) or type(e).__name__
             raise SandboxError(f"the sandbox stopped responding ({e})") from None
+
+    def reset_after_student(self) -> str | None:
+        """:meth:`reset` for use while a student's code runs: if the template does not answer,
+        the student's code is the only thing that can have stopped it, and the reason says so."""
+        try:
+            return self.reset()
+        except SandboxError:
+            return TEMPLATE_GONE
 
     def reset(self) -> str | None:
         """Kill every process of the current submission; return why the sandbox killed them, if it did."""
@@ -245,22 +294,34 @@ class Worker:
         if not reply.get("ok") or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
-            raise SandboxError(f"the sandbox could not start a notebook process: {reply!r}")
-        return Session(self, socket.socket(fileno=fds[0]), int(reply["pid"]))
+            raise SandboxError(f"the sandbox could not start a notebook process: {str(reply)[:200]}")
+        pid = int(reply["pid"])
+        self._sessions.add(pid)
+        return Session(self, socket.socket(fileno=fds[0]), pid)
 
     def close(self) -> None:
+        """Stop the sandbox and every process in it; a broken template is killed at once."""
+        if not self.broken:
+            try:
+                protocol.send(self.ctrl, {"op": "exit"})
+            except OSError:
+                pass
         try:
-            protocol.send(self.ctrl, {"op": "exit"})
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=5)
+            self.proc.wait(timeout=0 if self.broken else 5)
         except subprocess.TimeoutExpired:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(self.proc.pid, signal.SIGKILL)  # a stopped process dies of SIGKILL too
             except ProcessLookupError:
                 pass
             self.proc.wait()
+        if self.kind == "rlimit":
+            # without a PID namespace, notebook processes (each its own session) outlive a killed
+            # template: end their process groups here
+            for pid in self._sessions:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
         self.ctrl.close()
         self._log.close()
         shutil.rmtree(self._host_dir, ignore_errors=True)
@@ -298,15 +359,23 @@ class Session:
         until = min(deadline, time.monotonic() + limit)
         try:
             protocol.send(self.sock, {"op": "cell", "source": source, "label": label})
-            reply, _, _ = protocol.recv(self.sock, until, max_blob=0)
+            reply, _, _ = protocol.recv(self.sock, until, max_blob=0, max_header=protocol.REPLY_HEADER)
         except protocol.TimedOut:
             budget = "the submission used up its time budget" if until == deadline else f"did not finish within {limit:g} s"
-            self.dead_because = self.worker.reset() or budget
+            self.dead_because = self.worker.reset_after_student() or budget
             raise CellFailed(self.dead_because) from None
-        except (protocol.ProtocolError, OSError):
-            why = self.worker.reset()
+        except (protocol.Closed, OSError):
+            why = self.worker.reset_after_student()
             self.dead_because = why or "its process ended (os._exit, a crash, or a resource limit)"
             raise CellFailed(self.dead_because) from None
+        except protocol.ProtocolError as e:
+            self.dead_because = self.worker.reset_after_student() or f"its output could not be read ({e})"
+            raise CellFailed(self.dead_because) from None
+        if not isinstance(reply, dict):
+            raise CellFailed("its process sent a malformed answer")
+        if reply.get("sandbox_harmed") is True:  # the cell stopped or killed the template
+            self.worker.broken = self.dead_because = TEMPLATE_GONE
+            raise CellFailed(TEMPLATE_GONE)
         return reply
 
     # ---- checks
@@ -324,24 +393,28 @@ class Session:
         self.sock, self.pid, self.dead_because = fresh.sock, fresh.pid, None
         return True
 
-    def begin_check(self, name: str) -> None:
+    def begin_check(self, name: str, seed: int | None = None) -> None:
+        """Fork a check process from the notebook's final state, reseeded with ``seed``
+        (default: derived from ``name``)."""
         self.end_check()
         if self.dead_because and not self._adopt_revived():
             raise RemoteCrash(f"your notebook's process is gone: {self.dead_because}")
-        seed = zlib.crc32(name.encode())
+        if seed is None:
+            seed = zlib.crc32(name.encode())
         try:
             protocol.send(self.sock, {"op": "fork", "seed": seed})
-            reply, _, fds = protocol.recv(self.sock, time.monotonic() + 30, max_blob=0, want_fds=True)
+            reply, _, fds = protocol.recv(self.sock, time.monotonic() + 30, max_blob=0,
+                                          max_header=protocol.REPLY_HEADER, want_fds=True)
         except (protocol.ProtocolError, OSError):
-            self.dead_because = self.worker.reset() or "its process ended"
+            self.dead_because = self.worker.reset_after_student() or "its process ended"
             if self._adopt_revived():
-                return self.begin_check(name)
+                return self.begin_check(name, seed)
             raise RemoteCrash(f"your notebook's process is gone: {self.dead_because}") from None
-        if len(fds) != 1 or not reply.get("ok"):
+        if len(fds) != 1 or not isinstance(reply, dict) or not reply.get("ok"):
             for fd in fds:
                 os.close(fd)
             self.dead_because = "its process misbehaved"
-            self.worker.reset()
+            self.worker.reset_after_student()
             raise RemoteCrash("your notebook's process did not start a check")
         self.channel = _Channel(self, socket.socket(fileno=fds[0]), int(reply.get("pid", -1)),
                                 time.monotonic() + self.worker.limits.check_seconds)
@@ -383,19 +456,22 @@ class _Channel:
             header[key] = protocol.encode(value, arrays, self._ref)
         try:
             protocol.send(self.sock, header, arrays)
-            reply, out, _ = protocol.recv(self.sock, self.deadline)
+            reply, out, _ = protocol.recv(self.sock, self.deadline, max_blob=protocol.REPLY_BLOB,
+                                          max_header=protocol.REPLY_HEADER)
         except protocol.TimedOut:
-            self.session.worker.kill(self.pid)
+            self._kill()
             self.broken = f"did not finish within {self.session.worker.limits.check_seconds:g} s (an endless loop?)"
             raise RemoteTimeout(f"your code {self.broken}") from None
-        except protocol.Closed:
+        except (protocol.Closed, ConnectionError):
             why = self._why_gone()
             self.broken = f"the process running your code ended ({why})"
             raise RemoteCrash(self.broken) from None
         except (protocol.ProtocolError, OSError) as e:
-            self.session.worker.kill(self.pid)
+            self._kill()
             self.broken = f"your code's answer could not be read: {e}"
             raise RemoteCrash(self.broken) from None
+        if not isinstance(reply, dict):
+            raise RemoteCrash("the process running your code sent a malformed answer")
         if "raised" in reply:
             r = reply["raised"] if isinstance(reply["raised"], dict) else {}
             cls = _raised_class(str(r.get("type", "Exception"))[:100])
@@ -409,11 +485,17 @@ class _Channel:
             raise RemoteCrash("the process running your code sent a malformed answer")
         return value
 
+    def _kill(self) -> None:
+        try:
+            self.session.worker.kill(self.pid)
+        except SandboxError:
+            pass  # the template is gone, and the check process with it; the next check starts a fresh sandbox
+
     def _why_gone(self) -> str:
         try:
             why = self.session.worker.command({"op": "status"})[0].get("killed_because")
         except SandboxError:
-            why = None
+            return TEMPLATE_GONE
         return why or "os._exit, a crash, or a resource limit such as memory"
 
     def _ref(self, obj) -> dict:

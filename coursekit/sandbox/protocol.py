@@ -5,7 +5,9 @@ A message is one frame::
     b"CKIT" | header length (4 bytes, big-endian) | blob length (8 bytes) | header | blob
 
 The header is UTF-8 JSON; the blob is an ``.npz`` archive holding the arrays the
-header refers to, read back with ``numpy.load(..., allow_pickle=False)``. File
+header refers to, stored uncompressed and read back member by member with
+``numpy.lib.format`` (no pickles, and every array's size is checked against the bytes that
+really arrived before anything is allocated). File
 descriptors (a fresh socket for a new process) travel beside a frame with
 ``SCM_RIGHTS``.
 
@@ -27,9 +29,14 @@ import math
 import socket
 import struct
 import time
+import zipfile
 from typing import Any, Callable
 
 import numpy as np
+
+#: bound when the module is imported (before any student code runs): a cell that swaps
+#: ``np.savez`` for ``np.savez_compressed`` does not change how answers are written
+_savez = np.savez
 
 MAGIC = b"CKIT"
 _PREFIX = struct.Struct(">4sIQ")
@@ -37,6 +44,12 @@ MAX_HEADER = 32 << 20  # bytes of JSON in one frame
 MAX_BLOB = 512 << 20  # bytes of arrays in one frame
 MAX_DEPTH = 32  # nesting of lists, tuples and dicts
 MAX_ITEMS = 1_000_000  # values in one message
+MAX_ARRAYS = 10_000  # arrays in one frame
+#: what the trusted side accepts from a student's process: the answer of one call, or the
+#: outputs of one cell. Arrays are stored uncompressed, so these bound the memory an answer
+#: takes once read (a compressed archive could inflate a megabyte into gigabytes).
+REPLY_HEADER = 8 << 20
+REPLY_BLOB = 128 << 20
 
 #: dtypes that cross as themselves; bfloat16 and float16 cross as float32 and are cast back
 _DTYPES = {
@@ -66,7 +79,7 @@ def send(sock: socket.socket, header: dict, arrays: dict[str, np.ndarray] | None
     blob = b""
     if arrays:
         buf = io.BytesIO()
-        np.savez(buf, **arrays)
+        _savez(buf, **arrays)  # stored, not compressed: the reader refuses compressed members
         blob = buf.getvalue()
     data = _PREFIX.pack(MAGIC, len(head), len(blob)) + head + blob
     if fds:
@@ -76,10 +89,13 @@ def send(sock: socket.socket, header: dict, arrays: dict[str, np.ndarray] | None
         sock.sendall(data)
 
 
-def recv(sock: socket.socket, deadline: float | None = None, *, max_blob: int = MAX_BLOB, want_fds: bool = False):
+def recv(sock: socket.socket, deadline: float | None = None, *, max_blob: int = MAX_BLOB, max_header: int = MAX_HEADER,
+         want_fds: bool = False):
     """Read one frame; return ``(header, arrays, fds)``.
 
-    ``deadline`` is a ``time.monotonic()`` value; past it :class:`TimedOut` is raised.
+    ``deadline`` is a ``time.monotonic()`` value; past it :class:`TimedOut` is raised. A frame
+    whose header or arrays are larger than ``max_header`` or ``max_blob`` bytes is refused with
+    :class:`ProtocolError` before it is read.
     """
     fds: list[int] = []
     if want_fds:
@@ -98,10 +114,10 @@ def recv(sock: socket.socket, deadline: float | None = None, *, max_blob: int = 
     magic, n_head, n_blob = _PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise ProtocolError("not a coursekit frame")
-    if n_head > MAX_HEADER:
-        raise ProtocolError(f"message header of {n_head} bytes exceeds the limit of {MAX_HEADER}")
+    if n_head > max_header:
+        raise ProtocolError(f"message of {_mib(n_head)} of data exceeds the limit of {_mib(max_header)}")
     if n_blob > max_blob:
-        raise ProtocolError(f"message of {n_blob / 2**20:.0f} MiB exceeds the limit of {max_blob / 2**20:.0f} MiB")
+        raise ProtocolError(f"message of {_mib(n_blob)} of arrays exceeds the limit of {_mib(max_blob)}")
     try:
         header = json.loads(_read_exact(sock, n_head, deadline))
     except (ValueError, RecursionError) as e:
@@ -110,13 +126,62 @@ def recv(sock: socket.socket, deadline: float | None = None, *, max_blob: int = 
         raise ProtocolError("header is not a JSON object")
     arrays: dict[str, np.ndarray] = {}
     if n_blob:
-        blob = _read_exact(sock, n_blob, deadline)
-        try:
-            with np.load(io.BytesIO(blob), allow_pickle=False) as archive:
-                arrays = {k: archive[k] for k in archive.files}
-        except Exception as e:  # any failure to parse the archive is the other side's fault
-            raise ProtocolError(f"malformed array archive: {type(e).__name__}: {e}") from None
+        arrays = read_arrays(_read_exact(sock, n_blob, deadline))
     return header, arrays, fds
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def read_arrays(blob: bytes) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` archive written by :func:`send`, read as hostile data.
+
+    Every member must be stored uncompressed (so the arrays take no more memory than the bytes
+    that arrived), be a ``.npy`` file of a plain dtype (no Python objects), and hold exactly the
+    bytes its header's shape and dtype call for; the check comes before any allocation.
+
+    Raises:
+        ProtocolError: naming what is wrong with the archive.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+            members = archive.infolist()
+            if len(members) > MAX_ARRAYS:
+                raise ProtocolError(f"malformed array archive: more than {MAX_ARRAYS} arrays")
+            arrays = {}
+            for info in members:
+                if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+                    raise ProtocolError("malformed array archive: compressed arrays are not accepted")
+                if not info.filename.endswith(".npy"):
+                    raise ProtocolError(f"malformed array archive: unexpected member {info.filename[:40]!r}")
+                arrays[info.filename[: -len(".npy")]] = _read_npy(archive.read(info))
+            return arrays
+    except ProtocolError:
+        raise
+    except Exception as e:  # any failure to parse the archive is the other side's fault
+        raise ProtocolError(f"malformed array archive: {type(e).__name__}: {e}") from None
+
+
+def _read_npy(data: bytes) -> np.ndarray:
+    fmt = np.lib.format
+    stream = io.BytesIO(data)
+    version = fmt.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = fmt.read_array_header_1_0(stream)
+    elif version == (2, 0):
+        shape, fortran, dtype = fmt.read_array_header_2_0(stream)
+    else:
+        raise ProtocolError(f"malformed array archive: .npy version {version}")
+    if dtype.hasobject:
+        raise ProtocolError("malformed array archive: arrays of Python objects are not accepted")
+    count = math.prod(shape)
+    body = memoryview(data)[stream.tell():]
+    if count * dtype.itemsize != len(body):
+        raise ProtocolError(f"malformed array archive: an array of shape {shape} and dtype {dtype} "
+                            f"needs {count * dtype.itemsize} bytes, got {len(body)}")
+    array = np.frombuffer(body, dtype=dtype, count=count).copy()
+    return array.reshape(shape[::-1]).transpose() if fortran else array.reshape(shape)
 
 
 def _settimeout(sock: socket.socket, deadline: float | None) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import os
 import random
 import re
@@ -299,6 +300,7 @@ class NotebookProcess:
         self.sock = sock
         self.shell = shell
         self.labels: dict[int, str] = {}  # execution count -> cell label, for hints
+        self.template = os.getppid()
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -321,7 +323,12 @@ class NotebookProcess:
                 return
             op = msg.get("op")
             if op == "cell":
-                protocol.send(self.sock, self.run_cell(str(msg["source"]), str(msg.get("label", ""))))
+                reply = self.run_cell(str(msg["source"]), str(msg.get("label", "")))
+                try:
+                    protocol.send(self.sock, reply)
+                except (TypeError, ValueError):  # the cell put values that are not JSON among its outputs
+                    reply["outputs"] = [o for o in reply["outputs"] if _jsonable(o)]
+                    protocol.send(self.sock, reply)
             elif op == "fork":
                 self.fork_check(int(msg.get("seed", 0)))
             else:
@@ -357,18 +364,20 @@ class NotebookProcess:
             outputs.append({"output_type": "stream", "name": "stderr", "text": err.value()})
         size = 0
         for d in list(shell.display_pub.outputs):
-            data = {k: v for k, v in (d.get("data") or {}).items() if isinstance(v, str)}
+            data = d.get("data") if isinstance(d, dict) else None
+            data = {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
             size += sum(len(v) for v in data.values())
             if size > MAX_DISPLAY:
                 outputs.append({"output_type": "stream", "name": "stdout", "text": "[more display output was dropped]\n"})
                 break
             outputs.append({"output_type": "display_data", "data": data, "metadata": {}})
         count = shell.execution_count - 1
-        for o in shell._outputs:
-            if o["output_type"] == "execute_result":
+        for o in shell._outputs:  # the cell's code can append anything here: the trusted side sorts it out
+            if isinstance(o, dict) and o.get("output_type") == "execute_result":
                 o["execution_count"] = count
-        outputs += shell._outputs
-        return {"ok": bool(ok), "outputs": outputs, "seconds": round(time.monotonic() - started, 3), "execution_count": count}
+        outputs += shell._outputs if isinstance(shell._outputs, list) else []
+        return {"ok": bool(ok), "outputs": outputs, "seconds": round(time.monotonic() - started, 3), "execution_count": count,
+                "sandbox_harmed": _harmed(self.template)}
 
     def fork_check(self, seed: int) -> None:
         ours, theirs = socket.socketpair()
@@ -555,6 +564,38 @@ def _set_not_dumpable() -> None:
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     except OSError:
         pass
+
+
+def _jsonable(value) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
+
+
+def _harmed(template: int) -> bool:
+    """True when the template this process was forked from is gone (this process was
+    reparented), stopped, exiting, or has a signal pending that it does not expect: only the
+    cell that just ran can have done it. (A SIGKILL takes effect asynchronously: a large
+    process is seen exiting for milliseconds, so the state alone would miss it.)"""
+    if os.getppid() != template:
+        return True
+    try:
+        with open(f"/proc/{template}/stat") as f:
+            data = f.read()
+        fields = data[data.rindex(")") + 2 :].split()
+        state, flags = fields[0], int(fields[6])
+        if state in "TtZXx" or flags & 0x4:  # stopped, traced, dead; PF_EXITING
+            return True
+        with open(f"/proc/{template}/status") as f:
+            pending = 0
+            for line in f:
+                if line.startswith(("SigPnd:", "ShdPnd:")):
+                    pending |= int(line.split()[1], 16)
+        return bool(pending & ~(1 << (signal.SIGCHLD - 1)))  # SIGCHLD: a child of it ended, as they do
+    except (OSError, ValueError, IndexError):
+        return True
 
 
 def _stat(pid: int, field: int) -> int | None:
