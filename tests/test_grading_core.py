@@ -122,3 +122,26 @@ def test_load_weights_explains_misnamed_parameters():
 
 def test_student_side_is_local_outside_the_autograder():
     assert student_side("torch", torch) is torch
+
+
+def test_a_course_secret_changes_every_input_and_keeps_runs_identical():
+    """Hidden inputs cannot be computed from the (public) grading source once a secret is mixed in."""
+    from coursekit.grading.core import SECRET, seed
+
+    from coursekit.grading import core
+
+    plain = core.rand("softmax.values", 4, 7)
+    token = SECRET.set(b"a" * 64)
+    try:
+        secret = core.rand("softmax.values", 4, 7)
+        assert torch.equal(secret, core.rand("softmax.values", 4, 7))  # a re-run sees the same inputs
+        assert not torch.allclose(secret, plain)
+        assert 0 <= seed("x") < 2**63 and seed("x") != seed("y")
+    finally:
+        SECRET.reset(token)
+    other = SECRET.set(b"b" * 64)
+    try:
+        assert not torch.allclose(core.rand("softmax.values", 4, 7), secret)  # another course, other inputs
+    finally:
+        SECRET.reset(other)
+    assert torch.equal(core.rand("softmax.values", 4, 7), plain)  # outside the autograder: as before

@@ -15,7 +15,9 @@ import math
 import torch
 
 from coursekit import attention as ref
-from coursekit.grading.core import Grader, close, describe, generator, is_a, is_tensor, probe, rand
+from coursekit.grading.core import (
+    Grader, close, describe, generator, is_a, is_tensor, load_weights, probe, rand, random_weights,
+)
 
 __all__ = [
     "check_softmax", "check_causal_mask", "check_attention", "check_self_attention",
@@ -98,6 +100,9 @@ def grade_softmax(softmax) -> None:
 def grade_causal_mask(causal_mask) -> None:
     """Grade a student's ``causal_mask(T, S=None)``."""
     g = Grader("causal_mask")
+    # sizes drawn from the check's generator as well as the edge cases, so no table of sizes passes
+    drawn = torch.randint(3, 40, (3,), generator=generator("causal.sizes")).tolist()
+    offsets = torch.randint(1, 12, (3,), generator=generator("causal.offsets")).tolist()
 
     with g.check("returns a boolean (T, S) tensor"):
         m = causal_mask(4)
@@ -107,7 +112,7 @@ def grade_causal_mask(causal_mask) -> None:
         )
 
     with g.check("square masks (S = T) allow exactly the past and the present"):
-        for T in (5, 1, 2, 9):
+        for T in (5, 1, 2, *drawn):
             m = causal_mask(T)
             expected = ref.causal_mask(T)
             if is_tensor(m) and m.shape == expected.shape and m.dtype == torch.bool and T > 1:
@@ -126,7 +131,7 @@ def grade_causal_mask(causal_mask) -> None:
             )
 
     with g.check("with S > T keys, the last query sees every key (bottom-right alignment)"):
-        for T, S in ((1, 4), (3, 5), (2, 7)):
+        for T, S in ((1, 4), (3, 5), *((t, t + d) for t, d in zip(drawn, offsets))):
             m = causal_mask(T, S)
             g.expect(
                 is_tensor(m) and m.shape == (T, S),
@@ -281,6 +286,15 @@ def grade_self_attention(SelfAttention) -> None:
         torch.manual_seed(0)
         return SelfAttention(C, D, **kwargs).double()
 
+    def twin(name: str):
+        """The student's module and coursekit's, holding the same random weights of ours (a module
+        that only works with its own initial weights, say zeros, must not pass)."""
+        m, r = build(), ref.SelfAttention(C, D).double()
+        weights = random_weights(r, name)
+        load_weights(g, m, weights, "SelfAttention")
+        r.load_state_dict(weights)
+        return m, r
+
     with g.check("has q_proj, k_proj and v_proj of shape C -> D"):
         m = build()
         for name in ("q_proj", "k_proj", "v_proj"):
@@ -302,9 +316,7 @@ def grade_self_attention(SelfAttention) -> None:
         g.expect(m.q_proj.out_features == C, "SelfAttention(C) should use D = C when d_head is not given")
 
     with g.check("matches the reference with the same weights"):
-        m = build()
-        r = ref.SelfAttention(C, D).double()
-        r.load_state_dict(m.state_dict())
+        m, r = twin("sa.weights")
         x = rand("sa.x", 2, 5, C)
         out, w = _unpack(m(x), "SelfAttention.forward", g)
         out_r, w_r = r(x)
@@ -314,16 +326,14 @@ def grade_self_attention(SelfAttention) -> None:
         g.expect(close(out, out_r), "the output differs from the reference with the same weights")
 
     with g.check("passes the mask to attention"):
-        m = build()
-        r = ref.SelfAttention(C, D).double()
-        r.load_state_dict(m.state_dict())
+        m, r = twin("sa.mask.weights")
         x = rand("sa.mask.x", 2, 5, C)
         mask = ref.causal_mask(5)
         out, _ = _unpack(m(x, mask=mask), "SelfAttention.forward", g)
         g.expect(close(out, r(x, mask=mask)[0]), "with mask=causal_mask(T) the output differs: is the mask passed on?")
 
     with g.check("changing a future token does not change earlier outputs under a causal mask"):
-        m = build()
+        m, _ = twin("sa.causal.weights")
         x = rand("sa.causal.x", 1, 6, C)
         y = x.clone()
         y[:, 4:] += 1.0
@@ -425,13 +435,15 @@ def check_self_attention(SelfAttention) -> None:
         g.expect(n == 3 * (8 * 4 + 4), f"SelfAttention(8, 4) should have 3 * (8*4 + 4) = 108 parameters, got {n}")
     with g.check("out is attention over q_proj(x), k_proj(x), v_proj(x)"):
         layer = SelfAttention(8, 4)
-        weights = layer.state_dict()
         names = ("q_proj", "k_proj", "v_proj")
+        sd = layer.state_dict()
         g.expect(
-            isinstance(weights, dict) and all(f"{n}.weight" in weights for n in names),
+            isinstance(sd, dict) and all(f"{n}.weight" in sd for n in names),
             "SelfAttention needs three nn.Linear layers called q_proj, k_proj and v_proj",
         )
         reference = ref.SelfAttention(8, 4)
+        weights = {k: v.float() for k, v in random_weights(reference, "public.weights").items()}
+        load_weights(g, layer, weights, "SelfAttention")  # our weights, not only the module's own initial ones
         reference.load_state_dict(weights)
         out, _ = _unpack(layer(x), "SelfAttention.forward", g)
         g.expect(

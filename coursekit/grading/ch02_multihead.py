@@ -7,9 +7,11 @@ student runs while working (and ``coursekit check`` runs). ``grade_*`` holds the
 seeded inputs and tests properties. Both raise
 :class:`~coursekit.grading.core.GradingFailure` with a hint per failed check.
 
-The module part never changes the student's parameters: it reads
-``state_dict()`` (keys ``qkv_proj.weight``, ``qkv_proj.bias``, ``out_proj.weight``,
-``out_proj.bias``) and loads it into :class:`coursekit.multihead.MultiHeadAttention`.
+The module part checks the names and shapes of the student's ``state_dict()`` (keys
+``qkv_proj.weight``, ``qkv_proj.bias``, ``out_proj.weight``, ``out_proj.bias``), then loads
+the same random weights of its own into the student's module and into
+:class:`coursekit.multihead.MultiHeadAttention`: a module that only works with its own initial
+weights (zeros, say) does not pass.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 
 from coursekit import attention as att
 from coursekit import multihead as ref
-from coursekit.grading.core import Grader, close, describe, generator, is_a, is_tensor, probe, rand
+from coursekit.grading.core import Grader, close, describe, generator, is_a, is_tensor, probe, rand, random_weights
 
 __all__ = [
     "check_split_heads", "check_merge_heads", "check_repeat_kv", "check_multihead_attention",
@@ -247,7 +249,7 @@ def _build(MultiHeadAttention, **kwargs):
 
 
 def _twin(g: Grader, m, n_heads: int = H, n_kv_heads: int | None = None, bias: bool = True, dropout: float = 0.0):
-    """The reference module holding the student's weights (read with ``state_dict()``)."""
+    """The reference module; it and the student's ``m`` now hold the same random weights of ours."""
     r = ref.MultiHeadAttention(C, n_heads, n_kv_heads, bias=bias, dropout=dropout).double()
     expected = r.state_dict()
     sd = m.state_dict()
@@ -262,7 +264,9 @@ def _twin(g: Grader, m, n_heads: int = H, n_kv_heads: int | None = None, bias: b
             is_tensor(value) and value.shape == expected[key].shape,
             f"{key} should have shape {tuple(expected[key].shape)}, got {describe(value)}",
         )
-    r.load_state_dict({k: v.to(torch.float64) for k, v in sd.items()})
+    weights = random_weights(r, f"mha.weights.{n_heads}.{n_kv_heads}.{bias}")
+    m.load_state_dict(weights)
+    r.load_state_dict(weights)
     return r.eval()
 
 
@@ -552,13 +556,15 @@ def check_multihead_attention(MultiHeadAttention) -> None:
         g.expect(n == 288, f"expected 288 parameters (qkv_proj: 8 -> 24, out_proj: 8 -> 8, with biases), got {n}")
     with g.check("out matches the reference with the same weights"):
         m = MultiHeadAttention(8, 2)
-        weights = m.state_dict()
+        sd = m.state_dict()
         names = ("qkv_proj.weight", "qkv_proj.bias", "out_proj.weight", "out_proj.bias")
         g.expect(
-            isinstance(weights, dict) and sorted(weights) == sorted(names),
+            isinstance(sd, dict) and sorted(sd) == sorted(names),
             "the module needs exactly two nn.Linear layers, called qkv_proj and out_proj",
         )
         reference = ref.MultiHeadAttention(8, 2)
+        weights = {k: v.float() for k, v in random_weights(reference, "public.mha.weights").items()}
+        m.load_state_dict(weights)  # our weights, not only the module's own initial ones
         reference.load_state_dict(weights)
         out, _ = _unpack(m(x), "forward", g)
         g.expect(

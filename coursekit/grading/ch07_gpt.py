@@ -47,6 +47,7 @@ from coursekit.grading.core import (
     raise_unless_student_error,
     rand,
     random_weights,
+    seeded,
 )
 
 __all__ = [
@@ -751,8 +752,8 @@ def _length_check(g: Grader, beam_search, TableLM) -> bool:
 def _gpt_pair(GPT, GPTConfig, seed: int, dropout: float = 0.0):
     """The same small GPT twice: built with the student's classes (in their process) and with coursekit's."""
     kwargs = dict(vocab_size=23, block_size=48, n_layers=2, n_heads=2, d_model=16, dropout=dropout)
-    torch.manual_seed(seed)
-    local = ref.GPT(ref.GPTConfig(**kwargs))
+    with seeded(f"gpt.pair.{seed}"):  # weights a table cannot anticipate (the course's secret is in the seed)
+        local = ref.GPT(ref.GPTConfig(**kwargs))
     with torch.no_grad():
         for p in local.parameters():
             p.mul_(20)  # peaky predictions: sequences differ and near-ties are rare

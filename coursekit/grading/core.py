@@ -3,7 +3,8 @@
 A hidden test is one call, ``grade_<part>(student_object)``. Inside, a
 :class:`Grader` runs named checks; each check compares the student's code with the
 ``coursekit`` reference on fresh inputs (seeded from the check's name, so every run
-sees the same inputs) or tests a property. A failed check records a specific hint.
+sees the same inputs; under the autograder the seed also mixes in a secret of the course,
+so the hidden inputs cannot be computed from this source) or tests a property. A failed check records a specific hint.
 At the end, :meth:`Grader.finish` prints one line per check and raises
 :class:`GradingFailure` (an ``AssertionError``, so nbgrader marks the cell wrong) if
 anything failed.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
+import threading
 import traceback
 import zlib
 from collections.abc import Iterator
@@ -40,6 +43,8 @@ __all__ = [
     "rand",
     "random_weights",
     "same",
+    "seed",
+    "seeded",
     "student_side",
 ]
 
@@ -49,6 +54,10 @@ __all__ = [
 SESSION: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_session", default=None)
 #: Where :meth:`Grader.finish` writes its lines: a list to append to, or ``None`` to print.
 REPORT: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_report", default=None)
+#: The course's secret (bytes) while the autograder grades; empty in notebooks and unit tests.
+#: Mixed into every seed, so that inputs stay the same from run to run of one course but cannot
+#: be computed from the grading source, which students can read.
+SECRET: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_secret", default=b"")
 
 #: One table of tolerances for every comparison a grader makes: (rtol, atol).
 #: float64 is tight; float32 follows torch.testing's defaults.
@@ -75,9 +84,31 @@ class _Failed(Exception):
         self.hint = hint
 
 
+def seed(name: str) -> int:
+    """The seed of the inputs called ``name``: a hash of the course's secret and ``name``
+    under the autograder (see :data:`SECRET`), else the CRC-32 of ``name``."""
+    secret = SECRET.get()
+    if not secret:
+        return zlib.crc32(name.encode())
+    return int.from_bytes(hashlib.sha256(secret + b"\0" + name.encode()).digest()[:8], "little") >> 1
+
+
+_GLOBAL_RNG = threading.Lock()
+
+
+@contextlib.contextmanager
+def seeded(name: str) -> Iterator[None]:
+    """Seed torch's global generator with :func:`seed` of ``name`` for code that draws from it
+    (a module's default initialisation, say), and restore its state afterwards. Grading threads
+    share that generator, so one of them holds it at a time: results do not depend on ``--jobs``."""
+    with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed(name))
+        yield
+
+
 def generator(name: str) -> torch.Generator:
     """A CPU generator seeded from ``name``: the same check always sees the same inputs."""
-    return torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    return torch.Generator().manual_seed(seed(name))
 
 
 def rand(name: str, *shape: int, dtype: torch.dtype = torch.float64, scale: float = 1.0) -> torch.Tensor:
@@ -218,8 +249,9 @@ class Grader:
         session = SESSION.get()
         cannot_start = None
         if session is not None:
+            label = f"{self.part}: {name}"
             try:
-                session.begin_check(f"{self.part}: {name}")
+                session.begin_check(label, seed(label))
             except Exception as e:  # the student's process is gone: this check fails with the reason
                 cannot_start = e
         try:
