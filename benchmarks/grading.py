@@ -58,6 +58,7 @@ def main() -> None:
     if args.quick:
         args.students = 3
     from coursekit import course
+    from coursekit import inbox as inbox_module
     from coursekit.sandbox import bubblewrap_works
 
     bindir = str(Path(sys.executable).parent)
@@ -67,7 +68,7 @@ def main() -> None:
         tmp = Path(tmp)
         # plain nbgrader
         root, inbox = make_course(tmp, "plain", args.students)
-        students = course.collect(root, ASSIGNMENT, inbox)
+        students = inbox_module.collect(root, ASSIGNMENT, inbox, [f"{ASSIGNMENT}.ipynb"]).students
         api = course._api(root, **{"CourseDirectory.release_directory": str(tmp / "release")})
         course._check(api.generate_assignment(ASSIGNMENT, force=True, create=True), "registering")
         started = time.perf_counter()

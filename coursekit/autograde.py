@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import queue
+import secrets
 import shutil
 import sqlite3
 import subprocess
@@ -48,9 +49,10 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Unicode
 
 import coursekit
-from coursekit import course
+from coursekit import course, inert
 from coursekit.grading import core
 from coursekit.sandbox import CellFailed, Limits, StudentError, Worker
+from coursekit.sandbox.host import TEMPLATE_GONE
 from coursekit.submission import Call, is_test_cell, nbgrader_meta, normalize, thin_calls
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ class Plan:
     notebooks: list[NotebookPlan]
     files: dict[str, bytes]  # data files shipped with the assignment
     fingerprint: str  # changes when the assignment or the grading code changes
+    secret: bytes = b""  # the course's secret, mixed into the seeds of every check (see course_secret)
 
 
 def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode, name: str) -> NotebookPlan:
@@ -111,6 +114,25 @@ def _resolve(call: Call):
     return fn
 
 
+def course_secret(root: Path) -> bytes:
+    """The course's grading secret, created on first use in ``.coursekit/secret`` (readable by
+    its owner only; never inside the sandbox). It is mixed into the seed of every check, so
+    re-runs see the same inputs while nobody can compute them from the grading source."""
+    path = root / ".coursekit" / "secret"
+    path.parent.mkdir(exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    secret = path.read_text().strip()
+    if len(secret) < 32:
+        raise RuntimeError(f"{path} holds no usable secret; delete it and run again (the hidden inputs will change)")
+    return secret.encode()
+
+
 def load_plan(root: Path, assignment: str, release_dir: Path) -> Plan:
     source_dir = root / "solutions" / assignment
     notebooks, files = [], {}
@@ -128,7 +150,9 @@ def load_plan(root: Path, assignment: str, release_dir: Path) -> Plan:
     for name, data in files.items():
         digest.update(name.encode() + hashlib.sha256(data).digest())
     digest.update(_code_fingerprint().encode())
-    return Plan(assignment, notebooks, files, digest.hexdigest())
+    secret = course_secret(root)
+    digest.update(hashlib.sha256(secret).digest())
+    return Plan(assignment, notebooks, files, digest.hexdigest(), secret)
 
 
 def _code_fingerprint() -> str:
@@ -143,8 +167,10 @@ def _code_fingerprint() -> str:
 # --------------------------------------------------------------------------- grading one submission
 
 
-def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files: dict[str, bytes], deadline: float) -> dict:
-    """Grade one notebook (``raw`` is ``None`` when it was not submitted); return its verdict."""
+def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files: dict[str, bytes], deadline: float,
+                   secret: bytes = b"") -> dict:
+    """Grade one notebook (``raw`` is ``None`` when it was not submitted); return its verdict.
+    ``secret`` is mixed into the seed of every check (see :func:`course_secret`)."""
     started = time.monotonic()
     if raw is None:
         norm = normalize(b"", plan.release)
@@ -162,11 +188,11 @@ def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files:
         session = _run_notebook(worker, cells, files, deadline, verdict)
     for gid, calls in plan.tests.items():
         verdict["tests"][gid] = _grade_cell(session, calls, deadline, gid in plan.hidden, plan.points.get(gid, 0.0),
-                                            None if norm.readable else norm.notes[0])
+                                            None if norm.readable else norm.notes[0], secret)
     if session is not None:
         session.close()
-    with contextlib.suppress(Exception):
-        worker.reset()
+    if worker.reset_after_student() == TEMPLATE_GONE:
+        verdict["notes"].append(f"{TEMPLATE_GONE} The sandbox was replaced before the next notebook.")
     verdict["score"] = sum(t["score"] for t in verdict["tests"].values())
     verdict["max_score"] = sum(plan.points.values())
     verdict["seconds"] = round(time.monotonic() - started, 3)
@@ -176,7 +202,10 @@ def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files:
 def _run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict):
     """Run the code cells; skip (and note) any that hang or kill the process. Returns the session."""
     skipped: dict[str, str] = {}
+    noted: set[str] = set()  # cells whose dropped outputs were noted (once, whatever the attempts)
     for _attempt in range(4):
+        if worker.broken or not worker.alive():  # the student's code stopped or killed the sandbox's template
+            worker.restart()
         session = worker.session(files=files)
         failed = None
         for cid, source, label in cells:
@@ -187,7 +216,14 @@ def _run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict):
             except CellFailed as e:
                 failed = (cid, label, str(e))
                 break
-            verdict["outputs"][cid] = {"outputs": reply.get("outputs", []), "execution_count": reply.get("execution_count")}
+            # the sandbox's answer is hostile data: keep only well-formed, inert outputs
+            outputs, dropped = inert.clean_outputs(reply.get("outputs", []))
+            count = reply.get("execution_count")
+            verdict["outputs"][cid] = {"outputs": outputs, "execution_count": count if type(count) is int else None}
+            if dropped and cid not in noted:
+                noted.add(cid)
+                where = f"the cell {label!r}" if not label.startswith("added cell") else "a cell you added"
+                verdict["notes"].append(f"in {where}: {'; '.join(dropped[:3])}")
         if failed is None:
             session.revive = lambda: _revive(worker, cells, skipped, files, deadline)
             return session
@@ -206,6 +242,8 @@ def _run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict):
 
 def _revive(worker, cells, skipped, files, deadline):
     """A fresh notebook process with the same state, after the sandbox killed the last one."""
+    if worker.broken or not worker.alive():
+        worker.restart()
     session = worker.session(files=files)
     for cid, source, label in cells:
         if cid not in skipped:
@@ -213,7 +251,8 @@ def _revive(worker, cells, skipped, files, deadline):
     return session
 
 
-def _grade_cell(session, calls: list[Call], deadline: float, hidden: bool, points: float, unreadable: str | None) -> dict:
+def _grade_cell(session, calls: list[Call], deadline: float, hidden: bool, points: float, unreadable: str | None,
+                secret: bytes = b"") -> dict:
     result = {"hidden": hidden, "points": points, "lines": [], "failure": None, "passed": False, "score": 0.0}
     if unreadable is not None:
         result["failure"] = f"not graded: {unreadable}"
@@ -225,7 +264,7 @@ def _grade_cell(session, calls: list[Call], deadline: float, hidden: bool, point
         result["failure"] = "not graded: your submission used up its time budget"
         return result
     lines: list[str] = []
-    tokens = core.SESSION.set(session), core.REPORT.set(lines)
+    tokens = core.SESSION.set(session), core.REPORT.set(lines), core.SECRET.set(secret)
     try:
         for call in calls:
             fn = _resolve(call)
@@ -242,6 +281,7 @@ def _grade_cell(session, calls: list[Call], deadline: float, hidden: bool, point
     finally:
         core.SESSION.reset(tokens[0])
         core.REPORT.reset(tokens[1])
+        core.SECRET.reset(tokens[2])
         session.end_check()
     result["lines"] = lines
     return result
@@ -279,8 +319,8 @@ class ApplyVerdicts(NbGraderPreprocessor):
                 ran = verdict["outputs"][cell.id]
                 cell.outputs = [nbformat.from_dict(o) for o in ran["outputs"]]
                 cell.execution_count = ran.get("execution_count")
-        if verdict["notes"]:
-            text = "**Notes from the autograder**\n\n" + "\n".join(f"- {n}" for n in verdict["notes"])
+        if verdict["notes"]:  # notes quote file names and cell labels the student chose: literal text only
+            text = "**Notes from the autograder**\n\n" + "\n".join(f"- {inert.markdown_text(n)}" for n in verdict["notes"])
             note = nbformat.v4.new_markdown_cell(text)
             note.id = "autograder-notes"
             nb.cells.insert(0, note)
@@ -505,6 +545,61 @@ def _advisory_lock(db_url: str, name: str, *, wait: bool):
         engine.dispose()
 
 
+def check_gradebook_readable(db_url: str, backups: Path) -> None:
+    """Raise ``RuntimeError`` with one line if the SQLite gradebook at ``db_url`` exists but is
+    not a sound database (before a run backs it up, collects or grades anything); the message
+    points at ``backups``, the folder of copies earlier runs made."""
+    if not db_url.startswith("sqlite:///"):
+        return
+    db = Path(db_url.removeprefix("sqlite:///"))
+    if not db.exists():
+        return  # nbgrader creates it
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+    except sqlite3.Error as e:
+        verdict = str(e)
+    if verdict != "ok":
+        raise RuntimeError(f"the gradebook {db} is damaged ({verdict}); nothing was changed: restore the newest copy "
+                           f"from {backups} or move it away to start a new gradebook")
+
+
+@contextlib.contextmanager
+def _locked(root: Path, assignment: str):
+    """Hold the course's lock (and, for a PostgreSQL gradebook, the assignment's), with the
+    gradebook checked, before anything in the course folder or the gradebook changes."""
+    api = course._api(root)
+    with course_lock(root), gradebook_lock(api.coursedir.db_url, assignment):
+        check_gradebook_readable(api.coursedir.db_url, root / ".coursekit" / "backups")
+        yield api
+
+
+def grade_inbox(root: Path, assignment: str, inbox: Path, *, times: dict | None = None, **options):
+    """Collect the untrusted folder ``inbox`` into ``submitted/`` (see :mod:`coursekit.inbox`)
+    and grade every student it holds, all under the course's lock: a run refused by the lock
+    changes nothing. ``options`` are those of :func:`autograde`.
+
+    Returns:
+        ``(collected, results)``: what :func:`coursekit.inbox.collect` found (refusals and
+        notes included) and a :class:`Result` per collected student.
+    """
+    from coursekit import inbox as inbox_module
+
+    _check_options(**options)
+    if not Path(inbox).is_dir():  # before the lock: a mistyped path changes nothing in the course folder
+        raise FileNotFoundError(f"submissions folder {inbox} does not exist")
+    notebooks = sorted(p.name for p in (root / "solutions" / assignment).glob("*.ipynb"))
+    with _locked(root, assignment) as api:
+        collected = inbox_module.collect(root, assignment, Path(inbox), notebooks, times)
+        results = _autograde(root, api, assignment, collected.students, **options) if collected.students else []
+    return collected, results
+
+
+def _check_options(jobs: int = 1, **_) -> None:
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+
+
 def autograde(
     root: Path,
     assignment: str,
@@ -518,48 +613,84 @@ def autograde(
     progress: bool = False,
 ) -> list[Result]:
     """Grade ``students``' submissions of ``assignment`` (already in ``submitted/``)."""
-    if jobs < 1:
-        raise ValueError(f"jobs must be at least 1, got {jobs}")
-    api = course._api(root)
+    _check_options(jobs)
+    with _locked(root, assignment) as api:
+        return _autograde(root, api, assignment, students, jobs=jobs, limits=limits, sandbox=sandbox, fresh=fresh,
+                          feedback=feedback, progress=progress)
+
+
+def _autograde(root: Path, api, assignment: str, students: list[str], *, jobs: int = 1, limits: Limits = Limits(),
+               sandbox: str = "auto", fresh: bool = False, feedback: bool = True, progress: bool = False) -> list[Result]:
+    """Grade ``students`` while :func:`_locked` holds the locks."""
     db_url = api.coursedir.db_url
-    with course_lock(root), gradebook_lock(db_url, assignment):
-        backup_gradebook(root, db_url)
-        # registers the assignment; keeps the release for the plan
-        with gradebook_setup(db_url, api.coursedir.course_id, students), tempfile.TemporaryDirectory() as tmp:
-            staging = course._api(root, **{"CourseDirectory.release_directory": tmp})
-            course._check(staging.generate_assignment(assignment, force=True, create=True), f"registering {assignment}")
-            plan = load_plan(root, assignment, Path(tmp))
-        verdicts = root / ".coursekit" / "verdicts" / assignment
-        todo: list[tuple[str, str]] = []  # (student, cache key) still to grade
-        done: queue.Queue = queue.Queue()
-        for student in students:
-            key = _key(root, assignment, student, plan, limits)
-            if not fresh and _cached(verdicts / student, plan, key):
-                done.put((student, key, None, True))
-            else:
-                todo.append((student, key))
-        threads = []
-        if todo:
-            work: queue.Queue = queue.Queue()
-            for item in todo:
-                work.put(item)
-            for _ in range(min(jobs, len(todo))):
-                t = threading.Thread(target=_worker_loop, args=(root, plan, work, done, limits, sandbox, verdicts), daemon=True)
-                t.start()
-                threads.append(t)
-        results = _record_all(root, assignment, plan, students, done, feedback, progress, verdicts)
-        for t in threads:
-            t.join()
-        return results
+    backup_gradebook(root, db_url)
+    # registers the assignment; keeps the release for the plan
+    with gradebook_setup(db_url, api.coursedir.course_id, students), tempfile.TemporaryDirectory() as tmp:
+        staging = course._api(root, **{"CourseDirectory.release_directory": tmp})
+        course._check(staging.generate_assignment(assignment, force=True, create=True), f"registering {assignment}")
+        plan = load_plan(root, assignment, Path(tmp))
+    verdicts = root / ".coursekit" / "verdicts" / assignment
+    todo: list[tuple[str, str]] = []  # (student, cache key) still to grade
+    done: queue.Queue = queue.Queue()
+    for student in students:
+        key = _key(root, assignment, student, plan, limits)
+        if not fresh and _cached(verdicts / student, plan, key):
+            done.put((student, key, None, True))
+        else:
+            todo.append((student, key))
+    threads = []
+    if todo:
+        work: queue.Queue = queue.Queue()
+        for item in todo:
+            work.put(item)
+        for _ in range(min(jobs, len(todo))):
+            t = threading.Thread(target=_worker_loop, args=(root, plan, work, done, limits, sandbox, verdicts), daemon=True)
+            t.start()
+            threads.append(t)
+    results = _record_all(root, assignment, plan, students, done, feedback, progress, verdicts)
+    for t in threads:
+        t.join()
+    return results
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One student's submission, read once: the bytes that are graded are the bytes the verdict's
+    cache key hashes, so a submission changed behind the autograder's back is graded again."""
+
+    files: dict[str, bytes]  # path relative to submitted/<student>/<assignment> -> content
+    notes: tuple[str, ...]  # what collecting the inbox noted for this student
+
+    def key(self, plan: Plan, limits: Limits) -> str:
+        digest = hashlib.sha256(plan.fingerprint.encode() + json.dumps(asdict(limits), sort_keys=True).encode())
+        for name, data in sorted(self.files.items()):
+            digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+        digest.update(json.dumps(self.notes).encode())
+        return digest.hexdigest()
+
+    def timestamp(self) -> str | None:
+        """The submission time collect wrote from the instructor's side (nbgrader's timestamp.txt)."""
+        data = self.files.get("timestamp.txt")
+        return data.decode("utf-8", "replace").strip() if data is not None else None
+
+
+def snapshot(root: Path, assignment: str, student: str) -> Snapshot:
+    """Read ``submitted/<student>/<assignment>`` (regular files only; links are not followed)."""
+    from coursekit.inbox import collect_notes
+
+    folder = root / "submitted" / student / assignment
+    files = {}
+    for top, dirs, names in os.walk(folder, followlinks=False):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(top, name)
+            if path.is_file() and not path.is_symlink():
+                files[str(path.relative_to(folder))] = path.read_bytes()
+    return Snapshot(files, tuple(collect_notes(root, assignment, student)))
 
 
 def _key(root: Path, assignment: str, student: str, plan: Plan, limits: Limits) -> str:
-    digest = hashlib.sha256(plan.fingerprint.encode() + json.dumps(asdict(limits), sort_keys=True).encode())
-    folder = root / "submitted" / student / assignment
-    for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
-        if path.is_file():
-            digest.update(str(path.relative_to(folder)).encode() + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
+    return snapshot(root, assignment, student).key(plan, limits)
 
 
 def _cached(folder: Path, plan: Plan, key: str) -> bool:
@@ -578,11 +709,12 @@ def _worker_loop(root, plan: Plan, work: queue.Queue, done: queue.Queue, limits,
             except queue.Empty:
                 return
             try:
-                if worker is None or not worker.alive():
+                # never hand a sandbox whose template the last student stopped or killed to the next one
+                if worker is None or not worker.healthy():
                     if worker is not None:
                         worker.close()
                     worker = Worker(sandbox, limits, preload=_preload(plan))
-                _grade_student(worker, root, plan, student, key, limits, verdicts)
+                _grade_student(worker, root, plan, student, limits, verdicts)
                 done.put((student, key, None, False))
             except Exception as e:  # the sandbox itself failed: record it, start a fresh one, go on
                 log.exception("grading %s failed", student)
@@ -610,21 +742,22 @@ def _preload(plan: Plan) -> tuple[str, ...]:
     return tuple(sorted(modules))
 
 
-def _grade_student(worker: Worker, root: Path, plan: Plan, student: str, key: str, limits: Limits, verdicts: Path) -> None:
-    folder = root / "submitted" / student / plan.assignment
+def _grade_student(worker: Worker, root: Path, plan: Plan, student: str, limits: Limits, verdicts: Path) -> None:
+    snap = snapshot(root, plan.assignment, student)
+    key = snap.key(plan, limits)
     deadline = time.monotonic() + limits.submission_seconds
     expected = {f"{nb.name}.ipynb" for nb in plan.notebooks}
-    extra = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
-                   if p.is_file() and p.name not in expected and p.name != "timestamp.txt") if folder.is_dir() else []
+    extra = sorted(name for name in snap.files if name not in expected and name != "timestamp.txt")
     out = verdicts / student
     out.mkdir(parents=True, exist_ok=True)
     for nb in plan.notebooks:
-        path = folder / f"{nb.name}.ipynb"
-        raw = path.read_bytes() if path.is_file() else None
-        verdict = grade_notebook(worker, nb, raw, plan.files, deadline)
+        verdict = grade_notebook(worker, nb, snap.files.get(f"{nb.name}.ipynb"), plan.files, deadline, plan.secret)
+        verdict["notes"][:0] = snap.notes
         if extra:
-            verdict["notes"].append(f"other files in your submission were not used: {', '.join(extra[:10])}")
+            shown = ", ".join(extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10 else "")
+            verdict["notes"].append(f"other files in your submission were not used: {shown}")
         verdict["key"] = key
+        verdict["timestamp"] = snap.timestamp()
         tmp = out / f".{nb.name}.json.tmp"
         tmp.write_text(json.dumps(verdict))
         tmp.replace(out / f"{nb.name}.json")  # atomic: an interrupted run never leaves half a verdict
@@ -678,11 +811,10 @@ def _record(root: Path, api, plan: Plan, student: str, error: str | None, cached
     if staged.exists():
         shutil.rmtree(staged)
     staged.mkdir(parents=True)
-    stamp = root / "submitted" / student / plan.assignment / "timestamp.txt"
-    if stamp.is_file():
-        shutil.copy2(stamp, staged / "timestamp.txt")
     for nb in plan.notebooks:
         verdict = json.loads((verdicts / student / f"{nb.name}.json").read_text())
+        if verdict.get("timestamp"):  # the time graded with, from the instructor's side (see coursekit.inbox)
+            (staged / "timestamp.txt").write_text(verdict["timestamp"] + "\n")
         notes += verdict["notes"]
         seconds += verdict.get("seconds", 0.0)
         nbformat.write(nbformat.from_dict(verdict["normalized"]), staged / f"{nb.name}.ipynb")
@@ -695,6 +827,8 @@ def _record(root: Path, api, plan: Plan, student: str, error: str | None, cached
         fb = api.generate_feedback(plan.assignment, student, force=True)
         if not fb.get("success"):
             log.warning("feedback for %s failed: %s", student, course._last_line(fb.get("error", "")))
+        for page in (root / "feedback" / student / plan.assignment).glob("*.html"):
+            inert.harden_html_file(page)  # no script runs and nothing is fetched where the feedback is opened
     with Gradebook(api.coursedir.db_url) as gb:
         max_score = gb.find_assignment(plan.assignment).max_score
         try:

@@ -1,7 +1,7 @@
 """The ``coursekit`` command: release exercises, autograde submissions, check the setup.
 
     coursekit release [ASSIGNMENT ...] [--check]
-    coursekit autograde SUBMISSIONS --assignment ch01_attention [--jobs 2] [--csv grades.csv]
+    coursekit autograde SUBMISSIONS --assignment ch01_attention [--jobs 2] [--csv grades.csv] [--times times.csv]
     coursekit report --assignment ch01_attention
     coursekit check NOTEBOOK          (students: run the public checks locally)
     coursekit pretrain NAME [--out checkpoints]   (regenerate a committed checkpoint)
@@ -15,9 +15,12 @@ import importlib.metadata
 import logging
 import platform
 import shutil
+import sqlite3
 import sys
 import time
 from pathlib import Path
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from coursekit import course
 from coursekit.sandbox import Limits, SandboxError
@@ -50,32 +53,42 @@ def _limits(args) -> Limits:
 
 
 def cmd_autograde(args) -> int:
-    from coursekit import autograde, report
+    from coursekit import autograde, inbox, report
 
     root = _root(args)
     limits = _limits(args)
-    students = course.collect(root, args.assignment, Path(args.submissions))
-    print(f"collected {len(students)} submissions of {args.assignment} into {root / 'submitted'}")
+    if args.assignment not in course.assignments(root):
+        raise ValueError(f"no such assignment in solutions/: {args.assignment!r}")
+    times = inbox.read_times(Path(args.times)) if args.times else None
     started = time.monotonic()
-    results = autograde.autograde(
-        root, args.assignment, students, jobs=args.jobs, limits=limits, sandbox=args.sandbox,
-        fresh=args.fresh, feedback=not args.no_feedback, progress=sys.stderr.isatty(),
+    collected, results = autograde.grade_inbox(
+        root, args.assignment, Path(args.submissions), times=times, jobs=args.jobs, limits=limits,
+        sandbox=args.sandbox, fresh=args.fresh, feedback=not args.no_feedback, progress=sys.stderr.isatty(),
     )
     elapsed = time.monotonic() - started
-    width = max(len(r.student) for r in results)
-    for r in results:
-        extra = f"  (not graded: {r.error})" if r.error else (f"  [{r.notes[0]}{' ...' if len(r.notes) > 1 else ''}]" if r.notes else "")
-        print(f"{r.student:<{width}}  {r.score:g} / {r.max_score:g}{extra}")
-    cached = sum(r.cached for r in results)
-    print(f"graded {len(results)} notebooks in {elapsed:.1f} s ({elapsed / len(results):.2f} s each"
-          f"{f'; {cached} unchanged since the last run' if cached else ''})")
+    p = inbox.printable
+    print(f"collected {len(collected.students)} submissions of {args.assignment} into {root / 'submitted'}")
+    if collected.ignored:
+        print(f"ignored {len(collected.ignored)} hidden or system entries: {p(', '.join(collected.ignored[:5]))}"
+              f"{' ...' if len(collected.ignored) > 5 else ''}")
+    for r in collected.refused:
+        print(f"NOT COLLECTED {p(r.entry)}: {p(r.reason)}")
+    if results:
+        width = max(len(r.student) for r in results)
+        for r in results:
+            extra = (f"  (not graded: {r.error})" if r.error else
+                     f"  [{r.notes[0]}{' ...' if len(r.notes) > 1 else ''}]" if r.notes else "")
+            print(f"{r.student:<{width}}  {r.score:g} / {r.max_score:g}{p(extra)}")
+        cached = sum(r.cached for r in results)
+        print(f"graded {len(results)} notebooks in {elapsed:.1f} s ({elapsed / len(results):.2f} s each"
+              f"{f'; {cached} unchanged since the last run' if cached else ''})")
     csv_path = Path(args.csv).resolve()
     course.export_csv(root, csv_path)
     print(f"grades of every assignment: {csv_path}")
     print(f"class report: {report.write_report(root, args.assignment)}")
     if not args.no_feedback:
         print(f"feedback (HTML, one per student): {root / 'feedback'}")
-    return 1 if any(r.error for r in results) else 0
+    return 1 if any(r.error for r in results) or collected.refused else 0
 
 
 def cmd_report(args) -> int:
@@ -93,7 +106,7 @@ def cmd_check(args) -> int:
         raise FileNotFoundError(f"{path} does not exist")
     result = autograde.check_notebook(path, sandbox=args.sandbox, limits=_limits(args))
     for line in result.lines:
-        print(line)
+        print(_printable(line))  # the notebook's own outputs may hold terminal escape sequences
     print(f"public checks: {result.public_score:g} of {result.public_max:g} points"
           + (f"; hidden checks worth {result.hidden_max:g} more points run when your notebook is graded" if result.hidden_max else ""))
     return 0 if result.public_score == result.public_max else 1
@@ -184,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--csv", default="grades.csv", help="where to export grades (default: grades.csv)")
     p.add_argument("--jobs", type=int, default=1, help="sandboxes grading in parallel (default 1)")
     p.add_argument("--fresh", action="store_true", help="regrade everyone, even submissions unchanged since the last run")
+    p.add_argument("--times", help="CSV of submission times (student,timestamp in ISO 8601) for late penalties; "
+                                   "default: each notebook's modification time in the inbox")
     p.add_argument("--no-feedback", action="store_true", help="skip the HTML feedback")
     sandbox_options(p)
     p.set_defaults(func=cmd_autograde)
@@ -210,8 +225,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (FileNotFoundError, ValueError, RuntimeError, SandboxError) as e:
-        print(f"coursekit {args.command}: {e}", file=sys.stderr)
+        print(f"coursekit {args.command}: {_printable(str(e))}", file=sys.stderr)
         return 2
+    except (sqlite3.Error, SQLAlchemyError) as e:  # a gradebook nbgrader could not read or write
+        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+        print(f"coursekit {args.command}: the gradebook could not be used ({_printable(reason)}); "
+              "nothing after this point was recorded", file=sys.stderr)
+        return 2
+
+
+def _printable(text: str) -> str:
+    from coursekit.inbox import printable
+
+    return printable(text)
 
 
 if __name__ == "__main__":

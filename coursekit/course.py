@@ -143,54 +143,7 @@ def stale_releases(root: Path) -> list[str]:
         return problems
 
 
-# --------------------------------------------------------------------------- collect and autograde
-
-
-def collect(root: Path, assignment: str, submissions: Path) -> list[str]:
-    """Copy a folder of submissions into nbgrader's ``submitted/`` layout.
-
-    ``submissions`` holds either ``<student>/<notebook>.ipynb`` (one folder per
-    student, copied whole: every file the student handed in is kept) or
-    ``<student>.ipynb`` (one notebook per student, for single-notebook
-    assignments). Returns the student ids. Earlier copies of the same student's
-    submission are replaced; nothing in ``submissions`` is modified.
-    """
-    if assignment not in assignments(root):
-        raise ValueError(f"no such assignment in solutions/: {assignment!r}")
-    if not submissions.is_dir():
-        raise FileNotFoundError(f"submissions folder {submissions} does not exist")
-    expected = sorted(p.name for p in (root / "solutions" / assignment).glob("*.ipynb"))
-    found: dict[str, list[Path]] = {}
-    folders: dict[str, Path] = {}
-    for entry in sorted(submissions.iterdir()):
-        if entry.is_dir():
-            found[entry.name] = sorted(entry.rglob("*.ipynb"))
-            folders[entry.name] = entry
-        elif entry.suffix == ".ipynb":
-            if len(expected) != 1:
-                raise ValueError(f"{entry.name}: {assignment} has {len(expected)} notebooks; give each student a folder")
-            found[entry.stem] = [entry]
-    bad = [s for s in found if not STUDENT_ID.match(s)]
-    if bad:
-        raise ValueError(f"student ids must be letters, digits, '.', '_' or '-': {bad}")
-    if not found:
-        raise ValueError(f"no submissions in {submissions}: expected <student>.ipynb or <student>/<notebook>.ipynb")
-    for student, notebooks in found.items():
-        dest = root / "submitted" / student / assignment
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.mkdir(parents=True)
-        if student in folders:  # everything else the student handed in, kept as it was
-            for path in sorted(folders[student].rglob("*")):
-                if path.is_file() and not path.is_symlink() and path.suffix != ".ipynb":
-                    target = dest / path.relative_to(folders[student])
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(path, target)
-        for nb in notebooks:
-            # a lone notebook takes the assignment's notebook name, whatever the student called it
-            name = expected[0] if len(notebooks) == 1 and len(expected) == 1 else nb.name
-            shutil.copy2(nb, dest / name)
-    return sorted(found)
+# --------------------------------------------------------------------------- autograde helpers
 
 
 def _last_line(text: str) -> str:

@@ -16,6 +16,8 @@ import io
 import json
 from pathlib import Path
 
+from coursekit.inert import with_csp
+
 __all__ = ["write_report"]
 
 
@@ -107,7 +109,7 @@ def write_report(root: Path, assignment: str) -> Path:
         "</table></body></html>",
     ]
     path = out / "report.html"
-    path.write_text("\n".join(parts))
+    path.write_text(with_csp("\n".join(parts)))  # student text is escaped above; no script may run either way
     return path
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import nbformat
 
+from coursekit.inert import inert_markdown
+
 __all__ = ["Call", "Normalized", "normalize", "thin_calls", "is_test_cell", "nbgrader_meta"]
 
 
@@ -171,9 +173,19 @@ def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
     answered = set()
     counter = 0
 
+    def inert(text: str, cell_type: str, what: str) -> str:
+        """A markdown cell the student wrote, made safe to render for the instructor and the student."""
+        if cell_type != "markdown":
+            return text
+        safe, changed = inert_markdown(text)
+        if changed:
+            notes.append(f"{what} held HTML or a remote image; it is shown as text")
+        return safe
+
     def add_extras(key):
         nonlocal counter
         for cell_type, text in extras.get(key, []):
+            text = inert(text, cell_type, "a markdown cell you added")
             counter += 1
             maker = {"code": nbformat.v4.new_code_cell, "markdown": nbformat.v4.new_markdown_cell, "raw": nbformat.v4.new_raw_cell}[cell_type]
             new = maker(text)
@@ -198,7 +210,7 @@ def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
                     notes.append(f"your answer cell {gid!r} was changed from {cell.cell_type} to {theirs[0]}; it was graded as {cell.cell_type}")
                 if theirs[1] != cell.source:
                     answered.add(gid)
-                cell.source = theirs[1]
+                    cell.source = inert(theirs[1], cell.cell_type, f"your answer cell {gid!r}")
         elif theirs is None:
             if is_test_cell(cell):
                 notes.append(f"the test cell {gid!r} was deleted; it was restored and run")

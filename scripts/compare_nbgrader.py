@@ -25,13 +25,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import nbformat
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.adversarial import ASSIGNMENT, CASES, Context, write  # noqa: E402
 from tests.submissions import Listener, course_folder  # noqa: E402
 
-SKIP = {"fork_bomb": "not run: without a sandbox nothing stops a fork bomb (as root, RLIMIT_NPROC does not apply)"}
+SKIP = {
+    "fork_bomb": "not run: without a sandbox nothing stops a fork bomb (as root, RLIMIT_NPROC does not apply)",
+    "sigstop_the_sandbox": "not run: it stops nbgrader's own process (the kernel's parent), which then waits forever",
+    "reply_channel_compressed": "not applicable: it attacks the wire between coursekit's sandbox and its grader",
+}
 SECRET = "plain-nbgrader-secret-1b7c"
 OUT = ROOT / "docs" / "autograder-vs-nbgrader.md"
 
@@ -45,6 +51,7 @@ def main() -> None:
     from nbgrader.api import Gradebook, MissingEntry
 
     from coursekit import course
+    from coursekit import inbox as inbox_module
 
     tmp = Path(tempfile.mkdtemp(prefix="plain-nbgrader-"))
     root, inbox = course_folder(tmp)
@@ -54,7 +61,7 @@ def main() -> None:
     cases = [c for c in CASES if c.name not in SKIP]
     for case in cases:
         write(case, inbox, ctx)
-    course.collect(root, ASSIGNMENT, inbox)
+    inbox_module.collect(root, ASSIGNMENT, inbox, [f"{ASSIGNMENT}.ipynb"])
     api = course._api(root, **{"CourseDirectory.release_directory": str(tmp / "release")})
     course._check(api.generate_assignment(ASSIGNMENT, force=True, create=True), "registering the assignment")
     env = dict(os.environ, COURSEKIT_TEST_SECRET=SECRET, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
@@ -121,7 +128,32 @@ def leak_evidence(name: str, root: Path, reached: list[bytes]) -> str:
         found.append("the grader's processes are visible")
     if name == "pre_run_hook_steals_tests" and "grade_softmax" in text:
         found.append("the hidden tests were copied into the student's outputs")
+    if path.is_file() and _active(nbformat.read(path, as_version=4)):
+        found.append("the student's HTML or JavaScript is live in the notebook formgrader renders")
     return "; ".join(found)
+
+
+def _active(nb) -> bool:
+    """Does the notebook hold content that would run or fetch in a browser (by coursekit.inert's
+    rules; the release's own markdown, with its links to the book, does not count)?"""
+    from coursekit.inert import clean_outputs, inert_markdown
+
+    release = nbformat.read(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+    ours = {c.source for c in release.cells}
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and cell.source not in ours and inert_markdown(cell.source)[1]:
+            return True
+        for output in cell.get("outputs", []):
+            if "data" not in output:
+                continue
+            kept = clean_outputs([dict(output, metadata={})])[0]
+            if not kept or kept[0]["data"] != output["data"]:  # sanitised HTML, dropped JavaScript or SVG
+                return True
+            sizes = [v for m in output.get("metadata", {}).values() if isinstance(m, dict) for k, v in m.items()
+                     if k in ("width", "height")]
+            if any(not isinstance(v, int) for v in sizes):  # written unquoted into <img>
+                return True
+    return False
 
 
 def cleanup(root: Path) -> None:

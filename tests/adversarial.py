@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import nbformat
@@ -312,7 +313,143 @@ INTEGRITY = [
          lambda ctx: added(reference(), "torch.set_num_threads(8)\ntorch.set_printoptions(precision=1)", after="outro")),
 ]
 
-CASES = STRUCTURE + RESOURCES + SUBVERSION + CONFIDENTIALITY + INTEGRITY
+#: Student content that would run in the browser of whoever opens the feedback or the
+#: formgrader: each attack sets ``window.pwned``, changes the title or fetches from the test's
+#: listener if it ever runs (``tests/test_adversarial.py`` checks the pages in Chromium).
+ATTACK = "document.title=`pwned`;window.pwned=1"  # no quotes: it nests in any string
+MARKUP = [
+    Case("html_output_with_script", "markup", FULL, "kept text",
+         lambda ctx: added(reference(), (
+             "from IPython.display import HTML, display\n"
+             f"display(HTML(\"<b>kept text</b><script>{ATTACK}</script><img src=x onerror=\\\"{ATTACK}\\\">\"\n"
+             f"             \"<iframe srcdoc='<script>parent.pwned=1</script>'></iframe>\"\n"
+             f"             \"<img src='http://127.0.0.1:{ctx.port}/html-output'>\"))"), after="outro")),
+    Case("javascript_output", "markup", FULL, "application/javascript output of this cell was not shown",
+         lambda ctx: added(reference(), f"from IPython.display import Javascript, display\ndisplay(Javascript(\"{ATTACK}\"))",
+                           after="outro")),
+    Case("svg_output", "markup", FULL, "image/svg+xml output of this cell was not shown",
+         lambda ctx: added(reference(), (
+             "from IPython.display import SVG, display\n"
+             f"display(SVG(\"<svg xmlns='http://www.w3.org/2000/svg' onload=\\\"{ATTACK}\\\"><circle r='4'/></svg>\"))"),
+             after="outro")),
+    Case("image_metadata_injection", "markup", FULL, "the picture ran",
+         lambda ctx: added(reference(), (
+             "from IPython.display import publish_display_data\nimport base64\n"
+             "png = base64.b64encode(bytes.fromhex('89504e470d0a1a0a0000000d4948445200000001000000010806000000'\n"
+             "    '1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082')).decode()\n"
+             f"publish_display_data({{'image/png': png, 'text/plain': 'a picture'}}, metadata={{'image/png': "
+             f"{{'width': '1 onerror=\\\"{ATTACK}\\\"'}}}})\nprint('the picture ran')"), after="outro")),
+    Case("markdown_cell_with_html", "markup", FULL, "held HTML or a remote image; it is shown as text",
+         lambda ctx: _markdown_added(reference(), (
+             f"My answer.<script>{ATTACK}</script>\n\n<img src=x onerror=\"{ATTACK}\">\n\n"
+             f"<iframe srcdoc=\"<script>parent.pwned=1</script>\"></iframe>\n\n[click](javascript:{ATTACK})"))),
+    Case("markdown_remote_image", "markup", FULL, "held HTML or a remote image; it is shown as text",
+         lambda ctx: _markdown_added(reference(), f"A beacon: ![beacon](http://127.0.0.1:{ctx.port}/markdown-image)")),
+    Case("malformed_outputs", "markup", FULL, "was malformed and was not kept",
+         lambda ctx: added(reference(), (
+             "ip = get_ipython()\n"
+             "ip._outputs.append({'output_type': 'stream', 'name': 'evil', 'text': 3})\n"
+             "ip._outputs.append({'output_type': 'display_data', 'data': {'text/plain': ['a', 1]}, 'metadata': []})\n"
+             "ip._outputs.append({'output_type': 'execute_result', 'execution_count': 'seven', 'data': {}, 'metadata': {}})\n"
+             "ip._outputs.append('not even a dict')\nprint('still here')"), after="outro"),
+         "stock nbgrader (and coursekit before) failed validating such a notebook: the student was left ungraded"),
+    Case("markup_in_a_file_name", "markup", FULL, "other files in your submission were not used",
+         lambda ctx: {f"{ASSIGNMENT}.ipynb": _json(reference()), f"<img src=x onerror=\"{ATTACK}\">.txt": b"hi"},
+         "the autograder's notes quote file names as literal text"),
+]
+
+
+def _markdown_added(nb, text: str):
+    nb = copy.deepcopy(nb)
+    i = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "outro")
+    nb.cells.insert(i + 1, nbformat.v4.new_markdown_cell(text))
+    return nb
+
+
+#: The autograder itself as the target: the sandbox's template process, the replies, the seeds.
+GRADER = [
+    Case("sigstop_the_sandbox", "grader", FULL, "did your code signal a process it did not start",
+         lambda ctx: added(reference(), "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)", after="outro"),
+         "the stopped template is killed after its deadline and replaced: the next student is graded as usual"),
+    Case("kill_the_sandbox", "grader", FULL, "did your code signal a process it did not start",
+         lambda ctx: added(reference(), "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", after="outro"),
+         "the note names the student's code, not the sandbox; their cells run again in a fresh sandbox"),
+    Case("compressed_reply_bomb", "grader", 9, "exceeds the limit",
+         lambda ctx: function(added(reference(), "import numpy as np\nnp.savez = np.savez_compressed", after="imports"),
+                              "causal_mask", (
+             "def causal_mask(T, S=None, device=None):\n"
+             "    return torch.zeros(4096, 4096, dtype=torch.float64)  # 128 MiB that would compress to 130 KB")),
+         "swapping np.savez changes nothing (the sandbox holds its own reference); the answer is over the cap, "
+         "which is checked before it is read"),
+    Case("reply_channel_compressed", "grader", 0, "compressed arrays are not accepted",
+         lambda ctx: added(reference(), "import numpy as np\nimport coursekit.sandbox.protocol as wire\n"
+                                        "wire._savez = np.savez_compressed", after="imports"),
+         "every answer then arrives compressed and is refused unread: no part can be graded"),
+    Case("zero_weights_ignore_the_input", "grader", 9, "out differs from attention over q_proj(x), k_proj(x), v_proj(x)",
+         lambda ctx: function(reference(), "SelfAttention", ZERO_SELF_ATTENTION),
+         "right only for its own all-zero weights: the graders load weights of their own"),
+    Case("lookup_table_of_hidden_inputs", "grader", 10, "softmax:",
+         lambda ctx: function(function(reference(), "scaled_dot_product_attention", TORCH_SOFTMAX_ATTENTION),
+                              "softmax", LOOKUP_SOFTMAX),
+         "right only on the inputs the grading source would make without the course's secret"),
+    Case("timestamp_in_the_folder", "grader", FULL, "timestamp.txt",
+         lambda ctx: {f"{ASSIGNMENT}.ipynb": _json(reference()), "timestamp.txt": b"2000-01-01 00:00:00"},
+         "the submission time comes from the instructor's side, never from the student's folder"),
+    Case("unparseable_timestamp", "grader", FULL, "timestamp.txt",
+         lambda ctx: {f"{ASSIGNMENT}.ipynb": _json(reference()), "timestamp.txt": b"the day before the deadline"},
+         "collect used to copy it, and nbgrader then failed for that student: an on-time correct notebook showed 0"),
+]
+
+ZERO_SELF_ATTENTION = '''
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, d_head=None, bias=True):
+        super().__init__()
+        d_head = d_model if d_head is None else d_head
+        self.q_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_head, bias=bias)
+        for p in self.parameters():
+            nn.init.zeros_(p)
+
+    def forward(self, x, mask=None):
+        B, T, _ = x.shape
+        allowed = torch.ones(T, T, dtype=torch.bool) if mask is None else mask.to(torch.bool).expand(B, T, T)
+        w = allowed.to(x.dtype) / allowed.sum(-1, keepdim=True).clamp(min=1)
+        w = w.expand(B, T, T)
+        return torch.zeros(B, T, self.v_proj.out_features, dtype=x.dtype), w
+'''
+
+TORCH_SOFTMAX_ATTENTION = '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return weights @ v, weights
+'''
+
+#: the inputs grade_softmax and check_softmax make, computed as the grading source would without
+#: a secret; right on those, uniform everywhere else
+LOOKUP_SOFTMAX = '''
+from coursekit.grading.core import rand as _rand
+from coursekit.attention import softmax as _answer
+
+_TABLE = [_rand("softmax.shape", 3, 4, 5, dtype=torch.float32), _rand("softmax.shape", 3, 4, 5),
+          _rand("softmax.values", 4, 7, scale=3.0), _rand("softmax.dim", 3, 4, 5),
+          _rand("softmax.large", 3, 6, dtype=torch.float32, scale=50.0) + 1000.0, torch.full((2, 3), -1000.0),
+          torch.tensor([[0.0, -math.inf, 1.0], [-math.inf, -math.inf, -math.inf]], dtype=torch.float64),
+          _rand("softmax.inplace", 3, 5), torch.tensor([[0.0, math.log(3.0)], [1000.0, 1000.0], [-math.inf, 0.0]])]
+
+def softmax(x, dim=-1):
+    for known in _TABLE:
+        if known.shape == x.shape and known.dtype == x.dtype and torch.equal(known, x):
+            return _answer(x, dim)
+    return torch.full_like(x, 1.0 / x.shape[dim])
+'''
+
+CASES = STRUCTURE + RESOURCES + SUBVERSION + CONFIDENTIALITY + INTEGRITY + MARKUP + GRADER
 
 
 def write(case: Case, inbox, ctx: Context) -> None:
@@ -326,3 +463,68 @@ def write(case: Case, inbox, ctx: Context) -> None:
     else:
         data = made if isinstance(made, bytes) else _json(made)
         (inbox / f"{case.name}.ipynb").write_bytes(data)
+
+
+# --------------------------------------------------------------------------- the inbox and the instructor
+
+
+@dataclass(frozen=True)
+class InboxCase:
+    """An entry of the inbox (written by students' tools, or by an instructor's mistake).
+
+    ``expected`` is the score of ``student``, or ``None`` when the entry must not be collected;
+    ``reason`` is text of the CLI's ``NOT COLLECTED`` line (for ``None``) or of the student's
+    feedback.
+    """
+
+    name: str
+    expected: float | None
+    reason: str
+    make: Callable[[Path, Path], None]  # (inbox, course folder) -> writes the entry
+    student: str = ""
+    doc: str = ""
+
+
+def _nb(path: Path, nb) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(_json(nb))
+
+
+NB = f"{ASSIGNMENT}.ipynb"
+INBOX = [
+    InboxCase("link_to_the_solutions", None, "symbolic link",
+              lambda inbox, root: (inbox / "mallory.ipynb").symlink_to(root / "solutions" / ASSIGNMENT / NB),
+              student="mallory", doc="followed, it scored 12/12 and showed the solution in the feedback"),
+    InboxCase("link_to_a_classmate", None, "symbolic link",
+              lambda inbox, root: (inbox / "trudy").symlink_to(inbox / "victim"), student="trudy"),
+    InboxCase("the_classmate", FULL, "", lambda inbox, root: _nb(inbox / "victim" / NB, reference()), student="victim"),
+    InboxCase("link_inside_a_folder", 0, "links are not followed",
+              lambda inbox, root: (inbox / "oscar").mkdir() or (inbox / "oscar" / NB).symlink_to(root / "solutions" / ASSIGNMENT / NB),
+              student="oscar", doc="the link is not followed: the folder holds no notebook"),
+    InboxCase("an_old_copy_in_a_subfolder", FULL, "also in your folder, not graded",
+              lambda inbox, root: (_nb(inbox / "alice" / NB, reference()), _nb(inbox / "alice" / "old" / NB, wrong_causal())),
+              student="alice", doc="the notebook at the top of the folder wins, with a note; it used to be the nested one"),
+    InboxCase("notebook_and_folder", None, "bob",
+              lambda inbox, root: (_nb(inbox / "bob.ipynb", reference()), _nb(inbox / "bob" / NB, reference())),
+              student="bob"),
+    InboxCase("renamed_next_to_clutter", FULL, "was graded as",
+              lambda inbox, root: (_nb(inbox / "carol" / "my attempt.ipynb", reference()),
+                                   _nb(inbox / "carol" / ".ipynb_checkpoints" / "my attempt-checkpoint.ipynb", wrong_causal()),
+                                   (inbox / "carol" / "._my attempt.ipynb").write_bytes(b"\x00\x05\x16\x07 AppleDouble")),
+              student="carol", doc="it scored 0 as not submitted"),
+    InboxCase("two_candidates", None, "keep one",
+              lambda inbox, root: (_nb(inbox / "dave" / "a.ipynb", reference()), _nb(inbox / "dave" / "b.ipynb", reference())),
+              student="dave"),
+    InboxCase("system_entries_at_the_top", FULL, "",
+              lambda inbox, root: ((inbox / ".DS_Store").write_bytes(b"\x00"), _nb(inbox / "__MACOSX" / "._x.ipynb", reference()),
+                                   _nb(inbox / ".ipynb_checkpoints" / "erin-checkpoint.ipynb", reference()),
+                                   _nb(inbox / "erin.ipynb", reference())),
+              student="erin", doc="each of these refused the whole batch"),
+    InboxCase("a_space_in_the_name", None, "student ids are", lambda inbox, root: _nb(inbox / "Alice Smith.ipynb", reference())),
+    InboxCase("an_accent_in_the_name", None, "student ids are", lambda inbox, root: _nb(inbox / "élodie.ipynb", reference())),
+    InboxCase("a_very_long_name", None, "student ids are", lambda inbox, root: _nb(inbox / f"{'x' * 120}.ipynb", reference())),
+    InboxCase("escape_sequence_in_the_name", None, "\\x1b[31m",
+              lambda inbox, root: _nb(inbox / "eve\x1b[31mred.ipynb", reference()),
+              doc="the raw sequence reached the terminal; it is printed escaped"),
+    InboxCase("an_archive", None, "unzip", lambda inbox, root: (inbox / "frank.zip").write_bytes(b"PK\x05\x06" + bytes(18))),
+]

@@ -80,10 +80,18 @@ class Listener:
         while not self._stop.is_set():
             try:
                 conn, _ = self.server.accept()
-                self.received.append(conn.recv(100))
-                conn.close()
             except OSError:
-                pass
+                continue
+            with conn:
+                # a browser opens spare connections that never send: let them go, or the requests
+                # queued behind them are never accepted
+                conn.settimeout(1.0)
+                try:
+                    data = conn.recv(100)
+                except OSError:
+                    continue
+                if data:
+                    self.received.append(data)
 
     def start(self) -> Listener:
         self._thread.start()

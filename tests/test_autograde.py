@@ -21,7 +21,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from coursekit import autograde, cli, course
+from coursekit import autograde, cli
 from tests.mutants.ch01_attention import MUTANTS
 from tests.submissions import ROOT, course_folder, filled, load, replace_definition
 
@@ -145,6 +145,42 @@ def test_a_second_run_waits_for_none_and_says_why(graded):
     assert cli.main(["--course", str(root), "report", "--assignment", ASSIGNMENT]) == 0  # the lock was released
 
 
+def _tree(folder):
+    """Every file under ``folder``: relative path -> bytes (what a run must not change)."""
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def test_a_run_refused_by_the_lock_changes_nothing(graded, tmp_path, capsys):
+    """A second run stops before it collects: the first run's submissions and verdicts stay as they were."""
+    root, _ = graded
+    inbox = tmp_path / "other-inbox"
+    inbox.mkdir()
+    nbformat.write(load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), inbox / "reference.ipynb")
+    before = _tree(root / "submitted"), _tree(root / ".coursekit" / "verdicts"), _gradebook_scores(root)
+    with autograde.course_lock(root):
+        code = cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--no-feedback"])
+    assert code == 2 and "another `coursekit autograde` is running" in capsys.readouterr().err
+    assert (_tree(root / "submitted"), _tree(root / ".coursekit" / "verdicts"), _gradebook_scores(root)) == before
+
+
+def test_a_submission_changed_behind_the_autograders_back_is_graded_again(graded):
+    root, _ = graded
+    target = root / "submitted" / "solution" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"  # scored 12 above
+    target.write_bytes((ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_bytes())
+    (result,) = autograde.autograde(root, ASSIGNMENT, ["solution"], feedback=False)
+    assert not result.cached and result.score == 0
+
+
+def test_a_damaged_gradebook_stops_the_run_with_one_line(tmp_path, capsys):
+    root, inbox = course_folder(tmp_path)
+    nbformat.write(filled(ASSIGNMENT), inbox / "alice.ipynb")
+    (root / "gradebook.db").write_bytes(b"this is not a database" * 100)
+    code = cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--no-feedback"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "is damaged" in err and "backups" in err
+    assert not (root / "submitted").exists()  # nothing was collected
+
+
 def test_each_run_backs_up_the_gradebook(graded):
     root, _ = graded
     before = set((root / ".coursekit" / "backups").glob("gradebook-*.db"))
@@ -179,14 +215,3 @@ def test_an_interrupted_run_resumes(tmp_path):
     clean = autograde.autograde(root, ASSIGNMENT, names, feedback=False, fresh=True)
     assert [r.score for r in results] == [r.score for r in clean]
     assert [r.score for r in clean][::2] == [12.0] * 4 and all(r.score < 12 for r in clean[1::2])
-
-
-def test_collect_rejects_bad_input(tmp_path):
-    root, inbox = course_folder(tmp_path)
-    with pytest.raises(ValueError, match="no submissions"):
-        course.collect(root, ASSIGNMENT, inbox)
-    (inbox / "bad name!.ipynb").write_text("{}")
-    with pytest.raises(ValueError, match="student ids must be"):
-        course.collect(root, ASSIGNMENT, inbox)
-    with pytest.raises(ValueError, match="no such assignment"):
-        course.collect(root, "ch99_nothing", inbox)

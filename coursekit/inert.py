@@ -1,0 +1,503 @@
+"""Make what a student's notebook produced safe to show: no script runs, nothing is fetched.
+
+The autograder runs student code in a sandbox and collects each code cell's outputs as
+*untrusted data*: dicts shaped like nbformat v4 outputs, but written by a process the
+student controls. nbgrader then renders the notebook to HTML twice, with nbconvert's
+``HTMLExporter`` (the ``formgrade`` template inside the instructor's formgrader, the
+``feedback`` template for the student's feedback page). Both extend nbconvert's ``classic``
+template, which passes ``text/html``, ``application/javascript`` and ``text/markdown`` outputs
+and the HTML inside markdown cells through raw, and writes image metadata (``width``,
+``height``) into ``<img>`` unquoted. This module closes those doors:
+
+- :func:`clean_outputs` rebuilds one cell's outputs from untrusted data, keeping only
+  well-formed outputs and inert mimetypes (``text/html`` sanitised with ``nh3``);
+- :func:`inert_markdown` leaves a markdown cell alone when nbconvert renders it to inert
+  HTML, and otherwise shows its text in a code block;
+- :func:`markdown_text` escapes a string (a file name, a note) to literal markdown;
+- :func:`with_csp` and :func:`harden_html_file` add a Content-Security-Policy to a page, so
+  that whatever slipped through runs no script and fetches nothing.
+
+Example: ``clean_outputs([{"output_type": "display_data", "metadata": {}, "data": {"text/html":
+"<b onclick='x()'>hi</b><script>x()</script>"}}])`` -> ``([{"output_type": "display_data",
+"data": {"text/html": "<b>hi</b>"}, "metadata": {}}], ["HTML in an output of this cell was
+reduced to inert content"])``
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import nh3
+
+__all__ = ["CSP", "clean_outputs", "harden_html_file", "inert_markdown", "markdown_text", "with_csp"]
+
+#: The policy :func:`with_csp` adds. No script, frame, font file, stylesheet file, form
+#: target or connection is allowed; images and fonts only as ``data:`` URLs (figures are
+#: embedded), styles only inline (nbconvert inlines its CSS). ``frame-ancestors`` and
+#: ``sandbox`` would be welcome but browsers ignore both in a ``<meta>`` policy.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; base-uri 'none'; form-action 'none'"
+
+# --- outputs ---------------------------------------------------------------------------
+
+#: Mimetypes kept by :func:`clean_outputs` (``text/html`` after sanitising).
+KEPT_MIMETYPES = ("text/plain", "text/html", "text/latex", "image/png", "image/jpeg", "image/gif")
+_IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif")
+#: Strict base64 (line breaks allowed, checked after removing them) and the embedded-image URL.
+_B64 = r"(?=.)(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"  # not empty, padded
+_BASE64 = re.compile(_B64)
+_DATA_IMAGE = re.compile(r"data:image/(?:png|jpeg|gif);base64," + _B64)
+_LINK = re.compile(r"(?:https?://|mailto:)", re.IGNORECASE)
+#: Bytes charged for each kept output on top of its text, so that a million empty outputs
+#: also meet the cap.
+_OUTPUT_OVERHEAD = 64
+_TRUNCATED = "\n[... the autograder cut this output here: the cell's outputs were too long ...]\n"
+
+_HTML_TAGS = {
+    "a", "abbr", "b", "blockquote", "br", "caption", "cite", "code", "col", "colgroup", "dd", "del",
+    "div", "dl", "dt", "em", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "img", "ins", "kbd", "li",
+    "mark", "ol", "p", "pre", "q", "s", "samp", "small", "span", "strong", "sub", "sup", "table",
+    "tbody", "td", "tfoot", "th", "thead", "tr", "u", "ul", "var",
+}  # fmt: skip
+#: Removed together with their content (their text is code, CSS or a hidden document).
+_HTML_DROP_CONTENT = {
+    "script", "style", "template", "iframe", "object", "embed", "noscript", "noembed", "noframes",
+    "textarea", "title", "svg", "math", "xmp", "select",
+}  # fmt: skip
+_HTML_ATTRIBUTES = {
+    "a": {"href", "title"},
+    "img": {"src", "alt", "title", "width", "height"},
+    "table": {"border"},
+    "td": {"colspan", "rowspan", "align"},
+    "th": {"colspan", "rowspan", "align", "scope"},
+    "ol": {"start"},
+    "abbr": {"title"},
+}
+_DIMENSION = re.compile(r"\d{1,5}%?")
+
+
+def _html_attribute(tag: str, name: str, value: str) -> str | None:
+    """nh3's last word on an attribute: links only to the web or mail, images only embedded."""
+    if name == "href":
+        return value if _LINK.match(value) else None
+    if name == "src":
+        return value if tag == "img" and _DATA_IMAGE.fullmatch(value) else None
+    if name in ("width", "height", "colspan", "rowspan", "start", "border"):
+        return value if _DIMENSION.fullmatch(value) else None
+    return value
+
+
+_CLEANER = nh3.Cleaner(
+    tags=_HTML_TAGS,
+    clean_content_tags=_HTML_DROP_CONTENT,
+    attributes=_HTML_ATTRIBUTES,
+    attribute_filter=_html_attribute,
+    strip_comments=True,
+    link_rel=None,
+    url_schemes={"http", "https", "mailto", "data"},
+    url_relative="deny",
+    allowed_classes={"table": {"dataframe"}},
+)
+
+
+def _text(value: str) -> str:
+    """``value`` as a string that can be written as UTF-8: lone surrogates become ``?``."""
+    return value.encode("utf-8", errors="replace").decode("utf-8")
+
+
+def _multiline(value: object) -> str | None:
+    """An nbformat multiline string (a str, or a list of str to join) as one str; else None."""
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return _text("".join(value))
+    return None
+
+
+def _shown(name: object) -> str:
+    """A mimetype or output type the student chose, short and printable, for a note."""
+    text = _text(name) if isinstance(name, str) else type(name).__name__
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _a(mimetype: str) -> str:
+    """``mimetype`` with its indefinite article: "a text/plain", "an image/png"."""
+    return ("an " if mimetype[:1].lower() in "aeiou" else "a ") + mimetype
+
+
+class _Budget:
+    """The bytes of text still allowed in a cell's outputs."""
+
+    def __init__(self, max_bytes: int):
+        self.left = max_bytes
+        self.cut = False
+
+    def charge(self, n: int) -> bool:
+        """Spend ``n`` bytes if they are left; say whether they were."""
+        if n > self.left:
+            self.cut = True
+            return False
+        self.left -= n
+        return True
+
+    def take(self, text: str) -> str:
+        """``text``, cut (with a marker) where the budget runs out."""
+        size = len(text.encode("utf-8"))
+        if size <= self.left:
+            self.left -= size
+            return text
+        self.cut = True
+        kept = text.encode("utf-8")[: self.left].decode("utf-8", errors="ignore")
+        self.left = 0
+        return kept + _TRUNCATED
+
+
+def _clean_bundle(data: dict, budget: _Budget, notes: list[str]) -> dict[str, str] | None:
+    """The inert part of a mime bundle, cut to the budget; None if the bundle is malformed."""
+    if not all(isinstance(k, str) for k in data):
+        return None
+    values = {}
+    for mimetype in KEPT_MIMETYPES:
+        if mimetype in data:
+            value = _multiline(data[mimetype])
+            if value is None:
+                notes.append(f"{_a(mimetype)} output of this cell was malformed and was not kept")
+            else:
+                values[mimetype] = value
+    markdown = _multiline(data.get("text/markdown"))
+    if "text/plain" not in values and markdown is not None:
+        values["text/plain"] = markdown  # shown as text: markdown may hold HTML
+    for mimetype in data:
+        if mimetype not in KEPT_MIMETYPES and not (mimetype == "text/markdown" and markdown is not None):
+            notes.append(f"{_a(_shown(mimetype))} output of this cell was not shown: the autograder shows only inert content")
+    for mimetype in _IMAGE_TYPES:
+        if mimetype in values and not _BASE64.fullmatch(values[mimetype].replace("\n", "")):
+            notes.append(f"{_a(mimetype)} output of this cell was not valid base64 and was not kept")
+            del values[mimetype]
+    if "text/html" in values:
+        cleaned = _CLEANER.clean(values["text/html"])
+        if cleaned != values["text/html"]:
+            notes.append("HTML in an output of this cell was reduced to inert content")
+        values["text/html"] = cleaned
+
+    kept = {}
+    for mimetype, value in values.items():  # text first, images last: cut an image rather than text
+        if mimetype in _IMAGE_TYPES:
+            if budget.charge(len(value)):  # an image cut short is no image: keep it whole or not at all
+                kept[mimetype] = value
+        elif budget.left > 0:
+            cut = budget.take(value)
+            kept[mimetype] = _CLEANER.clean(cut) if mimetype == "text/html" and cut != value else cut
+        elif value:
+            budget.cut = True
+    if not kept and data and not budget.cut:
+        gone = ", ".join(_shown(k) for k in list(data)[:3])
+        kept["text/plain"] = budget.take(f"[{_a(gone)} output was not shown: the autograder shows only inert content]")
+    return kept
+
+
+def _clean_output(out: object, budget: _Budget, notes: list[str]) -> dict | None:
+    """One output rebuilt from untrusted data, or None (with a note) to drop it."""
+    malformed = "an output of this cell was malformed and was not kept"
+    if not isinstance(out, dict):
+        notes.append(malformed)
+        return None
+    kind = out.get("output_type")
+    if kind == "stream":
+        name, text = out.get("name"), _multiline(out.get("text"))
+        if name not in ("stdout", "stderr") or text is None:
+            notes.append(malformed)
+            return None
+        if not budget.charge(_OUTPUT_OVERHEAD):
+            return None
+        return {"output_type": "stream", "name": name, "text": budget.take(text)}
+    if kind in ("display_data", "execute_result"):
+        data, count = out.get("data"), out.get("execution_count")
+        count_ok = count is None or (type(count) is int and count >= 0)
+        if not isinstance(data, dict) or (kind == "execute_result" and ("execution_count" not in out or not count_ok)):
+            notes.append(malformed)
+            return None
+        if not budget.charge(_OUTPUT_OVERHEAD):
+            return None
+        bundle = _clean_bundle(data, budget, notes)
+        if bundle is None:
+            notes.append(malformed)
+            return None
+        if not bundle and data:  # everything it held was cut for length
+            return None
+        rebuilt = {"output_type": kind, "data": bundle, "metadata": {}}
+        if kind == "execute_result":
+            rebuilt["execution_count"] = count
+        return rebuilt
+    if kind == "error":
+        ename, evalue, traceback = out.get("ename"), out.get("evalue"), out.get("traceback")
+        if not (isinstance(ename, str) and isinstance(evalue, str) and isinstance(traceback, list)
+                and all(isinstance(line, str) for line in traceback)):
+            notes.append(malformed)
+            return None
+        if not budget.charge(_OUTPUT_OVERHEAD):
+            return None
+        lines = []
+        ename, evalue = budget.take(_text(ename)), budget.take(_text(evalue))
+        for line in traceback:
+            if budget.left <= 0:
+                budget.cut = True
+                break
+            lines.append(budget.take(_text(line)))
+        return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": lines}
+    notes.append(f"an output of type {_shown(kind)} in this cell was malformed or unknown and was not kept")
+    return None
+
+
+def clean_outputs(outputs: object, *, max_bytes: int = 4 << 20) -> tuple[list[dict], list[str]]:
+    """Rebuild one code cell's outputs from untrusted data into inert, valid nbformat outputs.
+
+    Kept: ``stream`` (``stdout``/``stderr``), ``display_data`` and ``execute_result`` (a mime
+    bundle of strings; an integer or null ``execution_count``), ``error`` (``ename``,
+    ``evalue``, a list of ``traceback`` lines). Text may be a string or a list of strings
+    (nbformat's multiline form; joined). Every ``metadata`` becomes ``{}``: nbconvert writes
+    image metadata into ``<img>`` unquoted. Of a mime bundle only these survive:
+    ``text/plain``; ``text/html`` sanitised with nh3 (formatting and table tags; links to
+    http/https/mailto; images only as embedded PNG/JPEG/GIF; no script, style, frame, form,
+    SVG or event handler); ``text/latex``; ``image/png``, ``image/jpeg`` and ``image/gif`` given
+    as strict base64. ``text/markdown`` becomes ``text/plain`` where there is none; the rest
+    (``application/javascript``, ``image/svg+xml``, widgets, ...) is dropped, and a bundle left
+    empty shows a ``text/plain`` placeholder. Malformed outputs are dropped. Lone surrogates
+    become ``?``.
+
+    Args:
+        outputs: the cell's outputs as the sandbox reported them: a list of dicts, or anything.
+        max_bytes: the most UTF-8 bytes of text kept over all outputs (plus 64 per output);
+            text is cut there with a marker, later outputs are dropped, and images are kept
+            whole or not at all.
+
+    Returns:
+        ``(kept, notes)``: the rebuilt outputs as plain dicts (valid in an nbformat 4.5 code
+        cell), and short notes, each given once, on what was dropped or changed (they quote
+        mimetypes the student chose: escape them with :func:`markdown_text` before showing
+        them as markdown).
+
+    Example: ``[{"output_type": "stream", "name": "stdout", "text": "hi"}, 3]``
+    -> ``([{"output_type": "stream", "name": "stdout", "text": "hi"}],
+    ["an output of this cell was malformed and was not kept"])``
+    """
+    if type(max_bytes) is not int or max_bytes < 0:
+        raise ValueError(f"max_bytes must be a non-negative int, got {max_bytes!r}")
+    if not isinstance(outputs, list):
+        return [], ["the outputs of this cell were malformed and were not kept"]
+    budget = _Budget(max_bytes)
+    notes: list[str] = []
+    kept = []
+    for out in outputs:
+        if budget.cut and budget.left <= 0:
+            break
+        rebuilt = _clean_output(out, budget, notes)
+        if rebuilt is not None:
+            kept.append(rebuilt)
+    if budget.cut:
+        notes.append(f"the outputs of this cell were longer than {max_bytes} bytes and were cut short")
+    return kept, list(dict.fromkeys(notes))
+
+
+# --- markdown --------------------------------------------------------------------------
+
+@functools.cache
+def _pygments_classes() -> frozenset[str]:
+    """The CSS classes pygments puts on highlighted code (``k``, ``nf``, ``s1``, ...)."""
+    from pygments.token import STANDARD_TYPES
+
+    return frozenset(c for c in STANDARD_TYPES.values() if c)
+
+
+#: Tags nbconvert's markdown may produce and the attributes each may carry.
+_MD_TAGS: dict[str, set[str]] = {
+    **{t: set() for t in ("p", "em", "strong", "b", "i", "blockquote", "br", "hr", "table", "thead",
+                          "tbody", "tr", "sup", "sub", "del", "ul", "dl", "dt", "dd")},
+    **{f"h{n}": {"id"} for n in range(1, 7)},
+    "code": {"class"}, "pre": {"class"}, "span": {"class"}, "div": {"class"}, "li": {"class"},
+    "ol": {"start"}, "th": {"style"}, "td": {"style"},
+    "a": {"href", "title", "class"},
+    "img": {"src", "alt", "title"},
+    "input": {"class", "type", "disabled", "checked"},  # task lists: "- [x] done"
+}  # fmt: skip
+_MD_CLASSES = {"anchor-link", "highlight", "task-list-item", "task-list-item-checkbox"}
+_LANGUAGE_CLASS = re.compile(r"language-[\w+#.-]+")
+_ALIGN = re.compile(r"text-align:(?:left|center|right)")
+_MD_LINK = re.compile(r"(?:https?://|mailto:|#)", re.IGNORECASE)
+
+
+class _Inspector(HTMLParser):
+    """Reads rendered markdown and decides whether every tag and attribute is inert."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=False)
+        self.safe = True
+
+    def _attribute_ok(self, tag: str, name: str, value: str | None) -> bool:
+        if name not in _MD_TAGS[tag]:
+            return False
+        value = value or ""
+        if name == "href":
+            return bool(_MD_LINK.match(value))
+        if name == "src":
+            return bool(_DATA_IMAGE.fullmatch(value))
+        if name == "class":
+            return all(c in _MD_CLASSES or c in _pygments_classes() or _LANGUAGE_CLASS.fullmatch(c) for c in value.split())
+        if name == "style":
+            return bool(_ALIGN.fullmatch(value))
+        if name == "type":
+            return value == "checkbox"
+        if name == "start":
+            return value.isdigit()
+        return True
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in _MD_TAGS or not all(self._attribute_ok(tag, k, v) for k, v in attrs):
+            self.safe = False
+
+    def handle_endtag(self, tag):
+        if tag not in _MD_TAGS:
+            self.safe = False
+
+    def handle_data(self, data):
+        if "<" in data:  # markup this parser did not read as a tag; a browser may
+            self.safe = False
+
+    # Comments (a browser ends "<!-->" at once; this parser may not), declarations, processing
+    # instructions and CDATA never come from plain markdown.
+    def handle_comment(self, data):
+        self.safe = False
+
+    def handle_decl(self, decl):
+        self.safe = False
+
+    def handle_pi(self, data):
+        self.safe = False
+
+    def unknown_decl(self, data):
+        self.safe = False
+
+
+def _renders_inert(text: str) -> bool:
+    """Whether nbconvert renders the markdown ``text`` to HTML made only of inert tags."""
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+    from nbconvert.filters.strings import strip_files_prefix
+
+    try:
+        rendered = strip_files_prefix(markdown2html_mistune(text))
+    except Exception:  # an "attachment:" image: the filter looks for the attachment and finds none
+        return False
+    inspector = _Inspector()
+    inspector.feed(rendered)
+    inspector.close()
+    return inspector.safe
+
+
+def inert_markdown(text: str) -> tuple[str, bool]:
+    """A markdown cell's source, made safe to render with nbconvert's markdown filter.
+
+    The text is rendered as nbgrader's templates render it
+    (``nbconvert.filters.markdown_mistune.markdown2html_mistune``) and the HTML read back: if
+    every tag and attribute is in an allowlist of what plain markdown produces (paragraphs,
+    emphasis, code, lists, headings, quotes, rules, tables, links to http/https/mailto or
+    ``#``, images only as embedded PNG/JPEG/GIF; no event handler, ``style`` beyond a table
+    column's alignment, comment or raw ``<``), the text comes back unchanged. Otherwise it
+    comes back as a literal code block under one line saying so. nbconvert escapes math and
+    code, so ``$a<b$`` and a code span holding ``<script>`` stay as they are. Mermaid blocks
+    (nbconvert passes their text through unescaped, for mermaid.js to draw) and
+    ``attachment:`` images (their data is the cell's, not checked here) are shown as text.
+
+    Args:
+        text: the cell's markdown source.
+
+    Returns:
+        ``(source, shown_as_text)``: the source to store (``text`` itself when it was inert;
+        lone surrogates become ``?`` either way) and whether it was turned into a code block.
+
+    Example: ``"# Hi $a<b$"`` -> ``("# Hi $a<b$", False)``;
+    ``"<img src=x onerror=alert(1)>"`` -> ``("*This cell held HTML ...*\\n\\n```\\n<img ...>\\n```\\n", True)``
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    text = _text(text)
+    if _renders_inert(text):
+        return text, False
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    body = text if text.endswith("\n") else text + "\n"
+    return f"*This cell held HTML that the autograder shows as text:*\n\n{fence}\n{body}{fence}\n", True
+
+
+#: ASCII punctuation, every character of which markdown lets a backslash escape.
+_MARKDOWN_PUNCTUATION = re.compile(r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]")
+_ENTITIES = {"&": "&amp;", "<": "&lt;"}
+_LINE_BREAKS = re.compile(r"\r\n|[\r\n\t\v\f\x1c-\x1e\x85\u2028\u2029]")
+
+
+def markdown_text(text: str) -> str:
+    """``text`` escaped to render as itself, on one line, inside a markdown cell.
+
+    Markdown punctuation gets a backslash, ``&`` and ``<`` become ``&amp;`` and ``&lt;``, line
+    breaks and tabs become spaces and the ends are stripped (four leading spaces would make a
+    code block). Lone surrogates become ``?``. Math delimiters are escaped for the markdown
+    parser, but MathJax (loaded by nbconvert's pages, with its Safe extension) may still
+    typeset ``$...$`` in the rendered text.
+
+    Args:
+        text: any string, e.g. a file name the student chose or a note that quotes one.
+
+    Returns:
+        Markdown source that renders as ``text`` (with line breaks as spaces).
+
+    Example: ``"a_b <i>*c*</i>"`` -> ``"a\\_b &lt;i\\>\\*c\\*&lt;\\/i\\>"``
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    text = _LINE_BREAKS.sub(" ", _text(text)).strip(" ")
+    return _MARKDOWN_PUNCTUATION.sub(lambda m: _ENTITIES.get(m[0], "\\" + m[0]), text)
+
+
+# --- pages -----------------------------------------------------------------------------
+
+_HEAD = re.compile(r"<head(?=[\s/>])[^>]*>", re.IGNORECASE)
+
+
+def with_csp(page: str) -> str:
+    """``page`` with :data:`CSP` as the first element of its (first) ``<head>``.
+
+    The policy applies to what follows it, so it goes before any script, style or link.
+    With it, the page runs no script (nbconvert's MathJax and require.js included: the page
+    must make sense without them) and fetches nothing; images must be embedded. A policy
+    cannot stop navigation: a ``<meta http-equiv="refresh">`` in the content still works,
+    which is why the content is made inert as well.
+
+    Args:
+        page: a whole HTML document with a ``<head>`` element.
+
+    Returns:
+        The document with ``<meta http-equiv="Content-Security-Policy" content="...">`` added.
+
+    Raises:
+        ValueError: if the page has no ``<head>`` start tag.
+    """
+    match = _HEAD.search(page)
+    if match is None:
+        raise ValueError(f"the page has no <head> to put the policy in; it starts {page[:80]!r}")
+    meta = f'<meta http-equiv="Content-Security-Policy" content="{html.escape(CSP, quote=False)}">'
+    return page[: match.end()] + meta + page[match.end() :]
+
+
+def harden_html_file(path: str | Path) -> None:
+    """Add :data:`CSP` to the HTML file at ``path``, in place (see :func:`with_csp`).
+
+    Args:
+        path: an HTML file, read and written as UTF-8.
+
+    Raises:
+        ValueError: if the page has no ``<head>``.
+    """
+    path = Path(path)
+    path.write_text(with_csp(path.read_text(encoding="utf-8")), encoding="utf-8")
