@@ -30,7 +30,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.adversarial import ASSIGNMENT, CASES, Context, write  # noqa: E402
+from tests.adversarial import ASSIGNMENT, CASES, Context, daemon_seconds, write  # noqa: E402
 from tests.submissions import Listener, course_folder  # noqa: E402
 
 SKIP = {
@@ -101,7 +101,7 @@ def main() -> None:
         rows.append((case, score, note, leak, seconds))
         print(f"{case.name:32s} expected {case.expected:>4g}  nbgrader {score if score is not None else '-':>4}  {note[:60]} {leak}", flush=True)
     listener.close()
-    cleanup(root)
+    cleanup(root, ctx)
     write_report(rows)
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -156,13 +156,14 @@ def _active(nb) -> bool:
     return False
 
 
-def cleanup(root: Path) -> None:
+def cleanup(root: Path, ctx: Context) -> None:
     for path in (root / "pwned.txt", Path(sys.prefix) / "pwned.txt", Path("/usr/pwned.txt")):
         try:
             path.unlink()
         except OSError:
             pass
-    subprocess.run(["pkill", "-f", "sleep 4242"], check=False)
+    # the daemon case's process, by its run-unique argument (never another run's)
+    subprocess.run(["pkill", "-f", f"^sleep {daemon_seconds(ctx)}$"], check=False)
 
 
 def write_report(rows) -> None:

@@ -59,6 +59,12 @@ class Case:
 # --------------------------------------------------------------------------- building blocks
 
 
+def daemon_seconds(ctx: Context) -> str:
+    """The argument of the daemon case's ``sleep``: unique to this run (the listener's port), so a
+    test can look for exactly this process and never mistake another run's for it."""
+    return f"4242.{ctx.port}"
+
+
 def reference():
     return filled(ASSIGNMENT)
 
@@ -190,7 +196,8 @@ RESOURCES = [
     Case("fork_bomb", "resources", FULL, "more than",
          lambda ctx: added(reference(), "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", after="outro")),
     Case("daemon_process", "resources", FULL, "SelfAttention: all 6 checks passed",
-         lambda ctx: added(reference(), "import subprocess\nsubprocess.Popen(['sleep', '4242'], start_new_session=True)", after="outro"),
+         lambda ctx: added(reference(), f"import subprocess\nsubprocess.Popen(['sleep', '{daemon_seconds(ctx)}'], start_new_session=True)",
+                           after="outro"),
          "a process that outlives the notebook is killed before the next submission"),
     Case("disk_bomb", "resources", FULL, "File too large",
          lambda ctx: added(reference(), "with open('big.bin', 'wb') as f:\n    while True:\n        f.write(bytes(2**20))", after="outro")),

@@ -16,14 +16,13 @@ import html
 import io
 import os
 import re
-import subprocess
 
 import nbformat
 import pytest
 
 from coursekit import cli
 from coursekit.inert import CSP, clean_outputs, inert_markdown
-from tests.adversarial import ASSIGNMENT, CASES, INBOX, Context, write
+from tests.adversarial import ASSIGNMENT, CASES, INBOX, Context, daemon_seconds, write
 from tests.browser import chromium, render, visit
 from tests.submissions import ROOT, Listener, course_folder
 
@@ -117,10 +116,14 @@ def test_the_sandbox_has_its_own_processes(batch):
 
 
 @pytest.mark.slow
-def test_no_process_outlives_the_batch(batch):
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert "sleep 4242" not in ps
-    assert "coursekit.sandbox.worker" not in ps
+def test_no_process_outlives_the_batch(batch, listener):
+    """Only what this run started: our own descendants, and the daemon by its run-unique argument."""
+    import psutil
+
+    left = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True) if p.is_running()]
+    assert not [c for c in left if "coursekit.sandbox.worker" in c or "bwrap" in c], left
+    daemon = ["sleep", daemon_seconds(Context("", listener.port, ""))]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == daemon]
 
 
 def test_the_nbgrader_comparison_covers_the_current_catalogue():
