@@ -50,7 +50,7 @@ from traitlets import Unicode
 
 import coursekit
 from coursekit import course, inert
-from coursekit.grading import core
+from coursekit.grading import core, harness
 from coursekit.sandbox import CellFailed, Limits, StudentError, Worker
 from coursekit.sandbox.host import TEMPLATE_GONE
 from coursekit.submission import Call, is_test_cell, nbgrader_meta, normalize, thin_calls
@@ -74,6 +74,8 @@ class NotebookPlan:
     tests: dict[str, list[Call]]  # test cell grade id -> its thin calls (from the instructor's notebook)
     points: dict[str, float]  # grade id -> points, for every graded cell
     hidden: set[str]  # test cells whose checks students do not see
+    parts: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (answer cell, names it defines), in order
+    part_of: dict[str, str] = field(default_factory=dict)  # test cell grade id -> its answer cell
 
 
 @dataclass
@@ -88,20 +90,24 @@ class Plan:
 def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode, name: str) -> NotebookPlan:
     """Read the test cells of the instructor's notebook ``source`` (raises ``ValueError``
     if one is not a thin call into ``coursekit.grading``)."""
-    tests, points, hidden = {}, {}, set()
+    tests, points, hidden, parts, part_of = {}, {}, set(), [], {}
     released = {nbgrader_meta(c).get("grade_id"): c for c in release.cells}
     for cell in source.cells:
         meta = nbgrader_meta(cell)
         gid = meta.get("grade_id")
         if meta.get("grade"):
             points[gid] = float(meta.get("points", 0))
+        if cell.cell_type == "code" and meta.get("solution"):
+            parts.append((gid, harness.defined_names(cell.source)))
         if is_test_cell(cell):
+            if parts:
+                part_of[gid] = parts[-1][0]
             tests[gid] = thin_calls(cell.source, f"test cell {gid!r} of {name}")
             for call in tests[gid]:
                 _resolve(call)  # fail now, not while grading
             if gid in released and "coursekit.grading" not in released[gid].source:
                 hidden.add(gid)
-    return NotebookPlan(name, release, tests, points, hidden)
+    return NotebookPlan(name, release, tests, points, hidden, parts, part_of)
 
 
 def _resolve(call: Call):
@@ -189,6 +195,7 @@ def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files:
     for gid, calls in plan.tests.items():
         verdict["tests"][gid] = _grade_cell(session, calls, deadline, gid in plan.hidden, plan.points.get(gid, 0.0),
                                             None if norm.readable else norm.notes[0], secret)
+    _name_earlier_parts(plan, norm.notebook, verdict["tests"])
     if session is not None:
         session.close()
     if worker.reset_after_student() == TEMPLATE_GONE:
@@ -197,6 +204,16 @@ def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files:
     verdict["max_score"] = sum(plan.points.values())
     verdict["seconds"] = round(time.monotonic() - started, 3)
     return verdict
+
+
+def _name_earlier_parts(plan: NotebookPlan, notebook, results: dict) -> None:
+    """Start the failure of a part whose answer calls an earlier, failing part with "fix part N first"."""
+    failed = {plan.part_of[gid] for gid, t in results.items() if not t["passed"] and gid in plan.part_of}
+    answers = {nbgrader_meta(c).get("grade_id"): c.source for c in notebook.cells if nbgrader_meta(c).get("solution")}
+    for answer, sentence in harness.fix_first(plan.parts, answers, failed).items():
+        for gid, t in results.items():
+            if plan.part_of.get(gid) == answer and not t["passed"] and not (t["failure"] or "").startswith("not graded"):
+                t["failure"] = f"{sentence}.\n{t['failure'] or 'failed'}"
 
 
 def _run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict):

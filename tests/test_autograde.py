@@ -215,3 +215,12 @@ def test_an_interrupted_run_resumes(tmp_path):
     clean = autograde.autograde(root, ASSIGNMENT, names, feedback=False, fresh=True)
     assert [r.score for r in results] == [r.score for r in clean]
     assert [r.score for r in clean][::2] == [12.0] * 4 and all(r.score < 12 for r in clean[1::2])
+
+
+def test_a_part_failing_because_of_an_earlier_part_says_to_fix_that_part_first(graded):
+    """A softmax that gives NaN on fully masked rows breaks the student's attention too."""
+    root, rows = graded
+    nb = load(root / "autograded" / "softmax_nan_on_masked_row" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "attention_hidden")
+    shown = "\n".join(str(o.get("evalue", "")) for o in cell.outputs)
+    assert "part 1 (softmax) fails its own checks, and your scaled_dot_product_attention calls it" in shown

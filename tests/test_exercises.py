@@ -12,23 +12,12 @@ import textwrap
 import pytest
 
 from coursekit import course
+from coursekit.chapters import CHAPTERS
 from tests.submissions import ROOT, load
 
-#: assignment -> the coursekit module its solution cells must reproduce (or a tuple of modules:
-#: each definition is looked up in the first module that has it)
-MODULES = {
-    "ch01_attention": "attention",
-    "ch02_multihead": "multihead",
-    "ch03_positional": "positional",
-    "ch04_layers": "layers",
-    "ch05_bpe": "bpe",
-    "ch06_bert": "bert",
-    "ch07_gpt": ("gpt", "decoding"),  # parts 1 and 5 are in gpt.py, parts 2-4 in decoding.py
-    "ch08_seq2seq": "seq2seq",
-    "ch09_vit": "vit",
-    "ch10_long_context": "long_context",
-    "appendix_arithmetic": "arithmetic",
-}
+#: assignment -> the coursekit modules its solution cells must reproduce (each definition is
+#: looked up in the first module that has it)
+MODULES = {c.assignment: c.modules for c in CHAPTERS}
 
 
 def definitions(source: str) -> dict[str, str]:
@@ -40,8 +29,7 @@ def definitions(source: str) -> dict[str, str]:
 @pytest.mark.parametrize("assignment", sorted(MODULES))
 def test_solution_cells_are_the_coursekit_code(assignment):
     nb = load(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
-    names = MODULES[assignment] if isinstance(MODULES[assignment], tuple) else (MODULES[assignment],)
-    modules = [importlib.import_module(f"coursekit.{name}") for name in names]
+    modules = [importlib.import_module(f"coursekit.{name}") for name in MODULES[assignment]]
     solved = {}
     for cell in nb.cells:
         if cell.metadata.get("nbgrader", {}).get("solution"):

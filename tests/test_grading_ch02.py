@@ -12,7 +12,7 @@ from torch import nn
 from coursekit import attention, multihead
 from coursekit.grading import GradingFailure
 from coursekit.grading import ch02_multihead as grader
-from tests.mutants.ch02_multihead import HIDDEN_CELL, MUTANTS
+from tests.mutants.ch02_multihead import MUTANTS
 
 GRADERS = {
     "split_heads": (grader.grade_split_heads, "split_heads"),
@@ -40,39 +40,6 @@ def namespace(**overrides):
     ns.update({name: getattr(multihead, name) for name in GRADERS})
     ns.update(overrides)
     return ns
-
-
-@pytest.mark.parametrize("part", list(GRADERS))
-def test_reference_scores_full_marks(part, capsys):
-    grade, attr = GRADERS[part]
-    grade(getattr(multihead, attr))
-    assert "checks passed" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("part", list(GRADERS))
-def test_unimplemented_part_fails_with_a_plain_reason(part):
-    def stub(*args, **kwargs):
-        raise NotImplementedError()
-
-    grade, _ = GRADERS[part]
-    with pytest.raises(GradingFailure, match="not implemented yet"):
-        grade(stub)
-
-
-def test_catalogue_is_large_and_covers_every_part():
-    assert len(MUTANTS) >= 10
-    assert {m.part for m in MUTANTS} == set(GRADERS) == set(HIDDEN_CELL)
-    assert len({m.name for m in MUTANTS}) == len(MUTANTS)
-
-
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
-def test_mutant_loses_points_with_its_hint(mutant):
-    ns = namespace()
-    exec(compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns)  # defines ns[mutant.target]
-    grade, _ = GRADERS[mutant.part]
-    with pytest.raises(GradingFailure) as info:
-        grade(ns[mutant.target])
-    assert mutant.hint in str(info.value), f"expected hint {mutant.hint!r}, got:\n{info.value}"
 
 
 def test_wrong_layer_names_get_a_hint_not_a_crash():
@@ -106,18 +73,6 @@ def test_grading_is_deterministic():
     seen.clear()
     grader.grade_split_heads(spy)
     assert len(first) == len(seen) and all(torch.equal(a, b) for a, b in zip(first, seen))
-
-
-@pytest.mark.parametrize("part", list(PUBLIC))
-def test_public_checks_pass_the_reference_and_fail_a_stub(part, capsys):
-    PUBLIC[part](getattr(multihead, part))
-    assert "checks passed" in capsys.readouterr().out
-
-    def stub(*args, **kwargs):
-        raise NotImplementedError()
-
-    with pytest.raises(GradingFailure, match="not implemented yet"):
-        PUBLIC[part](stub)
 
 
 @pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.part != "MultiHeadAttention"], ids=lambda m: m.name)

@@ -13,7 +13,7 @@ from coursekit import layers as ref
 from coursekit.grading import GradingFailure
 from coursekit.grading import ch04_layers as grader
 from coursekit.multihead import MultiHeadAttention
-from tests.mutants.ch04_layers import HIDDEN_CELL, MUTANTS
+from tests.mutants.ch04_layers import MUTANTS
 
 GRADERS = {
     "LayerNorm": grader.grade_layer_norm,
@@ -35,38 +35,6 @@ def namespace(**overrides):
     ns.update({name: getattr(ref, name) for name in GRADERS})
     ns.update(overrides)
     return ns
-
-
-@pytest.mark.parametrize("part", list(GRADERS))
-def test_reference_scores_full_marks(part, capsys):
-    GRADERS[part](getattr(ref, part))
-    assert "checks passed" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("part", list(GRADERS))
-def test_unimplemented_part_fails_with_a_plain_reason(part):
-    def stub(*args, **kwargs):
-        raise NotImplementedError()
-
-    with pytest.raises(GradingFailure, match="not implemented yet"):
-        GRADERS[part](stub)
-
-
-def test_catalogue_is_large_and_covers_every_part():
-    assert len(MUTANTS) >= 10
-    assert {m.part for m in MUTANTS} == set(GRADERS) == set(HIDDEN_CELL)
-    assert len({m.name for m in MUTANTS}) == len(MUTANTS)
-    assert all(m.target == m.part for m in MUTANTS)
-
-
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
-def test_mutant_loses_points_with_its_hint(mutant):
-    ns = namespace()
-    exec(compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns)  # defines ns[mutant.target]
-    assert ns[mutant.target] is not getattr(ref, mutant.target)
-    with pytest.raises(GradingFailure) as info:
-        GRADERS[mutant.part](ns[mutant.target])
-    assert mutant.hint in str(info.value), f"expected hint {mutant.hint!r}, got:\n{info.value}"
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
@@ -109,18 +77,6 @@ def test_grading_is_deterministic():
     seen.clear()
     grader.grade_layer_norm(Spy)
     assert len(first) == len(seen) and all(torch.equal(a, b) for a, b in zip(first, seen))
-
-
-@pytest.mark.parametrize("part", list(PUBLIC))
-def test_public_checks_pass_the_reference_and_fail_a_stub(part, capsys):
-    PUBLIC[part](getattr(ref, part))
-    assert "checks passed" in capsys.readouterr().out
-
-    def stub(*args, **kwargs):
-        raise NotImplementedError()
-
-    with pytest.raises(GradingFailure, match="not implemented yet"):
-        PUBLIC[part](stub)
 
 
 @pytest.mark.parametrize("name,part", [("ln_unbiased_variance", "LayerNorm"), ("ff_activation_after_linear2", "FeedForward"),

@@ -16,7 +16,7 @@ from coursekit.grading import ch09_vit as grader
 from coursekit.gpt import FusedLayerNorm
 from coursekit.layers import Encoder
 from coursekit.positional import LearnedPositionalEmbedding
-from tests.mutants.ch09_vit import HIDDEN_CELL, MUTANTS
+from tests.mutants.ch09_vit import MUTANTS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors run on one thread
 
@@ -47,42 +47,10 @@ def stub(*args, **kwargs):
     raise NotImplementedError()
 
 
-@pytest.mark.parametrize("part", list(PARTS))
-def test_reference_passes_hidden_and_public_checks(part, capsys):
-    run(part, getattr(ref, part))
-    run(part, getattr(ref, part), public=True)
-    assert capsys.readouterr().out.count("checks passed") == 2
-
-
-@pytest.mark.parametrize("part", list(PARTS))
-def test_unimplemented_part_fails_with_a_plain_reason(part):
-    for public in (False, True):
-        with pytest.raises(GradingFailure, match="not implemented yet"):
-            run(part, stub, public)
-
-
-def test_catalogue_is_large_and_covers_every_part():
-    assert len(MUTANTS) >= 10 and len({m.name for m in MUTANTS}) == len(MUTANTS)
-    assert {m.part for m in MUTANTS} == set(PARTS) == set(HIDDEN_CELL)
-    assert all(m.target == m.part for m in MUTANTS)
-
-
 def load_mutant(mutant, ns=None):
     ns = namespace() if ns is None else ns
     exec(compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns)
     return ns
-
-
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
-def test_mutant_loses_points_with_its_hint(mutant, monkeypatch):
-    ns = load_mutant(mutant)
-    assert ns[mutant.target] is not getattr(ref, mutant.target)
-    # the notebook's classes find its functions as globals: a mutant of part 1 or 3 must be the one they call
-    for name in ("patchify", "add_cls_and_positions"):
-        monkeypatch.setattr(ref, name, ns[name])
-    with pytest.raises(GradingFailure) as info:
-        run(mutant.part, ns[mutant.target])
-    assert mutant.hint in str(info.value), f"expected hint {mutant.hint!r}, got:\n{info.value}"
 
 
 @pytest.mark.parametrize("part", ["PatchEmbedding", "ViT"])

@@ -15,7 +15,7 @@ from coursekit import attention, long_context
 from coursekit.grading import GradingFailure
 from coursekit.grading import ch10_long_context as grader
 from coursekit.grading.core import rand
-from tests.mutants.ch10_long_context import BY_HAND, HIDDEN_CELL, MUTANTS
+from tests.mutants.ch10_long_context import BY_HAND, MUTANTS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors run on one thread
 
@@ -58,53 +58,10 @@ def compiled(source: str, target: str):
 
 
 @pytest.mark.parametrize("part", list(GRADERS))
-def test_reference_scores_full_marks(part, capsys):
-    GRADERS[part](getattr(long_context, part))
-    assert "checks passed" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("part", list(GRADERS))
 def test_a_correct_solution_written_differently_scores_full_marks(part, capsys):
     """The mutants' base: correct code in a student's style, which the mistakes are edits of."""
     GRADERS[part](compiled(BY_HAND[part], part))
     assert "checks passed" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("part", list(GRADERS))
-def test_unimplemented_part_fails_with_a_plain_reason(part):
-    def stub(*args, **kwargs):
-        raise NotImplementedError()
-
-    with pytest.raises(GradingFailure, match="not implemented yet"):
-        GRADERS[part](stub)
-
-
-def test_catalogue_is_large_and_covers_every_part():
-    assert len(MUTANTS) >= 10
-    assert {m.part for m in MUTANTS} == set(GRADERS) == set(HIDDEN_CELL)
-    assert len({m.name for m in MUTANTS}) == len(MUTANTS)
-    assert all(sum(m.part == part for m in MUTANTS) >= 3 for part in GRADERS)
-
-
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
-def test_mutant_loses_points_with_its_hint(mutant):
-    if mutant.name == "linear_quadratic_matrix" and OVERCOMMIT_ALWAYS:
-        pytest.skip("with vm.overcommit_memory=1 a 320 GB matrix is not refused but fills the memory")
-    with pytest.raises(GradingFailure) as info:
-        GRADERS[mutant.part](compiled(mutant.source, mutant.target))
-    assert mutant.hint in str(info.value), f"expected hint {mutant.hint!r}, got:\n{info.value}"
-
-
-@pytest.mark.parametrize("part", list(PUBLIC))
-def test_public_checks_pass_the_reference_and_fail_a_stub(part, capsys):
-    PUBLIC[part](getattr(long_context, part))
-    assert "checks passed" in capsys.readouterr().out
-
-    def stub(*args, **kwargs):
-        raise NotImplementedError()
-
-    with pytest.raises(GradingFailure, match="not implemented yet"):
-        PUBLIC[part](stub)
 
 
 CAUGHT_BY_PUBLIC = [m for m in MUTANTS if m.name in {

@@ -145,3 +145,69 @@ def test_a_course_secret_changes_every_input_and_keeps_runs_identical():
     finally:
         SECRET.reset(other)
     assert torch.equal(core.rand("softmax.values", 4, 7), plain)  # outside the autograder: as before
+
+
+def test_for_all_shrinks_to_the_smallest_failing_example_and_repeats_itself():
+    from hypothesis import strategies as st
+
+    from coursekit.grading.core import for_all
+
+    def grade():
+        seen = []
+
+        def run(g):
+            def test(n):
+                seen.append(n)
+                g.expect(n < 37, f"fails from n = {n}")
+
+            for_all("core.shrink", st.integers(0, 1000), test, max_examples=50)
+
+        return hints(run), seen
+
+    failures, seen = grade()
+    assert failures == [("the check", "fails from n = 37")]  # the smallest failing input, whatever was drawn first
+    assert grade()[1] == seen  # derandomized: the same examples in the same order
+
+
+def test_for_all_tries_the_first_example_before_drawing():
+    from hypothesis import strategies as st
+
+    from coursekit.grading.core import for_all
+
+    calls = []
+
+    def stub(n):
+        calls.append(n)
+        raise NotImplementedError()
+
+    failures = hints(lambda g: for_all("core.first", st.integers(0, 9), stub, first=3))
+    assert failures == [("the check", "not implemented yet (the cell still raises NotImplementedError)")]
+    assert calls == [3]  # no shrinking of a part that is not there
+
+
+def test_for_all_names_an_answer_that_changes_from_call_to_call():
+    from hypothesis import strategies as st
+
+    from coursekit.grading.core import for_all
+
+    state = {"n": 0}
+
+    def moody(g, x):
+        state["n"] += 1
+        g.expect(state["n"] % 2 == 1, "wrong")
+
+    (failure,) = hints(lambda g: for_all("core.flaky", st.integers(0, 9), lambda x: moody(g, x)))
+    assert "different answers" in failure[1] or failure[1] == "wrong"
+
+
+def test_tolerances_scale_with_the_magnitude_of_the_inputs():
+    from coursekit.grading.core import close, magnitude, tolerance
+
+    x = torch.tensor([20000.0, 20000.5, 19999.0])
+    exact = torch.softmax(x.double(), -1)
+    shifted = torch.softmax(x, -1)  # max-shifted in float32
+    lse = torch.exp(x - torch.logsumexp(x, -1))  # log-sum-exp: errs by about eps * 1000
+    assert close(shifted, exact.float()) and not close(lse, exact.float())
+    assert close(lse, exact.float(), magnitude=magnitude(x))
+    assert tolerance(torch.float64, 0.01) == tolerance(torch.float64)  # never tighter than at magnitude 1
+    assert not close(exact.float().double(), exact)  # a float32 step in a float64 computation is caught

@@ -242,3 +242,24 @@ def test_a_cell_that_kills_every_process_it_can_is_reported_as_the_students():
         assert worker.reset_after_student() == TEMPLATE_GONE
         worker.restart()
         assert worker.session().run_cell("print('back')", "after", time.monotonic() + 30)["ok"]
+
+
+@pytest.mark.slow
+def test_a_grader_can_set_an_attribute_of_a_student_object():
+    from coursekit.grading.core import SESSION, set_attr
+
+    with Worker(KINDS[-1], Limits(cell_seconds=5, check_seconds=5)) as worker:
+        session = worker.session()
+        session.run_cell("import torch\nlayer = torch.nn.Dropout(0.1)", "setup", time.monotonic() + 30)
+        token = SESSION.set(session)
+        try:
+            session.begin_check("p = 1 zeroes everything")
+            layer = session.remote("layer")
+            set_attr(layer, "p", 1.0)
+            assert layer.p == 1.0 and torch.equal(layer(torch.ones(4)), torch.zeros(4))
+        finally:
+            SESSION.reset(token)
+            session.end_check()
+        session.begin_check("each check starts from the notebook's state")
+        assert session.remote("layer").p == 0.1
+        session.close()

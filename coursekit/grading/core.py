@@ -42,10 +42,15 @@ __all__ = [
     "raise_unless_student_error",
     "rand",
     "random_weights",
+    "for_all",
+    "magnitude",
     "same",
     "seed",
     "seeded",
+    "set_attr",
+    "tolerance",
     "student_side",
+    "tensor",
 ]
 
 #: The sandbox session the student's objects live in while the autograder runs
@@ -59,11 +64,20 @@ REPORT: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_repor
 #: be computed from the grading source, which students can read.
 SECRET: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_secret", default=b"")
 
-#: One table of tolerances for every comparison a grader makes: (rtol, atol).
-#: float64 is tight; float32 follows torch.testing's defaults.
+#: One table of tolerances for every comparison a grader makes: ``(rtol, atol)`` per dtype for
+#: inputs of magnitude 1. A sound floating-point computation errs by a modest multiple of the
+#: dtype's epsilon times the magnitude of what it combines (Higham, *Accuracy and Stability of
+#: Numerical Algorithms*, 2002: a dot product of n terms errs by at most n eps sum |x_i y_i|), so
+#: :func:`close` scales both by ``magnitude``, the largest absolute input. float64 allows about
+#: 4.5e6 eps (any order of summation over the graders' sizes) and still catches a computation that
+#: went through float32 (1e-7); float32 allows about 84 eps. Graders compare values in float64 and
+#: use float32 for what the text promises about float32 (dtype, stability). No grader writes a
+#: tolerance of its own.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-7, 1e-9),
-    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-9, 1e-12),
+    torch.float32: (1e-5, 1e-6),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
 }
 
 
@@ -116,6 +130,12 @@ def rand(name: str, *shape: int, dtype: torch.dtype = torch.float64, scale: floa
     return torch.randn(*shape, generator=generator(name), dtype=dtype) * scale
 
 
+def tensor(seed_value: int, *shape: int, dtype: torch.dtype = torch.float64, scale: float = 1.0) -> torch.Tensor:
+    """Standard normal values of ``shape`` (times ``scale``) from the integer ``seed_value``: for
+    property-based checks, where Hypothesis draws the sizes and an integer seed (and shrinks both)."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(int(seed_value)), dtype=dtype) * scale
+
+
 def random_weights(module: torch.nn.Module, name: str) -> dict[str, torch.Tensor]:
     """A state dict with ``module``'s names and random float64 values seeded from ``name``.
 
@@ -139,15 +159,35 @@ def student_side(name: str, local: Any) -> Any:
     return local if session is None else session.remote(name)
 
 
-def close(actual: object, expected: torch.Tensor) -> bool:
+def tolerance(dtype: torch.dtype, magnitude: float = 1.0) -> tuple[float, float]:
+    """``(rtol, atol)`` from :data:`TOLERANCES` for inputs of the given ``magnitude`` (at least 1)."""
+    rtol, atol = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
+    scale = max(1.0, float(magnitude))
+    return rtol * scale, atol * scale
+
+
+def close(actual: object, expected: torch.Tensor, *, magnitude: float = 1.0) -> bool:
     """True when ``actual`` is a plain tensor (not a subclass) of ``expected``'s shape
-    and dtype whose values agree within :data:`TOLERANCES` (NaN never agrees)."""
+    and dtype whose values agree within :func:`tolerance` of that dtype and ``magnitude``
+    (the largest absolute value the computation combined); NaN never agrees, and infinities
+    must match exactly."""
     if type(actual) not in (torch.Tensor, torch.nn.Parameter) or actual.shape != expected.shape:
         return False
     if actual.dtype != expected.dtype:
         return False
-    rtol, atol = TOLERANCES.get(expected.dtype, TOLERANCES[torch.float32])
+    rtol, atol = tolerance(expected.dtype, magnitude)
     return torch.allclose(actual.detach(), expected, rtol=rtol, atol=atol, equal_nan=False)
+
+
+def magnitude(*tensors: torch.Tensor) -> float:
+    """The largest finite absolute value in ``tensors`` (1 for none): what :func:`close` scales by."""
+    largest = 1.0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.numel() and (t.is_floating_point() or t.is_complex()):
+            finite = t.detach()[torch.isfinite(t.detach())]
+            if finite.numel():
+                largest = max(largest, float(finite.abs().max()))
+    return largest
 
 
 def same(actual: object, expected: torch.Tensor) -> bool:
@@ -326,6 +366,49 @@ def expect_value_error(g: Grader, call, what: str, fix: str = "say what was expe
         g.fail(f"with {what} your code raised {type(e).__name__.removeprefix('Student')} ({e}); "
                f"raise a ValueError instead ({fix})")
     g.fail(f"with {what} your code returned {describe(out)}; raise a ValueError instead ({fix})")
+
+
+def set_attr(obj: object, name: str, value: object) -> None:
+    """``setattr(obj, name, value)`` for local objects and sandbox objects alike (``value`` must be
+    data, or an object of the same sandbox): e.g. ``set_attr(layer.attn_dropout, "p", 1.0)`` to check
+    one dropout in isolation."""
+    remote = getattr(type(obj), "_set", None)
+    if remote is not None and getattr(obj, "type_name", None) is not None:
+        obj._set(name, value)
+    else:
+        setattr(obj, name, value)
+
+
+def for_all(name: str, strategy, test, *, max_examples: int = 20, first: object = None) -> None:
+    """Call ``test(example)`` on examples of the Hypothesis ``strategy``, drawn deterministically
+    from :func:`seed` of ``name`` (re-runs see the same examples; other courses other ones).
+
+    On the first failure Hypothesis shrinks the example to the smallest one that still fails, and
+    that example's failure is raised: a hint written with the example's sizes then names the
+    smallest input that shows the bug. ``first`` is tried before anything else (give the simplest
+    canonical input: a part that is not implemented fails there at once, without shrinking).
+
+    Use inside ``with g.check(...)``: the check fails with the raised hint.
+    """
+    from hypothesis import HealthCheck, Verbosity, example, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    @settings(max_examples=max_examples, database=None, deadline=None, derandomize=False, print_blob=False,
+              verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+    @hypothesis_seed(seed(name))
+    @given(strategy)
+    def run(case):
+        test(case)
+
+    if first is not None:
+        run = example(first)(run)
+    try:
+        run()
+    except BaseExceptionGroup as group:  # Hypothesis's FlakyFailure: the failure did not happen again
+        if not group.exceptions or not isinstance(group.exceptions[0], _Failed):
+            raise _Failed("your code gave different answers when called again with the same input: "
+                          "does it depend on global state or unseeded randomness?") from None
+        raise group.exceptions[0] from None
 
 
 def names_hint(what: str, got: set[str], expected: set[str]) -> str:

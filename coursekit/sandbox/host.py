@@ -550,6 +550,10 @@ class Remote:
             raise AttributeError(name)
         return self._request("getattr", name=name)["result"]
 
+    def _set(self, name: str, value) -> None:
+        """``setattr`` on the object in the sandbox (``value`` crosses as data)."""
+        self._request("setattr", name=str(name), value=value)
+
     def __iter__(self):
         return iter(self._request("list")["result"])
 

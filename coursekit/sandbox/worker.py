@@ -502,6 +502,9 @@ class CheckProcess:
             value = {"result": result, **extra}
         elif op == "getattr":
             value = {"result": getattr(target, str(msg["name"]))}
+        elif op == "setattr":  # e.g. a grader setting one dropout's p to check it in isolation
+            setattr(target, str(msg["name"]), decode(msg.get("value")))
+            value = {"result": None}
         elif op == "list":
             value = {"result": list(target)}
         elif op == "len":

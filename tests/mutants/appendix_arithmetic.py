@@ -2,12 +2,6 @@
 
 from tests.mutants import Mutant
 
-HIDDEN_CELL = {
-    "decoder_params": "decoder_params_hidden",
-    "training_memory_gib": "training_memory_hidden",
-    "kv_cache_gib": "kv_cache_hidden",
-    "training_days": "training_days_hidden",
-}
 
 MUTANTS = [
     # ----------------------------------------------------------------- part 1: decoder_params

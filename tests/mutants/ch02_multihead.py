@@ -11,12 +11,6 @@ from coursekit import multihead
 from tests.mutants import Mutant, edit
 
 #: the graded part (the Grader's name) -> the grade_id of its hidden test cell
-HIDDEN_CELL = {
-    "split_heads": "split_heads_hidden",
-    "merge_heads": "merge_heads_hidden",
-    "repeat_kv": "repeat_kv_hidden",
-    "MultiHeadAttention": "multihead_attention_hidden",
-}
 
 _CLASS = textwrap.dedent(inspect.getsource(multihead.MultiHeadAttention))
 

@@ -3,12 +3,6 @@
 from tests.mutants import Mutant
 
 #: graded part -> grade_id of its hidden test cell in solutions/ch03_positional
-HIDDEN_CELL = {
-    "sinusoidal_encoding": "sinusoidal_hidden",
-    "apply_rope": "rope_hidden",
-    "alibi_slopes": "alibi_slopes_hidden",
-    "alibi_bias": "alibi_bias_hidden",
-}
 
 MUTANTS = [
     Mutant(

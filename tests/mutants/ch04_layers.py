@@ -8,12 +8,6 @@ from coursekit import layers as ref
 from tests.mutants import mutant
 
 #: Grader part -> grade_id of its hidden test cell in the solution notebook.
-HIDDEN_CELL = {
-    "LayerNorm": "layer_norm_hidden",
-    "FeedForward": "feed_forward_hidden",
-    "EncoderLayer": "encoder_layer_hidden",
-    "DecoderLayer": "decoder_layer_hidden",
-}
 
 
 _LN_VAR = "var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)"

@@ -2,13 +2,6 @@
 
 from tests.mutants import Mutant
 
-HIDDEN_CELL = {
-    "get_pair_counts": "get_pair_counts_hidden",
-    "merge": "merge_hidden",
-    "train_naive": "train_hidden",
-    "encode_chunk": "encode_chunk_hidden",
-    "decode": "decode_hidden",
-}
 
 MUTANTS = [
     Mutant(

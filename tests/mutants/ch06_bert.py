@@ -2,12 +2,6 @@
 
 from tests.mutants import Mutant
 
-HIDDEN_CELL = {
-    "BertEmbeddings": "embeddings_hidden",
-    "mask_tokens": "mask_tokens_hidden",
-    "mlm_loss": "mlm_loss_hidden",
-    "ClsHead": "cls_head_hidden",
-}
 
 MUTANTS = [
     Mutant(

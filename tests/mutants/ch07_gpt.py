@@ -13,13 +13,6 @@ from coursekit import decoding
 from tests.mutants import Mutant, edit
 
 #: the graded part (the Grader's name) -> the grade_id of its hidden test cell
-HIDDEN_CELL = {
-    "causal_lm_loss": "causal_lm_loss_hidden",
-    "top_k_filter": "top_k_filter_hidden",
-    "top_p_filter": "top_p_filter_hidden",
-    "beam_search": "beam_search_hidden",
-    "causal_self_attention": "causal_self_attention_hidden",
-}
 
 _BEAM = textwrap.dedent(inspect.getsource(decoding.beam_search))
 

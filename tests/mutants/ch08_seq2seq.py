@@ -10,12 +10,6 @@ from coursekit import seq2seq as ref
 from tests.mutants import Mutant, mutant, mutate
 
 #: Grader part -> grade_id of its hidden test cell in the solution notebook.
-HIDDEN_CELL = {
-    "shift_right": "shift_right_hidden",
-    "cross_attention": "cross_attention_hidden",
-    "PreNormDecoderLayer": "decoder_layer_hidden",
-    "label_smoothed_loss": "label_smoothed_loss_hidden",
-}
 
 
 _SHIFT = "shifted = torch.cat([start, labels[:, :-1]], dim=1)  # (B, T)"

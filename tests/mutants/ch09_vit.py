@@ -7,12 +7,6 @@ differs from the solution exactly where the mistake is (and follows the referenc
 from coursekit import vit
 from tests.mutants import Mutant, mutate
 
-HIDDEN_CELL = {
-    "patchify": "patchify_hidden",
-    "PatchEmbedding": "patch_embedding_hidden",
-    "add_cls_and_positions": "cls_positions_hidden",
-    "ViT": "vit_hidden",
-}
 
 
 _PERMUTE = "x = x.permute(0, 2, 4, 1, 3, 5)  # (B, rows, cols, C_in, P, P)"

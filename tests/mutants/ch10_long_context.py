@@ -10,12 +10,6 @@ sources may use the names the notebook's imports cell defines (``torch``, ``F``,
 from tests.mutants import Mutant, edit
 
 #: the graded part (the Grader's name) -> the grade_id of its hidden test cell
-HIDDEN_CELL = {
-    "tiled_attention": "tiled_attention_hidden",
-    "sliding_window_mask": "sliding_window_mask_hidden",
-    "causal_linear_attention": "causal_linear_attention_hidden",
-    "kv_cache_size": "kv_cache_size_hidden",
-}
 
 TILED_BY_HAND = '''
 def tiled_attention(q, k, v, causal=False, mask=None, block_q=64, block_k=64, scale=None):

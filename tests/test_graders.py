@@ -1,0 +1,100 @@
+"""Every exercise's graders, tested like code through one harness.
+
+For every part of every assignment of :data:`coursekit.chapters.CHAPTERS`, in this process (the
+autograder does the same against the sandbox: ``test_autograde*.py``):
+
+* the instructor's answers pass every test cell, public and hidden;
+* a part left as released (``raise NotImplementedError()``) fails its test cells with "not
+  implemented yet", and the untouched release fails everywhere without crashing a grader;
+* every wrong implementation of the assignment's catalogue (``tests/mutants/<assignment>.py``)
+  loses its part's hidden points and shows its hint;
+* when an earlier part the answer calls is wrong, the hint says to fix that part first.
+
+What the automatically generated mutants do is checked by ``tests/test_mutation.py``; tests
+particular to one grader stay in ``tests/test_grading_<assignment>.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import nbformat
+import pytest
+
+from coursekit.chapters import CHAPTERS
+from coursekit.grading import harness
+from coursekit.submission import nbgrader_meta
+from tests.submissions import ROOT
+
+ASSIGNMENTS = [c.assignment for c in CHAPTERS]
+PARTS = [(a, p) for a in ASSIGNMENTS for p in harness.parts(a)]
+
+
+def catalogue(assignment: str) -> list:
+    return importlib.import_module(f"tests.mutants.{assignment}").MUTANTS
+
+
+MUTANTS = [(a, m) for a in ASSIGNMENTS for m in catalogue(a)]
+
+
+def released_answers(assignment: str) -> dict[str, str]:
+    """Answer cell grade id -> the source students get (the stub)."""
+    nb = nbformat.read(ROOT / "exercises" / assignment / f"{assignment}.ipynb", as_version=4)
+    return {nbgrader_meta(c)["grade_id"]: c.source for c in nb.cells if nbgrader_meta(c).get("solution")}
+
+
+def part_named(assignment: str, name: str) -> harness.Part:
+    return next(p for p in harness.parts(assignment) if name in (p.name, p.grade_id))
+
+
+@pytest.mark.parametrize("assignment, part", PARTS, ids=lambda x: getattr(x, "name", x))
+def test_the_instructors_answer_passes_every_test_cell(assignment, part):
+    outcomes = harness.run_tests(part, harness.namespace(assignment))
+    assert [t.grade_id for t in part.tests] == [o.test.grade_id for o in outcomes] and len(outcomes) >= 2
+    for o in outcomes:
+        assert o.failure is None, f"{assignment} {o.test.grade_id}:\n{o.failure}"
+        assert o.lines and o.lines[-1].endswith("checks passed"), o.lines
+
+
+@pytest.mark.parametrize("assignment, part", PARTS, ids=lambda x: getattr(x, "name", x))
+def test_an_unanswered_part_fails_plainly(assignment, part):
+    ns = harness.namespace(assignment, {part.grade_id: released_answers(assignment)[part.grade_id]})
+    for o in harness.run_tests(part, ns):
+        assert o.failure is not None and "not implemented yet" in o.failure, f"{o.test.grade_id}: {o.failure}"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_the_untouched_release_fails_everywhere_without_crashing_a_grader(assignment):
+    ns = harness.namespace(assignment, release=True)
+    for part in harness.parts(assignment):
+        for o in harness.run_tests(part, ns):
+            assert o.failure is not None and o.hints, f"{o.test.grade_id} did not fail as a grader: {o.failure}"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_the_catalogue_covers_every_part(assignment):
+    mutants = catalogue(assignment)
+    assert len({m.name for m in mutants}) == len(mutants)
+    named = {p.name for p in harness.parts(assignment)}
+    assert named <= {m.part for m in mutants} <= named, "every part needs wrong implementations, and only parts"
+
+
+@pytest.mark.parametrize("assignment, mutant", MUTANTS, ids=lambda x: getattr(x, "name", x))
+def test_a_catalogued_mistake_loses_its_points_with_its_hint(assignment, mutant):
+    ns = harness.namespace(assignment)
+    exec(compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns)  # replaces one definition, as a student would
+    part = part_named(assignment, mutant.part)
+    (hidden,) = harness.run_tests(part, ns, hidden=True)
+    assert hidden.failure is not None, f"{mutant.name} kept the hidden points of {part.name}"
+    assert mutant.hint in hidden.failure, f"expected hint {mutant.hint!r}, got:\n{hidden.failure}"
+
+
+def test_a_part_that_calls_a_failing_earlier_part_is_told_to_fix_that_part_first():
+    """Exercise 1: attention calls the student's softmax; with a wrong softmax, attention fails too."""
+    order = [(p.grade_id, p.names) for p in harness.parts("ch01_attention")]
+    answers = {p.grade_id: p.source for p in harness.parts("ch01_attention")}
+    told = harness.fix_first(order, answers, {"softmax", "scaled_dot_product_attention", "causal_mask"})
+    assert told == {"scaled_dot_product_attention": "part 1 (softmax) fails its own checks, and your "
+                                                    "scaled_dot_product_attention calls it: fix part 1 first"}
+    answers["scaled_dot_product_attention"] = answers["scaled_dot_product_attention"].replace("softmax(", "torch.softmax(")
+    assert harness.fix_first(order, answers, {"softmax", "scaled_dot_product_attention"}) == {}  # it does not call it
