@@ -69,8 +69,8 @@ def main() -> None:
         # plain nbgrader
         root, inbox = make_course(tmp, "plain", args.students)
         students = inbox_module.collect(root, ASSIGNMENT, inbox, [f"{ASSIGNMENT}.ipynb"]).students
-        api = course._api(root, **{"CourseDirectory.release_directory": str(tmp / "release")})
-        course._check(api.generate_assignment(ASSIGNMENT, force=True, create=True), "registering")
+        api = course.nbgrader_api(root, **{"CourseDirectory.release_directory": str(tmp / "release")})
+        course.expect_success(api.generate_assignment(ASSIGNMENT, force=True, create=True), "registering")
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT, "--force",
                         f"--CourseDirectory.root={root}", f"--Exchange.root={tmp / 'exchange'}"],

@@ -39,7 +39,7 @@ def assignments(root: Path) -> list[str]:
     return sorted(p.name for p in source.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def _api(root: Path, **overrides):
+def nbgrader_api(root: Path, **overrides):
     """An ``NbGraderAPI`` configured from ``root/nbgrader_config.py`` (plus overrides)."""
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
@@ -67,10 +67,11 @@ def _api(root: Path, **overrides):
 def gradebook_url(root: Path) -> str:
     """The gradebook's database URL as ``root/nbgrader_config.py`` sets it (nbgrader's default:
     ``sqlite:///<root>/gradebook.db``)."""
-    return _api(root).coursedir.db_url
+    return nbgrader_api(root).coursedir.db_url
 
 
-def _check(result: dict, what: str) -> None:
+def expect_success(result: dict, what: str) -> None:
+    """Raise ``RuntimeError`` with nbgrader's error or log unless ``result`` (an NbGraderAPI answer) succeeded."""
     if not result.get("success"):
         raise RuntimeError(f"{what} failed:\n{result.get('error') or result.get('log')}")
 
@@ -93,7 +94,7 @@ def release(root: Path, names: list[str] | None = None, out: Path | None = None)
     _validate_test_cells(root, names)
     with tempfile.TemporaryDirectory() as tmp:
         staging = Path(tmp) / "release"
-        api = _api(
+        api = nbgrader_api(
             root,
             **{
                 "CourseDirectory.release_directory": str(staging),
@@ -101,7 +102,7 @@ def release(root: Path, names: list[str] | None = None, out: Path | None = None)
             },
         )
         for name in names:
-            _check(api.generate_assignment(name, force=True, create=True), f"releasing {name}")
+            expect_success(api.generate_assignment(name, force=True, create=True), f"releasing {name}")
             target = out / name
             if target.exists():
                 shutil.rmtree(target)
@@ -114,7 +115,7 @@ def _validate_test_cells(root: Path, names: list[str]) -> None:
     that call on the trusted side (see coursekit.autograde)."""
     import nbformat
 
-    from coursekit.submission import is_test_cell, nbgrader_meta, thin_calls
+    from coursekit.cells import is_test_cell, nbgrader_meta, thin_calls
 
     for name in names:
         for path in sorted((root / "solutions" / name).glob("*.ipynb")):
@@ -146,7 +147,8 @@ def stale_releases(root: Path) -> list[str]:
 # --------------------------------------------------------------------------- autograde helpers
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """The last non-blank line of ``text`` (of a log, say), or ``text`` itself if it has none."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else text
 
@@ -156,7 +158,7 @@ def export_csv(root: Path, path: Path) -> Path:
     from nbgrader.api import Gradebook
     from nbgrader.plugins import CsvExportPlugin
 
-    api = _api(root)
+    api = nbgrader_api(root)
     with Gradebook(api.coursedir.db_url) as gb:
         CsvExportPlugin(to=str(path)).export(gb)
     return path

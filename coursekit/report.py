@@ -31,7 +31,7 @@ def write_report(root: Path, assignment: str) -> Path:
 
     from coursekit import course
 
-    api = course._api(root)
+    api = course.nbgrader_api(root)
     verdicts = root / ".coursekit" / "verdicts" / assignment
     rows = []
     with Gradebook(api.coursedir.db_url) as gb:

@@ -62,8 +62,8 @@ def main() -> None:
     for case in cases:
         write(case, inbox, ctx)
     inbox_module.collect(root, ASSIGNMENT, inbox, [f"{ASSIGNMENT}.ipynb"])
-    api = course._api(root, **{"CourseDirectory.release_directory": str(tmp / "release")})
-    course._check(api.generate_assignment(ASSIGNMENT, force=True, create=True), "registering the assignment")
+    api = course.nbgrader_api(root, **{"CourseDirectory.release_directory": str(tmp / "release")})
+    course.expect_success(api.generate_assignment(ASSIGNMENT, force=True, create=True), "registering the assignment")
     env = dict(os.environ, COURSEKIT_TEST_SECRET=SECRET, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     rows = []
     for case in CASES:

@@ -23,7 +23,7 @@ import pytest
 
 from coursekit.chapters import CHAPTERS
 from coursekit.grading import harness
-from coursekit.submission import nbgrader_meta
+from coursekit.cells import nbgrader_meta
 from tests.submissions import ROOT
 
 ASSIGNMENTS = [c.assignment for c in CHAPTERS]

@@ -26,7 +26,7 @@ import nbformat
 from coursekit.chapters import chapter, course_root
 from coursekit.grading import core
 from coursekit.grading.core import GradingFailure
-from coursekit.submission import Call, is_test_cell, nbgrader_meta, thin_calls
+from coursekit.cells import Call, is_test_cell, nbgrader_meta, thin_calls
 
 __all__ = ["Part", "Test", "Outcome", "parts", "namespace", "run_tests", "defined_names", "used_names", "fix_first"]
 

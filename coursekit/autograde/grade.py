@@ -1,0 +1,108 @@
+"""Step 3, *grade*: every test cell of a notebook, on the trusted side.
+
+A test cell is a thin call into ``coursekit.grading``; the check builds its inputs here, sends
+them to a fresh, reseeded copy of the student's process and reads the answers back as data.
+The result of a notebook is its *verdict*: the outputs of its cells, each test cell's result
+with its lines and hints, and the notes the student will read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import nbformat
+
+from coursekit.autograde.plan import NotebookPlan, resolve
+from coursekit.autograde.rebuild import Call, is_test_cell, nbgrader_meta, normalize
+from coursekit.autograde.run import run_notebook
+from coursekit.grading import core, harness
+from coursekit.sandbox import StudentError, Worker
+from coursekit.sandbox.host import TEMPLATE_GONE
+
+log = logging.getLogger(__name__)
+
+__all__ = ["VERDICT_VERSION", "grade_notebook"]
+
+VERDICT_VERSION = 1
+
+
+def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files: dict[str, bytes], deadline: float,
+                   secret: bytes = b"") -> dict:
+    """Grade one notebook (``raw`` is ``None`` when it was not submitted); return its verdict.
+    ``secret`` is mixed into the seed of every check (see :func:`course_secret`)."""
+    started = time.monotonic()
+    if raw is None:
+        norm = normalize(b"", plan.release)
+        norm.notes[:] = [f"{plan.name}.ipynb was not submitted"]
+    else:
+        norm = normalize(raw, plan.release)
+    verdict = {
+        "version": VERDICT_VERSION, "notebook": plan.name, "notes": list(norm.notes),
+        "normalized": json.loads(nbformat.writes(norm.notebook)), "outputs": {}, "tests": {},
+    }
+    session = None
+    if norm.readable:
+        cells = [(c.id, c.source, nbgrader_meta(c).get("grade_id") or f"added cell {c.id}") for c in norm.notebook.cells
+                 if c.cell_type == "code" and not is_test_cell(c)]
+        session = run_notebook(worker, cells, files, deadline, verdict)
+    for gid, calls in plan.tests.items():
+        verdict["tests"][gid] = _grade_cell(session, calls, deadline, gid in plan.hidden, plan.points.get(gid, 0.0),
+                                            None if norm.readable else norm.notes[0], secret)
+    _name_earlier_parts(plan, norm.notebook, verdict["tests"])
+    if session is not None:
+        session.close()
+    if worker.reset_after_student() == TEMPLATE_GONE:
+        verdict["notes"].append(f"{TEMPLATE_GONE} The sandbox was replaced before the next notebook.")
+    verdict["score"] = sum(t["score"] for t in verdict["tests"].values())
+    verdict["max_score"] = sum(plan.points.values())
+    verdict["seconds"] = round(time.monotonic() - started, 3)
+    return verdict
+
+
+def _name_earlier_parts(plan: NotebookPlan, notebook, results: dict) -> None:
+    """Start the failure of a part whose answer calls an earlier, failing part with "fix part N first"."""
+    failed = {plan.part_of[gid] for gid, t in results.items() if not t["passed"] and gid in plan.part_of}
+    answers = {nbgrader_meta(c).get("grade_id"): c.source for c in notebook.cells if nbgrader_meta(c).get("solution")}
+    for answer, sentence in harness.fix_first(plan.parts, answers, failed).items():
+        for gid, t in results.items():
+            if plan.part_of.get(gid) == answer and not t["passed"] and not (t["failure"] or "").startswith("not graded"):
+                t["failure"] = f"{sentence}.\n{t['failure'] or 'failed'}"
+
+
+def _grade_cell(session, calls: list[Call], deadline: float, hidden: bool, points: float, unreadable: str | None,
+                secret: bytes = b"") -> dict:
+    result = {"hidden": hidden, "points": points, "lines": [], "failure": None, "passed": False, "score": 0.0}
+    if unreadable is not None:
+        result["failure"] = f"not graded: {unreadable}"
+        return result
+    if session is None:
+        result["failure"] = "not graded: your notebook could not be run"
+        return result
+    if time.monotonic() >= deadline:
+        result["failure"] = "not graded: your submission used up its time budget"
+        return result
+    lines: list[str] = []
+    tokens = core.SESSION.set(session), core.REPORT.set(lines), core.SECRET.set(secret)
+    try:
+        for call in calls:
+            fn = resolve(call)
+            fn(*(session.remote(name) for name in call.args), **dict(call.kwargs))
+        result["passed"], result["score"] = True, points
+    except core.GradingFailure as e:
+        result["failure"] = str(e)
+        result["failed_checks"] = [[f"{e.part}: {name}", hint] for name, hint in e.failures]
+    except StudentError as e:
+        result["failure"] = str(e)
+    except Exception as e:  # a bug in a grader: say so plainly, and keep grading the others
+        log.exception("grader error")
+        result["failure"] = f"internal error in the grader ({type(e).__name__}: {e}); please tell your instructor"
+    finally:
+        core.SESSION.reset(tokens[0])
+        core.REPORT.reset(tokens[1])
+        core.SECRET.reset(tokens[2])
+        session.end_check()
+    result["lines"] = lines
+    return result
+

@@ -1,0 +1,146 @@
+"""What grading an assignment needs, read once from trusted files: the *plan*.
+
+For each notebook: the students' release, the thin calls of every test cell (from the
+instructor's notebook), the points, which test cells are hidden, and which answer cell each
+test cell grades. For the assignment: its data files, the course's secret (mixed into every
+check's seed) and a fingerprint that changes when anything that decides a verdict changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nbformat
+
+import coursekit
+from coursekit.cells import Call, is_test_cell, nbgrader_meta, thin_calls
+from coursekit.grading import harness
+
+__all__ = ["NotebookPlan", "Plan", "plan_notebook", "load_plan", "course_secret", "resolve", "preload_modules"]
+
+
+@dataclass
+class NotebookPlan:
+    """What grading one notebook of an assignment needs, all from trusted files."""
+
+    name: str
+    release: nbformat.NotebookNode  # the students' version (answers blank, hidden tests removed)
+    tests: dict[str, list[Call]]  # test cell grade id -> its thin calls (from the instructor's notebook)
+    points: dict[str, float]  # grade id -> points, for every graded cell
+    hidden: set[str]  # test cells whose checks students do not see
+    parts: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (answer cell, names it defines), in order
+    part_of: dict[str, str] = field(default_factory=dict)  # test cell grade id -> its answer cell
+
+
+@dataclass
+class Plan:
+    assignment: str
+    notebooks: list[NotebookPlan]
+    files: dict[str, bytes]  # data files shipped with the assignment
+    fingerprint: str  # changes when the assignment or the grading code changes
+    secret: bytes = b""  # the course's secret, mixed into the seeds of every check (see course_secret)
+
+
+def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode, name: str) -> NotebookPlan:
+    """Read the test cells of the instructor's notebook ``source`` (raises ``ValueError``
+    if one is not a thin call into ``coursekit.grading``)."""
+    tests, points, hidden, parts, part_of = {}, {}, set(), [], {}
+    released = {nbgrader_meta(c).get("grade_id"): c for c in release.cells}
+    for cell in source.cells:
+        meta = nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        if meta.get("grade"):
+            points[gid] = float(meta.get("points", 0))
+        if cell.cell_type == "code" and meta.get("solution"):
+            parts.append((gid, harness.defined_names(cell.source)))
+        if is_test_cell(cell):
+            if parts:
+                part_of[gid] = parts[-1][0]
+            tests[gid] = thin_calls(cell.source, f"test cell {gid!r} of {name}")
+            for call in tests[gid]:
+                resolve(call)  # fail now, not while grading
+            if gid in released and "coursekit.grading" not in released[gid].source:
+                hidden.add(gid)
+    return NotebookPlan(name, release, tests, points, hidden, parts, part_of)
+
+
+def resolve(call: Call):
+    if not call.module.startswith("coursekit.grading."):
+        raise ValueError(f"{call.module} is not a coursekit.grading module")
+    module = importlib.import_module(call.module)
+    fn = getattr(module, call.function, None)
+    if not callable(fn):
+        raise ValueError(f"{call.module} has no function {call.function}")
+    return fn
+
+
+def course_secret(root: Path) -> bytes:
+    """The course's grading secret, created on first use in ``.coursekit/secret`` (readable by
+    its owner only; never inside the sandbox). It is mixed into the seed of every check, so
+    re-runs see the same inputs while nobody can compute them from the grading source."""
+    path = root / ".coursekit" / "secret"
+    path.parent.mkdir(exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    secret = path.read_text().strip()
+    if len(secret) < 32:
+        raise RuntimeError(f"{path} holds no usable secret; delete it and run again (the hidden inputs will change)")
+    return secret.encode()
+
+
+def load_plan(root: Path, assignment: str, release_dir: Path) -> Plan:
+    source_dir = root / "solutions" / assignment
+    notebooks, files = [], {}
+    for path in sorted(source_dir.glob("*.ipynb")):
+        source = nbformat.read(path, as_version=4)
+        release = nbformat.read(release_dir / assignment / path.name, as_version=4)
+        notebooks.append(plan_notebook(source, release, path.stem))
+    for path in sorted(source_dir.rglob("*")):
+        if path.is_file() and path.suffix != ".ipynb" and ".ipynb_checkpoints" not in path.parts:
+            files[str(path.relative_to(source_dir))] = path.read_bytes()
+    digest = hashlib.sha256()
+    for nb in notebooks:
+        digest.update(nbformat.writes(nb.release).encode())
+        digest.update(json.dumps({k: [asdict(c) for c in v] for k, v in nb.tests.items()}, sort_keys=True, default=str).encode())
+    for name, data in files.items():
+        digest.update(name.encode() + hashlib.sha256(data).digest())
+    digest.update(_code_fingerprint().encode())
+    secret = course_secret(root)
+    digest.update(hashlib.sha256(secret).digest())
+    return Plan(assignment, notebooks, files, digest.hexdigest(), secret)
+
+
+def _code_fingerprint() -> str:
+    """A hash of coursekit's source: verdicts made by other grading code are not reused."""
+    digest = hashlib.sha256()
+    package = Path(coursekit.__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def preload_modules(plan: Plan) -> tuple[str, ...]:
+    """The coursekit modules the notebooks import, loaded once in each sandbox's template."""
+    modules = set()
+    for nb in plan.notebooks:
+        for cell in nb.release.cells:
+            if cell.cell_type == "code":
+                for line in cell.source.splitlines():
+                    words = line.split()
+                    if len(words) >= 2 and words[0] in ("from", "import") and words[1].startswith("coursekit."):
+                        name = words[1].rstrip(",")
+                        if not name.startswith("coursekit.grading"):
+                            modules.add(name)
+    return tuple(sorted(modules))
+

@@ -1,0 +1,167 @@
+"""Step 4, *record*: nbgrader's own autograder and feedback, on the rebuilt notebook.
+
+nbgrader's ``Execute`` step is replaced by :class:`ApplyVerdicts`, which fills in the outputs the
+sandbox produced and the trusted results of the test cells; the gradebook, manual grades, late
+penalties and feedback stay nbgrader's. Feedback pages get a Content-Security-Policy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import shutil
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+from nbgrader.preprocessors import NbGraderPreprocessor
+from traitlets import Unicode
+
+from coursekit import course, inert
+from coursekit.autograde.plan import Plan
+from coursekit.autograde.rebuild import is_test_cell, nbgrader_meta
+
+log = logging.getLogger(__name__)
+
+__all__ = ["HIDDEN_PLACEHOLDER", "ApplyVerdicts", "HideHiddenTests", "Result", "record_all"]
+
+HIDDEN_PLACEHOLDER = "# Hidden checks ran here when your notebook was graded; their results are below."
+
+
+@dataclass
+class Result:
+    student: str
+    score: float
+    max_score: float
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None  # nbgrader could not record this student (should not happen)
+    cached: bool = False
+    seconds: float = 0.0
+
+
+class ApplyVerdicts(NbGraderPreprocessor):
+    """Replaces nbgrader's ``Execute``: fills in the outputs the sandbox produced and the
+    trusted results of the test cells, from the verdict of this student's notebook."""
+
+    verdict_dir = Unicode("", help="folder of <student>/<notebook>.json verdicts").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        info = resources["nbgrader"]
+        path = Path(self.verdict_dir) / info["student"] / f"{info['notebook']}.json"
+        verdict = json.loads(path.read_text())
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            gid = nbgrader_meta(cell).get("grade_id")
+            if is_test_cell(cell) and gid in verdict["tests"]:
+                test = verdict["tests"][gid]
+                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="\n".join(test["lines"]) + "\n")] if test["lines"] else []
+                if not test["passed"]:
+                    cell.outputs.append(nbformat.v4.new_output("error", ename="GradingFailure", evalue=test["failure"] or "failed",
+                                                               traceback=[test["failure"] or "failed"]))
+                cell.execution_count = None
+            elif cell.get("id") in verdict["outputs"]:
+                ran = verdict["outputs"][cell.id]
+                cell.outputs = [nbformat.from_dict(o) for o in ran["outputs"]]
+                cell.execution_count = ran.get("execution_count")
+        if verdict["notes"]:  # notes quote file names and cell labels the student chose: literal text only
+            text = "**Notes from the autograder**\n\n" + "\n".join(f"- {inert.markdown_text(n)}" for n in verdict["notes"])
+            note = nbformat.v4.new_markdown_cell(text)
+            note.id = "autograder-notes"
+            nb.cells.insert(0, note)
+        return nb, resources
+
+
+class HideHiddenTests(NbGraderPreprocessor):
+    """For the students' feedback: a test cell holding hidden tests shows a placeholder
+    instead of its source (its results stay). The instructor's autograded copy is untouched."""
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type == "code" and "BEGIN HIDDEN TESTS" in cell.source:
+            cell.source = HIDDEN_PLACEHOLDER
+        return cell, resources
+
+
+def _feedback_preprocessors() -> list:
+    from nbgrader.preprocessors import GetGrades
+    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+
+    return [HideHiddenTests, GetGrades, CSSHTMLHeaderPreprocessor]
+
+
+def record_all(root, assignment, plan: Plan, students, done: queue.Queue, feedback, progress, verdicts: Path) -> list[Result]:
+    """The single writer: for each finished student, run nbgrader on the rebuilt notebook."""
+    from tqdm import tqdm
+
+    api = course.nbgrader_api(
+        root,
+        **{
+            "CourseDirectory.submitted_directory": str(root / ".coursekit" / "normalized"),
+            "Autograde.autograde_preprocessors": _autograde_preprocessors(),
+            "ApplyVerdicts.verdict_dir": str(verdicts),
+            "GenerateFeedback.preprocessors": _feedback_preprocessors(),
+            "NbGraderAPI.log_level": "ERROR",  # "removing existing assignment" on every re-run is expected
+        },
+    )
+    try:  # nbgrader's own database code warns about its session handling; not ours to fix
+        from sqlalchemy.exc import SAWarning
+
+        warnings.filterwarnings("ignore", category=SAWarning)
+    except ImportError:
+        pass
+    results: dict[str, Result] = {}
+    bar = tqdm(total=len(students), desc=f"grading {assignment}", unit="notebook", disable=not progress)
+    while len(results) < len(students):
+        student, key, error, cached = done.get()
+        results[student] = _record(root, api, plan, student, error, cached, feedback, verdicts)
+        bar.update(1)
+    bar.close()
+    return [results[s] for s in students]
+
+
+def _autograde_preprocessors() -> list:
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput, SaveAutoGrades
+
+    return [ApplyVerdicts, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+
+
+def _record(root: Path, api, plan: Plan, student: str, error: str | None, cached: bool, feedback: bool, verdicts: Path) -> Result:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    if error is not None:
+        # the sandbox failed on this student (not their code's fault): record nothing, say so
+        return Result(student, 0.0, sum(sum(nb.points.values()) for nb in plan.notebooks), [], f"not graded: {error}")
+    notes, seconds = [], 0.0
+    staged = root / ".coursekit" / "normalized" / student / plan.assignment
+    if staged.exists():
+        shutil.rmtree(staged)
+    staged.mkdir(parents=True)
+    for nb in plan.notebooks:
+        verdict = json.loads((verdicts / student / f"{nb.name}.json").read_text())
+        if verdict.get("timestamp"):  # the time graded with, from the instructor's side (see coursekit.inbox)
+            (staged / "timestamp.txt").write_text(verdict["timestamp"] + "\n")
+        notes += verdict["notes"]
+        seconds += verdict.get("seconds", 0.0)
+        nbformat.write(nbformat.from_dict(verdict["normalized"]), staged / f"{nb.name}.ipynb")
+    outcome = api.autograde(plan.assignment, student, force=True, create=True)
+    error = None
+    if not outcome.get("success"):
+        error = course.last_line(outcome.get("error") or outcome.get("log") or "unknown error")
+        log.warning("nbgrader could not record %s: %s", student, error)
+    elif feedback:
+        fb = api.generate_feedback(plan.assignment, student, force=True)
+        if not fb.get("success"):
+            log.warning("feedback for %s failed: %s", student, course.last_line(fb.get("error", "")))
+        for page in (root / "feedback" / student / plan.assignment).glob("*.html"):
+            inert.harden_html_file(page)  # no script runs and nothing is fetched where the feedback is opened
+    with Gradebook(api.coursedir.db_url) as gb:
+        max_score = gb.find_assignment(plan.assignment).max_score
+        try:
+            score = gb.find_submission(plan.assignment, student).score
+        except MissingEntry:
+            score = 0.0
+    return Result(student, float(score), float(max_score), notes, error, cached, seconds)
+
