@@ -1,4 +1,4 @@
-# Two commands on a fresh machine (each sets up what it needs):
+# Two commands on a fresh Debian/Ubuntu machine (each sets up what it needs, system packages included):
 #   make book   # build the book into _build/html (warnings are errors)
 #   make test   # run the whole test suite
 # Quick loop while developing: make quick   (unit tests, under a minute)
@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup mathjax book test quick release clean
+.PHONY: setup mathjax book test quick release clean system-book system-test
 
 $(BIN)/coursekit: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +18,17 @@ $(BIN)/coursekit: requirements.txt pyproject.toml
 
 setup: $(BIN)/coursekit
 
+# Debian packages a job needs: installed as root or with sudo, else the exact command is printed
+system-book system-test: system-%:
+	scripts/system_deps.sh $*
+
 mathjax:
 	scripts/install_mathjax.sh
 
-book: setup mathjax
+book: system-book setup mathjax
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter-book build . -W -n --keep-going
 
-test: setup mathjax
+test: system-test setup mathjax
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
 
 quick: setup

@@ -3,18 +3,16 @@
     coursekit release [ASSIGNMENT ...] [--check]
     coursekit autograde SUBMISSIONS --assignment ch01_attention [--jobs 2] [--csv grades.csv] [--times times.csv]
     coursekit report --assignment ch01_attention
+    coursekit export [--format csv|canvas|moodle] [--out FILE]
     coursekit check NOTEBOOK          (students: run the public checks locally)
     coursekit pretrain NAME [--out checkpoints]   (regenerate a committed checkpoint)
-    coursekit doctor
+    coursekit doctor [grading] [book] [training] [tests]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import logging
-import platform
-import shutil
 import sqlite3
 import sys
 import time
@@ -53,7 +51,7 @@ def _limits(args) -> Limits:
 
 
 def cmd_autograde(args) -> int:
-    from coursekit import autograde, inbox, report
+    from coursekit import autograde, exports, inbox, report
 
     root = _root(args)
     limits = _limits(args)
@@ -82,13 +80,22 @@ def cmd_autograde(args) -> int:
         cached = sum(r.cached for r in results)
         print(f"graded {len(results)} notebooks in {elapsed:.1f} s ({elapsed / len(results):.2f} s each"
               f"{f'; {cached} unchanged since the last run' if cached else ''})")
-    csv_path = Path(args.csv).resolve()
-    course.export_csv(root, csv_path)
+    csv_path = Path(args.csv).resolve() if args.csv else root / "grades.csv"
+    exports.export(root, csv_path)
     print(f"grades of every assignment: {csv_path}")
     print(f"class report: {report.write_report(root, args.assignment)}")
     if not args.no_feedback:
         print(f"feedback (HTML, one per student): {root / 'feedback'}")
     return 1 if any(r.error for r in results) or collected.refused else 0
+
+
+def cmd_export(args) -> int:
+    from coursekit import exports
+
+    root = _root(args)
+    path = Path(args.out).resolve() if args.out else root / f"grades-{args.format}.csv"
+    print(exports.export(root, path, args.format))
+    return 0
 
 
 def cmd_report(args) -> int:
@@ -113,52 +120,22 @@ def cmd_check(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    """Check what the course needs; print one line per item; fail if anything is missing."""
-    ok = True
+    """Check what the chosen jobs need, grouped by job; fail only if one of them is not ready."""
+    from coursekit import doctor
 
-    def report(good: bool, what: str, detail: str) -> None:
-        nonlocal ok
-        ok &= good
-        print(f"[{'ok' if good else 'FAIL'}] {what}: {detail}")
-
-    report(sys.version_info >= (3, 11), "python", platform.python_version())
-    for dist in ("torch", "numpy", "matplotlib", "nbgrader", "jupyter-book", "sphinx", "nbval", "selenium"):
-        try:
-            report(True, dist, importlib.metadata.version(dist))
-        except importlib.metadata.PackageNotFoundError:
-            report(False, dist, "not installed: pip install -r requirements.txt")
-    from coursekit.sandbox import bubblewrap_works
-
-    report(bubblewrap_works(), "bubblewrap", "works (student code is sandboxed)" if bubblewrap_works()
-           else "missing or blocked: the autograder falls back to resource limits only; apt-get install bubblewrap")
-    for exe in ("chromium", "chromedriver"):
-        path = shutil.which(exe)
-        report(path is not None, exe, path or "not found (needed by the browser test): apt-get install chromium chromium-driver")
     try:
         root = _root(args)
-        mathjax = root / "_vendor" / "mathjax" / "tex-chtml.js"
-        report(mathjax.is_file(), "local MathJax", str(mathjax) if mathjax.is_file() else "missing: run `make mathjax`")
-        from coursekit import autograde
-
-        for good, what, detail in autograde.check_gradebook(course.gradebook_url(root)):
-            report(good, what, detail)
-    except FileNotFoundError as e:
-        report(False, "course folder", str(e))
-    code = "import coursekit.attention, torch; print(torch.__version__)"
-    try:
-        from jupyter_client.manager import start_new_kernel
-
-        km, kc = start_new_kernel(kernel_name="python3")
-        try:
-            reply = kc.execute_interactive(code, timeout=60, output_hook=lambda msg: None)
-            report(reply["content"]["status"] == "ok", "python3 kernel", "imports coursekit and torch")
-        finally:
-            kc.stop_channels()
-            km.shutdown_kernel(now=True)
-    except Exception as e:  # any failure to start or run the kernel is the finding
-        report(False, "python3 kernel", f"{type(e).__name__}: {e}")
-    print("everything the course needs is here" if ok else "some checks failed (see above)")
-    return 0 if ok else 1
+    except FileNotFoundError:
+        root = None
+    jobs = tuple(args.jobs) or doctor.JOBS
+    ready, not_ready = [], []
+    for job, lines in doctor.run_checks(root, jobs).items():
+        print(job)
+        for good, what, detail in lines:
+            print(f"  [{'ok' if good else 'FAIL'}] {what}: {detail}")
+        (ready if all(good for good, _, _ in lines) else not_ready).append(job)
+    print(f"ready for: {', '.join(ready) or 'nothing'}" + (f"; NOT ready for: {', '.join(not_ready)}" if not_ready else ""))
+    return 1 if not_ready else 0
 
 
 def cmd_pretrain(args) -> int:
@@ -194,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("autograde", help="collect a folder of submissions, grade them in a sandbox, write feedback, a CSV and a report")
     p.add_argument("submissions", help="folder of <student>.ipynb or <student>/<notebook>.ipynb")
     p.add_argument("--assignment", required=True, help="assignment id, e.g. ch01_attention")
-    p.add_argument("--csv", default="grades.csv", help="where to export grades (default: grades.csv)")
+    p.add_argument("--csv", help="where to write every grade of the course (default: grades.csv in the course folder)")
     p.add_argument("--jobs", type=int, default=1, help="sandboxes grading in parallel (default 1)")
     p.add_argument("--fresh", action="store_true", help="regrade everyone, even submissions unchanged since the last run")
     p.add_argument("--times", help="CSV of submission times (student,timestamp in ISO 8601) for late penalties; "
@@ -202,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-feedback", action="store_true", help="skip the HTML feedback")
     sandbox_options(p)
     p.set_defaults(func=cmd_autograde)
+
+    p = sub.add_parser("export", help="write every grade of the course as a CSV: ours, or an LMS's import format")
+    p.add_argument("--format", choices=["csv", "canvas", "moodle"], default="csv",
+                   help="csv: a row per assignment and student, with status and times; canvas, moodle: their "
+                        "gradebook import files (not submitted = an empty cell)")
+    p.add_argument("--out", help="file to write (default: grades-<format>.csv in the course folder)")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("report", help="(re)write the class report of an assignment")
     p.add_argument("--assignment", required=True)
@@ -217,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="folder to write into (default: the repository's checkpoints/)")
     p.set_defaults(func=cmd_pretrain)
 
-    p = sub.add_parser("doctor", help="check versions, Chromium, MathJax and the Jupyter kernel")
+    p = sub.add_parser("doctor", help="is this machine ready to grade, build the book, train, run the tests?")
+    p.add_argument("jobs", nargs="*", metavar="JOB",
+                   help="grading, book, training or tests (default: all); fails only if one of these is not ready")
     p.set_defaults(func=cmd_doctor)
 
     args = parser.parse_args(argv)

@@ -151,14 +151,3 @@ def last_line(text: str) -> str:
     """The last non-blank line of ``text`` (of a log, say), or ``text`` itself if it has none."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else text
-
-
-def export_csv(root: Path, path: Path) -> Path:
-    """Export every grade in the gradebook to ``path`` with nbgrader's CSV exporter."""
-    from nbgrader.api import Gradebook
-    from nbgrader.plugins import CsvExportPlugin
-
-    api = nbgrader_api(root)
-    with Gradebook(api.coursedir.db_url) as gb:
-        CsvExportPlugin(to=str(path)).export(gb)
-    return path

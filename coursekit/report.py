@@ -1,9 +1,13 @@
-"""The class report after autograding: scores, a histogram, and the checks most often failed.
+"""The class report after autograding: scores per part, what the class got wrong, and who.
 
-Written to ``reports/<assignment>/``: ``report.html`` (self-contained, figures
-embedded), ``scores.csv`` (one row per student, with the autograder's notes) and
-the figures as PNG files. Scores are read from the gradebook, so manual grades
-count; the failed checks and their hints come from the verdicts.
+Written to ``reports/<assignment>/``: ``report.html`` (self-contained, figures embedded, no
+script), ``scores.csv`` (one row per student: the total and one column per part, with the
+autograder's notes) and the figures as PNG files. Scores come from the gradebook, so manual
+grades count; which checks failed, and with which hint, comes from the verdicts.
+
+A failed check is counted among the students who *answered* its part: a part left as
+released ("not implemented yet") is counted apart, so one unanswered notebook cannot bury the
+one real bug of the class under its rows.
 """
 
 from __future__ import annotations
@@ -14,11 +18,73 @@ import csv
 import html
 import io
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coursekit.inert import with_csp
 
-__all__ = ["write_report"]
+__all__ = ["write_report", "class_rows"]
+
+
+@dataclass
+class PartResult:
+    title: str
+    score: float
+    points: float
+    status: str  # "passed", "failed" or "unanswered"
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (check, hint)
+
+
+@dataclass
+class StudentRow:
+    student: str
+    score: float
+    max_score: float
+    parts: list[PartResult]
+    notes: list[str]
+    feedback: str | None  # path of the feedback page, relative to the report
+
+
+def class_rows(root: Path, assignment: str) -> tuple[list[StudentRow], list[str]]:
+    """Every graded student of ``assignment`` (scores from the gradebook, checks from the
+    verdicts) and the part titles, in order."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from coursekit import course
+
+    verdicts = root / ".coursekit" / "verdicts" / assignment
+    rows, titles = [], []
+    with Gradebook(course.gradebook_url(root)) as gb:
+        for student in sorted(p.name for p in verdicts.iterdir() if p.is_dir()) if verdicts.is_dir() else []:
+            try:
+                submission = gb.find_submission(assignment, student)
+            except MissingEntry:
+                continue
+            cell_scores = {g.name: (float(g.score), float(g.max_score)) for nb in submission.notebooks for g in nb.grades}
+            notes, parts, feedback = [], [], None
+            for path in sorted((verdicts / student).glob("*.json")):
+                verdict = json.loads(path.read_text())
+                notes += verdict.get("notes", [])
+                for part in verdict.get("parts", []):
+                    parts.append(_part(part, verdict["tests"], cell_scores))
+                page = root / "feedback" / student / assignment / f"{path.stem}.html"
+                if feedback is None and page.is_file():
+                    feedback = f"../../feedback/{student}/{assignment}/{path.stem}.html"
+            titles = titles or [p.title for p in parts]
+            rows.append(StudentRow(student, float(submission.score), float(submission.max_score), parts, notes, feedback))
+    return rows, titles
+
+
+def _part(part: dict, tests: dict, cell_scores: dict) -> PartResult:
+    score = sum(cell_scores.get(t, (0.0, 0.0))[0] for t in part["tests"])
+    points = sum(cell_scores.get(t, (0.0, tests.get(t, {}).get("points", 0.0)))[1] for t in part["tests"])
+    failed = [(str(name).split(": ", 1)[-1], str(hint)) for t in part["tests"]
+              for name, hint in tests.get(t, {}).get("failed_checks") or []]
+    whole = [tests[t]["failure"].splitlines()[0] for t in part["tests"]
+             if t in tests and not tests[t]["passed"] and not tests[t].get("failed_checks") and tests[t].get("failure")]
+    unanswered = bool(failed) and all(h.startswith("not implemented yet") for _, h in failed)
+    status = "passed" if score >= points else "unanswered" if unanswered else "failed"
+    return PartResult(part["title"], score, points, status, failed + [("(the whole test cell)", w) for w in whole])
 
 
 def write_report(root: Path, assignment: str) -> Path:
@@ -27,90 +93,99 @@ def write_report(root: Path, assignment: str) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from nbgrader.api import Gradebook, MissingEntry
+    from matplotlib.ticker import MaxNLocator
 
-    from coursekit import course
-
-    api = course.nbgrader_api(root)
-    verdicts = root / ".coursekit" / "verdicts" / assignment
-    rows = []
-    with Gradebook(api.coursedir.db_url) as gb:
-        a = gb.find_assignment(assignment)
-        max_score = float(a.max_score)
-        for student in sorted(p.name for p in verdicts.iterdir() if p.is_dir()) if verdicts.is_dir() else []:
-            try:
-                score = float(gb.find_submission(assignment, student).score)
-            except MissingEntry:
-                continue
-            notes, tests = [], {}
-            for path in sorted((verdicts / student).glob("*.json")):
-                v = json.loads(path.read_text())
-                notes += v.get("notes", [])
-                tests.update(v.get("tests", {}))
-            rows.append({"student": student, "score": score, "notes": notes, "tests": tests})
+    rows, titles = class_rows(root, assignment)
     if not rows:
         raise ValueError(f"no graded submissions of {assignment} yet: run `coursekit autograde` first")
-
+    max_score = rows[0].max_score
     out = root / "reports" / assignment
     out.mkdir(parents=True, exist_ok=True)
+
     with open(out / "scores.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["student", "score", "max_score", "autograder_notes"])
+        w.writerow(["student", "score", "max_score", *titles, "autograder_notes"])
         for r in rows:
-            w.writerow([r["student"], f"{r['score']:g}", f"{max_score:g}", " | ".join(r["notes"])])
+            w.writerow([r.student, f"{r.score:g}", f"{r.max_score:g}", *(f"{p.score:g}" for p in r.parts),
+                        " | ".join(r.notes)])
 
-    # figure 1: total scores
+    # figure 1: total scores, one bar per possible score, students counted in whole numbers
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.hist([r["score"] for r in rows], bins=[x - 0.5 for x in range(int(max_score) + 2)], color="#4c72b0", edgecolor="white")
+    ax.hist([r.score for r in rows], bins=[x - 0.5 for x in range(int(max_score) + 2)], color="#4c72b0", edgecolor="white")
     ax.set_xlabel(f"score (out of {max_score:g})")
     ax.set_ylabel("students")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"{assignment}: {len(rows)} submissions")
     fig.tight_layout()
     histogram = _save(fig, out / "scores.png")
     plt.close(fig)
 
-    # figure 2: pass rate of each test cell
-    cells = sorted({gid for r in rows for gid in r["tests"]}, key=lambda g: list(rows[0]["tests"]).index(g) if g in rows[0]["tests"] else 99)
-    rates = [sum(bool(r["tests"].get(g, {}).get("passed")) for r in rows) / len(rows) for g in cells]
-    fig, ax = plt.subplots(figsize=(6, 0.4 * len(cells) + 1.2))
-    ax.barh(cells[::-1], [100 * x for x in rates[::-1]], color="#55a868")
+    # figure 2: each part, the share of students who passed it, failed it, or left it unanswered
+    shares = {s: [sum(r.parts[i].status == s for r in rows) / len(rows) * 100 for i in range(len(titles))]
+              for s in ("passed", "failed", "unanswered")}
+    fig, ax = plt.subplots(figsize=(6.5, 0.55 * len(titles) + 1.4))
+    left = [0.0] * len(titles)
+    labels = [t if len(t) <= 40 else t[:39] + "…" for t in titles]
+    for status, color in (("passed", "#55a868"), ("failed", "#c44e52"), ("unanswered", "#dd8452")):
+        ax.barh(labels[::-1], shares[status][::-1], left=left[::-1], color=color, label=status)
+        left = [a + b for a, b in zip(left, shares[status])]
     ax.set_xlim(0, 100)
-    ax.set_xlabel("students passing (%)")
-    ax.set_ylabel("test cell")
+    ax.set_xlabel("students (%)")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
     fig.tight_layout()
-    passrate = _save(fig, out / "pass_rate.png")
+    per_part = _save(fig, out / "parts.png")
     plt.close(fig)
 
-    # the most common failed checks, with the hint students saw
-    failed = collections.Counter()
+    # the failed checks, ranked by how many of the students who answered the part failed them
+    failed: collections.Counter = collections.Counter()
+    answered, unanswered = collections.Counter(), collections.Counter()
     for r in rows:
-        for test in r["tests"].values():
-            checks = test.get("failed_checks")
-            if checks:
-                failed.update((str(check), str(hint)) for check, hint in checks)
-            elif test.get("failure"):
-                failed[("(whole test cell)", test["failure"].splitlines()[0])] += 1
-    common = failed.most_common(15)
+        for i, p in enumerate(r.parts):
+            if p.status == "unanswered":
+                unanswered[i] += 1
+                continue
+            answered[i] += 1
+            failed.update({(i, check, hint) for check, hint in p.failed})
+    common = failed.most_common(20)
 
     e = html.escape
+    mean = sum(r.score for r in rows) / len(rows)
+    part_cells = "".join(f"<th>{e(t)}</th>" for t in titles)
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{e(assignment)}: class report</title>",
-        "<style>body{font-family:sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top}"
-        "img{max-width:100%}</style></head><body>",
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{e(assignment)}: class report</title>",
+        "<style>body{font:15px/1.5 system-ui,sans-serif;max-width:70rem;margin:1.5rem auto;padding:0 1rem;color:#1f2328}"
+        "table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #d0d7de;padding:.25rem .5rem;text-align:left;"
+        "vertical-align:top}td.num{text-align:right}.wide{overflow-x:auto}img{max-width:100%;height:auto}"
+        ".passed{background:#dafbe1}.failed{background:#fee4e2}.unanswered{background:#fff4ce}</style></head><body>",
         f"<h1>{e(assignment)}: class report</h1>",
-        f"<p>{len(rows)} submissions; mean score {sum(r['score'] for r in rows) / len(rows):.2f} of {max_score:g}.</p>",
-        f"<figure><img alt='histogram of scores' src='data:image/png;base64,{histogram}'><figcaption>Scores.</figcaption></figure>",
-        f"<figure><img alt='pass rate per test cell' src='data:image/png;base64,{passrate}'><figcaption>Share of students passing each test cell.</figcaption></figure>",
-        "<h2>Most common failed checks</h2><table><tr><th>students</th><th>check</th><th>hint shown</th></tr>",
-        *(f"<tr><td>{n}</td><td>{e(check)}</td><td>{e(hint)}</td></tr>" for (check, hint), n in common),
-        "</table><h2>Students</h2><table><tr><th>student</th><th>score</th><th>autograder notes</th></tr>",
-        *(f"<tr><td>{e(r['student'])}</td><td>{r['score']:g}</td><td>{'<br>'.join(e(n) for n in r['notes'])}</td></tr>" for r in rows),
-        "</table></body></html>",
+        f"<p>{len(rows)} graded submissions; mean score {mean:.2f} of {max_score:g}.</p>",
+        f"<figure><img alt='Histogram of total scores: how many students got each score out of {max_score:g}' "
+        f"src='data:image/png;base64,{histogram}'><figcaption>Total scores (manual grades included).</figcaption></figure>",
+        f"<figure><img alt='For each part, the share of students who passed it, failed it or left it unanswered' "
+        f"src='data:image/png;base64,{per_part}'><figcaption>Each part: passed (full points), failed, or not "
+        "answered (still as released).</figcaption></figure>",
+        "<h2>Most common failed checks</h2><p>Counted among the students who answered the part; the last column says "
+        "how many left it unanswered.</p><div class='wide'><table><tr><th>part</th><th>check</th><th>hint shown</th>"
+        "<th>failed / answered</th><th>unanswered</th></tr>",
+        *(f"<tr><td>{e(titles[i])}</td><td>{e(check)}</td><td>{e(hint)}</td><td class='num'>{n} / {answered[i]}</td>"
+          f"<td class='num'>{unanswered[i]}</td></tr>" for (i, check, hint), n in common),
+        "</table></div>",
+        f"<h2>Students</h2><div class='wide'><table><tr><th>student</th><th>score</th>{part_cells}<th>autograder notes</th></tr>",
+        *(f"<tr><td>{_link(r)}</td><td class='num'>{r.score:g}</td>"
+          + "".join(f"<td class='num {p.status}'>{p.score:g} / {p.points:g}</td>" for p in r.parts)
+          + f"<td>{'<br>'.join(e(n) for n in r.notes)}</td></tr>" for r in rows),
+        "</table></div></body></html>",
     ]
     path = out / "report.html"
     path.write_text(with_csp("\n".join(parts)))  # student text is escaped above; no script may run either way
     return path
+
+
+def _link(row: StudentRow) -> str:
+    name = html.escape(row.student)
+    return f"<a href='{html.escape(row.feedback)}'>{name}</a>" if row.feedback else name
 
 
 def _save(fig, path: Path) -> str:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -224,3 +225,61 @@ def test_a_part_failing_because_of_an_earlier_part_says_to_fix_that_part_first(g
     cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "attention_hidden")
     shown = "\n".join(str(o.get("evalue", "")) for o in cell.outputs)
     assert "part 1 (softmax) fails its own checks, and your scaled_dot_product_attention calls it" in shown
+
+
+WIDTHS = {"desktop": 1280, "phone": 390}
+
+
+@pytest.mark.browser
+def test_feedback_and_report_read_well_on_a_desktop_and_a_phone(graded, tmp_path):
+    """Each part has a row with its points and result; each check its line and hint; an unanswered part
+    one line per test cell; nothing is wider than a phone's screen. Screenshots: _build/screenshots/."""
+    from tests.browser import chromium
+
+    root, _ = graded
+    shots = ROOT / "_build" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    pages = {
+        "feedback-failing": root / "feedback" / "softmax_nan_on_masked_row" / ASSIGNMENT / f"{ASSIGNMENT}.html",
+        "feedback-unanswered": root / "feedback" / "untouched" / ASSIGNMENT / f"{ASSIGNMENT}.html",
+        "report": root / "reports" / ASSIGNMENT / "report.html",
+    }
+    driver = chromium(tmp_path / "profile")
+    try:
+        for name, page in pages.items():
+            for device, width in WIDTHS.items():
+                driver.set_window_size(width, 900)
+                driver.get(page.as_uri())
+                seen = driver.execute_script(
+                    "const q = s => [...document.querySelectorAll(s)];"
+                    "return {overflow: document.documentElement.scrollWidth - document.documentElement.clientWidth,"
+                    " parts: q('table.parts tr').length - 1, badges: q('.badge').map(b => b.textContent),"
+                    " failed: q('ul.checks li.fail').length, hints: q('ul.checks li.fail .hint').length,"
+                    " unanswered: q('section.test.todo').length, links: q('table a[href]').map(a => a.href),"
+                    " text: document.body.innerText}")
+                driver.save_screenshot(str(shots / f"{name}-{device}.png"))
+                assert seen["overflow"] <= 1, f"{name} is wider than the {device} screen by {seen['overflow']} px"
+                if name == "feedback-failing":
+                    assert seen["parts"] == 4 and seen["badges"] == ["failed", "passed", "failed", "passed"]
+                    assert seen["failed"] >= 2 and seen["hints"] == seen["failed"]  # every failed check has its hint
+                    assert "fix part 1 first" in seen["text"] and "Traceback" not in seen["text"]
+                elif name == "feedback-unanswered":
+                    assert seen["badges"] == ["not answered"] * 4 and seen["unanswered"] == 8 and seen["failed"] == 0
+                    assert seen["text"].count("Not answered yet") == 8 and "not implemented yet" not in seen["text"]
+                else:
+                    students = [link for link in seen["links"] if "/feedback/" in link]
+                    assert len(students) == len(MUTANTS) + 3
+                    assert all(Path(link.removeprefix("file://")).is_file() for link in students)
+    finally:
+        driver.quit()
+
+
+def test_scores_csv_has_a_column_per_part(graded):
+    root, rows = graded
+    with open(root / "reports" / ASSIGNMENT / "scores.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    parts = [c for c in table[0] if c.startswith("Part ")]
+    assert parts == ["Part 1: a stable softmax", "Part 2: the causal mask", "Part 3: scaled dot-product attention",
+                     "Part 4: a self-attention module"]
+    for r in table:
+        assert sum(float(r[p]) for p in parts) == float(r["score"]) == float(rows[r["student"]]["score"])

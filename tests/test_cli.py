@@ -34,6 +34,25 @@ def test_doctor_finds_everything_in_a_set_up_environment():
     assert run.returncode == 0, run.stdout + run.stderr
     assert "[ok] python3 kernel" in run.stdout and "FAIL" not in run.stdout
     assert "[ok] gradebook: sqlite:///" in run.stdout  # the course's default gradebook
+    assert "ready for: grading, book, training, tests" in run.stdout
+
+
+@pytest.mark.slow
+def test_doctor_fails_only_on_what_the_chosen_job_needs(tmp_path):
+    from tests.submissions import course_folder
+
+    root, _ = course_folder(tmp_path)  # a course folder without the book's local MathJax
+
+    def doctor(*jobs):
+        return subprocess.run([sys.executable, "-m", "coursekit.cli", "--course", str(root), "doctor", *jobs],
+                              capture_output=True, text=True, timeout=120)
+
+    grading = doctor("grading")
+    assert grading.returncode == 0 and "ready for: grading" in grading.stdout and "MathJax" not in grading.stdout
+    book = doctor("grading", "book")
+    assert book.returncode == 1 and "[FAIL] local MathJax" in book.stdout
+    assert "ready for: grading; NOT ready for: book" in book.stdout
+    assert doctor("cooking").returncode == 2
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from coursekit import autograde, cli, course
+from coursekit import autograde, cli, exports
 from tests.mutants.ch01_attention import MUTANTS
 from tests.submissions import ROOT, course_folder, filled, load, replace_definition
 
@@ -254,7 +254,7 @@ def test_csv_export_and_report_work_from_postgres(graded, tmp_path):
     expected = totals(url, ASSIGNMENT)
     assert {s: float(r["score"]) for s, r in rows.items()} == expected
     assert {float(r["max_score"]) for r in rows.values()} == {12.0}
-    again = course.export_csv(root, tmp_path / "again.csv")
+    again = exports.export(root, tmp_path / "again.csv")
     with open(again, newline="") as f:
         assert {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)} == expected
     assert cli.main(["--course", str(root), "report", "--assignment", ASSIGNMENT]) == 0
@@ -378,6 +378,6 @@ def test_two_assignments_graded_at_once_into_one_empty_database(server, graded, 
     got = {(a, s): score for a in (ASSIGNMENT, OTHER) for s, score in totals(url, a).items()}
     assert got == expected
     assert expected[(ASSIGNMENT, "s00")] == 12 and expected[(OTHER, "s00")] > 0 == expected[(OTHER, "s01")]  # tell them apart
-    with open(course.export_csv(tmp_path / "a", tmp_path / "both.csv"), newline="") as f:
+    with open(exports.export(tmp_path / "a", tmp_path / "both.csv"), newline="") as f:
         assert {(r["assignment"], r["student_id"]): float(r["score"]) for r in csv.DictReader(f)} == expected
     print(f"two runs of {len(students)} students each, at once: {time.monotonic() - started:.1f} s")

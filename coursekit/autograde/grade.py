@@ -41,6 +41,7 @@ def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files:
     verdict = {
         "version": VERDICT_VERSION, "notebook": plan.name, "notes": list(norm.notes),
         "normalized": json.loads(nbformat.writes(norm.notebook)), "outputs": {}, "tests": {},
+        "parts": plan.part_list(),
     }
     session = None
     if norm.readable:

@@ -36,6 +36,12 @@ class NotebookPlan:
     hidden: set[str]  # test cells whose checks students do not see
     parts: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (answer cell, names it defines), in order
     part_of: dict[str, str] = field(default_factory=dict)  # test cell grade id -> its answer cell
+    titles: dict[str, str] = field(default_factory=dict)  # answer cell -> the heading of its part ("Part 1: ...")
+
+    def part_list(self) -> list[dict]:
+        """The parts in order, as the feedback shows them: answer cell, title and test cells."""
+        return [{"answer": gid, "title": self.titles.get(gid) or (names[0] if names else gid),
+                 "tests": [t for t, a in self.part_of.items() if a == gid]} for gid, names in self.parts]
 
 
 @dataclass
@@ -50,15 +56,20 @@ class Plan:
 def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode, name: str) -> NotebookPlan:
     """Read the test cells of the instructor's notebook ``source`` (raises ``ValueError``
     if one is not a thin call into ``coursekit.grading``)."""
-    tests, points, hidden, parts, part_of = {}, {}, set(), [], {}
+    tests, points, hidden, parts, part_of, titles = {}, {}, set(), [], {}, {}
     released = {nbgrader_meta(c).get("grade_id"): c for c in release.cells}
+    heading = None
     for cell in source.cells:
         meta = nbgrader_meta(cell)
         gid = meta.get("grade_id")
+        if cell.cell_type == "markdown":
+            heading = next((line.lstrip("#").strip() for line in cell.source.splitlines() if line.startswith("#")), heading)
         if meta.get("grade"):
             points[gid] = float(meta.get("points", 0))
         if cell.cell_type == "code" and meta.get("solution"):
             parts.append((gid, harness.defined_names(cell.source)))
+            if heading:
+                titles[gid] = heading
         if is_test_cell(cell):
             if parts:
                 part_of[gid] = parts[-1][0]
@@ -67,7 +78,7 @@ def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode,
                 resolve(call)  # fail now, not while grading
             if gid in released and "coursekit.grading" not in released[gid].source:
                 hidden.add(gid)
-    return NotebookPlan(name, release, tests, points, hidden, parts, part_of)
+    return NotebookPlan(name, release, tests, points, hidden, parts, part_of, titles)
 
 
 def resolve(call: Call):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import shutil
 import warnings
 from dataclasses import dataclass, field
@@ -62,15 +63,90 @@ class ApplyVerdicts(NbGraderPreprocessor):
                     cell.outputs.append(nbformat.v4.new_output("error", ename="GradingFailure", evalue=test["failure"] or "failed",
                                                                traceback=[test["failure"] or "failed"]))
                 cell.execution_count = None
+                cell.metadata["coursekit"] = checks_of(test)  # what the feedback page shows of this cell
             elif cell.get("id") in verdict["outputs"]:
                 ran = verdict["outputs"][cell.id]
                 cell.outputs = [nbformat.from_dict(o) for o in ran["outputs"]]
                 cell.execution_count = ran.get("execution_count")
+        nb.metadata["coursekit"] = {"parts": verdict.get("parts", []), "notes": verdict["notes"],
+                                    "chapter": _chapter_link(info.get("assignment", ""))}
         if verdict["notes"]:  # notes quote file names and cell labels the student chose: literal text only
             text = "**Notes from the autograder**\n\n" + "\n".join(f"- {inert.markdown_text(n)}" for n in verdict["notes"])
             note = nbformat.v4.new_markdown_cell(text)
             note.id = "autograder-notes"
             nb.cells.insert(0, note)
+        return nb, resources
+
+
+_CHECK_LINE = re.compile(r"^\[(pass|FAIL)\] (.*)$")
+
+
+def checks_of(test: dict) -> dict:
+    """A test cell's result as the feedback shows it: each named check with its hint, or one
+    line for a part that is not answered yet, or the one reason nothing could be checked."""
+    hints = {name: hint for name, hint in test.get("failed_checks") or []}
+    checks = []
+    for line in test.get("lines", []):
+        m = _CHECK_LINE.match(line)
+        if m:  # "part: check" -> the check (the page already says which part)
+            checks.append({"name": m[2].split(": ", 1)[-1], "passed": m[1] == "pass", "hint": hints.get(m[2])})
+    failure = test.get("failure") or ""
+    advice = failure.splitlines()[0].rstrip(".") if failure.startswith("part ") and "fix part" in failure else None
+    failed = [c for c in checks if not c["passed"]]
+    unanswered = bool(failed) and all((c["hint"] or "").startswith("not implemented yet") for c in failed)
+    message = None
+    if not test.get("passed") and not checks:  # not graded, or the student's code stopped the grader
+        message = failure.split("\n", 1)[-1] if advice else failure
+    return {"hidden": bool(test.get("hidden")), "passed": bool(test.get("passed")), "checks": checks,
+            "unanswered": unanswered, "advice": advice, "message": message}
+
+
+def _chapter_link(assignment: str) -> dict | None:
+    """The chapter of ``assignment`` and a link to it that works from the feedback folder
+    (``html.baseurl`` of ``_config.yml`` when the book is published, else the book built beside it)."""
+    from coursekit.chapters import chapter, course_root
+
+    try:
+        row = chapter(assignment)
+    except ValueError:
+        return None
+    page = Path(row.page).with_suffix(".html").as_posix()
+    base = _book_baseurl(course_root() / "_config.yml")
+    url = f"{base.rstrip('/')}/{page}" if base else f"../../../_build/html/{page}"
+    return {"title": row.title, "url": url}
+
+
+def _book_baseurl(config: Path) -> str | None:
+    try:
+        import yaml
+
+        data = yaml.safe_load(config.read_text()) or {}
+    except (OSError, ValueError, ImportError):
+        return None
+    base = (data.get("html") or {}).get("baseurl") if isinstance(data, dict) else None
+    return base if isinstance(base, str) and base.startswith(("https://", "http://")) else None
+
+
+class SummarizeParts(NbGraderPreprocessor):
+    """For the feedback page: each part's points (manual grades included, from nbgrader's
+    ``GetGrades``) and whether it passed, failed or is not answered yet."""
+
+    def preprocess(self, nb, resources):
+        ours = nb.metadata.get("coursekit") or {}
+        cells = {nbgrader_meta(c).get("grade_id"): c for c in nb.cells}
+        summary = []
+        for number, part in enumerate(ours.get("parts", []), start=1):
+            tests = [cells[t] for t in part["tests"] if t in cells]
+            score = sum(float(nbgrader_meta(c).get("score") or 0) for c in tests)
+            points = sum(float(nbgrader_meta(c).get("points") or 0) for c in tests)
+            results = [c.metadata.get("coursekit") or {} for c in tests]
+            status = ("passed" if score >= points else
+                      "unanswered" if results and all(r.get("unanswered") for r in results if not r.get("passed")) else
+                      "failed")
+            summary.append({"number": number, "title": part["title"], "anchor": part["tests"][0] if part["tests"] else "",
+                            "score": score, "points": points, "status": status})
+        resources.setdefault("coursekit", {}).update(parts=summary, notes=ours.get("notes", []),
+                                                      chapter=ours.get("chapter"))
         return nb, resources
 
 
@@ -88,7 +164,12 @@ def _feedback_preprocessors() -> list:
     from nbgrader.preprocessors import GetGrades
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 
-    return [HideHiddenTests, GetGrades, CSSHTMLHeaderPreprocessor]
+    return [HideHiddenTests, GetGrades, SummarizeParts, CSSHTMLHeaderPreprocessor]
+
+
+#: Our feedback page, made by nbgrader's feedback step: nbgrader asks for the template "feedback",
+#: and ``coursekit/templates/feedback`` is the one found (we replace nbgrader's template folders).
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
 
 def record_all(root, assignment, plan: Plan, students, done: queue.Queue, feedback, progress, verdicts: Path) -> list[Result]:
@@ -102,6 +183,7 @@ def record_all(root, assignment, plan: Plan, students, done: queue.Queue, feedba
             "Autograde.autograde_preprocessors": _autograde_preprocessors(),
             "ApplyVerdicts.verdict_dir": str(verdicts),
             "GenerateFeedback.preprocessors": _feedback_preprocessors(),
+            "HTMLExporter.extra_template_basedirs": [str(TEMPLATES)],
             "NbGraderAPI.log_level": "ERROR",  # "removing existing assignment" on every re-run is expected
         },
     )

@@ -1,0 +1,159 @@
+"""Grades out of the gradebook, in the forms instructors upload.
+
+* :func:`write_csv`: every assignment and student, one row each, with a ``status`` column that
+  tells ``not submitted`` (no score at all) from a graded 0, the submission time, the late
+  penalty and whether manual grading is pending.
+* :func:`write_canvas`: Canvas's gradebook import layout (``Student, ID, SIS User ID, SIS Login
+  ID, Section`` then one column per assignment, and a ``Points Possible`` row). The course's
+  student ids go into ``SIS Login ID``, which Canvas matches students by.
+* :func:`write_moodle`: Moodle's grade import layout (``First name, Last name, ID number,
+  Institution, Department, Email address`` then one ``Assignment: <name> (Real)`` column each);
+  in Moodle's import, map ``ID number`` to the users' ID number.
+
+In the LMS files an assignment not submitted is an empty cell (the LMS keeps it ungraded),
+never a 0. Scores come from nbgrader's gradebook, so manual grades and late penalties count.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Grade", "grades", "write_csv", "write_canvas", "write_moodle", "FORMATS", "export"]
+
+
+@dataclass(frozen=True)
+class Grade:
+    """One student's result on one assignment."""
+
+    assignment: str
+    student: str
+    last_name: str
+    first_name: str
+    email: str
+    submitted: bool
+    timestamp: dt.datetime | None
+    duedate: dt.datetime | None
+    raw_score: float | None  # before the late penalty
+    late_penalty: float | None
+    score: float | None  # None: not submitted
+    max_score: float
+    needs_manual_grade: bool
+    seconds_late: float = 0.0
+
+    @property
+    def status(self) -> str:
+        if not self.submitted:
+            return "not submitted"
+        if self.needs_manual_grade:
+            return "needs manual grade"
+        return "late" if self.seconds_late > 0 else "graded"
+
+
+def grades(db_url: str) -> list[Grade]:
+    """Every (assignment, student) pair of the gradebook at ``db_url``, assignments in name order."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    out = []
+    with Gradebook(db_url) as gb:
+        students = sorted(gb.students, key=lambda s: s.id)
+        for assignment in sorted(gb.assignments, key=lambda a: a.name):
+            for student in students:
+                try:
+                    sub = gb.find_submission(assignment.name, student.id)
+                except MissingEntry:
+                    out.append(Grade(assignment.name, student.id, student.last_name or "", student.first_name or "",
+                                     student.email or "", False, None, assignment.duedate, None, None, None,
+                                     float(assignment.max_score), False))
+                    continue
+                penalty = float(sub.late_submission_penalty or 0.0)
+                out.append(Grade(assignment.name, student.id, student.last_name or "", student.first_name or "",
+                                 student.email or "", True, sub.timestamp, assignment.duedate, float(sub.score),
+                                 penalty, max(0.0, float(sub.score) - penalty), float(sub.max_score),
+                                 bool(sub.needs_manual_grade), float(sub.total_seconds_late or 0.0)))
+    return out
+
+
+def _time(t: dt.datetime | None) -> str:
+    if t is None:
+        return ""
+    return (t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).isoformat(timespec="seconds")
+
+
+def _score(x: float | None) -> str:
+    return "" if x is None else f"{x:g}"
+
+
+def write_csv(rows: list[Grade], path: Path) -> Path:
+    """The long format: a row per assignment and student (nbgrader's columns, plus ``status``)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email", "status",
+                    "raw_score", "late_submission_penalty", "score", "max_score", "needs_manual_grade"])
+        for g in rows:
+            w.writerow([g.assignment, _time(g.duedate), _time(g.timestamp), g.student, g.last_name, g.first_name,
+                        g.email, g.status, _score(g.raw_score), _score(g.late_penalty), _score(g.score),
+                        f"{g.max_score:g}", "yes" if g.needs_manual_grade else "no"])
+    return Path(path)
+
+
+def _wide(rows: list[Grade]) -> tuple[list[str], dict[str, dict[str, Grade]], dict[str, float]]:
+    assignments = sorted({g.assignment for g in rows})
+    by_student: dict[str, dict[str, Grade]] = {}
+    for g in rows:
+        by_student.setdefault(g.student, {})[g.assignment] = g
+    points = {g.assignment: g.max_score for g in rows}
+    return assignments, by_student, points
+
+
+def _title(assignment: str) -> str:
+    from coursekit.chapters import chapter
+
+    try:
+        return f"{chapter(assignment).title} ({assignment})"
+    except ValueError:
+        return assignment
+
+
+def write_canvas(rows: list[Grade], path: Path) -> Path:
+    """Canvas's gradebook import file: identity columns, one column per assignment, ``Points Possible``."""
+    assignments, by_student, points = _wide(rows)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section", *(_title(a) for a in assignments)])
+        w.writerow(["    Points Possible", "", "", "", "", *(f"{points[a]:g}" for a in assignments)])  # as Canvas writes it
+        for student, mine in sorted(by_student.items()):
+            any_row = next(iter(mine.values()))
+            name = ", ".join(n for n in (any_row.last_name, any_row.first_name) if n) or student
+            w.writerow([name, "", "", student, "", *(_score(mine[a].score) if a in mine else "" for a in assignments)])
+    return Path(path)
+
+
+def write_moodle(rows: list[Grade], path: Path) -> Path:
+    """Moodle's grade import file: identity columns and one ``Assignment: <name> (Real)`` column each."""
+    assignments, by_student, _ = _wide(rows)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["First name", "Last name", "ID number", "Institution", "Department", "Email address",
+                    *(f"Assignment: {_title(a)} (Real)" for a in assignments)])
+        for student, mine in sorted(by_student.items()):
+            any_row = next(iter(mine.values()))
+            w.writerow([any_row.first_name, any_row.last_name, student, "", "", any_row.email,
+                        *(_score(mine[a].score) if a in mine else "" for a in assignments)])
+    return Path(path)
+
+
+#: ``coursekit export --format``: name -> writer
+FORMATS = {"csv": write_csv, "canvas": write_canvas, "moodle": write_moodle}
+
+
+def export(root: Path, path: Path, fmt: str = "csv") -> Path:
+    """Write every grade of the course at ``root`` (its gradebook, as ``nbgrader_config.py`` names it)
+    to ``path`` in ``fmt`` (``csv``, ``canvas`` or ``moodle``)."""
+    from coursekit import course
+
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; choose one of {sorted(FORMATS)}")
+    return FORMATS[fmt](grades(course.gradebook_url(root)), Path(path))
