@@ -141,6 +141,11 @@ def decoder_params(vocab_size: int, n_positions: int, d_model: int, n_layers: in
     Returns:
         The number of parameters, an ``int``.
 
+    Raises:
+        ValueError: a size is not a positive whole number (the message names it), or ``n_heads``
+            does not divide ``d_model`` or ``n_kv_heads`` does not divide ``n_heads`` (the message
+            gives the values).
+
     Example: ``decoder_params(50257, 1024, 768, 12, 12)`` is 124,439,808 (GPT-2 small);
     with ``n_kv_heads=4`` the key and value projections shrink to a third: 114,990,336.
     """
@@ -182,6 +187,9 @@ def memory_per_param(precision: str = "fp32", optimizer: str = "adam", fp32_grad
     Returns:
         ``{"weights", "gradients", "master weights", "optimizer states"}`` in bytes.
 
+    Raises:
+        ValueError: a name is not one of the accepted ones (the message lists them).
+
     Example: ``memory_per_param("bf16", "adam")`` is ``{"weights": 2, "gradients": 2,
     "master weights": 4, "optimizer states": 8}``: 16 bytes, as fp32 Adam.
     """
@@ -209,6 +217,10 @@ def training_memory_gib(n_params: float, precision: str = "fp32", optimizer: str
 
     Returns:
         GiB (``2**30`` bytes); activations, buffers and fragmentation come on top.
+
+    Raises:
+        ValueError: ``n_params`` is not a positive number, or a name is not one of the accepted
+            ones (the message lists them).
 
     Example: 1 billion parameters with fp32 Adam need ``16e9 / 2**30 = 14.9`` GiB.
     """
@@ -335,10 +347,16 @@ def kv_cache_gib(n_layers: int, n_heads: int, n_kv_heads: int, d_model: int, seq
         d_model: ``C``.
         seq_len: cached tokens ``T`` per sequence.
         batch: sequences ``B``.
-        bits: bits per cached value (16 for float16/bfloat16, 8 or 4 when quantized).
+        bits: bits per cached value (16 for float16/bfloat16, 8 or 4 when quantized; any
+            positive whole number).
 
     Returns:
-        The size of the cache in GiB (``2**30`` bytes).
+        The size of the cache in GiB (``2**30`` bytes), not rounded.
+
+    Raises:
+        ValueError: an argument is not a positive whole number (the message names it), or
+            ``n_heads`` does not divide ``d_model`` or ``n_kv_heads`` does not divide ``n_heads``
+            (the message gives the values).
 
     Example: a Llama-3-8B shape (``L=32, H=32, H_kv=8, C=4096``) at 8192 tokens in 16 bits
     holds ``kv_cache_gib(32, 32, 8, 4096, 8192)`` = 1.0 GiB per sequence.
@@ -431,6 +449,10 @@ def training_days(n_params: float, n_tokens: float, n_gpus: int, gpu_tflops: flo
 
     Returns:
         The training time in days.
+
+    Raises:
+        ValueError: an argument is not a positive number (the message names it), or ``mfu > 1``
+            (the message gives it).
 
     Example: 1 billion parameters on 20 billion tokens, 8 GPUs of 312 TFLOP/s at 50% MFU:
     1.11 days.

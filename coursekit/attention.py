@@ -46,12 +46,14 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     all zeros instead of NaN.
 
     Args:
-        x: floating tensor of any shape.
-        dim: the axis that is normalised.
+        x: float32 or float64 tensor of any shape (it is not modified).
+        dim: the axis that is normalised; negative values count from the end.
 
     Returns:
-        A tensor of the same shape and dtype as ``x``; slices along ``dim`` sum to
-        1, except all ``-inf`` slices, which are all 0.
+        A new tensor of the same shape and dtype as ``x``; slices along ``dim`` sum to
+        1, except all ``-inf`` slices, which are all 0; ``-inf`` entries get 0.
+        Accurate for large positive and very negative inputs (``x`` around ``1e4``
+        or ``-1e4``) in float32 as in float64.
 
     Example:
         ``softmax(torch.tensor([0.0, math.log(3.0)]))`` is ``tensor([0.25, 0.75])``.
@@ -143,17 +145,21 @@ def scaled_dot_product_attention(
     """Attention ``softmax(q k^T * scale + mask) v`` with ``scale = 1/sqrt(D)``.
 
     Args:
-        q: queries ``(..., T, D)``.
+        q: queries ``(..., T, D)``: any number of leading dimensions, none included.
         k: keys ``(..., S, D)``.
         v: values ``(..., S, Dv)``.
         mask: optional, broadcastable to ``(..., T, S)``. Boolean: ``True`` where
-            the query may attend to the key. Floating: added to the scores.
-        scale: multiplies the scores; defaults to ``1 / sqrt(D)``.
+            the query may attend to the key. Floating (``q``'s dtype): added to the
+            scaled scores (``-inf`` removes a key).
+        scale: multiplies the scores; defaults to ``1 / sqrt(D)``. Any float, ``0``
+            included (then every visible key gets the same weight).
 
     Returns:
-        ``(out, weights)``: ``out`` is ``(..., T, Dv)`` and ``weights`` is
-        ``(..., T, S)``, each row a probability distribution over keys. A query
-        that may attend to no key gets zero weights and a zero output.
+        ``(out, weights)`` in ``q``'s dtype: ``out`` is ``(..., T, Dv)`` and ``weights``
+        is ``(..., T, S)``, each row a probability distribution over keys. A query
+        that may attend to no key gets zero weights and a zero output. Accurate for
+        large scores (thousands), differentiable with respect to ``q``, ``k`` and
+        ``v``; the inputs and the mask are not modified.
     """
     check_attention_inputs(q, k, v, mask)
     if scale is None:
@@ -179,12 +185,15 @@ def causal_mask(
     ``is_causal=True`` aligns to the top-left instead; the two agree for ``S == T``.)
 
     Args:
-        T: number of queries.
+        T: number of queries, ``T >= 0`` (``T = 0`` gives an empty ``(0, S)`` mask).
         S: number of keys, ``S >= T``; defaults to ``T``.
         device: where to create the mask (default: the CPU).
 
     Returns:
-        ``(T, S)`` boolean tensor, ``True`` where attending is allowed.
+        ``(T, S)`` boolean tensor on ``device``, ``True`` where attending is allowed.
+
+    Raises:
+        ValueError: unless ``0 <= T <= S``, naming ``T`` and ``S``.
 
     Example:
         ``causal_mask(3)`` is ``[[1, 0, 0], [1, 1, 0], [1, 1, 1]]`` (as booleans).
@@ -329,6 +338,9 @@ class SelfAttention(nn.Module):
         d_model: input width ``C``.
         d_head: width ``D`` of queries, keys and values; defaults to ``d_model``.
         bias: whether the projections have a bias.
+
+    Parameters: ``q_proj``, ``k_proj`` and ``v_proj``, each an ``nn.Linear`` from ``C``
+    to ``D`` features: ``3 (C D + D)`` parameters, ``3 C D`` with ``bias=False``.
     """
 
     def __init__(self, d_model: int, d_head: int | None = None, bias: bool = True):
@@ -345,11 +357,15 @@ class SelfAttention(nn.Module):
 
         Args:
             x: ``(B, T, C)``.
-            mask: optional, broadcastable to ``(B, T, T)``, as in
+            mask: optional, boolean or floating, broadcastable to ``(B, T, T)``, as in
                 :func:`scaled_dot_product_attention`.
 
         Returns:
             ``(out, weights)`` of shapes ``(B, T, D)`` and ``(B, T, T)``.
+
+        Raises:
+            ValueError: if ``x`` is not ``(B, T, C)`` with ``C = d_model``, naming
+                the shape expected and the one received.
         """
         if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
             raise ValueError(

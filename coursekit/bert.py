@@ -192,7 +192,11 @@ class BertEmbeddings(nn.Module):
         eps: the norm's epsilon.
 
     Submodules: ``token`` ``(V, C)``, ``position`` ``(max_len, C)``, ``segment``
-    ``(n_segments, C)`` (each an ``nn.Embedding``), ``norm``, ``dropout``.
+    ``(n_segments, C)`` (each an ``nn.Embedding``), ``norm`` (``LayerNorm(C, eps)``),
+    ``dropout`` (``nn.Dropout(dropout)``).
+
+    Raises:
+        ValueError: the input has more than ``max_len`` tokens (the message names both numbers).
     """
 
     def __init__(self, vocab_size: int, max_len: int, d_model: int, n_segments: int = 2,
@@ -329,7 +333,7 @@ class ClsHead(nn.Module):
         n_classes: ``K``.
         dropout: before the classifier, in training mode.
 
-    Submodules: ``pooler`` (``C -> C``), ``dropout``, ``classifier`` (``C -> K``).
+    Submodules: ``pooler`` (``C -> C``), ``dropout`` (``nn.Dropout(dropout)``), ``classifier`` (``C -> K``).
     """
 
     def __init__(self, d_model: int, n_classes: int, dropout: float = 0.1):
@@ -439,11 +443,12 @@ def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         labels: ``logits.shape[:-1]``, ``torch.long``: a target id or ``-100`` (ignored).
 
     Returns:
-        A scalar: the mean over selected positions of ``-log softmax(logits)[label]``.
+        A scalar of the logits' dtype: the mean over selected positions of
+        ``-log softmax(logits)[label]``, computed stably for large logits.
 
     Raises:
-        ValueError: the shapes do not fit, or no position is selected (the mean of
-            nothing would be NaN).
+        ValueError: the shapes do not fit (the message names both), or no position is
+            selected (the mean of nothing would be NaN).
     """
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"labels must have the shape of logits without its last axis, {tuple(logits.shape[:-1])}, "

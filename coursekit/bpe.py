@@ -65,12 +65,13 @@ def get_pair_counts(ids: list[int], counts: dict | None = None, weight: int = 1)
     ``[7, 7, 7] -> {(7, 7): 2}``.
 
     Args:
-        ids: token ids of one chunk.
-        counts: a dict to add to (default: a new one).
+        ids: token ids of one chunk (left unchanged).
+        counts: a dict to add to, in place (default ``None``: a new dict on every call).
         weight: added per occurrence (the chunk's frequency in the corpus).
 
     Returns:
-        ``counts``, mapping each pair to its number of occurrences.
+        ``counts``, mapping each ``(left, right)`` tuple to its number of occurrences
+        times ``weight`` (plus what it held before).
     """
     counts = {} if counts is None else counts
     for pair in zip(ids, ids[1:]):
@@ -192,7 +193,15 @@ def train_naive(text: str, vocab_size: int, pattern: str = "gpt4") -> list[tuple
 
     Same rules as :func:`train` (and the same merges). It already counts each
     distinct chunk once, weighted by its frequency, but every merge still recounts
-    and rewrites every chunk. Returns the merges.
+    and rewrites every chunk.
+
+    Args:
+        text: the training text.
+        vocab_size: 256 plus the number of merges to learn (fewer when no pair occurs twice).
+        pattern: ``"gpt4"``, ``"gpt2"`` or a regex, passed to :func:`chunk_counts`.
+
+    Returns:
+        The merges, ``(left, right)`` tuples; merge ``i`` creates the token ``256 + i``.
     """
     freq = chunk_counts(text, pattern)  # each distinct chunk once, with its frequency
     chunks = [list(c.encode("utf-8")) for c in freq]
@@ -243,6 +252,18 @@ def decode(ids: list[int], vocab: dict[int, bytes], errors: str = "replace") -> 
     valid UTF-8 (a sequence cut at either end) become U+FFFD with ``errors="replace"``.
 
     Example: ``decode([226, 130, 172], vocab) -> "€"`` although no single byte is a character.
+
+    Args:
+        ids: token ids.
+        vocab: ``{id: bytes}`` of every token.
+        errors: what to do with bytes that are not valid UTF-8, passed to ``bytes.decode``:
+            ``"replace"`` (U+FFFD), ``"strict"`` (raise ``UnicodeDecodeError``), ``"ignore"`` (drop them), ...
+
+    Returns:
+        The text, a ``str``.
+
+    Raises:
+        ValueError: an id is not in ``vocab`` (the message names it).
     """
     try:
         data = b"".join(vocab[i] for i in ids)

@@ -42,7 +42,10 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
         k: how many to keep, ``1 <= k``; ``k >= V`` keeps everything.
 
     Returns:
-        ``(..., V)``, a new tensor.
+        ``(..., V)`` of ``logits``' dtype; ``logits`` is not changed.
+
+    Raises:
+        ValueError: if ``k`` is not a positive integer.
     """
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
@@ -64,7 +67,10 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
         p: in ``(0, 1]``; ``1`` keeps every token with non-zero probability.
 
     Returns:
-        ``(..., V)``, a new tensor with ``-inf`` at dropped tokens.
+        ``(..., V)`` of ``logits``' dtype, with ``-inf`` at dropped tokens; ``logits`` is not changed.
+
+    Raises:
+        ValueError: unless ``0 < p <= 1``.
     """
     if not 0.0 < p <= 1.0:
         raise ValueError(f"p must be in (0, 1], got {p}")
@@ -223,8 +229,12 @@ def beam_search(
         length_penalty: ``alpha`` above (``0`` ranks by raw log-probability).
 
     Returns:
-        ``(tokens (1, T0 + n), score)``: the best sequence (prompt included) and its
-        length-normalised log-probability.
+        ``(tokens (1, T0 + n), score)``: the best sequence (prompt included, ``torch.long``) and its
+        length-normalised log-probability (a float). The model's mode is restored.
+
+    Raises:
+        ValueError: for a prompt that is not ``(1, T0)`` ``torch.long``, ``beam_width < 1`` or
+        ``max_new_tokens < 1``.
     """
     if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.dtype != torch.long:
         raise ValueError(f"beam_search takes one prompt of shape (1, T0), torch.long; got {prompt.dtype} {tuple(prompt.shape)}")

@@ -206,7 +206,7 @@ def causal_self_attention(
         cache: this layer's cache; it is extended by the ``T`` new keys and values.
 
     Returns:
-        ``(B, T, C)``, equal to ``attn(x_all, is_causal=True)[0]`` at the new positions.
+        ``(B, T, C)`` of ``x``'s dtype, equal to ``attn(x_all, is_causal=True)[0]`` at the new positions.
     """
     q, k, v = attn.project(x)  # (B, H, T, D), (B, H_kv, T, D), (B, H_kv, T, D)
     if cache is not None:
@@ -339,9 +339,14 @@ def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, ignore_index: 
     Args:
         logits: ``(B, T, V)`` from ``model(input_ids)``.
         input_ids: ``(B, T)``; positions equal to ``ignore_index`` are not scored.
+        ignore_index: the target that is not scored (``-100``, or a padding id such as ``0``).
 
     Returns:
-        A scalar: the mean over the ``B (T - 1)`` scored positions.
+        A scalar tensor of ``logits``' dtype: the mean over the scored positions (targets ``1 .. T-1``
+        not equal to ``ignore_index``). Stable for large logits; the inputs are not changed.
+
+    Raises:
+        ValueError: unless ``logits`` is ``(B, T, V)`` and ``input_ids`` ``(B, T)`` with ``T >= 2``.
     """
     if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
         raise ValueError(f"expected logits (B, T, V) and input_ids (B, T), got {tuple(logits.shape)} and {tuple(input_ids.shape)}")

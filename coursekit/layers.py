@@ -68,7 +68,7 @@ class LayerNorm(nn.Module):
         bias: whether to learn the shift ``bias`` (the scale ``weight`` is always learnt).
 
     Parameters: ``weight`` (ones) and ``bias`` (zeros), each ``(C,)``, named as in
-    ``nn.LayerNorm``.
+    ``nn.LayerNorm``; with ``bias=False`` there is no ``bias`` parameter (``self.bias`` is None).
     """
 
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
@@ -78,7 +78,18 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise ``x`` of shape ``(..., C)``; returns the same shape."""
+        """Normalise ``x`` of shape ``(..., C)`` (any number of leading dimensions).
+
+        The variance is the mean of the squared deviations from the mean: it stays accurate when
+        the features share a large offset (say ``1e4`` plus noise in float32), where
+        ``E[x^2] - E[x]^2`` loses every digit.
+
+        Returns:
+            A new tensor of the shape and dtype of ``x``.
+
+        Raises:
+            ValueError: if the last axis of ``x`` is not ``C``.
+        """
         if x.shape[-1] != self.d_model:
             raise ValueError(f"expected x of shape (..., {self.d_model}), got {tuple(x.shape)}")
         mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
@@ -101,7 +112,11 @@ class FeedForward(nn.Module):
         dropout: probability of zeroing a hidden activation in training mode.
         bias: whether the two linear layers have biases.
 
-    Parameters: ``linear1`` (``C -> d_ff``) and ``linear2`` (``d_ff -> C``).
+    Submodules: ``linear1`` (``C -> d_ff``), ``linear2`` (``d_ff -> C``) and ``dropout``
+    (``nn.Dropout(dropout)``, applied as ``self.dropout(act(linear1(x)))``).
+
+    Raises:
+        ValueError: if ``activation`` is neither ``"relu"`` nor ``"gelu"``.
     """
 
     def __init__(
@@ -117,7 +132,7 @@ class FeedForward(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(..., C) -> (..., C)``, through a hidden ``(..., d_ff)``."""
+        """``(..., C) -> (..., C)`` for any number of leading dimensions, through a hidden ``(..., d_ff)``."""
         h = self.act(self.linear1(x))  # (..., d_ff)
         return self.linear2(self.dropout(h))  # (..., C)
 
@@ -144,11 +159,13 @@ class EncoderLayer(nn.Module):
         d_model: model width ``C``.
         n_heads: attention heads ``H``; must divide ``C``.
         d_ff: feed-forward hidden width (default ``4 C``).
-        dropout: on sub-layer outputs, attention weights and feed-forward activations.
+        dropout: the probability of every dropout: ``dropout1`` and ``dropout2`` on the
+            sub-layer outputs, ``self_attn``'s on the attention weights and ``ff.dropout`` on
+            the feed-forward's hidden activations.
         activation: ``"relu"`` or ``"gelu"``.
         norm_first: pre-norm if True, post-norm if False.
         eps: the layer norms' epsilon.
-        bias: biases in the projections and the layer norms.
+        bias: biases in the projections, the feed-forward and the layer norms.
 
     Submodules: ``self_attn``, ``ff``, ``norm1``, ``norm2``, ``dropout1``, ``dropout2``.
     """
@@ -184,7 +201,7 @@ class EncoderLayer(nn.Module):
 
         Args:
             x: ``(B, T, C)``.
-            mask: boolean ``True`` = may attend (or additive), broadcastable to ``(B, H, T, T)``.
+            mask: boolean (``True`` = may attend) or additive floats, broadcastable to ``(B, H, T, T)``.
             key_padding_mask: ``(B, T)`` boolean, ``True`` at real tokens.
             is_causal: each position attends only to itself and earlier positions.
 
@@ -216,7 +233,7 @@ class DecoderLayer(nn.Module):
     ``x = x + dropout(sublayer(norm(x)))``; ``memory`` is used as it comes (a pre-norm
     encoder stack has already normalised it).
 
-    Args: as :class:`EncoderLayer`.
+    Args: as :class:`EncoderLayer`; ``dropout`` also reaches ``cross_attn`` and ``dropout3``.
 
     Submodules: ``self_attn``, ``cross_attn``, ``ff``, ``norm1``, ``norm2``, ``norm3``,
     ``dropout1``, ``dropout2``, ``dropout3``.
@@ -260,9 +277,10 @@ class DecoderLayer(nn.Module):
         Args:
             x: the decoder's sequence ``(B, T, C)``.
             memory: the encoder's output ``(B, S, C)``.
-            mask: extra self-attention mask, broadcastable to ``(B, H, T, T)``.
+            mask: extra self-attention mask (boolean, ``True`` = may attend, or additive floats),
+                broadcastable to ``(B, H, T, T)``; combined with the causal mask.
             key_padding_mask: ``(B, T)`` boolean, ``True`` at real decoder tokens.
-            memory_mask: cross-attention mask, broadcastable to ``(B, H, T, S)``.
+            memory_mask: cross-attention mask (boolean or additive), broadcastable to ``(B, H, T, S)``.
             memory_key_padding_mask: ``(B, S)`` boolean, ``True`` at real encoder tokens.
             is_causal: causal self-attention (the default: a decoder must not see the future).
 

@@ -105,20 +105,26 @@ def tiled_attention(
     extra memory is one ``block_q x block_k`` tile (and the optional boolean mask, the caller's).
 
     Args:
-        q: queries ``(..., T, D)``.
-        k: keys ``(..., S, D)``.
+        q: queries ``(..., T, D)``, ``T >= 1``.
+        k: keys ``(..., S, D)``, ``S >= 1``.
         v: values ``(..., S, Dv)``.
         causal: query ``i`` sees keys ``j <= i + S - T`` (bottom-right alignment; needs ``S >= T``).
-            Key tiles entirely in a query tile's future are skipped.
+            Key tiles entirely in a query tile's future may be skipped (the result is the same).
         mask: optional boolean, broadcastable to ``(..., T, S)``, ``True`` = may attend (combined
             with ``causal``). It is cut into tiles as well.
         block_q: queries per tile, ``>= 1``.
         block_k: keys per tile, ``>= 1``.
-        scale: multiplies the scores; defaults to ``1 / sqrt(D)``.
+        scale: multiplies the scores (any value, 0 included); defaults to ``1 / sqrt(D)``.
 
     Returns:
-        ``(..., T, Dv)``, equal to :func:`coursekit.attention.scaled_dot_product_attention`.
-        A query that may attend to no key gets a zero output (its ``l`` stays 0).
+        ``(..., T, Dv)`` in the inputs' dtype and on their device, equal to
+        :func:`coursekit.attention.scaled_dot_product_attention`. A query that may attend to no
+        key gets a zero output (its ``l`` stays 0). The inputs are not changed.
+
+    Raises:
+        ValueError: ``block_q`` or ``block_k`` below 1, ``causal`` with ``S < T``, or shapes that
+            do not fit (:func:`~coursekit.attention.check_attention_inputs`).
+        TypeError: a mask that is not boolean, or ``q, k, v`` of different dtypes.
     """
     check_attention_inputs(q, k, v, mask)
     if mask is not None and mask.dtype != torch.bool:
@@ -263,13 +269,16 @@ def sliding_window_mask(
     ``sliding_window``). ``window >= S`` gives the plain causal mask.
 
     Args:
-        T: number of queries.
-        window: keys each query sees at most, ``W >= 1`` (itself included).
+        T: number of queries, ``T >= 0``.
+        window: keys each query sees at most, an integer ``W >= 1`` (itself included).
         S: number of keys, ``S >= T``; defaults to ``T``.
         device: where to build the mask.
 
     Returns:
-        ``(T, S)`` boolean, ``True`` = may attend.
+        ``(T, S)`` boolean on ``device``, ``True`` = may attend.
+
+    Raises:
+        ValueError: ``window`` is not a positive integer, or not ``0 <= T <= S``.
 
     Example:
         ``sliding_window_mask(4, 2)`` is ``[[1,0,0,0], [1,1,0,0], [0,1,1,0], [0,0,1,1]]``.
@@ -539,10 +548,15 @@ def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e
     Args:
         q, k: ``(..., T, D)``.
         v: ``(..., T, Dv)``.
-        eps: added to each normaliser ``phi(q_i) . z_i``.
+        eps: added to each normaliser ``phi(q_i) . z_i``, ``eps >= 0``.
 
     Returns:
-        ``(..., T, Dv)``, equal to ``linear_attention_parallel(q, k, v, causal=True, eps=eps)``.
+        ``(..., T, Dv)`` in ``q``'s dtype, equal to
+        ``linear_attention_parallel(q, k, v, causal=True, eps=eps)``. The inputs are not changed.
+
+    Raises:
+        ValueError: ``q`` and ``k`` of different lengths, ``eps < 0``, or shapes that do not fit
+            (:func:`~coursekit.attention.check_attention_inputs`).
     """
     check_attention_inputs(q, k, v)
     if q.shape[-2] != k.shape[-2]:
@@ -645,11 +659,15 @@ def kv_cache_size(
         seq_len: tokens in the context ``T``.
         n_kv_heads: key/value heads ``H_kv``, dividing ``H``; ``None`` for ``H``.
         batch: sequences ``B``.
-        dtype: of the cached values (2 bytes for float16 and bfloat16, 4 for float32).
+        dtype: of the cached values (2 bytes for float16 and bfloat16, 4 for float32, 1 for int8).
         window: sliding-window size ``W``, or ``None`` for full attention.
 
     Returns:
-        The size in bytes (an ``int``).
+        The size in bytes (an ``int``; 0 for ``seq_len = 0``).
+
+    Raises:
+        ValueError: ``n_layers``, ``n_heads``, ``d_head``, ``n_kv_heads`` or ``batch`` below 1, a
+            negative ``seq_len``, ``n_kv_heads`` not dividing ``n_heads``, or ``window`` below 1.
 
     Example: a 7B Llama-2 shape (``L=32, H=32, D=128``) in float16 needs
     ``2 * 32 * 32 * 128 * 2 = 524,288`` bytes (0.5 MiB) per token, 64 GiB at 131,072 tokens.

@@ -30,11 +30,16 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Cut the feature axis into ``n_heads`` heads and move the heads before the sequence.
 
     Args:
-        x: ``(B, T, H * D)``.
-        n_heads: ``H``; must divide the last dimension.
+        x: ``(B, T, H * D)``, in any memory layout.
+        n_heads: ``H``; a positive number that divides the last dimension.
 
     Returns:
-        ``(B, H, T, D)``, where head ``h`` holds features ``h*D .. (h+1)*D - 1``.
+        ``(B, H, T, D)`` in ``x``'s dtype, where head ``h`` holds features
+        ``h*D .. (h+1)*D - 1``.
+
+    Raises:
+        ValueError: if ``x`` is not 3-D (naming its shape), or if ``n_heads`` is not a
+            positive divisor of the width (naming both).
 
     Example: ``x`` of shape ``(2, 5, 12)`` with 3 heads becomes ``(2, 3, 5, 4)``.
     """
@@ -50,10 +55,14 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`split_heads`: concatenate the heads' features.
 
     Args:
-        x: ``(B, H, T, D)``.
+        x: ``(B, H, T, D)``, in any memory layout (a transposed view, say).
 
     Returns:
-        ``(B, T, H * D)``.
+        ``(B, T, H * D)`` in ``x``'s dtype: token ``t`` holds head 0's ``D`` features,
+        then head 1's, and so on.
+
+    Raises:
+        ValueError: if ``x`` is not 4-D, naming its shape.
     """
     if x.dim() != 4:
         raise ValueError(f"expected x of shape (B, H, T, D), got {tuple(x.shape)}")
@@ -66,10 +75,15 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
     Args:
         x: ``(B, H_kv, S, D)``.
-        n_rep: queries per key/value head.
+        n_rep: queries per key/value head, at least 1.
 
     Returns:
-        ``(B, H_kv * n_rep, S, D)``; output head ``h`` is input head ``h // n_rep``.
+        ``(B, H_kv * n_rep, S, D)`` in ``x``'s dtype; output head ``h`` is input head
+        ``h // n_rep``. With ``n_rep = 1``, ``x``'s values (``x`` itself is fine).
+        Gradients flow back to ``x``.
+
+    Raises:
+        ValueError: if ``x`` is not 4-D or ``n_rep < 1``.
 
     Example: heads ``[a, b]`` with ``n_rep=2`` become ``[a, a, b, b]`` (not ``[a, b, a, b]``).
     """
@@ -117,7 +131,8 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: key/value heads ``H_kv`` (default ``H``); must divide ``H``.
         bias: whether the projections have biases.
         dropout: probability of zeroing an attention weight in training mode (as in
-            Vaswani et al., 2017 and ``nn.MultiheadAttention``).
+            Vaswani et al., 2017 and ``nn.MultiheadAttention``); the weights that are
+            kept are scaled by ``1 / (1 - dropout)``. The module's only dropout.
 
     Parameters: ``qkv_proj`` (``C -> C + 2 H_kv D``) and ``out_proj`` (``C -> C``), so
     MHA has ``4 C^2 + 4 C`` parameters whatever ``H`` is.
@@ -179,13 +194,20 @@ class MultiHeadAttention(nn.Module):
                 batch element and head.
             key_padding_mask: ``(B, S)`` boolean, ``True`` for real keys and ``False``
                 for padding (the opposite of ``nn.MultiheadAttention``'s argument).
-            is_causal: add :func:`~coursekit.attention.causal_mask` (bottom-right aligned).
+            is_causal: add :func:`~coursekit.attention.causal_mask` ``(T, S)`` (bottom-right
+                aligned when ``S > T``).
             need_weights: also return the attention weights.
 
         Returns:
             ``(out, weights)``: ``out (B, T, C)``; ``weights (B, H, T, S)`` (after
-            dropout) or ``None``. A query with no visible key gets a zero attention
-            output (then ``out_proj``'s bias).
+            dropout, one matrix per head) or ``None``. A query with no visible key gets a
+            zero attention output (then ``out_proj``'s bias). In training mode ``out`` is
+            computed from the weights after dropout.
+
+        Raises:
+            ValueError: for ``x`` or ``kv`` of the wrong shape, a ``key_padding_mask``
+                that is not a boolean ``(B, S)`` tensor, or a ``mask`` that is neither
+                boolean nor floating.
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"expected x of shape (B, T, {self.d_model}), got {tuple(x.shape)}")

@@ -66,13 +66,16 @@ def sinusoidal_encoding(
     computed in float64 and the result is cast to ``dtype``.
 
     Args:
-        T: number of positions, ``0 .. T-1``.
+        T: number of positions, ``0 .. T-1`` (``T = 0`` gives an empty table).
         C: width of each encoding, even.
         base: sets the longest wavelength; 10000 in the paper.
         dtype: floating dtype of the result.
 
     Returns:
         ``(T, C)`` tensor; row ``p`` is the encoding of position ``p``.
+
+    Raises:
+        ValueError: if ``C`` is odd or not positive, ``T`` is negative or ``base`` is not positive.
 
     Example:
         ``sinusoidal_encoding(2, 4)[1]`` is ``[sin 1, cos 1, sin 0.01, cos 0.01]``
@@ -337,10 +340,14 @@ def apply_rope(
         positions: ``(T,)`` positions shared by the batch, or ``(B, T)`` one row per
             sequence (for ``x`` of shape ``(B, T, D)`` or ``(B, H, T, D)``);
             integers or floats.
-        base, scaling, factor: as in :func:`rope_angles`.
+        base, scaling, factor: as in :func:`rope_angles` (``factor`` defaults to 1.0).
 
     Returns:
-        A tensor of the shape and dtype of ``x``.
+        A new tensor of the shape and dtype of ``x`` (``x`` itself is not modified).
+
+    Raises:
+        ValueError: if ``D`` is odd, ``x`` has fewer than 2 dimensions, or ``positions``
+            is neither ``(T,)`` nor ``(B, T)`` with ``x``'s ``T`` (and ``B``).
 
     Example:
         With ``D = 4`` (frequencies 1 and 0.01), ``x = [1, 0, 0, 0]`` at position 1
@@ -383,6 +390,9 @@ def alibi_slopes(H: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     Returns:
         ``(H,)`` tensor of slopes in ``(0, 1)``.
 
+    Raises:
+        ValueError: if ``H < 1``.
+
     Example:
         ``alibi_slopes(8)`` is ``[1/2, 1/4, ..., 1/256]``;
         ``alibi_slopes(3)`` is ``[1/16, 1/256, 1/4]``.
@@ -409,12 +419,15 @@ def alibi_bias(slopes: torch.Tensor, T: int, S: int | None = None) -> torch.Tens
     :func:`coursekit.attention.causal_mask`), so query ``i`` sits at ``i + S - T``.
 
     Args:
-        slopes: ``(H,)`` floating, e.g. :func:`alibi_slopes`.
-        T: number of queries.
+        slopes: ``(H,)`` floating, e.g. :func:`alibi_slopes` (any values; not modified).
+        T: number of queries, ``>= 0``.
         S: number of keys, ``S >= T``; defaults to ``T``.
 
     Returns:
-        ``(H, T, S)`` tensor of the dtype of ``slopes``.
+        ``(H, T, S)`` tensor of the dtype of ``slopes``, on their device.
+
+    Raises:
+        ValueError: if ``slopes`` is not a floating ``(H,)`` tensor, ``T < 0`` or ``S < T``.
 
     Example:
         ``alibi_bias(torch.tensor([0.5]), 3)[0]`` is

@@ -318,7 +318,10 @@ def shift_right(labels: torch.Tensor, bos_id: int, pad_id: int) -> torch.Tensor:
         pad_id: replaces ``-100``.
 
     Returns:
-        ``(B, T)``, a new ``torch.long`` tensor.
+        ``(B, T)`` ``torch.long``; ``labels`` is not changed.
+
+    Raises:
+        ValueError: unless ``labels`` is a 2-D ``torch.long`` tensor with ``T >= 1``.
     """
     if labels.dim() != 2 or labels.shape[1] < 1 or labels.dtype != torch.long:
         raise ValueError(f"labels must be (B, T) torch.long with T >= 1, got {labels.dtype} {tuple(labels.shape)}")
@@ -347,8 +350,12 @@ def cross_attention(
         memory_key_padding_mask: ``(B, S)`` boolean, ``True`` at real source tokens.
 
     Returns:
-        ``(out (B, T, C), weights (B, H, T, S))``; each row of weights sums to 1 over the real
-        source tokens (a row with none is all zeros, and its output is ``out_proj``'s bias).
+        ``(out (B, T, C), weights (B, H, T, S))``, ``out`` of ``x``'s dtype; each row of weights sums
+        to 1 over the real source tokens (a row with none is all zeros, and its output is ``out_proj``'s
+        bias). In training mode the weights are returned after dropout, and ``out`` is computed from them.
+
+    Raises:
+        ValueError: if ``memory_key_padding_mask`` is not a boolean ``(B, S)`` tensor.
     """
     if x.dim() != 3 or memory.dim() != 3 or memory.shape[0] != x.shape[0]:
         raise ValueError(f"expected x (B, T, C) and memory (B, S, C), got {tuple(x.shape)} and {tuple(memory.shape)}")
@@ -422,13 +429,16 @@ def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor, smoothing: 
     Positions whose target is ``pad_id`` count neither in the sum nor in the mean.
 
     Args:
-        logits: ``(..., V)``, e.g. ``(B, T, V)``.
+        logits: ``(..., V)`` with at least one leading axis, e.g. ``(B, T, V)``.
         targets: ``logits.shape[:-1]`` ids, ``torch.long``.
         smoothing: in ``[0, 1]``; 0 is the plain cross-entropy.
         pad_id: the ignored target.
 
     Returns:
-        A scalar tensor of ``logits``' dtype.
+        A scalar tensor of ``logits``' dtype (stable for large logits; the inputs are not changed).
+
+    Raises:
+        ValueError: if ``targets`` is not ``logits.shape[:-1]``, or every target is ``pad_id``.
     """
     if logits.dim() < 2 or targets.shape != logits.shape[:-1]:
         raise ValueError(f"expected logits (..., V) and targets of the leading shape, "

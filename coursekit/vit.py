@@ -155,10 +155,11 @@ def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
         patch_size: ``P``.
 
     Returns:
-        ``(B, N_p, C_in P^2)`` with ``N_p = (H_img / P) (W_img / P)``.
+        ``(B, N_p, C_in P^2)`` in the images' dtype, with ``N_p = (H_img / P) (W_img / P)``.
 
     Raises:
-        ValueError: ``images`` is not 4-D, or ``P`` does not divide its height and width.
+        ValueError: ``images`` is not 4-D, ``patch_size`` is below 1, or ``P`` does not divide
+            its height and width.
     """
     if images.dim() != 4:
         raise ValueError(f"expected images of shape (B, C_in, H_img, W_img), got {tuple(images.shape)}")
@@ -211,6 +212,10 @@ class PatchEmbedding(nn.Module):
         d_model: ``C``.
 
     Submodules: ``proj`` (``nn.Linear(C_in P^2, C)``).
+
+    Raises:
+        ValueError: ``patch_size`` does not divide ``image_size``; in ``forward``, images that are
+            not ``(B, in_channels, image_size, image_size)``.
     """
 
     def __init__(self, image_size: int, patch_size: int, in_channels: int, d_model: int):
@@ -222,10 +227,9 @@ class PatchEmbedding(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """``(B, C_in, H_img, W_img) -> (B, N_p, C)``; the image must have the configured size and channels."""
-        expected = (self.in_channels, self.image_size, self.image_size)
-        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
-            raise ValueError(f"expected images of shape (B, {expected[0]}, {expected[1]}, {expected[2]}), "
-                             f"got {tuple(images.shape)}")
+        C_in, size = self.in_channels, self.image_size
+        if images.dim() != 4 or tuple(images.shape[1:]) != (C_in, size, size):
+            raise ValueError(f"expected images of shape (B, {C_in}, {size}, {size}), got {tuple(images.shape)}")
         return self.proj(patchify(images, self.patch_size))  # (B, N_p, C)
 
 
@@ -241,17 +245,19 @@ def add_cls_and_positions(patches: torch.Tensor, cls_token: torch.Tensor, positi
         positions: ``(N_p + 1, C)``, one learned vector per token.
 
     Returns:
-        ``(B, N_p + 1, C)``.
+        ``(B, N_p + 1, C)``, a new tensor in the inputs' dtype.
 
     Raises:
-        ValueError: the shapes do not fit together.
+        ValueError: ``patches`` is not 3-D, ``cls_token`` is not ``(1, 1, C)`` or ``positions``
+            is not ``(N_p + 1, C)``.
     """
     if patches.dim() != 3:
         raise ValueError(f"expected patches of shape (B, N_p, C), got {tuple(patches.shape)}")
     B, N_p, C = patches.shape
-    if tuple(cls_token.shape) != (1, 1, C) or tuple(positions.shape) != (N_p + 1, C):
+    T = N_p + 1  # tokens: [CLS] and the patches
+    if tuple(cls_token.shape) != (1, 1, C) or tuple(positions.shape) != (T, C):
         raise ValueError(f"for patches {tuple(patches.shape)} expected cls_token (1, 1, {C}) and positions "
-                         f"({N_p + 1}, {C}), got {tuple(cls_token.shape)} and {tuple(positions.shape)}")
+                         f"({T}, {C}), got {tuple(cls_token.shape)} and {tuple(positions.shape)}")
     cls = cls_token.expand(B, 1, C)  # (B, 1, C): the same vector for every image
     return torch.cat([cls, patches], dim=1) + positions  # (B, N_p + 1, C)
 
@@ -293,7 +299,11 @@ class ViT(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """The encoder's input: ``(B, C_in, H_img, W_img) -> (B, N_p + 1, C)``, ``[CLS]`` first."""
+        """The encoder's input: ``(B, C_in, H_img, W_img) -> (B, N_p + 1, C)``, ``[CLS]`` first.
+
+        ``self.dropout`` acts on the whole sequence (in training mode); the positions are made on
+        the images' device.
+        """
         x = self.patch_embed(images)  # (B, N_p, C)
         positions = self.pos_emb(torch.arange(x.shape[1] + 1, device=x.device))  # (N_p + 1, C)
         return self.dropout(add_cls_and_positions(x, self.cls_token, positions))  # (B, N_p + 1, C)

@@ -1,45 +1,107 @@
-"""The Exercise 2 graders, tested like code: reference passes, every mutant is caught."""
+"""The Exercise 2 graders, tested like code: correct answers written differently keep full marks,
+wrong layer names and silent errors get hints, and grading is deterministic.
+
+The catalogue of wrong answers (``tests/mutants/ch02_multihead.py``) is graded by ``tests/test_graders.py``.
+"""
 
 from __future__ import annotations
 
-import math
+import inspect
+import textwrap
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from coursekit import attention, multihead
-from coursekit.grading import GradingFailure
+from coursekit import multihead
+from coursekit.grading import GradingFailure, harness
 from coursekit.grading import ch02_multihead as grader
-from tests.mutants.ch02_multihead import MUTANTS
+from tests.mutants import edit
 
-GRADERS = {
-    "split_heads": (grader.grade_split_heads, "split_heads"),
-    "merge_heads": (grader.grade_merge_heads, "merge_heads"),
-    "repeat_kv": (grader.grade_repeat_kv, "repeat_kv"),
-    "MultiHeadAttention": (grader.grade_multihead_attention, "MultiHeadAttention"),
-}
+ASSIGNMENT = "ch02_multihead"
+_CLASS = textwrap.dedent(inspect.getsource(multihead.MultiHeadAttention))
 
-PUBLIC = {
-    "split_heads": grader.check_split_heads,
-    "merge_heads": grader.check_merge_heads,
-    "repeat_kv": grader.check_repeat_kv,
-    "MultiHeadAttention": grader.check_multihead_attention,
-}
+#: Correct answers that differ from the instructor's: other torch functions, loops, other layouts.
+#: (part's answer cell grade id, name, source): each must keep every point of its part.
+ALTERNATIVES = [
+    ("split_heads", "unflatten_and_permute", '''
+def split_heads(x, n_heads):
+    if x.ndim != 3:
+        raise ValueError(f"x must be 3-D (B, T, C), got shape {list(x.shape)}")
+    if n_heads <= 0 or x.shape[-1] % n_heads != 0:
+        raise ValueError(f"the width {x.shape[-1]} cannot be split into {n_heads} heads")
+    return x.unflatten(-1, (n_heads, -1)).permute(0, 2, 1, 3)
+'''),
+    ("split_heads", "stacked_chunks", '''
+def split_heads(x, n_heads):
+    if x.dim() != 3:
+        raise ValueError(f"expected (B, T, C), got {x.shape}")
+    C = x.shape[-1]
+    if n_heads < 1 or C % n_heads:
+        raise ValueError(f"n_heads ({n_heads}) must be a positive divisor of C ({C})")
+    return torch.stack(x.chunk(n_heads, dim=-1), dim=1)
+'''),
+    ("merge_heads", "permute_and_flatten", '''
+def merge_heads(x):
+    if x.ndim != 4:
+        raise ValueError(f"x must be (B, H, T, D), got {tuple(x.shape)}")
+    return x.permute(0, 2, 1, 3).flatten(2)
+'''),
+    ("merge_heads", "concatenated_heads", '''
+def merge_heads(x):
+    if len(x.shape) != 4:
+        raise ValueError(f"expected a 4-D tensor, got shape {list(x.shape)}")
+    return torch.cat(x.unbind(dim=1), dim=-1)
+'''),
+    ("repeat_kv", "expand_and_reshape", '''
+def repeat_kv(x, n_rep):
+    if x.dim() != 4:
+        raise ValueError(f"expected (B, H_kv, S, D), got {tuple(x.shape)}")
+    if n_rep < 1:
+        raise ValueError(f"n_rep must be >= 1, got {n_rep}")
+    B, H_kv, S, D = x.shape
+    return x[:, :, None].expand(B, H_kv, n_rep, S, D).reshape(B, H_kv * n_rep, S, D)
+'''),
+    ("repeat_kv", "index_select", '''
+def repeat_kv(x, n_rep):
+    if x.ndim != 4 or n_rep < 1:
+        raise ValueError(f"bad input: x {tuple(x.shape)}, n_rep={n_rep}")
+    index = torch.arange(x.shape[1] * n_rep) // n_rep
+    return x.index_select(1, index)
+'''),
+    ("MultiHeadAttention", "slices_and_a_summing_loop",
+     edit(_CLASS,
+          ("            q, k, v = self.qkv_proj(x).split([C, kvw, kvw], dim=-1)  # (B, T, C), 2 x (B, T, H_kv D)",
+           "            qkv = self.qkv_proj(x)\n"
+           "            q, k, v = qkv[..., :C], qkv[..., C:C + kvw], qkv[..., C + kvw:]"),
+          ("            weights = F.dropout(weights, self.dropout)",
+           "            weights = nn.functional.dropout(weights, p=self.dropout, training=True)"),
+          ("        return sum(parts) if parts else None",
+           "        if not parts:\n            return None\n        total = parts[0]\n        for part in parts[1:]:\n"
+           "            total = total + part\n        return total"))),
+    ("MultiHeadAttention", "boolean_masks_and_explicit_weights",
+     edit(_CLASS,
+          ("            k, v = F.linear(kv, w[C:], None if b is None else b[C:]).split([kvw, kvw], dim=-1)",
+           "            k = F.linear(kv, w[C:C + kvw], None if b is None else b[C:C + kvw])\n"
+           "            v = F.linear(kv, w[C + kvw:], None if b is None else b[C + kvw:])"),
+          ("        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, D)",
+           "        k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)"),
+          ("            out = weights @ v  # (B, H, T, D)",
+           "            out = torch.einsum('bhts,bhsd->bhtd', weights, v)"))),
+]
 
 
-def namespace(**overrides):
-    """What a student's notebook holds: the imports cell plus the reference definitions."""
-    ns = {
-        "torch": torch, "math": math, "nn": nn, "F": F,
-        "scaled_dot_product_attention": attention.scaled_dot_product_attention,
-        "causal_mask": attention.causal_mask,
-        "bool_to_additive": attention.bool_to_additive,
-    }
-    ns.update({name: getattr(multihead, name) for name in GRADERS})
-    ns.update(overrides)
-    return ns
+@pytest.mark.parametrize("grade_id, name, source", ALTERNATIVES, ids=[f"{a[0]}-{a[1]}" for a in ALTERNATIVES])
+def test_a_correct_alternative_keeps_full_marks(grade_id, name, source):
+    part = next(p for p in harness.parts(ASSIGNMENT) if p.grade_id == grade_id)
+    outcomes = harness.run_tests(part, harness.namespace(ASSIGNMENT, {grade_id: source}))
+    assert len(outcomes) == 2
+    for o in outcomes:
+        assert o.failure is None, f"{name} lost the points of {o.test.grade_id}:\n{o.failure}"
+
+
+def test_every_part_has_correct_alternatives():
+    assert {a[0] for a in ALTERNATIVES} == {p.grade_id for p in harness.parts(ASSIGNMENT)}
 
 
 def test_wrong_layer_names_get_a_hint_not_a_crash():
@@ -55,10 +117,18 @@ def test_wrong_layer_names_get_a_hint_not_a_crash():
 def test_split_heads_must_raise_value_error():
     def quiet(x, n_heads):  # right for valid input, silent on a bad width
         B, T, HD = x.shape
-        return x.reshape(B, T, n_heads, -1).transpose(1, 2) if HD % n_heads == 0 else x
+        return x.reshape(B, T, n_heads, -1).transpose(1, 2) if n_heads > 0 and HD % n_heads == 0 else x
 
     with pytest.raises(GradingFailure, match="raise a ValueError"):
         grader.grade_split_heads(quiet)
+
+
+def test_an_error_must_name_what_came():
+    assert grader._names("expected x of shape (B, T, H*D), got (2, 7, 12)", 2, 7, 12)
+    assert grader._names("got torch.Size([2, 7, 12])", 2, 7, 12)
+    assert not grader._names("not enough values to unpack (expected 4, got 3)", 2, 7, 12)
+    assert grader._names("width 12 is not divisible by n_heads=5", 5, 12, ordered=False)
+    assert not grader._names("n_heads=15 must divide 12", 5, 12, ordered=False)
 
 
 def test_grading_is_deterministic():
@@ -75,9 +145,10 @@ def test_grading_is_deterministic():
     assert len(first) == len(seen) and all(torch.equal(a, b) for a, b in zip(first, seen))
 
 
-@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.part != "MultiHeadAttention"], ids=lambda m: m.name)
-def test_public_checks_catch_the_function_mutants(mutant):
-    ns = namespace()
-    exec(compile(mutant.source, mutant.name, "exec"), ns)
-    with pytest.raises(GradingFailure):
-        PUBLIC[mutant.part](ns[mutant.target])
+def test_dropout_is_checked_on_the_weights_it_returns():
+    """A module whose dropout zeroes weights but computes out from the weights before dropout fails."""
+    source = edit(_CLASS, ("            out = weights @ v  # (B, H, T, D)\n", ""))
+    ns = harness.namespace(ASSIGNMENT)
+    exec(compile(source, "<stale out>", "exec"), ns)  # noqa: S102
+    with pytest.raises(GradingFailure, match="out must be computed from the weights after dropout"):
+        grader.grade_multihead_attention(ns["MultiHeadAttention"])

@@ -1,79 +1,163 @@
-"""The Exercise 9 graders, tested like code: the reference passes, every mutant is caught, a broken
-earlier part is named, and a different but correct patchify passes."""
+"""The Exercise 9 graders, tested like code, beyond the shared tests of ``tests/test_graders.py``:
+correct implementations written differently from the answer get full marks (public and hidden
+cells, through the harness, as a student's notebook is graded), a broken earlier part is named,
+and the dropout checks are deterministic."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
-import torch
-import torch.nn.functional as F
-from torch import nn
 
-from coursekit import vit as ref
-from coursekit.grading import GradingFailure
-from coursekit.grading import ch09_vit as grader
-from coursekit.gpt import FusedLayerNorm
-from coursekit.layers import Encoder
-from coursekit.positional import LearnedPositionalEmbedding
+from coursekit import vit
+from coursekit.grading import harness
+from tests.mutants import mutate
 from tests.mutants.ch09_vit import MUTANTS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors run on one thread
 
-#: graded part -> (hidden grader, public check)
-PARTS = {
-    "patchify": (grader.grade_patchify, grader.check_patchify),
-    "PatchEmbedding": (grader.grade_patch_embedding, grader.check_patch_embedding),
-    "add_cls_and_positions": (grader.grade_add_cls_and_positions, grader.check_add_cls_and_positions),
-    "ViT": (grader.grade_vit, grader.check_vit),
-}
-#: what the notebook passes besides the student's object
-EXTRA = {"ViT": (ref.ViTConfig,)}
+A = "ch09_vit"
+PARTS = {p.name: p for p in harness.parts(A)}
+
+PATCHIFY_SLICES = '''
+def patchify(images, patch_size):
+    if images.dim() != 4:
+        raise ValueError(f"expected (B, C_in, H, W), got {tuple(images.shape)}")
+    B, C_in, H_img, W_img = images.shape
+    P = patch_size
+    if P < 1 or H_img % P or W_img % P:
+        raise ValueError(f"{H_img}x{W_img} images cannot be cut in patches of {P}")
+    patches = [images[:, :, r:r + P, c:c + P].reshape(B, -1) for r in range(0, H_img, P) for c in range(0, W_img, P)]
+    return torch.stack(patches, dim=1)
+'''
+
+PATCHIFY_UNFOLD = '''
+def patchify(images, patch_size):
+    if images.ndim != 4:
+        raise ValueError(f"images must be 4-D, got {images.ndim}-D")
+    if patch_size <= 0:
+        raise ValueError(f"patch_size must be positive, got {patch_size}")
+    if images.shape[-2] % patch_size != 0 or images.shape[-1] % patch_size != 0:
+        raise ValueError(f"patch_size={patch_size} does not divide {tuple(images.shape[-2:])}")
+    return F.unfold(images, kernel_size=patch_size, stride=patch_size).transpose(1, 2)
+'''
+
+PATCHIFY_TENSOR_UNFOLD = '''
+def patchify(images, patch_size):
+    if images.dim() != 4 or patch_size < 1 or images.shape[2] % patch_size or images.shape[3] % patch_size:
+        raise ValueError(f"cannot cut {tuple(images.shape)} into patches of {patch_size}")
+    B, C_in = images.shape[:2]
+    blocks = images.unfold(2, patch_size, patch_size).unfold(3, patch_size, patch_size)  # (B, C_in, rows, cols, P, P)
+    return blocks.permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2)
+'''
+
+EMBEDDING_CONV = '''
+class PatchEmbedding(nn.Module):
+    def __init__(self, image_size, patch_size, in_channels, d_model):
+        super().__init__()
+        if image_size % patch_size != 0:
+            raise ValueError(f"{patch_size} does not divide {image_size}")
+        self.shape = (in_channels, image_size, image_size)
+        self.P = patch_size
+        self.proj = nn.Linear(in_channels * patch_size ** 2, d_model)
+
+    def forward(self, images):
+        if images.dim() != 4 or tuple(images.shape[1:]) != self.shape:
+            raise ValueError(f"expected (B, *{self.shape}), got {tuple(images.shape)}")
+        weight = self.proj.weight.view(self.proj.out_features, self.shape[0], self.P, self.P)
+        out = F.conv2d(images, weight, self.proj.bias, stride=self.P)  # (B, C, rows, cols)
+        return out.flatten(2).transpose(1, 2)
+'''
+
+EMBEDDING_EINSUM = '''
+class PatchEmbedding(nn.Module):
+    def __init__(self, image_size, patch_size, in_channels, d_model):
+        super().__init__()
+        if image_size % patch_size:
+            raise ValueError("patch_size must divide image_size")
+        self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
+        self.proj = nn.Linear(in_channels * patch_size * patch_size, d_model)
+
+    def forward(self, images):
+        if images.shape[1:] != (self.in_channels, self.image_size, self.image_size) or images.dim() != 4:
+            raise ValueError(f"wrong images {tuple(images.shape)}")
+        patches = patchify(images, self.patch_size)
+        return torch.einsum("bnk,ck->bnc", patches, self.proj.weight) + self.proj.bias
+'''
+
+CLS_REPEAT = '''
+def add_cls_and_positions(patches, cls_token, positions):
+    if patches.ndim != 3:
+        raise ValueError(f"patches must be (B, N_p, C), got {tuple(patches.shape)}")
+    B, N, C = patches.shape
+    if cls_token.shape != (1, 1, C):
+        raise ValueError(f"cls_token must be (1, 1, {C}), got {tuple(cls_token.shape)}")
+    if positions.shape != (N + 1, C):
+        raise ValueError(f"positions must be ({N + 1}, {C}), got {tuple(positions.shape)}")
+    return torch.cat((cls_token.repeat(B, 1, 1), patches), dim=1) + positions.unsqueeze(0)
+'''
+
+CLS_SLICES = '''
+def add_cls_and_positions(patches, cls_token, positions):
+    if patches.dim() != 3 or cls_token.shape != (1, 1, patches.shape[2]) or \\
+            positions.shape != (patches.shape[1] + 1, patches.shape[2]):
+        raise ValueError(f"shapes do not fit: {tuple(patches.shape)}, {tuple(cls_token.shape)}, "
+                         f"{tuple(positions.shape)}")
+    B, N, C = patches.shape
+    out = patches.new_empty(B, N + 1, C)
+    out[:, :1] = cls_token + positions[:1]
+    out[:, 1:] = patches + positions[1:]
+    return out
+'''
+
+_EMBED = '''        x = self.patch_embed(images)  # (B, N_p, C)
+        positions = self.pos_emb(torch.arange(x.shape[1] + 1, device=x.device))  # (N_p + 1, C)
+        return self.dropout(add_cls_and_positions(x, self.cls_token, positions))  # (B, N_p + 1, C)'''
+_FORWARD = '''        h = self.encoder(self.embed(images))  # (B, N_p + 1, C), normalised by the stack's final norm
+        return self.head(h[:, 0])  # (B, K): the [CLS] token only'''
+#: the table of positions read directly, F.dropout with the module's p, and the [CLS] row taken with narrow
+VIT_TABLE = mutate(vit.ViT, (_EMBED, '''        tokens = self.patch_embed(images)
+        cls = self.cls_token.expand(tokens.shape[0], -1, -1)
+        tokens = torch.cat([cls, tokens], dim=1) + self.pos_emb.weight[: tokens.shape[1] + 1]
+        return F.dropout(tokens, p=self.dropout.p, training=self.training)'''),
+                       (_FORWARD, '''        h = self.encoder(self.embed(images))
+        return self.head(h.narrow(1, 0, 1).squeeze(1))'''))
 
 
-def namespace():
-    """What a student's notebook holds: the imports cell plus the reference definitions."""
-    ns = {"torch": torch, "math": math, "nn": nn, "F": F, "Encoder": Encoder, "FusedLayerNorm": FusedLayerNorm,
-          "LearnedPositionalEmbedding": LearnedPositionalEmbedding, "ViTConfig": ref.ViTConfig}
-    ns.update({name: getattr(ref, name) for name in PARTS})
-    return ns
-
-
-def run(part, obj, public=False):
-    PARTS[part][1 if public else 0](obj, *EXTRA.get(part, ()))
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError()
-
-
-def load_mutant(mutant, ns=None):
-    ns = namespace() if ns is None else ns
-    exec(compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns)
-    return ns
+@pytest.mark.parametrize("part, source", [
+    ("patchify", PATCHIFY_SLICES), ("patchify", PATCHIFY_UNFOLD), ("patchify", PATCHIFY_TENSOR_UNFOLD),
+    ("PatchEmbedding", EMBEDDING_CONV), ("PatchEmbedding", EMBEDDING_EINSUM),
+    ("add_cls_and_positions", CLS_REPEAT), ("add_cls_and_positions", CLS_SLICES),
+    ("ViT", VIT_TABLE),
+], ids=["patchify-slices", "patchify-F.unfold", "patchify-Tensor.unfold", "embedding-conv2d", "embedding-einsum",
+        "cls-repeat", "cls-slices", "vit-position-table"])
+def test_a_correct_implementation_written_differently_gets_full_marks(part, source):
+    ns = harness.namespace(A, {PARTS[part].grade_id: source})
+    outcomes = harness.run_tests(PARTS[part], ns)
+    assert len(outcomes) == 2 and all(o.failure is None for o in outcomes), [o.failure for o in outcomes]
 
 
 @pytest.mark.parametrize("part", ["PatchEmbedding", "ViT"])
 def test_a_broken_earlier_part_is_named(part, monkeypatch):
     """With a channel-last patchify the classes of parts 2 and 4 fail, and the hint says to fix part 1."""
     wrong = next(m for m in MUTANTS if m.name == "patchify_channel_last")
-    ns = load_mutant(wrong)
-    monkeypatch.setattr(ref, "patchify", ns["patchify"])
-    with pytest.raises(GradingFailure, match="fix part 1 first"):
-        run(part, getattr(ref, part))
+    ns = harness.namespace(A, {PARTS["patchify"].grade_id: wrong.source})
+    # the graders read the notebook's patchify with student_side, which in this process is coursekit's
+    monkeypatch.setattr(vit, "patchify", ns["patchify"])
+    (hidden,) = harness.run_tests(PARTS[part], ns, hidden=True)
+    assert hidden.failure is not None and "fix part 1 first" in hidden.failure, hidden.failure
 
 
-def test_a_different_but_correct_patchify_passes(capsys):
-    """Patches cut one by one with slices: slower, and right."""
+def test_the_dropout_checks_are_deterministic():
+    """The p = 0.5 check draws from torch's generator under `seeded`: two runs report the same."""
+    wrong = next(m for m in MUTANTS if m.name == "vit_dropout_twice")
+    ns = harness.namespace(A, {PARTS["ViT"].grade_id: wrong.source})
+    first, second = (harness.run_tests(PARTS["ViT"], ns, hidden=True)[0] for _ in range(2))
+    assert first.failure is not None and first.failure == second.failure
 
-    def patchify(images, patch_size):
-        B, C_in, H_img, W_img = images.shape
-        P = patch_size
-        if H_img % P or W_img % P:
-            raise ValueError(f"{H_img}x{W_img} is not divisible by {P}")
-        patches = [images[:, :, r:r + P, c:c + P].reshape(B, -1) for r in range(0, H_img, P) for c in range(0, W_img, P)]
-        return torch.stack(patches, dim=1)
 
-    grader.grade_patchify(patchify)
-    grader.check_patchify(patchify)
-    assert capsys.readouterr().out.count("checks passed") == 2
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_public_checks_catch_every_catalogued_mistake(mutant):
+    """The public checks name every clause the hidden ones grade, on a small example each."""
+    ns = harness.namespace(A)
+    exec(compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns)  # replaces one definition, as a student would
+    (public,) = harness.run_tests(PARTS[mutant.part], ns, hidden=False)
+    assert public.failure is not None, f"{mutant.name} passed the public checks of {mutant.part}"

@@ -14,8 +14,10 @@ import torch.nn.functional as F
 from coursekit import attention, long_context
 from coursekit.grading import GradingFailure
 from coursekit.grading import ch10_long_context as grader
+from coursekit.grading import harness
 from coursekit.grading.core import rand
-from tests.mutants.ch10_long_context import BY_HAND, MUTANTS
+from tests.mutants import edit
+from tests.mutants.ch10_long_context import BY_HAND, MUTANTS, TILED_BY_HAND
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors run on one thread
 
@@ -57,23 +59,118 @@ def compiled(source: str, target: str):
     return ns[target]
 
 
-@pytest.mark.parametrize("part", list(GRADERS))
-def test_a_correct_solution_written_differently_scores_full_marks(part, capsys):
-    """The mutants' base: correct code in a student's style, which the mistakes are edits of."""
-    GRADERS[part](compiled(BY_HAND[part], part))
-    assert "checks passed" in capsys.readouterr().out
+TILED_LOGSUMEXP = '''
+def tiled_attention(q, k, v, causal=False, mask=None, block_q=64, block_k=64, scale=None):
+    """The normalised online softmax: a running log-sum-exp and an output that is always a weighted mean."""
+    check_attention_inputs(q, k, v, mask)
+    if mask is not None and mask.dtype is not torch.bool:
+        raise TypeError("mask must be boolean")
+    if min(block_q, block_k) <= 0:
+        raise ValueError(f"block sizes must be >= 1, got {block_q}, {block_k}")
+    T, S = q.size(-2), k.size(-2)
+    if causal and S < T:
+        raise ValueError(f"causal needs S >= T, got {T} > {S}")
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    full = None if mask is None else mask.expand(*batch, T, S)
+    blocks = []
+    for i in range(0, T, block_q):
+        rows = torch.arange(i, min(i + block_q, T), device=q.device) + (S - T)
+        lse = q.new_full((*batch, len(rows), 1), -math.inf)
+        out = q.new_zeros((*batch, len(rows), v.size(-1)))
+        for j in range(0, S, block_k):
+            cols = torch.arange(j, min(j + block_k, S), device=q.device)
+            s = torch.einsum("...td,...sd->...ts", q[..., i:i + block_q, :], k[..., j:j + block_k, :]) * scale
+            keep = torch.ones_like(s, dtype=torch.bool)
+            if causal:
+                keep = keep & (cols[None, :] <= rows[:, None])
+            if full is not None:
+                keep = keep & full[..., i:i + block_q, j:j + block_k]
+            s = s.masked_fill(~keep, -math.inf)
+            new = torch.logaddexp(lse, torch.logsumexp(s, -1, keepdim=True))
+            ref = torch.where(new == -math.inf, torch.zeros_like(new), new)
+            out = torch.exp(lse - ref) * out + torch.exp(s - ref) @ v[..., j:j + block_k, :]
+            lse = new
+        blocks.append(out)
+    return torch.cat(blocks, -2)
+'''
+
+#: half precision computed in float32 and rounded once at the end
+TILED_UPCAST = edit(TILED_BY_HAND, ("    scale = 1 / math.sqrt", "    dtype = q.dtype\n"
+                                                               "    if dtype in (torch.float16, torch.bfloat16):\n"
+                                                               "        q, k, v = q.float(), k.float(), v.float()\n"
+                                                               "    scale = 1 / math.sqrt"),
+                    ("    return torch.cat(out, dim=-2)", "    return torch.cat(out, dim=-2).to(dtype)"))
+
+#: phi(x) = elu(x) + 1 written out instead of the given elu_feature_map
+LINEAR_ELU = edit(BY_HAND["causal_linear_attention"],
+                  ("phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)",
+                   "phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1"))
+
+WINDOW_TRIANGLES = '''
+def sliding_window_mask(T, window, S=None, device=None):
+    if type(window) is not int or window <= 0:
+        raise ValueError(f"window must be a positive int, got {window!r}")
+    S = T if S is None else S
+    if T < 0 or S < T:
+        raise ValueError(f"expected 0 <= T <= S, got T={T}, S={S}")
+    ones = torch.ones(T, S, dtype=torch.bool, device=device)
+    return ones.tril(S - T) & ones.triu(S - T - window + 1)
+'''
+
+LINEAR_CHUNKED = '''
+def causal_linear_attention(q, k, v, eps=1e-6):
+    check_attention_inputs(q, k, v)
+    if q.shape[-2] != k.shape[-2] or eps < 0:
+        raise ValueError(f"need T == S and eps >= 0, got {q.shape[-2]}, {k.shape[-2]}, eps={eps}")
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    state = q.new_zeros(*batch, q.shape[-1], v.shape[-1])
+    z = q.new_zeros(*batch, q.shape[-1])
+    out = []
+    for c in range(0, q.shape[-2], 1024):
+        qc, kc, vc = fq[..., c:c + 1024, :], fk[..., c:c + 1024, :], v[..., c:c + 1024, :]
+        A = (qc @ kc.transpose(-1, -2)).tril()
+        num = qc @ state + A @ vc
+        den = (qc * z.unsqueeze(-2)).sum(-1, keepdim=True) + A.sum(-1, keepdim=True)
+        out.append(num / (den + eps))
+        state = state + kc.transpose(-1, -2) @ vc
+        z = z + kc.sum(-2)
+    return torch.cat(out, -2)
+'''
+
+KV_PRODUCT = '''
+def kv_cache_size(n_layers, n_heads, d_head, seq_len, n_kv_heads=None, batch=1, dtype=torch.float16, window=None):
+    kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    sizes = dict(n_layers=n_layers, n_heads=n_heads, d_head=d_head, n_kv_heads=kv_heads, batch=batch)
+    for name, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if seq_len < 0 or (window is not None and window < 1) or n_heads % kv_heads != 0:
+        raise ValueError(f"bad arguments: seq_len={seq_len}, window={window}, n_kv_heads={kv_heads}")
+    bits = torch.finfo(dtype).bits if dtype.is_floating_point else torch.iinfo(dtype).bits
+    cached = seq_len if window is None else min(seq_len, window)
+    return math.prod([2, n_layers, batch, cached, kv_heads, d_head]) * bits // 8
+'''
 
 
-CAUGHT_BY_PUBLIC = [m for m in MUTANTS if m.name in {
-    "tiled_no_rescale_acc", "tiled_divide_early", "tiled_no_scale", "tiled_causal_top_left",
-    "window_off_by_one", "window_not_causal", "window_top_left",
-    "linear_not_causal", "linear_no_normaliser", "linear_feature_not_positive", "linear_excludes_the_diagonal",
-    "kv_no_factor_two", "kv_query_heads", "kv_dtype_ignored", "kv_in_bits",
-}]
+@pytest.mark.parametrize("part, source", [(part, source) for part, source in BY_HAND.items()] + [
+    ("tiled_attention", TILED_LOGSUMEXP), ("tiled_attention", TILED_UPCAST),
+    ("sliding_window_mask", WINDOW_TRIANGLES), ("causal_linear_attention", LINEAR_CHUNKED),
+    ("causal_linear_attention", LINEAR_ELU), ("kv_cache_size", KV_PRODUCT),
+], ids=[f"{part}-by-hand" for part in BY_HAND] + ["tiled-logsumexp", "tiled-float32-inside", "window-triangles",
+                                                   "linear-chunked", "linear-elu-plus-one", "kv-product-of-bits"])
+def test_a_correct_implementation_written_differently_gets_full_marks(part, source):
+    """Correct code in other styles (the mutants' base among them), graded as a notebook is: public and hidden cells."""
+    parts = {p.name: p for p in harness.parts("ch10_long_context")}
+    ns = harness.namespace("ch10_long_context", {parts[part].grade_id: source})
+    outcomes = harness.run_tests(parts[part], ns)
+    assert len(outcomes) == 2 and all(o.failure is None for o in outcomes), [o.failure for o in outcomes]
 
 
-@pytest.mark.parametrize("mutant", CAUGHT_BY_PUBLIC, ids=lambda m: m.name)
-def test_public_checks_catch_the_common_mistakes(mutant):
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_public_checks_catch_every_catalogued_mistake(mutant):
+    """The public checks name every clause the hidden ones grade, on a small example each."""
     with pytest.raises(GradingFailure):
         PUBLIC[mutant.part](compiled(mutant.source, mutant.target))
 
@@ -98,8 +195,9 @@ def test_the_modelled_mistakes_differ_from_the_right_answer():
         rand("public.tiled.v", 1, 6, 2)
     q = q[:, 3:]  # 3 queries, 6 keys: the top-left and bottom-right causal masks differ
     right = grader._naive(q, k, v, causal=True)
-    wrong = grader._tiled_mistakes(q, k, v, causal=True, block_q=2, block_k=4)
-    assert all(not torch.allclose(w, right) for w, _ in wrong)
+    case = grader._Tiled(0, ((1,), (1,), (1,)), 3, 6, 4, 2, causal=True, block_q=2, block_k=4)
+    wrong = [w for w, _ in grader._tiled_mistakes(case, q, k, v, None) if w is not None]
+    assert len(wrong) >= 5 and all(not torch.allclose(w, right) for w in wrong)
     T, S, W = 3, 8, 2
     right = long_context.sliding_window_mask(T, W, S)
     assert all(not torch.equal(w, right) for w, _ in grader._window_mistakes(T, S, W))

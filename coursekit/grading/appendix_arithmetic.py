@@ -1,14 +1,19 @@
 """Checks for the appendix exercise (transformer arithmetic).
 
 Each part has two entry points, both called from the notebook with the student's
-function. ``check_*`` holds the *public* checks: one or two worked examples.
-``grade_*`` holds the *hidden* checks: the student's function on several shapes and
-settings against :mod:`coursekit.arithmetic` (whose formulas the course's tests compare
-with real modules, real caches, real optimizer states and torch's FLOP counter), with a
-relative tolerance (:data:`RTOL`). Before the generic "expected ..." hint, each check
-computes the answers of the usual mistakes (the factor 2 of keys and values, bits for
-bytes, GB for GiB, biases and norms forgotten, ``2 N D`` for ``6 N D`` ...) and names the
-one the student's number equals.
+function(s). ``check_*`` holds the *public* checks: every clause the hidden checks grade, each on
+one worked example. ``grade_*`` holds the *hidden* checks: one named check per clause of the
+part's text and docstring, on published shapes and on shapes drawn across the allowed inputs
+(:func:`~coursekit.grading.core.for_all`: one to several layers and heads, grouped-query
+attention with one or more key/value heads, explicit and default widths, every precision and
+optimizer, any number of bits), against :mod:`coursekit.arithmetic` (whose formulas the course's
+tests compare with real modules, real caches, real optimizer states and torch's FLOP counter).
+Parameter counts must be exact integers; the other answers are compared at float64 precision
+(:func:`~coursekit.grading.core.close`). Every promised ``ValueError`` is provoked: each argument
+at zero, negative and (where a whole number is needed) fractional values, and the divisibility
+and range rules. Before the generic "expected ..." hint, each check computes the answers of the
+usual mistakes (the factor 2 of keys and values, bits for bytes, GB for GiB, biases and norms
+forgotten, ``2 N D`` for ``6 N D`` ...) and names the one the student's number equals.
 """
 
 from __future__ import annotations
@@ -18,18 +23,15 @@ import numbers
 
 import numpy as np
 import torch
+from hypothesis import strategies as st
 
 from coursekit import arithmetic as ref
-from coursekit.grading.core import Grader, describe, is_tensor
+from coursekit.grading.core import Grader, close, describe, for_all, is_tensor, raise_unless_student_error
 
 __all__ = [
-    "RTOL",
     "check_decoder_params", "check_training_memory", "check_kv_cache", "check_training_days",
     "grade_decoder_params", "grade_training_memory", "grade_kv_cache", "grade_training_days",
 ]
-
-#: Relative tolerance of every numeric answer: rounding differences pass, a missing term does not.
-RTOL = 1e-6
 
 
 def _number(x) -> float | None:
@@ -51,11 +53,13 @@ def _fmt(x: float) -> str:
 
 
 def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=RTOL, abs_tol=0.0)
+    """``a`` agrees with ``b`` at float64 precision (the tolerances of :data:`~coursekit.grading.core.TOLERANCES`)."""
+    return close(torch.tensor(float(a), dtype=torch.float64), torch.tensor(float(b), dtype=torch.float64))
 
 
-def _expect_value(g: Grader, got, expected: float, call: str, mistakes=()) -> None:
-    """Fail unless ``got`` is ``expected`` within :data:`RTOL`; name the mistakes it equals.
+def _expect_value(g: Grader, got, expected: float, call: str, mistakes=(), exact: bool = False) -> None:
+    """Fail unless ``got`` is ``expected`` (an int equal to it with ``exact``, else a number that agrees at
+    float64 precision); name the mistakes it equals.
 
     ``mistakes`` are ``(value, hint)`` pairs: the answers of known wrong formulas (a mistake
     that happens to give the right answer on this input is skipped). When several give the
@@ -66,18 +70,58 @@ def _expect_value(g: Grader, got, expected: float, call: str, mistakes=()) -> No
         g.fail(f"{call} should return a number, got {describe(got)}")
     if not math.isfinite(value):
         g.fail(f"{call} returned {value}, expected {_fmt(expected)}")
-    if _close(value, expected):
+    same = (lambda a, b: a == b) if exact else _close
+    if same(value, expected):
+        if exact and not (isinstance(got, numbers.Integral) and not isinstance(got, (bool, np.bool_))):
+            g.fail(f"{call} returned {got!r}: return an int (the count is a whole number; use // for divisions)")
         return
-    matching = (hint for wrong, hint in mistakes if not _close(wrong, expected) and _close(value, wrong))
+    matching = (hint for wrong, hint in mistakes if not same(wrong, expected) and same(value, wrong))
     hints = list(dict.fromkeys(matching))  # each hint once, in order
     if hints:
         g.fail(f"{call} = {_fmt(value)}, expected {_fmt(expected)}: " + "; or: ".join(hints))
-    g.fail(f"{call} = {_fmt(value)}, expected {_fmt(expected)} (relative tolerance {RTOL:g})")
+    g.fail(f"{call} = {_fmt(value)}, expected {_fmt(expected)}")
 
 
 def _call(name: str, *args, **kwargs) -> str:
     parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
     return f"{name}({', '.join(parts)})"
+
+
+def _said(e: BaseException) -> str:
+    """The message of an exception the student's code raised (under the autograder, without the line of code
+    that raised it, which the sandbox appends and which may quote the very names a check looks for)."""
+    message = getattr(e, "message", None)
+    return message if isinstance(message, str) else str(e)
+
+
+def _expect_error(g: Grader, fn, args: tuple, kwargs: dict, name: str, must_name: tuple[str, ...], why: str) -> None:
+    """``fn(*args, **kwargs)`` must raise a ValueError whose message holds every string of ``must_name``."""
+    call = _call(name, *args, **kwargs)
+    try:
+        got = fn(*args, **kwargs)
+    except ValueError as e:
+        missing = [s for s in must_name if s not in _said(e)]
+        g.expect(not missing, f"the ValueError of {call} should name {', '.join(map(repr, missing))} ({why}), "
+                              f"it says: {e}")
+        return
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        raise_unless_student_error(e)
+        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')} ({e}); raise a ValueError instead ({why})")
+    g.fail(f"{call} returned {got!r}; raise a ValueError instead ({why})")
+
+
+def _bad_values(g: Grader, fn, name: str, good: dict, integers: tuple[str, ...], numbers_: tuple[str, ...] = ()):
+    """Each argument in turn at 0 and -1 (and 2.5 where a whole number is needed) must raise a ValueError naming it."""
+    for arg in integers + numbers_:
+        for bad in (0, -1) + ((2.5,) if arg in integers else ()):
+            kind = "a positive integer" if arg in integers else "a positive number"
+            _expect_error(g, fn, (), good | {arg: bad}, name, (arg,), f"{arg} must be {kind}: use require_positive")
+
+
+def _gqa_shapes():
+    """(H, H_kv, D): query heads, a divisor of them for key/value heads, and a head width."""
+    return st.integers(1, 8).flatmap(lambda h: st.tuples(
+        st.just(h), st.sampled_from([k for k in range(1, h + 1) if h % k == 0]), st.integers(1, 8)))
 
 
 # =========================================================================== part 1: decoder_params
@@ -98,7 +142,9 @@ _IGNORED_GQA = ("the key and value projections have n_kv_heads * d_head outputs 
 _KV_WIDTH = "the key/value width is n_kv_heads * d_head with d_head = d_model // n_heads, not n_kv_heads * d_model"
 _TIED_TWICE = "with tied=True the output layer reuses the token embedding matrix: it adds no parameters"
 _UNTIED_MISSING = "with tied=False the output layer is a separate vocab_size x d_model matrix (no bias): add it"
+_UNTIED_BIAS = "the untied output layer has no bias: vocab_size x d_model, nothing more"
 _IGNORED_D_FF = "use d_ff for the feed-forward width (4 * d_model only when d_ff is None)"
+_ONE_KV = "keys AND values: two projections of n_kv_heads * d_head outputs each, not one"
 
 
 def _decoder_mistakes(V, T, C, L, H, H_kv=None, d_ff=None, tied=True) -> list[tuple[float, str]]:
@@ -117,37 +163,57 @@ def _decoder_mistakes(V, T, C, L, H, H_kv=None, d_ff=None, tied=True) -> list[tu
         (exact - L * biases - norms, _NO_BIASES_NORMS),
         (exact - L * biases, _NO_BIASES),
         (exact - norms, _NO_NORMS),
-        (exact - norms / 2, _ONE_VECTOR_NORMS),
+        (exact - norms // 2, _ONE_VECTOR_NORMS),
         (exact - 2 * C, _NO_FINAL_NORM),
         (exact - T * C, _NO_POSITIONS),
         (ref.decoder_params(V, T, C, L, H, H, f, tied), _IGNORED_GQA),
         (wide_kv, _KV_WIDTH),
+        (exact - L * (C + 1) * kv, _ONE_KV),
         (exact + V * C, _TIED_TWICE if tied else "the untied output layer has no bias and is counted once"),
+        (exact + V, _UNTIED_BIAS if not tied else _TIED_TWICE),
         (exact - head, _UNTIED_MISSING),
         (ref.decoder_params(V, T, C, L, H, H_kv, None, tied), _IGNORED_D_FF),
     ]
 
 
+_DECODER_ARGS = ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "tied")
+
+
 def _check_decoder(g: Grader, decoder_params, args: tuple, kwargs: dict | None = None) -> None:
     kwargs = kwargs or {}
-    names = ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "tied")
-    full = dict(zip(names, args)) | kwargs
-    got = decoder_params(*args, **kwargs)
-    _expect_value(g, got, ref.decoder_params(**full), _call("decoder_params", *args, **kwargs),
-                  _decoder_mistakes(*(full.get(n) for n in names[:5]), full.get("n_kv_heads"), full.get("d_ff"),
-                                    full.get("tied", True)))
+    full = dict(zip(_DECODER_ARGS, args)) | kwargs
+    call = _call("decoder_params", *args, **kwargs)
+    try:
+        got = decoder_params(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    _expect_value(g, got, ref.decoder_params(**full), call,
+                  _decoder_mistakes(*(full.get(n) for n in _DECODER_ARGS[:5]), full.get("n_kv_heads"), full.get("d_ff"),
+                                    full.get("tied", True)), exact=True)
+
+
+def _decoder_cases():
+    """Small decoders of every kind: (args, kwargs)."""
+    def build(case):
+        (H, H_kv, D), V, T, L, d_ff, tied, how = case
+        values = dict(zip(_DECODER_ARGS, (V, T, H * D, L, H, H_kv, d_ff, tied)))
+        positional = _DECODER_ARGS[:5 + how]  # how many of the optional arguments go by position
+        return tuple(values[n] for n in positional), {n: values[n] for n in _DECODER_ARGS[5 + how:]}
+    return st.tuples(_gqa_shapes(), st.integers(1, 300), st.integers(1, 64), st.integers(1, 4),
+                     st.one_of(st.none(), st.integers(1, 64)), st.booleans(), st.integers(0, 3)).map(build)
 
 
 def grade_decoder_params(decoder_params) -> None:
     """Grade ``decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads, d_ff, tied)``."""
     g = Grader("decoder_params")
 
-    with g.check("the GPT-2 family (multi-head attention, tied output layer)"):
+    with g.check("the exact count, an int, of the GPT-2 family (multi-head attention, tied output layer)"):
         for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"):
             c = ref.PUBLISHED[name]
             _check_decoder(g, decoder_params, (c.vocab_size, c.block_size, c.d_model, c.n_layers, c.n_heads))
 
-    with g.check("grouped-query attention: k and v have n_kv_heads * d_head outputs"):
+    with g.check("grouped-query attention: k and v have n_kv_heads * d_head outputs (one or several kv heads)"):
         for args in ((50257, 1024, 768, 12, 12, 4), (32000, 4096, 4096, 32, 32, 8), (1000, 64, 96, 3, 6, 1)):
             _check_decoder(g, decoder_params, args)
 
@@ -155,24 +221,47 @@ def grade_decoder_params(decoder_params) -> None:
         _check_decoder(g, decoder_params, (32000, 2048, 2048, 16, 16, 4, 5504))
         _check_decoder(g, decoder_params, (500, 32, 64, 2, 4, 2, 100))
 
-    with g.check("an untied output layer adds vocab_size x d_model"):
+    with g.check("tied=False adds a bias-free vocab_size x d_model output layer"):
         _check_decoder(g, decoder_params, (32000, 4096, 4096, 32, 32, 8, 11008, False))
         _check_decoder(g, decoder_params, (50257, 1024, 768, 12, 12), {"tied": False})
 
-    with g.check("defaults: n_kv_heads=None is multi-head attention, d_ff=None is 4 * d_model"):
-        got = decoder_params(1000, 128, 256, 4, 8)
-        explicit = ref.decoder_params(1000, 128, 256, 4, 8, 8, 1024)
-        _expect_value(g, got, explicit, "decoder_params(1000, 128, 256, 4, 8)", _decoder_mistakes(1000, 128, 256, 4, 8))
+    with g.check("defaults: n_kv_heads=None is multi-head attention, d_ff=None is 4 * d_model, tied=True"):
+        _check_decoder(g, decoder_params, (1000, 128, 256, 4, 8))
+        _check_decoder(g, decoder_params, (1000, 128, 256, 4, 8), {"n_kv_heads": None, "d_ff": None})
+
+    with g.check("the exact count of small decoders of every kind (drawn shapes, optional arguments by position or "
+                 "by name)"):
+        for_all("params.values", _decoder_cases(), lambda c: _check_decoder(g, decoder_params, *c),
+                max_examples=30, first=((10, 4, 6, 1, 2), {}))
+
+    with g.check("a ValueError naming the values when n_heads does not divide d_model or n_kv_heads does not "
+                 "divide n_heads"):
+        for args, shown in (((1000, 64, 100, 2, 12), ("100", "12")), ((1000, 64, 96, 2, 12, 5), ("12", "5")),
+                            ((1000, 64, 96, 2, 8, 3), ("8", "3"))):
+            _expect_error(g, decoder_params, args, {}, "decoder_params", shown,
+                          "say which of d_model, n_heads and n_kv_heads do not divide, with their values")
+
+    with g.check("a ValueError naming the argument for a size that is not a positive whole number"):
+        good = dict(zip(_DECODER_ARGS[:7], (1000, 64, 96, 2, 12, 4, 300)))
+        _bad_values(g, decoder_params, "decoder_params", good, _DECODER_ARGS[:7])
 
     g.finish()
 
 
 def check_decoder_params(decoder_params) -> None:
     g = Grader("decoder_params (public)")
-    with g.check("GPT-2 small: decoder_params(50257, 1024, 768, 12, 12) == 124,439,808"):
+    with g.check("GPT-2 small, an int: decoder_params(50257, 1024, 768, 12, 12) == 124,439,808"):
         _check_decoder(g, decoder_params, (50257, 1024, 768, 12, 12))
     with g.check("with 4 key/value heads: decoder_params(50257, 1024, 768, 12, 12, 4) == 114,990,336"):
         _check_decoder(g, decoder_params, (50257, 1024, 768, 12, 12, 4))
+    with g.check("d_ff and tied=False: decoder_params(100, 8, 16, 2, 4, 2, 40, False)"):
+        _check_decoder(g, decoder_params, (100, 8, 16, 2, 4, 2, 40, False))
+    with g.check("n_heads must divide d_model: decoder_params(100, 8, 18, 2, 4) raises a ValueError"):
+        _expect_error(g, decoder_params, (100, 8, 18, 2, 4), {}, "decoder_params", ("18", "4"),
+                      "say that n_heads=4 does not divide d_model=18")
+    with g.check("sizes are positive whole numbers: n_layers=0 raises a ValueError naming n_layers"):
+        _expect_error(g, decoder_params, (100, 8, 16, 0, 4), {}, "decoder_params", ("n_layers",),
+                      "n_layers must be a positive integer: use require_positive")
     g.finish()
 
 
@@ -197,6 +286,7 @@ _ADAM8_ONE = "8-bit Adam still keeps two moments (m and v), 1 byte each: 2 bytes
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adam8bit")
+KEYS = ("weights", "gradients", "master weights", "optimizer states")
 
 
 def _memory_mistakes(n: float, precision: str, optimizer: str) -> list[tuple[float, str]]:
@@ -218,19 +308,43 @@ def _memory_mistakes(n: float, precision: str, optimizer: str) -> list[tuple[flo
     return out
 
 
-def _check_memory(g: Grader, training_memory_gib, n: float, precision: str, optimizer: str) -> None:
-    got = training_memory_gib(n, precision, optimizer)
-    _expect_value(g, got, ref.training_memory_gib(n, precision, optimizer),
-                  _call("training_memory_gib", n, precision, optimizer), _memory_mistakes(n, precision, optimizer))
+def _check_memory(g: Grader, training_memory_gib, n: float, *names: str) -> None:
+    call = _call("training_memory_gib", n, *names)
+    try:
+        got = training_memory_gib(n, *names)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    precision, optimizer = (names + ("fp32", "adam")[len(names):])[:2]
+    _expect_value(g, got, ref.training_memory_gib(n, *names), call, _memory_mistakes(n, precision, optimizer))
 
 
-def grade_training_memory(training_memory_gib) -> None:
-    """Grade ``training_memory_gib(n_params, precision, optimizer)``."""
+def _check_bytes(g: Grader, memory_per_param, *args, **kwargs) -> None:
+    call = _call("memory_per_param", *args, **kwargs)
+    try:
+        got = memory_per_param(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    expected = ref.memory_per_param(*args, **kwargs)
+    g.expect(isinstance(got, dict) and set(got) == set(KEYS),
+             f"{call} should return a dict with the keys {list(KEYS)}, got {got!r}")
+    wrong = {k: got[k] for k in KEYS if _number(got[k]) is None or _number(got[k]) != expected[k]}
+    if wrong and kwargs.get("fp32_grads") and set(wrong) == {"gradients"} and got["gradients"] == 2:
+        g.fail(f"{call} gave 2 bytes of gradients: with fp32_grads=True the gradients are float32, 4 bytes")
+    g.expect(not wrong, f"{call} should be {expected}, got {got!r} (wrong: {', '.join(wrong)})")
+
+
+def grade_training_memory(training_memory_gib, memory_per_param=None) -> None:
+    """Grade ``training_memory_gib(n_params, precision, optimizer)`` and, when the test cell passes it,
+    ``memory_per_param(precision, optimizer, fp32_grads)``."""
     g = Grader("training_memory_gib")
 
-    with g.check("the result is in GiB (2**30 bytes)"):
+    with g.check("the result is in GiB (2**30 bytes); the defaults are fp32 and Adam"):
         _check_memory(g, training_memory_gib, 2**30, "fp32", "sgd")
         _check_memory(g, training_memory_gib, 1e9, "fp32", "adam")
+        _check_memory(g, training_memory_gib, 1e9)
+        _check_memory(g, training_memory_gib, 3e8, "bf16")
 
     with g.check("weights and gradients: plain SGD, fp32 and mixed precision"):
         for precision in PRECISIONS:
@@ -245,27 +359,57 @@ def grade_training_memory(training_memory_gib) -> None:
             _check_memory(g, training_memory_gib, 7e9, precision, "adam")
 
     with g.check("8-bit Adam keeps two 1-byte moments"):
-        for precision in ("fp32", "bf16"):
+        for precision in PRECISIONS:
             _check_memory(g, training_memory_gib, 7e9, precision, "adam8bit")
 
-    with g.check("unknown precision or optimizer names raise a ValueError"):
-        for args in ((1e9, "fp8", "adam"), (1e9, "fp32", "adagrad")):
-            try:
-                got = training_memory_gib(*args)
-            except ValueError:
-                continue
-            g.fail(f"{_call('training_memory_gib', *args)} returned {got!r}: raise a ValueError that names the "
-                   f"accepted values ({', '.join(PRECISIONS)} and {', '.join(OPTIMIZERS)})")
+    with g.check("any positive number of parameters, every precision and optimizer (drawn)"):
+        cases = st.tuples(st.one_of(st.integers(1, 10**12), st.floats(0.5, 1e12)), st.sampled_from(PRECISIONS),
+                          st.sampled_from(OPTIMIZERS))
+        for_all("memory.values", cases, lambda c: _check_memory(g, training_memory_gib, *c), first=(1, "fp32", "sgd"))
+
+    with g.check("unknown precision or optimizer names raise a ValueError that lists the accepted names; "
+                 "n_params must be a positive number"):
+        for fn, name in ((training_memory_gib, "training_memory_gib"),) + \
+                ((memory_per_param, "memory_per_param"),) * (memory_per_param is not None):
+            lead = (1e9,) if fn is training_memory_gib else ()
+            _expect_error(g, fn, lead + ("fp8", "adam"), {}, name, PRECISIONS, "list the accepted precisions")
+            _expect_error(g, fn, lead + ("fp32", "adagrad"), {}, name, OPTIMIZERS, "list the accepted optimizers")
+        for bad in (0, -1e9):
+            _expect_error(g, training_memory_gib, (bad, "fp32", "adam"), {}, "training_memory_gib", ("n_params",),
+                          "n_params must be a positive number: use require_positive")
+
+    if memory_per_param is not None:
+        with g.check("memory_per_param: bytes per parameter by what they hold, for every precision and optimizer, "
+                     "with and without fp32_grads (default False), and its defaults (fp32, Adam)"):
+            _check_bytes(g, memory_per_param)
+            _check_bytes(g, memory_per_param, "bf16")
+            for precision in PRECISIONS:
+                for optimizer in OPTIMIZERS:
+                    _check_bytes(g, memory_per_param, precision, optimizer)
+                    _check_bytes(g, memory_per_param, precision, optimizer, fp32_grads=True)
+                    _check_bytes(g, memory_per_param, precision, optimizer, False)
 
     g.finish()
 
 
-def check_training_memory(training_memory_gib) -> None:
+def check_training_memory(training_memory_gib, memory_per_param=None) -> None:
     g = Grader("training_memory_gib (public)")
     with g.check("1e9 parameters, fp32 Adam: 16e9 bytes = 14.90 GiB"):
         _check_memory(g, training_memory_gib, 1e9, "fp32", "adam")
     with g.check("1e9 parameters, bf16 Adam: 2 + 2 + 4 + 8 = 16 bytes, 14.90 GiB too"):
         _check_memory(g, training_memory_gib, 1e9, "bf16", "adam")
+    with g.check("the defaults, SGD, momentum and 8-bit Adam: training_memory_gib(1e9), (1e9, 'fp16', 'sgd'), ..."):
+        for names in ((), ("fp16", "sgd"), ("fp32", "momentum"), ("bf16", "adam8bit")):
+            _check_memory(g, training_memory_gib, 1e9, *names)
+    with g.check("unknown names raise a ValueError listing the accepted ones; n_params=0 raises a ValueError"):
+        _expect_error(g, training_memory_gib, (1e9, "fp8", "adam"), {}, "training_memory_gib", PRECISIONS,
+                      "list the accepted precisions")
+        _expect_error(g, training_memory_gib, (0, "fp32", "adam"), {}, "training_memory_gib", ("n_params",),
+                      "n_params must be a positive number")
+    if memory_per_param is not None:
+        with g.check("memory_per_param('bf16', 'adam') and with fp32_grads=True"):
+            _check_bytes(g, memory_per_param, "bf16", "adam")
+            _check_bytes(g, memory_per_param, "bf16", "adam", fp32_grads=True)
     g.finish()
 
 
@@ -279,6 +423,9 @@ _IGNORED_BITS = "use the bits argument (bits / 8 bytes per value), not always 2 
 _KV_GB = "a GiB is 2**30 bytes; you divided by 10**9, which is a GB"
 _MIB = "a GiB is 2**30 bytes; you divided by 2**20 (a MiB)"
 _NO_BATCH = "multiply by the batch: every sequence has its own cache"
+_WHOLE_BYTES = "do not round: with bits / 8 bytes per value the cache is a fraction of a byte per value (use /, not //)"
+
+_KV_ARGS = ("n_layers", "n_heads", "n_kv_heads", "d_model", "seq_len", "batch", "bits")
 
 
 def _kv_mistakes(L, H, H_kv, C, T, B=1, bits=16) -> list[tuple[float, str]]:
@@ -293,15 +440,24 @@ def _kv_mistakes(L, H, H_kv, C, T, B=1, bits=16) -> list[tuple[float, str]]:
         (n_bytes / 1e9, _KV_GB),
         (n_bytes / 2**20, _MIB),
         (right / B, _NO_BATCH),
+        ((2 * L * H_kv * (C // H) * T * B * bits // 8) / 2**30, _WHOLE_BYTES),
+        (float(int(n_bytes) // 2**30), _WHOLE_BYTES),
     ]
     if H_kv != H:
         out.append((right * H * H / H_kv, _N_HEADS + "; and " + _D_MODEL))
     return out
 
 
-def _check_kv(g: Grader, kv_cache_gib, *args) -> None:
-    got = kv_cache_gib(*args)
-    _expect_value(g, got, ref.kv_cache_gib(*args), _call("kv_cache_gib", *args), _kv_mistakes(*args))
+def _check_kv(g: Grader, kv_cache_gib, *args, **kwargs) -> None:
+    call = _call("kv_cache_gib", *args, **kwargs)
+    try:
+        got = kv_cache_gib(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    full = dict(zip(_KV_ARGS, args)) | kwargs
+    _expect_value(g, got, ref.kv_cache_gib(**full), call, _kv_mistakes(*(full.get(n) for n in _KV_ARGS[:5]),
+                                                                       full.get("batch", 1), full.get("bits", 16)))
 
 
 def grade_kv_cache(kv_cache_gib) -> None:
@@ -320,22 +476,54 @@ def grade_kv_cache(kv_cache_gib) -> None:
     with g.check("the batch multiplies the cache"):
         _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 2048, 16, 16)
 
-    with g.check("bits per value: a quantized cache (8 and 4 bits)"):
+    with g.check("bits per value: a quantized cache (8 and 4 bits), and any whole number of bits"):
         _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 8192, 1, 8)
         _check_kv(g, kv_cache_gib, 32, 32, 4, 4096, 100000, 2, 4)
+        _check_kv(g, kv_cache_gib, 1, 1, 1, 1, 1, 1, 3)
+        _check_kv(g, kv_cache_gib, 3, 4, 2, 12, 7, 1, 1)
 
-    with g.check("multi-query attention (n_kv_heads = 1) and the default batch and bits"):
-        got = kv_cache_gib(24, 16, 1, 2048, 2048)
-        _expect_value(g, got, ref.kv_cache_gib(24, 16, 1, 2048, 2048), "kv_cache_gib(24, 16, 1, 2048, 2048)",
-                      _kv_mistakes(24, 16, 1, 2048, 2048))
+    with g.check("multi-query attention (n_kv_heads = 1) and the defaults batch=1, bits=16"):
+        _check_kv(g, kv_cache_gib, 24, 16, 1, 2048, 2048)
+        _check_kv(g, kv_cache_gib, 24, 16, 2, 2048, 2048, batch=3)
+        _check_kv(g, kv_cache_gib, 24, 16, 4, 2048, 2048, bits=8)
+
+    with g.check("drawn shapes: layers, heads, key/value heads, widths, lengths, batches and bits"):
+        def test(case):
+            (H, H_kv, D), L, T, B, bits = case
+            _check_kv(g, kv_cache_gib, L, H, H_kv, H * D, T, B, bits)
+
+        cases = st.tuples(_gqa_shapes(), st.integers(1, 6), st.integers(1, 5000), st.integers(1, 8), st.integers(1, 32))
+        for_all("kv.values", cases, test, max_examples=30, first=((2, 1, 4), 1, 1, 1, 16))
+
+    with g.check("a ValueError naming the values when n_heads does not divide d_model or n_kv_heads does not "
+                 "divide n_heads"):
+        for args, shown in (((2, 12, 12, 100, 64), ("100", "12")), ((2, 12, 5, 96, 64), ("12", "5")),
+                            ((2, 8, 3, 96, 64), ("8", "3"))):
+            _expect_error(g, kv_cache_gib, args, {}, "kv_cache_gib", shown,
+                          "say which of d_model, n_heads and n_kv_heads do not divide, with their values")
+
+    with g.check("a ValueError naming the argument for a value that is not a positive whole number"):
+        good = dict(zip(_KV_ARGS, (2, 12, 4, 96, 64, 2, 8)))
+        _bad_values(g, kv_cache_gib, "kv_cache_gib", good, _KV_ARGS)
 
     g.finish()
 
 
 def check_kv_cache(kv_cache_gib) -> None:
     g = Grader("kv_cache_gib (public)")
-    with g.check("a Llama-3-8B shape at 8192 tokens: kv_cache_gib(32, 32, 8, 4096, 8192) == 1.0"):
-        _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 8192, 1, 16)
+    with g.check("a Llama-3-8B shape at 8192 tokens (defaults batch=1, bits=16): kv_cache_gib(32, 32, 8, 4096, 8192) "
+                 "== 1.0"):
+        _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 8192)
+    with g.check("batch and bits, not rounded: kv_cache_gib(32, 32, 8, 4096, 8192, batch=4, bits=4) == 1.0, and 3 "
+                 "bits"):
+        _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 8192, batch=4, bits=4)
+        _check_kv(g, kv_cache_gib, 1, 1, 1, 1, 1, 1, 3)
+    with g.check("n_kv_heads must divide n_heads: kv_cache_gib(2, 12, 5, 96, 64) raises a ValueError"):
+        _expect_error(g, kv_cache_gib, (2, 12, 5, 96, 64), {}, "kv_cache_gib", ("12", "5"),
+                      "say that n_kv_heads=5 does not divide n_heads=12")
+    with g.check("positive whole numbers: seq_len=0 raises a ValueError naming seq_len"):
+        _expect_error(g, kv_cache_gib, (2, 12, 4, 96, 0), {}, "kv_cache_gib", ("seq_len",),
+                      "seq_len must be a positive integer: use require_positive")
     g.finish()
 
 
@@ -351,6 +539,8 @@ _MINUTES = "return days: divide the seconds by 86400 (24 * 3600); you returned m
 _TERA = "gpu_tflops is in TFLOP/s: multiply by 10**12 to get FLOP/s"
 _NO_GPUS = "divide by the number of GPUs: they share the work"
 
+_DAYS_ARGS = ("n_params", "n_tokens", "n_gpus", "gpu_tflops", "mfu")
+
 
 def _days_mistakes(N, D, n_gpus, tflops, mfu) -> list[tuple[float, str]]:
     right = ref.training_days(N, D, n_gpus, tflops, mfu)
@@ -362,30 +552,47 @@ def _days_mistakes(N, D, n_gpus, tflops, mfu) -> list[tuple[float, str]]:
 
 
 def _check_days(g: Grader, training_days, *args) -> None:
-    got = training_days(*args)
-    _expect_value(g, got, ref.training_days(*args), _call("training_days", *args), _days_mistakes(*args))
+    call = _call("training_days", *args)
+    try:
+        got = training_days(*args)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    _expect_value(g, got, ref.training_days(*args), call, _days_mistakes(*args))
 
 
 def grade_training_days(training_days) -> None:
     """Grade ``training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu)``."""
     g = Grader("training_days")
 
-    with g.check("GPT-3's 175B parameters on 300B tokens, 1024 A100s at 40% MFU"):
+    with g.check("published runs: GPT-3 (175B parameters, 300B tokens, 1024 A100s at 40% MFU) and Chinchilla"):
         _check_days(g, training_days, 175e9, 300e9, 1024, 312.0, 0.4)
-
-    with g.check("a Chinchilla-sized run: 70B parameters, 1.4T tokens, 2048 H100s at 35% MFU"):
         _check_days(g, training_days, 70e9, 1.4e12, 2048, 989.0, 0.35)
 
     with g.check("small runs: the units (TFLOP/s, seconds to days)"):
         _check_days(g, training_days, 1.24e8, 1e10, 1, 125.0, 0.3)
         _check_days(g, training_days, 1e9, 2e10, 8, 312.0, 0.45)
 
-    with g.check("twice the GPUs take half the time"):
+    with g.check("twice the GPUs take half the time; mfu=1 (the peak) is allowed"):
         one = _number(training_days(7e9, 2e12, 256, 989.0, 0.4))
         two = _number(training_days(7e9, 2e12, 512, 989.0, 0.4))
         g.expect(one is not None and two is not None and _close(one, 2 * two),
                  f"256 GPUs gave {one} days and 512 GPUs {two}: the time must halve when the GPUs double "
                  "(" + _NO_GPUS + ")")
+        _check_days(g, training_days, 1e9, 2e10, 8, 312.0, 1.0)
+        _check_days(g, training_days, 3e9, 1e11, 64, 400.0, 1)
+
+    with g.check("drawn runs: any positive sizes, GPU counts, peaks and 0 < mfu <= 1"):
+        cases = st.tuples(st.floats(1e3, 1e12), st.floats(1e3, 1e13), st.integers(1, 4096), st.floats(1.0, 2000.0),
+                          st.one_of(st.floats(0.01, 1.0), st.just(1.0)))
+        for_all("days.values", cases, lambda c: _check_days(g, training_days, *c), first=(1e9, 2e10, 8, 312.0, 0.5))
+
+    with g.check("a ValueError unless 0 < mfu <= 1, and for a size, GPU count or peak that is not positive"):
+        good = dict(zip(_DAYS_ARGS, (1e9, 2e10, 8, 312.0, 0.5)))
+        for mfu in (1.5, 2.0, 1.0001):
+            _expect_error(g, training_days, (), good | {"mfu": mfu}, "training_days", (str(mfu),),
+                          "mfu is a fraction of the peak, in (0, 1]: say so and give the value")
+        _bad_values(g, training_days, "training_days", good, (), _DAYS_ARGS)
 
     g.finish()
 
@@ -394,4 +601,14 @@ def check_training_days(training_days) -> None:
     g = Grader("training_days (public)")
     with g.check("1e9 parameters, 2e10 tokens, 8 GPUs of 312 TFLOP/s at 50% MFU: 1.113 days"):
         _check_days(g, training_days, 1e9, 2e10, 8, 312.0, 0.5)
+    with g.check("mfu=1 is allowed: training_days(1e9, 2e10, 8, 312.0, 1.0)"):
+        _check_days(g, training_days, 1e9, 2e10, 8, 312.0, 1.0)
+    with g.check("mfu=1.5 and mfu=0 raise a ValueError"):
+        _expect_error(g, training_days, (1e9, 2e10, 8, 312.0, 1.5), {}, "training_days", (),
+                      "mfu is a fraction of the peak, in (0, 1]")
+        _expect_error(g, training_days, (1e9, 2e10, 8, 312.0, 0), {}, "training_days", ("mfu",),
+                      "mfu must be a positive number")
+    with g.check("n_gpus=0 raises a ValueError naming n_gpus"):
+        _expect_error(g, training_days, (1e9, 2e10, 0, 312.0, 0.5), {}, "training_days", ("n_gpus",),
+                      "n_gpus must be a positive number: use require_positive")
     g.finish()

@@ -1,22 +1,46 @@
 """Checks for Exercise 1 (attention).
 
 Each part has two entry points, both called from the notebook with the student's
-object. ``check_*`` holds the *public* checks: small, fixed examples that a
-student runs while working (and ``coursekit check`` runs). ``grade_*`` holds the
-*hidden* checks: it compares the object with :mod:`coursekit.attention` on fresh
-seeded inputs and tests properties. Both raise
-:class:`~coursekit.grading.core.GradingFailure` with a hint per failed check.
+object. ``check_*`` holds the *public* checks: one small, fixed example per clause of
+the part's text, which a student runs while working (and ``coursekit check`` runs).
+``grade_*`` holds the *hidden* checks: one named check per clause, each on inputs drawn
+across what the text allows (:func:`~coursekit.grading.core.for_all`: ranks, sizes
+including 1, T != S, both float dtypes, large magnitudes where stability is promised),
+compared with :mod:`coursekit.attention` in float64. A failed check names the smallest
+input that shows the mistake. Both raise :class:`~coursekit.grading.core.GradingFailure`
+with a hint per failed check.
+
+Private helpers (candidates for the shared toolkit): :func:`_run` turns an exception of the
+student's code into a hint that names the input, :func:`_device_type` reads the device of a
+result even under the autograder (a meta tensor cannot travel back from the sandbox as data,
+and the attempt says so), :func:`_show` prints a few values for a hint.
 """
 
 from __future__ import annotations
 
 import math
+import traceback
 
 import torch
+from hypothesis import strategies as st
 
 from coursekit import attention as ref
 from coursekit.grading.core import (
-    Grader, close, describe, generator, is_a, is_tensor, load_weights, probe, rand, random_weights,
+    Grader,
+    _Failed,
+    close,
+    describe,
+    expect_value_error,
+    first_match,
+    is_a,
+    is_tensor,
+    load_weights,
+    magnitude,
+    probe,
+    raise_unless_student_error,
+    random_weights,
+    seed,
+    tensor,
 )
 
 __all__ = [
@@ -24,72 +48,251 @@ __all__ = [
     "grade_softmax", "grade_causal_mask", "grade_attention", "grade_self_attention",
 ]
 
+FLOATS = (torch.float64, torch.float32)
+LINEAR = "torch.nn.modules.linear.Linear"
+SEEDS = st.integers(0, 2**31 - 1)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _for_all(name: str, strategy, test, *, max_examples: int = 20, first: object = None) -> None:
+    """:func:`coursekit.grading.core.for_all` without Hypothesis's *explain* phase.
+
+    After shrinking a failure, Hypothesis's explain phase re-runs the test many more times to find
+    which parts of the example do not matter, which it would print; graders print their own hint.
+    Under the autograder every run is a round trip to the sandbox, so that phase multiplied the
+    time of a failed check by ten or more (past the autograder's time limit per check). Same
+    examples, same shrinking, same failure as ``for_all``.
+    """
+    from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    @settings(max_examples=max_examples, database=None, deadline=None, derandomize=False, print_blob=False,
+              verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+              phases=(Phase.explicit, Phase.generate, Phase.shrink))
+    @hypothesis_seed(seed(name))
+    @given(strategy)
+    def run(case):
+        test(case)
+
+    if first is not None:
+        run = example(first)(run)
+    try:
+        run()
+    except BaseExceptionGroup as group:  # Hypothesis's FlakyFailure: the failure did not happen again
+        if not group.exceptions or not isinstance(group.exceptions[0], _Failed):
+            raise _Failed("your code gave different answers when called again with the same input: "
+                          "does it depend on global state or unseeded randomness?") from None
+        raise group.exceptions[0] from None
+
+
+def _raised(e: BaseException) -> str:
+    """What the student's code raised, as a hint: 'your code raised X: message (at line N ...)'."""
+    text = str(e)
+    if text.startswith("your code ") or type(e).__module__ == "coursekit.sandbox.host":
+        return text  # raised, timed out or crashed in the sandbox: the message already says so
+    where = ""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        f = frame.filename
+        if "coursekit" not in f and "site-packages" not in f and "/torch/" not in f:
+            where = f" (at line {frame.lineno} of your code: {frame.line})"
+            break
+    return f"your code raised {type(e).__name__}: {text}{where}"
+
+
+def _run(g: Grader, where: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``; an exception of the student's code fails the check with a hint
+    that starts with ``where`` (the input), so that a shrunk example names the smallest input. Tensor
+    arguments are passed as copies: a change in place shows only in the check of that clause."""
+    copy = lambda a: a.clone() if type(a) is torch.Tensor else a  # noqa: E731
+    try:
+        return fn(*map(copy, args), **{key: copy(value) for key, value in kwargs.items()})
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        raise_unless_student_error(e)
+        g.fail(f"{where}: {_raised(e)}")
+
+
+def _device_type(g: Grader, where: str, fn, *args, **kwargs) -> str:
+    """The device type of the tensor ``fn`` returns ("cpu", "meta", ...), or a description of
+    what it returned instead. Under the autograder a meta tensor cannot be copied back out of the
+    sandbox; the failed copy is how it shows there."""
+    try:
+        out = fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        if "Cannot copy out of meta tensor" in str(e):
+            return "meta"
+        raise_unless_student_error(e)
+        g.fail(f"{where}: {_raised(e)}")
+    return out.device.type if is_tensor(out) else describe(out)
+
+
+def _show(t: object, n: int = 6) -> str:
+    """Up to ``n`` values of a tensor, for a hint: ``[0.25, 0.75, nan]``."""
+    if not is_tensor(t):
+        return describe(t)
+    flat = t.detach().reshape(-1)[:n].tolist()
+    text = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in flat)
+    return f"[{text}{', ...' if t.numel() > n else ''}]"
+
+
+def _first_difference(got, expected) -> str:
+    """'at index (i, j): expected a, got b' for the first entry where two same-shaped tensors differ."""
+    if not (is_tensor(got) and got.shape == expected.shape and got.dtype == expected.dtype):
+        return f"expected {describe(expected)}, got {describe(got)}"
+    g, e = got.detach().double(), expected.detach().double()
+    diff = ((g - e).abs() > 0) | (g.isnan() != e.isnan())
+    where = diff.nonzero()
+    if not where.numel():
+        return f"expected {_show(expected)}, got {_show(got)}"
+    i = tuple(where[0].tolist())
+    text = f"at index {i}: expected {e[i].item():.9g}, got {g[i].item():.9g}"
+    error = (got.detach().double() - expected.detach().double()).abs().max().item()
+    if expected.dtype == torch.float64 and 0 < error < 1e-4 * max(1.0, expected.detach().abs().max().item()):
+        text += (" (a tiny difference, the size of float32 rounding: part of the computation in float32, or an "
+                 "epsilon added?)")
+    return text
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _unpack(g: Grader, result, what: str):
+    g.expect(
+        isinstance(result, tuple) and len(result) == 2,
+        f"{what} must return a tuple (out, weights), got {describe(result)}",
+    )
+    return result
+
 
 # --------------------------------------------------------------------------- softmax
+
+
+def _shape_and_dim(max_rank: int = 4, max_size: int = 6):
+    """A shape of rank 1..max_rank and an axis of it, positive or negative."""
+    return st.lists(st.integers(1, max_size), min_size=1, max_size=max_rank).map(tuple).flatmap(
+        lambda shape: st.tuples(st.just(shape), st.integers(-len(shape), len(shape) - 1)))
+
+
+def _softmax_mistakes(x: torch.Tensor, dim: int, where: str) -> list:
+    """The classic wrong softmaxes of ``x`` (float64) along ``dim``, with their hints."""
+    others = [d for d in range(x.dim()) if d != dim % x.dim()]
+    out = [(torch.exp(x), f"{where}: your slices do not sum to 1: divide by the sum over `dim` (keepdim=True)")]
+    out += [(ref.softmax(x, d), f"{where}: softmax over the wrong axis (dim {d} instead of {dim}): use `dim` "
+             "in both the max and the sum") for d in others]
+    out += [(ref.softmax(x.float(), dim).double(), f"{where}: your result has only float32 precision: compute in "
+             "x's dtype (no .float() on the way)")]
+    return out
 
 
 def grade_softmax(softmax) -> None:
     """Grade a student's ``softmax(x, dim=-1)``."""
     g = Grader("softmax")
 
-    with g.check("returns a tensor of the input's shape and dtype"):
-        for dtype in (torch.float32, torch.float64):
-            x = rand("softmax.shape", 3, 4, 5, dtype=dtype)
-            p = softmax(x)
-            g.expect(
-                is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
-                f"for input {describe(x)} expected the same shape and dtype, got {describe(p)}",
-            )
+    with g.check("returns a new tensor of x's shape and dtype (float32 or float64, any rank)"):
+        def shape_dtype(case):
+            (shape, dim), dtype, seed = case
+            x = tensor(seed, *shape, dtype=dtype)
+            p = _run(g, f"softmax(x {shape} {_dt(dtype)}, dim={dim})", softmax, x, dim=dim)
+            g.expect(is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
+                     f"softmax(x {shape} {_dt(dtype)}, dim={dim}) should be a tensor {_dt(dtype)} {shape}, "
+                     f"got {describe(p)}")
 
-    with g.check("matches torch.softmax on random inputs"):
-        x = rand("softmax.values", 4, 7, scale=3.0)
-        p = softmax(x)
-        expected = torch.softmax(x, dim=-1)
-        if is_tensor(p) and p.shape == x.shape and not close(p.sum(-1), torch.ones(4, dtype=x.dtype)):
-            g.fail("your rows do not sum to 1: normalise by the sum over the last axis (keepdim=True)")
-        g.expect(close(p, expected), "values differ from torch.softmax(x, dim=-1)")
+        _for_all("softmax.shape", st.tuples(_shape_and_dim(), st.sampled_from(FLOATS), SEEDS), shape_dtype,
+                 max_examples=12, first=(((2, 3), -1), torch.float64, 0))
 
-    with g.check("normalises along the `dim` argument"):
-        x = rand("softmax.dim", 3, 4, 5)
-        for dim in (0, 1, -1):
-            p = softmax(x, dim=dim)
-            g.expect(
-                close(p, torch.softmax(x, dim=dim)),
-                f"softmax(x, dim={dim}) does not sum to 1 along dim {dim}: "
-                "softmax over the wrong axis? Use `dim` in both the max and the sum",
-            )
+    with g.check("equals exp(x) / sum(exp(x)) along the last axis by default"):
+        def values(case):
+            shape, dtype, scale, seed = case
+            x = tensor(seed, *shape, dtype=dtype, scale=scale)
+            where = f"softmax(x) for x {shape} {_dt(dtype)}"
+            p = _run(g, where, softmax, x)
+            expected = ref.softmax(x.double(), -1)
+            first_match(g, p, [(m.to(dtype), h) for m, h in _softmax_mistakes(x.double(), -1, where)],
+                        right=expected.to(dtype))
+            g.expect(close(p, expected.to(dtype), magnitude=magnitude(x)),
+                     f"{where}: {_first_difference(p, expected.to(dtype))}")
 
-    with g.check("stable for large and very negative inputs"):
-        x = rand("softmax.large", 3, 6, dtype=torch.float32, scale=50.0) + 1000.0
-        p = softmax(x)
-        g.expect(
-            is_tensor(p) and bool(torch.isfinite(p).all()),
-            "got inf or NaN for inputs around 1000: exp(1000) overflows; "
-            "subtract the maximum of each slice before exponentiating",
-        )
-        g.expect(close(p, torch.softmax(x, dim=-1)), "values differ from torch.softmax for inputs around 1000")
-        y = torch.full((2, 3), -1000.0)
-        g.expect(
-            close(softmax(y), torch.full((2, 3), 1 / 3)),
-            "inputs of all -1000 should give a uniform distribution: exp(-1000) underflows to 0, "
-            "so subtract the maximum first",
-        )
+        shapes = st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple)
+        _for_all("softmax.values", st.tuples(shapes, st.sampled_from(FLOATS), st.sampled_from([1.0, 3.0, 0.01]), SEEDS),
+                 values, max_examples=15, first=((3, 4), torch.float64, 1.0, 1))
 
-    with g.check("a slice of all -inf gives zeros, not NaN"):
+    with g.check("normalises along `dim`: any axis, positive or negative"):
+        def along(case):
+            (shape, dim), dtype, seed = case
+            x = tensor(seed, *shape, dtype=dtype, scale=2.0)
+            where = f"softmax(x, dim={dim}) for x {shape} {_dt(dtype)}"
+            p = _run(g, where, softmax, x, dim=dim)
+            expected = ref.softmax(x.double(), dim)
+            first_match(g, p, [(m.to(dtype), h) for m, h in _softmax_mistakes(x.double(), dim, where)],
+                        right=expected.to(dtype))
+            g.expect(close(p, expected.to(dtype), magnitude=magnitude(x)),
+                     f"{where}: {_first_difference(p, expected.to(dtype))}")
+
+        _for_all("softmax.dim", st.tuples(_shape_and_dim(), st.sampled_from(FLOATS), SEEDS), along,
+                 max_examples=14, first=(((3, 4, 5), 0), torch.float64, 2))
+
+    with g.check("stable: finite and accurate for large positive and very negative inputs (float32 and float64)"):
+        def stable(case):
+            (shape, dim), dtype, offset, spread, apart, seed = case
+            x = tensor(seed, *shape, dtype=dtype, scale=spread) + offset
+            around = f"around {offset:g}"
+            if apart and x.dim() > 1:  # slices far apart: every other slice around -offset
+                sign = (torch.arange(x.numel() // x.shape[dim]) % 2 * -2 + 1).to(dtype)
+                others = [n for d, n in enumerate(shape) if d != dim % len(shape)]
+                x = x * sign.view(*others).unsqueeze(dim)
+                around = f"around {offset:g} in some slices and {-offset:g} in others"
+            where = f"softmax(x, dim={dim}) for x {shape} {_dt(dtype)} with values {around}"
+            p = _run(g, where, softmax, x, dim=dim)
+            expected = ref.softmax(x.double(), dim).to(dtype)
+            if is_tensor(p) and p.shape == x.shape and not bool(torch.isfinite(p).all()):
+                g.fail(f"{where}: got inf or NaN ({_show(p)}): exp overflows above about 88 in float32 (709 in "
+                       "float64) and every term underflows to 0 far below; subtract the maximum of each slice "
+                       "(not of the whole tensor) before exponentiating")
+            g.expect(close(p, expected, magnitude=magnitude(x)),
+                     f"{where}: {_first_difference(p, expected)} (subtract the maximum of each slice first)")
+
+        _for_all("softmax.stable", st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS),
+                                             st.sampled_from([1000.0, -1000.0, 1e4, -1e4, 200.0, -800.0]),
+                                             st.sampled_from([1.0, 10.0, 50.0]), st.booleans(), SEEDS),
+                 stable, max_examples=15, first=(((2, 3), -1), torch.float32, 1000.0, 1.0, False, 3))
+        stable((((3, 4), -1), torch.float32, 1000.0, 1.0, True, 4))  # rows around 1000 and -1000
+
+    with g.check("-inf entries get weight 0, and a slice of all -inf gives zeros, not NaN"):
+        def masked(case):
+            (shape, dim), dtype, seed = case
+            x = tensor(seed, *shape, dtype=dtype)
+            drop = tensor(seed + 1, *shape) > 0.3  # about 38% of the entries become -inf
+            x = x.masked_fill(drop, -math.inf)
+            x.movedim(dim, -1)[(0,) * (x.dim() - 1)] = -math.inf  # and one whole slice along dim
+            where = f"softmax(x, dim={dim}) for x {shape} {_dt(dtype)} holding -inf ({_show(x)})"
+            p = _run(g, where, softmax, x, dim=dim)
+            expected = ref.softmax(x.double(), dim).to(dtype)
+            if is_tensor(p) and bool(torch.isnan(p).any()):
+                g.fail(f"{where}: gave NaN ({_show(p)}): a slice of all -inf has maximum -inf and -inf - (-inf) is "
+                       "NaN; replace an infinite maximum by 0 before subtracting, and divide by 1 where the sum is 0")
+            g.expect(close(p, expected, magnitude=magnitude(x)), f"{where}: {_first_difference(p, expected)}")
+
+        _for_all("softmax.masked", st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS), SEEDS), masked,
+                 max_examples=12, first=(((2, 3), -1), torch.float64, 4))
         x = torch.tensor([[0.0, -math.inf, 1.0], [-math.inf, -math.inf, -math.inf]], dtype=torch.float64)
-        p = softmax(x)
-        expected = torch.tensor([[1 / (1 + math.e), 0.0, math.e / (1 + math.e)], [0.0, 0.0, 0.0]], dtype=torch.float64)
-        g.expect(
-            is_tensor(p) and not bool(torch.isnan(p).any()),
-            "a fully masked row (all -inf) gave NaN: replace an infinite maximum by 0 before subtracting, "
-            "and divide by 1 where the sum is 0",
-        )
-        g.expect(close(p, expected), "softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be [[0.269, 0, 0.731], [0, 0, 0]]")
+        p = _run(g, "softmax([[0, -inf, 1], [-inf, -inf, -inf]])", softmax, x)
+        g.expect(close(p, ref.softmax(x)), "softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be "
+                                           f"[[0.269, 0, 0.731], [0, 0, 0]], got {_show(p)}")
 
-    with g.check("leaves its input unchanged"):
-        x = rand("softmax.inplace", 3, 5)
-        after = probe(softmax, x.clone()).args[0]
-        g.expect(is_tensor(after) and torch.equal(after, x), "softmax modified its input in place (x -= ... or x.exp_()): compute a new tensor")
+    with g.check("leaves x unchanged (no in-place changes)"):
+        def untouched(case):
+            (shape, dim), dtype, seed = case
+            x = tensor(seed, *shape, dtype=dtype, scale=3.0)
+            after = probe(softmax, x.clone(), dim=dim).args[0]
+            g.expect(is_tensor(after) and torch.equal(after, x),
+                     f"softmax(x, dim={dim}) for x {shape} {_dt(dtype)}: softmax modified its input in place "
+                     "(x -= ..., "
+                     f"x.exp_() or out=x): x was {_show(x)}, afterwards {_show(after)}; compute a new tensor")
+
+        _for_all("softmax.inplace", st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS), SEEDS), untouched,
+                 max_examples=6, first=(((3, 5), -1), torch.float64, 5))
 
     g.finish()
 
@@ -98,50 +301,85 @@ def grade_softmax(softmax) -> None:
 
 
 def grade_causal_mask(causal_mask) -> None:
-    """Grade a student's ``causal_mask(T, S=None)``."""
+    """Grade a student's ``causal_mask(T, S=None, device=None)``."""
     g = Grader("causal_mask")
-    # sizes drawn from the check's generator as well as the edge cases, so no table of sizes passes
-    drawn = torch.randint(3, 40, (3,), generator=generator("causal.sizes")).tolist()
-    offsets = torch.randint(1, 12, (3,), generator=generator("causal.offsets")).tolist()
 
-    with g.check("returns a boolean (T, S) tensor"):
-        m = causal_mask(4)
-        g.expect(
-            is_tensor(m) and m.dtype == torch.bool and m.shape == (4, 4),
-            f"causal_mask(4) should be a bool tensor of shape (4, 4), got {describe(m)}",
-        )
+    with g.check("returns a boolean (T, S) tensor; S defaults to T"):
+        def kind(case):
+            T, extra, give_s = case
+            S = T + extra
+            args = (T, S) if give_s else (T,)
+            call = f"causal_mask({', '.join(map(str, args))})"
+            m = _run(g, call, causal_mask, *args)
+            want = (T, S if give_s else T)
+            g.expect(is_tensor(m) and m.dtype == torch.bool and m.shape == want,
+                     f"{call} should be a bool tensor of shape {want}, got {describe(m)}")
 
-    with g.check("square masks (S = T) allow exactly the past and the present"):
-        for T in (5, 1, 2, *drawn):
-            m = causal_mask(T)
+        _for_all("causal.kind", st.tuples(st.integers(0, 9), st.integers(0, 5), st.booleans()), kind,
+                 max_examples=10, first=(4, 0, False))
+
+    with g.check("S = T: query i sees keys 0..i (the lower triangle with its diagonal), T = 0 included"):
+        def square(case):
+            T, give_s = case
+            call = f"causal_mask({T}, {T})" if give_s else f"causal_mask({T})"
+            m = _run(g, call, causal_mask, *((T, T) if give_s else (T,)))
             expected = ref.causal_mask(T)
             if is_tensor(m) and m.shape == expected.shape and m.dtype == torch.bool and T > 1:
                 if torch.equal(m, expected.T):
-                    g.fail("the mask is transposed: query i (row) may attend to keys j <= i (columns)")
+                    g.fail(f"{call} is transposed: query i (row) may attend to keys j <= i (columns)")
                 if torch.equal(m, ~expected):
-                    g.fail("the mask is inverted: True means *may attend*")
-            if is_tensor(m) and m.shape == expected.shape and m.dtype == torch.bool:
+                    g.fail(f"{call} is inverted: True means *may attend*")
                 if not bool(m.diagonal().all()):
-                    g.fail("a position may not attend to itself: the diagonal must be True (off by one?)")
+                    g.fail(f"{call}: a position may not attend to itself: the diagonal must be True (off by one?)")
                 if bool((m & ~expected).any()):
-                    g.fail("a query can see a future key: entries above the diagonal must be False")
-            g.expect(
-                is_tensor(m) and torch.equal(m, expected),
-                f"causal_mask({T}) differs from the lower-triangular mask",
-            )
+                    g.fail(f"{call}: a query can see a future key: entries above the diagonal must be False")
+            g.expect(is_tensor(m) and m.dtype == torch.bool and torch.equal(m, expected),
+                     f"{call} differs from the lower-triangular mask: {_first_difference(m, expected)}")
 
-    with g.check("with S > T keys, the last query sees every key (bottom-right alignment)"):
-        for T, S in ((1, 4), (3, 5), *((t, t + d) for t, d in zip(drawn, offsets))):
-            m = causal_mask(T, S)
-            g.expect(
-                is_tensor(m) and m.shape == (T, S),
-                f"causal_mask({T}, {S}) should have shape ({T}, {S}), got {describe(m)}",
-            )
-            g.expect(
-                torch.equal(m, ref.causal_mask(T, S)),
-                f"causal_mask({T}, {S}) is misaligned: the queries are the last {T} of {S} positions, "
-                f"so query i may attend to keys j <= i + (S - T)",
-            )
+        _for_all("causal.square", st.tuples(st.integers(0, 12), st.booleans()), square, max_examples=14,
+                 first=(5, False))
+
+    with g.check("S > T keys: bottom-right aligned, query i sees keys j <= i + (S - T)"):
+        def rectangle(case):
+            T, extra = case
+            S = T + extra
+            call = f"causal_mask({T}, {S})"
+            m = _run(g, call, causal_mask, T, S)
+            expected = ref.causal_mask(T, S)
+            top_left = torch.ones(T, S, dtype=torch.bool).tril()
+            if is_tensor(m) and m.shape == (T, S) and T > 0 and torch.equal(m, top_left):
+                g.fail(f"{call} is misaligned (top-left, like torch's is_causal): the queries are the last {T} of "
+                       f"{S} positions, so query i may attend to keys j <= i + (S - T)")
+            g.expect(is_tensor(m) and m.shape == (T, S) and m.dtype == torch.bool and torch.equal(m, expected),
+                     f"{call} is misaligned: the queries are the last {T} of {S} positions, so query i may attend "
+                     f"to keys j <= i + (S - T); {_first_difference(m, expected)}")
+
+        _for_all("causal.rectangle", st.tuples(st.integers(0, 9), st.integers(1, 8)), rectangle, max_examples=14,
+                 first=(3, 2))
+
+    with g.check("raises ValueError unless 0 <= T <= S"):
+        def invalid(case):
+            T, S = case
+            args = (T,) if S is None else (T, S)
+            call = f"causal_mask({', '.join(map(str, args))})"
+            expect_value_error(g, lambda: causal_mask(*args), call, "a ValueError that names T and S: 0 <= T <= S")
+
+        bad = st.one_of(st.tuples(st.integers(1, 8), st.integers(0, 7)).map(lambda ts: (ts[0] + ts[1], ts[1])),
+                        st.tuples(st.integers(-5, -1), st.one_of(st.none(), st.integers(0, 5))))
+        _for_all("causal.invalid", bad, invalid, max_examples=10, first=(3, 2))
+        for args in ((-1,), (-1, 0), (1, 0)):
+            expect_value_error(g, lambda args=args: causal_mask(*args), f"causal_mask{args}".replace(",)", ")"),
+                               "a ValueError that names T and S: 0 <= T <= S")
+
+    with g.check("creates the mask on `device` (the CPU by default)"):
+        for T, S in ((3, None), (2, 5)):
+            call = f"causal_mask({T}, {S}, device='meta')" if S else f"causal_mask({T}, device='meta')"
+            got = _device_type(g, call, causal_mask, T, S, device="meta") if S else \
+                _device_type(g, call, causal_mask, T, device="meta")
+            g.expect(got == "meta", f"{call} should be created on the meta device, got {got}: pass device=device "
+                                    "to every tensor you create (torch.arange(..., device=device))")
+        got = _device_type(g, "causal_mask(3)", causal_mask, 3)
+        g.expect(got == "cpu", f"causal_mask(3) should be on the CPU, got {got}")
 
     g.finish()
 
@@ -149,127 +387,266 @@ def grade_causal_mask(causal_mask) -> None:
 # --------------------------------------------------------------------------- attention
 
 
-def _unpack(result, name: str, g: Grader):
-    g.expect(
-        isinstance(result, tuple) and len(result) == 2,
-        f"{name} must return a tuple (out, weights), got {describe(result)}",
-    )
-    return result
+LEAD = st.lists(st.integers(1, 3), max_size=2).map(tuple)  # no leading dims, (B,), or (A, B)
+#: leading dims, T, S, D, Dv, dtype, seed
+ATTENTION = st.tuples(LEAD, st.integers(1, 6), st.integers(1, 7), st.integers(1, 8), st.integers(1, 5),
+                      st.sampled_from(FLOATS), SEEDS)
 
+
+def _qkv(case, scale: float = 1.0):
+    lead, T, S, D, Dv, dtype, seed = case[:7]
+    q = tensor(seed, *lead, T, D, dtype=dtype, scale=scale)
+    k = tensor(seed + 1, *lead, S, D, dtype=dtype, scale=scale)
+    v = tensor(seed + 2, *lead, S, Dv, dtype=dtype)
+    return q, k, v
+
+
+def _sizes(q, k, v, mask=None, scale=None) -> str:
+    text = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} ({_dt(q.dtype)})"
+    if mask is not None:
+        text += f", a {'boolean' if mask.dtype == torch.bool else 'floating'} mask {tuple(mask.shape)}"
+    if scale is not None:
+        text += f", scale={scale:g}"
+    return "for " + text
+
+
+def _expected(q, k, v, mask=None, scale=None):
+    """coursekit's (out, weights) in float64, cast to q's dtype, and the magnitude of the scores."""
+    d = lambda t: None if t is None else (t if t.dtype == torch.bool else t.double())  # noqa: E731
+    out, w = ref.scaled_dot_product_attention(d(q), d(k), d(v), mask=d(mask), scale=scale)
+    s = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q.double() @ k.double().transpose(-2, -1)) * s
+    return out.to(q.dtype), w.to(q.dtype), magnitude(scores, v)
+
+
+def _mask_shape(full: tuple, keep: list[bool], drop: int) -> tuple:
+    """A shape that broadcasts to ``full``: some axes of size 1, some leading axes left out."""
+    shape = tuple(n if k else 1 for n, k in zip(full, keep))
+    return shape[min(drop, len(full) - 1):]
+
+
+def _bool_mask(seed: int, shape: tuple, S: int) -> torch.Tensor:
+    """About 60% True, and one key visible to every query (so no row is fully masked)."""
+    mask = tensor(seed, *shape) > -0.25
+    mask[..., seed % shape[-1]] = True
+    return mask
+
+
+def _attention_mistakes(q, k, v, mask, scale, where):
+    """Classic wrong attentions (float64), each with its hint."""
+    dq = lambda t: t if t is None or t.dtype == torch.bool else t.double()  # noqa: E731
+    q, k, v, mask = dq(q), dq(k), dq(v), dq(mask)
+    D = q.shape[-1]
+    s = 1 / math.sqrt(D) if scale is None else scale
+    out = []
+    if scale is None:
+        out += [(ref.scaled_dot_product_attention(q, k, v, mask, scale=1.0)[0],
+                 f"{where}: the scores are not scaled: divide q k^T by sqrt(D)"),
+                (ref.scaled_dot_product_attention(q, k, v, mask, scale=1.0 / D)[0],
+                 f"{where}: the scores are divided by D: divide by sqrt(D) instead")]
+    else:
+        out += [(ref.scaled_dot_product_attention(q, k, v, mask)[0],
+                 f"{where}: scale={scale:g} was not used: multiply the scores by `scale` when it is given "
+                 "(test `scale is None`, since 0 is a valid scale)")]
+    scores = (q @ k.transpose(-2, -1)) * s
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, -math.inf)
+        out += [(ref.scaled_dot_product_attention(q, k, v, ~mask, scale)[0],
+                 f"{where}: the mask is inverted: True means the query *may attend* to the key"),
+                ((ref.softmax((q @ k.transpose(-2, -1)) * s, -1) * mask) @ v,
+                 f"{where}: masked keys still count in the softmax: set their scores to -inf before the softmax")]
+    elif mask is not None:
+        out += [(ref.scaled_dot_product_attention(q, k, v, None, scale)[0],
+                 f"{where}: the floating mask was ignored: add it to the scaled scores"),
+                (ref.scaled_dot_product_attention(q, k, v, mask * s, scale)[0],
+                 f"{where}: the floating mask was added before scaling: add it to the *scaled* scores"),
+                (ref.scaled_dot_product_attention(q, k, v, mask != 0, scale)[0],
+                 f"{where}: a floating mask was used as a boolean one: a floating mask is *added* to the scores")]
+        scores = scores + mask
+    out += [(ref.softmax(scores, -2) @ v,
+             f"{where}: softmax over the queries: take the softmax over the keys (last axis)")]
+    return out
+
+
+def _mistakes_or_none(q, k, v, mask, scale, where) -> list:
+    """:func:`_attention_mistakes` in q's dtype, or none if they cannot be computed on this input."""
+    try:
+        return [(m.to(q.dtype), h) for m, h in _attention_mistakes(q, k, v, mask, scale, where)]
+    except Exception:  # noqa: BLE001
+        return []
 
 def grade_attention(attention) -> None:
     """Grade a student's ``scaled_dot_product_attention(q, k, v, mask=None, scale=None)``."""
     g = Grader("scaled_dot_product_attention")
-    sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def inputs(name, *batch, T=5, S=6, D=4, Dv=3, dtype=torch.float64):
-        return (
-            rand(name + ".q", *batch, T, D, dtype=dtype),
-            rand(name + ".k", *batch, S, D, dtype=dtype),
-            rand(name + ".v", *batch, S, Dv, dtype=dtype),
-        )
-
-    with g.check("returns (out, weights) with shapes (..., T, Dv) and (..., T, S)"):
-        q, k, v = inputs("att.shape", 2, T=5, S=6, D=4, Dv=3)
-        out, w = _unpack(attention(q, k, v), "attention", g)
-        g.expect(
-            is_tensor(out) and out.shape == (2, 5, 3),
-            f"out should be (2, 5, 3) for q (2, 5, 4), k (2, 6, 4), v (2, 6, 3); got {describe(out)}",
-        )
-        g.expect(
-            is_tensor(w) and w.shape == (2, 5, 6),
-            f"weights should be (2, 5, 6) = (B, T, S); got {describe(w)}",
-        )
-
-    with g.check("matches torch's scaled_dot_product_attention without a mask"):
-        for batch in ((), (3,), (2, 3)):
-            q, k, v = inputs(f"att.nomask{batch}", *batch, T=5, S=7, D=8, Dv=3)
-            out, w = _unpack(attention(q, k, v), "attention", g)
-            if is_tensor(w) and w.shape[-2:] == (5, 7):
-                sums = w.sum(-1)
-                if not close(sums, torch.ones_like(sums)):
-                    g.fail("rows of the weights do not sum to 1: take the softmax over the keys (last axis)")
-            if close(out, sdpa(q, k, v, scale=1.0)):
-                g.fail("the scores are not scaled: divide q k^T by sqrt(D)")
-            if close(out, sdpa(q, k, v, scale=1.0 / q.shape[-1])):
-                g.fail("the scores are divided by D: divide by sqrt(D) instead")
-            g.expect(close(out, sdpa(q, k, v)), f"out differs from the reference for batch shape {batch}")
-            g.expect(close(w, ref.scaled_dot_product_attention(q, k, v)[1]), "weights differ from the reference")
-
-    with g.check("uses the `scale` argument when given"):
-        q, k, v = inputs("att.scale", 2)
-        out, _ = _unpack(attention(q, k, v, scale=0.3), "attention", g)
-        g.expect(close(out, sdpa(q, k, v, scale=0.3)), "scale=0.3 was not used: multiply the scores by `scale` when it is given")
-
-    with g.check("a boolean mask: True means may attend"):
-        q, k, v = inputs("att.bool", 2, T=4, S=5)
-        mask = torch.rand(2, 4, 5, generator=generator("att.bool.mask")) < 0.6
-        mask[..., 0] = True  # every query sees at least one key
-        out, w = _unpack(attention(q, k, v, mask=mask), "attention", g)
-        if close(out, sdpa(q, k, v, attn_mask=~mask)):
-            g.fail("the mask is inverted: True means the query *may attend* to the key")
-        if is_tensor(w) and w.shape == mask.shape:
-            g.expect(
-                bool((w[~mask] == 0).all()),
-                "masked keys got non-zero weight: set their scores to -inf *before* the softmax",
-            )
+    def compare(q, k, v, mask=None, scale=None, name="attention"):
+        where = _sizes(q, k, v, mask, scale)
+        kwargs = {} if mask is None and scale is None else {"mask": mask, "scale": scale}
+        out, w = _unpack(g, _run(g, where, attention, q, k, v, **kwargs), name)
+        exp_out, exp_w, mag = _expected(q, k, v, mask, scale)
+        first_match(g, out, _mistakes_or_none(q, k, v, mask, scale, where),
+                    right=exp_out)
+        for name, got in (("out", out), ("the weights", w)):
+            if is_tensor(got) and not bool(torch.isfinite(got).all()):
+                g.fail(f"{where}: {name} hold inf or NaN ({_show(got)}) where the reference is finite: use your "
+                       "stable softmax (it subtracts each row's maximum before exponentiating)")
+        if is_tensor(w) and w.shape == exp_w.shape:
             sums = w.sum(-1)
-            g.expect(
-                close(sums, torch.ones_like(sums)),
-                "with a mask the rows no longer sum to 1: mask the scores before the softmax, not the weights after it",
-            )
-        g.expect(close(out, sdpa(q, k, v, attn_mask=mask)), "out differs from the reference with a boolean mask")
+            g.expect(close(sums, exp_w.double().sum(-1).round().to(q.dtype), magnitude=mag),
+                     f"{where}: rows of the weights do not sum to 1 ({_show(sums)}): take the softmax over the keys "
+                     "(last axis), after masking")
+        g.expect(close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {_first_difference(w, exp_w)}")
+        g.expect(close(out, exp_out, magnitude=mag), f"{where}: out differs: {_first_difference(out, exp_out)}")
+        return out, w
 
-    with g.check("a causal mask broadcast over the batch"):
-        q, k, v = inputs("att.causal", 3, T=6, S=6)
-        out, _ = _unpack(attention(q, k, v, mask=ref.causal_mask(6)), "attention", g)
-        g.expect(close(out, sdpa(q, k, v, is_causal=True)), "out differs from the reference with a (T, S) causal mask")
+    with g.check("returns (out, weights) of shapes (..., T, Dv) and (..., T, S) in q's dtype, any leading dims"):
+        def shapes(case):
+            q, k, v = _qkv(case)
+            where = _sizes(q, k, v)
+            out, w = _unpack(g, _run(g, where, attention, q, k, v), "scaled_dot_product_attention")
+            T, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
+            lead = tuple(q.shape[:-2])
+            g.expect(is_tensor(out) and out.shape == (*lead, T, Dv) and out.dtype == q.dtype,
+                     f"{where}: out should be {_dt(q.dtype)} {(*lead, T, Dv)} = (..., T, Dv), got {describe(out)}")
+            g.expect(is_tensor(w) and w.shape == (*lead, T, S) and w.dtype == q.dtype,
+                     f"{where}: weights should be {_dt(q.dtype)} {(*lead, T, S)} = (..., T, S), got {describe(w)}")
 
-    with g.check("a floating mask is added to the scores"):
-        q, k, v = inputs("att.additive", 2, T=4, S=5)
-        bias = rand("att.additive.bias", 4, 5)
-        bias[1, 2] = -math.inf
-        out, _ = _unpack(attention(q, k, v, mask=bias), "attention", g)
-        g.expect(
-            close(out, sdpa(q, k, v, attn_mask=bias)),
-            "a floating (additive) mask must be added to the scaled scores; only boolean masks select keys",
-        )
+        _for_all("att.shapes", ATTENTION, shapes, max_examples=12, first=((2,), 5, 6, 4, 3, torch.float64, 0))
 
-    with g.check("a query with no visible key gets zero weights and a zero output"):
-        q, k, v = inputs("att.empty", 2, T=3, S=4)
-        mask = torch.ones(3, 4, dtype=torch.bool)
-        mask[1] = False
-        out, w = _unpack(attention(q, k, v, mask=mask), "attention", g)
-        g.expect(
-            is_tensor(out) and not bool(torch.isnan(out).any()),
-            "a fully masked row gave NaN: its weights must be all zero (see the softmax part)",
-        )
-        g.expect(close(out, sdpa(q, k, v, attn_mask=mask)), "the fully masked query's output should be zeros")
+    with g.check("without a mask: weights = softmax(q k^T / sqrt(D)) over the keys, out = weights v"):
+        _for_all("att.values", ATTENTION, lambda case: compare(*_qkv(case)), max_examples=12,
+                 first=((3,), 5, 7, 8, 3, torch.float64, 1))
 
-    with g.check("gradients match the reference"):
-        q, k, v = inputs("att.grad", 2, T=3, S=4)
-        upstream = rand("att.grad.up", *q.shape[:-1], v.shape[-1])  # (B, T, Dv)
-        p = probe(attention, *(t.clone().requires_grad_() for t in (q, k, v)), backward=(0, upstream))
-        out, _ = _unpack(p.result, "attention", g)
-        g.expect(
-            is_tensor(out) and out.requires_grad,
-            "the output does not depend on q, k, v through autograd: avoid .detach(), .numpy() or .item()",
-        )
-        qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
-        (sdpa(qr, kr, vr) * upstream).sum().backward()
-        for name, got, b in zip("qkv", p.grads, (qr, kr, vr)):
-            g.expect(
-                got is not None and close(got, b.grad),
-                f"the gradient with respect to {name} differs from the reference",
-            )
+    with g.check("`scale` multiplies the scores when given (0 and negative values included)"):
+        def scaled(case):
+            q, k, v = _qkv(case[:7])
+            compare(q, k, v, scale=case[7])
 
-    with g.check("leaves q, k, v and the mask unchanged"):
-        q, k, v = inputs("att.inplace", 2)
-        mask = torch.rand(5, 6, generator=generator("att.inplace.mask")) < 0.7
-        mask[:, 0] = True
-        p = probe(attention, q.clone(), k.clone(), v.clone(), mask=mask.clone())
-        for name, a, b in zip("qkvm", (*p.args, p.kwargs.get("mask")), (q, k, v, mask)):
-            g.expect(is_tensor(a) and torch.equal(a, b), f"{'mask' if name == 'm' else name} was modified in place: compute new tensors")
+        _for_all("att.scale", st.tuples(LEAD, st.integers(1, 6), st.integers(2, 7), st.integers(1, 8),
+                                        st.integers(1, 5),
+                                        st.sampled_from(FLOATS), SEEDS, st.sampled_from([0.0, 0.3, 2.0, -1.0, 1.0])),
+                 scaled, max_examples=12, first=((2,), 4, 5, 4, 3, torch.float64, 2, 0.0))
+
+    def masked_case(extra):
+        return st.tuples(LEAD, st.integers(1, 6), st.integers(1, 7), st.integers(1, 6), st.integers(1, 4),
+                         st.sampled_from(FLOATS), SEEDS, st.lists(st.booleans(), min_size=4, max_size=4),
+                         st.integers(0, 3), *extra)
+
+    with g.check("a boolean mask, broadcastable to (..., T, S): True means may attend, False removes the key"):
+        def boolean(case):
+            q, k, v = _qkv(case)
+            full = (*q.shape[:-1], k.shape[-2])
+            mask = _bool_mask(case[6] + 3, _mask_shape(full, case[7], case[8]), k.shape[-2])
+            out, w = compare(q, k, v, mask=mask)
+
+        _for_all("att.bool", masked_case(()), boolean, max_examples=12,
+                 first=((2,), 4, 5, 4, 3, torch.float64, 3, [True] * 4, 0))
+        q, k, v = _qkv(((3,), 6, 6, 4, 3, torch.float64, 7))
+        compare(q, k, v, mask=ref.causal_mask(6))  # a (T, S) causal mask broadcast over the batch
+
+    with g.check("a floating mask, broadcastable to (..., T, S), is added to the scaled scores (-inf removes a key)"):
+        def additive(case):
+            q, k, v = _qkv(case)
+            full = (*q.shape[:-1], k.shape[-2])
+            shape = _mask_shape(full, case[7], case[8])
+            bias = tensor(case[6] + 4, *shape, dtype=q.dtype, scale=2.0)
+            bias = bias.masked_fill(tensor(case[6] + 5, *shape) > 0.8, -math.inf)
+            bias[..., case[6] % shape[-1]] = 0.5  # one finite entry per row
+            compare(q, k, v, mask=bias)
+
+        _for_all("att.additive", masked_case(()), additive, max_examples=12,
+                 first=((2,), 4, 5, 4, 3, torch.float64, 4, [True] * 4, 0))
+
+    with g.check("a query with no visible key gets zero weights and a zero output, not NaN"):
+        def empty(case):
+            lead, T, S, D, Dv, dtype, seed, boolean = case
+            q, k, v = _qkv((lead, T, S, D, Dv, dtype, seed))
+            mask = tensor(seed + 6, *lead, T, S) > -0.5
+            row = seed % T
+            mask[..., row, :] = False
+            mask = mask if boolean else torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -math.inf)
+            where = _sizes(q, k, v, mask) + f" that hides every key from query {row}"
+            out, w = _unpack(g, _run(g, where, attention, q, k, v, mask=mask), "scaled_dot_product_attention")
+            exp_out, exp_w, mag = _expected(q, k, v, mask)
+            first_match(g, out, _mistakes_or_none(q, k, v, mask, None, where),
+                        right=exp_out)
+            if is_tensor(out) and bool(torch.isnan(out).any()) or is_tensor(w) and bool(torch.isnan(w).any()):
+                g.fail(f"{where}: gave NaN: query {row}'s weights must be all zero (see the softmax part: a row of "
+                       "all -inf gives zeros)")
+            uniform = is_tensor(w) and w.shape == exp_w.shape and close(w[..., row, :],
+                                                                        torch.full_like(w[..., row, :], 1 / S))
+            if uniform:
+                g.fail(f"{where}: query {row} got uniform weights 1/S: a large finite number such as -1e9 is not "
+                       "-inf; mask with -inf so that the softmax gives zeros")
+            g.expect(close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {_first_difference(w, exp_w)}")
+            g.expect(close(out, exp_out, magnitude=mag), f"{where}: out differs: {_first_difference(out, exp_out)}")
+
+        _for_all("att.empty", st.tuples(LEAD, st.integers(1, 5), st.integers(1, 6), st.integers(1, 6),
+                                        st.integers(1, 4), st.sampled_from(FLOATS), SEEDS, st.booleans()),
+                 empty, max_examples=12, first=((2,), 3, 4, 4, 3, torch.float64, 1, True))
+
+    with g.check("stable for large scores (|q k^T| in the thousands, float32 and float64)"):
+        def large(case):
+            q, k, v = _qkv(case[:7], scale=case[7])
+            out, w = compare(q, k, v)
+
+        _for_all("att.large", st.tuples(LEAD, st.integers(1, 5), st.integers(1, 6), st.integers(1, 6),
+                                        st.integers(1, 4),
+                                        st.sampled_from(FLOATS), SEEDS, st.sampled_from([10.0, 30.0, 60.0])),
+                 large, max_examples=10, first=((2,), 3, 4, 4, 3, torch.float32, 5, 30.0))
+
+    with g.check("gradients with respect to q, k and v match the reference"):
+        def grads(case):
+            lead, T, S, D, Dv, seed, use_mask = case
+            q, k, v = _qkv((lead, T, S, D, Dv, torch.float64, seed))
+            mask = _bool_mask(seed + 7, (T, S), S) if use_mask else None
+            upstream = tensor(seed + 8, *lead, T, Dv)
+            where = _sizes(q, k, v, mask)
+            try:
+                p = probe(attention, *(t.clone().requires_grad_() for t in (q, k, v)), mask=mask,
+                          backward=(0, upstream))
+            except Exception as e:  # noqa: BLE001
+                raise_unless_student_error(e)
+                g.fail(f"{where}: {_raised(e)}")
+            out, _ = _unpack(g, p.result, "scaled_dot_product_attention")
+            g.expect(is_tensor(out) and out.requires_grad,
+                     f"{where}: out does not depend on q, k, v through autograd: avoid .detach(), .numpy(), "
+                     ".item() or building new tensors from values")
+            qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+            (ref.scaled_dot_product_attention(qr, kr, vr, mask)[0] * upstream).sum().backward()
+            for name, got, want in zip("qkv", p.grads or [None] * 3, (qr.grad, kr.grad, vr.grad)):
+                g.expect(got is not None and close(got, want),
+                         f"{where}: the gradient with respect to {name} differs from the reference "
+                         f"({_first_difference(got, want) if got is not None else 'none'})")
+
+        _for_all("att.grad", st.tuples(LEAD, st.integers(1, 4), st.integers(1, 5), st.integers(1, 4), st.integers(1, 3),
+                                       SEEDS, st.booleans()),
+                 grads, max_examples=5, first=((2,), 3, 4, 4, 3, 6, False))
+
+    with g.check("leaves q, k, v and the mask unchanged (no in-place changes)"):
+        def untouched(case):
+            lead, T, S, D, Dv, dtype, seed, kind, scale = case
+            q, k, v = _qkv((lead, T, S, D, Dv, dtype, seed))
+            mask = None if kind == "none" else _bool_mask(seed + 9, (T, S), S)
+            if kind == "float":
+                mask = torch.zeros(T, S, dtype=dtype).masked_fill(~mask, -math.inf)
+            try:
+                p = probe(attention, q.clone(), k.clone(), v.clone(), mask=None if mask is None else mask.clone(),
+                          scale=scale)
+            except Exception as e:  # noqa: BLE001
+                raise_unless_student_error(e)
+                g.fail(f"{_sizes(q, k, v, mask, scale)}: {_raised(e)}")
+            for name, a, b in zip(("q", "k", "v", "mask"), (*p.args, p.kwargs.get("mask")), (q, k, v, mask)):
+                if b is not None:
+                    g.expect(is_tensor(a) and a.dtype == b.dtype and torch.equal(a, b),
+                             f"{_sizes(q, k, v, mask, scale)}: {name} was modified in place (q *= scale, "
+                             "masked_fill_ ...): compute new tensors")
+
+        _for_all("att.inplace", st.tuples(LEAD, st.integers(1, 5), st.integers(1, 6), st.integers(1, 6),
+                                          st.integers(1, 4), st.sampled_from(FLOATS), SEEDS,
+                                          st.sampled_from(["bool", "float", "none"]),
+                                          st.sampled_from([None, 0.5])),
+                 untouched, max_examples=8, first=((2,), 5, 6, 4, 3, torch.float64, 8, "bool", None))
 
     g.finish()
 
@@ -277,72 +654,122 @@ def grade_attention(attention) -> None:
 # --------------------------------------------------------------------------- self-attention module
 
 
+def _self_attention_pair(g: Grader, SelfAttention, C: int, D: int | None, bias: bool, dtype, name: str):
+    """The student's module and coursekit's, holding the same random weights of ours (a module
+    that only works with its own initial weights, say zeros, must not pass)."""
+    args = (C,) if D is None else (C, D)
+    call = f"SelfAttention({', '.join(map(str, args))}{'' if bias else ', bias=False'})"
+    m = _run(g, call, SelfAttention, *args, **({} if bias else {"bias": False}))
+    r = ref.SelfAttention(*args, bias=bias).to(dtype)
+    weights = {key: value.to(dtype) for key, value in random_weights(r, name).items()}
+    m = _run(g, f"{call}.to({dtype})", m.to, dtype)
+    load_weights(g, m, weights, call)
+    r.load_state_dict(weights)
+    return m, r, call
+
+
+SELF = st.tuples(st.integers(1, 3), st.integers(1, 6), st.integers(1, 8), st.one_of(st.none(), st.integers(1, 6)),
+                 st.booleans(), st.sampled_from(FLOATS), SEEDS)
+
+
 def grade_self_attention(SelfAttention) -> None:
     """Grade a student's ``SelfAttention(d_model, d_head=None, bias=True)`` module class."""
     g = Grader("SelfAttention")
-    C, D = 8, 4
 
-    def build(**kwargs):
-        torch.manual_seed(0)
-        return SelfAttention(C, D, **kwargs).double()
+    with g.check("has nn.Linear layers q_proj, k_proj and v_proj, each C -> D (d_head defaults to d_model)"):
+        def layers(case):
+            C, D, bias = case
+            args = (C,) if D is None else (C, D)
+            call = f"SelfAttention({', '.join(map(str, args))}, bias={bias})"
+            m = _run(g, call, SelfAttention, *args, bias=bias)
+            width = C if D is None else D
+            for name in ("q_proj", "k_proj", "v_proj"):
+                layer = getattr(m, name, None)
+                g.expect(is_a(layer, LINEAR), f"{call} needs an nn.Linear called {name}")
+                g.expect((layer.in_features, layer.out_features) == (C, width),
+                         f"{call}: {name} should map C={C} to D={width} features"
+                         f"{' (d_head defaults to d_model)' if D is None else ''}, "
+                         f"got {layer.in_features} -> {layer.out_features}")
 
-    def twin(name: str):
-        """The student's module and coursekit's, holding the same random weights of ours (a module
-        that only works with its own initial weights, say zeros, must not pass)."""
-        m, r = build(), ref.SelfAttention(C, D).double()
-        weights = random_weights(r, name)
-        load_weights(g, m, weights, "SelfAttention")
-        r.load_state_dict(weights)
-        return m, r
+        _for_all("sa.layers", st.tuples(st.integers(1, 9), st.one_of(st.none(), st.integers(1, 7)), st.booleans()),
+                 layers, max_examples=8, first=(8, 4, True))
 
-    with g.check("has q_proj, k_proj and v_proj of shape C -> D"):
-        m = build()
-        for name in ("q_proj", "k_proj", "v_proj"):
-            layer = getattr(m, name, None)
-            g.expect(is_a(layer, "torch.nn.modules.linear.Linear"), f"SelfAttention needs an nn.Linear called {name}")
-            g.expect(
-                (layer.in_features, layer.out_features) == (C, D),
-                f"{name} should map C={C} to D={D} features, got {layer.in_features} -> {layer.out_features}",
-            )
+    with g.check("bias=False: no biases (3 C D parameters; 3 (C D + D) with bias=True)"):
+        for C, D in ((8, 4), (5, 3), (6, None)):
+            width = C if D is None else D
+            for bias, expected in ((True, 3 * (C * width + width)), (False, 3 * C * width)):
+                args = (C,) if D is None else (C, D)
+                call = f"SelfAttention({', '.join(map(str, args))}, bias={bias})"
+                m = _run(g, call, SelfAttention, *args, bias=bias)
+                sd = m.state_dict()
+                n = sum(p.numel() for p in sd.values()) if isinstance(sd, dict) else -1
+                g.expect(n == expected, f"{call} should have {expected} parameters, got {n}"
+                         + ("" if bias else ": pass bias=bias to the three nn.Linear layers"))
 
-    with g.check("parameter count: 3 (C D + D) with bias, 3 C D without"):
-        for bias, expected in ((True, 3 * (C * D + D)), (False, 3 * C * D)):
-            n = sum(p.numel() for p in build(bias=bias).parameters())
-            g.expect(n == expected, f"with bias={bias} expected {expected} parameters, got {n}")
+    with g.check("forward(x) returns (out (B, T, D), weights (B, T, T)) of attention over q_proj(x), k_proj(x), "
+                 "v_proj(x)"):
+        def values(case):
+            B, T, C, D, bias, dtype, seed = case
+            m, r, call = _self_attention_pair(g, SelfAttention, C, D, bias, dtype, f"sa.values.{seed}")
+            x = tensor(seed, B, T, C, dtype=dtype)
+            where = f"{call} on x {(B, T, C)} {_dt(dtype)} with weights of ours"
+            out, w = _unpack(g, _run(g, where, m, x), "SelfAttention.forward")
+            out_r, w_r = r(x)
+            width = C if D is None else D
+            g.expect(is_tensor(out) and out.shape == (B, T, width) and out.dtype == dtype,
+                     f"{where}: out should be {_dt(dtype)} {(B, T, width)}, got {describe(out)}")
+            g.expect(is_tensor(w) and w.shape == (B, T, T),
+                     f"{where}: weights should be {(B, T, T)}, got {describe(w)}")
+            with torch.no_grad():
+                q, k, v = r.q_proj(x), r.k_proj(x), r.v_proj(x)
+                mistakes = [
+                    (ref.scaled_dot_product_attention(q, q, v)[0],
+                     f"{where}: the keys are q_proj(x): queries come from q_proj(x), keys from k_proj(x)"),
+                    (ref.scaled_dot_product_attention(k, k, v)[0],
+                     f"{where}: the queries are k_proj(x): queries come from q_proj(x), keys from k_proj(x)"),
+                    (ref.scaled_dot_product_attention(k, q, v)[0], f"{where}: queries and keys are swapped"),
+                    (ref.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(C))[0],
+                     f"{where}: the scores are scaled by 1/sqrt(C): the given attention scales by 1/sqrt(D)"),
+                ]
+            if close(w, w_r) and not close(out, out_r):
+                g.fail(f"{where}: the weights match but the output does not: the values must be v_proj(x)")
+            first_match(g, out, mistakes, right=out_r.detach())
+            g.expect(close(w, w_r.detach()), f"{where}: the attention weights differ: queries come from q_proj(x) "
+                                             f"and keys from k_proj(x) ({_first_difference(w, w_r)})")
+            g.expect(close(out, out_r.detach()), f"{where}: out differs from the reference with the same weights "
+                                                 f"({_first_difference(out, out_r)})")
 
-    with g.check("d_head defaults to d_model"):
-        torch.manual_seed(0)
-        m = SelfAttention(C)
-        g.expect(m.q_proj.out_features == C, "SelfAttention(C) should use D = C when d_head is not given")
+        _for_all("sa.values", SELF, values, max_examples=10, first=(2, 5, 8, 4, True, torch.float64, 0))
 
-    with g.check("matches the reference with the same weights"):
-        m, r = twin("sa.weights")
-        x = rand("sa.x", 2, 5, C)
-        out, w = _unpack(m(x), "SelfAttention.forward", g)
-        out_r, w_r = r(x)
-        if close(w, w_r) and not close(out, out_r):
-            g.fail("the weights match but the output does not: the values must be v_proj(x)")
-        g.expect(close(w, w_r), "the attention weights differ: queries come from q_proj(x) and keys from k_proj(x)")
-        g.expect(close(out, out_r), "the output differs from the reference with the same weights")
+    with g.check("forward(x, mask) passes the mask on: boolean or floating, broadcastable to (B, T, T)"):
+        def masked(case):
+            B, T, C, D, bias, dtype, seed, kind, keep, drop = case
+            m, r, call = _self_attention_pair(g, SelfAttention, C, D, bias, dtype, f"sa.mask.{seed}")
+            x = tensor(seed, B, T, C, dtype=dtype)
+            shape = _mask_shape((B, T, T), keep, drop)
+            mask = ref.causal_mask(T) if kind == "causal" else _bool_mask(seed + 1, shape, T)
+            if kind == "float":
+                mask = tensor(seed + 2, *shape, dtype=dtype).masked_fill(~mask, -math.inf)
+            where = f"{call} on x {(B, T, C)} {_dt(dtype)} with a {kind} mask {tuple(mask.shape)}"
+            out, _ = _unpack(g, _run(g, where, m, x, mask=mask), "SelfAttention.forward")
+            out_r = r(x, mask=mask)[0].detach()
+            if close(out, r(x)[0].detach()) and not close(out_r, r(x)[0].detach()):
+                g.fail(f"{where}: the output is the unmasked one: pass mask on to scaled_dot_product_attention "
+                       "(is the mask passed on?)")
+            g.expect(close(out, out_r), f"{where}: out differs from the reference: {_first_difference(out, out_r)}")
 
-    with g.check("passes the mask to attention"):
-        m, r = twin("sa.mask.weights")
-        x = rand("sa.mask.x", 2, 5, C)
-        mask = ref.causal_mask(5)
-        out, _ = _unpack(m(x, mask=mask), "SelfAttention.forward", g)
-        g.expect(close(out, r(x, mask=mask)[0]), "with mask=causal_mask(T) the output differs: is the mask passed on?")
+        _for_all("sa.mask", st.tuples(*[st.integers(1, 3), st.integers(1, 6), st.integers(1, 8),
+                                       st.one_of(st.none(), st.integers(1, 6)), st.booleans(), st.sampled_from(FLOATS),
+                                       SEEDS, st.sampled_from(["causal", "bool", "float"]),
+                                       st.lists(st.booleans(), min_size=3, max_size=3), st.integers(0, 2)]),
+                 masked, max_examples=10, first=(2, 5, 8, 4, True, torch.float64, 1, "causal", [True] * 3, 0))
 
-    with g.check("changing a future token does not change earlier outputs under a causal mask"):
-        m, _ = twin("sa.causal.weights")
-        x = rand("sa.causal.x", 1, 6, C)
-        y = x.clone()
-        y[:, 4:] += 1.0
-        a, _ = _unpack(m(x, mask=ref.causal_mask(6)), "SelfAttention.forward", g)
-        b, _ = _unpack(m(y, mask=ref.causal_mask(6)), "SelfAttention.forward", g)
-        g.expect(
-            is_tensor(a) and is_tensor(b) and close(a[:, :4], b[:, :4]),
-            "outputs at positions 0-3 changed when only positions 4-5 changed: information leaks from the future",
-        )
+    with g.check("raises ValueError unless x is (B, T, C) with C = d_model"):
+        m = _run(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
+        for shape in ((5, 8), (2, 5, 6), (1, 2, 5, 8), (2, 5, 9)):
+            x = tensor(sum(shape), *shape, dtype=torch.float32)
+            expect_value_error(g, lambda x=x: m(x), f"SelfAttention(8, 4) on x {shape}",
+                               "a ValueError naming the shape expected, (B, T, 8), and the one received")
 
     g.finish()
 
@@ -350,89 +777,151 @@ def grade_self_attention(SelfAttention) -> None:
 # --------------------------------------------------------------------------- public checks
 
 
+#: softmax's public example: finite, large and -inf entries (the adversarial catalogue knows it by heart)
+_PUBLIC_X = ((0.0, math.log(3.0)), (1000.0, 1000.0), (-math.inf, 0.0))
+
+
 def check_softmax(softmax) -> None:
-    """Public checks of ``softmax`` on one small example."""
+    """Public checks of ``softmax``: one small fixed example per clause the hidden checks grade."""
     g = Grader("softmax (public)")
-    x = torch.tensor([[0.0, math.log(3.0)], [1000.0, 1000.0], [-math.inf, 0.0]])
-    expected = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.0, 1.0]])
-    with g.check("softmax([[0, log 3], [1000, 1000], [-inf, 0]]) is [[0.25, 0.75], [0.5, 0.5], [0, 1]]"):
-        p = softmax(x)
-        g.expect(is_tensor(p) and p.shape == x.shape, f"softmax must return a tensor of shape {tuple(x.shape)}, got {describe(p)}")
-        g.expect(
-            bool(torch.isfinite(p).all()),
-            "softmax gave inf or NaN for [1000, 1000]: subtract the maximum of each slice before exponentiating",
-        )
-        g.expect(torch.allclose(p.sum(-1), torch.ones(3)), "your rows do not sum to 1: normalise by the sum over `dim`")
-        g.expect(torch.allclose(p, expected), f"expected\n{expected}\ngot\n{p}")
+    x = torch.tensor(_PUBLIC_X)  # float32
+    with g.check("softmax([[0, log 3], [1000, 1000], [-inf, 0]]) is [[0.25, 0.75], [0.5, 0.5], [0, 1]] (float32)"):
+        p = _run(g, "softmax(x)", softmax, x)
+        g.expect(is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
+                 f"softmax must return a float32 tensor of shape {tuple(x.shape)}, got {describe(p)}")
+        g.expect(bool(torch.isfinite(p).all()),
+                 f"got {_show(p)}: softmax gave inf or NaN for [1000, 1000]: subtract the maximum of each slice "
+                 "before exponentiating")
+        expected = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.0, 1.0]])
+        g.expect(close(p, expected, magnitude=magnitude(x)), f"expected {_show(expected)}, got {_show(p)}")
+    with g.check("dim=0 normalises the columns"):
+        p = _run(g, "softmax(x, dim=0)", softmax, x, dim=0)
+        expected = ref.softmax(x.double(), 0).float()
+        g.expect(close(p, expected, magnitude=magnitude(x)),
+                 f"softmax(x, dim=0) should be {_show(expected)}, got {_show(p)}: "
+                                     "use `dim` in both the max and the sum")
+    with g.check("very negative inputs: softmax of a row of -1000 is uniform"):
+        y = torch.full((2, 3), -1000.0)
+        p = _run(g, "softmax(full((2, 3), -1000))", softmax, y)
+        g.expect(close(p, torch.full((2, 3), 1 / 3), magnitude=magnitude(y)),
+                 f"expected rows of 1/3, got {_show(p)}: exp(-1000) underflows "
+                                                       "to 0, so subtract the maximum first")
+    with g.check("a slice of all -inf gives zeros, not NaN"):
+        z = torch.tensor([[0.0, -math.inf, 1.0], [-math.inf, -math.inf, -math.inf]], dtype=torch.float64)
+        p = _run(g, "softmax([[0, -inf, 1], [-inf, -inf, -inf]])", softmax, z)
+        g.expect(close(p, ref.softmax(z)), f"softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be "
+                                           f"[[0.269, 0, 0.731], [0, 0, 0]], got {_show(p)}")
+    with g.check("leaves x unchanged"):
+        after = probe(softmax, x.clone()).args[0]
+        g.expect(is_tensor(after) and torch.equal(after, x),
+                 "softmax modified its input in place: compute a new tensor")
     g.finish()
 
 
 def check_causal_mask(causal_mask) -> None:
-    """Public checks of ``causal_mask`` for T = S = 3 and for T = 2, S = 4."""
+    """Public checks of ``causal_mask``: one small fixed example per clause the hidden checks grade."""
     g = Grader("causal_mask (public)")
     with g.check("causal_mask(3) is the lower-triangular (3, 3) boolean mask"):
-        m = causal_mask(3)
-        g.expect(is_tensor(m) and m.dtype == torch.bool and m.shape == (3, 3), f"causal_mask(3) must be a (3, 3) boolean tensor, got {describe(m)}")
-        g.expect(bool(m.diagonal().all()), "a position may not attend to itself: the diagonal must be True (off by one?)")
-        g.expect(
-            not bool(m[0, 1]),
-            "query 0 can see key 1, a future key: entries above the diagonal must be False (is the mask transposed?)",
-        )
-        g.expect(torch.equal(m, torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)), f"causal_mask(3) is\n{m}")
-    with g.check("with S > T keys, the last query sees every key"):
-        m = causal_mask(2, 4)
+        m = _run(g, "causal_mask(3)", causal_mask, 3)
+        g.expect(is_tensor(m) and m.dtype == torch.bool and m.shape == (3, 3),
+                 f"causal_mask(3) must be a (3, 3) boolean tensor, got {describe(m)}")
+        g.expect(bool(m.diagonal().all()),
+                 "a position may not attend to itself: the diagonal must be True (off by one?)")
+        g.expect(not bool(m[0, 1]),
+                 "query 0 can see key 1, a future key: entries above the diagonal must be False "
+                 "(is the mask transposed?)")
+        g.expect(torch.equal(m, torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)),
+                 f"causal_mask(3) is\n{m}")
+    with g.check("with S > T keys, the last query sees every key: causal_mask(2, 4) is [[1, 1, 1, 0], [1, 1, 1, 1]]"):
+        m = _run(g, "causal_mask(2, 4)", causal_mask, 2, 4)
         g.expect(is_tensor(m) and m.shape == (2, 4), f"causal_mask(2, 4) must have shape (2, 4), got {describe(m)}")
-        g.expect(bool(m[-1].all()), "with S > T keys, the last query sees every key: causal_mask(2, 4) is misaligned")
+        g.expect(torch.equal(m, ref.causal_mask(2, 4)),
+                 f"causal_mask(2, 4) is misaligned: query i sees keys j <= i + (S - T); got {_show(m, 8)}")
+    with g.check("causal_mask(0, 2) is an empty (0, 2) boolean mask"):
+        m = _run(g, "causal_mask(0, 2)", causal_mask, 0, 2)
+        g.expect(is_tensor(m) and m.dtype == torch.bool and m.shape == (0, 2),
+                 f"causal_mask(0, 2) must be a (0, 2) boolean tensor, got {describe(m)}")
+    with g.check("causal_mask(3, 2), causal_mask(1, 0) and causal_mask(-1) raise ValueError"):
+        expect_value_error(g, lambda: causal_mask(3, 2), "causal_mask(3, 2)", "0 <= T <= S")
+        expect_value_error(g, lambda: causal_mask(1, 0), "causal_mask(1, 0)", "0 <= T <= S")
+        expect_value_error(g, lambda: causal_mask(-1), "causal_mask(-1)", "0 <= T <= S")
+    with g.check("causal_mask(2, 3, device='meta') is created on the meta device"):
+        got = _device_type(g, "causal_mask(2, 3, device='meta')", causal_mask, 2, 3, device="meta")
+        g.expect(got == "meta", f"causal_mask(2, 3, device='meta') is on {got}: pass device=device to torch.arange")
     g.finish()
 
 
 def check_attention(attention) -> None:
-    """Public checks of ``scaled_dot_product_attention`` against torch's, with and without a mask."""
+    """Public checks of ``scaled_dot_product_attention``: one small fixed example per clause."""
     g = Grader("scaled_dot_product_attention (public)")
-    q, k, v = rand("public.q", 2, 3, 4, dtype=torch.float32), rand("public.k", 2, 5, 4, dtype=torch.float32), rand("public.v", 2, 5, 6, dtype=torch.float32)
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    with g.check("q (2, 3, 4), k (2, 5, 4), v (2, 5, 6) give out (2, 3, 6) equal to torch's"):
-        out, weights = _unpack(attention(q, k, v), "attention", g)
-        g.expect(
-            is_tensor(out) and is_tensor(weights) and out.shape == (2, 3, 6) and weights.shape == (2, 3, 5),
-            f"expected out (2, 3, 6) and weights (2, 3, 5), got {describe(out)} and {describe(weights)}",
-        )
-        g.expect(
-            torch.allclose(weights.sum(-1), torch.ones(2, 3)),
-            "rows of the weights do not sum to 1: take the softmax over the keys (last axis)",
-        )
-        g.expect(
-            torch.allclose(out, sdpa(q, k, v), atol=1e-6),
-            "out differs from torch's scaled_dot_product_attention (is q k^T divided by sqrt(D)?)",
-        )
+    q, k, v = (tensor(s, 2, n, d, dtype=torch.float32) for s, n, d in ((11, 3, 4), (12, 5, 4), (13, 5, 6)))
+
+    def same_as_reference(what, q, k, v, **kwargs):
+        out, w = _unpack(g, _run(g, what, attention, q, k, v, **kwargs), "scaled_dot_product_attention")
+        exp_out, exp_w, mag = _expected(q, k, v, kwargs.get("mask"), kwargs.get("scale"))
+        g.expect(is_tensor(out) and is_tensor(w) and out.shape == exp_out.shape and w.shape == exp_w.shape
+                 and out.dtype == q.dtype, f"{what}: expected out {describe(exp_out)} and weights {describe(exp_w)}, "
+                                           f"got {describe(out)} and {describe(w)}")
+        g.expect(close(w, exp_w, magnitude=mag), f"{what}: the weights differ: {_first_difference(w, exp_w)}")
+        g.expect(close(out, exp_out, magnitude=mag), f"{what}: out differs: {_first_difference(out, exp_out)}")
+        return out, w
+
+    with g.check("q (2, 3, 4), k (2, 5, 4), v (2, 5, 6) give out (2, 3, 6) and weights (2, 3, 5), as torch's"):
+        out, w = same_as_reference("q (2, 3, 4), k (2, 5, 4), v (2, 5, 6)", q, k, v)
+    with g.check("no batch dims (q (3, 4)) and two (q (2, 2, 3, 4)); float64"):
+        same_as_reference("q (3, 4), k (5, 4), v (5, 6)", q[0].double(), k[0].double(), v[0].double())
+        q4, k4, v4 = (t[None].expand(2, *t.shape).contiguous().double() for t in (q, k, v))
+        same_as_reference("q (2, 2, 3, 4), k (2, 2, 5, 4), v (2, 2, 5, 6)", q4, k4, v4)
+    with g.check("scale=0.5 and scale=0 (uniform weights) are used as given"):
+        same_as_reference("scale=0.5", q, k, v, scale=0.5)
+        same_as_reference("scale=0", q, k, v, scale=0.0)
     with g.check("a boolean causal mask (3, 5): masked keys get zero weight"):
         mask = ref.causal_mask(3, 5)
-        out, weights = _unpack(attention(q, k, v, mask=mask), "attention", g)
-        g.expect(is_tensor(weights) and weights.shape == (2, 3, 5), f"weights should be (2, 3, 5), got {describe(weights)}")
-        g.expect(
-            bool((weights[:, ~mask] == 0).all()),
-            "masked keys got non-zero weight: set their scores to -inf before the softmax",
-        )
-        g.expect(
-            is_tensor(out) and torch.allclose(out, sdpa(q, k, v, attn_mask=mask), atol=1e-6),
-            "with a boolean mask, out differs from torch's",
-        )
+        _, w = same_as_reference("a boolean mask (3, 5)", q, k, v, mask=mask)
+        g.expect(bool((w[:, ~mask] == 0).all()),
+                 "masked keys got non-zero weight: set their scores to -inf before the softmax")
+    with g.check("a floating mask (3, 5) is added to the scaled scores"):
+        bias = tensor(14, 3, 5, dtype=torch.float32)
+        bias[0, 1] = -math.inf
+        same_as_reference("a floating mask (3, 5)", q, k, v, mask=bias)
+    with g.check("a query with no visible key gets zero weights and a zero output"):
+        mask = torch.ones(3, 5, dtype=torch.bool)
+        mask[1] = False
+        out, w = same_as_reference("a mask hiding every key from query 1", q, k, v, mask=mask)
+    with g.check("large scores (q and k times 30, float32) stay finite and accurate"):
+        same_as_reference("q and k times 30", q * 30, k * 30, v)
+    with g.check("gradients reach q, k and v; q, k, v and the mask are left unchanged"):
+        q64, k64, v64 = q.double(), k.double(), v.double()
+        mask = ref.causal_mask(3, 5)
+        p = probe(attention, *(t.clone().requires_grad_() for t in (q64, k64, v64)), mask=mask.clone(),
+                  backward=(0, torch.ones(2, 3, 6, dtype=torch.float64)))
+        qr, kr, vr = (t.clone().requires_grad_() for t in (q64, k64, v64))
+        ref.scaled_dot_product_attention(qr, kr, vr, mask)[0].sum().backward()
+        for name, got, want in zip("qkv", p.grads or [None] * 3, (qr.grad, kr.grad, vr.grad)):
+            g.expect(got is not None and close(got, want), f"the gradient with respect to {name} differs")
+        for name, a, b in zip(("q", "k", "v", "mask"), (*p.args, p.kwargs.get("mask")), (q64, k64, v64, mask)):
+            g.expect(is_tensor(a) and torch.equal(a.detach(), b), f"{name} was modified in place: compute new tensors")
     g.finish()
 
 
 def check_self_attention(SelfAttention) -> None:
-    """Public checks of ``SelfAttention(8, 4)``: shapes, parameter count, and the computation."""
+    """Public checks of ``SelfAttention``: one small fixed example per clause the hidden checks grade."""
     g = Grader("SelfAttention (public)")
-    x = rand("public.x", 2, 5, 8, dtype=torch.float32)
+    x = tensor(21, 2, 5, 8, dtype=torch.float32)
     with g.check("SelfAttention(8, 4) maps (2, 5, 8) to out (2, 5, 4) and weights (2, 5, 5)"):
-        out, weights = _unpack(SelfAttention(8, 4)(x), "SelfAttention.forward", g)
+        out, weights = _unpack(g, _run(g, "SelfAttention(8, 4)(x)", lambda: SelfAttention(8, 4)(x)),
+                               "SelfAttention.forward")
         g.expect(
             is_tensor(out) and is_tensor(weights) and out.shape == (2, 5, 4) and weights.shape == (2, 5, 5),
             f"expected out (2, 5, 4) and weights (2, 5, 5), got {describe(out)} and {describe(weights)}",
         )
-    with g.check("SelfAttention(8, 4) has 3 * (8*4 + 4) = 108 parameters"):
-        n = sum(p.numel() for p in SelfAttention(8, 4).parameters())
-        g.expect(n == 3 * (8 * 4 + 4), f"SelfAttention(8, 4) should have 3 * (8*4 + 4) = 108 parameters, got {n}")
+    with g.check("SelfAttention(8, 4) has 3 * (8*4 + 4) = 108 parameters, SelfAttention(8, 4, bias=False) 96, "
+                 "SelfAttention(8) 216"):
+        for args, kwargs, n_expected in (((8, 4), {}, 108), ((8, 4), {"bias": False}, 96), ((8,), {}, 216)):
+            sd = _run(g, f"SelfAttention{args}", SelfAttention, *args, **kwargs).state_dict()
+            n = sum(p.numel() for p in sd.values()) if isinstance(sd, dict) else -1
+            g.expect(n == n_expected,
+                     f"SelfAttention(*{args}, **{kwargs}) should have {n_expected} parameters, got {n}")
     with g.check("out is attention over q_proj(x), k_proj(x), v_proj(x)"):
         layer = SelfAttention(8, 4)
         names = ("q_proj", "k_proj", "v_proj")
@@ -445,9 +934,18 @@ def check_self_attention(SelfAttention) -> None:
         weights = {k: v.float() for k, v in random_weights(reference, "public.weights").items()}
         load_weights(g, layer, weights, "SelfAttention")  # our weights, not only the module's own initial ones
         reference.load_state_dict(weights)
-        out, _ = _unpack(layer(x), "SelfAttention.forward", g)
-        g.expect(
-            is_tensor(out) and torch.allclose(out, reference(x)[0], atol=1e-6),
-            "out differs from attention over q_proj(x), k_proj(x), v_proj(x)",
-        )
+        out, _ = _unpack(g, _run(g, "SelfAttention(8, 4)(x)", layer, x), "SelfAttention.forward")
+        g.expect(close(out, reference(x)[0].detach()),
+                 "out differs from attention over q_proj(x), k_proj(x), v_proj(x)")
+    with g.check("a mask is passed on: a causal (5, 5) mask and a floating (2, 5, 5) one"):
+        layer, reference, _ = _self_attention_pair(g, SelfAttention, 8, 4, True, torch.float32, "public.mask.weights")
+        for mask in (ref.causal_mask(5), tensor(22, 2, 5, 5, dtype=torch.float32)):
+            what = f"a {'boolean' if mask.dtype == torch.bool else 'floating'} mask {tuple(mask.shape)}"
+            out, _ = _unpack(g, _run(g, f"SelfAttention(8, 4)(x, mask) with {what}", layer, x, mask=mask),
+                             "SelfAttention.forward")
+            g.expect(close(out, reference(x, mask=mask)[0].detach()),
+                     f"with {what}, out differs: pass the mask on to scaled_dot_product_attention")
+    with g.check("x of shape (5, 8) (no batch axis) raises ValueError"):
+        layer = _run(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
+        expect_value_error(g, lambda: layer(x[0]), "SelfAttention(8, 4) on x (5, 8)", "expected (B, T, 8)")
     g.finish()

@@ -1,13 +1,15 @@
 """Checks for Exercise 3 (positional encodings).
 
 Each part has two entry points, both called from the notebook with the student's
-object. ``check_*`` holds the *public* checks: small, fixed examples that a
-student runs while working (and ``coursekit check`` runs). ``grade_*`` holds the
-*hidden* checks: it compares the object with :mod:`coursekit.positional` on fresh
-seeded inputs, diagnoses the common mistakes (swapped sine and cosine, the wrong
-RoPE pairing or direction, the wrong ALiBi rule for head counts that are not
-powers of two, ...) and tests properties. Both raise
-:class:`~coursekit.grading.core.GradingFailure` with a hint per failed check.
+object. ``check_*`` holds the *public* checks: one small, fixed example per clause of the
+part's text, so a student knows what will be graded. ``grade_*`` holds the *hidden* checks:
+one named check per clause of the text and docstring, each on fresh inputs drawn across what
+the text allows (sizes, dtypes, optional arguments, shapes; derandomized property-based
+examples that shrink to the smallest failing one) and compared with
+:mod:`coursekit.positional` in float64. Before the generic "differs" hint, a check tries the
+common mistakes (swapped sine and cosine, the wrong RoPE pairing or direction, the wrong ALiBi
+rule for head counts that are not powers of two, ...) and names the one that matches. Both
+raise :class:`~coursekit.grading.core.GradingFailure` with a hint per failed check.
 """
 
 from __future__ import annotations
@@ -15,26 +17,97 @@ from __future__ import annotations
 import math
 
 import torch
+from hypothesis import strategies as st
 
 from coursekit import positional as ref
-from coursekit.grading.core import Grader, close, describe, is_tensor, probe, rand
+from coursekit.grading.core import (
+    SESSION,
+    Grader,
+    close,
+    describe,
+    expect_value_error,
+    for_all,
+    is_tensor,
+    magnitude,
+    probe,
+    raise_unless_student_error,
+    rand,
+    tensor,
+    tolerance,
+)
 
 __all__ = [
     "check_sinusoidal_encoding", "check_apply_rope", "check_alibi_slopes", "check_alibi_bias",
     "grade_sinusoidal_encoding", "grade_apply_rope", "grade_alibi_slopes", "grade_alibi_bias",
 ]
 
-F64 = torch.float64
+F64, F32 = torch.float64, torch.float32
 
 
-def _same(a: object, b: torch.Tensor) -> bool:
-    """``a`` equals ``b`` where ``b`` is finite and is ``-inf`` exactly where ``b`` is (for biases)."""
-    if not (is_tensor(a) and a.shape == b.shape and a.dtype == b.dtype):
-        return False
-    finite = torch.isfinite(b)
-    if not torch.equal(torch.isfinite(a), finite) or not torch.equal(a[~finite], b[~finite]):
-        return False
-    return close(a[finite], b[finite])
+# --------------------------------------------------------------------------- helpers
+
+
+def _raised(e: Exception) -> str:
+    """'your code raised KeyError: ... (at line N ...)' for an exception of the student's code."""
+    text = str(e)
+    if text.startswith("your code"):  # raised, timed out or crashed in the sandbox: already a sentence
+        return text
+    import traceback
+
+    where = ""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        f = frame.filename
+        if "coursekit" not in f and "site-packages" not in f and "/torch/" not in f:
+            where = f" (at line {frame.lineno} of your code: {frame.line})"
+            break
+    return f"your code raised {type(e).__name__.removeprefix('Student')}: {e}{where}"
+
+
+def _call(g: Grader, what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``; an exception of the student's code fails the check with a hint that
+    starts with ``what`` (the example, e.g. ``"for x (1, 2, 4) and positions [0, 1]"``)."""
+    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # the grader's inputs stay intact
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        raise_unless_student_error(e)
+        g.fail(f"{what}: {_raised(e)}")
+
+
+def _diff(out: object, expected: torch.Tensor, mag: float = 1.0) -> str:
+    """Where ``out`` first leaves the tolerance around ``expected``: 'at [1, 2] expected 0.5403, got 0.8415'."""
+    if not is_tensor(out):
+        return f"got {describe(out)}"
+    if out.shape != expected.shape or out.dtype != expected.dtype:
+        return f"expected {describe(expected)}, got {describe(out)}"
+    rtol, atol = tolerance(expected.dtype, mag)
+    a, e = out.detach().double(), expected.double()
+    finite = torch.isfinite(e)
+    bad = torch.where(finite, (a - e).abs() > atol + rtol * e.abs(), a != e) | a.isnan()
+    if not bool(bad.any()):
+        return "the values differ"
+    idx = tuple(int(i) for i in bad.nonzero()[0])
+    want, got = float(e[idx]), float(a[idx])
+    digits = next((d for d in (6, 9, 12, 17) if f"{want:.{d}g}" != f"{got:.{d}g}"), 17)
+    return f"at {list(idx)} expected {want:.{digits}g}, got {got:.{digits}g}"
+
+
+def _expect_close(g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0,
+                  advice: str = "") -> None:
+    """Fail with '<what>: at [i, j] expected ..., got ...<advice>' unless ``out`` is close to ``expected``."""
+    if not close(out, expected, magnitude=mag):
+        g.fail(f"{what}: {_diff(out, expected, mag)}{advice}")
+
+
+def _args(**kwargs) -> str:
+    """', base=100.0, scaling='ntk'' for the keyword arguments that are given."""
+    return "".join(f", {k}={v!r}" for k, v in kwargs.items() if v is not None)
+
+
+def _in_process() -> bool:
+    """True when the student's objects live in this process (a notebook, a unit test, the mutation
+    reports); False under the autograder, whose sandbox cannot send tensors on the meta device."""
+    return SESSION.get() is None
 
 
 # --------------------------------------------------------------------------- sinusoidal
@@ -46,7 +119,7 @@ def _interleave(sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
 
 
 def _sinusoidal_variants(T: int, C: int, base: float) -> dict[str, torch.Tensor]:
-    """The reference and the tables that common mistakes produce, in float64."""
+    """The tables that common mistakes produce, in float64."""
     pos = torch.arange(T, dtype=F64)[:, None]  # (T, 1)
     good = ref.sinusoidal_encoding(T, C, base=base, dtype=F64)  # (T, C)
     half = torch.arange(C // 2, dtype=F64)
@@ -59,76 +132,103 @@ def _sinusoidal_variants(T: int, C: int, base: float) -> dict[str, torch.Tensor]
         "exponent": _interleave(angles_i.sin(), angles_i.cos()),
         "per_channel": torch.where(channel.long() % 2 == 0, per_channel.sin(), per_channel.cos()),
         "from_one": ref.sinusoidal_encoding(T + 1, C, base=base, dtype=F64)[1:],
+        "inverse_base": ref.sinusoidal_encoding(T, C, base=1.0 / base, dtype=F64),
+        "default_base": ref.sinusoidal_encoding(T, C, dtype=F64),
+        "float32_angles": _interleave(*(lambda a: (a.sin(), a.cos()))(
+            pos * (base ** (-torch.arange(0, C, 2, dtype=torch.float32) / C)).double())),
     }
 
 
-def _diagnose_sinusoidal(g: Grader, pe: object, T: int, C: int, base: float) -> None:
+def _diagnose_sinusoidal(g: Grader, what: str, pe: object, T: int, C: int, base: float) -> None:
+    if not (is_tensor(pe) and pe.shape == (T, C)):
+        g.fail(f"{what}: expected a ({T}, {C}) tensor, got {describe(pe)}")
+    good = ref.sinusoidal_encoding(T, C, base=base, dtype=F64)
     wrong = _sinusoidal_variants(T, C, base)
-    if close(pe, wrong["swapped"]):
-        g.fail("sin and cos are swapped: even channels 2i hold sin(p w_i), odd channels 2i+1 hold cos(p w_i)")
-    if close(pe, wrong["concatenated"]):
-        g.fail(
-            "you put all the sines first and all the cosines after them: this encoding interleaves them, "
-            "channel 2i = sin(p w_i) and channel 2i+1 = cos(p w_i)"
-        )
-    if close(pe, wrong["exponent"]):
-        g.fail("the frequency exponent is off: pair i has w_i = base^(-2i/C), not base^(-i/C)")
-    if close(pe, wrong["per_channel"]):
-        g.fail(
-            "the frequency exponent is off: channels 2i and 2i+1 share one frequency w_i = base^(-2i/C); "
-            "you gave every channel c its own base^(-c/C)"
-        )
-    if close(pe, wrong["from_one"]):
-        g.fail("row 0 must be position 0 (all sines 0, all cosines 1): your positions start at 1")
+
+    def matches(key):
+        return not close(wrong[key], good) and close(pe, wrong[key])
+
+    if matches("swapped"):
+        g.fail(f"{what}: sin and cos are swapped: even channels 2i hold sin(p w_i), odd channels 2i+1 hold cos(p w_i)")
+    if matches("concatenated"):
+        g.fail(f"{what}: you put all the sines first and all the cosines after them: this encoding interleaves "
+               "them, channel 2i = sin(p w_i) and channel 2i+1 = cos(p w_i)")
+    if matches("exponent"):
+        g.fail(f"{what}: the frequency exponent is off: pair i has w_i = base^(-2i/C), not base^(-i/C)")
+    if matches("per_channel"):
+        g.fail(f"{what}: the frequency exponent is off: channels 2i and 2i+1 share one frequency "
+               "w_i = base^(-2i/C); you gave every channel c its own base^(-c/C)")
+    if matches("from_one"):
+        g.fail(f"{what}: row 0 must be position 0 (all sines 0, all cosines 1): your positions start at 1")
+    if base != 10000.0 and matches("default_base"):
+        g.fail(f"{what}: the base argument is ignored: w_i = base^(-2i/C) with base={base:g}, not 10000")
+    if matches("float32_angles"):
+        g.fail(f"{what}: the frequencies were computed in float32 (off in the 8th digit): compute the angles in "
+               "float64, torch.arange(..., dtype=torch.float64), and cast only the table to dtype")
+    if matches("inverse_base"):
+        g.fail(f"{what}: the frequencies are inverted: w_i = base^(-2i/C) (a negative exponent), "
+               "so they fall from 1 to almost 1/base")
 
 
 def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
     """Grade a student's ``sinusoidal_encoding(T, C, base=10000.0, dtype=torch.float32)``."""
     g = Grader("sinusoidal_encoding")
 
-    with g.check("returns a (T, C) tensor of the requested dtype"):
-        pe = sinusoidal_encoding(5, 8)
-        g.expect(
-            is_tensor(pe) and pe.shape == (5, 8) and pe.dtype == torch.float32,
-            f"sinusoidal_encoding(5, 8) should be a float32 tensor of shape (5, 8) by default, got {describe(pe)}",
-        )
-        pe = sinusoidal_encoding(5, 8, dtype=F64)
-        g.expect(
-            is_tensor(pe) and pe.shape == (5, 8) and pe.dtype == F64,
-            f"with dtype=torch.float64 expected a float64 (5, 8) tensor, got {describe(pe)}: cast with .to(dtype)",
-        )
+    with g.check("returns a (T, C) tensor of the requested dtype (float32 by default)"):
+        expected = ref.sinusoidal_encoding(5, 6, dtype=F64)
+        for kwargs, dtype in (({}, F32), ({"dtype": F64}, F64), ({"dtype": torch.float16}, torch.float16),
+                              ({"dtype": torch.bfloat16}, torch.bfloat16)):
+            what = f"sinusoidal_encoding(5, 6{_args(**kwargs)})"
+            pe = _call(g, what, sinusoidal_encoding, 5, 6, **kwargs)
+            g.expect(is_tensor(pe) and pe.shape == (5, 6) and pe.dtype == dtype,
+                     f"{what} should be a {str(dtype).removeprefix('torch.')} (5, 6) tensor, got {describe(pe)}"
+                     + ("" if kwargs else ": the default dtype is float32"))
+            _expect_close(g, what, pe, expected.to(dtype))
 
-    with g.check("PE(1) for C = 4 is [sin 1, cos 1, sin 0.01, cos 0.01]"):
-        pe = sinusoidal_encoding(2, 4, dtype=F64)
-        expected = torch.tensor([math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)], dtype=F64)
-        g.expect(is_tensor(pe) and pe.shape == (2, 4), f"sinusoidal_encoding(2, 4) should be (2, 4), got {describe(pe)}")
-        _diagnose_sinusoidal(g, pe, 2, 4, 10000.0)
-        g.expect(close(pe[1], expected), f"PE(1) should be [0.841471, 0.540302, 0.0099998, 0.99995], got {pe[1].tolist()}")
+    def values(case):
+        T, C = case
+        what = f"sinusoidal_encoding({T}, {C}, dtype=torch.float64)"
+        pe = _call(g, what, sinusoidal_encoding, T, C, dtype=F64)
+        expected = ref.sinusoidal_encoding(T, C, dtype=F64)
+        if not close(pe, expected):
+            _diagnose_sinusoidal(g, what, pe, T, C, 10000.0)
+            _expect_close(g, what, pe, expected)
 
-    with g.check("matches the reference for T = 50, C = 16 (float64)"):
-        pe = sinusoidal_encoding(50, 16, dtype=F64)
-        _diagnose_sinusoidal(g, pe, 50, 16, 10000.0)
-        g.expect(close(pe, ref.sinusoidal_encoding(50, 16, dtype=F64)), "the values differ from the reference encoding")
+    with g.check("PE[p, 2i] = sin(p w_i), PE[p, 2i + 1] = cos(p w_i), w_i = 10000^(-2i/C), p = 0 .. T-1"):
+        evens = st.integers(1, 8).map(lambda k: 2 * k)
+        for_all("sinusoidal.values", st.tuples(st.integers(0, 12), evens), values, first=(2, 4))
+        values((50, 16))  # regression: the old fixed case
 
-    with g.check("matches the reference in float32"):
-        for T, C in ((64, 32), (7, 2)):
-            pe = sinusoidal_encoding(T, C)
-            g.expect(close(pe, ref.sinusoidal_encoding(T, C)), f"sinusoidal_encoding({T}, {C}) differs from the reference in float32")
+    def with_base(case):
+        T, C, base = case
+        what = f"sinusoidal_encoding({T}, {C}, base={base:g}, dtype=torch.float64)"
+        pe = _call(g, what, sinusoidal_encoding, T, C, base=base, dtype=F64)
+        expected = ref.sinusoidal_encoding(T, C, base=base, dtype=F64)
+        if not close(pe, expected):
+            _diagnose_sinusoidal(g, what, pe, T, C, base)
+            _expect_close(g, what, pe, expected)
 
-    with g.check("uses the `base` argument"):
-        pe = sinusoidal_encoding(20, 8, base=100.0, dtype=F64)
-        if close(pe, ref.sinusoidal_encoding(20, 8, dtype=F64)):
-            g.fail("the base argument is ignored: w_i = base^(-2i/C), with base=100 here, not 10000")
-        _diagnose_sinusoidal(g, pe, 20, 8, 100.0)
-        g.expect(close(pe, ref.sinusoidal_encoding(20, 8, base=100.0, dtype=F64)), "with base=100 the values differ from the reference")
+    with g.check("uses the base argument: w_i = base^(-2i/C)"):
+        bases = st.sampled_from([100.0, 2.0, 0.5, 10.0, 777.5, 1e5, 1e6])
+        for_all("sinusoidal.base", st.tuples(st.integers(2, 10), st.sampled_from([4, 6, 8, 12]), bases),
+                with_base, first=(3, 4, 100.0))
 
-    with g.check("PE(p + k) is a fixed rotation of PE(p)"):
-        pe = sinusoidal_encoding(40, 12, dtype=F64)
-        M = ref.sinusoidal_shift_matrix(5, 12)  # (C, C)
-        g.expect(
-            is_tensor(pe) and pe.shape == (40, 12) and close(pe[:35] @ M.T, pe[5:]),
-            "PE(p + 5) is not the rotation M_5 PE(p) of every (sin, cos) pair: check the layout and frequencies",
-        )
+    with g.check("the angles are computed in float64 and only the table is cast to dtype"):
+        for T, C, dtype in ((4096, 16, F32), (300, 8, torch.float16)):
+            what = f"sinusoidal_encoding({T}, {C}{_args(dtype=None if dtype == F32 else dtype)})"
+            pe = _call(g, what, sinusoidal_encoding, T, C, **({} if dtype == F32 else {"dtype": dtype}))
+            expected = ref.sinusoidal_encoding(T, C, dtype=F64).to(dtype)
+            g.expect(is_tensor(pe) and pe.shape == (T, C) and pe.dtype == dtype,
+                     f"{what} should be a {str(dtype).removeprefix('torch.')} ({T}, {C}) tensor, got {describe(pe)}")
+            _expect_close(g, what, pe, expected, advice=f": at large positions angles computed in "
+                          f"{str(dtype).removeprefix('torch.')} lose digits; compute them in float64, cast at the end")
+
+    with g.check("C odd or not positive, T negative or base not positive raise a ValueError"):
+        for args, kwargs, what in (((4, 3), {}, "C=3"), ((4, 0), {}, "C=0"), ((4, -2), {}, "C=-2"),
+                                   ((-1, 4), {}, "T=-1"), ((4, 4), {"base": 0.0}, "base=0"),
+                                   ((4, 4), {"base": -100.0}, "base=-100")):
+            expect_value_error(g, lambda: sinusoidal_encoding(*args, **kwargs), f"sinusoidal_encoding({what})",
+                               "keep the given argument checks")
 
     g.finish()
 
@@ -136,143 +236,201 @@ def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
 # --------------------------------------------------------------------------- RoPE
 
 
-def _rope_interleaved(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def _rope_interleaved(x: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
     """RoPE pairing neighbours (2i, 2i+1) instead of (i, i + D/2)."""
     D = x.shape[-1]
     perm = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])  # (2i, 2i+1) -> (i, i + D/2)
-    return ref.apply_rope(x[..., perm], positions)[..., torch.argsort(perm)]
+    return ref.apply_rope(x[..., perm], positions, **kwargs)[..., torch.argsort(perm)]
 
 
-def _rope_repeat_interleave(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def _rope_repeat_interleave(x: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor:
     """Half-split rotation with angles laid out for interleaved pairs (cos.repeat_interleave(2))."""
-    angles = ref.rope_angles(positions, x.shape[-1])  # (T, D/2)
-    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)  # (T, D)
+    angles = ref.rope_angles(positions, x.shape[-1], **kwargs)  # (..., T, D/2)
+    if positions.dim() == 2 and x.dim() == 4:
+        angles = angles[:, None]
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)  # (..., T, D)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-def _diagnose_rope(g: Grader, out: object, x: torch.Tensor, positions: torch.Tensor) -> None:
+def _rope_heads(x: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Tensor | None:
+    """(B, T) positions broadcast over the heads axis of x (B, H, T, D) when H == B: row h for head h."""
+    if not (x.dim() == 4 and positions.dim() == 2 and x.shape[0] == x.shape[1]):
+        return None
+    B, H = x.shape[:2]
+    return torch.stack([torch.stack([ref.apply_rope(x[b, h], positions[h], **kwargs) for h in range(H)])
+                        for b in range(B)])
+
+
+def _diagnose_rope(g: Grader, what: str, out: object, x: torch.Tensor, positions: torch.Tensor, **kwargs) -> None:
+    """Fail with the hint of the first common mistake that ``out`` matches."""
     if not (is_tensor(out) and out.shape == x.shape):
-        g.fail(f"apply_rope must return a tensor of x's shape {tuple(x.shape)}, got {describe(out)}")
-    if close(out, x) and bool((positions != 0).any()):
-        g.fail("x came back unchanged: rotate each pair by the angle p * theta_i of its position")
-    if close(out, _rope_interleaved(x, positions)):
-        g.fail(
-            "you rotate neighbouring channels (2i, 2i+1) together: this convention is half-split, "
-            "channel i pairs with channel i + D/2 (as in rotate_half)"
-        )
-    if close(out, _rope_repeat_interleave(x, positions)):
-        g.fail(
-            "the half-split pairs get the wrong frequencies: channels i and i + D/2 share theta_i, so build "
-            "cos and sin with torch.cat([c, c], -1), not repeat_interleave"
-        )
-    if close(out, ref.apply_rope(x, -positions)):
-        g.fail(
-            "the rotation goes the wrong way: a pair (a, b) becomes (a cos - b sin, a sin + b cos), "
-            "i.e. x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1)"
-        )
-    if close(out, ref.apply_rope(x, positions + 1)):
-        g.fail("your positions are shifted by one: use the `positions` given (the first token may have position 0)")
-    T = x.shape[-2]
-    if not torch.equal(positions, torch.arange(T).expand_as(positions)) and close(out, ref.apply_rope(x, torch.arange(T))):
-        g.fail("the positions argument is ignored: you used 0 .. T-1 instead of the positions given")
+        g.fail(f"{what}: expected a tensor of x's shape {tuple(x.shape)}, got {describe(out)}")
+    good = ref.apply_rope(x, positions, **kwargs)
+    kw = {k: v for k, v in kwargs.items() if k != "base"}
+    candidates = [
+        (x, "x came back unchanged: rotate each pair by the angle p * theta_i of its position"),
+        (_rope_interleaved(x, positions, **kwargs),
+         "you rotate neighbouring channels (2i, 2i+1) together: this convention is half-split, channel i "
+         "pairs with channel i + D/2 (as in rotate_half)"),
+        (_rope_repeat_interleave(x, positions, **kwargs),
+         "the half-split pairs get the wrong frequencies: channels i and i + D/2 share theta_i, so build "
+         "cos and sin with torch.cat([c, c], -1), not repeat_interleave"),
+        (ref.apply_rope(x, -positions, **kwargs),
+         "the rotation goes the wrong way: a pair (a, b) becomes (a cos - b sin, a sin + b cos), i.e. "
+         "x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1)"),
+        (ref.apply_rope(x, positions + 1, **kwargs),
+         "your positions are shifted by one: use the positions given (the first token may have position 0)"),
+        (_rope_heads(x, positions, **kwargs),
+         "head h was rotated by the positions of sequence h: with positions (B, T) and x (B, H, T, D) insert a "
+         "head axis, angles[:, None], so every head of sequence b uses row b"),
+        (ref.apply_rope(x, torch.arange(x.shape[-2]).expand_as(positions), **kwargs),
+         "the positions argument is ignored: you used 0 .. T-1 instead of the positions given"),
+    ]
+    if positions.is_floating_point() and not torch.equal(positions, positions.round()):
+        candidates.append((ref.apply_rope(x, positions.long(), **kwargs),
+                           "the positions were cast to integers: positions may be floats, use them as they are"))
+    if kwargs.get("scaling") is not None:
+        candidates.append((ref.apply_rope(x, positions, base=kwargs.get("base", 10000.0)),
+                           "scaling and factor are ignored: pass them on to rope_angles"))
+    if kwargs.get("base", 10000.0) != 10000.0:
+        candidates.append((ref.apply_rope(x, positions, **kw),
+                           "the base argument is ignored: pass base on to rope_angles"))
+    for wrong, hint in candidates:
+        if wrong is not None and wrong.shape == good.shape and not close(wrong, good) and close(out, wrong):
+            g.fail(f"{what}: {hint}")
+
+
+def _rope_case(g: Grader, apply_rope, x: torch.Tensor, positions: torch.Tensor, what: str, **kwargs) -> None:
+    """Compare ``apply_rope(x, positions, **kwargs)`` with the reference, naming a known mistake if it matches."""
+    out = _call(g, what, apply_rope, x, positions, **kwargs)
+    expected = ref.apply_rope(x, positions, **kwargs)
+    if not close(out, expected, magnitude=magnitude(x)):
+        _diagnose_rope(g, what, out, x, positions, **kwargs)
+        _expect_close(g, what, out, expected, magnitude(x))
+
+
+def _positions_text(p: torch.Tensor) -> str:
+    values = p.tolist()
+    return str(values) if p.numel() <= 8 else f"of shape {tuple(p.shape)}"
+
+
+@st.composite
+def _rope_shapes(draw, ranks=(4,), max_T=7, positions="arange"):
+    """x's shape, positions and a seed: rank from ``ranks``; ``positions`` is 'arange', 'explicit'
+    (integers or floats in any order) or 'batched' ((B, T), one row per sequence)."""
+    rank = draw(st.sampled_from(ranks))
+    B, H = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    T, D = draw(st.integers(1, max_T)), draw(st.sampled_from([2, 4, 6, 8, 10, 12]))
+    shape = {2: (T, D), 3: (B, T, D), 4: (B, H, T, D)}[rank]
+    if positions == "arange":
+        pos = list(range(T))
+    elif positions == "explicit":
+        if draw(st.booleans()):
+            pos = draw(st.lists(st.integers(0, 3000), min_size=T, max_size=T))
+        else:
+            pos = draw(st.lists(st.floats(0.0, 500.0, allow_nan=False, width=32), min_size=T, max_size=T))
+    else:
+        pos = draw(st.lists(st.lists(st.integers(0, 60), min_size=T, max_size=T), min_size=B, max_size=B))
+    return shape, pos, draw(st.integers(0, 2**16))
+
+
+def _as_positions(pos) -> torch.Tensor:
+    flat = pos if not pos or not isinstance(pos[0], list) else [v for row in pos for v in row]
+    return torch.tensor(pos, dtype=F64 if any(isinstance(v, float) for v in flat) else torch.long)
 
 
 def grade_apply_rope(apply_rope) -> None:
     """Grade a student's ``apply_rope(x, positions, base=10000.0, scaling=None, factor=1.0)``."""
     g = Grader("apply_rope")
 
-    with g.check("returns a tensor of x's shape and dtype"):
-        for dtype in (torch.float32, F64):
-            x = rand("rope.shape", 2, 3, 5, 8, dtype=dtype)
-            out = apply_rope(x, torch.arange(5))
-            g.expect(
-                is_tensor(out) and out.shape == x.shape and out.dtype == dtype,
-                f"for x {describe(x)} expected the same shape and dtype, got {describe(out)}: cast cos and sin to x.dtype",
-            )
+    with g.check("returns a new tensor of x's shape and dtype, and leaves x and positions unchanged"):
+        positions = torch.tensor([0, 3, 1, 7, 2])
+        for dtype in (F32, F64, torch.bfloat16):
+            x = rand(f"rope.dtype.{dtype}", 2, 3, 5, 8).to(dtype)
+            what = f"for x {describe(x)} and positions {positions.tolist()}"
+            p = probe(apply_rope, x.clone(), positions.clone())
+            g.expect(is_tensor(p.result) and p.result.shape == x.shape and p.result.dtype == dtype,
+                     f"{what}: expected a tensor of x's shape and dtype, got {describe(p.result)}: "
+                     "cast cos and sin to x.dtype")
+            g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], x),
+                     f"{what}: x was modified in place: compute a new tensor")
+            g.expect(is_tensor(p.args[1]) and torch.equal(p.args[1], positions),
+                     f"{what}: positions was modified in place")
+            if dtype == F32:
+                expected = ref.apply_rope(x.double(), positions).float()
+                _expect_close(g, what, p.result, expected, magnitude(x))
 
-    with g.check("is the identity at position 0"):
-        x = rand("rope.zero", 2, 2, 4, 8)
-        out = apply_rope(x, torch.zeros(4, dtype=torch.long))
-        if close(out, ref.apply_rope(x, torch.ones(4, dtype=torch.long))):
-            g.fail("at position 0 the rotation must be the identity: your positions are shifted by one (start at 0)")
-        g.expect(close(out, x), "at position 0 the rotation must be the identity (angle 0): apply_rope(x, zeros) should return x")
+    def arange_case(case):
+        shape, pos, seed = case
+        x = tensor(seed, *shape)
+        _rope_case(g, apply_rope, x, torch.tensor(pos), f"for x {shape} and positions {pos}")
 
-    with g.check("matches the reference for positions 0 .. T-1"):
-        x = rand("rope.arange", 2, 3, 6, 8)
-        positions = torch.arange(6)
-        out = apply_rope(x, positions)
-        _diagnose_rope(g, out, x, positions)
-        g.expect(close(out, ref.apply_rope(x, positions)), "the rotated x differs from the reference")
+    with g.check("x (B, H, T, D) at positions 0 .. T-1: channels i and i + D/2 turn by p theta_i, "
+                 "(a, b) -> (a cos - b sin, a sin + b cos)"):
+        for_all("rope.arange", _rope_shapes(), arange_case, first=((1, 1, 2, 4), [0, 1], 0))
 
-    with g.check("uses explicit positions (T,)"):
-        x = rand("rope.explicit", 2, 2, 6, 8)
-        positions = torch.tensor([5, 0, 17, 3, 100, 42])
-        out = apply_rope(x, positions)
-        _diagnose_rope(g, out, x, positions)
-        g.expect(close(out, ref.apply_rope(x, positions)), "with positions [5, 0, 17, 3, 100, 42] the result differs from the reference")
+    with g.check("x may also be (B, T, D) or (T, D), positions (T,) shared by the batch"):
+        for_all("rope.ranks", _rope_shapes(ranks=(2, 3)), arange_case, first=((2, 4), [0, 1], 1))
 
-    with g.check("one row of positions per sequence (B, T), shared by the heads"):
-        x = rand("rope.batched", 2, 2, 4, 6)  # B = H, so angles broadcast over the wrong axis run silently
-        positions = torch.tensor([[0, 1, 2, 3], [9, 4, 20, 7]])
-        out = apply_rope(x, positions)
-        on_heads = torch.stack([torch.stack([ref.apply_rope(x[b, h], positions[h]) for h in range(2)]) for b in range(2)])
-        if close(out, on_heads):
-            g.fail(
-                "head h was rotated by the positions of sequence h: with positions (B, T) and x (B, H, T, D) "
-                "insert a head axis, angles[:, None], so every head of sequence b uses row b"
-            )
-        _diagnose_rope(g, out, x, positions)
-        g.expect(close(out, ref.apply_rope(x, positions)), "with (B, T) positions the result differs from the reference")
+    def explicit_case(case):
+        shape, pos, seed = case
+        x, positions = tensor(seed, *shape), _as_positions(pos)
+        _rope_case(g, apply_rope, x, positions, f"for x {shape} and positions {_positions_text(positions)}")
 
-    with g.check("preserves norms, and scores depend only on the offset"):
-        q, k = rand("rope.q", 1, 1, 1, 16), rand("rope.k", 1, 1, 1, 16)
+    with g.check("explicit positions (T,): any order, integers or floats, up to thousands"):
+        for_all("rope.explicit", _rope_shapes(ranks=(2, 3, 4), positions="explicit"), explicit_case,
+                first=((1, 2, 6, 8), [5, 0, 17, 3, 100, 42], 2))
 
-        def score(m, n):
-            a, b = apply_rope(q, torch.tensor([m])), apply_rope(k, torch.tensor([n]))
-            g.expect(is_tensor(a) and is_tensor(b) and a.shape == q.shape, f"apply_rope returned {describe(a)} for x {describe(q)}")
-            return (a * b).sum()
+    with g.check("positions (B, T): every head of sequence b uses row b, for x (B, T, D) or (B, H, T, D)"):
+        for_all("rope.batched", _rope_shapes(ranks=(3, 4), positions="batched"), explicit_case,
+                first=((2, 2, 4, 6), [[0, 1, 2, 3], [9, 4, 20, 7]], 3))
 
-        a = apply_rope(q, torch.tensor([7]))
-        g.expect(is_tensor(a) and close(a.norm(), q.norm()), "the norm of x changed: each pair must be rotated, not scaled")
-        g.expect(
-            close(score(5, 3), score(12, 10)) and close(score(0, 9), score(30, 39)),
-            "the score of a query at m and a key at n must depend only on n - m: (5, 3) and (12, 10) give different scores",
-        )
+    def options_case(case):
+        (shape, pos, seed), (base, scaling, factor) = case
+        if scaling == "ntk" and shape[-1] == 2:
+            shape = (*shape[:-1], 4)  # NTK-aware scaling needs D > 2
+        x, positions = tensor(seed, *shape), _as_positions(pos)
+        kwargs = {"base": base, "scaling": scaling, "factor": factor}
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        what = f"for x {shape}, positions {_positions_text(positions)}{_args(**kwargs)}"
+        _rope_case(g, apply_rope, x, positions, what, **kwargs)
 
-    with g.check("passes base, scaling and factor on"):
-        x = rand("rope.base", 1, 2, 5, 8)
-        positions = torch.arange(0, 50, 10)
-        g.expect(
-            close(apply_rope(x, positions), ref.apply_rope(x, positions)),
-            "plain RoPE already differs from the reference (see the checks above); fix that first",
-        )
-        for kwargs in ({"base": 500.0}, {"scaling": "linear", "factor": 4.0}, {"scaling": "ntk", "factor": 8.0}):
-            out = apply_rope(x, positions, **kwargs)
-            if close(out, ref.apply_rope(x, positions)):
-                g.fail(f"with {kwargs} the result is plain RoPE: pass base, scaling and factor on to rope_angles")
-            g.expect(close(out, ref.apply_rope(x, positions, **kwargs)), f"with {kwargs} the result differs from the reference")
+    options = st.tuples(st.sampled_from([None, 500.0, 10000.0, 1e6]), st.sampled_from([None, "linear", "ntk"]),
+                        st.sampled_from([None, 0.5, 2.0, 4.0, 8.0]))
+    with g.check("passes base, scaling ('linear' or 'ntk') and factor on (factor defaults to 1.0)"):
+        for_all("rope.options", st.tuples(_rope_shapes(ranks=(2, 4), positions="explicit"), options), options_case,
+                first=(((1, 2, 5, 8), [0, 10, 20, 30, 40], 4), (500.0, None, None)))
+        x, positions = rand("rope.options.fixed", 1, 2, 5, 8), torch.arange(0, 50, 10)
+        for kwargs in ({"scaling": "linear", "factor": 4.0}, {"scaling": "ntk", "factor": 8.0},
+                       {"scaling": "linear"}, {"factor": 3.0}):
+            _rope_case(g, apply_rope, x, positions, f"for x (1, 2, 5, 8), positions [0, 10, .., 40]{_args(**kwargs)}",
+                       **kwargs)
 
-    with g.check("gradients match the reference"):
+    with g.check("gradients flow back to x (the inverse rotation of the upstream gradient)"):
         x = rand("rope.grad", 2, 2, 4, 6)
         positions = torch.tensor([3, 1, 4, 1])
         upstream = rand("rope.grad.up", 2, 2, 4, 6)
         p = probe(apply_rope, x.clone().requires_grad_(), positions, backward=(None, upstream))
-        g.expect(
-            is_tensor(p.result) and p.result.requires_grad,
-            "the output does not depend on x through autograd: avoid .detach(), .numpy() or .item()",
-        )
-        g.expect(
-            p.grads is not None and p.grads[0] is not None and close(p.grads[0], ref.apply_rope(upstream, -positions)),
-            "the gradient with respect to x differs from the reference (it is the inverse rotation of the upstream gradient)",
-        )
+        g.expect(is_tensor(p.result) and p.result.requires_grad,
+                 "for x (2, 2, 4, 6): the output does not depend on x through autograd: avoid .detach(), "
+                 ".numpy() or .item()")
+        expected = ref.apply_rope(upstream, -positions)
+        _expect_close(g, "for x (2, 2, 4, 6) and positions [3, 1, 4, 1], the gradient with respect to x",
+                      p.grads[0] if p.grads else None, expected,
+                      advice=" (it is the inverse rotation of the upstream gradient)")
 
-    with g.check("leaves x and positions unchanged"):
-        x = rand("rope.inplace", 1, 2, 4, 8)
-        positions = torch.tensor([2, 0, 5, 1])
-        p = probe(apply_rope, x.clone(), positions.clone())
-        g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], x), "x was modified in place: compute a new tensor")
-        g.expect(is_tensor(p.args[1]) and torch.equal(p.args[1], positions), "positions was modified in place")
+    with g.check("x with an odd D or fewer than 2 dims, or positions of another shape, raise a ValueError"):
+        x = rand("rope.bad", 2, 3, 4, 6)
+        for call, what in (
+            (lambda: apply_rope(rand("rope.bad.odd", 2, 3, 4, 5), torch.arange(4)), "x (2, 3, 4, 5) (D odd)"),
+            (lambda: apply_rope(rand("rope.bad.1d", 6), torch.arange(1)), "x (6,) (one dimension)"),
+            (lambda: apply_rope(x, torch.arange(5)), "x (2, 3, 4, 6) and positions (5,)"),
+            (lambda: apply_rope(x, torch.zeros(3, 4, dtype=torch.long)), "x (2, 3, 4, 6) and positions (3, 4)"),
+            (lambda: apply_rope(x[0, 0], torch.zeros(2, 4, dtype=torch.long)), "x (4, 6) and positions (2, 4)"),
+            (lambda: apply_rope(x, torch.zeros(2, 1, 4, dtype=torch.long)), "x (2, 3, 4, 6) and positions (2, 1, 4)"),
+        ):
+            expect_value_error(g, call, what, "keep the given argument checks")
 
     g.finish()
 
@@ -289,61 +447,58 @@ def _diagnose_slopes(g: Grader, s: object, H: int) -> None:
     if not (is_tensor(s) and s.shape == (H,)):
         g.fail(f"alibi_slopes({H}) should be a tensor of shape ({H},), got {describe(s)}")
     if H > 1 and close(s, expected.flip(0)):
-        g.fail("the slopes are reversed: head 0 gets the steepest slope 2^(-8/n), e.g. 1/2 for 8 heads")
+        g.fail(f"alibi_slopes({H}): the slopes are reversed: head 0 gets the steepest slope 2^(-8/n), "
+               "e.g. 1/2 for 8 heads")
     if close(s, torch.tensor([2.0 ** (-8.0 * i / H) for i in range(H)], dtype=F64)):
-        g.fail("the exponents start at 0: the slopes are 2^(-8i/n) for i = 1 .. n, so the first is 2^(-8/n), not 1")
+        g.fail(f"alibi_slopes({H}): the exponents start at 0: the slopes are 2^(-8i/n) for i = 1 .. n, so the "
+               "first is 2^(-8/n), not 1")
     if H & (H - 1):  # not a power of two
         n = 1 << (H.bit_length() - 1)
         if close(s, torch.tensor(_geometric(H), dtype=F64)):
-            g.fail(
-                f"H = {H} is not a power of two: the paper's rule takes the {n} slopes for n = {n} heads, then the "
-                f"first {H - n} of every other slope for 2n = {2 * n} heads (2^(-8i/H) is not that)"
-            )
+            g.fail(f"H = {H} is not a power of two: the paper's rule takes the {n} slopes for n = {n} heads, then "
+                   f"the first {H - n} of every other slope for 2n = {2 * n} heads (2^(-8i/H) is not that)")
         if close(s, torch.tensor(_geometric(n) + _geometric(2 * n)[1::2][: H - n], dtype=F64)):
-            g.fail(
-                f"for H = {H} the extra slopes are every other slope of the {2 * n}-head sequence starting "
-                "with its first, [0::2], not [1::2]"
-            )
+            g.fail(f"for H = {H} the extra slopes are every other slope of the {2 * n}-head sequence starting "
+                   "with its first, [0::2], not [1::2]")
         if close(s, expected.sort(descending=True).values):
-            g.fail(
-                "do not sort the slopes: the paper's order is the n slopes for n heads first, "
-                "then the extra ones from the 2n-head sequence"
-            )
+            g.fail(f"alibi_slopes({H}): do not sort the slopes: the paper's order is the n slopes for n heads "
+                   "first, then the extra ones from the 2n-head sequence")
 
 
 def grade_alibi_slopes(alibi_slopes) -> None:
     """Grade a student's ``alibi_slopes(H, dtype=torch.float32)``."""
     g = Grader("alibi_slopes")
 
-    with g.check("returns an (H,) tensor of the requested dtype"):
-        s = alibi_slopes(4)
-        g.expect(
-            is_tensor(s) and s.shape == (4,) and s.dtype == torch.float32,
-            f"alibi_slopes(4) should be a float32 tensor of shape (4,) by default, got {describe(s)}",
-        )
-        s = alibi_slopes(4, F64)
-        g.expect(is_tensor(s) and s.dtype == F64, f"alibi_slopes(4, torch.float64) should be float64, got {describe(s)}")
+    with g.check("returns an (H,) tensor of the requested dtype (float32 by default)"):
+        for H, kwargs, dtype in ((4, {}, F32), (12, {}, F32), (4, {"dtype": F64}, F64),
+                                 (6, {"dtype": torch.bfloat16}, torch.bfloat16)):
+            what = f"alibi_slopes({H}{_args(**kwargs)})"
+            s = _call(g, what, alibi_slopes, H, **kwargs)
+            g.expect(is_tensor(s) and s.shape == (H,) and s.dtype == dtype,
+                     f"{what} should be a {str(dtype).removeprefix('torch.')} tensor of shape ({H},), "
+                     f"got {describe(s)}")
+            expected = ref.alibi_slopes(H, F64).to(dtype)
+            _expect_close(g, what, s, expected)
 
-    with g.check("8 heads have the slopes 1/2, 1/4, ..., 1/256"):
-        s = alibi_slopes(8, F64)
-        _diagnose_slopes(g, s, 8)
-        g.expect(close(s, torch.tensor([2.0**-i for i in range(1, 9)], dtype=F64)), f"expected [1/2, ..., 1/256], got {s}")
-
-    with g.check("powers of two: the geometric sequence 2^(-8i/H)"):
-        for H in (1, 2, 4, 16, 32):
-            s = alibi_slopes(H, F64)
+    def slopes_case(H):
+        s = _call(g, f"alibi_slopes({H}, torch.float64)", alibi_slopes, H, F64)
+        expected = ref.alibi_slopes(H, F64)
+        if not close(s, expected):
             _diagnose_slopes(g, s, H)
-            g.expect(close(s, ref.alibi_slopes(H, F64)), f"alibi_slopes({H}) differs from 2^(-8i/{H}), i = 1 .. {H}")
+        _expect_close(g, f"alibi_slopes({H}, torch.float64)", s, expected)
 
-    with g.check("other head counts follow the paper's rule"):
-        for H in (3, 5, 6, 12, 20, 24):
-            s = alibi_slopes(H, F64)
-            _diagnose_slopes(g, s, H)
-            g.expect(close(s, ref.alibi_slopes(H, F64)), f"alibi_slopes({H}) differs from the reference")
+    with g.check("H a power of two: the geometric sequence 2^(-8i/H), i = 1 .. H"):
+        for_all("alibi.slopes.pow2", st.integers(0, 7).map(lambda k: 2**k), slopes_case, max_examples=8, first=8)
 
-    with g.check("float32 values"):
-        s = alibi_slopes(12)
-        g.expect(close(s, ref.alibi_slopes(12)), "alibi_slopes(12) in float32 differs from the reference")
+    with g.check("other H: the n slopes for n heads, then every other slope for 2n heads (n = largest power of 2 < H)"):
+        others = st.integers(3, 100).filter(lambda h: h & (h - 1) != 0)
+        for_all("alibi.slopes.other", others, slopes_case, first=3)
+        for H in (5, 6, 12, 20, 24):  # regression: the old fixed cases
+            slopes_case(H)
+
+    with g.check("H < 1 raises a ValueError"):
+        for H in (0, -3):
+            expect_value_error(g, lambda: alibi_slopes(H), f"alibi_slopes({H})", "keep the given argument check")
 
     g.finish()
 
@@ -351,31 +506,58 @@ def grade_alibi_slopes(alibi_slopes) -> None:
 # --------------------------------------------------------------------------- ALiBi bias
 
 
-def _diagnose_bias(g: Grader, b: object, slopes: torch.Tensor, T: int, S: int) -> None:
+def _diagnose_bias(g: Grader, what: str, b: object, slopes: torch.Tensor, T: int, S: int) -> None:
     expected = ref.alibi_bias(slopes, T, S)
     H = slopes.shape[0]
+    mag = magnitude(expected)
     if not (is_tensor(b) and b.shape == (H, T, S)):
-        g.fail(f"alibi_bias(slopes of {H} heads, T={T}, S={S}) should be a tensor of shape ({H}, {T}, {S}), got {describe(b)}")
+        g.fail(f"{what}: expected a tensor of shape ({H}, {T}, {S}), got {describe(b)}")
     if b.dtype != slopes.dtype:
-        g.fail(f"the bias should have the dtype of the slopes ({slopes.dtype}), got {b.dtype}")
-    if S > T and _same(b, ref.alibi_bias(slopes, S)[:, :T]):
-        g.fail(
-            f"alibi_bias(slopes, {T}, {S}) is misaligned to the top-left: the queries are the last {T} of {S} "
-            f"positions, so query i sits at position i + (S - T) and its own key is j = i + S - T (bias 0)"
-        )
+        g.fail(f"{what}: the bias should have the dtype of the slopes ({slopes.dtype}), got {b.dtype}")
+    if T == 0:
+        return
+    if S > T and close(b, ref.alibi_bias(slopes, S)[:, :T], magnitude=mag):
+        g.fail(f"{what} is misaligned to the top-left: the queries are the last {T} of {S} positions, so "
+               f"query i sits at position i + (S - T) and its own key is j = i + {S - T} (bias 0)")
     past = torch.isfinite(expected)  # (H, T, S): keys the queries may see
     if not bool(torch.isneginf(b[~past]).all()):
-        if close(b[past], expected[past]):
-            g.fail("future keys must be -inf: the bias is also the causal mask (a query may not see keys after it)")
-        g.fail("keys after the query must get -inf and keys up to the query a finite bias (is the bias causal and aligned?)")
+        if close(b[past], expected[past], magnitude=mag):
+            g.fail(f"{what}: future keys must be -inf: the bias is also the causal mask (a query may not see "
+                   "keys after it)")
+        g.fail(f"{what}: keys after the query must get -inf and keys up to the query a finite bias (is the bias "
+               "causal and aligned?)")
     if not bool(torch.isfinite(b[past]).all()):
-        g.fail("some keys up to and including the query got -inf: only future keys are masked")
-    if bool((expected[past] != 0).any()) and close(b[past], -expected[past]):
-        g.fail("the sign is flipped: keys further back must get a *more negative* bias, -m (i - j)")
-    if close(b[past], expected[past] - slopes[:, None, None].expand(H, T, S)[past]):
-        g.fail("the distance is off by one: a query's own key gets bias 0, the key before it -m, then -2m, ...")
-    if H > 1 and T > 1 and close(b[past], ref.alibi_bias(slopes.flip(0), T, S)[past]):
-        g.fail("the heads use the slopes in reverse order: head h gets slopes[h]")
+        g.fail(f"{what}: some keys up to and including the query got -inf: only future keys are masked")
+    if bool((expected[past] != 0).any()) and close(b[past], -expected[past], magnitude=mag):
+        g.fail(f"{what}: the sign is flipped: keys further back must get a *more negative* bias, -m (i - j)")
+    if bool((slopes != 0).any()) and close(b[past], expected[past] - slopes[:, None, None].expand(H, T, S)[past],
+                                           magnitude=mag):
+        g.fail(f"{what}: the distance is off by one: a query's own key gets bias 0, the key before it -m, "
+               "then -2m, ...")
+    flipped = ref.alibi_bias(slopes.flip(0), T, S)
+    if H > 1 and not close(flipped, expected) and close(b, flipped, magnitude=mag):
+        g.fail(f"{what}: the heads use the slopes in reverse order: head h gets slopes[h]")
+
+
+def _bias_case(g: Grader, alibi_bias, slopes: torch.Tensor, T: int, S: int | None) -> None:
+    shown = "[" + ", ".join(f"{v:.4g}" for v in slopes.tolist()) + "]" if slopes.numel() <= 4 else describe(slopes)
+    what = f"alibi_bias(slopes {shown}, {T}" + \
+        ("" if S is None else f", {S}") + ")"
+    b = _call(g, what, alibi_bias, slopes, T) if S is None else _call(g, what, alibi_bias, slopes, T, S)
+    S = T if S is None else S
+    expected = ref.alibi_bias(slopes, T, S)
+    mag = magnitude(expected)
+    if not close(b, expected, magnitude=mag):
+        _diagnose_bias(g, what, b, slopes, T, S)
+        _expect_close(g, what, b, expected, mag)
+
+
+@st.composite
+def _bias_shapes(draw, square=True):
+    H, T = draw(st.integers(1, 5)), draw(st.integers(1 if square else 0, 8))
+    S = None if square else T + draw(st.integers(0 if T else 1, 6))
+    scale = draw(st.sampled_from([1.0, 0.01, 30.0]))
+    return H, T, S, scale, draw(st.booleans()), draw(st.integers(0, 2**16))
 
 
 def grade_alibi_bias(alibi_bias) -> None:
@@ -383,34 +565,57 @@ def grade_alibi_bias(alibi_bias) -> None:
     g = Grader("alibi_bias")
     slopes = torch.tensor([0.5, 0.125, 0.03, 0.7], dtype=F64)
 
-    with g.check("returns an (H, T, S) tensor of the slopes' dtype"):
-        b = alibi_bias(slopes.float(), 4)
-        g.expect(
-            is_tensor(b) and b.shape == (4, 4, 4) and b.dtype == torch.float32,
-            f"alibi_bias(float32 slopes of 4 heads, T=4) should be a float32 (4, 4, 4) tensor, got {describe(b)}",
-        )
+    with g.check("returns an (H, T, S) tensor of the slopes' dtype, on the slopes' device"):
+        for dtype in (F32, F64, torch.bfloat16):
+            s = slopes.to(dtype)
+            what = f"alibi_bias({describe(s)} slopes, 4, 6)"
+            b = _call(g, what, alibi_bias, s, 4, 6)
+            g.expect(is_tensor(b) and b.shape == (4, 4, 6) and b.dtype == dtype,
+                     f"{what} should be a {str(dtype).removeprefix('torch.')} (4, 4, 6) tensor, got {describe(b)}")
+            expected = ref.alibi_bias(s.double(), 4, 6).to(dtype)
+            _expect_close(g, what, b, expected, 5.0)
+        if _in_process():  # tensors on the meta device cannot cross the autograder's sandbox
+            what = "alibi_bias(slopes on the meta device, 3, 5)"
+            try:
+                b = alibi_bias(slopes.to("meta"), 3, 5)
+            except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+                raise_unless_student_error(e)
+                g.fail(f"{what}: {_raised(e)}: the bias must be on the slopes' device, create the positions "
+                       "with device=slopes.device")
+            g.expect(is_tensor(b) and b.device.type == "meta" and b.shape == (4, 3, 5),
+                     "alibi_bias(slopes on the meta device, 3, 5) should be a (4, 3, 5) tensor on the slopes' device "
+                     f"(meta), got {describe(b)} on {getattr(b, 'device', '?')}: create the positions with "
+                     "device=slopes.device")
 
-    with g.check("square case (S = T): -m (i - j) for past keys, -inf for future ones"):
-        for T in (5, 1, 8):
-            b = alibi_bias(slopes, T)
-            _diagnose_bias(g, b, slopes, T, T)
-            g.expect(_same(b, ref.alibi_bias(slopes, T)), f"alibi_bias(slopes, {T}) differs from the reference")
+    def case(c):
+        H, T, S, scale, signed, seed = c
+        s = tensor(seed, H, scale=scale)
+        _bias_case(g, alibi_bias, s if signed else s.abs(), T, S)
 
-    with g.check("with S > T keys, the queries are the last T positions (bottom-right alignment)"):
-        for T, S in ((3, 7), (1, 5)):
-            b = alibi_bias(slopes, T, S)
-            _diagnose_bias(g, b, slopes, T, S)
-            g.expect(_same(b, ref.alibi_bias(slopes, T, S)), f"alibi_bias(slopes, {T}, {S}) differs from the reference")
+    with g.check("S defaults to T: -m_h (i - j) for keys j <= i (0 on the query's own key), -inf for later keys"):
+        for_all("alibi.bias.square", _bias_shapes(), case, first=(1, 3, None, 1.0, False, 0))
+        for T in (5, 1, 8):  # regression: the old fixed cases
+            _bias_case(g, alibi_bias, slopes, T, None)
 
-    with g.check("any slopes, any number of heads"):
-        s = rand("alibi.bias.slopes", 7).abs()
-        b = alibi_bias(s, 6)
-        _diagnose_bias(g, b, s, 6, 6)
-        g.expect(_same(b, ref.alibi_bias(s, 6)), "with 7 random slopes the bias differs from the reference")
+    with g.check("S > T keys: the queries are the last T of S positions (query i sits at i + S - T); T may be 0"):
+        for_all("alibi.bias.rect", _bias_shapes(square=False), case, first=(1, 2, 4, 1.0, False, 0))
+        for T, S in ((3, 7), (1, 5), (0, 3)):
+            _bias_case(g, alibi_bias, slopes, T, S)
 
     with g.check("leaves the slopes unchanged"):
-        p = probe(alibi_bias, slopes.clone(), 4)
-        g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], slopes), "the slopes were modified in place: compute a new tensor")
+        p = probe(alibi_bias, slopes.clone(), 4, 6)
+        g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], slopes),
+                 "alibi_bias(slopes, 4, 6) modified the slopes in place: compute a new tensor")
+
+    with g.check("slopes that are not a floating (H,) tensor, S < T or T < 0 raise a ValueError"):
+        for call, what in (
+            (lambda: alibi_bias(slopes, 5, 3), "alibi_bias(slopes, 5, 3) (S < T)"),
+            (lambda: alibi_bias(slopes, -1), "alibi_bias(slopes, -1)"),
+            (lambda: alibi_bias(torch.tensor([1, 2]), 3), "integer slopes"),
+            (lambda: alibi_bias(slopes[None], 3), "slopes of shape (1, 4)"),
+            (lambda: alibi_bias(slopes.tolist(), 3), "slopes given as a list"),
+        ):
+            expect_value_error(g, call, what, "keep the given argument checks")
 
     g.finish()
 
@@ -418,80 +623,149 @@ def grade_alibi_bias(alibi_bias) -> None:
 # --------------------------------------------------------------------------- public checks
 
 
+def _public_value(g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0) -> None:
+    g.expect(is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
+             f"{what} should be a {describe(expected)}, got {describe(out)}")
+    _expect_close(g, what, out, expected, mag)
+
+
 def check_sinusoidal_encoding(sinusoidal_encoding) -> None:
-    """Public checks of ``sinusoidal_encoding`` on the fact PE(1) for C = 4."""
+    """Public checks of ``sinusoidal_encoding``: one small example per graded clause."""
     g = Grader("sinusoidal_encoding (public)")
-    with g.check("sinusoidal_encoding(3, 4) is (3, 4); PE(0) = [0, 1, 0, 1]; PE(1) = [0.841471, 0.540302, 0.0099998, 0.99995]"):
+    s1, c1 = math.sin(1.0), math.cos(1.0)
+    with g.check("sinusoidal_encoding(3, 4) is a float32 (3, 4) tensor; dtype=torch.float64 gives float64"):
         pe = sinusoidal_encoding(3, 4)
-        g.expect(
-            is_tensor(pe) and pe.shape == (3, 4) and pe.dtype == torch.float32,
-            f"sinusoidal_encoding(3, 4) must be a float32 (3, 4) tensor, got {describe(pe)}",
-        )
-        g.expect(torch.allclose(pe[0], torch.tensor([0.0, 1.0, 0.0, 1.0])), f"PE(0) should be [0, 1, 0, 1] (row 0 is position 0), got {pe[0].tolist()}")
-        if torch.allclose(pe[1], torch.tensor([0.540302, 0.841471, 0.99995, 0.0099998]), atol=1e-6):
+        g.expect(is_tensor(pe) and pe.shape == (3, 4) and pe.dtype == F32,
+                 f"sinusoidal_encoding(3, 4) must be a float32 (3, 4) tensor, got {describe(pe)}")
+        pe = sinusoidal_encoding(3, 4, dtype=F64)
+        g.expect(is_tensor(pe) and pe.shape == (3, 4) and pe.dtype == F64,
+                 f"sinusoidal_encoding(3, 4, dtype=torch.float64) must be float64 (3, 4), got {describe(pe)}")
+    with g.check("PE(0) = [0, 1, 0, 1] and PE(1) = [sin 1, cos 1, sin 0.01, cos 0.01] for C = 4"):
+        pe = sinusoidal_encoding(2, 4, dtype=F64)
+        expected = torch.tensor([[0.0, 1.0, 0.0, 1.0], [s1, c1, math.sin(0.01), math.cos(0.01)]], dtype=F64)
+        if is_tensor(pe) and pe.shape == (2, 4) and close(pe[1], expected[1, [1, 0, 3, 2]]):
             g.fail("sin and cos are swapped: even channels hold sin, odd channels cos")
-        g.expect(
-            torch.allclose(pe[1], torch.tensor([0.841471, 0.540302, 0.0099998, 0.99995]), atol=1e-6),
-            f"PE(1) should be [sin 1, cos 1, sin 0.01, cos 0.01] = [0.841471, 0.540302, 0.0099998, 0.99995], got {pe[1].tolist()}",
-        )
+        _public_value(g, "sinusoidal_encoding(2, 4, dtype=torch.float64)", pe, expected)
+    with g.check("base=100: PE(1) = [sin 1, cos 1, sin 0.1, cos 0.1]"):
+        pe = sinusoidal_encoding(2, 4, base=100.0, dtype=F64)
+        expected = torch.tensor([[0.0, 1.0, 0.0, 1.0], [s1, c1, math.sin(0.1), math.cos(0.1)]], dtype=F64)
+        _public_value(g, "sinusoidal_encoding(2, 4, base=100.0, dtype=torch.float64)", pe, expected)
+    with g.check("angles in float64: row 3000 of the float32 table for C = 16 is exact to float32"):
+        pe = sinusoidal_encoding(3001, 16)
+        expected = ref.sinusoidal_encoding(3001, 16, dtype=F64).float()
+        _public_value(g, "sinusoidal_encoding(3001, 16)", pe, expected)
+    with g.check("sinusoidal_encoding(4, 3) (C odd) raises a ValueError"):
+        expect_value_error(g, lambda: sinusoidal_encoding(4, 3), "C=3", "keep the given argument checks")
     g.finish()
 
 
 def check_apply_rope(apply_rope) -> None:
-    """Public checks of ``apply_rope`` with D = 4 (frequencies 1 and 0.01)."""
+    """Public checks of ``apply_rope``: one small example per graded clause (D = 4: frequencies 1 and 0.01)."""
     g = Grader("apply_rope (public)")
-    x = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])  # (T=2, D=4)
+    c, s = math.cos(1.0), math.sin(1.0)
+    e1 = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=F64)
     with g.check("x = [1, 0, 0, 0] at positions [0, 1] becomes [1, 0, 0, 0] and [cos 1, 0, sin 1, 0]"):
+        x = torch.stack([e1, e1])  # (T=2, D=4)
         out = apply_rope(x, torch.tensor([0, 1]))
-        g.expect(is_tensor(out) and out.shape == (2, 4), f"apply_rope must return a tensor of x's shape (2, 4), got {describe(out)}")
-        g.expect(torch.allclose(out[0], x[0]), f"at position 0 the rotation must be the identity, got {out[0].tolist()}")
-        c, s = math.cos(1.0), math.sin(1.0)
-        if torch.allclose(out[1], torch.tensor([c, s, 0.0, 0.0]), atol=1e-6):
-            g.fail("you rotate neighbouring channels (0, 1) together: with the half-split pairing channel 0 pairs with channel 2 = 0 + D/2")
-        if torch.allclose(out[1], torch.tensor([c, 0.0, -s, 0.0]), atol=1e-6):
-            g.fail("the rotation goes the wrong way: (a, b) becomes (a cos - b sin, a sin + b cos)")
-        g.expect(torch.allclose(out[1], torch.tensor([c, 0.0, s, 0.0]), atol=1e-6), f"expected [0.5403, 0, 0.8415, 0] at position 1, got {out[1].tolist()}")
-    with g.check("(B, H, T, D) input: norms are preserved"):
-        y = rand("public.rope", 2, 3, 5, 8, dtype=torch.float32)
-        out = apply_rope(y, torch.arange(5))
-        g.expect(is_tensor(out) and out.shape == y.shape, f"expected shape {tuple(y.shape)}, got {describe(out)}")
-        g.expect(torch.allclose(out.norm(dim=-1), y.norm(dim=-1), atol=1e-5), "the norms changed: each pair must be rotated, not scaled")
+        if is_tensor(out) and out.shape == (2, 4):
+            if close(out[1], torch.tensor([c, s, 0.0, 0.0], dtype=F64)):
+                g.fail("you rotate neighbouring channels (0, 1) together: with the half-split pairing channel 0 "
+                       "pairs with channel 2 = 0 + D/2")
+            if close(out[1], torch.tensor([c, 0.0, -s, 0.0], dtype=F64)):
+                g.fail("the rotation goes the wrong way: (a, b) becomes (a cos - b sin, a sin + b cos)")
+        _public_value(g, "apply_rope([[1, 0, 0, 0], [1, 0, 0, 0]], [0, 1])", out,
+                      torch.tensor([[1.0, 0, 0, 0], [c, 0, s, 0]], dtype=F64))
+    with g.check("a float32 (B, H, T, D) x at positions 0 .. T-1 gives a new float32 tensor of its shape, "
+                 "x unchanged, norms kept"):
+        y = rand("public.rope", 2, 3, 5, 8, dtype=F32)
+        p = probe(apply_rope, y.clone(), torch.arange(5))
+        out = p.result
+        g.expect(is_tensor(out) and out.shape == y.shape and out.dtype == F32,
+                 f"expected a float32 tensor of shape {tuple(y.shape)}, got {describe(out)}")
+        g.expect(torch.equal(p.args[0], y), "x was modified in place: compute a new tensor")
+        g.expect(close(out.norm(dim=-1), y.norm(dim=-1), magnitude=magnitude(y)),
+                 "the norms changed: each pair must be rotated, not scaled")
+        _expect_close(g, "apply_rope(x (2, 3, 5, 8), arange(5))", out,
+                      ref.apply_rope(y.double(), torch.arange(5)).float(), magnitude(y))
+    with g.check("x (T, D) or (B, T, D), explicit and float positions"):
+        x = torch.stack([e1, e1, e1])  # (T=3, D=4)
+        positions = torch.tensor([2.0, 0.5, 1.0], dtype=F64)
+        _public_value(g, "apply_rope(x (3, 4), positions [2.0, 0.5, 1.0])", apply_rope(x, positions),
+                      ref.apply_rope(x, positions))
+        _public_value(g, "apply_rope(x (1, 3, 4), positions [2.0, 0.5, 1.0])", apply_rope(x[None], positions),
+                      ref.apply_rope(x[None], positions))
+    with g.check("positions (B, T): sequence b (all its heads) uses row b, for x (B, H, T, D) or (B, T, D)"):
+        x = torch.stack([e1, e1])[None, None].expand(2, 3, 2, 4).contiguous()  # (B=2, H=3, T=2, D=4)
+        positions = torch.tensor([[0, 1], [1, 0]])
+        _public_value(g, "apply_rope(x (2, 3, 2, 4), positions [[0, 1], [1, 0]])", apply_rope(x, positions),
+                      ref.apply_rope(x, positions))
+        _public_value(g, "apply_rope(x (2, 2, 4), positions [[0, 1], [1, 0]])", apply_rope(x[:, 0], positions),
+                      ref.apply_rope(x[:, 0], positions))
+    with g.check("base, scaling and factor are passed on: base=100, scaling='linear' with factor=2, scaling='ntk'"):
+        x = torch.stack([e1.roll(1), e1.roll(1)])  # channel 1 set: pairs with channel 3, turns with base^(-1/2)
+        for kwargs in ({"base": 100.0}, {"scaling": "linear", "factor": 2.0}, {"scaling": "ntk", "factor": 4.0}):
+            positions = torch.tensor([3, 8])
+            _public_value(g, f"apply_rope([[0, 1, 0, 0]] * 2, [3, 8]{_args(**kwargs)})",
+                          apply_rope(x, positions, **kwargs), ref.apply_rope(x, positions, **kwargs))
+    with g.check("gradients flow back to x"):
+        p = probe(apply_rope, torch.stack([e1, e1]).requires_grad_(), torch.tensor([0, 1]),
+                  backward=(None, torch.ones(2, 4, dtype=F64)))
+        expected = ref.apply_rope(torch.ones(2, 4, dtype=F64), -torch.tensor([0, 1]))
+        g.expect(p.grads is not None and p.grads[0] is not None and close(p.grads[0], expected),
+                 "the gradient with respect to x should be the inverse rotation of the upstream gradient: "
+                 "avoid .detach(), .numpy() or .item()")
+    with g.check("x (2, 5) (D odd) raises a ValueError"):
+        expect_value_error(g, lambda: apply_rope(torch.zeros(2, 5), torch.arange(2)), "x (2, 5)",
+                           "keep the given argument checks")
     g.finish()
 
 
 def check_alibi_slopes(alibi_slopes) -> None:
-    """Public checks of ``alibi_slopes`` for 8 heads and 3 heads."""
+    """Public checks of ``alibi_slopes``: one small example per graded clause."""
     g = Grader("alibi_slopes (public)")
-    with g.check("alibi_slopes(8) is [1/2, 1/4, ..., 1/256]"):
-        s = alibi_slopes(8)
-        g.expect(is_tensor(s) and s.shape == (8,), f"alibi_slopes(8) must be a tensor of shape (8,), got {describe(s)}")
-        g.expect(torch.allclose(s, torch.tensor([2.0**-i for i in range(1, 9)])), f"expected [0.5, 0.25, ..., 0.0039], got {s.tolist()}")
+    with g.check("alibi_slopes(8) is a float32 [1/2, 1/4, ..., 1/256]; dtype=torch.float64 gives float64"):
+        _public_value(g, "alibi_slopes(8)", alibi_slopes(8), torch.tensor([2.0**-i for i in range(1, 9)]))
+        _public_value(g, "alibi_slopes(2, torch.float64)", alibi_slopes(2, F64),
+                      torch.tensor([1 / 16, 1 / 256], dtype=F64))
     with g.check("alibi_slopes(3) is [1/16, 1/256, 1/4] (3 is not a power of two)"):
-        s = alibi_slopes(3)
+        s = alibi_slopes(3, F64)
         g.expect(is_tensor(s) and s.shape == (3,), f"alibi_slopes(3) must be a tensor of shape (3,), got {describe(s)}")
-        g.expect(
-            torch.allclose(s, torch.tensor([1 / 16, 1 / 256, 1 / 4])),
-            f"expected [1/16, 1/256, 1/4] (the 2 slopes for 2 heads, then the first of every other slope for 4 heads), got {s.tolist()}",
-        )
+        g.expect(close(s, torch.tensor([1 / 16, 1 / 256, 1 / 4], dtype=F64)),
+                 f"expected [1/16, 1/256, 1/4] (the 2 slopes for 2 heads, then the first of every other slope for "
+                 f"4 heads), got {s.tolist()}")
+    with g.check("alibi_slopes(0) raises a ValueError"):
+        expect_value_error(g, lambda: alibi_slopes(0), "alibi_slopes(0)", "keep the given argument check")
     g.finish()
 
 
 def check_alibi_bias(alibi_bias) -> None:
-    """Public checks of ``alibi_bias`` for one head with slope 1/2."""
+    """Public checks of ``alibi_bias``: one small example per graded clause."""
     g = Grader("alibi_bias (public)")
     inf = math.inf
+    half = torch.tensor([0.5], dtype=F64)
     with g.check("alibi_bias([0.5], 3) is [[0, -inf, -inf], [-0.5, 0, -inf], [-1, -0.5, 0]]"):
-        b = alibi_bias(torch.tensor([0.5]), 3)
-        g.expect(is_tensor(b) and b.shape == (1, 3, 3), f"alibi_bias(slopes of 1 head, 3) must be (1, 3, 3), got {describe(b)}")
-        expected = torch.tensor([[[0.0, -inf, -inf], [-0.5, 0.0, -inf], [-1.0, -0.5, 0.0]]])
-        g.expect(bool(torch.isneginf(b[0, 0, 1:]).all()), "future keys must be -inf: the bias is also the causal mask")
-        g.expect(float(b[0, 1, 0]) < 0, "keys further back must get a negative bias, -m (i - j): is the sign flipped?")
-        g.expect(torch.equal(torch.isfinite(b), torch.isfinite(expected)) and torch.allclose(b[torch.isfinite(b)], expected[torch.isfinite(expected)]), f"expected\n{expected}\ngot\n{b}")
-    with g.check("alibi_bias([0.5], 2, 4): the last query sees all 4 keys"):
-        b = alibi_bias(torch.tensor([0.5]), 2, 4)
-        g.expect(is_tensor(b) and b.shape == (1, 2, 4), f"alibi_bias(slopes, 2, 4) must be (1, 2, 4), got {describe(b)}")
-        g.expect(
-            torch.allclose(b[0, 1], torch.tensor([-1.5, -1.0, -0.5, 0.0])),
-            f"the last query sits at position 3 and sees keys 0..3 with biases [-1.5, -1, -0.5, 0], got {b[0, 1].tolist()}",
-        )
+        b = alibi_bias(half, 3)
+        if is_tensor(b) and b.shape == (1, 3, 3):
+            g.expect(bool(torch.isneginf(b[0, 0, 1:]).all()),
+                     "future keys must be -inf: the bias is also the causal mask")
+            g.expect(float(b[0, 1, 0]) < 0,
+                     "keys further back must get a negative bias, -m (i - j): is the sign flipped?")
+        _public_value(g, "alibi_bias([0.5], 3)", b,
+                      torch.tensor([[[0.0, -inf, -inf], [-0.5, 0.0, -inf], [-1.0, -0.5, 0.0]]], dtype=F64))
+    with g.check("alibi_bias([0.5, 0.25], 2, 4): the last query sees all 4 keys; float32 slopes give float32, "
+                 "slopes on the meta device a bias on the meta device"):
+        s = torch.tensor([0.5, 0.25])
+        _public_value(g, "alibi_bias([0.5, 0.25] (float32), 2, 4)", alibi_bias(s, 2, 4), ref.alibi_bias(s, 2, 4))
+        if _in_process():  # tensors on the meta device cannot cross the autograder's sandbox
+            b = alibi_bias(s.to("meta"), 2, 4)
+            g.expect(is_tensor(b) and b.device.type == "meta",
+                     "with slopes on the meta device the bias must be there too: create the positions with "
+                     "device=slopes.device")
+    with g.check("alibi_bias([0.5], 0, 3) is an empty (1, 0, 3) tensor"):
+        _public_value(g, "alibi_bias([0.5], 0, 3)", alibi_bias(half, 0, 3), torch.zeros(1, 0, 3, dtype=F64))
+    with g.check("the slopes are left unchanged"):
+        p = probe(alibi_bias, half.clone(), 3)
+        g.expect(torch.equal(p.args[0], half), "the slopes were modified in place: compute a new tensor")
+    with g.check("alibi_bias([0.5], 3, 2) (S < T) raises a ValueError"):
+        expect_value_error(g, lambda: alibi_bias(half, 3, 2), "T=3 and S=2", "keep the given argument checks")
     g.finish()

@@ -1,14 +1,17 @@
 """Checks for Exercise 4 (transformer layers).
 
-Each part has two entry points, both called from the notebook with the student's
-class. ``check_*`` holds the *public* checks: small, fixed examples. ``grade_*`` holds
-the *hidden* checks: the student's module gets random weights (pushed with
-``load_state_dict``, so the submodule names of the instructions matter) and its output
-is compared with ``torch.nn``'s own layers (``nn.LayerNorm``,
-``nn.TransformerEncoderLayer``, ``nn.TransformerDecoderLayer``) carrying the same
-weights, on fresh seeded float64 inputs. Before the generic "differs" hint, each check
-tries the common mistakes (computed with :mod:`coursekit.layers` pieces) and names the
-one that matches.
+Each part has two entry points, both called from the notebook with the student's class.
+``check_*`` holds the *public* checks: one small, fixed example per clause of the part's text,
+so a student knows what will be graded. ``grade_*`` holds the *hidden* checks: one named check
+per clause of the text and docstring (every constructor argument at non-default values, every
+mask and shape the docstring allows, each dropout in isolation, the promised errors), on fresh
+inputs drawn across what the text allows (derandomized property-based examples that shrink to
+the smallest failing one). The student's module always gets random weights, pushed with
+``load_state_dict`` (so the submodule names of the instructions matter), and its output is
+compared in float64 with :mod:`coursekit.layers` carrying the same weights (which
+``tests/test_layers.py`` shows equal to ``nn.LayerNorm``, ``nn.TransformerEncoderLayer`` and
+``nn.TransformerDecoderLayer``). Before the generic "differs" hint, each check tries the common
+mistakes (computed with :mod:`coursekit.layers` pieces) and names the one that matches.
 """
 
 from __future__ import annotations
@@ -17,23 +20,31 @@ import math
 
 import torch
 import torch.nn.functional as F
+from hypothesis import strategies as st
 from torch import nn
 
 from coursekit import layers as ref
-from coursekit.attention import causal_mask, padding_mask
+from coursekit.attention import padding_mask
 from coursekit.grading.core import (
     Grader,
     close,
     describe,
+    expect_value_error,
     first_match,
-    generator,
+    for_all,
     is_a,
     is_tensor,
     load_weights,
+    magnitude,
     names_hint,
     probe,
+    raise_unless_student_error,
     rand,
     random_weights,
+    set_attr,
+    student_side,
+    tensor,
+    tolerance,
 )
 
 __all__ = [
@@ -41,116 +52,260 @@ __all__ = [
     "grade_layer_norm", "grade_feed_forward", "grade_encoder_layer", "grade_decoder_layer",
 ]
 
-C, H, DFF = 16, 4, 24
+F64 = torch.float64
+DROPOUT = "torch.nn.modules.dropout.Dropout"
+LINEAR = "torch.nn.modules.linear.Linear"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _raised(e: Exception) -> str:
+    """'your code raised KeyError: ... (at line N ...)' for an exception of the student's code."""
+    text = str(e)
+    if text.startswith("your code"):  # raised, timed out or crashed in the sandbox: already a sentence
+        return text
+    import traceback
+
+    where = ""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        f = frame.filename
+        if "coursekit" not in f and "site-packages" not in f and "/torch/" not in f:
+            where = f" (at line {frame.lineno} of your code: {frame.line})"
+            break
+    return f"your code raised {type(e).__name__.removeprefix('Student')}: {e}{where}"
+
+
+def _call(g: Grader, what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on copies of the tensors; an exception of the student's code fails the
+    check with a hint that starts with ``what`` (the example)."""
+    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        raise_unless_student_error(e)
+        g.fail(f"{what}: {_raised(e)}")
+
+
+def _diff(out: object, expected: torch.Tensor, mag: float = 1.0) -> str:
+    """Where ``out`` first leaves the tolerance around ``expected``: 'at [1, 2] expected 0.5403, got 0.8415'."""
+    if not is_tensor(out):
+        return f"expected {describe(expected)}, got {describe(out)}"
+    if out.shape != expected.shape or out.dtype != expected.dtype:
+        return f"expected {describe(expected)}, got {describe(out)}"
+    rtol, atol = tolerance(expected.dtype, mag)
+    a, e = out.detach().double(), expected.detach().double()
+    finite = torch.isfinite(e)
+    bad = torch.where(finite, (a - e).abs() > atol + rtol * e.abs(), a != e) | a.isnan()
+    if not bool(bad.any()):
+        return "the values differ"
+    idx = tuple(int(i) for i in bad.nonzero()[0])
+    want, got = float(e[idx]), float(a[idx])
+    digits = next((d for d in (6, 9, 12, 17) if f"{want:.{d}g}" != f"{got:.{d}g}"), 17)
+    return f"at {list(idx)} expected {want:.{digits}g}, got {got:.{digits}g}"
+
+
+def _expect_close(g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0,
+                  advice: str = "") -> None:
+    """Fail with '<what>: at [i, j] expected ..., got ...<advice>' unless ``out`` is close to ``expected``."""
+    if not close(out, expected, magnitude=mag):
+        g.fail(f"{what}: {_diff(out, expected, mag)}{advice}")
+
+
+def _args(*positional, **kwargs) -> str:
+    """'16, 4, dropout=0.0' from the arguments given (keyword arguments that are None are left out)."""
+    return ", ".join([repr(a) for a in positional] + [f"{k}={v!r}" for k, v in kwargs.items() if v is not None])
+
+
+def _load(g: Grader, module, weights: dict[str, torch.Tensor], what: str, advice: str = "") -> None:
+    """:func:`load_weights`, after checking that every parameter has the shape of the weights to load."""
+    sd = module.state_dict()
+    got = set(sd) if isinstance(sd, dict) else set()
+    g.expect(got == set(weights), names_hint(what, got, set(weights)))
+    for key, value in weights.items():
+        shape = tuple(sd[key].shape)
+        g.expect(shape == tuple(value.shape), f"{what}: {key} has shape {shape}, expected {tuple(value.shape)}{advice}")
+    load_weights(g, module, weights, what)
+
+
+def _for_all_then_diagnose(name: str, strategy, test, cache: dict, fixed=(), **kwargs) -> None:
+    """``test`` on the ``fixed`` examples (with the known mistakes' diagnosis), then :func:`for_all`.
+
+    A mistake that the fixed examples show fails there at once, with its own hint and no shrinking
+    (each example builds and runs a layer, so shrinking costs seconds). In :func:`for_all` the
+    known mistakes are tried only once it has failed: on the smallest failing example (the last one
+    Hypothesis ran), ``test`` runs again with ``cache["diagnose"]`` set."""
+    cache["diagnose"] = True
+    try:
+        for case in fixed:
+            test(case)
+    finally:
+        cache["diagnose"] = False
+    tried = []
+
+    def run(case):
+        tried.append(case)
+        test(case)
+
+    try:
+        for_all(name, strategy, run, **kwargs)
+    except Exception as e:
+        if getattr(e, "hint", None) is None or not tried:  # not a failed check (e.g. not implemented yet)
+            raise
+        cache["diagnose"] = True
+        try:
+            test(tried[-1])  # fails again, with the mistake's own hint where one matches
+        finally:
+            cache["diagnose"] = False
+        raise
+
+
+def _get(obj, path: str):
+    """``obj.a.b`` for ``path = "a.b"``; None where an attribute is missing."""
+    for name in path.split("."):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
 
 
 # --------------------------------------------------------------------------- LayerNorm
 
 
-def _ln_expected(x, weight, bias, eps=1e-5):
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+def _ln(x, weight, bias, eps=1e-5):
+    """The reference layer norm, in x's dtype: what nn.LayerNorm computes (``tests/test_layers.py``), written out
+    because torch's fused kernel is slow to start on a loaded machine."""
+    mean = x.mean(-1, keepdim=True)
+    y = (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + eps)
+    y = y if weight is None else y * weight
+    return y if bias is None else y + bias
+
+
+def _ln_mistakes(x, w, b, eps):
+    mean = x.mean(-1, keepdim=True)
+    std = x.var(-1, unbiased=False, keepdim=True).sqrt()
+    out = [] if x.shape[-1] < 2 else [
+        ((x - mean) / torch.sqrt(x.var(-1, keepdim=True) + eps) * w + (0 if b is None else b),
+         "you used the unbiased variance (dividing by C - 1): layer norm divides by C, "
+         "x.var(-1, unbiased=False) or ((x - mean) ** 2).mean(-1)")]
+    out += [((x - mean) / (std + eps) * w + (0 if b is None else b),
+            "eps must be added to the variance inside the square root: (x - mean) / sqrt(var + eps)"),
+           (_ln(x, None, None, eps),
+            "the scale and shift are not applied: multiply by weight and add bias after normalising"),
+           (_ln(x, w, b, 1e-5), f"LayerNorm(C, eps={eps:g}) still used eps=1e-5: store the eps argument and use it")]
+    if eps == 1e-5:
+        out += [(_ln(x, w, b, other), f"eps defaults to 1e-5 (as in nn.LayerNorm), not {other:g}")
+                for other in (1e-6, 1e-8, 1e-12, 0.0)]
+    if x.dim() > 1:
+        m0, v0 = x.mean(0, keepdim=True), x.var(0, unbiased=False, keepdim=True)
+        out.append(((x - m0) / torch.sqrt(v0 + eps) * w + (0 if b is None else b),
+                    "the statistics are taken over the batch (dim 0): layer norm normalises each token over its "
+                    "own features, mean and variance over dim=-1 with keepdim=True"))
+    return out
+
+
+@st.composite
+def _ln_case(draw, eps=False):
+    lead = tuple(draw(st.lists(st.integers(1, 4), min_size=0, max_size=3)))
+    C = draw(st.sampled_from([1, 2, 3, 5, 8, 12, 16]))
+    e = draw(st.sampled_from([1e-5, 1e-3, 0.1, 0.5, 2.0])) if eps else None
+    scale = draw(st.sampled_from([1.0, 0.05, 30.0]))
+    return lead, C, e, draw(st.booleans()), scale, draw(st.integers(0, 2**16))
 
 
 def grade_layer_norm(LayerNorm) -> None:
     """Grade a student's ``LayerNorm(d_model, eps=1e-5, bias=True)`` module class."""
     g = Grader("LayerNorm")
 
-    def build(name, **kwargs):
-        m = LayerNorm(C, **kwargs).double()
-        w, b = rand(name + ".w", C) * 0.5 + 1, rand(name + ".b", C) * 0.5
-        weights = {"weight": w, "bias": b} if kwargs.get("bias", True) else {"weight": w}
-        load_weights(g, m, weights, "LayerNorm")
-        return m, w, (b if kwargs.get("bias", True) else None)
+    def build(name, C, eps=None, bias=True, dtype=F64):
+        what = f"LayerNorm({_args(C, eps=eps, bias=None if bias else False)})"
+        m = _call(g, what, LayerNorm, C, **({} if eps is None else {"eps": eps}), **({} if bias else {"bias": False}))
+        m = m.to(dtype)
+        w = (rand(name + ".w", C) * 0.5 + 1).to(dtype)
+        b = (rand(name + ".b", C) * 0.5).to(dtype) if bias else None
+        _load(g, m, {"weight": w, "bias": b} if bias else {"weight": w}, what)
+        return m, w, b, what
 
-    with g.check("has parameters weight (ones) and bias (zeros) of shape (C,)"):
-        sd = LayerNorm(C).state_dict()
-        g.expect(
-            isinstance(sd, dict) and "weight" in sd and "bias" in sd,
-            "LayerNorm needs learnable parameters named weight and bias (nn.Parameter), the affine "
-            "scale and shift applied after normalising",
-        )
-        g.expect(
-            is_tensor(sd["weight"]) and sd["weight"].shape == (C,) and bool((sd["weight"] == 1).all()),
-            f"weight should start as ones of shape ({C},), got {describe(sd['weight'])}",
-        )
-        g.expect(
-            is_tensor(sd["bias"]) and sd["bias"].shape == (C,) and bool((sd["bias"] == 0).all()),
-            f"bias should start as zeros of shape ({C},), got {describe(sd['bias'])}",
-        )
+    with g.check("has parameters weight (ones) and bias (zeros) of shape (C,); bias=False registers no bias"):
+        for C in (16, 3):
+            m = _call(g, f"LayerNorm({C})", LayerNorm, C)
+            params = dict(m.named_parameters())
+            g.expect(set(params) == {"weight", "bias"},
+                     f"LayerNorm({C}) needs exactly two nn.Parameters, weight and bias, got {sorted(params)}")
+            g.expect(close(params["weight"].detach(), torch.ones(C)),
+                     f"LayerNorm({C}).weight should start as ones of shape ({C},), got {describe(params['weight'])}")
+            g.expect(close(params["bias"].detach(), torch.zeros(C)),
+                     f"LayerNorm({C}).bias should start as zeros of shape ({C},), got {describe(params['bias'])}")
+        m = _call(g, "LayerNorm(16, bias=False)", LayerNorm, 16, bias=False)
+        params = dict(m.named_parameters())
+        g.expect(set(params) == {"weight"} and m.bias is None,
+                 f"LayerNorm(16, bias=False) should have only the parameter weight and self.bias = None, "
+                 f"got parameters {sorted(params)} and bias {describe(m.bias)}")
 
-    with g.check("matches nn.LayerNorm with random scale and shift"):
-        m, w, b = build("ln.values")
-        x = rand("ln.values.x", 3, 5, C, scale=2.0) + 1.0
-        out = m(x)
-        g.expect(is_tensor(out) and out.shape == x.shape and out.dtype == x.dtype,
-                 f"for input {describe(x)} expected the same shape and dtype, got {describe(out)}")
-        mean = x.mean(-1, keepdim=True)
-        first_match(g, out, [
-            ((x - mean) / torch.sqrt(x.var(-1, keepdim=True) + 1e-5) * w + b,
-             "you used the unbiased variance (dividing by C - 1): layer norm divides by C, "
-             "x.var(-1, unbiased=False) or ((x - mean) ** 2).mean(-1)"),
-            ((x - mean) / (x.var(-1, unbiased=False, keepdim=True).sqrt() + 1e-5) * w + b,
-             "eps must be added to the variance inside the square root: (x - mean) / sqrt(var + eps)"),
-            (F.layer_norm(x, (C,), eps=1e-5),
-             "the scale and shift are not applied: multiply by weight and add bias after normalising"),
-        ])
-        g.expect(close(out, _ln_expected(x, w, b)), "the output differs from nn.LayerNorm with the same weight and bias")
+    def values(case):
+        lead, C, eps, bias, scale, seed = case
+        m, w, b, what = build(f"ln.{seed}", C, eps=eps, bias=bias)
+        x = tensor(seed, *lead, C, scale=scale) + scale
+        what = f"{what} on x {(*lead, C)}"
+        out = _call(g, what, m, x)
+        expected = _ln(x, w, b, 1e-5 if eps is None else eps)
+        if not close(out, expected, magnitude=magnitude(x)):
+            first_match(g, out, [(wrong, f"{what}: {hint}") for wrong, hint in
+                                 _ln_mistakes(x, w, b, 1e-5 if eps is None else eps)], expected)
+            _expect_close(g, what, out, expected, magnitude(x))
 
-    with g.check("normalises each token over its own features (not over the batch)"):
-        m, w, b = build("ln.axis")
-        x = rand("ln.axis.x", 4, 3, C)
-        y = x.clone()
-        y[1:] = rand("ln.axis.other", 3, 3, C, scale=3.0) + 2.0
-        a, c = m(x), m(y)
-        g.expect(
-            is_tensor(a) and is_tensor(c) and a.shape == x.shape and close(a[0], c[0]),
-            "the output of the first sequence changed when only the other sequences in the batch changed: "
-            "compute the mean and variance over the last (feature) axis, dim=-1 with keepdim=True "
-            "(statistics over the batch are batch norm, not layer norm)",
-        )
+    with g.check("(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance), "
+                 "for any number of leading dimensions"):
+        for_all("ln.values", _ln_case(), values, max_examples=12, first=((2, 3), 4, None, True, 1.0, 0))
 
-    with g.check("eps is added to the variance inside the square root"):
-        m = LayerNorm(C, eps=0.1).double()
-        w, b = rand("ln.eps.w", C) * 0.5 + 1, rand("ln.eps.b", C) * 0.5
-        load_weights(g, m, {"weight": w, "bias": b}, "LayerNorm")
-        x = rand("ln.eps.x", 2, 4, C, scale=0.1) + 3.0  # variance about 0.01, well below eps
-        out = m(x)
-        mean = x.mean(-1, keepdim=True)
-        std = x.var(-1, unbiased=False, keepdim=True).sqrt()
-        first_match(g, out, [
-            ((x - mean) / (std + 0.1) * w + b,
-             "eps must be added to the variance inside the square root: (x - mean) / sqrt(var + eps)"),
-            (_ln_expected(x, w, b, eps=1e-5),
-             "LayerNorm(C, eps=0.1) still used eps=1e-5: store the eps argument and use it"),
-        ])
-        g.expect(close(out, _ln_expected(x, w, b, eps=0.1)),
-                 "with eps=0.1 and a small variance the output differs from nn.LayerNorm(C, eps=0.1)")
+    with g.check("eps at other values, added to the variance inside the square root; bias=False: no shift"):
+        for_all("ln.eps", _ln_case(eps=True), values, max_examples=10, first=((2,), 5, 0.5, True, 0.05, 1))
+        values(((3,), 8, 0.1, False, 0.05, 7))
 
-    with g.check("bias=False: a scale but no shift"):
-        m, w, _ = build("ln.nobias", bias=False)
-        x = rand("ln.nobias.x", 2, 3, C)
-        g.expect(close(m(x), _ln_expected(x, w, None)),
-                 "with bias=False the output differs from nn.LayerNorm(C, bias=False)")
+    with g.check("float32 in, float32 out; accurate when the features share a large offset (1e4 + noise)"):
+        m, w, b, what = build("ln.stable", 16, dtype=torch.float32)
+        x = rand("ln.stable.x", 3, 5, 16, dtype=torch.float32) + 1e4
+        out = _call(g, f"{what} on float32 x = 1e4 + noise (3, 5, 16)", m, x)
+        expected = _ln(x.double(), w.double(), b.double()).float()
+        if is_tensor(out) and out.dtype == F64:
+            g.fail(f"{what} on float32 x returned float64: return x's dtype")
+        _expect_close(g, f"{what} on float32 x = 1e4 + noise (3, 5, 16)", out, expected, magnitude(x),
+                      advice=": compute the variance as the mean of squared deviations, ((x - mean) ** 2).mean(-1); "
+                             "E[x^2] - E[x]^2 loses every digit when the mean is large")
 
-    with g.check("any number of leading dimensions"):
-        m, w, b = build("ln.shapes")
-        for shape in ((C,), (2, 3, 4, C)):
-            x = rand(f"ln.shapes.{shape}", *shape)
-            out = m(x)
-            g.expect(close(out, _ln_expected(x, w, b)),
-                     f"for an input of shape {shape} the output differs from nn.LayerNorm")
+    with g.check("training and evaluation modes compute the same thing"):
+        m, w, b, what = build("ln.modes", 6)
+        x = rand("ln.modes.x", 4, 3, 6, scale=2.0)
+        m.eval()
+        in_eval = _call(g, f"{what} in eval mode on x (4, 3, 6)", m, x)
+        m.train()
+        _expect_close(g, f"{what} in training mode on x (4, 3, 6), compared with its output in eval mode",
+                      _call(g, f"{what} in training mode on x (4, 3, 6)", m, x), in_eval if is_tensor(in_eval) else x,
+                      advice=": layer norm uses each token's own statistics in both modes (no running averages, "
+                             "no dropout)")
 
-    with g.check("gradients match nn.LayerNorm"):
-        m, w, b = build("ln.grad")
-        x = rand("ln.grad.x", 2, 3, C)
-        up = rand("ln.grad.up", 2, 3, C)
+    with g.check("x whose last axis is not C raises a ValueError"):
+        m = _call(g, "LayerNorm(6)", LayerNorm, 6)
+        for shape in ((2, 5), (2, 3, 1), (7,)):
+            expect_value_error(g, lambda: m(torch.zeros(*shape)), f"LayerNorm(6) on x {shape}",
+                               "compare x.shape[-1] with d_model and name both")
+
+    with g.check("leaves x unchanged; gradients with respect to x match nn.LayerNorm's"):
+        m, w, b, what = build("ln.grad", 6)
+        x = rand("ln.grad.x", 2, 3, 6)
+        up = rand("ln.grad.up", 2, 3, 6)
+        p = probe(m, x.clone())
+        g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], x),
+                 f"{what} modified x in place: compute a new tensor")
         p = probe(m, x.clone().requires_grad_(), backward=(None, up))
         g.expect(is_tensor(p.result) and p.result.requires_grad,
-                 "the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
+                 f"{what} on x (2, 3, 6): the output does not depend on x through autograd: avoid .detach(), "
+                 ".item() or .numpy()")
         xr = x.clone().requires_grad_()
-        (_ln_expected(xr, w, b) * up).sum().backward()
-        g.expect(p.grads and p.grads[0] is not None and close(p.grads[0], xr.grad),
-                 "the gradient with respect to x differs from nn.LayerNorm's")
+        (_ln(xr, w, b) * up).sum().backward()
+        _expect_close(g, f"{what} on x (2, 3, 6), the gradient with respect to x", p.grads[0] if p.grads else None,
+                      xr.grad)
 
     g.finish()
 
@@ -158,91 +313,241 @@ def grade_layer_norm(LayerNorm) -> None:
 # --------------------------------------------------------------------------- FeedForward
 
 
+def _ff_expected(r, x, act):
+    return r.linear2(act(r.linear1(x)))
+
+
+@st.composite
+def _ff_case(draw):
+    lead = tuple(draw(st.lists(st.integers(1, 4), min_size=0, max_size=3)))
+    C = draw(st.sampled_from([1, 3, 4, 8, 12]))
+    d_ff = draw(st.sampled_from([None, 1, 5, 7, 16]))
+    return lead, C, d_ff, draw(st.booleans()), draw(st.integers(0, 2**16))
+
+
 def grade_feed_forward(FeedForward) -> None:
     """Grade a student's ``FeedForward(d_model, d_ff=None, activation="relu", dropout=0.0, bias=True)``."""
     g = Grader("FeedForward")
 
-    def build(name, d_ff=DFF, activation="relu", **kwargs):
-        m = FeedForward(C, d_ff, activation, **kwargs).double().eval()
-        r = ref.FeedForward(C, d_ff, activation, bias=kwargs.get("bias", True)).double().eval()
+    def build(name, C, d_ff=None, activation=None, bias=True, **kwargs):
+        what = f"FeedForward({_args(C, d_ff, activation=activation, bias=None if bias else False, **kwargs)})"
+        if d_ff is None:
+            what = what.replace(", None", "")
+        extra = ({} if activation is None else {"activation": activation}) | ({} if bias else {"bias": False})
+        m = _call(g, what, FeedForward, C, d_ff, **extra, **kwargs).double().eval()
+        r = ref.FeedForward(C, d_ff, activation or "relu", bias=bias).double().eval()
         weights = random_weights(r, name)
-        load_weights(g, m, weights, "FeedForward")
+        _load(g, m, weights, what, ": d_ff defaults to 4 * d_model" if d_ff is None else "")
         r.load_state_dict(weights)
-        return m, r
+        return m, r, what
 
-    with g.check("has linear1 (C -> d_ff) and linear2 (d_ff -> C)"):
-        m = FeedForward(C, DFF)
-        for name, shape in (("linear1", (C, DFF)), ("linear2", (DFF, C))):
-            layer = getattr(m, name, None)
-            g.expect(is_a(layer, "torch.nn.modules.linear.Linear"), f"FeedForward needs an nn.Linear called {name}")
-            g.expect((layer.in_features, layer.out_features) == shape,
-                     f"{name} should map {shape[0]} to {shape[1]} features, got {layer.in_features} -> {layer.out_features}")
+    with g.check("linear1 (C -> d_ff) and linear2 (d_ff -> C) are nn.Linear; d_ff defaults to 4 * d_model"):
+        for C, d_ff in ((16, None), (6, 10), (8, 1)):
+            what = f"FeedForward({C}{'' if d_ff is None else f', {d_ff}'})"
+            m = _call(g, what, FeedForward, C, d_ff)
+            hidden = 4 * C if d_ff is None else d_ff
+            for name, shape in (("linear1", (C, hidden)), ("linear2", (hidden, C))):
+                layer = getattr(m, name, None)
+                g.expect(is_a(layer, LINEAR), f"{what} needs an nn.Linear called {name}")
+                got = (layer.in_features, layer.out_features)
+                g.expect(got == shape, f"{what}.{name} should map {shape[0]} to {shape[1]} features, got "
+                                       f"{got[0]} -> {got[1]}"
+                                       + (": d_ff defaults to 4 * d_model" if d_ff is None else ""))
 
-    with g.check("d_ff defaults to 4 * d_model"):
-        n = FeedForward(C).linear1.out_features
-        g.expect(n == 4 * C, f"FeedForward({C}) has a hidden width of {n}: d_ff defaults to 4 * d_model = {4 * C}")
-
-    for activation in ("relu", "gelu"):
-        with g.check(f"activation={activation!r} matches the reference"):
-            m, r = build(f"ff.{activation}", activation=activation)
-            x = rand(f"ff.{activation}.x", 2, 5, C)
-            out = m(x)
-            h = r.linear1(x)
-            with torch.no_grad():
-                act = F.relu if activation == "relu" else F.gelu
-                first_match(g, out, [
+    def values(case, activation):
+        lead, C, d_ff, bias, seed = case
+        m, r, what = build(f"ff.{activation}.{seed}", C, d_ff, activation=activation if activation != "relu" else None,
+                           bias=bias)
+        x = tensor(seed, *lead, C)
+        what = f"{what} on x {(*lead, C)}"
+        out = _call(g, what, m, x)
+        act = F.relu if activation == "relu" else F.gelu
+        with torch.no_grad():
+            expected = _ff_expected(r, x, act)
+            if not close(out, expected):
+                h = r.linear1(x)
+                first_match(g, out, [(wrong, f"{what}: {hint}") for wrong, hint in (
                     (act(r.linear2(h)), "the activation goes between the two linear layers: linear2(act(linear1(x))), "
                                         "not act(linear2(linear1(x)))"),
                     (r.linear2(h), "no nonlinearity was applied: use linear2(act(linear1(x)))"),
                     (r.linear2(F.gelu(h, approximate="tanh")),
-                     "you used the tanh approximation of GELU: use the exact GELU x * Phi(x), "
-                     "nn.GELU() or F.gelu(h) (approximate='none')"),
+                     "you used the tanh approximation of GELU: use the exact GELU x * Phi(x), nn.GELU() or F.gelu(h)"),
                     (r.linear2(F.relu(h)) if activation == "gelu" else r.linear2(F.gelu(h)),
                      f"activation={activation!r} was ignored: choose ReLU or GELU from the argument"),
-                ])
-                g.expect(close(out, r(x)),
-                         f"with activation={activation!r} the output differs from linear2(act(linear1(x)))")
+                )], expected)
+                _expect_close(g, what, out, expected)
 
-    with g.check("bias=False: no biases"):
-        m = FeedForward(C, DFF, bias=False)
-        n = sum(p.numel() for p in m.parameters())
-        g.expect(n == 2 * C * DFF,
-                 f"FeedForward({C}, {DFF}, bias=False) should have 2 * {C} * {DFF} = {2 * C * DFF} parameters, got {n}")
+    with g.check("activation='relu' (the default): linear2(relu(linear1(x))), any leading dims, bias=True or False"):
+        for_all("ff.relu", _ff_case(), lambda c: values(c, "relu"), max_examples=10, first=((2, 3), 4, None, True, 0))
 
-    with g.check("applied to each position separately"):
-        m, r = build("ff.position")
-        x = rand("ff.position.x", 1, 4, C)
-        y = x.clone()
-        y[:, 1:] = rand("ff.position.other", 1, 3, C)
-        a, b = m(x), m(y)
-        g.expect(is_tensor(a) and is_tensor(b) and close(a[:, 0], b[:, 0]),
-                 "the output at position 0 changed when only other positions changed: the feed-forward must act on each token alone")
+    with g.check("activation='gelu': the exact GELU x * Phi(x), not the tanh approximation"):
+        for_all("ff.gelu", _ff_case(), lambda c: values(c, "gelu"), max_examples=10, first=((2, 3), 4, 7, True, 1))
 
-    with g.check("dropout on the hidden activations, only in training mode"):
-        m, r = build("ff.dropout", dropout=0.5)
-        x = rand("ff.dropout.x", 4, 6, C)
-        out = m(x)
-        g.expect(close(out, r(x)), "in eval mode dropout must do nothing (use nn.Dropout, which knows the mode)")
-        m.train()
-        out = m(x)
-        g.expect(is_tensor(out) and not close(out, r(x)),
-                 "FeedForward(..., dropout=0.5) in training mode gave the eval output: is dropout applied?")
-        zeros = int((out == 0).sum()) if is_tensor(out) else 0
-        g.expect(zeros < out.numel() // 10,
-                 f"dropout zeroes entries of the output ({zeros} of {out.numel()}): apply it to the hidden "
-                 "activations, linear2(dropout(act(linear1(x))))")
+    with g.check("bias=False: neither linear layer has a bias"):
+        m = _call(g, "FeedForward(8, 12, bias=False)", FeedForward, 8, 12, bias=False)
+        keys = set(m.state_dict())
+        g.expect(keys == {"linear1.weight", "linear2.weight"},
+                 "FeedForward(8, 12, bias=False) should hold only linear1.weight and linear2.weight, "
+                 f"got {sorted(keys)}")
+
+    with g.check("an activation other than 'relu' or 'gelu' raises a ValueError"):
+        for name in ("tanh", "swish", ""):
+            expect_value_error(g, lambda: FeedForward(8, activation=name), f"FeedForward(8, activation={name!r})",
+                               "name the activation that came and the two allowed")
+
+    with g.check("dropout (nn.Dropout named dropout, default p = 0.0) acts on act(linear1(x)), only in training mode"):
+        x = rand("ff.dropout.x", 2, 3, 6)
+        m = _call(g, "FeedForward(6, 10)", FeedForward, 6, 10)
+        d = getattr(m, "dropout", None)
+        g.expect(is_a(d, DROPOUT), f"FeedForward needs an nn.Dropout named dropout, got {describe(d)}")
+        g.expect(d.p == 0.0, f"FeedForward(6, 10).dropout.p is {d.p}: dropout defaults to 0.0")
+        d = getattr(_call(g, "FeedForward(6, 10, dropout=0.3)", FeedForward, 6, 10, dropout=0.3), "dropout", None)
+        g.expect(is_a(d, DROPOUT) and d.p == 0.3,
+                 f"FeedForward(6, 10, dropout=0.3).dropout should be nn.Dropout(0.3), got {describe(d)} "
+                 f"with p={getattr(d, 'p', None)}")
+        for activation in ("relu", "gelu"):
+            m, r, what = build(f"ff.dropout.{activation}", 6, 10, activation=activation, dropout=0.3)
+            act = F.relu if activation == "relu" else F.gelu
+            set_attr(m.dropout, "p", 1.0)
+            m.train()
+            with torch.no_grad():
+                expected = r.linear2(torch.zeros(2, 3, 10, dtype=F64))  # every hidden activation dropped
+                _expect_close(g, f"{what} in training mode with its dropout's p set to 1", _call(g, what, m, x),
+                              expected,
+                              advice=": dropout must act on the hidden activations, linear2(dropout(act(linear1(x)))), "
+                                     "so dropping all of them leaves linear2's bias")
+                m.eval()
+                _expect_close(g, f"{what} in eval mode with its dropout's p set to 1", _call(g, what, m, x),
+                              _ff_expected(r, x, act), advice=": in eval mode dropout must do nothing (use nn.Dropout, "
+                                                              "which knows the mode)")
+                # Where exactly: swap the dropout for a fixed linear map and see where it acts.
+                W = rand(f"ff.dropout.{activation}.W", 10, 10)
+                stand_in = student_side("nn", nn).Linear(10, 10, bias=False)
+                stand_in.double()
+                stand_in.load_state_dict({"weight": W})
+                set_attr(m, "dropout", stand_in)
+                expected = r.linear2(F.linear(act(r.linear1(x)), W))
+                _expect_close(g, f"{what} with self.dropout replaced by a fixed linear map M", _call(g, what, m, x),
+                              expected, advice=": self.dropout must be applied to the activations after act, "
+                                               "linear2(self.dropout(act(linear1(x))))")
+
+    with g.check("leaves x unchanged; gradients with respect to x match the reference"):
+        m, r, what = build("ff.grad", 6, 10, activation="gelu")
+        x = rand("ff.grad.x", 2, 3, 6)
+        up = rand("ff.grad.up", 2, 3, 6)
+        p = probe(m, x.clone())
+        g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], x), f"{what} modified x in place")
+        p = probe(m, x.clone().requires_grad_(), backward=(None, up))
+        g.expect(is_tensor(p.result) and p.result.requires_grad,
+                 f"{what}: the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
+        xr = x.clone().requires_grad_()
+        (_ff_expected(r, xr, F.gelu) * up).sum().backward()
+        _expect_close(g, f"{what} on x (2, 3, 6), the gradient with respect to x", p.grads[0] if p.grads else None,
+                      xr.grad)
 
     g.finish()
+
+
+# --------------------------------------------------------------------------- shared by the layers
+
+
+_WIDTHS = [(4, 1), (6, 2), (8, 2), (12, 3), (8, 4)]
+
+
+@st.composite
+def _layer_case(draw, cross=False):
+    """Sizes, an activation and a seed: ``(C, H, d_ff, B, T, S, activation, seed)``."""
+    C, H = draw(st.sampled_from(_WIDTHS))
+    d_ff = draw(st.sampled_from([None, 5, 16]))
+    B, T = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    S = draw(st.integers(1, 7)) if cross else T
+    return C, H, d_ff, B, T, S, draw(st.sampled_from(["relu", "gelu"])), draw(st.integers(0, 999))
+
+
+def _build_layer(g: Grader, cls, ref_cls, label: str, name: str, C, H, d_ff=None, cache: dict | None = None,
+                 **kwargs):
+    """The student's layer (with exactly the arguments given, so defaults are exercised) and the reference,
+    both float64 in eval mode with the same random weights. With ``cache`` (a dict that lives as long as one
+    check), a layer of the same configuration is built once and reused: the examples of a property-based
+    check then cost a forward pass each, which keeps shrinking a failure quick."""
+    if cache is not None:
+        key = (label, C, H, d_ff, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = _build_layer(g, cls, ref_cls, label, f"{name}.{C}.{H}.{d_ff}.{sorted(kwargs.items())}",
+                                      C, H, d_ff, **kwargs)
+        return cache[key]
+    what = f"{label}({_args(C, H, d_ff, **kwargs)})".replace(", None", "")
+    m = _call(g, what, cls, C, H, *(() if d_ff is None else (d_ff,)), **kwargs)
+    m = m.double().eval()
+    opts = {"dropout": 0.0, **{k: v for k, v in kwargs.items() if k != "dropout"}}
+    r = ref_cls(C, H, d_ff, **opts).double().eval()
+    weights = random_weights(r, name)
+    _load(g, m, weights, what, ": d_ff defaults to 4 * d_model" if d_ff is None else "")
+    r.load_state_dict(weights)
+    return m, r, what
+
+
+def _names_check(g: Grader, cls, ref_cls, label: str) -> None:
+    """Parameter names and shapes like the reference's, for several arguments: d_ff and n_heads reach the
+    sub-modules."""
+    for C, H, d_ff, kwargs in ((16, 4, 24, {}), (12, 3, None, {}), (8, 2, 5, {"bias": False})):
+        what = f"{label}({_args(C, H, d_ff, **kwargs)})".replace(", None", "")
+        m = _call(g, what, cls, C, H, *(() if d_ff is None else (d_ff,)), **kwargs)
+        reference = ref_cls(C, H, d_ff, **kwargs)
+        shapes = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
+        sd = m.state_dict()
+        got = set(sd) if isinstance(sd, dict) else set()
+        g.expect(got == set(shapes), names_hint(what, got, set(shapes))
+                 + (": with bias=False no projection, feed-forward layer or norm has a bias" if kwargs else ""))
+        for key, shape in shapes.items():
+            g.expect(tuple(sd[key].shape) == shape, f"{what}: {key} has shape {tuple(sd[key].shape)}, expected {shape}"
+                     + (": d_ff defaults to 4 * d_model" if d_ff is None and key.startswith("ff.") else ""))
+        for attn in [a for a in ("self_attn", "cross_attn") if hasattr(reference, a)]:
+            heads = _get(m, f"{attn}.n_heads")
+            g.expect(heads == H, f"{what}.{attn} has {heads} heads: pass n_heads on to MultiHeadAttention")
+
+
+def _dropout_values_check(g: Grader, cls, label: str, places: tuple[str, ...], attentions: tuple[str, ...]) -> None:
+    """The dropout argument (default 0.1) reaches every named nn.Dropout, ff.dropout and the attentions."""
+    for kwargs, p in (({}, 0.1), ({"dropout": 0.3}, 0.3), ({"dropout": 0.0}, 0.0)):
+        what = f"{label}({_args(8, 2, **kwargs)})"
+        m = _call(g, what, cls, 8, 2, **kwargs)
+        for place in places + ("ff.dropout",):
+            d = _get(m, place)
+            g.expect(is_a(d, DROPOUT), f"{what} needs an nn.Dropout named {place}, got {describe(d)}")
+            g.expect(d.p == p, f"{what}.{place}.p is {d.p}, expected {p}: pass dropout on to every dropout "
+                               "(its default is 0.1)")
+        for attn in attentions:
+            got = _get(m, f"{attn}.dropout")
+            g.expect(got == p, f"{what}.{attn} drops attention weights with p = {got}, expected {p}: "
+                               f"MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)")
+
+
+def _only(g: Grader, module, on: str, places: tuple[str, ...], attentions: tuple[str, ...]) -> None:
+    """Every dropout of ``module`` off (p = 0) but ``on`` (p = 1): that one in isolation, deterministically."""
+    for place in places + ("ff.dropout",):
+        d = _get(module, place)
+        g.expect(is_a(d, DROPOUT), f"the layer needs an nn.Dropout named {place}, got {describe(d)}")
+        set_attr(d, "p", 1.0 if place == on else 0.0)
+    for attn in attentions:
+        set_attr(_get(module, attn), "dropout", 0.0)
+
+
+def _masks(seed: int, B: int, H: int, T: int, S: int, kind: str, shape: str) -> torch.Tensor:
+    """A mask broadcastable to (B, H, T, S): boolean (True = may attend, key 0 always) or additive floats."""
+    full = {"TS": (T, S), "B1TS": (B, 1, T, S), "BHTS": (B, H, T, S)}[shape]
+    g = torch.Generator().manual_seed(int(seed))
+    if kind == "bool":
+        m = torch.rand(*full, generator=g) < 0.6
+        m[..., 0] = True
+        return m
+    return torch.randn(*full, generator=g, dtype=F64) * 2.0
 
 
 # --------------------------------------------------------------------------- EncoderLayer
 
 
-def _torch_encoder(weights, norm_first, activation, bias=True):
-    t = nn.TransformerEncoderLayer(C, H, DFF, dropout=0.0, activation=activation, norm_first=norm_first,
-                                   batch_first=True, bias=bias).double().eval()
-    t.load_state_dict(ref.to_torch_state_dict(weights))
-    return t
+_ENC_DROPOUTS = ("dropout1", "dropout2")
 
 
 def _encoder_mistakes(r: ref.EncoderLayer, x, norm_first, **masks):
@@ -253,8 +558,9 @@ def _encoder_mistakes(r: ref.EncoderLayer, x, norm_first, **masks):
     out = []
     with torch.no_grad():
         r.norm_first = not norm_first
-        out.append((r(x, **masks), "pre-norm and post-norm are swapped: norm_first=False is post-norm, "
-                                   "x = norm1(x + self_attn(x)); norm_first=True is pre-norm, x = x + self_attn(norm1(x))"))
+        out.append((r(x, **masks), "pre-norm and post-norm are swapped: norm_first=False (the default) is post-norm, "
+                                   "x = norm1(x + self_attn(x)); norm_first=True is pre-norm, "
+                                   "x = x + self_attn(norm1(x))"))
         r.norm_first = norm_first
         if norm_first:
             h = a(n1(x))
@@ -273,7 +579,34 @@ def _encoder_mistakes(r: ref.EncoderLayer, x, norm_first, **masks):
                         "the residual connection around self-attention is missing: x = norm1(x + self_attn(x))"))
             h = n1(x + a(x))
             out.append((n2(f(h)), "the residual connection around the feed-forward is missing: x = norm2(x + ff(x))"))
+        if masks.get("key_padding_mask") is not None:
+            flipped = {**masks, "key_padding_mask": ~masks["key_padding_mask"]}
+            out.append((r(x, **flipped), "key_padding_mask is inverted: in this course True marks real tokens"))
+        for key in masks:
+            out.append((r(x, **{k: v for k, v in masks.items() if k != key}),
+                        f"{key} was not passed on: self_attn(h, mask=mask, key_padding_mask=key_padding_mask, "
+                        "is_causal=is_causal)"))
     return out
+
+
+def _encoder_case(g: Grader, EncoderLayer, case, name: str, norm_first: bool | None, cache: dict, **masks) -> None:
+    C, H, d_ff, B, T, _, activation, seed = case
+    kwargs = {"activation": None if activation == "relu" else activation, "norm_first": norm_first}
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    m, r, what = _build_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", name, C, H, d_ff, cache, **kwargs)
+    x = tensor(seed, B, T, C)
+    shown = ", ".join(f"{k} {describe(v) if torch.is_tensor(v) else v}" for k, v in masks.items())
+    what = f"{what} on x ({B}, {T}, {C})" + (f" with {shown}" if shown else "")
+    out = _call(g, what, m, x, **masks)
+    with torch.no_grad():
+        expected = r(x, **masks)
+    if not close(out, expected):
+        g.expect(is_tensor(out) and out.shape == x.shape,
+                 f"{what}: expected a ({B}, {T}, {C}) tensor, got {describe(out)}")
+        if cache.get("diagnose"):
+            first_match(g, out, [(w, f"{what}: {h}") for w, h in _encoder_mistakes(r, x, bool(norm_first), **masks)],
+                        expected)
+        _expect_close(g, what, out, expected)
 
 
 def grade_encoder_layer(EncoderLayer) -> None:
@@ -281,93 +614,112 @@ def grade_encoder_layer(EncoderLayer) -> None:
     norm_first=False, eps=1e-5, bias=True)``."""
     g = Grader("EncoderLayer")
 
-    def build(name, norm_first=False, activation="relu", bias=True, dropout=0.0):
-        m = EncoderLayer(C, H, DFF, dropout=dropout, activation=activation, norm_first=norm_first, bias=bias).double().eval()
-        r = ref.EncoderLayer(C, H, DFF, dropout=0.0, activation=activation, norm_first=norm_first, bias=bias).double().eval()
-        weights = random_weights(r, name)
-        load_weights(g, m, weights, "EncoderLayer")
-        r.load_state_dict(weights)
-        return m, r, _torch_encoder(weights, norm_first, activation, bias)
+    with g.check("submodules self_attn, ff, norm1, norm2 with the reference's parameter names and shapes; "
+                 "d_ff (default 4 * d_model) and n_heads reach them"):
+        _names_check(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer")
 
-    with g.check("has self_attn, ff, norm1 and norm2 with the reference's parameter names"):
-        m = EncoderLayer(C, H, DFF)
-        expected = set(ref.EncoderLayer(C, H, DFF).state_dict())
-        sd = m.state_dict()
-        got = set(sd) if isinstance(sd, dict) else set()
-        g.expect(got == expected, names_hint("EncoderLayer", got, expected))
-        n = sum(p.numel() for p in m.parameters())
-        g.expect(n == ref.encoder_layer_params(C, DFF), f"expected {ref.encoder_layer_params(C, DFF)} parameters, got {n}")
+    post, pre = (8, 2, None, 2, 3, 3, "relu", 0), (12, 3, 16, 3, 4, 4, "gelu", 1)
+    with g.check("post-norm by default (norm_first=False): x = norm1(x + self_attn(x)); x = norm2(x + ff(x)), "
+                 "relu or gelu, dropout off in eval mode"):
+        cache = {}
+        _for_all_then_diagnose("enc.post", _layer_case(), lambda c: _encoder_case(g, EncoderLayer, c, "enc.post", None,
+                                                                                cache),
+                               cache, fixed=[post, pre], max_examples=8)
 
-    with g.check("d_ff defaults to 4 * d_model"):
-        n = EncoderLayer(C, H).ff.linear1.out_features
-        g.expect(n == 4 * C,
-                 f"EncoderLayer({C}, {H}) has a feed-forward width of {n}: pass d_ff on, its default is 4 * d_model")
+    with g.check("pre-norm (norm_first=True): x = x + self_attn(norm1(x)); x = x + ff(norm2(x))"):
+        cache = {}
+        _for_all_then_diagnose("enc.pre", _layer_case(), lambda c: _encoder_case(g, EncoderLayer, c, "enc.pre", True,
+                                                                               cache),
+                               cache, fixed=[post, pre], max_examples=8)
 
-    for norm_first, activation in ((False, "relu"), (True, "relu"), (False, "gelu"), (True, "gelu")):
-        label = "pre-norm" if norm_first else "post-norm"
-        with g.check(f"{label} (norm_first={norm_first}), {activation}: matches nn.TransformerEncoderLayer"):
-            m, r, t = build(f"enc.{norm_first}.{activation}", norm_first, activation)
-            x = rand(f"enc.{norm_first}.{activation}.x", 2, 5, C)
-            out = m(x)
-            g.expect(is_tensor(out) and out.shape == x.shape,
-                     f"expected an output of shape {tuple(x.shape)}, got {describe(out)}")
-            first_match(g, out, _encoder_mistakes(r, x, norm_first))
-            g.expect(close(out, t(x)),
-                     f"the {label} output differs from nn.TransformerEncoderLayer(norm_first={norm_first}) with the same weights")
+    def mask_case(c):
+        case, kind, shape, norm_first = c
+        C, H, d_ff, B, T, _, activation, seed = case
+        _encoder_case(g, EncoderLayer, case, "enc.mask", norm_first, cache, mask=_masks(seed, B, H, T, T, kind, shape))
 
-    with g.check("key_padding_mask (True = real token) reaches self-attention"):
-        m, r, t = build("enc.padding", norm_first=True)
-        x = rand("enc.padding.x", 3, 5, C)
-        keep = padding_mask([4, 3, 2], S=5)  # every sequence has padding, so the inverted mask hides no row entirely
-        out = m(x, key_padding_mask=keep)
-        first_match(g, out, [
-            (t(x, src_key_padding_mask=keep), "key_padding_mask is inverted: in this course True marks real tokens"),
-            (t(x), "key_padding_mask was ignored: pass it to self_attn(..., key_padding_mask=key_padding_mask)"),
-        ])
-        g.expect(close(out, t(x, src_key_padding_mask=~keep)),
-                 "with a key_padding_mask the output differs from nn.TransformerEncoderLayer")
+    kinds = st.tuples(_layer_case(), st.sampled_from(["bool", "float"]), st.sampled_from(["TS", "B1TS", "BHTS"]),
+                      st.sampled_from([None, True]))
+    with g.check("mask (boolean, True = may attend, or additive floats), broadcastable to (B, H, T, T), "
+                 "reaches self-attention"):
+        cache = {}
+        _for_all_then_diagnose("enc.mask", kinds, mask_case, cache, max_examples=8,
+                               fixed=[(post, "bool", "TS", None), (pre, "float", "BHTS", True)])
 
-    with g.check("mask and is_causal reach self-attention"):
-        m, r, t = build("enc.mask")
-        x = rand("enc.mask.x", 2, 5, C)
-        mask = torch.rand(5, 5, generator=generator("enc.mask.m")) < 0.6
-        mask[:, 0] = True
-        out = m(x, mask=mask)
-        g.expect(not close(out, t(x)), "the mask was ignored: pass it to self_attn(..., mask=mask)")
-        g.expect(close(out, t(x, src_mask=~mask)),
-                 "with a boolean mask (True = may attend) the output differs from the reference")
-        out = m(x, is_causal=True)
-        g.expect(not close(out, t(x)), "is_causal=True was ignored: pass it to self_attn(..., is_causal=is_causal)")
-        g.expect(close(out, t(x, src_mask=~causal_mask(5), is_causal=True)),
-                 "with is_causal=True the output differs from the reference")
+    def padding_case(c):
+        case, norm_first, lengths = c
+        C, H, d_ff, B, T, _, activation, seed = case
+        lengths = [min(max(n, 1), T) for n in lengths[:B]] + [T] * (B - len(lengths))
+        keep = padding_mask(lengths, S=T)
+        _encoder_case(g, EncoderLayer, case, "enc.pad", norm_first, cache, key_padding_mask=keep)
 
-    with g.check("bias=False is passed to the projections and norms"):
-        m = EncoderLayer(C, H, DFF, bias=False)
-        n = sum(p.numel() for p in m.parameters())
-        g.expect(n == ref.encoder_layer_params(C, DFF, bias=False),
-                 f"EncoderLayer(..., bias=False) should have {ref.encoder_layer_params(C, DFF, bias=False)} parameters "
-                 f"(no biases in attention, feed-forward or norms), got {n}")
+    with g.check("key_padding_mask (B, T), True at real tokens, reaches self-attention"):
+        cache = {}
+        _for_all_then_diagnose("enc.pad", st.tuples(_layer_case(), st.sampled_from([None, True]),
+                                                    st.lists(st.integers(1, 6), max_size=3)),
+                               padding_case, cache, max_examples=6,
+                               fixed=[((8, 2, None, 3, 5, 5, "relu", 0), None, [4, 3, 2]), (pre, True, [2, 4, 1])])
 
-    with g.check("dropout does nothing in eval mode and something in training mode"):
-        m, r, t = build("enc.dropout", dropout=0.5)
-        x = rand("enc.dropout.x", 2, 5, C)
-        g.expect(close(m(x), t(x)),
-                 "EncoderLayer(..., dropout=0.5) in eval mode differs from the reference: use nn.Dropout modules")
-        m.train()
-        g.expect(not close(m(x), t(x)),
-                 "in training mode dropout=0.5 changed nothing: apply dropout to each sub-layer's output")
+    def causal_case(c):
+        case, norm_first, kind, padded = c
+        C, H, d_ff, B, T, _, activation, seed = case
+        masks = {"is_causal": True}
+        if kind is not None:
+            masks["mask"] = _masks(seed, B, H, T, T, kind, "TS")
+        if padded:
+            masks["key_padding_mask"] = padding_mask([max(1, T - b) for b in range(B)], S=T)
+        _encoder_case(g, EncoderLayer, case, "enc.causal", norm_first, cache, **masks)
 
-    with g.check("gradients match nn.TransformerEncoderLayer"):
-        m, r, t = build("enc.grad", norm_first=True, activation="gelu")
-        x = rand("enc.grad.x", 2, 4, C)
-        up = rand("enc.grad.up", 2, 4, C)
+    with g.check("is_causal=True: each position attends only to itself and earlier positions, together with "
+                 "mask and key_padding_mask when they are given"):
+        cache = {}
+        _for_all_then_diagnose("enc.causal", st.tuples(_layer_case(), st.sampled_from([None, True]),
+                                                       st.sampled_from([None, "bool", "float"]), st.booleans()),
+                               causal_case, cache, max_examples=6,
+                               fixed=[(post, None, None, False), (pre, True, "bool", True)])
+
+    with g.check("eps reaches both norms and bias=False every projection, the feed-forward and the norms"):
+        for kwargs in ({"eps": 0.5}, {"bias": False}, {"eps": 2.0, "bias": False, "norm_first": True}):
+            m, r, what = _build_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "enc.opts", 8, 2, 12, **kwargs)
+            x = rand("enc.opts.x", 2, 4, 8, scale=0.5)
+            with torch.no_grad():
+                _expect_close(g, f"{what} on x (2, 4, 8)", _call(g, what, m, x), r(x),
+                              advice=": pass eps and bias on to LayerNorm(d_model, eps, bias), and bias to "
+                                     "MultiHeadAttention and FeedForward")
+
+    with g.check("dropout (default 0.1) reaches dropout1, dropout2, ff.dropout and self_attn (its attention weights)"):
+        _dropout_values_check(g, EncoderLayer, "EncoderLayer", _ENC_DROPOUTS, ("self_attn",))
+
+    with g.check("dropout1 acts on the attention output and dropout2 on the feed-forward output, before each "
+                 "residual add (each alone with p = 1, in training mode)"):
+        for norm_first in (False, True):
+            for on in _ENC_DROPOUTS:
+                m, r, what = _build_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", f"enc.drop.{on}", 8, 2, 12,
+                                          dropout=0.3, norm_first=norm_first)
+                _only(g, m, on, _ENC_DROPOUTS, ("self_attn",))
+                _only(g, r, on, _ENC_DROPOUTS, ("self_attn",))
+                m.train()
+                r.train()
+                x = rand(f"enc.drop.{on}.x", 2, 4, 8)
+                with torch.no_grad():
+                    _expect_close(g, f"{what} in training mode with {on}.p = 1 and every other dropout off",
+                                  _call(g, what, m, x), r(x),
+                                  advice=f": {on} must drop the {'attention' if on == 'dropout1' else 'feed-forward'} "
+                                         "sub-layer's output just before its residual add, and nothing else")
+
+    with g.check("leaves x unchanged; gradients with respect to x match the reference"):
+        m, r, what = _build_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "enc.grad", 8, 2, 12,
+                                  activation="gelu", norm_first=True)
+        x = rand("enc.grad.x", 2, 4, 8)
+        up = rand("enc.grad.up", 2, 4, 8)
+        p = probe(m, x.clone())
+        g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], x), f"{what} modified x in place")
         p = probe(m, x.clone().requires_grad_(), backward=(None, up))
         g.expect(is_tensor(p.result) and p.result.requires_grad,
-                 "the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
+                 f"{what}: the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
         xr = x.clone().requires_grad_()
-        (t(xr) * up).sum().backward()
-        g.expect(p.grads and p.grads[0] is not None and close(p.grads[0], xr.grad),
-                 "the gradient with respect to x differs from the reference")
+        (r(xr) * up).sum().backward()
+        _expect_close(g, f"{what} on x (2, 4, 8), the gradient with respect to x", p.grads[0] if p.grads else None,
+                      xr.grad)
 
     g.finish()
 
@@ -375,43 +727,87 @@ def grade_encoder_layer(EncoderLayer) -> None:
 # --------------------------------------------------------------------------- DecoderLayer
 
 
-def _torch_decoder(weights, norm_first, activation, bias=True):
-    t = nn.TransformerDecoderLayer(C, H, DFF, dropout=0.0, activation=activation, norm_first=norm_first,
-                                   batch_first=True, bias=bias).double().eval()
-    t.load_state_dict(ref.to_torch_state_dict(weights))
-    return t
+_DEC_DROPOUTS = ("dropout1", "dropout2", "dropout3")
 
 
-def _causal_torch(t, x, memory, **kwargs):
-    T = x.shape[1]
-    return t(x, memory, tgt_mask=~causal_mask(T), tgt_is_causal=True, **kwargs)
-
-
-def _decoder_mistakes(r: ref.DecoderLayer, x, memory, norm_first):
+def _decoder_mistakes(r: ref.DecoderLayer, x, memory, norm_first, **masks):
     out = []
     with torch.no_grad():
-        out.append((r(x, memory, is_causal=False),
-                    "self-attention must be causal by default: pass is_causal=is_causal (default True) to self_attn"))
+        if masks.get("is_causal", True):
+            out.append((r(x, memory, **{**masks, "is_causal": False}),
+                        "self-attention must be causal by default: pass is_causal=is_causal (default True) to "
+                        "self_attn"))
         r.norm_first = not norm_first
-        out.append((r(x, memory),
-                    "pre-norm and post-norm are swapped: norm_first=False is post-norm, x = norm(x + sublayer(x))"))
+        out.append((r(x, memory, **masks),
+                    "pre-norm and post-norm are swapped: norm_first=False (the default) is post-norm, "
+                    "x = norm(x + sublayer(x)); norm_first=True is pre-norm, x = x + sublayer(norm(x))"))
         r.norm_first = norm_first
-        sa = lambda h: r.self_attn(h, is_causal=True)[0]  # noqa: E731
+        causal = masks.get("is_causal", True)
+
+        def sa(h):
+            return r.self_attn(h, mask=masks.get("mask"), key_padding_mask=masks.get("key_padding_mask"),
+                               is_causal=causal)[0]
+
+        def ca(h, kv):
+            return r.cross_attn(h, kv=kv, mask=masks.get("memory_mask"),
+                                key_padding_mask=masks.get("memory_key_padding_mask"))[0]
+
         if norm_first:
             h = x + sa(r.norm1(x))
             n = r.norm2(h)
             wrong_kv = h + r.cross_attn(n, kv=n)[0]
-            normed_memory = h + r.cross_attn(n, kv=r.norm2(memory))[0]
             out.append((wrong_kv + r.ff(r.norm3(wrong_kv)),
-                        "cross-attention must take its keys and values from memory: self.cross_attn(h, kv=memory, ...)"))
+                        "cross-attention must take its keys and values from memory: "
+                        "self.cross_attn(h, kv=memory, ...)"))
+            normed_memory = h + ca(n, r.norm2(memory))
             out.append((normed_memory + r.ff(r.norm3(normed_memory)),
                         "do not normalise memory in the decoder: only the query side, cross_attn(norm2(x), kv=memory)"))
         else:
             h = r.norm1(x + sa(x))
             wrong_kv = r.norm2(h + r.cross_attn(h, kv=h)[0])
             out.append((r.norm3(wrong_kv + r.ff(wrong_kv)),
-                        "cross-attention must take its keys and values from memory: self.cross_attn(h, kv=memory, ...)"))
+                        "cross-attention must take its keys and values from memory: "
+                        "self.cross_attn(h, kv=memory, ...)"))
+        if masks.get("memory_key_padding_mask") is not None:
+            flipped = {**masks, "memory_key_padding_mask": ~masks["memory_key_padding_mask"]}
+            out.append((r(x, memory, **flipped),
+                        "memory_key_padding_mask is inverted: in this course True marks real tokens"))
+        if masks.get("key_padding_mask") is not None:
+            flipped = {**masks, "key_padding_mask": ~masks["key_padding_mask"]}
+            out.append((r(x, memory, **flipped), "key_padding_mask is inverted: in this course True marks real tokens"))
+        for key, hint in (("mask", "mask was not passed to self_attn(..., mask=mask)"),
+                          ("key_padding_mask", "key_padding_mask was not passed to self_attn"),
+                          ("memory_mask", "memory_mask was not passed to cross_attn(..., mask=memory_mask)"),
+                          ("memory_key_padding_mask", "memory_key_padding_mask was not passed to cross_attn as "
+                                                      "key_padding_mask")):
+            if masks.get(key) is not None:
+                out.append((r(x, memory, **{k: v for k, v in masks.items() if k != key}), hint))
+        if masks.get("mask") is not None and masks.get("memory_mask") is not None and \
+                masks["mask"].shape[-1] == masks["memory_mask"].shape[-1]:
+            swapped = {**masks, "mask": masks["memory_mask"], "memory_mask": masks["mask"]}
+            out.append((r(x, memory, **swapped), "mask and memory_mask are swapped: mask goes to self_attn, "
+                                                 "memory_mask to cross_attn"))
     return out
+
+
+def _decoder_case(g: Grader, DecoderLayer, case, name: str, norm_first: bool | None, cache: dict, **masks) -> None:
+    C, H, d_ff, B, T, S, activation, seed = case
+    kwargs = {"activation": None if activation == "relu" else activation, "norm_first": norm_first}
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    m, r, what = _build_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", name, C, H, d_ff, cache, **kwargs)
+    x, memory = tensor(seed, B, T, C), tensor(seed + 1, B, S, C)
+    shown = ", ".join(f"{k} {describe(v) if torch.is_tensor(v) else v}" for k, v in masks.items())
+    what = f"{what} on x ({B}, {T}, {C}) and memory ({B}, {S}, {C})" + (f" with {shown}" if shown else "")
+    out = _call(g, what, m, x, memory, **masks)
+    with torch.no_grad():
+        expected = r(x, memory, **masks)
+    if not close(out, expected):
+        g.expect(is_tensor(out) and out.shape == x.shape,
+                 f"{what}: expected a ({B}, {T}, {C}) tensor, got {describe(out)}")
+        if cache.get("diagnose"):
+            first_match(g, out, [(w, f"{what}: {h}")
+                                 for w, h in _decoder_mistakes(r, x, memory, bool(norm_first), **masks)], expected)
+        _expect_close(g, what, out, expected)
 
 
 def grade_decoder_layer(DecoderLayer) -> None:
@@ -419,100 +815,114 @@ def grade_decoder_layer(DecoderLayer) -> None:
     norm_first=False, eps=1e-5, bias=True)``."""
     g = Grader("DecoderLayer")
 
-    def build(name, norm_first=False, activation="relu", dropout=0.0):
-        m = DecoderLayer(C, H, DFF, dropout=dropout, activation=activation, norm_first=norm_first).double().eval()
-        r = ref.DecoderLayer(C, H, DFF, dropout=0.0, activation=activation, norm_first=norm_first).double().eval()
-        weights = random_weights(r, name)
-        load_weights(g, m, weights, "DecoderLayer")
-        r.load_state_dict(weights)
-        return m, r, _torch_decoder(weights, norm_first, activation)
+    with g.check("submodules self_attn, cross_attn, ff, norm1-3 with the reference's parameter names and shapes; "
+                 "d_ff (default 4 * d_model) and n_heads reach them"):
+        _names_check(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer")
 
-    with g.check("has self_attn, cross_attn, ff and norm1-3 with the reference's parameter names"):
-        m = DecoderLayer(C, H, DFF)
-        expected = set(ref.DecoderLayer(C, H, DFF).state_dict())
-        sd = m.state_dict()
-        got = set(sd) if isinstance(sd, dict) else set()
-        g.expect(got == expected, names_hint("DecoderLayer", got, expected))
-        n = sum(p.numel() for p in m.parameters())
-        g.expect(n == ref.decoder_layer_params(C, DFF), f"expected {ref.decoder_layer_params(C, DFF)} parameters, got {n}")
+    post, pre = (8, 2, None, 2, 3, 4, "relu", 0), (12, 3, 16, 3, 4, 2, "gelu", 1)
+    with g.check("post-norm by default: masked (causal by default) self-attention, cross-attention to memory "
+                 "(S may differ from T), feed-forward, each x = norm_i(x + sublayer_i(x))"):
+        cache = {}
+        _for_all_then_diagnose("dec.post", _layer_case(cross=True),
+                               lambda c: _decoder_case(g, DecoderLayer, c, "dec.post", None, cache),
+                               cache, fixed=[post, pre], max_examples=8)
 
-    for norm_first, activation in ((False, "relu"), (True, "gelu")):
-        label = "pre-norm" if norm_first else "post-norm"
-        with g.check(f"{label} (norm_first={norm_first}), {activation}: matches nn.TransformerDecoderLayer with a causal mask"):
-            m, r, t = build(f"dec.{norm_first}", norm_first, activation)
-            x, memory = rand(f"dec.{norm_first}.x", 2, 5, C), rand(f"dec.{norm_first}.mem", 2, 7, C)
-            out = m(x, memory)
-            g.expect(is_tensor(out) and out.shape == x.shape,
-                     f"for x {tuple(x.shape)} and memory {tuple(memory.shape)} expected an output of shape {tuple(x.shape)}, got {describe(out)}")
-            first_match(g, out, _decoder_mistakes(r, x, memory, norm_first))
-            g.expect(close(out, _causal_torch(t, x, memory)),
-                     f"the {label} output differs from nn.TransformerDecoderLayer(norm_first={norm_first}) with the same weights")
+    with g.check("pre-norm (norm_first=True): x = x + sublayer_i(norm_i(x)); memory is used as it comes"):
+        cache = {}
+        _for_all_then_diagnose("dec.pre", _layer_case(cross=True),
+                               lambda c: _decoder_case(g, DecoderLayer, c, "dec.pre", True, cache),
+                               cache, fixed=[post, pre], max_examples=8)
 
-    with g.check("is_causal=False removes the causal mask"):
-        m, r, t = build("dec.noncausal", norm_first=True)
-        x, memory = rand("dec.noncausal.x", 2, 4, C), rand("dec.noncausal.mem", 2, 6, C)
-        g.expect(close(m(x, memory, is_causal=False), t(x, memory)),
-                 "with is_causal=False the output differs from nn.TransformerDecoderLayer without a target mask")
+    with g.check("is_causal=False: self-attention sees every position of x"):
+        cache = {}
+        _for_all_then_diagnose("dec.noncausal", st.tuples(_layer_case(cross=True), st.sampled_from([None, True])),
+                               lambda c: _decoder_case(g, DecoderLayer, c[0], "dec.noncausal", c[1], cache,
+                                                       is_causal=False),
+                               cache, max_examples=5, fixed=[(post, None), (pre, True)])
 
-    with g.check("a future token does not change earlier outputs"):
-        m, r, t = build("dec.future")
-        x, memory = rand("dec.future.x", 2, 6, C), rand("dec.future.mem", 2, 5, C)
-        y = x.clone()
-        y[:, 4:] = rand("dec.future.y", 2, 2, C)
-        a, b = m(x, memory), m(y, memory)
-        g.expect(is_tensor(a) and is_tensor(b) and close(a[:, :4], b[:, :4]),
-                 "outputs at positions 0-3 changed when only positions 4-5 changed: information leaks from the future "
-                 "(self-attention must be causal, and cross-attention must read memory, not x)")
+    def self_masks(c):
+        case, kind, shape, norm_first, lengths = c
+        C, H, d_ff, B, T, S, activation, seed = case
+        lengths = [min(max(n, 1), T) for n in lengths[:B]] + [T] * (B - len(lengths))
+        masks = {"mask": _masks(seed, B, H, T, T, kind, shape), "key_padding_mask": padding_mask(lengths, S=T)}
+        _decoder_case(g, DecoderLayer, case, "dec.selfmask", norm_first, cache, **masks)
 
-    with g.check("memory_key_padding_mask (True = real token) reaches cross-attention"):
-        m, r, t = build("dec.mempad", norm_first=True)
-        x, memory = rand("dec.mempad.x", 3, 4, C), rand("dec.mempad.mem", 3, 6, C)
-        keep = padding_mask([5, 3, 1], S=6)  # every sequence has padding
-        out = m(x, memory, memory_key_padding_mask=keep)
-        first_match(g, out, [
-            (_causal_torch(t, x, memory), "memory_key_padding_mask was ignored: pass it to cross_attn as key_padding_mask"),
-            (_causal_torch(t, x, memory, memory_key_padding_mask=keep),
-             "memory_key_padding_mask is inverted: in this course True marks real tokens"),
-        ])
-        g.expect(close(out, _causal_torch(t, x, memory, memory_key_padding_mask=~keep)),
-                 "with a memory_key_padding_mask the output differs from nn.TransformerDecoderLayer")
+    shapes = st.sampled_from(["TS", "B1TS", "BHTS"])
+    with g.check("mask (boolean or additive, broadcastable to (B, H, T, T)) and key_padding_mask (B, T) "
+                 "reach self-attention, on top of the causal mask"):
+        cache = {}
+        _for_all_then_diagnose("dec.selfmask", st.tuples(_layer_case(cross=True), st.sampled_from(["bool", "float"]),
+                                                         shapes, st.sampled_from([None, True]),
+                                                         st.lists(st.integers(1, 6), max_size=3)),
+                               self_masks, cache, max_examples=6,
+                               fixed=[((8, 2, None, 3, 5, 4, "relu", 0), "bool", "TS", None, [5, 4, 3]),
+                                      (pre, "float", "BHTS", True, [4, 2, 3])])
 
-    with g.check("key_padding_mask and memory_mask reach their attentions"):
-        m, r, t = build("dec.masks")
-        x, memory = rand("dec.masks.x", 3, 5, C), rand("dec.masks.mem", 3, 6, C)
-        keep = padding_mask([5, 4, 3])
-        out = m(x, memory, key_padding_mask=keep)
-        g.expect(not close(out, _causal_torch(t, x, memory)),
-                 "key_padding_mask was ignored: pass it to self_attn(..., key_padding_mask=key_padding_mask)")
-        g.expect(close(out, _causal_torch(t, x, memory, tgt_key_padding_mask=~keep)),
-                 "with a key_padding_mask the output differs from the reference")
-        memory_mask = torch.rand(5, 6, generator=generator("dec.masks.mm")) < 0.5
-        memory_mask[:, 0] = True
-        out = m(x, memory, memory_mask=memory_mask)
-        g.expect(not close(out, _causal_torch(t, x, memory)),
-                 "memory_mask was ignored: pass it to cross_attn(..., mask=memory_mask)")
-        g.expect(close(out, _causal_torch(t, x, memory, memory_mask=~memory_mask)),
-                 "with a memory_mask the output differs from the reference")
+    def memory_masks(c):
+        case, kind, shape, norm_first, lengths = c
+        C, H, d_ff, B, T, S, activation, seed = case
+        lengths = [min(max(n, 1), S) for n in lengths[:B]] + [S] * (B - len(lengths))
+        masks = {"memory_mask": _masks(seed + 2, B, H, T, S, kind, shape),
+                 "memory_key_padding_mask": padding_mask(lengths, S=S)}
+        _decoder_case(g, DecoderLayer, case, "dec.memmask", norm_first, cache, **masks)
 
-    with g.check("dropout does nothing in eval mode and something in training mode"):
-        m, r, t = build("dec.dropout", dropout=0.5)
-        x, memory = rand("dec.dropout.x", 2, 5, C), rand("dec.dropout.mem", 2, 6, C)
-        g.expect(close(m(x, memory), _causal_torch(t, x, memory)),
-                 "DecoderLayer(..., dropout=0.5) in eval mode differs from the reference: use nn.Dropout modules")
-        m.train()
-        g.expect(not close(m(x, memory), _causal_torch(t, x, memory)), "in training mode dropout=0.5 changed nothing")
+    with g.check("memory_mask (boolean or additive, broadcastable to (B, H, T, S)) and memory_key_padding_mask "
+                 "(B, S), True at real tokens, reach cross-attention"):
+        cache = {}
+        _for_all_then_diagnose("dec.memmask", st.tuples(_layer_case(cross=True), st.sampled_from(["bool", "float"]),
+                                                        shapes, st.sampled_from([None, True]),
+                                                        st.lists(st.integers(1, 7), max_size=3)),
+                               memory_masks, cache, max_examples=6,
+                               fixed=[((8, 2, None, 3, 4, 6, "relu", 0), "bool", "TS", None, [5, 3, 1]),
+                                      (pre, "float", "B1TS", True, [2, 1, 2])])
 
-    with g.check("gradients reach x and memory as in nn.TransformerDecoderLayer"):
-        m, r, t = build("dec.grad", norm_first=True, activation="gelu")
-        x, memory = rand("dec.grad.x", 2, 4, C), rand("dec.grad.mem", 2, 5, C)
-        up = rand("dec.grad.up", 2, 4, C)
+    with g.check("eps reaches the three norms and bias=False every projection, the feed-forward and the norms"):
+        for kwargs in ({"eps": 0.5}, {"bias": False}, {"eps": 2.0, "bias": False, "norm_first": True}):
+            m, r, what = _build_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "dec.opts", 8, 2, 12, **kwargs)
+            x, memory = rand("dec.opts.x", 2, 4, 8, scale=0.5), rand("dec.opts.mem", 2, 5, 8, scale=0.5)
+            with torch.no_grad():
+                _expect_close(g, f"{what} on x (2, 4, 8) and memory (2, 5, 8)", _call(g, what, m, x, memory),
+                              r(x, memory),
+                              advice=": pass eps and bias on to LayerNorm(d_model, eps, bias), and bias to "
+                                                   "both MultiHeadAttention and FeedForward")
+
+    with g.check("dropout (default 0.1) reaches dropout1-3, ff.dropout, self_attn and cross_attn"):
+        _dropout_values_check(g, DecoderLayer, "DecoderLayer", _DEC_DROPOUTS, ("self_attn", "cross_attn"))
+
+    with g.check("dropout1, dropout2 and dropout3 act on the outputs of self-attention, cross-attention and the "
+                 "feed-forward, before each residual add (each alone with p = 1, in training mode)"):
+        subs = {"dropout1": "self-attention", "dropout2": "cross-attention", "dropout3": "feed-forward"}
+        for norm_first in (False, True):
+            for on in _DEC_DROPOUTS:
+                m, r, what = _build_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", f"dec.drop.{on}", 8, 2, 12,
+                                          dropout=0.3, norm_first=norm_first)
+                _only(g, m, on, _DEC_DROPOUTS, ("self_attn", "cross_attn"))
+                _only(g, r, on, _DEC_DROPOUTS, ("self_attn", "cross_attn"))
+                m.train()
+                r.train()
+                x, memory = rand(f"dec.drop.{on}.x", 2, 4, 8), rand(f"dec.drop.{on}.mem", 2, 3, 8)
+                with torch.no_grad():
+                    _expect_close(g, f"{what} in training mode with {on}.p = 1 and every other dropout off",
+                                  _call(g, what, m, x, memory), r(x, memory),
+                                  advice=f": {on} must drop the {subs[on]} sub-layer's output just before its residual "
+                                         "add, and nothing else")
+
+    with g.check("leaves x and memory unchanged; gradients reach x and memory as in the reference"):
+        m, r, what = _build_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "dec.grad", 8, 2, 12,
+                                  activation="gelu", norm_first=True)
+        x, memory = rand("dec.grad.x", 2, 4, 8), rand("dec.grad.mem", 2, 5, 8)
+        up = rand("dec.grad.up", 2, 4, 8)
+        p = probe(m, x.clone(), memory.clone())
+        g.expect(all(is_tensor(a) for a in p.args[:2]) and torch.equal(p.args[0], x) and torch.equal(p.args[1], memory),
+                 f"{what} modified x or memory in place")
         p = probe(m, x.clone().requires_grad_(), memory.clone().requires_grad_(), backward=(None, up))
         g.expect(is_tensor(p.result) and p.result.requires_grad,
-                 "the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
+                 f"{what}: the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
         xr, mr = x.clone().requires_grad_(), memory.clone().requires_grad_()
-        (_causal_torch(t, xr, mr) * up).sum().backward()
-        for name, got, want in zip(("x", "memory"), p.grads or [None, None], (xr.grad, mr.grad)):
-            g.expect(got is not None and close(got, want), f"the gradient with respect to {name} differs from the reference")
+        (r(xr, mr) * up).sum().backward()
+        for i, (arg, want) in enumerate((("x", xr.grad), ("memory", mr.grad))):
+            _expect_close(g, f"{what} on x (2, 4, 8) and memory (2, 5, 8), the gradient with respect to {arg}",
+                          p.grads[i] if p.grads else None, want)
 
     g.finish()
 
@@ -520,87 +930,188 @@ def grade_decoder_layer(DecoderLayer) -> None:
 # --------------------------------------------------------------------------- public checks
 
 
+def _public_layer(g: Grader, cls, ref_cls, label: str, name: str, *args, **kwargs):
+    """A student's layer and the reference with the same random weights (float64, eval mode)."""
+    C, H = args[:2]
+    d_ff = args[2] if len(args) > 2 else None
+    return _build_layer(g, cls, ref_cls, label, name, C, H, d_ff, **kwargs)
+
+
 def check_layer_norm(LayerNorm) -> None:
-    """Public checks of ``LayerNorm(4)`` on two hand-computable rows."""
+    """Public checks of ``LayerNorm``: one small example per graded clause."""
     g = Grader("LayerNorm (public)")
-    with g.check("LayerNorm(4) has weight (ones) and bias (zeros)"):
-        sd = LayerNorm(4).state_dict()
-        g.expect(isinstance(sd, dict) and set(sd) == {"weight", "bias"},
-                 f"LayerNorm needs exactly two parameters, weight and bias, got {sorted(sd) if isinstance(sd, dict) else describe(sd)}")
-        g.expect(torch.equal(sd["weight"], torch.ones(4)) and torch.equal(sd["bias"], torch.zeros(4)),
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 2.0, 2.0]], dtype=F64)
+    with g.check("LayerNorm(4) has parameters weight (ones) and bias (zeros); LayerNorm(4, bias=False) only weight"):
+        params = dict(LayerNorm(4).named_parameters())
+        g.expect(set(params) == {"weight", "bias"},
+                 f"LayerNorm needs exactly two nn.Parameters, weight and bias, got {sorted(params)}")
+        g.expect(close(params["weight"].detach(), torch.ones(4)) and close(params["bias"].detach(), torch.zeros(4)),
                  "weight should start as ones and bias as zeros")
-    with g.check("LayerNorm(4) of [[1, 2, 3, 4], [2, 2, 2, 2]]"):
-        x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 2.0, 2.0]])
-        expected = torch.stack([(x[0] - 2.5) / math.sqrt(1.25 + 1e-5), torch.zeros(4)])
-        out = LayerNorm(4)(x)
-        g.expect(is_tensor(out) and out.shape == (2, 4), f"expected a (2, 4) tensor, got {describe(out)}")
-        g.expect(not torch.allclose(out[0], (x[0] - 2.5) / x[0].std(), atol=1e-4),
+        params = dict(LayerNorm(4, bias=False).named_parameters())
+        g.expect(set(params) == {"weight"}, f"LayerNorm(4, bias=False) should have only weight, got {sorted(params)}")
+    with g.check("LayerNorm(4) of [[1, 2, 3, 4], [2, 2, 2, 2]] (biased variance, eps inside the square root)"):
+        out = LayerNorm(4).double()(x)
+        expected = torch.stack([(x[0] - 2.5) / math.sqrt(1.25 + 1e-5), torch.zeros(4, dtype=F64)])
+        g.expect(not (is_tensor(out) and close(out[0], (x[0] - 2.5) / x[0].std())),
                  "you used the unbiased variance (divide by C - 1): layer norm divides by C")
-        g.expect(bool(torch.isfinite(out).all()),
+        g.expect(not (is_tensor(out) and not bool(torch.isfinite(out).all())),
                  "a constant row gave inf or NaN: add eps to the variance inside the square root")
-        g.expect(torch.allclose(out, expected, atol=1e-5),
-                 f"expected (x - mean) / sqrt(var + 1e-5) with the biased variance:\n{expected}\ngot\n{out}")
+        _expect_close(g, "LayerNorm(4) of [[1, 2, 3, 4], [2, 2, 2, 2]]", out, expected)
+    with g.check("with loaded weight and bias, eps=0.5, bias=False, x of shape (2, 3, 4) or (4,)"):
+        for kwargs in ({}, {"eps": 0.5}, {"bias": False}):
+            m = LayerNorm(4, **kwargs).double()
+            w, b = rand("public.ln.w", 4) + 1, rand("public.ln.b", 4)
+            load_weights(g, m, {"weight": w, "bias": b} if kwargs.get("bias", True) else {"weight": w}, "LayerNorm")
+            for shape in ((2, 3, 4), (4,)):
+                xs = rand(f"public.ln.x{shape}", *shape)
+                _expect_close(g, f"LayerNorm(4{_args(**kwargs) and ', ' + _args(**kwargs)}) on x {shape}", m(xs),
+                              _ln(xs, w, b if kwargs.get("bias", True) else None, kwargs.get("eps", 1e-5)))
+    with g.check("float32 x = 1e4 + [1, 2, 3, 4]: float32 out, accurate (two-pass variance)"):
+        xs = torch.tensor([1.0, 2.0, 3.0, 4.0]) + 1e4
+        _expect_close(g, "LayerNorm(4) of 1e4 + [1, 2, 3, 4] in float32", LayerNorm(4)(xs),
+                      _ln(xs.double(), None, None).float(), magnitude(xs))
+    with g.check("the same output in training and eval mode"):
+        m = LayerNorm(4).double()
+        _expect_close(g, "LayerNorm(4) in training mode", m.train()(x), _ln(x, None, None))
+    with g.check("LayerNorm(4) on x (2, 3) raises a ValueError"):
+        expect_value_error(g, lambda: LayerNorm(4)(torch.zeros(2, 3)), "LayerNorm(4) on x (2, 3)")
+    with g.check("x is left unchanged and gradients flow back to it"):
+        p = probe(LayerNorm(4).double(), x.clone().requires_grad_(), backward=(None, torch.ones(2, 4, dtype=F64)))
+        g.expect(torch.equal(p.args[0].detach(), x), "x was modified in place")
+        g.expect(p.grads is not None and p.grads[0] is not None, "no gradient reached x: avoid .detach() or .item()")
     g.finish()
 
 
 def check_feed_forward(FeedForward) -> None:
-    """Public checks of ``FeedForward(8)``: shapes and the computation with ReLU."""
+    """Public checks of ``FeedForward``: one small example per graded clause."""
     g = Grader("FeedForward (public)")
-    with g.check("FeedForward(8) maps 8 -> 32 -> 8 and keeps the shape"):
+    with g.check("FeedForward(8) has nn.Linear linear1 (8 -> 32) and linear2 (32 -> 8)"):
         ff = FeedForward(8)
-        g.expect(is_a(ff.linear1, "torch.nn.modules.linear.Linear") and is_a(ff.linear2, "torch.nn.modules.linear.Linear"),
+        g.expect(is_a(ff.linear1, LINEAR) and is_a(ff.linear2, LINEAR),
                  "FeedForward needs nn.Linear layers called linear1 and linear2")
         g.expect(ff.linear1.out_features == 32, f"d_ff defaults to 4 * d_model = 32, got {ff.linear1.out_features}")
-        out = ff(rand("public.ff.x", 2, 3, 8, dtype=torch.float32))
-        g.expect(is_tensor(out) and out.shape == (2, 3, 8), f"expected (2, 3, 8), got {describe(out)}")
-    with g.check("out = linear2(relu(linear1(x)))"):
-        ff = FeedForward(8, 16)
-        w = ff.state_dict()
-        x = rand("public.ff.x2", 2, 3, 8, dtype=torch.float32)
-        expected = F.linear(F.relu(F.linear(x, w["linear1.weight"], w["linear1.bias"])), w["linear2.weight"], w["linear2.bias"])
-        out = ff(x)
-        g.expect(is_tensor(out) and torch.allclose(out, expected, atol=1e-5), "out differs from linear2(relu(linear1(x)))")
+    x = rand("public.ff.x", 2, 3, 8)
+    for activation in ("relu", "gelu"):
+        with g.check(f"activation={activation!r}: linear2({activation}(linear1(x))) with loaded weights, x (2, 3, 8)"):
+            m = FeedForward(8, 16, activation).double().eval()
+            r = ref.FeedForward(8, 16, activation).double().eval()
+            weights = random_weights(r, f"public.ff.{activation}")
+            load_weights(g, m, weights, "FeedForward")
+            r.load_state_dict(weights)
+            with torch.no_grad():
+                _expect_close(g, f"FeedForward(8, 16, {activation!r})", m(x), r(x))
+    with g.check("bias=False: only linear1.weight and linear2.weight"):
+        keys = set(FeedForward(8, 16, bias=False).state_dict())
+        g.expect(keys == {"linear1.weight", "linear2.weight"}, f"got {sorted(keys)}")
+    with g.check("FeedForward(8, activation='tanh') raises a ValueError"):
+        expect_value_error(g, lambda: FeedForward(8, activation="tanh"), "activation='tanh'")
+    with g.check("dropout: nn.Dropout named dropout (p = 0.0 by default), on act(linear1(x)), only in training mode"):
+        m = FeedForward(8, 16, dropout=0.25).double()
+        g.expect(is_a(getattr(m, "dropout", None), DROPOUT) and m.dropout.p == 0.25,
+                 "FeedForward(8, 16, dropout=0.25) needs self.dropout = nn.Dropout(0.25)")
+        g.expect(FeedForward(8).dropout.p == 0.0, "dropout defaults to 0.0")
+        set_attr(m.dropout, "p", 1.0)
+        with torch.no_grad():
+            _expect_close(g, "FeedForward(8, 16) in training mode with dropout.p = 1", m.train()(x),
+                          m.linear2.bias.detach().expand(2, 3, 8),
+                          advice=": dropping every hidden activation must leave linear2's bias")
+    with g.check("x is left unchanged and gradients flow back to it"):
+        p = probe(FeedForward(8).double(), x.clone().requires_grad_(), backward=(None, torch.ones(2, 3, 8, dtype=F64)))
+        g.expect(torch.equal(p.args[0].detach(), x), "x was modified in place")
+        g.expect(p.grads is not None and p.grads[0] is not None, "no gradient reached x: avoid .detach() or .item()")
     g.finish()
 
 
+def _public_dropout(g: Grader, m, places: tuple[str, ...], attentions: tuple[str, ...], p: float) -> None:
+    for place in places + ("ff.dropout",):
+        d = _get(m, place)
+        g.expect(is_a(d, DROPOUT) and d.p == p, f"{place} should be nn.Dropout({p}), got {describe(d)}")
+    for attn in attentions:
+        g.expect(_get(m, f"{attn}.dropout") == p, f"{attn} should be MultiHeadAttention(..., dropout={p})")
+
+
 def check_encoder_layer(EncoderLayer) -> None:
-    """Public checks of ``EncoderLayer(8, 2)`` against ``nn.TransformerEncoderLayer`` (both norm_first)."""
+    """Public checks of ``EncoderLayer(8, 2)``: one small example per graded clause."""
     g = Grader("EncoderLayer (public)")
-    x = rand("public.enc.x", 2, 5, 8, dtype=torch.float32)
-    for norm_first in (False, True):
-        with g.check(f"EncoderLayer(8, 2, dropout=0.0, norm_first={norm_first}) equals torch's layer with its weights"):
-            layer = EncoderLayer(8, 2, dropout=0.0, norm_first=norm_first).eval()
-            sd = layer.state_dict()
-            expected_names = set(ref.EncoderLayer(8, 2).state_dict())
-            g.expect(isinstance(sd, dict) and set(sd) == expected_names,
-                     names_hint("EncoderLayer", set(sd) if isinstance(sd, dict) else set(), expected_names))
-            t = nn.TransformerEncoderLayer(8, 2, 32, dropout=0.0, norm_first=norm_first, batch_first=True).eval()
-            t.load_state_dict(ref.to_torch_state_dict(sd))
-            out = layer(x)
-            g.expect(is_tensor(out) and out.shape == (2, 5, 8), f"expected (2, 5, 8), got {describe(out)}")
-            g.expect(torch.allclose(out, t(x), atol=1e-5),
-                     f"the output differs from nn.TransformerEncoderLayer(norm_first={norm_first}) "
-                     "(post-norm: x = norm1(x + self_attn(x)); pre-norm: x = x + self_attn(norm1(x)))")
+    x = rand("public.enc.x", 2, 5, 8)
+    with g.check("EncoderLayer(8, 2) has the reference's parameter names (self_attn, ff, norm1, norm2)"):
+        for kwargs in ({}, {"bias": False}):
+            sd = EncoderLayer(8, 2, **kwargs).state_dict()
+            expected = set(ref.EncoderLayer(8, 2, **kwargs).state_dict())
+            g.expect(isinstance(sd, dict) and set(sd) == expected,
+                     names_hint(f"EncoderLayer(8, 2{', bias=False' if kwargs else ''})",
+                                set(sd) if isinstance(sd, dict) else set(), expected))
+    for kwargs in ({}, {"norm_first": True}, {"activation": "gelu", "eps": 0.5, "bias": False}):
+        with g.check(f"EncoderLayer({_args(8, 2, **kwargs)}) with loaded weights, in eval mode, matches the reference"):
+            m, r, what = _public_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "public.enc", 8, 2, **kwargs)
+            with torch.no_grad():
+                _expect_close(g, what, m(x), r(x))
+    with g.check("mask (T, T), key_padding_mask (B, T) with True at real tokens, and is_causal=True"):
+        m, r, what = _public_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "public.enc.masks", 8, 2)
+        masks = {"mask": ~torch.eye(5, dtype=torch.bool).roll(1, 1), "key_padding_mask": padding_mask([5, 3]),
+                 "is_causal": True}
+        for key, value in masks.items():
+            with torch.no_grad():
+                _expect_close(g, f"{what} with {key}", m(x, **{key: value}), r(x, **{key: value}))
+    with g.check("dropout defaults to 0.1 in dropout1, dropout2, ff.dropout and self_attn"):
+        _public_dropout(g, EncoderLayer(8, 2), _ENC_DROPOUTS, ("self_attn",), 0.1)
+    with g.check("dropout1 alone (p = 1, training mode) removes the attention sub-layer's output"):
+        m, r, what = _public_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "public.enc.drop", 8, 2)
+        _only(g, m, "dropout1", _ENC_DROPOUTS, ("self_attn",))
+        with torch.no_grad():
+            h = r.norm1(x)  # the attention's output dropped: x = norm1(x + 0)
+            _expect_close(g, f"{what} with dropout1.p = 1 in training mode", m.train()(x), r.norm2(h + r.ff(h)))
+    with g.check("x is left unchanged and gradients flow back to it"):
+        m, r, what = _public_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "public.enc.grad", 8, 2)
+        p = probe(m, x.clone())
+        g.expect(torch.equal(p.args[0], x), "x was modified in place")
+        p = probe(m, x.clone().requires_grad_(), backward=(None, torch.ones(2, 5, 8, dtype=F64)))
+        g.expect(p.grads is not None and p.grads[0] is not None, "no gradient reached x: avoid .detach() or .item()")
     g.finish()
 
 
 def check_decoder_layer(DecoderLayer) -> None:
-    """Public checks of ``DecoderLayer(8, 2)`` against ``nn.TransformerDecoderLayer`` with a causal mask."""
+    """Public checks of ``DecoderLayer(8, 2)``: one small example per graded clause."""
     g = Grader("DecoderLayer (public)")
-    x = rand("public.dec.x", 2, 4, 8, dtype=torch.float32)
-    memory = rand("public.dec.mem", 2, 6, 8, dtype=torch.float32)
-    for norm_first in (False, True):
-        with g.check(f"DecoderLayer(8, 2, dropout=0.0, norm_first={norm_first}) equals torch's layer with its weights"):
-            layer = DecoderLayer(8, 2, dropout=0.0, norm_first=norm_first).eval()
-            sd = layer.state_dict()
-            expected_names = set(ref.DecoderLayer(8, 2).state_dict())
-            g.expect(isinstance(sd, dict) and set(sd) == expected_names,
-                     names_hint("DecoderLayer", set(sd) if isinstance(sd, dict) else set(), expected_names))
-            t = nn.TransformerDecoderLayer(8, 2, 32, dropout=0.0, norm_first=norm_first, batch_first=True).eval()
-            t.load_state_dict(ref.to_torch_state_dict(sd))
-            out = layer(x, memory)
-            g.expect(is_tensor(out) and out.shape == (2, 4, 8), f"expected (2, 4, 8), got {describe(out)}")
-            g.expect(torch.allclose(out, _causal_torch(t, x, memory), atol=1e-5),
-                     f"the output differs from nn.TransformerDecoderLayer(norm_first={norm_first}) with a causal mask "
-                     "(self-attention is causal by default; cross-attention reads memory)")
+    x, memory = rand("public.dec.x", 2, 4, 8), rand("public.dec.mem", 2, 6, 8)
+    with g.check("DecoderLayer(8, 2) has the reference's parameter names (self_attn, cross_attn, ff, norm1-3)"):
+        for kwargs in ({}, {"bias": False}):
+            sd = DecoderLayer(8, 2, **kwargs).state_dict()
+            expected = set(ref.DecoderLayer(8, 2, **kwargs).state_dict())
+            g.expect(isinstance(sd, dict) and set(sd) == expected,
+                     names_hint(f"DecoderLayer(8, 2{', bias=False' if kwargs else ''})",
+                                set(sd) if isinstance(sd, dict) else set(), expected))
+    for kwargs in ({}, {"norm_first": True}, {"activation": "gelu", "eps": 0.5, "bias": False}):
+        with g.check(f"DecoderLayer({_args(8, 2, **kwargs)}), x (2, 4, 8), memory (2, 6, 8): causal by default, "
+                     "matches the reference"):
+            m, r, what = _public_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "public.dec", 8, 2, **kwargs)
+            with torch.no_grad():
+                _expect_close(g, what, m(x, memory), r(x, memory))
+    with g.check("is_causal=False, mask, key_padding_mask, memory_mask and memory_key_padding_mask"):
+        m, r, what = _public_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "public.dec.masks", 8, 2)
+        masks = {"is_causal": False, "mask": torch.ones(4, 4, dtype=torch.bool).tril(),
+                 "key_padding_mask": padding_mask([4, 2]), "memory_mask": torch.ones(4, 6, dtype=torch.bool).triu(),
+                 "memory_key_padding_mask": padding_mask([6, 3])}
+        masks["memory_mask"][:, 0] = True
+        for key, value in masks.items():
+            with torch.no_grad():
+                _expect_close(g, f"{what} with {key}", m(x, memory, **{key: value}), r(x, memory, **{key: value}))
+    with g.check("dropout defaults to 0.1 in dropout1-3, ff.dropout, self_attn and cross_attn"):
+        _public_dropout(g, DecoderLayer(8, 2), _DEC_DROPOUTS, ("self_attn", "cross_attn"), 0.1)
+    with g.check("dropout2 alone (p = 1, training mode) removes the cross-attention sub-layer's output"):
+        m, r, what = _public_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "public.dec.drop", 8, 2)
+        _only(g, m, "dropout2", _DEC_DROPOUTS, ("self_attn", "cross_attn"))
+        with torch.no_grad():
+            h = r.norm1(x + r.self_attn(x, is_causal=True)[0])
+            h = r.norm2(h)
+            _expect_close(g, f"{what} with dropout2.p = 1 in training mode", m.train()(x, memory), r.norm3(h + r.ff(h)))
+    with g.check("x and memory are left unchanged and gradients flow back to both"):
+        m, r, what = _public_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "public.dec.grad", 8, 2)
+        p = probe(m, x.clone(), memory.clone())
+        g.expect(torch.equal(p.args[0], x) and torch.equal(p.args[1], memory), "x or memory was modified in place")
+        p = probe(m, x.clone().requires_grad_(), memory.clone().requires_grad_(),
+                  backward=(None, torch.ones(2, 4, 8, dtype=F64)))
+        g.expect(p.grads is not None and all(gr is not None for gr in p.grads[:2]),
+                 "no gradient reached x or memory: avoid .detach() or .item()")
     g.finish()
+

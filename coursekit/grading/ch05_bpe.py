@@ -1,19 +1,22 @@
 """Checks for Exercise 5 (byte-level BPE).
 
-``check_*`` are the public checks (one small example each); ``grade_*`` the hidden
-ones, which compare the student's function with :mod:`coursekit.bpe` on texts the
-student has not seen and test the stated rules (overlaps, tie-break, merge order,
-cut UTF-8 characters).
+``check_*`` are the public checks: every clause the hidden checks grade, each on one small fixed
+example. ``grade_*`` are the hidden ones: one named check per clause of the part's text and
+docstring, on examples drawn across the allowed inputs (:func:`~coursekit.grading.core.for_all`:
+short id lists from small alphabets, so that runs, overlaps and ties are common; texts with spaces,
+digits, newlines and multi-byte characters; every split pattern the text names), compared with
+:mod:`coursekit.bpe`, plus the fixed cases of the classic mistakes with their specific hints
+(overlaps, tie-break, merge order, cut UTF-8 characters). A failed example is shrunk to the
+smallest one that still fails, and the hint quotes it.
 """
 
 from __future__ import annotations
 
-import random
-
 import regex
+from hypothesis import strategies as st
 
 from coursekit import bpe as ref
-from coursekit.grading.core import Grader, describe, generator, probe
+from coursekit.grading.core import Grader, describe, for_all, probe, raise_unless_student_error
 
 __all__ = [
     "check_get_pair_counts", "check_merge", "check_train", "check_encode_chunk", "check_decode",
@@ -27,132 +30,358 @@ _SAMPLE = (
     "def tokenize(text):\n    return [t for t in text.split() if t]\n"
     "Ünïcödé: naïve café, Straße, ελληνικά, русский, 日本語のテキスト, emoji 🙂🙂🚀.\n"
 )
+#: Characters of the drawn texts: letters, a space, a newline, a digit, an apostrophe (GPT-4's
+#: contractions), a 2-byte and a 3-byte character.
+_ALPHABET = "ab c\n1'é€"
+#: The split patterns of the drawn examples: both named ones and two regexes of one's own.
+_PATTERNS = ("gpt4", "gpt2", r"\S+|\s+", ".+")
 
 
-def _ids(name: str, n: int, alphabet: int) -> list[int]:
-    rng = random.Random(generator(name).initial_seed())
-    return [rng.randrange(alphabet) for _ in range(n)]
+def _short(x, n: int = 160) -> str:
+    text = repr(x)
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _plain_counts(x) -> dict | None:
-    """A dict (a Counter or defaultdict is fine; under the autograder they arrive as dicts)."""
-    return dict(x) if isinstance(x, dict) else None
+def _said(e: BaseException) -> str:
+    """The message of an exception the student's code raised (under the autograder, without the line of code
+    that raised it, which the sandbox appends and which may quote the very names a check looks for)."""
+    message = getattr(e, "message", None)
+    return message if isinstance(message, str) else str(e)
+
+
+def _call(g: Grader, what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``; an exception of the student's code fails the check with ``what`` (the call)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        raise_unless_student_error(e)
+        g.fail(f"{what} raised {type(e).__name__.removeprefix('Student')}: {e}")
+
+
+def _is_pair_dict(x) -> bool:
+    """A dict (a Counter or defaultdict is fine) of (int, int) tuples -> int."""
+    return isinstance(x, dict) and all(
+        type(k) is tuple and len(k) == 2 and all(type(i) is int for i in k) and type(v) is int for k, v in x.items())
+
+
+def _expect_pair_dict(g: Grader, got, what: str) -> None:
+    g.expect(_is_pair_dict(got), f"{what} returned {_short(got)}: return a dict whose keys are (left, right) tuples "
+                                 "of ints and whose values are int counts")
+
+
+def _id_lists(max_size: int = 12):
+    """Short id lists from a small alphabet (runs and overlaps are common), at an offset (bytes, or ids of merges)."""
+    return st.tuples(st.lists(st.integers(0, 3), max_size=max_size), st.sampled_from((0, 97, 256))).map(
+        lambda t: [t[1] + i for i in t[0]])
 
 
 # --------------------------------------------------------------------------- pair counts
+
+_SHARED_DEFAULT = ("the counts of earlier calls were kept: a default of counts={} is one dict shared by every call, "
+                   "so use counts=None and make a new dict inside")
+
+
+def _expect_no_shared_default(g: Grader, get_pair_counts) -> None:
+    """Fail with the shared-default hint if a second call without ``counts`` sees the first one's counts."""
+    first = _call(g, "get_pair_counts([11, 12])", get_pair_counts, [11, 12])
+    first = dict(first) if isinstance(first, dict) else first  # a snapshot: the same dict may come back
+    second = _call(g, "get_pair_counts([11, 12]) (called again)", get_pair_counts, [11, 12])
+    g.expect(not isinstance(second, dict) or dict(second) == first,
+             f"get_pair_counts([11, 12]) gave {_short(first)}, then {_short(dict(second))} when called again: "
+             f"{_SHARED_DEFAULT}")
 
 
 def grade_get_pair_counts(get_pair_counts) -> None:
     """Grade ``get_pair_counts(ids, counts=None, weight=1)``."""
     g = Grader("get_pair_counts")
 
-    with g.check("counts adjacent pairs of random sequences"):
-        for n, alphabet in ((20, 3), (50, 5), (2, 2)):
-            ids = _ids(f"pairs.{n}", n, alphabet)
-            got = get_pair_counts(ids)
-            g.expect(_plain_counts(got) is not None, f"return a dict of pair -> count, got {describe(got)}")
-            g.expect(_plain_counts(got) == ref.get_pair_counts(ids), f"get_pair_counts({ids}) is wrong: expected {ref.get_pair_counts(ids)}")
+    with g.check("returns a dict of every adjacent (left, right) tuple -> int count, overlapping pairs included"):
+        def test(ids):
+            what = f"get_pair_counts({ids})"
+            got = _call(g, what, get_pair_counts, list(ids))
+            _expect_pair_dict(g, got, what)
+            expected = ref.get_pair_counts(ids)
+            if dict(got) != expected:
+                _expect_no_shared_default(g, get_pair_counts)
+            if dict(got) != expected and any(a == b == c for a, b, c in zip(ids, ids[1:], ids[2:])):
+                g.fail(f"{what} should be {expected}, got {dict(got)}: count every adjacent position "
+                       "(zip(ids, ids[1:])), also where pairs overlap")
+            g.expect(dict(got) == expected, f"{what} should be {expected}, got {dict(got)}")
 
-    with g.check("overlapping pairs all count: [7, 7, 7] holds (7, 7) twice"):
-        got = get_pair_counts([7, 7, 7, 7, 1])
-        g.expect(
-            _plain_counts(got) is not None and got.get((7, 7)) == 3,
-            f"get_pair_counts([7, 7, 7, 7, 1]) should count (7, 7) three times, got {got!r}: "
-            "count every adjacent position (zip(ids, ids[1:])), also where pairs overlap",
-        )
+        for ids in ([7, 7, 7, 7, 1], [], [5], [1, 2]):
+            test(ids)
+        for_all("pairs.values", _id_lists(), test, first=[1, 2, 3, 1, 2])
 
-    with g.check("short sequences have no pairs"):
-        for ids in ([], [5]):
-            got = get_pair_counts(ids)
-            g.expect(_plain_counts(got) == {}, f"get_pair_counts({ids}) should be {{}}, got {got!r}")
+    with g.check("counts=None (the default) starts a new dict on every call"):
+        ids = [1, 2, 1, 2]
+        first = _call(g, "get_pair_counts([1, 2, 1, 2])", get_pair_counts, ids)
+        second = _call(g, "get_pair_counts([1, 2, 1, 2]) (called again)", get_pair_counts, ids)
+        expected = {(1, 2): 2, (2, 1): 1}
+        g.expect(isinstance(first, dict) and dict(first) == expected,
+                 f"get_pair_counts([1, 2, 1, 2]) should be {expected}, got {_short(first)}")
+        g.expect(isinstance(second, dict) and dict(second) == expected,
+                 f"called a second time, get_pair_counts([1, 2, 1, 2]) gave {_short(second)} instead of {expected}: "
+                 f"{_SHARED_DEFAULT}")
 
-    with g.check("adds `weight` per occurrence into an existing `counts`"):
-        counts = {(1, 2): 10, (9, 9): 1}
-        got = get_pair_counts([1, 2, 1, 2], counts, 5)
-        expected = {(1, 2): 20, (9, 9): 1, (2, 1): 5}
-        g.expect(
-            _plain_counts(got) == expected,
-            f"get_pair_counts([1, 2, 1, 2], {{(1, 2): 10, (9, 9): 1}}, 5) should add 5 per occurrence to the given dict "
-            f"and return it: expected {expected}, got {got!r}",
-        )
+    with g.check("adds `weight` per occurrence (counts=None or a dict given)"):
+        def test(case):
+            ids, weight, keyword = case
+            what = f"get_pair_counts({ids}, weight={weight})" if keyword else f"get_pair_counts({ids}, None, {weight})"
+            got = (_call(g, what, get_pair_counts, list(ids), weight=weight) if keyword
+                   else _call(g, what, get_pair_counts, list(ids), None, weight))
+            _expect_pair_dict(g, got, what)
+            expected = ref.get_pair_counts(ids, None, weight)
+            if dict(got) != expected and dict(got) == ref.get_pair_counts(ids):
+                g.fail(f"{what} should be {expected}, got {dict(got)}: add {weight} (the weight) per occurrence, not 1")
+            g.expect(dict(got) == expected, f"{what} should be {expected}, got {dict(got)}")
+
+        test(([1, 2, 1, 2], 5, False))
+        for_all("pairs.weight", st.tuples(_id_lists(), st.integers(2, 9), st.booleans()), test, first=([1, 2], 3, True))
+
+    with g.check("adds into the `counts` dict given, in place, and returns that dict"):
+        def test(case):
+            ids, counts, weight = case
+            what = f"get_pair_counts({ids}, {counts}, {weight})"
+            p = probe(get_pair_counts, list(ids), dict(counts), weight)
+            expected = ref.get_pair_counts(ids, dict(counts), weight)
+            _expect_pair_dict(g, p.result, what)
+            g.expect(dict(p.result) == expected,
+                     f"{what} should add {weight} per occurrence to the given dict and return it: expected {expected}, "
+                     f"got {dict(p.result)}")
+            after = p.args[1]
+            g.expect(isinstance(after, dict) and dict(after) == expected,
+                     f"after {what} the counts dict passed in holds {_short(after)}, expected {expected}: add into "
+                     "that dict (training shares one counts dict across chunks) and return it, not a copy")
+
+        test(([1, 2, 1, 2], {(1, 2): 10, (9, 9): 1}, 5))
+        pairs = st.dictionaries(st.tuples(st.integers(0, 3), st.integers(0, 3)), st.integers(1, 9), max_size=4)
+        for_all("pairs.into", st.tuples(st.lists(st.integers(0, 3), max_size=10), pairs, st.integers(1, 5)), test,
+                first=([1, 2], {(1, 2): 1}, 1))
 
     with g.check("leaves `ids` unchanged"):
-        ids = [3, 4, 3, 4]
-        after = probe(get_pair_counts, list(ids)).args[0]
-        g.expect(after == ids, "get_pair_counts changed its input list: only read it")
+        def test(ids):
+            after = probe(get_pair_counts, list(ids)).args[0]
+            g.expect(after == ids, f"get_pair_counts({ids}) changed its input list to {after}: only read it")
 
+        for_all("pairs.unchanged", _id_lists(), test, max_examples=8, first=[3, 4, 3, 4])
+
+    g.finish()
+
+
+def check_get_pair_counts(get_pair_counts) -> None:
+    g = Grader("get_pair_counts (public)")
+    with g.check("a dict of (left, right) tuple -> int count: [1, 2, 3, 1, 2] -> {(1, 2): 2, (2, 3): 1, (3, 1): 1}"):
+        got = _call(g, "get_pair_counts([1, 2, 3, 1, 2])", get_pair_counts, [1, 2, 3, 1, 2])
+        _expect_pair_dict(g, got, "get_pair_counts([1, 2, 3, 1, 2])")
+        g.expect(dict(got) == {(1, 2): 2, (2, 3): 1, (3, 1): 1}, f"got {dict(got)!r}")
+    with g.check("overlapping pairs count: [7, 7, 7] -> {(7, 7): 2}"):
+        got = _call(g, "get_pair_counts([7, 7, 7])", get_pair_counts, [7, 7, 7])
+        g.expect(isinstance(got, dict) and dict(got) == {(7, 7): 2},
+                 f"got {_short(got)}: count every adjacent position, also overlapping ones")
+    with g.check("counts=None starts a new dict on every call"):
+        a = get_pair_counts([1, 2])
+        a = dict(a) if isinstance(a, dict) else a  # a snapshot: a shared default dict would change under us
+        b = get_pair_counts([1, 2])
+        g.expect(isinstance(b, dict) and dict(b) == {(1, 2): 1},
+                 f"calling get_pair_counts([1, 2]) twice gave {_short(a)}, then {_short(b)}: use counts=None, "
+                 "not counts={} (one dict shared by every call)")
+    with g.check("weight: get_pair_counts([1, 2, 1, 2], weight=3) -> {(1, 2): 6, (2, 1): 3}"):
+        got = get_pair_counts([1, 2, 1, 2], weight=3)
+        g.expect(isinstance(got, dict) and dict(got) == {(1, 2): 6, (2, 1): 3}, f"got {_short(got)}")
+    with g.check("adds into the given dict and returns it: get_pair_counts([1, 2], c, 5) with c = {(1, 2): 1}"):
+        p = probe(get_pair_counts, [1, 2], {(1, 2): 1}, 5)
+        g.expect(isinstance(p.result, dict) and dict(p.result) == {(1, 2): 6}, f"returned {_short(p.result)}")
+        g.expect(isinstance(p.args[1], dict) and dict(p.args[1]) == {(1, 2): 6},
+                 f"c became {_short(p.args[1])}, expected {{(1, 2): 6}}: add into c itself")
+    with g.check("leaves ids unchanged"):
+        g.expect(probe(get_pair_counts, [3, 4, 3]).args[0] == [3, 4, 3], "your code changed ids: only read it")
     g.finish()
 
 
 # --------------------------------------------------------------------------- merge
 
 
+def _merge_hint(ids, pair, new_id, got, expected) -> str:
+    what = f"merge({ids}, {pair}, {new_id})"
+    if type(got) is list and got.count(new_id) == 1 < expected.count(new_id):
+        return (f"{what} gave {got}: only the first occurrence was merged; replace every occurrence, scanning the "
+                "whole list")
+    if type(got) is list and pair[0] == pair[1] and got.count(new_id) > expected.count(new_id):
+        return (f"{what} gave {got}, expected {expected}: a token was used in two merges (the middle 5 was used twice "
+                "in [5, 5, 5]); after a merge, skip both tokens (i += 2)")
+    return f"{what} should be {expected}, got {_short(got)}"
+
+
 def grade_merge(merge) -> None:
     """Grade ``merge(ids, pair, new_id)``."""
     g = Grader("merge")
 
-    with g.check("replaces every occurrence of the pair"):
-        for n, alphabet in ((30, 3), (60, 4)):
-            ids = _ids(f"merge.{n}", n, alphabet)
-            pair = (ids[3], ids[4])
-            got = merge(ids, pair, 99)
-            expected = ref.merge(ids, pair, 99)
-            g.expect(type(got) is list, f"merge must return a new list, got {describe(got)}")
-            if type(got) is list and got.count(99) == 1 < expected.count(99):
-                g.fail("only the first occurrence was merged: replace every occurrence, scanning the whole list")
-            g.expect(got == expected, f"merge({ids}, {pair}, 99) should be {expected}, got {got}")
+    def test(case):
+        ids, pair, new_id = case
+        got = _call(g, f"merge({ids}, {pair}, {new_id})", merge, list(ids), pair, new_id)
+        g.expect(type(got) is list, f"merge({ids}, {pair}, {new_id}) must return a new list, got {describe(got)}")
+        expected = ref.merge(ids, pair, new_id)
+        g.expect(got == expected, _merge_hint(ids, pair, new_id, got, expected))
 
-    with g.check("overlapping occurrences merge left to right: [5, 5, 5] -> [9, 5]"):
+    def build(c):
+        base, offset, (a, b), new_id = c
+        return [offset + i for i in base], (offset + a, offset + b), new_id
+
+    cases = st.tuples(st.lists(st.integers(0, 3), max_size=14), st.sampled_from((0, 97, 256)),
+                      st.tuples(st.integers(0, 3), st.integers(0, 3)), st.integers(300, 400)).map(build)
+
+    with g.check("returns a new list with every occurrence of the pair replaced, left to right"):
+        for case in (([1, 2, 3, 1, 2], (1, 2), 99), ([1, 2, 1, 2, 1, 2, 7], (1, 2), 256),
+                     ([300, 301, 300, 301], (300, 301), 302)):
+            test(case)
+        for_all("merge.values", cases, test, first=([1, 2, 3, 1, 2], (1, 2), 256))
+
+    with g.check("overlapping occurrences merge left to right without overlap: [5, 5, 5] -> [9, 5]"):
+        for ids, expected in (([5, 5, 5], [9, 5]), ([5, 5, 5, 5, 5], [9, 9, 5]), ([5, 5, 5, 5], [9, 9]),
+                              ([6, 5, 5, 5, 6], [6, 9, 5, 6])):
+            got = _call(g, f"merge({ids}, (5, 5), 9)", merge, list(ids), (5, 5), 9)
+            g.expect(got == expected, _merge_hint(ids, (5, 5), 9, got, expected))
+
+    with g.check("a pair in the other order, or absent, or cut at the end, is not merged"):
+        for ids, pair, expected in (([2, 1, 2], (1, 2), [2, 7]), ([2, 1], (1, 2), [2, 1]), ([], (1, 2), []),
+                                    ([1], (1, 2), [1]), ([3, 1], (1, 2), [3, 1]), ([1, 3, 2], (1, 2), [1, 3, 2])):
+            got = _call(g, f"merge({ids}, {pair}, 7)", merge, list(ids), pair, 7)
+            g.expect(got == expected, f"merge({ids}, {pair}, 7) should be {expected}, got {_short(got)}")
+
+    with g.check("leaves `ids` unchanged"):
+        def unchanged(case):
+            ids, pair, new_id = case
+            after = probe(merge, list(ids), pair, new_id).args[0]
+            g.expect(after == ids, f"merge({ids}, {pair}, {new_id}) changed its input list to {after}: build a new "
+                                   "list and leave ids as it was")
+
+        for_all("merge.unchanged", cases, unchanged, max_examples=10, first=([1, 2, 3, 1, 2], (1, 2), 256))
+
+    g.finish()
+
+
+def check_merge(merge) -> None:
+    g = Grader("merge (public)")
+    with g.check("returns a new list, every occurrence replaced: merge([1, 2, 3, 1, 2], (1, 2), 256) == [256, 3, 256]"):
+        got = _call(g, "merge([1, 2, 3, 1, 2], (1, 2), 256)", merge, [1, 2, 3, 1, 2], (1, 2), 256)
+        g.expect(type(got) is list and got == [256, 3, 256], f"got {got!r}")
+    with g.check("left to right without overlap: merge([5, 5, 5], (5, 5), 9) == [9, 5]"):
         got = merge([5, 5, 5], (5, 5), 9)
-        if got == [9, 9]:
-            g.fail("[5, 5, 5] became [9, 9]: the middle 5 was used twice; after a merge, skip both tokens (i += 2)")
-        g.expect(got == [9, 5], f"merge([5, 5, 5], (5, 5), 9) should be [9, 5], got {got}")
-        got = merge([5, 5, 5, 5, 5], (5, 5), 9)
-        g.expect(got == [9, 9, 5], f"merge([5, 5, 5, 5, 5], (5, 5), 9) should be [9, 9, 5], got {got}")
-
-    with g.check("a pair in the other order, or absent, is not merged"):
-        g.expect(merge([2, 1, 2], (1, 2), 7) == [2, 7], "merge([2, 1, 2], (1, 2), 7) should be [2, 7]")
-        g.expect(merge([2, 1], (1, 2), 7) == [2, 1], "merge([2, 1], (1, 2), 7) should be [2, 1]: (2, 1) is not (1, 2)")
-        g.expect(merge([], (1, 2), 7) == [], "merge([], (1, 2), 7) should be []")
-        g.expect(merge([1], (1, 2), 7) == [1], "merge([1], (1, 2), 7) should be [1]: a lone 1 at the end is not a pair")
-
+        g.expect(got == [9, 5], f"got {got!r}: after merging two tokens, continue after both")
+    with g.check("other order or absent: merge([2, 1], (1, 2), 7) == [2, 1]"):
+        got = merge([2, 1], (1, 2), 7)
+        g.expect(got == [2, 1], f"got {got!r}")
+    with g.check("leaves ids unchanged"):
+        after = probe(merge, [1, 2, 3], (1, 2), 9).args[0]
+        g.expect(after == [1, 2, 3], f"ids became {after}: build a new list")
     g.finish()
 
 
 # --------------------------------------------------------------------------- training
 
 
+def _train_variant(text: str, vocab_size: int, pattern: str = "gpt4", *, chunks: bool = True, weighted: bool = True,
+                   tie: str = "smallest", stop: bool = True, first_id: int = 256) -> list[tuple[int, int]]:
+    """The training loop with one rule changed: what a known mistake learns (for its hint)."""
+    freq = ref.chunk_counts(text, pattern) if chunks else {text: 1}
+    words = [list(c.encode("utf-8")) for c in freq]
+    weights = [w if weighted else 1 for w in freq.values()]
+    merges = []
+    for new_id in range(first_id, vocab_size - 256 + first_id):
+        counts: dict = {}
+        for ids, w in zip(words, weights):
+            ref.get_pair_counts(ids, counts, w)
+        if not counts:
+            break
+        pair = min(counts, key=lambda p: (-counts[p], p)) if tie == "smallest" else max(counts, key=counts.get)
+        if stop and counts[pair] < 2:
+            break
+        words = [ref.merge(ids, pair, new_id) for ids in words]
+        merges.append(pair)
+    return merges
+
+
+def _train_mistakes(text: str, vocab_size: int, pattern: str) -> list[tuple[list, str]]:
+    off_by_one = "the new ids are off by one: merge i creates id 256 + i (the first new id is 256)"
+    return [
+        (_train_variant(text, vocab_size, pattern, first_id=257), off_by_one),
+        (_train_variant(text, vocab_size, pattern, first_id=255), off_by_one),
+        (_train_variant(text, vocab_size, "gpt4"),
+         f"use the pattern argument ({pattern!r}): split with chunk_counts(text, pattern), not the default pattern"),
+        (_train_variant(text, vocab_size, pattern, chunks=False),
+         "pairs crossed chunk boundaries: split the text with chunk_counts(text, pattern) and count pairs inside "
+         "each chunk"),
+        (_train_variant(text, vocab_size, pattern, weighted=False),
+         "each distinct chunk counted once: weight its pairs by the chunk's frequency "
+         "(get_pair_counts(ids, counts, weight))"),
+        (_train_variant(text, vocab_size, pattern, tie="first"),
+         "ties went to the pair seen first: choose max count, then the smallest pair "
+         "(min(counts, key=lambda p: (-counts[p], p)))"),
+        (_train_variant(text, vocab_size, pattern, stop=False),
+         "you kept merging pairs that occur once: stop when the best pair occurs fewer than 2 times (a merge that "
+         "saves nothing)"),
+    ]
+
+
+def _as_merges(g: Grader, got, what: str) -> list:
+    g.expect(type(got) is list, f"{what} must return the list of merges, got {describe(got)}")
+    bad = [p for p in got if not (type(p) is tuple and len(p) == 2 and all(type(i) is int for i in p))]
+    g.expect(not bad, f"{what} returned {_short(got)}: each merge must be a (left, right) tuple of two ints, got "
+                      f"{_short(bad[0]) if bad else ''}")
+    return got
+
+
+def _expect_merges(g: Grader, train_naive, text: str, vocab_size: int, pattern: str | None) -> None:
+    args = (text, vocab_size) if pattern is None else (text, vocab_size, pattern)
+    what = f"train_naive({', '.join(_short(a, 60) for a in args)})"
+    got = _as_merges(g, _call(g, what, train_naive, *args), what)
+    expected = ref.train_naive(text, vocab_size, pattern or "gpt4")
+    if got == expected:
+        return
+    for wrong, hint in _train_mistakes(text, vocab_size, pattern or "gpt4"):
+        if wrong != expected and got == wrong:
+            g.fail(f"{what} learnt {_short(got)}, expected {_short(expected)}: {hint}")
+    i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+    if i < min(len(got), len(expected)):
+        g.fail(f"{what}: merge {i} should be {expected[i]}, got {got[i]} (the merges before it agreed)")
+    g.fail(f"{what} should learn {len(expected)} merges {_short(expected)}, got {len(got)}: {_short(got)}")
+
+
 def grade_train(train_naive) -> None:
     """Grade ``train_naive(text, vocab_size, pattern="gpt4")``, the training loop."""
     g = Grader("train_naive")
 
-    with g.check("learns the reference merges on a mixed text"):
+    with g.check("returns the reference merges as (left, right) tuples, merge i creating id 256 + i"):
         for size in (256 + 40, 256 + 5):
-            got = train_naive(_SAMPLE, size)
-            expected = ref.train_naive(_SAMPLE, size)
-            g.expect(type(got) is list, f"train_naive must return the list of merges, got {describe(got)}")
-            got = [tuple(p) if type(p) in (tuple, list) else p for p in got]
-            g.expect(len(got) == len(expected), f"with vocab_size={size} expected {len(expected)} merges, got {len(got)}")
-            for i, (a, b) in enumerate(zip(got, expected)):
-                if a != b:
-                    for shift in (1, -1):
-                        if any(x >= 256 for x in b) and tuple(x + shift if x >= 256 else x for x in b) == a:
-                            g.fail("the new ids are off by one: merge i creates id 256 + i (the first new id is 256)")
-                    g.fail(f"merge {i} should be {b}, got {a} (the merges before it agreed)")
+            _expect_merges(g, train_naive, _SAMPLE, size, None)
+
+    with g.check("learns the reference merges on drawn texts, sizes and patterns"):
+        texts = st.text(alphabet=_ALPHABET, max_size=28)
+        for_all("train.values", st.tuples(texts, st.integers(256, 272), st.sampled_from(_PATTERNS)),
+                lambda c: _expect_merges(g, train_naive, *c), max_examples=25, first=("ab ab ab ab", 262, ".+"))
+
+    with g.check("splits with the `pattern` argument ('gpt4' by default, 'gpt2' or a regex)"):
+        text = "it'S 12345 it'S 12345 ab ab ab ab"
+        for pattern in ("gpt2", r"\S+|\s+", ".+", None):
+            _expect_merges(g, train_naive, text, 256 + 8, pattern)
 
     with g.check("pairs never cross chunk boundaries"):
         text = "ab ab ab cd cd"
-        got = [tuple(p) for p in train_naive(text, 256 + 4)]
-        expected = ref.train_naive(text, 256 + 4)
+        got = _call(g, f"train_naive({text!r}, 260)", train_naive, text, 256 + 4)
+        got = _as_merges(g, got, f"train_naive({text!r}, 260)")
         crossing = [t for t in _token_bytes(got) if regex.search(rb"\S ", t)]
         if crossing:
             g.fail(f"you learnt the token {crossing[0]!r}, which joins a word and the space after it, which are in "
-                   "different chunks: split the text with chunk_counts(text, pattern) and count pairs inside each chunk")
-        g.expect(got == expected, f"train_naive({text!r}, 260) should learn {expected}, got {got}")
+                   "different chunks: split the text with chunk_counts(text, pattern) and count pairs inside each "
+                   "chunk")
+        _expect_merges(g, train_naive, text, 256 + 4, None)
+
+    with g.check("each chunk counts as often as it occurs"):
+        _expect_merges(g, train_naive, "xy zw zw zw", 258, None)
 
     with g.check("ties go to the smallest (left, right) pair"):
         text = "zy ab zy ab"  # (32, 97), (97, 98) and (122, 121) all occur twice
-        got = [tuple(p) for p in train_naive(text, 257)]
+        got = _as_merges(g, _call(g, f"train_naive({text!r}, 257)", train_naive, text, 257), "train_naive")
         g.expect(
             got == [(32, 97)],
             f"in {text!r} the pairs (32, 97), (97, 98) and (122, 121) all occur twice; the rule picks the smallest, "
@@ -160,15 +389,9 @@ def grade_train(train_naive) -> None:
             "(for example min(counts, key=lambda p: (-counts[p], p)))",
         )
 
-    with g.check("stops when no pair occurs twice"):
-        text = "abcabc xyz"
-        got = [tuple(p) for p in train_naive(text, 256 + 50)]
-        expected = ref.train_naive(text, 256 + 50)
-        g.expect(
-            got == expected,
-            f"train_naive({text!r}, 306) should stop after {len(expected)} merges ({expected}), got {len(got)}: "
-            "stop when the best pair occurs fewer than 2 times (a merge that saves nothing)",
-        )
+    with g.check("stops early when no pair occurs twice (or none is left), and learns nothing for vocab_size=256"):
+        for text, size in (("abcabc xyz", 256 + 50), ("", 300), ("a", 300), ("a b c d", 300), ("aaaa", 256)):
+            _expect_merges(g, train_naive, text, size, None)
 
     g.finish()
 
@@ -182,6 +405,28 @@ def _token_bytes(merges: list) -> list[bytes]:
     return [vocab[i] for i in range(256, 256 + len(merges)) if i in vocab]
 
 
+def check_train(train_naive) -> None:
+    g = Grader("train_naive (public)")
+    with g.check("the worked example: 'aaabdaaabac' learns [(97, 97), (97, 98), (256, 257)] (tuples, ids from 256)"):
+        got = _call(g, "train_naive('aaabdaaabac', 259)", train_naive, "aaabdaaabac", 259)
+        g.expect(got == [(97, 97), (97, 98), (256, 257)] and all(type(p) is tuple for p in got), f"got {got!r}")
+    with g.check("the pattern argument: 'ab ab ab ab' with '.+' learns 3 merges, with the default 2"):
+        got = _call(g, "train_naive('ab ab ab ab', 262, '.+')", train_naive, "ab ab ab ab", 262, ".+")
+        g.expect(got == [(97, 98), (32, 256), (257, 257)], f"with pattern '.+' got {got!r}")
+        got = train_naive("ab ab ab ab", 262)
+        g.expect(got == [(97, 98), (32, 256)], f"with the default pattern got {got!r}: pairs never cross chunks")
+    with g.check("each chunk counts as often as it occurs: 'xy zw zw zw' learns [(32, 122)]"):
+        got = train_naive("xy zw zw zw", 257)
+        g.expect(got == [(32, 122)], f"got {got!r}")
+    with g.check("ties go to the smallest pair: 'zy ab zy ab' learns [(32, 97)]"):
+        got = train_naive("zy ab zy ab", 257)
+        g.expect(got == [(32, 97)], f"got {got!r}")
+    with g.check("stops early: 'abcabc xyz' learns 2 merges of the 50 allowed, '' none, and vocab_size=256 none"):
+        got = train_naive("abcabc xyz", 306), train_naive("", 300), train_naive("aaaa", 256)
+        g.expect(got == ([(97, 98), (256, 99)], [], []), f"got {got!r}")
+    g.finish()
+
+
 # --------------------------------------------------------------------------- encoding
 
 
@@ -189,142 +434,203 @@ def _sample_ranks(size: int = 256 + 60) -> dict:
     return {pair: 256 + i for i, pair in enumerate(ref.train_naive(_SAMPLE, size))}
 
 
+def _expect_encoding(g: Grader, encode_chunk, chunk: str, ranks: dict, shown: str = "ranks") -> None:
+    what = f"encode_chunk({chunk!r}, {shown})"
+    got = _call(g, what, encode_chunk, chunk, dict(ranks))
+    g.expect(type(got) is list and all(type(i) is int for i in got),
+             f"{what} must return a list of int ids, got {_short(got)}")
+    expected = ref.encode_chunk(chunk, ranks)
+    if got != expected and got == [ord(c) for c in chunk] != list(chunk.encode("utf-8")):
+        g.fail(f"{what} gave {got}: start from the UTF-8 bytes (list(chunk.encode('utf-8'))), not the characters")
+    g.expect(got == expected, f"{what} should be {expected}, got {got}")
+
+
 def grade_encode_chunk(encode_chunk) -> None:
     """Grade ``encode_chunk(chunk, ranks)``."""
     g = Grader("encode_chunk")
-    ranks = _sample_ranks()
 
-    with g.check("encodes chunks like the reference"):
+    with g.check("returns a list of int ids, as the reference, on the chunks of a mixed text"):
+        ranks = _sample_ranks()
         for chunk in ref.chunk_counts(_SAMPLE):
-            got = encode_chunk(chunk, ranks)
-            expected = ref.encode_chunk(chunk, ranks)
-            g.expect(type(got) is list, f"encode_chunk must return a list of ids, got {describe(got)}")
-            g.expect(got == expected, f"encode_chunk({chunk!r}) should be {expected}, got {got}")
+            _expect_encoding(g, encode_chunk, chunk, ranks, "the ranks of 60 merges learnt on a mixed text")
 
-    with g.check("merges by rank, not left to right"):
-        # ranks: (b, c) first, then (a, b); "abc" must become [a, bc], not [ab, c]
-        r = {(98, 99): 256, (97, 98): 257}
-        got = encode_chunk("abc", r)
+    with g.check("encodes drawn chunks with the ranks learnt on drawn texts"):
+        def test(case):
+            text, n_merges, chunk = case
+            ranks = {p: 256 + i for i, p in enumerate(ref.train_naive(text, 256 + n_merges, ".+"))}
+            _expect_encoding(g, encode_chunk, chunk, ranks, _short(ranks, 300))
+
+        texts = st.text(alphabet=_ALPHABET, max_size=24)
+        for_all("encode.values", st.tuples(texts, st.integers(0, 12), st.text(alphabet=_ALPHABET, max_size=10)), test,
+                max_examples=25, first=("aaab aaab", 3, "aaab"))
+
+    with g.check("merges by rank (the pair learnt first), not left to right"):
+        r = {(98, 99): 256, (97, 98): 257}  # (b, c) first, then (a, b): "abc" must become [a, bc], not [ab, c]
+        got = _call(g, "encode_chunk('abc', {(98, 99): 256, (97, 98): 257})", encode_chunk, "abc", r)
         if got == [257, 99]:
             g.fail("'abc' became [ab, c]: you merged the leftmost learnt pair; merge the pair with the lowest rank "
                    "(the one learnt first) at each step")
         g.expect(got == [97, 256], f"with ranks {{(b, c): 256, (a, b): 257}}, 'abc' should be [97, 256], got {got}")
+        _expect_encoding(g, encode_chunk, "xabcabc", {(98, 99): 256, (120, 97): 257, (97, 256): 258, (257, 256): 259},
+                         "{(98, 99): 256, (120, 97): 257, (97, 256): 258, (257, 256): 259}")
 
     with g.check("keeps merging until no learnt pair is left"):
         r = {(97, 97): 256, (256, 256): 257, (257, 97): 258}
-        got = encode_chunk("aaaaa", r)
+        got = _call(g, f"encode_chunk('aaaaa', {r})", encode_chunk, "aaaaa", r)
         g.expect(got == [258], f"with ranks {r}, 'aaaaa' should become [258] after three merges, got {got}: "
                                "repeat until no adjacent pair is in ranks")
 
-    with g.check("non-ASCII text starts from its UTF-8 bytes"):
-        for chunk in ("é", "日本", "🙂"):
-            got = encode_chunk(chunk, {})
-            g.expect(got == list(chunk.encode("utf-8")), f"encode_chunk({chunk!r}, {{}}) should be its UTF-8 bytes "
-                                                         f"{list(chunk.encode('utf-8'))}, got {got}")
+    with g.check("starts from the UTF-8 bytes (non-ASCII text, the empty chunk)"):
+        for chunk in ("é", "日本", "🙂", "", "a"):
+            _expect_encoding(g, encode_chunk, chunk, {}, "{}")
+        euro = {(226, 130): 256, (256, 172): 257}
+        _expect_encoding(g, encode_chunk, "€€", euro, str(euro))
 
-    g.finish()
-
-
-# --------------------------------------------------------------------------- decoding
-
-
-def grade_decode(decode) -> None:
-    """Grade ``decode(ids, vocab)``."""
-    g = Grader("decode")
-    tok = ref.Tokenizer(list(_sample_ranks()), "gpt4")
-
-    with g.check("decode(encode(text)) gives the text back"):
-        for text in (_SAMPLE, "", " ", "🙂🚀 ελληνικά"):
-            ids = tok.encode(text)
-            got = decode(ids, tok.vocab)
-            g.expect(type(got) is str, f"decode must return a str, got {describe(got)}")
-            g.expect(got == text, f"decoding the ids of {text[:40]!r} gave {got[:40]!r}")
-
-    with g.check("a character split across two tokens survives"):
-        vocab = dict(tok.vocab)
-        euro = "€".encode()  # three bytes
-        vocab[1000], vocab[1001] = euro[:2], euro[2:] + b"!"
-        got = decode([1000, 1001], vocab)
-        g.expect(
-            got == "€!",
-            f"tokens b'\\xe2\\x82' and b'\\xac!' should decode to '€!', got {got!r}: join the bytes of all tokens "
-            "first, then decode once (decoding token by token breaks characters split across tokens)",
-        )
-
-    with g.check("bytes that are not valid UTF-8 become U+FFFD instead of an error"):
-        try:
-            got = decode([0xE2, 0x82], tok.vocab)
-        except UnicodeDecodeError:
-            g.fail("decode([0xE2, 0x82]) (a cut '€') raised UnicodeDecodeError: generated text can end in the middle "
-                   "of a character; use .decode('utf-8', errors='replace')")
-        g.expect(
-            got == "\ufffd",
-            f"decode([0xE2, 0x82]) (a cut '€') should be '\\ufffd', got {got!r}: use .decode('utf-8', errors='replace')",
-        )
-
-    with g.check("an unknown id raises a ValueError that names it"):
-        try:
-            got = decode([104, 99999], tok.vocab)
-        except ValueError as e:
-            g.expect("99999" in str(e), f"the ValueError should name the unknown id 99999, it says: {e}")
-        except KeyError:
-            g.fail("decode([104, 99999]) raised a bare KeyError: catch it and raise "
-                   "ValueError(f'unknown token id {i}') so the user learns which id is wrong")
-        else:
-            g.fail(f"decode([104, 99999]) returned {got!r}: an id that is not in vocab must raise a ValueError")
-
-    g.finish()
-
-
-# --------------------------------------------------------------------------- public checks
-
-
-def check_get_pair_counts(get_pair_counts) -> None:
-    g = Grader("get_pair_counts (public)")
-    with g.check("[1, 2, 3, 1, 2] -> {(1, 2): 2, (2, 3): 1, (3, 1): 1}"):
-        got = get_pair_counts([1, 2, 3, 1, 2])
-        g.expect(got == {(1, 2): 2, (2, 3): 1, (3, 1): 1}, f"got {got!r}")
-    with g.check("[7, 7, 7] -> {(7, 7): 2} (overlapping pairs count)"):
-        got = get_pair_counts([7, 7, 7])
-        g.expect(got == {(7, 7): 2}, f"got {got!r}: count every adjacent position, also overlapping ones")
-    g.finish()
-
-
-def check_merge(merge) -> None:
-    g = Grader("merge (public)")
-    with g.check("merge([1, 2, 3, 1, 2], (1, 2), 256) == [256, 3, 256]"):
-        got = merge([1, 2, 3, 1, 2], (1, 2), 256)
-        g.expect(got == [256, 3, 256], f"got {got!r}")
-    with g.check("merge([5, 5, 5], (5, 5), 9) == [9, 5] (left to right, no overlap)"):
-        got = merge([5, 5, 5], (5, 5), 9)
-        g.expect(got == [9, 5], f"got {got!r}: after merging two tokens, continue after both")
-    g.finish()
-
-
-def check_train(train_naive) -> None:
-    g = Grader("train_naive (public)")
-    with g.check("the worked example: 'aaabdaaabac' with the pattern '.+' learns aa, ab, then (aa)(ab)"):
-        got = [tuple(p) for p in train_naive("aaabdaaabac", 259, ".+")]
-        g.expect(got == [(97, 97), (97, 98), (256, 257)], f"got {got!r}")
     g.finish()
 
 
 def check_encode_chunk(encode_chunk) -> None:
     g = Grader("encode_chunk (public)")
     ranks = {(97, 97): 256, (256, 97): 257}
-    with g.check("with ranks {(a, a): 256, (aa, a): 257}: 'aaa' -> [257], 'aaaa' -> [256, 256]"):
+    with g.check("a list of ids; with ranks {(a, a): 256, (aa, a): 257}: 'aaa' -> [257], 'aaaa' -> [256, 256]"):
         got = (encode_chunk("aaa", ranks), encode_chunk("aaaa", ranks))
         g.expect(got == ([257], [256, 256]), f"got {got!r}")
+    with g.check("by rank, not left to right: with {(b, c): 256, (a, b): 257}, 'abc' -> [97, 256]"):
+        got = encode_chunk("abc", {(98, 99): 256, (97, 98): 257})
+        g.expect(got == [97, 256], f"got {got!r}: merge the pair learnt first")
+    with g.check("UTF-8 bytes: encode_chunk('é', {}) == [195, 169], encode_chunk('', {}) == []"):
+        got = encode_chunk("é", {}), encode_chunk("", {})
+        g.expect(got == ([195, 169], []), f"got {got!r}")
+    g.finish()
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _vocabs():
+    """A vocabulary of byte strings cut from UTF-8 text (characters split across tokens, invalid pieces) and ids."""
+    def build(case):
+        text, cuts, extra, order = case
+        data = text.encode("utf-8")
+        points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+        pieces = [data[a:b] for a, b in zip(points, points[1:])] + [bytes([b]) for b in extra]
+        vocab = {i: bytes([i]) for i in range(256)} | {300 + i: p for i, p in enumerate(pieces)}
+        ids = [300 + i for i in range(len(pieces))]
+        return vocab, [ids[i % len(ids)] for i in order] if ids else []
+    return st.tuples(st.text(alphabet=_ALPHABET + "🙂", max_size=8), st.lists(st.integers(0, 30), max_size=6),
+                     st.lists(st.integers(128, 255), max_size=2), st.lists(st.integers(0, 9), max_size=8)).map(build)
+
+
+def _expect_decoded(g: Grader, decode, ids, vocab, errors: str | None = None, shown: str = "vocab") -> None:
+    kwargs = {} if errors is None else {"errors": errors}
+    what = f"decode({ids}, {shown}{'' if errors is None else f', errors={errors!r}'})"
+    expected = b"".join(vocab[i] for i in ids).decode("utf-8", errors=errors or "replace")
+    try:
+        got = decode(list(ids), vocab, **kwargs)
+    except UnicodeDecodeError as e:
+        g.fail(f"{what} raised UnicodeDecodeError ({e}): generated text can end in the middle of a character; "
+               f"decode with .decode('utf-8', errors=errors), errors={errors or 'replace'!r} here")
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        raise_unless_student_error(e)
+        g.fail(f"{what} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    g.expect(type(got) is str, f"{what} must return a str, got {describe(got)}")
+    data = b"".join(vocab[i] for i in ids)
+    if errors not in (None, "replace") and got != expected and got == data.decode("utf-8", errors="replace"):
+        g.fail(f"{what} gave {got!r}, expected {expected!r}: the errors argument was ignored; pass it on, "
+               ".decode('utf-8', errors=errors)")
+    if got != expected and got == "".join(vocab[i].decode("utf-8", errors=errors or "replace") for i in ids):
+        g.fail(f"{what} gave {got!r}, expected {expected!r}: join the bytes of all tokens first, then decode once "
+               "(decoding token by token breaks characters split across tokens)")
+    g.expect(got == expected, f"{what} should be {expected!r}, got {got!r}")
+
+
+def grade_decode(decode) -> None:
+    """Grade ``decode(ids, vocab, errors="replace")``."""
+    g = Grader("decode")
+    tok = ref.Tokenizer(list(_sample_ranks()), "gpt4")
+
+    with g.check("decode(encode(text)) gives the text back, as a str"):
+        for text in (_SAMPLE, "", " ", "🙂🚀 ελληνικά"):
+            _expect_decoded(g, decode, tok.encode(text), tok.vocab, shown="the vocabulary of 60 merges")
+
+    with g.check("joins the bytes of all tokens, then decodes once (drawn vocabularies and ids)"):
+        def test(case):
+            vocab, ids = case
+            _expect_decoded(g, decode, ids, vocab, shown=_short({i: vocab[i] for i in sorted(set(ids))}, 200))
+
+        for_all("decode.values", _vocabs(), test, max_examples=25,
+                first=({i: bytes([i]) for i in range(256)}, [104, 105]))
+
+    with g.check("a character split across two tokens survives"):
+        vocab = dict(tok.vocab)
+        euro = "€".encode()  # three bytes
+        vocab[1000], vocab[1001] = euro[:2], euro[2:] + b"!"
+        _expect_decoded(g, decode, [1000, 1001], vocab, shown="{1000: b'\\xe2\\x82', 1001: b'\\xac!', ...}")
+
+    with g.check("bytes that are not valid UTF-8 become U+FFFD by default (errors='replace') instead of an error"):
+        for ids in ([0xE2, 0x82], [104, 0xFF, 105], [0xAC, 0xE2, 0x82, 0xAC, 0xE2]):
+            _expect_decoded(g, decode, ids, tok.vocab)
+
+    with g.check("passes `errors` to bytes.decode: 'strict' raises UnicodeDecodeError, 'ignore' drops bad bytes"):
+        for ids in ([104, 0xE2, 0x82, 105], [0xFF], [226, 130, 172]):
+            _expect_decoded(g, decode, ids, tok.vocab, "ignore")
+            _expect_decoded(g, decode, ids, tok.vocab, "backslashreplace")
+        _expect_decoded(g, decode, [104, 105], tok.vocab, "strict")
+        try:
+            got = decode([104, 0xE2, 0x82], tok.vocab, errors="strict")
+        except UnicodeDecodeError:
+            pass
+        except Exception as e:  # noqa: BLE001
+            raise_unless_student_error(e)
+            g.fail(f"decode([104, 0xE2, 0x82], vocab, errors='strict') raised "
+                   f"{type(e).__name__.removeprefix('Student')} ({e}); with errors='strict' bytes.decode raises "
+                   "UnicodeDecodeError: pass errors on")
+        else:
+            g.fail(f"decode([104, 0xE2, 0x82], vocab, errors='strict') returned {got!r}: with errors='strict' invalid "
+                   "bytes raise UnicodeDecodeError; pass errors on to .decode('utf-8', errors=errors)")
+
+    with g.check("an unknown id raises a ValueError that names it"):
+        for ids in ([104, 99999], [7000], [1, 2, 256 + 60 + 3, 4], [-1]):
+            bad = next(i for i in ids if i not in tok.vocab)
+            try:
+                got = decode(ids, tok.vocab)
+            except ValueError as e:
+                g.expect(str(bad) in _said(e), f"the ValueError of decode({ids}, vocab) should name the unknown id "
+                                             f"{bad}, it says: {e}")
+            except KeyError:
+                g.fail(f"decode({ids}, vocab) raised a bare KeyError: catch it and raise "
+                       "ValueError(f'unknown token id {i}') so the user learns which id is wrong")
+            except Exception as e:  # noqa: BLE001
+                raise_unless_student_error(e)
+                g.fail(f"decode({ids}, vocab) raised {type(e).__name__.removeprefix('Student')} ({e}): an id that is "
+                       "not in vocab must raise a ValueError that names it")
+            else:
+                g.fail(f"decode({ids}, vocab) returned {got!r}: an id that is not in vocab ({bad}) must raise a "
+                       "ValueError that names it")
+
     g.finish()
 
 
 def check_decode(decode) -> None:
     g = Grader("decode (public)")
     vocab = {i: bytes([i]) for i in range(256)} | {256: b"he", 257: b"hel"}
-    with g.check("decode([257, 108, 111], vocab) == 'hello'"):
-        got = decode([257, 108, 111], vocab)
+    with g.check("a str: decode([257, 108, 111], vocab) == 'hello'"):
+        got = _call(g, "decode([257, 108, 111], vocab)", decode, [257, 108, 111], vocab)
         g.expect(got == "hello", f"got {got!r}")
-    with g.check("decode([226, 130, 172], vocab) == '€' (one character, three byte tokens)"):
+    with g.check("joins the bytes, then decodes once: decode([226, 130, 172], vocab) == '€'"):
         got = decode([226, 130, 172], vocab)
         g.expect(got == "€", f"got {got!r}: join the bytes first, then decode once")
+    with g.check("invalid bytes become U+FFFD by default: decode([226, 130], vocab) == '\\ufffd'"):
+        got = decode([226, 130], vocab)
+        g.expect(got == "\ufffd", f"got {got!r}: use .decode('utf-8', errors=errors) with errors='replace'")
+    with g.check("errors is passed on: decode([104, 226, 130], vocab, errors='ignore') == 'h'"):
+        got = decode([104, 226, 130], vocab, errors="ignore")
+        g.expect(got == "h", f"got {got!r}")
+    with g.check("an unknown id raises a ValueError that names it: decode([104, 999], vocab)"):
+        try:
+            got = decode([104, 999], vocab)
+        except ValueError as e:
+            g.expect("999" in _said(e), f"the message should name the id 999, it says: {e}")
+        else:
+            g.fail(f"returned {got!r}: raise a ValueError naming the unknown id")
     g.finish()

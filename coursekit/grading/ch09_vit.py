@@ -1,23 +1,37 @@
 """Checks for Exercise 9 (the vision transformer: patches, patch embedding, [CLS] and positions, the classifier).
 
-``check_*`` are the public checks (a small fixed example each); ``grade_*`` the hidden ones.
-Patches are compared with ``F.unfold`` (and with a worked example), the patch
-embedding with a strided ``Conv2d``, the token sequence with its definition written out,
-and the model with :mod:`coursekit.vit` holding the same random float64 weights (pushed
-with ``load_state_dict``, so the submodule names of the instructions matter). Common
-mistakes are recognised by recomputing them and get their own hint; a part that fails
+``check_*`` are the public checks (one small fixed example per clause of the part's text);
+``grade_*`` the hidden ones: one named check per clause, on inputs drawn across what the text
+allows (derandomized Hypothesis examples: batches of 1 and more, 1 to 4 channels, square and
+non-square images, patch sizes from 1 to the whole image, both float dtypes, model shapes with
+one or more layers and heads). Patches are compared with ``F.unfold`` (and with a worked
+example), the patch embedding with a strided ``Conv2d``, the token sequence with its definition
+written out, and the model with :mod:`coursekit.vit` holding the same random weights (pushed with
+``load_state_dict``, so the submodule names of the instructions matter). The model's dropout is
+checked in isolation and deterministically: with its ``p`` set to 1 the encoder's input is zero,
+with ``p = 0.5`` each value is either dropped or doubled, and in eval mode nothing is dropped.
+Common mistakes are recognised by recomputing them and get their own hint; a part that fails
 because an earlier part is wrong says so.
 
 Under the autograder a model cannot cross into the sandbox, so the graders of parts 2 and 4
 take the student's *class* (and the notebook's ``ViTConfig``) and build the modules there,
 beside the student's code, as the Chapter 7 graders do. The part 4 grader also reads the
 notebook's own ``patchify`` and ``add_cls_and_positions`` to say which part to fix first.
+
+**Devices.** ``embed`` must make its positions on the images' device. Only CPU tensors cross to
+the student's process, so that check sets torch's default device of that process to ``meta``
+(``torch.set_default_device``) and calls ``embed`` on CPU images: positions made without
+``device=`` land on ``meta`` and the call fails (a private helper; a candidate for the toolkit).
 """
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+from hypothesis import strategies as st
 
 from coursekit import vit as ref
 from coursekit.grading.core import (
@@ -26,14 +40,18 @@ from coursekit.grading.core import (
     describe,
     expect_value_error,
     first_match,
+    for_all,
     is_a,
     is_tensor,
-    load_weights,
+    names_hint,
     probe,
     raise_unless_student_error,
     rand,
     random_weights,
+    seeded,
+    set_attr,
     student_side,
+    tensor,
 )
 
 __all__ = [
@@ -45,6 +63,33 @@ IMG, P, C_IN, C, K = 8, 2, 3, 12, 5  # RGB 8x8 images in 2x2 patches: N_p = 16 t
 N_P = (IMG // P) ** 2
 #: the part 4 model: small, but every piece present (two layers, two heads, a non-default width)
 VIT_KWARGS = dict(image_size=IMG, patch_size=P, in_channels=C_IN, n_classes=K, n_layers=2, n_heads=2, d_model=C)
+F64, F32 = torch.float64, torch.float32
+SEEDS = st.integers(0, 2**20)
+
+
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _raised(e: BaseException) -> str:
+    """What the student's code raised, for a hint: ``RuntimeError: message``."""
+    text = str(e)
+    for prefix in (f"your code raised {getattr(e, 'type_name', '')}: ", "your code raised "):
+        text = text.removeprefix(prefix)
+    return f"{type(e).__name__.removeprefix('Student')}: {text[:200]}"
+
+
+def _load(g: Grader, module, weights: dict, what: str) -> None:
+    """:func:`~coursekit.grading.core.load_weights`, after checking the parameters' shapes too (a private helper: a
+    wrong shape then gets a hint that names the parameter, not torch's load_state_dict error)."""
+    sd = module.state_dict()
+    got = set(sd) if isinstance(sd, dict) else set()
+    g.expect(got == set(weights), names_hint(what, got, set(weights)))
+    for key, w in weights.items():
+        mine = tuple(sd[key].shape) if is_tensor(sd[key]) else describe(sd[key])
+        g.expect(mine == tuple(w.shape), f"{what}'s parameter {key} has shape {mine}, expected {tuple(w.shape)} "
+                                         "(see the shapes in the instructions)")
+    module.load_state_dict(weights)
 
 
 # =========================================================================== part 1: patchify
@@ -52,20 +97,27 @@ VIT_KWARGS = dict(image_size=IMG, patch_size=P, in_channels=C_IN, n_classes=K, n
 
 def _unfold(x: torch.Tensor, patch_size: int) -> torch.Tensor:
     """The right answer, from torch's own sliding-window extraction."""
-    return F.unfold(x, kernel_size=patch_size, stride=patch_size).transpose(1, 2)  # (B, C_in P^2, N_p) -> (B, N_p, C_in P^2)
+    # (B, C_in P^2, N_p) -> (B, N_p, C_in P^2)
+    return F.unfold(x, kernel_size=patch_size, stride=patch_size).transpose(1, 2)
 
 
-_CHANNEL_LAST = ("each patch is flattened channel-last, as (P, P, C_in): flatten it channel-first, as (C_in, P, P), the "
-                 "layout of F.unfold and of a Conv2d weight: permute the blocks to (B, rows, cols, C_in, P, P) before the "
+_CHANNEL_LAST = ("each patch is flattened channel-last, as (P, P, C_in): flatten it channel-first, as (C_in, P, P), "
+                 "the "
+                 "layout of F.unfold and of a Conv2d weight: permute the blocks to (B, rows, cols, C_in, P, P) before "
+                 "the "
                  "last reshape")
 _COLUMN_MAJOR = ("the patches are numbered column by column (rows and columns of the grid swapped): number them row by "
                  "row, patch n at grid row n // (W_img / P) and column n % (W_img / P)")
-_PIXELS_SWAPPED = ("inside each patch the pixel rows and columns are swapped: flatten a patch as (C_in, P, P), pixel row "
+_PIXELS_SWAPPED = ("inside each patch the pixel rows and columns are swapped: flatten a patch as (C_in, P, P), pixel "
+                   "row "
                    "before pixel column")
-_IMAGE_TRANSPOSED = ("the image's height and width are swapped (you cut the transposed image): images are (B, C_in, H_img, "
+_IMAGE_TRANSPOSED = ("the image's height and width are swapped (you cut the transposed image): images are (B, C_in, "
+                     "H_img, "
                      "W_img), so the height is images.shape[2] and the width images.shape[3]")
-_PLAIN_RESHAPE = ("the image was reshaped to (B, N_p, C_in P^2) without cutting it into patches (a plain reshape groups "
-                  "consecutive values of whole image rows): reshape to (B, C_in, H_img / P, P, W_img / P, P), permute to "
+_PLAIN_RESHAPE = ("the image was reshaped to (B, N_p, C_in P^2) without cutting it into patches (a plain reshape "
+                  "groups "
+                  "consecutive values of whole image rows): reshape to (B, C_in, H_img / P, P, W_img / P, P), permute "
+                  "to "
                   "(B, rows, cols, C_in, P, P), then reshape")
 
 
@@ -78,7 +130,7 @@ def _patch_mistakes(x: torch.Tensor, patch_size: int):
         (flat(blocks.permute(0, 2, 4, 3, 5, 1)), _CHANNEL_LAST),  # (B, rows, cols, P, P, C_in)
         (flat(blocks.permute(0, 4, 2, 1, 3, 5)), _COLUMN_MAJOR),  # (B, cols, rows, C_in, P, P)
         (flat(blocks.permute(0, 4, 2, 3, 5, 1)), _COLUMN_MAJOR + "; " + _CHANNEL_LAST),
-        (flat(blocks.permute(0, 2, 4, 1, 5, 3)), _PIXELS_SWAPPED),  # (B, rows, cols, C_in, P, P) with the pixels transposed
+        (flat(blocks.permute(0, 2, 4, 1, 5, 3)), _PIXELS_SWAPPED),  # (B, rows, cols, C_in, P, P), pixels transposed
         (flat(x), _PLAIN_RESHAPE),
     ]
     if H_img == W_img:
@@ -87,13 +139,32 @@ def _patch_mistakes(x: torch.Tensor, patch_size: int):
 
 
 def _patchify_call(g: Grader, patchify, x, patch_size):
-    out = patchify(x, patch_size)
+    where = f"for images {tuple(x.shape)} ({_dt(x.dtype)}) and patch_size={patch_size}"
+    try:
+        out = patchify(x.clone(), patch_size)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{where} your code raised {_raised(e)}")
     B, C_in, H_img, W_img = x.shape
     shape = (B, (H_img // patch_size) * (W_img // patch_size), C_in * patch_size ** 2)
     g.expect(is_tensor(out) and tuple(out.shape) == shape and out.dtype == x.dtype,
-             f"for images {tuple(x.shape)} and patch_size={patch_size} expected a {x.dtype} tensor of shape "
-             f"(B, N_p, C_in P^2) = {shape}, got {describe(out)}")
+             f"{where} expected a {_dt(x.dtype)} tensor of shape (B, N_p, C_in P^2) = {shape}, got {describe(out)}")
     return out
+
+
+def _patchify_matches(g: Grader, patchify, x, patch_size) -> None:
+    out = _patchify_call(g, patchify, x, patch_size)
+    right = _unfold(x.double(), patch_size).to(x.dtype)
+    if close(out, right):
+        return
+    mistakes = [(wrong.to(x.dtype), hint) for wrong, hint in _patch_mistakes(x.double(), patch_size)]
+    where = f"for images {tuple(x.shape)} and patch_size={patch_size}"
+    first_match(g, out, [(wrong, f"{where}: {hint}") for wrong, hint in mistakes], right)
+    hint = (" (with H_img != W_img the grid has H_img / P rows and W_img / P columns: take them from images.shape[2] "
+            "and "
+            "images.shape[3])" if x.shape[2] != x.shape[3] else "")
+    g.fail(f"{where} the patches differ from F.unfold(images, P, stride=P).transpose(1, 2): patches row by row, each "
+           f"flattened channel-first as (C_in, P, P){hint}")
 
 
 def _worked_example(g: Grader, patchify) -> None:
@@ -105,44 +176,69 @@ def _worked_example(g: Grader, patchify) -> None:
                                    f"got {out[0].tolist()}")
 
 
+@dataclass(frozen=True)
+class _Images:
+    """A batch of images: B, C_in, a grid of rows x cols patches of P x P pixels, a dtype and a seed."""
+
+    seed: int
+    B: int
+    C_in: int
+    rows: int
+    cols: int
+    P: int
+    dtype: torch.dtype = F64
+
+    def images(self) -> torch.Tensor:
+        return tensor(self.seed, self.B, self.C_in, self.rows * self.P, self.cols * self.P).to(self.dtype)
+
+
+_IMAGES = st.builds(_Images, SEEDS, st.integers(1, 3), st.integers(1, 4), st.integers(1, 4), st.integers(1, 4),
+                    st.integers(1, 4), st.sampled_from((F64, F64, F32)))
+
+
 def grade_patchify(patchify) -> None:
     """Grade a student's ``patchify(images, patch_size)``."""
     g = Grader("patchify")
 
-    with g.check("returns (B, N_p, C_in P^2) in the images' dtype"):
-        for dtype in (torch.float64, torch.float32):
+    with g.check("returns (B, N_p, C_in P^2) in the images' dtype (float64 and float32)"):
+        for dtype in (F64, F32):
             _patchify_call(g, patchify, rand("patchify.shape", 2, C_IN, IMG, IMG, dtype=dtype), P)
+            _patchify_call(g, patchify, rand("patchify.shape.rect", 1, 2, 6, 4, dtype=dtype), 2)
 
     with g.check("the worked example: a 4x4 image holding 0 .. 15 in 2x2 patches"):
         _worked_example(g, patchify)
 
-    with g.check("RGB images: equal to F.unfold (patches row by row, each flattened as (C_in, P, P))"):
+    with g.check("patches row by row, each flattened channel-first as (C_in, P, P): equal to F.unfold for any batch, "
+                 "channels, patch size and grid (square or not, P = 1, one patch per image)"):
+        for_all("patchify.values", _IMAGES, lambda case: _patchify_matches(g, patchify, case.images(), case.P),
+                max_examples=20, first=_Images(1, 2, 3, 2, 2, 2))
         for B, C_in, H_img, W_img, p in ((2, 3, 8, 8, 2), (3, 3, 8, 8, 4), (2, 2, 6, 6, 3)):
-            x = rand(f"patchify.values.{p}", B, C_in, H_img, W_img)
-            out = _patchify_call(g, patchify, x, p)
-            first_match(g, out, _patch_mistakes(x, p), _unfold(x, p))
-            g.expect(close(out, _unfold(x, p)), f"for images {tuple(x.shape)} and P={p} the patches differ from "
-                                                "F.unfold(images, P, stride=P).transpose(1, 2)")
+            _patchify_matches(g, patchify, rand(f"patchify.values.{p}", B, C_in, H_img, W_img), p)
 
-    with g.check("non-square images (6x9 in 3x3 patches, 8x4 in 2x2 patches)"):
-        for shape, p in (((2, 3, 6, 9), 3), ((1, 2, 8, 4), 2)):
-            x = rand(f"patchify.rect.{p}", *shape)
-            out = _patchify_call(g, patchify, x, p)
-            first_match(g, out, _patch_mistakes(x, p), _unfold(x, p))
-            g.expect(close(out, _unfold(x, p)),
-                     f"for images {shape} and P={p} the patches differ: with H_img != W_img the grid has H_img / P rows "
-                     "and W_img / P columns; take them from images.shape[2] and images.shape[3]")
+    with g.check("non-square images (6x9 in 3x3 patches, 8x4 in 2x2 patches, 2x6 in 2x2 patches)"):
+        for shape, p in (((2, 3, 6, 9), 3), ((1, 2, 8, 4), 2), ((2, 1, 2, 6), 2)):
+            _patchify_matches(g, patchify, rand(f"patchify.rect.{p}", *shape), p)
 
     with g.check("edge cases: P = 1 (a patch per pixel) and P = the image size (one patch)"):
         x = rand("patchify.edge", 2, C_IN, 4, 4)
         for p in (1, 4):
-            out = _patchify_call(g, patchify, x, p)
-            g.expect(close(out, _unfold(x, p)), f"with P={p} the patches differ from F.unfold")
+            _patchify_matches(g, patchify, x, p)
 
     with g.check("raises ValueError when P does not divide the image's height or width"):
         expect_value_error(g, lambda: patchify(rand("patchify.bad", 1, C_IN, 8, 8), 3), "8x8 images with P=3")
         expect_value_error(g, lambda: patchify(rand("patchify.bad.w", 1, C_IN, 8, 6), 4),
-                            "8x6 images with P=4 (the height fits, the width does not)")
+                           "8x6 images with P=4 (the height fits, the width does not)")
+        expect_value_error(g, lambda: patchify(rand("patchify.bad.h", 2, 1, 6, 8), 4),
+                           "6x8 images with P=4 (the width fits, the height does not)")
+        expect_value_error(g, lambda: patchify(rand("patchify.bad.big", 1, 1, 4, 4), 8), "4x4 images with P=8")
+
+    with g.check("raises ValueError when images is not 4-D or patch_size is below 1"):
+        for shape in ((3, 8, 8), (1, 1, 3, 8, 8), (8, 8)):
+            expect_value_error(g, lambda shape=shape: patchify(rand("patchify.rank", *shape), 2),
+                               f"images of shape {shape} and P=2", "images must be (B, C_in, H_img, W_img)")
+        for p in (0, -2):
+            expect_value_error(g, lambda p=p: patchify(rand("patchify.p", 1, 2, 4, 4), p), f"4x4 images with P={p}",
+                               "patch_size must be a positive integer")
 
     with g.check("does not change the images"):
         x = rand("patchify.inplace", 2, C_IN, IMG, IMG)
@@ -153,15 +249,24 @@ def grade_patchify(patchify) -> None:
 
 
 def check_patchify(patchify) -> None:
-    """Public: the worked example, then 3-channel images against ``F.unfold``."""
+    """Public: one small example per clause the hidden checks grade."""
     g = Grader("patchify (public)")
     with g.check("a 4x4 image holding 0 .. 15 in 2x2 patches"):
         _worked_example(g, patchify)
     with g.check("a (2, 3, 8, 8) batch in 2x2 patches equals F.unfold(images, 2, stride=2).transpose(1, 2)"):
-        x = rand("public.patchify", 2, 3, 8, 8)
-        out = _patchify_call(g, patchify, x, 2)
-        g.expect(close(out, _unfold(x, 2)), "the patches differ from F.unfold: patches row by row, each flattened "
-                                            "channel-first as (C_in, P, P)")
+        _patchify_matches(g, patchify, rand("public.patchify", 2, 3, 8, 8), 2)
+    with g.check("a float32 (1, 2, 6, 4) image in 2x2 patches, P = 1 and P = the image size"):
+        x = rand("public.patchify.rect", 1, 2, 6, 4, dtype=F32)
+        for p in (2, 1):
+            _patchify_matches(g, patchify, x, p)
+        _patchify_matches(g, patchify, x[:, :, :4], 4)
+    with g.check("8x6 images with P=4, (3, 8, 8) images and P=0 raise ValueError"):
+        expect_value_error(g, lambda: patchify(rand("public.patchify.bad", 1, 3, 8, 6), 4), "8x6 images with P=4")
+        expect_value_error(g, lambda: patchify(rand("public.patchify.rank", 3, 8, 8), 2), "images of shape (3, 8, 8)")
+        expect_value_error(g, lambda: patchify(rand("public.patchify.p", 1, 3, 4, 4), 0), "P=0")
+    with g.check("the images are not changed"):
+        x = rand("public.patchify.inplace", 1, 2, 4, 4)
+        g.expect(close(probe(patchify, x.clone(), 2).args[0], x), "patchify changed its input in place")
     g.finish()
 
 
@@ -170,17 +275,18 @@ def check_patchify(patchify) -> None:
 
 def _conv(weights, patch_size: int) -> torch.nn.Conv2d:
     """The strided ``Conv2d`` equal to a patch embedding with ``weights``: the independent reference."""
-    w = weights["proj.weight"]
+    w = weights["proj.weight"].double()
     d_model, patch_dim = w.shape
     conv = torch.nn.Conv2d(patch_dim // patch_size ** 2, d_model, patch_size, stride=patch_size).double()
     with torch.no_grad():
         conv.weight.copy_(w.view(d_model, -1, patch_size, patch_size))  # (C, C_in P^2) -> (C, C_in, P, P)
-        conv.bias.copy_(weights["proj.bias"])
+        conv.bias.copy_(weights["proj.bias"].double())
     return conv
 
 
 def _embed_reference(weights, x, patch_size: int) -> torch.Tensor:
-    return _conv(weights, patch_size)(x).flatten(2).transpose(1, 2)  # (B, C, rows, cols) -> (B, N_p, C)
+    with torch.no_grad():
+        return _conv(weights, patch_size)(x.double()).flatten(2).transpose(1, 2)  # (B, C, rows, cols) -> (B, N_p, C)
 
 
 def _patchify_broken(g: Grader) -> None:
@@ -195,90 +301,153 @@ def _patchify_broken(g: Grader) -> None:
     g.expect(ok, "your patchify (part 1) gives wrong patches, and PatchEmbedding uses it: fix part 1 first")
 
 
-def _build_embedding(g: Grader, PatchEmbedding, name: str, image_size=IMG, patch_size=P, in_channels=C_IN, d_model=C):
+def _build_embedding(g: Grader, PatchEmbedding, name: str, image_size=IMG, patch_size=P, in_channels=C_IN, d_model=C,
+                     dtype=F64):
+    """The student's ``PatchEmbedding`` with random weights of ``dtype`` loaded into it (and those weights)."""
     m = PatchEmbedding(image_size, patch_size, in_channels, d_model)
-    m.double()
-    weights = random_weights(ref.PatchEmbedding(image_size, patch_size, in_channels, d_model), name)
-    load_weights(g, m, weights, "PatchEmbedding")
+    m.to(dtype)
+    weights = {key: w.to(dtype) for key, w in random_weights(ref.PatchEmbedding(image_size, patch_size, in_channels,
+                                                                                d_model), name).items()}
+    _load(g, m, weights, "PatchEmbedding")
     return m, weights
+
+
+@dataclass(frozen=True)
+class _Embedding:
+    seed: int
+    B: int
+    grid: int
+    P: int
+    C_in: int
+    d_model: int
+    dtype: torch.dtype = F64
+
+    @property
+    def image_size(self) -> int:
+        return self.grid * self.P
+
+    def __str__(self) -> str:
+        return (f"for PatchEmbedding({self.image_size}, {self.P}, {self.C_in}, {self.d_model}) in {_dt(self.dtype)} "
+                f"on images ({self.B}, {self.C_in}, {self.image_size}, {self.image_size})")
+
+
+_EMBEDDINGS = st.builds(_Embedding, SEEDS, st.integers(1, 3), st.integers(1, 3), st.integers(1, 4), st.integers(1, 3),
+                        st.integers(1, 7), st.sampled_from((F64, F64, F32)))
+
+
+def _embedding_matches(g: Grader, PatchEmbedding, case: _Embedding) -> None:
+    m, w = _build_embedding(g, PatchEmbedding, f"embedding.{case.seed}", case.image_size, case.P, case.C_in,
+                            case.d_model, case.dtype)
+    x = tensor(case.seed, case.B, case.C_in, case.image_size, case.image_size).to(case.dtype)
+    try:
+        out = m(x)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{case} your code raised {_raised(e)}")
+    expected = _embed_reference(w, x, case.P)
+    g.expect(is_tensor(out) and out.shape == expected.shape and out.dtype == case.dtype,
+             f"{case}: expected a {_dt(case.dtype)} tensor (B, N_p, C) = {tuple(expected.shape)}, got {describe(out)}")
+    if close(out, expected.to(case.dtype)):
+        return
+    xd = x.double()
+    lin = lambda patches: F.linear(patches, w["proj.weight"].double(), w["proj.bias"].double())  # noqa: E731
+    first_match(g, out, [(lin(p).to(case.dtype), f"{case}: {hint}") for p, hint in _patch_mistakes(xd, case.P)] + [
+        (F.linear(ref.patchify(xd, case.P), w["proj.weight"].double()).to(case.dtype),
+         f"{case}: the bias of proj is missing from the output: return proj(patches)"),
+        (ref.patchify(xd, case.P).to(case.dtype) if case.C_in * case.P ** 2 == case.d_model else None,
+         f"{case}: the patches are returned without the linear map: return proj(patchify(images, P))"),
+    ], expected.to(case.dtype))
+    g.fail(f"{case}: the output differs from a Conv2d with kernel and stride P whose weight is "
+           "proj.weight.view(C, C_in, P, P): return proj(patchify(images, patch_size)), with the constructor's "
+           "arguments, not fixed numbers")
 
 
 def grade_patch_embedding(PatchEmbedding) -> None:
     """Grade ``PatchEmbedding(image_size, patch_size, in_channels, d_model)``."""
     g = Grader("PatchEmbedding")
 
-    with g.check("has one nn.Linear proj from C_in P^2 to C features"):
-        m = PatchEmbedding(IMG, P, C_IN, C)
-        layer = getattr(m, "proj", None)
-        g.expect(is_a(layer, "torch.nn.modules.linear.Linear"), "PatchEmbedding needs an nn.Linear called proj")
-        got = (layer.in_features, layer.out_features)
-        g.expect(got == (C_IN * P * P, C), f"proj should map C_in P^2 = {C_IN * P * P} values to C = {C} features, "
-                                           f"got {got[0]} -> {got[1]}")
-        g.expect(layer.bias is not None, "proj needs a bias (nn.Linear's default), like the Conv2d of the ViT paper")
+    with g.check("has one nn.Linear proj from C_in P^2 to C features, with a bias"):
+        for args in ((IMG, P, C_IN, C), (6, 3, 1, 5), (4, 1, 2, 3)):
+            m = PatchEmbedding(*args)
+            layer = getattr(m, "proj", None)
+            g.expect(is_a(layer, "torch.nn.modules.linear.Linear"), "PatchEmbedding needs an nn.Linear called proj")
+            image_size, p, c_in, d_model = args
+            got = (layer.in_features, layer.out_features)
+            g.expect(got == (c_in * p * p, d_model), f"for PatchEmbedding{args} proj should map C_in P^2 = "
+                                                     f"{c_in * p * p} "
+                                                     f"values to C = {d_model} features, got {got[0]} -> {got[1]}")
+            g.expect(layer.bias is not None,
+                     "proj needs a bias (nn.Linear's default), like the Conv2d of the ViT paper")
 
-    with g.check("equals a Conv2d with kernel size and stride P (random weights, RGB images)"):
+    with g.check("equals a Conv2d with kernel size and stride P (weights loaded into proj, RGB 8x8 images)"):
         _patchify_broken(g)
-        m, w = _build_embedding(g, PatchEmbedding, "embedding.conv")
-        x = rand("embedding.conv.x", 3, C_IN, IMG, IMG)
-        out = m(x)
-        expected = _embed_reference(w, x, P)
-        g.expect(is_tensor(out) and out.shape == expected.shape, f"expected (B, N_p, C) = {tuple(expected.shape)}, "
-                                                                 f"got {describe(out)}")
-        lin = lambda patches: F.linear(patches, w["proj.weight"], w["proj.bias"])  # noqa: E731
-        first_match(g, out, [(lin(p), hint) for p, hint in _patch_mistakes(x, P)] + [
-            (F.linear(ref.patchify(x, P), w["proj.weight"]), "the bias of proj is missing from the output: return proj(patches)"),
-            (ref.patchify(x, P), "the patches are returned without the linear map: return proj(patchify(images, P))"),
-        ], expected)
-        g.expect(close(out, expected), "the output differs from a Conv2d with kernel and stride P whose weight is "
-                                       "proj.weight.view(C, C_in, P, P): return proj(patchify(images, patch_size))")
+        _embedding_matches(g, PatchEmbedding, _Embedding(3, 3, IMG // P, P, C_IN, C))
 
-    with g.check("other shapes: 4x4 patches of 8x8 images with one channel, 3x3 patches of 6x6 images"):
+    with g.check("any shape: batches of 1 and more, 1 to 3 channels, P = 1 to the whole image, any width, float32 "
+                 "and float64"):
+        for_all("embedding.shapes", _EMBEDDINGS, lambda case: _embedding_matches(g, PatchEmbedding, case),
+                max_examples=12, first=_Embedding(1, 2, 2, 2, 1, 3))
         for image_size, p, c_in in ((8, 4, 1), (6, 3, 2)):
-            m, w = _build_embedding(g, PatchEmbedding, f"embedding.shapes.{p}", image_size, p, c_in, 10)
-            x = rand(f"embedding.shapes.{p}.x", 2, c_in, image_size, image_size)
-            out = m(x)
-            g.expect(close(out, _embed_reference(w, x, p)), f"with image_size={image_size}, patch_size={p}, "
-                                                            f"in_channels={c_in} the output differs from the Conv2d: "
-                                                            "use the constructor's arguments, not fixed numbers")
+            _embedding_matches(g, PatchEmbedding, _Embedding(image_size + p, 2, image_size // p, p, c_in, 10))
 
-    with g.check("raises ValueError for images with the wrong channels or size"):
+    with g.check("raises ValueError for images of the wrong channels, height, width or rank"):
         m, _ = _build_embedding(g, PatchEmbedding, "embedding.bad")
-        expect_value_error(g, lambda: m(rand("embedding.bad.c", 2, 1, IMG, IMG)),
-                            f"PatchEmbedding({IMG}, {P}, {C_IN}, {C}) given 1-channel images")
-        expect_value_error(g, lambda: m(rand("embedding.bad.s", 2, C_IN, 2 * IMG, 2 * IMG)),
-                            f"PatchEmbedding({IMG}, {P}, {C_IN}, {C}) given {2 * IMG}x{2 * IMG} images")
+        name = f"PatchEmbedding({IMG}, {P}, {C_IN}, {C})"
+        for shape, what in (((2, 1, IMG, IMG), "1-channel images"), ((2, 4, IMG, IMG), "4-channel images"),
+                            ((2, C_IN, 2 * IMG, 2 * IMG), f"{2 * IMG}x{2 * IMG} images"),
+                            ((2, C_IN, IMG // 2, IMG // 2), f"{IMG // 2}x{IMG // 2} images"),
+                            ((2, C_IN, IMG, 2 * IMG), f"{IMG}x{2 * IMG} images (the height fits, the width does not)"),
+                            ((2, C_IN, IMG + 2, IMG), f"{IMG + 2}x{IMG} images (the width fits, the height does not)"),
+                            ((C_IN, IMG, IMG), f"one image without a batch axis, ({C_IN}, {IMG}, {IMG})")):
+            expect_value_error(g, lambda shape=shape: m(rand("embedding.bad.x", *shape)), f"{name} given {what}",
+                               f"images must be (B, {C_IN}, {IMG}, {IMG})")
+
+    with g.check("the constructor raises ValueError when patch_size does not divide image_size"):
+        for args in ((8, 3, 3, 12), (6, 4, 1, 4), (4, 8, 1, 4)):
+            expect_value_error(g, lambda args=args: PatchEmbedding(*args), f"PatchEmbedding{args}",
+                               "patch_size must divide image_size")
+
+    with g.check("does not change the images"):
+        m, _ = _build_embedding(g, PatchEmbedding, "embedding.inplace")
+        x = rand("embedding.inplace.x", 2, C_IN, IMG, IMG)
+        g.expect(close(probe(m, x.clone()).args[0], x), "PatchEmbedding changed the images in place")
 
     g.finish()
 
 
 def check_patch_embedding(PatchEmbedding) -> None:
-    """Public: ``PatchEmbedding(8, 2, 3, 12)`` against a strided ``Conv2d`` with the same weights."""
+    """Public: one small example per clause the hidden checks grade."""
     g = Grader("PatchEmbedding (public)")
-    with g.check("PatchEmbedding(8, 2, 3, 12) equals a Conv2d with kernel size and stride 2"):
-        torch.manual_seed(0)
+    with g.check("PatchEmbedding(8, 2, 3, 12) has proj = nn.Linear(12, 12) with a bias"):
         m = PatchEmbedding(8, 2, 3, 12)
-        sd = m.state_dict()
-        g.expect(isinstance(sd, dict) and set(sd) == {"proj.weight", "proj.bias"},
-                 f"expected parameters ['proj.bias', 'proj.weight'], got {sorted(sd) if isinstance(sd, dict) else describe(sd)}")
-        g.expect(tuple(sd["proj.weight"].shape) == (12, 12), f"proj.weight should be (C, C_in P^2) = (12, 12), "
-                                                             f"got {tuple(sd['proj.weight'].shape)}")
-        x = rand("public.embedding", 2, 3, 8, 8, dtype=torch.float32)
-        conv = torch.nn.Conv2d(3, 12, 2, stride=2)
-        with torch.no_grad():
-            conv.weight.copy_(sd["proj.weight"].view(12, 3, 2, 2))
-            conv.bias.copy_(sd["proj.bias"])
-        expected = conv(x).flatten(2).transpose(1, 2)
-        out = m(x)
-        g.expect(is_tensor(out) and out.shape == (2, 16, 12), f"expected a (2, 16, 12) tensor, got {describe(out)}")
-        g.expect(torch.allclose(out, expected, atol=1e-5), "the output differs from the Conv2d: return proj(patchify(images, P))")
+        layer = getattr(m, "proj", None)
+        g.expect(is_a(layer, "torch.nn.modules.linear.Linear") and layer.bias is not None
+                 and (layer.in_features, layer.out_features) == (12, 12),
+                 f"expected proj = nn.Linear(12, 12) (with its bias), got {describe(layer)}")
+    with g.check("with weights loaded, PatchEmbedding(8, 2, 3, 12) equals a Conv2d with kernel size and stride 2"):
+        _embedding_matches(g, PatchEmbedding, _Embedding(21, 2, 4, 2, 3, 12))
+    with g.check("PatchEmbedding(6, 3, 1, 4) in float32 on one image"):
+        _embedding_matches(g, PatchEmbedding, _Embedding(22, 1, 2, 3, 1, 4, F32))
+    with g.check("1-channel images, 8x16 images, one (3, 8, 8) image without a batch axis, and "
+                 "PatchEmbedding(8, 3, 3, 12) raise ValueError"):
+        m, _ = _build_embedding(g, PatchEmbedding, "public.embedding.bad")
+        expect_value_error(g, lambda: m(rand("public.embedding.bad.c", 2, 1, IMG, IMG)), "1-channel images")
+        expect_value_error(g, lambda: m(rand("public.embedding.bad.w", 2, C_IN, IMG, 2 * IMG)), "8x16 images")
+        expect_value_error(g, lambda: m(rand("public.embedding.bad.r", C_IN, IMG, IMG)), "one (3, 8, 8) image")
+        expect_value_error(g, lambda: PatchEmbedding(8, 3, 3, 12), "PatchEmbedding(8, 3, 3, 12)")
+    with g.check("the images are not changed"):
+        m, _ = _build_embedding(g, PatchEmbedding, "public.embedding.inplace")
+        x = rand("public.embedding.inplace.x", 1, C_IN, IMG, IMG)
+        g.expect(close(probe(m, x.clone()).args[0], x), "PatchEmbedding changed the images in place")
     g.finish()
 
 
 # =========================================================================== part 3: add_cls_and_positions
 
 
-def _tokens(name: str, B: int, N_p: int, C_: int):
-    return rand(name + ".x", B, N_p, C_), rand(name + ".cls", 1, 1, C_), rand(name + ".pos", N_p + 1, C_)
+def _tokens(name: str, B: int, N_p: int, C_: int, dtype=F64):
+    return (rand(name + ".x", B, N_p, C_, dtype=dtype), rand(name + ".cls", 1, 1, C_, dtype=dtype),
+            rand(name + ".pos", N_p + 1, C_, dtype=dtype))
 
 
 _CLS_LAST = "[CLS] was put at the end: it is token 0, in front of the patches (torch.cat([cls, patches], dim=1))"
@@ -286,7 +455,17 @@ _CLS_NO_POSITION = ("[CLS] got no position: add positions to the whole sequence 
                     "positions[0] and patch n gets positions[n + 1]")
 
 
+def _cls_expected(x, cls, pos):
+    """The definition written out: token 0 is [CLS] + positions[0], token n + 1 is patch n + positions[n + 1]."""
+    x, cls, pos = x.double(), cls.double(), pos.double()
+    out = torch.empty(x.shape[0], x.shape[1] + 1, x.shape[2], dtype=F64)
+    out[:, 0] = cls[0, 0] + pos[0]
+    out[:, 1:] = x + pos[1:]
+    return out
+
+
 def _cls_mistakes(x, cls, pos):
+    x, cls, pos = x.double(), cls.double(), pos.double()
     B, N_p, C_ = x.shape
     c = cls.expand(B, 1, C_)
     return [
@@ -303,40 +482,67 @@ def _cls_mistakes(x, cls, pos):
 
 
 def _cls_call(g: Grader, fn, x, cls, pos):
+    where = f"for patches {tuple(x.shape)}, cls_token {tuple(cls.shape)} and positions {tuple(pos.shape)}"
     try:
-        return fn(x, cls, pos)
+        return fn(x.clone(), cls.clone(), pos.clone())
     except Exception as e:
         raise_unless_student_error(e)
         if x.shape[0] > 1 and ("size" in str(e).lower() or "dimension" in str(e).lower()):
-            g.fail(f"with a batch of {x.shape[0]} your code raised {type(e).__name__.removeprefix('Student')}: {e}. "
-                   "cls_token is (1, 1, C), one vector for every image: expand it to (B, 1, C) before concatenating")
-        raise
+            g.fail(f"{where} your code raised {_raised(e)}. cls_token is (1, 1, C), one vector for every image: expand "
+                   "it to (B, 1, C) before concatenating")
+        g.fail(f"{where} your code raised {_raised(e)}")
+
+
+def _cls_matches(g: Grader, fn, x, cls, pos) -> None:
+    out = _cls_call(g, fn, x, cls, pos)
+    B, N_p, C_ = x.shape
+    where = f"for patches {tuple(x.shape)} ({_dt(x.dtype)})"
+    g.expect(is_tensor(out) and tuple(out.shape) == (B, N_p + 1, C_) and out.dtype == x.dtype,
+             f"{where} expected a {_dt(x.dtype)} tensor of shape (B, N_p + 1, C) = {(B, N_p + 1, C_)}, got "
+             f"{describe(out)}")
+    right = _cls_expected(x, cls, pos)
+    if close(out, right.to(x.dtype)):
+        return
+    first_match(g, out, [(w.to(x.dtype), f"{where}: {hint}") for w, hint in _cls_mistakes(x, cls, pos)],
+                right.to(x.dtype))
+    g.fail(f"{where} the tokens differ from torch.cat([cls_token.expand(B, 1, C), patches], dim=1) + positions")
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    seed: int
+    B: int
+    N_p: int
+    C: int
+    dtype: torch.dtype = F64
+
+    def inputs(self):
+        return (tensor(self.seed, self.B, self.N_p, self.C).to(self.dtype),
+                tensor(self.seed + 1, 1, 1, self.C).to(self.dtype),
+                tensor(self.seed + 2, self.N_p + 1, self.C).to(self.dtype))
+
+
+_TOKENS = st.builds(_Tokens, SEEDS, st.integers(1, 4), st.integers(1, 9), st.integers(1, 8),
+                    st.sampled_from((F64, F64, F32)))
 
 
 def grade_add_cls_and_positions(add_cls_and_positions) -> None:
     """Grade ``add_cls_and_positions(patches, cls_token, positions)``."""
     g = Grader("add_cls_and_positions")
 
-    def expected(x, cls, pos):
-        out = torch.empty(x.shape[0], x.shape[1] + 1, x.shape[2], dtype=x.dtype)
-        out[:, 0] = cls[0, 0] + pos[0]  # token 0: [CLS] and position 0
-        out[:, 1:] = x + pos[1:]  # token n + 1: patch n and position n + 1
-        return out
-
-    with g.check("returns (B, N_p + 1, C) in the inputs' dtype"):
-        x, cls, pos = _tokens("cls.shape", 2, 4, 6)
-        out = _cls_call(g, add_cls_and_positions, x, cls, pos)
-        g.expect(is_tensor(out) and tuple(out.shape) == (2, 5, 6) and out.dtype == x.dtype,
-                 f"for patches (2, 4, 6) expected a float64 tensor of shape (B, N_p + 1, C) = (2, 5, 6), got {describe(out)}")
-
-    with g.check("[CLS] first with positions[0]; patch n is token n + 1 with positions[n + 1]"):
-        for B, N_p, C_ in ((3, 16, C), (1, 4, 5), (5, 9, 8)):
-            x, cls, pos = _tokens(f"cls.values.{B}", B, N_p, C_)
+    with g.check("returns a new (B, N_p + 1, C) tensor in the inputs' dtype (float64 and float32)"):
+        for dtype in (F64, F32):
+            x, cls, pos = _tokens("cls.shape", 2, 4, 6, dtype)
             out = _cls_call(g, add_cls_and_positions, x, cls, pos)
-            right = expected(x, cls, pos)
-            first_match(g, out, _cls_mistakes(x, cls, pos), right)
-            g.expect(close(out, right), f"for B, N_p, C = {(B, N_p, C_)} the tokens differ from "
-                                        "torch.cat([cls_token.expand(B, 1, C), patches], dim=1) + positions")
+            g.expect(is_tensor(out) and tuple(out.shape) == (2, 5, 6) and out.dtype == dtype,
+                     f"for {_dt(dtype)} patches (2, 4, 6) expected a {_dt(dtype)} tensor of shape (B, N_p + 1, C) = "
+                     f"(2, 5, 6), got {describe(out)}")
+
+    with g.check("[CLS] first with positions[0]; patch n is token n + 1 with positions[n + 1] (any B, N_p, C)"):
+        for_all("cls.values", _TOKENS, lambda case: _cls_matches(g, add_cls_and_positions, *case.inputs()),
+                max_examples=20, first=_Tokens(1, 2, 3, 2))
+        for B, N_p, C_ in ((3, 16, C), (1, 4, 5), (5, 9, 8), (1, 1, 1)):
+            _cls_matches(g, add_cls_and_positions, *_tokens(f"cls.values.{B}", B, N_p, C_))
 
     with g.check("every image gets the same [CLS] vector"):
         x, cls, pos = _tokens("cls.batch", 4, 3, 5)
@@ -345,13 +551,15 @@ def grade_add_cls_and_positions(add_cls_and_positions) -> None:
                  "token 0 differs between images or from cls_token + positions[0]: expand the one (1, 1, C) cls_token "
                  "over the batch")
 
-    with g.check("gradients reach cls_token and positions, and the patches are not changed in place"):
+    with g.check("gradients reach the patches, cls_token and positions"):
         x, cls, pos = _tokens("cls.grad", 3, 4, 5)
         upstream = rand("cls.grad.up", 3, 5, 5)
         result = probe(add_cls_and_positions, x.clone().requires_grad_(), cls.clone().requires_grad_(),
                        pos.clone().requires_grad_(), backward=(None, upstream))
-        g.expect(close(result.args[0].detach(), x), "the patches were changed in place: build a new tensor (torch.cat)")
         grads = result.grads or [None, None, None]
+        g.expect(grads[0] is not None and close(grads[0], upstream[:, 1:]),
+                 "the gradient of the patches should be the upstream gradient at tokens 1 .. N_p: use patches itself "
+                 "(no .data, .detach() or copy)")
         g.expect(grads[1] is not None and close(grads[1], upstream[:, :1].sum(0, keepdim=True)),
                  "the gradient of cls_token should be the sum over the batch of the upstream gradient at token 0: use "
                  "cls_token itself (expand, not .data, .detach() or a new tensor)")
@@ -359,11 +567,30 @@ def grade_add_cls_and_positions(add_cls_and_positions) -> None:
                  "the gradient of positions should be the upstream gradient summed over the batch: add positions "
                  "itself to the sequence (no .data, .detach() or copy)")
 
+    with g.check("does not change the patches, cls_token or positions in place"):
+        x, cls, pos = _tokens("cls.inplace", 3, 4, 5)
+        result = probe(add_cls_and_positions, x.clone(), cls.clone(), pos.clone())
+        for name, before, after in zip(("patches", "cls_token", "positions"), (x, cls, pos), result.args):
+            g.expect(is_tensor(after) and close(after, before),
+                     f"{name} was changed in place: build a new tensor (torch.cat, then +, never +=)")
+
+    with g.check("raises ValueError when the shapes do not fit"):
+        x, cls, pos = _tokens("cls.bad", 2, 4, 3)
+        for args, what in (((x, cls, pos[:4]), "positions (4, 3) for 4 patches (it needs N_p + 1 = 5 rows)"),
+                           ((x, cls, torch.cat([pos, pos[:1]])), "positions (6, 3) for 4 patches"),
+                           ((x, cls, pos[:, :2]), "positions (5, 2) for patches of width 3"),
+                           ((x, torch.cat([cls, cls], -1), pos), "cls_token (1, 1, 6) for patches of width 3"),
+                           ((x, cls[..., :2], pos), "cls_token (1, 1, 2) for patches of width 3"),
+                           ((x[0], cls, pos), "patches (4, 3) without a batch axis"),
+                           ((x[None], cls, pos), "patches (1, 2, 4, 3)")):
+            expect_value_error(g, lambda args=args: add_cls_and_positions(*args), what,
+                               "patches (B, N_p, C), cls_token (1, 1, C), positions (N_p + 1, C)")
+
     g.finish()
 
 
 def check_add_cls_and_positions(add_cls_and_positions) -> None:
-    """Public: two images of three patches of width 2, written out by hand."""
+    """Public: two images of three patches of width 2, written out by hand, then one example per clause."""
     g = Grader("add_cls_and_positions (public)")
     with g.check("2 images, 3 patches, C = 2"):
         x = torch.arange(12.0).view(2, 3, 2)
@@ -373,8 +600,27 @@ def check_add_cls_and_positions(add_cls_and_positions) -> None:
         expected = torch.tensor([[[100.1, 200.2], [0.3, 1.4], [2.5, 3.6], [4.7, 5.8]],
                                  [[100.1, 200.2], [6.3, 7.4], [8.5, 9.6], [10.7, 11.8]]])
         g.expect(is_tensor(out) and out.shape == (2, 4, 2), f"expected a (2, 4, 2) tensor, got {describe(out)}")
-        g.expect(torch.allclose(out, expected, atol=1e-5), f"expected {expected.tolist()}, got {out.tolist()}: [CLS] "
-                                                           "first, then positions[t] added to token t")
+        g.expect(close(out, expected, magnitude=200.0), f"expected {expected.tolist()}, got {out.tolist()}: [CLS] "
+                                                        "first, then positions[t] added to token t")
+    with g.check("one image of one patch, in float64 and in float32"):
+        _cls_matches(g, add_cls_and_positions, *_tokens("public.cls.one", 1, 1, 3))
+        _cls_matches(g, add_cls_and_positions, *_tokens("public.cls.one", 1, 1, 3, F32))
+    with g.check("gradients reach the patches, cls_token and positions; nothing is changed in place"):
+        x, cls, pos = _tokens("public.cls.grad", 2, 3, 2)
+        result = probe(add_cls_and_positions, x.clone().requires_grad_(), cls.clone().requires_grad_(),
+                       pos.clone().requires_grad_(), backward=(None, torch.ones(2, 4, 2, dtype=F64)))
+        grads = result.grads or [None, None, None]
+        for name, got, want in zip(("patches", "cls_token", "positions"), grads,
+                                   (torch.ones(2, 3, 2), torch.full((1, 1, 2), 2.0), torch.full((4, 2), 2.0))):
+            g.expect(is_tensor(got) and close(got, want.double()), f"the gradient of {name} is wrong or missing")
+        for name, before, after in zip(("patches", "cls_token", "positions"), (x, cls, pos), result.args):
+            g.expect(is_tensor(after) and close(after.detach(), before), f"{name} was changed in place")
+    with g.check("positions with N_p rows instead of N_p + 1, and a cls_token (1, 1, 3) for patches of width 2, "
+                 "raise ValueError"):
+        x, cls, pos = _tokens("public.cls.bad", 2, 3, 2)
+        expect_value_error(g, lambda: add_cls_and_positions(x, cls, pos[:3]), "positions (3, 2) for 3 patches")
+        expect_value_error(g, lambda: add_cls_and_positions(x, torch.cat([cls, cls[..., :1]], -1), pos),
+                           "cls_token (1, 1, 3) for patches of width 2")
     g.finish()
 
 
@@ -391,37 +637,41 @@ def _vit_pair(g: Grader, ViT, ViTConfig, name: str, dropout: float = 0.0, **over
     local.eval()
     theirs = ViT(ViTConfig(**kwargs))
     theirs.double()
-    load_weights(g, theirs, weights, "ViT")
+    _load(g, theirs, weights, "ViT")
     theirs.eval()
     return theirs, local
 
 
 def _vit_mistakes(r, x):
     """What common wrong forwards return, computed with the reference model ``r``'s pieces."""
-    tokens = r.embed(x)  # (B, T, C)
-    h = r.encoder(tokens)  # (B, T, C)
-    no_norm = tokens
-    for layer in r.encoder.layers:
-        no_norm = layer(no_norm)
-    patches = r.patch_embed(x)  # (B, N_p, C)
-    B = x.shape[0]
-    cls = r.cls_token.expand(B, 1, -1)
-    no_pos = r.head(r.encoder(torch.cat([cls, patches], 1))[:, 0])
-    return [
-        (r.head(h.mean(1)), "the classifier reads the mean of all tokens: read the [CLS] output only, "
-                            "head(encoder(tokens)[:, 0])"),
-        (r.head(h[:, 1:].mean(1)), "the classifier reads the mean of the patch tokens: read the [CLS] output, "
-                                   "head(encoder(tokens)[:, 0])"),
-        (r.head(h[:, -1]), "the classifier reads the last token: [CLS] is token 0, head(encoder(tokens)[:, 0])"),
-        (r.head(no_norm[:, 0]), "the final layer norm is missing: run the whole self.encoder (a pre-norm stack ends "
-                                "with its norm), not only its layers"),
-        (torch.softmax(r.head(h[:, 0]), -1), "forward returns probabilities: return the logits, head(...) without a "
-                                             "softmax (F.cross_entropy applies log-softmax itself)"),
-        (r.head(r.encoder(patches)[:, 0]), "[CLS] and the positions are missing: embed builds the encoder's input with "
-                                           "add_cls_and_positions(patch_embed(images), cls_token, positions)"),
-        (no_pos, "the positions are not added: embed adds pos_emb(torch.arange(N_p + 1)) through add_cls_and_positions"),
-        (r.head(tokens[:, 0]), "the encoder is not applied: logits = head(encoder(embed(images))[:, 0])"),
-    ]
+    with torch.no_grad():
+        tokens = r.embed(x)  # (B, T, C)
+        h = r.encoder(tokens)  # (B, T, C)
+        no_norm = tokens
+        for layer in r.encoder.layers:
+            no_norm = layer(no_norm)
+        patches = r.patch_embed(x)  # (B, N_p, C)
+        B = x.shape[0]
+        cls = r.cls_token.expand(B, 1, -1)
+        no_pos = r.head(r.encoder(torch.cat([cls, patches], 1))[:, 0])
+        return [
+            (r.head(h.mean(1)), "the classifier reads the mean of all tokens: read the [CLS] output only, "
+                                "head(encoder(tokens)[:, 0])"),
+            (r.head(h[:, 1:].mean(1)), "the classifier reads the mean of the patch tokens: read the [CLS] output, "
+                                       "head(encoder(tokens)[:, 0])"),
+            (r.head(h[:, -1]), "the classifier reads the last token: [CLS] is token 0, head(encoder(tokens)[:, 0])"),
+            (r.head(no_norm[:, 0]), "the final layer norm is missing: run the whole self.encoder (a pre-norm stack "
+                                    "ends "
+                                    "with its norm), not only its layers"),
+            (torch.softmax(r.head(h[:, 0]), -1), "forward returns probabilities: return the logits, head(...) without "
+                                                 "a "
+                                                 "softmax (F.cross_entropy applies log-softmax itself)"),
+            (r.head(r.encoder(patches)[:, 0]), "[CLS] and the positions are missing: embed builds the encoder's input "
+                                               "with add_cls_and_positions(patch_embed(images), cls_token, positions)"),
+            (no_pos, "the positions are not added: embed adds pos_emb(torch.arange(N_p + 1)) through "
+                     "add_cls_and_positions"),
+            (r.head(tokens[:, 0]), "the encoder is not applied: logits = head(encoder(embed(images))[:, 0])"),
+        ]
 
 
 def _parts_broken(g: Grader, m) -> None:
@@ -435,7 +685,8 @@ def _parts_broken(g: Grader, m) -> None:
     g.expect(patchify_ok, "your patchify (part 1) gives wrong patches, and the model uses it: fix part 1 first")
     w = {k: v for k, v in m.state_dict().items() if k.startswith("patch_embed.")}
     try:
-        emb_ok = close(m.patch_embed(x), _embed_reference({k.removeprefix("patch_embed."): v for k, v in w.items()}, x, P))
+        mine = {k.removeprefix("patch_embed."): v for k, v in w.items()}
+        emb_ok = close(m.patch_embed(x), _embed_reference(mine, x, P))
     except Exception as e:  # noqa: BLE001
         raise_unless_student_error(e)
         emb_ok = False
@@ -450,6 +701,102 @@ def _parts_broken(g: Grader, m) -> None:
     g.expect(cls_ok, "your add_cls_and_positions (part 3) is wrong, and embed uses it: fix part 3 first")
 
 
+@dataclass(frozen=True)
+class _Model:
+    """A ViT's shape and a batch size."""
+
+    seed: int
+    B: int
+    grid: int
+    patch_size: int
+    in_channels: int
+    n_heads: int
+    d_head: int
+    n_layers: int
+    n_classes: int
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(image_size=self.grid * self.patch_size, patch_size=self.patch_size, in_channels=self.in_channels,
+                    n_classes=self.n_classes, n_layers=self.n_layers, n_heads=self.n_heads,
+                    d_model=self.n_heads * self.d_head)
+
+    def images(self) -> torch.Tensor:
+        size = self.grid * self.patch_size
+        return tensor(self.seed, self.B, self.in_channels, size, size)
+
+    def __str__(self) -> str:
+        return f"for ViTConfig({', '.join(f'{k}={v}' for k, v in self.kwargs.items())}) on {self.B} image(s)"
+
+
+_MODELS = st.builds(_Model, SEEDS, st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3),
+                    st.integers(1, 3), st.integers(1, 4), st.integers(1, 2), st.integers(1, 6))
+
+
+def _model_matches(g: Grader, ViT, ViTConfig, case: _Model, what: str) -> None:
+    m, r = _vit_pair(g, ViT, ViTConfig, f"vit.{what}.{case.seed}", **case.kwargs)
+    _model_compare(g, m, r, case, what)
+
+
+def _model_compare(g: Grader, m, r, case: _Model, what: str) -> None:
+    """The student's model ``m`` against the reference ``r`` (same weights) on ``case``'s images."""
+    x = case.images()
+    with torch.no_grad():
+        right = r.embed(x) if what == "embed" else r(x)
+    try:
+        out = m.embed(x) if what == "embed" else m(x)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{case}: {what} raised {_raised(e)}")
+    shape = "(B, N_p + 1, C)" if what == "embed" else "logits (B, K)"
+    g.expect(is_tensor(out) and out.shape == right.shape and out.dtype == F64,
+             f"{case}: {what} should return a float64 {shape} = {tuple(right.shape)}, got {describe(out)}")
+    if close(out, right):
+        return
+    if what == "embed":
+        with torch.no_grad():
+            patches = r.patch_embed(x)
+            no_pos = torch.cat([r.cls_token.expand(x.shape[0], 1, -1), patches], 1)
+        first_match(g, out, [(no_pos, f"{case}: embed does not add the positions: pass pos_emb(torch.arange(N_p + 1)) "
+                                      "to add_cls_and_positions")], right)
+        g.fail(f"{case}: embed differs from dropout(add_cls_and_positions(patch_embed(images), cls_token, "
+               "pos_emb(torch.arange(N_p + 1))))")
+    first_match(g, out, [(wrong, f"{case}: {hint}") for wrong, hint in _vit_mistakes(r, x)], right)
+    g.fail(f"{case}: the logits differ from head(encoder(embed(images))[:, 0]) with the same weights: use the "
+           "configuration, not fixed numbers")
+
+
+@contextlib.contextmanager
+def _default_device_elsewhere():
+    """Make ``meta`` torch's default device in the student's process while the block runs (under
+    the autograder, in the check's own process, which ends with the check; here, undone at the end).
+    Build every input before entering the block."""
+    theirs = student_side("torch", torch)
+    theirs.set_default_device("meta")
+    try:
+        yield
+    finally:
+        theirs.set_default_device(None)
+
+
+def _embed_on_device(g: Grader, m, x) -> None:
+    """``m.embed(x)`` with torch's default device set to ``meta`` in the student's process: the positions must be
+    made on the images' device (the CPU), so the result is a CPU tensor."""
+    fix = ("make the positions on the images' device: pos_emb(torch.arange(N_p + 1, device=images.device)), not "
+           "torch.arange(N_p + 1) (nor .to(device) afterwards)")
+    try:
+        with _default_device_elsewhere():
+            out = m.embed(x)
+    except Exception as e:  # noqa: BLE001
+        if not (isinstance(e, NotImplementedError) and "meta tensor" in str(e)):
+            raise_unless_student_error(e)
+        g.fail(f"with torch's default device set to another device than the images' (meta), embed raised "
+               f"{_raised(e)}: {fix}")
+    g.expect(is_tensor(out) and out.device.type == "cpu",
+             f"with torch's default device set to meta, embed returned {describe(out)}"
+             f"{' on ' + out.device.type if is_tensor(out) else ''}, not a tensor on the images' device (cpu): {fix}")
+
+
 def grade_vit(ViT, ViTConfig) -> None:
     """Grade the student's ``ViT`` (its ``embed`` and ``forward``); ``ViTConfig`` is the notebook's config class."""
     g = Grader("ViT")
@@ -457,34 +804,20 @@ def grade_vit(ViT, ViTConfig) -> None:
     with g.check("embed: [CLS] and the patch embeddings with their positions, (B, N_p + 1, C)"):
         m, r = _vit_pair(g, ViT, ViTConfig, "vit.embed")
         _parts_broken(g, m)
-        x = rand("vit.embed.x", 3, C_IN, IMG, IMG)
-        out = m.embed(x)
-        right = r.embed(x)
-        g.expect(is_tensor(out) and out.shape == right.shape, f"embed should return (B, N_p + 1, C) = {tuple(right.shape)}, "
-                                                              f"got {describe(out)}")
-        patches = r.patch_embed(x)
-        g.expect(not close(out, torch.cat([r.cls_token.expand(3, 1, C), patches], 1)),
-                 "embed does not add the positions: pass pos_emb(torch.arange(N_p + 1)) to add_cls_and_positions")
-        g.expect(close(out, right), "embed differs from add_cls_and_positions(patch_embed(images), cls_token, "
-                                    "pos_emb(torch.arange(N_p + 1))) followed by dropout")
+        _model_compare(g, m, r, _Model(1, 3, IMG // P, P, C_IN, 2, C // 2, 2, K), "embed")
 
     with g.check("forward: the logits (B, K) from the [CLS] output of the encoder"):
-        m, r = _vit_pair(g, ViT, ViTConfig, "vit.forward")
-        x = rand("vit.forward.x", 4, C_IN, IMG, IMG)
-        out = m(x)
-        right = r(x)
-        g.expect(is_tensor(out) and out.shape == right.shape, f"expected logits (B, K) = {tuple(right.shape)}, got {describe(out)}")
-        first_match(g, out, _vit_mistakes(r, x), right)
-        g.expect(close(out, right), "the logits differ from head(encoder(embed(images))[:, 0]) with the same weights")
+        m, r = _vit_pair(g, ViT, ViTConfig, "vit.forward")  # a model lives in its check's process
+        _model_compare(g, m, r, _Model(2, 4, IMG // P, P, C_IN, 2, C // 2, 2, K), "forward")
 
-    with g.check("another shape: 4x4 patches, 3 layers, 4 heads, one channel"):
-        m, r = _vit_pair(g, ViT, ViTConfig, "vit.shape", image_size=8, patch_size=4, in_channels=1, n_layers=3, n_heads=4,
-                         d_model=16, n_classes=3)
-        x = rand("vit.shape.x", 2, 1, 8, 8)
-        out = m(x)
-        first_match(g, out, _vit_mistakes(r, x), r(x))
-        g.expect(close(out, r(x)), "with patch_size=4, 3 layers, 4 heads and in_channels=1 the logits differ: use "
-                                   "the configuration, not fixed numbers")
+    with g.check("any configuration: 1 to 3 channels, patch sizes, grids of 1 to 9 patches, 1 or 2 layers, 1 to 3 "
+                 "heads, batches of 1 and more"):
+        def both(case):
+            m, r = _vit_pair(g, ViT, ViTConfig, f"vit.shapes.{case.seed}", **case.kwargs)
+            _model_compare(g, m, r, case, "embed")
+            _model_compare(g, m, r, case, "forward")
+        for_all("vit.shapes", _MODELS, both, max_examples=6, first=_Model(3, 1, 2, 2, 1, 1, 2, 1, 2))
+        both(_Model(4, 2, 2, 4, 1, 4, 4, 3, 3))
 
     with g.check("each image is classified on its own"):
         m, r = _vit_pair(g, ViT, ViTConfig, "vit.batch")
@@ -493,31 +826,121 @@ def grade_vit(ViT, ViTConfig) -> None:
         g.expect(is_tensor(together) and is_tensor(alone) and close(alone, together[1:2]),
                  "the logits of an image change with the other images of the batch: never mix the batch axis (0)")
 
-    with g.check("dropout only in training mode"):
-        m, r = _vit_pair(g, ViT, ViTConfig, "vit.dropout", dropout=0.5)
+    with g.check("eval mode: no dropout (with dropout=0.5 in the configuration, embed and forward give what they give "
+                 "with dropout=0)"):
+        m, _ = _vit_pair(g, ViT, ViTConfig, "vit.dropout", dropout=0.5)
+        m0, _ = _vit_pair(g, ViT, ViTConfig, "vit.dropout", dropout=0.0)  # the same weights
         x = rand("vit.dropout.x", 4, C_IN, IMG, IMG)
-        a, b = m(x), m(x)
-        g.expect(close(a, b) and close(a, r(x)), "in eval mode with dropout=0.5 the logits should equal the reference's "
-                                                 "every time")
+        for what, out, want in (("embed", m.embed(x), m0.embed(x)), ("forward", m(x), m0(x))):
+            g.expect(is_tensor(out) and is_tensor(want) and close(out, want),
+                     f"in eval mode with dropout=0.5 {what} differs from {what} with dropout=0 (the same weights): "
+                     "dropout must act in training mode only: use self.dropout (an nn.Dropout), or F.dropout(x, p, "
+                     "training=self.training)")
+
+    with g.check("training mode: self.dropout is applied to the encoder's input, the output of embed (with its p set "
+                 "to 1, embed returns zeros and forward runs the encoder on zeros)"):
+        m, r = _vit_pair(g, ViT, ViTConfig, "vit.dropout.one")
+        x = rand("vit.dropout.one.x", 2, C_IN, IMG, IMG)
+        plain = m.embed(x)  # eval mode: no dropout
+        zeros = torch.zeros(2, N_P + 1, C, dtype=F64)
+        with torch.no_grad():
+            patches_only = torch.cat([r.cls_token.expand(2, 1, -1), zeros[:, 1:]], 1) + r.pos_emb.weight
+        dropout = getattr(m, "dropout", None)
+        g.expect(is_a(dropout, "torch.nn.modules.dropout.Dropout"), f"the given ViT has self.dropout (an nn.Dropout), "
+                                                                     f"got {describe(dropout)}")
+        set_attr(dropout, "p", 1.0)
         m.train()
-        a, b = m(x), m(x)
-        g.expect(is_tensor(a) and is_tensor(b) and not close(a, b),
-                 "in training mode with dropout=0.5 two calls gave the same logits: apply self.dropout in embed")
+        out = m.embed(x)
+        g.expect(is_tensor(out) and out.shape == zeros.shape, f"embed should return {tuple(zeros.shape)}, got "
+                                                              f"{describe(out)}")
+        if not close(out, zeros):
+            first_match(g, out, [(plain, "with self.dropout.p = 1 in training mode embed returned the tokens "
+                                         "unchanged: apply self.dropout to the output of add_cls_and_positions in "
+                                         "embed (not in forward, and not only in eval mode)"),
+                                 (patches_only, "with self.dropout.p = 1 in training mode only the patch embeddings "
+                                                "were zeroed: apply self.dropout to the whole sequence, after "
+                                                "add_cls_and_positions")], zeros)
+            g.fail("with self.dropout.p = 1 in training mode embed should return zeros: "
+                   "return self.dropout(add_cls_and_positions(...))")
+        encoded = m.encoder(zeros)  # the given encoder: no dropout of its own here (dropout=0)
+        g.expect(is_tensor(encoded), f"self.encoder returned {describe(encoded)}")
+        g.expect(close(m(x), m.head(encoded[:, 0])),
+                 "with self.dropout.p = 1 in training mode forward should be head(encoder(zeros)[:, 0]), since embed "
+                 "returns zeros: forward must run the encoder on self.embed(images), and apply no other dropout")
+
+    with g.check("training mode: self.dropout is applied once, with nn.Dropout's scaling (p = 0.5 drops about half the "
+                 "values of embed and doubles the others)"):
+        m, _ = _vit_pair(g, ViT, ViTConfig, "vit.dropout.half")
+        x = rand("vit.dropout.half.x", 3, C_IN, IMG, IMG)
+        plain = m.embed(x)  # eval mode: no dropout
+        g.expect(is_tensor(plain) and plain.shape == (3, N_P + 1, C), f"embed should return (3, {N_P + 1}, {C}), got "
+                                                                      f"{describe(plain)}")
+        set_attr(m.dropout, "p", 0.5)
+        m.train()
+        with seeded("vit.dropout.half"):
+            out = m.embed(x)
+        g.expect(is_tensor(out) and out.shape == plain.shape, f"embed should return {tuple(plain.shape)}, got "
+                                                              f"{describe(out)}")
+        dropped = out == 0  # nn.Dropout zeroes exactly
+        share = float(dropped.double().mean())
+        g.expect(close(out, torch.where(dropped, torch.zeros_like(plain), 2 * plain)),
+                 "with self.dropout.p = 0.5 in training mode each value of embed should be 0 or twice the value "
+                 "without "
+                 "dropout: apply self.dropout once, to the output of add_cls_and_positions")
+        g.expect(0.3 <= share <= 0.7, f"with self.dropout.p = 0.5 {share:.0%} of embed's values were dropped, about "
+                                      "half expected: apply self.dropout once, in embed")
+
+    with g.check("embed makes its positions on the images' device, not on torch's default device"):
+        m, _ = _vit_pair(g, ViT, ViTConfig, "vit.device")
+        _embed_on_device(g, m, rand("vit.device.x", 2, C_IN, IMG, IMG))
 
     g.finish()
 
 
 def check_vit(ViT, ViTConfig) -> None:
-    """Public: a two-layer ViT against coursekit's with the same weights."""
+    """Public: a two-layer ViT against coursekit's with the same weights, then one example per clause."""
     g = Grader("ViT (public)")
     with g.check("ViT(ViTConfig(image_size=8, patch_size=2, in_channels=3, n_classes=5, n_layers=2, n_heads=2, "
                  "d_model=12)) equals the reference with the same weights"):
         m, r = _vit_pair(g, ViT, ViTConfig, "public.vit")
         x = rand("public.vit.x", 2, C_IN, IMG, IMG)
+        with torch.no_grad():
+            right_embed, right = r.embed(x), r(x)
         emb = m.embed(x)
-        g.expect(is_tensor(emb) and emb.shape == (2, N_P + 1, C), f"embed should return (2, {N_P + 1}, {C}), got {describe(emb)}")
-        g.expect(close(emb, r.embed(x)), "embed differs from the reference: [CLS] first, positions added to every token")
+        g.expect(is_tensor(emb) and emb.shape == (2, N_P + 1, C), f"embed should return (2, {N_P + 1}, {C}), got "
+                                                                  f"{describe(emb)}")
+        g.expect(close(emb, right_embed), "embed differs from the reference: [CLS] first, positions added to every "
+                                          "token")
         out = m(x)
         g.expect(is_tensor(out) and out.shape == (2, K), f"expected logits (2, {K}), got {describe(out)}")
-        g.expect(close(out, r(x)), "the logits differ from head(encoder(embed(images))[:, 0])")
+        g.expect(close(out, right), "the logits differ from head(encoder(embed(images))[:, 0])")
+    with g.check("another configuration: one grey 8x8 image in 4x4 patches, 3 layers, 4 heads"):
+        _model_matches(g, ViT, ViTConfig, _Model(31, 1, 2, 4, 1, 4, 4, 3, 3), "forward")
+    with g.check("eval mode ignores dropout; in training mode self.dropout acts once on embed's output (p = 1: zeros, "
+                 "and forward runs the encoder on zeros; p = 0.5: values dropped or doubled)"):
+        m, _ = _vit_pair(g, ViT, ViTConfig, "public.vit.dropout", dropout=0.5)
+        m0, _ = _vit_pair(g, ViT, ViTConfig, "public.vit.dropout", dropout=0.0)
+        x = rand("public.vit.dropout.x", 1, C_IN, IMG, IMG)
+        g.expect(close(m(x), m0(x)), "in eval mode the logits with dropout=0.5 should equal those with dropout=0")
+        m = m0  # in training mode the encoder's own dropout (the configuration's) must stay off
+        plain = m.embed(x)
+        set_attr(m.dropout, "p", 1.0)
+        m.train()
+        out = m.embed(x)
+        zeros = torch.zeros(1, N_P + 1, C, dtype=F64)
+        g.expect(is_tensor(out) and close(out, zeros),
+                 "with self.dropout.p = 1 in training mode embed should return zeros: return self.dropout(...)")
+        encoded = m.encoder(zeros)
+        g.expect(is_tensor(encoded) and close(m(x), m.head(encoded[:, 0])),
+                 "with self.dropout.p = 1 in training mode forward should be head(encoder(zeros)[:, 0]): run the "
+                 "encoder on self.embed(images)")
+        set_attr(m.dropout, "p", 0.5)
+        with seeded("public.vit.dropout.half"):
+            out = m.embed(x)
+        g.expect(is_tensor(out) and close(out, torch.where(out == 0, torch.zeros_like(plain), 2 * plain)),
+                 "with self.dropout.p = 0.5 in training mode each value of embed should be 0 or twice the value "
+                 "without dropout: apply self.dropout once")
+    with g.check("the positions are made on the images' device (torch's default device set to meta for the call)"):
+        m, _ = _vit_pair(g, ViT, ViTConfig, "public.vit.device")
+        _embed_on_device(g, m, rand("public.vit.device.x", 1, C_IN, IMG, IMG))
     g.finish()

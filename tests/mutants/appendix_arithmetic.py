@@ -1,6 +1,7 @@
 """Wrong implementations for the appendix exercise (transformer arithmetic), each a mistake students really make."""
 
-from tests.mutants import Mutant
+from coursekit import arithmetic as ref
+from tests.mutants import Mutant, mutant, mutate
 
 
 MUTANTS = [
@@ -39,7 +40,8 @@ def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_hea
 ''',
     ),
     Mutant(
-        "params_ignore_gqa", "decoder_params", "decoder_params", "with grouped-query attention only the query and output",
+        "params_ignore_gqa", "decoder_params", "decoder_params",
+        "with grouped-query attention only the query and output",
         '''
 def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
     d_ff = 4 * d_model if d_ff is None else d_ff
@@ -51,7 +53,8 @@ def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_hea
 ''',
     ),
     Mutant(
-        "params_no_positions", "decoder_params", "decoder_params", "position embeddings (n_positions x d_model) are missing",
+        "params_no_positions", "decoder_params", "decoder_params",
+        "position embeddings (n_positions x d_model) are missing",
         '''
 def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -85,7 +88,8 @@ def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_hea
     attention = (d_model + 1) * (d_model + 2 * kv) + (d_model + 1) * d_model
     feedforward = 8 * d_model * d_model + 5 * d_model
     head = 0 if tied else vocab_size * d_model
-    return (vocab_size + n_positions) * d_model + n_layers * (attention + feedforward + 4 * d_model) + 2 * d_model + head
+    layers = n_layers * (attention + feedforward + 4 * d_model)
+    return (vocab_size + n_positions) * d_model + layers + 2 * d_model + head
 ''',
     ),
     # ----------------------------------------------------------------- part 2: training memory
@@ -155,7 +159,8 @@ def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
 ''',
     ),
     Mutant(
-        "memory_unknown_names_default", "memory_per_param", "training_memory_gib", "raise a ValueError that names",
+        "memory_unknown_names_default", "memory_per_param", "training_memory_gib",
+        "raise a ValueError instead (list the accepted",
         '''
 def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
     value = {"fp32": 4, "fp16": 2, "bf16": 2}.get(precision, 4)
@@ -250,4 +255,49 @@ def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
     return 6 * n_params * n_tokens / (gpu_tflops * 1e12 * mfu) / 86400
 ''',
     ),
+    # ----------------------------------------------------------------- clauses the graders did not check before
+    mutant("params_float_count", ref.decoder_params, "return an int",
+           ("kv_width = n_kv_heads * (d_model // n_heads)", "kv_width = n_kv_heads * (d_model / n_heads)")),
+    mutant("params_no_divisibility_check", ref.decoder_params, "raise a ValueError instead (say which of d_model",
+           ("    if d_model % n_heads or n_heads % n_kv_heads:\n        raise", "    if False:\n        raise")),
+    mutant("params_no_positive_check", ref.decoder_params, "must be a positive integer: use require_positive",
+           ("    require_positive(integer=True, vocab_size=vocab_size, n_positions=n_positions, d_model=d_model,\n"
+            "                     n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff)\n", "")),
+    Mutant("memory_ignores_fp32_grads", "memory_per_param", "training_memory_gib",
+           "with fp32_grads=True the gradients are float32",
+           mutate(ref.memory_per_param, ('"gradients": 4 if fp32_grads else value_bytes[precision]',
+                                         '"gradients": value_bytes[precision]'))),
+    Mutant("memory_wrong_keys", "memory_per_param", "training_memory_gib", "should return a dict with the keys",
+           mutate(ref.memory_per_param, ('"optimizer states": state_bytes[optimizer]',
+                                         '"optimizer": state_bytes[optimizer]'))),
+    mutant("memory_no_n_params_check", ref.training_memory_gib, "n_params must be a positive number",
+           ("    require_positive(n_params=n_params)\n", "")),
+    mutant("kv_rounds_to_whole_bytes", ref.kv_cache_gib, "do not round",
+           ("return values * bits / 8 / 2**30", "return values * bits // 8 / 2**30")),
+    mutant("kv_no_divisibility_check", ref.kv_cache_gib, "raise a ValueError instead (say which of d_model",
+           ("    if d_model % n_heads or n_heads % n_kv_heads:\n        raise", "    if False:\n        raise")),
+    mutant("kv_no_positive_check", ref.kv_cache_gib, "must be a positive integer: use require_positive",
+           ("    require_positive(integer=True, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,\n"
+            "                     d_model=d_model, seq_len=seq_len, batch=batch, bits=bits)\n", "")),
+    mutant("days_rejects_mfu_1", ref.training_days, "raised ValueError",
+           ("    if mfu > 1:", "    if mfu >= 1:")),
+    mutant("days_mfu_unchecked", ref.training_days, "mfu is a fraction of the peak, in (0, 1]",
+           ("    if mfu > 1:", "    if False:")),
+    mutant("days_no_positive_check", ref.training_days, "must be a positive number: use require_positive",
+           ("    require_positive(n_params=n_params, n_tokens=n_tokens, n_gpus=n_gpus, gpu_tflops=gpu_tflops, "
+            "mfu=mfu)\n", "")),
 ]
+
+#: Generated mutants (``scripts/mutation.py``) that no input the text allows tells apart from the answer.
+_TERA = ("changes every result by one part in 10**12, far inside the float64 tolerance (relative 1e-9) the text "
+         "promises so that rounding does not matter")
+EQUIVALENT = {
+    "decoder_params | norms = 2 * 2 * d_model | binop | 4": "(2 + 2) * d_model is (2 * 2) * d_model",
+    "training_memory_gib | mixed = value_bytes[precision] < 4 | number | 5":
+        "a precision takes 4 or 2 bytes, so `< 3` and `< 4` split them alike",
+    "kv_cache_gib | d_head = d_model // n_heads | binop | 1":
+        "n_heads divides d_model (checked just above), so d_model / n_heads is the same whole number, as a float; "
+        "the result is a float either way",
+    "training_days | seconds = flops / (n_gpus * gpu_tflops * 1e12 * mfu) | number | 4": "1e12 -> 1e12 + 1 " + _TERA,
+    "training_days | seconds = flops / (n_gpus * gpu_tflops * 1e12 * mfu) | number | 5": "1e12 -> 1e12 - 1 " + _TERA,
+}

@@ -67,6 +67,55 @@ def causal_mask(T, S=None, device=None):
 ''',
     ),
     Mutant(
+        "softmax_changes_dtype", "softmax", "softmax", "should be a tensor float64",
+        '''
+def softmax(x, dim=-1):
+    x = x.float()
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(x - m)
+    s = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(s > 0, s, torch.ones_like(s))
+''',
+    ),
+    Mutant(
+        "softmax_clamped_exponent", "softmax", "softmax", "subtract the maximum of each slice first",
+        '''
+def softmax(x, dim=-1):
+    e = torch.exp(x.clamp(min=-80.0, max=80.0))
+    s = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(s > 0, s, torch.ones_like(s))
+''',
+    ),
+    Mutant(
+        "causal_ignores_device", "causal_mask", "causal_mask", "should be created on the meta device",
+        '''
+def causal_mask(T, S=None, device=None):
+    S = T if S is None else S
+    if T < 0 or S < T:
+        raise ValueError(f"causal_mask needs 0 <= T <= S, got T={T} and S={S}")
+    return torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)
+''',
+    ),
+    Mutant(
+        "causal_no_value_error", "causal_mask", "causal_mask", "raise a ValueError",
+        '''
+def causal_mask(T, S=None, device=None):
+    S = T if S is None else S
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+''',
+    ),
+    Mutant(
+        "causal_empty_as_a_list", "causal_mask", "causal_mask", "causal_mask(0",
+        '''
+def causal_mask(T, S=None, device=None):
+    S = T if S is None else S
+    if T < 0 or S < T:
+        raise ValueError(f"causal_mask needs 0 <= T <= S, got T={T} and S={S}")
+    return torch.tensor([[j <= i + S - T for j in range(S)] for i in range(T)], device=device)
+''',
+    ),
+    Mutant(
         "attention_no_scaling", "scaled_dot_product_attention", "scaled_dot_product_attention",
         "divide q k^T by sqrt(D)",
         '''
@@ -178,6 +227,78 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
 ''',
     ),
     Mutant(
+        "attention_zero_scale_is_default", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "test `scale is None`",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scale = scale or 1.0 / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = softmax(scores, dim=-1)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "attention_float_mask_before_scaling", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "added before scaling",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = softmax(scores * scale, dim=-1)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "attention_finite_mask_value", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "such as -1e9 is not -inf",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9) if mask.dtype == torch.bool else scores + mask
+    weights = softmax(scores, dim=-1)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "attention_unstable_exp", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "use your stable softmax",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    e = torch.exp(scores)
+    s = e.sum(-1, keepdim=True)
+    weights = e / torch.where(s > 0, s, torch.ones_like(s))
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
+        "attention_batch_axis_assumed", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "Dimension out of range",
+        '''
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(1, 2) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = softmax(scores, dim=-1)
+    return weights @ v, weights
+''',
+    ),
+    Mutant(
         "self_attention_unprojected_values", "SelfAttention", "SelfAttention", "the values must be v_proj(x)",
         '''
 class SelfAttention(nn.Module):
@@ -225,4 +346,50 @@ class SelfAttention(nn.Module):
         return scaled_dot_product_attention(q, q, self.v_proj(x), mask=mask)
 ''',
     ),
+    Mutant(
+        "self_attention_always_biased", "SelfAttention", "SelfAttention", "pass bias=bias",
+        '''
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, d_head=None, bias=True):
+        super().__init__()
+        d_head = d_model if d_head is None else d_head
+        self.q_proj = nn.Linear(d_model, d_head)
+        self.k_proj = nn.Linear(d_model, d_head)
+        self.v_proj = nn.Linear(d_model, d_head)
+
+    def forward(self, x, mask=None):
+        if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
+            raise ValueError(f"expected x of shape (B, T, {self.q_proj.in_features}), got {tuple(x.shape)}")
+        return scaled_dot_product_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), mask=mask)
+''',
+    ),
+    Mutant(
+        "self_attention_no_shape_check", "SelfAttention", "SelfAttention", "raise a ValueError",
+        '''
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, d_head=None, bias=True):
+        super().__init__()
+        d_head = d_model if d_head is None else d_head
+        self.q_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_head, bias=bias)
+
+    def forward(self, x, mask=None):
+        return scaled_dot_product_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), mask=mask)
+''',
+    ),
 ]
+
+#: Mutants of the instructor's answers (``scripts/mutation.py``) that no input the exercise allows tells
+#: apart from the answer, each with the reason.
+EQUIVALENT = {
+    "softmax | if not torch.is_floating_point(x): | delete | 1":
+        "the exercise takes float32 and float64 x only; the TypeError for other dtypes is not part of it",
+    'softmax | raise TypeError(f"softmax expects a floating tensor, got dtype {x.dtype}") | delete | 1':
+        "the exercise takes float32 and float64 x only; the TypeError for other dtypes is not part of it",
+    "softmax | return e / torch.where(s > 0, s, torch.ones_like(s)) # an all -inf slice is 0 / 1 | number | 1":
+        "after subtracting the maximum a slice sums to at least 1 (its maximum gives exp(0)) unless it is all "
+        "-inf (sum 0), so s > 1 and s > 0 pick the same divisor",
+    "scaled_dot_product_attention | weights = softmax(scores, dim=-1) # (..., T, S), fully masked rows are 0 | "
+    "keyword | 1": "softmax's documented default is dim=-1, so softmax(scores) is softmax(scores, dim=-1)",
+}

@@ -1,246 +1,139 @@
-"""Wrong implementations for Exercise 3, each a mistake students really make."""
+"""Wrong implementations for Exercise 3, each a mistake students really make.
 
-from tests.mutants import Mutant
+Each mutant is the reference definition with one edit (``old -> new``), so the source shows
+exactly which line is wrong (and keeps the given argument checks, as a student's answer does),
+and the edit is checked to apply exactly once. ``EQUIVALENT`` holds the automatically generated
+mutants (``scripts/mutation.py``) that no input the text allows can tell from the answer.
+"""
 
-#: graded part -> grade_id of its hidden test cell in solutions/ch03_positional
+from coursekit import positional as ref
+from tests.mutants import mutant
+
+_SIN_POS = "pos = torch.arange(T, dtype=torch.float64)[:, None]  # (T, 1)"
+_SIN_FREQ = "freq = base ** (-torch.arange(0, C, 2, dtype=torch.float64) / C)  # (C/2,) w_i = base^(-2i/C)"
+_SIN_STACK = "pe = torch.stack([angles.sin(), angles.cos()], dim=-1)"
+_SIN_OUT = "return pe.reshape(T, C).to(dtype)"
+_ROPE_ANGLES = "angles = rope_angles(positions, D, base=base, scaling=scaling, factor=factor)"
+_ROPE_HEADS = "    if positions.dim() == 2 and x.dim() == 4:\n        angles = angles[:, None]"
+_ROPE_COS = "cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)"
+_ROPE_SIN = "sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)"
+_ROPE_PARTNER = "partner = torch.cat([-x2, x1], dim=-1)"
+_ROPE_OUT = "return x * cos + partner * sin"
+_SLOPES = "slopes = geometric(n) + geometric(2 * n)[0::2][: H - n]"
+_GEOMETRIC = "return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]"
+_BIAS_I = "i = torch.arange(T, device=slopes.device)[:, None] + (S - T)"
+_BIAS_J = "j = torch.arange(S, device=slopes.device)[None, :]"
+_BIAS_OFFSET = "offset = (j - i).to(slopes.dtype)"
+_BIAS_OUT = 'return bias.masked_fill(j > i, float("-inf"))'
 
 MUTANTS = [
-    Mutant(
-        "sinusoidal_sin_cos_swapped", "sinusoidal_encoding", "sinusoidal_encoding", "sin and cos are swapped",
-        '''
-def sinusoidal_encoding(T, C, base=10000.0, dtype=torch.float32):
-    pos = torch.arange(T, dtype=torch.float64)[:, None]
-    freq = base ** (-torch.arange(0, C, 2, dtype=torch.float64) / C)
-    angles = pos * freq
-    return torch.stack([angles.cos(), angles.sin()], dim=-1).reshape(T, C).to(dtype)
-''',
-    ),
-    Mutant(
-        "sinusoidal_exponent_i_over_C", "sinusoidal_encoding", "sinusoidal_encoding", "frequency exponent is off",
-        '''
-def sinusoidal_encoding(T, C, base=10000.0, dtype=torch.float32):
-    pos = torch.arange(T, dtype=torch.float64)[:, None]
-    freq = base ** (-torch.arange(C // 2, dtype=torch.float64) / C)
-    angles = pos * freq
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(T, C).to(dtype)
-''',
-    ),
-    Mutant(
-        "sinusoidal_frequency_per_channel", "sinusoidal_encoding", "sinusoidal_encoding", "every channel c its own",
-        '''
-def sinusoidal_encoding(T, C, base=10000.0, dtype=torch.float32):
-    pe = torch.zeros(T, C, dtype=torch.float64)
-    for p in range(T):
-        for c in range(C):
-            angle = p / base ** (c / C)
-            pe[p, c] = math.sin(angle) if c % 2 == 0 else math.cos(angle)
-    return pe.to(dtype)
-''',
-    ),
-    Mutant(
-        "sinusoidal_sines_then_cosines", "sinusoidal_encoding", "sinusoidal_encoding", "put all the sines first",
-        '''
-def sinusoidal_encoding(T, C, base=10000.0, dtype=torch.float32):
-    pos = torch.arange(T, dtype=torch.float64)[:, None]
-    freq = base ** (-torch.arange(0, C, 2, dtype=torch.float64) / C)
-    angles = pos * freq
-    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)
-''',
-    ),
-    Mutant(
-        "sinusoidal_ignores_base", "sinusoidal_encoding", "sinusoidal_encoding", "base argument is ignored",
-        '''
-def sinusoidal_encoding(T, C, base=10000.0, dtype=torch.float32):
-    pos = torch.arange(T, dtype=torch.float64)[:, None]
-    freq = 10000.0 ** (-torch.arange(0, C, 2, dtype=torch.float64) / C)
-    angles = pos * freq
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(T, C).to(dtype)
-''',
-    ),
-    Mutant(
-        "rope_interleaved_pairs", "apply_rope", "apply_rope", "half-split",
-        '''
-def apply_rope(x, positions, base=10000.0, scaling=None, factor=1.0):
-    positions = torch.as_tensor(positions, device=x.device)
-    angles = rope_angles(positions, x.shape[-1], base=base, scaling=scaling, factor=factor)
-    if positions.dim() == 2 and x.dim() == 4:
-        angles = angles[:, None]
-    cos = angles.cos().repeat_interleave(2, -1).to(x.dtype)
-    sin = angles.sin().repeat_interleave(2, -1).to(x.dtype)
-    x_even, x_odd = x[..., 0::2], x[..., 1::2]
-    partner = torch.stack([-x_odd, x_even], dim=-1).flatten(-2)
-    return x * cos + partner * sin
-''',
-    ),
-    Mutant(
-        "rope_mixed_conventions", "apply_rope", "apply_rope", "repeat_interleave",
-        '''
-def apply_rope(x, positions, base=10000.0, scaling=None, factor=1.0):
-    positions = torch.as_tensor(positions, device=x.device)
-    D = x.shape[-1]
-    angles = rope_angles(positions, D, base=base, scaling=scaling, factor=factor)
-    if positions.dim() == 2 and x.dim() == 4:
-        angles = angles[:, None]
-    cos = angles.cos().repeat_interleave(2, -1).to(x.dtype)
-    sin = angles.sin().repeat_interleave(2, -1).to(x.dtype)
-    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-''',
-    ),
-    Mutant(
-        "rope_rotates_backwards", "apply_rope", "apply_rope", "the rotation goes the wrong way",
-        '''
-def apply_rope(x, positions, base=10000.0, scaling=None, factor=1.0):
-    positions = torch.as_tensor(positions, device=x.device)
-    D = x.shape[-1]
-    angles = rope_angles(positions, D, base=base, scaling=scaling, factor=factor)
-    if positions.dim() == 2 and x.dim() == 4:
-        angles = angles[:, None]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
-    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
-    return x * cos + torch.cat([x2, -x1], dim=-1) * sin
-''',
-    ),
-    Mutant(
-        "rope_ignores_positions", "apply_rope", "apply_rope", "positions argument is ignored",
-        '''
-def apply_rope(x, positions, base=10000.0, scaling=None, factor=1.0):
-    T, D = x.shape[-2:]
-    angles = rope_angles(torch.arange(T), D, base=base, scaling=scaling, factor=factor)
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
-    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-''',
-    ),
-    Mutant(
-        "rope_positions_from_one", "apply_rope", "apply_rope", "shifted by one",
-        '''
-def apply_rope(x, positions, base=10000.0, scaling=None, factor=1.0):
-    positions = torch.as_tensor(positions, device=x.device) + 1
-    D = x.shape[-1]
-    angles = rope_angles(positions, D, base=base, scaling=scaling, factor=factor)
-    if positions.dim() == 2 and x.dim() == 4:
-        angles = angles[:, None]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
-    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-''',
-    ),
-    Mutant(
-        "rope_batched_positions_on_heads", "apply_rope", "apply_rope", "insert a head axis",
-        '''
-def apply_rope(x, positions, base=10000.0, scaling=None, factor=1.0):
-    positions = torch.as_tensor(positions, device=x.device)
-    D = x.shape[-1]
-    angles = rope_angles(positions, D, base=base, scaling=scaling, factor=factor)
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
-    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-''',
-    ),
-    Mutant(
-        "rope_drops_scaling", "apply_rope", "apply_rope", "pass base, scaling and factor on",
-        '''
-def apply_rope(x, positions, base=10000.0, scaling=None, factor=1.0):
-    positions = torch.as_tensor(positions, device=x.device)
-    D = x.shape[-1]
-    angles = rope_angles(positions, D, base=base)
-    if positions.dim() == 2 and x.dim() == 4:
-        angles = angles[:, None]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
-    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-''',
-    ),
-    Mutant(
-        "alibi_slopes_naive_rule", "alibi_slopes", "alibi_slopes", "is not a power of two",
-        '''
-def alibi_slopes(H, dtype=torch.float32):
-    return torch.tensor([2.0 ** (-8.0 * i / H) for i in range(1, H + 1)], dtype=dtype)
-''',
-    ),
-    Mutant(
-        "alibi_slopes_reversed", "alibi_slopes", "alibi_slopes", "the slopes are reversed",
-        '''
-def alibi_slopes(H, dtype=torch.float32):
-    def geometric(n):
-        return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
-
-    n = 1 << (H.bit_length() - 1)
-    slopes = geometric(n) + geometric(2 * n)[0::2][: H - n]
-    return torch.tensor(slopes[::-1], dtype=dtype)
-''',
-    ),
-    Mutant(
-        "alibi_slopes_from_zero", "alibi_slopes", "alibi_slopes", "the exponents start at 0",
-        '''
-def alibi_slopes(H, dtype=torch.float32):
-    def geometric(n):
-        return [2.0 ** (-8.0 * i / n) for i in range(n)]
-
-    n = 1 << (H.bit_length() - 1)
-    slopes = geometric(n) + geometric(2 * n)[0::2][: H - n]
-    return torch.tensor(slopes, dtype=dtype)
-''',
-    ),
-    Mutant(
-        "alibi_slopes_odd_extras", "alibi_slopes", "alibi_slopes", "[0::2], not [1::2]",
-        '''
-def alibi_slopes(H, dtype=torch.float32):
-    def geometric(n):
-        return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
-
-    n = 1 << (H.bit_length() - 1)
-    slopes = geometric(n) + geometric(2 * n)[1::2][: H - n]
-    return torch.tensor(slopes, dtype=dtype)
-''',
-    ),
-    Mutant(
-        "alibi_bias_sign_flipped", "alibi_bias", "alibi_bias", "the sign is flipped",
-        '''
-def alibi_bias(slopes, T, S=None):
-    S = T if S is None else S
-    i = torch.arange(T)[:, None] + (S - T)
-    j = torch.arange(S)[None, :]
-    bias = slopes[:, None, None] * (i - j).to(slopes.dtype)
-    return bias.masked_fill(j > i, float("-inf"))
-''',
-    ),
-    Mutant(
-        "alibi_bias_not_causal", "alibi_bias", "alibi_bias", "future keys must be -inf",
-        '''
-def alibi_bias(slopes, T, S=None):
-    S = T if S is None else S
-    i = torch.arange(T)[:, None] + (S - T)
-    j = torch.arange(S)[None, :]
-    return -slopes[:, None, None] * (i - j).abs().to(slopes.dtype)
-''',
-    ),
-    Mutant(
-        "alibi_bias_off_by_one", "alibi_bias", "alibi_bias", "the distance is off by one",
-        '''
-def alibi_bias(slopes, T, S=None):
-    S = T if S is None else S
-    i = torch.arange(T)[:, None] + (S - T)
-    j = torch.arange(S)[None, :]
-    bias = -slopes[:, None, None] * (i - j + 1).to(slopes.dtype)
-    return bias.masked_fill(j > i, float("-inf"))
-''',
-    ),
-    Mutant(
-        "alibi_bias_top_left", "alibi_bias", "alibi_bias", "misaligned",
-        '''
-def alibi_bias(slopes, T, S=None):
-    S = T if S is None else S
-    i = torch.arange(T)[:, None]
-    j = torch.arange(S)[None, :]
-    bias = slopes[:, None, None] * (j - i).to(slopes.dtype)
-    return bias.masked_fill(j > i, float("-inf"))
-''',
-    ),
+    # ----------------------------------------------------------------- sinusoidal_encoding
+    mutant("sinusoidal_sin_cos_swapped", ref.sinusoidal_encoding, "sin and cos are swapped",
+           (_SIN_STACK, "pe = torch.stack([angles.cos(), angles.sin()], dim=-1)")),
+    mutant("sinusoidal_exponent_i_over_C", ref.sinusoidal_encoding, "frequency exponent is off",
+           (_SIN_FREQ, "freq = base ** (-torch.arange(C // 2, dtype=torch.float64) / C)")),
+    mutant("sinusoidal_frequency_per_channel", ref.sinusoidal_encoding, "every channel c its own",
+           (_SIN_STACK, "c = torch.arange(C, dtype=torch.float64)\n    "
+                        "pe = torch.where(c % 2 == 0, (pos * base ** (-c / C)).sin(), (pos * base ** (-c / C)).cos())"),
+           (_SIN_OUT, "return pe.to(dtype)")),
+    mutant("sinusoidal_sines_then_cosines", ref.sinusoidal_encoding, "put all the sines first",
+           (_SIN_STACK, "pe = torch.cat([angles.sin(), angles.cos()], dim=-1)")),
+    mutant("sinusoidal_ignores_base", ref.sinusoidal_encoding, "base argument is ignored",
+           (_SIN_FREQ, "freq = 10000.0 ** (-torch.arange(0, C, 2, dtype=torch.float64) / C)")),
+    mutant("sinusoidal_positions_from_one", ref.sinusoidal_encoding, "your positions start at 1",
+           (_SIN_POS, "pos = torch.arange(1, T + 1, dtype=torch.float64)[:, None]")),
+    mutant("sinusoidal_angles_in_dtype", ref.sinusoidal_encoding, "lose digits; compute them in float64",
+           (_SIN_POS, "pos = torch.arange(T, dtype=dtype)[:, None]"),
+           (_SIN_FREQ, "freq = base ** (-torch.arange(0, C, 2, dtype=dtype) / C)")),
+    mutant("sinusoidal_ignores_dtype", ref.sinusoidal_encoding, "the default dtype is float32",
+           (_SIN_OUT, "return pe.reshape(T, C)")),
+    mutant("sinusoidal_float32_frequencies", ref.sinusoidal_encoding, "computed in float32",
+           (_SIN_FREQ, "freq = base ** (-torch.arange(0, C, 2, dtype=torch.float32) / C)")),
+    mutant("sinusoidal_drops_argument_checks", ref.sinusoidal_encoding, "raise a ValueError instead",
+           ("    if T < 0 or C <= 0 or C % 2:\n", "    if T < 0 or C <= 0:\n")),
+    # ----------------------------------------------------------------- apply_rope
+    mutant("rope_interleaved_pairs", ref.apply_rope, "half-split",
+           (_ROPE_COS, "cos = angles.cos().repeat_interleave(2, -1).to(x.dtype)"),
+           (_ROPE_SIN, "sin = angles.sin().repeat_interleave(2, -1).to(x.dtype)"),
+           (_ROPE_PARTNER, "partner = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)")),
+    mutant("rope_mixed_conventions", ref.apply_rope, "repeat_interleave",
+           (_ROPE_COS, "cos = angles.cos().repeat_interleave(2, -1).to(x.dtype)"),
+           (_ROPE_SIN, "sin = angles.sin().repeat_interleave(2, -1).to(x.dtype)")),
+    mutant("rope_rotates_backwards", ref.apply_rope, "the rotation goes the wrong way",
+           (_ROPE_PARTNER, "partner = torch.cat([x2, -x1], dim=-1)")),
+    mutant("rope_ignores_positions", ref.apply_rope, "positions argument is ignored",
+           (_ROPE_ANGLES, "angles = rope_angles(torch.arange(x.shape[-2]), D, base=base, scaling=scaling, "
+                          "factor=factor)"),
+           (_ROPE_HEADS, "    pass")),
+    mutant("rope_positions_from_one", ref.apply_rope, "shifted by one",
+           (_ROPE_ANGLES, "angles = rope_angles(positions + 1, D, base=base, scaling=scaling, factor=factor)")),
+    mutant("rope_batched_positions_on_heads", ref.apply_rope, "insert a head axis",
+           (_ROPE_HEADS, "    pass")),
+    mutant("rope_drops_scaling", ref.apply_rope, "scaling and factor are ignored",
+           (_ROPE_ANGLES, "angles = rope_angles(positions, D, base=base)")),
+    mutant("rope_ignores_base", ref.apply_rope, "the base argument is ignored",
+           (_ROPE_ANGLES, "angles = rope_angles(positions, D, scaling=scaling, factor=factor)")),
+    mutant("rope_linear_multiplies", ref.apply_rope, "scaling='linear'",
+           (_ROPE_ANGLES, "angles = rope_angles(positions * factor if scaling == 'linear' else positions, D, "
+                          "base=base, scaling=None if scaling == 'linear' else scaling, factor=factor)")),
+    mutant("rope_head_axis_for_3d_x", ref.apply_rope, "positions [[",
+           (_ROPE_HEADS, "    if positions.dim() == 2:\n        angles = angles[:, None]")),
+    mutant("rope_integer_positions", ref.apply_rope, "cast to integers",
+           (_ROPE_ANGLES, "angles = rope_angles(positions.long(), D, base=base, scaling=scaling, factor=factor)")),
+    mutant("rope_in_place", ref.apply_rope, "x was modified in place",
+           (_ROPE_OUT, "return x.mul_(cos).add_(partner * sin)")),
+    mutant("rope_keeps_float64", ref.apply_rope, "cast cos and sin to x.dtype",
+           (_ROPE_COS, "cos = torch.cat([angles.cos(), angles.cos()], dim=-1)"),
+           (_ROPE_SIN, "sin = torch.cat([angles.sin(), angles.sin()], dim=-1)")),
+    mutant("rope_detached", ref.apply_rope, "does not depend on x through autograd",
+           (_ROPE_OUT, "return (x * cos + partner * sin).detach()")),
+    mutant("rope_drops_argument_checks", ref.apply_rope, "raise a ValueError",
+           ("    if x.dim() < 2 or x.shape[-1] % 2:\n", "    if x.dim() < 1:\n")),
+    # ----------------------------------------------------------------- alibi_slopes
+    mutant("alibi_slopes_naive_rule", ref.alibi_slopes, "is not a power of two",
+           (_SLOPES, "slopes = [2.0 ** (-8.0 * i / H) for i in range(1, H + 1)]")),
+    mutant("alibi_slopes_reversed", ref.alibi_slopes, "the slopes are reversed",
+           ("return torch.tensor(slopes, dtype=dtype)", "return torch.tensor(slopes[::-1], dtype=dtype)")),
+    mutant("alibi_slopes_from_zero", ref.alibi_slopes, "the exponents start at 0",
+           (_GEOMETRIC, "return [2.0 ** (-8.0 * i / n) for i in range(n)]")),
+    mutant("alibi_slopes_odd_extras", ref.alibi_slopes, "[0::2], not [1::2]",
+           (_SLOPES, "slopes = geometric(n) + geometric(2 * n)[1::2][: H - n]")),
+    mutant("alibi_slopes_sorted", ref.alibi_slopes, "do not sort the slopes",
+           (_SLOPES, "slopes = sorted(geometric(n) + geometric(2 * n)[0::2][: H - n], reverse=True)")),
+    mutant("alibi_slopes_ignores_dtype", ref.alibi_slopes, "should be a float64 tensor",
+           ("return torch.tensor(slopes, dtype=dtype)", "return torch.tensor(slopes)")),
+    mutant("alibi_slopes_drops_argument_check", ref.alibi_slopes, "alibi_slopes(0) your code",
+           ('        raise ValueError(f"alibi_slopes needs at least one head, got H={H}")',
+            "        return torch.zeros(0)")),
+    # ----------------------------------------------------------------- alibi_bias
+    mutant("alibi_bias_sign_flipped", ref.alibi_bias, "the sign is flipped",
+           (_BIAS_OFFSET, "offset = (i - j).to(slopes.dtype)")),
+    mutant("alibi_bias_not_causal", ref.alibi_bias, "future keys must be -inf",
+           (_BIAS_OFFSET, "offset = -(j - i).abs().to(slopes.dtype)"),
+           (_BIAS_OUT, "return bias")),
+    mutant("alibi_bias_off_by_one", ref.alibi_bias, "the distance is off by one",
+           (_BIAS_OFFSET, "offset = (j - i - 1).to(slopes.dtype)")),
+    mutant("alibi_bias_top_left", ref.alibi_bias, "misaligned",
+           (_BIAS_I, "i = torch.arange(T, device=slopes.device)[:, None]")),
+    mutant("alibi_bias_forgets_device", ref.alibi_bias, "device=slopes.device",
+           (_BIAS_I, "i = torch.arange(T)[:, None] + (S - T)"),
+           (_BIAS_J, "j = torch.arange(S)[None, :]")),
+    mutant("alibi_bias_float32", ref.alibi_bias, "the dtype of the slopes",
+           (_BIAS_OFFSET, "offset = (j - i).float()"),
+           ("bias = slopes[:, None, None] * offset", "bias = slopes[:, None, None].float() * offset")),
+    mutant("alibi_bias_in_place", ref.alibi_bias, "modified the slopes in place",
+           ("bias = slopes[:, None, None] * offset", "bias = slopes.unsqueeze_(-1).unsqueeze_(-1) * offset")),
+    mutant("alibi_bias_square_only", ref.alibi_bias, "alibi_bias(slopes",
+           ("    S = T if S is None else S\n", "    S = T\n")),
+    mutant("alibi_bias_large_negative_instead_of_inf", ref.alibi_bias, "future keys must be -inf",
+           (_BIAS_OUT, "return bias.masked_fill(j > i, -1e9)")),
+    mutant("alibi_bias_drops_argument_checks", ref.alibi_bias, "raise a ValueError",
+           ("    if T < 0 or S < T:\n", "    if T < 0:\n")),
 ]
+
+#: Automatically generated mutants (``scripts/mutation.py``) that no input the text allows can tell
+#: from the answer, each with the reason.
+EQUIVALENT = {
+    "sinusoidal_encoding | pos = torch.arange(T, dtype=torch.float64)[:, None] # (T, 1) | keyword | 1":
+        "int64 positions times the float64 frequencies promote to float64 with the same exact values (T < 2^53)",
+}

@@ -1,6 +1,7 @@
 """Wrong implementations for Exercise 5 (BPE), each a mistake students really make."""
 
-from tests.mutants import Mutant
+from coursekit import bpe as ref
+from tests.mutants import Mutant, mutant
 
 
 MUTANTS = [
@@ -174,7 +175,7 @@ def encode_chunk(chunk, ranks):
 ''',
     ),
     Mutant(
-        "encode_characters_not_bytes", "encode_chunk", "encode_chunk", "should be its UTF-8 bytes",
+        "encode_characters_not_bytes", "encode_chunk", "encode_chunk", "start from the UTF-8 bytes",
         '''
 def encode_chunk(chunk, ranks):
     ids = [ord(c) for c in chunk]
@@ -200,4 +201,45 @@ def decode(ids, vocab, errors="replace"):
     return b"".join(vocab[i] for i in ids).decode("utf-8")
 ''',
     ),
+    # ----------------------------------------------------------------- clauses the graders did not check before
+    mutant("pairs_mutable_default", ref.get_pair_counts, "a default of counts={} is one dict shared",
+           ("counts: dict | None = None", "counts: dict | None = {}"),
+           ("    counts = {} if counts is None else counts\n", "")),
+    mutant("pairs_copy_not_in_place", ref.get_pair_counts, "add into that dict",
+           ("counts = {} if counts is None else counts", "counts = {} if counts is None else dict(counts)")),
+    mutant("pairs_string_keys", ref.get_pair_counts, "keys are (left, right) tuples of ints",
+           ("counts[pair] = counts.get(pair, 0) + weight", "counts[str(pair)] = counts.get(str(pair), 0) + weight")),
+    Mutant(
+        "merge_in_place", "merge", "merge", "changed its input list",
+        '''
+def merge(ids, pair, new_id):
+    i = 0
+    while i < len(ids) - 1:
+        if (ids[i], ids[i + 1]) == tuple(pair):
+            ids[i:i + 2] = [new_id]
+        i += 1
+    return ids
+''',
+    ),
+    mutant("train_ignores_pattern", ref.train_naive, "use the pattern argument",
+           ("freq = chunk_counts(text, pattern)", "freq = chunk_counts(text)")),
+    mutant("train_unweighted", ref.train_naive, "each distinct chunk counted once",
+           ("get_pair_counts(ids, counts, w)", "get_pair_counts(ids, counts)")),
+    mutant("train_list_pairs", ref.train_naive, "each merge must be a (left, right) tuple",
+           ("merges.append(pair)", "merges.append(list(pair))")),
+    mutant("train_crashes_without_pairs", ref.train_naive, "raised ValueError",
+           ("        if not counts:\n            break\n", "")),
+    mutant("encode_crashes_on_short_chunks", ref.encode_chunk, "raised ValueError",
+           ("while len(ids) >= 2:", "while True:")),
+    mutant("decode_ignores_errors", ref.decode, "the errors argument was ignored",
+           ('data.decode("utf-8", errors=errors)', 'data.decode("utf-8", errors="replace")')),
+    mutant("decode_error_without_the_id", ref.decode, "should name the unknown id",
+           ('raise ValueError(f"unknown token id {e.args[0]} (vocabulary size {len(vocab)})")',
+            'raise ValueError("unknown token id")')),
 ]
+
+#: Generated mutants (``scripts/mutation.py``) that no input the text allows tells apart from the answer.
+EQUIVALENT = {
+    'decode | raise ValueError(f"unknown token id {e.args[0]} (vocabulary size {len(vocab)})") from None | number | 2':
+        "a KeyError from a dict lookup holds one argument, the key: e.args[-1] is e.args[0]",
+}
