@@ -195,7 +195,7 @@ class MultiHeadAttention(nn.Module):
             key_padding_mask: ``(B, S)`` boolean, ``True`` for real keys and ``False``
                 for padding (the opposite of ``nn.MultiheadAttention``'s argument).
             is_causal: add :func:`~coursekit.attention.causal_mask` ``(T, S)`` (bottom-right
-                aligned when ``S > T``).
+                aligned when ``S > T``), made on ``x``'s device.
             need_weights: also return the attention weights.
 
         Returns:

@@ -26,7 +26,15 @@ import torch
 from hypothesis import strategies as st
 
 from coursekit import arithmetic as ref
-from coursekit.grading.core import Grader, close, describe, for_all, is_tensor, raise_unless_student_error
+from coursekit.grading.core import (
+    Grader,
+    close,
+    describe,
+    for_all,
+    is_tensor,
+    raise_unless_student_error,
+    said,
+)
 
 __all__ = [
     "check_decoder_params", "check_training_memory", "check_kv_cache", "check_training_days",
@@ -87,12 +95,6 @@ def _call(name: str, *args, **kwargs) -> str:
     return f"{name}({', '.join(parts)})"
 
 
-def _said(e: BaseException) -> str:
-    """The message of an exception the student's code raised (under the autograder, without the line of code
-    that raised it, which the sandbox appends and which may quote the very names a check looks for)."""
-    message = getattr(e, "message", None)
-    return message if isinstance(message, str) else str(e)
-
 
 def _expect_error(g: Grader, fn, args: tuple, kwargs: dict, name: str, must_name: tuple[str, ...], why: str) -> None:
     """``fn(*args, **kwargs)`` must raise a ValueError whose message holds every string of ``must_name``."""
@@ -100,7 +102,7 @@ def _expect_error(g: Grader, fn, args: tuple, kwargs: dict, name: str, must_name
     try:
         got = fn(*args, **kwargs)
     except ValueError as e:
-        missing = [s for s in must_name if s not in _said(e)]
+        missing = [s for s in must_name if s not in said(e)]
         g.expect(not missing, f"the ValueError of {call} should name {', '.join(map(repr, missing))} ({why}), "
                               f"it says: {e}")
         return

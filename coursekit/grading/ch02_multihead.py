@@ -39,6 +39,7 @@ from coursekit.grading.core import (
     Grader,
     _Failed,
     close,
+    default_device,
     describe,
     expect_value_error,
     first_match,
@@ -46,6 +47,7 @@ from coursekit.grading.core import (
     is_tensor,
     load_weights,
     magnitude,
+    meta_copy_refused,
     probe,
     raise_unless_student_error,
     random_weights,
@@ -491,6 +493,26 @@ class _Pair:
         return out, w, magnitude(scores, x, kv, *self.r.parameters())
 
 
+
+def _causal_on_x_device(g: Grader, MultiHeadAttention, config, B: int, T: int, S: int) -> None:
+    """Cross-attention with ``is_causal=True`` on CPU inputs while torch's default device (where the
+    student's code runs) is ``meta``: a mask made without ``device=x.device`` lands on ``meta``."""
+    p = _Pair(g, MultiHeadAttention, config)
+    x, kv = p.inputs(config[-1], B, T, S)
+    where = p.where(x, kv, is_causal=True) + ", with torch's default device set to meta"
+    fix = "make the causal mask on x's device: causal_mask(T, S, device=x.device)"
+    try:
+        with default_device():
+            result = p.m(x.clone(), kv.clone(), is_causal=True, need_weights=True)
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        if not meta_copy_refused(e):
+            raise_unless_student_error(e)
+        g.fail(f"{where}: {_raised(e)}: {fix}")
+    out, _ = _unpack(g, result, "forward")
+    g.expect(is_tensor(out) and out.device.type == "cpu" and close(out, p.expected(x, kv, is_causal=True)[0]),
+             f"{where}: got {describe(out)}{' on ' + out.device.type if is_tensor(out) else ''}, not the reference's "
+             f"output on x's device (cpu): {fix}")
+
 def _check_state(g: Grader, m, r, call: str) -> None:
     """The student's state_dict has the reference's names and shapes (qkv_proj and out_proj only)."""
     expected = r.state_dict()
@@ -706,6 +728,9 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
         _for_all("mha.causal", st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 5),
                                          st.integers(0, 3), st.booleans()), causal, max_examples=10,
                  first=(4, 3, 0, True, torch.float64, 4, 2, 6, 0, False))
+
+    with g.check("is_causal builds its mask on x's device, not on torch's default device"):
+        _causal_on_x_device(g, MultiHeadAttention, (2, 3, 0, True, torch.float64, 11), 2, 3, 5)
 
     with g.check("mask, boolean or floating and broadcastable to (B, H, T, S), alone and combined with "
                  "key_padding_mask and is_causal"):
@@ -960,6 +985,9 @@ def check_multihead_attention(MultiHeadAttention) -> None:
         p = pair((2, 4, 0, True, torch.float32, 44))
         _expect_forward(g, p, x, kv, key_padding_mask=torch.tensor([[True, True, True], [True, True, False]]))
         _expect_forward(g, p, x, tensor(33, 2, 7, 8, dtype=torch.float32), is_causal=True)
+    with g.check("is_causal with x (2, 3, 6) and kv (2, 5, 6) while torch's default device is meta: the mask is made on "
+                 "x's device"):
+        _causal_on_x_device(g, MultiHeadAttention, (2, 3, 0, True, torch.float64, 12), 2, 3, 5)
     with g.check("a boolean (5, 5) and a floating (2, 1, 5, 5) mask, alone and with is_causal"):
         p = pair((2, 4, 0, True, torch.float32, 45))
         _expect_forward(g, p, x, mask=att.causal_mask(5).T.contiguous())

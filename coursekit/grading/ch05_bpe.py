@@ -16,7 +16,7 @@ import regex
 from hypothesis import strategies as st
 
 from coursekit import bpe as ref
-from coursekit.grading.core import Grader, describe, for_all, probe, raise_unless_student_error
+from coursekit.grading.core import Grader, describe, for_all, probe, raise_unless_student_error, said
 
 __all__ = [
     "check_get_pair_counts", "check_merge", "check_train", "check_encode_chunk", "check_decode",
@@ -41,12 +41,6 @@ def _short(x, n: int = 160) -> str:
     text = repr(x)
     return text if len(text) <= n else text[: n - 3] + "..."
 
-
-def _said(e: BaseException) -> str:
-    """The message of an exception the student's code raised (under the autograder, without the line of code
-    that raised it, which the sandbox appends and which may quote the very names a check looks for)."""
-    message = getattr(e, "message", None)
-    return message if isinstance(message, str) else str(e)
 
 
 def _call(g: Grader, what: str, fn, *args, **kwargs):
@@ -595,7 +589,7 @@ def grade_decode(decode) -> None:
             try:
                 got = decode(ids, tok.vocab)
             except ValueError as e:
-                g.expect(str(bad) in _said(e), f"the ValueError of decode({ids}, vocab) should name the unknown id "
+                g.expect(str(bad) in said(e), f"the ValueError of decode({ids}, vocab) should name the unknown id "
                                              f"{bad}, it says: {e}")
             except KeyError:
                 g.fail(f"decode({ids}, vocab) raised a bare KeyError: catch it and raise "
@@ -630,7 +624,7 @@ def check_decode(decode) -> None:
         try:
             got = decode([104, 999], vocab)
         except ValueError as e:
-            g.expect("999" in _said(e), f"the message should name the id 999, it says: {e}")
+            g.expect("999" in said(e), f"the message should name the id 999, it says: {e}")
         else:
             g.fail(f"returned {got!r}: raise a ValueError naming the unknown id")
     g.finish()

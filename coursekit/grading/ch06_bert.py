@@ -29,6 +29,7 @@ from coursekit import bert as ref
 from coursekit.grading.core import (
     Grader,
     close,
+    default_device,
     describe,
     expect_value_error,
     first_match,
@@ -42,6 +43,7 @@ from coursekit.grading.core import (
     raise_unless_student_error,
     rand,
     random_weights,
+    said,
     set_attr,
     student_side,
     tensor,
@@ -72,12 +74,6 @@ def _ints(seed: int, high: int, *shape: int) -> torch.Tensor:
     return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(int(seed)))
 
 
-def _said(e: BaseException) -> str:
-    """The message of an exception the student's code raised (under the autograder, without the line of code
-    that raised it, which the sandbox appends and which may quote the very names a check looks for)."""
-    message = getattr(e, "message", None)
-    return message if isinstance(message, str) else str(e)
-
 
 def _call(g: Grader, what: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``; an exception of the student's code fails the check naming the call."""
@@ -104,11 +100,8 @@ def _on_default_device(device: str, call):
     t = student_side("torch", torch)
     for n in (4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024):
         t.full((n,), float("nan"), dtype=torch.float64)
-    t.set_default_device(device)
-    try:
+    with default_device(device):
         return call()
-    finally:
-        t.set_default_device(None)
 
 
 # --------------------------------------------------------------------------- BertEmbeddings
@@ -258,7 +251,7 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
             try:
                 m(ids)
             except ValueError as e:
-                g.expect(str(T) in _said(e) and "7" in _said(e),
+                g.expect(str(T) in said(e) and "7" in said(e),
                          f"the ValueError for input_ids (1, {T}) and max_len=7 should name both numbers, it says: {e}")
 
     with g.check("dropout after the norm, only in training mode (checked with its p set to 1, and at 0.5)"):
@@ -682,8 +675,8 @@ def grade_mlm_loss(mlm_loss) -> None:
         try:
             mlm_loss(logits, torch.zeros(2, 4, dtype=torch.long))
         except ValueError as e:
-            said = _said(e).replace(" ", "")
-            g.expect("2,3" in said and "2,4" in said,
+            message = said(e).replace(" ", "")
+            g.expect("2,3" in message and "2,4" in message,
                      f"the ValueError for logits (2, 3, 5) and labels (2, 4) should name the expected shape (2, 3) "
                      f"and the labels' shape (2, 4), it says: {e}")
 

@@ -26,7 +26,6 @@ the student's process, so that check sets torch's default device of that process
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -37,12 +36,14 @@ from coursekit import vit as ref
 from coursekit.grading.core import (
     Grader,
     close,
+    default_device,
     describe,
     expect_value_error,
     first_match,
     for_all,
     is_a,
     is_tensor,
+    meta_copy_refused,
     names_hint,
     probe,
     raise_unless_student_error,
@@ -766,18 +767,6 @@ def _model_compare(g: Grader, m, r, case: _Model, what: str) -> None:
            "configuration, not fixed numbers")
 
 
-@contextlib.contextmanager
-def _default_device_elsewhere():
-    """Make ``meta`` torch's default device in the student's process while the block runs (under
-    the autograder, in the check's own process, which ends with the check; here, undone at the end).
-    Build every input before entering the block."""
-    theirs = student_side("torch", torch)
-    theirs.set_default_device("meta")
-    try:
-        yield
-    finally:
-        theirs.set_default_device(None)
-
 
 def _embed_on_device(g: Grader, m, x) -> None:
     """``m.embed(x)`` with torch's default device set to ``meta`` in the student's process: the positions must be
@@ -785,10 +774,10 @@ def _embed_on_device(g: Grader, m, x) -> None:
     fix = ("make the positions on the images' device: pos_emb(torch.arange(N_p + 1, device=images.device)), not "
            "torch.arange(N_p + 1) (nor .to(device) afterwards)")
     try:
-        with _default_device_elsewhere():
+        with default_device():
             out = m.embed(x)
     except Exception as e:  # noqa: BLE001
-        if not (isinstance(e, NotImplementedError) and "meta tensor" in str(e)):
+        if not meta_copy_refused(e):
             raise_unless_student_error(e)
         g.fail(f"with torch's default device set to another device than the images' (meta), embed raised "
                f"{_raised(e)}: {fix}")

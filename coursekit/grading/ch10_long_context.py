@@ -30,7 +30,6 @@ values; the chapter measures the difference. The causal linear attention, though
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import math
@@ -46,12 +45,14 @@ from coursekit import long_context as ref
 from coursekit.grading.core import (
     Grader,
     close,
+    default_device,
     describe,
     expect_value_error,
     for_all,
     generator,
     is_tensor,
     magnitude,
+    meta_copy_refused,
     probe,
     raise_unless_student_error,
     rand,
@@ -82,34 +83,16 @@ def _raised(e: BaseException) -> str:
 # =========================================================================== devices (private helpers)
 
 
-@contextlib.contextmanager
-def _default_device_elsewhere():
-    """Make ``meta`` torch's default device in the student's process while the block runs.
-
-    Under the autograder this runs in the check's own process (which ends with the check); in
-    this process it is undone at the end. Build every input before entering the block.
-    """
-    theirs = student_side("torch", torch)
-    theirs.set_default_device("meta")
-    try:
-        yield
-    finally:
-        theirs.set_default_device(None)
-
-
-def _meta_copy_refused(e: BaseException) -> bool:
-    """``e`` is torch refusing to copy a meta tensor's (absent) data."""
-    return isinstance(e, NotImplementedError) and "meta tensor" in str(e)
 
 
 def _device_call(g: Grader, call, what: str, fix: str):
     """``call()`` with torch's default device set to ``meta`` in the student's process (inputs on the
     CPU): fail with ``fix`` when a tensor was made on the default device instead of the inputs' one."""
     try:
-        with _default_device_elsewhere():
+        with default_device():
             out = call()
     except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-        if not _meta_copy_refused(e):
+        if not meta_copy_refused(e):
             raise_unless_student_error(e)
         g.fail(f"{what}, with torch's default device set to another device than the inputs' (meta), your code "
                f"raised {type(e).__name__.removeprefix('Student')} ({str(e)[:150]}): {fix}")
@@ -130,7 +113,7 @@ def _result_device(call) -> str | None:
         out = call()
     except NotImplementedError as e:
         outside = getattr(e, "type_name", None) == "NotImplementedError" and not getattr(e, "where", "?")
-        if _meta_copy_refused(e) and outside:
+        if meta_copy_refused(e) and outside:
             return "meta"
         raise
     return out.device.type if is_tensor(out) else None
@@ -627,7 +610,7 @@ def _window_device(g: Grader, sliding_window_mask, T, W, S) -> None:
     try:
         where = _result_device(lambda: sliding_window_mask(T, W, S, device="meta"))
     except NotImplementedError as e:
-        if not _meta_copy_refused(e):
+        if not meta_copy_refused(e):
             raise
         g.fail(f"{call}: your code read the values of a meta tensor ({str(e)[:80]}): build the mask with torch "
                "operations only, on device")

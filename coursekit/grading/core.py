@@ -50,6 +50,9 @@ __all__ = [
     "set_attr",
     "tolerance",
     "student_side",
+    "said",
+    "default_device",
+    "meta_copy_refused",
     "tensor",
 ]
 
@@ -157,6 +160,36 @@ def student_side(name: str, local: Any) -> Any:
     global ``name`` (a proxy into the sandbox), so objects are built where the student's code runs."""
     session = SESSION.get()
     return local if session is None else session.remote(name)
+
+
+def said(e: BaseException) -> str:
+    """The message of an exception the student's code raised: under the autograder without the line
+    of code that raised it (which the sandbox appends, and which may quote the very names a check
+    looks for)."""
+    message = getattr(e, "message", None)
+    return message if isinstance(message, str) else str(e)
+
+
+@contextlib.contextmanager
+def default_device(device: str = "meta") -> Iterator[Any]:
+    """torch's default device set to ``device`` where the student's code runs, while the block runs.
+
+    Under the autograder this is the check's own process (which ends with the check); in-process it
+    is undone at the end. Build every input before entering the block: a tensor the student's code
+    makes without ``device=`` then lands on ``device`` (``meta`` holds no data, so the call fails or
+    its result comes back on the wrong device). Yields the student's ``torch``.
+    """
+    theirs = student_side("torch", torch)
+    theirs.set_default_device(device)
+    try:
+        yield theirs
+    finally:
+        theirs.set_default_device(None)
+
+
+def meta_copy_refused(e: BaseException) -> bool:
+    """``e`` is torch refusing to copy a meta tensor's (absent) data: a result made on ``meta``."""
+    return isinstance(e, NotImplementedError) and "meta tensor" in str(e)
 
 
 def tolerance(dtype: torch.dtype, magnitude: float = 1.0) -> tuple[float, float]:
