@@ -154,7 +154,10 @@ def cmd_pretrain(args) -> int:
 
         torch.set_num_threads(args.threads)
     record = checkpoints.pretrain(args.name, args.out, steps=args.steps)
-    shown = {k: v for k, v in record["metrics"].items() if isinstance(v, (int, float, str))}
+    metrics = record["metrics"]
+    shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
+    shown.update({f"{k}.{j}": w for k, v in metrics.items() if isinstance(v, dict) and k != "train"
+                  for j, w in v.items() if isinstance(w, (int, float))})
     written = ", ".join(p.name for p in checkpoints.files(args.name, args.out))
     print(f"wrote {written} to {checkpoints.files(args.name, args.out)[0].parent}: {shown}")
     return 0

@@ -40,7 +40,7 @@ def mlm_batch(tokens: torch.Tensor, special: SpecialTokens, block_size: int, bat
     """``batch_size`` random windows of ``block_size`` tokens as ``[CLS] w [SEP]``, masked.
 
     Returns:
-        ``(inputs, labels)``, each ``(B, block_size + 2)`` (see :func:`mask_tokens`).
+        ``(inputs, labels)``, each ``(B, block_size + 2)`` (see :func:`~coursekit.bert.mask_tokens`).
     """
     if tokens.dim() != 1 or tokens.numel() < block_size:
         raise ValueError(f"tokens must be 1-D with at least block_size={block_size} ids, got {tuple(tokens.shape)}")
@@ -68,7 +68,7 @@ def selected_logits(model: BertForMaskedLM, inputs: torch.Tensor, labels: torch.
 
 
 def mlm_batch_loss(model: BertForMaskedLM, batch) -> torch.Tensor:
-    """``loss_fn`` for :func:`coursekit.train.train`: :func:`mlm_loss` on a batch ``(inputs, labels)``."""
+    """``loss_fn`` for :func:`coursekit.train.train`: :func:`~coursekit.bert.mlm_loss` on a batch ``(inputs, labels)``."""
     inputs, labels = batch
     return mlm_loss(selected_logits(model, inputs, labels), labels[labels != -100])
 

@@ -164,7 +164,7 @@ def accuracy(model: nn.Module, d: TopicData, batch_size: int = 128) -> float:
 
 def finetune(bert: Bert | None, config: BertConfig, train_data: TopicData, test_data: TopicData,
              cfg: train.TrainConfig, dropout: float = 0.1, progress: bool = False) -> tuple[BertClassifier, train.History]:
-    """Fine-tune a :class:`BertClassifier` (from ``bert``, or from scratch if ``None``; head
+    """Fine-tune a :class:`~coursekit.bert.BertClassifier` (from ``bert``, or from scratch if ``None``; head
     dropout ``dropout``) with :func:`coursekit.train.train`; batches are random training
     passages. Test accuracy is evaluated at every ``cfg.eval_interval`` steps."""
     torch.manual_seed(cfg.seed)  # the head's initialisation
