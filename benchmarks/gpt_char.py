@@ -11,7 +11,7 @@ in the same wall-clock time, measured side by side in one run.
    here from its description: GPT-2 layout without biases, exact GELU, AdamW (0.9, 0.99),
    lr 1e-3 with 100 warmup steps and a cosine to 1e-4, weight decay 0.1, clipping at 1.
    Its training time ``W`` (evaluations excluded) is the budget.
-3. **Ours.** :data:`coursekit.pretrained.GPT_CHAR_FAST` through ``coursekit.train.train``:
+3. **Ours.** :data:`coursekit.experiments.gpt_char.GPT_CHAR_FAST` through ``coursekit.train.train``:
    a short calibration measures our steps/s, the schedule gets the number of steps that
    fits in ``W``, and the run is timed.
 
@@ -40,7 +40,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coursekit import data, pretrained, train  # noqa: E402
+from coursekit import data, train  # noqa: E402
+from coursekit.experiments import gpt_char  # noqa: E402
 from coursekit.gpt import GPT  # noqa: E402
 
 
@@ -174,16 +175,16 @@ def run(args) -> dict:
     nano_loss = val_loss(nano, d, NANO["block_size"])
     fpt_nano = flops_per_token(nano, NANO["L"], NANO["block_size"], NANO["C"])
 
-    recipe = pretrained.GPT_CHAR_FAST
+    recipe = gpt_char.GPT_CHAR_FAST
     model_cfg = replace(recipe.model, vocab_size=d.vocab_size)
     budget = nano_time
-    calib = pretrained.calibrate_steps(model_cfg, recipe.train, d, steps=10 if args.quick else 30)
-    cfg = pretrained.fit_to_budget(recipe.train, calib, budget)
+    calib = gpt_char.calibrate_steps(model_cfg, recipe.train, d, steps=10 if args.quick else 30)
+    cfg = gpt_char.fit_to_budget(recipe.train, calib, budget)
     cfg = replace(cfg, eval_interval=cfg.max_steps)  # evaluate once, at the end
     steps = cfg.max_steps
     torch.manual_seed(cfg.seed)
     ours = GPT(model_cfg)
-    history = pretrained.train_gpt(ours, d, cfg, progress=False)
+    history = gpt_char.train_gpt(ours, d, cfg, progress=False)
     ours_loss = val_loss(ours, d, model_cfg.block_size)
     fpt_ours = flops_per_token(ours, model_cfg.n_layers, model_cfg.block_size, model_cfg.d_model)
 

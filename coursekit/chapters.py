@@ -30,7 +30,8 @@ class Chapter:
         page: the book page, relative to the course root.
         modules: the ``coursekit`` modules whose code the answer cells hold (a definition is
             looked up in the first module that has it).
-        checkpoint: the committed checkpoint the chapter's page loads, if any.
+        checkpoint: the committed checkpoint the chapter's page loads, if any (a name in
+            :data:`coursekit.checkpoints.REGISTRY`).
     """
 
     assignment: str

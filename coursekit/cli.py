@@ -5,7 +5,7 @@
     coursekit report --assignment ch01_attention
     coursekit export [--format csv|canvas|moodle] [--out FILE]
     coursekit check NOTEBOOK          (students: run the public checks locally)
-    coursekit pretrain NAME [--out checkpoints]   (regenerate a committed checkpoint)
+    coursekit pretrain [NAME] [--out DIR] [--steps N] [--threads N]   (list, or regenerate, a committed checkpoint)
     coursekit doctor [grading] [book] [training] [tests]
 """
 
@@ -139,14 +139,27 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_pretrain(args) -> int:
-    from coursekit import pretrained
+    from coursekit import checkpoints
 
-    if args.name not in pretrained.CHECKPOINTS:
-        raise ValueError(f"no checkpoint called {args.name!r}; the course has {sorted(pretrained.CHECKPOINTS)}")
-    out = Path(args.out) if args.out else pretrained.checkpoint_dir()
-    metrics = pretrained.CHECKPOINTS[args.name](out)
+    if args.list or args.name is None:
+        folder = Path(args.out) if args.out else checkpoints.checkpoint_dir()
+        for name, e in checkpoints.REGISTRY.items():
+            present = all(p.is_file() for p in checkpoints.files(name, folder))
+            print(f"{name:<16} {e.about}{'' if present else ' [not in ' + str(folder) + ']'}")
+        print("regenerate one: coursekit pretrain NAME")
+        return 0
+    checkpoints.entry(args.name)  # an unknown name fails before any thread setting
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    record = checkpoints.pretrain(args.name, args.out, steps=args.steps)
+    metrics = record["metrics"]
     shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
-    print(f"wrote {out}/{args.name}.pt and {args.name}.json: {shown}")
+    shown.update({f"{k}.{j}": w for k, v in metrics.items() if isinstance(v, dict) and k != "train"
+                  for j, w in v.items() if isinstance(w, (int, float))})
+    written = ", ".join(p.name for p in checkpoints.files(args.name, args.out))
+    print(f"wrote {written} to {checkpoints.files(args.name, args.out)[0].parent}: {shown}")
     return 0
 
 
@@ -196,9 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     sandbox_options(p)
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("pretrain", help="retrain a committed checkpoint from scratch and record its metrics")
-    p.add_argument("name", help="gpt-char or seq2seq-numbers (the Chapter 6 BERT: python -m coursekit.bert pretrain)")
+    p = sub.add_parser("pretrain", help="list the committed checkpoints, or retrain one from scratch and record its metrics")
+    p.add_argument("name", nargs="?", help="bert-small, gpt-char or seq2seq-numbers (none: list them)")
+    p.add_argument("--list", action="store_true", help="list the checkpoints and what each is")
     p.add_argument("--out", help="folder to write into (default: the repository's checkpoints/)")
+    p.add_argument("--steps", type=int, help="a shortened run of this many steps (a smoke test; not for committing)")
+    p.add_argument("--threads", type=int, help="torch threads (the committed checkpoints were trained on 1)")
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("doctor", help="is this machine ready to grade, build the book, train, run the tests?")

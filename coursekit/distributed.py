@@ -141,8 +141,8 @@ def train_ddp(
 def main(argv: list[str] | None = None) -> int:
     """Train the character GPT data-parallel; rank 0 prints (and ``--json`` writes) the history."""
     from coursekit import data
+    from coursekit.experiments.gpt_char import GPT_CHAR_FAST, gpt_val_loss
     from coursekit.gpt import GPT
-    from coursekit.pretrained import GPT_CHAR_FAST, gpt_val_loss
 
     p = argparse.ArgumentParser(prog="torchrun ... -m coursekit.distributed", description=main.__doc__)
     p.add_argument("--steps", type=int, default=200, help="optimizer updates (default 200)")

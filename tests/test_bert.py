@@ -1,5 +1,6 @@
 """coursekit.bert against Hugging Face BERT (tiny random configs, no download), closed forms,
-binomial bounds for the masking rule, and the committed checkpoint."""
+binomial bounds for the masking rule; Chapter 6's experiment (coursekit.experiments.bert_mlm,
+coursekit.experiments.topics) and the committed checkpoint bert-small."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from coursekit import bert as B
-from coursekit import data
+from coursekit import checkpoints, data
+from coursekit.experiments import bert_mlm as M
+from coursekit.experiments import topics as T
 from tests.conftest import TOL, assert_close
 from tests.conftest import randomise as _randomise
 
@@ -341,7 +344,7 @@ def test_mlm_loss_errors():
 def test_mlm_batch_is_cls_window_sep_with_masks():
     special = B.SpecialTokens.after(100)
     tokens = torch.arange(100).repeat(5)  # ordinary ids 0..99, consecutive
-    inputs, labels = B.mlm_batch(tokens, special, 20, 8, 104, torch.Generator().manual_seed(0))
+    inputs, labels = M.mlm_batch(tokens, special, 20, 8, 104, torch.Generator().manual_seed(0))
     assert inputs.shape == (8, 22)
     assert (inputs[:, 0] == special.cls).all() and (inputs[:, -1] == special.sep).all()
     original = torch.where(labels != -100, labels, inputs)[:, 1:-1]
@@ -351,8 +354,8 @@ def test_mlm_batch_is_cls_window_sep_with_masks():
 def test_count_baselines_on_a_text_whose_bigrams_are_certain():
     special = B.SpecialTokens.after(8)
     tokens = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 0] * 50)  # 0 is the most frequent
-    batches = B.mlm_eval_batches(tokens, special, 30, 16, 12, n_batches=4, seed=0)
-    base = B.mlm_baselines(tokens, batches, special, 12)
+    batches = M.mlm_eval_batches(tokens, special, 30, 16, 12, n_batches=4, seed=0)
+    base = M.mlm_baselines(tokens, batches, special, 12)
     targets = torch.cat([lab[lab != -100] for _, lab in batches])
     assert base["unigram"] == pytest.approx(float((targets == 0).double().mean()))
     assert base["bigram"] > 0.85 > base["unigram"]  # 1 -> 2 -> 3 -> 0 always; after 0: 1 (3 in 4 times)
@@ -361,8 +364,8 @@ def test_count_baselines_on_a_text_whose_bigrams_are_certain():
 def test_evaluate_mlm_counts_every_masked_position_once():
     model = B.BertForMaskedLM(TINY).eval()
     special = B.SpecialTokens.after(36)
-    batches = B.mlm_eval_batches(torch.arange(36).repeat(10), special, 8, 4, 40, n_batches=3)
-    got = B.evaluate_mlm(model, batches)
+    batches = M.mlm_eval_batches(torch.arange(36).repeat(10), special, 8, 4, 40, n_batches=3)
+    got = M.evaluate_mlm(model, batches)
     with torch.no_grad():
         logits = torch.cat([model(x)[y != -100] for x, y in batches])
     targets = torch.cat([y[y != -100] for _, y in batches])
@@ -374,7 +377,7 @@ def test_evaluate_mlm_counts_every_masked_position_once():
 def test_encode_with_special_gives_the_mask_its_leading_space():
     tok = data.bpe_tokenizer("the if statement and the for statement " * 20, 300)
     special = B.SpecialTokens.after(tok.vocab_size)
-    ids = B.encode_with_special(tok, special, "the [MASK] statement")
+    ids = M.encode_with_special(tok, special, "the [MASK] statement")
     assert ids == tok.encode("the") + [special.mask] + tok.encode(" statement")
 
 
@@ -384,30 +387,30 @@ def test_encode_with_special_gives_the_mask_its_leading_space():
 def test_every_topic_of_this_python_is_in_exactly_one_group():
     from pydoc_data.topics import topics
 
-    B.check_topic_groups(topics)
-    grouped = [k for keys in B.TOPIC_GROUPS.values() for k in keys]
+    T.check_topic_groups(topics)
+    grouped = [k for keys in T.TOPIC_GROUPS.values() for k in keys]
     assert sorted(grouped) == sorted(topics)
     with pytest.raises(ValueError, match="in no group \\['match'\\]"):
-        B.check_topic_groups([*topics, "match"])
+        T.check_topic_groups([*topics, "match"])
     with pytest.raises(KeyError, match="'match'"):
-        B.topic_group("match")
+        T.topic_group("match")
 
 
 def test_duplicate_topics_are_sections_of_bigger_ones():
     from pydoc_data.topics import topics
 
-    dupes = B.duplicate_topics(topics)
+    dupes = T.duplicate_topics(topics)
     assert dupes["if"] == dupes["else"] == dupes["for"] == "compound" and dupes["customization"] == "specialnames"
     assert "compound" not in dupes and "specialnames" not in dupes and "typesseq" not in dupes
     for key, container in dupes.items():
-        assert B.topic_group(key) == B.topic_group(container)
+        assert T.topic_group(key) == T.topic_group(container)
 
 
 def test_topic_passages_split_each_topic_in_order():
     text = data.split_text(data.load_text("python-docs"))[0]
     tok = data.bpe_tokenizer(text[:60000], 400)
     special = B.SpecialTokens.after(tok.vocab_size)
-    train_d, test_d = B.topic_passages(tok, special, length=30)
+    train_d, test_d = T.topic_passages(tok, special, length=30)
     for d in (train_d, test_d):
         assert d.ids.shape[1] == 32 and (d.ids[:, 0] == special.cls).all()
         assert torch.equal(d.mask, d.ids != special.pad)
@@ -416,7 +419,7 @@ def test_topic_passages_split_each_topic_in_order():
         assert set(d.labels.tolist()) == {0, 1, 2, 3}
     n_train, n_test = len(train_d.labels), len(test_d.labels)
     assert 0.15 < n_test / (n_train + n_test) < 0.25
-    assert not set(train_d.topics) & set(B.duplicate_topics(__import__("pydoc_data.topics").topics.topics))
+    assert not set(train_d.topics) & set(T.duplicate_topics(__import__("pydoc_data.topics").topics.topics))
 
 
 # --------------------------------------------------------------------------- the committed checkpoint
@@ -425,16 +428,17 @@ def test_topic_passages_split_each_topic_in_order():
 def test_checkpoint_reproduces_its_recorded_validation_loss():
     """Deterministic re-evaluation of the committed float16 weights on the fixed validation set."""
     if not (CHECKPOINTS / "bert-small.pt").is_file():
-        pytest.fail("checkpoints/bert-small.pt is missing: run `python -m coursekit.bert pretrain --out checkpoints`")
-    model, tok, special, metrics = B.load_pretrained(CHECKPOINTS)
+        pytest.fail("checkpoints/bert-small.pt is missing: run `coursekit pretrain bert-small`")
+    ck = checkpoints.load("bert-small", CHECKPOINTS)
+    model, tok, special, metrics = ck.model, ck.tokenizer, ck.special, ck.metrics
     size = sum(p.stat().st_size for p in CHECKPOINTS.glob("bert-small*"))
     assert size < 6e6, f"the checkpoint files take {size / 1e6:.1f} MB"
     val_text = data.split_text(data.load_text("python-docs"))[1]
     val = data.encode_text(tok, val_text)
     v = metrics["validation"]
-    batches = B.mlm_eval_batches(val, special, model.config.max_len - 2, v["batch_size"], model.config.vocab_size,
+    batches = M.mlm_eval_batches(val, special, model.config.max_len - 2, v["batch_size"], model.config.vocab_size,
                                  v["batches"], v["seed"])
-    got = B.evaluate_mlm(model, batches)
+    got = M.evaluate_mlm(model, batches)
     assert got["n_masked"] == v["n_masked"]
     assert got["loss"] == pytest.approx(v["loss"], abs=1e-4)
     assert got["accuracy"] == pytest.approx(v["accuracy"], abs=1e-3)
@@ -445,12 +449,14 @@ def test_checkpoint_reproduces_its_recorded_validation_loss():
 @pytest.mark.skipif(os.environ.get("COURSEKIT_RETRAIN") != "1", reason="retraining: set COURSEKIT_RETRAIN=1 (a few minutes)")
 def test_retraining_a_short_version_writes_a_consistent_checkpoint(tmp_path):
     torch.set_num_threads(1)
-    metrics = B.pretrain_checkpoint(tmp_path, max_steps=150, finetune_steps=30, progress=False)
-    model, tok, special, recorded = B.load_pretrained(tmp_path)
+    recipe = replace(M.BERT_SMALL, max_steps=150, finetune_steps=30)
+    metrics = checkpoints.pretrain("bert-small", tmp_path, recipe, progress=False)["metrics"]
+    ck = checkpoints.load("bert-small", tmp_path)
+    model, tok, special, recorded = ck.model, ck.tokenizer, ck.special, ck.metrics
     assert recorded == json.loads(json.dumps(metrics))
     val = data.encode_text(tok, data.split_text(data.load_text("python-docs"))[1])
-    batches = B.mlm_eval_batches(val, special, model.config.max_len - 2, 32, model.config.vocab_size, 8, 0)
-    assert B.evaluate_mlm(model, batches)["loss"] == pytest.approx(recorded["validation"]["loss"], abs=1e-4)
+    batches = M.mlm_eval_batches(val, special, model.config.max_len - 2, 32, model.config.vocab_size, 8, 0)
+    assert M.evaluate_mlm(model, batches)["loss"] == pytest.approx(recorded["validation"]["loss"], abs=1e-4)
     evals = metrics["train"]["evals"]
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 1.0, "MLM training lowered the validation loss"
     assert metrics["validation"]["accuracy"] > metrics["baselines"]["unigram"]

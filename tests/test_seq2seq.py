@@ -1,4 +1,5 @@
-"""Chapter 8: the number-word task, the encoder-decoder and its pieces, decoding, the committed checkpoint.
+"""Chapter 8: the number-word task (coursekit.experiments.number_words), the encoder-decoder and its pieces
+(coursekit.seq2seq), decoding, the committed checkpoint.
 
 References: hand-checked number words and num2words (with its one known German slip),
 Hugging Face's BART ``shift_tokens_right``, ``nn.MultiheadAttention``,
@@ -19,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coursekit import layers, multihead
+from coursekit import checkpoints, layers, multihead
 from coursekit import seq2seq as s2s
+from coursekit.experiments import number_words as num
 from coursekit.attention import causal_mask, padding_mask
 from tests.conftest import assert_close
 
@@ -67,24 +69,24 @@ GERMAN = {
 
 @pytest.mark.parametrize("n", sorted(ENGLISH))
 def test_english_hand_checked(n):
-    assert s2s.english(n) == ENGLISH[n]
+    assert num.english(n) == ENGLISH[n]
 
 
 @pytest.mark.parametrize("n", sorted(GERMAN))
 def test_german_hand_checked(n):
-    assert s2s.german(n) == GERMAN[n]
+    assert num.german(n) == GERMAN[n]
 
 
 def _sample(k=400, seed=0):
     rng = random.Random(seed)
-    return list(range(1100)) + [rng.randrange(s2s.MAX_NUMBER + 1) for _ in range(k)] + [s2s.MAX_NUMBER]
+    return list(range(1100)) + [rng.randrange(num.MAX_NUMBER + 1) for _ in range(k)] + [num.MAX_NUMBER]
 
 
 def test_english_equals_num2words_without_its_british_and():
     from num2words import num2words  # a test dependency (requirements.txt)
 
     for n in _sample():
-        assert s2s.english(n) == num2words(n).replace(" and", "").replace(",", ""), n
+        assert num.english(n) == num2words(n).replace(" and", "").replace(",", ""), n
 
 
 def test_german_equals_num2words_except_its_einstausend():
@@ -98,20 +100,20 @@ def test_german_equals_num2words_except_its_einstausend():
         if n // 1000 > 100 and n // 1000 % 100 == 1:
             assert "einstausend" in theirs
             theirs = theirs.replace("einstausend", "eintausend")
-        assert s2s.german(n) == theirs, n
+        assert num.german(n) == theirs, n
 
 
 def test_number_words_are_one_to_one_and_well_formed():
     numbers = range(20000)
-    assert len({s2s.english(n) for n in numbers}) == len({s2s.german(n) for n in numbers}) == 20000
+    assert len({num.english(n) for n in numbers}) == len({num.german(n) for n in numbers}) == 20000
     rng = random.Random(2)
-    for n in list(range(2000)) + [rng.randrange(s2s.MAX_NUMBER + 1) for _ in range(2000)]:
-        de, en = s2s.german(n), s2s.english(n)
+    for n in list(range(2000)) + [rng.randrange(num.MAX_NUMBER + 1) for _ in range(2000)]:
+        de, en = num.german(n), num.english(n)
         assert re.fullmatch(r"[a-zäöüß]+", de) and " " not in de
         assert "eins" not in de[:-4] and "einsund" not in de  # eins only at the very end
         assert " and " not in f" {en} " and "--" not in en
-        assert s2s.german(n) == "".join(s2s.german_tokens(n))
-        assert s2s.english(n) == " ".join(s2s.english_tokens(n)).replace(" - ", "-")
+        assert num.german(n) == "".join(num.german_tokens(n))
+        assert num.english(n) == " ".join(num.english_tokens(n)).replace(" - ", "-")
 
 
 def test_german_thousands_compose():
@@ -119,86 +121,86 @@ def test_german_thousands_compose():
     rng = random.Random(3)
     for _ in range(500):
         a, b = rng.randrange(1, 1000), rng.randrange(1000)
-        prefix = re.sub("eins$", "ein", s2s.german(a)) + "tausend"
-        assert s2s.german(1000 * a + b) == prefix + (s2s.german(b) if b else "")
-        assert s2s.english(1000 * a + b) == s2s.english(a) + " thousand" + (f" {s2s.english(b)}" if b else "")
+        prefix = re.sub("eins$", "ein", num.german(a)) + "tausend"
+        assert num.german(1000 * a + b) == prefix + (num.german(b) if b else "")
+        assert num.english(1000 * a + b) == num.english(a) + " thousand" + (f" {num.english(b)}" if b else "")
 
 
 def test_units_come_before_tens_in_german_only():
     for tens in range(2, 10):
         for unit in range(1, 10):
             n = 10 * tens + unit
-            en, de = s2s.english_tokens(n), s2s.german_tokens(n)
-            assert en == [s2s.english(10 * tens), "-", s2s.english(unit)]
-            assert de == [s2s.german_tokens(unit)[0] if unit > 1 else "ein", "und", s2s.german(10 * tens)]
+            en, de = num.english_tokens(n), num.german_tokens(n)
+            assert en == [num.english(10 * tens), "-", num.english(unit)]
+            assert de == [num.german_tokens(unit)[0] if unit > 1 else "ein", "und", num.german(10 * tens)]
 
 
 @pytest.mark.slow
 def test_number_words_are_one_to_one_over_the_whole_range():
-    numbers = range(s2s.MAX_NUMBER + 1)
-    assert len({s2s.english(n) for n in numbers}) == len({s2s.german(n) for n in numbers}) == s2s.MAX_NUMBER + 1
+    numbers = range(num.MAX_NUMBER + 1)
+    assert len({num.english(n) for n in numbers}) == len({num.german(n) for n in numbers}) == num.MAX_NUMBER + 1
 
 
-@pytest.mark.parametrize("bad", [-1, s2s.MAX_NUMBER + 1, 3.0, True, "7"])
+@pytest.mark.parametrize("bad", [-1, num.MAX_NUMBER + 1, 3.0, True, "7"])
 def test_number_words_reject_bad_numbers(bad):
-    for fn in (s2s.english, s2s.german, s2s.english_tokens, s2s.german_tokens):
+    for fn in (num.english, num.german, num.english_tokens, num.german_tokens):
         with pytest.raises(ValueError, match="0 .. 999,999"):
             fn(bad)
 
 
 def test_vocabularies_cover_every_token_and_round_trip():
     for n in _sample(200):
-        ids = s2s.DE_VOCAB.encode(s2s.german_tokens(n))
-        assert ids[-1] == s2s.EOS and s2s.DE_VOCAB.decode(ids + [s2s.PAD, 7]) == s2s.german_tokens(n)
-        assert s2s.EN_VOCAB.decode(s2s.EN_VOCAB.encode(s2s.english_tokens(n))) == s2s.english_tokens(n)
-    assert s2s.EN_VOCAB.itos[:3] == s2s.DE_VOCAB.itos[:3] == ("<pad>", "<bos>", "<eos>")
-    assert {"ein", "eins", "und", "dreißig", "zwölf"} <= set(s2s.DE_VOCAB.itos)
+        ids = num.DE_VOCAB.encode(num.german_tokens(n))
+        assert ids[-1] == s2s.EOS and num.DE_VOCAB.decode(ids + [s2s.PAD, 7]) == num.german_tokens(n)
+        assert num.EN_VOCAB.decode(num.EN_VOCAB.encode(num.english_tokens(n))) == num.english_tokens(n)
+    assert num.EN_VOCAB.itos[:3] == num.DE_VOCAB.itos[:3] == ("<pad>", "<bos>", "<eos>")
+    assert {"ein", "eins", "und", "dreißig", "zwölf"} <= set(num.DE_VOCAB.itos)
     with pytest.raises(ValueError, match="not in the vocabulary"):
-        s2s.DE_VOCAB.encode(["zwei", "tausendundeins"])
+        num.DE_VOCAB.encode(["zwei", "tausendundeins"])
     with pytest.raises(ValueError, match="token ids must be in"):
-        s2s.DE_VOCAB.decode([3, 999])
+        num.DE_VOCAB.decode([3, 999])
     with pytest.raises(ValueError, match="distinct"):
-        s2s.Vocab(["a", "a"])
+        num.Vocab(["a", "a"])
 
 
 # =========================================================================== splits and batches
 
 
 def test_splits_are_disjoint_cover_everything_and_are_fixed():
-    sp = s2s.number_splits()
-    assert (len(sp.train), len(sp.val), len(sp.test)) == (s2s.MAX_NUMBER + 1 - 7000, 2000, 5000)
+    sp = num.number_splits()
+    assert (len(sp.train), len(sp.val), len(sp.test)) == (num.MAX_NUMBER + 1 - 7000, 2000, 5000)
     everything = torch.cat([sp.train, sp.val, sp.test])
-    assert torch.equal(everything.sort().values, torch.arange(s2s.MAX_NUMBER + 1))
+    assert torch.equal(everything.sort().values, torch.arange(num.MAX_NUMBER + 1))
     for a, b in ((sp.train, sp.val), (sp.train, sp.test), (sp.val, sp.test)):
         assert not torch.isin(a, b).any()
-    again, other = s2s.number_splits(), s2s.number_splits(seed=1)
+    again, other = num.number_splits(), num.number_splits(seed=1)
     assert torch.equal(again.test, sp.test) and not torch.equal(other.test, sp.test)
     # no test sentence is a training sentence, on either side
     train_sample = sp.train[torch.randperm(len(sp.train), generator=torch.Generator().manual_seed(0))[:20000]]
-    seen = {s2s.german(int(n)) for n in train_sample} | {s2s.english(int(n)) for n in train_sample}
-    assert not any(s2s.german(int(n)) in seen or s2s.english(int(n)) in seen for n in sp.test)
+    seen = {num.german(int(n)) for n in train_sample} | {num.english(int(n)) for n in train_sample}
+    assert not any(num.german(int(n)) in seen or num.english(int(n)) in seen for n in sp.test)
 
 
 @pytest.mark.parametrize("n_val, n_test", [(0, 10), (10, 0), (500_000, 500_000)])
 def test_splits_reject_bad_sizes(n_val, n_test):
     with pytest.raises(ValueError, match="n_val"):
-        s2s.number_splits(n_val, n_test)
+        num.number_splits(n_val, n_test)
 
 
 def test_number_shape_classes_numbers_by_how_they_are_spelled():
-    shape = lambda n: int(s2s.number_shape(torch.tensor([n])))  # noqa: E731
+    shape = lambda n: int(num.number_shape(torch.tensor([n])))  # noqa: E731
     assert shape(342671) == shape(567821) != shape(342000) != shape(342601) != shape(342671)
     assert shape(42) == shape(87) != shape(41) != shape(40) != shape(17)
     assert shape(101000) == shape(201000) != shape(100000)
-    everything = s2s.number_shape(torch.arange(s2s.MAX_NUMBER + 1))
+    everything = num.number_shape(torch.arange(num.MAX_NUMBER + 1))
     assert everything.unique().tolist() == list(range(144))
     # spelled alike: within a class, the German morphemes differ only in which digit words they use
-    digit_words = set(s2s.DE_VOCAB.itos[3:]) - {"und", "hundert", "tausend", "eins", "ein"}
+    digit_words = set(num.DE_VOCAB.itos[3:]) - {"und", "hundert", "tausend", "eins", "ein"}
     rng = random.Random(4)
     for c in rng.sample(range(144), 20):
         members = torch.nonzero(everything == c).flatten()[:50].tolist()
         def skeleton(n):  # digit words as "#"; the hundreds digit 1 ("ein hundert") is a digit word too
-            tokens = s2s.german_tokens(n) + [""]
+            tokens = num.german_tokens(n) + [""]
             return tuple("#" if t in digit_words or (t == "ein" and nxt == "hundert") else t
                          for t, nxt in zip(tokens, tokens[1:]))
         skeletons = {skeleton(n) for n in members}
@@ -206,33 +208,33 @@ def test_number_shape_classes_numbers_by_how_they_are_spelled():
 
 
 def test_sample_numbers_balances_the_classes():
-    sp = s2s.number_splits()
+    sp = num.number_splits()
     g = torch.Generator().manual_seed(0)
-    x = s2s.sample_numbers(sp.train, 14400, g)
+    x = num.sample_numbers(sp.train, 14400, g)
     assert torch.isin(x, sp.train).all()
-    counts = torch.bincount(s2s.number_shape(x), minlength=144).double()
-    present = torch.bincount(s2s.number_shape(sp.train), minlength=144) > 0
+    counts = torch.bincount(num.number_shape(x), minlength=144).double()
+    present = torch.bincount(num.number_shape(sp.train), minlength=144) > 0
     expected = 14400 / int(present.sum())
     assert (counts[~present] == 0).all() and ((counts[present] - expected).abs() < 5 * expected ** 0.5).all()
-    assert torch.equal(s2s.sample_numbers(sp.train, 50, torch.Generator().manual_seed(3)),
-                       s2s.sample_numbers(sp.train, 50, torch.Generator().manual_seed(3)))
-    small = s2s.sample_numbers(torch.tensor([5, 123456]), 200, g)
+    assert torch.equal(num.sample_numbers(sp.train, 50, torch.Generator().manual_seed(3)),
+                       num.sample_numbers(sp.train, 50, torch.Generator().manual_seed(3)))
+    small = num.sample_numbers(torch.tensor([5, 123456]), 200, g)
     assert set(small.tolist()) == {5, 123456}
     with pytest.raises(ValueError, match="empty"):
-        s2s.sample_numbers(torch.tensor([], dtype=torch.long), 3, g)
+        num.sample_numbers(torch.tensor([], dtype=torch.long), 3, g)
 
 
 def test_make_batch_pads_and_ends_targets_with_eos():
-    src, tgt = s2s.make_batch([42, 999999, 7])
+    src, tgt = num.make_batch([42, 999999, 7])
     assert src.dtype == tgt.dtype == torch.long
     assert src.shape == (3, 11) and tgt.shape == (3, 12)
-    assert s2s.EN_VOCAB.decode(src[0]) == ["forty", "-", "two", "<pad>", "<pad>", "<pad>", "<pad>", "<pad>",
+    assert num.EN_VOCAB.decode(src[0]) == ["forty", "-", "two", "<pad>", "<pad>", "<pad>", "<pad>", "<pad>",
                                            "<pad>", "<pad>", "<pad>"]
-    assert tgt[0, :4].tolist() == s2s.DE_VOCAB.encode(["zwei", "und", "vierzig"]) and (tgt[0, 4:] == s2s.PAD).all()
+    assert tgt[0, :4].tolist() == num.DE_VOCAB.encode(["zwei", "und", "vierzig"]) and (tgt[0, 4:] == s2s.PAD).all()
     lengths = (tgt != s2s.PAD).sum(1)
     assert (tgt[torch.arange(3), lengths - 1] == s2s.EOS).all()
     with pytest.raises(ValueError, match="at least one"):
-        s2s.make_batch([])
+        num.make_batch([])
 
 
 # =========================================================================== shift_right
@@ -394,7 +396,7 @@ def test_model_equals_nn_transformer_with_copied_weights():
     t = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_ff, dropout=0.0,
                        batch_first=True, norm_first=True).double().eval()
     t.load_state_dict(s2s.to_torch_transformer_state_dict(model))
-    src, tgt = s2s.make_batch([42, 999999, 7, 101000])
+    src, tgt = num.make_batch([42, 999999, 7, 101000])
     tgt_in = s2s.shift_right(tgt, s2s.BOS, s2s.PAD)
     src_mask = src != s2s.PAD
     T = tgt_in.shape[1]
@@ -418,10 +420,10 @@ def test_model_ties_the_output_layer_to_the_target_embedding():
 
 def test_changing_a_future_target_does_not_change_earlier_logits():
     model = nano_model()
-    src, tgt = s2s.make_batch([123456, 777777])
+    src, tgt = num.make_batch([123456, 777777])
     tgt_in = s2s.shift_right(tgt, s2s.BOS, s2s.PAD)
     other = tgt_in.clone()
-    other[:, 6:] = torch.randint(3, len(s2s.DE_VOCAB), other[:, 6:].shape, generator=torch.Generator().manual_seed(0))
+    other[:, 6:] = torch.randint(3, len(num.DE_VOCAB), other[:, 6:].shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         a, b = model(src, tgt_in), model(src, other)
     assert_close(a[:, :6], b[:, :6])
@@ -430,7 +432,7 @@ def test_changing_a_future_target_does_not_change_earlier_logits():
 
 def test_source_padding_does_not_change_the_translation():
     model = nano_model(dtype=torch.float32)
-    src, tgt = s2s.make_batch([42, 654321])
+    src, tgt = num.make_batch([42, 654321])
     padded = torch.cat([src, torch.full((2, 4), s2s.PAD)], dim=1)
     tgt_in = s2s.shift_right(tgt, s2s.BOS, s2s.PAD)
     with torch.no_grad():
@@ -510,39 +512,39 @@ def test_label_smoothed_loss_rejects_bad_inputs():
 
 def test_scheduled_sampling_mixes_in_the_models_own_guesses():
     model = nano_model(dtype=torch.float32)
-    src, tgt = s2s.make_batch([42, 123456, 7])
+    src, tgt = num.make_batch([42, 123456, 7])
     tgt_in = s2s.shift_right(tgt, s2s.BOS, s2s.PAD)
     g = torch.Generator().manual_seed(0)
-    assert s2s.scheduled_sampling(model, src, tgt_in, 0.0, g) is tgt_in
+    assert num.scheduled_sampling(model, src, tgt_in, 0.0, g) is tgt_in
     with torch.no_grad():
         guesses = s2s.shift_right(model(src, tgt_in).argmax(-1), s2s.BOS, s2s.PAD)
     real = tgt_in != s2s.PAD
     real[:, 0] = False
-    full = s2s.scheduled_sampling(model, src, tgt_in, 1.0, g)
+    full = num.scheduled_sampling(model, src, tgt_in, 1.0, g)
     assert torch.equal(full[real], guesses[real])
     assert (full[:, 0] == s2s.BOS).all() and torch.equal(full[tgt_in == s2s.PAD], tgt_in[tgt_in == s2s.PAD])
-    big_src, big_tgt = s2s.make_batch(list(range(100000, 100400)))
+    big_src, big_tgt = num.make_batch(list(range(100000, 100400)))
     big_in = s2s.shift_right(big_tgt, s2s.BOS, s2s.PAD)
     with torch.no_grad():
         big_guess = s2s.shift_right(model(big_src, big_in).argmax(-1), s2s.BOS, s2s.PAD)
-    half = s2s.scheduled_sampling(model, big_src, big_in, 0.5, g)
+    half = num.scheduled_sampling(model, big_src, big_in, 0.5, g)
     mask = (big_in != s2s.PAD) & (big_in != s2s.BOS) & (big_guess != big_in)
     replaced = (half[mask] == big_guess[mask]).double().mean().item()
     assert 0.45 < replaced < 0.55
     with pytest.raises(ValueError, match="rate"):
-        s2s.scheduled_sampling(model, src, tgt_in, 1.5, g)
+        num.scheduled_sampling(model, src, tgt_in, 1.5, g)
 
 
 @pytest.mark.parametrize("sampling_rate", [0.0, 0.5])
 def test_a_short_training_run_learns(sampling_rate):
     from coursekit import train
 
-    recipe = s2s.Seq2SeqRecipe(model=NANO, train=train.TrainConfig(max_steps=40, batch_size=32, lr=1e-2, warmup_steps=5,
+    recipe = num.Seq2SeqRecipe(model=NANO, train=train.TrainConfig(max_steps=40, batch_size=32, lr=1e-2, warmup_steps=5,
                                                             eval_interval=40, eval_batches=2),
                         sampling_rate=sampling_rate, val_numbers=20)
     torch.manual_seed(0)
     model = s2s.Seq2Seq(NANO)
-    history = s2s.train_seq2seq(model, s2s.number_splits(), recipe, progress=False)
+    history = num.train_seq2seq(model, num.number_splits(), recipe, progress=False)
     assert len(history.steps) == 40 and history.evals[-1]["val_loss"] < 0.7 * history.evals[0]["val_loss"]
     assert 0.0 <= history.evals[-1]["val_exact"] <= 1.0
 
@@ -559,7 +561,7 @@ def count_encoder_calls(model):
 def test_greedy_decoding_encodes_once_and_matches_a_plain_loop():
     model = nano_model(dtype=torch.float32)
     calls = count_encoder_calls(model)
-    src, _ = s2s.make_batch([42, 999999, 7])
+    src, _ = num.make_batch([42, 999999, 7])
     out = s2s.greedy_decode(model, src, max_new_tokens=6)
     assert len(calls) == 1 and out.shape[0] == 3 and out.shape[1] <= 6
     # the plain loop: re-run the whole model on the growing prefix, argmax of the last position
@@ -576,7 +578,7 @@ def test_greedy_decoding_encodes_once_and_matches_a_plain_loop():
 def test_beam_width_one_equals_greedy():
     model = nano_model(dtype=torch.float32)
     for n in (42, 123456, 7, 101000):
-        src, _ = s2s.make_batch([n])
+        src, _ = num.make_batch([n])
         greedy = s2s.greedy_decode(model, src, max_new_tokens=8)[0]
         beam, _ = s2s.beam_decode(model, src, beam_width=1, length_penalty=0.0, max_new_tokens=8)
         assert torch.equal(beam, greedy[:len(beam)]) and len(beam) == (
@@ -593,7 +595,7 @@ def _logprob(model, src, ids):
 def test_wider_beams_find_likelier_translations_and_encode_once():
     model = nano_model(dtype=torch.float32)
     calls = count_encoder_calls(model)
-    src, _ = s2s.make_batch([654321])
+    src, _ = num.make_batch([654321])
     greedy, g_score = s2s.beam_decode(model, src, beam_width=1, length_penalty=0.0, max_new_tokens=6)
     wide, w_score = s2s.beam_decode(model, src, beam_width=4, length_penalty=0.0, max_new_tokens=6)
     assert len(calls) == 2  # one encoder pass per search, whatever the beam width
@@ -604,7 +606,7 @@ def test_wider_beams_find_likelier_translations_and_encode_once():
 
 def test_decoding_restores_the_mode_and_rejects_bad_sources():
     model = nano_model(dtype=torch.float32).train()
-    src, _ = s2s.make_batch([42, 43])
+    src, _ = num.make_batch([42, 43])
     s2s.greedy_decode(model, src, max_new_tokens=3)
     assert model.training
     with pytest.raises(ValueError, match="one source"):
@@ -615,11 +617,11 @@ def test_decoding_restores_the_mode_and_rejects_bad_sources():
 
 
 def test_chrf_is_sacrebleus_and_checks_lengths():
-    assert s2s.chrf(["zweiundvierzig"], ["zweiundvierzig"]) == pytest.approx(100.0)
-    near = s2s.chrf(["zweiundvierzig"], ["dreiundvierzig"])
-    assert 40 < near < 100 and s2s.chrf(["xyz"], ["zweiundvierzig"]) < near
+    assert num.chrf(["zweiundvierzig"], ["zweiundvierzig"]) == pytest.approx(100.0)
+    near = num.chrf(["zweiundvierzig"], ["dreiundvierzig"])
+    assert 40 < near < 100 and num.chrf(["xyz"], ["zweiundvierzig"]) < near
     with pytest.raises(ValueError, match="one reference per hypothesis"):
-        s2s.chrf(["a"], ["a", "b"])
+        num.chrf(["a"], ["a", "b"])
 
 
 # =========================================================================== the committed checkpoint
@@ -627,7 +629,8 @@ def test_chrf_is_sacrebleus_and_checks_lengths():
 
 @pytest.fixture(scope="module")
 def committed():
-    return s2s.load_seq2seq_numbers()
+    ck = checkpoints.load("seq2seq-numbers")
+    return ck.model, ck.record
 
 
 def test_checkpoint_reproduces_its_recorded_test_metrics(committed):
@@ -635,7 +638,7 @@ def test_checkpoint_reproduces_its_recorded_test_metrics(committed):
     with the thread count, so at most 2 of 5,000 outputs may differ from the recorded run."""
     model, record = committed
     m = record["metrics"]
-    result = s2s.evaluate_translation(model, s2s.number_splits().test)
+    result = num.evaluate_translation(model, num.number_splits().test)
     assert result["n"] == m["test_size"] == 5000
     assert abs(result["exact_match"] - m["test_exact_match"]) <= 2 / 5000
     assert result["chrf"] == pytest.approx(m["test_chrf"], abs=0.05)
@@ -646,30 +649,37 @@ def test_checkpoint_reproduces_its_recorded_test_metrics(committed):
 
 def test_checkpoint_is_small_and_records_its_recipe(committed):
     model, record = committed
-    path = s2s._checkpoint_dir(None) / "seq2seq-numbers.pt"
+    path = checkpoints.checkpoint_dir() / "seq2seq-numbers.pt"
     assert path.stat().st_size < 2 * 2**20
     assert record["command"] == "coursekit pretrain seq2seq-numbers"
     assert record["metrics"]["parameters"] == sum(p.numel() for p in model.parameters())
     assert record["metrics"]["train_seconds"] <= 600
-    assert record["metrics"]["steps"] == record["train"]["max_steps"]
+    assert record["metrics"]["steps"] == record["recipe"]["train"]["max_steps"]
 
 
 def test_checkpoint_translates_hand_checked_numbers(committed):
     model, _ = committed
     numbers = sorted(GERMAN)
-    assert s2s.translate(model, numbers) == [GERMAN[n] for n in numbers]
-    assert s2s.translate(model, [42, 101000], beam_width=4) == [GERMAN[42], GERMAN[101000]]
+    assert num.translate(model, numbers) == [GERMAN[n] for n in numbers]
+    assert num.translate(model, [42, 101000], beam_width=4) == [GERMAN[42], GERMAN[101000]]
 
 
 def test_loading_rejects_a_missing_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError):
-        s2s.load_seq2seq_numbers(tmp_path)
+        checkpoints.load("seq2seq-numbers", tmp_path)
 
 
 def test_pretrain_command_knows_the_checkpoint():
-    from coursekit import pretrained
+    assert checkpoints.REGISTRY["seq2seq-numbers"].recipe is num.pretrain_seq2seq_numbers
+    assert checkpoints.REGISTRY["seq2seq-numbers"].default is num.SEQ2SEQ_NUMBERS
 
-    assert pretrained.CHECKPOINTS["seq2seq-numbers"] is s2s.pretrain_seq2seq_numbers
+
+def test_the_model_defaults_fit_the_task_vocabularies():
+    """seq2seq.py (the model) does not import the task: its default vocabulary sizes are the task's."""
+    assert s2s.Seq2SeqConfig().src_vocab_size == len(num.EN_VOCAB)
+    assert s2s.Seq2SeqConfig().tgt_vocab_size == len(num.DE_VOCAB)
+    assert (num.PAD, num.BOS, num.EOS) == (s2s.PAD, s2s.BOS, s2s.EOS)
+    assert [num.EN_VOCAB.itos[i] for i in (s2s.PAD, s2s.BOS, s2s.EOS)] == ["<pad>", "<bos>", "<eos>"]
 
 
 @pytest.mark.slow
@@ -677,12 +687,12 @@ def test_pretrain_command_knows_the_checkpoint():
 def test_retraining_a_short_recipe_writes_a_loadable_checkpoint(tmp_path):
     from coursekit import train
 
-    recipe = replace(s2s.SEQ2SEQ_NUMBERS, train=replace(s2s.SEQ2SEQ_NUMBERS.train, max_steps=60, warmup_steps=10,
+    recipe = replace(num.SEQ2SEQ_NUMBERS, train=replace(num.SEQ2SEQ_NUMBERS.train, max_steps=60, warmup_steps=10,
                                                         eval_interval=30))
-    metrics = s2s.pretrain_seq2seq_numbers(tmp_path, recipe, progress=False)
-    model, record = s2s.load_seq2seq_numbers(tmp_path)
+    metrics = checkpoints.pretrain("seq2seq-numbers", tmp_path, recipe, progress=False)["metrics"]
+    model, _, record = checkpoints.load("seq2seq-numbers", tmp_path)
     assert record["metrics"]["test_exact_match"] == metrics["test_exact_match"]
     assert metrics["val_during_training"][-1]["val_loss"] < metrics["val_during_training"][0]["val_loss"]
-    result = s2s.evaluate_translation(model, s2s.number_splits().test)
+    result = num.evaluate_translation(model, num.number_splits().test)
     assert abs(result["exact_match"] - metrics["test_exact_match"]) <= 2 / 5000
-    assert isinstance(train.TrainConfig(**record["train"]), train.TrainConfig)
+    assert isinstance(train.TrainConfig(**record["recipe"]["train"]), train.TrainConfig)

@@ -1,42 +1,30 @@
-"""The course's committed checkpoints: their recipes, the one command that regenerates them, loading.
+"""Chapter 7's experiment: a character-level GPT on the Python reference manual, and its recipes.
 
-``checkpoints/<name>.pt`` holds float16 weights (a few MB) and ``checkpoints/<name>.json``
-the metrics measured *with those rounded weights*, the recipe and the command. A fast test
-re-evaluates each checkpoint and requires the recorded validation loss; retraining is an
-opt-in slow test. Regenerate with::
+- :data:`GPT_CHAR` is the recipe of the committed checkpoint ``gpt-char`` (``coursekit pretrain
+  gpt-char``, see :mod:`coursekit.checkpoints`): the Chapter 7 model, character level on the
+  Python reference manual, trained for at most 10 minutes.
+- :data:`GPT_CHAR_FAST` is the recipe that ``benchmarks/gpt_char.py`` races against nanoGPT's
+  CPU recipe in the same wall-clock time (its step count is set there).
 
-    coursekit pretrain gpt-char        # 10 minutes, whatever the machine (time-budgeted)
-
-(The Chapter 6 BERT has its own command, recorded in ``checkpoints/bert-small.json``.)
-
-Recipes:
-
-- :data:`GPT_CHAR` (``gpt-char``): the Chapter 7 model, character level on the Python
-  reference manual, trained for at most 10 minutes.
-- :data:`GPT_CHAR_FAST`: the recipe that ``benchmarks/gpt_char.py`` races against
-  nanoGPT's CPU recipe in the same wall-clock time (its step count is set there).
+The validation loss is measured on the whole validation split (:func:`gpt_val_loss`); a
+time-budgeted recipe is fitted to the machine first (:func:`calibrate_steps`,
+:func:`fit_to_budget`).
 """
 
 from __future__ import annotations
 
-import os
 import platform
 import time
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import torch
 
 from coursekit import data, train
-from coursekit._files import read_json, write_json
 from coursekit.gpt import GPT, GPTConfig
-from coursekit.seq2seq import pretrain_seq2seq_numbers
 
-__all__ = ["Recipe", "GPT_CHAR", "GPT_CHAR_FAST", "CHECKPOINTS", "train_gpt", "gpt_val_loss",
-           "calibrate_steps", "fit_to_budget", "pretrain_gpt_char", "load_gpt_char", "checkpoint_dir"]
+__all__ = ["Recipe", "GPT_CHAR", "GPT_CHAR_FAST", "METRICS", "VAL_BATCH_SIZE", "train_gpt", "gpt_val_loss",
+           "calibrate_steps", "fit_to_budget", "pretrain_gpt_char"]
 
-_FORMAT = "coursekit-pretrained"
-_VERSION = 1
 #: Windows per batch when a GPT is measured on the whole validation split.
 VAL_BATCH_SIZE = 32
 
@@ -55,6 +43,14 @@ class Recipe:
     train: train.TrainConfig
     minutes: float | None = None
 
+    def shortened(self, steps: int) -> Recipe:
+        """The same recipe with ``steps`` training steps and no time budget (warmup and evaluations
+        scaled along; a smoke run)."""
+        cfg = self.train
+        return replace(self, minutes=None, train=replace(
+            cfg, max_steps=steps, warmup_steps=min(cfg.warmup_steps, steps // 10),
+            eval_interval=max(1, min(cfg.eval_interval, steps))))
+
 
 GPT_CHAR_FAST = Recipe(
     model=GPTConfig(vocab_size=1, block_size=64, n_layers=4, n_heads=4, d_model=128, bias=False),
@@ -72,11 +68,6 @@ GPT_CHAR = Recipe(
                             weight_decay=0.1, betas=(0.9, 0.99), grad_clip=1.0, eval_interval=500, eval_batches=10),
     minutes=9.5,
 )
-
-
-def checkpoint_dir() -> Path:
-    """``checkpoints/`` of the repository (``COURSEKIT_CHECKPOINTS`` overrides it)."""
-    return Path(os.environ.get("COURSEKIT_CHECKPOINTS", Path(__file__).resolve().parents[1] / "checkpoints"))
 
 
 def gpt_val_loss(model: GPT, d: data.TokenData) -> float:
@@ -131,43 +122,24 @@ def calibrate_steps(model_cfg: GPTConfig, cfg: train.TrainConfig, d: data.TokenD
     return steps / (time.perf_counter() - start)
 
 
-# --------------------------------------------------------------------------- gpt-char
+# --------------------------------------------------------------------------- the committed checkpoint
+
+#: What :func:`pretrain_gpt_char` records.
+METRICS = ("val_loss", "val_protocol", "val_loss_during_training", "train_seconds", "tokens_per_s", "steps",
+           "parameters", "machine")
 
 
-def _save(model: GPT, tok: data.CharTokenizer, recipe: Recipe, metrics: dict, out_dir: Path, name: str) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.to(torch.float16) for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    torch.save(weights, out_dir / f"{name}.pt")
-    tok.save(out_dir / f"{name}.tokenizer.json")
-    return write_json(out_dir / f"{name}.json", {
-        "format": _FORMAT, "version": _VERSION, "name": name,
-        "model": asdict(recipe.model), "train": asdict(recipe.train), "metrics": metrics,
-        "command": f"coursekit pretrain {name}",
-    })
+def pretrain_gpt_char(recipe: Recipe = GPT_CHAR, progress: bool = True):
+    """Train :data:`GPT_CHAR` from scratch, round to float16 and measure.
 
-
-def load_gpt_char(directory: str | os.PathLike | None = None, name: str = "gpt-char") -> tuple[GPT, data.CharTokenizer, dict]:
-    """The committed character-level GPT (float32, eval mode), its tokenizer and its record."""
-    directory = Path(directory) if directory is not None else checkpoint_dir()
-    record = read_json(directory / f"{name}.json", _FORMAT, _VERSION, "coursekit pretrained-model record")
-    model = GPT(GPTConfig(**record["model"]))
-    weights = torch.load(directory / f"{name}.pt", map_location="cpu", weights_only=True)
-    weights["lm_head.weight"] = weights["tok_emb.weight"]
-    model.load_state_dict({k: v.float() for k, v in weights.items()})
-    return model.eval(), data.CharTokenizer.load(directory / f"{name}.tokenizer.json"), record
-
-
-def pretrain_gpt_char(out_dir: str | os.PathLike | None = None, recipe: Recipe = GPT_CHAR,
-                      name: str = "gpt-char", progress: bool = True) -> dict:
-    """Train :data:`GPT_CHAR` from scratch, round to float16, measure and write ``<name>.{pt,json}``.
-
-    A time-budgeted recipe is first fitted to this machine (see :class:`Recipe`); the record
-    stores the steps actually run.
+    A time-budgeted recipe is first fitted to this machine (see :class:`Recipe`); the
+    returned recipe is the one actually run (its steps, no budget).
 
     Returns:
-        The recorded metrics.
+        ``(model, tokenizer, recipe, metrics)``: the model (float32 holding the float16-rounded
+        weights that are stored and measured), the character tokenizer, the recipe run and the
+        metrics (:data:`METRICS`).
     """
-    out_dir = Path(out_dir) if out_dir is not None else checkpoint_dir()
     d = data.prepare("python-docs")
     recipe = replace(recipe, model=replace(recipe.model, vocab_size=d.vocab_size))
     if recipe.minutes is not None:
@@ -188,9 +160,4 @@ def pretrain_gpt_char(out_dir: str | os.PathLike | None = None, recipe: Recipe =
         "parameters": sum(p.numel() for p in model.parameters()),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
     }
-    _save(model, d.tokenizer, recipe, metrics, out_dir, name)
-    return metrics
-
-
-#: Checkpoint name -> the function that regenerates it (``coursekit pretrain <name>``).
-CHECKPOINTS = {"gpt-char": pretrain_gpt_char, "seq2seq-numbers": pretrain_seq2seq_numbers}
+    return model, d.tokenizer, recipe, metrics
