@@ -128,7 +128,7 @@ STRUCTURE = [
     Case("binary_file", "structure", 0, "not UTF-8", lambda ctx: bytes(range(256)) * 4),
     Case("no_cells", "structure", 0, "every cell was deleted",
          lambda ctx: json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}).encode()),
-    Case("untouched_release", "structure", 0, "not implemented yet",
+    Case("untouched_release", "structure", 0, "Part 1: a stable softmax 0 / 3 not answered",
          lambda ctx: load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")),
     Case("hidden_test_deleted", "structure", FULL, "'softmax_hidden' was deleted; it was restored and run",
          lambda ctx: without(reference(), "softmax_hidden")),
@@ -150,7 +150,7 @@ STRUCTURE = [
          lambda ctx: edited(reference(), "imports", lambda nb, c: setattr(c, "source", "import numpy as torch"))),
     Case("forged_grade_metadata", "structure", FULL, "grading metadata on a cell you added was ignored",
          lambda ctx: _forged(reference())),
-    Case("old_format_no_cell_ids", "structure", FULL, "scaled_dot_product_attention: all 9 checks passed",
+    Case("old_format_no_cell_ids", "structure", FULL, "Part 3: scaled dot-product attention 3 / 3 passed",
          lambda ctx: _old_format(reference())),
     Case("shadow_numpy_file", "structure", FULL, "other files in your submission were not used: numpy.py",
          lambda ctx: {f"{ASSIGNMENT}.ipynb": _json(reference()), "numpy.py": b"raise ImportError('shadowed')\nallclose = lambda *a, **k: True\n"}),
@@ -195,7 +195,7 @@ RESOURCES = [
                               "def causal_mask(T, S=None, device=None):\n    hog = torch.ones(2**16, 2**16)\n    return hog[:T, :T] > 0")),
     Case("fork_bomb", "resources", FULL, "more than",
          lambda ctx: added(reference(), "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", after="outro")),
-    Case("daemon_process", "resources", FULL, "SelfAttention: all 6 checks passed",
+    Case("daemon_process", "resources", FULL, "Part 4: a self-attention module 3 / 3 passed",
          lambda ctx: added(reference(), f"import subprocess\nsubprocess.Popen(['sleep', '{daemon_seconds(ctx)}'], start_new_session=True)",
                            after="outro"),
          "a process that outlives the notebook is killed before the next submission"),
@@ -238,7 +238,7 @@ SUBVERSION = [
              "def blank(lines):\n    text = ''.join(lines)\n"
              "    return [] if ('checks.' in text or 'grader.' in text) else lines\n"
              "get_ipython().input_transformers_cleanup.append(blank)"))),
-    Case("pre_run_hook_steals_tests", "subversion", FULL, "SelfAttention: all 6 checks passed",
+    Case("pre_run_hook_steals_tests", "subversion", FULL, "Part 4: a self-attention module 3 / 3 passed",
          lambda ctx: added(reference(), (
              "def steal(info):\n    print('STOLEN:', info.raw_cell)\n"
              "    open('stolen.txt', 'a').write(info.raw_cell)\n"
@@ -263,14 +263,14 @@ SUBVERSION = [
              "def scaled_dot_product_attention(q, k, v, mask=None, scale=None):\n"
              "    w = torch.full((*q.shape[:-1], k.shape[-2]), float('nan'), dtype=q.dtype)\n"
              "    return torch.full((*q.shape[:-1], v.shape[-1]), float('nan'), dtype=q.dtype), w"))),
-    Case("hard_coded_public_answers", "subversion", 10, "a query can see a future key",
+    Case("hard_coded_public_answers", "subversion", 9, "a query can see a future key",
          lambda ctx: function(reference(), "causal_mask", (
              "def causal_mask(T, S=None, device=None):\n"
              "    if (T, S) == (3, None):\n"
              "        return torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)\n"
              "    if (T, S) == (2, 4):\n        return torch.ones(2, 4, dtype=torch.bool)\n"
              "    return torch.ones(T, T if S is None else S, dtype=torch.bool)"))),
-    Case("rng_abuse", "subversion", FULL, "softmax: all 6 checks passed",
+    Case("rng_abuse", "subversion", FULL, "Part 1: a stable softmax 3 / 3 passed",
          lambda ctx: added(reference(), "torch.randn = lambda *a, **k: torch.zeros(*a)\ntorch.manual_seed = lambda *a, **k: None\n"
                                         "torch.rand = lambda *a, **k: torch.ones(*a)"),
          "inputs are made on the trusted side, so a student's RNG cannot shape them"),
@@ -299,24 +299,27 @@ CONFIDENTIALITY = [
 ]
 
 INTEGRITY = [
-    Case("warning_in_correct_code", "integrity", FULL, "softmax: all 6 checks passed",
+    Case("warning_in_correct_code", "integrity", FULL, "Part 1: a stable softmax 3 / 3 passed",
          lambda ctx: function(reference(), "causal_mask", (
              "def causal_mask(T, S=None, device=None):\n    import warnings\n"
              "    warnings.warn('a harmless warning')\n"
              "    S = T if S is None else S\n"
+             "    if not 0 <= T <= S:\n        raise ValueError(f'causal_mask needs 0 <= T <= S, got T={T} and S={S}')\n"
              "    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)")),
          "stock nbgrader gives 0 to a test cell that writes to stderr"),
-    Case("stderr_in_correct_code", "integrity", FULL, "causal_mask: all 3 checks passed",
+    Case("stderr_in_correct_code", "integrity", FULL, "Part 2: the causal mask 3 / 3 passed",
          lambda ctx: function(reference(), "causal_mask", (
              "def causal_mask(T, S=None, device=None):\n    import sys\n    print('debug', T, S, file=sys.stderr)\n"
              "    S = T if S is None else S\n"
+             "    if not 0 <= T <= S:\n        raise ValueError(f'causal_mask needs 0 <= T <= S, got T={T} and S={S}')\n"
              "    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)"))),
-    Case("reseeds_inside_answer", "integrity", FULL, "causal_mask: all 3 checks passed",
+    Case("reseeds_inside_answer", "integrity", FULL, "Part 2: the causal mask 3 / 3 passed",
          lambda ctx: function(reference(), "causal_mask", (
              "def causal_mask(T, S=None, device=None):\n    torch.manual_seed(1234)\n    torch.randn(100)\n"
              "    S = T if S is None else S\n"
+             "    if not 0 <= T <= S:\n        raise ValueError(f'causal_mask needs 0 <= T <= S, got T={T} and S={S}')\n"
              "    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)"))),
-    Case("global_state_changed", "integrity", FULL, "SelfAttention: all 6 checks passed",
+    Case("global_state_changed", "integrity", FULL, "Part 4: a self-attention module 3 / 3 passed",
          lambda ctx: added(reference(), "torch.set_num_threads(8)\ntorch.set_printoptions(precision=1)", after="outro")),
 ]
 

@@ -69,10 +69,10 @@ def batch(tmp_path_factory, listener):
 
 
 def feedback(root, student) -> str:
-    """The text of a student's HTML feedback, without markup."""
+    """The text of a student's HTML feedback, without markup, every run of white space one space."""
     page = (root / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
     page = re.sub(r"<style.*?</style>|<script.*?</script>", "", page, flags=re.S)
-    return html.unescape(re.sub(r"<[^>]+>", "", page))
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page)))
 
 
 @pytest.mark.slow
