@@ -47,8 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coursekit.attention import check_attention_inputs, scaled_dot_product_attention
-from coursekit.gpt import FusedLayerNorm
-from coursekit.layers import FeedForward
+from coursekit.layers import FeedForward, FusedLayerNorm
 from coursekit.multihead import MultiHeadAttention, merge_heads, repeat_kv
 from coursekit.train import TrainConfig, lm_loss, train
 from coursekit.positional import LearnedPositionalEmbedding, alibi_bias, alibi_slopes, apply_rope, sinusoidal_encoding

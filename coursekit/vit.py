@@ -38,7 +38,6 @@ from torch import nn
 
 from coursekit import train
 from coursekit._config import check_transformer_config
-from coursekit.gpt import FusedLayerNorm
 from coursekit.hf_names import NameTable
 from coursekit.layers import Encoder, encoder_layer_params, layer_norm_params
 from coursekit.positional import LearnedPositionalEmbedding
@@ -278,7 +277,7 @@ class ViT(nn.Module):
     parameter), ``pos_emb`` (Chapter 3's
     :class:`~coursekit.positional.LearnedPositionalEmbedding` with ``N_p + 1`` rows),
     ``dropout``, ``encoder`` (Chapter 4's pre-norm :class:`~coursekit.layers.Encoder`,
-    exact GELU, its layer norms computed by :class:`~coursekit.gpt.FusedLayerNorm`) and ``head``
+    exact GELU, its layer norms computed by :class:`~coursekit.layers.FusedLayerNorm`) and ``head``
     (``nn.Linear(C, K)``).
     """
 
@@ -292,10 +291,7 @@ class ViT(nn.Module):
         self.pos_emb = LearnedPositionalEmbedding(cfg.n_patches + 1, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = Encoder(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, "gelu",
-                               norm_first=True, eps=cfg.eps)
-        for layer in self.encoder.layers:  # the same norms, computed by torch's fused kernel (faster on small tensors)
-            layer.norm1, layer.norm2 = FusedLayerNorm(cfg.d_model, cfg.eps), FusedLayerNorm(cfg.d_model, cfg.eps)
-        self.encoder.norm = FusedLayerNorm(cfg.d_model, cfg.eps)
+                               norm_first=True, eps=cfg.eps, norm="fused")  # fused: faster on small tensors
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
