@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/long_context.py [--quick] [--T 4096 8192 16384] [--json out.json]
 
-Each measurement runs in a fresh Python process on one thread (``coursekit.long_context.
-attention_peak_memory``): ``q, k, v`` of shape ``(1, 1, T, 64)`` in float32, one head, not
+Each measurement runs in a fresh Python process on one thread (``coursekit.experiments.
+long_context.attention_peak_memory``): ``q, k, v`` of shape ``(1, 1, T, 64)`` in float32, one head, not
 causal. The process resets its resident-set high-water mark (``/proc/self/clear_refs``), makes
 the call, and reports how far the mark rose, so the number is the most memory the call held at
 any moment, its ``(T, 64)`` output included. The methods:
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from coursekit.long_context import attention_peak_memory  # noqa: E402
+from coursekit.experiments.long_context import attention_peak_memory  # noqa: E402
 
 METHODS = ("naive", "tiled", "torch")
 

@@ -7,8 +7,9 @@ that reuses the token embedding (tied weights, Press & Wolf, 2017). It models
 ``t + 1``, so training on a window is ``T`` next-token problems at once (teacher forcing).
 
 Built from the earlier chapters: every :class:`Block` holds Chapter 4's
-:class:`~coursekit.layers.LayerNorm` (run by torch's fused kernel, :class:`FusedLayerNorm`)
-and :class:`~coursekit.layers.FeedForward` and
+:class:`~coursekit.layers.LayerNorm` (run by torch's fused kernel,
+:class:`~coursekit.layers.FusedLayerNorm`) and :class:`~coursekit.layers.FeedForward` (its
+activation, GPT-2's tanh GELU by default, chosen by name from :data:`~coursekit.layers.ACTIVATIONS`) and
 Chapter 2's :class:`~coursekit.multihead.MultiHeadAttention`. Its attention runs through
 :func:`causal_self_attention`, which uses the module's own projections and adds what
 generation needs: a :class:`KVCache`, and torch's fused ``scaled_dot_product_attention``
@@ -44,11 +45,16 @@ from torch import nn
 
 from coursekit._config import check_transformer_config
 from coursekit.attention import causal_mask
-from coursekit.layers import FeedForward, LayerNorm, encoder_layer_params, layer_norm_params
+from coursekit.layers import (
+    FusedLayerNorm,
+    encoder_layer_params,
+    feed_forward,
+    layer_norm_params,
+)
 from coursekit.multihead import MultiHeadAttention, merge_heads
 
 __all__ = [
-    "GPTConfig", "GPT_PRESETS", "GPT", "Block", "FusedLayerNorm", "KVCache", "LayerCache",
+    "GPTConfig", "GPT_PRESETS", "GPT", "Block", "KVCache", "LayerCache",
     "causal_self_attention", "causal_lm_loss", "gpt_param_count",
     "from_hf_state_dict", "to_hf_state_dict", "config_from_hf", "hf_config_kwargs",
 ]
@@ -224,14 +230,6 @@ def causal_self_attention(
     return attn.out_proj(merge_heads(out))  # (B, H, T, D) -> (B, T, C)
 
 
-class FusedLayerNorm(LayerNorm):
-    """Chapter 4's :class:`~coursekit.layers.LayerNorm` (same parameters, same result) computed
-    by torch's fused kernel: one operation instead of eight, which matters at every decoding step."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
-
-
 class Block(nn.Module):
     """A pre-norm GPT layer: ``x + attn(norm1(x))``, then ``x + ff(norm2(x))``.
 
@@ -243,9 +241,7 @@ class Block(nn.Module):
         self.norm1 = FusedLayerNorm(cfg.d_model, cfg.eps, cfg.bias)
         self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, bias=cfg.bias, dropout=cfg.dropout)
         self.norm2 = FusedLayerNorm(cfg.d_model, cfg.eps, cfg.bias)
-        self.ff = FeedForward(cfg.d_model, cfg.d_ff, "gelu", dropout=cfg.dropout, bias=cfg.bias)
-        if cfg.activation == "gelu_tanh":  # Chapter 4 offers the exact GELU; GPT-2 was trained with this one
-            self.ff.act = nn.GELU(approximate="tanh")
+        self.ff = feed_forward(cfg.d_model, cfg.d_ff, cfg.activation, dropout=cfg.dropout, bias=cfg.bias)
         self.dropout1 = nn.Dropout(cfg.dropout)
         self.dropout2 = nn.Dropout(cfg.dropout)
 

@@ -16,13 +16,25 @@ feed-forward's hidden activations. The layers compute exactly what
 
 Masks follow the course convention: boolean ``True`` = may attend, and ``key_padding_mask``
 is ``(B, S)`` with ``True`` at real tokens (the opposite of torch's argument).
+
+**Choices by name.** Later chapters pick their activation and norm from two tables instead of
+patching modules after construction: :data:`ACTIVATIONS` (``"relu"``, ``"gelu"``, GPT-2's
+``"gelu_tanh"``) for :func:`feed_forward`, and :data:`NORMS` (``"layer_norm"``, and
+``"fused"``: the same norm computed by torch's kernel, :class:`FusedLayerNorm`) for the
+``norm`` argument of :class:`Encoder` and :class:`Decoder`. :class:`FeedForward`,
+:class:`LayerNorm`, :class:`EncoderLayer` and :class:`DecoderLayer` are the Chapter 4 exercise
+as its text specifies it (ReLU or exact GELU, Chapter 4's own norm), so the tables sit beside
+them rather than inside them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from coursekit.attention import softmax
@@ -31,6 +43,10 @@ from coursekit.multihead import MultiHeadAttention
 __all__ = [
     "LayerNorm",
     "FeedForward",
+    "FusedLayerNorm",
+    "ACTIVATIONS",
+    "NORMS",
+    "feed_forward",
     "EncoderLayer",
     "DecoderLayer",
     "Encoder",
@@ -135,6 +151,57 @@ class FeedForward(nn.Module):
         """``(..., C) -> (..., C)`` for any number of leading dimensions, through a hidden ``(..., d_ff)``."""
         h = self.act(self.linear1(x))  # (..., d_ff)
         return self.linear2(self.dropout(h))  # (..., C)
+
+
+# --------------------------------------------------------------------------- choices by name
+
+
+class FusedLayerNorm(LayerNorm):
+    """:class:`LayerNorm` (same parameters, same result to rounding) computed by torch's fused kernel.
+
+    One operation instead of eight, which matters for small tensors and at every decoding step.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
+
+
+#: Activation name -> a constructor of the module: the exact GELU ``x * Phi(x)`` is ``"gelu"``;
+#: ``"gelu_tanh"`` is the tanh approximation GPT-2 was trained with (Hugging Face's ``"gelu_new"``).
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "gelu_tanh": partial(nn.GELU, approximate="tanh"),
+}
+
+#: Norm name -> class, each called as ``cls(d_model, eps, bias)`` with :class:`LayerNorm`'s parameters.
+NORMS: dict[str, type[LayerNorm]] = {
+    "layer_norm": LayerNorm,
+    "fused": FusedLayerNorm,
+}
+
+
+def _check_choice(kind: str, name: str, table: dict) -> None:
+    if name not in table:
+        raise ValueError(f"{kind} must be one of {sorted(table)}, got {name!r}")
+
+
+def feed_forward(
+    d_model: int, d_ff: int | None = None, activation: str = "relu", dropout: float = 0.0, bias: bool = True
+) -> FeedForward:
+    """A :class:`FeedForward` whose activation is any name of :data:`ACTIVATIONS`.
+
+    ``FeedForward`` itself (the Chapter 4 exercise) takes ``"relu"`` and ``"gelu"``; this
+    builds one and sets its ``act`` from the table, so ``"gelu_tanh"`` gives GPT-2's MLP.
+    The module and its parameters are otherwise exactly ``FeedForward``'s.
+
+    Raises:
+        ValueError: ``activation`` is not a key of :data:`ACTIVATIONS`.
+    """
+    _check_choice("activation", activation, ACTIVATIONS)
+    ff = FeedForward(d_model, d_ff, "relu", dropout=dropout, bias=bias)
+    ff.act = ACTIVATIONS[activation]()
+    return ff
 
 
 # --------------------------------------------------------------------------- layers
@@ -308,7 +375,7 @@ class DecoderLayer(nn.Module):
 
 
 class _Stack(nn.Module):
-    """``n_layers`` copies of ``layer_cls`` and, for pre-norm, a final :class:`LayerNorm`."""
+    """``n_layers`` copies of ``layer_cls`` and, for pre-norm, a final norm; every norm is ``NORMS[norm]``."""
 
     layer_cls: type[nn.Module]
 
@@ -323,14 +390,24 @@ class _Stack(nn.Module):
         norm_first: bool = False,
         eps: float = 1e-5,
         bias: bool = True,
+        norm: str = "layer_norm",
     ):
         super().__init__()
         if n_layers < 1:
             raise ValueError(f"n_layers must be at least 1, got {n_layers}")
+        _check_choice("norm", norm, NORMS)
         self.layers = nn.ModuleList(
-            self.layer_cls(d_model, n_heads, d_ff, dropout, activation, norm_first, eps, bias) for _ in range(n_layers)
+            self._layer(d_model, n_heads, d_ff, dropout, activation, norm_first, eps, bias, norm) for _ in range(n_layers)
         )
-        self.norm = LayerNorm(d_model, eps, bias) if norm_first else None
+        self.norm = NORMS[norm](d_model, eps, bias) if norm_first else None
+
+    def _layer(self, d_model, n_heads, d_ff, dropout, activation, norm_first, eps, bias, norm):
+        layer = self.layer_cls(d_model, n_heads, d_ff, dropout, activation, norm_first, eps, bias)
+        if norm != "layer_norm":  # the exercise's layers build LayerNorm; the chosen norm takes its place
+            for name, child in layer.named_children():
+                if isinstance(child, LayerNorm):
+                    setattr(layer, name, NORMS[norm](d_model, eps, bias))
+        return layer
 
 
 class Encoder(_Stack):
@@ -345,6 +422,8 @@ class Encoder(_Stack):
         n_layers: number of layers ``L``.
         d_model, n_heads, d_ff, dropout, activation, norm_first, eps, bias: as
             :class:`EncoderLayer`, shared by every layer.
+        norm: a key of :data:`NORMS`, the class of every norm in the stack (``"layer_norm"``:
+            Chapter 4's :class:`LayerNorm`; ``"fused"``: the same computed by torch's kernel).
 
     Submodules: ``layers`` (an ``nn.ModuleList``) and ``norm`` (``None`` for post-norm).
     """

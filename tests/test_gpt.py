@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from coursekit import decoding, gpt
-from coursekit.layers import LayerNorm
 from coursekit.multihead import MultiHeadAttention
 from tests.conftest import assert_close, randomise
 
@@ -117,13 +116,6 @@ def test_causal_self_attention_equals_chapter2_module():
     attn = randomise(MultiHeadAttention(CFG.d_model, CFG.n_heads)).double().eval()
     x = torch.randn(2, 9, CFG.d_model, dtype=torch.float64)
     assert_close(gpt.causal_self_attention(attn, x), attn(x, is_causal=True)[0])
-
-
-def test_fused_layer_norm_equals_chapter4_layer_norm():
-    a, b = randomise(LayerNorm(16)).double(), gpt.FusedLayerNorm(16).double()
-    b.load_state_dict(a.state_dict())
-    x = torch.randn(3, 5, 16, dtype=torch.float64)
-    assert_close(b(x), a(x))
 
 
 def test_output_layer_is_tied_and_init_scales_residual_projections():

@@ -155,6 +155,43 @@ def test_feedforward_rejects_an_unknown_activation():
         L.FeedForward(C, activation="swish")
 
 
+# --------------------------------------------------------------------------- choices by name
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_layer_norm_equals_chapter4_layer_norm(bias):
+    a, b = randomise(L.LayerNorm(16, bias=bias)).double(), L.FusedLayerNorm(16, bias=bias).double()
+    b.load_state_dict(a.state_dict())
+    x = rand(3, 5, 16)
+    assert_close(b(x), a(x))
+    assert_close(b(x), F.layer_norm(x, (16,), a.weight, a.bias))
+
+
+def test_the_tables_name_torch_modules():
+    x = rand(4, 7) * 3
+    expected = {"relu": F.relu(x), "gelu": F.gelu(x), "gelu_tanh": F.gelu(x, approximate="tanh")}
+    assert set(L.ACTIVATIONS) == set(expected)
+    for name, y in expected.items():
+        assert_close(L.ACTIVATIONS[name]()(x), y)
+    assert L.NORMS == {"layer_norm": L.LayerNorm, "fused": L.FusedLayerNorm}
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
+def test_feed_forward_by_name_is_a_feedforward_with_that_activation(activation):
+    torch.manual_seed(0)
+    ff = L.feed_forward(C, DFF, activation, dropout=0.25, bias=False).double()
+    assert type(ff) is L.FeedForward and ff.dropout.p == 0.25 and ff.linear1.bias is None
+    assert [n for n, _ in ff.named_children()] == ["linear1", "act", "dropout", "linear2"]
+    x = rand(2, 3, C)
+    act = L.ACTIVATIONS[activation]()
+    assert_close(ff.eval()(x), ff.linear2(act(ff.linear1(x))))
+    if activation != "gelu_tanh":  # the exercise's FeedForward computes the same with the same weights
+        torch.manual_seed(0)
+        assert_close(L.FeedForward(C, DFF, activation, bias=False).double().eval()(x), ff(x))
+    with pytest.raises(ValueError, match=r"activation must be one of \['gelu', 'gelu_tanh', 'relu'\], got 'swish'"):
+        L.feed_forward(C, activation="swish")
+
+
 # --------------------------------------------------------------------------- EncoderLayer
 
 
@@ -364,6 +401,25 @@ def test_stacks_reject_zero_layers():
     for cls in (L.Encoder, L.Decoder):
         with pytest.raises(ValueError, match="n_layers must be at least 1"):
             cls(0, C, H)
+
+
+@pytest.mark.parametrize("cls", [L.Encoder, L.Decoder])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_stacks_build_every_norm_from_the_table(cls, norm_first):
+    plain = randomise(cls(2, C, H, DFF, norm_first=norm_first, eps=1e-6)).double().eval()
+    fused = cls(2, C, H, DFF, norm_first=norm_first, eps=1e-6, norm="fused").double().eval()
+    fused.load_state_dict(plain.state_dict())  # the same parameters under the same names, in the same order
+    assert list(fused.state_dict()) == list(plain.state_dict())
+    norms = [m for m in fused.modules() if isinstance(m, L.LayerNorm)]
+    per_layer = 2 if cls is L.Encoder else 3
+    assert len(norms) == 2 * per_layer + norm_first  # a pre-norm stack ends with one more
+    assert all(type(m) is L.FusedLayerNorm and m.eps == 1e-6 for m in norms)
+    assert not any(type(m) is L.FusedLayerNorm for m in plain.modules())
+    x, memory = rand(2, 5, C), rand(2, 6, C, seed=1)
+    args = (x,) if cls is L.Encoder else (x, memory)
+    assert_close(fused(*args), plain(*args))
+    with pytest.raises(ValueError, match=r"norm must be one of \['fused', 'layer_norm'\], got 'rms'"):
+        cls(1, C, H, norm="rms")
 
 
 # --------------------------------------------------------------------------- parameter counts

@@ -1,8 +1,21 @@
-"""What the book trains and measures: data, training recipes, evaluations and baselines.
+"""What the book trains and measures: data, recipes, training runs, baselines and measurements.
 
-The model files (:mod:`coursekit.bert`, :mod:`coursekit.gpt`, :mod:`coursekit.seq2seq`, ...)
-hold the models only, as nanoGPT's ``model.py`` does; each module here is one chapter's
-experiment around its model and may import :mod:`coursekit.train` and :mod:`coursekit.data`.
-The recipes of the committed checkpoints live here and are registered in
-:mod:`coursekit.checkpoints`.
+The chapter modules (:mod:`coursekit.bert`, :mod:`coursekit.gpt`, :mod:`coursekit.seq2seq`,
+:mod:`coursekit.vit`, :mod:`coursekit.long_context`, ...) hold the models and techniques and
+import only earlier chapters, as nanoGPT's ``model.py`` imports nothing from ``train.py``; the
+experiments built on them live here, where they may also use the shared training loop
+(:mod:`coursekit.train`) and data (:mod:`coursekit.data`):
+
+- :mod:`coursekit.experiments.bert_mlm` and :mod:`coursekit.experiments.topics` (Chapter 6):
+  masked-language-model batches and evaluation, the ``bert-small`` recipe, the topic
+  classification task and its fine-tuning and baseline;
+- :mod:`coursekit.experiments.gpt_char` (Chapter 7): the ``gpt-char`` recipe;
+- :mod:`coursekit.experiments.number_words` (Chapter 8): the English-to-German number task,
+  its training, chrF and the ``seq2seq-numbers`` recipe;
+- :mod:`coursekit.experiments.digits` (Chapter 9): scikit-learn's 8x8 digits, the ViT's and the
+  CNN's training recipes, the small CNN and the scikit-learn baselines;
+- :mod:`coursekit.experiments.long_context` (Chapter 10): the memory probe of one attention call
+  and the train-short, test-long needle experiment with its small language model.
+
+The committed checkpoints' recipes are registered in :mod:`coursekit.checkpoints`.
 """
