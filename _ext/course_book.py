@@ -64,8 +64,11 @@ def launch_providers_without_repository(app: Sphinx, config) -> None:
     options["launch_buttons"] = launch
     options["repository_url"] = ""
     if dropped:
-        logger.info("[course_book] no launch buttons (%s): set repository.url in _config.yml to the "
-                    "public repository to show them", ", ".join(dropped))
+        logger.info(
+            "[course_book] no launch buttons (%s): set repository.url in _config.yml to the "
+            "public repository to show them",
+            ", ".join(dropped),
+        )
 
 
 def executed_notebook_download(app: Sphinx, pagename, templatename, context, doctree) -> None:
@@ -88,8 +91,9 @@ def no_colab_for_markdown(app: Sphinx, pagename, templatename, context, doctree)
     for group in context.get("header_buttons", []):
         if group.get("label") == "launch-buttons":
             group["buttons"] = [b for b in group["buttons"] if b.get("text") != "Colab"]
-    context["header_buttons"] = [g for g in context.get("header_buttons", [])
-                                 if g.get("label") != "launch-buttons" or g["buttons"]]
+    context["header_buttons"] = [
+        g for g in context.get("header_buttons", []) if g.get("label") != "launch-buttons" or g["buttons"]
+    ]
 
 
 def _round() -> BracketStyle:
@@ -140,7 +144,8 @@ def add_static_path(app: Sphinx) -> None:
 
 def setup(app: Sphinx) -> dict:
     sphinxcontrib.bibtex.plugin.register_plugin(
-        "sphinxcontrib.bibtex.style.referencing", "author_year_round", RoundAuthorYear)
+        "sphinxcontrib.bibtex.style.referencing", "author_year_round", RoundAuthorYear
+    )
     pybtex.plugin.register_plugin("pybtex.style.labels", "course-author-year", AuthorYearLabels)
     pybtex.plugin.register_plugin("pybtex.style.formatting", "course", AuthorYearStyle)
     app.connect("config-inited", launch_providers_without_repository)

@@ -52,8 +52,13 @@ def build(folder: Path, strict: bool = True) -> float:
     env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
     start = time.perf_counter()
     flags = ["-W", "-n", "--keep-going"] if strict else ["-n"]
-    run = subprocess.run([str(bindir / "jupyter-book"), "build", ".", *flags],
-                         cwd=folder, env=env, capture_output=True, text=True)
+    run = subprocess.run(
+        [str(bindir / "jupyter-book"), "build", ".", *flags],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     seconds = time.perf_counter() - start
     if run.returncode != 0:
         sys.exit(f"the book build failed:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}")
@@ -61,7 +66,9 @@ def build(folder: Path, strict: bool = True) -> float:
 
 
 def main() -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="two pages without code: checks that it runs")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -77,10 +84,18 @@ def main() -> dict:
         shutil.rmtree(folder / "_build" / "html")
         shutil.rmtree(folder / "_build" / ".doctrees", ignore_errors=True)
         cached = build(folder, strict=not args.quick)
-    result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "quick": args.quick, "pages": pages,
-              "full_s": full, "cached_s": cached, "full_over_cached": full / cached}
-    print(f"{pages} pages: full build {full:.1f} s, rebuild with the execution cache {cached:.1f} s "
-          f"({full / cached:.1f}x)")
+    result = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "quick": args.quick,
+        "pages": pages,
+        "full_s": full,
+        "cached_s": cached,
+        "full_over_cached": full / cached,
+    }
+    print(
+        f"{pages} pages: full build {full:.1f} s, rebuild with the execution cache {cached:.1f} s "
+        f"({full / cached:.1f}x)"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return result

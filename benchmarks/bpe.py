@@ -52,13 +52,18 @@ def hf_train(text: str, vocab_size: int) -> float:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(bpe.GPT4_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(bpe.GPT4_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2,
+        vocab_size=vocab_size,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
     )
     _, seconds = timed(tok.train_from_iterator, [text], trainer=trainer)
     return seconds
@@ -68,8 +73,12 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 4096])
     parser.add_argument("--naive-all", action="store_true", help="also time the naive loop above 1024 tokens")
-    parser.add_argument("--quick", action="store_true", help="a 50 KB corpus and sizes 300, 512: checks that it runs")
-    parser.add_argument("--repeat", type=int, default=5, help="median of this many runs (the naive loop runs once)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a 50 KB corpus and sizes 300, 512: checks that it runs"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="median of this many runs (the naive loop runs once)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
@@ -82,7 +91,10 @@ def main(argv=None) -> dict:
     print(f"corpus: pydoc_data.topics, {len(text):,} characters ({mb:.3f} MB), GPT-4 split pattern\n")
 
     rows = []
-    print(f"{'vocab':>6} {'coursekit s':>12} {'naive s':>9} {'tokenizers s':>13} {'naive/ours':>11} {'ours/tokenizers':>16}")
+    print(
+        f"{'vocab':>6} {'coursekit s':>12} {'naive s':>9} {'tokenizers s':>13} {'naive/ours':>11} "
+        f"{'ours/tokenizers':>16}"
+    )
     for size in sizes:
         tok, ours = median_of(args.repeat, bpe.train, text, size, "gpt4")
         naive = None
@@ -98,17 +110,28 @@ def main(argv=None) -> dict:
     import tiktoken
 
     tok = bpe.train(text, sizes[min(1, len(sizes) - 1)], "gpt4")
-    twin = tiktoken.Encoding("coursekit", pat_str=tok.pattern, mergeable_ranks=tok.mergeable_ranks(), special_tokens={})
-    cold_ids, cold = median_of(args.repeat, lambda: bpe.Tokenizer(tok.merges, tok.pattern).encode_ordinary(text))  # empty cache
+    twin = tiktoken.Encoding(
+        "coursekit", pat_str=tok.pattern, mergeable_ranks=tok.mergeable_ranks(), special_tokens={}
+    )
+    cold_ids, cold = median_of(
+        args.repeat, lambda: bpe.Tokenizer(tok.merges, tok.pattern).encode_ordinary(text)
+    )  # empty cache
     warm_ids, warm = median_of(args.repeat, tok.encode_ordinary, text)  # the first run fills the cache
     twin_ids, tik = median_of(args.repeat, twin.encode_ordinary, text)
     assert cold_ids == warm_ids == twin_ids, "coursekit and tiktoken disagree"
-    encoding = {"vocab_size": tok.vocab_size, "coursekit_cold_MBps": mb / cold, "coursekit_warm_MBps": mb / warm,
-                "tiktoken_MBps": mb / tik, "identical_ids": True}
+    encoding = {
+        "vocab_size": tok.vocab_size,
+        "coursekit_cold_MBps": mb / cold,
+        "coursekit_warm_MBps": mb / warm,
+        "tiktoken_MBps": mb / tik,
+        "identical_ids": True,
+    }
     print(f"\nmedians of {args.repeat} runs (the naive loop: one run)")
-    print(f"encoding ({tok.vocab_size} tokens, {len(cold_ids):,} ids, identical to tiktoken): "
-          f"coursekit {mb / cold:.2f} MB/s cold, {mb / warm:.2f} MB/s warm cache; tiktoken {mb / tik:.2f} MB/s "
-          f"({cold / tik:.1f}x faster than our cold run)")
+    print(
+        f"encoding ({tok.vocab_size} tokens, {len(cold_ids):,} ids, identical to tiktoken): "
+        f"coursekit {mb / cold:.2f} MB/s cold, {mb / warm:.2f} MB/s warm cache; tiktoken {mb / tik:.2f} MB/s "
+        f"({cold / tik:.1f}x faster than our cold run)"
+    )
     result = {"corpus_chars": len(text), "training": rows, "encoding": encoding}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

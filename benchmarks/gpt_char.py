@@ -17,7 +17,8 @@ in the same wall-clock time, measured side by side in one run.
 
 Both are evaluated identically: mean cross-entropy (nats/char) over the whole validation
 split cut into consecutive windows (``data.split_batches``, as the committed checkpoint is
-scored), each model at its own context length. FLOPs per trained token are counted as ``6 N + 6 L T C`` (Kaplan et al., 2020:
+scored), each model at its own context length. FLOPs per trained token are counted as
+``6 N + 6 L T C`` (Kaplan et al., 2020:
 ``N`` the weights used in matmuls, the output layer included; the second term the
 attention scores and weighted sums, forward and backward).
 """
@@ -44,7 +45,6 @@ from coursekit import data, train  # noqa: E402
 from coursekit.experiments import gpt_char  # noqa: E402
 from coursekit.gpt import GPT  # noqa: E402
 
-
 # --------------------------------------------------------------------------- peak
 
 
@@ -58,7 +58,7 @@ def matmul_peak(seconds: float = 1.0) -> float:
         while time.perf_counter() - start < seconds / 3:
             torch.matmul(a, b)
             reps += 1
-        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - start))
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
     return best
 
 
@@ -119,8 +119,11 @@ def train_nanogpt(d: data.TokenData, iters: int) -> tuple[nn.Module, float, int]
     model = NanoGPT(d.vocab_size, n["block_size"], n["L"], n["H"], n["C"])
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=n["lr"], betas=(0.9, 0.99))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+        lr=n["lr"],
+        betas=(0.9, 0.99),
+    )
 
     def lr_at(it):
         if it < n["warmup"]:
@@ -189,25 +192,45 @@ def run(args) -> dict:
     fpt_ours = flops_per_token(ours, model_cfg.n_layers, model_cfg.block_size, model_cfg.d_model)
 
     rows = {
-        "nanoGPT recipe": dict(val_loss=nano_loss, train_s=nano_time, steps=iters, tokens=nano_tokens,
-                               tokens_per_s=nano_tokens / nano_time),
-        "coursekit": dict(val_loss=ours_loss, train_s=history.train_time, steps=steps, tokens=history.tokens,
-                          tokens_per_s=history.tokens_per_s),
+        "nanoGPT recipe": dict(
+            val_loss=nano_loss,
+            train_s=nano_time,
+            steps=iters,
+            tokens=nano_tokens,
+            tokens_per_s=nano_tokens / nano_time,
+        ),
+        "coursekit": dict(
+            val_loss=ours_loss,
+            train_s=history.train_time,
+            steps=steps,
+            tokens=history.tokens,
+            tokens_per_s=history.tokens_per_s,
+        ),
     }
     for row, fpt in ((rows["nanoGPT recipe"], fpt_nano), (rows["coursekit"], fpt_ours)):
         row["flops_per_s"] = fpt * row["tokens_per_s"]
         row["fraction_of_peak"] = row["flops_per_s"] / peak
     return {
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
-        "matmul_peak_flops": peak, "quick": args.quick,
-        "ours_model": asdict(model_cfg), "ours_train": asdict(cfg), "rows": rows,
+        "machine": (
+            f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+            f"{torch.__version__}"
+        ),
+        "matmul_peak_flops": peak,
+        "quick": args.quick,
+        "ours_model": asdict(model_cfg),
+        "ours_train": asdict(cfg),
+        "rows": rows,
         "ours_beats_baseline": ours_loss < nano_loss and history.train_time <= nano_time * 1.05,
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="50 baseline steps: checks that the benchmark runs")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="50 baseline steps: checks that the benchmark runs"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -216,8 +239,10 @@ def main() -> None:
     print("| recipe | val loss (nats/char) | train s | steps | tokens/s | GFLOP/s | of peak |")
     print("|---|---|---|---|---|---|---|")
     for name, r in out["rows"].items():
-        print(f"| {name} | {r['val_loss']:.4f} | {r['train_s']:.1f} | {r['steps']} | {r['tokens_per_s']:,.0f} | "
-              f"{r['flops_per_s'] / 1e9:.1f} | {r['fraction_of_peak']:.2f} |")
+        print(
+            f"| {name} | {r['val_loss']:.4f} | {r['train_s']:.1f} | {r['steps']} | {r['tokens_per_s']:,.0f} | "
+            f"{r['flops_per_s'] / 1e9:.1f} | {r['fraction_of_peak']:.2f} |"
+        )
     print(f"coursekit lower in the same time: {out['ours_beats_baseline']}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

@@ -39,8 +39,11 @@ def make_course(parent: Path, name: str, n: int) -> tuple[Path, Path]:
 
     root, inbox = course_folder(parent, name)
     reference = filled(ASSIGNMENT)
-    notebooks = [("reference", reference), ("untouched", load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")),
-                 ("solution", load(ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"))]
+    notebooks = [
+        ("reference", reference),
+        ("untouched", load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")),
+        ("solution", load(ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")),
+    ]
     notebooks += [(m.name, replace_definition(reference, m.target, m.source)) for m in MUTANTS]
     while len(notebooks) < n:
         notebooks.append((f"reference{len(notebooks)}", reference))
@@ -50,7 +53,9 @@ def make_course(parent: Path, name: str, n: int) -> tuple[Path, Path]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--students", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="3 notebooks: checks that the benchmark runs")
     parser.add_argument("--json", help="also write the results to this file")
@@ -72,22 +77,56 @@ def main() -> None:
         api = course.nbgrader_api(root, **{"CourseDirectory.release_directory": str(tmp / "release")})
         course.expect_success(api.generate_assignment(ASSIGNMENT, force=True, create=True), "registering")
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT, "--force",
-                        f"--CourseDirectory.root={root}", f"--Exchange.root={tmp / 'exchange'}"],
-                       cwd=root, env=env, check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "nbgrader",
+                "autograde",
+                ASSIGNMENT,
+                "--force",
+                f"--CourseDirectory.root={root}",
+                f"--Exchange.root={tmp / 'exchange'}",
+            ],
+            cwd=root,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         results["plain nbgrader autograde"] = time.perf_counter() - started
         # coursekit, one and two workers
         for jobs in (1, 2):
             root, inbox = make_course(tmp, f"coursekit{jobs}", args.students)
             started = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "coursekit.cli", "--course", str(root), "autograde", str(inbox),
-                            "--assignment", ASSIGNMENT, "--no-feedback", "--jobs", str(jobs), "--csv", str(root / "grades.csv")],
-                           cwd=root, env=env, check=True, capture_output=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "coursekit.cli",
+                    "--course",
+                    str(root),
+                    "autograde",
+                    str(inbox),
+                    "--assignment",
+                    ASSIGNMENT,
+                    "--no-feedback",
+                    "--jobs",
+                    str(jobs),
+                    "--csv",
+                    str(root / "grades.csv"),
+                ],
+                cwd=root,
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             results[f"coursekit autograde --jobs {jobs}"] = time.perf_counter() - started
     n = len(students)
     base = results["plain nbgrader autograde"]
-    print(f"# grading {n} notebooks of {ASSIGNMENT} on {platform.machine()}, {os.cpu_count()} cores, "
-          f"python {platform.python_version()}, sandbox: {'bubblewrap' if bubblewrap_works() else 'rlimit fallback'}")
+    print(
+        f"# grading {n} notebooks of {ASSIGNMENT} on {platform.machine()}, {os.cpu_count()} cores, "
+        f"python {platform.python_version()}, sandbox: {'bubblewrap' if bubblewrap_works() else 'rlimit fallback'}"
+    )
     print(f"{'method':34s} {'total s':>8s} {'s/notebook':>11s} {'vs plain':>9s}")
     for name, seconds in results.items():
         print(f"{name:34s} {seconds:8.1f} {seconds / n:11.2f} {base / seconds:8.2f}x")

@@ -59,9 +59,18 @@ def run(new_tokens: list[int], repeats: int, threads: int, cfg: gpt.GPTConfig = 
     mask = torch.ones_like(prompt)
     rows = []
     for n in new_tokens:
+
         def hf_gen(use_cache):
-            return lambda: hf.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                       do_sample=False, use_cache=use_cache, pad_token_id=0)
+            return lambda: hf.generate(
+                prompt,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                use_cache=use_cache,
+                pad_token_id=0,
+            )
+
         with torch.no_grad():
             a, t_ours = median_time(repeats, lambda: decoding.generate(ours, prompt, n))
             b, t_ours_nc = median_time(1, lambda: decoding.generate(ours, prompt, n, use_cache=False))
@@ -69,31 +78,54 @@ def run(new_tokens: list[int], repeats: int, threads: int, cfg: gpt.GPTConfig = 
             d, t_hf_nc = median_time(1, hf_gen(False))
         if not (torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)):
             raise AssertionError(f"decoders disagree at {n} new tokens")
-        rows.append(dict(new_tokens=n, ours_cached_tok_s=n / t_ours, ours_uncached_tok_s=n / t_ours_nc,
-                         ours_speedup=t_ours_nc / t_ours, hf_cached_tok_s=n / t_hf, hf_uncached_tok_s=n / t_hf_nc,
-                         hf_speedup=t_hf_nc / t_hf, ours_vs_hf=t_hf / t_ours))
-    return {"machine": f"{platform.machine()}, {threads} threads, torch {torch.__version__}",
-            "shape": dict(n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_model=cfg.d_model, block_size=cfg.block_size),
-            "prompt": 16, "rows": rows}
+        rows.append(
+            dict(
+                new_tokens=n,
+                ours_cached_tok_s=n / t_ours,
+                ours_uncached_tok_s=n / t_ours_nc,
+                ours_speedup=t_ours_nc / t_ours,
+                hf_cached_tok_s=n / t_hf,
+                hf_uncached_tok_s=n / t_hf_nc,
+                hf_speedup=t_hf_nc / t_hf,
+                ours_vs_hf=t_hf / t_ours,
+            )
+        )
+    return {
+        "machine": f"{platform.machine()}, {threads} threads, torch {torch.__version__}",
+        "shape": dict(
+            n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_model=cfg.d_model, block_size=cfg.block_size
+        ),
+        "prompt": 16,
+        "rows": rows,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--new", type=int, nargs="+", default=[64, 128, 256, 512])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="16 and 32 new tokens, one repeat: checks that it runs")
+    parser.add_argument(
+        "--quick", action="store_true", help="16 and 32 new tokens, one repeat: checks that it runs"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     new, repeats = ([16, 32], 1) if args.quick else (args.new, args.repeat)
     out = run(new, repeats, args.threads)
     print(f"# {out['machine']}; GPT {out['shape']}, prompt {out['prompt']}, greedy, batch 1")
-    print("| new tokens | ours cached tok/s | ours uncached | speedup | HF cached tok/s | HF uncached | HF speedup | ours vs HF |")
+    print(
+        "| new tokens | ours cached tok/s | ours uncached | speedup | HF cached tok/s | HF "
+        "uncached | HF speedup | ours vs HF |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in out["rows"]:
-        print(f"| {r['new_tokens']} | {r['ours_cached_tok_s']:.0f} | {r['ours_uncached_tok_s']:.0f} | "
-              f"{r['ours_speedup']:.1f}x | {r['hf_cached_tok_s']:.0f} | {r['hf_uncached_tok_s']:.0f} | "
-              f"{r['hf_speedup']:.1f}x | {r['ours_vs_hf']:.2f} |")
+        print(
+            f"| {r['new_tokens']} | {r['ours_cached_tok_s']:.0f} | {r['ours_uncached_tok_s']:.0f} | "
+            f"{r['ours_speedup']:.1f}x | {r['hf_cached_tok_s']:.0f} | {r['hf_uncached_tok_s']:.0f} | "
+            f"{r['hf_speedup']:.1f}x | {r['ours_vs_hf']:.2f} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
 

@@ -15,7 +15,8 @@ any moment, its ``(T, 64)`` output included. The methods:
   FlashAttention-style kernel).
 
 ``scores_bytes`` is the size of one float32 ``(T, T)`` matrix, for reference. The chapter's page
-reads the committed ``benchmarks/results/attention_memory.json`` (written by ``benchmarks/run.py``) and repeats a smaller measurement live.
+reads the committed ``benchmarks/results/attention_memory.json`` (written by ``benchmarks/run.py``)
+and repeats a smaller measurement live.
 """
 
 from __future__ import annotations
@@ -43,14 +44,28 @@ def run(lengths: list[int], block: int, D: int = 64) -> dict:
             r = attention_peak_memory(method, T, D=D, block_size=block)
             if not r["finite"]:
                 raise AssertionError(f"{method} at T={T} gave a non-finite output")
-            rows.append(dict(T=T, method=method, peak_bytes=r["peak_bytes"], seconds=r["seconds"],
-                             scores_bytes=T * T * 4, measure=r["measure"]))
-    return {"machine": f"{platform.machine()}, 1 thread, torch {torch.__version__}",
-            "shape": dict(batch=1, heads=1, D=D, dtype="float32", causal=False), "block": block, "rows": rows}
+            rows.append(
+                dict(
+                    T=T,
+                    method=method,
+                    peak_bytes=r["peak_bytes"],
+                    seconds=r["seconds"],
+                    scores_bytes=T * T * 4,
+                    measure=r["measure"],
+                )
+            )
+    return {
+        "machine": f"{platform.machine()}, 1 thread, torch {torch.__version__}",
+        "shape": dict(batch=1, heads=1, D=D, dtype="float32", causal=False),
+        "block": block,
+        "rows": rows,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--T", type=int, nargs="+", default=[4096, 8192, 16384])
     parser.add_argument("--block", type=int, default=512)
     parser.add_argument("--quick", action="store_true", help="T = 1024 and 2048 only: checks that it runs")
@@ -61,7 +76,10 @@ def main() -> None:
     print("| T | method | peak MiB | seconds | one (T, T) float32 matrix, MiB |")
     print("|---|---|---|---|---|")
     for r in out["rows"]:
-        print(f"| {r['T']} | {r['method']} | {r['peak_bytes'] / 2**20:.1f} | {r['seconds']:.2f} | {r['scores_bytes'] / 2**20:.0f} |")
+        print(
+            f"| {r['T']} | {r['method']} | {r['peak_bytes'] / 2**20:.1f} | {r['seconds']:.2f} | "
+            f"{r['scores_bytes'] / 2**20:.0f} |"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2) + "\n")

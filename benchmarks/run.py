@@ -35,8 +35,16 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def _attention(r: dict) -> list[tuple[str, str]]:
     last = r["rows"][-1]
-    return [(f"coursekit reference / torch fused attention time, T={last['T']}", f"{last['coursekit_over_torch']:.1f}x"),
-            (f"tiled (online softmax) / torch fused attention time, T={last['T']}", f"{last['tiled_over_torch']:.1f}x")]
+    return [
+        (
+            f"coursekit reference / torch fused attention time, T={last['T']}",
+            f"{last['coursekit_over_torch']:.1f}x",
+        ),
+        (
+            f"tiled (online softmax) / torch fused attention time, T={last['T']}",
+            f"{last['tiled_over_torch']:.1f}x",
+        ),
+    ]
 
 
 def _memory(r: dict) -> list[tuple[str, str]]:
@@ -44,54 +52,97 @@ def _memory(r: dict) -> list[tuple[str, str]]:
     out = []
     for T in sorted({x["T"] for x in r["rows"]}):
         naive, tiled = rows[(T, "naive")], rows[(T, "tiled")]
-        out.append((f"peak memory naive / tiled attention, T={T}",
-                    f"{naive['peak_bytes'] / 2**20:,.0f} MiB / {tiled['peak_bytes'] / 2**20:,.1f} MiB = "
-                    f"{naive['peak_bytes'] / max(tiled['peak_bytes'], 1):.0f}x"))
+        out.append(
+            (
+                f"peak memory naive / tiled attention, T={T}",
+                f"{naive['peak_bytes'] / 2**20:,.0f} MiB / {tiled['peak_bytes'] / 2**20:,.1f} MiB = "
+                f"{naive['peak_bytes'] / max(tiled['peak_bytes'], 1):.0f}x",
+            )
+        )
         out.append((f"time naive / tiled attention, T={T}", f"{naive['seconds'] / tiled['seconds']:.2f}x"))
     return out
 
 
 def _decoding(r: dict) -> list[tuple[str, str]]:
     last = r["rows"][-1]
-    return [(f"KV cache speedup at {last['new_tokens']} new tokens (ours)", f"{last['ours_speedup']:.1f}x"),
-            (f"KV cache speedup at {last['new_tokens']} new tokens (HF generate)", f"{last['hf_speedup']:.1f}x"),
-            (f"our cached tokens/s / HF generate's, {last['new_tokens']} new tokens", f"{last['ours_vs_hf']:.2f}x")]
+    return [
+        (f"KV cache speedup at {last['new_tokens']} new tokens (ours)", f"{last['ours_speedup']:.1f}x"),
+        (f"KV cache speedup at {last['new_tokens']} new tokens (HF generate)", f"{last['hf_speedup']:.1f}x"),
+        (
+            f"our cached tokens/s / HF generate's, {last['new_tokens']} new tokens",
+            f"{last['ours_vs_hf']:.2f}x",
+        ),
+    ]
 
 
 def _bpe(r: dict) -> list[tuple[str, str]]:
     out = []
     for row in r["training"]:
         if row["naive_s"] is not None:
-            out.append((f"BPE training, {row['vocab_size']} tokens: recount / coursekit time",
-                        f"{row['naive_s'] / row['coursekit_s']:.1f}x"))
-        out.append((f"BPE training, {row['vocab_size']} tokens: coursekit / HF tokenizers time",
-                    f"{row['coursekit_s'] / row['tokenizers_s']:.1f}x"))
+            out.append(
+                (
+                    f"BPE training, {row['vocab_size']} tokens: recount / coursekit time",
+                    f"{row['naive_s'] / row['coursekit_s']:.1f}x",
+                )
+            )
+        out.append(
+            (
+                f"BPE training, {row['vocab_size']} tokens: coursekit / HF tokenizers time",
+                f"{row['coursekit_s'] / row['tokenizers_s']:.1f}x",
+            )
+        )
     e = r["encoding"]
-    out.append(("BPE encoding MB/s, coursekit (warm cache) / tiktoken on the same merges",
-                f"{e['coursekit_warm_MBps']:.2f} / {e['tiktoken_MBps']:.2f} = {e['coursekit_warm_MBps'] / e['tiktoken_MBps']:.2f}x"))
+    out.append(
+        (
+            "BPE encoding MB/s, coursekit (warm cache) / tiktoken on the same merges",
+            (
+                f"{e['coursekit_warm_MBps']:.2f} / {e['tiktoken_MBps']:.2f} = "
+                f"{e['coursekit_warm_MBps'] / e['tiktoken_MBps']:.2f}x"
+            ),
+        )
+    )
     return out
 
 
 def _training(r: dict) -> list[tuple[str, str]]:
     rows = r["rows"]
-    out = [(f"training tokens/s, {name}", f"{row['tokens_per_s']:,.0f} ({row['fraction_of_peak']:.2f} of the "
-            f"{r['matmul_peak_flops'] / 1e9:.0f} GFLOP/s matmul peak)") for name, row in rows.items()]
+    out = [
+        (
+            f"training tokens/s, {name}",
+            f"{row['tokens_per_s']:,.0f} ({row['fraction_of_peak']:.2f} of the "
+            f"{r['matmul_peak_flops'] / 1e9:.0f} GFLOP/s matmul peak)",
+        )
+        for name, row in rows.items()
+    ]
     names = list(rows)
-    out.append((f"validation loss in the same time, {names[1]} vs {names[0]}",
-                f"{rows[names[1]]['val_loss']:.4f} vs {rows[names[0]]['val_loss']:.4f} nats/char"))
+    out.append(
+        (
+            f"validation loss in the same time, {names[1]} vs {names[0]}",
+            f"{rows[names[1]]['val_loss']:.4f} vs {rows[names[0]]['val_loss']:.4f} nats/char",
+        )
+    )
     return out
 
 
 def _grading(r: dict) -> list[tuple[str, str]]:
     n, s = r["notebooks"], r["seconds"]
     base = s["plain nbgrader autograde"]
-    return [(f"grading s/notebook, {name} ({n} notebooks)", f"{t / n:.2f} ({base / t:.2f}x plain nbgrader's speed)")
-            for name, t in s.items()]
+    return [
+        (
+            f"grading s/notebook, {name} ({n} notebooks)",
+            f"{t / n:.2f} ({base / t:.2f}x plain nbgrader's speed)",
+        )
+        for name, t in s.items()
+    ]
 
 
 def _book(r: dict) -> list[tuple[str, str]]:
-    return [(f"book build ({r['pages']} pages): full / with the execution cache",
-             f"{r['full_s']:.0f} s / {r['cached_s']:.0f} s = {r['full_over_cached']:.1f}x")]
+    return [
+        (
+            f"book build ({r['pages']} pages): full / with the execution cache",
+            f"{r['full_s']:.0f} s / {r['cached_s']:.0f} s = {r['full_over_cached']:.1f}x",
+        )
+    ]
 
 
 #: name -> (script, extra arguments of the full mode, summary of its JSON)
@@ -122,36 +173,60 @@ def machine() -> dict:
         mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError):
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem, "os": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_average_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
 
 
 def markdown(report: dict) -> str:
     m = report["machine"]
-    lines = [f"# Benchmarks{' (quick mode: toy sizes, not results)' if report['quick'] else ''}", "",
-             f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {m['os']}; Python {m['python']}, "
-             f"torch {m['torch']}; load average {m['load_average_at_start']:.2f} at the start.",
-             f"Run {report['date']} with `{report['command']}`.", "",
-             "| benchmark | measured side by side | result |", "|---|---|---|"]
+    lines = [
+        f"# Benchmarks{' (quick mode: toy sizes, not results)' if report['quick'] else ''}",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {m['os']}; Python {m['python']}, "
+        f"torch {m['torch']}; load average {m['load_average_at_start']:.2f} at the start.",
+        f"Run {report['date']} with `{report['command']}`.",
+        "",
+        "| benchmark | measured side by side | result |",
+        "|---|---|---|",
+    ]
     for name, b in report["benchmarks"].items():
         for what, value in b["summary"]:
             lines.append(f"| {name} | {what} | {value} |")
-    lines += ["", "Each benchmark's full output: `benchmarks/results/<name>.json`; scripts: `benchmarks/*.py`.", ""]
+    lines += [
+        "",
+        "Each benchmark's full output: `benchmarks/results/<name>.json`; scripts: `benchmarks/*.py`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks that every benchmark runs")
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run only these")
-    parser.add_argument("--out", type=Path, help="results folder (default benchmarks/results; quick: a temporary one)")
+    parser.add_argument(
+        "--out", type=Path, help="results folder (default benchmarks/results; quick: a temporary one)"
+    )
     args = parser.parse_args(argv)
     out = args.out or (Path(tempfile.mkdtemp(prefix="benchmarks-")) if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
     names = args.only or list(BENCHMARKS)
-    report = {"machine": machine(), "quick": args.quick, "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
-              "command": "python benchmarks/run.py" + (" --quick" if args.quick else ""), "benchmarks": {}}
+    report = {
+        "machine": machine(),
+        "quick": args.quick,
+        "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "command": "python benchmarks/run.py" + (" --quick" if args.quick else ""),
+        "benchmarks": {},
+    }
     previous = out / "report.json"
     if args.only and previous.is_file():  # keep the other benchmarks' latest results
         report["benchmarks"] = json.loads(previous.read_text()).get("benchmarks", {})
@@ -171,12 +246,18 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(name)
             continue
         results = json.loads(target.read_text())
-        report["benchmarks"][name] = {"script": f"benchmarks/{script}", "seconds": round(seconds, 1),
-                                      "summary": summarize(results), "results": results}
+        report["benchmarks"][name] = {
+            "script": f"benchmarks/{script}",
+            "seconds": round(seconds, 1),
+            "summary": summarize(results),
+            "results": results,
+        }
         print(f"   ({seconds:.0f} s)", flush=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
-    print(f"\nwrote {out / 'report.md'} and report.json" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    print(
+        f"\nwrote {out / 'report.md'} and report.json" + (f"; FAILED: {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 

@@ -37,7 +37,7 @@ def read_json(path: str | os.PathLike, fmt: str, version: int, what: str) -> dic
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not a {what}: {e}") from None
     if not isinstance(data, dict) or data.get("format") != fmt:
-        raise ValueError(f"{path} is not a {what} (no \"format\": \"{fmt}\")")
+        raise ValueError(f'{path} is not a {what} (no "format": "{fmt}")')
     if data.get("version") != version:
         raise ValueError(f"{path} has format version {data.get('version')}; this coursekit reads {version}")
     return data

@@ -25,6 +25,10 @@ Everything here is a closed form, checked against something real in the tests:
 Units: bytes and FLOPs are plain numbers; ``GiB`` is ``2**30`` bytes (a ``GB`` is ``10**9``).
 Shapes: ``V`` vocabulary, ``C`` model width, ``L`` layers, ``H`` heads, ``H_kv`` key/value
 heads, ``D = C / H`` head width, ``T`` sequence length, ``B`` batch.
+
+Over 500 lines: the appendix is one formula per quantity (parameters, memory, KV cache, FLOPs,
+time), each with the docstring that derives it and the checks of its arguments; they read best
+together.
 """
 
 from __future__ import annotations
@@ -44,11 +48,31 @@ from coursekit.gpt import GPT_PRESETS, GPTConfig, gpt_param_count
 from coursekit.layers import approx_gpt_params
 
 __all__ = [
-    "PUBLISHED", "REPORTED_PARAMS", "GPU_PEAK_TFLOPS", "KAPLAN", "CHINCHILLA", "CHINCHILLA_REFIT",
-    "KaplanFit", "ChinchillaFit",
-    "require_positive", "param_count", "approx_param_count", "non_embedding_param_count", "decoder_params",
-    "memory_per_param", "training_memory_gib", "zero_memory_gib", "pipeline_bubble", "activation_bytes", "saved_tensor_bytes",
-    "kv_cache_gib", "forward_flops", "counted_flops", "training_flops", "training_days", "tokens_per_param_rule",
+    "PUBLISHED",
+    "REPORTED_PARAMS",
+    "GPU_PEAK_TFLOPS",
+    "KAPLAN",
+    "CHINCHILLA",
+    "CHINCHILLA_REFIT",
+    "KaplanFit",
+    "ChinchillaFit",
+    "require_positive",
+    "param_count",
+    "approx_param_count",
+    "non_embedding_param_count",
+    "decoder_params",
+    "memory_per_param",
+    "training_memory_gib",
+    "zero_memory_gib",
+    "pipeline_bubble",
+    "activation_bytes",
+    "saved_tensor_bytes",
+    "kv_cache_gib",
+    "forward_flops",
+    "counted_flops",
+    "training_flops",
+    "training_days",
+    "tokens_per_param_rule",
 ]
 
 
@@ -82,8 +106,13 @@ PUBLISHED: dict[str, GPTConfig | BertConfig] = {
 #: The counts the papers report for :data:`PUBLISHED` (GPT-2's table gives 117M, 345M, 762M and
 #: 1542M: the released models have more, see the appendix).
 REPORTED_PARAMS: dict[str, float] = {
-    "gpt2": 117e6, "gpt2-medium": 345e6, "gpt2-large": 762e6, "gpt2-xl": 1542e6, "gpt3": 175e9,
-    "bert-base": 110e6, "bert-large": 340e6,
+    "gpt2": 117e6,
+    "gpt2-medium": 345e6,
+    "gpt2-large": 762e6,
+    "gpt2-xl": 1542e6,
+    "gpt3": 175e9,
+    "bert-base": 110e6,
+    "bert-large": 340e6,
 }
 
 
@@ -118,8 +147,16 @@ def non_embedding_param_count(config: GPTConfig) -> int:
     return gpt_param_count(config) - (config.vocab_size + config.block_size) * config.d_model
 
 
-def decoder_params(vocab_size: int, n_positions: int, d_model: int, n_layers: int, n_heads: int,
-                   n_kv_heads: int | None = None, d_ff: int | None = None, tied: bool = True) -> int:
+def decoder_params(
+    vocab_size: int,
+    n_positions: int,
+    d_model: int,
+    n_layers: int,
+    n_heads: int,
+    n_kv_heads: int | None = None,
+    d_ff: int | None = None,
+    tied: bool = True,
+) -> int:
     """Exact parameter count of a GPT-2-style decoder with grouped-query attention.
 
     Token embedding ``V C`` and learned positions ``T_max C``; per layer, a query projection
@@ -151,13 +188,25 @@ def decoder_params(vocab_size: int, n_positions: int, d_model: int, n_layers: in
     """
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     d_ff = 4 * d_model if d_ff is None else d_ff
-    require_positive(integer=True, vocab_size=vocab_size, n_positions=n_positions, d_model=d_model,
-                     n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff)
+    require_positive(
+        integer=True,
+        vocab_size=vocab_size,
+        n_positions=n_positions,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        d_ff=d_ff,
+    )
     if d_model % n_heads or n_heads % n_kv_heads:
-        raise ValueError(f"need n_heads | d_model and n_kv_heads | n_heads, got d_model={d_model}, "
-                         f"n_heads={n_heads}, n_kv_heads={n_kv_heads}")
+        raise ValueError(
+            f"need n_heads | d_model and n_kv_heads | n_heads, got d_model={d_model}, "
+            f"n_heads={n_heads}, n_kv_heads={n_kv_heads}"
+        )
     kv_width = n_kv_heads * (d_model // n_heads)
-    attention = (d_model + 1) * (d_model + 2 * kv_width) + (d_model + 1) * d_model  # q, k, v and output, with biases
+    attention = (d_model + 1) * (d_model + 2 * kv_width) + (
+        d_model + 1
+    ) * d_model  # q, k, v and output, with biases
     feedforward = (d_model + 1) * d_ff + (d_ff + 1) * d_model
     norms = 2 * 2 * d_model
     embeddings = (vocab_size + n_positions) * d_model
@@ -168,7 +217,9 @@ def decoder_params(vocab_size: int, n_positions: int, d_model: int, n_layers: in
 # =========================================================================== training memory
 
 
-def memory_per_param(precision: str = "fp32", optimizer: str = "adam", fp32_grads: bool = False) -> dict[str, int]:
+def memory_per_param(
+    precision: str = "fp32", optimizer: str = "adam", fp32_grads: bool = False
+) -> dict[str, int]:
     """Bytes per parameter that training keeps, by what they hold (activations excluded).
 
     ``precision="fp32"``: weights and gradients in float32. ``"fp16"`` or ``"bf16"``: mixed
@@ -228,7 +279,9 @@ def training_memory_gib(n_params: float, precision: str = "fp32", optimizer: str
     return n_params * sum(memory_per_param(precision, optimizer).values()) / 2**30
 
 
-def zero_memory_gib(n_params: float, n_gpus: int, stage: int, precision: str = "bf16", optimizer: str = "adam") -> float:
+def zero_memory_gib(
+    n_params: float, n_gpus: int, stage: int, precision: str = "bf16", optimizer: str = "adam"
+) -> float:
     """GiB of model states per GPU when ``n_gpus`` data-parallel GPUs shard them with ZeRO.
 
     ZeRO (Rajbhandari et al., 2020) removes the replication of plain data parallelism in
@@ -252,8 +305,11 @@ def zero_memory_gib(n_params: float, n_gpus: int, stage: int, precision: str = "
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"stage must be 0, 1, 2 or 3, got {stage!r}")
     b = memory_per_param(precision, optimizer)
-    sharded = {1: ("master weights", "optimizer states"), 2: ("master weights", "optimizer states", "gradients"),
-               3: ("master weights", "optimizer states", "gradients", "weights")}.get(stage, ())
+    sharded = {
+        1: ("master weights", "optimizer states"),
+        2: ("master weights", "optimizer states", "gradients"),
+        3: ("master weights", "optimizer states", "gradients", "weights"),
+    }.get(stage, ())
     per_param = sum(v / n_gpus if k in sharded else v for k, v in b.items())
     return training_memory_gib(n_params, precision, optimizer) * per_param / sum(b.values())
 
@@ -269,9 +325,17 @@ def pipeline_bubble(n_stages: int, n_microbatches: int) -> float:
     return (n_stages - 1) / (n_microbatches + n_stages - 1)
 
 
-def activation_bytes(seq_len: int, batch: int, d_model: int, n_heads: int, n_layers: int = 1,
-                     bytes_per_value: float = 2, mask_bytes: float = 1, dropout: bool = True,
-                     recompute: str = "none") -> float:
+def activation_bytes(
+    seq_len: int,
+    batch: int,
+    d_model: int,
+    n_heads: int,
+    n_layers: int = 1,
+    bytes_per_value: float = 2,
+    mask_bytes: float = 1,
+    dropout: bool = True,
+    recompute: str = "none",
+) -> float:
     """Activations a transformer layer keeps for the backward pass (Korthikanti et al., 2022).
 
     With ``s`` tokens, batch ``b``, width ``h``, ``a`` heads, ``p`` bytes per value and ``m``
@@ -292,14 +356,20 @@ def activation_bytes(seq_len: int, batch: int, d_model: int, n_heads: int, n_lay
     Returns:
         Bytes for ``n_layers`` layers (embeddings, output layer and loss not included).
     """
-    require_positive(integer=True, seq_len=seq_len, batch=batch, d_model=d_model, n_heads=n_heads, n_layers=n_layers)
+    require_positive(
+        integer=True, seq_len=seq_len, batch=batch, d_model=d_model, n_heads=n_heads, n_layers=n_layers
+    )
     require_positive(bytes_per_value=bytes_per_value, mask_bytes=mask_bytes)
     if recompute not in ("none", "selective", "full"):
         raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
     p, m = bytes_per_value, (mask_bytes if dropout else 0)
     sbh, as2b = seq_len * batch * d_model, n_heads * seq_len**2 * batch
-    linear = sbh * (16 * p + 2 * m)  # norms' and projections' inputs, q, k, v, GELU in and out, residual masks
-    core = as2b * (2 * p + m) if dropout else as2b * p  # softmax output (with dropout: its mask and the dropped copy)
+    linear = sbh * (
+        16 * p + 2 * m
+    )  # norms' and projections' inputs, q, k, v, GELU in and out, residual masks
+    core = (
+        as2b * (2 * p + m) if dropout else as2b * p
+    )  # softmax output (with dropout: its mask and the dropped copy)
     per_layer = {"none": linear + core, "selective": linear, "full": p * sbh}[recompute]
     return n_layers * per_layer
 
@@ -336,8 +406,9 @@ def saved_tensor_bytes(fn, *args, exclude=(), **kwargs) -> int:
 # =========================================================================== KV cache
 
 
-def kv_cache_gib(n_layers: int, n_heads: int, n_kv_heads: int, d_model: int, seq_len: int,
-                 batch: int = 1, bits: int = 16) -> float:
+def kv_cache_gib(
+    n_layers: int, n_heads: int, n_kv_heads: int, d_model: int, seq_len: int, batch: int = 1, bits: int = 16
+) -> float:
     """GiB of a KV cache: a key and a value vector per layer, key/value head, token and sequence.
 
     Args:
@@ -361,11 +432,21 @@ def kv_cache_gib(n_layers: int, n_heads: int, n_kv_heads: int, d_model: int, seq
     Example: a Llama-3-8B shape (``L=32, H=32, H_kv=8, C=4096``) at 8192 tokens in 16 bits
     holds ``kv_cache_gib(32, 32, 8, 4096, 8192)`` = 1.0 GiB per sequence.
     """
-    require_positive(integer=True, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                     d_model=d_model, seq_len=seq_len, batch=batch, bits=bits)
+    require_positive(
+        integer=True,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        d_model=d_model,
+        seq_len=seq_len,
+        batch=batch,
+        bits=bits,
+    )
     if d_model % n_heads or n_heads % n_kv_heads:
-        raise ValueError(f"need n_heads | d_model and n_kv_heads | n_heads, got d_model={d_model}, "
-                         f"n_heads={n_heads}, n_kv_heads={n_kv_heads}")
+        raise ValueError(
+            f"need n_heads | d_model and n_kv_heads | n_heads, got d_model={d_model}, "
+            f"n_heads={n_heads}, n_kv_heads={n_kv_heads}"
+        )
     d_head = d_model // n_heads
     values = 2 * n_layers * n_kv_heads * d_head * seq_len * batch  # keys and values
     return values * bits / 8 / 2**30
@@ -410,7 +491,9 @@ def counted_flops(fn, *args, **kwargs) -> int:
     return counter.get_total_flops()
 
 
-def training_flops(n_params: float, n_tokens: float, n_layers: int = 0, seq_len: int = 0, d_model: int = 0) -> float:
+def training_flops(
+    n_params: float, n_tokens: float, n_layers: int = 0, seq_len: int = 0, d_model: int = 0
+) -> float:
     """Training FLOPs: ``6 N D`` plus, if the shape is given, the attention term ``12 L T C D``.
 
     The forward pass costs ``2 N`` FLOPs per token (a multiply-add per parameter) and the

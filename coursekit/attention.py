@@ -95,8 +95,7 @@ def check_attention_inputs(
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
-            "q and k must share their last dimension, "
-            f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            f"q and k must share their last dimension, got q {tuple(q.shape)} and k {tuple(k.shape)}"
         )
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
@@ -115,9 +114,7 @@ def check_attention_inputs(
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
     if mask.dtype != torch.bool and not torch.is_floating_point(mask):
-        raise TypeError(
-            f"mask must be boolean (True = may attend) or floating (additive), got {mask.dtype}"
-        )
+        raise TypeError(f"mask must be boolean (True = may attend) or floating (additive), got {mask.dtype}")
     if mask.dtype != torch.bool and mask.dtype != q.dtype:
         raise TypeError(
             f"an additive mask must have the dtype of q, k and v ({q.dtype}), got {mask.dtype}: "
@@ -174,9 +171,7 @@ def scaled_dot_product_attention(
     return weights @ v, weights  # (..., T, Dv), (..., T, S)
 
 
-def causal_mask(
-    T: int, S: int | None = None, device: torch.device | str | None = None
-) -> torch.Tensor:
+def causal_mask(T: int, S: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
     """Boolean causal mask: query ``i`` may attend to keys up to its own position.
 
     With ``S > T`` the queries are the *last* ``T`` positions of a length-``S``
@@ -224,9 +219,7 @@ def padding_mask(lengths: torch.Tensor | list[int], S: int | None = None) -> tor
     """
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1 or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-        raise ValueError(
-            f"lengths must be a 1-D integer tensor, got {lengths.dtype} {tuple(lengths.shape)}"
-        )
+        raise ValueError(f"lengths must be a 1-D integer tensor, got {lengths.dtype} {tuple(lengths.shape)}")
     if (lengths < 0).any():
         raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
     longest = int(lengths.max()) if lengths.numel() else 0
@@ -350,9 +343,7 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_head, bias=bias)
         self.v_proj = nn.Linear(d_model, d_head, bias=bias)
 
-    def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Attend from every position of ``x`` to every position of ``x``.
 
         Args:
@@ -368,8 +359,6 @@ class SelfAttention(nn.Module):
                 the shape expected and the one received.
         """
         if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
-            raise ValueError(
-                f"expected x of shape (B, T, {self.q_proj.in_features}), got {tuple(x.shape)}"
-            )
+            raise ValueError(f"expected x of shape (B, T, {self.q_proj.in_features}), got {tuple(x.shape)}")
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # each (B, T, D)
         return scaled_dot_product_attention(q, k, v, mask=mask)

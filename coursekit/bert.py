@@ -38,6 +38,10 @@ The data, the training and the measurements of the chapter live in
 :mod:`coursekit.experiments.bert_mlm` (masked-language-model batches, evaluation, baselines,
 the book's checkpoint ``bert-small``) and :mod:`coursekit.experiments.topics` (the
 fine-tuning task); this module is the model only.
+
+Over 500 lines: the config, presets, embeddings, encoder, both heads, the graded mask_tokens and
+mlm_loss with their teaching docstrings, and the Hugging Face name table are the model file of
+Chapter 6 (training and data live in coursekit.experiments).
 """
 
 from __future__ import annotations
@@ -50,15 +54,25 @@ from torch import nn
 
 from coursekit._config import check_transformer_config
 from coursekit.hf_names import NameTable
-from coursekit.layers import Encoder, LayerNorm, encoder_layer_params, layer_norm_params
+from coursekit.layers import ACTIVATIONS, Encoder, LayerNorm, encoder_layer_params, layer_norm_params
 
 __all__ = [
-    "BERT_PRESETS", "HF_NAMES", "Bert", "BertClassifier", "BertConfig", "BertEmbeddings", "BertForMaskedLM",
-    "ClsHead", "MLMHead", "SpecialTokens", "bert_params", "from_hf_state_dict", "mask_tokens", "mlm_loss",
+    "BERT_PRESETS",
+    "HF_NAMES",
+    "Bert",
+    "BertClassifier",
+    "BertConfig",
+    "BertEmbeddings",
+    "BertForMaskedLM",
+    "ClsHead",
+    "MLMHead",
+    "SpecialTokens",
+    "bert_params",
+    "from_hf_state_dict",
+    "mask_tokens",
+    "mlm_loss",
     "to_hf_state_dict",
 ]
-
-_ACTIVATIONS = {"gelu": lambda: nn.GELU(), "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "relu": lambda: nn.ReLU()}
 
 
 # --------------------------------------------------------------------------- configuration
@@ -95,20 +109,30 @@ class BertConfig:
     init_std: float = 0.02
 
     def __post_init__(self):
-        check_transformer_config(self, ("vocab_size", "max_len", "n_layers", "n_heads", "d_model", "d_ff", "n_segments"))
+        check_transformer_config(
+            self, ("vocab_size", "max_len", "n_layers", "n_heads", "d_model", "d_ff", "n_segments")
+        )
         if not self.eps > 0 or not self.init_std > 0:
             raise ValueError(f"eps and init_std must be positive, got {self.eps} and {self.init_std}")
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {self.activation!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
 
     def hf_kwargs(self) -> dict:
         """Keyword arguments of the equal ``transformers.BertConfig``."""
-        return dict(vocab_size=self.vocab_size, max_position_embeddings=self.max_len, num_hidden_layers=self.n_layers,
-                    num_attention_heads=self.n_heads, hidden_size=self.d_model, intermediate_size=self.d_ff,
-                    type_vocab_size=self.n_segments, hidden_dropout_prob=self.dropout,
-                    attention_probs_dropout_prob=self.dropout, layer_norm_eps=self.eps,
-                    hidden_act={"gelu_tanh": "gelu_new"}.get(self.activation, self.activation),
-                    initializer_range=self.init_std)
+        return dict(
+            vocab_size=self.vocab_size,
+            max_position_embeddings=self.max_len,
+            num_hidden_layers=self.n_layers,
+            num_attention_heads=self.n_heads,
+            hidden_size=self.d_model,
+            intermediate_size=self.d_ff,
+            type_vocab_size=self.n_segments,
+            hidden_dropout_prob=self.dropout,
+            attention_probs_dropout_prob=self.dropout,
+            layer_norm_eps=self.eps,
+            hidden_act={"gelu_tanh": "gelu_new"}.get(self.activation, self.activation),
+            initializer_range=self.init_std,
+        )
 
 
 #: ``nano`` for tests; ``small`` is the book's model (our 1024-token BPE plus 4 special
@@ -116,7 +140,9 @@ class BertConfig:
 #: them); ``bert-base`` and ``bert-large`` are the published shapes (Devlin et al., 2019).
 BERT_PRESETS = {
     "nano": BertConfig(vocab_size=64, max_len=16, n_layers=2, n_heads=2, d_model=16, d_ff=32),
-    "small": BertConfig(vocab_size=1028, max_len=64, n_layers=2, n_heads=2, d_model=64, d_ff=256, dropout=0.0),
+    "small": BertConfig(
+        vocab_size=1028, max_len=64, n_layers=2, n_heads=2, d_model=64, d_ff=256, dropout=0.0
+    ),
     "bert-base": BertConfig(vocab_size=30522, max_len=512, n_layers=12, n_heads=12, d_model=768, d_ff=3072),
     "bert-large": BertConfig(vocab_size=30522, max_len=512, n_layers=24, n_heads=16, d_model=1024, d_ff=4096),
 }
@@ -180,8 +206,15 @@ class BertEmbeddings(nn.Module):
         ValueError: the input has more than ``max_len`` tokens (the message names both numbers).
     """
 
-    def __init__(self, vocab_size: int, max_len: int, d_model: int, n_segments: int = 2,
-                 dropout: float = 0.1, eps: float = 1e-12):
+    def __init__(
+        self,
+        vocab_size: int,
+        max_len: int,
+        d_model: int,
+        n_segments: int = 2,
+        dropout: float = 0.1,
+        eps: float = 1e-12,
+    ):
         super().__init__()
         self.token = nn.Embedding(vocab_size, d_model)
         self.position = nn.Embedding(max_len, d_model)
@@ -193,7 +226,9 @@ class BertEmbeddings(nn.Module):
         """``(B, T)`` token ids (and segment ids, default all 0) -> ``(B, T, C)``."""
         T = input_ids.shape[1]
         if T > self.position.num_embeddings:
-            raise ValueError(f"the input has {T} tokens but the model has {self.position.num_embeddings} positions")
+            raise ValueError(
+                f"the input has {T} tokens but the model has {self.position.num_embeddings} positions"
+            )
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)  # (B, T): one segment
         positions = torch.arange(T, device=input_ids.device)  # (T,), broadcast over the batch
@@ -214,13 +249,21 @@ class Bert(nn.Module):
         super().__init__()
         c = self.config = config
         self.embeddings = BertEmbeddings(c.vocab_size, c.max_len, c.d_model, c.n_segments, c.dropout, c.eps)
-        self.encoder = Encoder(c.n_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.activation, norm_first=False, eps=c.eps)
+        self.encoder = Encoder(
+            c.n_layers, c.d_model, c.n_heads, c.d_ff, c.dropout, c.activation, norm_first=False, eps=c.eps
+        )
         for layer in self.encoder.layers:
-            layer.ff.dropout = nn.Identity()  # BERT drops a sub-layer's output, not the feed-forward's hidden units
+            layer.ff.dropout = (
+                nn.Identity()
+            )  # BERT drops a sub-layer's output, not the feed-forward's hidden units
         _init_weights(self, c.init_std)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Encode a batch.
 
         Args:
@@ -239,21 +282,35 @@ class Bert(nn.Module):
 
 def _check_inputs(c: BertConfig, input_ids, attention_mask, token_type_ids) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
-        got = f"{input_ids.dtype} {tuple(input_ids.shape)}" if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        got = (
+            f"{input_ids.dtype} {tuple(input_ids.shape)}"
+            if isinstance(input_ids, torch.Tensor)
+            else type(input_ids).__name__
+        )
         raise ValueError(f"input_ids must be a (B, T) torch.long tensor, got {got}")
     if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= c.vocab_size):
-        raise ValueError(f"token ids must be in [0, {c.vocab_size}), got {int(input_ids.min())}..{int(input_ids.max())}")
+        raise ValueError(
+            f"token ids must be in [0, {c.vocab_size}), got {int(input_ids.min())}..{int(input_ids.max())}"
+        )
     if input_ids.shape[1] > c.max_len:
         raise ValueError(f"the input has {input_ids.shape[1]} tokens but the model has {c.max_len} positions")
-    if attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.shape != input_ids.shape):
-        raise ValueError(f"attention_mask must be a boolean {tuple(input_ids.shape)} tensor (True = real token), got "
-                         f"{attention_mask.dtype} {tuple(attention_mask.shape)}; convert a 0/1 mask with mask.bool()")
+    if attention_mask is not None and (
+        attention_mask.dtype != torch.bool or attention_mask.shape != input_ids.shape
+    ):
+        raise ValueError(
+            f"attention_mask must be a boolean {tuple(input_ids.shape)} tensor (True = real token), got "
+            f"{attention_mask.dtype} {tuple(attention_mask.shape)}; convert a 0/1 mask with mask.bool()"
+        )
     if token_type_ids is not None:
         if token_type_ids.shape != input_ids.shape or token_type_ids.dtype != torch.long:
-            raise ValueError(f"token_type_ids must be a torch.long {tuple(input_ids.shape)} tensor, got "
-                             f"{token_type_ids.dtype} {tuple(token_type_ids.shape)}")
+            raise ValueError(
+                f"token_type_ids must be a torch.long {tuple(input_ids.shape)} tensor, got "
+                f"{token_type_ids.dtype} {tuple(token_type_ids.shape)}"
+            )
         if token_type_ids.numel() and (token_type_ids.min() < 0 or token_type_ids.max() >= c.n_segments):
-            raise ValueError(f"segment ids must be in [0, {c.n_segments}), got up to {int(token_type_ids.max())}")
+            raise ValueError(
+                f"segment ids must be in [0, {c.n_segments}), got up to {int(token_type_ids.max())}"
+            )
 
 
 def _init_weights(module: nn.Module, std: float) -> None:
@@ -274,7 +331,7 @@ class MLMHead(nn.Module):
     def __init__(self, d_model: int, vocab_size: int, activation: str = "gelu", eps: float = 1e-12):
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
-        self.act = _ACTIVATIONS[activation]()
+        self.act = ACTIVATIONS[activation]()
         self.norm = LayerNorm(d_model, eps)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
@@ -296,8 +353,12 @@ class BertForMaskedLM(nn.Module):
         self.mlm = MLMHead(config.d_model, config.vocab_size, config.activation, config.eps)
         _init_weights(self.mlm, config.init_std)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits ``(B, T, V)`` for every position; the arguments as :meth:`Bert.forward`."""
         h = self.bert(input_ids, attention_mask, token_type_ids)  # (B, T, C)
         return self.mlm(h, self.bert.embeddings.token.weight)  # (B, T, V)
@@ -352,8 +413,12 @@ class BertClassifier(nn.Module):
         model.bert.load_state_dict(bert.state_dict())
         return model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits ``(B, K)``; the arguments as :meth:`Bert.forward`."""
         return self.head(self.bert(input_ids, attention_mask, token_type_ids))
 
@@ -374,8 +439,12 @@ def bert_params(config: BertConfig, head: str = "mlm", n_classes: int = 2) -> in
     embeddings = (c.vocab_size + c.max_len + c.n_segments) * c.d_model + layer_norm_params(c.d_model)
     layers = c.n_layers * encoder_layer_params(c.d_model, c.d_ff)
     pooler = c.d_model * c.d_model + c.d_model
-    heads = {"mlm": pooler + layer_norm_params(c.d_model) + c.vocab_size, "pooler": pooler,
-             "classifier": pooler + (c.d_model + 1) * n_classes, "none": 0}
+    heads = {
+        "mlm": pooler + layer_norm_params(c.d_model) + c.vocab_size,
+        "pooler": pooler,
+        "classifier": pooler + (c.d_model + 1) * n_classes,
+        "none": 0,
+    }
     if head not in heads:
         raise ValueError(f"head must be one of {sorted(heads)}, got {head!r}")
     return embeddings + layers + heads[head]
@@ -384,8 +453,13 @@ def bert_params(config: BertConfig, head: str = "mlm", n_classes: int = 2) -> in
 # --------------------------------------------------------------------------- masked language modelling
 
 
-def mask_tokens(input_ids: torch.Tensor, special: SpecialTokens, vocab_size: int, generator: torch.Generator,
-                mlm_probability: float = 0.15) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    input_ids: torch.Tensor,
+    special: SpecialTokens,
+    vocab_size: int,
+    generator: torch.Generator,
+    mlm_probability: float = 0.15,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's masking: choose positions to predict and corrupt them 80/10/10.
 
     Each position that is not a special token is selected with probability
@@ -432,8 +506,10 @@ def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             selected (the mean of nothing would be NaN).
     """
     if logits.shape[:-1] != labels.shape:
-        raise ValueError(f"labels must have the shape of logits without its last axis, {tuple(logits.shape[:-1])}, "
-                         f"got {tuple(labels.shape)}")
+        raise ValueError(
+            f"labels must have the shape of logits without its last axis, {tuple(logits.shape[:-1])}, "
+            f"got {tuple(labels.shape)}"
+        )
     if not (labels != -100).any():
         raise ValueError("no position is selected (every label is -100): there is nothing to predict")
     V = logits.shape[-1]
@@ -462,8 +538,12 @@ HF_NAMES = {
     "head.pooler.{p}": "bert.pooler.dense.{p}",
     "head.classifier.{p}": "classifier.{p}",
 }
-_NAMES = NameTable(HF_NAMES, our_qkv="bert.encoder.layers.{i}.self_attn.qkv_proj.{p}",
-                   hf_qkv="bert.encoder.layer.{i}.attention.self.{part}.{p}", parts=("query", "key", "value"))
+_NAMES = NameTable(
+    HF_NAMES,
+    our_qkv="bert.encoder.layers.{i}.self_attn.qkv_proj.{p}",
+    hf_qkv="bert.encoder.layer.{i}.attention.self.{part}.{p}",
+    parts=("query", "key", "value"),
+)
 _HF_BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
 
 
@@ -497,15 +577,19 @@ def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
         if key == "cls.predictions.decoder.weight":
             emb = state_dict.get("bert.embeddings.word_embeddings.weight")
             if emb is None or not torch.equal(value, emb):
-                raise ValueError("cls.predictions.decoder.weight differs from the word embeddings: ours are tied")
+                raise ValueError(
+                    "cls.predictions.decoder.weight differs from the word embeddings: ours are tied"
+                )
         elif key == "cls.predictions.decoder.bias":
             if not torch.equal(value, state_dict.get("cls.predictions.bias", value + 1)):
                 raise ValueError("cls.predictions.decoder.bias differs from cls.predictions.bias")
         else:
             name = _NAMES.our_name(key)
             if name is None:
-                raise ValueError(f"unexpected Hugging Face key {key!r} (BertForMaskedLM and "
-                                 "BertForSequenceClassification are supported)")
+                raise ValueError(
+                    f"unexpected Hugging Face key {key!r} (BertForMaskedLM and "
+                    "BertForSequenceClassification are supported)"
+                )
             out[name] = value
     out.update(_NAMES.join_qkv(qkv))
     return out

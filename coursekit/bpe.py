@@ -37,9 +37,19 @@ import regex
 from coursekit._files import read_json, write_json
 
 __all__ = [
-    "GPT2_PATTERN", "GPT4_PATTERN", "Tokenizer", "chunk_counts", "decode", "encode_chunk", "get_pair_counts",
-    "merge", "train", "train_naive",
-    "python_docs_text", "stdlib_source_text", "read_text",
+    "GPT2_PATTERN",
+    "GPT4_PATTERN",
+    "Tokenizer",
+    "chunk_counts",
+    "decode",
+    "encode_chunk",
+    "get_pair_counts",
+    "merge",
+    "train",
+    "train_naive",
+    "python_docs_text",
+    "stdlib_source_text",
+    "read_text",
 ]
 
 #: GPT-2's split pattern (tiktoken's ``r50k_base``): contractions, letters, numbers and
@@ -47,9 +57,7 @@ __all__ = [
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 #: GPT-4's split pattern (tiktoken's ``cl100k_base``): case-insensitive contractions,
 #: numbers in groups of at most three digits, newlines kept apart.
-GPT4_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
-)
+GPT4_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""  # noqa: E501
 _PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN}
 _FORMAT = "coursekit-bpe"
 _VERSION = 1
@@ -58,7 +66,9 @@ _VERSION = 1
 # --------------------------------------------------------------------------- the two primitives
 
 
-def get_pair_counts(ids: list[int], counts: dict | None = None, weight: int = 1) -> dict[tuple[int, int], int]:
+def get_pair_counts(
+    ids: list[int], counts: dict | None = None, weight: int = 1
+) -> dict[tuple[int, int], int]:
     """Count adjacent pairs, overlapping ones included.
 
     Example: ``[1, 2, 3, 1, 2] -> {(1, 2): 2, (2, 3): 1, (3, 1): 1}``;
@@ -284,7 +294,12 @@ class Tokenizer:
         special_tokens: ``{text: id}``; ids must follow the merges.
     """
 
-    def __init__(self, merges: list[tuple[int, int]], pattern: str = "gpt4", special_tokens: dict[str, int] | None = None):
+    def __init__(
+        self,
+        merges: list[tuple[int, int]],
+        pattern: str = "gpt4",
+        special_tokens: dict[str, int] | None = None,
+    ):
         self.pattern = _PATTERNS.get(pattern, pattern)
         self._regex = regex.compile(self.pattern)
         self.merges = [tuple(map(int, m)) for m in merges]
@@ -300,8 +315,13 @@ class Tokenizer:
                 raise ValueError(f"special token {text!r} has id {i}, which is already a byte or a merge")
             self.vocab[i] = text.encode("utf-8")
         self._special_regex = (
-            regex.compile("(" + "|".join(regex.escape(s) for s in sorted(self.special_tokens, key=len, reverse=True)) + ")")
-            if self.special_tokens else None
+            regex.compile(
+                "("
+                + "|".join(regex.escape(s) for s in sorted(self.special_tokens, key=len, reverse=True))
+                + ")"
+            )
+            if self.special_tokens
+            else None
         )
         self._cache: dict[str, list[int]] = {}
 
@@ -398,8 +418,11 @@ class Tokenizer:
              "special_tokens": {"<|endoftext|>": 1280, ...}}
         """
         data = {
-            "format": _FORMAT, "version": _VERSION, "pattern": self.pattern,
-            "merges": [list(m) for m in self.merges], "special_tokens": self.special_tokens,
+            "format": _FORMAT,
+            "version": _VERSION,
+            "pattern": self.pattern,
+            "merges": [list(m) for m in self.merges],
+            "special_tokens": self.special_tokens,
         }
         return write_json(path, data)
 

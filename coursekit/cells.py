@@ -55,7 +55,9 @@ def thin_calls(source: str, where: str = "a test cell") -> list[Call]:
                 elif node.module.startswith("coursekit.grading."):
                     functions[alias.asname or alias.name] = (node.module, alias.name)
                 else:
-                    raise ValueError(f"{where} imports {full}; test cells may only import from coursekit.grading")
+                    raise ValueError(
+                        f"{where} imports {full}; test cells may only import from coursekit.grading"
+                    )
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if not alias.name.startswith("coursekit.grading.") or not alias.asname:
@@ -63,18 +65,28 @@ def thin_calls(source: str, where: str = "a test cell") -> list[Call]:
                 modules[alias.asname] = alias.name
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             call = node.value
-            if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id in modules:
+            if (
+                isinstance(call.func, ast.Attribute)
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id in modules
+            ):
                 module, function = modules[call.func.value.id], call.func.attr
             elif isinstance(call.func, ast.Name) and call.func.id in functions:
                 module, function = functions[call.func.id]
             else:
-                raise ValueError(f"{where} calls {ast.unparse(call.func)}, which is not imported from coursekit.grading")
+                raise ValueError(
+                    f"{where} calls {ast.unparse(call.func)}, which is not imported from coursekit.grading"
+                )
             if not all(isinstance(a, ast.Name) for a in call.args):
-                raise ValueError(f"{where}: the arguments of {ast.unparse(call)} must be names defined by the notebook")
+                raise ValueError(
+                    f"{where}: the arguments of {ast.unparse(call)} must be names defined by the notebook"
+                )
             try:
                 kwargs = tuple((k.arg, ast.literal_eval(k.value)) for k in call.keywords)
             except ValueError:
-                raise ValueError(f"{where}: keyword arguments of {ast.unparse(call)} must be constants") from None
+                raise ValueError(
+                    f"{where}: keyword arguments of {ast.unparse(call)} must be constants"
+                ) from None
             if any(k is None for k, _ in kwargs):
                 raise ValueError(f"{where}: ** arguments are not allowed in {ast.unparse(call)}")
             calls.append(Call(module, function, tuple(a.id for a in call.args), kwargs))
@@ -86,4 +98,3 @@ def thin_calls(source: str, where: str = "a test cell") -> list[Call]:
     if not calls:
         raise ValueError(f"{where} calls no grading function")
     return calls
-

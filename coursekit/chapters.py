@@ -59,8 +59,13 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("ch05_bpe", "Byte-pair encoding", "book/ch05_bpe.md", ("bpe",)),
     Chapter("ch06_bert", "BERT pretraining", "book/ch06_bert.md", ("bert",), checkpoint="bert-small"),
     Chapter("ch07_gpt", "GPT decoding", "book/ch07_gpt.md", ("gpt", "decoding"), checkpoint="gpt-char"),
-    Chapter("ch08_seq2seq", "Cross-attention translation", "book/ch08_seq2seq.md", ("seq2seq",),
-            checkpoint="seq2seq-numbers"),
+    Chapter(
+        "ch08_seq2seq",
+        "Cross-attention translation",
+        "book/ch08_seq2seq.md",
+        ("seq2seq",),
+        checkpoint="seq2seq-numbers",
+    ),
     Chapter("ch09_vit", "The vision transformer", "book/ch09_vit.md", ("vit",)),
     Chapter("ch10_long_context", "Long context", "book/ch10_long_context.md", ("long_context",)),
     Chapter("appendix_arithmetic", "Transformer arithmetic", "book/appendix_arithmetic.md", ("arithmetic",)),
@@ -72,7 +77,9 @@ def chapter(assignment: str) -> Chapter:
     for row in CHAPTERS:
         if row.assignment == assignment:
             return row
-    raise ValueError(f"no chapter for assignment {assignment!r}; the course has {[c.assignment for c in CHAPTERS]}")
+    raise ValueError(
+        f"no chapter for assignment {assignment!r}; the course has {[c.assignment for c in CHAPTERS]}"
+    )
 
 
 def course_root() -> Path:

@@ -51,8 +51,19 @@ from coursekit.experiments import bert_mlm, gpt_char, number_words
 from coursekit.gpt import GPT, GPTConfig
 from coursekit.seq2seq import Seq2Seq, Seq2SeqConfig
 
-__all__ = ["FORMAT", "VERSION", "Entry", "REGISTRY", "Checkpoint", "checkpoint_dir", "entry", "files", "load",
-           "save", "pretrain"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "Entry",
+    "REGISTRY",
+    "Checkpoint",
+    "checkpoint_dir",
+    "entry",
+    "files",
+    "load",
+    "save",
+    "pretrain",
+]
 
 FORMAT, VERSION = "coursekit-checkpoint", 1
 
@@ -87,17 +98,46 @@ class Entry:
 
 
 #: Checkpoint name -> :class:`Entry`.
-REGISTRY: dict[str, Entry] = {e.name: e for e in (
-    Entry("bert-small", "ch06_bert", BertForMaskedLM, BertConfig, bert_mlm.pretrain_bert_small, bert_mlm.BERT_SMALL,
-          bert_mlm.METRICS, tokenizer="bpe",
-          about="Chapter 6: BERT pretrained by MLM on python-docs, then fine-tuned on topics (about 7 minutes)"),
-    Entry("gpt-char", "ch07_gpt", GPT, GPTConfig, gpt_char.pretrain_gpt_char, gpt_char.GPT_CHAR, gpt_char.METRICS,
-          tokenizer="char", tied=(("lm_head.weight", "tok_emb.weight"),),
-          about="Chapter 7: a character-level GPT on python-docs (at most 10 minutes, time-budgeted)"),
-    Entry("seq2seq-numbers", "ch08_seq2seq", Seq2Seq, Seq2SeqConfig, number_words.pretrain_seq2seq_numbers,
-          number_words.SEQ2SEQ_NUMBERS, number_words.METRICS, tokenizer="words", tied=(("lm_head.weight", "tgt_emb.weight"),),
-          about="Chapter 8: English to German number words (500 steps, a few minutes)"),
-)}
+REGISTRY: dict[str, Entry] = {
+    e.name: e
+    for e in (
+        Entry(
+            "bert-small",
+            "ch06_bert",
+            BertForMaskedLM,
+            BertConfig,
+            bert_mlm.pretrain_bert_small,
+            bert_mlm.BERT_SMALL,
+            bert_mlm.METRICS,
+            tokenizer="bpe",
+            about="Chapter 6: BERT pretrained by MLM on python-docs, then fine-tuned on topics (about 7 minutes)",
+        ),
+        Entry(
+            "gpt-char",
+            "ch07_gpt",
+            GPT,
+            GPTConfig,
+            gpt_char.pretrain_gpt_char,
+            gpt_char.GPT_CHAR,
+            gpt_char.METRICS,
+            tokenizer="char",
+            tied=(("lm_head.weight", "tok_emb.weight"),),
+            about="Chapter 7: a character-level GPT on python-docs (at most 10 minutes, time-budgeted)",
+        ),
+        Entry(
+            "seq2seq-numbers",
+            "ch08_seq2seq",
+            Seq2Seq,
+            Seq2SeqConfig,
+            number_words.pretrain_seq2seq_numbers,
+            number_words.SEQ2SEQ_NUMBERS,
+            number_words.METRICS,
+            tokenizer="words",
+            tied=(("lm_head.weight", "tgt_emb.weight"),),
+            about="Chapter 8: English to German number words (500 steps, a few minutes)",
+        ),
+    )
+}
 
 
 class Checkpoint(NamedTuple):
@@ -164,8 +204,10 @@ def load(name: str, directory: str | os.PathLike | None = None) -> Checkpoint:
             raise FileNotFoundError(f"no {p}: run `coursekit pretrain {name}`")
     record = read_json(paths[1], FORMAT, VERSION, "coursekit checkpoint record")
     if record.get("name") != name or record.get("model") != e.model.__name__:
-        raise ValueError(f"{paths[1]} records {record.get('model')} {record.get('name')!r}, "
-                         f"expected {e.model.__name__} {name!r}")
+        raise ValueError(
+            f"{paths[1]} records {record.get('model')} {record.get('name')!r}, "
+            f"expected {e.model.__name__} {name!r}"
+        )
     if e.tokenizer == "char":
         tokenizer = data.CharTokenizer.load(paths[2])
     elif e.tokenizer == "bpe":
@@ -186,8 +228,16 @@ def _config_of(model: nn.Module):
     return model.config if hasattr(model, "config") else model.cfg
 
 
-def save(name: str, model: nn.Module, tokenizer, recipe, metrics: dict, directory: str | os.PathLike | None = None,
-         command: str | None = None, environment: dict | None = None) -> Path:
+def save(
+    name: str,
+    model: nn.Module,
+    tokenizer,
+    recipe,
+    metrics: dict,
+    directory: str | os.PathLike | None = None,
+    command: str | None = None,
+    environment: dict | None = None,
+) -> Path:
     """Write checkpoint ``name``: float16 weights, the tokenizer (if learned) and the record.
 
     Args:
@@ -205,7 +255,9 @@ def save(name: str, model: nn.Module, tokenizer, recipe, metrics: dict, director
     if not isinstance(model, e.model):
         raise ValueError(f"checkpoint {name!r} holds a {e.model.__name__}, got a {type(model).__name__}")
     if set(metrics) != set(e.metrics):
-        raise ValueError(f"checkpoint {name!r} records the metrics {sorted(e.metrics)}, got {sorted(metrics)}")
+        raise ValueError(
+            f"checkpoint {name!r} records the metrics {sorted(e.metrics)}, got {sorted(metrics)}"
+        )
     paths = files(name, directory)
     paths[0].parent.mkdir(parents=True, exist_ok=True)
     tied = {t for t, _ in e.tied}
@@ -220,19 +272,35 @@ def save(name: str, model: nn.Module, tokenizer, recipe, metrics: dict, director
             tok_record["special"] = asdict(SpecialTokens.after(_config_of(model).vocab_size - 4))
     recipe = asdict(recipe) if not isinstance(recipe, dict) else recipe
     record = {
-        "format": FORMAT, "version": VERSION, "name": name, "model": e.model.__name__,
-        "config": asdict(_config_of(model)), "tokenizer": tok_record,
+        "format": FORMAT,
+        "version": VERSION,
+        "name": name,
+        "model": e.model.__name__,
+        "config": asdict(_config_of(model)),
+        "tokenizer": tok_record,
         "recipe": {k: v for k, v in recipe.items() if k != "model"},
-        "command": command or f"coursekit pretrain {name}", "metrics": metrics,
-        "environment": environment or {"python": platform.python_version(), "torch": torch.__version__,
-                                       "threads": torch.get_num_threads(), "machine": platform.machine()},
+        "command": command or f"coursekit pretrain {name}",
+        "metrics": metrics,
+        "environment": environment
+        or {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "machine": platform.machine(),
+        },
     }
     text = json.dumps(record, ensure_ascii=False, indent=1) + "\n"
     return atomic_write(paths[1], lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def pretrain(name: str, directory: str | os.PathLike | None = None, recipe=None, *, steps: int | None = None,
-             progress: bool = True) -> dict:
+def pretrain(
+    name: str,
+    directory: str | os.PathLike | None = None,
+    recipe=None,
+    *,
+    steps: int | None = None,
+    progress: bool = True,
+) -> dict:
     """Train checkpoint ``name`` from scratch with its recipe, measure it and :func:`save` it.
 
     Args:

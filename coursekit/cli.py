@@ -1,12 +1,12 @@
 """The ``coursekit`` command: release exercises, autograde submissions, check the setup.
 
-    coursekit release [ASSIGNMENT ...] [--check]
-    coursekit autograde SUBMISSIONS --assignment ch01_attention [--jobs 2] [--csv grades.csv] [--times times.csv]
-    coursekit report --assignment ch01_attention
-    coursekit export [--format csv|canvas|moodle] [--out FILE]
-    coursekit check NOTEBOOK          (students: run the public checks locally)
-    coursekit pretrain [NAME] [--out DIR] [--steps N] [--threads N]   (list, or regenerate, a committed checkpoint)
-    coursekit doctor [grading] [book] [training] [tests]
+coursekit release [ASSIGNMENT ...] [--check]
+coursekit autograde SUBMISSIONS --assignment ch01_attention [--jobs 2] [--csv grades.csv] [--times times.csv]
+coursekit report --assignment ch01_attention
+coursekit export [--format csv|canvas|moodle] [--out FILE]
+coursekit check NOTEBOOK          (students: run the public checks locally)
+coursekit pretrain [NAME] [--out DIR] [--steps N] [--threads N]   (list, or regenerate, a committed checkpoint)
+coursekit doctor [grading] [book] [training] [tests]
 """
 
 from __future__ import annotations
@@ -45,8 +45,10 @@ def _limits(args) -> Limits:
     if min(args.cell_timeout, args.check_timeout, args.timeout, args.memory) <= 0:
         raise ValueError("timeouts and the memory limit must be positive")
     return Limits(
-        cell_seconds=args.cell_timeout, check_seconds=args.check_timeout,
-        submission_seconds=args.timeout, memory=int(args.memory * 2**30),
+        cell_seconds=args.cell_timeout,
+        check_seconds=args.check_timeout,
+        submission_seconds=args.timeout,
+        memory=int(args.memory * 2**30),
     )
 
 
@@ -60,26 +62,43 @@ def cmd_autograde(args) -> int:
     times = inbox.read_times(Path(args.times)) if args.times else None
     started = time.monotonic()
     collected, results = autograde.grade_inbox(
-        root, args.assignment, Path(args.submissions), times=times, jobs=args.jobs, limits=limits,
-        sandbox=args.sandbox, fresh=args.fresh, feedback=not args.no_feedback, progress=sys.stderr.isatty(),
+        root,
+        args.assignment,
+        Path(args.submissions),
+        times=times,
+        jobs=args.jobs,
+        limits=limits,
+        sandbox=args.sandbox,
+        fresh=args.fresh,
+        feedback=not args.no_feedback,
+        progress=sys.stderr.isatty(),
     )
     elapsed = time.monotonic() - started
     p = inbox.printable
     print(f"collected {len(collected.students)} submissions of {args.assignment} into {root / 'submitted'}")
     if collected.ignored:
-        print(f"ignored {len(collected.ignored)} hidden or system entries: {p(', '.join(collected.ignored[:5]))}"
-              f"{' ...' if len(collected.ignored) > 5 else ''}")
+        print(
+            f"ignored {len(collected.ignored)} hidden or system entries: {p(', '.join(collected.ignored[:5]))}"
+            f"{' ...' if len(collected.ignored) > 5 else ''}"
+        )
     for r in collected.refused:
         print(f"NOT COLLECTED {p(r.entry)}: {p(r.reason)}")
     if results:
         width = max(len(r.student) for r in results)
         for r in results:
-            extra = (f"  (not graded: {r.error})" if r.error else
-                     f"  [{r.notes[0]}{' ...' if len(r.notes) > 1 else ''}]" if r.notes else "")
+            extra = (
+                f"  (not graded: {r.error})"
+                if r.error
+                else f"  [{r.notes[0]}{' ...' if len(r.notes) > 1 else ''}]"
+                if r.notes
+                else ""
+            )
             print(f"{r.student:<{width}}  {r.score:g} / {r.max_score:g}{p(extra)}")
         cached = sum(r.cached for r in results)
-        print(f"graded {len(results)} notebooks in {elapsed:.1f} s ({elapsed / len(results):.2f} s each"
-              f"{f'; {cached} unchanged since the last run' if cached else ''})")
+        print(
+            f"graded {len(results)} notebooks in {elapsed:.1f} s ({elapsed / len(results):.2f} s each"
+            f"{f'; {cached} unchanged since the last run' if cached else ''})"
+        )
     csv_path = Path(args.csv).resolve() if args.csv else root / "grades.csv"
     exports.export(root, csv_path)
     print(f"grades of every assignment: {csv_path}")
@@ -114,8 +133,14 @@ def cmd_check(args) -> int:
     result = autograde.check_notebook(path, sandbox=args.sandbox, limits=_limits(args))
     for line in result.lines:
         print(_printable(line))  # the notebook's own outputs may hold terminal escape sequences
-    print(f"public checks: {result.public_score:g} of {result.public_max:g} points"
-          + (f"; hidden checks worth {result.hidden_max:g} more points run when your notebook is graded" if result.hidden_max else ""))
+    print(
+        f"public checks: {result.public_score:g} of {result.public_max:g} points"
+        + (
+            f"; hidden checks worth {result.hidden_max:g} more points run when your notebook is graded"
+            if result.hidden_max
+            else ""
+        )
+    )
     return 0 if result.public_score == result.public_max else 1
 
 
@@ -134,7 +159,10 @@ def cmd_doctor(args) -> int:
         for good, what, detail in lines:
             print(f"  [{'ok' if good else 'FAIL'}] {what}: {detail}")
         (ready if all(good for good, _, _ in lines) else not_ready).append(job)
-    print(f"ready for: {', '.join(ready) or 'nothing'}" + (f"; NOT ready for: {', '.join(not_ready)}" if not_ready else ""))
+    print(
+        f"ready for: {', '.join(ready) or 'nothing'}"
+        + (f"; NOT ready for: {', '.join(not_ready)}" if not_ready else "")
+    )
     return 1 if not_ready else 0
 
 
@@ -156,16 +184,27 @@ def cmd_pretrain(args) -> int:
     record = checkpoints.pretrain(args.name, args.out, steps=args.steps)
     metrics = record["metrics"]
     shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}
-    shown.update({f"{k}.{j}": w for k, v in metrics.items() if isinstance(v, dict) and k != "train"
-                  for j, w in v.items() if isinstance(w, (int, float))})
+    shown.update(
+        {
+            f"{k}.{j}": w
+            for k, v in metrics.items()
+            if isinstance(v, dict) and k != "train"
+            for j, w in v.items()
+            if isinstance(w, (int, float))
+        }
+    )
     written = ", ".join(p.name for p in checkpoints.files(args.name, args.out))
     print(f"wrote {written} to {checkpoints.files(args.name, args.out)[0].parent}: {shown}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="coursekit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--course", help="course folder (default: the nearest folder with nbgrader_config.py)")
+    parser = argparse.ArgumentParser(
+        prog="coursekit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--course", help="course folder (default: the nearest folder with nbgrader_config.py)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("release", help="regenerate exercises/ from solutions/ with nbgrader")
@@ -174,29 +213,69 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_release)
 
     def sandbox_options(p):
-        p.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "rlimit"],
-                       help="bubblewrap, or a plain process with resource limits (auto: bubblewrap where it works)")
-        p.add_argument("--cell-timeout", type=float, default=Limits.cell_seconds, help="seconds per notebook cell (default %(default)s)")
-        p.add_argument("--check-timeout", type=float, default=Limits.check_seconds, help="seconds per grading check (default %(default)s)")
-        p.add_argument("--timeout", type=float, default=Limits.submission_seconds, help="seconds per submission (default %(default)s)")
-        p.add_argument("--memory", type=float, default=Limits.memory / 2**30, help="GiB of memory per submission (default %(default)s)")
+        p.add_argument(
+            "--sandbox",
+            default="auto",
+            choices=["auto", "bwrap", "rlimit"],
+            help="bubblewrap, or a plain process with resource limits (auto: bubblewrap where it works)",
+        )
+        p.add_argument(
+            "--cell-timeout",
+            type=float,
+            default=Limits.cell_seconds,
+            help="seconds per notebook cell (default %(default)s)",
+        )
+        p.add_argument(
+            "--check-timeout",
+            type=float,
+            default=Limits.check_seconds,
+            help="seconds per grading check (default %(default)s)",
+        )
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=Limits.submission_seconds,
+            help="seconds per submission (default %(default)s)",
+        )
+        p.add_argument(
+            "--memory",
+            type=float,
+            default=Limits.memory / 2**30,
+            help="GiB of memory per submission (default %(default)s)",
+        )
 
-    p = sub.add_parser("autograde", help="collect a folder of submissions, grade them in a sandbox, write feedback, a CSV and a report")
+    p = sub.add_parser(
+        "autograde",
+        help="collect a folder of submissions, grade them in a sandbox, write feedback, a CSV and a report",
+    )
     p.add_argument("submissions", help="folder of <student>.ipynb or <student>/<notebook>.ipynb")
     p.add_argument("--assignment", required=True, help="assignment id, e.g. ch01_attention")
-    p.add_argument("--csv", help="where to write every grade of the course (default: grades.csv in the course folder)")
+    p.add_argument(
+        "--csv", help="where to write every grade of the course (default: grades.csv in the course folder)"
+    )
     p.add_argument("--jobs", type=int, default=1, help="sandboxes grading in parallel (default 1)")
-    p.add_argument("--fresh", action="store_true", help="regrade everyone, even submissions unchanged since the last run")
-    p.add_argument("--times", help="CSV of submission times (student,timestamp in ISO 8601) for late penalties; "
-                                   "default: each notebook's modification time in the inbox")
+    p.add_argument(
+        "--fresh", action="store_true", help="regrade everyone, even submissions unchanged since the last run"
+    )
+    p.add_argument(
+        "--times",
+        help="CSV of submission times (student,timestamp in ISO 8601) for late penalties; "
+        "default: each notebook's modification time in the inbox",
+    )
     p.add_argument("--no-feedback", action="store_true", help="skip the HTML feedback")
     sandbox_options(p)
     p.set_defaults(func=cmd_autograde)
 
-    p = sub.add_parser("export", help="write every grade of the course as a CSV: ours, or an LMS's import format")
-    p.add_argument("--format", choices=["csv", "canvas", "moodle"], default="csv",
-                   help="csv: a row per assignment and student, with status and times; canvas, moodle: their "
-                        "gradebook import files (not submitted = an empty cell)")
+    p = sub.add_parser(
+        "export", help="write every grade of the course as a CSV: ours, or an LMS's import format"
+    )
+    p.add_argument(
+        "--format",
+        choices=["csv", "canvas", "moodle"],
+        default="csv",
+        help="csv: a row per assignment and student, with status and times; canvas, moodle: their "
+        "gradebook import files (not submitted = an empty cell)",
+    )
     p.add_argument("--out", help="file to write (default: grades-<format>.csv in the course folder)")
     p.set_defaults(func=cmd_export)
 
@@ -204,22 +283,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--assignment", required=True)
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("check", help="students: run a notebook and its public checks, as the autograder would")
+    p = sub.add_parser(
+        "check", help="students: run a notebook and its public checks, as the autograder would"
+    )
     p.add_argument("notebook")
     sandbox_options(p)
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("pretrain", help="list the committed checkpoints, or retrain one from scratch and record its metrics")
+    p = sub.add_parser(
+        "pretrain", help="list the committed checkpoints, or retrain one from scratch and record its metrics"
+    )
     p.add_argument("name", nargs="?", help="bert-small, gpt-char or seq2seq-numbers (none: list them)")
     p.add_argument("--list", action="store_true", help="list the checkpoints and what each is")
     p.add_argument("--out", help="folder to write into (default: the repository's checkpoints/)")
-    p.add_argument("--steps", type=int, help="a shortened run of this many steps (a smoke test; not for committing)")
+    p.add_argument(
+        "--steps", type=int, help="a shortened run of this many steps (a smoke test; not for committing)"
+    )
     p.add_argument("--threads", type=int, help="torch threads (the committed checkpoints were trained on 1)")
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("doctor", help="is this machine ready to grade, build the book, train, run the tests?")
-    p.add_argument("jobs", nargs="*", metavar="JOB",
-                   help="grading, book, training or tests (default: all); fails only if one of these is not ready")
+    p.add_argument(
+        "jobs",
+        nargs="*",
+        metavar="JOB",
+        help="grading, book, training or tests (default: all); fails only if one of these is not ready",
+    )
     p.set_defaults(func=cmd_doctor)
 
     args = parser.parse_args(argv)
@@ -231,8 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (sqlite3.Error, SQLAlchemyError) as e:  # a gradebook nbgrader could not read or write
         reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
-        print(f"coursekit {args.command}: the gradebook could not be used ({_printable(reason)}); "
-              "nothing after this point was recorded", file=sys.stderr)
+        print(
+            f"coursekit {args.command}: the gradebook could not be used ({_printable(reason)}); "
+            "nothing after this point was recorded",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -28,7 +28,9 @@ def repo_root() -> Path:
     for folder in (here, *here.parents):
         if (folder / "nbgrader_config.py").is_file():
             return folder
-    raise FileNotFoundError(f"no nbgrader_config.py in {here} or any folder above it: run from the course folder")
+    raise FileNotFoundError(
+        f"no nbgrader_config.py in {here} or any folder above it: run from the course folder"
+    )
 
 
 def assignments(root: Path) -> list[str]:
@@ -89,7 +91,9 @@ def release(root: Path, names: list[str] | None = None, out: Path | None = None)
     names = names or assignments(root)
     unknown = sorted(set(names) - set(assignments(root)))
     if unknown:
-        raise ValueError(f"no such assignment in solutions/: {', '.join(unknown)} (have: {', '.join(assignments(root))})")
+        raise ValueError(
+            f"no such assignment in solutions/: {', '.join(unknown)} (have: {', '.join(assignments(root))})"
+        )
     out = (out or root / "exercises").resolve()
     _validate_test_cells(root, names)
     with tempfile.TemporaryDirectory() as tmp:

@@ -33,9 +33,19 @@ from coursekit._files import read_json, write_json
 from coursekit.bpe import python_docs_text, read_text
 
 __all__ = [
-    "CORPORA", "CharTokenizer", "TokenData", "TokenizerLike",
-    "bpe_tokenizer", "encode_text", "eval_batches", "lm_batch", "load_text", "prepare",
-    "python_docs_text", "split_batches", "split_text",
+    "CORPORA",
+    "CharTokenizer",
+    "TokenData",
+    "TokenizerLike",
+    "bpe_tokenizer",
+    "encode_text",
+    "eval_batches",
+    "lm_batch",
+    "load_text",
+    "prepare",
+    "python_docs_text",
+    "split_batches",
+    "split_text",
 ]
 
 #: Corpora that need no download, by name (see :func:`load_text`).
@@ -242,7 +252,9 @@ def prepare(
     if tokenizer not in ("char", "bpe"):
         raise ValueError(f"tokenizer must be 'char' or 'bpe', got {tokenizer!r}")
     if tokenizer == "char" and vocab_size is not None:
-        raise ValueError(f"a character tokenizer's vocabulary is the text's characters; got vocab_size={vocab_size}")
+        raise ValueError(
+            f"a character tokenizer's vocabulary is the text's characters; got vocab_size={vocab_size}"
+        )
     if tokenizer == "bpe" and vocab_size is None:
         raise ValueError("tokenizer='bpe' needs a vocab_size (256 bytes + the number of merges)")
     text = load_text(source)
@@ -256,7 +268,11 @@ def prepare(
 
 def _check_tokens(data: torch.Tensor, block_size: int, batch_size: int) -> None:
     if not isinstance(data, torch.Tensor) or data.dim() != 1 or data.dtype != torch.long:
-        got = f"{data.dtype} tensor of shape {tuple(data.shape)}" if isinstance(data, torch.Tensor) else type(data).__name__
+        got = (
+            f"{data.dtype} tensor of shape {tuple(data.shape)}"
+            if isinstance(data, torch.Tensor)
+            else type(data).__name__
+        )
         raise ValueError(f"data must be a 1-D torch.long tensor of token ids, got {got}")
     if block_size < 1 or batch_size < 1:
         raise ValueError(f"block_size and batch_size must be at least 1, got {block_size} and {batch_size}")

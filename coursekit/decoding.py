@@ -151,14 +151,18 @@ def generate(
         ``(B, T0 + n)`` with ``n <= max_new_tokens`` new tokens.
     """
     if prompt.dim() != 2 or prompt.shape[1] < 1 or prompt.dtype != torch.long:
-        raise ValueError(f"prompt must be (B, T0) torch.long token ids with T0 >= 1, got {prompt.dtype} {tuple(prompt.shape)}")
+        raise ValueError(
+            f"prompt must be (B, T0) torch.long token ids with T0 >= 1, got {prompt.dtype} {tuple(prompt.shape)}"
+        )
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     block = model.cfg.block_size
     B, T0 = prompt.shape
     if use_cache and T0 + max_new_tokens > block:
-        raise ValueError(f"prompt ({T0}) + max_new_tokens ({max_new_tokens}) exceed block_size={block}: "
-                         "use_cache=False crops the context instead")
+        raise ValueError(
+            f"prompt ({T0}) + max_new_tokens ({max_new_tokens}) exceed block_size={block}: "
+            "use_cache=False crops the context instead"
+        )
     was_training = model.training
     model.eval()
     try:
@@ -194,7 +198,7 @@ def sequence_logprob(model: nn.Module, prompt: torch.Tensor, continuation: torch
     full = torch.cat([prompt, continuation], dim=1)  # (B, T0 + N)
     logp = F.log_softmax(model(full).float(), dim=-1)  # (B, T0 + N, V)
     T0 = prompt.shape[1]
-    scored = logp[:, T0 - 1:-1].gather(-1, continuation[..., None]).squeeze(-1)  # (B, N)
+    scored = logp[:, T0 - 1 : -1].gather(-1, continuation[..., None]).squeeze(-1)  # (B, N)
     return scored.sum(dim=-1)
 
 
@@ -237,7 +241,9 @@ def beam_search(
         ``max_new_tokens < 1``.
     """
     if prompt.dim() != 2 or prompt.shape[0] != 1 or prompt.dtype != torch.long:
-        raise ValueError(f"beam_search takes one prompt of shape (1, T0), torch.long; got {prompt.dtype} {tuple(prompt.shape)}")
+        raise ValueError(
+            f"beam_search takes one prompt of shape (1, T0), torch.long; got {prompt.dtype} {tuple(prompt.shape)}"
+        )
     if not isinstance(beam_width, int) or beam_width < 1:
         raise ValueError(f"beam_width must be a positive integer, got {beam_width!r}")
     if max_new_tokens < 1:
@@ -253,7 +259,7 @@ def beam_search(
         finished: list[tuple[float, torch.Tensor]] = []
 
         def rank(total: float, n: int) -> float:
-            return total / n ** length_penalty
+            return total / n**length_penalty
 
         def cannot_improve(live_scores: list[float], t: int) -> bool:
             """``W`` hypotheses have finished and no live beam can still beat the worst of them."""

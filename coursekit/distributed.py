@@ -57,8 +57,10 @@ def init(backend: str = "gloo") -> tuple[int, int]:
     if not dist.is_initialized():
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
         if missing:
-            raise RuntimeError(f"no process group to join: {', '.join(missing)} not set. Start the script with "
-                               "torchrun, e.g. `torchrun --standalone --nproc_per_node 2 -m coursekit.distributed`")
+            raise RuntimeError(
+                f"no process group to join: {', '.join(missing)} not set. Start the script with "
+                "torchrun, e.g. `torchrun --standalone --nproc_per_node 2 -m coursekit.distributed`"
+            )
         dist.init_process_group(backend)
     return dist.get_rank(), dist.get_world_size()
 
@@ -82,15 +84,19 @@ def shard(batch: Any, rank: int, world_size: int) -> Any:
     if isinstance(batch, torch.Tensor):
         B = batch.shape[0]
         if B % world_size:
-            raise ValueError(f"the global batch size must be divisible by the number of processes, "
-                             f"got {B} rows for {world_size} processes")
+            raise ValueError(
+                f"the global batch size must be divisible by the number of processes, "
+                f"got {B} rows for {world_size} processes"
+            )
         n = B // world_size
         return batch[rank * n : (rank + 1) * n]
     if isinstance(batch, (tuple, list)):
         return type(batch)(shard(b, rank, world_size) for b in batch)
     if isinstance(batch, dict):
         return {k: shard(v, rank, world_size) for k, v in batch.items()}
-    raise TypeError(f"a batch must be a tensor or a tuple, list or dict of tensors, got {type(batch).__name__}")
+    raise TypeError(
+        f"a batch must be a tensor or a tuple, list or dict of tensors, got {type(batch).__name__}"
+    )
 
 
 def train_ddp(
@@ -115,10 +121,14 @@ def train_ddp(
         This rank's :class:`~coursekit.train.History` (identical on every rank except ``tokens``).
     """
     if not dist.is_initialized():
-        raise RuntimeError("train_ddp needs an initialised process group: call coursekit.distributed.init() first")
+        raise RuntimeError(
+            "train_ddp needs an initialised process group: call coursekit.distributed.init() first"
+        )
     rank, world = dist.get_rank(), dist.get_world_size()
     if cfg.batch_size % world:
-        raise ValueError(f"batch_size must be divisible by the number of processes, got {cfg.batch_size} for {world}")
+        raise ValueError(
+            f"batch_size must be divisible by the number of processes, got {cfg.batch_size} for {world}"
+        )
     loss_fn = loss_fn or train_mod._default_loss
     ddp = DistributedDataParallel(model)
 
@@ -129,8 +139,14 @@ def train_ddp(
         return loss + (mean / world - loss.detach())  # the global mean's value, this rank's gradient
 
     return train_mod.train(
-        model, lambda step, g: shard(batch_fn(step, g), rank, world), cfg, loss_fn=local_loss, eval_fn=eval_fn,
-        checkpoint_path=checkpoint_path, resume=resume, progress=progress and rank == 0,
+        model,
+        lambda step, g: shard(batch_fn(step, g), rank, world),
+        cfg,
+        loss_fn=local_loss,
+        eval_fn=eval_fn,
+        checkpoint_path=checkpoint_path,
+        resume=resume,
+        progress=progress and rank == 0,
         write_checkpoints=rank == 0,
     )
 
@@ -149,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16, help="the GLOBAL batch, split over the processes")
     p.add_argument("--layers", type=int, default=GPT_CHAR_FAST.model.n_layers, help="GPT depth (default 4)")
     p.add_argument("--width", type=int, default=GPT_CHAR_FAST.model.d_model, help="GPT width (default 128)")
-    p.add_argument("--block-size", type=int, default=GPT_CHAR_FAST.model.block_size, help="context (default 64)")
+    p.add_argument(
+        "--block-size", type=int, default=GPT_CHAR_FAST.model.block_size, help="context (default 64)"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
     p.add_argument("--json", help="rank 0 writes the history and the final validation loss here")
     args = p.parse_args(argv)
@@ -158,28 +176,53 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = init()
     try:
         d = data.prepare("python-docs")
-        model_cfg = replace(GPT_CHAR_FAST.model, vocab_size=d.vocab_size, n_layers=args.layers,
-                            d_model=args.width, block_size=args.block_size)
-        cfg = replace(GPT_CHAR_FAST.train, max_steps=args.steps, batch_size=args.batch_size,
-                      warmup_steps=min(GPT_CHAR_FAST.train.warmup_steps, args.steps // 10),
-                      eval_interval=args.steps)
+        model_cfg = replace(
+            GPT_CHAR_FAST.model,
+            vocab_size=d.vocab_size,
+            n_layers=args.layers,
+            d_model=args.width,
+            block_size=args.block_size,
+        )
+        cfg = replace(
+            GPT_CHAR_FAST.train,
+            max_steps=args.steps,
+            batch_size=args.batch_size,
+            warmup_steps=min(GPT_CHAR_FAST.train.warmup_steps, args.steps // 10),
+            eval_interval=args.steps,
+        )
         torch.manual_seed(cfg.seed)
         model = GPT(model_cfg)
         T = model_cfg.block_size
-        history = train_ddp(model, lambda step, g: data.lm_batch(d.train, T, cfg.batch_size, g), cfg,
-                            loss_fn=train_mod.lm_loss, progress=False)
+        history = train_ddp(
+            model,
+            lambda step, g: data.lm_batch(d.train, T, cfg.batch_size, g),
+            cfg,
+            loss_fn=train_mod.lm_loss,
+            progress=False,
+        )
         val = gpt_val_loss(model, d)
         if rank == 0:
             tokens_per_s = world * history.tokens / history.train_time
-            print(f"{world} process(es), global batch {cfg.batch_size}: train loss {history.train_loss[-1]:.4f}, "
-                  f"validation loss {val:.4f} nats/char, {tokens_per_s:,.0f} tokens/s in all")
+            print(
+                f"{world} process(es), global batch {cfg.batch_size}: train loss {history.train_loss[-1]:.4f}, "
+                f"validation loss {val:.4f} nats/char, {tokens_per_s:,.0f} tokens/s in all"
+            )
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump({"world_size": world, "model": asdict(model_cfg), "train": asdict(cfg),
-                               "train_loss": history.train_loss, "grad_norm": history.grad_norm,
-                               "val_loss": val, "tokens_per_s": tokens_per_s, "rank0_tokens": history.tokens,
-                               "weights": {k: v.flatten()[:64].tolist() for k, v in model.state_dict().items()}},
-                              f)
+                    json.dump(
+                        {
+                            "world_size": world,
+                            "model": asdict(model_cfg),
+                            "train": asdict(cfg),
+                            "train_loss": history.train_loss,
+                            "grad_norm": history.grad_norm,
+                            "val_loss": val,
+                            "tokens_per_s": tokens_per_s,
+                            "rank0_tokens": history.tokens,
+                            "weights": {k: v.flatten()[:64].tolist() for k, v in model.state_dict().items()},
+                        },
+                        f,
+                    )
     finally:
         dist.destroy_process_group()
     return 0

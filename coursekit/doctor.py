@@ -37,8 +37,11 @@ Line = tuple[bool, str, str]  # (ok, what, detail)
 
 
 def _python() -> Line:
-    return sys.version_info >= (3, 11), "python", platform.python_version() + ("" if sys.version_info >= (3, 11) else
-                                                                            ": 3.11 or newer is needed")
+    return (
+        sys.version_info >= (3, 11),
+        "python",
+        platform.python_version() + ("" if sys.version_info >= (3, 11) else ": 3.11 or newer is needed"),
+    )
 
 
 def _package(dist: str) -> Line:
@@ -52,20 +55,41 @@ def _bubblewrap() -> Line:
     from coursekit.sandbox import bubblewrap_works
 
     ok = bubblewrap_works()
-    return ok, "bubblewrap", ("works (student code is sandboxed)" if ok else
-                              "missing or blocked: student code would run with resource limits only; "
-                              "apt-get install bubblewrap (scripts/system_deps.sh)")
+    return (
+        ok,
+        "bubblewrap",
+        (
+            "works (student code is sandboxed)"
+            if ok
+            else "missing or blocked: student code would run with resource limits only; "
+            "apt-get install bubblewrap (scripts/system_deps.sh)"
+        ),
+    )
 
 
 def _executable(name: str, why: str, package: str) -> Line:
     path = shutil.which(name)
-    return path is not None, name, path or f"not found ({why}): apt-get install {package} (scripts/system_deps.sh)"
+    return (
+        path is not None,
+        name,
+        path or f"not found ({why}): apt-get install {package} (scripts/system_deps.sh)",
+    )
 
 
 def _postgres() -> Line:
-    found = glob.glob("/usr/lib/postgresql/*/bin/pg_ctl") or ([shutil.which("pg_ctl")] if shutil.which("pg_ctl") else [])
-    return bool(found), "PostgreSQL server tools", (found[0] if found else "not found (the PostgreSQL gradebook test "
-                                                    "starts a throwaway server): apt-get install postgresql")
+    found = glob.glob("/usr/lib/postgresql/*/bin/pg_ctl") or (
+        [shutil.which("pg_ctl")] if shutil.which("pg_ctl") else []
+    )
+    return (
+        bool(found),
+        "PostgreSQL server tools",
+        (
+            found[0]
+            if found
+            else "not found (the PostgreSQL gradebook test "
+            "starts a throwaway server): apt-get install postgresql"
+        ),
+    )
 
 
 def _mathjax(root: Path) -> Line:
@@ -104,7 +128,11 @@ def _kernel() -> Line:
 
 def _course(root: Path | None, lines: Callable[[Path], Iterator[Line]]) -> Iterator[Line]:
     if root is None:
-        yield False, "course folder", "no nbgrader_config.py here or above: run from the course folder (or --course)"
+        yield (
+            False,
+            "course folder",
+            "no nbgrader_config.py here or above: run from the course folder (or --course)",
+        )
     else:
         yield from lines(root)
 
@@ -124,8 +152,12 @@ def run_checks(root: Path | None, jobs: tuple[str, ...] = JOBS) -> dict[str, lis
         elif job == "training":
             lines += list(_course(root, lambda r: iter([_checkpoints(r)])))
         elif job == "tests":
-            lines += [_bubblewrap(), _executable("chromium", "the browser tests", "chromium"),
-                      _executable("chromedriver", "the browser tests", "chromium-driver"), _postgres(),
-                      _executable("pg_dump", "backing up a PostgreSQL gradebook", "postgresql-client")]
+            lines += [
+                _bubblewrap(),
+                _executable("chromium", "the browser tests", "chromium"),
+                _executable("chromedriver", "the browser tests", "chromium-driver"),
+                _postgres(),
+                _executable("pg_dump", "backing up a PostgreSQL gradebook", "postgresql-client"),
+            ]
         found[job] = lines
     return found

@@ -64,22 +64,50 @@ def grades(db_url: str) -> list[Grade]:
                 try:
                     sub = gb.find_submission(assignment.name, student.id)
                 except MissingEntry:
-                    out.append(Grade(assignment.name, student.id, student.last_name or "", student.first_name or "",
-                                     student.email or "", False, None, assignment.duedate, None, None, None,
-                                     float(assignment.max_score), False))
+                    out.append(
+                        Grade(
+                            assignment.name,
+                            student.id,
+                            student.last_name or "",
+                            student.first_name or "",
+                            student.email or "",
+                            False,
+                            None,
+                            assignment.duedate,
+                            None,
+                            None,
+                            None,
+                            float(assignment.max_score),
+                            False,
+                        )
+                    )
                     continue
                 penalty = float(sub.late_submission_penalty or 0.0)
-                out.append(Grade(assignment.name, student.id, student.last_name or "", student.first_name or "",
-                                 student.email or "", True, sub.timestamp, assignment.duedate, float(sub.score),
-                                 penalty, max(0.0, float(sub.score) - penalty), float(sub.max_score),
-                                 bool(sub.needs_manual_grade), float(sub.total_seconds_late or 0.0)))
+                out.append(
+                    Grade(
+                        assignment.name,
+                        student.id,
+                        student.last_name or "",
+                        student.first_name or "",
+                        student.email or "",
+                        True,
+                        sub.timestamp,
+                        assignment.duedate,
+                        float(sub.score),
+                        penalty,
+                        max(0.0, float(sub.score) - penalty),
+                        float(sub.max_score),
+                        bool(sub.needs_manual_grade),
+                        float(sub.total_seconds_late or 0.0),
+                    )
+                )
     return out
 
 
 def _time(t: dt.datetime | None) -> str:
     if t is None:
         return ""
-    return (t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).isoformat(timespec="seconds")
+    return (t if t.tzinfo else t.replace(tzinfo=dt.UTC)).isoformat(timespec="seconds")
 
 
 def _score(x: float | None) -> str:
@@ -90,12 +118,41 @@ def write_csv(rows: list[Grade], path: Path) -> Path:
     """The long format: a row per assignment and student (nbgrader's columns, plus ``status``)."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email", "status",
-                    "raw_score", "late_submission_penalty", "score", "max_score", "needs_manual_grade"])
+        w.writerow(
+            [
+                "assignment",
+                "duedate",
+                "timestamp",
+                "student_id",
+                "last_name",
+                "first_name",
+                "email",
+                "status",
+                "raw_score",
+                "late_submission_penalty",
+                "score",
+                "max_score",
+                "needs_manual_grade",
+            ]
+        )
         for g in rows:
-            w.writerow([g.assignment, _time(g.duedate), _time(g.timestamp), g.student, g.last_name, g.first_name,
-                        g.email, g.status, _score(g.raw_score), _score(g.late_penalty), _score(g.score),
-                        f"{g.max_score:g}", "yes" if g.needs_manual_grade else "no"])
+            w.writerow(
+                [
+                    g.assignment,
+                    _time(g.duedate),
+                    _time(g.timestamp),
+                    g.student,
+                    g.last_name,
+                    g.first_name,
+                    g.email,
+                    g.status,
+                    _score(g.raw_score),
+                    _score(g.late_penalty),
+                    _score(g.score),
+                    f"{g.max_score:g}",
+                    "yes" if g.needs_manual_grade else "no",
+                ]
+            )
     return Path(path)
 
 
@@ -122,12 +179,25 @@ def write_canvas(rows: list[Grade], path: Path) -> Path:
     assignments, by_student, points = _wide(rows)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["Student", "ID", "SIS User ID", "SIS Login ID", "Section", *(_title(a) for a in assignments)])
-        w.writerow(["    Points Possible", "", "", "", "", *(f"{points[a]:g}" for a in assignments)])  # as Canvas writes it
+        w.writerow(
+            ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", *(_title(a) for a in assignments)]
+        )
+        w.writerow(
+            ["    Points Possible", "", "", "", "", *(f"{points[a]:g}" for a in assignments)]
+        )  # as Canvas writes it
         for student, mine in sorted(by_student.items()):
             any_row = next(iter(mine.values()))
             name = ", ".join(n for n in (any_row.last_name, any_row.first_name) if n) or student
-            w.writerow([name, "", "", student, "", *(_score(mine[a].score) if a in mine else "" for a in assignments)])
+            w.writerow(
+                [
+                    name,
+                    "",
+                    "",
+                    student,
+                    "",
+                    *(_score(mine[a].score) if a in mine else "" for a in assignments),
+                ]
+            )
     return Path(path)
 
 
@@ -136,12 +206,30 @@ def write_moodle(rows: list[Grade], path: Path) -> Path:
     assignments, by_student, _ = _wide(rows)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["First name", "Last name", "ID number", "Institution", "Department", "Email address",
-                    *(f"Assignment: {_title(a)} (Real)" for a in assignments)])
+        w.writerow(
+            [
+                "First name",
+                "Last name",
+                "ID number",
+                "Institution",
+                "Department",
+                "Email address",
+                *(f"Assignment: {_title(a)} (Real)" for a in assignments),
+            ]
+        )
         for student, mine in sorted(by_student.items()):
             any_row = next(iter(mine.values()))
-            w.writerow([any_row.first_name, any_row.last_name, student, "", "", any_row.email,
-                        *(_score(mine[a].score) if a in mine else "" for a in assignments)])
+            w.writerow(
+                [
+                    any_row.first_name,
+                    any_row.last_name,
+                    student,
+                    "",
+                    "",
+                    any_row.email,
+                    *(_score(mine[a].score) if a in mine else "" for a in assignments),
+                ]
+            )
     return Path(path)
 
 

@@ -32,6 +32,9 @@ through the same mapping::
     model = GPT(GPT_PRESETS["gpt2"])
     model.load_state_dict(from_hf_state_dict(hf.state_dict()))
     enc = tiktoken.get_encoding("gpt2")                 # GPT-2's tokenizer (also downloaded)
+
+Over 500 lines: the config, the KV cache, the graded causal_self_attention, the model and its
+Hugging Face mapping are Chapter 7's model file, formatted at 110 columns.
 """
 
 from __future__ import annotations
@@ -54,9 +57,19 @@ from coursekit.layers import (
 from coursekit.multihead import MultiHeadAttention, merge_heads
 
 __all__ = [
-    "GPTConfig", "GPT_PRESETS", "GPT", "Block", "KVCache", "LayerCache",
-    "causal_self_attention", "causal_lm_loss", "gpt_param_count",
-    "from_hf_state_dict", "to_hf_state_dict", "config_from_hf", "hf_config_kwargs",
+    "GPTConfig",
+    "GPT_PRESETS",
+    "GPT",
+    "Block",
+    "KVCache",
+    "LayerCache",
+    "causal_self_attention",
+    "causal_lm_loss",
+    "gpt_param_count",
+    "from_hf_state_dict",
+    "to_hf_state_dict",
+    "config_from_hf",
+    "hf_config_kwargs",
 ]
 
 
@@ -118,8 +131,11 @@ GPT_PRESETS: dict[str, GPTConfig] = {
 def gpt_param_count(cfg: GPTConfig) -> int:
     """Exact number of parameters of ``GPT(cfg)`` (tied output layer), from Chapter 4's counts."""
     embeddings = (cfg.vocab_size + cfg.block_size) * cfg.d_model
-    return embeddings + cfg.n_layers * encoder_layer_params(cfg.d_model, cfg.d_ff, cfg.bias) + \
-        layer_norm_params(cfg.d_model, cfg.bias)
+    return (
+        embeddings
+        + cfg.n_layers * encoder_layer_params(cfg.d_model, cfg.d_ff, cfg.bias)
+        + layer_norm_params(cfg.d_model, cfg.bias)
+    )
 
 
 # --------------------------------------------------------------------------- KV cache
@@ -138,8 +154,15 @@ class LayerCache:
         dtype, device: of the buffers.
     """
 
-    def __init__(self, batch_size: int, n_kv_heads: int, max_len: int, d_head: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        batch_size: int,
+        n_kv_heads: int,
+        max_len: int,
+        d_head: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
         shape = (batch_size, n_kv_heads, max_len, d_head)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, H_kv, max_len, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (B, H_kv, max_len, D)
@@ -152,11 +175,15 @@ class LayerCache:
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``k, v`` of shape ``(B, H_kv, T, D)``; return all cached ``(B, H_kv, length, D)``."""
         if k.shape != v.shape or k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
-            raise ValueError(f"expected k and v of shape ({self.k.shape[0]}, {self.k.shape[1]}, T, {self.k.shape[3]}), "
-                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+            raise ValueError(
+                f"expected k and v of shape ({self.k.shape[0]}, {self.k.shape[1]}, T, {self.k.shape[3]}), "
+                f"got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
         start, end = self.length, self.length + k.shape[2]
         if end > self.max_len:
-            raise ValueError(f"the cache holds {self.max_len} positions; {start} are used and {k.shape[2]} more do not fit")
+            raise ValueError(
+                f"the cache holds {self.max_len} positions; {start} are used and {k.shape[2]} more do not fit"
+            )
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         self.length = end
@@ -290,13 +317,18 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def init_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
-        """An empty :class:`KVCache` for ``batch_size`` sequences of up to ``max_len`` (default ``block_size``) tokens."""
+        """An empty :class:`KVCache` for ``batch_size`` sequences of up to ``max_len`` (default
+        ``block_size``) tokens."""
         max_len = self.cfg.block_size if max_len is None else max_len
         if not 1 <= max_len <= self.cfg.block_size:
             raise ValueError(f"max_len must be in [1, block_size={self.cfg.block_size}], got {max_len}")
         p = self.tok_emb.weight
-        return KVCache([LayerCache(batch_size, b.attn.n_kv_heads, max_len, b.attn.d_head, p.dtype, p.device)
-                        for b in self.blocks])
+        return KVCache(
+            [
+                LayerCache(batch_size, b.attn.n_kv_heads, max_len, b.attn.d_head, p.dtype, p.device)
+                for b in self.blocks
+            ]
+        )
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Next-token logits for every position of ``idx``.
@@ -314,10 +346,14 @@ class GPT(nn.Module):
         B, T = idx.shape
         start = 0 if cache is None else cache.length
         if start + T > self.cfg.block_size:
-            raise ValueError(f"{start} cached + {T} new tokens exceed block_size={self.cfg.block_size}: "
-                             "crop the context (or decode without the cache)")
+            raise ValueError(
+                f"{start} cached + {T} new tokens exceed block_size={self.cfg.block_size}: "
+                "crop the context (or decode without the cache)"
+            )
         if cache is not None and len(cache.layers) != len(self.blocks):
-            raise ValueError(f"the cache has {len(cache.layers)} layers, the model {len(self.blocks)}: use model.init_cache")
+            raise ValueError(
+                f"the cache has {len(cache.layers)} layers, the model {len(self.blocks)}: use model.init_cache"
+            )
         pos = torch.arange(start, start + T, device=idx.device)  # (T,), offset by the cached length
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
         for i, block in enumerate(self.blocks):
@@ -345,7 +381,9 @@ def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, ignore_index: 
         ValueError: unless ``logits`` is ``(B, T, V)`` and ``input_ids`` ``(B, T)`` with ``T >= 2``.
     """
     if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
-        raise ValueError(f"expected logits (B, T, V) and input_ids (B, T), got {tuple(logits.shape)} and {tuple(input_ids.shape)}")
+        raise ValueError(
+            f"expected logits (B, T, V) and input_ids (B, T), got {tuple(logits.shape)} and {tuple(input_ids.shape)}"
+        )
     if logits.shape[1] < 2:
         raise ValueError("a sequence needs at least 2 tokens to have a next-token target")
     pred = logits[:, :-1]  # (B, T-1, V): positions 0 .. T-2
@@ -357,11 +395,19 @@ def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, ignore_index: 
 
 #: Our parameter name -> GPT-2's, per layer (``blocks.{i}.`` <-> ``transformer.h.{i}.``).
 _LAYER_NAMES = {
-    "norm1": "ln_1", "attn.qkv_proj": "attn.c_attn", "attn.out_proj": "attn.c_proj",
-    "norm2": "ln_2", "ff.linear1": "mlp.c_fc", "ff.linear2": "mlp.c_proj",
+    "norm1": "ln_1",
+    "attn.qkv_proj": "attn.c_attn",
+    "attn.out_proj": "attn.c_proj",
+    "norm2": "ln_2",
+    "ff.linear1": "mlp.c_fc",
+    "ff.linear2": "mlp.c_proj",
 }
-_TOP_NAMES = {"tok_emb.weight": "transformer.wte.weight", "pos_emb.weight": "transformer.wpe.weight",
-              "norm.weight": "transformer.ln_f.weight", "norm.bias": "transformer.ln_f.bias"}
+_TOP_NAMES = {
+    "tok_emb.weight": "transformer.wte.weight",
+    "pos_emb.weight": "transformer.wpe.weight",
+    "norm.weight": "transformer.ln_f.weight",
+    "norm.bias": "transformer.ln_f.bias",
+}
 #: GPT-2's Conv1D layers store ``weight`` as ``(in, out)``: these are transposed both ways.
 _CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 #: Buffers some GPT-2 checkpoints carry (the causal mask); they hold no weights.
@@ -411,7 +457,9 @@ def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
         ValueError: an untied ``lm_head.weight``.
     """
     hf_to_ours = {}
-    n_layers = 1 + max((int(k.split(".")[2]) for k in state_dict if k.startswith("transformer.h.")), default=-1)
+    n_layers = 1 + max(
+        (int(k.split(".")[2]) for k in state_dict if k.startswith("transformer.h.")), default=-1
+    )
     for ours, hf in _TOP_NAMES.items():
         hf_to_ours[hf] = ours
     for i in range(n_layers):
@@ -425,7 +473,9 @@ def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
         if name == "lm_head.weight":
             wte = state_dict.get("transformer.wte.weight")
             if wte is None or not torch.equal(value, wte):
-                raise ValueError("lm_head.weight differs from transformer.wte.weight: our GPT ties them, as GPT-2 does")
+                raise ValueError(
+                    "lm_head.weight differs from transformer.wte.weight: our GPT ties them, as GPT-2 does"
+                )
             continue
         if name not in hf_to_ours:
             raise KeyError(f"{name!r} is not a GPT2LMHeadModel parameter this mapping knows")
@@ -438,15 +488,36 @@ def config_from_hf(hf_config) -> GPTConfig:
     """The :class:`GPTConfig` of a ``transformers.GPT2Config`` (tanh GELU, as ``gelu_new``)."""
     acts = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
     if hf_config.activation_function not in acts:
-        raise ValueError(f"unsupported GPT-2 activation {hf_config.activation_function!r}; expected one of {sorted(acts)}")
-    return GPTConfig(vocab_size=hf_config.vocab_size, block_size=hf_config.n_positions, n_layers=hf_config.n_layer,
-                     n_heads=hf_config.n_head, d_model=hf_config.n_embd, d_ff=hf_config.n_inner,
-                     activation=acts[hf_config.activation_function], eps=hf_config.layer_norm_epsilon)
+        raise ValueError(
+            f"unsupported GPT-2 activation {hf_config.activation_function!r}; expected one of {sorted(acts)}"
+        )
+    return GPTConfig(
+        vocab_size=hf_config.vocab_size,
+        block_size=hf_config.n_positions,
+        n_layers=hf_config.n_layer,
+        n_heads=hf_config.n_head,
+        d_model=hf_config.n_embd,
+        d_ff=hf_config.n_inner,
+        activation=acts[hf_config.activation_function],
+        eps=hf_config.layer_norm_epsilon,
+    )
 
 
 def hf_config_kwargs(cfg: GPTConfig) -> dict:
     """Keyword arguments of ``transformers.GPT2Config`` for the same model (dropout off)."""
-    return dict(vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_layer=cfg.n_layers, n_head=cfg.n_heads,
-                n_embd=cfg.d_model, n_inner=cfg.d_ff, layer_norm_epsilon=cfg.eps,
-                activation_function="gelu_new" if cfg.activation == "gelu_tanh" else "gelu",
-                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return dict(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.block_size,
+        n_layer=cfg.n_layers,
+        n_head=cfg.n_heads,
+        n_embd=cfg.d_model,
+        n_inner=cfg.d_ff,
+        layer_norm_epsilon=cfg.eps,
+        activation_function="gelu_new" if cfg.activation == "gelu_tanh" else "gelu",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )

@@ -71,8 +71,10 @@ class NameTable:
         m = self._our_qkv.match(key)
         if m is None:
             return None
-        return {self._hf_qkv_template.format(i=m["i"], part=part, p=m["p"]): chunk
-                for part, chunk in zip(self.parts, value.chunk(3, dim=0))}  # 3 x (C, C) or (C,)
+        return {
+            self._hf_qkv_template.format(i=m["i"], part=part, p=m["p"]): chunk
+            for part, chunk in zip(self.parts, value.chunk(3, dim=0))
+        }  # 3 x (C, C) or (C,)
 
     def to_hf(self, key: str, value: torch.Tensor, what: str) -> dict[str, torch.Tensor]:
         """Our tensor ``key`` under Hugging Face's name (the fused projection as its three parts).
@@ -108,5 +110,7 @@ class NameTable:
             if set(found) != set(self.parts):
                 q, k, v = self.parts
                 raise ValueError(f"layer {i} {p}: expected {q}, {k} and {v}, got {sorted(found)}")
-            out[self._our_qkv_template.format(i=i, p=p)] = torch.cat([found[k] for k in self.parts], dim=0)  # (3C, ...)
+            out[self._our_qkv_template.format(i=i, p=p)] = torch.cat(
+                [found[k] for k in self.parts], dim=0
+            )  # (3C, ...)
         return out

@@ -22,6 +22,10 @@ for a student (shown to them by the autograder) are stored in
 ``.coursekit/collect/<assignment>/<student>.json``.
 
 This module needs a POSIX system (``O_NOFOLLOW``, ``os.scandir`` on a file descriptor).
+
+Over 500 lines: collecting an untrusted inbox is one careful procedure (no links, one entry per
+student, sizes, names and times checked before anything is copied), and its refusals are documented
+where they happen.
 """
 
 from __future__ import annotations
@@ -58,8 +62,10 @@ SYSTEM_NAMES = frozenset({".ipynb_checkpoints", "__MACOSX", "Thumbs.db", "deskto
 #: nbgrader reads ``timestamp.txt`` with this format (``parse_utc`` takes the zone name).
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f UTC"
 
-_ID_RULE = ("student ids are 1 to 64 characters: letters A-Z and a-z, digits, '.', '_' and '-', "
-            "starting with a letter or a digit")
+_ID_RULE = (
+    "student ids are 1 to 64 characters: letters A-Z and a-z, digits, '.', '_' and '-', "
+    "starting with a letter or a digit"
+)
 _NOTES_FORMAT, _NOTES_VERSION = "coursekit-collect-notes", 1
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -152,18 +158,26 @@ def read_times(path: Path) -> dict[str, dt.datetime]:
             if not row or all(not cell.strip() for cell in row):
                 continue
             if len(row) != 2:
-                raise ValueError(f"{path}, line {line}: expected 2 fields (student,timestamp), got {len(row)}")
+                raise ValueError(
+                    f"{path}, line {line}: expected 2 fields (student,timestamp), got {len(row)}"
+                )
             student, stamp = row[0].strip(), row[1].strip()
             if not STUDENT_ID.fullmatch(student):
-                raise ValueError(f"{path}, line {line}: '{printable(student)}' is not a valid student id ({_ID_RULE})")
+                raise ValueError(
+                    f"{path}, line {line}: '{printable(student)}' is not a valid student id ({_ID_RULE})"
+                )
             if student in times:
-                raise ValueError(f"{path}, line {line}: student {student} is listed twice (first on line {lines[student]})")
+                raise ValueError(
+                    f"{path}, line {line}: student {student} is listed twice (first on line {lines[student]})"
+                )
             try:
                 when = dt.datetime.fromisoformat(stamp)
             except ValueError:
-                raise ValueError(f"{path}, line {line}: '{printable(stamp)}' is not an ISO 8601 time "
-                                 f"(e.g. 2024-03-01T17:59:00+01:00)") from None
-            times[student] = when.astimezone(dt.timezone.utc)  # a naive time is taken as local time
+                raise ValueError(
+                    f"{path}, line {line}: '{printable(stamp)}' is not an ISO 8601 time "
+                    f"(e.g. 2024-03-01T17:59:00+01:00)"
+                ) from None
+            times[student] = when.astimezone(dt.UTC)  # a naive time is taken as local time
             lines[student] = line
     except csv.Error as e:
         raise ValueError(f"{path}, line {rows.line_num}: {e}") from None
@@ -234,20 +248,24 @@ def _listing(names: list[str], limit: int = 10) -> str:
 
 def _utc(ns: int) -> dt.datetime:
     seconds, rest = divmod(ns, 10**9)
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc) + dt.timedelta(microseconds=rest // 1000)
+    return dt.datetime.fromtimestamp(seconds, dt.UTC) + dt.timedelta(microseconds=rest // 1000)
 
 
 # --------------------------------------------------------------------------- reading the inbox
 
 
-def _walk(fd: int, prefix: tuple[str, ...], depth: int, budget: list[int], files: list[_File], notes: list[str]) -> None:
+def _walk(
+    fd: int, prefix: tuple[str, ...], depth: int, budget: list[int], files: list[_File], notes: list[str]
+) -> None:
     """List the regular files under the open folder ``fd`` without following any link."""
     with os.scandir(fd) as it:
         entries = sorted(it, key=lambda e: e.name)
     for entry in entries:
         budget[0] -= 1
         if budget[0] < 0:
-            raise _Refuse(f"the folder holds more than {MAX_ENTRIES} files and folders: hand in only the notebook")
+            raise _Refuse(
+                f"the folder holds more than {MAX_ENTRIES} files and folders: hand in only the notebook"
+            )
         if _ignored(entry.name):
             continue
         parts = prefix + (entry.name,)
@@ -318,10 +336,14 @@ def _choose(candidates: list[_File], notebooks: list[str], notes: list[str]) -> 
             chosen[name] = top[0]
         elif len(nested) == 1:
             chosen[name] = nested[0]
-            notes.append(f"{name} was found at {printable(nested[0].rel)} (not at the top of your folder) and graded")
+            notes.append(
+                f"{name} was found at {printable(nested[0].rel)} (not at the top of your folder) and graded"
+            )
         elif nested:
-            raise _Refuse(f"several copies of {name} and none at the top of the folder: "
-                          f"{_listing([c.rel for c in nested])}: keep one and run again")
+            raise _Refuse(
+                f"several copies of {name} and none at the top of the folder: "
+                f"{_listing([c.rel for c in nested])}: keep one and run again"
+            )
     used = {c.parts for c in chosen.values()}
     loose = [c for c in candidates if c.parts not in used]
     missing = [name for name in notebooks if name not in chosen]
@@ -330,15 +352,19 @@ def _choose(candidates: list[_File], notebooks: list[str], notes: list[str]) -> 
         notes.append(f"your notebook {printable(loose[0].rel)} was graded as {missing[0]}")
         loose, missing = [], []
     if missing and loose:
-        raise _Refuse(f"no {_listing(missing)} in the folder, but other notebooks: {_listing([c.rel for c in loose])}: "
-                      f"keep one{' per part' if len(notebooks) > 1 else ''}, named as expected, and run again")
+        raise _Refuse(
+            f"no {_listing(missing)} in the folder, but other notebooks: {_listing([c.rel for c in loose])}: "
+            f"keep one{' per part' if len(notebooks) > 1 else ''}, named as expected, and run again"
+        )
     if loose:
         notes.append(f"also in your folder, not graded: {_listing([c.rel for c in loose])}")
     if not candidates:
         notes.append("no notebook (.ipynb) was found in your submission: it is graded as not submitted")
     elif missing:
-        notes.append(f"{_listing(missing)} {'was' if len(missing) == 1 else 'were'} not found in your submission: "
-                     "graded as not submitted")
+        notes.append(
+            f"{_listing(missing)} {'was' if len(missing) == 1 else 'were'} not found in your submission: "
+            "graded as not submitted"
+        )
     return chosen
 
 
@@ -362,7 +388,9 @@ def _plan_folder(fd: int, notebooks: list[str], mtime_ns: int) -> _Plan:
     candidates, extras = [], []
     for f in files:
         if f.name.lower() == "timestamp.txt":
-            notes.append(f"ignored {printable(f.rel)}: the submission time comes from the instructor's records")
+            notes.append(
+                f"ignored {printable(f.rel)}: the submission time comes from the instructor's records"
+            )
         elif _is_notebook(f.name):
             candidates.append(f)
         else:
@@ -386,28 +414,35 @@ def _keep(extras: list[_File], notebooks: list[str], notes: list[str]) -> list[_
     if odd:
         notes.append(f"not kept, as their names could be mistaken for something else: {_listing(odd)}")
     if over:
-        notes.append(f"not kept (other files are kept up to {MAX_EXTRA_FILES} files and "
-                     f"{MAX_EXTRA_BYTES // 2**20} MiB): {_listing(over)}")
+        notes.append(
+            f"not kept (other files are kept up to {MAX_EXTRA_FILES} files and "
+            f"{MAX_EXTRA_BYTES // 2**20} MiB): {_listing(over)}"
+        )
     return kept
 
 
 # --------------------------------------------------------------------------- writing submitted/
 
 
-def _write(root: Path, assignment: str, student: str, inbox_fd: int, entry: str, plan: _Plan,
-           times: dict | None) -> tuple[list[str], dt.datetime | None]:
+def _write(
+    root: Path, assignment: str, student: str, inbox_fd: int, entry: str, plan: _Plan, times: dict | None
+) -> tuple[list[str], dt.datetime | None]:
     """Stage the student's submission in ``submitted/`` and swap it into place."""
     notes = list(plan.notes)
-    for name, f in plan.chosen.items():
+    for f in plan.chosen.values():
         if f.size > MAX_NOTEBOOK_BYTES:
-            raise _Refuse(f"{printable(_inbox_rel(entry, f))} is {f.size / 2**20:.0f} MiB; notebooks over "
-                          f"{MAX_NOTEBOOK_BYTES // 2**20} MiB are not graded (clear large outputs and save again)")
+            raise _Refuse(
+                f"{printable(_inbox_rel(entry, f))} is {f.size / 2**20:.0f} MiB; notebooks over "
+                f"{MAX_NOTEBOOK_BYTES // 2**20} MiB are not graded (clear large outputs and save again)"
+            )
     if times is not None:
         when = times.get(student)
         if when is None:
-            notes.append("no submission time for you is in the instructor's records: no late penalty was computed")
+            notes.append(
+                "no submission time for you is in the instructor's records: no late penalty was computed"
+            )
         else:
-            when = when.astimezone(dt.timezone.utc)
+            when = when.astimezone(dt.UTC)
     else:
         when = _utc(max((f.mtime_ns for f in plan.chosen.values()), default=plan.mtime_ns))
 
@@ -417,7 +452,7 @@ def _write(root: Path, assignment: str, student: str, inbox_fd: int, entry: str,
     staging.mkdir()
     try:
         if plan.chosen and not plan.chosen[next(iter(plan.chosen))].parts:  # a lone <student>.ipynb
-            (name, f), = plan.chosen.items()
+            ((name, f),) = plan.chosen.items()
             _copy(inbox_fd, _File((entry,), f.size, f.mtime_ns, f.dev, f.ino), staging / name, f.size)
         else:
             try:
@@ -452,10 +487,16 @@ def _write(root: Path, assignment: str, student: str, inbox_fd: int, entry: str,
         if staging.exists():
             shutil.rmtree(staging)
     source = {name: printable(_inbox_rel(entry, f)) for name, f in plan.chosen.items()}
-    write_json(_notes_path(root, assignment, student), {
-        "format": _NOTES_FORMAT, "version": _NOTES_VERSION, "notes": notes,
-        "timestamp": when.isoformat() if when is not None else None, "source": source,
-    })
+    write_json(
+        _notes_path(root, assignment, student),
+        {
+            "format": _NOTES_FORMAT,
+            "version": _NOTES_VERSION,
+            "notes": notes,
+            "timestamp": when.isoformat() if when is not None else None,
+            "source": source,
+        },
+    )
     return notes, when
 
 
@@ -491,7 +532,9 @@ def collect_notes(root: Path, assignment: str, student: str) -> list[str]:
         ValueError: if ``student`` is not a valid student id, or the notes file is damaged.
     """
     if not STUDENT_ID.fullmatch(student) or not STUDENT_ID.fullmatch(assignment):
-        raise ValueError(f"not a student id and assignment: '{printable(student)}', '{printable(assignment)}'")
+        raise ValueError(
+            f"not a student id and assignment: '{printable(student)}', '{printable(assignment)}'"
+        )
     path = root / ".coursekit" / "collect" / assignment / f"{student}.json"
     if not path.is_file():
         return []
@@ -505,13 +548,20 @@ def _check_notebooks(notebooks: list[str]) -> None:
     if isinstance(notebooks, str) or not notebooks:
         raise ValueError(f"notebooks must be a non-empty list of notebook file names, got {notebooks!r}")
     for name in notebooks:
-        if not isinstance(name, str) or Path(name).name != name or not name.endswith(".ipynb") or _ignored(name):
+        if (
+            not isinstance(name, str)
+            or Path(name).name != name
+            or not name.endswith(".ipynb")
+            or _ignored(name)
+        ):
             raise ValueError(f"notebooks must be plain file names ending in .ipynb, got {name!r}")
     if len(set(notebooks)) != len(notebooks):
         raise ValueError(f"notebooks are listed twice: {notebooks}")
 
 
-def collect(root: Path, assignment: str, inbox: Path, notebooks: list[str], times: dict | None = None) -> Collected:
+def collect(
+    root: Path, assignment: str, inbox: Path, notebooks: list[str], times: dict | None = None
+) -> Collected:
     """Copy an untrusted folder of submissions into ``root/submitted/<student>/<assignment>/``.
 
     Each top-level entry of ``inbox`` is one student: ``<student>.ipynb`` (single-notebook
@@ -558,11 +608,15 @@ def collect(root: Path, assignment: str, inbox: Path, notebooks: list[str], time
         raise FileNotFoundError(f"submissions folder {inbox} does not exist or is not a folder")
     submitted, resolved = (root / "submitted").resolve(), inbox.resolve()
     if submitted == resolved or resolved in submitted.parents or submitted in resolved.parents:
-        raise ValueError(f"the inbox {inbox} overlaps the course's submitted/ folder: give the folder of downloaded submissions")
+        raise ValueError(
+            f"the inbox {inbox} overlaps the course's submitted/ folder: give the folder of downloaded submissions"
+        )
     if times is not None:
         wrong = sorted(str(k) for k, v in times.items() if not isinstance(v, dt.datetime))
         if wrong:
-            raise ValueError(f"times must map student ids to datetimes (see read_times); not for: {_listing(wrong)}")
+            raise ValueError(
+                f"times must map student ids to datetimes (see read_times); not for: {_listing(wrong)}"
+            )
 
     inbox_fd = os.open(inbox, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -571,7 +625,9 @@ def collect(root: Path, assignment: str, inbox: Path, notebooks: list[str], time
         os.close(inbox_fd)
 
 
-def _collect(root: Path, assignment: str, inbox: Path, inbox_fd: int, notebooks: list[str], times: dict | None) -> Collected:
+def _collect(
+    root: Path, assignment: str, inbox: Path, inbox_fd: int, notebooks: list[str], times: dict | None
+) -> Collected:
     refused: list[Refused] = []
     ignored: list[str] = []
     groups: dict[str, list[tuple[str, os.stat_result]]] = {}
@@ -591,19 +647,33 @@ def _collect(root: Path, assignment: str, inbox: Path, inbox_fd: int, notebooks:
             student = name[: -len(".ipynb")] if _is_notebook(name) and not stat.S_ISDIR(st.st_mode) else name
             groups.setdefault(student, []).append((name, st))
         elif stat.S_ISREG(st.st_mode):
-            refused.append(Refused(printable(name), "not a notebook or a folder: unzip archives first, and give "
-                                                    "each student a <student>.ipynb or a <student>/ folder"))
+            refused.append(
+                Refused(
+                    printable(name),
+                    "not a notebook or a folder: unzip archives first, and give "
+                    "each student a <student>.ipynb or a <student>/ folder",
+                )
+            )
         else:
-            refused.append(Refused(printable(name), "not a regular file or a folder (a FIFO, socket or device): not read"))
+            refused.append(
+                Refused(
+                    printable(name), "not a regular file or a folder (a FIFO, socket or device): not read"
+                )
+            )
 
     students: list[str] = []
     notes: dict[str, list[str]] = {}
     for student, group in sorted(groups.items()):
         if len(group) > 1:
-            refused.append(Refused(printable(student), f"several entries for this student: {_listing([n for n, _ in group])}: "
-                                                       "keep one and run again"))
+            refused.append(
+                Refused(
+                    printable(student),
+                    f"several entries for this student: {_listing([n for n, _ in group])}: "
+                    "keep one and run again",
+                )
+            )
             continue
-        (name, st), = group
+        ((name, st),) = group
         try:
             plan = _plan(inbox_fd, name, student, st, notebooks, assignment)
             notes[student], _ = _write(root, assignment, student, inbox_fd, name, plan, times)
@@ -614,12 +684,16 @@ def _collect(root: Path, assignment: str, inbox: Path, inbox_fd: int, notebooks:
         log.debug("collected %s from %s", student, printable(name))
 
     if not students and not refused:
-        raise ValueError(f"no submissions in {inbox}: expected <student>.ipynb or <student>/<notebook>.ipynb"
-                         + (f" (ignored: {_listing(ignored)})" if ignored else ""))
+        raise ValueError(
+            f"no submissions in {inbox}: expected <student>.ipynb or <student>/<notebook>.ipynb"
+            + (f" (ignored: {_listing(ignored)})" if ignored else "")
+        )
     return Collected(sorted(students), sorted(refused, key=lambda r: r.entry), ignored, notes)
 
 
-def _plan(inbox_fd: int, name: str, student: str, st: os.stat_result, notebooks: list[str], assignment: str) -> _Plan:
+def _plan(
+    inbox_fd: int, name: str, student: str, st: os.stat_result, notebooks: list[str], assignment: str
+) -> _Plan:
     """Decide what to collect for one top-level entry, reading nothing but listings."""
     if stat.S_ISLNK(st.st_mode):
         raise _Refuse("a symbolic link, and links are not followed: put the real file or folder in the inbox")
@@ -642,6 +716,10 @@ def _plan(inbox_fd: int, name: str, student: str, st: os.stat_result, notebooks:
     if not stat.S_ISREG(st.st_mode):
         raise _Refuse("not a regular file or a folder (a FIFO, socket or device): not read")
     if len(notebooks) != 1:
-        raise _Refuse(f"{assignment} has {len(notebooks)} notebooks ({_listing(notebooks)}): "
-                      f"hand in a folder {student}/ holding them")
-    return _Plan({notebooks[0]: _File((), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)}, [], [], st.st_mtime_ns)
+        raise _Refuse(
+            f"{assignment} has {len(notebooks)} notebooks ({_listing(notebooks)}): "
+            f"hand in a folder {student}/ holding them"
+        )
+    return _Plan(
+        {notebooks[0]: _File((), st.st_size, st.st_mtime_ns, st.st_dev, st.st_ino)}, [], [], st.st_mtime_ns
+    )

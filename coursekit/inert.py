@@ -21,6 +21,10 @@ Example: ``clean_outputs([{"output_type": "display_data", "metadata": {}, "data"
 "<b onclick='x()'>hi</b><script>x()</script>"}}])`` -> ``([{"output_type": "display_data",
 "data": {"text/html": "<b>hi</b>"}, "metadata": {}}], ["HTML in an output of this cell was
 reduced to inert content"])``
+
+Over 500 lines: making student output inert is one policy: the allow-list of output types, the
+sanitiser's settings, markdown shown as text and the Content-Security-Policy, kept together so they
+are reviewed together.
 """
 
 from __future__ import annotations
@@ -39,7 +43,10 @@ __all__ = ["CSP", "clean_outputs", "harden_html_file", "inert_markdown", "markdo
 #: target or connection is allowed; images and fonts only as ``data:`` URLs (figures are
 #: embedded), styles only inline (nbconvert inlines its CSS). ``frame-ancestors`` and
 #: ``sandbox`` would be welcome but browsers ignore both in a ``<meta>`` policy.
-CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; base-uri 'none'; form-action 'none'"
+CSP = (
+    "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; base-uri "
+    "'none'; form-action 'none'"
+)
 
 # --- outputs ---------------------------------------------------------------------------
 
@@ -173,7 +180,9 @@ def _clean_bundle(data: dict, budget: _Budget, notes: list[str]) -> dict[str, st
         values["text/plain"] = markdown  # shown as text: markdown may hold HTML
     for mimetype in data:
         if mimetype not in KEPT_MIMETYPES and not (mimetype == "text/markdown" and markdown is not None):
-            notes.append(f"{_a(_shown(mimetype))} output of this cell was not shown: the autograder shows only inert content")
+            notes.append(
+                f"{_a(_shown(mimetype))} output of this cell was not shown: the autograder shows only inert content"
+            )
     for mimetype in _IMAGE_TYPES:
         if mimetype in values and not _BASE64.fullmatch(values[mimetype].replace("\n", "")):
             notes.append(f"{_a(mimetype)} output of this cell was not valid base64 and was not kept")
@@ -196,7 +205,9 @@ def _clean_bundle(data: dict, budget: _Budget, notes: list[str]) -> dict[str, st
             budget.cut = True
     if not kept and data and not budget.cut:
         gone = ", ".join(_shown(k) for k in list(data)[:3])
-        kept["text/plain"] = budget.take(f"[{_a(gone)} output was not shown: the autograder shows only inert content]")
+        kept["text/plain"] = budget.take(
+            f"[{_a(gone)} output was not shown: the autograder shows only inert content]"
+        )
     return kept
 
 
@@ -218,7 +229,9 @@ def _clean_output(out: object, budget: _Budget, notes: list[str]) -> dict | None
     if kind in ("display_data", "execute_result"):
         data, count = out.get("data"), out.get("execution_count")
         count_ok = count is None or (type(count) is int and count >= 0)
-        if not isinstance(data, dict) or (kind == "execute_result" and ("execution_count" not in out or not count_ok)):
+        if not isinstance(data, dict) or (
+            kind == "execute_result" and ("execution_count" not in out or not count_ok)
+        ):
             notes.append(malformed)
             return None
         if not budget.charge(_OUTPUT_OVERHEAD):
@@ -235,8 +248,12 @@ def _clean_output(out: object, budget: _Budget, notes: list[str]) -> dict | None
         return rebuilt
     if kind == "error":
         ename, evalue, traceback = out.get("ename"), out.get("evalue"), out.get("traceback")
-        if not (isinstance(ename, str) and isinstance(evalue, str) and isinstance(traceback, list)
-                and all(isinstance(line, str) for line in traceback)):
+        if not (
+            isinstance(ename, str)
+            and isinstance(evalue, str)
+            and isinstance(traceback, list)
+            and all(isinstance(line, str) for line in traceback)
+        ):
             notes.append(malformed)
             return None
         if not budget.charge(_OUTPUT_OVERHEAD):
@@ -305,6 +322,7 @@ def clean_outputs(outputs: object, *, max_bytes: int = 4 << 20) -> tuple[list[di
 
 # --- markdown --------------------------------------------------------------------------
 
+
 @functools.cache
 def _pygments_classes() -> frozenset[str]:
     """The CSS classes pygments puts on highlighted code (``k``, ``nf``, ``s1``, ...)."""
@@ -346,7 +364,10 @@ class _Inspector(HTMLParser):
         if name == "src":
             return bool(_DATA_IMAGE.fullmatch(value))
         if name == "class":
-            return all(c in _MD_CLASSES or c in _pygments_classes() or _LANGUAGE_CLASS.fullmatch(c) for c in value.split())
+            return all(
+                c in _MD_CLASSES or c in _pygments_classes() or _LANGUAGE_CLASS.fullmatch(c)
+                for c in value.split()
+            )
         if name == "style":
             return bool(_ALIGN.fullmatch(value))
         if name == "type":

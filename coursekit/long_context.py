@@ -32,6 +32,10 @@ Conventions (see the book's notation page): ``B`` batch, ``H`` heads, ``T`` quer
 attend. With ``S > T`` keys the queries are the *last* ``T`` of ``S`` positions (bottom-right
 alignment, as :func:`coursekit.attention.causal_mask`). A query that may attend to no key gets a
 zero output, never NaN, everywhere in this module.
+
+Over 500 lines: Chapter 10's techniques side by side (tiled attention, windowed and sparse masks, a
+rolling cache, linear attention, segment recurrence, the KV-cache size), each short; the trained
+experiments live in coursekit.experiments.long_context.
 """
 
 from __future__ import annotations
@@ -213,9 +217,21 @@ class RollingKVCache:
         dtype, device: of the buffers.
     """
 
-    def __init__(self, batch: int, n_kv_heads: int, window: int, d_head: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
-        for name, value in (("batch", batch), ("n_kv_heads", n_kv_heads), ("window", window), ("d_head", d_head)):
+    def __init__(
+        self,
+        batch: int,
+        n_kv_heads: int,
+        window: int,
+        d_head: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
+        for name, value in (
+            ("batch", batch),
+            ("n_kv_heads", n_kv_heads),
+            ("window", window),
+            ("d_head", d_head),
+        ):
             if value < 1:
                 raise ValueError(f"{name} must be positive, got {value}")
         self.window = window
@@ -239,8 +255,10 @@ class RollingKVCache:
             that is ``False`` at slots not written yet (before ``W`` tokens were seen).
         """
         if k.shape != self.k[:, :, :1].shape or v.shape != k.shape:
-            raise ValueError(f"update takes one token, k and v of shape {tuple(self.k[:, :, :1].shape)}, "
-                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+            raise ValueError(
+                f"update takes one token, k and v of shape {tuple(self.k[:, :, :1].shape)}, "
+                f"got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
         slot = self.length % self.window
         self.k[:, :, slot] = k[:, :, 0]
         self.v[:, :, slot] = v[:, :, 0]
@@ -260,18 +278,28 @@ def sliding_window_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, win
     Returns:
         ``(B, H, T, D)``, equal to full attention under :func:`sliding_window_mask` ``(T, W)``.
     """
-    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
-        raise ValueError(f"expected q (B, H, T, D) and k, v (B, H_kv, T, D), got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    if (
+        q.dim() != 4
+        or k.dim() != 4
+        or k.shape != v.shape
+        or q.shape[0] != k.shape[0]
+        or q.shape[2:] != k.shape[2:]
+    ):
+        raise ValueError(
+            f"expected q (B, H, T, D) and k, v (B, H_kv, T, D), got {tuple(q.shape)}, "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
     B, H, T, D = q.shape
     if H % k.shape[1]:
         raise ValueError(f"the key/value heads ({k.shape[1]}) must divide the query heads ({H})")
     cache = RollingKVCache(B, k.shape[1], window, D, dtype=k.dtype, device=k.device)
     outputs = []
     for t in range(T):
-        keys, values, valid = cache.update(k[:, :, t:t + 1], v[:, :, t:t + 1])  # (B, H_kv, W, D) x 2, (W,)
+        keys, values, valid = cache.update(
+            k[:, :, t : t + 1], v[:, :, t : t + 1]
+        )  # (B, H_kv, W, D) x 2, (W,)
         keys, values = repeat_kv(keys, H // k.shape[1]), repeat_kv(values, H // k.shape[1])  # (B, H, W, D)
-        outputs.append(scaled_dot_product_attention(q[:, :, t:t + 1], keys, values, mask=valid[None, :])[0])
+        outputs.append(scaled_dot_product_attention(q[:, :, t : t + 1], keys, values, mask=valid[None, :])[0])
     return torch.cat(outputs, dim=2)  # (B, H, T, D)
 
 
@@ -293,7 +321,9 @@ def strided_mask(T: int, stride: int, device: torch.device | str | None = None) 
     return (j <= i) & ((i - j < stride) | ((i - j) % stride == 0))  # (T, T)
 
 
-def fixed_mask(T: int, block: int, summary: int = 1, device: torch.device | str | None = None) -> torch.Tensor:
+def fixed_mask(
+    T: int, block: int, summary: int = 1, device: torch.device | str | None = None
+) -> torch.Tensor:
     """The causal *fixed* pattern of Child et al. (2019), both heads' patterns combined.
 
     Positions are cut into blocks of ``block``. Query ``i`` sees key ``j <= i`` in its own block,
@@ -305,20 +335,26 @@ def fixed_mask(T: int, block: int, summary: int = 1, device: torch.device | str 
     Example: ``fixed_mask(6, 3)[4]`` is ``[0, 0, 1, 1, 1, 0]``.
     """
     if block < 1 or not 1 <= summary <= block:
-        raise ValueError(f"need block >= 1 and 1 <= summary <= block, got block={block} and summary={summary}")
+        raise ValueError(
+            f"need block >= 1 and 1 <= summary <= block, got block={block} and summary={summary}"
+        )
     i, j, _ = _positions(T, None, device)
     return (j <= i) & ((i // block == j // block) | (j % block >= block - summary))  # (T, T)
 
 
 def _global_index(T: int, global_positions) -> torch.Tensor:
-    g = torch.as_tensor(list(global_positions) if not isinstance(global_positions, torch.Tensor) else global_positions,
-                        dtype=torch.long).unique()
+    g = torch.as_tensor(
+        list(global_positions) if not isinstance(global_positions, torch.Tensor) else global_positions,
+        dtype=torch.long,
+    ).unique()
     if g.dim() != 1 or (g.numel() and (int(g.min()) < 0 or int(g.max()) >= T)):
         raise ValueError(f"global positions must lie in 0 .. {T - 1}, got {g.tolist()}")
     return g
 
 
-def longformer_mask(T: int, radius: int, global_positions=(), device: torch.device | str | None = None) -> torch.Tensor:
+def longformer_mask(
+    T: int, radius: int, global_positions=(), device: torch.device | str | None = None
+) -> torch.Tensor:
     """Longformer's pattern (Beltagy et al., 2020): a symmetric window plus global tokens.
 
     Every query sees the keys within ``radius`` positions on either side (``2 radius + 1`` keys
@@ -439,7 +475,9 @@ def linear_attention_parallel(
     return (A @ v) / (A.sum(dim=-1, keepdim=True) + eps)  # (..., T, Dv)
 
 
-def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def causal_linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
     """Causal linear attention by prefix sums: ``O(T)`` time, no ``(T, T)`` matrix.
 
     With ``phi =`` :func:`elu_feature_map`, the causal numerator ``sum_{j<=i} (phi(q_i) . phi(k_j)) v_j``
@@ -463,7 +501,9 @@ def causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e
     """
     check_attention_inputs(q, k, v)
     if q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"causal linear attention needs as many keys as queries, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+        raise ValueError(
+            f"causal linear attention needs as many keys as queries, got q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
     if eps < 0:
         raise ValueError(f"eps must be non-negative, got {eps}")
     phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)  # (..., T, D), positive
@@ -497,14 +537,20 @@ def chunked_linear_attention(
     """
     _check_qkv(q, k, v, eps)
     if q.shape[-2] != k.shape[-2] or chunk < 1:
-        raise ValueError(f"need as many keys as queries and chunk >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}, chunk={chunk}")
+        raise ValueError(
+            f"need as many keys as queries and chunk >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}, chunk={chunk}"
+        )
     phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)  # (..., T, D)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     state = q.new_zeros(*batch, q.shape[-1], v.shape[-1])  # (..., D, Dv): sum of phi(k_j)^T v_j so far
     z = q.new_zeros(*batch, q.shape[-1], 1)  # (..., D, 1): sum of phi(k_j) so far
     outputs = []
     for c0 in range(0, q.shape[-2], chunk):
-        qc, kc, vc = phi_q[..., c0:c0 + chunk, :], phi_k[..., c0:c0 + chunk, :], v[..., c0:c0 + chunk, :]
+        qc, kc, vc = (
+            phi_q[..., c0 : c0 + chunk, :],
+            phi_k[..., c0 : c0 + chunk, :],
+            v[..., c0 : c0 + chunk, :],
+        )
         A = (qc @ kc.transpose(-2, -1)).tril()  # (..., C, C) causal weights inside the chunk
         numerator = qc @ state + A @ vc  # (..., C, Dv): earlier chunks + this one
         normaliser = qc @ z + A.sum(dim=-1, keepdim=True)  # (..., C, 1)
@@ -576,8 +622,13 @@ def kv_cache_size(
     ``2 * 32 * 32 * 128 * 2 = 524,288`` bytes (0.5 MiB) per token, 64 GiB at 131,072 tokens.
     """
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-    for name, value in (("n_layers", n_layers), ("n_heads", n_heads), ("d_head", d_head),
-                        ("n_kv_heads", n_kv_heads), ("batch", batch)):
+    for name, value in (
+        ("n_layers", n_layers),
+        ("n_heads", n_heads),
+        ("d_head", d_head),
+        ("n_kv_heads", n_kv_heads),
+        ("batch", batch),
+    ):
         if value < 1:
             raise ValueError(f"{name} must be positive, got {value}")
     if seq_len < 0:
@@ -612,13 +663,21 @@ def attend_with_memory(
     Returns:
         ``(B, T, C)``.
     """
-    if memory is not None and (memory.dim() != 3 or memory.shape[0] != x.shape[0] or memory.shape[-1] != x.shape[-1]):
-        raise ValueError(f"memory must be (B, M, C) = ({x.shape[0]}, M, {x.shape[-1]}), got {tuple(memory.shape)}")
-    kv = x if memory is None else torch.cat([memory.detach(), x], dim=1)  # (B, M + T, C), stop-gradient memory
+    if memory is not None and (
+        memory.dim() != 3 or memory.shape[0] != x.shape[0] or memory.shape[-1] != x.shape[-1]
+    ):
+        raise ValueError(
+            f"memory must be (B, M, C) = ({x.shape[0]}, M, {x.shape[-1]}), got {tuple(memory.shape)}"
+        )
+    kv = (
+        x if memory is None else torch.cat([memory.detach(), x], dim=1)
+    )  # (B, M + T, C), stop-gradient memory
     return attn(x, kv=kv, is_causal=True)[0]
 
 
-def segment_recurrence(attn: MultiHeadAttention, x: torch.Tensor, segment_len: int, mem_len: int) -> torch.Tensor:
+def segment_recurrence(
+    attn: MultiHeadAttention, x: torch.Tensor, segment_len: int, mem_len: int
+) -> torch.Tensor:
     """Run a long sequence segment by segment, each attending over the previous ``mem_len`` positions.
 
     After each segment the memory becomes the last ``mem_len`` positions of ``[memory; segment]``,
@@ -638,10 +697,12 @@ def segment_recurrence(attn: MultiHeadAttention, x: torch.Tensor, segment_len: i
         raise ValueError(f"need segment_len >= 1 and mem_len >= 0, got {segment_len} and {mem_len}")
     outputs, memory = [], None
     for s0 in range(0, x.shape[1], segment_len):
-        segment = x[:, s0:s0 + segment_len]  # (B, L, C)
+        segment = x[:, s0 : s0 + segment_len]  # (B, L, C)
         outputs.append(attend_with_memory(attn, segment, memory))
         seen = segment if memory is None else torch.cat([memory, segment], dim=1)  # (B, M + L, C)
-        memory = seen[:, max(0, seen.shape[1] - mem_len):].detach() if mem_len else None  # the last M positions
+        memory = (
+            seen[:, max(0, seen.shape[1] - mem_len) :].detach() if mem_len else None
+        )  # the last M positions
     return torch.cat(outputs, dim=1)  # (B, T, C)
 
 

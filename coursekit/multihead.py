@@ -115,8 +115,14 @@ def kv_cache_bytes(
     Example: Llama 2 7B (``L=32, H_kv=32, D=128``) at 4096 tokens in float16 needs
     ``kv_cache_bytes(32, 32, 128, 4096)`` = 2 GiB.
     """
-    for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("d_head", d_head),
-                        ("seq_len", seq_len), ("batch", batch), ("bytes_per_value", bytes_per_value)):
+    for name, value in (
+        ("n_layers", n_layers),
+        ("n_kv_heads", n_kv_heads),
+        ("d_head", d_head),
+        ("seq_len", seq_len),
+        ("batch", batch),
+        ("bytes_per_value", bytes_per_value),
+    ):
         if value < 0:
             raise ValueError(f"{name} must be non-negative, got {value}")
     return 2 * n_layers * n_kv_heads * d_head * seq_len * batch * bytes_per_value
@@ -139,7 +145,12 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True, dropout: float = 0.0
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
     ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -172,7 +183,8 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self.qkv_proj(x).split([C, kvw, kvw], dim=-1)  # (B, T, C), 2 x (B, T, H_kv D)
         else:
             q = F.linear(x, w[:C], None if b is None else b[:C])  # (B, T, C)
-            k, v = F.linear(kv, w[C:], None if b is None else b[C:]).split([kvw, kvw], dim=-1)  # (B, S, H_kv D)
+            # (B, S, H_kv D) each
+            k, v = F.linear(kv, w[C:], None if b is None else b[C:]).split([kvw, kvw], dim=-1)
         return split_heads(q, self.n_heads), split_heads(k, self.n_kv_heads), split_heads(v, self.n_kv_heads)
 
     def forward(

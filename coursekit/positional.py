@@ -154,8 +154,14 @@ class LearnedPositionalEmbedding(nn.Module):
         Returns:
             ``(*positions.shape, C)``, e.g. ``(T, C)`` to add to ``(B, T, C)`` embeddings.
         """
-        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
-            raise TypeError(f"positions must be an integer tensor, got {getattr(positions, 'dtype', type(positions).__name__)}")
+        if (
+            not isinstance(positions, torch.Tensor)
+            or positions.dtype.is_floating_point
+            or positions.dtype == torch.bool
+        ):
+            raise TypeError(
+                f"positions must be an integer tensor, got {getattr(positions, 'dtype', type(positions).__name__)}"
+            )
         if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= self.max_len):
             raise ValueError(
                 f"positions must lie in 0 .. {self.max_len - 1} (max_len={self.max_len}), got "
@@ -234,9 +240,7 @@ class RelativePositionBias(nn.Module):
 # --------------------------------------------------------------------------- RoPE
 
 
-def rope_frequencies(
-    D: int, base: float = 10000.0, dtype: torch.dtype = torch.float64
-) -> torch.Tensor:
+def rope_frequencies(D: int, base: float = 10000.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """RoPE's rotation frequencies ``theta_i = base^(-2i / D)``, ``i = 0 .. D/2 - 1``.
 
     Pair ``i`` turns by ``p theta_i`` radians at position ``p``: the first pair a full
@@ -357,7 +361,9 @@ def apply_rope(
     if x.dim() < 2 or x.shape[-1] % 2:
         raise ValueError(f"x must be (..., T, D) with an even D, got {tuple(x.shape)}")
     if positions.dim() not in (1, 2) or positions.shape[-1] != x.shape[-2]:
-        raise ValueError(f"positions must be (T,) or (B, T) with T={x.shape[-2]}, got {tuple(positions.shape)}")
+        raise ValueError(
+            f"positions must be (T,) or (B, T) with T={x.shape[-2]}, got {tuple(positions.shape)}"
+        )
     if positions.dim() == 2 and (x.dim() not in (3, 4) or x.shape[0] != positions.shape[0]):
         raise ValueError(f"positions (B, T) need x of shape (B, T, D) or (B, H, T, D), got {tuple(x.shape)}")
     D = x.shape[-1]
@@ -435,7 +441,9 @@ def alibi_bias(slopes: torch.Tensor, T: int, S: int | None = None) -> torch.Tens
     """
     S = T if S is None else S
     if not isinstance(slopes, torch.Tensor) or slopes.dim() != 1 or not slopes.dtype.is_floating_point:
-        raise ValueError(f"slopes must be a floating (H,) tensor, got {getattr(slopes, 'shape', type(slopes).__name__)}")
+        raise ValueError(
+            f"slopes must be a floating (H,) tensor, got {getattr(slopes, 'shape', type(slopes).__name__)}"
+        )
     if T < 0 or S < T:
         raise ValueError(f"alibi_bias needs 0 <= T <= S, got T={T} and S={S}")
     i = torch.arange(T, device=slopes.device)[:, None] + (S - T)  # (T, 1) query positions

@@ -60,7 +60,9 @@ def class_rows(root: Path, assignment: str) -> tuple[list[StudentRow], list[str]
                 submission = gb.find_submission(assignment, student)
             except MissingEntry:
                 continue
-            cell_scores = {g.name: (float(g.score), float(g.max_score)) for nb in submission.notebooks for g in nb.grades}
+            cell_scores = {
+                g.name: (float(g.score), float(g.max_score)) for nb in submission.notebooks for g in nb.grades
+            }
             notes, parts, feedback = [], [], None
             for path in sorted((verdicts / student).glob("*.json")):
                 verdict = json.loads(path.read_text())
@@ -71,20 +73,35 @@ def class_rows(root: Path, assignment: str) -> tuple[list[StudentRow], list[str]
                 if feedback is None and page.is_file():
                     feedback = f"../../feedback/{student}/{assignment}/{path.stem}.html"
             titles = titles or [p.title for p in parts]
-            rows.append(StudentRow(student, float(submission.score), float(submission.max_score), parts, notes, feedback))
+            rows.append(
+                StudentRow(
+                    student, float(submission.score), float(submission.max_score), parts, notes, feedback
+                )
+            )
     return rows, titles
 
 
 def _part(part: dict, tests: dict, cell_scores: dict) -> PartResult:
     score = sum(cell_scores.get(t, (0.0, 0.0))[0] for t in part["tests"])
     points = sum(cell_scores.get(t, (0.0, tests.get(t, {}).get("points", 0.0)))[1] for t in part["tests"])
-    failed = [(str(name).split(": ", 1)[-1], str(hint)) for t in part["tests"]
-              for name, hint in tests.get(t, {}).get("failed_checks") or []]
-    whole = [tests[t]["failure"].splitlines()[0] for t in part["tests"]
-             if t in tests and not tests[t]["passed"] and not tests[t].get("failed_checks") and tests[t].get("failure")]
+    failed = [
+        (str(name).split(": ", 1)[-1], str(hint))
+        for t in part["tests"]
+        for name, hint in tests.get(t, {}).get("failed_checks") or []
+    ]
+    whole = [
+        tests[t]["failure"].splitlines()[0]
+        for t in part["tests"]
+        if t in tests
+        and not tests[t]["passed"]
+        and not tests[t].get("failed_checks")
+        and tests[t].get("failure")
+    ]
     unanswered = bool(failed) and all(h.startswith("not implemented yet") for _, h in failed)
     status = "passed" if score >= points else "unanswered" if unanswered else "failed"
-    return PartResult(part["title"], score, points, status, failed + [("(the whole test cell)", w) for w in whole])
+    return PartResult(
+        part["title"], score, points, status, failed + [("(the whole test cell)", w) for w in whole]
+    )
 
 
 def write_report(root: Path, assignment: str) -> Path:
@@ -106,12 +123,24 @@ def write_report(root: Path, assignment: str) -> Path:
         w = csv.writer(f)
         w.writerow(["student", "score", "max_score", *titles, "autograder_notes"])
         for r in rows:
-            w.writerow([r.student, f"{r.score:g}", f"{r.max_score:g}", *(f"{p.score:g}" for p in r.parts),
-                        " | ".join(r.notes)])
+            w.writerow(
+                [
+                    r.student,
+                    f"{r.score:g}",
+                    f"{r.max_score:g}",
+                    *(f"{p.score:g}" for p in r.parts),
+                    " | ".join(r.notes),
+                ]
+            )
 
     # figure 1: total scores, one bar per possible score, students counted in whole numbers
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    ax.hist([r.score for r in rows], bins=[x - 0.5 for x in range(int(max_score) + 2)], color="#4c72b0", edgecolor="white")
+    ax.hist(
+        [r.score for r in rows],
+        bins=[x - 0.5 for x in range(int(max_score) + 2)],
+        color="#4c72b0",
+        edgecolor="white",
+    )
     ax.set_xlabel(f"score (out of {max_score:g})")
     ax.set_ylabel("students")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -122,8 +151,10 @@ def write_report(root: Path, assignment: str) -> Path:
     plt.close(fig)
 
     # figure 2: each part, the share of students who passed it, failed it, or left it unanswered
-    shares = {s: [sum(r.parts[i].status == s for r in rows) / len(rows) * 100 for i in range(len(titles))]
-              for s in ("passed", "failed", "unanswered")}
+    shares = {
+        s: [sum(r.parts[i].status == s for r in rows) / len(rows) * 100 for i in range(len(titles))]
+        for s in ("passed", "failed", "unanswered")
+    }
     fig, ax = plt.subplots(figsize=(6.5, 0.55 * len(titles) + 1.4))
     left = [0.0] * len(titles)
     labels = [t if len(t) <= 40 else t[:39] + "…" for t in titles]
@@ -154,28 +185,41 @@ def write_report(root: Path, assignment: str) -> Path:
     part_cells = "".join(f"<th>{e(t)}</th>" for t in titles)
     parts = [
         f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{e(assignment)}: class report</title>",
-        "<style>body{font:15px/1.5 system-ui,sans-serif;max-width:70rem;margin:1.5rem auto;padding:0 1rem;color:#1f2328}"
-        "table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #d0d7de;padding:.25rem .5rem;text-align:left;"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<title>{e(assignment)}: class report</title>",
+        "<style>body{font:15px/1.5 system-ui,sans-serif;max-width:70rem;margin:1.5rem auto;padding:0 1rem;"
+        "color:#1f2328}table{border-collapse:collapse;margin:.5rem 0}"
+        "td,th{border:1px solid #d0d7de;padding:.25rem .5rem;text-align:left;"
         "vertical-align:top}td.num{text-align:right}.wide{overflow-x:auto}img{max-width:100%;height:auto}"
         ".passed{background:#dafbe1}.failed{background:#fee4e2}.unanswered{background:#fff4ce}</style></head><body>",
         f"<h1>{e(assignment)}: class report</h1>",
         f"<p>{len(rows)} graded submissions; mean score {mean:.2f} of {max_score:g}.</p>",
         f"<figure><img alt='Histogram of total scores: how many students got each score out of {max_score:g}' "
-        f"src='data:image/png;base64,{histogram}'><figcaption>Total scores (manual grades included).</figcaption></figure>",
+        f"src='data:image/png;base64,{histogram}'>"
+        "<figcaption>Total scores (manual grades included).</figcaption></figure>",
         f"<figure><img alt='For each part, the share of students who passed it, failed it or left it unanswered' "
         f"src='data:image/png;base64,{per_part}'><figcaption>Each part: passed (full points), failed, or not "
         "answered (still as released).</figcaption></figure>",
         "<h2>Most common failed checks</h2><p>Counted among the students who answered the part; the last column says "
         "how many left it unanswered.</p><div class='wide'><table><tr><th>part</th><th>check</th><th>hint shown</th>"
         "<th>failed / answered</th><th>unanswered</th></tr>",
-        *(f"<tr><td>{e(titles[i])}</td><td>{e(check)}</td><td>{e(hint)}</td><td class='num'>{n} / {answered[i]}</td>"
-          f"<td class='num'>{unanswered[i]}</td></tr>" for (i, check, hint), n in common),
+        *(
+            f"<tr><td>{e(titles[i])}</td><td>{e(check)}</td><td>{e(hint)}</td><td class='num'>{n} / {answered[i]}</td>"
+            f"<td class='num'>{unanswered[i]}</td></tr>"
+            for (i, check, hint), n in common
+        ),
         "</table></div>",
-        f"<h2>Students</h2><div class='wide'><table><tr><th>student</th><th>score</th>{part_cells}<th>autograder notes</th></tr>",
-        *(f"<tr><td>{_link(r)}</td><td class='num'>{r.score:g}</td>"
-          + "".join(f"<td class='num {p.status}'>{p.score:g} / {p.points:g}</td>" for p in r.parts)
-          + f"<td>{'<br>'.join(e(n) for n in r.notes)}</td></tr>" for r in rows),
+        (
+            "<h2>Students</h2><div "
+            f"class='wide'><table><tr><th>student</th><th>score</th>{part_cells}<th>autograder "
+            "notes</th></tr>"
+        ),
+        *(
+            f"<tr><td>{_link(r)}</td><td class='num'>{r.score:g}</td>"
+            + "".join(f"<td class='num {p.status}'>{p.score:g} / {p.points:g}</td>" for p in r.parts)
+            + f"<td>{'<br>'.join(e(n) for n in r.notes)}</td></tr>"
+            for r in rows
+        ),
         "</table></div></body></html>",
     ]
     path = out / "report.html"

@@ -17,6 +17,9 @@ Conventions, stated once and tested:
   ``N`` steps in one go and in two resumed pieces gives bit-identical parameters.
 - **Evaluation** runs under ``torch.no_grad()`` with ``model.eval()``, then the model goes
   back to training mode.
+
+Over 500 lines: the one training loop every chapter uses (schedules, clipping, accumulation,
+evaluation, checkpoints and resumption) reads best as one file.
 """
 
 from __future__ import annotations
@@ -38,8 +41,16 @@ from tqdm import tqdm
 from coursekit._files import atomic_write
 
 __all__ = [
-    "History", "TrainConfig", "TRAIN_PRESETS",
-    "evaluate", "lm_loss", "load_checkpoint", "lr_at", "make_optimizer", "save_checkpoint", "train",
+    "History",
+    "TrainConfig",
+    "TRAIN_PRESETS",
+    "evaluate",
+    "lm_loss",
+    "load_checkpoint",
+    "lr_at",
+    "make_optimizer",
+    "save_checkpoint",
+    "train",
 ]
 
 logger = logging.getLogger(__name__)
@@ -83,12 +94,22 @@ class TrainConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "betas", tuple(self.betas))
-        for name in ("max_steps", "batch_size", "eval_interval", "eval_batches", "log_interval", "warmup_steps", "seed"):
+        for name in (
+            "max_steps",
+            "batch_size",
+            "eval_interval",
+            "eval_batches",
+            "log_interval",
+            "warmup_steps",
+            "seed",
+        ):
             value, least = getattr(self, name), 0 if name in ("warmup_steps", "seed") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
         if not 0 <= self.warmup_steps <= self.max_steps:
-            raise ValueError(f"warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}")
+            raise ValueError(
+                f"warmup_steps must be in [0, max_steps={self.max_steps}], got {self.warmup_steps}"
+            )
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -107,7 +128,9 @@ class TrainConfig:
 
 #: Named configurations: ``nano`` for tests, ``small`` for the book's demos on a 2-core CPU.
 TRAIN_PRESETS = {
-    "nano": TrainConfig(max_steps=20, batch_size=4, warmup_steps=2, eval_interval=10, eval_batches=2, log_interval=5),
+    "nano": TrainConfig(
+        max_steps=20, batch_size=4, warmup_steps=2, eval_interval=10, eval_batches=2, log_interval=5
+    ),
     "small": TrainConfig(max_steps=2000, batch_size=32, warmup_steps=100, eval_interval=250, eval_batches=20),
 }
 
@@ -175,9 +198,13 @@ def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch
     x, y = batch
     logits = model(x)  # (*y.shape, V)
     if logits.shape[:-1] != y.shape:
-        raise ValueError(f"logits must have the targets' shape {tuple(y.shape)} plus a vocabulary axis, "
-                         f"got {tuple(logits.shape)}")
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)  # (N, V), (N,)
+        raise ValueError(
+            f"logits must have the targets' shape {tuple(y.shape)} plus a vocabulary axis, "
+            f"got {tuple(logits.shape)}"
+        )
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100
+    )  # (N, V), (N,)
 
 
 def _default_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -262,8 +289,10 @@ def _check_plain(value: Any, where: str) -> None:
         for i, v in enumerate(value):
             _check_plain(v, f"{where}[{i}]")
     elif not (value is None or isinstance(value, (str, int, float, bool, torch.Tensor))):
-        raise TypeError(f"{where} must be plain data (numbers, strings, lists, dicts, tensors), got "
-                        f"{type(value).__name__}: store e.g. dataclasses.asdict(config) instead")
+        raise TypeError(
+            f"{where} must be plain data (numbers, strings, lists, dicts, tensors), got "
+            f"{type(value).__name__}: store e.g. dataclasses.asdict(config) instead"
+        )
 
 
 def save_checkpoint(
@@ -287,11 +316,19 @@ def save_checkpoint(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
-        "format": _FORMAT, "version": _VERSION, "step": step,
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-        "config": asdict(cfg), "history": asdict(history), "extra": extra or {},
-        "rng": {"torch": torch.get_rng_state(), "generator": None if generator is None else generator.get_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+        "format": _FORMAT,
+        "version": _VERSION,
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "config": asdict(cfg),
+        "history": asdict(history),
+        "extra": extra or {},
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "generator": None if generator is None else generator.get_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        },
     }
     return atomic_write(path, lambda tmp: torch.save(state, tmp))
 
@@ -305,19 +342,25 @@ def _read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 (torch raises several types for a file it cannot read)
         raise ValueError(f"{path} is not a coursekit checkpoint: {e}") from None
     if not isinstance(state, dict) or state.get("format") != _FORMAT:
-        raise ValueError(f"{path} is not a coursekit checkpoint (no \"format\": \"{_FORMAT}\")")
+        raise ValueError(f'{path} is not a coursekit checkpoint (no "format": "{_FORMAT}")')
     if state.get("version") != _VERSION:
-        raise ValueError(f"{path} has checkpoint version {state.get('version')}; this coursekit reads {_VERSION}")
+        raise ValueError(
+            f"{path} has checkpoint version {state.get('version')}; this coursekit reads {_VERSION}"
+        )
     state["config"] = TrainConfig(**state["config"])
     state["history"] = History(**state["history"])
     return state
 
 
-def _load_states(state: dict[str, Any], path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+def _load_states(
+    state: dict[str, Any], path, model: nn.Module, optimizer: torch.optim.Optimizer | None
+) -> None:
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
-        raise ValueError(f"the checkpoint {path} does not fit this model (was it saved with another shape?): {e}") from None
+        raise ValueError(
+            f"the checkpoint {path} does not fit this model (was it saved with another shape?): {e}"
+        ) from None
     if optimizer is not None:
         try:
             optimizer.load_state_dict(state["optimizer"])
@@ -403,13 +446,18 @@ def train(
     if resume:
         state = _read_checkpoint(checkpoint_path)
         if state["config"] != cfg:  # checked before anything is loaded into the model
-            diff = [f"{f.name}: saved {getattr(state['config'], f.name)!r}, now {getattr(cfg, f.name)!r}"
-                    for f in fields(cfg) if getattr(state["config"], f.name) != getattr(cfg, f.name)]
+            diff = [
+                f"{f.name}: saved {getattr(state['config'], f.name)!r}, now {getattr(cfg, f.name)!r}"
+                for f in fields(cfg)
+                if getattr(state["config"], f.name) != getattr(cfg, f.name)
+            ]
             raise ValueError(f"cannot resume {checkpoint_path} with a different config ({'; '.join(diff)})")
         _load_states(state, checkpoint_path, model, optimizer)
         start, history, rng = state["step"], state["history"], state["rng"]
         if rng["generator"] is None:
-            raise ValueError(f"{checkpoint_path} holds no batch generator state: resume a checkpoint written by train()")
+            raise ValueError(
+                f"{checkpoint_path} holds no batch generator state: resume a checkpoint written by train()"
+            )
         torch.set_rng_state(rng["torch"])
         generator.set_state(rng["generator"])
         if rng.get("cuda") is not None and torch.cuda.is_available():
@@ -444,7 +492,9 @@ def train(
 
     def save(step: int) -> None:
         elapsed = time.perf_counter() - t_start
-        snapshot = replace(history, wall_time=history.wall_time + elapsed, eval_time=history.eval_time + eval_time)
+        snapshot = replace(
+            history, wall_time=history.wall_time + elapsed, eval_time=history.eval_time + eval_time
+        )
         save_checkpoint(checkpoint_path, model, optimizer, step, snapshot, cfg, extra, generator)
 
     try:
@@ -458,8 +508,10 @@ def train(
             loss = loss_fn(model, batch)
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 got = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-                raise TypeError(f"loss_fn must return a scalar loss tensor, got {got} (pass loss_fn=lm_loss "
-                                "for a model that returns logits)")
+                raise TypeError(
+                    f"loss_fn must return a scalar loss tensor, got {got} (pass loss_fn=lm_loss "
+                    "for a model that returns logits)"
+                )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -467,7 +519,9 @@ def train(
 
             value = loss.item()
             if not math.isfinite(value):
-                raise FloatingPointError(f"the loss is {value} at step {step} (lr {lr:.3g}): lower lr or check the data")
+                raise FloatingPointError(
+                    f"the loss is {value} at step {step} (lr {lr:.3g}): lower lr or check the data"
+                )
             history.steps.append(step)
             history.train_loss.append(value)
             history.lr.append(lr)

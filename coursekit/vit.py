@@ -41,9 +41,19 @@ from coursekit.layers import Encoder, encoder_layer_params, layer_norm_params
 from coursekit.positional import LearnedPositionalEmbedding
 
 __all__ = [
-    "ViTConfig", "VIT_PRESETS", "ViT", "PatchEmbedding",
-    "patchify", "unpatchify", "add_cls_and_positions", "cls_attention", "vit_params",
-    "HF_NAMES", "to_hf_state_dict", "from_hf_state_dict", "hf_config_kwargs",
+    "ViTConfig",
+    "VIT_PRESETS",
+    "ViT",
+    "PatchEmbedding",
+    "patchify",
+    "unpatchify",
+    "add_cls_and_positions",
+    "cls_attention",
+    "vit_params",
+    "HF_NAMES",
+    "to_hf_state_dict",
+    "from_hf_state_dict",
+    "hf_config_kwargs",
 ]
 
 
@@ -80,8 +90,9 @@ class ViTConfig:
     eps: float = 1e-6
 
     def __post_init__(self):
-        check_transformer_config(self, ("image_size", "patch_size", "in_channels", "n_classes", "n_layers", "n_heads",
-                                        "d_model"))
+        check_transformer_config(
+            self, ("image_size", "patch_size", "in_channels", "n_classes", "n_layers", "n_heads", "d_model")
+        )
         if self.image_size % self.patch_size:
             raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
         if not self.eps > 0:
@@ -100,21 +111,28 @@ class ViTConfig:
     @property
     def patch_dim(self) -> int:
         """Values in one flattened patch, ``C_in P^2``."""
-        return self.in_channels * self.patch_size ** 2
+        return self.in_channels * self.patch_size**2
 
 
 #: ``nano`` for tests; ``small`` is the book's digit classifier (8x8 grey images, 4x4
 #: patches: 4 tokens and [CLS]); the rest are the published shapes of Dosovitskiy et al. (2021, table 1) with a
 #: 1000-class head (ImageNet), for parameter arithmetic.
 VIT_PRESETS: dict[str, ViTConfig] = {
-    "nano": ViTConfig(image_size=8, patch_size=2, in_channels=3, n_classes=5, n_layers=2, n_heads=2, d_model=16),
-    "small": ViTConfig(image_size=8, patch_size=4, in_channels=1, n_classes=10, n_layers=4, n_heads=4, d_model=64),
-    "vit-b/16": ViTConfig(image_size=224, patch_size=16, in_channels=3, n_classes=1000, n_layers=12, n_heads=12,
-                          d_model=768),
-    "vit-l/16": ViTConfig(image_size=224, patch_size=16, in_channels=3, n_classes=1000, n_layers=24, n_heads=16,
-                          d_model=1024),
-    "vit-h/14": ViTConfig(image_size=224, patch_size=14, in_channels=3, n_classes=1000, n_layers=32, n_heads=16,
-                          d_model=1280),
+    "nano": ViTConfig(
+        image_size=8, patch_size=2, in_channels=3, n_classes=5, n_layers=2, n_heads=2, d_model=16
+    ),
+    "small": ViTConfig(
+        image_size=8, patch_size=4, in_channels=1, n_classes=10, n_layers=4, n_heads=4, d_model=64
+    ),
+    "vit-b/16": ViTConfig(
+        image_size=224, patch_size=16, in_channels=3, n_classes=1000, n_layers=12, n_heads=12, d_model=768
+    ),
+    "vit-l/16": ViTConfig(
+        image_size=224, patch_size=16, in_channels=3, n_classes=1000, n_layers=24, n_heads=16, d_model=1024
+    ),
+    "vit-h/14": ViTConfig(
+        image_size=224, patch_size=14, in_channels=3, n_classes=1000, n_layers=32, n_heads=16, d_model=1280
+    ),
 }
 
 
@@ -183,11 +201,15 @@ def unpatchify(patches: torch.Tensor, patch_size: int, image_size: int | tuple[i
     H_img, W_img = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     P = patch_size
     if not isinstance(P, int) or P < 1 or H_img % P or W_img % P:
-        raise ValueError(f"patch_size={P!r} must be a positive integer dividing the image size {H_img}x{W_img}")
+        raise ValueError(
+            f"patch_size={P!r} must be a positive integer dividing the image size {H_img}x{W_img}"
+        )
     rows, cols = H_img // P, W_img // P
     if patches.dim() != 3 or patches.shape[1] != rows * cols or patches.shape[2] % (P * P):
-        raise ValueError(f"expected patches of shape (B, {rows * cols}, C_in * {P * P}) for {H_img}x{W_img} images "
-                         f"and P={P}, got {tuple(patches.shape)}")
+        raise ValueError(
+            f"expected patches of shape (B, {rows * cols}, C_in * {P * P}) for {H_img}x{W_img} images "
+            f"and P={P}, got {tuple(patches.shape)}"
+        )
     B, C_in = patches.shape[0], patches.shape[2] // (P * P)
     x = patches.reshape(B, rows, cols, C_in, P, P)  # (B, rows, cols, C_in, P, P)
     x = x.permute(0, 3, 1, 4, 2, 5)  # (B, C_in, rows, P, cols, P)
@@ -224,11 +246,15 @@ class PatchEmbedding(nn.Module):
         """``(B, C_in, H_img, W_img) -> (B, N_p, C)``; the image must have the configured size and channels."""
         C_in, size = self.in_channels, self.image_size
         if images.dim() != 4 or tuple(images.shape[1:]) != (C_in, size, size):
-            raise ValueError(f"expected images of shape (B, {C_in}, {size}, {size}), got {tuple(images.shape)}")
+            raise ValueError(
+                f"expected images of shape (B, {C_in}, {size}, {size}), got {tuple(images.shape)}"
+            )
         return self.proj(patchify(images, self.patch_size))  # (B, N_p, C)
 
 
-def add_cls_and_positions(patches: torch.Tensor, cls_token: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def add_cls_and_positions(
+    patches: torch.Tensor, cls_token: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
     """Put the ``[CLS]`` token in front of every sequence, then add one position vector per token.
 
     ``out[b] = [cls, x_1, ..., x_{N_p}] + positions``: ``[CLS]`` is token 0 and gets
@@ -251,8 +277,10 @@ def add_cls_and_positions(patches: torch.Tensor, cls_token: torch.Tensor, positi
     B, N_p, C = patches.shape
     T = N_p + 1  # tokens: [CLS] and the patches
     if tuple(cls_token.shape) != (1, 1, C) or tuple(positions.shape) != (T, C):
-        raise ValueError(f"for patches {tuple(patches.shape)} expected cls_token (1, 1, {C}) and positions "
-                         f"({T}, {C}), got {tuple(cls_token.shape)} and {tuple(positions.shape)}")
+        raise ValueError(
+            f"for patches {tuple(patches.shape)} expected cls_token (1, 1, {C}) and positions "
+            f"({T}, {C}), got {tuple(cls_token.shape)} and {tuple(positions.shape)}"
+        )
     cls = cls_token.expand(B, 1, C)  # (B, 1, C): the same vector for every image
     return torch.cat([cls, patches], dim=1) + positions  # (B, N_p + 1, C)
 
@@ -286,8 +314,17 @@ class ViT(nn.Module):
         self.cls_token = nn.Parameter(torch.randn(1, 1, cfg.d_model) * 0.02)
         self.pos_emb = LearnedPositionalEmbedding(cfg.n_patches + 1, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.encoder = Encoder(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, "gelu",
-                               norm_first=True, eps=cfg.eps, norm="fused")  # fused: faster on small tensors
+        self.encoder = Encoder(
+            cfg.n_layers,
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.d_ff,
+            cfg.dropout,
+            "gelu",
+            norm_first=True,
+            eps=cfg.eps,
+            norm="fused",
+        )  # fused: faster on small tensors
         self.head = nn.Linear(cfg.d_model, cfg.n_classes)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
@@ -352,8 +389,12 @@ HF_NAMES = {
     "encoder.norm.{p}": "vit.layernorm.{p}",
     "head.{p}": "classifier.{p}",
 }
-_NAMES = NameTable(HF_NAMES, our_qkv="encoder.layers.{i}.self_attn.qkv_proj.{p}",
-                   hf_qkv="vit.layers.{i}.attention.{part}.{p}", parts=("q_proj", "k_proj", "v_proj"))
+_NAMES = NameTable(
+    HF_NAMES,
+    our_qkv="encoder.layers.{i}.self_attn.qkv_proj.{p}",
+    hf_qkv="vit.layers.{i}.attention.{part}.{p}",
+    parts=("q_proj", "k_proj", "v_proj"),
+)
 
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor], patch_size: int) -> dict[str, torch.Tensor]:
@@ -370,7 +411,9 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor], patch_size: int) -> di
     for key, value in state_dict.items():
         if key == "patch_embed.proj.weight":
             C, patch_dim = value.shape
-            value = value.reshape(C, patch_dim // (patch_size * patch_size), patch_size, patch_size)  # (C, C_in, P, P)
+            value = value.reshape(
+                C, patch_dim // (patch_size * patch_size), patch_size, patch_size
+            )  # (C, C_in, P, P)
         elif key == "pos_emb.weight":
             value = value.unsqueeze(0)  # (1, T, C)
         out.update(_NAMES.to_hf(key, value, "ViT"))
@@ -403,8 +446,18 @@ def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
 
 def hf_config_kwargs(cfg: ViTConfig) -> dict:
     """Keyword arguments of the equal ``transformers.ViTConfig`` (dropout as ours)."""
-    return dict(image_size=cfg.image_size, patch_size=cfg.patch_size, num_channels=cfg.in_channels,
-                num_labels=cfg.n_classes, num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
-                hidden_size=cfg.d_model, intermediate_size=cfg.d_ff or 4 * cfg.d_model, hidden_act="gelu",
-                hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout, layer_norm_eps=cfg.eps,
-                qkv_bias=True)
+    return dict(
+        image_size=cfg.image_size,
+        patch_size=cfg.patch_size,
+        num_channels=cfg.in_channels,
+        num_labels=cfg.n_classes,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff or 4 * cfg.d_model,
+        hidden_act="gelu",
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.dropout,
+        layer_norm_eps=cfg.eps,
+        qkv_bias=True,
+    )

@@ -98,8 +98,13 @@ def attention_heatmap(
 
     image = ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest")
     words = max(map(len, cols), default=0) > 2  # slant word labels so they do not overlap
-    ax.set_xticks(range(S), cols, rotation=60 if words else 0, ha="right" if words else "center",
-                  rotation_mode="anchor" if words else "default")
+    ax.set_xticks(
+        range(S),
+        cols,
+        rotation=60 if words else 0,
+        ha="right" if words else "center",
+        rotation_mode="anchor" if words else "default",
+    )
     ax.set_yticks(range(T), rows)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
@@ -110,15 +115,23 @@ def attention_heatmap(
             for s in range(S):
                 r, g, b, _ = image.cmap(image.norm(matrix[t, s]))
                 luminance = 0.299 * r + 0.587 * g + 0.114 * b
-                ax.text(s, t, fmt.format(matrix[t, s]), ha="center", va="center", fontsize=7,
-                        color="black" if luminance > 0.5 else "white")
+                ax.text(
+                    s,
+                    t,
+                    fmt.format(matrix[t, s]),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if luminance > 0.5 else "white",
+                )
     if colorbar:
         ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     return ax
 
 
-def loss_curves(history: Any, ax: Axes | None = None, *, keys: Sequence[str] | None = None,
-                title: str | None = None) -> Axes:
+def loss_curves(
+    history: Any, ax: Axes | None = None, *, keys: Sequence[str] | None = None, title: str | None = None
+) -> Axes:
     """Plot the training loss of every step and the evaluation losses against the step.
 
     Args:

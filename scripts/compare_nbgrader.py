@@ -63,8 +63,12 @@ def main() -> None:
         write(case, inbox, ctx)
     inbox_module.collect(root, ASSIGNMENT, inbox, [f"{ASSIGNMENT}.ipynb"])
     api = course.nbgrader_api(root, **{"CourseDirectory.release_directory": str(tmp / "release")})
-    course.expect_success(api.generate_assignment(ASSIGNMENT, force=True, create=True), "registering the assignment")
-    env = dict(os.environ, COURSEKIT_TEST_SECRET=SECRET, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    course.expect_success(
+        api.generate_assignment(ASSIGNMENT, force=True, create=True), "registering the assignment"
+    )
+    env = dict(
+        os.environ, COURSEKIT_TEST_SECRET=SECRET, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    )
     rows = []
     for case in CASES:
         if case.name in SKIP:
@@ -74,10 +78,25 @@ def main() -> None:
         started = time.monotonic()
         try:
             run = subprocess.run(
-                [sys.executable, "-m", "nbgrader", "autograde", ASSIGNMENT, "--student", case.name, "--force",
-                 "--ExecutePreprocessor.timeout=10", f"--CourseDirectory.root={root}",
-                 "--Exchange.root=" + str(tmp / "exchange")],
-                cwd=root, env=env, capture_output=True, text=True, timeout=300, preexec_fn=limits,
+                [
+                    sys.executable,
+                    "-m",
+                    "nbgrader",
+                    "autograde",
+                    ASSIGNMENT,
+                    "--student",
+                    case.name,
+                    "--force",
+                    "--ExecutePreprocessor.timeout=10",
+                    f"--CourseDirectory.root={root}",
+                    "--Exchange.root=" + str(tmp / "exchange"),
+                ],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                preexec_fn=limits,
             )
             failed = run.returncode != 0
             log = run.stdout + run.stderr
@@ -91,15 +110,27 @@ def main() -> None:
                 score = None
         note = ""
         if failed:
-            lines = [line for line in log.splitlines() if "rror" in line and "Please see" not in line and "Traceback" not in line]
+            lines = [
+                line
+                for line in log.splitlines()
+                if "rror" in line and "Please see" not in line and "Traceback" not in line
+            ]
             lines = lines or log.splitlines()[-1:]
-            note = "nbgrader failed: " + (lines[-1].replace("[AutogradeApp | ERROR]", "").strip()[:160] if lines else "no output")
+            note = "nbgrader failed: " + (
+                lines[-1].replace("[AutogradeApp | ERROR]", "").strip()[:160] if lines else "no output"
+            )
             if score is not None:
                 note += f" (the gradebook holds {score:g})"
             score = None
         leak = leak_evidence(case.name, root, reached[before:])
         rows.append((case, score, note, leak, seconds))
-        print(f"{case.name:32s} expected {case.expected:>4g}  nbgrader {score if score is not None else '-':>4}  {note[:60]} {leak}", flush=True)
+        print(
+            (
+                f"{case.name:32s} expected {case.expected:>4g}  nbgrader "
+                f"{score if score is not None else '-':>4}  {note[:60]} {leak}"
+            ),
+            flush=True,
+        )
     listener.close()
     cleanup(root, ctx)
     write_report(rows)
@@ -122,7 +153,11 @@ def leak_evidence(name: str, root: Path, reached: list[bytes]) -> str:
         found.append("the instructor's solutions were read")
     if name == "read_gradebook" and "SQLite" in text:
         found.append("the gradebook was read")
-    if name == "write_outside" and ((root / "pwned.txt").exists() or (Path(sys.prefix) / "pwned.txt").exists() or Path("/usr/pwned.txt").exists()):
+    if name == "write_outside" and (
+        (root / "pwned.txt").exists()
+        or (Path(sys.prefix) / "pwned.txt").exists()
+        or Path("/usr/pwned.txt").exists()
+    ):
         found.append("files were written outside the submission")
     if name == "list_processes" and '"PIDS' in text:
         found.append("the grader's processes are visible")
@@ -149,8 +184,13 @@ def _active(nb) -> bool:
             kept = clean_outputs([dict(output, metadata={})])[0]
             if not kept or kept[0]["data"] != output["data"]:  # sanitised HTML, dropped JavaScript or SVG
                 return True
-            sizes = [v for m in output.get("metadata", {}).values() if isinstance(m, dict) for k, v in m.items()
-                     if k in ("width", "height")]
+            sizes = [
+                v
+                for m in output.get("metadata", {}).values()
+                if isinstance(m, dict)
+                for k, v in m.items()
+                if k in ("width", "height")
+            ]
             if any(not isinstance(v, int) for v in sizes):  # written unquoted into <img>
                 return True
     return False
@@ -190,7 +230,9 @@ def write_report(rows) -> None:
         mark = " **wrong**" if is_wrong(case, score, leak) else ""
         what = "; ".join(filter(None, [note, leak])).replace("|", "/")
         timing = f" ({seconds:.0f} s)" if case.name not in SKIP else ""
-        lines.append(f"| `{case.name}` | {case.category} | {case.expected:g} | {got}{mark} | {what}{timing} |")
+        lines.append(
+            f"| `{case.name}` | {case.category} | {case.expected:g} | {got}{mark} | {what}{timing} |"
+        )
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")

@@ -23,15 +23,26 @@ def chromium(profile: Path):
     Host names do not resolve (CDN scripts fail at once); loopback addresses still work."""
     path, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if not (path and driver_path):
-        pytest.skip("headless Chromium is needed: run scripts/system_deps.sh (apt-get install chromium chromium-driver)")
+        pytest.skip(
+            "headless Chromium is needed: run scripts/system_deps.sh (apt-get install chromium chromium-driver)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = path
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", f"--user-data-dir={profile}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-quic",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
     driver.set_page_load_timeout(60)
@@ -49,12 +60,16 @@ def render(nb: nbformat.NotebookNode, template: str) -> str:
     resources = {}
     if template in ("formgrade", "feedback"):
         c.HTMLExporter.extra_template_basedirs = [handlers.template_path]
-    if template == "formgrade":  # as nbgrader's SubmissionHandler; base_url serves the formgrader's own scripts
+    if (
+        template == "formgrade"
+    ):  # as nbgrader's SubmissionHandler; base_url serves the formgrader's own scripts
         base = Path(handlers.static_path).parent.parent.as_uri()
         resources = {"assignment_id": "ps1", "notebook_id": "ps1", "submission_id": "abc", "index": 0, "total": 1,
-                     "base_url": base, "student": "s1", "last_name": "L", "first_name": "F", "notebook_path": "ps1.ipynb"}  # fmt: skip
+                     "base_url": base, "student": "s1", "last_name": "L", "first_name": "F", "notebook_path": "ps1.ipynb"}  # fmt: skip  # noqa: E501
     if template == "feedback":  # as nbgrader's GenerateFeedback
-        c.HTMLExporter.extra_template_paths = [str(Path(handlers.static_path) / "node_modules" / "bootstrap" / "dist" / "css")]
+        c.HTMLExporter.extra_template_paths = [
+            str(Path(handlers.static_path) / "node_modules" / "bootstrap" / "dist" / "css")
+        ]
         resources = {"nbgrader": {"notebook": "ps1", "score": 1.0, "max_score": 2.0, "late_penalty": 0.0}}
     page, _ = HTMLExporter(config=c).from_notebook_node(nb, resources=resources)
     return page
@@ -74,6 +89,8 @@ def visit(driver, listener: Listener, path: Path, settle: float = 1.5) -> dict:
         "return {pwned: Object.keys(window).filter(k => /^pwn\\d+$/.test(k)).sort(), title: document.title,"
         " url: location.href, text: document.body ? document.body.innerText : ''}"
     )
-    requested = sorted({int(m[1]) for r in listener.received[before:] for m in [re.match(rb"GET /(\d+)", r)] if m})
+    requested = sorted(
+        {int(m[1]) for r in listener.received[before:] for m in [re.match(rb"GET /(\d+)", r)] if m}
+    )
     stray = [r for r in listener.received[before:] if not re.match(rb"GET /\d+", r)]
     return {**state, "title_before": title, "requested": requested, "stray": stray, "risky_links": links}

@@ -31,7 +31,10 @@ def randomise(module: nn.Module, seed: int = 0, scale: float = 0.3, offset_1d: f
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale + (offset_1d if p.dim() == 1 else 0.0))
+            p.copy_(
+                torch.randn(p.shape, generator=g, dtype=p.dtype) * scale
+                + (offset_1d if p.dim() == 1 else 0.0)
+            )
     return module
 
 

@@ -21,7 +21,11 @@ def filled(assignment: str):
     nb_name = f"{assignment}.ipynb"
     release = load(ROOT / "exercises" / assignment / nb_name)
     solution = load(ROOT / "solutions" / assignment / nb_name)
-    answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in solution.cells if c.metadata.get("nbgrader", {}).get("solution")}
+    answers = {
+        c.metadata["nbgrader"]["grade_id"]: c.source
+        for c in solution.cells
+        if c.metadata.get("nbgrader", {}).get("solution")
+    }
     nb = copy.deepcopy(release)
     for cell in nb.cells:
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")

@@ -4,6 +4,7 @@ torch's own FLOP counter and saved tensors, optimizers' real states, and closed 
 from __future__ import annotations
 
 import math
+
 import numpy as np
 import pytest
 import torch
@@ -17,8 +18,10 @@ from coursekit.layers import FeedForward, LayerNorm, count_params, gpt_params
 from coursekit.multihead import MultiHeadAttention, kv_cache_bytes
 
 transformers = pytest.importorskip("transformers")
-from transformers import (  # noqa: E402
+from transformers import (  # noqa: E402 (after the skip: the module needs transformers)
     BertConfig as HFBertConfig,
+)
+from transformers import (  # noqa: E402
     BertModel,
     GPT2Config,
     GPT2LMHeadModel,
@@ -31,7 +34,9 @@ GIB = 2**30
 #: Stated relative errors of the rules of thumb, one place (see the appendix's tables).
 APPROX_PARAMS_RTOL = 0.011  # V C + 12 L C^2 against the exact count, all published shapes (BERT-base: 1.0%)
 APPROX_PARAMS_RTOL_GPT3 = 3e-4  # ... and for GPT-3 alone
-LAYER_NORM_STATS_RTOL = 0.01  # measured activations vs Korthikanti: LayerNorm's mean and rstd are not in the formula
+LAYER_NORM_STATS_RTOL = (
+    0.01  # measured activations vs Korthikanti: LayerNorm's mean and rstd are not in the formula
+)
 
 
 # =========================================================================== parameters
@@ -46,7 +51,8 @@ def hf_on_meta(config):
 
 
 def ours_on_meta(config):
-    """Our model of a published shape on the meta device: GPT, or BERT with its pooler (a 1-class head minus its classifier)."""
+    """Our model of a published shape on the meta device: GPT, or BERT with its pooler (a 1-class head
+    minus its classifier)."""
     with torch.device("meta"):
         if isinstance(config, gpt.GPTConfig):
             return gpt.GPT(config)
@@ -76,7 +82,9 @@ def test_rule_of_thumb_is_a_slight_underestimate_within_the_stated_error(name):
 
 
 def test_rule_of_thumb_error_shrinks_with_size():
-    errors = [1 - A.approx_param_count(c) / A.param_count(c) for n, c in A.PUBLISHED.items() if n.startswith("gpt")]
+    errors = [
+        1 - A.approx_param_count(c) / A.param_count(c) for n, c in A.PUBLISHED.items() if n.startswith("gpt")
+    ]
     assert errors == sorted(errors, reverse=True)
 
 
@@ -103,18 +111,22 @@ def gqa_decoder_on_meta(V, T, C, L, H, H_kv, d_ff, tied):
         parts = {"tok": nn.Embedding(V, C), "pos": nn.Embedding(T, C), "norm": LayerNorm(C)}
         parts["layers"] = nn.ModuleList(
             nn.ModuleList([LayerNorm(C), MultiHeadAttention(C, H, H_kv), LayerNorm(C), FeedForward(C, d_ff)])
-            for _ in range(L))
+            for _ in range(L)
+        )
         if not tied:
             parts["head"] = nn.Linear(C, V, bias=False)
         return nn.ModuleDict(parts)
 
 
-@pytest.mark.parametrize("V,T,C,L,H,H_kv,d_ff,tied", [
-    (50257, 1024, 768, 12, 12, 12, 3072, True),
-    (50257, 1024, 768, 12, 12, 4, 3072, True),
-    (32000, 4096, 4096, 32, 32, 8, 11008, False),
-    (1000, 64, 96, 3, 6, 1, 200, False),
-])
+@pytest.mark.parametrize(
+    "V,T,C,L,H,H_kv,d_ff,tied",
+    [
+        (50257, 1024, 768, 12, 12, 12, 3072, True),
+        (50257, 1024, 768, 12, 12, 4, 3072, True),
+        (32000, 4096, 4096, 32, 32, 8, 11008, False),
+        (1000, 64, 96, 3, 6, 1, 200, False),
+    ],
+)
 def test_decoder_params_equal_modules_on_meta(V, T, C, L, H, H_kv, d_ff, tied):
     expected = count_params(gqa_decoder_on_meta(V, T, C, L, H, H_kv, d_ff, tied))
     assert A.decoder_params(V, T, C, L, H, H_kv, d_ff, tied) == expected
@@ -122,7 +134,15 @@ def test_decoder_params_equal_modules_on_meta(V, T, C, L, H, H_kv, d_ff, tied):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_decoder_params_equal_hf_gpt2_without_gqa(tied):
-    kw = dict(vocab_size=5000, n_positions=256, n_embd=192, n_layer=4, n_head=6, n_inner=500, tie_word_embeddings=tied)
+    kw = dict(
+        vocab_size=5000,
+        n_positions=256,
+        n_embd=192,
+        n_layer=4,
+        n_head=6,
+        n_inner=500,
+        tie_word_embeddings=tied,
+    )
     with torch.device("meta"):
         hf = GPT2LMHeadModel(GPT2Config(**kw))
     assert A.decoder_params(5000, 256, 192, 4, 6, None, 500, tied) == count_params(hf)
@@ -131,8 +151,9 @@ def test_decoder_params_equal_hf_gpt2_without_gqa(tied):
 @pytest.mark.parametrize("name", ["gpt2", "gpt2-xl", "gpt3"])
 def test_decoder_params_with_mha_is_chapter_4s_count(name):
     c = A.PUBLISHED[name]
-    assert A.decoder_params(c.vocab_size, c.block_size, c.d_model, c.n_layers, c.n_heads) == \
-        gpt_params(c.vocab_size, c.block_size, c.d_model, c.n_layers)
+    assert A.decoder_params(c.vocab_size, c.block_size, c.d_model, c.n_layers, c.n_heads) == gpt_params(
+        c.vocab_size, c.block_size, c.d_model, c.n_layers
+    )
 
 
 def test_fewer_kv_heads_save_exactly_the_kv_projections():
@@ -142,13 +163,16 @@ def test_fewer_kv_heads_save_exactly_the_kv_projections():
         assert full - A.decoder_params(50257, 1024, 768, 12, 12, H_kv) == saved
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(n_heads=5), "n_heads"),
-    (dict(n_kv_heads=5), "n_kv_heads"),
-    (dict(d_model=0), "d_model must be a positive integer, got 0"),
-    (dict(n_layers=2.5), "n_layers must be a positive integer"),
-    (dict(vocab_size=True), "vocab_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(n_heads=5), "n_heads"),
+        (dict(n_kv_heads=5), "n_kv_heads"),
+        (dict(d_model=0), "d_model must be a positive integer, got 0"),
+        (dict(n_layers=2.5), "n_layers must be a positive integer"),
+        (dict(vocab_size=True), "vocab_size"),
+    ],
+)
 def test_decoder_params_bad_inputs(kwargs, match):
     args = dict(vocab_size=100, n_positions=16, d_model=64, n_layers=2, n_heads=8, n_kv_heads=4) | kwargs
     with pytest.raises(ValueError, match=match):
@@ -172,17 +196,25 @@ def test_memory_per_param_conventions():
     assert total("fp32", "adam") == 16  # 4 + 4 + 8
     assert total("bf16", "adam") == total("fp16", "adam") == 16  # ZeRO: 2 + 2 + (4 + 4 + 4)
     assert total("bf16", "adam", fp32_grads=True) == 18  # the other convention: float32 gradients
-    assert A.memory_per_param("fp16", "adam") == {"weights": 2, "gradients": 2, "master weights": 4, "optimizer states": 8}
+    assert A.memory_per_param("fp16", "adam") == {
+        "weights": 2,
+        "gradients": 2,
+        "master weights": 4,
+        "optimizer states": 8,
+    }
     assert total("fp32", "sgd") == 8 and total("fp32", "momentum") == 12 and total("fp32", "adam8bit") == 10
     assert total("bf16", "sgd") == 8 and total("bf16", "momentum") == 12 and total("bf16", "adam8bit") == 10
 
 
-@pytest.mark.parametrize("optimizer,make", [
-    ("sgd", lambda p: torch.optim.SGD(p, lr=0.1)),
-    ("momentum", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
-    ("adam", lambda p: torch.optim.Adam(p)),
-    ("adam", lambda p: torch.optim.AdamW(p)),
-])
+@pytest.mark.parametrize(
+    "optimizer,make",
+    [
+        ("sgd", lambda p: torch.optim.SGD(p, lr=0.1)),
+        ("momentum", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
+        ("adam", lambda p: torch.optim.Adam(p)),
+        ("adam", lambda p: torch.optim.AdamW(p)),
+    ],
+)
 def test_fp32_bytes_per_param_equal_torch_optimizers_real_state(optimizer, make):
     model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8))
     opt = make(model.parameters())
@@ -190,7 +222,9 @@ def test_fp32_bytes_per_param_equal_torch_optimizers_real_state(optimizer, make)
     opt.step()
     n = count_params(model)
     held = sum(p.nbytes + p.grad.nbytes for p in model.parameters())
-    held += sum(t.nbytes for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.numel() > 1)
+    held += sum(
+        t.nbytes for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.numel() > 1
+    )
     assert held / n == sum(A.memory_per_param("fp32", optimizer).values())
 
 
@@ -200,12 +234,15 @@ def test_training_memory_gib_is_gib():
     assert A.training_memory_gib(2 * GIB, "bf16", "adam8bit") == 20.0
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: A.memory_per_param("fp8", "adam"), "precision must be one of .*'fp8'"),
-    (lambda: A.memory_per_param("fp32", "lion"), "optimizer must be one of .*'lion'"),
-    (lambda: A.training_memory_gib(0), "n_params must be a positive number, got 0"),
-    (lambda: A.training_memory_gib(float("nan")), "n_params"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: A.memory_per_param("fp8", "adam"), "precision must be one of .*'fp8'"),
+        (lambda: A.memory_per_param("fp32", "lion"), "optimizer must be one of .*'lion'"),
+        (lambda: A.training_memory_gib(0), "n_params must be a positive number, got 0"),
+        (lambda: A.training_memory_gib(float("nan")), "n_params"),
+    ],
+)
 def test_memory_bad_inputs(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -249,7 +286,9 @@ def test_full_recomputation_keeps_only_the_layer_input():
     block = gpt_block(s, h, a, 0.1)
     x = torch.randn(b, s, h, requires_grad=True)
     with sdpa_kernel(SDPBackend.MATH):
-        got = A.saved_tensor_bytes(lambda t: checkpoint(block, t, use_reentrant=True), x, exclude=list(block.parameters()))
+        got = A.saved_tensor_bytes(
+            lambda t: checkpoint(block, t, use_reentrant=True), x, exclude=list(block.parameters())
+        )
     assert got == A.activation_bytes(s, b, h, a, bytes_per_value=4, recompute="full") == 4 * s * b * h
 
 
@@ -259,7 +298,9 @@ def test_fused_attention_keeps_no_attention_matrix():
     block = gpt_block(s, h, a, 0.0)
     x = torch.randn(b, s, h, requires_grad=True)
     fused = measured(block, x, SDPBackend.FLASH_ATTENTION)
-    assert fused < measured(block, x) - 4 * a * s * s * b + 4 * s * b * h  # the s^2 term is gone (an output copy may remain)
+    assert (
+        fused < measured(block, x) - 4 * a * s * s * b + 4 * s * b * h
+    )  # the s^2 term is gone (an output copy may remain)
     assert fused < A.activation_bytes(s, b, h, a, 4, dropout=False, recompute="selective") * 1.2
 
 
@@ -273,11 +314,14 @@ def test_activation_formula_closed_forms():
     assert A.activation_bytes(s, 3, h, a) == 3 * A.activation_bytes(s, 1, h, a)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(recompute="some"), "recompute must be"),
-    (dict(seq_len=0), "seq_len must be a positive integer"),
-    (dict(bytes_per_value=-2), "bytes_per_value must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(recompute="some"), "recompute must be"),
+        (dict(seq_len=0), "seq_len must be a positive integer"),
+        (dict(bytes_per_value=-2), "bytes_per_value must be a positive number"),
+    ],
+)
 def test_activation_bad_inputs(kwargs, match):
     with pytest.raises(ValueError, match=match):
         A.activation_bytes(**(dict(seq_len=8, batch=1, d_model=16, n_heads=2) | kwargs))
@@ -286,16 +330,26 @@ def test_activation_bad_inputs(kwargs, match):
 # =========================================================================== KV cache
 
 
-@pytest.mark.parametrize("L,H,H_kv,C,T,B", [(32, 32, 8, 4096, 8192, 1), (12, 12, 12, 768, 1024, 4), (80, 64, 1, 8192, 100, 3)])
+@pytest.mark.parametrize(
+    "L,H,H_kv,C,T,B", [(32, 32, 8, 4096, 8192, 1), (12, 12, 12, 768, 1024, 4), (80, 64, 1, 8192, 100, 3)]
+)
 def test_kv_cache_equals_real_cache_buffers(L, H, H_kv, C, T, B):
     D = C // H
     cache = gpt.KVCache([gpt.LayerCache(B, H_kv, T, D, torch.float16, "meta") for _ in range(L)])
-    assert A.kv_cache_gib(L, H, H_kv, C, T, B) == cache.nbytes() / GIB == kv_cache_bytes(L, H_kv, D, T, B) / GIB
+    assert (
+        A.kv_cache_gib(L, H, H_kv, C, T, B) == cache.nbytes() / GIB == kv_cache_bytes(L, H_kv, D, T, B) / GIB
+    )
 
 
 def test_kv_cache_equals_hf_llama_gqa_cache():
-    cfg = LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=6, num_key_value_heads=2)
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     with torch.no_grad():
@@ -314,12 +368,15 @@ def test_kv_cache_scales():
     assert A.kv_cache_gib(32, 32, 8, 4096, 1024, batch=8) == base
 
 
-@pytest.mark.parametrize("args,match", [
-    ((32, 32, 5, 4096, 10), "n_kv_heads | n_heads"),
-    ((32, 30, 5, 4096, 10), "n_heads | d_model"),
-    ((32, 32, 8, 4096, 0), "seq_len must be a positive integer, got 0"),
-    ((32, 32, 8, 4096, 10, 1, 16.5), "bits"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((32, 32, 5, 4096, 10), "n_kv_heads | n_heads"),
+        ((32, 30, 5, 4096, 10), "n_heads | d_model"),
+        ((32, 32, 8, 4096, 0), "seq_len must be a positive integer, got 0"),
+        ((32, 32, 8, 4096, 10, 1, 16.5), "bits"),
+    ],
+)
 def test_kv_cache_bad_inputs(args, match):
     with pytest.raises(ValueError, match=match):
         A.kv_cache_gib(*args)
@@ -354,7 +411,9 @@ def test_training_step_is_three_forward_passes_and_the_palm_formula(cfg):
     counted = A.counted_flops(lambda: model(x).square().mean().backward())
     assert counted == 3 * A.forward_flops(cfg, T, B)
     d_ff = 4 * cfg.d_model if cfg.d_ff is None else cfg.d_ff
-    matmul_params = cfg.n_layers * (4 * cfg.d_model**2 + 2 * cfg.d_model * d_ff) + cfg.vocab_size * cfg.d_model
+    matmul_params = (
+        cfg.n_layers * (4 * cfg.d_model**2 + 2 * cfg.d_model * d_ff) + cfg.vocab_size * cfg.d_model
+    )
     assert A.training_flops(matmul_params, B * T, cfg.n_layers, T, cfg.d_model) == counted
 
 
@@ -370,7 +429,9 @@ def test_6nd_underestimates_by_the_attention_share(name, bound):
 
 
 def test_training_flops_and_days_closed_forms():
-    assert A.training_flops(175e9, 300e9) == pytest.approx(3.15e23, rel=1e-9)  # GPT-3's 3.14e23 (Brown et al.)
+    assert A.training_flops(175e9, 300e9) == pytest.approx(
+        3.15e23, rel=1e-9
+    )  # GPT-3's 3.14e23 (Brown et al.)
     assert A.training_flops(1, 1, 2, 3, 4) == 6 + 12 * 2 * 3 * 4
     days = A.training_days(1e9, 20e9, 8, 312, 0.5)
     assert days == pytest.approx(6 * 1e9 * 20e9 / (8 * 312e12 * 0.5) / 86400, rel=1e-12)
@@ -378,13 +439,19 @@ def test_training_flops_and_days_closed_forms():
     assert A.training_days(1e9, 20e9, 8, 312, 0.25) == pytest.approx(days * 2, rel=1e-12)
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda: A.training_days(1e9, 1e9, 8, 312, 1.5), r"mfu is a fraction of the peak, in \(0, 1\], got 1.5"),
-    (lambda: A.training_days(1e9, 1e9, 0, 312, 0.5), "n_gpus must be a positive number, got 0"),
-    (lambda: A.training_flops(1e9, 1e9, 12, 0, 768), "seq_len must be a positive integer"),
-    (lambda: A.forward_flops(gpt.GPT_PRESETS["nano"], 33), "exceeds the model's block_size=32"),
-    (lambda: A.forward_flops(A.PUBLISHED["bert-base"], 8), "expected a GPTConfig"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (
+            lambda: A.training_days(1e9, 1e9, 8, 312, 1.5),
+            r"mfu is a fraction of the peak, in \(0, 1\], got 1.5",
+        ),
+        (lambda: A.training_days(1e9, 1e9, 0, 312, 0.5), "n_gpus must be a positive number, got 0"),
+        (lambda: A.training_flops(1e9, 1e9, 12, 0, 768), "seq_len must be a positive integer"),
+        (lambda: A.forward_flops(gpt.GPT_PRESETS["nano"], 33), "exceeds the model's block_size=32"),
+        (lambda: A.forward_flops(A.PUBLISHED["bert-base"], 8), "expected a GPTConfig"),
+    ],
+)
 def test_flops_bad_inputs(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -402,8 +469,12 @@ def test_chinchilla_optimum_minimises_the_loss_on_the_iso_flop_curve(fit):
     for C in (1e19, 5.76e23):
         N, D = fit.optimal(C)
         assert 6 * N * D == pytest.approx(C, rel=1e-12)
-        res = minimize_scalar(lambda logn: fit.loss(math.exp(logn), C / (6 * math.exp(logn))),
-                              bounds=(math.log(1e5), math.log(1e14)), method="bounded", options={"xatol": 1e-10})
+        res = minimize_scalar(
+            lambda logn: fit.loss(math.exp(logn), C / (6 * math.exp(logn))),
+            bounds=(math.log(1e5), math.log(1e14)),
+            method="bounded",
+            options={"xatol": 1e-10},
+        )
         assert math.exp(res.x) == pytest.approx(N, rel=1e-4)
 
 
@@ -441,12 +512,15 @@ def test_kaplan_limits_and_monotonicity():
     assert np.all(np.diff(k.loss(N, 1e10)) < 0) and np.all(k.loss(N, 1e10) > k.loss(N))
 
 
-@pytest.mark.parametrize("call", [
-    lambda: A.CHINCHILLA.optimal(-1.0),
-    lambda: A.CHINCHILLA.loss(0, 1e9),
-    lambda: A.KAPLAN.loss(np.array([1e9, -1.0])),
-    lambda: A.tokens_per_param_rule(1e20, 0),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: A.CHINCHILLA.optimal(-1.0),
+        lambda: A.CHINCHILLA.loss(0, 1e9),
+        lambda: A.KAPLAN.loss(np.array([1e9, -1.0])),
+        lambda: A.tokens_per_param_rule(1e20, 0),
+    ],
+)
 def test_scaling_bad_inputs(call):
     with pytest.raises(ValueError, match="must be positive|positive number"):
         call()

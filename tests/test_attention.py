@@ -63,7 +63,11 @@ def test_softmax_rejects_integer_input():
 @pytest.mark.parametrize("batch", [(), (2,), (2, 3)])
 @pytest.mark.parametrize("T,S,D,Dv", [(1, 1, 4, 4), (5, 7, 8, 3), (6, 6, 16, 16)])
 def test_attention_matches_torch_sdpa(dtype, batch, T, S, D, Dv):
-    q, k, v = rand(*batch, T, D, dtype=dtype, seed=1), rand(*batch, S, D, dtype=dtype, seed=2), rand(*batch, S, Dv, dtype=dtype, seed=3)
+    q, k, v = (
+        rand(*batch, T, D, dtype=dtype, seed=1),
+        rand(*batch, S, D, dtype=dtype, seed=2),
+        rand(*batch, S, Dv, dtype=dtype, seed=3),
+    )
     out, w = A.scaled_dot_product_attention(q, k, v)
     assert_close(out, F.scaled_dot_product_attention(q, k, v))
     assert w.shape == (*batch, T, S)
@@ -72,7 +76,11 @@ def test_attention_matches_torch_sdpa(dtype, batch, T, S, D, Dv):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_with_boolean_mask_matches_torch(dtype):
-    q, k, v = rand(2, 3, 4, 8, dtype=dtype), rand(2, 3, 6, 8, dtype=dtype, seed=1), rand(2, 3, 6, 5, dtype=dtype, seed=2)
+    q, k, v = (
+        rand(2, 3, 4, 8, dtype=dtype),
+        rand(2, 3, 6, 8, dtype=dtype, seed=1),
+        rand(2, 3, 6, 5, dtype=dtype, seed=2),
+    )
     mask = torch.rand(2, 1, 4, 6, generator=torch.Generator().manual_seed(4)) < 0.5  # broadcast over heads
     out, w = A.scaled_dot_product_attention(q, k, v, mask=mask)
     assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
@@ -81,7 +89,11 @@ def test_attention_with_boolean_mask_matches_torch(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_with_additive_mask_matches_torch(dtype):
-    q, k, v = rand(2, 4, 8, dtype=dtype), rand(2, 6, 8, dtype=dtype, seed=1), rand(2, 6, 5, dtype=dtype, seed=2)
+    q, k, v = (
+        rand(2, 4, 8, dtype=dtype),
+        rand(2, 6, 8, dtype=dtype, seed=1),
+        rand(2, 6, 5, dtype=dtype, seed=2),
+    )
     bias = rand(4, 6, dtype=dtype, seed=5)
     bias[0, :3] = -math.inf
     out, _ = A.scaled_dot_product_attention(q, k, v, mask=bias)
@@ -90,7 +102,11 @@ def test_attention_with_additive_mask_matches_torch(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_causal_matches_torch(dtype):
-    q, k, v = rand(2, 7, 8, dtype=dtype), rand(2, 7, 8, dtype=dtype, seed=1), rand(2, 7, 8, dtype=dtype, seed=2)
+    q, k, v = (
+        rand(2, 7, 8, dtype=dtype),
+        rand(2, 7, 8, dtype=dtype, seed=1),
+        rand(2, 7, 8, dtype=dtype, seed=2),
+    )
     out, _ = A.scaled_dot_product_attention(q, k, v, mask=A.causal_mask(7))
     assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
@@ -145,7 +161,9 @@ def test_causal_outputs_ignore_future_tokens():
 def test_attention_gradcheck_with_mask():
     q, k, v = (rand(2, 3, 4, seed=s).requires_grad_() for s in range(3))
     mask = A.causal_mask(3)
-    assert torch.autograd.gradcheck(lambda q, k, v: A.scaled_dot_product_attention(q, k, v, mask)[0], (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: A.scaled_dot_product_attention(q, k, v, mask)[0], (q, k, v)
+    )
 
 
 @pytest.mark.parametrize(
@@ -246,7 +264,11 @@ def test_score_functions():
     assert_close(bil(q, k6), torch.einsum("btd,de,bse->bts", q, bil.W, k6))
     add = A.AdditiveScore(4, 6, 7).double()
     expected = torch.stack(
-        [torch.stack([add.w(torch.tanh(add.W_q(q[b, t]) + add.W_k(k6[b, s]))).squeeze() for s in range(5)]) for b in range(2) for t in range(3)]
+        [
+            torch.stack([add.w(torch.tanh(add.W_q(q[b, t]) + add.W_k(k6[b, s]))).squeeze() for s in range(5)])
+            for b in range(2)
+            for t in range(3)
+        ]
     ).view(2, 3, 5)
     assert_close(add(q, k6), expected)
 

@@ -48,7 +48,23 @@ def graded(tmp_path_factory):
     for m in MUTANTS:
         nbformat.write(replace_definition(reference, m.target, m.source), inbox / f"{m.name}.ipynb")
     csv_path = root / "grades.csv"
-    assert cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--csv", str(csv_path), "--jobs", "2"]) == 0
+    assert (
+        cli.main(
+            [
+                "--course",
+                str(root),
+                "autograde",
+                str(inbox),
+                "--assignment",
+                ASSIGNMENT,
+                "--csv",
+                str(csv_path),
+                "--jobs",
+                "2",
+            ]
+        )
+        == 0
+    )
     with open(csv_path, newline="") as f:
         rows = {r["student_id"]: r for r in csv.DictReader(f)}
     return root, rows
@@ -143,7 +159,9 @@ def test_a_second_run_waits_for_none_and_says_why(graded):
     with autograde.course_lock(root):
         with pytest.raises(RuntimeError, match="another `coursekit autograde` is running"):
             autograde.autograde(root, ASSIGNMENT, ["reference"], feedback=False)
-    assert cli.main(["--course", str(root), "report", "--assignment", ASSIGNMENT]) == 0  # the lock was released
+    assert (
+        cli.main(["--course", str(root), "report", "--assignment", ASSIGNMENT]) == 0
+    )  # the lock was released
 
 
 def _tree(folder):
@@ -159,9 +177,15 @@ def test_a_run_refused_by_the_lock_changes_nothing(graded, tmp_path, capsys):
     nbformat.write(load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), inbox / "reference.ipynb")
     before = _tree(root / "submitted"), _tree(root / ".coursekit" / "verdicts"), _gradebook_scores(root)
     with autograde.course_lock(root):
-        code = cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--no-feedback"])
+        code = cli.main(
+            ["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--no-feedback"]
+        )
     assert code == 2 and "another `coursekit autograde` is running" in capsys.readouterr().err
-    assert (_tree(root / "submitted"), _tree(root / ".coursekit" / "verdicts"), _gradebook_scores(root)) == before
+    assert (
+        _tree(root / "submitted"),
+        _tree(root / ".coursekit" / "verdicts"),
+        _gradebook_scores(root),
+    ) == before
 
 
 def test_a_submission_changed_behind_the_autograders_back_is_graded_again(graded):
@@ -176,7 +200,9 @@ def test_a_damaged_gradebook_stops_the_run_with_one_line(tmp_path, capsys):
     root, inbox = course_folder(tmp_path)
     nbformat.write(filled(ASSIGNMENT), inbox / "alice.ipynb")
     (root / "gradebook.db").write_bytes(b"this is not a database" * 100)
-    code = cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--no-feedback"])
+    code = cli.main(
+        ["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--no-feedback"]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "is damaged" in err and "backups" in err
     assert not (root / "submitted").exists()  # nothing was collected
@@ -200,9 +226,21 @@ def test_an_interrupted_run_resumes(tmp_path):
     for i, name in enumerate(names):
         nb = reference if i % 2 == 0 else replace_definition(reference, MUTANTS[i].target, MUTANTS[i].source)
         nbformat.write(nb, inbox / f"{name}.ipynb")
-    command = [sys.executable, "-m", "coursekit.cli", "--course", str(root), "autograde", str(inbox),
-               "--assignment", ASSIGNMENT, "--no-feedback"]
-    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "coursekit.cli",
+        "--course",
+        str(root),
+        "autograde",
+        str(inbox),
+        "--assignment",
+        ASSIGNMENT,
+        "--no-feedback",
+    ]
+    run = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     verdicts = root / ".coursekit" / "verdicts" / ASSIGNMENT
     deadline = time.monotonic() + 240
     while len(list(verdicts.glob("*/*.json"))) < 3 and time.monotonic() < deadline and run.poll() is None:
@@ -240,7 +278,11 @@ def test_feedback_and_report_read_well_on_a_desktop_and_a_phone(graded, tmp_path
     shots = ROOT / "_build" / "screenshots"
     shots.mkdir(parents=True, exist_ok=True)
     pages = {
-        "feedback-failing": root / "feedback" / "softmax_nan_on_masked_row" / ASSIGNMENT / f"{ASSIGNMENT}.html",
+        "feedback-failing": root
+        / "feedback"
+        / "softmax_nan_on_masked_row"
+        / ASSIGNMENT
+        / f"{ASSIGNMENT}.html",
         "feedback-unanswered": root / "feedback" / "untouched" / ASSIGNMENT / f"{ASSIGNMENT}.html",
         "report": root / "reports" / ASSIGNMENT / "report.html",
     }
@@ -256,16 +298,28 @@ def test_feedback_and_report_read_well_on_a_desktop_and_a_phone(graded, tmp_path
                     " parts: q('table.parts tr').length - 1, badges: q('.badge').map(b => b.textContent),"
                     " failed: q('ul.checks li.fail').length, hints: q('ul.checks li.fail .hint').length,"
                     " unanswered: q('section.test.todo').length, links: q('table a[href]').map(a => a.href),"
-                    " text: document.body.innerText}")
+                    " text: document.body.innerText}"
+                )
                 driver.save_screenshot(str(shots / f"{name}-{device}.png"))
-                assert seen["overflow"] <= 1, f"{name} is wider than the {device} screen by {seen['overflow']} px"
+                assert seen["overflow"] <= 1, (
+                    f"{name} is wider than the {device} screen by {seen['overflow']} px"
+                )
                 if name == "feedback-failing":
                     assert seen["parts"] == 4 and seen["badges"] == ["failed", "passed", "failed", "passed"]
-                    assert seen["failed"] >= 2 and seen["hints"] == seen["failed"]  # every failed check has its hint
+                    assert (
+                        seen["failed"] >= 2 and seen["hints"] == seen["failed"]
+                    )  # every failed check has its hint
                     assert "fix part 1 first" in seen["text"] and "Traceback" not in seen["text"]
                 elif name == "feedback-unanswered":
-                    assert seen["badges"] == ["not answered"] * 4 and seen["unanswered"] == 8 and seen["failed"] == 0
-                    assert seen["text"].count("Not answered yet") == 8 and "not implemented yet" not in seen["text"]
+                    assert (
+                        seen["badges"] == ["not answered"] * 4
+                        and seen["unanswered"] == 8
+                        and seen["failed"] == 0
+                    )
+                    assert (
+                        seen["text"].count("Not answered yet") == 8
+                        and "not implemented yet" not in seen["text"]
+                    )
                 else:
                     students = [link for link in seen["links"] if "/feedback/" in link]
                     assert len(students) == len(MUTANTS) + 3
@@ -279,7 +333,11 @@ def test_scores_csv_has_a_column_per_part(graded):
     with open(root / "reports" / ASSIGNMENT / "scores.csv", newline="") as f:
         table = list(csv.DictReader(f))
     parts = [c for c in table[0] if c.startswith("Part ")]
-    assert parts == ["Part 1: a stable softmax", "Part 2: the causal mask", "Part 3: scaled dot-product attention",
-                     "Part 4: a self-attention module"]
+    assert parts == [
+        "Part 1: a stable softmax",
+        "Part 2: the causal mask",
+        "Part 3: scaled dot-product attention",
+        "Part 4: a self-attention module",
+    ]
     for r in table:
         assert sum(float(r[p]) for p in parts) == float(r["score"]) == float(rows[r["student"]]["score"])

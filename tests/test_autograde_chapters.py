@@ -25,7 +25,9 @@ from tests.submissions import ROOT, course_folder, filled, load, replace_definit
 
 pytestmark = pytest.mark.slow
 
-ASSIGNMENTS = [c.assignment for c in CHAPTERS if c.assignment != "ch01_attention"]  # that one: test_autograde.py
+ASSIGNMENTS = [
+    c.assignment for c in CHAPTERS if c.assignment != "ch01_attention"
+]  # that one: test_autograde.py
 
 
 def catalogue(assignment: str):
@@ -53,7 +55,18 @@ def graded(request, tmp_path_factory):
     for m in mutants:
         nbformat.write(replace_definition(reference, m.target, m.source), inbox / f"{m.name}.ipynb")
     csv_path = root / "grades.csv"
-    argv = ["--course", str(root), "autograde", str(inbox), "--assignment", assignment, "--csv", str(csv_path), "--jobs", "2"]
+    argv = [
+        "--course",
+        str(root),
+        "autograde",
+        str(inbox),
+        "--assignment",
+        assignment,
+        "--csv",
+        str(csv_path),
+        "--jobs",
+        "2",
+    ]
     assert cli.main(argv) == 0
     with open(csv_path, newline="") as f:
         rows = {r["student_id"]: r for r in csv.DictReader(f)}

@@ -26,19 +26,28 @@ def test_committed_report_is_a_full_run_of_every_benchmark():
         assert b["summary"], f"{name} has no summary rows"
         assert b["results"].get("quick") in (None, False), f"{name} was measured in quick mode"
         # each benchmark's own JSON is the one the report summarises (the chapters read those files)
-        assert json.loads((RESULTS / f"{name}.json").read_text()) == b["results"], f"{name}.json differs from report.json"
+        assert json.loads((RESULTS / f"{name}.json").read_text()) == b["results"], (
+            f"{name}.json differs from report.json"
+        )
         assert [list(row) for row in bench.BENCHMARKS[name][2](b["results"])] == b["summary"]
 
 
 def test_committed_markdown_is_generated_from_the_json():
     report = json.loads((RESULTS / "report.json").read_text())
-    assert (RESULTS / "report.md").read_text() == bench.markdown(report), "regenerate with python benchmarks/run.py"
+    assert (RESULTS / "report.md").read_text() == bench.markdown(report), (
+        "regenerate with python benchmarks/run.py"
+    )
 
 
 @pytest.mark.slow
 def test_quick_mode_runs_every_benchmark_into_one_report(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["quick"] is True
@@ -49,4 +58,3 @@ def test_quick_mode_runs_every_benchmark_into_one_report(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert report["machine"]["cpu"] in md and "quick mode" in md
     assert md.count("\n| ") == 1 + sum(len(b["summary"]) for b in report["benchmarks"].values())
-

@@ -58,8 +58,8 @@ def batch(cfg=TINY, B_=3, T=10, seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (B_, T), generator=g)
     mask = torch.ones(B_, T, dtype=torch.bool)
-    mask[1, T - 4:] = False
-    mask[2, T - 1:] = False
+    mask[1, T - 4 :] = False
+    mask[2, T - 1 :] = False
     segments = torch.randint(0, cfg.n_segments, (B_, T), generator=g)
     return ids, mask, segments
 
@@ -111,15 +111,18 @@ def test_qkv_rows_are_query_key_value_in_that_order():
     w = ours["bert.encoder.layers.1.self_attn.qkv_proj.weight"]
     C = TINY.d_model
     for j, part in enumerate(("query", "key", "value")):
-        assert torch.equal(w[j * C:(j + 1) * C], theirs.state_dict()[f"bert.encoder.layer.1.attention.self.{part}.weight"])
+        assert torch.equal(
+            w[j * C : (j + 1) * C], theirs.state_dict()[f"bert.encoder.layer.1.attention.self.{part}.weight"]
+        )
 
 
 def test_decoder_is_tied_to_the_token_embedding():
     model = B.BertForMaskedLM(TINY)
     assert not any("decoder" in k for k in model.state_dict())
     hf_sd = B.to_hf_state_dict(model.state_dict())
-    assert hf_sd["cls.predictions.decoder.weight"] is model.state_dict()["bert.embeddings.token.weight"] or torch.equal(
-        hf_sd["cls.predictions.decoder.weight"], model.bert.embeddings.token.weight)
+    assert hf_sd["cls.predictions.decoder.weight"] is model.state_dict()[
+        "bert.embeddings.token.weight"
+    ] or torch.equal(hf_sd["cls.predictions.decoder.weight"], model.bert.embeddings.token.weight)
     untied = dict(hf_sd, **{"cls.predictions.decoder.weight": hf_sd["cls.predictions.decoder.weight"] + 1})
     with pytest.raises(ValueError, match="tied"):
         B.from_hf_state_dict(untied)
@@ -168,7 +171,11 @@ def test_parameter_counts_equal_hugging_face_on_the_meta_device(name, published)
         base = t.BertModel(t.BertConfig(**cfg.hf_kwargs()))
         clf = t.BertForSequenceClassification(t.BertConfig(**cfg.hf_kwargs(), num_labels=4))
         ours = B.BertForMaskedLM(cfg)
-    assert B.bert_params(cfg, "mlm") == sum(p.numel() for p in mlm.parameters()) == sum(p.numel() for p in ours.parameters())
+    assert (
+        B.bert_params(cfg, "mlm")
+        == sum(p.numel() for p in mlm.parameters())
+        == sum(p.numel() for p in ours.parameters())
+    )
     assert B.bert_params(cfg, "pooler") == sum(p.numel() for p in base.parameters())
     assert B.bert_params(cfg, "classifier", 4) == sum(p.numel() for p in clf.parameters())
     # Devlin et al. (2019) report 110M and 340M; the exact counts are 109.5M and 335.1M
@@ -180,7 +187,9 @@ def test_parameter_count_of_our_modules(preset):
     cfg = B.BERT_PRESETS[preset]
     assert B.bert_params(cfg, "mlm") == sum(p.numel() for p in B.BertForMaskedLM(cfg).parameters())
     assert B.bert_params(cfg, "none") == sum(p.numel() for p in B.Bert(cfg).parameters())
-    assert B.bert_params(cfg, "classifier", 3) == sum(p.numel() for p in B.BertClassifier(cfg, 3).parameters())
+    assert B.bert_params(cfg, "classifier", 3) == sum(
+        p.numel() for p in B.BertClassifier(cfg, 3).parameters()
+    )
     with pytest.raises(ValueError, match="head must be one of"):
         B.bert_params(cfg, "nsp")
 
@@ -191,7 +200,10 @@ def test_parameter_count_of_our_modules(preset):
 def test_padding_does_not_change_the_real_tokens_outputs():
     model = randomise(B.BertForMaskedLM(TINY).double().eval())
     g = torch.Generator().manual_seed(0)
-    ids, segments = torch.randint(0, TINY.vocab_size, (1, 6), generator=g), torch.randint(0, 2, (1, 6), generator=g)
+    ids, segments = (
+        torch.randint(0, TINY.vocab_size, (1, 6), generator=g),
+        torch.randint(0, 2, (1, 6), generator=g),
+    )
     padded = torch.cat([ids, torch.randint(0, TINY.vocab_size, (1, 5))], 1)
     mask = torch.arange(11)[None] < 6
     alone = model(ids, None, segments)
@@ -220,14 +232,17 @@ def test_initialisation_is_berts():
     assert not model.mlm.bias.any()
 
 
-@pytest.mark.parametrize("bad,match", [
-    (lambda ids: (ids.int(),), "torch.long"),
-    (lambda ids: (ids[0],), r"\(B, T\)"),
-    (lambda ids: (ids + TINY.vocab_size,), "token ids must be in"),
-    (lambda ids: (torch.zeros(1, TINY.max_len + 1, dtype=torch.long),), "positions"),
-    (lambda ids: (ids, torch.ones_like(ids)), "boolean"),
-    (lambda ids: (ids, None, torch.full_like(ids, 2)), "segment ids"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (lambda ids: (ids.int(),), "torch.long"),
+        (lambda ids: (ids[0],), r"\(B, T\)"),
+        (lambda ids: (ids + TINY.vocab_size,), "token ids must be in"),
+        (lambda ids: (torch.zeros(1, TINY.max_len + 1, dtype=torch.long),), "positions"),
+        (lambda ids: (ids, torch.ones_like(ids)), "boolean"),
+        (lambda ids: (ids, None, torch.full_like(ids, 2)), "segment ids"),
+    ],
+)
 def test_bad_input_gets_a_clear_error(bad, match):
     model = B.BertForMaskedLM(TINY)
     ids = torch.zeros(2, 5, dtype=torch.long)
@@ -276,7 +291,9 @@ def sentences(special, n_ordinary, B_=128, T=128, seed=0):
     return ids
 
 
-@pytest.mark.parametrize("special", [B.SpecialTokens.after(60), B.SpecialTokens(0, 1, 2, 3)], ids=["appended", "first"])
+@pytest.mark.parametrize(
+    "special", [B.SpecialTokens.after(60), B.SpecialTokens(0, 1, 2, 3)], ids=["appended", "first"]
+)
 @pytest.mark.parametrize("p", [0.15, 0.4])
 def test_mask_tokens_follows_the_80_10_10_rule(special, p):
     V = 64
@@ -400,7 +417,10 @@ def test_duplicate_topics_are_sections_of_bigger_ones():
     from pydoc_data.topics import topics
 
     dupes = T.duplicate_topics(topics)
-    assert dupes["if"] == dupes["else"] == dupes["for"] == "compound" and dupes["customization"] == "specialnames"
+    assert (
+        dupes["if"] == dupes["else"] == dupes["for"] == "compound"
+        and dupes["customization"] == "specialnames"
+    )
     assert "compound" not in dupes and "specialnames" not in dupes and "typesseq" not in dupes
     for key, container in dupes.items():
         assert T.topic_group(key) == T.topic_group(container)
@@ -436,8 +456,15 @@ def test_checkpoint_reproduces_its_recorded_validation_loss():
     val_text = data.split_text(data.load_text("python-docs"))[1]
     val = data.encode_text(tok, val_text)
     v = metrics["validation"]
-    batches = M.mlm_eval_batches(val, special, model.config.max_len - 2, v["batch_size"], model.config.vocab_size,
-                                 v["batches"], v["seed"])
+    batches = M.mlm_eval_batches(
+        val,
+        special,
+        model.config.max_len - 2,
+        v["batch_size"],
+        model.config.vocab_size,
+        v["batches"],
+        v["seed"],
+    )
     got = M.evaluate_mlm(model, batches)
     assert got["n_masked"] == v["n_masked"]
     assert got["loss"] == pytest.approx(v["loss"], abs=1e-4)
@@ -446,7 +473,9 @@ def test_checkpoint_reproduces_its_recorded_validation_loss():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("COURSEKIT_RETRAIN") != "1", reason="retraining: set COURSEKIT_RETRAIN=1 (a few minutes)")
+@pytest.mark.skipif(
+    os.environ.get("COURSEKIT_RETRAIN") != "1", reason="retraining: set COURSEKIT_RETRAIN=1 (a few minutes)"
+)
 def test_retraining_a_short_version_writes_a_consistent_checkpoint(tmp_path):
     torch.set_num_threads(1)
     recipe = replace(M.BERT_SMALL, max_steps=150, finetune_steps=30)

@@ -77,7 +77,11 @@ def book():
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     run = subprocess.run(
         [str(Path(sys.executable).parent / "jupyter-book"), "build", ".", "-W", "-n", "--keep-going"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     assert run.returncode == 0, f"book build failed:\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
     return HTML
@@ -100,13 +104,24 @@ def browser():
 
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver_path):
-        pytest.fail("headless Chromium is needed: run scripts/system_deps.sh (apt-get install chromium chromium-driver)")
+        pytest.fail(
+            "headless Chromium is needed: run scripts/system_deps.sh (apt-get install chromium chromium-driver)"
+        )
     profile = tempfile.mkdtemp(prefix="chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-                 f"--user-data-dir={profile}", "--window-size={},{}".format(*DESKTOP)):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-quic",
+        f"--user-data-dir={profile}",
+        "--window-size={},{}".format(*DESKTOP),
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
@@ -133,7 +148,9 @@ def test_page_renders(page, server, browser):
     text = browser.execute_script("return document.querySelector('main').innerText")
     for raw in ("\\(", "\\)", "\\[", "$$"):
         assert raw not in text, f"{page}: raw math {raw!r} left in the text"
-    math = browser.execute_script("return [...document.querySelectorAll('.math')].map(e => !!e.querySelector('mjx-container'))")
+    math = browser.execute_script(
+        "return [...document.querySelectorAll('.math')].map(e => !!e.querySelector('mjx-container'))"
+    )
     assert all(math), f"{page}: {math.count(False)} math expressions were not typeset"
     assert len(math) >= min_math, f"{page}: expected at least {min_math} math expressions, found {len(math)}"
 
@@ -147,7 +164,11 @@ def test_page_renders(page, server, browser):
     resources = browser.execute_script("return performance.getEntriesByType('resource').map(r => r.name)")
     outside = [r for r in resources if not r.startswith(server)]
     assert not outside, f"{page}: fetched from outside the book: {outside}"
-    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE" and not any(k in e["message"] for k in KNOWN_CONSOLE_NOISE)]
+    errors = [
+        e["message"]
+        for e in browser.get_log("browser")
+        if e["level"] == "SEVERE" and not any(k in e["message"] for k in KNOWN_CONSOLE_NOISE)
+    ]
     assert not errors, f"{page}: console errors: {errors}"
 
 
@@ -157,7 +178,8 @@ def load(browser, url):
     browser.get(url)
     return browser.execute_async_script(
         "const done = arguments[arguments.length - 1];"
-        "if (!window.MathJax || !MathJax.startup) { done(document.querySelector('.math') ? 'no MathJax' : 'ok'); return; }"
+        "if (!window.MathJax || !MathJax.startup) {"
+        " done(document.querySelector('.math') ? 'no MathJax' : 'ok'); return; }"
         "MathJax.startup.promise.then(() => done('ok'), e => done('error: ' + e));"
     )
 
@@ -173,7 +195,11 @@ for (const e of document.querySelectorAll('main *')) {
     const o = getComputedStyle(p).overflowX;
     if (o !== 'visible' && p.getBoundingClientRect().right <= W + 0.5) { contained = true; break; }
   }
-  if (!contained) out.push(e.tagName.toLowerCase() + (e.className && e.className.baseVal === undefined ? '.' + e.className.trim().split(/\\s+/).join('.') : '') + ': ' + (e.textContent || '').trim().slice(0, 60));
+  if (!contained) {
+    const classes = e.className && e.className.baseVal === undefined
+      ? '.' + e.className.trim().split(/\\s+/).join('.') : '';
+    out.push(e.tagName.toLowerCase() + classes + ': ' + (e.textContent || '').trim().slice(0, 60));
+  }
 }
 return out.slice(0, 10);
 """
@@ -188,12 +214,17 @@ def test_page_fits_a_phone(page, server, browser):
         state = load(browser, urljoin(server, page))
         assert state == "ok", f"{page}: MathJax did not run ({state})"
         (SHOTS / "phone").mkdir(parents=True, exist_ok=True)
-        browser.save_screenshot(str(SHOTS / "phone" / (page.replace("/", "_").removesuffix(".html") + ".png")))
+        browser.save_screenshot(
+            str(SHOTS / "phone" / (page.replace("/", "_").removesuffix(".html") + ".png"))
+        )
         inner, client, scroll = browser.execute_script(
-            "return [window.innerWidth, document.documentElement.clientWidth, document.documentElement.scrollWidth]")
+            "return [window.innerWidth, document.documentElement.clientWidth, document.documentElement.scrollWidth]"
+        )
         assert inner <= PHONE[0], f"the window did not shrink to a phone's width ({inner} px)"
-        assert scroll <= client, (f"{page}: {scroll} px wide on a {client} px screen; sticking out: "
-                                  f"{browser.execute_script(OVERFLOWING)}")
+        assert scroll <= client, (
+            f"{page}: {scroll} px wide on a {client} px screen; sticking out: "
+            f"{browser.execute_script(OVERFLOWING)}"
+        )
     finally:
         browser.set_window_size(*DESKTOP)
 
@@ -211,7 +242,9 @@ def test_readme_screenshot(server, browser):
     desktop size; `UPDATE_BOOK_SCREENSHOT=1 pytest tests/test_book.py -k readme` retakes it."""
     state = load(browser, urljoin(server, README_PAGE))
     assert state == "ok", f"{README_PAGE}: MathJax did not run ({state})"
-    browser.execute_script("const f = document.querySelector('main img'); if (f) f.scrollIntoView({block: 'center'});")
+    browser.execute_script(
+        "const f = document.querySelector('main img'); if (f) f.scrollIntoView({block: 'center'});"
+    )
     shot = browser.get_screenshot_as_png()
     if os.environ.get("UPDATE_BOOK_SCREENSHOT"):
         README_SHOT.parent.mkdir(exist_ok=True)
@@ -219,8 +252,12 @@ def test_readme_screenshot(server, browser):
     assert README_SHOT.is_file(), "docs/book.png is missing: run with UPDATE_BOOK_SCREENSHOT=1"
     size = png_size(README_SHOT)
     assert size == struct.unpack(">II", shot[16:24]), (
-        f"docs/book.png is {size[0]}x{size[1]}, a screenshot now is another size: retake it with UPDATE_BOOK_SCREENSHOT=1")
-    assert f"({README_SHOT.relative_to(ROOT)})" in (ROOT / "README.md").read_text(), "the README does not show docs/book.png"
+        f"docs/book.png is {size[0]}x{size[1]}, a screenshot now is another size: retake it with "
+        "UPDATE_BOOK_SCREENSHOT=1"
+    )
+    assert f"({README_SHOT.relative_to(ROOT)})" in (ROOT / "README.md").read_text(), (
+        "the README does not show docs/book.png"
+    )
 
 
 #: chapter pages and their exercises: every exercises/NAME/NAME.ipynb goes with book/NAME.md
@@ -233,13 +270,16 @@ def test_chapter_offers_its_exercise(name, book):
     its download menu offers the page as .md and as the executed .ipynb."""
     page = book / "book" / f"{name}.html"
     html = page.read_text()
-    boxes = re.findall(r'<div class="(?=[^"]*\badmonition\b)(?=[^"]*\bexercise\b)[^"]*">(.*?)</div>', html, re.S)
+    boxes = re.findall(
+        r'<div class="(?=[^"]*\badmonition\b)(?=[^"]*\bexercise\b)[^"]*">(.*?)</div>', html, re.S
+    )
     assert boxes, f"{name}: no Exercise box (:::{{admonition}} Exercise / :class: tip exercise)"
     links = re.findall(r'href="(\.\./_downloads/[0-9a-f]+/' + name + r'\.ipynb)"', boxes[-1])
     assert links, f"{name}: the Exercise box does not offer {name}.ipynb for download"
     downloaded = (page.parent / links[0]).resolve()
     assert downloaded.read_bytes() == (ROOT / "exercises" / name / f"{name}.ipynb").read_bytes(), (
-        f"{name}: the downloaded notebook is not the student release")
+        f"{name}: the downloaded notebook is not the student release"
+    )
     for source in (f"../_sources/book/{name}.md", f"../_sources/book/{name}.ipynb"):
         assert f'href="{source}"' in html, f"{name}: the download menu does not offer {source}"
         assert (page.parent / source).resolve().is_file()
@@ -251,7 +291,9 @@ def test_exercise_links_its_page(name):
     import nbformat
 
     intro = nbformat.read(ROOT / "exercises" / name / f"{name}.ipynb", as_version=4).cells[0]
-    assert f"](../../book/{name}.md)" in intro.source, f"{name}: the intro cell does not link ../../book/{name}.md"
+    assert f"](../../book/{name}.md)" in intro.source, (
+        f"{name}: the intro cell does not link ../../book/{name}.md"
+    )
     assert (ROOT / "book" / f"{name}.md").is_file()
 
 
@@ -275,8 +317,12 @@ def test_launch_buttons_follow_the_repository_url(book):
     url = (yaml.safe_load((ROOT / "_config.yml").read_text()).get("repository") or {}).get("url") or ""
     pages = {page: (book / page).read_text() for page in PAGES}
     assert not any("executablebooks/jupyter-book" in html for html in pages.values())
-    launch = {page: re.findall(r'href="(https://mybinder\.org/v2/[^"]+|https://colab\.research\.google\.com/[^"]+)"', html)
-              for page, html in pages.items()}
+    launch = {
+        page: re.findall(
+            r'href="(https://mybinder\.org/v2/[^"]+|https://colab\.research\.google\.com/[^"]+)"', html
+        )
+        for page, html in pages.items()
+    }
     if not url:
         assert not any(launch.values()), f"launch buttons without a repository URL: {launch}"
     else:
@@ -301,7 +347,9 @@ def test_internal_links_resolve(page, book):
             assert unquote(parsed.fragment) in ids, f"{page}: link {href} points to a missing anchor"
 
 
-@pytest.mark.parametrize("code,fails", [("print('fine')", False), ("raise ValueError('this cell fails')", True)])
+@pytest.mark.parametrize(
+    "code,fails", [("print('fine')", False), ("raise ValueError('this cell fails')", True)]
+)
 def test_a_failing_cell_fails_the_build(tmp_path, code, fails):
     """With the book's own _config.yml, an exception in a page's code is an error, not a warning
     (and the same page without it builds, so the failure is the cell's)."""
@@ -318,7 +366,11 @@ def test_a_failing_cell_fails_the_build(tmp_path, code, fails):
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     run = subprocess.run(
         [str(Path(sys.executable).parent / "jupyter-book"), "build", ".", "-W", "-n", "--keep-going"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert (run.returncode != 0) == fails, run.stdout[-3000:]
     assert ("this cell fails" in run.stdout + run.stderr) == fails

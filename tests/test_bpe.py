@@ -28,12 +28,12 @@ EDGE_CASES = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def corpus() -> str:
     return bpe.python_docs_text()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def trained(pattern: str = "gpt4", vocab_size: int = 1024) -> bpe.Tokenizer:
     return bpe.train(corpus(), vocab_size, pattern, special_tokens=[EOT])
 
@@ -41,8 +41,10 @@ def trained(pattern: str = "gpt4", vocab_size: int = 1024) -> bpe.Tokenizer:
 def tiktoken_twin(tok: bpe.Tokenizer) -> tiktoken.Encoding:
     """A tiktoken encoding built offline from our merges, pattern and special tokens."""
     return tiktoken.Encoding(
-        name="coursekit-test", pat_str=tok.pattern,
-        mergeable_ranks=tok.mergeable_ranks(), special_tokens=tok.special_tokens,
+        name="coursekit-test",
+        pat_str=tok.pattern,
+        mergeable_ranks=tok.mergeable_ranks(),
+        special_tokens=tok.special_tokens,
     )
 
 
@@ -168,7 +170,11 @@ def test_save_and_load_round_trip(tmp_path):
     tok = trained()
     path = tok.save(tmp_path / "tok.json")
     again = bpe.Tokenizer.load(path)
-    assert again.merges == tok.merges and again.pattern == tok.pattern and again.special_tokens == tok.special_tokens
+    assert (
+        again.merges == tok.merges
+        and again.pattern == tok.pattern
+        and again.special_tokens == tok.special_tokens
+    )
     text = corpus()[:20_000] + EOT + EDGE_CASES[9]
     assert again.encode(text, allowed_special="all") == tok.encode(text, allowed_special="all")
 

@@ -47,7 +47,9 @@ def test_checkpoint_writes_python_docs_like_text(gpt_char):
     prompt = torch.tensor([tok.encode("The ")])
     words = []  # four samples at temperature 0.8 (greedy tends to settle into runs of indentation)
     for seed in range(4):
-        ids = decoding.generate(model, prompt, 120, temperature=0.8, generator=torch.Generator().manual_seed(seed))
+        ids = decoding.generate(
+            model, prompt, 120, temperature=0.8, generator=torch.Generator().manual_seed(seed)
+        )
         words += tok.decode(ids[0].tolist()).split()
     alphabetic = sum(w.strip(".,:;()\"'_").isalpha() for w in words)
     # measured: a random model writes about 17 "words", 5 of them alphabetic; the checkpoint 82 and 71
@@ -64,8 +66,9 @@ def test_loading_rejects_a_missing_checkpoint(tmp_path):
 def test_retraining_a_short_recipe_writes_a_loadable_checkpoint(tmp_path):
     from dataclasses import replace
 
-    recipe = replace(G.GPT_CHAR, train=replace(G.GPT_CHAR.train, max_steps=60, warmup_steps=10,
-                                                        eval_interval=30))
+    recipe = replace(
+        G.GPT_CHAR, train=replace(G.GPT_CHAR.train, max_steps=60, warmup_steps=10, eval_interval=30)
+    )
     metrics = checkpoints.pretrain("gpt-char", tmp_path, recipe, progress=False)["metrics"]
     model, _, record = checkpoints.load("gpt-char", tmp_path)
     assert record["metrics"]["val_loss"] == pytest.approx(metrics["val_loss"])
@@ -141,7 +144,9 @@ def test_save_and_load_round_trip_a_model_exactly_in_float16(tmp_path):
     for k, v in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v.half().float()), k
     assert tok2.chars == tok.chars and record["metrics"] == metrics
-    assert record["recipe"] == json.loads(json.dumps({"train": asdict(G.GPT_CHAR.train), "minutes": G.GPT_CHAR.minutes}))
+    assert record["recipe"] == json.loads(
+        json.dumps({"train": asdict(G.GPT_CHAR.train), "minutes": G.GPT_CHAR.minutes})
+    )
     with pytest.raises(ValueError, match="records the metrics"):
         checkpoints.save("gpt-char", model, tok, G.GPT_CHAR, {"val_loss": 1.0}, tmp_path)
 
@@ -162,7 +167,9 @@ def _coursekit_imports(path):
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("coursekit"):
-            out |= ({f"coursekit.{a.name}" for a in node.names} if node.module == "coursekit" else {node.module})
+            out |= (
+                {f"coursekit.{a.name}" for a in node.names} if node.module == "coursekit" else {node.module}
+            )
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("coursekit")}
     return out

@@ -17,7 +17,12 @@ def test_release_rejects_unknown_assignment(capsys):
 
 
 def test_autograde_rejects_missing_folder(tmp_path, capsys):
-    assert cli.main(["--course", str(ROOT), "autograde", str(tmp_path / "nope"), "--assignment", "ch01_attention"]) == 2
+    assert (
+        cli.main(
+            ["--course", str(ROOT), "autograde", str(tmp_path / "nope"), "--assignment", "ch01_attention"]
+        )
+        == 2
+    )
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -30,7 +35,13 @@ def test_outside_a_course_folder_is_a_clear_error(tmp_path, monkeypatch, capsys)
 @pytest.mark.slow
 def test_doctor_finds_everything_in_a_set_up_environment():
     subprocess.run([str(ROOT / "scripts" / "install_mathjax.sh")], check=True, cwd=ROOT)
-    run = subprocess.run([sys.executable, "-m", "coursekit.cli", "doctor"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "coursekit.cli", "doctor"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "[ok] python3 kernel" in run.stdout and "FAIL" not in run.stdout
     assert "[ok] gradebook: sqlite:///" in run.stdout  # the course's default gradebook
@@ -44,11 +55,17 @@ def test_doctor_fails_only_on_what_the_chosen_job_needs(tmp_path):
     root, _ = course_folder(tmp_path)  # a course folder without the book's local MathJax
 
     def doctor(*jobs):
-        return subprocess.run([sys.executable, "-m", "coursekit.cli", "--course", str(root), "doctor", *jobs],
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "coursekit.cli", "--course", str(root), "doctor", *jobs],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     grading = doctor("grading")
-    assert grading.returncode == 0 and "ready for: grading" in grading.stdout and "MathJax" not in grading.stdout
+    assert (
+        grading.returncode == 0 and "ready for: grading" in grading.stdout and "MathJax" not in grading.stdout
+    )
     book = doctor("grading", "book")
     assert book.returncode == 1 and "[FAIL] local MathJax" in book.stdout
     assert "ready for: grading; NOT ready for: book" in book.stdout

@@ -12,7 +12,7 @@ import torch
 from coursekit import bpe, data
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def corpus() -> str:
     return data.python_docs_text()
 
@@ -92,7 +92,9 @@ def test_char_tokenizer_round_trips_the_corpus_and_its_validation_split():
 
 def test_char_tokenizer_names_unknown_characters_and_ids():
     tok = data.CharTokenizer.from_text("abc")
-    with pytest.raises(ValueError, match=r"character 'z' \(U\+007A\) at position 2 is not in the vocabulary of 3"):
+    with pytest.raises(
+        ValueError, match=r"character 'z' \(U\+007A\) at position 2 is not in the vocabulary of 3"
+    ):
         tok.encode("abzc")
     for bad in (3, -1):  # -1 must not wrap around to the last character
         with pytest.raises(ValueError, match=f"unknown token id {bad} \\(vocabulary size 3\\)"):
@@ -106,7 +108,7 @@ def test_char_tokenizer_names_unknown_characters_and_ids():
 
 
 def test_char_tokenizer_save_and_load(tmp_path):
-    text = "naïve café 🙂\n\t\"quotes\" \\ backslash"
+    text = 'naïve café 🙂\n\t"quotes" \\ backslash'
     tok = data.CharTokenizer.from_text(text)
     again = data.CharTokenizer.load(tok.save(tmp_path / "chars.json"))
     assert again.chars == tok.chars and again.encode(text) == tok.encode(text)
@@ -207,7 +209,9 @@ def test_lm_batch_errors():
     g = torch.Generator()
     with pytest.raises(ValueError, match=r"data has 8 tokens, but a window needs block_size \+ 1 = 9"):
         data.lm_batch(torch.arange(8), 8, 2, g)
-    with pytest.raises(ValueError, match=r"1-D torch.long tensor of token ids, got torch.float32 tensor of shape \(10,\)"):
+    with pytest.raises(
+        ValueError, match=r"1-D torch.long tensor of token ids, got torch.float32 tensor of shape \(10,\)"
+    ):
         data.lm_batch(torch.zeros(10), 4, 2, g)
     with pytest.raises(ValueError, match=r"got torch.int64 tensor of shape \(2, 10\)"):
         data.lm_batch(torch.zeros(2, 10, dtype=torch.long), 4, 2, g)

@@ -60,7 +60,9 @@ def test_top_k_keeps_ties_and_rejects_bad_k():
 # --------------------------------------------------------------------------- sampling
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.8), (1.0, 6, 0.7)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.8), (1.0, 6, 0.7)]
+)
 def test_sampling_frequencies_match_the_filtered_distribution(temperature, top_k, top_p):
     logits = rand_logits(B=1, V=12, seed=2, scale=1.0)
     expected_logits = logits / temperature
@@ -97,7 +99,9 @@ def test_sampling_uses_only_the_given_generator():
 
 def small_gpt(seed=0, block_size=48, vocab_size=23):
     torch.manual_seed(seed)
-    m = gpt.GPT(gpt.GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layers=2, n_heads=2, d_model=16))
+    m = gpt.GPT(
+        gpt.GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layers=2, n_heads=2, d_model=16)
+    )
     with torch.no_grad():
         for p in m.parameters():
             p.mul_(20)  # peaky predictions, so that sequences differ
@@ -109,7 +113,9 @@ def test_generate_with_and_without_cache_gives_identical_tokens():
     prompt = torch.randint(0, 23, (3, 4), generator=torch.Generator().manual_seed(0))
     for kwargs in ({}, {"temperature": 0.9, "top_k": 8}, {"temperature": 1.1, "top_p": 0.9}):
         a = decoding.generate(m, prompt, 40, generator=torch.Generator().manual_seed(1), **kwargs)
-        b = decoding.generate(m, prompt, 40, generator=torch.Generator().manual_seed(1), use_cache=False, **kwargs)
+        b = decoding.generate(
+            m, prompt, 40, generator=torch.Generator().manual_seed(1), use_cache=False, **kwargs
+        )
         assert a.shape == (3, 44) and torch.equal(a, b)
         assert torch.equal(a[:, :4], prompt)
 
@@ -132,9 +138,9 @@ def test_generate_pads_finished_rows_with_eos_and_stops():
         new = full[3:].tolist()
         if eos in new:
             cut = 3 + new.index(eos)
-            assert torch.equal(row[:cut + 1], full[:cut + 1]) and (row[cut:] == eos).all()
+            assert torch.equal(row[: cut + 1], full[: cut + 1]) and (row[cut:] == eos).all()
         else:
-            assert torch.equal(row, full[:row.numel()])
+            assert torch.equal(row, full[: row.numel()])
     assert out.shape[1] <= free.shape[1]
     assert m.training is False
 
@@ -220,8 +226,16 @@ def test_beam_search_equals_hf_beam_search_without_eos():
     hf = GPT2LMHeadModel(GPT2Config(**gpt.hf_config_kwargs(m.cfg))).eval()
     hf.load_state_dict(gpt.to_hf_state_dict(m.state_dict()))
     prompt = torch.randint(0, 23, (1, 4), generator=torch.Generator().manual_seed(4))
-    expected = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, num_beams=3, do_sample=False,
-                           eos_token_id=None, pad_token_id=0, attention_mask=torch.ones_like(prompt))
+    expected = hf.generate(
+        prompt,
+        max_new_tokens=12,
+        min_new_tokens=12,
+        num_beams=3,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        attention_mask=torch.ones_like(prompt),
+    )
     tokens, score = decoding.beam_search(m, prompt, 12, beam_width=3)
     assert torch.equal(tokens, expected)
     assert score == pytest.approx(decoding.sequence_logprob(m, prompt, tokens[:, 4:]).item() / 12, abs=1e-4)
@@ -236,11 +250,15 @@ def test_length_normalisation_decides_between_short_and_long_hypotheses():
     p[1, 2], p[1, eos] = 0.6, 0.4
     p[2, 2], p[2, eos] = 0.4, 0.6
     model = TableLM((p / p.sum(-1, keepdim=True)).log())
-    short, s0 = decoding.beam_search(model, torch.tensor([[0]]), 6, beam_width=2, eos_id=eos, length_penalty=0.0)
-    long, s1 = decoding.beam_search(model, torch.tensor([[0]]), 6, beam_width=2, eos_id=eos, length_penalty=1.0)
+    short, s0 = decoding.beam_search(
+        model, torch.tensor([[0]]), 6, beam_width=2, eos_id=eos, length_penalty=0.0
+    )
+    long, s1 = decoding.beam_search(
+        model, torch.tensor([[0]]), 6, beam_width=2, eos_id=eos, length_penalty=1.0
+    )
     assert short[0].tolist() == [0, eos] and s0 == pytest.approx(math.log(0.4), abs=1e-6)
     assert long[0].tolist() == [0, 1, 2, eos]
-    assert s1 == pytest.approx(math.log(0.6 ** 3) / 3, abs=1e-6)
+    assert s1 == pytest.approx(math.log(0.6**3) / 3, abs=1e-6)
 
 
 def test_beam_search_bad_inputs():

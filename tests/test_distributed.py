@@ -24,7 +24,9 @@ TOL = 1e-5
 def test_shard_gives_each_rank_its_contiguous_slice():
     x, y = torch.arange(8).view(8, 1), torch.arange(8, 16).view(8, 1)
     parts = [distributed.shard((x, y), r, 2) for r in range(2)]
-    assert torch.equal(torch.cat([p[0] for p in parts]), x) and torch.equal(torch.cat([p[1] for p in parts]), y)
+    assert torch.equal(torch.cat([p[0] for p in parts]), x) and torch.equal(
+        torch.cat([p[1] for p in parts]), y
+    )
     assert parts[1][0].flatten().tolist() == [4, 5, 6, 7]
     assert distributed.shard({"ids": x}, 1, 4)["ids"].flatten().tolist() == [2, 3]
 
@@ -49,9 +51,26 @@ def test_outside_torchrun_the_error_says_how_to_start(monkeypatch):
 
 def torchrun(n: int, out: Path) -> dict:
     exe = Path(sys.executable).parent / "torchrun"
-    cmd = [str(exe if exe.exists() else shutil.which("torchrun")), "--standalone", "--nproc_per_node", str(n),
-           "-m", "coursekit.distributed", "--steps", "20", "--batch-size", "8", "--layers", "2", "--width", "64",
-           "--block-size", "32", "--json", str(out)]
+    cmd = [
+        str(exe if exe.exists() else shutil.which("torchrun")),
+        "--standalone",
+        "--nproc_per_node",
+        str(n),
+        "-m",
+        "coursekit.distributed",
+        "--steps",
+        "20",
+        "--batch-size",
+        "8",
+        "--layers",
+        "2",
+        "--width",
+        "64",
+        "--block-size",
+        "32",
+        "--json",
+        str(out),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

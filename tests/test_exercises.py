@@ -38,7 +38,9 @@ def test_solution_cells_are_the_coursekit_code(assignment):
     for name, dump in solved.items():
         module = next((m for m in modules if hasattr(m, name)), modules[0])
         reference = definitions(textwrap.dedent(inspect.getsource(getattr(module, name))))[name]
-        assert dump == reference, f"{assignment}: the solution of {name} differs from coursekit.{module.__name__.split('.')[-1]}.{name}"
+        assert dump == reference, (
+            f"{assignment}: the solution of {name} differs from coursekit.{module.__name__.split('.')[-1]}.{name}"
+        )
 
 
 def test_every_assignment_has_a_module_and_a_release():
@@ -73,7 +75,10 @@ def test_solution_notebook_passes_nbval(assignment):
     path = ROOT / "solutions" / assignment / f"{assignment}.ipynb"
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", str(path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert " passed" in run.stdout

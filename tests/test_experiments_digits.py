@@ -19,7 +19,9 @@ def test_digits_split_is_sklearns_stratified_80_20_split():
 
     s = digits.digits_split()
     d = load_digits()
-    x_train, x_test, y_train, y_test = train_test_split(d.images, d.target, test_size=0.2, stratify=d.target, random_state=0)
+    x_train, x_test, y_train, y_test = train_test_split(
+        d.images, d.target, test_size=0.2, stratify=d.target, random_state=0
+    )
     assert s.train_x.shape == (1437, 1, 8, 8) and s.test_x.shape == (360, 1, 8, 8)
     assert torch.equal(s.train_y, torch.as_tensor(y_train)) and torch.equal(s.test_y, torch.as_tensor(y_test))
     assert torch.equal(s.test_x[:, 0] * 16, torch.as_tensor(x_test, dtype=torch.float32))
@@ -34,8 +36,12 @@ def test_random_shift_moves_each_image_by_a_whole_shift_within_range():
     padded = F.pad(x, (2, 2, 2, 2))
     seen = set()
     for b in range(len(x)):
-        matches = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1)
-                   if torch.equal(out[b], padded[b, :, 2 - dy:10 - dy, 2 - dx:10 - dx])]
+        matches = [
+            (dy, dx)
+            for dy in (-1, 0, 1)
+            for dx in (-1, 0, 1)
+            if torch.equal(out[b], padded[b, :, 2 - dy : 10 - dy, 2 - dx : 10 - dx])
+        ]
         assert matches, f"image {b} is not a shift of its input by at most one pixel"
         seen.add(matches[0])
     assert len(seen) == 9  # all nine shifts occur among 64 images
@@ -52,8 +58,14 @@ def test_fit_classifier_learns_and_records_accuracy():
     torch.manual_seed(0)
     m = vit.ViT(cfg)
     tc = train.TrainConfig(max_steps=100, batch_size=64, lr=3e-3, warmup_steps=10, eval_interval=50)
-    history = digits.fit_classifier(m, s.train_x[:512], s.train_y[:512], tc, label_smoothing=0.1,
-                                 eval_data=(s.test_x[:200], s.test_y[:200]))
+    history = digits.fit_classifier(
+        m,
+        s.train_x[:512],
+        s.train_y[:512],
+        tc,
+        label_smoothing=0.1,
+        eval_data=(s.test_x[:200], s.test_y[:200]),
+    )
     assert [e["step"] for e in history.evals] == [0, 50, 100]
     assert history.evals[-1]["accuracy"] > history.evals[0]["accuracy"] + 0.3
     assert digits.accuracy(m, s.test_x[:200], s.test_y[:200]) == history.evals[-1]["accuracy"]

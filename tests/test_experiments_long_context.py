@@ -67,7 +67,7 @@ def test_needle_task_targets_follow_the_marker():
         assert len(where) == 1
         p = int(where)
         assert (target[: p + 1] == -100).all()
-        assert (target[p + 1:] == row[p + 1]).all() and 8 <= int(row[p + 1]) < 16
+        assert (target[p + 1 :] == row[p + 1]).all() and 8 <= int(row[p + 1]) < 16
     with pytest.raises(ValueError, match="T >= 2"):
         ex.needle_task(2, 1, torch.Generator())
 

@@ -29,12 +29,16 @@ def course(tmp_path):
             gb.update_or_create_assignment(name, duedate=DUE)
             gb.update_or_create_notebook(name, name)
             gb.add_grade_cell("part", name, name, max_score=4, cell_type="code")
-        gb.update_or_create_student("alice", first_name="Alice", last_name="Liddell", email="alice@example.org")
+        gb.update_or_create_student(
+            "alice", first_name="Alice", last_name="Liddell", email="alice@example.org"
+        )
         gb.update_or_create_student("bob")
         gb.update_or_create_student("carol")
-        for assignment, student, score, when in (("ch01_attention", "alice", 3, DUE - dt.timedelta(hours=2)),
-                                                 ("ch02_multihead", "alice", 0, DUE + dt.timedelta(hours=5)),
-                                                 ("ch01_attention", "bob", 4, DUE - dt.timedelta(days=1))):
+        for assignment, student, score, when in (
+            ("ch01_attention", "alice", 3, DUE - dt.timedelta(hours=2)),
+            ("ch02_multihead", "alice", 0, DUE + dt.timedelta(hours=5)),
+            ("ch01_attention", "bob", 4, DUE - dt.timedelta(days=1)),
+        ):
             gb.add_submission(assignment, student, timestamp=when)
             grade = gb.find_grade("part", assignment, assignment, student)
             grade.auto_score, grade.needs_manual_grade = score, False  # as nbgrader's autograder leaves them
@@ -48,30 +52,50 @@ def read(path) -> list[list[str]]:
 
 
 def test_our_csv_tells_not_submitted_from_zero_and_has_times(course, tmp_path):
-    rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader(open(exports.export(course, tmp_path / "g.csv")))}
+    rows = {
+        (r["assignment"], r["student_id"]): r
+        for r in csv.DictReader(open(exports.export(course, tmp_path / "g.csv")))
+    }
     assert len(rows) == 6  # every assignment and student, submitted or not
     zero, missing = rows[("ch02_multihead", "alice")], rows[("ch02_multihead", "carol")]
-    assert (zero["status"], zero["score"]) == ("late", "0") and zero["timestamp"].startswith("2026-03-01T22:00:00")
+    assert (zero["status"], zero["score"]) == ("late", "0") and zero["timestamp"].startswith(
+        "2026-03-01T22:00:00"
+    )
     assert (missing["status"], missing["score"], missing["timestamp"]) == ("not submitted", "", "")
-    assert rows[("ch01_attention", "bob")]["score"] == "4" and rows[("ch01_attention", "alice")]["email"] == "alice@example.org"
+    assert (
+        rows[("ch01_attention", "bob")]["score"] == "4"
+        and rows[("ch01_attention", "alice")]["email"] == "alice@example.org"
+    )
     assert {r["max_score"] for r in rows.values()} == {"4"}
 
 
 def test_canvas_file_has_the_layout_canvas_exports(course, tmp_path):
-    sample, ours = read(LMS / "canvas-gradebook-export.csv"), read(exports.export(course, tmp_path / "c.csv", "canvas"))
+    sample, ours = (
+        read(LMS / "canvas-gradebook-export.csv"),
+        read(exports.export(course, tmp_path / "c.csv", "canvas")),
+    )
     assert ours[0][:5] == sample[0][:5] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
     assert ours[1][0] == sample[1][0] == "    Points Possible" and ours[1][5:] == ["4", "4"]
     assert all(re.fullmatch(r".+ \([a-z0-9_]+\)", h) for h in ours[0][5:]), ours[0]
     body = {r[3]: r[5:] for r in ours[2:]}  # students by SIS Login ID
-    assert body == {"alice": ["3", "0"], "bob": ["4", ""], "carol": ["", ""]}  # not submitted: left empty, never 0
+    assert body == {
+        "alice": ["3", "0"],
+        "bob": ["4", ""],
+        "carol": ["", ""],
+    }  # not submitted: left empty, never 0
     assert [r[0] for r in ours[2:]] == ["Liddell, Alice", "bob", "carol"]
 
 
 def test_moodle_file_has_the_layout_moodle_exports(course, tmp_path):
-    sample, ours = read(LMS / "moodle-grades-export.csv"), read(exports.export(course, tmp_path / "m.csv", "moodle"))
+    sample, ours = (
+        read(LMS / "moodle-grades-export.csv"),
+        read(exports.export(course, tmp_path / "m.csv", "moodle")),
+    )
     identity = ["First name", "Last name", "ID number", "Institution", "Department", "Email address"]
     assert ours[0][:6] == sample[0][:6] == identity
-    assert all(re.fullmatch(r"Assignment: .+ \(Real\)", h) for h in ours[0][6:]) and sample[0][6].endswith("(Real)")
+    assert all(re.fullmatch(r"Assignment: .+ \(Real\)", h) for h in ours[0][6:]) and sample[0][6].endswith(
+        "(Real)"
+    )
     assert {r[2]: r[6:] for r in ours[1:]} == {"alice": ["3", "0"], "bob": ["4", ""], "carol": ["", ""]}
 
 

@@ -57,7 +57,10 @@ def test_mapping_round_trips_and_transposes_conv1d():
     m = ours()
     sd = m.state_dict()
     hf_sd = gpt.to_hf_state_dict(sd)
-    assert hf_sd["transformer.h.0.attn.c_attn.weight"].shape == (CFG.d_model, 3 * CFG.d_model)  # Conv1D: (in, out)
+    assert hf_sd["transformer.h.0.attn.c_attn.weight"].shape == (
+        CFG.d_model,
+        3 * CFG.d_model,
+    )  # Conv1D: (in, out)
     assert torch.equal(hf_sd["transformer.h.1.mlp.c_proj.weight"], sd["blocks.1.ff.linear2.weight"].t())
     back = gpt.from_hf_state_dict(hf_sd)
     assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
@@ -67,8 +70,9 @@ def test_greedy_generation_identical_to_hf_generate():
     m = ours(replace(CFG, block_size=64))
     hf = hf_from(m)
     prompt = tokens(2, 5, seed=3)
-    expected = hf.generate(prompt, max_new_tokens=30, min_new_tokens=30, do_sample=False,
-                           attention_mask=torch.ones_like(prompt))
+    expected = hf.generate(
+        prompt, max_new_tokens=30, min_new_tokens=30, do_sample=False, attention_mask=torch.ones_like(prompt)
+    )
     assert torch.equal(decoding.generate(m, prompt, 30), expected)
     assert torch.equal(decoding.generate(m, prompt, 30, use_cache=False), expected)
 
@@ -79,7 +83,9 @@ def test_causal_lm_loss_equals_hf_loss_with_labels():
     x = tokens(3, 12, seed=4)
     labels = x.clone()
     labels[0, 5:] = -100  # ignored positions are ignored the same way
-    torch.testing.assert_close(gpt.causal_lm_loss(m(x), labels), hf(x, labels=labels).loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        gpt.causal_lm_loss(m(x), labels), hf(x, labels=labels).loss, rtol=1e-6, atol=1e-6
+    )
 
 
 def test_from_hf_rejects_unknown_names_and_untied_head():
@@ -88,7 +94,9 @@ def test_from_hf_rejects_unknown_names_and_untied_head():
         gpt.from_hf_state_dict({**hf_sd, "transformer.h.0.attn.rotary": torch.zeros(1)})
     with pytest.raises(ValueError, match="ties them"):
         gpt.from_hf_state_dict({**hf_sd, "lm_head.weight": torch.zeros_like(hf_sd["lm_head.weight"])})
-    sd = gpt.from_hf_state_dict({**hf_sd, "transformer.h.0.attn.bias": torch.ones(1, 1, 4, 4)})  # old mask buffer
+    sd = gpt.from_hf_state_dict(
+        {**hf_sd, "transformer.h.0.attn.bias": torch.ones(1, 1, 4, 4)}
+    )  # old mask buffer
     assert "blocks.0.attn.bias" not in sd
 
 
@@ -146,7 +154,7 @@ def test_cached_decoding_gives_the_uncached_logits(dtype, atol):
     cache = m.init_cache(2)
     steps = [m(seq[:, :6], cache=cache)]  # a prompt of 6, then one token at a time
     for t in range(6, 30):
-        steps.append(m(seq[:, t:t + 1], cache=cache))
+        steps.append(m(seq[:, t : t + 1], cache=cache))
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=atol)
     assert cache.length == 30
 

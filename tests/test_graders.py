@@ -21,9 +21,9 @@ import importlib
 import nbformat
 import pytest
 
+from coursekit.cells import nbgrader_meta
 from coursekit.chapters import CHAPTERS
 from coursekit.grading import harness
-from coursekit.cells import nbgrader_meta
 from tests.submissions import ROOT
 
 ASSIGNMENTS = [c.assignment for c in CHAPTERS]
@@ -68,7 +68,9 @@ def test_the_untouched_release_fails_everywhere_without_crashing_a_grader(assign
     ns = harness.namespace(assignment, release=True)
     for part in harness.parts(assignment):
         for o in harness.run_tests(part, ns):
-            assert o.failure is not None and o.hints, f"{o.test.grade_id} did not fail as a grader: {o.failure}"
+            assert o.failure is not None and o.hints, (
+                f"{o.test.grade_id} did not fail as a grader: {o.failure}"
+            )
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
@@ -76,13 +78,17 @@ def test_the_catalogue_covers_every_part(assignment):
     mutants = catalogue(assignment)
     assert len({m.name for m in mutants}) == len(mutants)
     named = {p.name for p in harness.parts(assignment)}
-    assert named <= {m.part for m in mutants} <= named, "every part needs wrong implementations, and only parts"
+    assert named <= {m.part for m in mutants} <= named, (
+        "every part needs wrong implementations, and only parts"
+    )
 
 
 @pytest.mark.parametrize("assignment, mutant", MUTANTS, ids=lambda x: getattr(x, "name", x))
 def test_a_catalogued_mistake_loses_its_points_with_its_hint(assignment, mutant):
     ns = harness.namespace(assignment)
-    exec(compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns)  # replaces one definition, as a student would
+    exec(
+        compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns
+    )  # replaces one definition, as a student would
     part = part_named(assignment, mutant.part)
     (hidden,) = harness.run_tests(part, ns, hidden=True)
     assert hidden.failure is not None, f"{mutant.name} kept the hidden points of {part.name}"
@@ -94,7 +100,13 @@ def test_a_part_that_calls_a_failing_earlier_part_is_told_to_fix_that_part_first
     order = [(p.grade_id, p.names) for p in harness.parts("ch01_attention")]
     answers = {p.grade_id: p.source for p in harness.parts("ch01_attention")}
     told = harness.fix_first(order, answers, {"softmax", "scaled_dot_product_attention", "causal_mask"})
-    assert told == {"scaled_dot_product_attention": "part 1 (softmax) fails its own checks, and your "
-                                                    "scaled_dot_product_attention calls it: fix part 1 first"}
-    answers["scaled_dot_product_attention"] = answers["scaled_dot_product_attention"].replace("softmax(", "torch.softmax(")
-    assert harness.fix_first(order, answers, {"softmax", "scaled_dot_product_attention"}) == {}  # it does not call it
+    assert told == {
+        "scaled_dot_product_attention": "part 1 (softmax) fails its own checks, and your "
+        "scaled_dot_product_attention calls it: fix part 1 first"
+    }
+    answers["scaled_dot_product_attention"] = answers["scaled_dot_product_attention"].replace(
+        "softmax(", "torch.softmax("
+    )
+    assert (
+        harness.fix_first(order, answers, {"softmax", "scaled_dot_product_attention"}) == {}
+    )  # it does not call it

@@ -21,7 +21,7 @@ A = "appendix_arithmetic"
 #: answer cell grade id -> correct answers written differently from the instructor's
 ALTERNATIVES = {
     "decoder_params": {
-        "module by module": '''
+        "module by module": """
 def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
     if n_kv_heads is None:
         n_kv_heads = n_heads
@@ -44,10 +44,10 @@ def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_hea
     if not tied:
         total += linear(d_model, vocab_size, bias=False)
     return total
-''',
+""",
     },
     "training_memory_gib": {
-        "float bytes from bits, a lookup table": '''
+        "float bytes from bits, a lookup table": """
 BITS = {"fp32": 32, "fp16": 16, "bf16": 16}
 STATE_BITS = {"sgd": 0, "momentum": 32, "adam": 64, "adam8bit": 16}
 
@@ -66,10 +66,10 @@ def training_memory_gib(n_params, precision="fp32", optimizer="adam"):
     per_param = memory_per_param(precision, optimizer)
     total_bytes = sum(per_param[k] for k in ("weights", "gradients", "master weights", "optimizer states"))
     return total_bytes * n_params / 1024**3
-''',
+""",
     },
     "kv_cache_gib": {
-        "bytes per value, then GiB": '''
+        "bytes per value, then GiB": """
 def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
     require_positive(integer=True, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
                      d_model=d_model, seq_len=seq_len, batch=batch, bits=bits)
@@ -80,17 +80,17 @@ def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=
     bytes_per_value = bits / 8
     per_token = 2 * n_layers * n_kv_heads * (d_model // n_heads) * bytes_per_value
     return per_token * seq_len * batch / math.pow(2, 30)
-''',
+""",
     },
     "training_days": {
-        "throughput first, then seconds": '''
+        "throughput first, then seconds": """
 def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
     require_positive(n_params=n_params, n_tokens=n_tokens, n_gpus=n_gpus, gpu_tflops=gpu_tflops, mfu=mfu)
     if not 0 < mfu <= 1:
         raise ValueError(f"mfu must be in (0, 1], got {mfu}")
     throughput = n_gpus * gpu_tflops * 10**12 * mfu  # FLOP/s achieved
     return 6 * n_params * n_tokens / throughput / (24 * 60 * 60)
-''',
+""",
     },
 }
 
@@ -105,7 +105,9 @@ def test_a_correct_answer_written_differently_keeps_full_marks(gid, name):
         assert outcome.failure is None, f"{name}:\n{outcome.failure}"
 
 
-@pytest.mark.parametrize("wrap", [float, np.float64, lambda x: torch.tensor(x, dtype=torch.float64), np.array])
+@pytest.mark.parametrize(
+    "wrap", [float, np.float64, lambda x: torch.tensor(x, dtype=torch.float64), np.array]
+)
 def test_any_plain_number_type_is_accepted_and_rounding_passes(wrap):
     """A float, a numpy scalar or a one-element tensor or array is an answer; rounding differences pass."""
     grader.grade_kv_cache(lambda *a, **k: wrap(ref.kv_cache_gib(*a, **k) * (1 + 1e-13)))
@@ -130,6 +132,7 @@ def test_non_numbers_are_named(answer):
 
 def test_ambiguous_numbers_name_every_matching_mistake():
     """fp32 Adam at 12 bytes is either a missing gradient or a missing moment: the hint says both."""
+
     def twelve_bytes(n, precision="fp32", optimizer="adam"):
         return n * 12 / 2**30
 

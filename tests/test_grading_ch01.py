@@ -18,48 +18,75 @@ ASSIGNMENT = "ch01_attention"
 #: Correct answers that differ from the instructor's: other formulas, other torch functions, loops.
 #: (part's answer cell grade id, name, source): each must keep every point of its part.
 ALTERNATIVES = [
-    ("softmax", "log_sum_exp", '''
+    (
+        "softmax",
+        "log_sum_exp",
+        """
 def softmax(x, dim=-1):
     lse = torch.logsumexp(x, dim=dim, keepdim=True)
     out = torch.exp(x - lse)
     return torch.where(torch.isneginf(lse), torch.zeros_like(out), out)
-'''),
-    ("softmax", "moved_axis_and_clamps", '''
+""",
+    ),
+    (
+        "softmax",
+        "moved_axis_and_clamps",
+        """
 def softmax(x, dim=-1):
     y = x.movedim(dim, -1)
     m = y.max(dim=-1, keepdim=True).values.clamp(min=torch.finfo(x.dtype).min)
     e = (y - m).exp()
     p = e / e.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
     return p.movedim(-1, dim)
-'''),
-    ("softmax", "torch_softmax_without_nan", '''
+""",
+    ),
+    (
+        "softmax",
+        "torch_softmax_without_nan",
+        """
 def softmax(x, dim=-1):
     return torch.softmax(x, dim=dim).nan_to_num(0.0)
-'''),
-    ("softmax", "float64_internally", '''
+""",
+    ),
+    (
+        "softmax",
+        "float64_internally",
+        """
 def softmax(x, dim=-1):
     y = x.double()
     m = y.amax(dim=dim, keepdim=True).nan_to_num(neginf=0.0)
     e = torch.exp(y - m)
     s = e.sum(dim=dim, keepdim=True)
     return (e / torch.where(s == 0, torch.ones_like(s), s)).to(x.dtype)
-'''),
-    ("causal_mask", "tril_with_an_offset", '''
+""",
+    ),
+    (
+        "causal_mask",
+        "tril_with_an_offset",
+        """
 def causal_mask(T, S=None, device=None):
     S = T if S is None else S
     if not 0 <= T <= S:
         raise ValueError(f"need 0 <= T <= S, got T={T}, S={S}")
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
-'''),
-    ("causal_mask", "not_triu", '''
+""",
+    ),
+    (
+        "causal_mask",
+        "not_triu",
+        """
 def causal_mask(T, S=None, device=None):
     if S is None:
         S = T
     if T < 0 or T > S:
         raise ValueError(f"T={T} and S={S} do not satisfy 0 <= T <= S")
     return ~torch.ones(T, S, dtype=torch.bool, device=device).triu(S - T + 1)
-'''),
-    ("causal_mask", "loop", '''
+""",
+    ),
+    (
+        "causal_mask",
+        "loop",
+        """
 def causal_mask(T, S=None, device=None):
     S = T if S is None else S
     if T < 0 or S < T:
@@ -68,16 +95,24 @@ def causal_mask(T, S=None, device=None):
     for i in range(T):
         m[i, : i + S - T + 1] = True
     return m
-'''),
-    ("causal_mask", "offsets", '''
+""",
+    ),
+    (
+        "causal_mask",
+        "offsets",
+        """
 def causal_mask(T, S=None, device=None):
     S = T if S is None else S
     if T < 0 or S < T:
         raise ValueError(f"T={T}, S={S}")
     offset = torch.arange(S, device=device).unsqueeze(0) - torch.arange(T, device=device).unsqueeze(1)
     return offset <= S - T
-'''),
-    ("scaled_dot_product_attention", "einsum_and_where", '''
+""",
+    ),
+    (
+        "scaled_dot_product_attention",
+        "einsum_and_where",
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -89,8 +124,12 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
             scores = scores + mask
     weights = softmax(scores, dim=-1)
     return torch.einsum("...ts,...sd->...td", weights, v), weights
-'''),
-    ("scaled_dot_product_attention", "additive_mask_and_division", '''
+""",
+    ),
+    (
+        "scaled_dot_product_attention",
+        "additive_mask_and_division",
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     if scale is None:
@@ -104,8 +143,12 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     weights = softmax(scores, -1)
     out = torch.matmul(weights, v)
     return out, weights
-'''),
-    ("scaled_dot_product_attention", "own_log_sum_exp", '''
+""",
+    ),
+    (
+        "scaled_dot_product_attention",
+        "own_log_sum_exp",
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -115,8 +158,12 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
     weights = torch.where(torch.isneginf(lse), torch.zeros_like(scores), torch.exp(scores - lse))
     return weights @ v, weights
-'''),
-    ("SelfAttention", "functional_projections", '''
+""",
+    ),
+    (
+        "SelfAttention",
+        "functional_projections",
+        """
 class SelfAttention(nn.Module):
     def __init__(self, d_model, d_head=None, bias=True):
         super().__init__()
@@ -131,8 +178,12 @@ class SelfAttention(nn.Module):
         k = F.linear(x, self.k_proj.weight, self.k_proj.bias)
         v = F.linear(x, self.v_proj.weight, self.v_proj.bias)
         return scaled_dot_product_attention(q, k, v, mask)
-'''),
-    ("SelfAttention", "explicit_shape_unpacking", '''
+""",
+    ),
+    (
+        "SelfAttention",
+        "explicit_shape_unpacking",
+        """
 class SelfAttention(nn.Module):
     def __init__(self, d_model, d_head=None, bias=True):
         super().__init__()
@@ -150,7 +201,8 @@ class SelfAttention(nn.Module):
             raise ValueError(f"expected width {self.q_proj.in_features}, got x of shape {tuple(x.shape)}")
         out, weights = scaled_dot_product_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), mask=mask)
         return out, weights
-'''),
+""",
+    ),
 ]
 
 

@@ -24,15 +24,22 @@ _CLASS = textwrap.dedent(inspect.getsource(multihead.MultiHeadAttention))
 #: Correct answers that differ from the instructor's: other torch functions, loops, other layouts.
 #: (part's answer cell grade id, name, source): each must keep every point of its part.
 ALTERNATIVES = [
-    ("split_heads", "unflatten_and_permute", '''
+    (
+        "split_heads",
+        "unflatten_and_permute",
+        """
 def split_heads(x, n_heads):
     if x.ndim != 3:
         raise ValueError(f"x must be 3-D (B, T, C), got shape {list(x.shape)}")
     if n_heads <= 0 or x.shape[-1] % n_heads != 0:
         raise ValueError(f"the width {x.shape[-1]} cannot be split into {n_heads} heads")
     return x.unflatten(-1, (n_heads, -1)).permute(0, 2, 1, 3)
-'''),
-    ("split_heads", "stacked_chunks", '''
+""",
+    ),
+    (
+        "split_heads",
+        "stacked_chunks",
+        """
 def split_heads(x, n_heads):
     if x.dim() != 3:
         raise ValueError(f"expected (B, T, C), got {x.shape}")
@@ -40,20 +47,32 @@ def split_heads(x, n_heads):
     if n_heads < 1 or C % n_heads:
         raise ValueError(f"n_heads ({n_heads}) must be a positive divisor of C ({C})")
     return torch.stack(x.chunk(n_heads, dim=-1), dim=1)
-'''),
-    ("merge_heads", "permute_and_flatten", '''
+""",
+    ),
+    (
+        "merge_heads",
+        "permute_and_flatten",
+        """
 def merge_heads(x):
     if x.ndim != 4:
         raise ValueError(f"x must be (B, H, T, D), got {tuple(x.shape)}")
     return x.permute(0, 2, 1, 3).flatten(2)
-'''),
-    ("merge_heads", "concatenated_heads", '''
+""",
+    ),
+    (
+        "merge_heads",
+        "concatenated_heads",
+        """
 def merge_heads(x):
     if len(x.shape) != 4:
         raise ValueError(f"expected a 4-D tensor, got shape {list(x.shape)}")
     return torch.cat(x.unbind(dim=1), dim=-1)
-'''),
-    ("repeat_kv", "expand_and_reshape", '''
+""",
+    ),
+    (
+        "repeat_kv",
+        "expand_and_reshape",
+        """
 def repeat_kv(x, n_rep):
     if x.dim() != 4:
         raise ValueError(f"expected (B, H_kv, S, D), got {tuple(x.shape)}")
@@ -61,33 +80,60 @@ def repeat_kv(x, n_rep):
         raise ValueError(f"n_rep must be >= 1, got {n_rep}")
     B, H_kv, S, D = x.shape
     return x[:, :, None].expand(B, H_kv, n_rep, S, D).reshape(B, H_kv * n_rep, S, D)
-'''),
-    ("repeat_kv", "index_select", '''
+""",
+    ),
+    (
+        "repeat_kv",
+        "index_select",
+        """
 def repeat_kv(x, n_rep):
     if x.ndim != 4 or n_rep < 1:
         raise ValueError(f"bad input: x {tuple(x.shape)}, n_rep={n_rep}")
     index = torch.arange(x.shape[1] * n_rep) // n_rep
     return x.index_select(1, index)
-'''),
-    ("MultiHeadAttention", "slices_and_a_summing_loop",
-     edit(_CLASS,
-          ("            q, k, v = self.qkv_proj(x).split([C, kvw, kvw], dim=-1)  # (B, T, C), 2 x (B, T, H_kv D)",
-           "            qkv = self.qkv_proj(x)\n"
-           "            q, k, v = qkv[..., :C], qkv[..., C:C + kvw], qkv[..., C + kvw:]"),
-          ("            weights = F.dropout(weights, self.dropout)",
-           "            weights = nn.functional.dropout(weights, p=self.dropout, training=True)"),
-          ("        return sum(parts) if parts else None",
-           "        if not parts:\n            return None\n        total = parts[0]\n        for part in parts[1:]:\n"
-           "            total = total + part\n        return total"))),
-    ("MultiHeadAttention", "boolean_masks_and_explicit_weights",
-     edit(_CLASS,
-          ("            k, v = F.linear(kv, w[C:], None if b is None else b[C:]).split([kvw, kvw], dim=-1)",
-           "            k = F.linear(kv, w[C:C + kvw], None if b is None else b[C:C + kvw])\n"
-           "            v = F.linear(kv, w[C + kvw:], None if b is None else b[C + kvw:])"),
-          ("        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, D)",
-           "        k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)"),
-          ("            out = weights @ v  # (B, H, T, D)",
-           "            out = torch.einsum('bhts,bhsd->bhtd', weights, v)"))),
+""",
+    ),
+    (
+        "MultiHeadAttention",
+        "slices_and_a_summing_loop",
+        edit(
+            _CLASS,
+            (
+                "            q, k, v = self.qkv_proj(x).split([C, kvw, kvw], dim=-1)  # (B, T, C), 2 x (B, T, H_kv D)",
+                "            qkv = self.qkv_proj(x)\n"
+                "            q, k, v = qkv[..., :C], qkv[..., C:C + kvw], qkv[..., C + kvw:]",
+            ),
+            (
+                "            weights = F.dropout(weights, self.dropout)",
+                "            weights = nn.functional.dropout(weights, p=self.dropout, training=True)",
+            ),
+            (
+                "        return sum(parts) if parts else None",
+                "        if not parts:\n            return None\n        total = parts[0]\n        for part in parts[1:]:\n"  # noqa: E501
+                "            total = total + part\n        return total",
+            ),
+        ),
+    ),
+    (
+        "MultiHeadAttention",
+        "boolean_masks_and_explicit_weights",
+        edit(
+            _CLASS,
+            (
+                "            k, v = F.linear(kv, w[C:], None if b is None else b[C:]).split([kvw, kvw], dim=-1)",
+                "            k = F.linear(kv, w[C:C + kvw], None if b is None else b[C:C + kvw])\n"
+                "            v = F.linear(kv, w[C + kvw:], None if b is None else b[C + kvw:])",
+            ),
+            (
+                "        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, D)",
+                "        k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)",
+            ),
+            (
+                "            out = weights @ v  # (B, H, T, D)",
+                "            out = torch.einsum('bhts,bhsd->bhtd', weights, v)",
+            ),
+        ),
+    ),
 ]
 
 
@@ -110,7 +156,9 @@ def test_wrong_layer_names_get_a_hint_not_a_crash():
             super().__init__(d_model, n_heads, n_kv_heads, bias, dropout)
             self.extra = nn.Linear(2, 2)
 
-    with pytest.raises(GradingFailure, match="the module's only layers are the nn.Linear qkv_proj and out_proj"):
+    with pytest.raises(
+        GradingFailure, match="the module's only layers are the nn.Linear qkv_proj and out_proj"
+    ):
         grader.grade_multihead_attention(Renamed)
 
 

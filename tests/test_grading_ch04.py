@@ -38,7 +38,7 @@ def namespace(**overrides):
 
 # --------------------------------------------------------------------------- correct alternatives
 
-_LAYER_INIT = '''
+_LAYER_INIT = """
     def __init__(self, d_model, n_heads, d_ff=None, dropout=0.1, activation="relu", norm_first=False, eps=1e-5,
                  bias=True):
         super().__init__()
@@ -49,11 +49,11 @@ _LAYER_INIT = '''
         self.norm2 = LayerNorm(d_model, eps, bias)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
-'''
+"""
 
 ALTERNATIVES = {
     "LayerNorm": {
-        "var_mean_and_rsqrt": '''
+        "var_mean_and_rsqrt": """
 class LayerNorm(nn.Module):
     def __init__(self, d_model, eps=1e-5, bias=True):
         super().__init__()
@@ -69,8 +69,8 @@ class LayerNorm(nn.Module):
         if self.bias is not None:
             out = out + self.bias
         return out
-''',
-        "float64_inside_einsum_mean": '''
+""",
+        "float64_inside_einsum_mean": """
 class LayerNorm(nn.Module):
     def __init__(self, d_model, eps=1e-5, bias=True):
         super().__init__()
@@ -91,10 +91,10 @@ class LayerNorm(nn.Module):
         if self.bias is not None:
             y = y + self.bias.double()
         return y.to(x.dtype)
-''',
+""",
     },
     "FeedForward": {
-        "functional_activation_and_erf_gelu": '''
+        "functional_activation_and_erf_gelu": """
 class FeedForward(nn.Module):
     def __init__(self, d_model, d_ff=None, activation="relu", dropout=0.0, bias=True):
         super().__init__()
@@ -113,8 +113,8 @@ class FeedForward(nn.Module):
         else:
             h = 0.5 * h * (1.0 + torch.erf(h / math.sqrt(2.0)))
         return self.linear2(self.dropout(h))
-''',
-        "explicit_matmuls": '''
+""",
+        "explicit_matmuls": """
 class FeedForward(nn.Module):
     def __init__(self, d_model, d_ff=None, activation="relu", dropout=0.0, bias=True):
         super().__init__()
@@ -134,11 +134,13 @@ class FeedForward(nn.Module):
         h = self.dropout(self.act(h))
         out = h @ self.linear2.weight.T
         return out if self.linear2.bias is None else out + self.linear2.bias
-''',
+""",
     },
     "EncoderLayer": {
-        "torch_style_blocks": '''
-class EncoderLayer(nn.Module):''' + _LAYER_INIT + '''
+        "torch_style_blocks": """
+class EncoderLayer(nn.Module):"""
+        + _LAYER_INIT
+        + """
     def _sa_block(self, x, mask, key_padding_mask, is_causal):
         out, _ = self.self_attn(x, mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
         return self.dropout1(out)
@@ -152,9 +154,11 @@ class EncoderLayer(nn.Module):''' + _LAYER_INIT + '''
             return x + self._ff_block(self.norm2(x))
         x = self.norm1(x + self._sa_block(x, mask, key_padding_mask, is_causal))
         return self.norm2(x + self._ff_block(x))
-''',
-        "residual_variables": '''
-class EncoderLayer(nn.Module):''' + _LAYER_INIT + '''
+""",
+        "residual_variables": """
+class EncoderLayer(nn.Module):"""
+        + _LAYER_INIT
+        + """
     def forward(self, x, mask=None, key_padding_mask=None, is_causal=False):
         residual = x
         h = self.norm1(x) if self.norm_first else x
@@ -166,10 +170,10 @@ class EncoderLayer(nn.Module):''' + _LAYER_INIT + '''
         h = self.ff(self.norm2(x) if self.norm_first else x)
         x = residual + self.dropout2(h)
         return x if self.norm_first else self.norm2(x)
-''',
+""",
     },
     "DecoderLayer": {
-        "torch_style_blocks": '''
+        "torch_style_blocks": """
 class DecoderLayer(nn.Module):
     def __init__(self, d_model, n_heads, d_ff=None, dropout=0.1, activation="relu", norm_first=False, eps=1e-5,
                  bias=True):
@@ -200,7 +204,7 @@ class DecoderLayer(nn.Module):
         x = self.norm1(x + self._sa(x, mask, key_padding_mask, is_causal))
         x = self.norm2(x + self._mha(x, memory, memory_mask, memory_key_padding_mask))
         return self.norm3(x + self._ff(x))
-''',
+""",
     },
 }
 CASES = [(part, name, src) for part, alts in ALTERNATIVES.items() for name, src in alts.items()]
@@ -231,7 +235,9 @@ def test_renamed_submodules_get_a_names_hint():
     source = textwrap.dedent(inspect.getsource(ref.EncoderLayer)).replace("self.ff", "self.mlp")
     ns = namespace()
     exec(compile(source, "<renamed>", "exec"), ns)
-    with pytest.raises(GradingFailure, match=r"must be named as in the instructions \(missing \['ff\.linear1\.bias'"):
+    with pytest.raises(
+        GradingFailure, match=r"must be named as in the instructions \(missing \['ff\.linear1\.bias'"
+    ):
         grader.grade_encoder_layer(ns["EncoderLayer"])
 
 
@@ -250,13 +256,19 @@ def test_grading_is_deterministic():
     assert len(first) == len(seen) and all(torch.equal(a, b) for a, b in zip(first, seen))
 
 
-@pytest.mark.parametrize("name,part", [("ln_unbiased_variance", "LayerNorm"), ("ln_one_pass_variance", "LayerNorm"),
-                                       ("ff_activation_after_linear2", "FeedForward"),
-                                       ("ff_dropout_on_output", "FeedForward"),
-                                       ("enc_norm_first_swapped", "EncoderLayer"),
-                                       ("enc_dropout1_after_residual", "EncoderLayer"),
-                                       ("dec_cross_attends_to_itself", "DecoderLayer"),
-                                       ("dec_cross_attention_dropout_missing", "DecoderLayer")])
+@pytest.mark.parametrize(
+    "name,part",
+    [
+        ("ln_unbiased_variance", "LayerNorm"),
+        ("ln_one_pass_variance", "LayerNorm"),
+        ("ff_activation_after_linear2", "FeedForward"),
+        ("ff_dropout_on_output", "FeedForward"),
+        ("enc_norm_first_swapped", "EncoderLayer"),
+        ("enc_dropout1_after_residual", "EncoderLayer"),
+        ("dec_cross_attends_to_itself", "DecoderLayer"),
+        ("dec_cross_attention_dropout_missing", "DecoderLayer"),
+    ],
+)
 def test_public_checks_catch_a_plain_mistake_per_clause(name, part):
     mutant = next(m for m in MUTANTS if m.name == name)
     ns = namespace()

@@ -18,14 +18,14 @@ A = "ch05_bpe"
 #: answer cell grade id -> correct answers written differently from the instructor's
 ALTERNATIVES = {
     "get_pair_counts": {
-        "a Counter": '''
+        "a Counter": """
 def get_pair_counts(ids, counts=None, weight=1):
     counts = Counter() if counts is None else counts
     for pair in zip(ids, ids[1:]):
         counts[pair] = counts.get(pair, 0) + weight
     return counts
-''',
-        "an index loop": '''
+""",
+        "an index loop": """
 def get_pair_counts(ids, counts=None, weight=1):
     if counts is None:
         counts = {}
@@ -36,17 +36,17 @@ def get_pair_counts(ids, counts=None, weight=1):
         else:
             counts[pair] = weight
     return counts
-''',
-        "Counter arithmetic": '''
+""",
+        "Counter arithmetic": """
 def get_pair_counts(ids, counts=None, weight=1):
     counts = {} if counts is None else counts
     for pair, n in Counter(zip(ids, ids[1:])).items():
         counts[pair] = counts.get(pair, 0) + n * weight
     return counts
-''',
+""",
     },
     "merge": {
-        "a for loop with a skip flag": '''
+        "a for loop with a skip flag": """
 def merge(ids, pair, new_id):
     out, skip = [], False
     for i, x in enumerate(ids):
@@ -58,8 +58,8 @@ def merge(ids, pair, new_id):
         else:
             out.append(x)
     return out
-''',
-        "slices": '''
+""",
+        "slices": """
 def merge(ids, pair, new_id):
     out, i = [], 0
     while i < len(ids):
@@ -70,10 +70,10 @@ def merge(ids, pair, new_id):
             out.append(ids[i])
             i += 1
     return out
-''',
+""",
     },
     "train_naive": {
-        "every chunk occurrence, max with a key": '''
+        "every chunk occurrence, max with a key": """
 def train_naive(text, vocab_size, pattern="gpt4"):
     chunks = [list(c.encode("utf-8")) for c in chunk_counts(text, pattern).elements()]
     merges = []
@@ -87,8 +87,8 @@ def train_naive(text, vocab_size, pattern="gpt4"):
         chunks = [merge(ids, pair, new_id) for ids in chunks]
         merges.append(pair)
     return merges
-''',
-        "sorted items": '''
+""",
+        "sorted items": """
 def train_naive(text, vocab_size, pattern="gpt4"):
     freq = chunk_counts(text, pattern)
     words = {tuple(c.encode("utf-8")): n for c, n in freq.items()}
@@ -106,17 +106,17 @@ def train_naive(text, vocab_size, pattern="gpt4"):
         words = {tuple(merge(list(ids), pair, new_id)): n for ids, n in words.items()}
         merges.append(pair)
     return merges
-''',
+""",
     },
     "encode_chunk": {
-        "every merge once, in rank order": '''
+        "every merge once, in rank order": """
 def encode_chunk(chunk, ranks):
     ids = list(chunk.encode("utf-8"))
     for pair, new_id in sorted(ranks.items(), key=lambda kv: kv[1]):
         ids = merge(ids, pair, new_id)
     return ids
-''',
-        "tiktoken's loop, one position at a time": '''
+""",
+        "tiktoken's loop, one position at a time": """
 def encode_chunk(chunk, ranks):
     ids = list(chunk.encode("utf-8"))
     while True:
@@ -129,8 +129,8 @@ def encode_chunk(chunk, ranks):
             return ids
         r, i = best
         ids = ids[:i] + [r] + ids[i + 2:]
-''',
-        "minbpe's loop": '''
+""",
+        "minbpe's loop": """
 def encode_chunk(chunk, ranks):
     ids = list(chunk.encode("utf-8"))
     while len(ids) >= 2:
@@ -140,10 +140,10 @@ def encode_chunk(chunk, ranks):
             break
         ids = merge(ids, pair, ranks[pair])
     return ids
-''',
+""",
     },
     "decode": {
-        "a bytearray and an explicit check": '''
+        "a bytearray and an explicit check": """
 def decode(ids, vocab, errors="replace"):
     data = bytearray()
     for i in ids:
@@ -151,8 +151,8 @@ def decode(ids, vocab, errors="replace"):
             raise ValueError(f"id {i} is not in the vocabulary")
         data += vocab[i]
     return bytes(data).decode("utf-8", errors)
-''',
-        "codecs": '''
+""",
+        "codecs": """
 import codecs
 
 def decode(ids, vocab, errors="replace"):
@@ -160,7 +160,7 @@ def decode(ids, vocab, errors="replace"):
     if unknown:
         raise ValueError(f"unknown token ids: {unknown}")
     return codecs.decode(b"".join(map(vocab.__getitem__, ids)), "utf-8", errors)
-''',
+""",
     },
 }
 
@@ -191,6 +191,7 @@ def test_a_counter_is_an_acceptable_answer_when_called_directly():
 
 def test_a_failed_drawn_example_is_shrunk_and_quoted():
     """A merge that never merges the pair (a, a) fails on the smallest such list, quoted in the hint."""
+
     def merge(ids, pair, new_id):
         out, i = [], 0
         while i < len(ids):

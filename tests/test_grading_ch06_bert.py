@@ -19,7 +19,7 @@ A = "ch06_bert"
 #: answer cell grade id -> correct answers written differently from the instructor's
 ALTERNATIVES = {
     "BertEmbeddings": {
-        "nn.LayerNorm, sliced positions, F.dropout with the module's p": '''
+        "nn.LayerNorm, sliced positions, F.dropout with the module's p": """
 class BertEmbeddings(nn.Module):
     def __init__(self, vocab_size, max_len, d_model, n_segments=2, dropout=0.1, eps=1e-12):
         super().__init__()
@@ -37,8 +37,8 @@ class BertEmbeddings(nn.Module):
             token_type_ids = input_ids.new_zeros(B, T)
         x = self.token(input_ids) + self.position.weight[:T] + self.segment(token_type_ids)
         return F.dropout(self.norm(x), p=self.dropout.p, training=self.training)
-''',
-        "expanded position ids moved with .to(), a module list": '''
+""",
+        "expanded position ids moved with .to(), a module list": """
 class BertEmbeddings(nn.Module):
     def __init__(self, vocab_size, max_len, d_model, n_segments=2, dropout=0.1, eps=1e-12):
         super().__init__()
@@ -57,10 +57,10 @@ class BertEmbeddings(nn.Module):
         segments = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
         parts = [self.token(input_ids), self.position(positions), self.segment(segments)]
         return self.dropout(self.norm(sum(parts)))
-''',
+""",
     },
     "mask_tokens": {
-        "exactly k positions, Bernoulli draws (Hugging Face's order)": '''
+        "exactly k positions, Bernoulli draws (Hugging Face's order)": """
 def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
     is_special = torch.isin(input_ids, torch.tensor(special.ids))
     scores = torch.rand(input_ids.shape, generator=generator).masked_fill(is_special, 2.0)
@@ -76,8 +76,8 @@ def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15)
     ordinary = torch.tensor([i for i in range(vocab_size) if i not in special.ids])
     inputs[rand] = ordinary[torch.randint(len(ordinary), (int(rand.sum()),), generator=generator)]
     return inputs, labels
-''',
-        "a probability matrix, one categorical draw per position": '''
+""",
+        "a probability matrix, one categorical draw per position": """
 def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
     specials = set(special.ids)
     is_special = torch.tensor([[int(i) in specials for i in row] for row in input_ids.tolist()],
@@ -94,10 +94,10 @@ def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15)
     inputs[selected & (action == 0)] = special.mask
     inputs[selected & (action == 1)] = random_ids[selected & (action == 1)]
     return inputs, labels
-''',
+""",
     },
     "mlm_loss": {
-        "log_softmax and gather": '''
+        "log_softmax and gather": """
 def mlm_loss(logits, labels):
     if labels.shape != logits.shape[:-1]:
         raise ValueError(f"labels {list(labels.shape)} do not match logits {list(logits.shape)}[:-1] = "
@@ -108,8 +108,8 @@ def mlm_loss(logits, labels):
     logp = F.log_softmax(logits, dim=-1)
     picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return -(picked * mask).sum() / mask.sum()
-''',
-        "logsumexp, boolean indexing": '''
+""",
+        "logsumexp, boolean indexing": """
 def mlm_loss(logits, labels):
     if tuple(labels.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"expected labels of shape {tuple(logits.shape[:-1])}, got {tuple(labels.shape)}")
@@ -118,8 +118,8 @@ def mlm_loss(logits, labels):
         raise ValueError("no label to predict")
     x, y = logits[sel], labels[sel]
     return (torch.logsumexp(x, dim=-1) - x[torch.arange(len(y)), y]).mean()
-''',
-        "the largest logit subtracted, nll_loss": '''
+""",
+        "the largest logit subtracted, nll_loss": """
 def mlm_loss(logits, labels):
     if labels.size() != logits.size()[:-1]:
         raise ValueError(f"shape mismatch: logits {logits.size()} and labels {labels.size()}")
@@ -128,10 +128,10 @@ def mlm_loss(logits, labels):
     z = logits - logits.amax(dim=-1, keepdim=True).detach()
     logp = z - z.exp().sum(-1, keepdim=True).log()
     return F.nll_loss(logp.flatten(0, -2), labels.flatten())
-''',
+""",
     },
     "ClsHead": {
-        "pooler on every position, then position 0; F.linear": '''
+        "pooler on every position, then position 0; F.linear": """
 class ClsHead(nn.Module):
     def __init__(self, d_model, n_classes, dropout=0.1):
         super().__init__()
@@ -144,8 +144,8 @@ class ClsHead(nn.Module):
         pooled = self.act(self.pooler(hidden))[:, 0, :]
         pooled = self.dropout(pooled)
         return F.linear(pooled, self.classifier.weight, self.classifier.bias)
-''',
-        "select and addmm": '''
+""",
+        "select and addmm": """
 class ClsHead(nn.Module):
     def __init__(self, d_model, n_classes, dropout=0.1):
         super().__init__()
@@ -157,7 +157,7 @@ class ClsHead(nn.Module):
         cls = hidden.select(1, 0)
         pooled = torch.addmm(self.pooler.bias, cls, self.pooler.weight.t()).tanh()
         return self.classifier(self.dropout(pooled))
-''',
+""",
     },
 }
 
@@ -184,5 +184,7 @@ def test_an_unstable_loss_fails_at_large_logits_with_its_hint():
 
     with pytest.raises(GradingFailure) as info:
         grader.grade_mlm_loss(mlm_loss)
-    assert "stable for large logits" in str(info.value) and "compute the log-softmax stably" in str(info.value)
+    assert "stable for large logits" in str(info.value) and "compute the log-softmax stably" in str(
+        info.value
+    )
     assert "checks failed" in str(info.value) and str(info.value).count("  - ") == 1

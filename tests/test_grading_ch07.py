@@ -53,7 +53,7 @@ def full_marks(part_name: str, source: str) -> None:
 
 CORRECT = {
     "causal_lm_loss": {
-        "log_softmax and gather, by hand": '''
+        "log_softmax and gather, by hand": """
 def causal_lm_loss(logits, input_ids, ignore_index=-100):
     if logits.ndim != 3 or input_ids.ndim != 2 or tuple(input_ids.shape) != tuple(logits.shape[:2]):
         raise ValueError(f"bad shapes {tuple(logits.shape)} {tuple(input_ids.shape)}")
@@ -64,8 +64,8 @@ def causal_lm_loss(logits, input_ids, ignore_index=-100):
     keep = target != ignore_index
     picked = logp.gather(-1, torch.where(keep, target, torch.zeros_like(target))[..., None])[..., 0]
     return -(picked * keep).sum() / keep.sum()
-''',
-        "logsumexp minus the target logit, with nn.CrossEntropyLoss's bookkeeping done by hand": '''
+""",
+        "logsumexp minus the target logit, with nn.CrossEntropyLoss's bookkeeping done by hand": """
 def causal_lm_loss(logits, input_ids, ignore_index=-100):
     B, T = input_ids.shape if input_ids.dim() == 2 else (None, None)
     if logits.dim() != 3 or (B, T) != tuple(logits.shape[:2]) or T < 2:
@@ -76,17 +76,17 @@ def causal_lm_loss(logits, input_ids, ignore_index=-100):
     scored, target = scored[keep], target[keep]
     nll = torch.logsumexp(scored, dim=-1) - scored[torch.arange(len(target)), target]
     return nll.mean()
-''',
-        "nn.CrossEntropyLoss on a transposed (B, V, T - 1) input": '''
+""",
+        "nn.CrossEntropyLoss on a transposed (B, V, T - 1) input": """
 def causal_lm_loss(logits, input_ids, ignore_index=-100):
     if logits.dim() != 3 or input_ids.shape != logits.shape[:2] or logits.shape[1] < 2:
         raise ValueError("shapes")
     loss = nn.CrossEntropyLoss(ignore_index=ignore_index)
     return loss(logits[:, :-1].transpose(1, 2), input_ids[:, 1:])
-''',
+""",
     },
     "top_k_filter": {
-        "sort and compare, torch.where": '''
+        "sort and compare, torch.where": """
 def top_k_filter(logits, k):
     if type(k) is not int or k <= 0:
         raise ValueError(f"k must be a positive int, got {k!r}")
@@ -94,8 +94,8 @@ def top_k_filter(logits, k):
         return logits.clone()
     kth = logits.sort(dim=-1, descending=True).values[..., k - 1].unsqueeze(-1)
     return torch.where(logits >= kth, logits, torch.full_like(logits, float("-inf")))
-''',
-        "kthvalue": '''
+""",
+        "kthvalue": """
 def top_k_filter(logits, k):
     if not isinstance(k, int) or k < 1:
         raise ValueError("k")
@@ -104,10 +104,10 @@ def top_k_filter(logits, k):
     out = logits.clone()
     out[logits < kth] = float("-inf")
     return out
-''',
+""",
     },
     "top_p_filter": {
-        "Hugging Face's ascending sort (remove cumulative mass <= 1 - p)": '''
+        "Hugging Face's ascending sort (remove cumulative mass <= 1 - p)": """
 def top_p_filter(logits, p):
     if not (0 < p <= 1):
         raise ValueError("p")
@@ -117,8 +117,8 @@ def top_p_filter(logits, p):
     remove[..., -1] = False  # the most likely token stays
     remove = remove.scatter(-1, order, remove)
     return logits.masked_fill(remove, float("-inf"))
-''',
-        "a loop over the rows of a flattened view": '''
+""",
+        "a loop over the rows of a flattened view": """
 def top_p_filter(logits, p):
     if p <= 0 or p > 1:
         raise ValueError(f"p={p}")
@@ -133,10 +133,10 @@ def top_p_filter(logits, p):
                 out[r, i] = float("-inf")
             mass += float(probs[i])
     return out.reshape(logits.shape)
-''',
+""",
     },
     "beam_search": {
-        "Python lists, float64 scores, the whole beam re-run without a cache, no early stop": '''
+        "Python lists, float64 scores, the whole beam re-run without a cache, no early stop": """
 @torch.no_grad()
 def beam_search(model, prompt, max_new_tokens, beam_width=4, *, eos_id=None, length_penalty=1.0):
     if not (torch.is_tensor(prompt) and prompt.dim() == 2 and prompt.shape[0] == 1 and prompt.dtype == torch.long):
@@ -170,8 +170,8 @@ def beam_search(model, prompt, max_new_tokens, beam_width=4, *, eos_id=None, len
         return torch.tensor([best]), float(best_score)
     finally:
         model.train(mode)
-''',
-        "the cache, torch.sort of all candidates, and Hugging Face's exact early stop": '''
+""",
+        "the cache, torch.sort of all candidates, and Hugging Face's exact early stop": """
 @torch.no_grad()
 def beam_search(model, prompt, max_new_tokens, beam_width=4, *, eos_id=None, length_penalty=1.0):
     if prompt.ndim != 2 or prompt.size(0) != 1 or prompt.dtype is not torch.int64:
@@ -222,10 +222,10 @@ def beam_search(model, prompt, max_new_tokens, beam_width=4, *, eos_id=None, len
         return torch.tensor(seq)[None], score
     finally:
         model.train(was)
-''',
+""",
     },
     "causal_self_attention": {
-        "by hand: repeat_kv, masked_fill, softmax, F.dropout": '''
+        "by hand: repeat_kv, masked_fill, softmax, F.dropout": """
 def causal_self_attention(attn, x, cache=None):
     q, k, v = attn.project(x)
     if cache is not None:
@@ -237,8 +237,8 @@ def causal_self_attention(attn, x, cache=None):
     scores = scores.masked_fill(~causal_mask(T, S, device=x.device), float("-inf"))
     weights = F.dropout(torch.softmax(scores, dim=-1), attn.dropout, attn.training)
     return attn.out_proj(merge_heads(weights @ v))
-''',
-        "einsum, an additive mask built with triu and grouped heads by reshaping": '''
+""",
+        "einsum, an additive mask built with triu and grouped heads by reshaping": """
 def causal_self_attention(attn, x, cache=None):
     q, k, v = attn.project(x)
     if cache is not None:
@@ -254,8 +254,8 @@ def causal_self_attention(attn, x, cache=None):
         w = F.dropout(w, p=attn.dropout)
     out = torch.einsum("bgrts,bgsd->bgrtd", w, v).reshape(B, H, T, D)
     return attn.out_proj(out.transpose(1, 2).reshape(B, T, H * D))
-''',
-        "F.scaled_dot_product_attention with an explicit mask every time": '''
+""",
+        "F.scaled_dot_product_attention with an explicit mask every time": """
 def causal_self_attention(attn, x, cache=None):
     q, k, v = attn.project(x)
     if cache is not None:
@@ -264,7 +264,7 @@ def causal_self_attention(attn, x, cache=None):
         q, k, v, attn_mask=causal_mask(q.shape[2], k.shape[2], device=x.device),
         dropout_p=attn.dropout if attn.training else 0.0, enable_gqa=attn.n_heads != attn.n_kv_heads)
     return attn.out_proj(merge_heads(out))
-''',
+""",
     },
 }
 
@@ -276,14 +276,35 @@ def test_correct_alternatives_get_full_marks(part, label):
 
 # --------------------------------------------------------------------------- the public checks
 
-CAUGHT_BY_PUBLIC = [m for m in MUTANTS if m.name in {
-    "loss_not_shifted", "loss_shift_wrong_way", "loss_mean_over_ignored", "loss_log_of_softmax", "loss_no_value_error",
-    "top_k_drops_ties", "top_k_keeps_k_plus_one", "top_k_in_place", "top_k_only_rejects_k_below_1",
-    "top_p_drops_the_crossing_token", "top_p_unsorted", "top_p_in_place",
-    "beam_not_normalised", "beam_greedy_per_beam", "beam_eos_rank_ignored", "beam_live_beams_forgotten",
-    "beam_left_in_eval_mode", "csa_top_left_mask", "csa_cache_not_extended", "csa_no_scale", "csa_no_out_proj",
-    "csa_no_dropout",
-}]
+CAUGHT_BY_PUBLIC = [
+    m
+    for m in MUTANTS
+    if m.name
+    in {
+        "loss_not_shifted",
+        "loss_shift_wrong_way",
+        "loss_mean_over_ignored",
+        "loss_log_of_softmax",
+        "loss_no_value_error",
+        "top_k_drops_ties",
+        "top_k_keeps_k_plus_one",
+        "top_k_in_place",
+        "top_k_only_rejects_k_below_1",
+        "top_p_drops_the_crossing_token",
+        "top_p_unsorted",
+        "top_p_in_place",
+        "beam_not_normalised",
+        "beam_greedy_per_beam",
+        "beam_eos_rank_ignored",
+        "beam_live_beams_forgotten",
+        "beam_left_in_eval_mode",
+        "csa_top_left_mask",
+        "csa_cache_not_extended",
+        "csa_no_scale",
+        "csa_no_out_proj",
+        "csa_no_dropout",
+    }
+]
 
 
 @pytest.mark.parametrize("mutant", CAUGHT_BY_PUBLIC, ids=lambda m: m.name)
@@ -325,28 +346,32 @@ def brute_force(logp: torch.Tensor, eos: int | None, n: int, alpha: float) -> tu
             if eos in seq[:-1] or (length < n and seq[-1] != eos):
                 continue
             path = [0, *seq]
-            score = sum(float(logp[a, b]) for a, b in zip(path, path[1:])) / length ** alpha
+            score = sum(float(logp[a, b]) for a, b in zip(path, path[1:])) / length**alpha
             if score > best_score:
                 best, best_score = path, score
     return best, best_score
 
 
-@pytest.mark.parametrize("table,eos,n,W,alpha,expected", [
-    (grader._length_table, grader._EOS_LEN, 6, 2, 1.0, [0, 1, 2, 3]),
-    (grader._length_table, grader._EOS_LEN, 6, 2, 0.0, [0, 3]),
-    (grader._stop_table, grader._EOS_STOP, 6, 2, 1.0, [0, 1, 3]),
-    (grader._stop_table, grader._EOS_STOP, 6, 2, 0.0, [0, 1, 3]),
-    (grader._eos_beam_table, grader._EOS_KEEP, 4, 2, 1.0, [0, 2, 3, 8]),
-    (grader._live_table, grader._EOS_LIVE, 2, 2, 1.0, [0, 1, 2]),
-    (grader._early_stop_table, grader._EOS_EARLY, 4, 1, 1.0, [0, 1, 2, 3]),
-    (grader._early_stop_table, grader._EOS_EARLY, 4, 1, 2.0, [0, 1, 2, 3]),
-    (grader._crowded_table, grader._EOS_CROWD, 4, 3, 1.0, [0, 3, 6, 8, 7]),
-])
+@pytest.mark.parametrize(
+    "table,eos,n,W,alpha,expected",
+    [
+        (grader._length_table, grader._EOS_LEN, 6, 2, 1.0, [0, 1, 2, 3]),
+        (grader._length_table, grader._EOS_LEN, 6, 2, 0.0, [0, 3]),
+        (grader._stop_table, grader._EOS_STOP, 6, 2, 1.0, [0, 1, 3]),
+        (grader._stop_table, grader._EOS_STOP, 6, 2, 0.0, [0, 1, 3]),
+        (grader._eos_beam_table, grader._EOS_KEEP, 4, 2, 1.0, [0, 2, 3, 8]),
+        (grader._live_table, grader._EOS_LIVE, 2, 2, 1.0, [0, 1, 2]),
+        (grader._early_stop_table, grader._EOS_EARLY, 4, 1, 1.0, [0, 1, 2, 3]),
+        (grader._early_stop_table, grader._EOS_EARLY, 4, 1, 2.0, [0, 1, 2, 3]),
+        (grader._crowded_table, grader._EOS_CROWD, 4, 3, 1.0, [0, 3, 6, 8, 7]),
+    ],
+)
 def test_toy_tables_have_the_best_hypotheses_the_grader_expects(table, eos, n, W, alpha, expected):
     logp = grader._table_logp(table())
     assert brute_force(logp, eos, n, alpha)[0] == expected
-    tokens, score = decoding.beam_search(grader.TableLM(logp), torch.tensor([[0]]), n, W, eos_id=eos,
-                                         length_penalty=alpha)
+    tokens, score = decoding.beam_search(
+        grader.TableLM(logp), torch.tensor([[0]]), n, W, eos_id=eos, length_penalty=alpha
+    )
     assert tokens[0].tolist() == expected
     assert score == pytest.approx(brute_force(logp, eos, n, alpha)[1], abs=1e-5)
 
@@ -355,20 +380,25 @@ def test_the_early_stop_and_crowded_tables_catch_what_they_claim():
     """A search that stops once W hypotheses have finished, or ranks only the best W + 2 candidates, loses."""
     logp = grader._table_logp(grader._early_stop_table())
     e = grader._EOS_EARLY
-    stop_at_w = decoding.beam_search(grader.TableLM(logp), torch.tensor([[0]]), 1, 1, eos_id=e)  # stopping at step 1
+    stop_at_w = decoding.beam_search(
+        grader.TableLM(logp), torch.tensor([[0]]), 1, 1, eos_id=e
+    )  # stopping at step 1
     assert stop_at_w[0][0].tolist() == [0, e]
     logp = grader._table_logp(grader._crowded_table())
     ns = harness.namespace(A)
     exec(compile(next(m for m in MUTANTS if m.name == "beam_too_few_candidates").source, "m", "exec"), ns)
-    assert ns["beam_search"](grader.TableLM(logp), torch.tensor([[0]]), 4, 3, eos_id=grader._EOS_CROWD)[0][0].tolist() \
-        == [0, 1, 4, 7]
+    assert ns["beam_search"](grader.TableLM(logp), torch.tensor([[0]]), 4, 3, eos_id=grader._EOS_CROWD)[0][
+        0
+    ].tolist() == [0, 1, 4, 7]
 
 
 def test_the_eos_rank_table_drops_an_eos_ranked_below_the_beam_width():
     logp = grader._table_logp(grader._eos_rank_table())
     e = grader._EOS_RANK
     assert brute_force(logp, e, 2, 0.0)[0] == [0, e]  # the best hypothesis overall ...
-    tokens, _ = decoding.beam_search(grader.TableLM(logp), torch.tensor([[0]]), 2, 1, eos_id=e, length_penalty=0.0)
+    tokens, _ = decoding.beam_search(
+        grader.TableLM(logp), torch.tensor([[0]]), 2, 1, eos_id=e, length_penalty=0.0
+    )
     assert tokens[0].tolist() == [0, 1, 3]  # ... is not the one a search of width 1 may keep
     assert decoding.generate(grader.TableLM(logp), torch.tensor([[0]]), 2, eos_id=e)[0].tolist() == [0, 1, 3]
 
@@ -379,13 +409,19 @@ def test_each_width_finds_its_own_answer_on_the_ladder_table():
         tokens, score = decoding.beam_search(grader.TableLM(logp), torch.tensor([[0]]), 2, W)
         assert tokens[0].tolist() == [0, W, grader._LADDER_TARGET]
         assert score == pytest.approx(grader._path_logprob(logp, tokens[0].tolist()) / 2, abs=1e-5)
-    assert decoding.beam_search(grader.TableLM(logp), torch.tensor([[0]]), 2)[0][0, 1] == 4  # the default width
+    assert (
+        decoding.beam_search(grader.TableLM(logp), torch.tensor([[0]]), 2)[0][0, 1] == 4
+    )  # the default width
 
 
 def test_greedy_trap_fools_greedy_decoding():
     model = grader.TableLM(grader._table_logp(grader._greedy_trap()))
     assert decoding.generate(model, torch.tensor([[0]]), 2)[0].tolist() == [0, 1, 3]
-    assert decoding.beam_search(model, torch.tensor([[0]]), 2, 2, length_penalty=0.0)[0][0].tolist() == [0, 2, 3]
+    assert decoding.beam_search(model, torch.tensor([[0]]), 2, 2, length_penalty=0.0)[0][0].tolist() == [
+        0,
+        2,
+        3,
+    ]
 
 
 def test_table_lm_follows_the_decoding_protocol_and_checks_its_cache():
@@ -420,8 +456,9 @@ def test_a_second_order_table_reads_the_two_last_tokens_through_its_cache():
     assert torch.equal(whole[:, 0], model.logp[idx[:, 0], idx[:, 0]])  # a first token: a = b
     assert torch.equal(whole[:, 1:], model.logp[idx[:, :-1], idx[:, 1:]])
     cache = model.init_cache(2, 4)
-    pieces = torch.cat([model(idx[:, :2], cache=cache), model(idx[:, 2:3], cache=cache),
-                        model(idx[:, 3:], cache=cache)], 1)
+    pieces = torch.cat(
+        [model(idx[:, :2], cache=cache), model(idx[:, 2:3], cache=cache), model(idx[:, 3:], cache=cache)], 1
+    )
     assert torch.equal(pieces, whole)  # the cache remembers each row's last token
     cache = model.init_cache(2, 4)
     model(idx[:, :2], cache=cache)
@@ -442,7 +479,9 @@ def test_beam_margin_follows_the_reference_and_sees_ties():
         assert margin >= 0
         if margin > 1e-4:
             a = decoding.beam_search(grader.TableLM(logp), prompt, n, W, eos_id=eos, length_penalty=alpha)
-            b = decoding.beam_search(grader.TableLM(logp.double()), prompt, n, W, eos_id=eos, length_penalty=alpha)
+            b = decoding.beam_search(
+                grader.TableLM(logp.double()), prompt, n, W, eos_id=eos, length_penalty=alpha
+            )
             assert torch.equal(a[0], b[0])
     flat = torch.full((3, 3), math.log(1 / 3))
     assert grader._beam_margin(grader.TableLM(flat), torch.tensor([[0]]), 2, 2) == 0.0
@@ -454,8 +493,11 @@ def _beam_search_float64():
     import textwrap
 
     source = textwrap.dedent(inspect.getsource(decoding.beam_search))
-    for old, new in (("logits.float()", "logits.double()"), ("torch.zeros(1)", "torch.zeros(1, dtype=torch.float64)"),
-                     ("torch.tensor(keep_score)", "torch.tensor(keep_score, dtype=torch.float64)")):
+    for old, new in (
+        ("logits.float()", "logits.double()"),
+        ("torch.zeros(1)", "torch.zeros(1, dtype=torch.float64)"),
+        ("torch.tensor(keep_score)", "torch.tensor(keep_score, dtype=torch.float64)"),
+    ):
         assert source.count(old) == 1
         source = source.replace(old, new)
     ns = {"torch": torch, "F": F, "nn": nn}
@@ -468,16 +510,21 @@ def test_hand_tables_do_not_hang_on_rounding():
     beam64 = _beam_search_float64()
     cases = [(grader._length_table, grader._EOS_LEN, 6, 2, a) for a in (1.0, 0.0, 0.5, 2.0, -1.0)]
     cases += [(grader._stop_table, grader._EOS_STOP, 6, 2, a) for a in (1.0, 0.0)]
-    cases += [(grader._eos_beam_table, grader._EOS_KEEP, 5, 2, 1.0),
-              (grader._eos_rank_table, grader._EOS_RANK, 2, 1, 0.0),
-              (grader._live_table, grader._EOS_LIVE, 2, 2, 1.0), (grader._greedy_trap, None, 2, 2, 0.0),
-              (grader._early_stop_table, grader._EOS_EARLY, 4, 1, 1.0),
-              (grader._early_stop_table, grader._EOS_EARLY, 4, 1, 2.0),
-              (grader._crowded_table, grader._EOS_CROWD, 4, 3, 1.0)]
+    cases += [
+        (grader._eos_beam_table, grader._EOS_KEEP, 5, 2, 1.0),
+        (grader._eos_rank_table, grader._EOS_RANK, 2, 1, 0.0),
+        (grader._live_table, grader._EOS_LIVE, 2, 2, 1.0),
+        (grader._greedy_trap, None, 2, 2, 0.0),
+        (grader._early_stop_table, grader._EOS_EARLY, 4, 1, 1.0),
+        (grader._early_stop_table, grader._EOS_EARLY, 4, 1, 2.0),
+        (grader._crowded_table, grader._EOS_CROWD, 4, 3, 1.0),
+    ]
     cases += [(grader._ladder_table, None, 2, W, 1.0) for W in range(1, 6)]
     for table, eos, n, W, alpha in cases:
         logp = grader._table_logp(table())
-        a = decoding.beam_search(grader.TableLM(logp), torch.tensor([[0]]), n, W, eos_id=eos, length_penalty=alpha)
+        a = decoding.beam_search(
+            grader.TableLM(logp), torch.tensor([[0]]), n, W, eos_id=eos, length_penalty=alpha
+        )
         b = beam64(grader.TableLM(logp.double()), torch.tensor([[0]]), n, W, eos_id=eos, length_penalty=alpha)
         assert torch.equal(a[0], b[0]) and a[1] == pytest.approx(b[1], abs=1e-4), (table.__name__, alpha)
 
@@ -537,8 +584,9 @@ def test_dropout_subsets_accept_weight_dropout_and_refuse_output_dropout():
 
 def test_beam_search_gets_a_hint_for_a_wrong_return_type():
     def no_score(model, prompt, max_new_tokens, beam_width=4, *, eos_id=None, length_penalty=1.0):
-        return decoding.beam_search(model, prompt, max_new_tokens, beam_width, eos_id=eos_id,
-                                    length_penalty=length_penalty)[0]
+        return decoding.beam_search(
+            model, prompt, max_new_tokens, beam_width, eos_id=eos_id, length_penalty=length_penalty
+        )[0]
 
     with pytest.raises(GradingFailure, match=r"must return a tuple \(tokens, score\)"):
         grader.grade_beam_search(no_score, grader.TableLM, gpt.GPT, gpt.GPTConfig)

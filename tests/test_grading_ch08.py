@@ -45,18 +45,18 @@ def full_marks(part_name: str, source: str) -> None:
 
 # --------------------------------------------------------------------------- correct alternatives
 
-_LAYER_HEAD = '''
+_LAYER_HEAD = """
 class PreNormDecoderLayer(DecoderLayer):
     def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, dropout: float = 0.1,
                  activation: str = "relu", eps: float = 1e-5, bias: bool = True):
         super().__init__(d_model, n_heads, d_ff, dropout, activation, norm_first=True, eps=eps, bias=bias)
 
     def forward(self, x, memory, memory_key_padding_mask=None):
-'''
+"""
 
 CORRECT = {
     "shift_right": {
-        "an empty tensor filled column by column": '''
+        "an empty tensor filled column by column": """
 def shift_right(labels, bos_id, pad_id):
     if not torch.is_tensor(labels) or labels.ndim != 2 or labels.dtype != torch.int64 or labels.size(1) == 0:
         raise ValueError("labels must be a (B, T) LongTensor with T >= 1")
@@ -65,8 +65,8 @@ def shift_right(labels, bos_id, pad_id):
     out[:, 1:] = labels[:, :-1]
     out[out == -100] = pad_id
     return out
-''',
-        "Hugging Face's shift_tokens_right, copied": '''
+""",
+        "Hugging Face's shift_tokens_right, copied": """
 def shift_right(labels, bos_id, pad_id):
     if labels.dim() != 2 or labels.shape[-1] < 1 or labels.dtype != torch.long:
         raise ValueError(f"bad labels {labels.dtype} {tuple(labels.shape)}")
@@ -75,18 +75,18 @@ def shift_right(labels, bos_id, pad_id):
     shifted[:, 0] = bos_id
     shifted.masked_fill_(shifted == -100, pad_id)
     return shifted
-''',
-        "torch.roll, then the first column and torch.where": '''
+""",
+        "torch.roll, then the first column and torch.where": """
 def shift_right(labels, bos_id, pad_id):
     if labels.dim() != 2 or labels.shape[1] < 1 or labels.dtype != torch.long:
         raise ValueError("labels")
     rolled = torch.roll(labels, shifts=1, dims=-1)
     rolled[:, 0] = bos_id
     return torch.where(rolled == -100, torch.full_like(rolled, pad_id), rolled)
-''',
+""",
     },
     "cross_attention": {
-        "by hand: masked_fill, softmax, nan_to_num for sources with no real token": '''
+        "by hand: masked_fill, softmax, nan_to_num for sources with no real token": """
 def cross_attention(attn, x, memory, memory_key_padding_mask=None):
     q, k, v = attn.project(x, memory)
     rep = attn.n_heads // attn.n_kv_heads
@@ -101,8 +101,8 @@ def cross_attention(attn, x, memory, memory_key_padding_mask=None):
     if attn.training:
         weights = F.dropout(weights, p=attn.dropout)
     return attn.out_proj(merge_heads(weights @ v)), weights
-''',
-        "einsum over groups of heads, an additive float mask": '''
+""",
+        "einsum over groups of heads, an additive float mask": """
 def cross_attention(attn, x, memory, memory_key_padding_mask=None):
     B, T, C = x.shape
     S = memory.shape[1]
@@ -122,18 +122,20 @@ def cross_attention(attn, x, memory, memory_key_padding_mask=None):
         w = F.dropout(w, attn.dropout, training=True)
     out = torch.einsum("bgrts,bgsd->bgrtd", w.view(B, G, H // G, T, S), v).reshape(B, H, T, D)
     return attn.out_proj(out.transpose(1, 2).reshape(B, T, C)), w
-''',
+""",
     },
     "PreNormDecoderLayer": {
-        "an explicit causal mask, one line per sub-layer": _LAYER_HEAD + '''
+        "an explicit causal mask, one line per sub-layer": _LAYER_HEAD
+        + """
         T = x.shape[1]
         h = self.norm1(x)
         x = x + self.dropout1(self.self_attn(h, mask=torch.ones(T, T, dtype=torch.bool).tril())[0])
         c, w = cross_attention(self.cross_attn, self.norm2(x), memory, memory_key_padding_mask=memory_key_padding_mask)
         x = x + self.dropout2(c)
         return x + self.dropout3(self.ff(self.norm3(x))), w
-''',
-        "keyword arguments and a residual variable": _LAYER_HEAD + '''
+""",
+        "keyword arguments and a residual variable": _LAYER_HEAD
+        + """
         residual = x
         a, _ = self.self_attn(self.norm1(residual), is_causal=True, need_weights=False)
         residual = residual + self.dropout1(a)
@@ -142,10 +144,10 @@ def cross_attention(attn, x, memory, memory_key_padding_mask=None):
         residual = residual + self.dropout2(attended)
         residual = residual + self.dropout3(self.ff(self.norm3(residual)))
         return residual, weights
-''',
+""",
     },
     "label_smoothed_loss": {
-        "logsumexp: -log p_v = lse - z_v": '''
+        "logsumexp: -log p_v = lse - z_v": """
 def label_smoothed_loss(logits, targets, smoothing=0.1, pad_id=0):
     if logits.dim() < 2 or tuple(targets.shape) != tuple(logits.shape[:-1]):
         raise ValueError("targets must have the shape logits.shape[:-1]")
@@ -159,8 +161,8 @@ def label_smoothed_loss(logits, targets, smoothing=0.1, pad_id=0):
     nll = lse - z.gather(1, t[:, None])[:, 0]
     smooth = lse - z.mean(dim=-1)
     return ((1 - smoothing) * nll + smoothing * smooth).mean()
-''',
-        "a smoothed one-hot target distribution": '''
+""",
+        "a smoothed one-hot target distribution": """
 def label_smoothed_loss(logits, targets, smoothing=0.1, pad_id=0):
     if logits.ndim < 2 or targets.shape != logits.shape[:-1]:
         raise ValueError("shapes")
@@ -171,8 +173,8 @@ def label_smoothed_loss(logits, targets, smoothing=0.1, pad_id=0):
     q = F.one_hot(targets.clamp(0, V - 1), V).to(logits.dtype) * (1 - smoothing) + smoothing / V
     per = -(q * F.log_softmax(logits, dim=-1)).sum(-1)
     return (per * mask).sum() / mask.sum()
-''',
-        "F.cross_entropy with label_smoothing, after the checks": '''
+""",
+        "F.cross_entropy with label_smoothing, after the checks": """
 def label_smoothed_loss(logits, targets, smoothing=0.1, pad_id=0):
     if logits.dim() < 2 or targets.shape != logits.shape[:-1]:
         raise ValueError("targets must be logits.shape[:-1]")
@@ -180,7 +182,7 @@ def label_smoothed_loss(logits, targets, smoothing=0.1, pad_id=0):
         raise ValueError("every target is padding")
     V = logits.shape[-1]
     return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), ignore_index=pad_id, label_smoothing=smoothing)
-''',
+""",
     },
 }
 
@@ -192,14 +194,33 @@ def test_correct_alternatives_get_full_marks(part, label):
 
 # --------------------------------------------------------------------------- the public checks
 
-CAUGHT_BY_PUBLIC = ["shift_drops_first_label", "shift_forgets_bos", "shift_rolls", "shift_keeps_minus_100",
-                    "shift_in_place", "shift_no_value_error",
-                    "cross_kv_from_decoder", "cross_mask_ignored", "cross_mask_inverted", "cross_no_out_proj",
-                    "cross_nan_for_a_source_without_tokens", "cross_without_repeat_kv", "cross_dropout_in_eval_mode",
-                    "layer_post_norm", "layer_not_causal", "layer_no_cross_residual", "layer_memory_mask_ignored",
-                    "layer_dropout2_on_the_input",
-                    "loss_smooths_other_classes", "loss_counts_padding", "loss_summed", "loss_no_smoothing",
-                    "loss_log_of_softmax", "loss_fixed_pad_id", "loss_nan_for_only_padding"]
+CAUGHT_BY_PUBLIC = [
+    "shift_drops_first_label",
+    "shift_forgets_bos",
+    "shift_rolls",
+    "shift_keeps_minus_100",
+    "shift_in_place",
+    "shift_no_value_error",
+    "cross_kv_from_decoder",
+    "cross_mask_ignored",
+    "cross_mask_inverted",
+    "cross_no_out_proj",
+    "cross_nan_for_a_source_without_tokens",
+    "cross_without_repeat_kv",
+    "cross_dropout_in_eval_mode",
+    "layer_post_norm",
+    "layer_not_causal",
+    "layer_no_cross_residual",
+    "layer_memory_mask_ignored",
+    "layer_dropout2_on_the_input",
+    "loss_smooths_other_classes",
+    "loss_counts_padding",
+    "loss_summed",
+    "loss_no_smoothing",
+    "loss_log_of_softmax",
+    "loss_fixed_pad_id",
+    "loss_nan_for_only_padding",
+]
 
 
 @pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.name in CAUGHT_BY_PUBLIC], ids=lambda m: m.name)
@@ -230,8 +251,9 @@ def test_shift_right_equals_hugging_face_bart():
 
 def test_the_layer_reference_equals_torch_with_and_without_biases():
     for config in grader.LAYERS:
-        _, r, t = grader._layer_triple(grader.Grader("x"), ref.PreNormDecoderLayer, f"test.{config}", config,
-                                       with_torch=True)
+        _, r, t = grader._layer_triple(
+            grader.Grader("x"), ref.PreNormDecoderLayer, f"test.{config}", config, with_torch=True
+        )
         x, memory = tensor(1, 2, 4, config[0]), tensor(2, 2, 5, config[0])
         keep = grader._keep_mask(3, 2, 5)
         assert torch.allclose(r(x, memory, keep)[0], grader._torch_layer(t, x, memory, keep), atol=1e-10)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny te
 A = "ch09_vit"
 PARTS = {p.name: p for p in harness.parts(A)}
 
-PATCHIFY_SLICES = '''
+PATCHIFY_SLICES = """
 def patchify(images, patch_size):
     if images.dim() != 4:
         raise ValueError(f"expected (B, C_in, H, W), got {tuple(images.shape)}")
@@ -27,9 +27,9 @@ def patchify(images, patch_size):
         raise ValueError(f"{H_img}x{W_img} images cannot be cut in patches of {P}")
     patches = [images[:, :, r:r + P, c:c + P].reshape(B, -1) for r in range(0, H_img, P) for c in range(0, W_img, P)]
     return torch.stack(patches, dim=1)
-'''
+"""
 
-PATCHIFY_UNFOLD = '''
+PATCHIFY_UNFOLD = """
 def patchify(images, patch_size):
     if images.ndim != 4:
         raise ValueError(f"images must be 4-D, got {images.ndim}-D")
@@ -38,18 +38,18 @@ def patchify(images, patch_size):
     if images.shape[-2] % patch_size != 0 or images.shape[-1] % patch_size != 0:
         raise ValueError(f"patch_size={patch_size} does not divide {tuple(images.shape[-2:])}")
     return F.unfold(images, kernel_size=patch_size, stride=patch_size).transpose(1, 2)
-'''
+"""
 
-PATCHIFY_TENSOR_UNFOLD = '''
+PATCHIFY_TENSOR_UNFOLD = """
 def patchify(images, patch_size):
     if images.dim() != 4 or patch_size < 1 or images.shape[2] % patch_size or images.shape[3] % patch_size:
         raise ValueError(f"cannot cut {tuple(images.shape)} into patches of {patch_size}")
     B, C_in = images.shape[:2]
     blocks = images.unfold(2, patch_size, patch_size).unfold(3, patch_size, patch_size)  # (B, C_in, rows, cols, P, P)
     return blocks.permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2)
-'''
+"""
 
-EMBEDDING_CONV = '''
+EMBEDDING_CONV = """
 class PatchEmbedding(nn.Module):
     def __init__(self, image_size, patch_size, in_channels, d_model):
         super().__init__()
@@ -65,9 +65,9 @@ class PatchEmbedding(nn.Module):
         weight = self.proj.weight.view(self.proj.out_features, self.shape[0], self.P, self.P)
         out = F.conv2d(images, weight, self.proj.bias, stride=self.P)  # (B, C, rows, cols)
         return out.flatten(2).transpose(1, 2)
-'''
+"""
 
-EMBEDDING_EINSUM = '''
+EMBEDDING_EINSUM = """
 class PatchEmbedding(nn.Module):
     def __init__(self, image_size, patch_size, in_channels, d_model):
         super().__init__()
@@ -81,9 +81,9 @@ class PatchEmbedding(nn.Module):
             raise ValueError(f"wrong images {tuple(images.shape)}")
         patches = patchify(images, self.patch_size)
         return torch.einsum("bnk,ck->bnc", patches, self.proj.weight) + self.proj.bias
-'''
+"""
 
-CLS_REPEAT = '''
+CLS_REPEAT = """
 def add_cls_and_positions(patches, cls_token, positions):
     if patches.ndim != 3:
         raise ValueError(f"patches must be (B, N_p, C), got {tuple(patches.shape)}")
@@ -93,9 +93,9 @@ def add_cls_and_positions(patches, cls_token, positions):
     if positions.shape != (N + 1, C):
         raise ValueError(f"positions must be ({N + 1}, {C}), got {tuple(positions.shape)}")
     return torch.cat((cls_token.repeat(B, 1, 1), patches), dim=1) + positions.unsqueeze(0)
-'''
+"""
 
-CLS_SLICES = '''
+CLS_SLICES = """
 def add_cls_and_positions(patches, cls_token, positions):
     if patches.dim() != 3 or cls_token.shape != (1, 1, patches.shape[2]) or \\
             positions.shape != (patches.shape[1] + 1, patches.shape[2]):
@@ -106,29 +106,54 @@ def add_cls_and_positions(patches, cls_token, positions):
     out[:, :1] = cls_token + positions[:1]
     out[:, 1:] = patches + positions[1:]
     return out
-'''
+"""
 
-_EMBED = '''        x = self.patch_embed(images)  # (B, N_p, C)
+_EMBED = """        x = self.patch_embed(images)  # (B, N_p, C)
         positions = self.pos_emb(torch.arange(x.shape[1] + 1, device=x.device))  # (N_p + 1, C)
-        return self.dropout(add_cls_and_positions(x, self.cls_token, positions))  # (B, N_p + 1, C)'''
-_FORWARD = '''        h = self.encoder(self.embed(images))  # (B, N_p + 1, C), normalised by the stack's final norm
-        return self.head(h[:, 0])  # (B, K): the [CLS] token only'''
+        return self.dropout(add_cls_and_positions(x, self.cls_token, positions))  # (B, N_p + 1, C)"""
+_FORWARD = """        h = self.encoder(self.embed(images))  # (B, N_p + 1, C), normalised by the stack's final norm
+        return self.head(h[:, 0])  # (B, K): the [CLS] token only"""
 #: the table of positions read directly, F.dropout with the module's p, and the [CLS] row taken with narrow
-VIT_TABLE = mutate(vit.ViT, (_EMBED, '''        tokens = self.patch_embed(images)
+VIT_TABLE = mutate(
+    vit.ViT,
+    (
+        _EMBED,
+        """        tokens = self.patch_embed(images)
         cls = self.cls_token.expand(tokens.shape[0], -1, -1)
         tokens = torch.cat([cls, tokens], dim=1) + self.pos_emb.weight[: tokens.shape[1] + 1]
-        return F.dropout(tokens, p=self.dropout.p, training=self.training)'''),
-                       (_FORWARD, '''        h = self.encoder(self.embed(images))
-        return self.head(h.narrow(1, 0, 1).squeeze(1))'''))
+        return F.dropout(tokens, p=self.dropout.p, training=self.training)""",
+    ),
+    (
+        _FORWARD,
+        """        h = self.encoder(self.embed(images))
+        return self.head(h.narrow(1, 0, 1).squeeze(1))""",
+    ),
+)
 
 
-@pytest.mark.parametrize("part, source", [
-    ("patchify", PATCHIFY_SLICES), ("patchify", PATCHIFY_UNFOLD), ("patchify", PATCHIFY_TENSOR_UNFOLD),
-    ("PatchEmbedding", EMBEDDING_CONV), ("PatchEmbedding", EMBEDDING_EINSUM),
-    ("add_cls_and_positions", CLS_REPEAT), ("add_cls_and_positions", CLS_SLICES),
-    ("ViT", VIT_TABLE),
-], ids=["patchify-slices", "patchify-F.unfold", "patchify-Tensor.unfold", "embedding-conv2d", "embedding-einsum",
-        "cls-repeat", "cls-slices", "vit-position-table"])
+@pytest.mark.parametrize(
+    "part, source",
+    [
+        ("patchify", PATCHIFY_SLICES),
+        ("patchify", PATCHIFY_UNFOLD),
+        ("patchify", PATCHIFY_TENSOR_UNFOLD),
+        ("PatchEmbedding", EMBEDDING_CONV),
+        ("PatchEmbedding", EMBEDDING_EINSUM),
+        ("add_cls_and_positions", CLS_REPEAT),
+        ("add_cls_and_positions", CLS_SLICES),
+        ("ViT", VIT_TABLE),
+    ],
+    ids=[
+        "patchify-slices",
+        "patchify-F.unfold",
+        "patchify-Tensor.unfold",
+        "embedding-conv2d",
+        "embedding-einsum",
+        "cls-repeat",
+        "cls-slices",
+        "vit-position-table",
+    ],
+)
 def test_a_correct_implementation_written_differently_gets_full_marks(part, source):
     ns = harness.namespace(A, {PARTS[part].grade_id: source})
     outcomes = harness.run_tests(PARTS[part], ns)
@@ -158,6 +183,8 @@ def test_the_dropout_checks_are_deterministic():
 def test_public_checks_catch_every_catalogued_mistake(mutant):
     """The public checks name every clause the hidden ones grade, on a small example each."""
     ns = harness.namespace(A)
-    exec(compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns)  # replaces one definition, as a student would
+    exec(
+        compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns
+    )  # replaces one definition, as a student would
     (public,) = harness.run_tests(PARTS[mutant.part], ns, hidden=False)
     assert public.failure is not None, f"{mutant.name} passed the public checks of {mutant.part}"

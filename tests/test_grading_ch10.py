@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from coursekit import attention, long_context
-from coursekit.grading import GradingFailure
+from coursekit.grading import GradingFailure, harness
 from coursekit.grading import ch10_long_context as grader
-from coursekit.grading import harness
 from coursekit.grading.core import rand
 from tests.mutants import edit
 from tests.mutants.ch10_long_context import BY_HAND, MUTANTS, TILED_BY_HAND
@@ -36,15 +35,20 @@ PUBLIC = {
 }
 
 #: a (T, T) allocation is refused at once only if the kernel does not overcommit blindly
-OVERCOMMIT_ALWAYS = Path("/proc/sys/vm/overcommit_memory").is_file() and \
-    Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1"
+OVERCOMMIT_ALWAYS = (
+    Path("/proc/sys/vm/overcommit_memory").is_file()
+    and Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1"
+)
 
 
 def namespace(**overrides):
     """What a student's notebook holds: the imports cell plus the reference definitions."""
     ns = {
-        "torch": torch, "math": math, "F": F,
-        "check_attention_inputs": attention.check_attention_inputs, "causal_mask": attention.causal_mask,
+        "torch": torch,
+        "math": math,
+        "F": F,
+        "check_attention_inputs": attention.check_attention_inputs,
+        "causal_mask": attention.causal_mask,
         "scaled_dot_product_attention": attention.scaled_dot_product_attention,
         "elu_feature_map": long_context.elu_feature_map,
     }
@@ -96,18 +100,25 @@ def tiled_attention(q, k, v, causal=False, mask=None, block_q=64, block_k=64, sc
 '''
 
 #: half precision computed in float32 and rounded once at the end
-TILED_UPCAST = edit(TILED_BY_HAND, ("    scale = 1 / math.sqrt", "    dtype = q.dtype\n"
-                                                               "    if dtype in (torch.float16, torch.bfloat16):\n"
-                                                               "        q, k, v = q.float(), k.float(), v.float()\n"
-                                                               "    scale = 1 / math.sqrt"),
-                    ("    return torch.cat(out, dim=-2)", "    return torch.cat(out, dim=-2).to(dtype)"))
+TILED_UPCAST = edit(
+    TILED_BY_HAND,
+    (
+        "    scale = 1 / math.sqrt",
+        "    dtype = q.dtype\n"
+        "    if dtype in (torch.float16, torch.bfloat16):\n"
+        "        q, k, v = q.float(), k.float(), v.float()\n"
+        "    scale = 1 / math.sqrt",
+    ),
+    ("    return torch.cat(out, dim=-2)", "    return torch.cat(out, dim=-2).to(dtype)"),
+)
 
 #: phi(x) = elu(x) + 1 written out instead of the given elu_feature_map
-LINEAR_ELU = edit(BY_HAND["causal_linear_attention"],
-                  ("phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)",
-                   "phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1"))
+LINEAR_ELU = edit(
+    BY_HAND["causal_linear_attention"],
+    ("phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)", "phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1"),
+)
 
-WINDOW_TRIANGLES = '''
+WINDOW_TRIANGLES = """
 def sliding_window_mask(T, window, S=None, device=None):
     if type(window) is not int or window <= 0:
         raise ValueError(f"window must be a positive int, got {window!r}")
@@ -116,9 +127,9 @@ def sliding_window_mask(T, window, S=None, device=None):
         raise ValueError(f"expected 0 <= T <= S, got T={T}, S={S}")
     ones = torch.ones(T, S, dtype=torch.bool, device=device)
     return ones.tril(S - T) & ones.triu(S - T - window + 1)
-'''
+"""
 
-LINEAR_CHUNKED = '''
+LINEAR_CHUNKED = """
 def causal_linear_attention(q, k, v, eps=1e-6):
     check_attention_inputs(q, k, v)
     if q.shape[-2] != k.shape[-2] or eps < 0:
@@ -137,9 +148,9 @@ def causal_linear_attention(q, k, v, eps=1e-6):
         state = state + kc.transpose(-1, -2) @ vc
         z = z + kc.sum(-2)
     return torch.cat(out, -2)
-'''
+"""
 
-KV_PRODUCT = '''
+KV_PRODUCT = """
 def kv_cache_size(n_layers, n_heads, d_head, seq_len, n_kv_heads=None, batch=1, dtype=torch.float16, window=None):
     kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     sizes = dict(n_layers=n_layers, n_heads=n_heads, d_head=d_head, n_kv_heads=kv_heads, batch=batch)
@@ -151,15 +162,30 @@ def kv_cache_size(n_layers, n_heads, d_head, seq_len, n_kv_heads=None, batch=1, 
     bits = torch.finfo(dtype).bits if dtype.is_floating_point else torch.iinfo(dtype).bits
     cached = seq_len if window is None else min(seq_len, window)
     return math.prod([2, n_layers, batch, cached, kv_heads, d_head]) * bits // 8
-'''
+"""
 
 
-@pytest.mark.parametrize("part, source", [(part, source) for part, source in BY_HAND.items()] + [
-    ("tiled_attention", TILED_LOGSUMEXP), ("tiled_attention", TILED_UPCAST),
-    ("sliding_window_mask", WINDOW_TRIANGLES), ("causal_linear_attention", LINEAR_CHUNKED),
-    ("causal_linear_attention", LINEAR_ELU), ("kv_cache_size", KV_PRODUCT),
-], ids=[f"{part}-by-hand" for part in BY_HAND] + ["tiled-logsumexp", "tiled-float32-inside", "window-triangles",
-                                                   "linear-chunked", "linear-elu-plus-one", "kv-product-of-bits"])
+@pytest.mark.parametrize(
+    "part, source",
+    [(part, source) for part, source in BY_HAND.items()]
+    + [
+        ("tiled_attention", TILED_LOGSUMEXP),
+        ("tiled_attention", TILED_UPCAST),
+        ("sliding_window_mask", WINDOW_TRIANGLES),
+        ("causal_linear_attention", LINEAR_CHUNKED),
+        ("causal_linear_attention", LINEAR_ELU),
+        ("kv_cache_size", KV_PRODUCT),
+    ],
+    ids=[f"{part}-by-hand" for part in BY_HAND]
+    + [
+        "tiled-logsumexp",
+        "tiled-float32-inside",
+        "window-triangles",
+        "linear-chunked",
+        "linear-elu-plus-one",
+        "kv-product-of-bits",
+    ],
+)
 def test_a_correct_implementation_written_differently_gets_full_marks(part, source):
     """Correct code in other styles (the mutants' base among them), graded as a notebook is: public and hidden cells."""
     parts = {p.name: p for p in harness.parts("ch10_long_context")}
@@ -186,13 +212,18 @@ def test_grading_is_deterministic():
     first = list(seen)
     seen.clear()
     grader.grade_causal_linear_attention(spy)
-    assert len(first) == len(seen) and all(torch.equal(a, b) for x, y in zip(first, seen) for a, b in zip(x, y))
+    assert len(first) == len(seen) and all(
+        torch.equal(a, b) for x, y in zip(first, seen) for a, b in zip(x, y)
+    )
 
 
 def test_the_modelled_mistakes_differ_from_the_right_answer():
     """Every wrong answer the hints describe is really wrong on the inputs the graders use."""
-    q, k, v = rand("public.tiled.q", 1, 6, 4, scale=3.0), rand("public.tiled.k", 1, 6, 4, scale=3.0), \
-        rand("public.tiled.v", 1, 6, 2)
+    q, k, v = (
+        rand("public.tiled.q", 1, 6, 4, scale=3.0),
+        rand("public.tiled.k", 1, 6, 4, scale=3.0),
+        rand("public.tiled.v", 1, 6, 2),
+    )
     q = q[:, 3:]  # 3 queries, 6 keys: the top-left and bottom-right causal masks differ
     right = grader._naive(q, k, v, causal=True)
     case = grader._Tiled(0, ((1,), (1,), (1,)), 3, 6, 4, 2, causal=True, block_q=2, block_k=4)
@@ -207,14 +238,20 @@ def test_the_modelled_mistakes_differ_from_the_right_answer():
     shown = set()
     for kwargs, expected, wrong in grader._kv_cases():
         assert expected == long_context.kv_cache_size(**kwargs)
-        shown |= {hint for value, hint in wrong if value != expected}  # a mistake may be harmless in some cases
+        shown |= {
+            hint for value, hint in wrong if value != expected
+        }  # a mistake may be harmless in some cases
     assert shown == {hint for _, hint in grader._kv_cases()[0][2]}  # but every one shows in some case
 
 
 def test_the_recurrence_reference_equals_the_parallel_form():
     q, k, v = rand("x.q", 2, 9, 3), rand("x.k", 2, 9, 3), rand("x.v", 2, 9, 4)
-    torch.testing.assert_close(grader._recurrence(q, k, v, 1e-6),
-                               long_context.linear_attention_parallel(q, k, v, causal=True), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        grader._recurrence(q, k, v, 1e-6),
+        long_context.linear_attention_parallel(q, k, v, causal=True),
+        rtol=1e-10,
+        atol=1e-12,
+    )
 
 
 def test_hints_for_wrong_return_types():

@@ -75,21 +75,32 @@ def test_first_match_names_the_mistake_the_output_equals():
 def test_first_match_never_blames_a_right_answer():
     right = torch.zeros(3)
     # on this input the modelled mistake happens to give the right answer: no hint for it
-    candidates = [(right.clone(), "a mistake that is harmless here"), (None, "not computable here"),
-                  (torch.zeros(4), "another shape")]
+    candidates = [
+        (right.clone(), "a mistake that is harmless here"),
+        (None, "not computable here"),
+        (torch.zeros(4), "another shape"),
+    ]
     assert hints(lambda g: first_match(g, right.clone(), candidates, right)) == []
-    assert hints(lambda g: first_match(g, right.clone(), candidates)) == [("the check", "a mistake that is harmless here")]
+    assert hints(lambda g: first_match(g, right.clone(), candidates)) == [
+        ("the check", "a mistake that is harmless here")
+    ]
 
 
 def test_expect_value_error_accepts_only_a_value_error():
     def raises(exc):
         def call():
             raise exc
+
         return call
 
     assert hints(lambda g: expect_value_error(g, raises(ValueError("bad shape")), "a bad shape")) == []
-    [(_, hint)] = hints(lambda g: expect_value_error(g, raises(IndexError("out of range")), "T=0", "say T must be >= 1"))
-    assert hint == "with T=0 your code raised IndexError (out of range); raise a ValueError instead (say T must be >= 1)"
+    [(_, hint)] = hints(
+        lambda g: expect_value_error(g, raises(IndexError("out of range")), "T=0", "say T must be >= 1")
+    )
+    assert (
+        hint
+        == "with T=0 your code raised IndexError (out of range); raise a ValueError instead (say T must be >= 1)"
+    )
     [(_, hint)] = hints(lambda g: expect_value_error(g, lambda: torch.zeros(2), "T=0"))
     assert hint.startswith("with T=0 your code returned tensor float32 (2,); raise a ValueError instead")
 
@@ -98,7 +109,9 @@ def test_not_implemented_reaches_the_grader_as_such():
     g = Grader("part")
     with g.check("rejects bad input"):
         expect_value_error(g, lambda: (_ for _ in ()).throw(NotImplementedError()), "T=0")
-    assert g.failures == [("rejects bad input", "not implemented yet (the cell still raises NotImplementedError)")]
+    assert g.failures == [
+        ("rejects bad input", "not implemented yet (the cell still raises NotImplementedError)")
+    ]
     with pytest.raises(GradingFailure, match="1 of 1 checks failed"):
         g.finish()
 
@@ -110,14 +123,19 @@ def test_load_weights_explains_misnamed_parameters():
     theirs = nn.Sequential()
     theirs.add_module("linear", nn.Linear(2, 2))
     [(_, hint)] = hints(lambda g: load_weights(g, theirs, weights, "MyLayer"))
-    assert hint == "MyLayer's parameters must be named as in the instructions " \
-                   "(missing ['proj.bias', 'proj.weight']; unexpected ['linear.bias', 'linear.weight'])"
+    assert (
+        hint == "MyLayer's parameters must be named as in the instructions "
+        "(missing ['proj.bias', 'proj.weight']; unexpected ['linear.bias', 'linear.weight'])"
+    )
     mine = nn.Sequential()
     mine.add_module("proj", nn.Linear(2, 2))
     mine.double()
     assert hints(lambda g: load_weights(g, mine, weights, "MyLayer")) == []
     assert torch.equal(mine.proj.weight, weights["proj.weight"])
-    assert names_hint("X", {"a"}, {"a", "b"}) == "X's parameters must be named as in the instructions (missing ['b'])"
+    assert (
+        names_hint("X", {"a"}, {"a", "b"})
+        == "X's parameters must be named as in the instructions (missing ['b'])"
+    )
 
 
 def test_student_side_is_local_outside_the_autograder():
@@ -126,9 +144,8 @@ def test_student_side_is_local_outside_the_autograder():
 
 def test_a_course_secret_changes_every_input_and_keeps_runs_identical():
     """Hidden inputs cannot be computed from the (public) grading source once a secret is mixed in."""
-    from coursekit.grading.core import SECRET, seed
-
     from coursekit.grading import core
+    from coursekit.grading.core import SECRET, seed
 
     plain = core.rand("softmax.values", 4, 7)
     token = SECRET.set(b"a" * 64)
@@ -165,7 +182,9 @@ def test_for_all_shrinks_to_the_smallest_failing_example_and_repeats_itself():
         return hints(run), seen
 
     failures, seen = grade()
-    assert failures == [("the check", "fails from n = 37")]  # the smallest failing input, whatever was drawn first
+    assert failures == [
+        ("the check", "fails from n = 37")
+    ]  # the smallest failing input, whatever was drawn first
     assert grade()[1] == seen  # derandomized: the same examples in the same order
 
 

@@ -23,7 +23,7 @@ from tests.submissions import course_folder
 
 A = "ch01_attention"
 NB = "ch01_attention.ipynb"
-UTC = dt.timezone.utc
+UTC = dt.UTC
 T0 = dt.datetime(2024, 3, 1, 16, 59, 30, 250000, tzinfo=UTC)  # a time no test machine's clock shows
 T0_NS = (T0 - dt.datetime(1970, 1, 1, tzinfo=UTC)) // dt.timedelta(microseconds=1) * 1000  # exact, no float
 
@@ -374,33 +374,41 @@ def test_times_from_the_instructor_are_used_and_a_missing_student_gets_none(cour
 
 
 def test_read_times(tmp_path, monkeypatch):
-    path = put(tmp_path / "times.csv", "\ufeffstudent,timestamp\n"
-                                       "alice,2024-03-01T16:59:00Z\n"
-                                       "\n"
-                                       "bob, 2024-03-01 18:00:00+01:00\n"
-                                       "carol,2024-03-01T19:00:00\n")
+    path = put(
+        tmp_path / "times.csv",
+        "\ufeffstudent,timestamp\n"
+        "alice,2024-03-01T16:59:00Z\n"
+        "\n"
+        "bob, 2024-03-01 18:00:00+01:00\n"
+        "carol,2024-03-01T19:00:00\n",
+    )
     with monkeypatch.context() as m:
         m.setenv("TZ", "XYZ-2")  # POSIX: local time is UTC+2, no tz database needed
         time.tzset()
         times = read_times(path)
     time.tzset()
-    assert times == {"alice": dt.datetime(2024, 3, 1, 16, 59, tzinfo=UTC),
-                     "bob": dt.datetime(2024, 3, 1, 17, 0, tzinfo=UTC),
-                     "carol": dt.datetime(2024, 3, 1, 17, 0, tzinfo=UTC)}
+    assert times == {
+        "alice": dt.datetime(2024, 3, 1, 16, 59, tzinfo=UTC),
+        "bob": dt.datetime(2024, 3, 1, 17, 0, tzinfo=UTC),
+        "carol": dt.datetime(2024, 3, 1, 17, 0, tzinfo=UTC),
+    }
     assert all(t.tzinfo is UTC for t in times.values())
 
 
-@pytest.mark.parametrize("text, line, problem", [
-    ("name,time\nalice,2024-03-01T16:59:00Z\n", 1, "header"),
-    ("", 1, "header"),
-    ("student,timestamp\nalice,2024-03-01T16:59:00Z,late\n", 2, "2 fields"),
-    ("student,timestamp\nalice\n", 2, "2 fields"),
-    ("student,timestamp\nal ice,2024-03-01T16:59:00Z\n", 2, "not a valid student id"),
-    ("student,timestamp\n\x1b[2Jx,2024-03-01T16:59:00Z\n", 2, "\\x1b[2Jx"),
-    ("student,timestamp\nalice,2024-03-01T16:59:00Z\nbob,yesterday\n", 3, "not an ISO 8601 time"),
-    ("student,timestamp\nalice,2024-02-30T10:00:00\n", 2, "not an ISO 8601 time"),
-    ("student,timestamp\nalice,2024-03-01T16:59:00Z\n\nalice,2024-03-02T16:59:00Z\n", 4, "listed twice"),
-])
+@pytest.mark.parametrize(
+    "text, line, problem",
+    [
+        ("name,time\nalice,2024-03-01T16:59:00Z\n", 1, "header"),
+        ("", 1, "header"),
+        ("student,timestamp\nalice,2024-03-01T16:59:00Z,late\n", 2, "2 fields"),
+        ("student,timestamp\nalice\n", 2, "2 fields"),
+        ("student,timestamp\nal ice,2024-03-01T16:59:00Z\n", 2, "not a valid student id"),
+        ("student,timestamp\n\x1b[2Jx,2024-03-01T16:59:00Z\n", 2, "\\x1b[2Jx"),
+        ("student,timestamp\nalice,2024-03-01T16:59:00Z\nbob,yesterday\n", 3, "not an ISO 8601 time"),
+        ("student,timestamp\nalice,2024-02-30T10:00:00\n", 2, "not an ISO 8601 time"),
+        ("student,timestamp\nalice,2024-03-01T16:59:00Z\n\nalice,2024-03-02T16:59:00Z\n", 4, "listed twice"),
+    ],
+)
 def test_read_times_names_the_file_line_and_problem(tmp_path, text, line, problem):
     path = put(tmp_path / "times.csv", text)
     with pytest.raises(ValueError) as err:
@@ -548,8 +556,13 @@ def snapshot(folder: Path) -> dict:
         for name in dirs + names:
             path = os.path.join(top, name)
             st = os.lstat(path)
-            content = (os.readlink(path) if os.path.islink(path)
-                       else Path(path).read_bytes() if os.path.isfile(path) else None)
+            content = (
+                os.readlink(path)
+                if os.path.islink(path)
+                else Path(path).read_bytes()
+                if os.path.isfile(path)
+                else None
+            )
             out[os.path.relpath(path, folder)] = (st.st_mode, st.st_size, st.st_mtime_ns, content)
     return out
 
@@ -638,20 +651,30 @@ def test_a_batch_of_refusals_only_does_not_raise(course):
 # --------------------------------------------------------------------------- printable
 
 
-@pytest.mark.parametrize("raw, shown", [
-    ("plain name.ipynb", "plain name.ipynb"),
-    *[(letters, letters) for letters in ["caf\u00e9 \u00fcber", "\u65e5\u672c", "\u0627\u0644\u0639\u0631\u0628\u064a\u0629"]],
-    ("\x00\x07\t\n\r\x1b[31m", "\\x00\\x07\\x09\\x0a\\x0d\\x1b[31m"),
-    ("a\x7fb", "a\\x7fb"),
-    ("\x85\x9b31m", "\\x85\\x9b31m"),  # C1: NEL and the 8-bit CSI
-    ("evil\u202egnp.exe", "evil\\u202egnp.exe"),
-    ("\u2066\u2067\u2068\u2069", "\\u2066\\u2067\\u2068\\u2069"),
-    ("\u200b\u200c\u200d\u200e\u200f\ufeff", "\\u200b\\u200c\\u200d\\u200e\\u200f\\ufeff"),
-    ("a\u2028b", "a\\u2028b"),
-    ("\udcff", "\\udcff"),  # an undecodable byte in a file name
-    ("\U000e0041", "\\U000e0041"),  # a tag character (format control outside the BMP)
-    ("back\\slash", "back\\slash"),
-])
+@pytest.mark.parametrize(
+    "raw, shown",
+    [
+        ("plain name.ipynb", "plain name.ipynb"),
+        *[
+            (letters, letters)
+            for letters in [
+                "caf\u00e9 \u00fcber",
+                "\u65e5\u672c",
+                "\u0627\u0644\u0639\u0631\u0628\u064a\u0629",
+            ]
+        ],
+        ("\x00\x07\t\n\r\x1b[31m", "\\x00\\x07\\x09\\x0a\\x0d\\x1b[31m"),
+        ("a\x7fb", "a\\x7fb"),
+        ("\x85\x9b31m", "\\x85\\x9b31m"),  # C1: NEL and the 8-bit CSI
+        ("evil\u202egnp.exe", "evil\\u202egnp.exe"),
+        ("\u2066\u2067\u2068\u2069", "\\u2066\\u2067\\u2068\\u2069"),
+        ("\u200b\u200c\u200d\u200e\u200f\ufeff", "\\u200b\\u200c\\u200d\\u200e\\u200f\\ufeff"),
+        ("a\u2028b", "a\\u2028b"),
+        ("\udcff", "\\udcff"),  # an undecodable byte in a file name
+        ("\U000e0041", "\\U000e0041"),  # a tag character (format control outside the BMP)
+        ("back\\slash", "back\\slash"),
+    ],
+)
 def test_printable(raw, shown):
     assert printable(raw) == shown
     assert printable(shown) == shown  # applying it again changes nothing

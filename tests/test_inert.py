@@ -59,11 +59,19 @@ def assert_inert_html(fragment: str) -> None:
                            "meta", "base", "input", "button", "textarea", "frame", "frameset", "video",
                            "audio", "source", "template", "noscript"}, fragment  # fmt: skip
         for name, value in attrs.items():
-            assert not name.startswith("on") and name not in {"style", "srcdoc", "formaction", "srcset", "background"}, fragment
+            assert not name.startswith("on") and name not in {
+                "style",
+                "srcdoc",
+                "formaction",
+                "srcset",
+                "background",
+            }, fragment
             if name == "href":
                 assert re.match(r"(https?://|mailto:)", value, re.I), fragment
             if name == "src":
-                assert tag == "img" and re.fullmatch(r"data:image/(png|jpeg|gif);base64,[A-Za-z0-9+/=\s]+", value), fragment
+                assert tag == "img" and re.fullmatch(
+                    r"data:image/(png|jpeg|gif);base64,[A-Za-z0-9+/=\s]+", value
+                ), fragment
 
 
 def render_text(markdown: str) -> str:
@@ -115,9 +123,9 @@ def test_clean_content_is_kept_exactly(png):
         {"output_type": "stream", "name": "stderr", "text": "warning\n"},
         {"output_type": "execute_result", "execution_count": 3, "metadata": {},
          "data": {"text/plain": "   loss   acc\n0  0.693  0.50", "text/html": PANDAS_TABLE}},
-        {"output_type": "display_data", "metadata": {}, "data": {"image/png": png, "text/plain": "<Figure size 20x20>"}},
+        {"output_type": "display_data", "metadata": {}, "data": {"image/png": png, "text/plain": "<Figure size 20x20>"}},  # noqa: E501
         {"output_type": "display_data", "metadata": {}, "data": {"image/png": lines}},
-        {"output_type": "display_data", "metadata": {}, "data": {"text/latex": r"$\frac{a}{b} < 1$", "text/plain": "a/b"}},
+        {"output_type": "display_data", "metadata": {}, "data": {"text/latex": (r"$\frac{a}{b} < 1$"), "text/plain": "a/b"}},  # noqa: E501
         {"output_type": "execute_result", "execution_count": None, "metadata": {}, "data": {"text/plain": "None"}},
         {"output_type": "error", "ename": "ValueError", "evalue": "q and k <differ>",
          "traceback": ["\x1b[0;31mValueError\x1b[0m: q and k <differ>", "line 2"]},
@@ -173,7 +181,9 @@ def test_multiline_strings_are_joined():
     ],
 )
 def test_hostile_html_is_made_inert(hostile):
-    kept, notes = clean_outputs([{"output_type": "display_data", "metadata": {}, "data": {"text/html": hostile}}])
+    kept, notes = clean_outputs(
+        [{"output_type": "display_data", "metadata": {}, "data": {"text/html": hostile}}]
+    )
     assert len(kept) == 1
     cleaned = kept[0]["data"]["text/html"]
     assert_inert_html(cleaned)
@@ -187,14 +197,21 @@ def test_html_keeps_formatting_links_and_embedded_images(png):
         f'<p><b>bold</b> <i>it</i> <code>x</code> <a href="https://example.org/a?b=1">web</a> '
         f'<a href="mailto:t@example.org">mail</a></p><img src="data:image/png;base64,{png}" alt="fig" width="40">'
     )
-    kept, notes = clean_outputs([{"output_type": "display_data", "metadata": {}, "data": {"text/html": fragment}}])
+    kept, notes = clean_outputs(
+        [{"output_type": "display_data", "metadata": {}, "data": {"text/html": fragment}}]
+    )
     assert kept[0]["data"]["text/html"] == fragment
     assert notes == []
 
 
 def test_image_metadata_is_dropped(png):
-    metadata = {"image/png": {"width": "1 onerror=window.pwn=1", "height": 3}, "filenames": {"image/png": "/etc/passwd"}}
-    kept, notes = clean_outputs([{"output_type": "display_data", "metadata": metadata, "data": {"image/png": png}}])
+    metadata = {
+        "image/png": {"width": "1 onerror=window.pwn=1", "height": 3},
+        "filenames": {"image/png": "/etc/passwd"},
+    }
+    kept, notes = clean_outputs(
+        [{"output_type": "display_data", "metadata": metadata, "data": {"image/png": png}}]
+    )
     assert kept == [{"output_type": "display_data", "data": {"image/png": png}, "metadata": {}}]
     assert notes == []
 
@@ -207,25 +224,40 @@ def test_image_metadata_is_dropped(png):
         ({"application/javascript": "window.pwn=1"},
          {"text/plain": "[an application/javascript output was not shown: the autograder shows only inert content]"},
          "application/javascript"),
-        ({"image/svg+xml": "<svg onload=window.pwn=1></svg>", "text/plain": "<Figure>"}, {"text/plain": "<Figure>"}, "image/svg+xml"),
+        ({"image/svg+xml": "<svg onload=window.pwn=1></svg>", "text/plain": "<Figure>"}, {"text/plain": "<Figure>"}, "image/svg+xml"),  # noqa: E501
         ({"application/vnd.jupyter.widget-view+json": {"model_id": "1"}, "text/plain": "IntSlider()"},
          {"text/plain": "IntSlider()"}, "application/vnd.jupyter.widget-view+json"),
         ({"text/vnd.mermaid": "graph TD; A-->B"},
-         {"text/plain": "[a text/vnd.mermaid output was not shown: the autograder shows only inert content]"}, "text/vnd.mermaid"),
+         {"text/plain": "[a text/vnd.mermaid output was not shown: the autograder shows only inert content]"}, "text/vnd.mermaid"),  # noqa: E501
         ({"application/json": {"a": 1}, "text/plain": "{'a': 1}"}, {"text/plain": "{'a': 1}"}, "application/json"),
     ],
 )  # fmt: skip
 def test_active_mimetypes_are_dropped(data, kept_data, dropped):
     kept, notes = clean_outputs([{"output_type": "display_data", "metadata": {}, "data": data}])
     assert kept == [{"output_type": "display_data", "data": kept_data, "metadata": {}}]
-    assert notes == [f"{'an' if dropped[0] in 'ai' else 'a'} {dropped} output of this cell was not shown: the autograder shows only inert content"]
+    assert notes == [
+        (
+            f"{'an' if dropped[0] in 'ai' else 'a'} {dropped} output of this cell was not shown: the "
+            "autograder shows only inert content"
+        )
+    ]
 
 
 def test_markdown_output_becomes_text():
     md = "**bold** <img src=x onerror=window.pwn=1>"
-    kept, notes = clean_outputs([{"output_type": "display_data", "metadata": {}, "data": {"text/markdown": md}}])
+    kept, notes = clean_outputs(
+        [{"output_type": "display_data", "metadata": {}, "data": {"text/markdown": md}}]
+    )
     assert kept[0]["data"] == {"text/plain": md} and notes == []
-    kept, notes = clean_outputs([{"output_type": "display_data", "metadata": {}, "data": {"text/markdown": md, "text/plain": "<Markdown>"}}])
+    kept, notes = clean_outputs(
+        [
+            {
+                "output_type": "display_data",
+                "metadata": {},
+                "data": {"text/markdown": md, "text/plain": "<Markdown>"},
+            }
+        ]
+    )
     assert kept[0]["data"] == {"text/plain": "<Markdown>"} and notes == []
 
 
@@ -246,10 +278,25 @@ def test_markdown_output_becomes_text():
         {"output_type": "display_data", "metadata": {}},
         {"output_type": "display_data", "metadata": {}, "data": {3: "x"}},
         {"output_type": "execute_result", "metadata": {}, "data": {"text/plain": "x"}},
-        {"output_type": "execute_result", "execution_count": "3", "metadata": {}, "data": {"text/plain": "x"}},
-        {"output_type": "execute_result", "execution_count": True, "metadata": {}, "data": {"text/plain": "x"}},
+        {
+            "output_type": "execute_result",
+            "execution_count": "3",
+            "metadata": {},
+            "data": {"text/plain": "x"},
+        },
+        {
+            "output_type": "execute_result",
+            "execution_count": True,
+            "metadata": {},
+            "data": {"text/plain": "x"},
+        },
         {"output_type": "execute_result", "execution_count": -1, "metadata": {}, "data": {"text/plain": "x"}},
-        {"output_type": "execute_result", "execution_count": 1.0, "metadata": {}, "data": {"text/plain": "x"}},
+        {
+            "output_type": "execute_result",
+            "execution_count": 1.0,
+            "metadata": {},
+            "data": {"text/plain": "x"},
+        },
         {"output_type": "error", "ename": "E", "evalue": "v", "traceback": "not a list"},
         {"output_type": "error", "ename": "E", "evalue": "v", "traceback": ["ok", 3]},
         {"output_type": "error", "ename": None, "evalue": "v", "traceback": []},
@@ -276,9 +323,20 @@ def test_bad_values_drop_only_their_mimetype():
                              "an image/png output of this cell was malformed and was not kept"]  # fmt: skip
 
 
-@pytest.mark.parametrize("bad", ['AAAA" onerror="window.pwn=1', "AAA", "AAAA=AAA", "data:image/png;base64,AAAA", "", "AA AA", "AA\tAA"])
+@pytest.mark.parametrize(
+    "bad",
+    ['AAAA" onerror="window.pwn=1', "AAA", "AAAA=AAA", "data:image/png;base64,AAAA", "", "AA AA", "AA\tAA"],
+)
 def test_images_must_be_strict_base64(bad):
-    kept, notes = clean_outputs([{"output_type": "display_data", "metadata": {}, "data": {"image/png": bad, "text/plain": "<Figure>"}}])
+    kept, notes = clean_outputs(
+        [
+            {
+                "output_type": "display_data",
+                "metadata": {},
+                "data": {"image/png": bad, "text/plain": "<Figure>"},
+            }
+        ]
+    )
     assert kept[0]["data"] == {"text/plain": "<Figure>"}
     assert notes == ["an image/png output of this cell was not valid base64 and was not kept"]
 
@@ -297,11 +355,15 @@ def test_text_is_capped_and_cut_with_a_note():
 def test_cap_counts_utf8_bytes_and_cuts_on_a_character():
     kept, _ = clean_outputs([{"output_type": "stream", "name": "stdout", "text": "é" * 1000}], max_bytes=501)
     text = kept[0]["text"]
-    assert text.startswith("é" * 218) and "\ufffd" not in text  # 501 - 64 overhead = 437 bytes: 218 whole characters
+    assert (
+        text.startswith("é" * 218) and "\ufffd" not in text
+    )  # 501 - 64 overhead = 437 bytes: 218 whole characters
 
 
 def test_many_small_outputs_meet_the_cap():
-    kept, notes = clean_outputs([{"output_type": "stream", "name": "stdout", "text": ""}] * 100_000, max_bytes=64_000)
+    kept, notes = clean_outputs(
+        [{"output_type": "stream", "name": "stdout", "text": ""}] * 100_000, max_bytes=64_000
+    )
     assert len(kept) == 1_000
     assert notes == ["the outputs of this cell were longer than 64000 bytes and were cut short"]
 
@@ -309,18 +371,25 @@ def test_many_small_outputs_meet_the_cap():
 def test_images_are_kept_whole_or_dropped(png):
     outputs = [{"output_type": "display_data", "metadata": {}, "data": {"image/png": png}}]
     kept, notes = clean_outputs(outputs, max_bytes=len(png) // 2)
-    assert kept == [] and notes == [f"the outputs of this cell were longer than {len(png) // 2} bytes and were cut short"]
+    assert kept == [] and notes == [
+        f"the outputs of this cell were longer than {len(png) // 2} bytes and were cut short"
+    ]
 
 
 def test_huge_html_stays_inert_when_cut():
     fragment = "<table>" + "<tr><td>cell</td></tr>" * 1000 + "</table>"
-    kept, _ = clean_outputs([{"output_type": "display_data", "metadata": {}, "data": {"text/html": fragment}}], max_bytes=1_000)
+    kept, _ = clean_outputs(
+        [{"output_type": "display_data", "metadata": {}, "data": {"text/html": fragment}}], max_bytes=1_000
+    )
     assert_inert_html(kept[0]["data"]["text/html"])
     assert kept[0]["data"]["text/html"].endswith("</table>")
 
 
 def test_errors_are_capped():
-    kept, _ = clean_outputs([{"output_type": "error", "ename": "E", "evalue": "v", "traceback": ["line"] * 10_000}], max_bytes=1_000)
+    kept, _ = clean_outputs(
+        [{"output_type": "error", "ename": "E", "evalue": "v", "traceback": ["line"] * 10_000}],
+        max_bytes=1_000,
+    )
     assert 100 < len(kept[0]["traceback"]) < 240
     nbformat.validate(notebook_with(kept))
 
@@ -336,20 +405,29 @@ def test_lone_surrogates_are_replaced():
 
 
 def test_notes_are_given_once():
-    js = {"output_type": "display_data", "metadata": {}, "data": {"application/javascript": "x", "text/plain": "y"}}
+    js = {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {"application/javascript": "x", "text/plain": "y"},
+    }
     _, notes = clean_outputs([js, js, 3, 4])
-    assert notes == ["an application/javascript output of this cell was not shown: the autograder shows only inert content", MALFORMED]
+    assert notes == [
+        "an application/javascript output of this cell was not shown: the autograder shows only inert content",
+        MALFORMED,
+    ]
 
 
 def test_notes_quote_student_mimetypes_short_and_printable():
-    _, notes = clean_outputs([{"output_type": "display_data", "metadata": {}, "data": {"x/" + "y\n" * 100: "z"}}])
+    _, notes = clean_outputs(
+        [{"output_type": "display_data", "metadata": {}, "data": {"x/" + "y\n" * 100: "z"}}]
+    )
     assert len(notes[0]) < 160 and "\n" not in notes[0]
 
 
 def test_everything_cleaned_passes_nbformat_validation(png):
     hostile = [
-        {"output_type": "display_data", "metadata": {"isolated": True}, "data": {"text/html": "<script>x</script>"}, "transient": {"display_id": "x"}},
-        {"output_type": "execute_result", "execution_count": 7, "metadata": {"image/png": {"width": "1 onload=x"}}, "data": {"image/png": png}, "extra": 1},
+        {"output_type": "display_data", "metadata": {"isolated": True}, "data": {"text/html": "<script>x</script>"}, "transient": {"display_id": "x"}},  # noqa: E501
+        {"output_type": "execute_result", "execution_count": 7, "metadata": {"image/png": {"width": "1 onload=x"}}, "data": {"image/png": png}, "extra": 1},  # noqa: E501
         {"output_type": "display_data", "metadata": {}, "data": {"application/javascript": "x"}},
         {"output_type": "display_data", "metadata": {}, "data": {}},
         {"output_type": "stream", "name": "stderr", "text": "\x00\x1b[31mred\x1b[0m"},
@@ -358,7 +436,14 @@ def test_everything_cleaned_passes_nbformat_validation(png):
         3,
     ]  # fmt: skip
     kept, notes = clean_outputs(hostile)
-    assert [o["output_type"] for o in kept] == ["display_data", "execute_result", "display_data", "display_data", "stream", "error"]
+    assert [o["output_type"] for o in kept] == [
+        "display_data",
+        "execute_result",
+        "display_data",
+        "display_data",
+        "stream",
+        "error",
+    ]
     assert all(o.get("metadata", {}) == {} for o in kept)
     nb = notebook_with(kept)
     nbformat.validate(nb)
@@ -414,7 +499,12 @@ def test_markup_that_nbconvert_escapes_is_unchanged(text):
 
 def test_nbconvert_escapes_math_and_code():
     rendered = markdown2html_mistune("$a<b$ and `<script>` and $$x<y$$")
-    assert "<script>" not in rendered and "a&lt;b" in rendered and "&lt;script&gt;" in rendered and "x&lt;y" in rendered
+    assert (
+        "<script>" not in rendered
+        and "a&lt;b" in rendered
+        and "&lt;script&gt;" in rendered
+        and "x&lt;y" in rendered
+    )
 
 
 HOSTILE_MARKDOWN = [
@@ -538,7 +628,10 @@ META = f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
 
 
 def test_csp_goes_first_in_head():
-    page = "<!DOCTYPE html>\n<html>\n<HEAD lang='en'>\n<script src='https://cdn.example/x.js'></script><title>t</title></HEAD><body>x</body></html>"
+    page = (
+        "<!DOCTYPE html>\n<html>\n<HEAD lang='en'>\n<script "
+        "src='https://cdn.example/x.js'></script><title>t</title></HEAD><body>x</body></html>"
+    )
     out = with_csp(page)
     assert out == page.replace("<HEAD lang='en'>", "<HEAD lang='en'>" + META)
     assert out.index(META) < out.index("<script")
@@ -553,7 +646,9 @@ def test_csp_ignores_header_and_needs_a_head():
 def test_csp_allows_no_script_frame_or_remote_load():
     directives = dict(d.strip().split(" ", 1) for d in CSP.split(";"))
     assert directives["default-src"] == "'none'"
-    assert "script-src" not in directives and "connect-src" not in directives and "frame-src" not in directives
+    assert (
+        "script-src" not in directives and "connect-src" not in directives and "frame-src" not in directives
+    )
     assert directives["img-src"] == "data:" and directives["font-src"] == "data:"
     assert directives["base-uri"] == "'none'" and directives["form-action"] == "'none'"
 
@@ -572,7 +667,9 @@ def test_harden_html_file(tmp_path):
     path = tmp_path / "feedback.html"
     path.write_text("<html><head><title>é</title></head><body></body></html>", encoding="utf-8")
     harden_html_file(path)
-    assert path.read_text(encoding="utf-8") == f"<html><head>{META}<title>é</title></head><body></body></html>"
+    assert (
+        path.read_text(encoding="utf-8") == f"<html><head>{META}<title>é</title></head><body></body></html>"
+    )
     (tmp_path / "bare.html").write_text("<p>no head</p>")
     with pytest.raises(ValueError):
         harden_html_file(tmp_path / "bare.html")
@@ -614,7 +711,14 @@ def hostile_notebook(port: int, png: str, navigate: bool) -> tuple[nbformat.Note
         24: {"data": {"text/markdown": '<img src=x onerror="window.pwn24 = 1">'}},
         25: {"data": {"text/html": f'<iframe src="{url}/25"></iframe>'}},
         26: {"data": {"text/html": f'<link rel="stylesheet" href="{url}/26">'}},
-        27: {"data": {"image/svg+xml": f'<svg xmlns="http://www.w3.org/2000/svg" onload="window.pwn27=1"><image href="{url}/27"/></svg>'}},
+        27: {
+            "data": {
+                "image/svg+xml": (
+                    '<svg xmlns="http://www.w3.org/2000/svg" onload="window.pwn27=1"><image '
+                    f'href="{url}/27"/></svg>'
+                )
+            }
+        },
         28: {"data": {"text/html": f'<img src="{url}/28">'}},
         29: {"data": {"image/png": 'x" onerror="window.pwn29 = 1'}},
         30: {"data": {"text/html": f"<style>@import url({url}/30);</style>"}},
@@ -631,10 +735,18 @@ def hostile_notebook(port: int, png: str, navigate: bool) -> tuple[nbformat.Note
         nb.cells.append(cell)
     code = nbformat.v4.new_code_cell("print('hello')", execution_count=1)
     code.outputs = [
-        nbformat.from_dict({"output_type": "display_data", "metadata": o.get("metadata", {}), "data": o["data"]}) for o in outputs.values()
+        nbformat.from_dict(
+            {"output_type": "display_data", "metadata": o.get("metadata", {}), "data": o["data"]}
+        )
+        for o in outputs.values()
     ] + [
         nbformat.v4.new_output("stream", name="stdout", text="<script>window.pwn40 = 1</script>\n"),
-        nbformat.v4.new_output("error", ename="E", evalue="<img src=x onerror=window.pwn41=1>", traceback=["<script>window.pwn42=1</script>"]),
+        nbformat.v4.new_output(
+            "error",
+            ename="E",
+            evalue="<img src=x onerror=window.pwn41=1>",
+            traceback=["<script>window.pwn42=1</script>"],
+        ),
     ]
     nb.cells.append(code)
     return nb, network
@@ -697,6 +809,8 @@ def test_browser_runs_no_attack_after_cleaning_or_under_csp(tmp_path, browser, p
         if name.startswith("clean"):  # inert, and still there for the grader to read
             assert s["risky_links"] == 0, (name, s)
             assert "<script>window.pwn40 = 1</script>" in s["text"], name  # stream text, escaped by nbconvert
-            assert s["text"].count("This cell held HTML that the autograder shows as text:") == len(markdown_cells), name
+            assert s["text"].count("This cell held HTML that the autograder shows as text:") == len(
+                markdown_cells
+            ), name
             assert '<img src=x onerror="window.pwn2 = 1">' in s["text"], name
             assert "[an application/javascript output was not shown" in s["text"], name

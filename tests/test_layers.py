@@ -28,15 +28,31 @@ def randomise(module: nn.Module, seed: int = 0) -> nn.Module:
 
 def torch_encoder_layer(norm_first, activation, bias=True, dropout=0.0, d_ff=DFF):
     torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(C, H, dim_feedforward=d_ff, dropout=dropout, activation=activation,
-                                       norm_first=norm_first, batch_first=True, bias=bias)
+    layer = nn.TransformerEncoderLayer(
+        C,
+        H,
+        dim_feedforward=d_ff,
+        dropout=dropout,
+        activation=activation,
+        norm_first=norm_first,
+        batch_first=True,
+        bias=bias,
+    )
     return randomise(layer.double())
 
 
 def torch_decoder_layer(norm_first, activation, bias=True, dropout=0.0, d_ff=DFF):
     torch.manual_seed(0)
-    layer = nn.TransformerDecoderLayer(C, H, dim_feedforward=d_ff, dropout=dropout, activation=activation,
-                                       norm_first=norm_first, batch_first=True, bias=bias)
+    layer = nn.TransformerDecoderLayer(
+        C,
+        H,
+        dim_feedforward=d_ff,
+        dropout=dropout,
+        activation=activation,
+        norm_first=norm_first,
+        batch_first=True,
+        bias=bias,
+    )
     return randomise(layer.double())
 
 
@@ -82,7 +98,9 @@ def test_layer_norm_eps_inside_the_square_root():
     x = torch.full((2, C), 3.0, dtype=torch.float64) + rand(2, C) * 1e-4
     ours, theirs = L.LayerNorm(C, eps=1e-3).double(), nn.LayerNorm(C, eps=1e-3).double()
     assert_close(ours(x), theirs(x))
-    assert torch.equal(L.LayerNorm(C).double()(torch.ones(3, C, dtype=torch.float64)), torch.zeros(3, C, dtype=torch.float64))
+    assert torch.equal(
+        L.LayerNorm(C).double()(torch.ones(3, C, dtype=torch.float64)), torch.zeros(3, C, dtype=torch.float64)
+    )
 
 
 def test_layer_norm_output_has_zero_mean_and_unit_biased_variance():
@@ -188,7 +206,9 @@ def test_feed_forward_by_name_is_a_feedforward_with_that_activation(activation):
     if activation != "gelu_tanh":  # the exercise's FeedForward computes the same with the same weights
         torch.manual_seed(0)
         assert_close(L.FeedForward(C, DFF, activation, bias=False).double().eval()(x), ff(x))
-    with pytest.raises(ValueError, match=r"activation must be one of \['gelu', 'gelu_tanh', 'relu'\], got 'swish'"):
+    with pytest.raises(
+        ValueError, match=r"activation must be one of \['gelu', 'gelu_tanh', 'relu'\], got 'swish'"
+    ):
         L.feed_forward(C, activation="swish")
 
 
@@ -200,7 +220,9 @@ def test_feed_forward_by_name_is_a_feedforward_with_that_activation(activation):
 @pytest.mark.parametrize("bias", [True, False])
 def test_encoder_layer_matches_torch_in_eval_mode(norm_first, activation, bias):
     theirs = torch_encoder_layer(norm_first, activation, bias=bias, dropout=0.1).eval()
-    ours = ours_like(theirs, L.EncoderLayer, norm_first=norm_first, activation=activation, bias=bias, dropout=0.1).eval()
+    ours = ours_like(
+        theirs, L.EncoderLayer, norm_first=norm_first, activation=activation, bias=bias, dropout=0.1
+    ).eval()
     x = rand(3, 6, C)
     assert_close(ours(x), theirs(x))
 
@@ -217,7 +239,9 @@ def test_encoder_layer_masks_match_torch(norm_first):
     assert_close(ours(x, mask=causal), theirs(x, src_mask=~causal))
     mask = torch.rand(6, 6, generator=torch.Generator().manual_seed(3)) < 0.6
     mask[:, 0] = True
-    assert_close(ours(x, mask=mask, key_padding_mask=keep), theirs(x, src_mask=~mask, src_key_padding_mask=~keep))
+    assert_close(
+        ours(x, mask=mask, key_padding_mask=keep), theirs(x, src_mask=~mask, src_key_padding_mask=~keep)
+    )
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -282,7 +306,9 @@ def test_encoder_layer_rejects_a_bad_width():
 @pytest.mark.parametrize("bias", [True, False])
 def test_decoder_layer_matches_torch_in_eval_mode(norm_first, activation, bias):
     theirs = torch_decoder_layer(norm_first, activation, bias=bias, dropout=0.1).eval()
-    ours = ours_like(theirs, L.DecoderLayer, norm_first=norm_first, activation=activation, bias=bias, dropout=0.1).eval()
+    ours = ours_like(
+        theirs, L.DecoderLayer, norm_first=norm_first, activation=activation, bias=bias, dropout=0.1
+    ).eval()
     x, memory = rand(3, 5, C), rand(3, 7, C, seed=1)
     causal = causal_mask(5)
     assert_close(ours(x, memory), theirs(x, memory, tgt_mask=~causal, tgt_is_causal=True))
@@ -295,8 +321,9 @@ def test_decoder_layer_masks_match_torch(norm_first):
     ours = ours_like(theirs, L.DecoderLayer, norm_first=norm_first, activation="gelu").eval()
     x, memory = rand(3, 5, C), rand(3, 7, C, seed=1)
     keep, mem_keep = padding_mask([5, 3, 4]), padding_mask([7, 2, 5])
-    expected = theirs(x, memory, tgt_mask=~causal_mask(5), tgt_key_padding_mask=~keep,
-                      memory_key_padding_mask=~mem_keep)
+    expected = theirs(
+        x, memory, tgt_mask=~causal_mask(5), tgt_key_padding_mask=~keep, memory_key_padding_mask=~mem_keep
+    )
     assert_close(ours(x, memory, key_padding_mask=keep, memory_key_padding_mask=mem_keep), expected)
     memory_mask = torch.rand(5, 7, generator=torch.Generator().manual_seed(4)) < 0.5
     memory_mask[:, 0] = True
@@ -326,7 +353,9 @@ def test_decoder_layer_is_causal_and_ignores_padded_memory():
     mem_keep = padding_mask([7, 4])
     other = memory.clone()
     other[1, 4:] = rand(3, C, seed=3)
-    assert_close(layer(x, memory, memory_key_padding_mask=mem_keep), layer(x, other, memory_key_padding_mask=mem_keep))
+    assert_close(
+        layer(x, memory, memory_key_padding_mask=mem_keep), layer(x, other, memory_key_padding_mask=mem_keep)
+    )
     assert not torch.allclose(layer(x, memory)[1], layer(x, other)[1])
 
 
@@ -350,8 +379,9 @@ def test_decoder_layer_gradcheck():
 def test_encoder_stack_matches_torch(norm_first):
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(C, H, DFF, dropout=0.0, norm_first=norm_first, batch_first=True)
-    theirs = nn.TransformerEncoder(layer, num_layers=3, norm=nn.LayerNorm(C) if norm_first else None,
-                                   enable_nested_tensor=False)
+    theirs = nn.TransformerEncoder(
+        layer, num_layers=3, norm=nn.LayerNorm(C) if norm_first else None, enable_nested_tensor=False
+    )
     theirs = randomise(theirs.double()).eval()
     ours = L.Encoder(3, C, H, DFF, norm_first=norm_first).double().eval()
     ours.load_state_dict(from_torch(theirs))
@@ -369,18 +399,31 @@ def test_decoder_stack_matches_torch(norm_first):
     ours = L.Decoder(2, C, H, DFF, norm_first=norm_first).double().eval()
     ours.load_state_dict(from_torch(theirs))
     x, memory, mem_keep = rand(2, 5, C), rand(2, 6, C, seed=1), padding_mask([6, 4])
-    expected = theirs(x, memory, tgt_mask=~causal_mask(5), tgt_is_causal=True, memory_key_padding_mask=~mem_keep)
+    expected = theirs(
+        x, memory, tgt_mask=~causal_mask(5), tgt_is_causal=True, memory_key_padding_mask=~mem_keep
+    )
     assert_close(ours(x, memory, memory_key_padding_mask=mem_keep), expected)
 
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_weight_mapping_covers_every_tensor_both_ways(bias):
     cases = [
-        (nn.TransformerEncoderLayer(C, H, DFF, batch_first=True, bias=bias), L.EncoderLayer(C, H, DFF, bias=bias)),
-        (nn.TransformerDecoderLayer(C, H, DFF, batch_first=True, bias=bias), L.DecoderLayer(C, H, DFF, bias=bias)),
-        (nn.TransformerDecoder(nn.TransformerDecoderLayer(C, H, DFF, batch_first=True, bias=bias), 2,
-                               norm=nn.LayerNorm(C, bias=bias)),
-         L.Decoder(2, C, H, DFF, norm_first=True, bias=bias)),
+        (
+            nn.TransformerEncoderLayer(C, H, DFF, batch_first=True, bias=bias),
+            L.EncoderLayer(C, H, DFF, bias=bias),
+        ),
+        (
+            nn.TransformerDecoderLayer(C, H, DFF, batch_first=True, bias=bias),
+            L.DecoderLayer(C, H, DFF, bias=bias),
+        ),
+        (
+            nn.TransformerDecoder(
+                nn.TransformerDecoderLayer(C, H, DFF, batch_first=True, bias=bias),
+                2,
+                norm=nn.LayerNorm(C, bias=bias),
+            ),
+            L.Decoder(2, C, H, DFF, norm_first=True, bias=bias),
+        ),
     ]
     for theirs, ours in cases:
         sd = theirs.state_dict()
@@ -436,20 +479,36 @@ def test_parameter_counts_equal_torch_modules(d_model, d_ff, bias):
     ff = 4 * d_model if d_ff is None else d_ff
     assert L.layer_norm_params(d_model, bias) == numel(nn.LayerNorm(d_model, bias=bias))
     assert L.attention_params(d_model, bias) == numel(nn.MultiheadAttention(d_model, 4, bias=bias))
-    assert L.feedforward_params(d_model, d_ff, bias) == numel(nn.Linear(d_model, ff, bias=bias)) + numel(nn.Linear(ff, d_model, bias=bias))
-    assert L.encoder_layer_params(d_model, ff, bias) == numel(nn.TransformerEncoderLayer(d_model, 4, ff, bias=bias))
-    assert L.decoder_layer_params(d_model, ff, bias) == numel(nn.TransformerDecoderLayer(d_model, 4, ff, bias=bias))
-    assert L.encoder_layer_params(d_model, torch_ff, bias) == numel(nn.TransformerEncoderLayer(d_model, 4, torch_ff, bias=bias))
+    assert L.feedforward_params(d_model, d_ff, bias) == numel(nn.Linear(d_model, ff, bias=bias)) + numel(
+        nn.Linear(ff, d_model, bias=bias)
+    )
+    assert L.encoder_layer_params(d_model, ff, bias) == numel(
+        nn.TransformerEncoderLayer(d_model, 4, ff, bias=bias)
+    )
+    assert L.decoder_layer_params(d_model, ff, bias) == numel(
+        nn.TransformerDecoderLayer(d_model, 4, ff, bias=bias)
+    )
+    assert L.encoder_layer_params(d_model, torch_ff, bias) == numel(
+        nn.TransformerEncoderLayer(d_model, 4, torch_ff, bias=bias)
+    )
 
 
 @pytest.mark.parametrize("d_model,d_ff", [(16, None), (16, 24), (64, 100)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_parameter_counts_equal_our_modules(d_model, d_ff, bias):
     assert L.layer_norm_params(d_model, bias) == L.count_params(L.LayerNorm(d_model, bias=bias))
-    assert L.feedforward_params(d_model, d_ff, bias) == L.count_params(L.FeedForward(d_model, d_ff, bias=bias))
-    assert L.encoder_layer_params(d_model, d_ff, bias) == L.count_params(L.EncoderLayer(d_model, 4, d_ff, bias=bias))
-    assert L.decoder_layer_params(d_model, d_ff, bias) == L.count_params(L.DecoderLayer(d_model, 4, d_ff, bias=bias))
-    assert L.moe_feedforward_params(d_model, 3, d_ff, bias) == L.count_params(L.MoEFeedForward(d_model, 3, 2, d_ff, bias=bias))
+    assert L.feedforward_params(d_model, d_ff, bias) == L.count_params(
+        L.FeedForward(d_model, d_ff, bias=bias)
+    )
+    assert L.encoder_layer_params(d_model, d_ff, bias) == L.count_params(
+        L.EncoderLayer(d_model, 4, d_ff, bias=bias)
+    )
+    assert L.decoder_layer_params(d_model, d_ff, bias) == L.count_params(
+        L.DecoderLayer(d_model, 4, d_ff, bias=bias)
+    )
+    assert L.moe_feedforward_params(d_model, 3, d_ff, bias) == L.count_params(
+        L.MoEFeedForward(d_model, 3, 2, d_ff, bias=bias)
+    )
 
 
 def test_closed_forms_at_d_ff_4c():
@@ -461,18 +520,27 @@ def test_closed_forms_at_d_ff_4c():
 def gpt_like(shape: L.GPTShape, tied: bool = True) -> nn.Module:
     """A GPT-2-shaped model from coursekit modules, on the meta device (no memory, no weights)."""
     with torch.device("meta"):
-        model = nn.ModuleDict({
-            "wte": nn.Embedding(shape.vocab_size, shape.d_model),
-            "wpe": nn.Embedding(shape.n_positions, shape.d_model),
-            "blocks": L.Encoder(shape.n_layers, shape.d_model, shape.n_heads, activation="gelu", norm_first=True),
-        })
+        model = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(shape.vocab_size, shape.d_model),
+                "wpe": nn.Embedding(shape.n_positions, shape.d_model),
+                "blocks": L.Encoder(
+                    shape.n_layers, shape.d_model, shape.n_heads, activation="gelu", norm_first=True
+                ),
+            }
+        )
         if not tied:
             model["head"] = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
     return model
 
 
 #: Published sizes of the GPT-2 family (tied embeddings), as Hugging Face reports them.
-GPT2_SIZES = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200}
+GPT2_SIZES = {
+    "gpt2": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+}
 
 
 @pytest.mark.parametrize("name", list(L.GPT2_SHAPES))
@@ -490,8 +558,13 @@ def test_gpt_params_equal_hugging_face_gpt2_on_the_meta_device(name):
     import transformers
 
     s = L.GPT2_SHAPES[name]
-    config = transformers.GPT2Config(n_layer=s.n_layers, n_embd=s.d_model, n_head=s.n_heads,
-                                     vocab_size=s.vocab_size, n_positions=s.n_positions)
+    config = transformers.GPT2Config(
+        n_layer=s.n_layers,
+        n_embd=s.d_model,
+        n_head=s.n_heads,
+        vocab_size=s.vocab_size,
+        n_positions=s.n_positions,
+    )
     with torch.device("meta"):
         model = transformers.GPT2LMHeadModel(config)
     assert L.gpt_params(s.vocab_size, s.n_positions, s.d_model, s.n_layers) == numel(model)
@@ -550,7 +623,10 @@ def test_moe_sends_each_token_to_exactly_k_experts_by_index(k):
     m = moe(k=k, n_experts=5)
     x = rand(3, 4, 8)
     seen = {e: [] for e in range(5)}
-    hooks = [m.experts[e].register_forward_hook(lambda mod, inp, out, e=e: seen[e].append(inp[0])) for e in range(5)]
+    hooks = [
+        m.experts[e].register_forward_hook(lambda mod, inp, out, e=e: seen[e].append(inp[0]))
+        for e in range(5)
+    ]
     m(x)
     for h in hooks:
         h.remove()

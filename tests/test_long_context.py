@@ -43,7 +43,9 @@ def test_tiled_equals_naive_attention_in_float64(qs, ks, dv, causal, bq, bk):
 @pytest.mark.parametrize("causal", [False, True])
 def test_tiled_equals_torch_sdpa_including_bottom_right_causal(causal):
     q, k, v = rand(2, 4, 33, 16, seed=4), rand(2, 4, 50, 16, seed=5), rand(2, 4, 50, 16, seed=6)
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(33, 50) if causal else None)
+    expected = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=causal_lower_right(33, 50) if causal else None
+    )
     assert_close(lc.tiled_attention(q, k, v, causal=causal, block_q=8, block_k=16), expected)
 
 
@@ -96,16 +98,24 @@ def test_tiled_causal_masks_future_keys_and_skips_future_tiles():
 def test_tiled_gradcheck_on_tiny_shapes():
     q, k, v = (rand(1, 2, 5, 3, seed=s).requires_grad_() for s in (18, 19, 20))
     assert torch.autograd.gradcheck(lambda *a: lc.tiled_attention(*a, block_q=2, block_k=2), (q, k, v))
-    assert torch.autograd.gradcheck(lambda *a: lc.tiled_attention(*a, causal=True, block_q=3, block_k=2), (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda *a: lc.tiled_attention(*a, causal=True, block_q=3, block_k=2), (q, k, v)
+    )
 
 
 def test_tiled_gradients_equal_naive_gradients_with_masked_rows():
     mask = torch.ones(7, 9, dtype=torch.bool)
     mask[3] = False
     grads = []
-    for fn in (lambda q, k, v: lc.tiled_attention(q, k, v, causal=True, mask=mask, block_q=3, block_k=4),
-               lambda q, k, v: naive(q, k, v, causal=True, mask=mask)):
-        q, k, v = rand(2, 7, 4, seed=21).requires_grad_(), rand(2, 9, 4, seed=22).requires_grad_(), rand(2, 9, 4, seed=23).requires_grad_()
+    for fn in (
+        lambda q, k, v: lc.tiled_attention(q, k, v, causal=True, mask=mask, block_q=3, block_k=4),
+        lambda q, k, v: naive(q, k, v, causal=True, mask=mask),
+    ):
+        q, k, v = (
+            rand(2, 7, 4, seed=21).requires_grad_(),
+            rand(2, 9, 4, seed=22).requires_grad_(),
+            rand(2, 9, 4, seed=23).requires_grad_(),
+        )
         (fn(q, k, v) * rand(2, 7, 4, seed=24)).sum().backward()
         grads.append((q.grad, k.grad, v.grad))
     for a, b in zip(*grads):
@@ -130,10 +140,14 @@ def test_tiled_bad_inputs():
 
 def brute(T, S, allowed):
     """A (T, S) mask from a predicate on (query position, key position), bottom-right aligned."""
-    return torch.tensor([bool(allowed(i + S - T, j)) for i in range(T) for j in range(S)], dtype=torch.bool).view(T, S)
+    return torch.tensor(
+        [bool(allowed(i + S - T, j)) for i in range(T) for j in range(S)], dtype=torch.bool
+    ).view(T, S)
 
 
-@pytest.mark.parametrize("T,S,W", [(6, 6, 1), (6, 6, 2), (6, 6, 3), (9, 9, 4), (4, 10, 3), (5, 7, 20), (1, 8, 3), (0, 3, 2)])
+@pytest.mark.parametrize(
+    "T,S,W", [(6, 6, 1), (6, 6, 2), (6, 6, 3), (9, 9, 4), (4, 10, 3), (5, 7, 20), (1, 8, 3), (0, 3, 2)]
+)
 def test_sliding_window_mask_brute_force_and_hugging_face(T, S, W):
     from transformers.masking_utils import sliding_window_causal_mask_function
 
@@ -161,8 +175,12 @@ def test_sliding_window_mask_limits():
 @pytest.mark.parametrize("W", [1, 3, 8, 30])
 def test_rolling_cache_decoding_equals_windowed_full_attention(H, H_kv, W):
     q, k, v = rand(2, H, 20, 8, seed=30), rand(2, H_kv, 20, 8, seed=31), rand(2, H_kv, 20, 8, seed=32)
-    full = A.scaled_dot_product_attention(q, multihead.repeat_kv(k, H // H_kv), multihead.repeat_kv(v, H // H_kv),
-                                          mask=lc.sliding_window_mask(20, W))[0]
+    full = A.scaled_dot_product_attention(
+        q,
+        multihead.repeat_kv(k, H // H_kv),
+        multihead.repeat_kv(v, H // H_kv),
+        mask=lc.sliding_window_mask(20, W),
+    )[0]
     assert_close(lc.sliding_window_decode(q, k, v, W), full)
 
 
@@ -178,14 +196,18 @@ def test_rolling_cache_is_a_ring_buffer_of_constant_size():
     assert keys[0, 0, :, 0].tolist() == [6.0, 4.0, 5.0]  # token t sits in slot t % 3
     assert cache.nbytes == 2 * 2 * 3 * 4 * 2
     with pytest.raises(ValueError, match="one token"):
-        cache.update(torch.zeros(1, 2, 2, 4, dtype=torch.float16), torch.zeros(1, 2, 2, 4, dtype=torch.float16))
+        cache.update(
+            torch.zeros(1, 2, 2, 4, dtype=torch.float16), torch.zeros(1, 2, 2, 4, dtype=torch.float16)
+        )
     with pytest.raises(ValueError, match="window must be positive"):
         lc.RollingKVCache(1, 1, 0, 4)
 
 
 @pytest.mark.parametrize("T,s", [(1, 1), (10, 1), (10, 3), (16, 4), (17, 5)])
 def test_strided_mask_brute_force(T, s):
-    assert torch.equal(lc.strided_mask(T, s), brute(T, T, lambda i, j: j <= i and (i - j < s or (i - j) % s == 0)))
+    assert torch.equal(
+        lc.strided_mask(T, s), brute(T, T, lambda i, j: j <= i and (i - j < s or (i - j) % s == 0))
+    )
 
 
 @pytest.mark.parametrize("T,l,c", [(10, 1, 1), (12, 4, 1), (13, 4, 2), (9, 3, 3)])
@@ -327,11 +349,16 @@ def test_linear_attention_bad_inputs():
 # --------------------------------------------------------------------------- KV-cache size
 
 
-@pytest.mark.parametrize("L,H,H_kv,D,T,B", [(32, 32, 32, 128, 4096, 1), (80, 64, 8, 128, 1000, 3), (32, 71, 1, 64, 7, 2)])
-@pytest.mark.parametrize("dtype,nbytes", [(torch.float16, 2), (torch.bfloat16, 2), (torch.float32, 4), (torch.float64, 8)])
+@pytest.mark.parametrize(
+    "L,H,H_kv,D,T,B", [(32, 32, 32, 128, 4096, 1), (80, 64, 8, 128, 1000, 3), (32, 71, 1, 64, 7, 2)]
+)
+@pytest.mark.parametrize(
+    "dtype,nbytes", [(torch.float16, 2), (torch.bfloat16, 2), (torch.float32, 4), (torch.float64, 8)]
+)
 def test_kv_cache_size_equals_chapter_2s_kv_cache_bytes(L, H, H_kv, D, T, B, dtype, nbytes):
-    assert lc.kv_cache_size(L, H, D, T, n_kv_heads=H_kv, batch=B, dtype=dtype) == \
-        multihead.kv_cache_bytes(L, H_kv, D, T, batch=B, bytes_per_value=nbytes)
+    assert lc.kv_cache_size(L, H, D, T, n_kv_heads=H_kv, batch=B, dtype=dtype) == multihead.kv_cache_bytes(
+        L, H_kv, D, T, batch=B, bytes_per_value=nbytes
+    )
 
 
 def test_kv_cache_size_of_a_7b_model():
@@ -373,7 +400,9 @@ def test_segment_recurrence_equals_masked_full_attention(L, M):
 
 
 def test_segment_recurrence_mask_brute_force():
-    assert torch.equal(lc.segment_recurrence_mask(11, 3, 2), brute(11, 11, lambda i, j: (i // 3) * 3 - 2 <= j <= i))
+    assert torch.equal(
+        lc.segment_recurrence_mask(11, 3, 2), brute(11, 11, lambda i, j: (i // 3) * 3 - 2 <= j <= i)
+    )
     assert torch.equal(lc.segment_recurrence_mask(9, 3, 0), brute(9, 9, lambda i, j: (i // 3) * 3 <= j <= i))
     assert torch.equal(lc.segment_recurrence_mask(9, 3, 100), A.causal_mask(9))
 

@@ -148,7 +148,9 @@ def test_key_padding_mask_is_the_negation_of_torchs():
     m, x, kv = build(12, 4), rand(2, 4, 12, seed=1), rand(2, 6, 12, seed=2)
     keep = A.padding_mask([4, 6], S=6)  # (B, S): True = real key
     out, w = m(x, kv, key_padding_mask=keep, need_weights=True)
-    ref, ref_w = torch_twin(m)(x, kv, kv, key_padding_mask=~keep, need_weights=True, average_attn_weights=False)
+    ref, ref_w = torch_twin(m)(
+        x, kv, kv, key_padding_mask=~keep, need_weights=True, average_attn_weights=False
+    )
     assert torch.equal(A.from_key_padding_mask(~keep), keep)  # the conversion, both ways
     assert_close(out, ref)
     assert_close(w, ref_w)
@@ -163,7 +165,9 @@ def test_boolean_attention_mask_matches_torch_after_negation(shape):
     mask = torch.rand(shape, generator=torch.Generator().manual_seed(3)) < 0.6
     mask[..., 0] = True  # every query sees a key: torch gives NaN otherwise
     out, w = m(x, kv, mask=mask, need_weights=True)
-    ref, ref_w = torch_twin(m)(x, kv, kv, attn_mask=to_torch_attn_mask(mask, 2, 3), need_weights=True, average_attn_weights=False)
+    ref, ref_w = torch_twin(m)(
+        x, kv, kv, attn_mask=to_torch_attn_mask(mask, 2, 3), need_weights=True, average_attn_weights=False
+    )
     assert_close(out, ref)
     assert_close(w, ref_w)
 
@@ -266,7 +270,9 @@ def test_gqa_matches_sdpa_enable_gqa_on_the_projections(H_kv):
     m, x = build(12, 6, H_kv), rand(2, 5, 12, seed=1)
     q, k, v = m.project(x)
     assert q.shape == (2, 6, 5, 2) and k.shape == v.shape == (2, H_kv, 5, 2)
-    expected = m.out_proj(M.merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)))
+    expected = m.out_proj(
+        M.merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+    )
     assert_close(m(x, is_causal=True)[0], expected)
 
 
@@ -283,7 +289,9 @@ def test_gqa_equals_mha_whose_kv_heads_are_copied_within_each_group():
     q_b, k_b, v_b = gqa.qkv_proj.bias.split([C, H_kv * D, H_kv * D])
 
     def expand(t):  # (H_kv * D, ...) -> (H * D, ...): each kv head's rows repeated for its group
-        return t.reshape(H_kv, D, *t.shape[1:]).repeat_interleave(H // H_kv, dim=0).reshape(H * D, *t.shape[1:])
+        return (
+            t.reshape(H_kv, D, *t.shape[1:]).repeat_interleave(H // H_kv, dim=0).reshape(H * D, *t.shape[1:])
+        )
 
     with torch.no_grad():
         mha.qkv_proj.weight.copy_(torch.cat([q_w, expand(k_w), expand(v_w)]))
@@ -434,7 +442,9 @@ def test_bad_input_errors():
         m(rand(5, 12))
     with pytest.raises(ValueError, match=r"expected kv of shape \(2, S, 12\), got \(3, 6, 12\)"):
         m(x, rand(3, 6, 12))
-    with pytest.raises(ValueError, match=r"key_padding_mask must be a boolean \(2, 5\) tensor .*got torch.bool \(2, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"key_padding_mask must be a boolean \(2, 5\) tensor .*got torch.bool \(2, 4\)"
+    ):
         m(x, key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"key_padding_mask must be a boolean .*got torch.int64 \(2, 5\)"):
         m(x, key_padding_mask=torch.ones(2, 5, dtype=torch.long))
@@ -444,4 +454,3 @@ def test_bad_input_errors():
         m(x, mask=torch.ones(5, 6, dtype=torch.bool))
     with pytest.raises(ValueError, match="0 <= T <= S"):
         m(x, rand(2, 3, 12), is_causal=True)  # causal cross-attention needs S >= T
-

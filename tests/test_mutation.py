@@ -32,7 +32,9 @@ def test_the_report_is_current_and_the_graders_kill_enough_mutants(assignment, p
     entry = json.loads(path.read_text())["parts"].get(part.grade_id)
     assert entry is not None, f"the report of {assignment} has no {part.name}: {rerun}"
     equal = equivalent(assignment)
-    assert entry["fingerprint"] == mutation.fingerprint(assignment, part, equal), f"the report is stale: {rerun}"
+    assert entry["fingerprint"] == mutation.fingerprint(assignment, part, equal), (
+        f"the report is stale: {rerun}"
+    )
     ids = [m.id for m in mutation.mutants(part)]
     assert list(entry["results"]) == ids, f"the report covers other mutants than the answer now has: {rerun}"
     ours = [i for i in equal if i.startswith(f"{part.grade_id} | ")]
@@ -42,12 +44,13 @@ def test_the_report_is_current_and_the_graders_kill_enough_mutants(assignment, p
     assert not killed, f"EQUIVALENT names mutants the graders kill (so they are not equivalent): {killed}"
     assert entry["kill_rate"] >= THRESHOLD, (
         f"{part.name}: the graders kill {entry['kill_rate']:.1%} of the non-equivalent mutants (at least "
-        f"{THRESHOLD:.0%} needed); survivors:\n" + "\n".join(f"  line {s['line']}: {s['change']}  ({s['id']})"
-                                                           for s in entry["survivors"]))
+        f"{THRESHOLD:.0%} needed); survivors:\n"
+        + "\n".join(f"  line {s['line']}: {s['change']}  ({s['id']})" for s in entry["survivors"])
+    )
 
 
 def test_mutants_have_stable_distinct_ids_and_change_the_program():
-    for assignment, part in PARTS[:8]:
+    for _assignment, part in PARTS[:8]:
         made = mutation.mutants(part)
         assert len({m.id for m in made}) == len(made) == len({m.source for m in made}) > 10
         assert [m.id for m in mutation.mutants(part)] == [m.id for m in made]
@@ -57,5 +60,18 @@ def test_mutants_have_stable_distinct_ids_and_change_the_program():
 def test_the_operators_cover_the_standard_set():
     made = [m for _, p in PARTS for m in mutation.mutants(p)]
     operators = {m.operator for m in made}
-    assert {"binop", "compare", "boolop", "number", "slice", "keyword", "argument", "delete", "condition",
-            "attribute", "default", "unary", "bool"} <= operators, operators
+    assert {
+        "binop",
+        "compare",
+        "boolop",
+        "number",
+        "slice",
+        "keyword",
+        "argument",
+        "delete",
+        "condition",
+        "attribute",
+        "default",
+        "unary",
+        "bool",
+    } <= operators, operators

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.models.xlm.modeling_xlm import create_sinusoidal_embeddings
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from coursekit import attention as A
 from coursekit import positional as P
@@ -37,12 +37,18 @@ def test_sinusoidal_fact_vector_pe1_d4():
 def test_sinusoidal_matches_the_papers_formula():
     T, C = 40, 12
     expected = torch.tensor(
-        [[(math.sin if c % 2 == 0 else math.cos)(p / 10000 ** ((c - c % 2) / C)) for c in range(C)] for p in range(T)],
+        [
+            [(math.sin if c % 2 == 0 else math.cos)(p / 10000 ** ((c - c % 2) / C)) for c in range(C)]
+            for p in range(T)
+        ],
         dtype=torch.float64,
     )
     assert_close(P.sinusoidal_encoding(T, C, dtype=torch.float64), expected)
     expected_base = torch.tensor(
-        [[(math.sin if c % 2 == 0 else math.cos)(p / 50.0 ** ((c - c % 2) / C)) for c in range(C)] for p in range(T)],
+        [
+            [(math.sin if c % 2 == 0 else math.cos)(p / 50.0 ** ((c - c % 2) / C)) for c in range(C)]
+            for p in range(T)
+        ],
         dtype=torch.float64,
     )
     assert_close(P.sinusoidal_encoding(T, C, base=50.0, dtype=torch.float64), expected_base)
@@ -70,7 +76,9 @@ def test_sinusoidal_shift_is_a_fixed_linear_map(C):
         pos = torch.arange(max(0, -k), 300 - max(0, k))  # every position with p + k in range
         assert_close(pe[pos] @ M.T, pe[pos + k])  # row form of M_k PE(p) = PE(p + k)
         assert_close(M @ M.T, torch.eye(C, dtype=torch.float64))  # a rotation
-    assert_close(P.sinusoidal_shift_matrix(3, C) @ P.sinusoidal_shift_matrix(4, C), P.sinusoidal_shift_matrix(7, C))
+    assert_close(
+        P.sinusoidal_shift_matrix(3, C) @ P.sinusoidal_shift_matrix(4, C), P.sinusoidal_shift_matrix(7, C)
+    )
 
 
 def test_sinusoidal_dot_product_depends_only_on_the_distance():
@@ -145,7 +153,9 @@ def test_relative_position_bias_clips_offsets():
     torch.manual_seed(0)
     H, K, T, S = 3, 2, 5, 7
     rpb = P.RelativePositionBias(H, K).double()
-    assert rpb.bias.shape == (H, 2 * K + 1) and torch.equal(rpb.bias, torch.zeros(H, 2 * K + 1, dtype=torch.float64))
+    assert rpb.bias.shape == (H, 2 * K + 1) and torch.equal(
+        rpb.bias, torch.zeros(H, 2 * K + 1, dtype=torch.float64)
+    )
     with torch.no_grad():
         rpb.bias.copy_(rand(H, 2 * K + 1))
     expected = torch.empty(H, T, S, dtype=torch.float64)
@@ -185,8 +195,12 @@ def test_relative_position_bias_gradcheck():
 def llama_config(D=8, H=2, base=10000.0, rope_type="default", **extra):
     params = {"rope_type": rope_type, "rope_theta": base, **extra}
     return LlamaConfig(
-        hidden_size=D * H, num_attention_heads=H, num_key_value_heads=H, head_dim=D,
-        max_position_embeddings=64, rope_parameters=params,
+        hidden_size=D * H,
+        num_attention_heads=H,
+        num_key_value_heads=H,
+        head_dim=D,
+        max_position_embeddings=64,
+        rope_parameters=params,
     )
 
 
@@ -212,7 +226,9 @@ def test_rope_matches_hugging_face_llama_with_explicit_positions():
     q_hf, k_hf = apply_rotary_pos_emb(q, k, cos, sin)
     assert_close(P.apply_rope(q, positions), q_hf)
     assert_close(P.apply_rope(k, positions), k_hf)
-    assert_close(P.apply_rope(q, positions[1]), apply_rotary_pos_emb(q, k, cos[1:], sin[1:])[0])  # (T,) shared
+    assert_close(
+        P.apply_rope(q, positions[1]), apply_rotary_pos_emb(q, k, cos[1:], sin[1:])[0]
+    )  # (T,) shared
 
 
 def test_rope_rotation_matches_hugging_face_in_float64():
@@ -236,7 +252,9 @@ def test_rope_linear_scaling_matches_hugging_face(factor):
     q_hf, _ = apply_rotary_pos_emb(q, q, cos, sin)
     assert_close(P.apply_rope(q, positions, scaling="linear", factor=factor), q_hf)
     # position interpolation is plain RoPE at fractional positions
-    assert_close(P.apply_rope(q, positions, scaling="linear", factor=factor), P.apply_rope(q, positions / factor))
+    assert_close(
+        P.apply_rope(q, positions, scaling="linear", factor=factor), P.apply_rope(q, positions / factor)
+    )
 
 
 @pytest.mark.parametrize("D,factor", [(8, 2.0), (16, 4.0), (64, 8.0)])
@@ -247,8 +265,11 @@ def test_ntk_scaling_closed_form_and_hugging_face_dynamic_ntk(D, factor):
     plain, ntk = P.rope_frequencies(D, base), P.rope_frequencies(D, new_base)
     assert_close(ntk[-1], plain[-1] / factor)  # the lowest frequency is stretched by exactly `factor`
     assert ntk[0] == plain[0] == 1.0  # the highest is unchanged
-    assert_close(ntk[1] / plain[1], torch.tensor(factor ** (-2 / (D - 2)), dtype=torch.float64))  # the next barely
-    # HF's dynamic NTK uses base * (factor * L / L0 - (factor - 1))^(D/(D-2)); at L = L0 (2 - 1/factor) the bracket is `factor`
+    assert_close(
+        ntk[1] / plain[1], torch.tensor(factor ** (-2 / (D - 2)), dtype=torch.float64)
+    )  # the next barely
+    # HF's dynamic NTK uses base * (factor * L / L0 - (factor - 1))^(D/(D-2));
+    # at L = L0 (2 - 1/factor) the bracket is `factor`
     config = llama_config(D=D, rope_type="dynamic", factor=factor)
     L0 = config.max_position_embeddings
     inv_freq, _ = ROPE_INIT_FUNCTIONS["dynamic"](config, None, seq_len=int(L0 * (2 - 1 / factor)))
@@ -278,18 +299,25 @@ def test_rope_scores_depend_only_on_the_offset():
 def test_rope_attention_is_invariant_to_a_global_shift():
     q, k, v = rand(1, 2, 5, 8), rand(1, 2, 5, 8, seed=1), rand(1, 2, 5, 8, seed=2)
     pos = torch.arange(5)
-    out0, _ = A.scaled_dot_product_attention(P.apply_rope(q, pos), P.apply_rope(k, pos), v, mask=A.causal_mask(5))
-    out1, _ = A.scaled_dot_product_attention(P.apply_rope(q, pos + 40), P.apply_rope(k, pos + 40), v, mask=A.causal_mask(5))
+    out0, _ = A.scaled_dot_product_attention(
+        P.apply_rope(q, pos), P.apply_rope(k, pos), v, mask=A.causal_mask(5)
+    )
+    out1, _ = A.scaled_dot_product_attention(
+        P.apply_rope(q, pos + 40), P.apply_rope(k, pos + 40), v, mask=A.causal_mask(5)
+    )
     assert_close(out0, out1)
 
 
 def test_rope_interleaved_convention_is_a_permutation_of_half_split():
-    """Meta's original LLaMA pairs (2i, 2i+1); ours pairs (i, i + D/2): the same rotation after a channel permutation."""
+    """Meta's original LLaMA pairs (2i, 2i+1); ours pairs (i, i + D/2): the same rotation after a
+    channel permutation."""
     D = 8
     x = rand(4, D)
     positions = torch.arange(4)
     angles = P.rope_angles(positions, D)  # (T, D/2)
-    z = torch.view_as_complex(x.reshape(4, D // 2, 2).contiguous()) * torch.polar(torch.ones_like(angles), angles)
+    z = torch.view_as_complex(x.reshape(4, D // 2, 2).contiguous()) * torch.polar(
+        torch.ones_like(angles), angles
+    )
     interleaved = torch.view_as_real(z).reshape(4, D)
     perm = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])  # (2i, 2i+1) -> (i, i + D/2)
     assert_close(P.apply_rope(x[:, perm], positions), interleaved[:, perm])
@@ -344,7 +372,9 @@ def test_alibi_slopes_match_bloom(H):
 
 
 def test_alibi_slopes_rule_for_non_powers_of_two():
-    assert_close(P.alibi_slopes(3, torch.float64), torch.tensor([2.0**-4, 2.0**-8, 2.0**-2], dtype=torch.float64))
+    assert_close(
+        P.alibi_slopes(3, torch.float64), torch.tensor([2.0**-4, 2.0**-8, 2.0**-2], dtype=torch.float64)
+    )
     s12 = P.alibi_slopes(12, torch.float64)
     assert_close(s12[:8], P.alibi_slopes(8, torch.float64))
     assert_close(s12[8:], P.alibi_slopes(16, torch.float64)[0::2][:4])
@@ -369,7 +399,9 @@ def test_alibi_bias_formula_and_alignment(T, S):
 def test_alibi_bias_equals_bloom_up_to_softmax_shift_invariance():
     H, T = 6, 9
     q, k, v = rand(2, H, T, 8), rand(2, H, T, 8, seed=1), rand(2, H, T, 8, seed=2)
-    bloom = build_alibi_tensor(torch.ones(2, T), H, torch.float64).view(2, H, 1, T)  # slope_h * j, no query term
+    bloom = build_alibi_tensor(torch.ones(2, T), H, torch.float64).view(
+        2, H, 1, T
+    )  # slope_h * j, no query term
     bloom_mask = bloom + A.bool_to_additive(A.causal_mask(T), torch.float64)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bloom_mask)
     ours, _ = A.scaled_dot_product_attention(q, k, v, mask=P.alibi_bias(P.alibi_slopes(H, torch.float64), T))

@@ -57,13 +57,17 @@ GRADES_SQL = """
 
 def _server_bindir() -> Path:
     """The newest installed server's binaries (Debian keeps them off PATH)."""
-    found = sorted(DEBIAN_SERVERS.glob("*/bin/pg_ctl"), key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+    found = sorted(
+        DEBIAN_SERVERS.glob("*/bin/pg_ctl"), key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0
+    )
     if found:
         return found[-1].parent
     if shutil.which("initdb") and shutil.which("pg_ctl"):
         return Path(shutil.which("pg_ctl")).parent
-    pytest.fail("the PostgreSQL server (initdb, pg_ctl) is needed: run scripts/system_deps.sh "
-                "(apt-get install postgresql)")
+    pytest.fail(
+        "the PostgreSQL server (initdb, pg_ctl) is needed: run scripts/system_deps.sh "
+        "(apt-get install postgresql)"
+    )
 
 
 class PostgresServer:
@@ -83,7 +87,9 @@ class PostgresServer:
             try:
                 shutil.chown(folder, "postgres", "postgres")
             except LookupError:
-                pytest.fail("running as root, PostgreSQL needs the `postgres` system user: run scripts/system_deps.sh")
+                pytest.fail(
+                    "running as root, PostgreSQL needs the `postgres` system user: run scripts/system_deps.sh"
+                )
         folder.chmod(0o700)
 
     def run(self, tool: str, *args: str) -> str:
@@ -97,10 +103,22 @@ class PostgresServer:
         return done.stdout
 
     def start(self) -> None:
-        self.run("initdb", "-D", str(self.data), "--auth=trust", f"--username={self.superuser}",
-                 "--encoding=UTF8", "--locale=C", "--no-sync")
-        options = f"-c listen_addresses='' -c unix_socket_directories='{self.folder}' -c port={PORT} -c fsync=off"
-        self.run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60", "start")
+        self.run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "--auth=trust",
+            f"--username={self.superuser}",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
+        options = (
+            f"-c listen_addresses='' -c unix_socket_directories='{self.folder}' -c port={PORT} -c fsync=off"
+        )
+        self.run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60", "start"
+        )
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
@@ -111,7 +129,10 @@ class PostgresServer:
 
     def create_database(self, name: str) -> str:
         """A new database owned by the role ``grader`` (as the README creates it); its URL."""
-        if "grader" not in self.client("psql", "-d", "postgres", "-Atc", "SELECT rolname FROM pg_roles").split():
+        if (
+            "grader"
+            not in self.client("psql", "-d", "postgres", "-Atc", "SELECT rolname FROM pg_roles").split()
+        ):
             self.client("createuser", "grader")
         self.client("createdb", "--owner=grader", name)
         return f"postgresql://grader@/{name}?host={self.folder}&port={PORT}"
@@ -161,7 +182,9 @@ def write_class(inbox: Path) -> None:
     reference = filled(ASSIGNMENT)
     nbformat.write(reference, inbox / "reference.ipynb")
     nbformat.write(load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), inbox / "untouched.ipynb")
-    nbformat.write(replace_definition(reference, MUTANT.target, MUTANT.source), inbox / f"{MUTANT.name}.ipynb")
+    nbformat.write(
+        replace_definition(reference, MUTANT.target, MUTANT.source), inbox / f"{MUTANT.name}.ipynb"
+    )
 
 
 def reuse_verdicts(src: Path, src_student: str, dst: Path, dst_student: str, assignment: str) -> None:
@@ -173,12 +196,17 @@ def reuse_verdicts(src: Path, src_student: str, dst: Path, dst_student: str, ass
 def grades(url: str, assignment: str) -> dict[tuple[str, str], tuple]:
     """(student, grade cell) -> (auto score, manual score), through nbgrader."""
     with Gradebook(url, COURSE_ID) as gb:
-        return {(sub.student_id, g.name): (g.auto_score, g.manual_score)
-                for sub in gb.assignment_submissions(assignment) for nb in sub.notebooks for g in nb.grades}
+        return {
+            (sub.student_id, g.name): (g.auto_score, g.manual_score)
+            for sub in gb.assignment_submissions(assignment)
+            for nb in sub.notebooks
+            for g in nb.grades
+        }
 
 
 def formgrader_views(url: str) -> dict:
     """What nbgrader's formgrader lists (its aggregate SQL), without row ids and timestamps."""
+
     def by(key, dicts):
         return {d[key]: {k: v for k, v in d.items() if k not in ("id", "timestamp")} for d in dicts}
 
@@ -203,7 +231,21 @@ def graded(server, tmp_path_factory):
     root, inbox = postgres_course(tmp_path_factory.mktemp("pg"), url)
     write_class(inbox)
     csv_path = root / "grades.csv"
-    assert cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--csv", str(csv_path)]) == 0
+    assert (
+        cli.main(
+            [
+                "--course",
+                str(root),
+                "autograde",
+                str(inbox),
+                "--assignment",
+                ASSIGNMENT,
+                "--csv",
+                str(csv_path),
+            ]
+        )
+        == 0
+    )
     assert not (root / "gradebook.db").exists()  # nothing went to the default SQLite file
     with open(csv_path, newline="") as f:
         rows = {r["student_id"]: r for r in csv.DictReader(f)}
@@ -222,9 +264,14 @@ def test_scores_are_in_the_postgres_gradebook(server, graded):
     by_nbgrader = grades(url, ASSIGNMENT)
     assert by_nbgrader[(MUTANT.name, "softmax_hidden")][0] == 0  # the mutant lost its part
     # independently of nbgrader and SQLAlchemy: plain SQL through the driver
-    by_sql = {(student, cell): (auto, manual) for student, cell, auto, manual in server.sql(url, GRADES_SQL, ASSIGNMENT)}
+    by_sql = {
+        (student, cell): (auto, manual)
+        for student, cell, auto, manual in server.sql(url, GRADES_SQL, ASSIGNMENT)
+    }
     assert by_sql == by_nbgrader
-    assert sum(auto for (student, _cell), (auto, _manual) in by_sql.items() if student == MUTANT.name) == partial
+    assert (
+        sum(auto for (student, _cell), (auto, _manual) in by_sql.items() if student == MUTANT.name) == partial
+    )
 
 
 def test_postgres_records_what_sqlite_records(graded, tmp_path):
@@ -236,17 +283,36 @@ def test_postgres_records_what_sqlite_records(graded, tmp_path):
         shutil.copy(path, inbox)
         reuse_verdicts(pg_root, path.stem, root, path.stem, ASSIGNMENT)
     csv_path = root / "grades.csv"
-    assert cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--csv", str(csv_path),
-                     "--no-feedback"]) == 0
+    assert (
+        cli.main(
+            [
+                "--course",
+                str(root),
+                "autograde",
+                str(inbox),
+                "--assignment",
+                ASSIGNMENT,
+                "--csv",
+                str(csv_path),
+                "--no-feedback",
+            ]
+        )
+        == 0
+    )
     sqlite = f"sqlite:///{root}/gradebook.db"
     assert grades(sqlite, ASSIGNMENT) == grades(url, ASSIGNMENT)
     views = formgrader_views(url)
     assert views == formgrader_views(sqlite)
-    assert views["submissions"][MUTANT.name]["score"] == float(pg_rows[MUTANT.name]["score"]) and len(views["students"]) == 3
+    assert (
+        views["submissions"][MUTANT.name]["score"] == float(pg_rows[MUTANT.name]["score"])
+        and len(views["students"]) == 3
+    )
     with open(csv_path, newline="") as f:
         rows = {r["student_id"]: r for r in csv.DictReader(f)}
     keys = ("assignment", "student_id", "score", "max_score")
-    assert {s: [r[k] for k in keys] for s, r in rows.items()} == {s: [r[k] for k in keys] for s, r in pg_rows.items()}
+    assert {s: [r[k] for k in keys] for s, r in rows.items()} == {
+        s: [r[k] for k in keys] for s, r in pg_rows.items()
+    }
 
 
 def test_csv_export_and_report_work_from_postgres(graded, tmp_path):
@@ -271,7 +337,9 @@ def test_each_run_dumps_the_gradebook_and_the_dump_restores(server, graded):
     autograde.autograde(root, ASSIGNMENT, ["reference"], feedback=False)
     (new,) = set(folder.glob("gradebook-*.dump")) - before
     restored = server.create_database("restored")
-    subprocess.run([str(server.bindir / "pg_restore"), "--no-owner", f"--dbname={restored}", str(new)], check=True)
+    subprocess.run(
+        [str(server.bindir / "pg_restore"), "--no-owner", f"--dbname={restored}", str(new)], check=True
+    )
     assert totals(restored, ASSIGNMENT) == totals(url, ASSIGNMENT)
 
 
@@ -289,13 +357,18 @@ def test_a_gradebook_it_cannot_reach_is_a_clear_error(server, tmp_path, capsys):
     nbformat.write(load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), inbox / "untouched.ipynb")
     assert cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT]) == 2
     err = capsys.readouterr().err
-    assert "cannot connect to the gradebook postgresql://grader@/no_such_database" in err and "does not exist" in err
+    assert (
+        "cannot connect to the gradebook postgresql://grader@/no_such_database" in err
+        and "does not exist" in err
+    )
 
 
 def test_without_pg_dump_a_run_warns_that_it_made_no_backup(server, tmp_path, monkeypatch, caplog):
     url = server.create_database("no_client_tools")
     which = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda name, *args, **kw: None if name == "pg_dump" else which(name, *args, **kw))
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *args, **kw: None if name == "pg_dump" else which(name, *args, **kw)
+    )
     with caplog.at_level(logging.WARNING, logger="coursekit.autograde"):
         assert autograde.backup_gradebook(tmp_path, url) is None
     assert "gradebook was NOT backed up" in caplog.text
@@ -310,9 +383,14 @@ def test_doctor_checks_a_postgres_gradebook(server, tmp_path, monkeypatch, capsy
     root, _ = postgres_course(tmp_path, url.replace("/doctored?", "/no_such_database?"))
     assert cli.main(["--course", str(root), "doctor"]) == 1
     out = capsys.readouterr().out
-    assert "[FAIL] gradebook: cannot connect to postgresql://grader@/no_such_database" in out and "does not exist" in out
+    assert (
+        "[FAIL] gradebook: cannot connect to postgresql://grader@/no_such_database" in out
+        and "does not exist" in out
+    )
     which = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda name, *args, **kw: None if name == "pg_dump" else which(name, *args, **kw))
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *args, **kw: None if name == "pg_dump" else which(name, *args, **kw)
+    )
     ok, what, detail = autograde.check_gradebook(url)[0]
     assert (ok, what) == (False, "pg_dump") and "apt-get install postgresql-client" in detail
 
@@ -322,7 +400,9 @@ def test_one_run_per_assignment_and_database_from_any_course_folder(server, tmp_
     url = server.create_database("locks")
     other, _ = postgres_course(tmp_path, url, "other")
     with autograde.gradebook_lock(url, ASSIGNMENT):
-        with pytest.raises(RuntimeError, match=f"another `coursekit autograde` is grading {ASSIGNMENT} into this gradebook"):
+        with pytest.raises(
+            RuntimeError, match=f"another `coursekit autograde` is grading {ASSIGNMENT} into this gradebook"
+        ):
             autograde.autograde(other, ASSIGNMENT, ["reference"], feedback=False)
         with autograde.gradebook_lock(url, OTHER):  # another assignment is free
             pass
@@ -346,8 +426,22 @@ def test_two_assignments_graded_at_once_into_one_empty_database(server, graded, 
     scratch, scratch_inbox = course_folder(tmp_path, "scratch")
     nbformat.write(filled(OTHER), scratch_inbox / "reference.ipynb")
     nbformat.write(load(ROOT / "exercises" / OTHER / f"{OTHER}.ipynb"), scratch_inbox / "untouched.ipynb")
-    assert cli.main(["--course", str(scratch), "autograde", str(scratch_inbox), "--assignment", OTHER,
-                     "--no-feedback", "--csv", str(scratch / "grades.csv")]) == 0
+    assert (
+        cli.main(
+            [
+                "--course",
+                str(scratch),
+                "autograde",
+                str(scratch_inbox),
+                "--assignment",
+                OTHER,
+                "--no-feedback",
+                "--csv",
+                str(scratch / "grades.csv"),
+            ]
+        )
+        == 0
+    )
     print(f"{OTHER} graded in a scratch course: {time.monotonic() - started:.1f} s")
 
     url = server.create_database("shared")
@@ -365,8 +459,22 @@ def test_two_assignments_graded_at_once_into_one_empty_database(server, graded, 
             shutil.copy(source / "inbox" / f"{kind}.ipynb", inbox / f"{student}.ipynb")
             reuse_verdicts(source, kind, root, student, assignment)
             expected[(assignment, student)] = scores[kind]
-        commands.append([sys.executable, "-m", "coursekit.cli", "--course", str(root), "autograde", str(inbox),
-                         "--assignment", assignment, "--csv", str(root / "grades.csv"), "--no-feedback"])
+        commands.append(
+            [
+                sys.executable,
+                "-m",
+                "coursekit.cli",
+                "--course",
+                str(root),
+                "autograde",
+                str(inbox),
+                "--assignment",
+                assignment,
+                "--csv",
+                str(root / "grades.csv"),
+                "--no-feedback",
+            ]
+        )
     started = time.monotonic()
     logs = [tmp_path / f"run-{i}.log" for i in range(len(commands))]
     runs = []
@@ -377,7 +485,9 @@ def test_two_assignments_graded_at_once_into_one_empty_database(server, graded, 
         assert run.wait(timeout=900) == 0, log.read_text()
     got = {(a, s): score for a in (ASSIGNMENT, OTHER) for s, score in totals(url, a).items()}
     assert got == expected
-    assert expected[(ASSIGNMENT, "s00")] == 12 and expected[(OTHER, "s00")] > 0 == expected[(OTHER, "s01")]  # tell them apart
+    assert (
+        expected[(ASSIGNMENT, "s00")] == 12 and expected[(OTHER, "s00")] > 0 == expected[(OTHER, "s01")]
+    )  # tell them apart
     with open(exports.export(tmp_path / "a", tmp_path / "both.csv"), newline="") as f:
         assert {(r["assignment"], r["student_id"]): float(r["score"]) for r in csv.DictReader(f)} == expected
     print(f"two runs of {len(students)} students each, at once: {time.monotonic() - started:.1f} s")

@@ -28,12 +28,23 @@ def roundtrip(value):
 def test_values_cross_as_data_and_come_back_equal():
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     value = {
-        "tensor": x, "bool": torch.tensor([True, False]), "bf16": torch.ones(2, dtype=torch.bfloat16),
-        "array": np.arange(6).reshape(2, 3), "scalar": np.float32(1.5), (1, "a"): [None, True, 3, 2**70, -math.inf, "s", b"\x00\xff"],
-        "set": {1, 2}, "size": torch.Size([2, 3]), "dtype": torch.float16, "slice": slice(1, None, 2),
+        "tensor": x,
+        "bool": torch.tensor([True, False]),
+        "bf16": torch.ones(2, dtype=torch.bfloat16),
+        "array": np.arange(6).reshape(2, 3),
+        "scalar": np.float32(1.5),
+        (1, "a"): [None, True, 3, 2**70, -math.inf, "s", b"\x00\xff"],
+        "set": {1, 2},
+        "size": torch.Size([2, 3]),
+        "dtype": torch.float16,
+        "slice": slice(1, None, 2),
     }
     back = roundtrip(value)
-    assert torch.equal(back["tensor"], x.detach()) and back["tensor"].dtype == torch.float64 and back["tensor"].requires_grad
+    assert (
+        torch.equal(back["tensor"], x.detach())
+        and back["tensor"].dtype == torch.float64
+        and back["tensor"].requires_grad
+    )
     assert type(back["tensor"]) is torch.Tensor
     assert back["bool"].dtype == torch.bool and back["bf16"].dtype == torch.bfloat16
     assert np.array_equal(back["array"], value["array"]) and back["scalar"] == np.float32(1.5)
@@ -49,12 +60,19 @@ def test_dict_subclasses_arrive_as_plain_dicts_of_their_real_items():
         def items(self):
             return iter([("forged", 1)])
 
-    for value in (Counter({(1, 2): 3}), defaultdict(int, {(1, 2): 3}), OrderedDict({(1, 2): 3}), Liar({(1, 2): 3})):
+    for value in (
+        Counter({(1, 2): 3}),
+        defaultdict(int, {(1, 2): 3}),
+        OrderedDict({(1, 2): 3}),
+        Liar({(1, 2): 3}),
+    ):
         back = roundtrip(value)
         assert type(back) is dict and back == {(1, 2): 3}
 
 
-@pytest.mark.parametrize("name, base", [("KeyError", KeyError), ("UnicodeDecodeError", UnicodeDecodeError), ("OSError", OSError)])
+@pytest.mark.parametrize(
+    "name, base", [("KeyError", KeyError), ("UnicodeDecodeError", UnicodeDecodeError), ("OSError", OSError)]
+)
 def test_a_student_exception_can_be_caught_as_its_builtin_type(name, base):
     from coursekit.sandbox.host import StudentRaised, _raised_class
 
@@ -132,8 +150,14 @@ def test_worker_runs_cells_and_checks(kind):
     with Worker(kind, Limits(cell_seconds=3, check_seconds=2), preload=("coursekit.attention",)) as worker:
         session = worker.session()
         deadline = time.monotonic() + 60
-        reply = session.run_cell("import os, torch\nprint(sorted(os.environ))\ndef double(x):\n    return 2 * x", "setup", deadline)
-        assert reply["ok"] and "HOME" in reply["outputs"][0]["text"] and "COURSEKIT" not in reply["outputs"][0]["text"]
+        reply = session.run_cell(
+            "import os, torch\nprint(sorted(os.environ))\ndef double(x):\n    return 2 * x", "setup", deadline
+        )
+        assert (
+            reply["ok"]
+            and "HOME" in reply["outputs"][0]["text"]
+            and "COURSEKIT" not in reply["outputs"][0]["text"]
+        )
         session.begin_check("double")
         assert torch.equal(session.remote("double")(torch.ones(3)), torch.full((3,), 2.0))
         with pytest.raises(StudentRaised, match="NameError"):
@@ -157,8 +181,10 @@ def test_bubblewrap_hides_the_course_and_the_network():
         session = worker.session()
         code = (
             "import os, socket, coursekit\n"
-            "print(sorted(os.listdir('/')), os.path.exists(" + repr(str(Path_root())) + "), coursekit.__file__)\n"
-            "try:\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\nexcept OSError as e:\n    print('offline', e.errno)"
+            "print(sorted(os.listdir('/')), os.path.exists("
+            + repr(str(Path_root()))
+            + "), coursekit.__file__)\n"
+            "try:\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\nexcept OSError as e:\n    print('offline', e.errno)"  # noqa: E501
         )
         out = session.run_cell(code, "probe", time.monotonic() + 30)["outputs"][0]["text"]
         assert "False" in out and "/opt/coursekit/coursekit" in out and "offline" in out
@@ -236,7 +262,9 @@ def test_a_cell_that_kills_every_process_it_can_is_reported_as_the_students():
         session = worker.session()
         # Linux spares the caller, but the template's death ends the namespace: either way the cell is blamed
         with pytest.raises(CellFailed) as failed:
-            session.run_cell("import os, signal\nos.kill(-1, signal.SIGKILL)", "kill all", time.monotonic() + 30)
+            session.run_cell(
+                "import os, signal\nos.kill(-1, signal.SIGKILL)", "kill all", time.monotonic() + 30
+            )
         assert str(failed.value) == TEMPLATE_GONE
         assert not worker.healthy(timeout=1.0)
         assert worker.reset_after_student() == TEMPLATE_GONE

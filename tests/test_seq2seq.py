@@ -22,8 +22,8 @@ from torch import nn
 
 from coursekit import checkpoints, layers, multihead
 from coursekit import seq2seq as s2s
-from coursekit.experiments import number_words as num
 from coursekit.attention import causal_mask, padding_mask
+from coursekit.experiments import number_words as num
 from tests.conftest import assert_close
 
 RETRAIN = os.environ.get("COURSEKIT_RETRAIN") == "1"
@@ -50,19 +50,53 @@ def nano_model(seed=0, dtype=torch.float64, **overrides) -> s2s.Seq2Seq:
 # =========================================================================== number words
 
 ENGLISH = {
-    0: "zero", 7: "seven", 13: "thirteen", 15: "fifteen", 18: "eighteen", 40: "forty", 42: "forty-two",
-    80: "eighty", 99: "ninety-nine", 100: "one hundred", 101: "one hundred one", 110: "one hundred ten",
-    1000: "one thousand", 1001: "one thousand one", 1100: "one thousand one hundred", 21000: "twenty-one thousand",
-    100000: "one hundred thousand", 101000: "one hundred one thousand",
+    0: "zero",
+    7: "seven",
+    13: "thirteen",
+    15: "fifteen",
+    18: "eighteen",
+    40: "forty",
+    42: "forty-two",
+    80: "eighty",
+    99: "ninety-nine",
+    100: "one hundred",
+    101: "one hundred one",
+    110: "one hundred ten",
+    1000: "one thousand",
+    1001: "one thousand one",
+    1100: "one thousand one hundred",
+    21000: "twenty-one thousand",
+    100000: "one hundred thousand",
+    101000: "one hundred one thousand",
     999999: "nine hundred ninety-nine thousand nine hundred ninety-nine",
 }
 GERMAN = {
-    0: "null", 1: "eins", 7: "sieben", 11: "elf", 12: "zwölf", 16: "sechzehn", 17: "siebzehn", 20: "zwanzig",
-    21: "einundzwanzig", 30: "dreißig", 42: "zweiundvierzig", 66: "sechsundsechzig", 77: "siebenundsiebzig",
-    100: "einhundert", 101: "einhunderteins", 111: "einhundertelf", 116: "einhundertsechzehn",
-    300: "dreihundert", 1000: "eintausend", 1001: "eintausendeins", 1100: "eintausendeinhundert",
-    12345: "zwölftausenddreihundertfünfundvierzig", 21000: "einundzwanzigtausend", 100000: "einhunderttausend",
-    101000: "einhunderteintausend", 101001: "einhunderteintausendeins",
+    0: "null",
+    1: "eins",
+    7: "sieben",
+    11: "elf",
+    12: "zwölf",
+    16: "sechzehn",
+    17: "siebzehn",
+    20: "zwanzig",
+    21: "einundzwanzig",
+    30: "dreißig",
+    42: "zweiundvierzig",
+    66: "sechsundsechzig",
+    77: "siebenundsiebzig",
+    100: "einhundert",
+    101: "einhunderteins",
+    111: "einhundertelf",
+    116: "einhundertsechzehn",
+    300: "dreihundert",
+    1000: "eintausend",
+    1001: "eintausendeins",
+    1100: "eintausendeinhundert",
+    12345: "zwölftausenddreihundertfünfundvierzig",
+    21000: "einundzwanzigtausend",
+    100000: "einhunderttausend",
+    101000: "einhunderteintausend",
+    101001: "einhunderteintausendeins",
     999999: "neunhundertneunundneunzigtausendneunhundertneunundneunzig",
 }
 
@@ -94,7 +128,9 @@ def test_german_equals_num2words_except_its_einstausend():
     from num2words import num2words
 
     rng = random.Random(1)
-    slips = [1000 * (100 * rng.randrange(1, 10) + 1) + rng.randrange(1000) for _ in range(20)]  # thousands end in 01
+    slips = [
+        1000 * (100 * rng.randrange(1, 10) + 1) + rng.randrange(1000) for _ in range(20)
+    ]  # thousands end in 01
     for n in _sample() + slips:
         theirs = num2words(n, lang="de")
         if n // 1000 > 100 and n // 1000 % 100 == 1:
@@ -138,7 +174,9 @@ def test_units_come_before_tens_in_german_only():
 @pytest.mark.slow
 def test_number_words_are_one_to_one_over_the_whole_range():
     numbers = range(num.MAX_NUMBER + 1)
-    assert len({num.english(n) for n in numbers}) == len({num.german(n) for n in numbers}) == num.MAX_NUMBER + 1
+    assert (
+        len({num.english(n) for n in numbers}) == len({num.german(n) for n in numbers}) == num.MAX_NUMBER + 1
+    )
 
 
 @pytest.mark.parametrize("bad", [-1, num.MAX_NUMBER + 1, 3.0, True, "7"])
@@ -199,10 +237,14 @@ def test_number_shape_classes_numbers_by_how_they_are_spelled():
     rng = random.Random(4)
     for c in rng.sample(range(144), 20):
         members = torch.nonzero(everything == c).flatten()[:50].tolist()
+
         def skeleton(n):  # digit words as "#"; the hundreds digit 1 ("ein hundert") is a digit word too
             tokens = num.german_tokens(n) + [""]
-            return tuple("#" if t in digit_words or (t == "ein" and nxt == "hundert") else t
-                         for t, nxt in zip(tokens, tokens[1:]))
+            return tuple(
+                "#" if t in digit_words or (t == "ein" and nxt == "hundert") else t
+                for t, nxt in zip(tokens, tokens[1:])
+            )
+
         skeletons = {skeleton(n) for n in members}
         assert len(skeletons) == 1, (c, skeletons)
 
@@ -215,9 +257,11 @@ def test_sample_numbers_balances_the_classes():
     counts = torch.bincount(num.number_shape(x), minlength=144).double()
     present = torch.bincount(num.number_shape(sp.train), minlength=144) > 0
     expected = 14400 / int(present.sum())
-    assert (counts[~present] == 0).all() and ((counts[present] - expected).abs() < 5 * expected ** 0.5).all()
-    assert torch.equal(num.sample_numbers(sp.train, 50, torch.Generator().manual_seed(3)),
-                       num.sample_numbers(sp.train, 50, torch.Generator().manual_seed(3)))
+    assert (counts[~present] == 0).all() and ((counts[present] - expected).abs() < 5 * expected**0.5).all()
+    assert torch.equal(
+        num.sample_numbers(sp.train, 50, torch.Generator().manual_seed(3)),
+        num.sample_numbers(sp.train, 50, torch.Generator().manual_seed(3)),
+    )
     small = num.sample_numbers(torch.tensor([5, 123456]), 200, g)
     assert set(small.tolist()) == {5, 123456}
     with pytest.raises(ValueError, match="empty"):
@@ -228,9 +272,23 @@ def test_make_batch_pads_and_ends_targets_with_eos():
     src, tgt = num.make_batch([42, 999999, 7])
     assert src.dtype == tgt.dtype == torch.long
     assert src.shape == (3, 11) and tgt.shape == (3, 12)
-    assert num.EN_VOCAB.decode(src[0]) == ["forty", "-", "two", "<pad>", "<pad>", "<pad>", "<pad>", "<pad>",
-                                           "<pad>", "<pad>", "<pad>"]
-    assert tgt[0, :4].tolist() == num.DE_VOCAB.encode(["zwei", "und", "vierzig"]) and (tgt[0, 4:] == s2s.PAD).all()
+    assert num.EN_VOCAB.decode(src[0]) == [
+        "forty",
+        "-",
+        "two",
+        "<pad>",
+        "<pad>",
+        "<pad>",
+        "<pad>",
+        "<pad>",
+        "<pad>",
+        "<pad>",
+        "<pad>",
+    ]
+    assert (
+        tgt[0, :4].tolist() == num.DE_VOCAB.encode(["zwei", "und", "vierzig"])
+        and (tgt[0, 4:] == s2s.PAD).all()
+    )
     lengths = (tgt != s2s.PAD).sum(1)
     assert (tgt[torch.arange(3), lengths - 1] == s2s.EOS).all()
     with pytest.raises(ValueError, match="at least one"):
@@ -254,7 +312,9 @@ def test_shift_right_equals_hugging_face_bart():
     assert s2s.shift_right(torch.tensor([[5, 6, 2, 0]]), 1, 0).tolist() == [[1, 5, 6, 2]]
 
 
-@pytest.mark.parametrize("bad", [torch.zeros(3, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 3)])
+@pytest.mark.parametrize(
+    "bad", [torch.zeros(3, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 3)]
+)
 def test_shift_right_rejects_bad_labels(bad):
     with pytest.raises(ValueError, match=r"\(B, T\) torch.long"):
         s2s.shift_right(bad, 1, 0)
@@ -357,23 +417,33 @@ def test_decoder_layer_equals_torch_and_chapter_4(activation):
     x, memory = rand(3, 5, C, seed=11), rand(3, 6, C, seed=12)
     keep = padding_mask([6, 4, 2], S=6)
     out, weights = layer(x, memory, keep)
-    t = nn.TransformerDecoderLayer(C, H, 20, dropout=0.0, activation=activation, batch_first=True,
-                                   norm_first=True).double().eval()
+    t = (
+        nn.TransformerDecoderLayer(
+            C, H, 20, dropout=0.0, activation=activation, batch_first=True, norm_first=True
+        )
+        .double()
+        .eval()
+    )
     t.load_state_dict(layers.to_torch_state_dict(layer.state_dict()))
-    assert_close(out, t(x, memory, tgt_mask=~causal_mask(5), tgt_is_causal=True, memory_key_padding_mask=~keep))
+    assert_close(
+        out, t(x, memory, tgt_mask=~causal_mask(5), tgt_is_causal=True, memory_key_padding_mask=~keep)
+    )
     ch4 = layers.DecoderLayer(C, H, 20, dropout=0.0, activation=activation, norm_first=True).double().eval()
     ch4.load_state_dict(layer.state_dict())
     assert_close(out, ch4(x, memory, memory_key_padding_mask=keep))
     # the weights are those of the layer's cross-attention on the normalised stream
     h = x + layer.self_attn(layer.norm1(x), is_causal=True)[0]
-    assert_close(weights, layer.cross_attn(layer.norm2(h), kv=memory, key_padding_mask=keep, need_weights=True)[1])
+    assert_close(
+        weights, layer.cross_attn(layer.norm2(h), kv=memory, key_padding_mask=keep, need_weights=True)[1]
+    )
 
 
 def test_decoder_layer_has_chapter_4_parameters():
     ours = s2s.PreNormDecoderLayer(C, H)
     assert isinstance(ours, layers.DecoderLayer) and ours.norm_first
-    assert {k: v.shape for k, v in ours.state_dict().items()} == \
-        {k: v.shape for k, v in layers.DecoderLayer(C, H).state_dict().items()}
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {
+        k: v.shape for k, v in layers.DecoderLayer(C, H).state_dict().items()
+    }
 
 
 def test_decoder_layer_does_not_see_the_future():
@@ -393,17 +463,34 @@ def test_model_equals_nn_transformer_with_copied_weights():
     for p in model.parameters():
         nn.init.normal_(p, std=0.3)
     cfg = model.cfg
-    t = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_ff, dropout=0.0,
-                       batch_first=True, norm_first=True).double().eval()
+    t = (
+        nn.Transformer(
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.n_encoder_layers,
+            cfg.n_decoder_layers,
+            cfg.d_ff,
+            dropout=0.0,
+            batch_first=True,
+            norm_first=True,
+        )
+        .double()
+        .eval()
+    )
     t.load_state_dict(s2s.to_torch_transformer_state_dict(model))
     src, tgt = num.make_batch([42, 999999, 7, 101000])
     tgt_in = s2s.shift_right(tgt, s2s.BOS, s2s.PAD)
     src_mask = src != s2s.PAD
     T = tgt_in.shape[1]
     with torch.no_grad():
-        h = t(model._embed(model.src_emb, src, "src"), model._embed(model.tgt_emb, tgt_in, "tgt"),
-              tgt_mask=~causal_mask(T), tgt_is_causal=True,
-              src_key_padding_mask=~src_mask, memory_key_padding_mask=~src_mask)
+        h = t(
+            model._embed(model.src_emb, src, "src"),
+            model._embed(model.tgt_emb, tgt_in, "tgt"),
+            tgt_mask=~causal_mask(T),
+            tgt_is_causal=True,
+            src_key_padding_mask=~src_mask,
+            memory_key_padding_mask=~src_mask,
+        )
         assert_close(model(src, tgt_in), model.lm_head(h))
 
 
@@ -412,9 +499,12 @@ def test_model_ties_the_output_layer_to_the_target_embedding():
     assert model.lm_head.weight is model.tgt_emb.weight
     n = sum(p.numel() for p in model.parameters())
     cfg = model.cfg
-    expected = (cfg.src_vocab_size + cfg.tgt_vocab_size) * cfg.d_model + \
-        cfg.n_encoder_layers * layers.encoder_layer_params(cfg.d_model, cfg.d_ff) + \
-        cfg.n_decoder_layers * layers.decoder_layer_params(cfg.d_model, cfg.d_ff) + 2 * layers.layer_norm_params(cfg.d_model)
+    expected = (
+        (cfg.src_vocab_size + cfg.tgt_vocab_size) * cfg.d_model
+        + cfg.n_encoder_layers * layers.encoder_layer_params(cfg.d_model, cfg.d_ff)
+        + cfg.n_decoder_layers * layers.decoder_layer_params(cfg.d_model, cfg.d_ff)
+        + 2 * layers.layer_norm_params(cfg.d_model)
+    )
     assert n == expected
 
 
@@ -423,7 +513,9 @@ def test_changing_a_future_target_does_not_change_earlier_logits():
     src, tgt = num.make_batch([123456, 777777])
     tgt_in = s2s.shift_right(tgt, s2s.BOS, s2s.PAD)
     other = tgt_in.clone()
-    other[:, 6:] = torch.randint(3, len(num.DE_VOCAB), other[:, 6:].shape, generator=torch.Generator().manual_seed(0))
+    other[:, 6:] = torch.randint(
+        3, len(num.DE_VOCAB), other[:, 6:].shape, generator=torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
         a, b = model(src, tgt_in), model(src, other)
     assert_close(a[:, :6], b[:, :6])
@@ -440,7 +532,7 @@ def test_source_padding_does_not_change_the_translation():
     assert torch.equal(s2s.greedy_decode(model, padded), s2s.greedy_decode(model, src))
     # each source alone (its own shortest padding) translates as in the batch
     alone = s2s.greedy_decode(model, src[:1, :3])
-    assert torch.equal(alone[0], s2s.greedy_decode(model, src)[0, :alone.shape[1]])
+    assert torch.equal(alone[0], s2s.greedy_decode(model, src)[0, : alone.shape[1]])
 
 
 def test_model_rejects_bad_configs_and_inputs():
@@ -473,7 +565,9 @@ def test_label_smoothed_loss_equals_torch_cross_entropy(smoothing):
     logits.requires_grad_()
     ours = s2s.label_smoothed_loss(logits, targets, smoothing)
     (g_ours,) = torch.autograd.grad(ours, logits)
-    ref = F.cross_entropy(logits.reshape(-1, 9), targets.reshape(-1), ignore_index=s2s.PAD, label_smoothing=smoothing)
+    ref = F.cross_entropy(
+        logits.reshape(-1, 9), targets.reshape(-1), ignore_index=s2s.PAD, label_smoothing=smoothing
+    )
     (g_ref,) = torch.autograd.grad(ref, logits)
     assert ours.dtype == torch.float64 and ours.dim() == 0
     assert_close(ours.detach(), ref.detach())
@@ -486,7 +580,9 @@ def test_label_smoothed_loss_closed_forms():
     V = 5
     targets = torch.tensor([[1, 2, 0]])
     uniform = torch.zeros(1, 3, V, dtype=torch.float64)
-    assert_close(s2s.label_smoothed_loss(uniform, targets, 0.3), torch.tensor(math.log(V), dtype=torch.float64))
+    assert_close(
+        s2s.label_smoothed_loss(uniform, targets, 0.3), torch.tensor(math.log(V), dtype=torch.float64)
+    )
     # a confident right prediction: loss = eps * mean of -log p over the V classes
     sure = torch.full((1, 3, V), -30.0, dtype=torch.float64)
     sure[0, 0, 1] = sure[0, 1, 2] = 0.0
@@ -494,7 +590,10 @@ def test_label_smoothed_loss_closed_forms():
     expected = eps * (V - 1) * 30.0 / V  # -log p is 30 for the V - 1 wrong classes, about 0 for the right one
     assert s2s.label_smoothed_loss(sure, targets, eps).item() == pytest.approx(expected, rel=1e-6)
     # a different pad id is honoured
-    assert_close(s2s.label_smoothed_loss(uniform, torch.tensor([[1, 4, 4]]), 0.1, pad_id=4), torch.tensor(math.log(V), dtype=torch.float64))
+    assert_close(
+        s2s.label_smoothed_loss(uniform, torch.tensor([[1, 4, 4]]), 0.1, pad_id=4),
+        torch.tensor(math.log(V), dtype=torch.float64),
+    )
 
 
 def test_label_smoothed_loss_rejects_bad_inputs():
@@ -539,9 +638,14 @@ def test_scheduled_sampling_mixes_in_the_models_own_guesses():
 def test_a_short_training_run_learns(sampling_rate):
     from coursekit import train
 
-    recipe = num.Seq2SeqRecipe(model=NANO, train=train.TrainConfig(max_steps=40, batch_size=32, lr=1e-2, warmup_steps=5,
-                                                            eval_interval=40, eval_batches=2),
-                        sampling_rate=sampling_rate, val_numbers=20)
+    recipe = num.Seq2SeqRecipe(
+        model=NANO,
+        train=train.TrainConfig(
+            max_steps=40, batch_size=32, lr=1e-2, warmup_steps=5, eval_interval=40, eval_batches=2
+        ),
+        sampling_rate=sampling_rate,
+        val_numbers=20,
+    )
     torch.manual_seed(0)
     model = s2s.Seq2Seq(NANO)
     history = num.train_seq2seq(model, num.number_splits(), recipe, progress=False)
@@ -581,8 +685,9 @@ def test_beam_width_one_equals_greedy():
         src, _ = num.make_batch([n])
         greedy = s2s.greedy_decode(model, src, max_new_tokens=8)[0]
         beam, _ = s2s.beam_decode(model, src, beam_width=1, length_penalty=0.0, max_new_tokens=8)
-        assert torch.equal(beam, greedy[:len(beam)]) and len(beam) == (
-            (greedy == s2s.EOS).nonzero()[0, 0].item() + 1 if (greedy == s2s.EOS).any() else len(greedy))
+        assert torch.equal(beam, greedy[: len(beam)]) and len(beam) == (
+            (greedy == s2s.EOS).nonzero()[0, 0].item() + 1 if (greedy == s2s.EOS).any() else len(greedy)
+        )
 
 
 def _logprob(model, src, ids):
@@ -687,8 +792,10 @@ def test_the_model_defaults_fit_the_task_vocabularies():
 def test_retraining_a_short_recipe_writes_a_loadable_checkpoint(tmp_path):
     from coursekit import train
 
-    recipe = replace(num.SEQ2SEQ_NUMBERS, train=replace(num.SEQ2SEQ_NUMBERS.train, max_steps=60, warmup_steps=10,
-                                                        eval_interval=30))
+    recipe = replace(
+        num.SEQ2SEQ_NUMBERS,
+        train=replace(num.SEQ2SEQ_NUMBERS.train, max_steps=60, warmup_steps=10, eval_interval=30),
+    )
     metrics = checkpoints.pretrain("seq2seq-numbers", tmp_path, recipe, progress=False)["metrics"]
     model, _, record = checkpoints.load("seq2seq-numbers", tmp_path)
     assert record["metrics"]["test_exact_match"] == metrics["test_exact_match"]

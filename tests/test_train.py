@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.conftest import assert_close
 from coursekit import data, train
 from coursekit.train import History, TrainConfig, lr_at
+from tests.conftest import assert_close
 
 V, T, B = 8, 6, 4
 
@@ -42,7 +42,9 @@ def batches_of(tokens: torch.Tensor):
 
 
 def cfg(**kw) -> TrainConfig:
-    base = dict(max_steps=8, batch_size=B, lr=1e-2, warmup_steps=2, eval_interval=3, eval_batches=2, log_interval=2)
+    base = dict(
+        max_steps=8, batch_size=B, lr=1e-2, warmup_steps=2, eval_interval=3, eval_batches=2, log_interval=2
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -53,20 +55,23 @@ def params_of(model: nn.Module) -> list[torch.Tensor]:
 # --------------------------------------------------------------------------- config and schedule
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(max_steps=0), "max_steps must be an integer >= 1, got 0"),
-    (dict(batch_size=2.5), "batch_size must be an integer >= 1, got 2.5"),
-    (dict(eval_interval=-1), "eval_interval must be an integer >= 1"),
-    (dict(warmup_steps=1.5), "warmup_steps must be an integer >= 0, got 1.5"),
-    (dict(seed=-1), "seed must be an integer >= 0, got -1"),
-    (dict(warmup_steps=9), r"warmup_steps must be in \[0, max_steps=8\], got 9"),
-    (dict(lr=0.0), "lr must be a positive finite number, got 0.0"),
-    (dict(lr=math.inf), "lr must be a positive finite number, got inf"),
-    (dict(min_lr_ratio=1.5), r"min_lr_ratio must be in \[0, 1\], got 1.5"),
-    (dict(weight_decay=-0.1), "weight_decay must be >= 0"),
-    (dict(betas=(0.9, 1.0)), r"betas must be two numbers in \[0, 1\)"),
-    (dict(grad_clip=0.0), "grad_clip must be positive or None"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(max_steps=0), "max_steps must be an integer >= 1, got 0"),
+        (dict(batch_size=2.5), "batch_size must be an integer >= 1, got 2.5"),
+        (dict(eval_interval=-1), "eval_interval must be an integer >= 1"),
+        (dict(warmup_steps=1.5), "warmup_steps must be an integer >= 0, got 1.5"),
+        (dict(seed=-1), "seed must be an integer >= 0, got -1"),
+        (dict(warmup_steps=9), r"warmup_steps must be in \[0, max_steps=8\], got 9"),
+        (dict(lr=0.0), "lr must be a positive finite number, got 0.0"),
+        (dict(lr=math.inf), "lr must be a positive finite number, got inf"),
+        (dict(min_lr_ratio=1.5), r"min_lr_ratio must be in \[0, 1\], got 1.5"),
+        (dict(weight_decay=-0.1), "weight_decay must be >= 0"),
+        (dict(betas=(0.9, 1.0)), r"betas must be two numbers in \[0, 1\)"),
+        (dict(grad_clip=0.0), "grad_clip must be positive or None"),
+    ],
+)
 def test_config_rejects_bad_values_by_name(kw, message):
     with pytest.raises(ValueError, match=message):
         cfg(**kw)
@@ -107,8 +112,15 @@ def test_lr_docstring_example_and_edge_cases():
 
 
 def test_weight_decay_goes_to_matrices_only():
-    model = nn.ModuleDict(dict(emb=nn.Embedding(5, 4), lin=nn.Linear(4, 3), norm=nn.LayerNorm(3),
-                               head=nn.Linear(4, 5, bias=False), frozen=nn.Linear(2, 2)))
+    model = nn.ModuleDict(
+        dict(
+            emb=nn.Embedding(5, 4),
+            lin=nn.Linear(4, 3),
+            norm=nn.LayerNorm(3),
+            head=nn.Linear(4, 5, bias=False),
+            frozen=nn.Linear(2, 2),
+        )
+    )
     model["head"].weight = model["emb"].weight  # tied: must appear once
     model["frozen"].requires_grad_(False)
     opt = train.make_optimizer(model, cfg(weight_decay=0.2))
@@ -127,11 +139,13 @@ def test_fused_adamw_matches_the_reference_loop():
     b = TinyLM().double()
     opt_a = train.make_optimizer(a, cfg(weight_decay=0.1))
     assert opt_a.defaults["fused"]
-    groups = [{"params": [p for p in b.parameters() if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in b.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in b.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in b.parameters() if p.dim() < 2], "weight_decay": 0.0},
+    ]
     opt_b = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), foreach=False)
     x = random_tokens(24).view(4, 6)
-    for step in range(5):
+    for _step in range(5):
         for model, opt in ((a, opt_a), (b, opt_b)):
             opt.zero_grad()
             F.cross_entropy(model(x).flatten(0, 1), x.roll(1).flatten()).backward()
@@ -184,7 +198,6 @@ def test_evaluate_averages_without_gradients_and_restores_the_mode():
 # --------------------------------------------------------------------------- the loop
 
 
-
 def test_evaluate_over_a_whole_split_is_the_token_mean():
     """A short last batch counts for its tokens: the result is the loss over all tokens at once."""
     model = TinyLM().eval()
@@ -197,13 +210,19 @@ def test_evaluate_over_a_whole_split_is_the_token_mean():
         expected = train.lm_loss(model, (x, y)).item()
     assert train.evaluate(model, batches, train.lm_loss) == pytest.approx(expected, rel=1e-6)
 
+
 def test_a_tiny_model_learns_a_fixed_pattern():
     tokens = torch.arange(4).repeat(100)  # 0 1 2 3 0 1 ...: each token determines the next
     val = data.eval_batches(tokens, T, B, 2, seed=0)
     model = TinyLM(vocab_size=4)
-    hist = train.train(model, batches_of(tokens), cfg(max_steps=60, lr=3e-2, eval_interval=20),
-                       loss_fn=train.lm_loss, eval_fn=lambda m: {"val_loss": train.evaluate(m, val, train.lm_loss)},
-                       progress=False)
+    hist = train.train(
+        model,
+        batches_of(tokens),
+        cfg(max_steps=60, lr=3e-2, eval_interval=20),
+        loss_fn=train.lm_loss,
+        eval_fn=lambda m: {"val_loss": train.evaluate(m, val, train.lm_loss)},
+        progress=False,
+    )
     first, last = hist.evals[0]["val_loss"], hist.evals[-1]["val_loss"]
     assert first > 1.0  # about ln 4 before training
     assert last < 0.1 * first
@@ -212,8 +231,14 @@ def test_a_tiny_model_learns_a_fixed_pattern():
 
 def test_history_records_every_step_and_the_evaluation_schedule():
     c = cfg(max_steps=8, eval_interval=3)
-    hist = train.train(TinyLM(), batches_of(random_tokens()), c, loss_fn=train.lm_loss,
-                       eval_fn=lambda m: {"val_loss": 1.0, "accuracy": 0.5}, progress=False)
+    hist = train.train(
+        TinyLM(),
+        batches_of(random_tokens()),
+        c,
+        loss_fn=train.lm_loss,
+        eval_fn=lambda m: {"val_loss": 1.0, "accuracy": 0.5},
+        progress=False,
+    )
     assert hist.steps == list(range(8)) and len(hist.train_loss) == len(hist.grad_norm) == 8
     assert hist.lr == [lr_at(s, c) for s in range(8)]
     assert [e["step"] for e in hist.evals] == [0, 3, 6, 8]
@@ -276,21 +301,45 @@ def test_eval_runs_without_gradients_in_eval_mode_and_training_resumes_in_train_
     def eval_fn(m):  # no help from evaluate(): the loop itself must set the mode and disable gradients
         return {"val_loss": train.lm_loss(m, (x, y)).item()}
 
-    train.train(model, batches_of(random_tokens()), cfg(max_steps=4, eval_interval=2), loss_fn=train.lm_loss,
-                eval_fn=eval_fn, progress=False)
+    train.train(
+        model,
+        batches_of(random_tokens()),
+        cfg(max_steps=4, eval_interval=2),
+        loss_fn=train.lm_loss,
+        eval_fn=eval_fn,
+        progress=False,
+    )
     # evals at 0, 2, 4 and train steps 0..3: e t t e t t e
-    expected = [("eval", False)] + [("train", True)] * 2 + [("eval", False)] + [("train", True)] * 2 + [("eval", False)]
+    expected = (
+        [("eval", False)]
+        + [("train", True)] * 2
+        + [("eval", False)]
+        + [("train", True)] * 2
+        + [("eval", False)]
+    )
     assert modes == expected
     assert not model.training
 
 
 def test_without_progress_nothing_is_printed_and_with_it_the_bar_shows_the_loss(capfd):
-    train.train(TinyLM(), batches_of(random_tokens()), cfg(), loss_fn=train.lm_loss,
-                eval_fn=lambda m: {"val_loss": 2.0}, progress=False)
+    train.train(
+        TinyLM(),
+        batches_of(random_tokens()),
+        cfg(),
+        loss_fn=train.lm_loss,
+        eval_fn=lambda m: {"val_loss": 2.0},
+        progress=False,
+    )
     out, err = capfd.readouterr()
     assert out == "" and err == ""
-    train.train(TinyLM(), batches_of(random_tokens()), cfg(), loss_fn=train.lm_loss,
-                eval_fn=lambda m: {"val_loss": 2.0}, progress=True)
+    train.train(
+        TinyLM(),
+        batches_of(random_tokens()),
+        cfg(),
+        loss_fn=train.lm_loss,
+        eval_fn=lambda m: {"val_loss": 2.0},
+        progress=True,
+    )
     out, err = capfd.readouterr()
     assert out == "" and "8/8" in err and "loss=" in err and "val_loss=2.0000" in err
 
@@ -308,10 +357,17 @@ def test_default_loss_is_what_the_model_returns():
 
 def test_bad_losses_raise_clear_errors():
     with pytest.raises(TypeError, match=r"scalar loss tensor, got shape \(4, 6, 8\).*loss_fn=lm_loss"):
-        train.train(TinyLM(), batches_of(random_tokens()), cfg(), loss_fn=lambda m, b: m(b[0]), progress=False)
+        train.train(
+            TinyLM(), batches_of(random_tokens()), cfg(), loss_fn=lambda m, b: m(b[0]), progress=False
+        )
     with pytest.raises(FloatingPointError, match="the loss is nan at step 0"):
-        train.train(TinyLM(), batches_of(random_tokens()), cfg(),
-                    loss_fn=lambda m, b: train.lm_loss(m, b) * math.nan, progress=False)
+        train.train(
+            TinyLM(),
+            batches_of(random_tokens()),
+            cfg(),
+            loss_fn=lambda m, b: train.lm_loss(m, b) * math.nan,
+            progress=False,
+        )
     with pytest.raises(ValueError, match=r"stop_at must be in \[0, max_steps=8\], got 9"):
         train.train(TinyLM(), batches_of(random_tokens()), cfg(), stop_at=9, progress=False)
     with pytest.raises(ValueError, match="resume=True needs a checkpoint_path"):
@@ -323,8 +379,15 @@ def test_bad_losses_raise_clear_errors():
 
 def run(model, c, **kw) -> History:
     val = data.eval_batches(random_tokens(seed=1), T, B, 2, seed=0)
-    return train.train(model, batches_of(random_tokens()), c, loss_fn=train.lm_loss,
-                       eval_fn=lambda m: {"val_loss": train.evaluate(m, val, train.lm_loss)}, progress=False, **kw)
+    return train.train(
+        model,
+        batches_of(random_tokens()),
+        c,
+        loss_fn=train.lm_loss,
+        eval_fn=lambda m: {"val_loss": train.evaluate(m, val, train.lm_loss)},
+        progress=False,
+        **kw,
+    )
 
 
 def assert_same_run(a: nn.Module, ha: History, b: nn.Module, hb: History):
@@ -369,7 +432,9 @@ def test_checkpoints_hold_the_step_config_history_and_extra(tmp_path):
     path = tmp_path / "sub" / "ckpt.pt"
     c = cfg(max_steps=8, eval_interval=3)
     model = TinyLM()
-    hist = run(model, c, checkpoint_path=path, extra={"model": {"vocab_size": V, "width": 16}, "chars": "abc"})
+    hist = run(
+        model, c, checkpoint_path=path, extra={"model": {"vocab_size": V, "width": 16}, "chars": "abc"}
+    )
     other = TinyLM(seed=5)
     state = train.load_checkpoint(path, other)
     assert state["step"] == 8 and state["config"] == c and state["extra"]["chars"] == "abc"

@@ -43,7 +43,11 @@ def images(B, C_in=3, H=8, W=8, seed=0, dtype=torch.float64):
 def sliced_patches(x: torch.Tensor, P: int) -> torch.Tensor:
     """The patches cut one by one with explicit slices, row by row: an independent patchify."""
     B, _, H, W = x.shape
-    out = [x[:, :, r * P:(r + 1) * P, c * P:(c + 1) * P].reshape(B, -1) for r in range(H // P) for c in range(W // P)]
+    out = [
+        x[:, :, r * P : (r + 1) * P, c * P : (c + 1) * P].reshape(B, -1)
+        for r in range(H // P)
+        for c in range(W // P)
+    ]
     return torch.stack(out, dim=1)
 
 
@@ -52,17 +56,23 @@ def sliced_patches(x: torch.Tensor, P: int) -> torch.Tensor:
 
 def test_patchify_worked_example():
     x = torch.arange(16.0).view(1, 1, 4, 4)
-    expected = torch.tensor([[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]], dtype=torch.float32)
+    expected = torch.tensor(
+        [[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]], dtype=torch.float32
+    )
     assert torch.equal(vit.patchify(x, 2), expected[None])
 
 
-@pytest.mark.parametrize("shape,P", [((2, 3, 8, 8), 2), ((3, 1, 8, 8), 4), ((2, 3, 6, 9), 3), ((1, 2, 8, 4), 1), ((2, 3, 8, 8), 8)])
+@pytest.mark.parametrize(
+    "shape,P", [((2, 3, 8, 8), 2), ((3, 1, 8, 8), 4), ((2, 3, 6, 9), 3), ((1, 2, 8, 4), 1), ((2, 3, 8, 8), 8)]
+)
 def test_patchify_equals_unfold_and_explicit_slices(shape, P):
     x = images(*shape)
     p = vit.patchify(x, P)
     N_p = (shape[2] // P) * (shape[3] // P)
     assert p.shape == (shape[0], N_p, shape[1] * P * P)
-    assert torch.equal(p, F.unfold(x, kernel_size=P, stride=P).transpose(1, 2))  # (B, C_in P^2, N_p) -> (B, N_p, C_in P^2)
+    assert torch.equal(
+        p, F.unfold(x, kernel_size=P, stride=P).transpose(1, 2)
+    )  # (B, C_in P^2, N_p) -> (B, N_p, C_in P^2)
     assert torch.equal(p, sliced_patches(x, P))
 
 
@@ -72,8 +82,10 @@ def test_unpatchify_inverts_patchify_both_ways(shape, P):
     assert torch.equal(vit.unpatchify(vit.patchify(x, P), P, shape[2:]), x)
     patches = torch.randn(2, (shape[2] // P) * (shape[3] // P), shape[1] * P * P, dtype=torch.float64)
     assert torch.equal(vit.patchify(vit.unpatchify(patches, P, shape[2:]), P), patches)
-    assert torch.equal(vit.unpatchify(vit.patchify(x, P), P, shape[2:]),
-                       F.fold(vit.patchify(x, P).transpose(1, 2), shape[2:], kernel_size=P, stride=P))
+    assert torch.equal(
+        vit.unpatchify(vit.patchify(x, P), P, shape[2:]),
+        F.fold(vit.patchify(x, P).transpose(1, 2), shape[2:], kernel_size=P, stride=P),
+    )
 
 
 def test_patchify_and_its_inverse_have_correct_gradients():
@@ -83,26 +95,51 @@ def test_patchify_and_its_inverse_have_correct_gradients():
     assert torch.autograd.gradcheck(lambda t: vit.unpatchify(t, 2, (4, 4)), (p,))
 
 
-@pytest.mark.parametrize("bad,match", [
-    (lambda: vit.patchify(images(1, 3, 8, 8), 3), r"image size 8x8 is not divisible by patch_size=3"),
-    (lambda: vit.patchify(images(1, 3, 8, 6), 4), r"8x6 is not divisible by patch_size=4"),
-    (lambda: vit.patchify(torch.zeros(3, 8, 8), 2), r"expected images of shape \(B, C_in, H_img, W_img\), got \(3, 8, 8\)"),
-    (lambda: vit.patchify(images(1), 0), r"patch_size must be a positive integer, got 0"),
-    (lambda: vit.unpatchify(torch.zeros(1, 5, 12), 2, 4), r"expected patches of shape \(B, 4, C_in \* 4\)"),
-    (lambda: vit.unpatchify(torch.zeros(1, 4, 12), 3, 4), r"must be a positive integer dividing the image size 4x4"),
-    (lambda: vit.PatchEmbedding(8, 3, 1, 16), r"patch_size=3 must divide image_size=8"),
-    (lambda: vit.PatchEmbedding(8, 2, 3, 16)(images(1, 1, 8, 8, dtype=torch.float32)),
-     r"expected images of shape \(B, 3, 8, 8\), got \(1, 1, 8, 8\)"),
-    (lambda: vit.PatchEmbedding(8, 2, 3, 16)(images(1, 3, 16, 16, dtype=torch.float32)),
-     r"expected images of shape \(B, 3, 8, 8\), got \(1, 3, 16, 16\)"),
-    (lambda: vit.ViTConfig(image_size=10, patch_size=4, in_channels=1, n_classes=2, n_layers=1, n_heads=1, d_model=4),
-     r"patch_size=4 must divide image_size=10"),
-    (lambda: replace(NANO, n_heads=3), r"n_heads=3 must divide d_model=16"),
-    (lambda: replace(NANO, in_channels=0), r"in_channels must be a positive integer, got 0"),
-    (lambda: vit.ViT(NANO).float()(images(2, 1, 8, 8, dtype=torch.float32)), r"expected images of shape \(B, 3, 8, 8\)"),
-    (lambda: vit.add_cls_and_positions(torch.zeros(2, 4, 8), torch.zeros(1, 1, 8), torch.zeros(4, 8)),
-     r"expected cls_token \(1, 1, 8\) and positions \(5, 8\), got \(1, 1, 8\) and \(4, 8\)"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (lambda: vit.patchify(images(1, 3, 8, 8), 3), r"image size 8x8 is not divisible by patch_size=3"),
+        (lambda: vit.patchify(images(1, 3, 8, 6), 4), r"8x6 is not divisible by patch_size=4"),
+        (
+            lambda: vit.patchify(torch.zeros(3, 8, 8), 2),
+            r"expected images of shape \(B, C_in, H_img, W_img\), got \(3, 8, 8\)",
+        ),
+        (lambda: vit.patchify(images(1), 0), r"patch_size must be a positive integer, got 0"),
+        (
+            lambda: vit.unpatchify(torch.zeros(1, 5, 12), 2, 4),
+            r"expected patches of shape \(B, 4, C_in \* 4\)",
+        ),
+        (
+            lambda: vit.unpatchify(torch.zeros(1, 4, 12), 3, 4),
+            r"must be a positive integer dividing the image size 4x4",
+        ),
+        (lambda: vit.PatchEmbedding(8, 3, 1, 16), r"patch_size=3 must divide image_size=8"),
+        (
+            lambda: vit.PatchEmbedding(8, 2, 3, 16)(images(1, 1, 8, 8, dtype=torch.float32)),
+            r"expected images of shape \(B, 3, 8, 8\), got \(1, 1, 8, 8\)",
+        ),
+        (
+            lambda: vit.PatchEmbedding(8, 2, 3, 16)(images(1, 3, 16, 16, dtype=torch.float32)),
+            r"expected images of shape \(B, 3, 8, 8\), got \(1, 3, 16, 16\)",
+        ),
+        (
+            lambda: vit.ViTConfig(
+                image_size=10, patch_size=4, in_channels=1, n_classes=2, n_layers=1, n_heads=1, d_model=4
+            ),
+            r"patch_size=4 must divide image_size=10",
+        ),
+        (lambda: replace(NANO, n_heads=3), r"n_heads=3 must divide d_model=16"),
+        (lambda: replace(NANO, in_channels=0), r"in_channels must be a positive integer, got 0"),
+        (
+            lambda: vit.ViT(NANO).float()(images(2, 1, 8, 8, dtype=torch.float32)),
+            r"expected images of shape \(B, 3, 8, 8\)",
+        ),
+        (
+            lambda: vit.add_cls_and_positions(torch.zeros(2, 4, 8), torch.zeros(1, 1, 8), torch.zeros(4, 8)),
+            r"expected cls_token \(1, 1, 8\) and positions \(5, 8\), got \(1, 1, 8\) and \(4, 8\)",
+        ),
+    ],
+)
 def test_bad_inputs_raise_clear_errors(bad, match):
     with pytest.raises(ValueError, match=match):
         bad()
@@ -180,7 +217,9 @@ def test_from_hf_rejects_unknown_keys_and_incomplete_qkv():
     with pytest.raises(ValueError, match="unexpected Hugging Face key 'vit.pooler.dense.weight'"):
         vit.from_hf_state_dict({**sd, "vit.pooler.dense.weight": torch.zeros(1)})
     partial = {k: v for k, v in sd.items() if k != "vit.layers.1.attention.k_proj.bias"}
-    with pytest.raises(ValueError, match=r"layer 1 bias: expected q_proj, k_proj and v_proj, got \['q_proj', 'v_proj'\]"):
+    with pytest.raises(
+        ValueError, match=r"layer 1 bias: expected q_proj, k_proj and v_proj, got \['q_proj', 'v_proj'\]"
+    ):
         vit.from_hf_state_dict(partial)
     with pytest.raises(ValueError, match="no Hugging Face name for 'decoder.weight'"):
         vit.to_hf_state_dict({"decoder.weight": torch.zeros(1)}, 2)
@@ -242,7 +281,10 @@ def test_parameter_counts_equal_our_model_and_hf_on_meta(name):
     cfg = vit.VIT_PRESETS[name]
     with torch.device("meta"):
         ours = count_params(vit.ViT(cfg))
-        theirs = sum(p.numel() for p in ViTForImageClassification(HFViTConfig(**vit.hf_config_kwargs(cfg))).parameters())
+        theirs = sum(
+            p.numel()
+            for p in ViTForImageClassification(HFViTConfig(**vit.hf_config_kwargs(cfg))).parameters()
+        )
     assert vit.vit_params(cfg) == ours == theirs
 
 

@@ -77,8 +77,13 @@ def test_label_count_mismatch_raises():
 def history_with_evals():
     from coursekit.train import History
 
-    return History(steps=[0, 1, 2, 3], train_loss=[2.0, 1.5, 1.2, 1.0], lr=[0.1] * 4, grad_norm=[1.0] * 4,
-                   evals=[{"step": 0, "val_loss": 2.1, "accuracy": 0.1}, {"step": 4, "val_loss": 1.1, "accuracy": 0.6}])
+    return History(
+        steps=[0, 1, 2, 3],
+        train_loss=[2.0, 1.5, 1.2, 1.0],
+        lr=[0.1] * 4,
+        grad_norm=[1.0] * 4,
+        evals=[{"step": 0, "val_loss": 2.1, "accuracy": 0.1}, {"step": 4, "val_loss": 1.1, "accuracy": 0.6}],
+    )
 
 
 def test_loss_curves_draw_the_training_loss_and_each_evaluated_loss():
@@ -97,7 +102,9 @@ def test_loss_curves_use_the_given_axes_and_keys_and_reject_unknown_keys():
     ax = viz.loss_curves(history_with_evals(), ax=right, keys=["accuracy"])
     assert ax is right and not left.lines
     np.testing.assert_array_equal(ax.lines[1].get_ydata(), [0.1, 0.6])
-    with pytest.raises(ValueError, match=r"no evaluation recorded \['bleu'\]; the history has \['val_loss', 'accuracy'\]"):
+    with pytest.raises(
+        ValueError, match=r"no evaluation recorded \['bleu'\]; the history has \['val_loss', 'accuracy'\]"
+    ):
         viz.loss_curves(history_with_evals(), keys=["bleu"])
 
 
@@ -107,9 +114,14 @@ def test_loss_curves_of_a_real_run_and_of_an_empty_history():
     model = torch.nn.Linear(3, 1)
     x, y = torch.randn(8, 3, generator=torch.Generator().manual_seed(0)), torch.zeros(8, 1)
     cfg = train.TrainConfig(max_steps=5, warmup_steps=1, eval_interval=2, log_interval=1)
-    hist = train.train(model, lambda step, g: (x, y), cfg,
-                       loss_fn=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
-                       eval_fn=lambda m: {"val_loss": 0.0}, progress=False)
+    hist = train.train(
+        model,
+        lambda step, g: (x, y),
+        cfg,
+        loss_fn=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
+        eval_fn=lambda m: {"val_loss": 0.0},
+        progress=False,
+    )
     ax = viz.loss_curves(hist)
     assert len(ax.lines) == 2 and len(ax.lines[0].get_xdata()) == 5
     np.testing.assert_array_equal(ax.lines[1].get_xdata(), [0, 2, 4, 5])

@@ -24,6 +24,7 @@ refused) and :mod:`~coursekit.autograde.check` (``coursekit check`` for students
 
 from coursekit.autograde.batch import Snapshot, autograde, grade_inbox, snapshot
 from coursekit.autograde.check import CheckReport, check_notebook
+from coursekit.autograde.grade import grade_notebook
 from coursekit.autograde.gradebook import (
     backup_gradebook,
     check_gradebook,
@@ -32,12 +33,24 @@ from coursekit.autograde.gradebook import (
     gradebook_lock,
     gradebook_setup,
 )
-from coursekit.autograde.grade import grade_notebook
 from coursekit.autograde.plan import course_secret, load_plan
 from coursekit.autograde.record import Result
 
 __all__ = [
-    "CheckReport", "Result", "Snapshot", "autograde", "backup_gradebook", "check_gradebook", "check_gradebook_readable",
-    "check_notebook", "course_lock", "course_secret", "grade_inbox", "grade_notebook", "gradebook_lock",
-    "gradebook_setup", "load_plan", "snapshot",
+    "CheckReport",
+    "Result",
+    "Snapshot",
+    "autograde",
+    "backup_gradebook",
+    "check_gradebook",
+    "check_gradebook_readable",
+    "check_notebook",
+    "course_lock",
+    "course_secret",
+    "grade_inbox",
+    "grade_notebook",
+    "gradebook_lock",
+    "gradebook_setup",
+    "load_plan",
+    "snapshot",
 ]

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from coursekit import course
-from coursekit.autograde.gradebook import backup_gradebook, gradebook_setup, locked
 from coursekit.autograde.grade import grade_notebook
+from coursekit.autograde.gradebook import backup_gradebook, gradebook_setup, locked
 from coursekit.autograde.plan import Plan, load_plan, preload_modules
 from coursekit.autograde.record import Result, record_all
 from coursekit.sandbox import Limits, Worker
@@ -49,7 +49,9 @@ def grade_inbox(root: Path, assignment: str, inbox: Path, *, times: dict | None 
     notebooks = sorted(p.name for p in (root / "solutions" / assignment).glob("*.ipynb"))
     with locked(root, assignment) as api:
         collected = inbox_module.collect(root, assignment, Path(inbox), notebooks, times)
-        results = _autograde(root, api, assignment, collected.students, **options) if collected.students else []
+        results = (
+            _autograde(root, api, assignment, collected.students, **options) if collected.students else []
+        )
     return collected, results
 
 
@@ -73,19 +75,42 @@ def autograde(
     """Grade ``students``' submissions of ``assignment`` (already in ``submitted/``)."""
     _check_options(jobs)
     with locked(root, assignment) as api:
-        return _autograde(root, api, assignment, students, jobs=jobs, limits=limits, sandbox=sandbox, fresh=fresh,
-                          feedback=feedback, progress=progress)
+        return _autograde(
+            root,
+            api,
+            assignment,
+            students,
+            jobs=jobs,
+            limits=limits,
+            sandbox=sandbox,
+            fresh=fresh,
+            feedback=feedback,
+            progress=progress,
+        )
 
 
-def _autograde(root: Path, api, assignment: str, students: list[str], *, jobs: int = 1, limits: Limits = Limits(),
-               sandbox: str = "auto", fresh: bool = False, feedback: bool = True, progress: bool = False) -> list[Result]:
+def _autograde(
+    root: Path,
+    api,
+    assignment: str,
+    students: list[str],
+    *,
+    jobs: int = 1,
+    limits: Limits = Limits(),
+    sandbox: str = "auto",
+    fresh: bool = False,
+    feedback: bool = True,
+    progress: bool = False,
+) -> list[Result]:
     """Grade ``students`` while :func:`locked` holds the locks."""
     db_url = api.coursedir.db_url
     backup_gradebook(root, db_url)
     # registers the assignment; keeps the release for the plan
     with gradebook_setup(db_url, api.coursedir.course_id, students), tempfile.TemporaryDirectory() as tmp:
         staging = course.nbgrader_api(root, **{"CourseDirectory.release_directory": tmp})
-        course.expect_success(staging.generate_assignment(assignment, force=True, create=True), f"registering {assignment}")
+        course.expect_success(
+            staging.generate_assignment(assignment, force=True, create=True), f"registering {assignment}"
+        )
         plan = load_plan(root, assignment, Path(tmp))
     verdicts = root / ".coursekit" / "verdicts" / assignment
     todo: list[tuple[str, str]] = []  # (student, cache key) still to grade
@@ -102,7 +127,9 @@ def _autograde(root: Path, api, assignment: str, students: list[str], *, jobs: i
         for item in todo:
             work.put(item)
         for _ in range(min(jobs, len(todo))):
-            t = threading.Thread(target=_worker_loop, args=(root, plan, work, done, limits, sandbox, verdicts), daemon=True)
+            t = threading.Thread(
+                target=_worker_loop, args=(root, plan, work, done, limits, sandbox, verdicts), daemon=True
+            )
             t.start()
             threads.append(t)
     results = record_all(root, assignment, plan, students, done, feedback, progress, verdicts)
@@ -120,7 +147,9 @@ class Snapshot:
     notes: tuple[str, ...]  # what collecting the inbox noted for this student
 
     def key(self, plan: Plan, limits: Limits) -> str:
-        digest = hashlib.sha256(plan.fingerprint.encode() + json.dumps(asdict(limits), sort_keys=True).encode())
+        digest = hashlib.sha256(
+            plan.fingerprint.encode() + json.dumps(asdict(limits), sort_keys=True).encode()
+        )
         for name, data in sorted(self.files.items()):
             digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
         digest.update(json.dumps(self.notes).encode())
@@ -153,12 +182,16 @@ def _key(root: Path, assignment: str, student: str, plan: Plan, limits: Limits) 
 
 def _cached(folder: Path, plan: Plan, key: str) -> bool:
     try:
-        return all(json.loads((folder / f"{nb.name}.json").read_text()).get("key") == key for nb in plan.notebooks)
+        return all(
+            json.loads((folder / f"{nb.name}.json").read_text()).get("key") == key for nb in plan.notebooks
+        )
     except (OSError, ValueError):
         return False
 
 
-def _worker_loop(root, plan: Plan, work: queue.Queue, done: queue.Queue, limits, sandbox, verdicts: Path) -> None:
+def _worker_loop(
+    root, plan: Plan, work: queue.Queue, done: queue.Queue, limits, sandbox, verdicts: Path
+) -> None:
     worker = None
     try:
         while True:
@@ -185,7 +218,9 @@ def _worker_loop(root, plan: Plan, work: queue.Queue, done: queue.Queue, limits,
             worker.close()
 
 
-def _grade_student(worker: Worker, root: Path, plan: Plan, student: str, limits: Limits, verdicts: Path) -> None:
+def _grade_student(
+    worker: Worker, root: Path, plan: Plan, student: str, limits: Limits, verdicts: Path
+) -> None:
     snap = snapshot(root, plan.assignment, student)
     key = snap.key(plan, limits)
     deadline = time.monotonic() + limits.submission_seconds
@@ -194,7 +229,9 @@ def _grade_student(worker: Worker, root: Path, plan: Plan, student: str, limits:
     out = verdicts / student
     out.mkdir(parents=True, exist_ok=True)
     for nb in plan.notebooks:
-        verdict = grade_notebook(worker, nb, snap.files.get(f"{nb.name}.ipynb"), plan.files, deadline, plan.secret)
+        verdict = grade_notebook(
+            worker, nb, snap.files.get(f"{nb.name}.ipynb"), plan.files, deadline, plan.secret
+        )
         verdict["notes"][:0] = snap.notes
         if extra:
             shown = ", ".join(extra[:10]) + (f" and {len(extra) - 10} more" if len(extra) > 10 else "")
@@ -204,4 +241,3 @@ def _grade_student(worker: Worker, root: Path, plan: Plan, student: str, limits:
         tmp = out / f".{nb.name}.json.tmp"
         tmp.write_text(json.dumps(verdict))
         tmp.replace(out / f"{nb.name}.json")  # atomic: an interrupted run never leaves half a verdict
-

@@ -64,4 +64,3 @@ def _bwrap_ok() -> bool:
     from coursekit.sandbox import bubblewrap_works
 
     return bubblewrap_works()
-

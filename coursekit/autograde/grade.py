@@ -28,8 +28,14 @@ __all__ = ["VERDICT_VERSION", "grade_notebook"]
 VERDICT_VERSION = 1
 
 
-def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files: dict[str, bytes], deadline: float,
-                   secret: bytes = b"") -> dict:
+def grade_notebook(
+    worker: Worker,
+    plan: NotebookPlan,
+    raw: bytes | None,
+    files: dict[str, bytes],
+    deadline: float,
+    secret: bytes = b"",
+) -> dict:
     """Grade one notebook (``raw`` is ``None`` when it was not submitted); return its verdict.
     ``secret`` is mixed into the seed of every check (see :func:`course_secret`)."""
     started = time.monotonic()
@@ -39,18 +45,32 @@ def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files:
     else:
         norm = normalize(raw, plan.release)
     verdict = {
-        "version": VERDICT_VERSION, "notebook": plan.name, "notes": list(norm.notes),
-        "normalized": json.loads(nbformat.writes(norm.notebook)), "outputs": {}, "tests": {},
+        "version": VERDICT_VERSION,
+        "notebook": plan.name,
+        "notes": list(norm.notes),
+        "normalized": json.loads(nbformat.writes(norm.notebook)),
+        "outputs": {},
+        "tests": {},
         "parts": plan.part_list(),
     }
     session = None
     if norm.readable:
-        cells = [(c.id, c.source, nbgrader_meta(c).get("grade_id") or f"added cell {c.id}") for c in norm.notebook.cells
-                 if c.cell_type == "code" and not is_test_cell(c)]
+        cells = [
+            (c.id, c.source, nbgrader_meta(c).get("grade_id") or f"added cell {c.id}")
+            for c in norm.notebook.cells
+            if c.cell_type == "code" and not is_test_cell(c)
+        ]
         session = run_notebook(worker, cells, files, deadline, verdict)
     for gid, calls in plan.tests.items():
-        verdict["tests"][gid] = _grade_cell(session, calls, deadline, gid in plan.hidden, plan.points.get(gid, 0.0),
-                                            None if norm.readable else norm.notes[0], secret)
+        verdict["tests"][gid] = _grade_cell(
+            session,
+            calls,
+            deadline,
+            gid in plan.hidden,
+            plan.points.get(gid, 0.0),
+            None if norm.readable else norm.notes[0],
+            secret,
+        )
     _name_earlier_parts(plan, norm.notebook, verdict["tests"])
     if session is not None:
         session.close()
@@ -65,15 +85,28 @@ def grade_notebook(worker: Worker, plan: NotebookPlan, raw: bytes | None, files:
 def _name_earlier_parts(plan: NotebookPlan, notebook, results: dict) -> None:
     """Start the failure of a part whose answer calls an earlier, failing part with "fix part N first"."""
     failed = {plan.part_of[gid] for gid, t in results.items() if not t["passed"] and gid in plan.part_of}
-    answers = {nbgrader_meta(c).get("grade_id"): c.source for c in notebook.cells if nbgrader_meta(c).get("solution")}
+    answers = {
+        nbgrader_meta(c).get("grade_id"): c.source for c in notebook.cells if nbgrader_meta(c).get("solution")
+    }
     for answer, sentence in harness.fix_first(plan.parts, answers, failed).items():
         for gid, t in results.items():
-            if plan.part_of.get(gid) == answer and not t["passed"] and not (t["failure"] or "").startswith("not graded"):
+            if (
+                plan.part_of.get(gid) == answer
+                and not t["passed"]
+                and not (t["failure"] or "").startswith("not graded")
+            ):
                 t["failure"] = f"{sentence}.\n{t['failure'] or 'failed'}"
 
 
-def _grade_cell(session, calls: list[Call], deadline: float, hidden: bool, points: float, unreadable: str | None,
-                secret: bytes = b"") -> dict:
+def _grade_cell(
+    session,
+    calls: list[Call],
+    deadline: float,
+    hidden: bool,
+    points: float,
+    unreadable: str | None,
+    secret: bytes = b"",
+) -> dict:
     result = {"hidden": hidden, "points": points, "lines": [], "failure": None, "passed": False, "score": 0.0}
     if unreadable is not None:
         result["failure"] = f"not graded: {unreadable}"
@@ -98,7 +131,9 @@ def _grade_cell(session, calls: list[Call], deadline: float, hidden: bool, point
         result["failure"] = str(e)
     except Exception as e:  # a bug in a grader: say so plainly, and keep grading the others
         log.exception("grader error")
-        result["failure"] = f"internal error in the grader ({type(e).__name__}: {e}); please tell your instructor"
+        result["failure"] = (
+            f"internal error in the grader ({type(e).__name__}: {e}); please tell your instructor"
+        )
     finally:
         core.SESSION.reset(tokens[0])
         core.REPORT.reset(tokens[1])
@@ -106,4 +141,3 @@ def _grade_cell(session, calls: list[Call], deadline: float, hidden: bool, point
         session.end_check()
     result["lines"] = lines
     return result
-

@@ -19,8 +19,17 @@ from coursekit import course
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KEEP_BACKUPS", "course_lock", "backup_gradebook", "gradebook_lock", "gradebook_setup", "check_gradebook",
-           "check_gradebook_readable", "is_server", "locked"]
+__all__ = [
+    "KEEP_BACKUPS",
+    "course_lock",
+    "backup_gradebook",
+    "gradebook_lock",
+    "gradebook_setup",
+    "check_gradebook",
+    "check_gradebook_readable",
+    "is_server",
+    "locked",
+]
 
 KEEP_BACKUPS = 20
 
@@ -36,7 +45,9 @@ def course_lock(root: Path):
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
-            raise RuntimeError(f"another `coursekit autograde` is running on this course ({holder}); wait for it to finish") from None
+            raise RuntimeError(
+                f"another `coursekit autograde` is running on this course ({holder}); wait for it to finish"
+            ) from None
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()}, started {dt.datetime.now():%Y-%m-%d %H:%M:%S}")
@@ -58,8 +69,10 @@ def backup_gradebook(root: Path, db_url: str) -> Path | None:
     if is_server(db_url):
         return _pg_dump(root, url)
     if not db_url.startswith("sqlite:///"):
-        log.warning("gradebook %s was not backed up: coursekit backs up SQLite and PostgreSQL gradebooks only",
-                    url.render_as_string(hide_password=True))
+        log.warning(
+            "gradebook %s was not backed up: coursekit backs up SQLite and PostgreSQL gradebooks only",
+            url.render_as_string(hide_password=True),
+        )
         return None
     db = Path(db_url.removeprefix("sqlite:///"))
     if not db.is_file():
@@ -88,18 +101,33 @@ def _pg_dump(root: Path, url) -> Path | None:
 
     exe = shutil.which("pg_dump")
     if exe is None:
-        log.warning("pg_dump not found: the PostgreSQL gradebook was NOT backed up before this run "
-                    "(install the PostgreSQL client tools, e.g. apt-get install postgresql-client)")
+        log.warning(
+            "pg_dump not found: the PostgreSQL gradebook was NOT backed up before this run "
+            "(install the PostgreSQL client tools, e.g. apt-get install postgresql-client)"
+        )
         return None
     target = _backup_path(root, ".dump")
     # libpq's own URI (no "+driver"); the password goes in the environment, not on the command line
-    dsn = URL.create("postgresql", username=url.username, host=url.host, port=url.port, database=url.database, query=url.query)
+    dsn = URL.create(
+        "postgresql",
+        username=url.username,
+        host=url.host,
+        port=url.port,
+        database=url.database,
+        query=url.query,
+    )
     env = dict(os.environ, **({"PGPASSWORD": url.password} if url.password else {}))
-    done = subprocess.run([exe, "--format=custom", f"--file={target}", f"--dbname={dsn.render_as_string()}"],
-                          env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [exe, "--format=custom", f"--file={target}", f"--dbname={dsn.render_as_string()}"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         target.unlink(missing_ok=True)
-        raise RuntimeError(f"pg_dump could not back up the gradebook, so nothing was graded: {course.last_line(done.stderr)}")
+        raise RuntimeError(
+            f"pg_dump could not back up the gradebook, so nothing was graded: {course.last_line(done.stderr)}"
+        )
     _prune_backups(target.parent, ".dump")
     return target
 
@@ -115,8 +143,10 @@ def gradebook_lock(db_url: str, assignment: str):
         try:
             stack.enter_context(_advisory_lock(db_url, f"coursekit autograde {assignment}", wait=False))
         except BlockingIOError:
-            raise RuntimeError(f"another `coursekit autograde` is grading {assignment} into this gradebook "
-                               "(from another course folder); wait for it to finish") from None
+            raise RuntimeError(
+                f"another `coursekit autograde` is grading {assignment} into this gradebook "
+                "(from another course folder); wait for it to finish"
+            ) from None
         yield
 
 
@@ -159,8 +189,13 @@ def check_gradebook(db_url: str) -> list[tuple[bool, str, str]]:
     except ImportError:
         return [(False, "gradebook driver", "psycopg is missing: pip install -r requirements.txt")]
     pg_dump = shutil.which("pg_dump")
-    lines.append((pg_dump is not None, "pg_dump", pg_dump or "not found: runs would not be backed up "
-                  "(apt-get install postgresql-client)"))
+    lines.append(
+        (
+            pg_dump is not None,
+            "pg_dump",
+            pg_dump or "not found: runs would not be backed up (apt-get install postgresql-client)",
+        )
+    )
     from sqlalchemy import create_engine, text
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -197,7 +232,9 @@ def _advisory_lock(db_url: str, name: str, *, wait: bool):
             conn = engine.connect()
         except OperationalError as e:
             where = make_url(db_url).render_as_string(hide_password=True)
-            raise RuntimeError(f"cannot connect to the gradebook {where}: {str(e.orig or e).strip()}") from None
+            raise RuntimeError(
+                f"cannot connect to the gradebook {where}: {str(e.orig or e).strip()}"
+            ) from None
         with conn:
             if wait:
                 conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": key})
@@ -227,8 +264,10 @@ def check_gradebook_readable(db_url: str, backups: Path) -> None:
     except sqlite3.Error as e:
         verdict = str(e)
     if verdict != "ok":
-        raise RuntimeError(f"the gradebook {db} is damaged ({verdict}); nothing was changed: restore the newest copy "
-                           f"from {backups} or move it away to start a new gradebook")
+        raise RuntimeError(
+            f"the gradebook {db} is damaged ({verdict}); nothing was changed: restore the newest copy "
+            f"from {backups} or move it away to start a new gradebook"
+        )
 
 
 @contextlib.contextmanager
@@ -239,4 +278,3 @@ def locked(root: Path, assignment: str):
     with course_lock(root), gradebook_lock(api.coursedir.db_url, assignment):
         check_gradebook_readable(api.coursedir.db_url, root / ".coursekit" / "backups")
         yield api
-

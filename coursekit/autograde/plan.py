@@ -22,7 +22,15 @@ import coursekit
 from coursekit.cells import Call, is_test_cell, nbgrader_meta, thin_calls
 from coursekit.grading import harness
 
-__all__ = ["NotebookPlan", "Plan", "plan_notebook", "load_plan", "course_secret", "resolve", "preload_modules"]
+__all__ = [
+    "NotebookPlan",
+    "Plan",
+    "plan_notebook",
+    "load_plan",
+    "course_secret",
+    "resolve",
+    "preload_modules",
+]
 
 
 @dataclass
@@ -34,14 +42,24 @@ class NotebookPlan:
     tests: dict[str, list[Call]]  # test cell grade id -> its thin calls (from the instructor's notebook)
     points: dict[str, float]  # grade id -> points, for every graded cell
     hidden: set[str]  # test cells whose checks students do not see
-    parts: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # (answer cell, names it defines), in order
+    parts: list[tuple[str, tuple[str, ...]]] = field(
+        default_factory=list
+    )  # (answer cell, names it defines), in order
     part_of: dict[str, str] = field(default_factory=dict)  # test cell grade id -> its answer cell
-    titles: dict[str, str] = field(default_factory=dict)  # answer cell -> the heading of its part ("Part 1: ...")
+    titles: dict[str, str] = field(
+        default_factory=dict
+    )  # answer cell -> the heading of its part ("Part 1: ...")
 
     def part_list(self) -> list[dict]:
         """The parts in order, as the feedback shows them: answer cell, title and test cells."""
-        return [{"answer": gid, "title": self.titles.get(gid) or (names[0] if names else gid),
-                 "tests": [t for t, a in self.part_of.items() if a == gid]} for gid, names in self.parts]
+        return [
+            {
+                "answer": gid,
+                "title": self.titles.get(gid) or (names[0] if names else gid),
+                "tests": [t for t, a in self.part_of.items() if a == gid],
+            }
+            for gid, names in self.parts
+        ]
 
 
 @dataclass
@@ -63,7 +81,10 @@ def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode,
         meta = nbgrader_meta(cell)
         gid = meta.get("grade_id")
         if cell.cell_type == "markdown":
-            heading = next((line.lstrip("#").strip() for line in cell.source.splitlines() if line.startswith("#")), heading)
+            heading = next(
+                (line.lstrip("#").strip() for line in cell.source.splitlines() if line.startswith("#")),
+                heading,
+            )
         if meta.get("grade"):
             points[gid] = float(meta.get("points", 0))
         if cell.cell_type == "code" and meta.get("solution"):
@@ -106,7 +127,9 @@ def course_secret(root: Path) -> bytes:
             f.write(secrets.token_hex(32) + "\n")
     secret = path.read_text().strip()
     if len(secret) < 32:
-        raise RuntimeError(f"{path} holds no usable secret; delete it and run again (the hidden inputs will change)")
+        raise RuntimeError(
+            f"{path} holds no usable secret; delete it and run again (the hidden inputs will change)"
+        )
     return secret.encode()
 
 
@@ -123,7 +146,11 @@ def load_plan(root: Path, assignment: str, release_dir: Path) -> Plan:
     digest = hashlib.sha256()
     for nb in notebooks:
         digest.update(nbformat.writes(nb.release).encode())
-        digest.update(json.dumps({k: [asdict(c) for c in v] for k, v in nb.tests.items()}, sort_keys=True, default=str).encode())
+        digest.update(
+            json.dumps(
+                {k: [asdict(c) for c in v] for k, v in nb.tests.items()}, sort_keys=True, default=str
+            ).encode()
+        )
     for name, data in files.items():
         digest.update(name.encode() + hashlib.sha256(data).digest())
     digest.update(_code_fingerprint().encode())
@@ -149,9 +176,12 @@ def preload_modules(plan: Plan) -> tuple[str, ...]:
             if cell.cell_type == "code":
                 for line in cell.source.splitlines():
                     words = line.split()
-                    if len(words) >= 2 and words[0] in ("from", "import") and words[1].startswith("coursekit."):
+                    if (
+                        len(words) >= 2
+                        and words[0] in ("from", "import")
+                        and words[1].startswith("coursekit.")
+                    ):
                         name = words[1].rstrip(",")
                         if not name.startswith("coursekit.grading"):
                             modules.add(name)
     return tuple(sorted(modules))
-

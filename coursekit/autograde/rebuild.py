@@ -47,7 +47,10 @@ def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
     except UnicodeDecodeError:
         return _unreadable(release, "your file is not a notebook: it is not UTF-8 text")
     except json.JSONDecodeError as e:
-        return _unreadable(release, f"your file is not a valid notebook: broken JSON at line {e.lineno}, column {e.colno} ({e.msg})")
+        return _unreadable(
+            release,
+            f"your file is not a valid notebook: broken JSON at line {e.lineno}, column {e.colno} ({e.msg})",
+        )
     except RecursionError:
         return _unreadable(release, "your file is not a valid notebook: its JSON is nested too deeply")
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
@@ -64,7 +67,9 @@ def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
             notes.append(f"cell {i} of your file has a malformed source and was ignored")
             continue
         gid = nbgrader_meta(cell).get("grade_id")
-        cells.append((cell["cell_type"], text, gid if isinstance(gid, str) else None, bool(nbgrader_meta(cell))))
+        cells.append(
+            (cell["cell_type"], text, gid if isinstance(gid, str) else None, bool(nbgrader_meta(cell)))
+        )
     if not cells:
         return _unreadable(release, "your notebook has no cells: every cell was deleted")
 
@@ -78,7 +83,10 @@ def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
             anchor = gid
             continue
         if gid in known:
-            notes.append(f"the cell {gid!r} appears more than once; the first copy was graded and the others ran as ordinary cells")
+            notes.append(
+                f"the cell {gid!r} appears more than once; the first copy was graded and the others ran as "
+                "ordinary cells"
+            )
         elif had_meta:
             notes.append("grading metadata on a cell you added was ignored")
         extras.setdefault(anchor, []).append((cell_type, text))
@@ -102,7 +110,11 @@ def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
         for cell_type, text in extras.get(key, []):
             text = inert(text, cell_type, "a markdown cell you added")
             counter += 1
-            maker = {"code": nbformat.v4.new_code_cell, "markdown": nbformat.v4.new_markdown_cell, "raw": nbformat.v4.new_raw_cell}[cell_type]
+            maker = {
+                "code": nbformat.v4.new_code_cell,
+                "markdown": nbformat.v4.new_markdown_cell,
+                "raw": nbformat.v4.new_raw_cell,
+            }[cell_type]
             new = maker(text)
             new.id = f"added-{counter}"
             rebuilt.append(new)
@@ -122,7 +134,10 @@ def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
                 notes.append(f"your answer cell {gid!r} was deleted; it was graded as unanswered")
             else:
                 if theirs[0] != cell.cell_type:
-                    notes.append(f"your answer cell {gid!r} was changed from {cell.cell_type} to {theirs[0]}; it was graded as {cell.cell_type}")
+                    notes.append(
+                        f"your answer cell {gid!r} was changed from {cell.cell_type} to {theirs[0]}; it was graded "
+                        f"as {cell.cell_type}"
+                    )
                 if theirs[1] != cell.source:
                     answered.add(gid)
                     cell.source = inert(theirs[1], cell.cell_type, f"your answer cell {gid!r}")
@@ -145,4 +160,3 @@ def _unreadable(release, reason: str) -> Normalized:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     return Normalized(out, [reason], False, set())
-

@@ -58,20 +58,35 @@ class ApplyVerdicts(NbGraderPreprocessor):
             gid = nbgrader_meta(cell).get("grade_id")
             if is_test_cell(cell) and gid in verdict["tests"]:
                 test = verdict["tests"][gid]
-                cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="\n".join(test["lines"]) + "\n")] if test["lines"] else []
+                cell.outputs = (
+                    [nbformat.v4.new_output("stream", name="stdout", text="\n".join(test["lines"]) + "\n")]
+                    if test["lines"]
+                    else []
+                )
                 if not test["passed"]:
-                    cell.outputs.append(nbformat.v4.new_output("error", ename="GradingFailure", evalue=test["failure"] or "failed",
-                                                               traceback=[test["failure"] or "failed"]))
+                    cell.outputs.append(
+                        nbformat.v4.new_output(
+                            "error",
+                            ename="GradingFailure",
+                            evalue=test["failure"] or "failed",
+                            traceback=[test["failure"] or "failed"],
+                        )
+                    )
                 cell.execution_count = None
                 cell.metadata["coursekit"] = checks_of(test)  # what the feedback page shows of this cell
             elif cell.get("id") in verdict["outputs"]:
                 ran = verdict["outputs"][cell.id]
                 cell.outputs = [nbformat.from_dict(o) for o in ran["outputs"]]
                 cell.execution_count = ran.get("execution_count")
-        nb.metadata["coursekit"] = {"parts": verdict.get("parts", []), "notes": verdict["notes"],
-                                    "chapter": _chapter_link(info.get("assignment", ""))}
+        nb.metadata["coursekit"] = {
+            "parts": verdict.get("parts", []),
+            "notes": verdict["notes"],
+            "chapter": _chapter_link(info.get("assignment", "")),
+        }
         if verdict["notes"]:  # notes quote file names and cell labels the student chose: literal text only
-            text = "**Notes from the autograder**\n\n" + "\n".join(f"- {inert.markdown_text(n)}" for n in verdict["notes"])
+            text = "**Notes from the autograder**\n\n" + "\n".join(
+                f"- {inert.markdown_text(n)}" for n in verdict["notes"]
+            )
             note = nbformat.v4.new_markdown_cell(text)
             note.id = "autograder-notes"
             nb.cells.insert(0, note)
@@ -89,16 +104,26 @@ def checks_of(test: dict) -> dict:
     for line in test.get("lines", []):
         m = _CHECK_LINE.match(line)
         if m:  # "part: check" -> the check (the page already says which part)
-            checks.append({"name": m[2].split(": ", 1)[-1], "passed": m[1] == "pass", "hint": hints.get(m[2])})
+            checks.append(
+                {"name": m[2].split(": ", 1)[-1], "passed": m[1] == "pass", "hint": hints.get(m[2])}
+            )
     failure = test.get("failure") or ""
-    advice = failure.splitlines()[0].rstrip(".") if failure.startswith("part ") and "fix part" in failure else None
+    advice = (
+        failure.splitlines()[0].rstrip(".") if failure.startswith("part ") and "fix part" in failure else None
+    )
     failed = [c for c in checks if not c["passed"]]
     unanswered = bool(failed) and all((c["hint"] or "").startswith("not implemented yet") for c in failed)
     message = None
     if not test.get("passed") and not checks:  # not graded, or the student's code stopped the grader
         message = failure.split("\n", 1)[-1] if advice else failure
-    return {"hidden": bool(test.get("hidden")), "passed": bool(test.get("passed")), "checks": checks,
-            "unanswered": unanswered, "advice": advice, "message": message}
+    return {
+        "hidden": bool(test.get("hidden")),
+        "passed": bool(test.get("passed")),
+        "checks": checks,
+        "unanswered": unanswered,
+        "advice": advice,
+        "message": message,
+    }
 
 
 def _chapter_link(assignment: str) -> dict | None:
@@ -140,13 +165,26 @@ class SummarizeParts(NbGraderPreprocessor):
             score = sum(float(nbgrader_meta(c).get("score") or 0) for c in tests)
             points = sum(float(nbgrader_meta(c).get("points") or 0) for c in tests)
             results = [c.metadata.get("coursekit") or {} for c in tests]
-            status = ("passed" if score >= points else
-                      "unanswered" if results and all(r.get("unanswered") for r in results if not r.get("passed")) else
-                      "failed")
-            summary.append({"number": number, "title": part["title"], "anchor": part["tests"][0] if part["tests"] else "",
-                            "score": score, "points": points, "status": status})
-        resources.setdefault("coursekit", {}).update(parts=summary, notes=ours.get("notes", []),
-                                                      chapter=ours.get("chapter"))
+            status = (
+                "passed"
+                if score >= points
+                else "unanswered"
+                if results and all(r.get("unanswered") for r in results if not r.get("passed"))
+                else "failed"
+            )
+            summary.append(
+                {
+                    "number": number,
+                    "title": part["title"],
+                    "anchor": part["tests"][0] if part["tests"] else "",
+                    "score": score,
+                    "points": points,
+                    "status": status,
+                }
+            )
+        resources.setdefault("coursekit", {}).update(
+            parts=summary, notes=ours.get("notes", []), chapter=ours.get("chapter")
+        )
         return nb, resources
 
 
@@ -161,8 +199,8 @@ class HideHiddenTests(NbGraderPreprocessor):
 
 
 def _feedback_preprocessors() -> list:
-    from nbgrader.preprocessors import GetGrades
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+    from nbgrader.preprocessors import GetGrades
 
     return [HideHiddenTests, GetGrades, SummarizeParts, CSSHTMLHeaderPreprocessor]
 
@@ -172,7 +210,9 @@ def _feedback_preprocessors() -> list:
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
 
-def record_all(root, assignment, plan: Plan, students, done: queue.Queue, feedback, progress, verdicts: Path) -> list[Result]:
+def record_all(
+    root, assignment, plan: Plan, students, done: queue.Queue, feedback, progress, verdicts: Path
+) -> list[Result]:
     """The single writer: for each finished student, run nbgrader on the rebuilt notebook."""
     from tqdm import tqdm
 
@@ -205,17 +245,35 @@ def record_all(root, assignment, plan: Plan, students, done: queue.Queue, feedba
 
 def _autograde_preprocessors() -> list:
     from nbconvert.preprocessors import ClearMetadataPreprocessor
-    from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput, SaveAutoGrades
+    from nbgrader.preprocessors import (
+        AssignLatePenalties,
+        CheckCellMetadata,
+        IgnorePattern,
+        LimitOutput,
+        SaveAutoGrades,
+    )
 
-    return [ApplyVerdicts, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+    return [
+        ApplyVerdicts,
+        IgnorePattern,
+        ClearMetadataPreprocessor,
+        LimitOutput,
+        SaveAutoGrades,
+        AssignLatePenalties,
+        CheckCellMetadata,
+    ]
 
 
-def _record(root: Path, api, plan: Plan, student: str, error: str | None, cached: bool, feedback: bool, verdicts: Path) -> Result:
+def _record(
+    root: Path, api, plan: Plan, student: str, error: str | None, cached: bool, feedback: bool, verdicts: Path
+) -> Result:
     from nbgrader.api import Gradebook, MissingEntry
 
     if error is not None:
         # the sandbox failed on this student (not their code's fault): record nothing, say so
-        return Result(student, 0.0, sum(sum(nb.points.values()) for nb in plan.notebooks), [], f"not graded: {error}")
+        return Result(
+            student, 0.0, sum(sum(nb.points.values()) for nb in plan.notebooks), [], f"not graded: {error}"
+        )
     notes, seconds = [], 0.0
     staged = root / ".coursekit" / "normalized" / student / plan.assignment
     if staged.exists():
@@ -246,4 +304,3 @@ def _record(root: Path, api, plan: Plan, student: str, error: str | None, cached
         except MissingEntry:
             score = 0.0
     return Result(student, float(score), float(max_score), notes, error, cached, seconds)
-

@@ -35,7 +35,10 @@ def run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict):
             # the sandbox's answer is hostile data: keep only well-formed, inert outputs
             outputs, dropped = inert.clean_outputs(reply.get("outputs", []))
             count = reply.get("execution_count")
-            verdict["outputs"][cid] = {"outputs": outputs, "execution_count": count if type(count) is int else None}
+            verdict["outputs"][cid] = {
+                "outputs": outputs,
+                "execution_count": count if type(count) is int else None,
+            }
             if dropped and cid not in noted:
                 noted.add(cid)
                 where = f"the cell {label!r}" if not label.startswith("added cell") else "a cell you added"
@@ -48,8 +51,10 @@ def run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict):
         skipped[cid] = why
         where = f"the cell {label!r}" if not label.startswith("added cell") else "a cell you added"
         verdict["notes"].append(f"{where} was stopped: {why}; the rest of the notebook ran without it")
-        verdict["outputs"][cid] = {"outputs": [_error_output("Stopped", f"this cell was stopped by the autograder: {why}")],
-                                   "execution_count": None}
+        verdict["outputs"][cid] = {
+            "outputs": [_error_output("Stopped", f"this cell was stopped by the autograder: {why}")],
+            "execution_count": None,
+        }
         if time.monotonic() >= deadline:
             break
     verdict["notes"].append("your notebook could not be run to the end; the remaining checks failed")
@@ -69,4 +74,3 @@ def _revive(worker, cells, skipped, files, deadline):
 
 def _error_output(ename: str, evalue: str) -> dict:
     return {"output_type": "error", "ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
-

@@ -27,31 +27,59 @@ from coursekit.bert import BERT_PRESETS, BertForMaskedLM, SpecialTokens, mask_to
 from coursekit.experiments.topics import accuracy, finetune, logistic_regression_baseline, topic_passages
 
 __all__ = [
-    "BERT_SMALL", "METRICS", "BertRecipe", "encode_with_special", "evaluate_mlm", "fill_mask", "mlm_baselines",
-    "mlm_batch", "mlm_batch_loss", "mlm_eval_batches", "pretrain_bert_small", "selected_logits",
+    "BERT_SMALL",
+    "METRICS",
+    "BertRecipe",
+    "encode_with_special",
+    "evaluate_mlm",
+    "fill_mask",
+    "mlm_baselines",
+    "mlm_batch",
+    "mlm_batch_loss",
+    "mlm_eval_batches",
+    "pretrain_bert_small",
+    "selected_logits",
 ]
 
 
 # --------------------------------------------------------------------------- masked language modelling
 
 
-def mlm_batch(tokens: torch.Tensor, special: SpecialTokens, block_size: int, batch_size: int,
-              vocab_size: int, generator: torch.Generator, mlm_probability: float = 0.15):
+def mlm_batch(
+    tokens: torch.Tensor,
+    special: SpecialTokens,
+    block_size: int,
+    batch_size: int,
+    vocab_size: int,
+    generator: torch.Generator,
+    mlm_probability: float = 0.15,
+):
     """``batch_size`` random windows of ``block_size`` tokens as ``[CLS] w [SEP]``, masked.
 
     Returns:
         ``(inputs, labels)``, each ``(B, block_size + 2)`` (see :func:`~coursekit.bert.mask_tokens`).
     """
     if tokens.dim() != 1 or tokens.numel() < block_size:
-        raise ValueError(f"tokens must be 1-D with at least block_size={block_size} ids, got {tuple(tokens.shape)}")
+        raise ValueError(
+            f"tokens must be 1-D with at least block_size={block_size} ids, got {tuple(tokens.shape)}"
+        )
     offsets = torch.randint(tokens.numel() - block_size + 1, (batch_size,), generator=generator)  # (B,)
     windows = tokens.unfold(0, block_size, 1)[offsets]  # (B, block_size)
-    ids = torch.cat([torch.full((batch_size, 1), special.cls), windows, torch.full((batch_size, 1), special.sep)], 1)
+    ids = torch.cat(
+        [torch.full((batch_size, 1), special.cls), windows, torch.full((batch_size, 1), special.sep)], 1
+    )
     return mask_tokens(ids, special, vocab_size, generator, mlm_probability)
 
 
-def mlm_eval_batches(tokens: torch.Tensor, special: SpecialTokens, block_size: int, batch_size: int,
-                     vocab_size: int, n_batches: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def mlm_eval_batches(
+    tokens: torch.Tensor,
+    special: SpecialTokens,
+    block_size: int,
+    batch_size: int,
+    vocab_size: int,
+    n_batches: int,
+    seed: int = 0,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A fixed list of :func:`mlm_batch` batches (windows and masks) drawn from ``seed``."""
     g = torch.Generator().manual_seed(seed)
     return [mlm_batch(tokens, special, block_size, batch_size, vocab_size, g) for _ in range(n_batches)]
@@ -68,7 +96,8 @@ def selected_logits(model: BertForMaskedLM, inputs: torch.Tensor, labels: torch.
 
 
 def mlm_batch_loss(model: BertForMaskedLM, batch) -> torch.Tensor:
-    """``loss_fn`` for :func:`coursekit.train.train`: :func:`~coursekit.bert.mlm_loss` on a batch ``(inputs, labels)``."""
+    """``loss_fn`` for :func:`coursekit.train.train`: :func:`~coursekit.bert.mlm_loss` on a batch
+    ``(inputs, labels)``."""
     inputs, labels = batch
     return mlm_loss(selected_logits(model, inputs, labels), labels[labels != -100])
 
@@ -88,7 +117,9 @@ def evaluate_mlm(model: BertForMaskedLM, batches) -> dict[str, float]:
     return {"loss": total / n, "accuracy": correct / n, "n_masked": n}
 
 
-def mlm_baselines(train_tokens: torch.Tensor, batches, special: SpecialTokens, vocab_size: int) -> dict[str, float]:
+def mlm_baselines(
+    train_tokens: torch.Tensor, batches, special: SpecialTokens, vocab_size: int
+) -> dict[str, float]:
     """Masked-token accuracy of two count-based predictors on the same batches as the model.
 
     - ``unigram``: always the most frequent training token;
@@ -102,7 +133,11 @@ def mlm_baselines(train_tokens: torch.Tensor, batches, special: SpecialTokens, v
     counts = torch.bincount(train_tokens, minlength=vocab_size).double()  # (V,)
     top = int(counts.argmax())
     pairs = torch.zeros(vocab_size, vocab_size, dtype=torch.long)  # (V, V): count of (left, right)
-    pairs.index_put_((train_tokens[:-1], train_tokens[1:]), torch.ones(len(train_tokens) - 1, dtype=torch.long), accumulate=True)
+    pairs.index_put_(
+        (train_tokens[:-1], train_tokens[1:]),
+        torch.ones(len(train_tokens) - 1, dtype=torch.long),
+        accumulate=True,
+    )
     best_next = torch.where(pairs.sum(1) > 0, pairs.argmax(1), top)  # (V,)
     best_next[list(special.ids)] = top
     log_p = torch.log((counts + 1) / (counts + 1).sum())  # (V,)
@@ -137,12 +172,18 @@ def encode_with_special(tokenizer, special: SpecialTokens, text: str) -> list[in
         else:
             if i + 1 < len(parts) and parts[i + 1] == "[MASK]" and part.endswith(" "):
                 part = part[:-1]
-            ids.extend(tokenizer.encode_ordinary(part) if hasattr(tokenizer, "encode_ordinary") else tokenizer.encode(part))
+            ids.extend(
+                tokenizer.encode_ordinary(part)
+                if hasattr(tokenizer, "encode_ordinary")
+                else tokenizer.encode(part)
+            )
     return ids
 
 
 @torch.no_grad()
-def fill_mask(model: BertForMaskedLM, tokenizer, special: SpecialTokens, text: str, k: int = 5) -> list[list[tuple[str, float]]]:
+def fill_mask(
+    model: BertForMaskedLM, tokenizer, special: SpecialTokens, text: str, k: int = 5
+) -> list[list[tuple[str, float]]]:
     """The ``k`` most likely tokens (text, probability) at each ``[MASK]`` of ``text``."""
     ids = [special.cls] + encode_with_special(tokenizer, special, text) + [special.sep]
     x = torch.tensor([ids])  # (1, T)
@@ -153,7 +194,9 @@ def fill_mask(model: BertForMaskedLM, tokenizer, special: SpecialTokens, text: s
     out = []
     for t in (x[0] == special.mask).nonzero().flatten().tolist():
         p, top = probs[t].topk(k)
-        out.append([(special.name(i) or tokenizer.decode([i]), float(q)) for q, i in zip(p.tolist(), top.tolist())])
+        out.append(
+            [(special.name(i) or tokenizer.decode([i]), float(q)) for q, i in zip(p.tolist(), top.tolist())]
+        )
     return out
 
 
@@ -215,7 +258,8 @@ def pretrain_bert_small(recipe: BertRecipe = BERT_SMALL, progress: bool = True):
 
     Returns:
         ``(model, tokenizer, recipe, metrics)``: the trained :class:`~coursekit.bert.BertForMaskedLM`
-        (float32 holding the float16-rounded weights that are stored and measured), the BPE tokenizer, ``recipe`` and the metrics (:data:`METRICS`).
+        (float32 holding the float16-rounded weights that are stored and measured), the BPE tokenizer,
+        ``recipe`` and the metrics (:data:`METRICS`).
     """
     r = recipe
     corpus = data.prepare("python-docs", "bpe", vocab_size=r.base_vocab_size)
@@ -224,17 +268,31 @@ def pretrain_bert_small(recipe: BertRecipe = BERT_SMALL, progress: bool = True):
     block = config.max_len - 2
     val = mlm_eval_batches(corpus.val, special, block, 32, config.vocab_size, n_batches=8, seed=0)
     short_len, short_batch = r.short_len, r.batch_size * config.max_len // r.short_len
-    val_short = mlm_eval_batches(corpus.val, special, short_len - 2, short_batch, config.vocab_size, n_batches=8, seed=0)
+    val_short = mlm_eval_batches(
+        corpus.val, special, short_len - 2, short_batch, config.vocab_size, n_batches=8, seed=0
+    )
     n_short = round(r.short_fraction * r.max_steps)
     torch.manual_seed(r.seed)
     model = BertForMaskedLM(config)
-    cfg = train.TrainConfig(max_steps=r.max_steps, batch_size=r.batch_size, lr=r.lr, warmup_steps=max(1, r.max_steps // 20),
-                            weight_decay=0.01, betas=(0.9, 0.98), eval_interval=max(1, r.max_steps // 10), seed=r.seed)
+    cfg = train.TrainConfig(
+        max_steps=r.max_steps,
+        batch_size=r.batch_size,
+        lr=r.lr,
+        warmup_steps=max(1, r.max_steps // 20),
+        weight_decay=0.01,
+        betas=(0.9, 0.98),
+        eval_interval=max(1, r.max_steps // 10),
+        seed=r.seed,
+    )
 
     def eval_fn(m):
         v, v_short = evaluate_mlm(m, val), evaluate_mlm(m, val_short)
-        return {"val_loss": v["loss"], "val_accuracy": v["accuracy"],
-                f"val_loss_{short_len}": v_short["loss"], f"val_accuracy_{short_len}": v_short["accuracy"]}
+        return {
+            "val_loss": v["loss"],
+            "val_accuracy": v["accuracy"],
+            f"val_loss_{short_len}": v_short["loss"],
+            f"val_accuracy_{short_len}": v_short["accuracy"],
+        }
 
     def batch_fn(step, g):
         if step < n_short:
@@ -243,36 +301,61 @@ def pretrain_bert_small(recipe: BertRecipe = BERT_SMALL, progress: bool = True):
 
     history = train.train(model, batch_fn, cfg, loss_fn=mlm_batch_loss, eval_fn=eval_fn, progress=progress)
     every = max(1, r.max_steps // 100)
-    curve = [sum(history.train_loss[i:i + every]) / len(history.train_loss[i:i + every])
-             for i in range(0, len(history.train_loss), every)]
+    curve = [
+        sum(history.train_loss[i : i + every]) / len(history.train_loss[i : i + every])
+        for i in range(0, len(history.train_loss), every)
+    ]
     model16 = BertForMaskedLM(config)
     model16.load_state_dict({k: v.to(torch.float16).float() for k, v in model.state_dict().items()})
     val_metrics = evaluate_mlm(model16, val)
 
     train_data, test_data = topic_passages(corpus.tokenizer, special)
-    ft_cfg = train.TrainConfig(max_steps=r.finetune_steps, batch_size=32, lr=r.finetune_lr,
-                               warmup_steps=max(1, r.finetune_steps // 10), weight_decay=0.01,
-                               eval_interval=r.finetune_steps, seed=r.seed)
+    ft_cfg = train.TrainConfig(
+        max_steps=r.finetune_steps,
+        batch_size=32,
+        lr=r.finetune_lr,
+        warmup_steps=max(1, r.finetune_steps // 10),
+        weight_decay=0.01,
+        eval_interval=r.finetune_steps,
+        seed=r.seed,
+    )
     t = time.perf_counter()
     clf, _ = finetune(model16.bert, config, train_data, test_data, ft_cfg)
     ft_time = time.perf_counter() - t
     scratch, _ = finetune(None, config, train_data, test_data, ft_cfg)
     majority = float((test_data.labels == torch.bincount(train_data.labels).argmax()).double().mean())
     metrics = {
-        "train": {**asdict(cfg), "steps": len(history.steps),
-                  "phases": [{"steps": n_short, "seq_len": short_len, "batch_size": short_batch},
-                             {"steps": r.max_steps - n_short, "seq_len": config.max_len, "batch_size": r.batch_size}],
-                  "wall_time_s": round(history.wall_time, 1),
-                  "train_time_s": round(history.train_time, 1), "tokens_per_s": round(history.tokens_per_s),
-                  "threads": torch.get_num_threads(), "final_train_loss": history.train_loss[-1],
-                  "evals": history.evals, "curve_every": every, "train_loss_curve": curve,
-                  "train_tokens": corpus.train.numel(), "val_tokens": corpus.val.numel()},
+        "train": {
+            **asdict(cfg),
+            "steps": len(history.steps),
+            "phases": [
+                {"steps": n_short, "seq_len": short_len, "batch_size": short_batch},
+                {"steps": r.max_steps - n_short, "seq_len": config.max_len, "batch_size": r.batch_size},
+            ],
+            "wall_time_s": round(history.wall_time, 1),
+            "train_time_s": round(history.train_time, 1),
+            "tokens_per_s": round(history.tokens_per_s),
+            "threads": torch.get_num_threads(),
+            "final_train_loss": history.train_loss[-1],
+            "evals": history.evals,
+            "curve_every": every,
+            "train_loss_curve": curve,
+            "train_tokens": corpus.train.numel(),
+            "val_tokens": corpus.val.numel(),
+        },
         "validation": {**val_metrics, "batches": 8, "batch_size": 32, "seed": 0, "weights": "float16"},
         "baselines": mlm_baselines(corpus.train, val, special, config.vocab_size),
-        "finetune": {"steps": r.finetune_steps, "lr": ft_cfg.lr, "batch_size": ft_cfg.batch_size,
-                     "train_passages": len(train_data.labels), "test_passages": len(test_data.labels),
-                     "test_accuracy": accuracy(clf, test_data), "from_scratch_test_accuracy": accuracy(scratch, test_data),
-                     "logistic_regression_test_accuracy": logistic_regression_baseline(train_data, test_data),
-                     "majority_class_test_accuracy": majority, "wall_time_s": round(ft_time, 1)},
+        "finetune": {
+            "steps": r.finetune_steps,
+            "lr": ft_cfg.lr,
+            "batch_size": ft_cfg.batch_size,
+            "train_passages": len(train_data.labels),
+            "test_passages": len(test_data.labels),
+            "test_accuracy": accuracy(clf, test_data),
+            "from_scratch_test_accuracy": accuracy(scratch, test_data),
+            "logistic_regression_test_accuracy": logistic_regression_baseline(train_data, test_data),
+            "majority_class_test_accuracy": majority,
+            "wall_time_s": round(ft_time, 1),
+        },
     }
     return model16, corpus.tokenizer, recipe, metrics

@@ -21,8 +21,16 @@ from torch import nn
 from coursekit import train
 
 __all__ = [
-    "DigitsSplit", "digits_split", "random_shift", "Recipe", "DIGITS_RECIPES",
-    "predict", "accuracy", "fit_classifier", "SmallCNN", "sklearn_baselines",
+    "DigitsSplit",
+    "digits_split",
+    "random_shift",
+    "Recipe",
+    "DIGITS_RECIPES",
+    "predict",
+    "accuracy",
+    "fit_classifier",
+    "SmallCNN",
+    "sklearn_baselines",
 ]
 
 
@@ -50,8 +58,9 @@ def digits_split(test_size: float = 0.2, random_state: int = 0) -> DigitsSplit:
     digits = load_digits()
     x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (1797, 1, 8, 8)
     y = torch.tensor(digits.target, dtype=torch.long)  # (1797,)
-    train_i, test_i = train_test_split(torch.arange(len(y)).numpy(), test_size=test_size, stratify=y.numpy(),
-                                       random_state=random_state)
+    train_i, test_i = train_test_split(
+        torch.arange(len(y)).numpy(), test_size=test_size, stratify=y.numpy(), random_state=random_state
+    )
     train_i, test_i = torch.as_tensor(train_i), torch.as_tensor(test_i)
     return DigitsSplit(x[train_i], y[train_i], x[test_i], y[test_i])
 
@@ -99,12 +108,34 @@ class Recipe(NamedTuple):
 #: training images (the last 20%, stratified, ``random_state=0``), never on the test images,
 #: to fit about 90 s of training on one CPU thread; the CNN's was set once and not tuned.
 DIGITS_RECIPES = {
-    "vit": Recipe(train.TrainConfig(max_steps=2000, batch_size=128, lr=1e-3, min_lr_ratio=0.0, warmup_steps=100,
-                                    weight_decay=0.05, betas=(0.9, 0.999), eval_interval=250),
-                  max_shift=1, label_smoothing=0.1),
-    "cnn": Recipe(train.TrainConfig(max_steps=1000, batch_size=64, lr=1e-3, min_lr_ratio=0.0, warmup_steps=100,
-                                    weight_decay=0.05, betas=(0.9, 0.999), eval_interval=200),
-                  max_shift=1, label_smoothing=0.0),
+    "vit": Recipe(
+        train.TrainConfig(
+            max_steps=2000,
+            batch_size=128,
+            lr=1e-3,
+            min_lr_ratio=0.0,
+            warmup_steps=100,
+            weight_decay=0.05,
+            betas=(0.9, 0.999),
+            eval_interval=250,
+        ),
+        max_shift=1,
+        label_smoothing=0.1,
+    ),
+    "cnn": Recipe(
+        train.TrainConfig(
+            max_steps=1000,
+            batch_size=64,
+            lr=1e-3,
+            min_lr_ratio=0.0,
+            warmup_steps=100,
+            weight_decay=0.05,
+            betas=(0.9, 0.999),
+            eval_interval=200,
+        ),
+        max_shift=1,
+        label_smoothing=0.0,
+    ),
 }
 
 
@@ -114,7 +145,9 @@ def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 512) -> to
     was_training = model.training
     model.eval()
     try:
-        return torch.cat([model(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
+        return torch.cat(
+            [model(images[i : i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)]
+        )
     finally:
         model.train(was_training)
 
@@ -124,9 +157,17 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> fl
     return float((predict(model, images) == labels).double().mean())
 
 
-def fit_classifier(model: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor, cfg: train.TrainConfig, *,
-                   max_shift: int = 1, label_smoothing: float = 0.0,
-                   eval_data: tuple[torch.Tensor, torch.Tensor] | None = None, progress: bool = False) -> train.History:
+def fit_classifier(
+    model: nn.Module,
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    cfg: train.TrainConfig,
+    *,
+    max_shift: int = 1,
+    label_smoothing: float = 0.0,
+    eval_data: tuple[torch.Tensor, torch.Tensor] | None = None,
+    progress: bool = False,
+) -> train.History:
     """Train an image classifier with :func:`coursekit.train.train`.
 
     Each step draws ``cfg.batch_size`` training images at random (with replacement),
@@ -167,10 +208,15 @@ class SmallCNN(nn.Module):
     def __init__(self, in_channels: int = 1, n_classes: int = 10, width: int = 32):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, width, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
-        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(2 * width * 16, 128), nn.ReLU(), nn.Linear(128, n_classes))
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(2 * width * 16, 128), nn.ReLU(), nn.Linear(128, n_classes)
+        )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """``(B, C_in, 8, 8) -> (B, K)`` logits."""
@@ -190,5 +236,10 @@ def sklearn_baselines(split: DigitsSplit, svm_gamma: float = 0.001) -> dict[str,
     x_train = (split.train_x.reshape(len(split.train_y), -1) * 16).numpy()  # (n, 64), grey levels 0 .. 16
     x_test = (split.test_x.reshape(len(split.test_y), -1) * 16).numpy()
     y_train, y_test = split.train_y.numpy(), split.test_y.numpy()
-    models = {"logistic regression": LogisticRegression(max_iter=5000), f"SVM (RBF, gamma={svm_gamma:g})": SVC(gamma=svm_gamma)}
-    return {name: float((m.fit(x_train, y_train).predict(x_test) == y_test).mean()) for name, m in models.items()}
+    models = {
+        "logistic regression": LogisticRegression(max_iter=5000),
+        f"SVM (RBF, gamma={svm_gamma:g})": SVC(gamma=svm_gamma),
+    }
+    return {
+        name: float((m.fit(x_train, y_train).predict(x_test) == y_test).mean()) for name, m in models.items()
+    }

@@ -22,8 +22,18 @@ import torch
 from coursekit import data, train
 from coursekit.gpt import GPT, GPTConfig
 
-__all__ = ["Recipe", "GPT_CHAR", "GPT_CHAR_FAST", "METRICS", "VAL_BATCH_SIZE", "train_gpt", "gpt_val_loss",
-           "calibrate_steps", "fit_to_budget", "pretrain_gpt_char"]
+__all__ = [
+    "Recipe",
+    "GPT_CHAR",
+    "GPT_CHAR_FAST",
+    "METRICS",
+    "VAL_BATCH_SIZE",
+    "train_gpt",
+    "gpt_val_loss",
+    "calibrate_steps",
+    "fit_to_budget",
+    "pretrain_gpt_char",
+]
 
 #: Windows per batch when a GPT is measured on the whole validation split.
 VAL_BATCH_SIZE = 32
@@ -47,15 +57,32 @@ class Recipe:
         """The same recipe with ``steps`` training steps and no time budget (warmup and evaluations
         scaled along; a smoke run)."""
         cfg = self.train
-        return replace(self, minutes=None, train=replace(
-            cfg, max_steps=steps, warmup_steps=min(cfg.warmup_steps, steps // 10),
-            eval_interval=max(1, min(cfg.eval_interval, steps))))
+        return replace(
+            self,
+            minutes=None,
+            train=replace(
+                cfg,
+                max_steps=steps,
+                warmup_steps=min(cfg.warmup_steps, steps // 10),
+                eval_interval=max(1, min(cfg.eval_interval, steps)),
+            ),
+        )
 
 
 GPT_CHAR_FAST = Recipe(
     model=GPTConfig(vocab_size=1, block_size=64, n_layers=4, n_heads=4, d_model=128, bias=False),
-    train=train.TrainConfig(max_steps=2000, batch_size=12, lr=3e-3, min_lr_ratio=0.1, warmup_steps=100,
-                            weight_decay=0.1, betas=(0.9, 0.99), grad_clip=1.0, eval_interval=2000, eval_batches=10),
+    train=train.TrainConfig(
+        max_steps=2000,
+        batch_size=12,
+        lr=3e-3,
+        min_lr_ratio=0.1,
+        warmup_steps=100,
+        weight_decay=0.1,
+        betas=(0.9, 0.99),
+        grad_clip=1.0,
+        eval_interval=2000,
+        eval_batches=10,
+    ),
 )
 
 #: 3,000 steps of 12 x 128 characters are 4.6M characters, 11 passes over the training text: longer
@@ -64,8 +91,18 @@ GPT_CHAR_FAST = Recipe(
 #: on a CPU (measured: 0.1 everywhere, 2.4 instead of 4.3 steps/s on one thread).
 GPT_CHAR = Recipe(
     model=GPTConfig(vocab_size=1, block_size=128, n_layers=6, n_heads=4, d_model=128, bias=False),
-    train=train.TrainConfig(max_steps=3000, batch_size=12, lr=3e-3, min_lr_ratio=0.1, warmup_steps=100,
-                            weight_decay=0.1, betas=(0.9, 0.99), grad_clip=1.0, eval_interval=500, eval_batches=10),
+    train=train.TrainConfig(
+        max_steps=3000,
+        batch_size=12,
+        lr=3e-3,
+        min_lr_ratio=0.1,
+        warmup_steps=100,
+        weight_decay=0.1,
+        betas=(0.9, 0.99),
+        grad_clip=1.0,
+        eval_interval=500,
+        eval_batches=10,
+    ),
     minutes=9.5,
 )
 
@@ -81,19 +118,33 @@ def gpt_val_loss(model: GPT, d: data.TokenData) -> float:
     return train.evaluate(model, batches, train.lm_loss)
 
 
-def train_gpt(model: GPT, d: data.TokenData, cfg: train.TrainConfig, *, checkpoint_path=None,
-              resume: bool = False, progress: bool = True) -> train.History:
+def train_gpt(
+    model: GPT,
+    d: data.TokenData,
+    cfg: train.TrainConfig,
+    *,
+    checkpoint_path=None,
+    resume: bool = False,
+    progress: bool = True,
+) -> train.History:
     """Train ``model`` on ``d.train`` with :func:`coursekit.train.train`, evaluating on all of ``d.val``
     (:func:`gpt_val_loss`) every ``cfg.eval_interval`` steps (``cfg.eval_batches`` is not used)."""
     T = model.cfg.block_size
     return train.train(
-        model, lambda step, g: data.lm_batch(d.train, T, cfg.batch_size, g), cfg,
-        loss_fn=train.lm_loss, eval_fn=lambda m: {"val_loss": gpt_val_loss(m, d)},
-        checkpoint_path=checkpoint_path, resume=resume, progress=progress,
+        model,
+        lambda step, g: data.lm_batch(d.train, T, cfg.batch_size, g),
+        cfg,
+        loss_fn=train.lm_loss,
+        eval_fn=lambda m: {"val_loss": gpt_val_loss(m, d)},
+        checkpoint_path=checkpoint_path,
+        resume=resume,
+        progress=progress,
     )
 
 
-def fit_to_budget(cfg: train.TrainConfig, steps_per_s: float, seconds: float, margin: float = 0.9) -> train.TrainConfig:
+def fit_to_budget(
+    cfg: train.TrainConfig, steps_per_s: float, seconds: float, margin: float = 0.9
+) -> train.TrainConfig:
     """``cfg`` with as many steps as fit in ``margin * seconds``; warmup and evaluations scale along.
 
     The margin absorbs the difference between a short calibration and a long run (measured:
@@ -104,7 +155,9 @@ def fit_to_budget(cfg: train.TrainConfig, steps_per_s: float, seconds: float, ma
     return replace(cfg, max_steps=steps, warmup_steps=warmup, eval_interval=max(1, steps // 6))
 
 
-def calibrate_steps(model_cfg: GPTConfig, cfg: train.TrainConfig, d: data.TokenData, steps: int = 30) -> float:
+def calibrate_steps(
+    model_cfg: GPTConfig, cfg: train.TrainConfig, d: data.TokenData, steps: int = 30
+) -> float:
     """Training steps per second of this recipe on this machine, from a short throwaway run.
 
     The first 5 steps (first-call overheads) are run and discarded; the rate is measured
@@ -117,16 +170,30 @@ def calibrate_steps(model_cfg: GPTConfig, cfg: train.TrainConfig, d: data.TokenD
     batch_fn = lambda step, g: data.lm_batch(d.train, T, B, g)  # noqa: E731
     train.train(model, batch_fn, short, loss_fn=train.lm_loss, optimizer=optimizer, progress=False, stop_at=5)
     start = time.perf_counter()
-    train.train(model, batch_fn, replace(short, max_steps=steps, eval_interval=steps), loss_fn=train.lm_loss,
-                optimizer=optimizer, progress=False)
+    train.train(
+        model,
+        batch_fn,
+        replace(short, max_steps=steps, eval_interval=steps),
+        loss_fn=train.lm_loss,
+        optimizer=optimizer,
+        progress=False,
+    )
     return steps / (time.perf_counter() - start)
 
 
 # --------------------------------------------------------------------------- the committed checkpoint
 
 #: What :func:`pretrain_gpt_char` records.
-METRICS = ("val_loss", "val_protocol", "val_loss_during_training", "train_seconds", "tokens_per_s", "steps",
-           "parameters", "machine")
+METRICS = (
+    "val_loss",
+    "val_protocol",
+    "val_loss_during_training",
+    "train_seconds",
+    "tokens_per_s",
+    "steps",
+    "parameters",
+    "machine",
+)
 
 
 def pretrain_gpt_char(recipe: Recipe = GPT_CHAR, progress: bool = True):
@@ -145,7 +212,9 @@ def pretrain_gpt_char(recipe: Recipe = GPT_CHAR, progress: bool = True):
     if recipe.minutes is not None:
         rate = calibrate_steps(recipe.model, recipe.train, d)
         fitted = fit_to_budget(recipe.train, rate, recipe.minutes * 60)
-        recipe = replace(recipe, train=fitted if fitted.max_steps < recipe.train.max_steps else recipe.train, minutes=None)
+        recipe = replace(
+            recipe, train=fitted if fitted.max_steps < recipe.train.max_steps else recipe.train, minutes=None
+        )
     torch.manual_seed(recipe.train.seed)
     model = GPT(recipe.model)
     history = train_gpt(model, d, recipe.train, progress=progress)

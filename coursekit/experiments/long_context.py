@@ -115,10 +115,24 @@ def attention_peak_memory(
     if T < 1 or D < 1 or block_size < 1:
         raise ValueError(f"T, D and block_size must be positive, got T={T}, D={D}, block_size={block_size}")
     root = str(Path(__file__).resolve().parents[2])  # the directory that holds coursekit/
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    )
     run = subprocess.run(
-        [sys.executable, "-c", _MEMORY_PROBE, method, str(T), str(D), str(block_size), "1" if causal else "0"],
-        capture_output=True, text=True, env=env, timeout=timeout,
+        [
+            sys.executable,
+            "-c",
+            _MEMORY_PROBE,
+            method,
+            str(T),
+            str(D),
+            str(block_size),
+            "1" if causal else "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
     )
     if run.returncode != 0:
         raise RuntimeError(f"the memory probe for {method} at T={T} failed:\n{run.stderr[-2000:]}")
@@ -150,8 +164,15 @@ class ContextLM(nn.Module):
         max_len: rows of the learned table (the longest test length).
     """
 
-    def __init__(self, vocab_size: int, position: str, d_model: int = 64, n_heads: int = 4,
-                 n_layers: int = 2, max_len: int = 512):
+    def __init__(
+        self,
+        vocab_size: int,
+        position: str,
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        max_len: int = 512,
+    ):
         super().__init__()
         if position not in POSITIONS:
             raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
@@ -162,9 +183,16 @@ class ContextLM(nn.Module):
         self.wpe = LearnedPositionalEmbedding(max_len, d_model) if position == "learned" else None
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
         self.layers = nn.ModuleList(
-            nn.ModuleDict(dict(norm1=FusedLayerNorm(d_model), attn=MultiHeadAttention(d_model, n_heads),
-                               norm2=FusedLayerNorm(d_model), ff=FeedForward(d_model, 2 * d_model, "gelu")))
-            for _ in range(n_layers))
+            nn.ModuleDict(
+                dict(
+                    norm1=FusedLayerNorm(d_model),
+                    attn=MultiHeadAttention(d_model, n_heads),
+                    norm2=FusedLayerNorm(d_model),
+                    ff=FeedForward(d_model, 2 * d_model, "gelu"),
+                )
+            )
+            for _ in range(n_layers)
+        )
         self.norm = FusedLayerNorm(d_model)
         self.unembed = nn.Linear(d_model, vocab_size)
 
@@ -179,19 +207,26 @@ class ContextLM(nn.Module):
             x = x + self.wpe(positions)  # + (T, C)
         elif self.position == "sinusoidal":
             x = x + sinusoidal_encoding(T, x.shape[-1]).to(x.device)  # + (T, C)
-        bias = alibi_bias(self.slopes, T) if self.position == "alibi" else None  # (H, T, T), -inf above the diagonal
+        bias = (
+            alibi_bias(self.slopes, T) if self.position == "alibi" else None
+        )  # (H, T, T), -inf above the diagonal
         for layer in self.layers:
             q, k, v = layer.attn.project(layer.norm1(x))  # each (B, H, T, D)
             if self.position == "rope":
-                q, k = apply_rope(torch.stack([q, k]), positions, scaling=self.rope_scaling, factor=self.rope_factor)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=bias is None)  # (B, H, T, D)
+                q, k = apply_rope(
+                    torch.stack([q, k]), positions, scaling=self.rope_scaling, factor=self.rope_factor
+                )
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, is_causal=bias is None
+            )  # (B, H, T, D)
             x = x + layer.attn.out_proj(merge_heads(out))  # (B, T, C)
             x = x + layer.ff(layer.norm2(x))
         return self.unembed(self.norm(x))  # (B, T, V)
 
 
-def needle_task(B: int, T: int, generator: torch.Generator, n_plain: int = 8, n_values: int = 8,
-                distractors: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
+def needle_task(
+    B: int, T: int, generator: torch.Generator, n_plain: int = 8, n_values: int = 8, distractors: float = 0.1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A synthetic long-range task: find the token that follows the marker, wherever it was.
 
     A sequence holds plain tokens ``0 .. n_plain - 1``, *value* tokens ``n_plain ..
@@ -229,8 +264,15 @@ def needle_task(B: int, T: int, generator: torch.Generator, n_plain: int = 8, n_
 NEEDLE_VOCAB = 17
 
 
-def train_context_model(position: str, T: int = 64, steps: int = 500, batch: int = 16, lr: float = 3e-3,
-                        seed: int = 0, **model_kwargs) -> ContextLM:
+def train_context_model(
+    position: str,
+    T: int = 64,
+    steps: int = 500,
+    batch: int = 16,
+    lr: float = 3e-3,
+    seed: int = 0,
+    **model_kwargs,
+) -> ContextLM:
     """Train a :class:`ContextLM` on :func:`needle_task` at length ``T`` with :func:`coursekit.train.train`.
 
     AdamW with a short warmup and cosine decay; ``model_kwargs`` go to :class:`ContextLM`
@@ -238,8 +280,15 @@ def train_context_model(position: str, T: int = 64, steps: int = 500, batch: int
     """
     torch.manual_seed(seed)
     model = ContextLM(NEEDLE_VOCAB, position, **{"d_model": 48, **model_kwargs})
-    cfg = TrainConfig(max_steps=steps, batch_size=batch, lr=lr, warmup_steps=min(25, steps), weight_decay=0.0,
-                      eval_interval=steps, seed=seed)
+    cfg = TrainConfig(
+        max_steps=steps,
+        batch_size=batch,
+        lr=lr,
+        warmup_steps=min(25, steps),
+        weight_decay=0.0,
+        eval_interval=steps,
+        seed=seed,
+    )
     train(model, lambda step, g: needle_task(batch, T, g), cfg, loss_fn=lm_loss, progress=False)
     return model.eval()
 

@@ -14,6 +14,9 @@ Here are the vocabularies (:data:`EN_VOCAB`, :data:`DE_VOCAB`, with the model's 
 batches, :func:`scheduled_sampling`, the training recipe (:func:`train_seq2seq`), the scores
 (exact match and chrF) and :func:`pretrain_seq2seq_numbers`, the recipe of the committed
 checkpoint ``seq2seq-numbers`` (see :mod:`coursekit.checkpoints`).
+
+Over 500 lines: the number-word task is one experiment: the words in two languages, their
+vocabularies, the splits, batching, training, decoding and chrF evaluation of Chapter 8.
 """
 
 from __future__ import annotations
@@ -39,11 +42,31 @@ from coursekit.seq2seq import (
 )
 
 __all__ = [
-    "MAX_NUMBER", "PAD", "BOS", "EOS", "Vocab", "EN_VOCAB", "DE_VOCAB",
-    "english_tokens", "english", "german_tokens", "german",
-    "NumberSplits", "number_splits", "number_shape", "sample_numbers", "make_batch",
-    "scheduled_sampling", "Seq2SeqRecipe", "SEQ2SEQ_NUMBERS", "METRICS", "train_seq2seq",
-    "translate", "chrf", "evaluate_translation", "pretrain_seq2seq_numbers",
+    "MAX_NUMBER",
+    "PAD",
+    "BOS",
+    "EOS",
+    "Vocab",
+    "EN_VOCAB",
+    "DE_VOCAB",
+    "english_tokens",
+    "english",
+    "german_tokens",
+    "german",
+    "NumberSplits",
+    "number_splits",
+    "number_shape",
+    "sample_numbers",
+    "make_batch",
+    "scheduled_sampling",
+    "Seq2SeqRecipe",
+    "SEQ2SEQ_NUMBERS",
+    "METRICS",
+    "train_seq2seq",
+    "translate",
+    "chrf",
+    "evaluate_translation",
+    "pretrain_seq2seq_numbers",
 ]
 
 # --------------------------------------------------------------------------- number words
@@ -51,12 +74,27 @@ __all__ = [
 #: The largest number of the task: every integer in ``0 .. MAX_NUMBER`` has a translation.
 MAX_NUMBER = 999_999
 
-_EN_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-            "fifteen sixteen seventeen eighteen nineteen").split()
+_EN_ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen"
+).split()
 _EN_TENS = (None, None, "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-_DE_ONES = ("null eins zwei drei vier fünf sechs sieben acht neun zehn elf zwölf dreizehn vierzehn "
-            "fünfzehn sechzehn siebzehn achtzehn neunzehn").split()
-_DE_TENS = (None, None, "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig", "achtzig", "neunzig")
+_DE_ONES = (
+    "null eins zwei drei vier fünf sechs sieben acht neun zehn elf zwölf dreizehn vierzehn "
+    "fünfzehn sechzehn siebzehn achtzehn neunzehn"
+).split()
+_DE_TENS = (
+    None,
+    None,
+    "zwanzig",
+    "dreißig",
+    "vierzig",
+    "fünfzig",
+    "sechzig",
+    "siebzig",
+    "achtzig",
+    "neunzig",
+)
 
 
 def _check_number(n: int) -> None:
@@ -163,7 +201,7 @@ class Vocab:
         """Tokens of ``ids`` (a list or a 1-D tensor) up to the first ``EOS``, which is dropped."""
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
         if EOS in ids:
-            ids = ids[:ids.index(EOS)]
+            ids = ids[: ids.index(EOS)]
         try:
             return [self.itos[i] for i in ids]
         except IndexError:
@@ -197,7 +235,7 @@ def number_splits(n_val: int = 2000, n_test: int = 5000, seed: int = 0) -> Numbe
     if n_val < 1 or n_test < 1 or n_val + n_test >= total:
         raise ValueError(f"need n_val, n_test >= 1 and n_val + n_test < {total}, got {n_val} and {n_test}")
     perm = torch.randperm(total, generator=torch.Generator().manual_seed(seed))
-    test, val, train_ = perm[:n_test], perm[n_test:n_test + n_val], perm[n_test + n_val:]
+    test, val, train_ = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
     return NumberSplits(train_.sort().values, val.sort().values, test.sort().values)
 
 
@@ -205,8 +243,13 @@ def _group_shape(g: torch.Tensor) -> torch.Tensor:
     """The shape of 3-digit groups ``g`` (``0 .. 999``): hundreds or not (x 6), then the last two
     digits: none, 1, 2-19, round tens, tens and 1, tens and 2-9. Example: 342 -> 6 + 5 = 11."""
     r = g % 100
-    rest = torch.where(r == 0, 0, torch.where(r == 1, 1, torch.where(r < 20, 2, torch.where(
-        r % 10 == 0, 3, torch.where(r % 10 == 1, 4, 5)))))
+    rest = torch.where(
+        r == 0,
+        0,
+        torch.where(
+            r == 1, 1, torch.where(r < 20, 2, torch.where(r % 10 == 0, 3, torch.where(r % 10 == 1, 4, 5)))
+        ),
+    )
     return (g >= 100).long() * 6 + rest
 
 
@@ -227,8 +270,9 @@ def _shape_groups(pool: torch.Tensor) -> list[torch.Tensor]:
     return [pool[shapes == c] for c in shapes.unique().tolist()]
 
 
-def sample_numbers(pool: torch.Tensor, batch_size: int, generator: torch.Generator,
-                   groups: list[torch.Tensor] | None = None) -> torch.Tensor:
+def sample_numbers(
+    pool: torch.Tensor, batch_size: int, generator: torch.Generator, groups: list[torch.Tensor] | None = None
+) -> torch.Tensor:
     """``batch_size`` numbers from ``pool``: a structural class (:func:`number_shape`) uniformly, then
     a uniform number of that class.
 
@@ -256,7 +300,7 @@ def sample_numbers(pool: torch.Tensor, batch_size: int, generator: torch.Generat
 def _pad(rows: list[list[int]]) -> torch.Tensor:
     out = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.tensor(r)
+        out[i, : len(r)] = torch.tensor(r)
     return out
 
 
@@ -278,8 +322,9 @@ def make_batch(numbers) -> tuple[torch.Tensor, torch.Tensor]:
 # --------------------------------------------------------------------------- training
 
 
-def scheduled_sampling(model: Seq2Seq, src: torch.Tensor, tgt_in: torch.Tensor, rate: float,
-                       generator: torch.Generator) -> torch.Tensor:
+def scheduled_sampling(
+    model: Seq2Seq, src: torch.Tensor, tgt_in: torch.Tensor, rate: float, generator: torch.Generator
+) -> torch.Tensor:
     """Decoder inputs in which each prefix token is, with probability ``rate``, the model's own guess.
 
     Two passes (Mihaylova & Martins, 2019): a teacher-forced pass without gradients predicts
@@ -324,9 +369,18 @@ class Seq2SeqRecipe:
     """
 
     model: Seq2SeqConfig = field(default_factory=lambda: SEQ2SEQ_PRESETS["small"])
-    train: train.TrainConfig = field(default_factory=lambda: train.TrainConfig(
-        max_steps=500, batch_size=128, lr=3e-3, warmup_steps=50, weight_decay=0.01, betas=(0.9, 0.98),
-        eval_interval=100, eval_batches=4))
+    train: train.TrainConfig = field(
+        default_factory=lambda: train.TrainConfig(
+            max_steps=500,
+            batch_size=128,
+            lr=3e-3,
+            warmup_steps=50,
+            weight_decay=0.01,
+            betas=(0.9, 0.98),
+            eval_interval=100,
+            eval_batches=4,
+        )
+    )
     smoothing: float = 0.1
     sampling_rate: float = 0.0
     val_numbers: int = 500
@@ -334,8 +388,15 @@ class Seq2SeqRecipe:
     def shortened(self, steps: int) -> Seq2SeqRecipe:
         """The same recipe with ``steps`` training steps (warmup and evaluations scaled along; a smoke run)."""
         cfg = self.train
-        return replace(self, train=replace(cfg, max_steps=steps, warmup_steps=min(cfg.warmup_steps, steps // 10),
-                                           eval_interval=max(1, min(cfg.eval_interval, steps))))
+        return replace(
+            self,
+            train=replace(
+                cfg,
+                max_steps=steps,
+                warmup_steps=min(cfg.warmup_steps, steps // 10),
+                eval_interval=max(1, min(cfg.eval_interval, steps)),
+            ),
+        )
 
 
 #: The committed checkpoint's recipe (``coursekit pretrain seq2seq-numbers``).
@@ -346,11 +407,13 @@ def _loss_fn(smoothing: float):
     def loss_fn(model, batch):
         src, tgt_in, tgt = batch
         return label_smoothed_loss(model(src, tgt_in), tgt, smoothing)
+
     return loss_fn
 
 
-def train_seq2seq(model: Seq2Seq, splits: NumberSplits, recipe: Seq2SeqRecipe, *,
-                  progress: bool = True) -> train.History:
+def train_seq2seq(
+    model: Seq2Seq, splits: NumberSplits, recipe: Seq2SeqRecipe, *, progress: bool = True
+) -> train.History:
     """Train ``model`` on ``splits.train`` with :func:`coursekit.train.train`.
 
     Each step draws :func:`sample_numbers` from the training split, builds the batch with
@@ -368,7 +431,9 @@ def train_seq2seq(model: Seq2Seq, splits: NumberSplits, recipe: Seq2SeqRecipe, *
         src, tgt = make_batch(sample_numbers(splits.train, cfg.batch_size, g, groups))
         tgt_in = shift_right(tgt, BOS, PAD)
         if recipe.sampling_rate > 0:
-            tgt_in = scheduled_sampling(model, src, tgt_in, recipe.sampling_rate * step / cfg.max_steps, ss_gen)
+            tgt_in = scheduled_sampling(
+                model, src, tgt_in, recipe.sampling_rate * step / cfg.max_steps, ss_gen
+            )
         return src, tgt_in, tgt
 
     val_gen = torch.Generator().manual_seed(1234)
@@ -376,11 +441,15 @@ def train_seq2seq(model: Seq2Seq, splits: NumberSplits, recipe: Seq2SeqRecipe, *
     for _ in range(cfg.eval_batches):
         src, tgt = make_batch(sample_numbers(splits.val, cfg.batch_size, val_gen))
         val_batches.append((src, shift_right(tgt, BOS, PAD), tgt))
-    val_numbers = splits.val[::max(1, len(splits.val) // recipe.val_numbers)][:recipe.val_numbers]  # spread out
+    val_numbers = splits.val[:: max(1, len(splits.val) // recipe.val_numbers)][
+        : recipe.val_numbers
+    ]  # spread out
 
     def eval_fn(m):
-        return {"val_loss": train.evaluate(m, val_batches, loss_fn),
-                "val_exact": evaluate_translation(m, val_numbers)["exact_match"]}
+        return {
+            "val_loss": train.evaluate(m, val_batches, loss_fn),
+            "val_exact": evaluate_translation(m, val_numbers)["exact_match"],
+        }
 
     return train.train(model, batch_fn, cfg, loss_fn=loss_fn, eval_fn=eval_fn, progress=progress)
 
@@ -393,11 +462,11 @@ def translate(model: Seq2Seq, numbers, beam_width: int = 1, batch_size: int = 50
     numbers = numbers.tolist() if isinstance(numbers, torch.Tensor) else list(numbers)
     out = []
     for i in range(0, len(numbers), batch_size):
-        src, _ = make_batch(numbers[i:i + batch_size])
+        src, _ = make_batch(numbers[i : i + batch_size])
         if beam_width == 1:
             rows = greedy_decode(model, src)
         else:
-            rows = [beam_decode(model, src[j:j + 1], beam_width)[0] for j in range(src.shape[0])]
+            rows = [beam_decode(model, src[j : j + 1], beam_width)[0] for j in range(src.shape[0])]
         out += ["".join(DE_VOCAB.decode(r)) for r in rows]
     return out
 
@@ -421,15 +490,29 @@ def evaluate_translation(model: Seq2Seq, numbers, beam_width: int = 1) -> dict:
     hyps = translate(model, numbers, beam_width)
     refs = [german(n) for n in numbers]
     errors = [(n, r, h) for n, r, h in zip(numbers, refs, hyps) if r != h]
-    return {"exact_match": 1 - len(errors) / len(numbers), "chrf": chrf(hyps, refs), "n": len(numbers),
-            "errors": errors}
+    return {
+        "exact_match": 1 - len(errors) / len(numbers),
+        "chrf": chrf(hyps, refs),
+        "n": len(numbers),
+        "errors": errors,
+    }
 
 
 # --------------------------------------------------------------------------- the committed checkpoint
 
 #: What :func:`pretrain_seq2seq_numbers` records.
-METRICS = ("test_exact_match", "test_chrf", "test_size", "test_errors", "eval_seconds", "val_during_training",
-           "train_seconds", "steps", "parameters", "machine")
+METRICS = (
+    "test_exact_match",
+    "test_chrf",
+    "test_size",
+    "test_errors",
+    "eval_seconds",
+    "val_during_training",
+    "train_seconds",
+    "steps",
+    "parameters",
+    "machine",
+)
 
 
 def pretrain_seq2seq_numbers(recipe: Seq2SeqRecipe = SEQ2SEQ_NUMBERS, progress: bool = True):
@@ -449,11 +532,14 @@ def pretrain_seq2seq_numbers(recipe: Seq2SeqRecipe = SEQ2SEQ_NUMBERS, progress: 
     started = time.perf_counter()
     result = evaluate_translation(model, splits.test)
     metrics = {
-        "test_exact_match": result["exact_match"], "test_chrf": result["chrf"], "test_size": result["n"],
+        "test_exact_match": result["exact_match"],
+        "test_chrf": result["chrf"],
+        "test_size": result["n"],
         "test_errors": [list(e) for e in result["errors"][:50]],
         "eval_seconds": round(time.perf_counter() - started, 1),
         "val_during_training": history.evals,
-        "train_seconds": round(history.train_time, 1), "steps": len(history.steps),
+        "train_seconds": round(history.train_time, 1),
+        "steps": len(history.steps),
         "parameters": sum(p.numel() for p in model.parameters()),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
     }

@@ -20,35 +20,111 @@ from coursekit import train
 from coursekit.bert import Bert, BertClassifier, BertConfig, SpecialTokens
 
 __all__ = [
-    "GROUP_NAMES", "TOPIC_GROUPS", "TopicData", "accuracy", "check_topic_groups", "classifier_loss",
-    "duplicate_topics", "finetune", "logistic_regression_baseline", "topic_group", "topic_passages",
+    "GROUP_NAMES",
+    "TOPIC_GROUPS",
+    "TopicData",
+    "accuracy",
+    "check_topic_groups",
+    "classifier_loss",
+    "duplicate_topics",
+    "finetune",
+    "logistic_regression_baseline",
+    "topic_group",
+    "topic_passages",
 ]
 
 #: Every key of ``pydoc_data.topics`` by the documentation file it comes from, in four groups.
 TOPIC_GROUPS: dict[str, tuple[str, ...]] = {
     # reference/simple_stmts and reference/compound_stmts
     "statements": (
-        "assert", "assignment", "async", "augassign", "break", "class", "compound", "continue", "del", "else",
-        "for", "function", "global", "if", "import", "nonlocal", "pass", "raise", "return", "try", "while",
-        "with", "yield",
+        "assert",
+        "assignment",
+        "async",
+        "augassign",
+        "break",
+        "class",
+        "compound",
+        "continue",
+        "del",
+        "else",
+        "for",
+        "function",
+        "global",
+        "if",
+        "import",
+        "nonlocal",
+        "pass",
+        "raise",
+        "return",
+        "try",
+        "while",
+        "with",
+        "yield",
     ),
     # reference/expressions and reference/lexical_analysis
     "expressions": (
-        "atom-identifiers", "atom-literals", "attribute-references", "await", "binary", "bitwise", "booleans",
-        "calls", "comparisons", "conversions", "dict", "exprlists", "floating", "id-classes", "identifiers",
-        "imaginary", "in", "integers", "lambda", "lists", "numbers", "operator-summary", "power", "shifting",
-        "slicings", "strings", "subscriptions", "unary",
+        "atom-identifiers",
+        "atom-literals",
+        "attribute-references",
+        "await",
+        "binary",
+        "bitwise",
+        "booleans",
+        "calls",
+        "comparisons",
+        "conversions",
+        "dict",
+        "exprlists",
+        "floating",
+        "id-classes",
+        "identifiers",
+        "imaginary",
+        "in",
+        "integers",
+        "lambda",
+        "lists",
+        "numbers",
+        "operator-summary",
+        "power",
+        "shifting",
+        "slicings",
+        "strings",
+        "subscriptions",
+        "unary",
     ),
     # reference/datamodel and reference/executionmodel
     "data model": (
-        "attribute-access", "callable-types", "context-managers", "customization", "dynamic-features",
-        "exceptions", "execmodel", "naming", "numeric-types", "objects", "sequence-types", "specialnames", "types",
+        "attribute-access",
+        "callable-types",
+        "context-managers",
+        "customization",
+        "dynamic-features",
+        "exceptions",
+        "execmodel",
+        "naming",
+        "numeric-types",
+        "objects",
+        "sequence-types",
+        "specialnames",
+        "types",
     ),
     # library/stdtypes, library/string (format strings) and library/pdb
     "built-in types": (
-        "bltin-code-objects", "bltin-ellipsis-object", "bltin-null-object", "bltin-type-objects", "debugger",
-        "formatstrings", "specialattrs", "string-methods", "truth", "typesfunctions", "typesmapping",
-        "typesmethods", "typesmodules", "typesseq", "typesseq-mutable",
+        "bltin-code-objects",
+        "bltin-ellipsis-object",
+        "bltin-null-object",
+        "bltin-type-objects",
+        "debugger",
+        "formatstrings",
+        "specialattrs",
+        "string-methods",
+        "truth",
+        "typesfunctions",
+        "typesmapping",
+        "typesmethods",
+        "typesmodules",
+        "typesseq",
+        "typesseq-mutable",
     ),
 }
 GROUP_NAMES = tuple(TOPIC_GROUPS)
@@ -59,7 +135,9 @@ def topic_group(key: str) -> int:
     for i, keys in enumerate(TOPIC_GROUPS.values()):
         if key in keys:
             return i
-    raise KeyError(f"topic {key!r} is in no group of TOPIC_GROUPS: add it to the group of its documentation file")
+    raise KeyError(
+        f"topic {key!r} is in no group of TOPIC_GROUPS: add it to the group of its documentation file"
+    )
 
 
 def check_topic_groups(keys) -> None:
@@ -69,8 +147,10 @@ def check_topic_groups(keys) -> None:
     twice = sorted({k for k in grouped if grouped.count(k) > 1})
     new, gone = sorted(keys - set(grouped)), sorted(set(grouped) - keys)
     if twice or new or gone:
-        raise ValueError(f"TOPIC_GROUPS does not fit this Python's pydoc_data.topics: in no group {new}, "
-                         f"in several groups {twice}, grouped but not a topic {gone}")
+        raise ValueError(
+            f"TOPIC_GROUPS does not fit this Python's pydoc_data.topics: in no group {new}, "
+            f"in several groups {twice}, grouped but not a topic {gone}"
+        )
 
 
 def duplicate_topics(topics: dict[str, str]) -> dict[str, str]:
@@ -81,6 +161,7 @@ def duplicate_topics(topics: dict[str, str]) -> dict[str, str]:
     first (``"if"`` and ``"else"`` are the same text; ``"for"`` is a section of
     ``"compound"``). Keeping them would put the same text in training and test.
     """
+
     def paragraphs(t):
         return [p.strip() for p in t.split("\n\n") if len(p.strip()) > 60]
 
@@ -106,8 +187,9 @@ class TopicData(NamedTuple):
     topics: list[str]
 
 
-def topic_passages(tokenizer, special: SpecialTokens, length: int = 62, min_length: int = 8,
-                   test_fraction: float = 0.2) -> tuple[TopicData, TopicData]:
+def topic_passages(
+    tokenizer, special: SpecialTokens, length: int = 62, min_length: int = 8, test_fraction: float = 0.2
+) -> tuple[TopicData, TopicData]:
     """The fine-tuning task: which group of :data:`TOPIC_GROUPS` a passage comes from.
 
     Each topic (except :func:`duplicate_topics`) is cut into consecutive windows of
@@ -129,7 +211,7 @@ def topic_passages(tokenizer, special: SpecialTokens, length: int = 62, min_leng
         if key in dupes:
             continue
         ids = tokenizer.encode_ordinary(topics[key])
-        windows = [ids[i:i + length] for i in range(0, len(ids), length)]
+        windows = [ids[i : i + length] for i in range(0, len(ids), length)]
         windows = [w for w in windows if len(w) >= min_length]
         n_test = round(test_fraction * len(windows))
         for j, w in enumerate(windows):
@@ -138,9 +220,14 @@ def topic_passages(tokenizer, special: SpecialTokens, length: int = 62, min_leng
     def pack(rows):
         x = torch.full((len(rows), T), special.pad)
         for i, (w, _, _) in enumerate(rows):
-            x[i, :len(w) + 2] = torch.tensor([special.cls, *w, special.sep])
-        return TopicData(x, x != special.pad, torch.tensor([g for _, g, _ in rows]),
-                         [tokenizer.decode(w) for w, _, _ in rows], [k for _, _, k in rows])
+            x[i, : len(w) + 2] = torch.tensor([special.cls, *w, special.sep])
+        return TopicData(
+            x,
+            x != special.pad,
+            torch.tensor([g for _, g, _ in rows]),
+            [tokenizer.decode(w) for w, _, _ in rows],
+            [k for _, _, k in rows],
+        )
 
     return pack(split[0]), pack(split[1])
 
@@ -156,28 +243,47 @@ def accuracy(model: nn.Module, d: TopicData, batch_size: int = 128) -> float:
     """Fraction of the passages of ``d`` classified correctly, in eval mode."""
     was_training = model.training
     model.eval()
-    pred = torch.cat([model(d.ids[i:i + batch_size], d.mask[i:i + batch_size]).argmax(-1)
-                      for i in range(0, len(d.labels), batch_size)])
+    pred = torch.cat(
+        [
+            model(d.ids[i : i + batch_size], d.mask[i : i + batch_size]).argmax(-1)
+            for i in range(0, len(d.labels), batch_size)
+        ]
+    )
     model.train(was_training)
     return float((pred == d.labels).double().mean())
 
 
-def finetune(bert: Bert | None, config: BertConfig, train_data: TopicData, test_data: TopicData,
-             cfg: train.TrainConfig, dropout: float = 0.1, progress: bool = False) -> tuple[BertClassifier, train.History]:
+def finetune(
+    bert: Bert | None,
+    config: BertConfig,
+    train_data: TopicData,
+    test_data: TopicData,
+    cfg: train.TrainConfig,
+    dropout: float = 0.1,
+    progress: bool = False,
+) -> tuple[BertClassifier, train.History]:
     """Fine-tune a :class:`~coursekit.bert.BertClassifier` (from ``bert``, or from scratch if ``None``; head
     dropout ``dropout``) with :func:`coursekit.train.train`; batches are random training
     passages. Test accuracy is evaluated at every ``cfg.eval_interval`` steps."""
     torch.manual_seed(cfg.seed)  # the head's initialisation
     k = len(GROUP_NAMES)
-    model = BertClassifier.from_bert(bert, k, dropout) if bert is not None else BertClassifier(config, k, dropout)
+    model = (
+        BertClassifier.from_bert(bert, k, dropout) if bert is not None else BertClassifier(config, k, dropout)
+    )
     n = len(train_data.labels)
 
     def batch_fn(step, g):
         i = torch.randint(n, (cfg.batch_size,), generator=g)  # (B,)
         return train_data.ids[i], train_data.mask[i], train_data.labels[i]
 
-    history = train.train(model, batch_fn, cfg, loss_fn=classifier_loss,
-                          eval_fn=lambda m: {"test_accuracy": accuracy(m, test_data)}, progress=progress)
+    history = train.train(
+        model,
+        batch_fn,
+        cfg,
+        loss_fn=classifier_loss,
+        eval_fn=lambda m: {"test_accuracy": accuracy(m, test_data)},
+        progress=progress,
+    )
     return model, history
 
 

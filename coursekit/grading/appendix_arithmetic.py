@@ -14,6 +14,10 @@ at zero, negative and (where a whole number is needed) fractional values, and th
 and range rules. Before the generic "expected ..." hint, each check computes the answers of the
 usual mistakes (the factor 2 of keys and values, bits for bytes, GB for GiB, biases and norms
 forgotten, ``2 N D`` for ``6 N D`` ...) and names the one the student's number equals.
+
+Over 500 lines: one named check per clause of the exercise text for each graded part, public and
+hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
+it would scatter one exercise's specification over several files.
 """
 
 from __future__ import annotations
@@ -37,8 +41,14 @@ from coursekit.grading.core import (
 )
 
 __all__ = [
-    "check_decoder_params", "check_training_memory", "check_kv_cache", "check_training_days",
-    "grade_decoder_params", "grade_training_memory", "grade_kv_cache", "grade_training_days",
+    "check_decoder_params",
+    "check_training_memory",
+    "check_kv_cache",
+    "check_training_days",
+    "grade_decoder_params",
+    "grade_training_memory",
+    "grade_kv_cache",
+    "grade_training_days",
 ]
 
 
@@ -81,7 +91,9 @@ def _expect_value(g: Grader, got, expected: float, call: str, mistakes=(), exact
     same = (lambda a, b: a == b) if exact else _close
     if same(value, expected):
         if exact and not (isinstance(got, numbers.Integral) and not isinstance(got, (bool, np.bool_))):
-            g.fail(f"{call} returned {got!r}: return an int (the count is a whole number; use // for divisions)")
+            g.fail(
+                f"{call} returned {got!r}: return an int (the count is a whole number; use // for divisions)"
+            )
         return
     matching = (hint for wrong, hint in mistakes if not same(wrong, expected) and same(value, wrong))
     hints = list(dict.fromkeys(matching))  # each hint once, in order
@@ -95,55 +107,84 @@ def _call(name: str, *args, **kwargs) -> str:
     return f"{name}({', '.join(parts)})"
 
 
-
-def _expect_error(g: Grader, fn, args: tuple, kwargs: dict, name: str, must_name: tuple[str, ...], why: str) -> None:
+def _expect_error(
+    g: Grader, fn, args: tuple, kwargs: dict, name: str, must_name: tuple[str, ...], why: str
+) -> None:
     """``fn(*args, **kwargs)`` must raise a ValueError whose message holds every string of ``must_name``."""
     call = _call(name, *args, **kwargs)
     try:
         got = fn(*args, **kwargs)
     except ValueError as e:
         missing = [s for s in must_name if s not in said(e)]
-        g.expect(not missing, f"the ValueError of {call} should name {', '.join(map(repr, missing))} ({why}), "
-                              f"it says: {e}")
+        g.expect(
+            not missing,
+            f"the ValueError of {call} should name {', '.join(map(repr, missing))} ({why}), it says: {e}",
+        )
         return
     except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
         raise_unless_student_error(e)
-        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')} ({e}); raise a ValueError instead ({why})")
+        g.fail(
+            f"{call} raised {type(e).__name__.removeprefix('Student')} ({e}); raise a ValueError instead ({why})"
+        )
     g.fail(f"{call} returned {got!r}; raise a ValueError instead ({why})")
 
 
-def _bad_values(g: Grader, fn, name: str, good: dict, integers: tuple[str, ...], numbers_: tuple[str, ...] = ()):
+def _bad_values(
+    g: Grader, fn, name: str, good: dict, integers: tuple[str, ...], numbers_: tuple[str, ...] = ()
+):
     """Each argument in turn at 0 and -1 (and 2.5 where a whole number is needed) must raise a ValueError naming it."""
     for arg in integers + numbers_:
         for bad in (0, -1) + ((2.5,) if arg in integers else ()):
             kind = "a positive integer" if arg in integers else "a positive number"
-            _expect_error(g, fn, (), good | {arg: bad}, name, (arg,), f"{arg} must be {kind}: use require_positive")
+            _expect_error(
+                g, fn, (), good | {arg: bad}, name, (arg,), f"{arg} must be {kind}: use require_positive"
+            )
 
 
 def _gqa_shapes():
     """(H, H_kv, D): query heads, a divisor of them for key/value heads, and a head width."""
-    return st.integers(1, 8).flatmap(lambda h: st.tuples(
-        st.just(h), st.sampled_from([k for k in range(1, h + 1) if h % k == 0]), st.integers(1, 8)))
+    return st.integers(1, 8).flatmap(
+        lambda h: st.tuples(
+            st.just(h), st.sampled_from([k for k in range(1, h + 1) if h % k == 0]), st.integers(1, 8)
+        )
+    )
 
 
 # =========================================================================== part 1: decoder_params
 
-_RULE_OF_THUMB = ("that is the rule of thumb V C + 12 L C^2: count every parameter exactly (position embeddings, "
-                  "biases, layer norms, the true key/value width)")
-_NO_BIASES = ("the biases are missing: each linear layer here has one (the q, k and v projections, the output "
-              "projection and both feed-forward layers), one value per output")
-_NO_NORMS = ("the layer norms are missing: two per layer and one final norm, each with a scale and a shift "
-             "of d_model values (2 d_model)")
-_NO_BIASES_NORMS = "the biases and the layer norms are missing: " + _NO_BIASES.split(": ", 1)[1] + \
-    "; and two layer norms per layer plus a final one, 2 d_model each"
-_ONE_VECTOR_NORMS = "a layer norm has two vectors of d_model values, a scale and a shift: 2 d_model, not d_model"
+_RULE_OF_THUMB = (
+    "that is the rule of thumb V C + 12 L C^2: count every parameter exactly (position embeddings, "
+    "biases, layer norms, the true key/value width)"
+)
+_NO_BIASES = (
+    "the biases are missing: each linear layer here has one (the q, k and v projections, the output "
+    "projection and both feed-forward layers), one value per output"
+)
+_NO_NORMS = (
+    "the layer norms are missing: two per layer and one final norm, each with a scale and a shift "
+    "of d_model values (2 d_model)"
+)
+_NO_BIASES_NORMS = (
+    "the biases and the layer norms are missing: "
+    + _NO_BIASES.split(": ", 1)[1]
+    + "; and two layer norms per layer plus a final one, 2 d_model each"
+)
+_ONE_VECTOR_NORMS = (
+    "a layer norm has two vectors of d_model values, a scale and a shift: 2 d_model, not d_model"
+)
 _NO_FINAL_NORM = "the final layer norm (2 d_model, after the last layer) is missing"
 _NO_POSITIONS = "the learned position embeddings (n_positions x d_model) are missing"
-_IGNORED_GQA = ("the key and value projections have n_kv_heads * d_head outputs each (d_head = d_model // n_heads), "
-                "not d_model: with grouped-query attention only the query and output projections are d_model x d_model")
-_KV_WIDTH = "the key/value width is n_kv_heads * d_head with d_head = d_model // n_heads, not n_kv_heads * d_model"
+_IGNORED_GQA = (
+    "the key and value projections have n_kv_heads * d_head outputs each (d_head = d_model // n_heads), "
+    "not d_model: with grouped-query attention only the query and output projections are d_model x d_model"
+)
+_KV_WIDTH = (
+    "the key/value width is n_kv_heads * d_head with d_head = d_model // n_heads, not n_kv_heads * d_model"
+)
 _TIED_TWICE = "with tied=True the output layer reuses the token embedding matrix: it adds no parameters"
-_UNTIED_MISSING = "with tied=False the output layer is a separate vocab_size x d_model matrix (no bias): add it"
+_UNTIED_MISSING = (
+    "with tied=False the output layer is a separate vocab_size x d_model matrix (no bias): add it"
+)
 _UNTIED_BIAS = "the untied output layer has no bias: vocab_size x d_model, nothing more"
 _IGNORED_D_FF = "use d_ff for the feed-forward width (4 * d_model only when d_ff is None)"
 _ONE_KV = "keys AND values: two projections of n_kv_heads * d_head outputs each, not one"
@@ -190,20 +231,39 @@ def _check_decoder(g: Grader, decoder_params, args: tuple, kwargs: dict | None =
     except Exception as e:  # noqa: BLE001
         raise_unless_student_error(e)
         g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
-    _expect_value(g, got, ref.decoder_params(**full), call,
-                  _decoder_mistakes(*(full.get(n) for n in _DECODER_ARGS[:5]), full.get("n_kv_heads"), full.get("d_ff"),
-                                    full.get("tied", True)), exact=True)
+    _expect_value(
+        g,
+        got,
+        ref.decoder_params(**full),
+        call,
+        _decoder_mistakes(
+            *(full.get(n) for n in _DECODER_ARGS[:5]),
+            full.get("n_kv_heads"),
+            full.get("d_ff"),
+            full.get("tied", True),
+        ),
+        exact=True,
+    )
 
 
 def _decoder_cases():
     """Small decoders of every kind: (args, kwargs)."""
+
     def build(case):
         (H, H_kv, D), V, T, L, d_ff, tied, how = case
         values = dict(zip(_DECODER_ARGS, (V, T, H * D, L, H, H_kv, d_ff, tied)))
-        positional = _DECODER_ARGS[:5 + how]  # how many of the optional arguments go by position
-        return tuple(values[n] for n in positional), {n: values[n] for n in _DECODER_ARGS[5 + how:]}
-    return st.tuples(_gqa_shapes(), st.integers(1, 300), st.integers(1, 64), st.integers(1, 4),
-                     st.one_of(st.none(), st.integers(1, 64)), st.booleans(), st.integers(0, 3)).map(build)
+        positional = _DECODER_ARGS[: 5 + how]  # how many of the optional arguments go by position
+        return tuple(values[n] for n in positional), {n: values[n] for n in _DECODER_ARGS[5 + how :]}
+
+    return st.tuples(
+        _gqa_shapes(),
+        st.integers(1, 300),
+        st.integers(1, 64),
+        st.integers(1, 4),
+        st.one_of(st.none(), st.integers(1, 64)),
+        st.booleans(),
+        st.integers(0, 3),
+    ).map(build)
 
 
 def grade_decoder_params(decoder_params) -> None:
@@ -215,7 +275,9 @@ def grade_decoder_params(decoder_params) -> None:
             c = ref.PUBLISHED[name]
             _check_decoder(g, decoder_params, (c.vocab_size, c.block_size, c.d_model, c.n_layers, c.n_heads))
 
-    with g.check("grouped-query attention: k and v have n_kv_heads * d_head outputs (one or several kv heads)"):
+    with g.check(
+        "grouped-query attention: k and v have n_kv_heads * d_head outputs (one or several kv heads)"
+    ):
         for args in ((50257, 1024, 768, 12, 12, 4), (32000, 4096, 4096, 32, 32, 8), (1000, 64, 96, 3, 6, 1)):
             _check_decoder(g, decoder_params, args)
 
@@ -231,17 +293,36 @@ def grade_decoder_params(decoder_params) -> None:
         _check_decoder(g, decoder_params, (1000, 128, 256, 4, 8))
         _check_decoder(g, decoder_params, (1000, 128, 256, 4, 8), {"n_kv_heads": None, "d_ff": None})
 
-    with g.check("the exact count of small decoders of every kind (drawn shapes, optional arguments by position or "
-                 "by name)"):
-        for_all("params.values", _decoder_cases(), lambda c: _check_decoder(g, decoder_params, *c),
-                max_examples=30, first=((10, 4, 6, 1, 2), {}))
+    with g.check(
+        "the exact count of small decoders of every kind (drawn shapes, optional arguments by position or "
+        "by name)"
+    ):
+        for_all(
+            "params.values",
+            _decoder_cases(),
+            lambda c: _check_decoder(g, decoder_params, *c),
+            max_examples=30,
+            first=((10, 4, 6, 1, 2), {}),
+        )
 
-    with g.check("a ValueError naming the values when n_heads does not divide d_model or n_kv_heads does not "
-                 "divide n_heads"):
-        for args, shown in (((1000, 64, 100, 2, 12), ("100", "12")), ((1000, 64, 96, 2, 12, 5), ("12", "5")),
-                            ((1000, 64, 96, 2, 8, 3), ("8", "3"))):
-            _expect_error(g, decoder_params, args, {}, "decoder_params", shown,
-                          "say which of d_model, n_heads and n_kv_heads do not divide, with their values")
+    with g.check(
+        "a ValueError naming the values when n_heads does not divide d_model or n_kv_heads does not "
+        "divide n_heads"
+    ):
+        for args, shown in (
+            ((1000, 64, 100, 2, 12), ("100", "12")),
+            ((1000, 64, 96, 2, 12, 5), ("12", "5")),
+            ((1000, 64, 96, 2, 8, 3), ("8", "3")),
+        ):
+            _expect_error(
+                g,
+                decoder_params,
+                args,
+                {},
+                "decoder_params",
+                shown,
+                "say which of d_model, n_heads and n_kv_heads do not divide, with their values",
+            )
 
     with g.check("a ValueError naming the argument for a size that is not a positive whole number"):
         good = dict(zip(_DECODER_ARGS[:7], (1000, 64, 96, 2, 12, 4, 300)))
@@ -259,11 +340,25 @@ def check_decoder_params(decoder_params) -> None:
     with g.check("d_ff and tied=False: decoder_params(100, 8, 16, 2, 4, 2, 40, False)"):
         _check_decoder(g, decoder_params, (100, 8, 16, 2, 4, 2, 40, False))
     with g.check("n_heads must divide d_model: decoder_params(100, 8, 18, 2, 4) raises a ValueError"):
-        _expect_error(g, decoder_params, (100, 8, 18, 2, 4), {}, "decoder_params", ("18", "4"),
-                      "say that n_heads=4 does not divide d_model=18")
+        _expect_error(
+            g,
+            decoder_params,
+            (100, 8, 18, 2, 4),
+            {},
+            "decoder_params",
+            ("18", "4"),
+            "say that n_heads=4 does not divide d_model=18",
+        )
     with g.check("sizes are positive whole numbers: n_layers=0 raises a ValueError naming n_layers"):
-        _expect_error(g, decoder_params, (100, 8, 16, 0, 4), {}, "decoder_params", ("n_layers",),
-                      "n_layers must be a positive integer: use require_positive")
+        _expect_error(
+            g,
+            decoder_params,
+            (100, 8, 16, 0, 4),
+            {},
+            "decoder_params",
+            ("n_layers",),
+            "n_layers must be a positive integer: use require_positive",
+        )
     g.finish()
 
 
@@ -272,16 +367,24 @@ def check_decoder_params(decoder_params) -> None:
 _GB = "a GiB is 2**30 bytes; you divided by 10**9, which is a GB"
 _BITS = "you counted bits, not bytes (a float32 value is 4 bytes, 32 bits): divide by 8"
 _NO_GRADS = "the gradients are missing: training keeps one per parameter (4 bytes in fp32, 2 in fp16/bf16)"
-_NO_MASTER = ("the float32 master weights are missing: mixed precision keeps 16-bit weights and gradients "
-              "(2 + 2 bytes) and a float32 copy of the weights (4 bytes) that the optimizer updates")
-_FP32_GRADS = ("here gradients are kept in 16 bits, as the weights (ZeRO's convention: 16 bytes for mixed-precision "
-               "Adam); you kept them in float32 (the 18-byte convention)")
-_MIXED_AS_FP32 = ("in mixed precision (fp16/bf16) the weights and gradients are 16-bit, 2 bytes each; "
-                  "only the master copy and the optimizer states are float32")
+_NO_MASTER = (
+    "the float32 master weights are missing: mixed precision keeps 16-bit weights and gradients "
+    "(2 + 2 bytes) and a float32 copy of the weights (4 bytes) that the optimizer updates"
+)
+_FP32_GRADS = (
+    "here gradients are kept in 16 bits, as the weights (ZeRO's convention: 16 bytes for mixed-precision "
+    "Adam); you kept them in float32 (the 18-byte convention)"
+)
+_MIXED_AS_FP32 = (
+    "in mixed precision (fp16/bf16) the weights and gradients are 16-bit, 2 bytes each; "
+    "only the master copy and the optimizer states are float32"
+)
 _ONE_MOMENT = "Adam keeps two moments per parameter (m and v), 4 bytes each in float32: 8 bytes of state"
 _MOMENTUM_TWO = "SGD with momentum keeps one buffer per parameter (4 bytes in float32), not two"
 _MOMENTUM_NONE = "SGD with momentum keeps a momentum buffer per parameter (4 bytes in float32)"
-_SGD_STATE = "plain SGD keeps no optimizer state: only weights and gradients (and the master copy in mixed precision)"
+_SGD_STATE = (
+    "plain SGD keeps no optimizer state: only weights and gradients (and the master copy in mixed precision)"
+)
 _ADAM8_BYTES = "8-bit Adam stores each of its two moments in 8 bits = 1 byte (2 bytes of state), not 8 bytes"
 _ADAM8_FP32 = "8-bit Adam stores its two moments in 8 bits, 1 byte each, not in float32"
 _ADAM8_ONE = "8-bit Adam still keeps two moments (m and v), 1 byte each: 2 bytes of state"
@@ -296,11 +399,17 @@ def _memory_mistakes(n: float, precision: str, optimizer: str) -> list[tuple[flo
     mixed = precision != "fp32"
     variants = [({"gradients": 0}, _NO_GRADS)]
     if mixed:
-        variants += [({"master weights": 0}, _NO_MASTER), ({"gradients": 4}, _FP32_GRADS),
-                     ({"weights": 4, "gradients": 4}, _MIXED_AS_FP32)]
-    states = {"adam": [(4, _ONE_MOMENT)], "momentum": [(8, _MOMENTUM_TWO), (0, _MOMENTUM_NONE)],
-              "sgd": [(4, _SGD_STATE), (8, _SGD_STATE)],
-              "adam8bit": [(16, _ADAM8_BYTES), (8, _ADAM8_FP32), (1, _ADAM8_ONE)]}
+        variants += [
+            ({"master weights": 0}, _NO_MASTER),
+            ({"gradients": 4}, _FP32_GRADS),
+            ({"weights": 4, "gradients": 4}, _MIXED_AS_FP32),
+        ]
+    states = {
+        "adam": [(4, _ONE_MOMENT)],
+        "momentum": [(8, _MOMENTUM_TWO), (0, _MOMENTUM_NONE)],
+        "sgd": [(4, _SGD_STATE), (8, _SGD_STATE)],
+        "adam8bit": [(16, _ADAM8_BYTES), (8, _ADAM8_FP32), (1, _ADAM8_ONE)],
+    }
     variants += [({"optimizer states": s}, hint) for s, hint in states[optimizer]]
     out = []
     for change, hint in variants:
@@ -317,7 +426,7 @@ def _check_memory(g: Grader, training_memory_gib, n: float, *names: str) -> None
     except Exception as e:  # noqa: BLE001
         raise_unless_student_error(e)
         g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
-    precision, optimizer = (names + ("fp32", "adam")[len(names):])[:2]
+    precision, optimizer = (names + ("fp32", "adam")[len(names) :])[:2]
     _expect_value(g, got, ref.training_memory_gib(n, *names), call, _memory_mistakes(n, precision, optimizer))
 
 
@@ -329,8 +438,10 @@ def _check_bytes(g: Grader, memory_per_param, *args, **kwargs) -> None:
         raise_unless_student_error(e)
         g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
     expected = ref.memory_per_param(*args, **kwargs)
-    g.expect(isinstance(got, dict) and set(got) == set(KEYS),
-             f"{call} should return a dict with the keys {list(KEYS)}, got {got!r}")
+    g.expect(
+        isinstance(got, dict) and set(got) == set(KEYS),
+        f"{call} should return a dict with the keys {list(KEYS)}, got {got!r}",
+    )
     wrong = {k: got[k] for k in KEYS if _number(got[k]) is None or _number(got[k]) != expected[k]}
     if wrong and kwargs.get("fp32_grads") and set(wrong) == {"gradients"} and got["gradients"] == 2:
         g.fail(f"{call} gave 2 bytes of gradients: with fp32_grads=True the gradients are float32, 4 bytes")
@@ -365,24 +476,46 @@ def grade_training_memory(training_memory_gib, memory_per_param=None) -> None:
             _check_memory(g, training_memory_gib, 7e9, precision, "adam8bit")
 
     with g.check("any positive number of parameters, every precision and optimizer (drawn)"):
-        cases = st.tuples(st.one_of(st.integers(1, 10**12), st.floats(0.5, 1e12)), st.sampled_from(PRECISIONS),
-                          st.sampled_from(OPTIMIZERS))
-        for_all("memory.values", cases, lambda c: _check_memory(g, training_memory_gib, *c), first=(1, "fp32", "sgd"))
+        cases = st.tuples(
+            st.one_of(st.integers(1, 10**12), st.floats(0.5, 1e12)),
+            st.sampled_from(PRECISIONS),
+            st.sampled_from(OPTIMIZERS),
+        )
+        for_all(
+            "memory.values",
+            cases,
+            lambda c: _check_memory(g, training_memory_gib, *c),
+            first=(1, "fp32", "sgd"),
+        )
 
-    with g.check("unknown precision or optimizer names raise a ValueError that lists the accepted names; "
-                 "n_params must be a positive number"):
-        for fn, name in ((training_memory_gib, "training_memory_gib"),) + \
-                ((memory_per_param, "memory_per_param"),) * (memory_per_param is not None):
+    with g.check(
+        "unknown precision or optimizer names raise a ValueError that lists the accepted names; "
+        "n_params must be a positive number"
+    ):
+        for fn, name in ((training_memory_gib, "training_memory_gib"),) + (
+            (memory_per_param, "memory_per_param"),
+        ) * (memory_per_param is not None):
             lead = (1e9,) if fn is training_memory_gib else ()
             _expect_error(g, fn, lead + ("fp8", "adam"), {}, name, PRECISIONS, "list the accepted precisions")
-            _expect_error(g, fn, lead + ("fp32", "adagrad"), {}, name, OPTIMIZERS, "list the accepted optimizers")
+            _expect_error(
+                g, fn, lead + ("fp32", "adagrad"), {}, name, OPTIMIZERS, "list the accepted optimizers"
+            )
         for bad in (0, -1e9):
-            _expect_error(g, training_memory_gib, (bad, "fp32", "adam"), {}, "training_memory_gib", ("n_params",),
-                          "n_params must be a positive number: use require_positive")
+            _expect_error(
+                g,
+                training_memory_gib,
+                (bad, "fp32", "adam"),
+                {},
+                "training_memory_gib",
+                ("n_params",),
+                "n_params must be a positive number: use require_positive",
+            )
 
     if memory_per_param is not None:
-        with g.check("memory_per_param: bytes per parameter by what they hold, for every precision and optimizer, "
-                     "with and without fp32_grads (default False), and its defaults (fp32, Adam)"):
+        with g.check(
+            "memory_per_param: bytes per parameter by what they hold, for every precision and optimizer, "
+            "with and without fp32_grads (default False), and its defaults (fp32, Adam)"
+        ):
             _check_bytes(g, memory_per_param)
             _check_bytes(g, memory_per_param, "bf16")
             for precision in PRECISIONS:
@@ -400,14 +533,32 @@ def check_training_memory(training_memory_gib, memory_per_param=None) -> None:
         _check_memory(g, training_memory_gib, 1e9, "fp32", "adam")
     with g.check("1e9 parameters, bf16 Adam: 2 + 2 + 4 + 8 = 16 bytes, 14.90 GiB too"):
         _check_memory(g, training_memory_gib, 1e9, "bf16", "adam")
-    with g.check("the defaults, SGD, momentum and 8-bit Adam: training_memory_gib(1e9), (1e9, 'fp16', 'sgd'), ..."):
+    with g.check(
+        "the defaults, SGD, momentum and 8-bit Adam: training_memory_gib(1e9), (1e9, 'fp16', 'sgd'), ..."
+    ):
         for names in ((), ("fp16", "sgd"), ("fp32", "momentum"), ("bf16", "adam8bit")):
             _check_memory(g, training_memory_gib, 1e9, *names)
-    with g.check("unknown names raise a ValueError listing the accepted ones; n_params=0 raises a ValueError"):
-        _expect_error(g, training_memory_gib, (1e9, "fp8", "adam"), {}, "training_memory_gib", PRECISIONS,
-                      "list the accepted precisions")
-        _expect_error(g, training_memory_gib, (0, "fp32", "adam"), {}, "training_memory_gib", ("n_params",),
-                      "n_params must be a positive number")
+    with g.check(
+        "unknown names raise a ValueError listing the accepted ones; n_params=0 raises a ValueError"
+    ):
+        _expect_error(
+            g,
+            training_memory_gib,
+            (1e9, "fp8", "adam"),
+            {},
+            "training_memory_gib",
+            PRECISIONS,
+            "list the accepted precisions",
+        )
+        _expect_error(
+            g,
+            training_memory_gib,
+            (0, "fp32", "adam"),
+            {},
+            "training_memory_gib",
+            ("n_params",),
+            "n_params must be a positive number",
+        )
     if memory_per_param is not None:
         with g.check("memory_per_param('bf16', 'adam') and with fp32_grads=True"):
             _check_bytes(g, memory_per_param, "bf16", "adam")
@@ -417,15 +568,21 @@ def check_training_memory(training_memory_gib, memory_per_param=None) -> None:
 
 # =========================================================================== part 3: kv_cache_gib
 
-_NO_FACTOR_2 = ("the factor 2 is missing: every layer caches a key AND a value vector per token and key/value head")
-_N_HEADS = ("with grouped-query attention only the n_kv_heads key/value heads are cached, not the n_heads query heads")
+_NO_FACTOR_2 = (
+    "the factor 2 is missing: every layer caches a key AND a value vector per token and key/value head"
+)
+_N_HEADS = (
+    "with grouped-query attention only the n_kv_heads key/value heads are cached, not the n_heads query heads"
+)
 _D_MODEL = "each cached head has width d_head = d_model // n_heads, not d_model"
 _KV_BITS = "bits is the number of bits per cached value: divide by 8 to get bytes"
 _IGNORED_BITS = "use the bits argument (bits / 8 bytes per value), not always 2 bytes"
 _KV_GB = "a GiB is 2**30 bytes; you divided by 10**9, which is a GB"
 _MIB = "a GiB is 2**30 bytes; you divided by 2**20 (a MiB)"
 _NO_BATCH = "multiply by the batch: every sequence has its own cache"
-_WHOLE_BYTES = "do not round: with bits / 8 bytes per value the cache is a fraction of a byte per value (use /, not //)"
+_WHOLE_BYTES = (
+    "do not round: with bits / 8 bytes per value the cache is a fraction of a byte per value (use /, not //)"
+)
 
 _KV_ARGS = ("n_layers", "n_heads", "n_kv_heads", "d_model", "seq_len", "batch", "bits")
 
@@ -458,8 +615,13 @@ def _check_kv(g: Grader, kv_cache_gib, *args, **kwargs) -> None:
         raise_unless_student_error(e)
         g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
     full = dict(zip(_KV_ARGS, args)) | kwargs
-    _expect_value(g, got, ref.kv_cache_gib(**full), call, _kv_mistakes(*(full.get(n) for n in _KV_ARGS[:5]),
-                                                                       full.get("batch", 1), full.get("bits", 16)))
+    _expect_value(
+        g,
+        got,
+        ref.kv_cache_gib(**full),
+        call,
+        _kv_mistakes(*(full.get(n) for n in _KV_ARGS[:5]), full.get("batch", 1), full.get("bits", 16)),
+    )
 
 
 def grade_kv_cache(kv_cache_gib) -> None:
@@ -490,19 +652,34 @@ def grade_kv_cache(kv_cache_gib) -> None:
         _check_kv(g, kv_cache_gib, 24, 16, 4, 2048, 2048, bits=8)
 
     with g.check("drawn shapes: layers, heads, key/value heads, widths, lengths, batches and bits"):
+
         def test(case):
             (H, H_kv, D), L, T, B, bits = case
             _check_kv(g, kv_cache_gib, L, H, H_kv, H * D, T, B, bits)
 
-        cases = st.tuples(_gqa_shapes(), st.integers(1, 6), st.integers(1, 5000), st.integers(1, 8), st.integers(1, 32))
+        cases = st.tuples(
+            _gqa_shapes(), st.integers(1, 6), st.integers(1, 5000), st.integers(1, 8), st.integers(1, 32)
+        )
         for_all("kv.values", cases, test, max_examples=30, first=((2, 1, 4), 1, 1, 1, 16))
 
-    with g.check("a ValueError naming the values when n_heads does not divide d_model or n_kv_heads does not "
-                 "divide n_heads"):
-        for args, shown in (((2, 12, 12, 100, 64), ("100", "12")), ((2, 12, 5, 96, 64), ("12", "5")),
-                            ((2, 8, 3, 96, 64), ("8", "3"))):
-            _expect_error(g, kv_cache_gib, args, {}, "kv_cache_gib", shown,
-                          "say which of d_model, n_heads and n_kv_heads do not divide, with their values")
+    with g.check(
+        "a ValueError naming the values when n_heads does not divide d_model or n_kv_heads does not "
+        "divide n_heads"
+    ):
+        for args, shown in (
+            ((2, 12, 12, 100, 64), ("100", "12")),
+            ((2, 12, 5, 96, 64), ("12", "5")),
+            ((2, 8, 3, 96, 64), ("8", "3")),
+        ):
+            _expect_error(
+                g,
+                kv_cache_gib,
+                args,
+                {},
+                "kv_cache_gib",
+                shown,
+                "say which of d_model, n_heads and n_kv_heads do not divide, with their values",
+            )
 
     with g.check("a ValueError naming the argument for a value that is not a positive whole number"):
         good = dict(zip(_KV_ARGS, (2, 12, 4, 96, 64, 2, 8)))
@@ -513,26 +690,45 @@ def grade_kv_cache(kv_cache_gib) -> None:
 
 def check_kv_cache(kv_cache_gib) -> None:
     g = Grader("kv_cache_gib (public)")
-    with g.check("a Llama-3-8B shape at 8192 tokens (defaults batch=1, bits=16): kv_cache_gib(32, 32, 8, 4096, 8192) "
-                 "== 1.0"):
+    with g.check(
+        "a Llama-3-8B shape at 8192 tokens (defaults batch=1, bits=16): kv_cache_gib(32, 32, 8, 4096, 8192) "
+        "== 1.0"
+    ):
         _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 8192)
-    with g.check("batch and bits, not rounded: kv_cache_gib(32, 32, 8, 4096, 8192, batch=4, bits=4) == 1.0, and 3 "
-                 "bits"):
+    with g.check(
+        "batch and bits, not rounded: kv_cache_gib(32, 32, 8, 4096, 8192, batch=4, bits=4) == 1.0, and 3 bits"
+    ):
         _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 8192, batch=4, bits=4)
         _check_kv(g, kv_cache_gib, 1, 1, 1, 1, 1, 1, 3)
     with g.check("n_kv_heads must divide n_heads: kv_cache_gib(2, 12, 5, 96, 64) raises a ValueError"):
-        _expect_error(g, kv_cache_gib, (2, 12, 5, 96, 64), {}, "kv_cache_gib", ("12", "5"),
-                      "say that n_kv_heads=5 does not divide n_heads=12")
+        _expect_error(
+            g,
+            kv_cache_gib,
+            (2, 12, 5, 96, 64),
+            {},
+            "kv_cache_gib",
+            ("12", "5"),
+            "say that n_kv_heads=5 does not divide n_heads=12",
+        )
     with g.check("positive whole numbers: seq_len=0 raises a ValueError naming seq_len"):
-        _expect_error(g, kv_cache_gib, (2, 12, 4, 96, 0), {}, "kv_cache_gib", ("seq_len",),
-                      "seq_len must be a positive integer: use require_positive")
+        _expect_error(
+            g,
+            kv_cache_gib,
+            (2, 12, 4, 96, 0),
+            {},
+            "kv_cache_gib",
+            ("seq_len",),
+            "seq_len must be a positive integer: use require_positive",
+        )
     g.finish()
 
 
 # =========================================================================== part 4: training_days
 
-_2ND = ("training costs 6 N D FLOPs (2 N D in the forward pass, 4 N D in the backward pass); "
-        "2 N D is the forward pass alone")
+_2ND = (
+    "training costs 6 N D FLOPs (2 N D in the forward pass, 4 N D in the backward pass); "
+    "2 N D is the forward pass alone"
+)
 _NO_MFU = "divide by the MFU as well: the GPUs deliver only mfu x their peak"
 _MFU_TIMES = "the achieved throughput is n_gpus * peak * mfu: divide the FLOPs by it (you multiplied by mfu)"
 _HOURS = "return days: divide the seconds by 86400 (24 * 3600); you returned hours"
@@ -547,8 +743,14 @@ _DAYS_ARGS = ("n_params", "n_tokens", "n_gpus", "gpu_tflops", "mfu")
 def _days_mistakes(N, D, n_gpus, tflops, mfu) -> list[tuple[float, str]]:
     right = ref.training_days(N, D, n_gpus, tflops, mfu)
     return [
-        (right / 3, _2ND), (right * mfu, _NO_MFU), (right * mfu * mfu, _MFU_TIMES), (right * 24, _HOURS),
-        (right * 86400, _SECONDS), (right * 1440, _MINUTES), (right * 1e12, _TERA), (right * n_gpus, _NO_GPUS),
+        (right / 3, _2ND),
+        (right * mfu, _NO_MFU),
+        (right * mfu * mfu, _MFU_TIMES),
+        (right * 24, _HOURS),
+        (right * 86400, _SECONDS),
+        (right * 1440, _MINUTES),
+        (right * 1e12, _TERA),
+        (right * n_gpus, _NO_GPUS),
         (right / 3 * mfu, _2ND + "; and " + _NO_MFU),
     ]
 
@@ -567,7 +769,9 @@ def grade_training_days(training_days) -> None:
     """Grade ``training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu)``."""
     g = Grader("training_days")
 
-    with g.check("published runs: GPT-3 (175B parameters, 300B tokens, 1024 A100s at 40% MFU) and Chinchilla"):
+    with g.check(
+        "published runs: GPT-3 (175B parameters, 300B tokens, 1024 A100s at 40% MFU) and Chinchilla"
+    ):
         _check_days(g, training_days, 175e9, 300e9, 1024, 312.0, 0.4)
         _check_days(g, training_days, 70e9, 1.4e12, 2048, 989.0, 0.35)
 
@@ -578,22 +782,41 @@ def grade_training_days(training_days) -> None:
     with g.check("twice the GPUs take half the time; mfu=1 (the peak) is allowed"):
         one = _number(training_days(7e9, 2e12, 256, 989.0, 0.4))
         two = _number(training_days(7e9, 2e12, 512, 989.0, 0.4))
-        g.expect(one is not None and two is not None and _close(one, 2 * two),
-                 f"256 GPUs gave {one} days and 512 GPUs {two}: the time must halve when the GPUs double "
-                 "(" + _NO_GPUS + ")")
+        g.expect(
+            one is not None and two is not None and _close(one, 2 * two),
+            f"256 GPUs gave {one} days and 512 GPUs {two}: the time must halve when the GPUs double "
+            "(" + _NO_GPUS + ")",
+        )
         _check_days(g, training_days, 1e9, 2e10, 8, 312.0, 1.0)
         _check_days(g, training_days, 3e9, 1e11, 64, 400.0, 1)
 
     with g.check("drawn runs: any positive sizes, GPU counts, peaks and 0 < mfu <= 1"):
-        cases = st.tuples(st.floats(1e3, 1e12), st.floats(1e3, 1e13), st.integers(1, 4096), st.floats(1.0, 2000.0),
-                          st.one_of(st.floats(0.01, 1.0), st.just(1.0)))
-        for_all("days.values", cases, lambda c: _check_days(g, training_days, *c), first=(1e9, 2e10, 8, 312.0, 0.5))
+        cases = st.tuples(
+            st.floats(1e3, 1e12),
+            st.floats(1e3, 1e13),
+            st.integers(1, 4096),
+            st.floats(1.0, 2000.0),
+            st.one_of(st.floats(0.01, 1.0), st.just(1.0)),
+        )
+        for_all(
+            "days.values",
+            cases,
+            lambda c: _check_days(g, training_days, *c),
+            first=(1e9, 2e10, 8, 312.0, 0.5),
+        )
 
     with g.check("a ValueError unless 0 < mfu <= 1, and for a size, GPU count or peak that is not positive"):
         good = dict(zip(_DAYS_ARGS, (1e9, 2e10, 8, 312.0, 0.5)))
         for mfu in (1.5, 2.0, 1.0001):
-            _expect_error(g, training_days, (), good | {"mfu": mfu}, "training_days", (str(mfu),),
-                          "mfu is a fraction of the peak, in (0, 1]: say so and give the value")
+            _expect_error(
+                g,
+                training_days,
+                (),
+                good | {"mfu": mfu},
+                "training_days",
+                (str(mfu),),
+                "mfu is a fraction of the peak, in (0, 1]: say so and give the value",
+            )
         _bad_values(g, training_days, "training_days", good, (), _DAYS_ARGS)
 
     g.finish()
@@ -606,11 +829,32 @@ def check_training_days(training_days) -> None:
     with g.check("mfu=1 is allowed: training_days(1e9, 2e10, 8, 312.0, 1.0)"):
         _check_days(g, training_days, 1e9, 2e10, 8, 312.0, 1.0)
     with g.check("mfu=1.5 and mfu=0 raise a ValueError"):
-        _expect_error(g, training_days, (1e9, 2e10, 8, 312.0, 1.5), {}, "training_days", (),
-                      "mfu is a fraction of the peak, in (0, 1]")
-        _expect_error(g, training_days, (1e9, 2e10, 8, 312.0, 0), {}, "training_days", ("mfu",),
-                      "mfu must be a positive number")
+        _expect_error(
+            g,
+            training_days,
+            (1e9, 2e10, 8, 312.0, 1.5),
+            {},
+            "training_days",
+            (),
+            "mfu is a fraction of the peak, in (0, 1]",
+        )
+        _expect_error(
+            g,
+            training_days,
+            (1e9, 2e10, 8, 312.0, 0),
+            {},
+            "training_days",
+            ("mfu",),
+            "mfu must be a positive number",
+        )
     with g.check("n_gpus=0 raises a ValueError naming n_gpus"):
-        _expect_error(g, training_days, (1e9, 2e10, 0, 312.0, 0.5), {}, "training_days", ("n_gpus",),
-                      "n_gpus must be a positive number: use require_positive")
+        _expect_error(
+            g,
+            training_days,
+            (1e9, 2e10, 0, 312.0, 0.5),
+            {},
+            "training_days",
+            ("n_gpus",),
+            "n_gpus must be a positive number: use require_positive",
+        )
     g.finish()

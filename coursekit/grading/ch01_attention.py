@@ -14,6 +14,10 @@ Private helpers (candidates for the shared toolkit): :func:`_run` turns an excep
 student's code into a hint that names the input, :func:`_device_type` reads the device of a
 result even under the autograder (a meta tensor cannot travel back from the sandbox as data,
 and the attempt says so), :func:`_show` prints a few values for a hint.
+
+Over 500 lines: one named check per clause of the exercise text for each graded part, public and
+hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
+it would scatter one exercise's specification over several files.
 """
 
 from __future__ import annotations
@@ -44,8 +48,14 @@ from coursekit.grading.core import (
 )
 
 __all__ = [
-    "check_softmax", "check_causal_mask", "check_attention", "check_self_attention",
-    "grade_softmax", "grade_causal_mask", "grade_attention", "grade_self_attention",
+    "check_softmax",
+    "check_causal_mask",
+    "check_attention",
+    "check_self_attention",
+    "grade_softmax",
+    "grade_causal_mask",
+    "grade_attention",
+    "grade_self_attention",
 ]
 
 FLOATS = (torch.float64, torch.float32)
@@ -68,9 +78,17 @@ def _for_all(name: str, strategy, test, *, max_examples: int = 20, first: object
     from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
     from hypothesis import seed as hypothesis_seed
 
-    @settings(max_examples=max_examples, database=None, deadline=None, derandomize=False, print_blob=False,
-              verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-              phases=(Phase.explicit, Phase.generate, Phase.shrink))
+    @settings(
+        max_examples=max_examples,
+        database=None,
+        deadline=None,
+        derandomize=False,
+        print_blob=False,
+        verbosity=Verbosity.quiet,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+    )
     @hypothesis_seed(seed(name))
     @given(strategy)
     def run(case):
@@ -82,8 +100,10 @@ def _for_all(name: str, strategy, test, *, max_examples: int = 20, first: object
         run()
     except BaseExceptionGroup as group:  # Hypothesis's FlakyFailure: the failure did not happen again
         if not group.exceptions or not isinstance(group.exceptions[0], _Failed):
-            raise _Failed("your code gave different answers when called again with the same input: "
-                          "does it depend on global state or unseeded randomness?") from None
+            raise _Failed(
+                "your code gave different answers when called again with the same input: "
+                "does it depend on global state or unseeded randomness?"
+            ) from None
         raise group.exceptions[0] from None
 
 
@@ -149,8 +169,10 @@ def _first_difference(got, expected) -> str:
     text = f"at index {i}: expected {e[i].item():.9g}, got {g[i].item():.9g}"
     error = (got.detach().double() - expected.detach().double()).abs().max().item()
     if expected.dtype == torch.float64 and 0 < error < 1e-4 * max(1.0, expected.detach().abs().max().item()):
-        text += (" (a tiny difference, the size of float32 rounding: part of the computation in float32, or an "
-                 "epsilon added?)")
+        text += (
+            " (a tiny difference, the size of float32 rounding: part of the computation in float32, or an "
+            "epsilon added?)"
+        )
     return text
 
 
@@ -171,18 +193,33 @@ def _unpack(g: Grader, result, what: str):
 
 def _shape_and_dim(max_rank: int = 4, max_size: int = 6):
     """A shape of rank 1..max_rank and an axis of it, positive or negative."""
-    return st.lists(st.integers(1, max_size), min_size=1, max_size=max_rank).map(tuple).flatmap(
-        lambda shape: st.tuples(st.just(shape), st.integers(-len(shape), len(shape) - 1)))
+    return (
+        st.lists(st.integers(1, max_size), min_size=1, max_size=max_rank)
+        .map(tuple)
+        .flatmap(lambda shape: st.tuples(st.just(shape), st.integers(-len(shape), len(shape) - 1)))
+    )
 
 
 def _softmax_mistakes(x: torch.Tensor, dim: int, where: str) -> list:
     """The classic wrong softmaxes of ``x`` (float64) along ``dim``, with their hints."""
     others = [d for d in range(x.dim()) if d != dim % x.dim()]
-    out = [(torch.exp(x), f"{where}: your slices do not sum to 1: divide by the sum over `dim` (keepdim=True)")]
-    out += [(ref.softmax(x, d), f"{where}: softmax over the wrong axis (dim {d} instead of {dim}): use `dim` "
-             "in both the max and the sum") for d in others]
-    out += [(ref.softmax(x.float(), dim).double(), f"{where}: your result has only float32 precision: compute in "
-             "x's dtype (no .float() on the way)")]
+    out = [
+        (torch.exp(x), f"{where}: your slices do not sum to 1: divide by the sum over `dim` (keepdim=True)")
+    ]
+    out += [
+        (
+            ref.softmax(x, d),
+            f"{where}: softmax over the wrong axis (dim {d} instead of {dim}): use `dim` "
+            "in both the max and the sum",
+        )
+        for d in others
+    ]
+    out += [
+        (
+            ref.softmax(x.float(), dim).double(),
+            f"{where}: your result has only float32 precision: compute in x's dtype (no .float() on the way)",
+        )
+    ]
     return out
 
 
@@ -191,49 +228,84 @@ def grade_softmax(softmax) -> None:
     g = Grader("softmax")
 
     with g.check("returns a new tensor of x's shape and dtype (float32 or float64, any rank)"):
+
         def shape_dtype(case):
             (shape, dim), dtype, seed = case
             x = tensor(seed, *shape, dtype=dtype)
             p = _run(g, f"softmax(x {shape} {_dt(dtype)}, dim={dim})", softmax, x, dim=dim)
-            g.expect(is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
-                     f"softmax(x {shape} {_dt(dtype)}, dim={dim}) should be a tensor {_dt(dtype)} {shape}, "
-                     f"got {describe(p)}")
+            g.expect(
+                is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
+                f"softmax(x {shape} {_dt(dtype)}, dim={dim}) should be a tensor {_dt(dtype)} {shape}, "
+                f"got {describe(p)}",
+            )
 
-        _for_all("softmax.shape", st.tuples(_shape_and_dim(), st.sampled_from(FLOATS), SEEDS), shape_dtype,
-                 max_examples=12, first=(((2, 3), -1), torch.float64, 0))
+        _for_all(
+            "softmax.shape",
+            st.tuples(_shape_and_dim(), st.sampled_from(FLOATS), SEEDS),
+            shape_dtype,
+            max_examples=12,
+            first=(((2, 3), -1), torch.float64, 0),
+        )
 
     with g.check("equals exp(x) / sum(exp(x)) along the last axis by default"):
+
         def values(case):
             shape, dtype, scale, seed = case
             x = tensor(seed, *shape, dtype=dtype, scale=scale)
             where = f"softmax(x) for x {shape} {_dt(dtype)}"
             p = _run(g, where, softmax, x)
             expected = ref.softmax(x.double(), -1)
-            first_match(g, p, [(m.to(dtype), h) for m, h in _softmax_mistakes(x.double(), -1, where)],
-                        right=expected.to(dtype))
-            g.expect(close(p, expected.to(dtype), magnitude=magnitude(x)),
-                     f"{where}: {_first_difference(p, expected.to(dtype))}")
+            first_match(
+                g,
+                p,
+                [(m.to(dtype), h) for m, h in _softmax_mistakes(x.double(), -1, where)],
+                right=expected.to(dtype),
+            )
+            g.expect(
+                close(p, expected.to(dtype), magnitude=magnitude(x)),
+                f"{where}: {_first_difference(p, expected.to(dtype))}",
+            )
 
         shapes = st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple)
-        _for_all("softmax.values", st.tuples(shapes, st.sampled_from(FLOATS), st.sampled_from([1.0, 3.0, 0.01]), SEEDS),
-                 values, max_examples=15, first=((3, 4), torch.float64, 1.0, 1))
+        _for_all(
+            "softmax.values",
+            st.tuples(shapes, st.sampled_from(FLOATS), st.sampled_from([1.0, 3.0, 0.01]), SEEDS),
+            values,
+            max_examples=15,
+            first=((3, 4), torch.float64, 1.0, 1),
+        )
 
     with g.check("normalises along `dim`: any axis, positive or negative"):
+
         def along(case):
             (shape, dim), dtype, seed = case
             x = tensor(seed, *shape, dtype=dtype, scale=2.0)
             where = f"softmax(x, dim={dim}) for x {shape} {_dt(dtype)}"
             p = _run(g, where, softmax, x, dim=dim)
             expected = ref.softmax(x.double(), dim)
-            first_match(g, p, [(m.to(dtype), h) for m, h in _softmax_mistakes(x.double(), dim, where)],
-                        right=expected.to(dtype))
-            g.expect(close(p, expected.to(dtype), magnitude=magnitude(x)),
-                     f"{where}: {_first_difference(p, expected.to(dtype))}")
+            first_match(
+                g,
+                p,
+                [(m.to(dtype), h) for m, h in _softmax_mistakes(x.double(), dim, where)],
+                right=expected.to(dtype),
+            )
+            g.expect(
+                close(p, expected.to(dtype), magnitude=magnitude(x)),
+                f"{where}: {_first_difference(p, expected.to(dtype))}",
+            )
 
-        _for_all("softmax.dim", st.tuples(_shape_and_dim(), st.sampled_from(FLOATS), SEEDS), along,
-                 max_examples=14, first=(((3, 4, 5), 0), torch.float64, 2))
+        _for_all(
+            "softmax.dim",
+            st.tuples(_shape_and_dim(), st.sampled_from(FLOATS), SEEDS),
+            along,
+            max_examples=14,
+            first=(((3, 4, 5), 0), torch.float64, 2),
+        )
 
-    with g.check("stable: finite and accurate for large positive and very negative inputs (float32 and float64)"):
+    with g.check(
+        "stable: finite and accurate for large positive and very negative inputs (float32 and float64)"
+    ):
+
         def stable(case):
             (shape, dim), dtype, offset, spread, apart, seed = case
             x = tensor(seed, *shape, dtype=dtype, scale=spread) + offset
@@ -247,19 +319,34 @@ def grade_softmax(softmax) -> None:
             p = _run(g, where, softmax, x, dim=dim)
             expected = ref.softmax(x.double(), dim).to(dtype)
             if is_tensor(p) and p.shape == x.shape and not bool(torch.isfinite(p).all()):
-                g.fail(f"{where}: got inf or NaN ({_show(p)}): exp overflows above about 88 in float32 (709 in "
-                       "float64) and every term underflows to 0 far below; subtract the maximum of each slice "
-                       "(not of the whole tensor) before exponentiating")
-            g.expect(close(p, expected, magnitude=magnitude(x)),
-                     f"{where}: {_first_difference(p, expected)} (subtract the maximum of each slice first)")
+                g.fail(
+                    f"{where}: got inf or NaN ({_show(p)}): exp overflows above about 88 in float32 (709 in "
+                    "float64) and every term underflows to 0 far below; subtract the maximum of each slice "
+                    "(not of the whole tensor) before exponentiating"
+                )
+            g.expect(
+                close(p, expected, magnitude=magnitude(x)),
+                f"{where}: {_first_difference(p, expected)} (subtract the maximum of each slice first)",
+            )
 
-        _for_all("softmax.stable", st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS),
-                                             st.sampled_from([1000.0, -1000.0, 1e4, -1e4, 200.0, -800.0]),
-                                             st.sampled_from([1.0, 10.0, 50.0]), st.booleans(), SEEDS),
-                 stable, max_examples=15, first=(((2, 3), -1), torch.float32, 1000.0, 1.0, False, 3))
+        _for_all(
+            "softmax.stable",
+            st.tuples(
+                _shape_and_dim(3),
+                st.sampled_from(FLOATS),
+                st.sampled_from([1000.0, -1000.0, 1e4, -1e4, 200.0, -800.0]),
+                st.sampled_from([1.0, 10.0, 50.0]),
+                st.booleans(),
+                SEEDS,
+            ),
+            stable,
+            max_examples=15,
+            first=(((2, 3), -1), torch.float32, 1000.0, 1.0, False, 3),
+        )
         stable((((3, 4), -1), torch.float32, 1000.0, 1.0, True, 4))  # rows around 1000 and -1000
 
     with g.check("-inf entries get weight 0, and a slice of all -inf gives zeros, not NaN"):
+
         def masked(case):
             (shape, dim), dtype, seed = case
             x = tensor(seed, *shape, dtype=dtype)
@@ -270,29 +357,47 @@ def grade_softmax(softmax) -> None:
             p = _run(g, where, softmax, x, dim=dim)
             expected = ref.softmax(x.double(), dim).to(dtype)
             if is_tensor(p) and bool(torch.isnan(p).any()):
-                g.fail(f"{where}: gave NaN ({_show(p)}): a slice of all -inf has maximum -inf and -inf - (-inf) is "
-                       "NaN; replace an infinite maximum by 0 before subtracting, and divide by 1 where the sum is 0")
+                g.fail(
+                    f"{where}: gave NaN ({_show(p)}): a slice of all -inf has maximum -inf and -inf - (-inf) is "
+                    "NaN; replace an infinite maximum by 0 before subtracting, and divide by 1 where the sum is 0"
+                )
             g.expect(close(p, expected, magnitude=magnitude(x)), f"{where}: {_first_difference(p, expected)}")
 
-        _for_all("softmax.masked", st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS), SEEDS), masked,
-                 max_examples=12, first=(((2, 3), -1), torch.float64, 4))
+        _for_all(
+            "softmax.masked",
+            st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS), SEEDS),
+            masked,
+            max_examples=12,
+            first=(((2, 3), -1), torch.float64, 4),
+        )
         x = torch.tensor([[0.0, -math.inf, 1.0], [-math.inf, -math.inf, -math.inf]], dtype=torch.float64)
         p = _run(g, "softmax([[0, -inf, 1], [-inf, -inf, -inf]])", softmax, x)
-        g.expect(close(p, ref.softmax(x)), "softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be "
-                                           f"[[0.269, 0, 0.731], [0, 0, 0]], got {_show(p)}")
+        g.expect(
+            close(p, ref.softmax(x)),
+            "softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be "
+            f"[[0.269, 0, 0.731], [0, 0, 0]], got {_show(p)}",
+        )
 
     with g.check("leaves x unchanged (no in-place changes)"):
+
         def untouched(case):
             (shape, dim), dtype, seed = case
             x = tensor(seed, *shape, dtype=dtype, scale=3.0)
             after = probe(softmax, x.clone(), dim=dim).args[0]
-            g.expect(is_tensor(after) and torch.equal(after, x),
-                     f"softmax(x, dim={dim}) for x {shape} {_dt(dtype)}: softmax modified its input in place "
-                     "(x -= ..., "
-                     f"x.exp_() or out=x): x was {_show(x)}, afterwards {_show(after)}; compute a new tensor")
+            g.expect(
+                is_tensor(after) and torch.equal(after, x),
+                f"softmax(x, dim={dim}) for x {shape} {_dt(dtype)}: softmax modified its input in place "
+                "(x -= ..., "
+                f"x.exp_() or out=x): x was {_show(x)}, afterwards {_show(after)}; compute a new tensor",
+            )
 
-        _for_all("softmax.inplace", st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS), SEEDS), untouched,
-                 max_examples=6, first=(((3, 5), -1), torch.float64, 5))
+        _for_all(
+            "softmax.inplace",
+            st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS), SEEDS),
+            untouched,
+            max_examples=6,
+            first=(((3, 5), -1), torch.float64, 5),
+        )
 
     g.finish()
 
@@ -305,6 +410,7 @@ def grade_causal_mask(causal_mask) -> None:
     g = Grader("causal_mask")
 
     with g.check("returns a boolean (T, S) tensor; S defaults to T"):
+
         def kind(case):
             T, extra, give_s = case
             S = T + extra
@@ -312,13 +418,21 @@ def grade_causal_mask(causal_mask) -> None:
             call = f"causal_mask({', '.join(map(str, args))})"
             m = _run(g, call, causal_mask, *args)
             want = (T, S if give_s else T)
-            g.expect(is_tensor(m) and m.dtype == torch.bool and m.shape == want,
-                     f"{call} should be a bool tensor of shape {want}, got {describe(m)}")
+            g.expect(
+                is_tensor(m) and m.dtype == torch.bool and m.shape == want,
+                f"{call} should be a bool tensor of shape {want}, got {describe(m)}",
+            )
 
-        _for_all("causal.kind", st.tuples(st.integers(0, 9), st.integers(0, 5), st.booleans()), kind,
-                 max_examples=10, first=(4, 0, False))
+        _for_all(
+            "causal.kind",
+            st.tuples(st.integers(0, 9), st.integers(0, 5), st.booleans()),
+            kind,
+            max_examples=10,
+            first=(4, 0, False),
+        )
 
     with g.check("S = T: query i sees keys 0..i (the lower triangle with its diagonal), T = 0 included"):
+
         def square(case):
             T, give_s = case
             call = f"causal_mask({T}, {T})" if give_s else f"causal_mask({T})"
@@ -330,16 +444,26 @@ def grade_causal_mask(causal_mask) -> None:
                 if torch.equal(m, ~expected):
                     g.fail(f"{call} is inverted: True means *may attend*")
                 if not bool(m.diagonal().all()):
-                    g.fail(f"{call}: a position may not attend to itself: the diagonal must be True (off by one?)")
+                    g.fail(
+                        f"{call}: a position may not attend to itself: the diagonal must be True (off by one?)"
+                    )
                 if bool((m & ~expected).any()):
                     g.fail(f"{call}: a query can see a future key: entries above the diagonal must be False")
-            g.expect(is_tensor(m) and m.dtype == torch.bool and torch.equal(m, expected),
-                     f"{call} differs from the lower-triangular mask: {_first_difference(m, expected)}")
+            g.expect(
+                is_tensor(m) and m.dtype == torch.bool and torch.equal(m, expected),
+                f"{call} differs from the lower-triangular mask: {_first_difference(m, expected)}",
+            )
 
-        _for_all("causal.square", st.tuples(st.integers(0, 12), st.booleans()), square, max_examples=14,
-                 first=(5, False))
+        _for_all(
+            "causal.square",
+            st.tuples(st.integers(0, 12), st.booleans()),
+            square,
+            max_examples=14,
+            first=(5, False),
+        )
 
     with g.check("S > T keys: bottom-right aligned, query i sees keys j <= i + (S - T)"):
+
         def rectangle(case):
             T, extra = case
             S = T + extra
@@ -348,36 +472,60 @@ def grade_causal_mask(causal_mask) -> None:
             expected = ref.causal_mask(T, S)
             top_left = torch.ones(T, S, dtype=torch.bool).tril()
             if is_tensor(m) and m.shape == (T, S) and T > 0 and torch.equal(m, top_left):
-                g.fail(f"{call} is misaligned (top-left, like torch's is_causal): the queries are the last {T} of "
-                       f"{S} positions, so query i may attend to keys j <= i + (S - T)")
-            g.expect(is_tensor(m) and m.shape == (T, S) and m.dtype == torch.bool and torch.equal(m, expected),
-                     f"{call} is misaligned: the queries are the last {T} of {S} positions, so query i may attend "
-                     f"to keys j <= i + (S - T); {_first_difference(m, expected)}")
+                g.fail(
+                    f"{call} is misaligned (top-left, like torch's is_causal): the queries are the last {T} of "
+                    f"{S} positions, so query i may attend to keys j <= i + (S - T)"
+                )
+            g.expect(
+                is_tensor(m) and m.shape == (T, S) and m.dtype == torch.bool and torch.equal(m, expected),
+                f"{call} is misaligned: the queries are the last {T} of {S} positions, so query i may attend "
+                f"to keys j <= i + (S - T); {_first_difference(m, expected)}",
+            )
 
-        _for_all("causal.rectangle", st.tuples(st.integers(0, 9), st.integers(1, 8)), rectangle, max_examples=14,
-                 first=(3, 2))
+        _for_all(
+            "causal.rectangle",
+            st.tuples(st.integers(0, 9), st.integers(1, 8)),
+            rectangle,
+            max_examples=14,
+            first=(3, 2),
+        )
 
     with g.check("raises ValueError unless 0 <= T <= S"):
+
         def invalid(case):
             T, S = case
             args = (T,) if S is None else (T, S)
             call = f"causal_mask({', '.join(map(str, args))})"
-            expect_value_error(g, lambda: causal_mask(*args), call, "a ValueError that names T and S: 0 <= T <= S")
+            expect_value_error(
+                g, lambda: causal_mask(*args), call, "a ValueError that names T and S: 0 <= T <= S"
+            )
 
-        bad = st.one_of(st.tuples(st.integers(1, 8), st.integers(0, 7)).map(lambda ts: (ts[0] + ts[1], ts[1])),
-                        st.tuples(st.integers(-5, -1), st.one_of(st.none(), st.integers(0, 5))))
+        bad = st.one_of(
+            st.tuples(st.integers(1, 8), st.integers(0, 7)).map(lambda ts: (ts[0] + ts[1], ts[1])),
+            st.tuples(st.integers(-5, -1), st.one_of(st.none(), st.integers(0, 5))),
+        )
         _for_all("causal.invalid", bad, invalid, max_examples=10, first=(3, 2))
         for args in ((-1,), (-1, 0), (1, 0)):
-            expect_value_error(g, lambda args=args: causal_mask(*args), f"causal_mask{args}".replace(",)", ")"),
-                               "a ValueError that names T and S: 0 <= T <= S")
+            expect_value_error(
+                g,
+                lambda args=args: causal_mask(*args),
+                f"causal_mask{args}".replace(",)", ")"),
+                "a ValueError that names T and S: 0 <= T <= S",
+            )
 
     with g.check("creates the mask on `device` (the CPU by default)"):
         for T, S in ((3, None), (2, 5)):
             call = f"causal_mask({T}, {S}, device='meta')" if S else f"causal_mask({T}, device='meta')"
-            got = _device_type(g, call, causal_mask, T, S, device="meta") if S else \
-                _device_type(g, call, causal_mask, T, device="meta")
-            g.expect(got == "meta", f"{call} should be created on the meta device, got {got}: pass device=device "
-                                    "to every tensor you create (torch.arange(..., device=device))")
+            got = (
+                _device_type(g, call, causal_mask, T, S, device="meta")
+                if S
+                else _device_type(g, call, causal_mask, T, device="meta")
+            )
+            g.expect(
+                got == "meta",
+                f"{call} should be created on the meta device, got {got}: pass device=device "
+                "to every tensor you create (torch.arange(..., device=device))",
+            )
         got = _device_type(g, "causal_mask(3)", causal_mask, 3)
         g.expect(got == "cpu", f"causal_mask(3) should be on the CPU, got {got}")
 
@@ -389,8 +537,15 @@ def grade_causal_mask(causal_mask) -> None:
 
 LEAD = st.lists(st.integers(1, 3), max_size=2).map(tuple)  # no leading dims, (B,), or (A, B)
 #: leading dims, T, S, D, Dv, dtype, seed
-ATTENTION = st.tuples(LEAD, st.integers(1, 6), st.integers(1, 7), st.integers(1, 8), st.integers(1, 5),
-                      st.sampled_from(FLOATS), SEEDS)
+ATTENTION = st.tuples(
+    LEAD,
+    st.integers(1, 6),
+    st.integers(1, 7),
+    st.integers(1, 8),
+    st.integers(1, 5),
+    st.sampled_from(FLOATS),
+    SEEDS,
+)
 
 
 def _qkv(case, scale: float = 1.0):
@@ -422,7 +577,7 @@ def _expected(q, k, v, mask=None, scale=None):
 def _mask_shape(full: tuple, keep: list[bool], drop: int) -> tuple:
     """A shape that broadcasts to ``full``: some axes of size 1, some leading axes left out."""
     shape = tuple(n if k else 1 for n, k in zip(full, keep))
-    return shape[min(drop, len(full) - 1):]
+    return shape[min(drop, len(full) - 1) :]
 
 
 def _bool_mask(seed: int, shape: tuple, S: int) -> torch.Tensor:
@@ -440,31 +595,59 @@ def _attention_mistakes(q, k, v, mask, scale, where):
     s = 1 / math.sqrt(D) if scale is None else scale
     out = []
     if scale is None:
-        out += [(ref.scaled_dot_product_attention(q, k, v, mask, scale=1.0)[0],
-                 f"{where}: the scores are not scaled: divide q k^T by sqrt(D)"),
-                (ref.scaled_dot_product_attention(q, k, v, mask, scale=1.0 / D)[0],
-                 f"{where}: the scores are divided by D: divide by sqrt(D) instead")]
+        out += [
+            (
+                ref.scaled_dot_product_attention(q, k, v, mask, scale=1.0)[0],
+                f"{where}: the scores are not scaled: divide q k^T by sqrt(D)",
+            ),
+            (
+                ref.scaled_dot_product_attention(q, k, v, mask, scale=1.0 / D)[0],
+                f"{where}: the scores are divided by D: divide by sqrt(D) instead",
+            ),
+        ]
     else:
-        out += [(ref.scaled_dot_product_attention(q, k, v, mask)[0],
-                 f"{where}: scale={scale:g} was not used: multiply the scores by `scale` when it is given "
-                 "(test `scale is None`, since 0 is a valid scale)")]
+        out += [
+            (
+                ref.scaled_dot_product_attention(q, k, v, mask)[0],
+                f"{where}: scale={scale:g} was not used: multiply the scores by `scale` when it is given "
+                "(test `scale is None`, since 0 is a valid scale)",
+            )
+        ]
     scores = (q @ k.transpose(-2, -1)) * s
     if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, -math.inf)
-        out += [(ref.scaled_dot_product_attention(q, k, v, ~mask, scale)[0],
-                 f"{where}: the mask is inverted: True means the query *may attend* to the key"),
-                ((ref.softmax((q @ k.transpose(-2, -1)) * s, -1) * mask) @ v,
-                 f"{where}: masked keys still count in the softmax: set their scores to -inf before the softmax")]
+        out += [
+            (
+                ref.scaled_dot_product_attention(q, k, v, ~mask, scale)[0],
+                f"{where}: the mask is inverted: True means the query *may attend* to the key",
+            ),
+            (
+                (ref.softmax((q @ k.transpose(-2, -1)) * s, -1) * mask) @ v,
+                f"{where}: masked keys still count in the softmax: set their scores to -inf before the softmax",
+            ),
+        ]
     elif mask is not None:
-        out += [(ref.scaled_dot_product_attention(q, k, v, None, scale)[0],
-                 f"{where}: the floating mask was ignored: add it to the scaled scores"),
-                (ref.scaled_dot_product_attention(q, k, v, mask * s, scale)[0],
-                 f"{where}: the floating mask was added before scaling: add it to the *scaled* scores"),
-                (ref.scaled_dot_product_attention(q, k, v, mask != 0, scale)[0],
-                 f"{where}: a floating mask was used as a boolean one: a floating mask is *added* to the scores")]
+        out += [
+            (
+                ref.scaled_dot_product_attention(q, k, v, None, scale)[0],
+                f"{where}: the floating mask was ignored: add it to the scaled scores",
+            ),
+            (
+                ref.scaled_dot_product_attention(q, k, v, mask * s, scale)[0],
+                f"{where}: the floating mask was added before scaling: add it to the *scaled* scores",
+            ),
+            (
+                ref.scaled_dot_product_attention(q, k, v, mask != 0, scale)[0],
+                f"{where}: a floating mask was used as a boolean one: a floating mask is *added* to the scores",
+            ),
+        ]
         scores = scores + mask
-    out += [(ref.softmax(scores, -2) @ v,
-             f"{where}: softmax over the queries: take the softmax over the keys (last axis)")]
+    out += [
+        (
+            ref.softmax(scores, -2) @ v,
+            f"{where}: softmax over the queries: take the softmax over the keys (last axis)",
+        )
+    ]
     return out
 
 
@@ -475,6 +658,7 @@ def _mistakes_or_none(q, k, v, mask, scale, where) -> list:
     except Exception:  # noqa: BLE001
         return []
 
+
 def grade_attention(attention) -> None:
     """Grade a student's ``scaled_dot_product_attention(q, k, v, mask=None, scale=None)``."""
     g = Grader("scaled_dot_product_attention")
@@ -484,67 +668,119 @@ def grade_attention(attention) -> None:
         kwargs = {} if mask is None and scale is None else {"mask": mask, "scale": scale}
         out, w = _unpack(g, _run(g, where, attention, q, k, v, **kwargs), name)
         exp_out, exp_w, mag = _expected(q, k, v, mask, scale)
-        first_match(g, out, _mistakes_or_none(q, k, v, mask, scale, where),
-                    right=exp_out)
+        first_match(g, out, _mistakes_or_none(q, k, v, mask, scale, where), right=exp_out)
         for name, got in (("out", out), ("the weights", w)):
             if is_tensor(got) and not bool(torch.isfinite(got).all()):
-                g.fail(f"{where}: {name} hold inf or NaN ({_show(got)}) where the reference is finite: use your "
-                       "stable softmax (it subtracts each row's maximum before exponentiating)")
+                g.fail(
+                    f"{where}: {name} hold inf or NaN ({_show(got)}) where the reference is finite: use your "
+                    "stable softmax (it subtracts each row's maximum before exponentiating)"
+                )
         if is_tensor(w) and w.shape == exp_w.shape:
             sums = w.sum(-1)
-            g.expect(close(sums, exp_w.double().sum(-1).round().to(q.dtype), magnitude=mag),
-                     f"{where}: rows of the weights do not sum to 1 ({_show(sums)}): take the softmax over the keys "
-                     "(last axis), after masking")
-        g.expect(close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {_first_difference(w, exp_w)}")
-        g.expect(close(out, exp_out, magnitude=mag), f"{where}: out differs: {_first_difference(out, exp_out)}")
+            g.expect(
+                close(sums, exp_w.double().sum(-1).round().to(q.dtype), magnitude=mag),
+                f"{where}: rows of the weights do not sum to 1 ({_show(sums)}): take the softmax over the keys "
+                "(last axis), after masking",
+            )
+        g.expect(
+            close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {_first_difference(w, exp_w)}"
+        )
+        g.expect(
+            close(out, exp_out, magnitude=mag), f"{where}: out differs: {_first_difference(out, exp_out)}"
+        )
         return out, w
 
-    with g.check("returns (out, weights) of shapes (..., T, Dv) and (..., T, S) in q's dtype, any leading dims"):
+    with g.check(
+        "returns (out, weights) of shapes (..., T, Dv) and (..., T, S) in q's dtype, any leading dims"
+    ):
+
         def shapes(case):
             q, k, v = _qkv(case)
             where = _sizes(q, k, v)
             out, w = _unpack(g, _run(g, where, attention, q, k, v), "scaled_dot_product_attention")
             T, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
             lead = tuple(q.shape[:-2])
-            g.expect(is_tensor(out) and out.shape == (*lead, T, Dv) and out.dtype == q.dtype,
-                     f"{where}: out should be {_dt(q.dtype)} {(*lead, T, Dv)} = (..., T, Dv), got {describe(out)}")
-            g.expect(is_tensor(w) and w.shape == (*lead, T, S) and w.dtype == q.dtype,
-                     f"{where}: weights should be {_dt(q.dtype)} {(*lead, T, S)} = (..., T, S), got {describe(w)}")
+            g.expect(
+                is_tensor(out) and out.shape == (*lead, T, Dv) and out.dtype == q.dtype,
+                f"{where}: out should be {_dt(q.dtype)} {(*lead, T, Dv)} = (..., T, Dv), got {describe(out)}",
+            )
+            g.expect(
+                is_tensor(w) and w.shape == (*lead, T, S) and w.dtype == q.dtype,
+                f"{where}: weights should be {_dt(q.dtype)} {(*lead, T, S)} = (..., T, S), got {describe(w)}",
+            )
 
         _for_all("att.shapes", ATTENTION, shapes, max_examples=12, first=((2,), 5, 6, 4, 3, torch.float64, 0))
 
     with g.check("without a mask: weights = softmax(q k^T / sqrt(D)) over the keys, out = weights v"):
-        _for_all("att.values", ATTENTION, lambda case: compare(*_qkv(case)), max_examples=12,
-                 first=((3,), 5, 7, 8, 3, torch.float64, 1))
+        _for_all(
+            "att.values",
+            ATTENTION,
+            lambda case: compare(*_qkv(case)),
+            max_examples=12,
+            first=((3,), 5, 7, 8, 3, torch.float64, 1),
+        )
 
     with g.check("`scale` multiplies the scores when given (0 and negative values included)"):
+
         def scaled(case):
             q, k, v = _qkv(case[:7])
             compare(q, k, v, scale=case[7])
 
-        _for_all("att.scale", st.tuples(LEAD, st.integers(1, 6), st.integers(2, 7), st.integers(1, 8),
-                                        st.integers(1, 5),
-                                        st.sampled_from(FLOATS), SEEDS, st.sampled_from([0.0, 0.3, 2.0, -1.0, 1.0])),
-                 scaled, max_examples=12, first=((2,), 4, 5, 4, 3, torch.float64, 2, 0.0))
+        _for_all(
+            "att.scale",
+            st.tuples(
+                LEAD,
+                st.integers(1, 6),
+                st.integers(2, 7),
+                st.integers(1, 8),
+                st.integers(1, 5),
+                st.sampled_from(FLOATS),
+                SEEDS,
+                st.sampled_from([0.0, 0.3, 2.0, -1.0, 1.0]),
+            ),
+            scaled,
+            max_examples=12,
+            first=((2,), 4, 5, 4, 3, torch.float64, 2, 0.0),
+        )
 
     def masked_case(extra):
-        return st.tuples(LEAD, st.integers(1, 6), st.integers(1, 7), st.integers(1, 6), st.integers(1, 4),
-                         st.sampled_from(FLOATS), SEEDS, st.lists(st.booleans(), min_size=4, max_size=4),
-                         st.integers(0, 3), *extra)
+        return st.tuples(
+            LEAD,
+            st.integers(1, 6),
+            st.integers(1, 7),
+            st.integers(1, 6),
+            st.integers(1, 4),
+            st.sampled_from(FLOATS),
+            SEEDS,
+            st.lists(st.booleans(), min_size=4, max_size=4),
+            st.integers(0, 3),
+            *extra,
+        )
 
-    with g.check("a boolean mask, broadcastable to (..., T, S): True means may attend, False removes the key"):
+    with g.check(
+        "a boolean mask, broadcastable to (..., T, S): True means may attend, False removes the key"
+    ):
+
         def boolean(case):
             q, k, v = _qkv(case)
             full = (*q.shape[:-1], k.shape[-2])
             mask = _bool_mask(case[6] + 3, _mask_shape(full, case[7], case[8]), k.shape[-2])
             out, w = compare(q, k, v, mask=mask)
 
-        _for_all("att.bool", masked_case(()), boolean, max_examples=12,
-                 first=((2,), 4, 5, 4, 3, torch.float64, 3, [True] * 4, 0))
+        _for_all(
+            "att.bool",
+            masked_case(()),
+            boolean,
+            max_examples=12,
+            first=((2,), 4, 5, 4, 3, torch.float64, 3, [True] * 4, 0),
+        )
         q, k, v = _qkv(((3,), 6, 6, 4, 3, torch.float64, 7))
         compare(q, k, v, mask=ref.causal_mask(6))  # a (T, S) causal mask broadcast over the batch
 
-    with g.check("a floating mask, broadcastable to (..., T, S), is added to the scaled scores (-inf removes a key)"):
+    with g.check(
+        "a floating mask, broadcastable to (..., T, S), is added to the scaled scores (-inf removes a key)"
+    ):
+
         def additive(case):
             q, k, v = _qkv(case)
             full = (*q.shape[:-1], k.shape[-2])
@@ -554,10 +790,16 @@ def grade_attention(attention) -> None:
             bias[..., case[6] % shape[-1]] = 0.5  # one finite entry per row
             compare(q, k, v, mask=bias)
 
-        _for_all("att.additive", masked_case(()), additive, max_examples=12,
-                 first=((2,), 4, 5, 4, 3, torch.float64, 4, [True] * 4, 0))
+        _for_all(
+            "att.additive",
+            masked_case(()),
+            additive,
+            max_examples=12,
+            first=((2,), 4, 5, 4, 3, torch.float64, 4, [True] * 4, 0),
+        )
 
     with g.check("a query with no visible key gets zero weights and a zero output, not NaN"):
+
         def empty(case):
             lead, T, S, D, Dv, dtype, seed, boolean = case
             q, k, v = _qkv((lead, T, S, D, Dv, dtype, seed))
@@ -568,34 +810,71 @@ def grade_attention(attention) -> None:
             where = _sizes(q, k, v, mask) + f" that hides every key from query {row}"
             out, w = _unpack(g, _run(g, where, attention, q, k, v, mask=mask), "scaled_dot_product_attention")
             exp_out, exp_w, mag = _expected(q, k, v, mask)
-            first_match(g, out, _mistakes_or_none(q, k, v, mask, None, where),
-                        right=exp_out)
+            first_match(g, out, _mistakes_or_none(q, k, v, mask, None, where), right=exp_out)
             if is_tensor(out) and bool(torch.isnan(out).any()) or is_tensor(w) and bool(torch.isnan(w).any()):
-                g.fail(f"{where}: gave NaN: query {row}'s weights must be all zero (see the softmax part: a row of "
-                       "all -inf gives zeros)")
-            uniform = is_tensor(w) and w.shape == exp_w.shape and close(w[..., row, :],
-                                                                        torch.full_like(w[..., row, :], 1 / S))
+                g.fail(
+                    f"{where}: gave NaN: query {row}'s weights must be all zero (see the softmax part: a row of "
+                    "all -inf gives zeros)"
+                )
+            uniform = (
+                is_tensor(w)
+                and w.shape == exp_w.shape
+                and close(w[..., row, :], torch.full_like(w[..., row, :], 1 / S))
+            )
             if uniform:
-                g.fail(f"{where}: query {row} got uniform weights 1/S: a large finite number such as -1e9 is not "
-                       "-inf; mask with -inf so that the softmax gives zeros")
-            g.expect(close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {_first_difference(w, exp_w)}")
-            g.expect(close(out, exp_out, magnitude=mag), f"{where}: out differs: {_first_difference(out, exp_out)}")
+                g.fail(
+                    f"{where}: query {row} got uniform weights 1/S: a large finite number such as -1e9 is not "
+                    "-inf; mask with -inf so that the softmax gives zeros"
+                )
+            g.expect(
+                close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {_first_difference(w, exp_w)}"
+            )
+            g.expect(
+                close(out, exp_out, magnitude=mag), f"{where}: out differs: {_first_difference(out, exp_out)}"
+            )
 
-        _for_all("att.empty", st.tuples(LEAD, st.integers(1, 5), st.integers(1, 6), st.integers(1, 6),
-                                        st.integers(1, 4), st.sampled_from(FLOATS), SEEDS, st.booleans()),
-                 empty, max_examples=12, first=((2,), 3, 4, 4, 3, torch.float64, 1, True))
+        _for_all(
+            "att.empty",
+            st.tuples(
+                LEAD,
+                st.integers(1, 5),
+                st.integers(1, 6),
+                st.integers(1, 6),
+                st.integers(1, 4),
+                st.sampled_from(FLOATS),
+                SEEDS,
+                st.booleans(),
+            ),
+            empty,
+            max_examples=12,
+            first=((2,), 3, 4, 4, 3, torch.float64, 1, True),
+        )
 
     with g.check("stable for large scores (|q k^T| in the thousands, float32 and float64)"):
+
         def large(case):
             q, k, v = _qkv(case[:7], scale=case[7])
             out, w = compare(q, k, v)
 
-        _for_all("att.large", st.tuples(LEAD, st.integers(1, 5), st.integers(1, 6), st.integers(1, 6),
-                                        st.integers(1, 4),
-                                        st.sampled_from(FLOATS), SEEDS, st.sampled_from([10.0, 30.0, 60.0])),
-                 large, max_examples=10, first=((2,), 3, 4, 4, 3, torch.float32, 5, 30.0))
+        _for_all(
+            "att.large",
+            st.tuples(
+                LEAD,
+                st.integers(1, 5),
+                st.integers(1, 6),
+                st.integers(1, 6),
+                st.integers(1, 4),
+                st.sampled_from(FLOATS),
+                SEEDS,
+                st.sampled_from([10.0, 30.0, 60.0]),
+            ),
+            large,
+            max_examples=10,
+            first=((2,), 3, 4, 4, 3, torch.float32, 5, 30.0),
+        )
 
     with g.check("gradients with respect to q, k and v match the reference"):
+
         def grads(case):
             lead, T, S, D, Dv, seed, use_mask = case
             q, k, v = _qkv((lead, T, S, D, Dv, torch.float64, seed))
@@ -603,27 +882,48 @@ def grade_attention(attention) -> None:
             upstream = tensor(seed + 8, *lead, T, Dv)
             where = _sizes(q, k, v, mask)
             try:
-                p = probe(attention, *(t.clone().requires_grad_() for t in (q, k, v)), mask=mask,
-                          backward=(0, upstream))
+                p = probe(
+                    attention,
+                    *(t.clone().requires_grad_() for t in (q, k, v)),
+                    mask=mask,
+                    backward=(0, upstream),
+                )
             except Exception as e:  # noqa: BLE001
                 raise_unless_student_error(e)
                 g.fail(f"{where}: {_raised(e)}")
             out, _ = _unpack(g, p.result, "scaled_dot_product_attention")
-            g.expect(is_tensor(out) and out.requires_grad,
-                     f"{where}: out does not depend on q, k, v through autograd: avoid .detach(), .numpy(), "
-                     ".item() or building new tensors from values")
+            g.expect(
+                is_tensor(out) and out.requires_grad,
+                f"{where}: out does not depend on q, k, v through autograd: avoid .detach(), .numpy(), "
+                ".item() or building new tensors from values",
+            )
             qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
             (ref.scaled_dot_product_attention(qr, kr, vr, mask)[0] * upstream).sum().backward()
             for name, got, want in zip("qkv", p.grads or [None] * 3, (qr.grad, kr.grad, vr.grad)):
-                g.expect(got is not None and close(got, want),
-                         f"{where}: the gradient with respect to {name} differs from the reference "
-                         f"({_first_difference(got, want) if got is not None else 'none'})")
+                g.expect(
+                    got is not None and close(got, want),
+                    f"{where}: the gradient with respect to {name} differs from the reference "
+                    f"({_first_difference(got, want) if got is not None else 'none'})",
+                )
 
-        _for_all("att.grad", st.tuples(LEAD, st.integers(1, 4), st.integers(1, 5), st.integers(1, 4), st.integers(1, 3),
-                                       SEEDS, st.booleans()),
-                 grads, max_examples=5, first=((2,), 3, 4, 4, 3, 6, False))
+        _for_all(
+            "att.grad",
+            st.tuples(
+                LEAD,
+                st.integers(1, 4),
+                st.integers(1, 5),
+                st.integers(1, 4),
+                st.integers(1, 3),
+                SEEDS,
+                st.booleans(),
+            ),
+            grads,
+            max_examples=5,
+            first=((2,), 3, 4, 4, 3, 6, False),
+        )
 
     with g.check("leaves q, k, v and the mask unchanged (no in-place changes)"):
+
         def untouched(case):
             lead, T, S, D, Dv, dtype, seed, kind, scale = case
             q, k, v = _qkv((lead, T, S, D, Dv, dtype, seed))
@@ -631,22 +931,42 @@ def grade_attention(attention) -> None:
             if kind == "float":
                 mask = torch.zeros(T, S, dtype=dtype).masked_fill(~mask, -math.inf)
             try:
-                p = probe(attention, q.clone(), k.clone(), v.clone(), mask=None if mask is None else mask.clone(),
-                          scale=scale)
+                p = probe(
+                    attention,
+                    q.clone(),
+                    k.clone(),
+                    v.clone(),
+                    mask=None if mask is None else mask.clone(),
+                    scale=scale,
+                )
             except Exception as e:  # noqa: BLE001
                 raise_unless_student_error(e)
                 g.fail(f"{_sizes(q, k, v, mask, scale)}: {_raised(e)}")
             for name, a, b in zip(("q", "k", "v", "mask"), (*p.args, p.kwargs.get("mask")), (q, k, v, mask)):
                 if b is not None:
-                    g.expect(is_tensor(a) and a.dtype == b.dtype and torch.equal(a, b),
-                             f"{_sizes(q, k, v, mask, scale)}: {name} was modified in place (q *= scale, "
-                             "masked_fill_ ...): compute new tensors")
+                    g.expect(
+                        is_tensor(a) and a.dtype == b.dtype and torch.equal(a, b),
+                        f"{_sizes(q, k, v, mask, scale)}: {name} was modified in place (q *= scale, "
+                        "masked_fill_ ...): compute new tensors",
+                    )
 
-        _for_all("att.inplace", st.tuples(LEAD, st.integers(1, 5), st.integers(1, 6), st.integers(1, 6),
-                                          st.integers(1, 4), st.sampled_from(FLOATS), SEEDS,
-                                          st.sampled_from(["bool", "float", "none"]),
-                                          st.sampled_from([None, 0.5])),
-                 untouched, max_examples=8, first=((2,), 5, 6, 4, 3, torch.float64, 8, "bool", None))
+        _for_all(
+            "att.inplace",
+            st.tuples(
+                LEAD,
+                st.integers(1, 5),
+                st.integers(1, 6),
+                st.integers(1, 6),
+                st.integers(1, 4),
+                st.sampled_from(FLOATS),
+                SEEDS,
+                st.sampled_from(["bool", "float", "none"]),
+                st.sampled_from([None, 0.5]),
+            ),
+            untouched,
+            max_examples=8,
+            first=((2,), 5, 6, 4, 3, torch.float64, 8, "bool", None),
+        )
 
     g.finish()
 
@@ -668,8 +988,15 @@ def _self_attention_pair(g: Grader, SelfAttention, C: int, D: int | None, bias: 
     return m, r, call
 
 
-SELF = st.tuples(st.integers(1, 3), st.integers(1, 6), st.integers(1, 8), st.one_of(st.none(), st.integers(1, 6)),
-                 st.booleans(), st.sampled_from(FLOATS), SEEDS)
+SELF = st.tuples(
+    st.integers(1, 3),
+    st.integers(1, 6),
+    st.integers(1, 8),
+    st.one_of(st.none(), st.integers(1, 6)),
+    st.booleans(),
+    st.sampled_from(FLOATS),
+    SEEDS,
+)
 
 
 def grade_self_attention(SelfAttention) -> None:
@@ -677,6 +1004,7 @@ def grade_self_attention(SelfAttention) -> None:
     g = Grader("SelfAttention")
 
     with g.check("has nn.Linear layers q_proj, k_proj and v_proj, each C -> D (d_head defaults to d_model)"):
+
         def layers(case):
             C, D, bias = case
             args = (C,) if D is None else (C, D)
@@ -686,13 +1014,20 @@ def grade_self_attention(SelfAttention) -> None:
             for name in ("q_proj", "k_proj", "v_proj"):
                 layer = getattr(m, name, None)
                 g.expect(is_a(layer, LINEAR), f"{call} needs an nn.Linear called {name}")
-                g.expect((layer.in_features, layer.out_features) == (C, width),
-                         f"{call}: {name} should map C={C} to D={width} features"
-                         f"{' (d_head defaults to d_model)' if D is None else ''}, "
-                         f"got {layer.in_features} -> {layer.out_features}")
+                g.expect(
+                    (layer.in_features, layer.out_features) == (C, width),
+                    f"{call}: {name} should map C={C} to D={width} features"
+                    f"{' (d_head defaults to d_model)' if D is None else ''}, "
+                    f"got {layer.in_features} -> {layer.out_features}",
+                )
 
-        _for_all("sa.layers", st.tuples(st.integers(1, 9), st.one_of(st.none(), st.integers(1, 7)), st.booleans()),
-                 layers, max_examples=8, first=(8, 4, True))
+        _for_all(
+            "sa.layers",
+            st.tuples(st.integers(1, 9), st.one_of(st.none(), st.integers(1, 7)), st.booleans()),
+            layers,
+            max_examples=8,
+            first=(8, 4, True),
+        )
 
     with g.check("bias=False: no biases (3 C D parameters; 3 (C D + D) with bias=True)"):
         for C, D in ((8, 4), (5, 3), (6, None)):
@@ -703,11 +1038,17 @@ def grade_self_attention(SelfAttention) -> None:
                 m = _run(g, call, SelfAttention, *args, bias=bias)
                 sd = m.state_dict()
                 n = sum(p.numel() for p in sd.values()) if isinstance(sd, dict) else -1
-                g.expect(n == expected, f"{call} should have {expected} parameters, got {n}"
-                         + ("" if bias else ": pass bias=bias to the three nn.Linear layers"))
+                g.expect(
+                    n == expected,
+                    f"{call} should have {expected} parameters, got {n}"
+                    + ("" if bias else ": pass bias=bias to the three nn.Linear layers"),
+                )
 
-    with g.check("forward(x) returns (out (B, T, D), weights (B, T, T)) of attention over q_proj(x), k_proj(x), "
-                 "v_proj(x)"):
+    with g.check(
+        "forward(x) returns (out (B, T, D), weights (B, T, T)) of attention over q_proj(x), k_proj(x), "
+        "v_proj(x)"
+    ):
+
         def values(case):
             B, T, C, D, bias, dtype, seed = case
             m, r, call = _self_attention_pair(g, SelfAttention, C, D, bias, dtype, f"sa.values.{seed}")
@@ -716,32 +1057,49 @@ def grade_self_attention(SelfAttention) -> None:
             out, w = _unpack(g, _run(g, where, m, x), "SelfAttention.forward")
             out_r, w_r = r(x)
             width = C if D is None else D
-            g.expect(is_tensor(out) and out.shape == (B, T, width) and out.dtype == dtype,
-                     f"{where}: out should be {_dt(dtype)} {(B, T, width)}, got {describe(out)}")
-            g.expect(is_tensor(w) and w.shape == (B, T, T),
-                     f"{where}: weights should be {(B, T, T)}, got {describe(w)}")
+            g.expect(
+                is_tensor(out) and out.shape == (B, T, width) and out.dtype == dtype,
+                f"{where}: out should be {_dt(dtype)} {(B, T, width)}, got {describe(out)}",
+            )
+            g.expect(
+                is_tensor(w) and w.shape == (B, T, T),
+                f"{where}: weights should be {(B, T, T)}, got {describe(w)}",
+            )
             with torch.no_grad():
                 q, k, v = r.q_proj(x), r.k_proj(x), r.v_proj(x)
                 mistakes = [
-                    (ref.scaled_dot_product_attention(q, q, v)[0],
-                     f"{where}: the keys are q_proj(x): queries come from q_proj(x), keys from k_proj(x)"),
-                    (ref.scaled_dot_product_attention(k, k, v)[0],
-                     f"{where}: the queries are k_proj(x): queries come from q_proj(x), keys from k_proj(x)"),
+                    (
+                        ref.scaled_dot_product_attention(q, q, v)[0],
+                        f"{where}: the keys are q_proj(x): queries come from q_proj(x), keys from k_proj(x)",
+                    ),
+                    (
+                        ref.scaled_dot_product_attention(k, k, v)[0],
+                        f"{where}: the queries are k_proj(x): queries come from q_proj(x), keys from k_proj(x)",
+                    ),
                     (ref.scaled_dot_product_attention(k, q, v)[0], f"{where}: queries and keys are swapped"),
-                    (ref.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(C))[0],
-                     f"{where}: the scores are scaled by 1/sqrt(C): the given attention scales by 1/sqrt(D)"),
+                    (
+                        ref.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(C))[0],
+                        f"{where}: the scores are scaled by 1/sqrt(C): the given attention scales by 1/sqrt(D)",
+                    ),
                 ]
             if close(w, w_r) and not close(out, out_r):
                 g.fail(f"{where}: the weights match but the output does not: the values must be v_proj(x)")
             first_match(g, out, mistakes, right=out_r.detach())
-            g.expect(close(w, w_r.detach()), f"{where}: the attention weights differ: queries come from q_proj(x) "
-                                             f"and keys from k_proj(x) ({_first_difference(w, w_r)})")
-            g.expect(close(out, out_r.detach()), f"{where}: out differs from the reference with the same weights "
-                                                 f"({_first_difference(out, out_r)})")
+            g.expect(
+                close(w, w_r.detach()),
+                f"{where}: the attention weights differ: queries come from q_proj(x) "
+                f"and keys from k_proj(x) ({_first_difference(w, w_r)})",
+            )
+            g.expect(
+                close(out, out_r.detach()),
+                f"{where}: out differs from the reference with the same weights "
+                f"({_first_difference(out, out_r)})",
+            )
 
         _for_all("sa.values", SELF, values, max_examples=10, first=(2, 5, 8, 4, True, torch.float64, 0))
 
     with g.check("forward(x, mask) passes the mask on: boolean or floating, broadcastable to (B, T, T)"):
+
         def masked(case):
             B, T, C, D, bias, dtype, seed, kind, keep, drop = case
             m, r, call = _self_attention_pair(g, SelfAttention, C, D, bias, dtype, f"sa.mask.{seed}")
@@ -754,22 +1112,45 @@ def grade_self_attention(SelfAttention) -> None:
             out, _ = _unpack(g, _run(g, where, m, x, mask=mask), "SelfAttention.forward")
             out_r = r(x, mask=mask)[0].detach()
             if close(out, r(x)[0].detach()) and not close(out_r, r(x)[0].detach()):
-                g.fail(f"{where}: the output is the unmasked one: pass mask on to scaled_dot_product_attention "
-                       "(is the mask passed on?)")
-            g.expect(close(out, out_r), f"{where}: out differs from the reference: {_first_difference(out, out_r)}")
+                g.fail(
+                    f"{where}: the output is the unmasked one: pass mask on to scaled_dot_product_attention "
+                    "(is the mask passed on?)"
+                )
+            g.expect(
+                close(out, out_r), f"{where}: out differs from the reference: {_first_difference(out, out_r)}"
+            )
 
-        _for_all("sa.mask", st.tuples(*[st.integers(1, 3), st.integers(1, 6), st.integers(1, 8),
-                                       st.one_of(st.none(), st.integers(1, 6)), st.booleans(), st.sampled_from(FLOATS),
-                                       SEEDS, st.sampled_from(["causal", "bool", "float"]),
-                                       st.lists(st.booleans(), min_size=3, max_size=3), st.integers(0, 2)]),
-                 masked, max_examples=10, first=(2, 5, 8, 4, True, torch.float64, 1, "causal", [True] * 3, 0))
+        _for_all(
+            "sa.mask",
+            st.tuples(
+                *[
+                    st.integers(1, 3),
+                    st.integers(1, 6),
+                    st.integers(1, 8),
+                    st.one_of(st.none(), st.integers(1, 6)),
+                    st.booleans(),
+                    st.sampled_from(FLOATS),
+                    SEEDS,
+                    st.sampled_from(["causal", "bool", "float"]),
+                    st.lists(st.booleans(), min_size=3, max_size=3),
+                    st.integers(0, 2),
+                ]
+            ),
+            masked,
+            max_examples=10,
+            first=(2, 5, 8, 4, True, torch.float64, 1, "causal", [True] * 3, 0),
+        )
 
     with g.check("raises ValueError unless x is (B, T, C) with C = d_model"):
         m = _run(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
         for shape in ((5, 8), (2, 5, 6), (1, 2, 5, 8), (2, 5, 9)):
             x = tensor(sum(shape), *shape, dtype=torch.float32)
-            expect_value_error(g, lambda x=x: m(x), f"SelfAttention(8, 4) on x {shape}",
-                               "a ValueError naming the shape expected, (B, T, 8), and the one received")
+            expect_value_error(
+                g,
+                lambda x=x: m(x),
+                f"SelfAttention(8, 4) on x {shape}",
+                "a ValueError naming the shape expected, (B, T, 8), and the one received",
+            )
 
     g.finish()
 
@@ -785,36 +1166,51 @@ def check_softmax(softmax) -> None:
     """Public checks of ``softmax``: one small fixed example per clause the hidden checks grade."""
     g = Grader("softmax (public)")
     x = torch.tensor(_PUBLIC_X)  # float32
-    with g.check("softmax([[0, log 3], [1000, 1000], [-inf, 0]]) is [[0.25, 0.75], [0.5, 0.5], [0, 1]] (float32)"):
+    with g.check(
+        "softmax([[0, log 3], [1000, 1000], [-inf, 0]]) is [[0.25, 0.75], [0.5, 0.5], [0, 1]] (float32)"
+    ):
         p = _run(g, "softmax(x)", softmax, x)
-        g.expect(is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
-                 f"softmax must return a float32 tensor of shape {tuple(x.shape)}, got {describe(p)}")
-        g.expect(bool(torch.isfinite(p).all()),
-                 f"got {_show(p)}: softmax gave inf or NaN for [1000, 1000]: subtract the maximum of each slice "
-                 "before exponentiating")
+        g.expect(
+            is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
+            f"softmax must return a float32 tensor of shape {tuple(x.shape)}, got {describe(p)}",
+        )
+        g.expect(
+            bool(torch.isfinite(p).all()),
+            f"got {_show(p)}: softmax gave inf or NaN for [1000, 1000]: subtract the maximum of each slice "
+            "before exponentiating",
+        )
         expected = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.0, 1.0]])
         g.expect(close(p, expected, magnitude=magnitude(x)), f"expected {_show(expected)}, got {_show(p)}")
     with g.check("dim=0 normalises the columns"):
         p = _run(g, "softmax(x, dim=0)", softmax, x, dim=0)
         expected = ref.softmax(x.double(), 0).float()
-        g.expect(close(p, expected, magnitude=magnitude(x)),
-                 f"softmax(x, dim=0) should be {_show(expected)}, got {_show(p)}: "
-                                     "use `dim` in both the max and the sum")
+        g.expect(
+            close(p, expected, magnitude=magnitude(x)),
+            f"softmax(x, dim=0) should be {_show(expected)}, got {_show(p)}: "
+            "use `dim` in both the max and the sum",
+        )
     with g.check("very negative inputs: softmax of a row of -1000 is uniform"):
         y = torch.full((2, 3), -1000.0)
         p = _run(g, "softmax(full((2, 3), -1000))", softmax, y)
-        g.expect(close(p, torch.full((2, 3), 1 / 3), magnitude=magnitude(y)),
-                 f"expected rows of 1/3, got {_show(p)}: exp(-1000) underflows "
-                                                       "to 0, so subtract the maximum first")
+        g.expect(
+            close(p, torch.full((2, 3), 1 / 3), magnitude=magnitude(y)),
+            f"expected rows of 1/3, got {_show(p)}: exp(-1000) underflows "
+            "to 0, so subtract the maximum first",
+        )
     with g.check("a slice of all -inf gives zeros, not NaN"):
         z = torch.tensor([[0.0, -math.inf, 1.0], [-math.inf, -math.inf, -math.inf]], dtype=torch.float64)
         p = _run(g, "softmax([[0, -inf, 1], [-inf, -inf, -inf]])", softmax, z)
-        g.expect(close(p, ref.softmax(z)), f"softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be "
-                                           f"[[0.269, 0, 0.731], [0, 0, 0]], got {_show(p)}")
+        g.expect(
+            close(p, ref.softmax(z)),
+            f"softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be "
+            f"[[0.269, 0, 0.731], [0, 0, 0]], got {_show(p)}",
+        )
     with g.check("leaves x unchanged"):
         after = probe(softmax, x.clone()).args[0]
-        g.expect(is_tensor(after) and torch.equal(after, x),
-                 "softmax modified its input in place: compute a new tensor")
+        g.expect(
+            is_tensor(after) and torch.equal(after, x),
+            "softmax modified its input in place: compute a new tensor",
+        )
     g.finish()
 
 
@@ -823,31 +1219,49 @@ def check_causal_mask(causal_mask) -> None:
     g = Grader("causal_mask (public)")
     with g.check("causal_mask(3) is the lower-triangular (3, 3) boolean mask"):
         m = _run(g, "causal_mask(3)", causal_mask, 3)
-        g.expect(is_tensor(m) and m.dtype == torch.bool and m.shape == (3, 3),
-                 f"causal_mask(3) must be a (3, 3) boolean tensor, got {describe(m)}")
-        g.expect(bool(m.diagonal().all()),
-                 "a position may not attend to itself: the diagonal must be True (off by one?)")
-        g.expect(not bool(m[0, 1]),
-                 "query 0 can see key 1, a future key: entries above the diagonal must be False "
-                 "(is the mask transposed?)")
-        g.expect(torch.equal(m, torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)),
-                 f"causal_mask(3) is\n{m}")
-    with g.check("with S > T keys, the last query sees every key: causal_mask(2, 4) is [[1, 1, 1, 0], [1, 1, 1, 1]]"):
+        g.expect(
+            is_tensor(m) and m.dtype == torch.bool and m.shape == (3, 3),
+            f"causal_mask(3) must be a (3, 3) boolean tensor, got {describe(m)}",
+        )
+        g.expect(
+            bool(m.diagonal().all()),
+            "a position may not attend to itself: the diagonal must be True (off by one?)",
+        )
+        g.expect(
+            not bool(m[0, 1]),
+            "query 0 can see key 1, a future key: entries above the diagonal must be False "
+            "(is the mask transposed?)",
+        )
+        g.expect(
+            torch.equal(m, torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)),
+            f"causal_mask(3) is\n{m}",
+        )
+    with g.check(
+        "with S > T keys, the last query sees every key: causal_mask(2, 4) is [[1, 1, 1, 0], [1, 1, 1, 1]]"
+    ):
         m = _run(g, "causal_mask(2, 4)", causal_mask, 2, 4)
-        g.expect(is_tensor(m) and m.shape == (2, 4), f"causal_mask(2, 4) must have shape (2, 4), got {describe(m)}")
-        g.expect(torch.equal(m, ref.causal_mask(2, 4)),
-                 f"causal_mask(2, 4) is misaligned: query i sees keys j <= i + (S - T); got {_show(m, 8)}")
+        g.expect(
+            is_tensor(m) and m.shape == (2, 4), f"causal_mask(2, 4) must have shape (2, 4), got {describe(m)}"
+        )
+        g.expect(
+            torch.equal(m, ref.causal_mask(2, 4)),
+            f"causal_mask(2, 4) is misaligned: query i sees keys j <= i + (S - T); got {_show(m, 8)}",
+        )
     with g.check("causal_mask(0, 2) is an empty (0, 2) boolean mask"):
         m = _run(g, "causal_mask(0, 2)", causal_mask, 0, 2)
-        g.expect(is_tensor(m) and m.dtype == torch.bool and m.shape == (0, 2),
-                 f"causal_mask(0, 2) must be a (0, 2) boolean tensor, got {describe(m)}")
+        g.expect(
+            is_tensor(m) and m.dtype == torch.bool and m.shape == (0, 2),
+            f"causal_mask(0, 2) must be a (0, 2) boolean tensor, got {describe(m)}",
+        )
     with g.check("causal_mask(3, 2), causal_mask(1, 0) and causal_mask(-1) raise ValueError"):
         expect_value_error(g, lambda: causal_mask(3, 2), "causal_mask(3, 2)", "0 <= T <= S")
         expect_value_error(g, lambda: causal_mask(1, 0), "causal_mask(1, 0)", "0 <= T <= S")
         expect_value_error(g, lambda: causal_mask(-1), "causal_mask(-1)", "0 <= T <= S")
     with g.check("causal_mask(2, 3, device='meta') is created on the meta device"):
         got = _device_type(g, "causal_mask(2, 3, device='meta')", causal_mask, 2, 3, device="meta")
-        g.expect(got == "meta", f"causal_mask(2, 3, device='meta') is on {got}: pass device=device to torch.arange")
+        g.expect(
+            got == "meta", f"causal_mask(2, 3, device='meta') is on {got}: pass device=device to torch.arange"
+        )
     g.finish()
 
 
@@ -859,14 +1273,24 @@ def check_attention(attention) -> None:
     def same_as_reference(what, q, k, v, **kwargs):
         out, w = _unpack(g, _run(g, what, attention, q, k, v, **kwargs), "scaled_dot_product_attention")
         exp_out, exp_w, mag = _expected(q, k, v, kwargs.get("mask"), kwargs.get("scale"))
-        g.expect(is_tensor(out) and is_tensor(w) and out.shape == exp_out.shape and w.shape == exp_w.shape
-                 and out.dtype == q.dtype, f"{what}: expected out {describe(exp_out)} and weights {describe(exp_w)}, "
-                                           f"got {describe(out)} and {describe(w)}")
+        g.expect(
+            is_tensor(out)
+            and is_tensor(w)
+            and out.shape == exp_out.shape
+            and w.shape == exp_w.shape
+            and out.dtype == q.dtype,
+            f"{what}: expected out {describe(exp_out)} and weights {describe(exp_w)}, "
+            f"got {describe(out)} and {describe(w)}",
+        )
         g.expect(close(w, exp_w, magnitude=mag), f"{what}: the weights differ: {_first_difference(w, exp_w)}")
-        g.expect(close(out, exp_out, magnitude=mag), f"{what}: out differs: {_first_difference(out, exp_out)}")
+        g.expect(
+            close(out, exp_out, magnitude=mag), f"{what}: out differs: {_first_difference(out, exp_out)}"
+        )
         return out, w
 
-    with g.check("q (2, 3, 4), k (2, 5, 4), v (2, 5, 6) give out (2, 3, 6) and weights (2, 3, 5), as torch's"):
+    with g.check(
+        "q (2, 3, 4), k (2, 5, 4), v (2, 5, 6) give out (2, 3, 6) and weights (2, 3, 5), as torch's"
+    ):
         out, w = same_as_reference("q (2, 3, 4), k (2, 5, 4), v (2, 5, 6)", q, k, v)
     with g.check("no batch dims (q (3, 4)) and two (q (2, 2, 3, 4)); float64"):
         same_as_reference("q (3, 4), k (5, 4), v (5, 6)", q[0].double(), k[0].double(), v[0].double())
@@ -878,8 +1302,10 @@ def check_attention(attention) -> None:
     with g.check("a boolean causal mask (3, 5): masked keys get zero weight"):
         mask = ref.causal_mask(3, 5)
         _, w = same_as_reference("a boolean mask (3, 5)", q, k, v, mask=mask)
-        g.expect(bool((w[:, ~mask] == 0).all()),
-                 "masked keys got non-zero weight: set their scores to -inf before the softmax")
+        g.expect(
+            bool((w[:, ~mask] == 0).all()),
+            "masked keys got non-zero weight: set their scores to -inf before the softmax",
+        )
     with g.check("a floating mask (3, 5) is added to the scaled scores"):
         bias = tensor(14, 3, 5, dtype=torch.float32)
         bias[0, 1] = -math.inf
@@ -893,14 +1319,23 @@ def check_attention(attention) -> None:
     with g.check("gradients reach q, k and v; q, k, v and the mask are left unchanged"):
         q64, k64, v64 = q.double(), k.double(), v.double()
         mask = ref.causal_mask(3, 5)
-        p = probe(attention, *(t.clone().requires_grad_() for t in (q64, k64, v64)), mask=mask.clone(),
-                  backward=(0, torch.ones(2, 3, 6, dtype=torch.float64)))
+        p = probe(
+            attention,
+            *(t.clone().requires_grad_() for t in (q64, k64, v64)),
+            mask=mask.clone(),
+            backward=(0, torch.ones(2, 3, 6, dtype=torch.float64)),
+        )
         qr, kr, vr = (t.clone().requires_grad_() for t in (q64, k64, v64))
         ref.scaled_dot_product_attention(qr, kr, vr, mask)[0].sum().backward()
         for name, got, want in zip("qkv", p.grads or [None] * 3, (qr.grad, kr.grad, vr.grad)):
             g.expect(got is not None and close(got, want), f"the gradient with respect to {name} differs")
-        for name, a, b in zip(("q", "k", "v", "mask"), (*p.args, p.kwargs.get("mask")), (q64, k64, v64, mask)):
-            g.expect(is_tensor(a) and torch.equal(a.detach(), b), f"{name} was modified in place: compute new tensors")
+        for name, a, b in zip(
+            ("q", "k", "v", "mask"), (*p.args, p.kwargs.get("mask")), (q64, k64, v64, mask)
+        ):
+            g.expect(
+                is_tensor(a) and torch.equal(a.detach(), b),
+                f"{name} was modified in place: compute new tensors",
+            )
     g.finish()
 
 
@@ -909,19 +1344,24 @@ def check_self_attention(SelfAttention) -> None:
     g = Grader("SelfAttention (public)")
     x = tensor(21, 2, 5, 8, dtype=torch.float32)
     with g.check("SelfAttention(8, 4) maps (2, 5, 8) to out (2, 5, 4) and weights (2, 5, 5)"):
-        out, weights = _unpack(g, _run(g, "SelfAttention(8, 4)(x)", lambda: SelfAttention(8, 4)(x)),
-                               "SelfAttention.forward")
+        out, weights = _unpack(
+            g, _run(g, "SelfAttention(8, 4)(x)", lambda: SelfAttention(8, 4)(x)), "SelfAttention.forward"
+        )
         g.expect(
             is_tensor(out) and is_tensor(weights) and out.shape == (2, 5, 4) and weights.shape == (2, 5, 5),
             f"expected out (2, 5, 4) and weights (2, 5, 5), got {describe(out)} and {describe(weights)}",
         )
-    with g.check("SelfAttention(8, 4) has 3 * (8*4 + 4) = 108 parameters, SelfAttention(8, 4, bias=False) 96, "
-                 "SelfAttention(8) 216"):
+    with g.check(
+        "SelfAttention(8, 4) has 3 * (8*4 + 4) = 108 parameters, SelfAttention(8, 4, bias=False) 96, "
+        "SelfAttention(8) 216"
+    ):
         for args, kwargs, n_expected in (((8, 4), {}, 108), ((8, 4), {"bias": False}, 96), ((8,), {}, 216)):
             sd = _run(g, f"SelfAttention{args}", SelfAttention, *args, **kwargs).state_dict()
             n = sum(p.numel() for p in sd.values()) if isinstance(sd, dict) else -1
-            g.expect(n == n_expected,
-                     f"SelfAttention(*{args}, **{kwargs}) should have {n_expected} parameters, got {n}")
+            g.expect(
+                n == n_expected,
+                f"SelfAttention(*{args}, **{kwargs}) should have {n_expected} parameters, got {n}",
+            )
     with g.check("out is attention over q_proj(x), k_proj(x), v_proj(x)"):
         layer = SelfAttention(8, 4)
         names = ("q_proj", "k_proj", "v_proj")
@@ -932,19 +1372,30 @@ def check_self_attention(SelfAttention) -> None:
         )
         reference = ref.SelfAttention(8, 4)
         weights = {k: v.float() for k, v in random_weights(reference, "public.weights").items()}
-        load_weights(g, layer, weights, "SelfAttention")  # our weights, not only the module's own initial ones
+        load_weights(
+            g, layer, weights, "SelfAttention"
+        )  # our weights, not only the module's own initial ones
         reference.load_state_dict(weights)
         out, _ = _unpack(g, _run(g, "SelfAttention(8, 4)(x)", layer, x), "SelfAttention.forward")
-        g.expect(close(out, reference(x)[0].detach()),
-                 "out differs from attention over q_proj(x), k_proj(x), v_proj(x)")
+        g.expect(
+            close(out, reference(x)[0].detach()),
+            "out differs from attention over q_proj(x), k_proj(x), v_proj(x)",
+        )
     with g.check("a mask is passed on: a causal (5, 5) mask and a floating (2, 5, 5) one"):
-        layer, reference, _ = _self_attention_pair(g, SelfAttention, 8, 4, True, torch.float32, "public.mask.weights")
+        layer, reference, _ = _self_attention_pair(
+            g, SelfAttention, 8, 4, True, torch.float32, "public.mask.weights"
+        )
         for mask in (ref.causal_mask(5), tensor(22, 2, 5, 5, dtype=torch.float32)):
             what = f"a {'boolean' if mask.dtype == torch.bool else 'floating'} mask {tuple(mask.shape)}"
-            out, _ = _unpack(g, _run(g, f"SelfAttention(8, 4)(x, mask) with {what}", layer, x, mask=mask),
-                             "SelfAttention.forward")
-            g.expect(close(out, reference(x, mask=mask)[0].detach()),
-                     f"with {what}, out differs: pass the mask on to scaled_dot_product_attention")
+            out, _ = _unpack(
+                g,
+                _run(g, f"SelfAttention(8, 4)(x, mask) with {what}", layer, x, mask=mask),
+                "SelfAttention.forward",
+            )
+            g.expect(
+                close(out, reference(x, mask=mask)[0].detach()),
+                f"with {what}, out differs: pass the mask on to scaled_dot_product_attention",
+            )
     with g.check("x of shape (5, 8) (no batch axis) raises ValueError"):
         layer = _run(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
         expect_value_error(g, lambda: layer(x[0]), "SelfAttention(8, 4) on x (5, 8)", "expected (B, T, 8)")

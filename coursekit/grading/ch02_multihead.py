@@ -21,6 +21,10 @@ from exactly those weights.
 Private helpers (the same as Exercise 1's, candidates for the shared toolkit): :func:`_run`
 turns an exception of the student's code into a hint that names the input, :func:`_message`
 reads an error's message in-process and from the sandbox alike.
+
+Over 500 lines: one named check per clause of the exercise text for each graded part, public and
+hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
+it would scatter one exercise's specification over several files.
 """
 
 from __future__ import annotations
@@ -56,8 +60,14 @@ from coursekit.grading.core import (
 )
 
 __all__ = [
-    "check_split_heads", "check_merge_heads", "check_repeat_kv", "check_multihead_attention",
-    "grade_split_heads", "grade_merge_heads", "grade_repeat_kv", "grade_multihead_attention",
+    "check_split_heads",
+    "check_merge_heads",
+    "check_repeat_kv",
+    "check_multihead_attention",
+    "grade_split_heads",
+    "grade_merge_heads",
+    "grade_repeat_kv",
+    "grade_multihead_attention",
 ]
 
 FLOATS = (torch.float64, torch.float32)
@@ -85,9 +95,17 @@ def _for_all(name: str, strategy, test, *, max_examples: int = 20, first: object
     from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
     from hypothesis import seed as hypothesis_seed
 
-    @settings(max_examples=max_examples, database=None, deadline=None, derandomize=False, print_blob=False,
-              verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-              phases=(Phase.explicit, Phase.generate, Phase.shrink))
+    @settings(
+        max_examples=max_examples,
+        database=None,
+        deadline=None,
+        derandomize=False,
+        print_blob=False,
+        verbosity=Verbosity.quiet,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),
+    )
     @hypothesis_seed(seed(name))
     @given(strategy)
     def run(case):
@@ -99,8 +117,10 @@ def _for_all(name: str, strategy, test, *, max_examples: int = 20, first: object
         run()
     except BaseExceptionGroup as group:  # Hypothesis's FlakyFailure: the failure did not happen again
         if not group.exceptions or not isinstance(group.exceptions[0], _Failed):
-            raise _Failed("your code gave different answers when called again with the same input: "
-                          "does it depend on global state or unseeded randomness?") from None
+            raise _Failed(
+                "your code gave different answers when called again with the same input: "
+                "does it depend on global state or unseeded randomness?"
+            ) from None
         raise group.exceptions[0] from None
 
 
@@ -146,18 +166,24 @@ def _names(message: str, *numbers: int, ordered: bool = True) -> bool:
     return all(re.search(pattern, message) for pattern in one)
 
 
-def _expect_error_naming(g: Grader, call, what: str, numbers: tuple[int, ...], fix: str, ordered: bool = True) -> None:
+def _expect_error_naming(
+    g: Grader, call, what: str, numbers: tuple[int, ...], fix: str, ordered: bool = True
+) -> None:
     """``call()`` must raise a ValueError whose message names ``numbers`` (a shape in order, or values)."""
     try:
         out = call()
     except ValueError as e:
-        g.expect(_names(_message(e), *numbers, ordered=ordered),
-                 f"with {what} your ValueError says {_message(e)[:160]!r}: {fix}")
+        g.expect(
+            _names(_message(e), *numbers, ordered=ordered),
+            f"with {what} your ValueError says {_message(e)[:160]!r}: {fix}",
+        )
         return
     except Exception as e:  # noqa: BLE001
         raise_unless_student_error(e)
-        g.fail(f"with {what} your code raised {type(e).__name__.removeprefix('Student')} ({_message(e)[:160]}); "
-               f"raise a ValueError instead ({fix})")
+        g.fail(
+            f"with {what} your code raised {type(e).__name__.removeprefix('Student')} ({_message(e)[:160]}); "
+            f"raise a ValueError instead ({fix})"
+        )
     g.fail(f"with {what} your code returned {describe(out)}; raise a ValueError instead ({fix})")
 
 
@@ -181,8 +207,10 @@ def _first_difference(got, expected) -> str:
     text = f"at index {i}: expected {expected[i].item():.9g}, got {got[i].item():.9g}"
     error = (got.detach().double() - expected.detach().double()).abs().max().item()
     if expected.dtype == torch.float64 and 0 < error < 1e-4 * max(1.0, expected.detach().abs().max().item()):
-        text += (" (a tiny difference, the size of float32 rounding: part of the computation in float32, or an "
-                 "epsilon added?)")
+        text += (
+            " (a tiny difference, the size of float32 rounding: part of the computation in float32, or an "
+            "epsilon added?)"
+        )
     return text
 
 
@@ -191,8 +219,10 @@ def _dt(dtype: torch.dtype) -> str:
 
 
 def _unpack(g: Grader, result, what: str):
-    g.expect(isinstance(result, tuple) and len(result) == 2, f"{what} must return a tuple (out, weights), "
-                                                            f"got {describe(result)}")
+    g.expect(
+        isinstance(result, tuple) and len(result) == 2,
+        f"{what} must return a tuple (out, weights), got {describe(result)}",
+    )
     return result
 
 
@@ -204,8 +234,15 @@ def _layout(x: torch.Tensor, contiguous: bool) -> torch.Tensor:
 # --------------------------------------------------------------------------- split_heads
 
 #: B, T, H, D, dtype, seed, contiguous
-SPLIT = st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 4), st.integers(1, 4),
-                  st.sampled_from(FLOATS), SEEDS, st.booleans())
+SPLIT = st.tuples(
+    st.integers(1, 3),
+    st.integers(1, 5),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.sampled_from(FLOATS),
+    SEEDS,
+    st.booleans(),
+)
 
 
 def grade_split_heads(split_heads) -> None:
@@ -219,39 +256,63 @@ def grade_split_heads(split_heads) -> None:
         return x, where, _run(g, where, split_heads, x, H)
 
     with g.check("returns (B, H, T, D) with D = C / H, in x's dtype"):
+
         def shape(case):
             B, T, H, D, dtype = case[:5]
             x, where, out = split(case)
-            g.expect(is_tensor(out) and out.shape == (B, H, T, D) and out.dtype == dtype,
-                     f"{where} should be {_dt(dtype)} {(B, H, T, D)} = (B, H, T, D), got {describe(out)}")
+            g.expect(
+                is_tensor(out) and out.shape == (B, H, T, D) and out.dtype == dtype,
+                f"{where} should be {_dt(dtype)} {(B, H, T, D)} = (B, H, T, D), got {describe(out)}",
+            )
 
         _for_all("split.shape", SPLIT, shape, max_examples=10, first=(2, 5, 3, 4, torch.float64, 0, True))
 
     with g.check("head h holds the contiguous features h*D .. (h+1)*D - 1 of every token"):
+
         def values(case):
             B, T, H, D = case[:4]
             x, where, out = split(case)
             expected = ref.split_heads(x, H)
-            first_match(g, out, [
-                (x.reshape(B, T, D, H).permute(0, 3, 1, 2),
-                 f"{where}: head h got every H-th feature instead of a block of D neighbours: view the width as "
-                 "(H, D), x.view(B, T, H, D), not (D, H)"),
-                (x.reshape(B, H, T, D),
-                 f"{where}: reshaping (B, T, C) straight to (B, H, T, D) mixes features of different tokens: "
-                 "view as (B, T, H, D) first, then transpose(1, 2)"),
-            ], right=expected)
-            g.expect(is_tensor(out) and out.shape == expected.shape and torch.equal(out, expected),
-                     f"{where}: head h must be x[..., h*D:(h+1)*D]; {_first_difference(out, expected)}")
+            first_match(
+                g,
+                out,
+                [
+                    (
+                        x.reshape(B, T, D, H).permute(0, 3, 1, 2),
+                        f"{where}: head h got every H-th feature instead of a block of D neighbours: view the width as "
+                        "(H, D), x.view(B, T, H, D), not (D, H)",
+                    ),
+                    (
+                        x.reshape(B, H, T, D),
+                        f"{where}: reshaping (B, T, C) straight to (B, H, T, D) mixes features of different tokens: "
+                        "view as (B, T, H, D) first, then transpose(1, 2)",
+                    ),
+                ],
+                right=expected,
+            )
+            g.expect(
+                is_tensor(out) and out.shape == expected.shape and torch.equal(out, expected),
+                f"{where}: head h must be x[..., h*D:(h+1)*D]; {_first_difference(out, expected)}",
+            )
 
         _for_all("split.values", SPLIT, values, max_examples=14, first=(2, 5, 3, 4, torch.float64, 1, True))
 
-    with g.check("raises a ValueError naming n_heads and the width unless n_heads is a positive divisor of it"):
+    with g.check(
+        "raises a ValueError naming n_heads and the width unless n_heads is a positive divisor of it"
+    ):
+
         def bad_heads(case):
             C, n_heads = case
             x = tensor(C, 2, 3, C)
-            _expect_error_naming(g, lambda: split_heads(x, n_heads), f"split_heads(x (2, 3, {C}), {n_heads})",
-                                 (n_heads, C), f"{n_heads} heads cannot share {C} features; name n_heads={n_heads} "
-                                 f"and the width {C} in the message", ordered=False)
+            _expect_error_naming(
+                g,
+                lambda: split_heads(x, n_heads),
+                f"split_heads(x (2, 3, {C}), {n_heads})",
+                (n_heads, C),
+                f"{n_heads} heads cannot share {C} features; name n_heads={n_heads} "
+                f"and the width {C} in the message",
+                ordered=False,
+            )
 
         heads = st.tuples(st.integers(2, 12), st.integers(-3, 13)).filter(lambda c: c[1] < 1 or c[0] % c[1])
         _for_all("split.error", heads, bad_heads, max_examples=10, first=(12, 5))
@@ -261,8 +322,13 @@ def grade_split_heads(split_heads) -> None:
     with g.check("raises a ValueError naming the shape unless x is 3-D"):
         for shape in ((4, 6), (2, 3, 2, 6), (6,)):
             x = tensor(len(shape), *shape)
-            _expect_error_naming(g, lambda x=x: split_heads(x, 2), f"split_heads(x {shape}, 2)", shape,
-                                 f"x must be (B, T, C); name the shape received, {shape}, in the message")
+            _expect_error_naming(
+                g,
+                lambda x=x: split_heads(x, 2),
+                f"split_heads(x {shape}, 2)",
+                shape,
+                f"x must be (B, T, C); name the shape received, {shape}, in the message",
+            )
 
     g.finish()
 
@@ -270,8 +336,15 @@ def grade_split_heads(split_heads) -> None:
 # --------------------------------------------------------------------------- merge_heads
 
 #: B, H, T, D, dtype, seed, contiguous
-MERGE = st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 5), st.integers(1, 4),
-                  st.sampled_from(FLOATS), SEEDS, st.booleans())
+MERGE = st.tuples(
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.integers(1, 4),
+    st.sampled_from(FLOATS),
+    SEEDS,
+    st.booleans(),
+)
 
 
 def grade_merge_heads(merge_heads) -> None:
@@ -285,51 +358,78 @@ def grade_merge_heads(merge_heads) -> None:
         return x, where, _run(g, where, merge_heads, x)
 
     with g.check("returns (B, T, H * D) in x's dtype, whatever x's memory layout"):
+
         def shape(case):
             B, H, T, D, dtype = case[:5]
             x, where, out = merge(case)
-            g.expect(is_tensor(out) and out.shape == (B, T, H * D) and out.dtype == dtype,
-                     f"{where} should be {_dt(dtype)} {(B, T, H * D)} = (B, T, H*D), got {describe(out)}")
+            g.expect(
+                is_tensor(out) and out.shape == (B, T, H * D) and out.dtype == dtype,
+                f"{where} should be {_dt(dtype)} {(B, T, H * D)} = (B, T, H*D), got {describe(out)}",
+            )
 
         _for_all("merge.shape", MERGE, shape, max_examples=10, first=(2, 3, 5, 4, torch.float64, 0, True))
 
     with g.check("token t holds the features of head 0, then head 1, ... (x[b, :, t] side by side)"):
+
         def values(case):
             B, H, T, D = case[:4]
             x, where, out = merge(case)
             expected = ref.merge_heads(x)
-            first_match(g, out, [
-                (x.reshape(B, T, H * D),
-                 f"{where}: without a transpose the reshape mixes tokens: each token's heads must sit side by "
-                 "side, so transpose(1, 2) to (B, T, H, D) before reshaping to (B, T, H*D)"),
-                (x.permute(0, 2, 3, 1).reshape(B, T, H * D),
-                 f"{where}: the features are interleaved across heads: put head 0's D features first, then head "
-                 "1's (transpose(1, 2), not a permute that moves D before H)"),
-            ], right=expected)
-            g.expect(is_tensor(out) and out.shape == expected.shape and torch.equal(out, expected),
-                     f"{where}: merge_heads(x)[b, t] must be the concatenation x[b, 0, t], x[b, 1, t], ...; "
-                     f"{_first_difference(out, expected)}")
+            first_match(
+                g,
+                out,
+                [
+                    (
+                        x.reshape(B, T, H * D),
+                        f"{where}: without a transpose the reshape mixes tokens: each token's heads must sit side by "
+                        "side, so transpose(1, 2) to (B, T, H, D) before reshaping to (B, T, H*D)",
+                    ),
+                    (
+                        x.permute(0, 2, 3, 1).reshape(B, T, H * D),
+                        f"{where}: the features are interleaved across heads: put head 0's D features first, then head "
+                        "1's (transpose(1, 2), not a permute that moves D before H)",
+                    ),
+                ],
+                right=expected,
+            )
+            g.expect(
+                is_tensor(out) and out.shape == expected.shape and torch.equal(out, expected),
+                f"{where}: merge_heads(x)[b, t] must be the concatenation x[b, 0, t], x[b, 1, t], ...; "
+                f"{_first_difference(out, expected)}",
+            )
 
         _for_all("merge.values", MERGE, values, max_examples=14, first=(2, 3, 5, 4, torch.float64, 1, False))
 
     with g.check("undoes split_heads: merge_heads(split_heads(y, H)) is y for every H"):
+
         def roundtrip(case):
             B, T, H, D, seed = case
             y = tensor(seed, B, T, H * D)
             where = f"merge_heads(split_heads(y {(B, T, H * D)}, {H}))"
             out = _run(g, where, merge_heads, ref.split_heads(y, H))
-            g.expect(is_tensor(out) and out.shape == y.shape and torch.equal(out, y),
-                     f"{where} should give y back: {_first_difference(out, y)}")
+            g.expect(
+                is_tensor(out) and out.shape == y.shape and torch.equal(out, y),
+                f"{where} should give y back: {_first_difference(out, y)}",
+            )
 
-        _for_all("merge.roundtrip", st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 4),
-                                              st.integers(1, 4), SEEDS), roundtrip, max_examples=8,
-                 first=(2, 4, 3, 4, 2))
+        _for_all(
+            "merge.roundtrip",
+            st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 4), st.integers(1, 4), SEEDS),
+            roundtrip,
+            max_examples=8,
+            first=(2, 4, 3, 4, 2),
+        )
 
     with g.check("raises a ValueError naming the shape unless x is 4-D"):
         for shape in ((2, 7, 12), (2, 3, 4, 2, 5), (5, 6)):
             x = tensor(len(shape), *shape)
-            _expect_error_naming(g, lambda x=x: merge_heads(x), f"merge_heads(x {shape})", shape,
-                                 f"x must be (B, H, T, D); name the shape received, {shape}, in the message")
+            _expect_error_naming(
+                g,
+                lambda x=x: merge_heads(x),
+                f"merge_heads(x {shape})",
+                shape,
+                f"x must be (B, H, T, D); name the shape received, {shape}, in the message",
+            )
 
     g.finish()
 
@@ -337,8 +437,15 @@ def grade_merge_heads(merge_heads) -> None:
 # --------------------------------------------------------------------------- repeat_kv
 
 #: B, H_kv, S, D, n_rep, dtype, seed
-REPEAT = st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 5), st.integers(1, 3), st.integers(1, 4),
-                   st.sampled_from(FLOATS), SEEDS)
+REPEAT = st.tuples(
+    st.integers(1, 2),
+    st.integers(1, 3),
+    st.integers(1, 5),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.sampled_from(FLOATS),
+    SEEDS,
+)
 
 
 def grade_repeat_kv(repeat_kv) -> None:
@@ -352,53 +459,92 @@ def grade_repeat_kv(repeat_kv) -> None:
         return x, where, _run(g, where, repeat_kv, x, n_rep)
 
     with g.check("returns (B, H_kv * n_rep, S, D) in x's dtype"):
+
         def shape(case):
             B, H_kv, S, D, n_rep, dtype = case[:6]
             x, where, out = repeat(case)
-            g.expect(is_tensor(out) and out.shape == (B, H_kv * n_rep, S, D) and out.dtype == dtype,
-                     f"{where} should be {_dt(dtype)} {(B, H_kv * n_rep, S, D)}, got {describe(out)}")
+            g.expect(
+                is_tensor(out) and out.shape == (B, H_kv * n_rep, S, D) and out.dtype == dtype,
+                f"{where} should be {_dt(dtype)} {(B, H_kv * n_rep, S, D)}, got {describe(out)}",
+            )
 
         _for_all("repeat.shape", REPEAT, shape, max_examples=10, first=(2, 2, 5, 3, 3, torch.float64, 0))
 
-    with g.check("output head h is input head h // n_rep: [a, b] becomes [a, a, b, b]; n_rep = 1 gives x's values"):
+    with g.check(
+        "output head h is input head h // n_rep: [a, b] becomes [a, a, b, b]; n_rep = 1 gives x's values"
+    ):
+
         def values(case):
             B, H_kv, S, D, n_rep = case[:5]
             x, where, out = repeat(case)
             expected = ref.repeat_kv(x, n_rep)
-            first_match(g, out, [
-                (x.repeat(1, n_rep, 1, 1),
-                 f"{where}: the groups are wrong: heads [a, b] with n_rep=2 must become [a, a, b, b] (consecutive "
-                 "query heads share a key/value head), not [a, b, a, b]; use repeat_interleave(n_rep, dim=1), "
-                 "not repeat"),
-            ], right=expected)
-            g.expect(is_tensor(out) and out.shape == expected.shape and torch.equal(out, expected),
-                     f"{where}: output head h must be input head h // n_rep; {_first_difference(out, expected)}")
+            first_match(
+                g,
+                out,
+                [
+                    (
+                        x.repeat(1, n_rep, 1, 1),
+                        f"{where}: the groups are wrong: heads [a, b] with n_rep=2 must become [a, a, b, b] "
+                        "(consecutive query heads share a key/value head), not [a, b, a, b]; use "
+                        "repeat_interleave(n_rep, dim=1), "
+                        "not repeat",
+                    ),
+                ],
+                right=expected,
+            )
+            g.expect(
+                is_tensor(out) and out.shape == expected.shape and torch.equal(out, expected),
+                f"{where}: output head h must be input head h // n_rep; {_first_difference(out, expected)}",
+            )
 
         _for_all("repeat.values", REPEAT, values, max_examples=14, first=(2, 2, 5, 3, 2, torch.float64, 1))
         x = tensor(7, 2, 3, 4, 2)
         out = _run(g, "repeat_kv(x (2, 3, 4, 2), 1)", repeat_kv, x, 1)
-        g.expect(is_tensor(out) and out.shape == x.shape and torch.equal(out, x),
-                 f"repeat_kv(x, 1) must give x's values unchanged: {_first_difference(out, x)}")
+        g.expect(
+            is_tensor(out) and out.shape == x.shape and torch.equal(out, x),
+            f"repeat_kv(x, 1) must give x's values unchanged: {_first_difference(out, x)}",
+        )
 
-    with g.check("attention over the repeated heads equals torch's scaled_dot_product_attention(enable_gqa=True)"):
+    with g.check(
+        "attention over the repeated heads equals torch's scaled_dot_product_attention(enable_gqa=True)"
+    ):
+
         def gqa(case):
             B, H_kv, T, S, D, n_rep, seed = case
             q = tensor(seed, B, H_kv * n_rep, T, D)
             k, v = tensor(seed + 1, B, H_kv, S, D), tensor(seed + 2, B, H_kv, S, D)
             where = f"for q {tuple(q.shape)} and k, v {tuple(k.shape)}, n_rep={n_rep}"
             rk, rv = _run(g, where, repeat_kv, k, n_rep), _run(g, where, repeat_kv, v, n_rep)
-            g.expect(is_tensor(rk) and is_tensor(rv) and rk.shape == rv.shape == (B, H_kv * n_rep, S, D),
-                     f"{where}: repeat_kv(k, {n_rep}) should be {(B, H_kv * n_rep, S, D)}, got {describe(rk)}")
+            g.expect(
+                is_tensor(rk) and is_tensor(rv) and rk.shape == rv.shape == (B, H_kv * n_rep, S, D),
+                f"{where}: repeat_kv(k, {n_rep}) should be {(B, H_kv * n_rep, S, D)}, got {describe(rk)}",
+            )
             out, _ = att.scaled_dot_product_attention(q, rk, rv)
             expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-            g.expect(close(out, expected), f"{where}: attention with your repeated keys and values differs from "
-                                           "enable_gqa=True: query head h must read key/value head h // n_rep")
+            g.expect(
+                close(out, expected),
+                f"{where}: attention with your repeated keys and values differs from "
+                "enable_gqa=True: query head h must read key/value head h // n_rep",
+            )
 
-        _for_all("repeat.gqa", st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 4), st.integers(1, 5),
-                                         st.integers(1, 4), st.integers(1, 3), SEEDS), gqa, max_examples=8,
-                 first=(2, 2, 4, 7, 5, 3, 2))
+        _for_all(
+            "repeat.gqa",
+            st.tuples(
+                st.integers(1, 2),
+                st.integers(1, 3),
+                st.integers(1, 4),
+                st.integers(1, 5),
+                st.integers(1, 4),
+                st.integers(1, 3),
+                SEEDS,
+            ),
+            gqa,
+            max_examples=8,
+            first=(2, 2, 4, 7, 5, 3, 2),
+        )
 
     with g.check("gradients reach every key/value head: each collects the sum over its group of n_rep heads"):
+
         def grads(case):
             B, H_kv, S, D, n_rep, seed = case
             x = tensor(seed, B, H_kv, S, D)
@@ -409,23 +555,43 @@ def grade_repeat_kv(repeat_kv) -> None:
             except Exception as e:  # noqa: BLE001
                 raise_unless_student_error(e)
                 g.fail(f"{where}: {_raised(e)}")
-            g.expect(is_tensor(p.result) and p.result.requires_grad,
-                     f"{where}: the result does not depend on x through autograd: avoid .detach(), .numpy() or "
-                     "building a new tensor from values")
+            g.expect(
+                is_tensor(p.result) and p.result.requires_grad,
+                f"{where}: the result does not depend on x through autograd: avoid .detach(), .numpy() or "
+                "building a new tensor from values",
+            )
             expected = upstream.view(B, H_kv, n_rep, S, D).sum(2)
             got = p.grads[0] if p.grads else None
-            g.expect(got is not None and close(got, expected),
-                     f"{where}: the gradient of x should be the sum of the upstream gradients over each group of "
-                     f"n_rep query heads; {_first_difference(got, expected)}")
+            g.expect(
+                got is not None and close(got, expected),
+                f"{where}: the gradient of x should be the sum of the upstream gradients over each group of "
+                f"n_rep query heads; {_first_difference(got, expected)}",
+            )
 
-        _for_all("repeat.grad", st.tuples(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3),
-                                          st.integers(1, 3), SEEDS), grads, max_examples=5, first=(1, 2, 3, 4, 3, 3))
+        _for_all(
+            "repeat.grad",
+            st.tuples(
+                st.integers(1, 2),
+                st.integers(1, 3),
+                st.integers(1, 3),
+                st.integers(1, 3),
+                st.integers(1, 3),
+                SEEDS,
+            ),
+            grads,
+            max_examples=5,
+            first=(1, 2, 3, 4, 3, 3),
+        )
 
     with g.check("raises ValueError unless x is 4-D and n_rep >= 1"):
         for shape, n_rep in (((2, 3, 4), 2), ((2, 3, 4, 2, 2), 2), ((2, 3, 4, 2), 0), ((2, 3, 4, 2), -1)):
             x = tensor(len(shape), *shape)
-            expect_value_error(g, lambda x=x, n_rep=n_rep: repeat_kv(x, n_rep), f"repeat_kv(x {shape}, {n_rep})",
-                               "x must be (B, H_kv, S, D) and n_rep >= 1; say what was expected and what came")
+            expect_value_error(
+                g,
+                lambda x=x, n_rep=n_rep: repeat_kv(x, n_rep),
+                f"repeat_kv(x {shape}, {n_rep})",
+                "x must be (B, H_kv, S, D) and n_rep >= 1; say what was expected and what came",
+            )
 
     g.finish()
 
@@ -438,8 +604,14 @@ def _divisors(n: int) -> list[int]:
 
 
 #: H, D, key/value heads (0: the default, else an index into H's divisors), bias, dtype, seed
-CONFIG = (st.sampled_from([1, 2, 3, 4, 6]), st.integers(1, 3), st.integers(0, 3), st.booleans(),
-          st.sampled_from(FLOATS), SEEDS)
+CONFIG = (
+    st.sampled_from([1, 2, 3, 4, 6]),
+    st.integers(1, 3),
+    st.integers(0, 3),
+    st.booleans(),
+    st.sampled_from(FLOATS),
+    SEEDS,
+)
 
 
 class _Pair:
@@ -475,8 +647,11 @@ class _Pair:
         for key, value in kwargs.items():
             if value is None:
                 continue
-            text += f", {key}=" + (f"{'boolean' if value.dtype == torch.bool else _dt(value.dtype)} "
-                                   f"{tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value))
+            text += f", {key}=" + (
+                f"{'boolean' if value.dtype == torch.bool else _dt(value.dtype)} {tuple(value.shape)}"
+                if isinstance(value, torch.Tensor)
+                else repr(value)
+            )
         return text
 
     def forward(self, g: Grader, x, kv=None, **kwargs):
@@ -491,7 +666,6 @@ class _Pair:
             q, k, v = self.r.project(x, kv)
             scores = q @ ref.repeat_kv(k, self.H // self.H_kv).transpose(-2, -1) / math.sqrt(self.D)
         return out, w, magnitude(scores, x, kv, *self.r.parameters())
-
 
 
 def _causal_on_x_device(g: Grader, MultiHeadAttention, config, B: int, T: int, S: int) -> None:
@@ -509,82 +683,140 @@ def _causal_on_x_device(g: Grader, MultiHeadAttention, config, B: int, T: int, S
             raise_unless_student_error(e)
         g.fail(f"{where}: {_raised(e)}: {fix}")
     out, _ = _unpack(g, result, "forward")
-    g.expect(is_tensor(out) and out.device.type == "cpu" and close(out, p.expected(x, kv, is_causal=True)[0]),
-             f"{where}: got {describe(out)}{' on ' + out.device.type if is_tensor(out) else ''}, not the reference's "
-             f"output on x's device (cpu): {fix}")
+    g.expect(
+        is_tensor(out) and out.device.type == "cpu" and close(out, p.expected(x, kv, is_causal=True)[0]),
+        f"{where}: got {describe(out)}{' on ' + out.device.type if is_tensor(out) else ''}, not the reference's "
+        f"output on x's device (cpu): {fix}",
+    )
+
 
 def _check_state(g: Grader, m, r, call: str) -> None:
     """The student's state_dict has the reference's names and shapes (qkv_proj and out_proj only)."""
     expected = r.state_dict()
     sd = m.state_dict()
-    g.expect(isinstance(sd, dict) and set(sd) == set(expected),
-             f"{call}: state_dict() should hold exactly {sorted(expected)}, got "
-             f"{sorted(map(str, sd)) if isinstance(sd, dict) else describe(sd)}: the module's only layers are the "
-             "nn.Linear qkv_proj and out_proj" + ("" if "bias" in str(sorted(expected)) else ", without biases"))
+    g.expect(
+        isinstance(sd, dict) and set(sd) == set(expected),
+        f"{call}: state_dict() should hold exactly {sorted(expected)}, got "
+        f"{sorted(map(str, sd)) if isinstance(sd, dict) else describe(sd)}: the module's only layers are the "
+        "nn.Linear qkv_proj and out_proj" + ("" if "bias" in str(sorted(expected)) else ", without biases"),
+    )
     for key, value in sd.items():
-        g.expect(is_tensor(value) and value.shape == expected[key].shape,
-                 f"{call}: {key} should have shape {tuple(expected[key].shape)}, got {describe(value)}")
+        g.expect(
+            is_tensor(value) and value.shape == expected[key].shape,
+            f"{call}: {key} should have shape {tuple(expected[key].shape)}, got {describe(value)}",
+        )
 
 
 def _mistakes(p: _Pair, x, kv, where: str, **kwargs) -> list:
     """Classic wrong outputs of the module (computed with the reference's pieces), with their hints."""
     r, H, H_kv = p.r, p.H, p.H_kv
-    mask = r._combine_masks(kwargs.get("mask"), kwargs.get("key_padding_mask"), kwargs.get("is_causal", False),
-                            x.shape[0], x.shape[1], (x if kv is None else kv).shape[1], x)
+    mask = r._combine_masks(
+        kwargs.get("mask"),
+        kwargs.get("key_padding_mask"),
+        kwargs.get("is_causal", False),
+        x.shape[0],
+        x.shape[1],
+        (x if kv is None else kv).shape[1],
+        x,
+    )
     with torch.no_grad():
         q, k, v = r.project(x, kv)
         n_rep = H // H_kv
         rk, rv = ref.repeat_kv(k, n_rep), ref.repeat_kv(v, n_rep)
 
         def out_of(q, k, v, mask=mask, scale=None):
-            return r.out_proj(ref.merge_heads(att.scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)[0]))
+            return r.out_proj(
+                ref.merge_heads(att.scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)[0])
+            )
 
         out = [
-            (out_of(q, rk, rv, scale=1 / math.sqrt(p.C)),
-             f"{where}: the scores are scaled by 1/sqrt(C): divide by sqrt(D), the head width D = C / H = {p.D}, "
-             "not the model width"),
-            (ref.merge_heads(att.scaled_dot_product_attention(q, rk, rv, mask=mask)[0]),
-             f"{where}: out is the merged heads without the output projection: apply out_proj after merge_heads"),
+            (
+                out_of(q, rk, rv, scale=1 / math.sqrt(p.C)),
+                f"{where}: the scores are scaled by 1/sqrt(C): divide by sqrt(D), the head width D = C / H = {p.D}, "
+                "not the model width",
+            ),
+            (
+                ref.merge_heads(att.scaled_dot_product_attention(q, rk, rv, mask=mask)[0]),
+                f"{where}: out is the merged heads without the output projection: apply out_proj after merge_heads",
+            ),
         ]
         if H_kv == H and kv is None:
-            out.append((out_of(k, q, v), f"{where}: queries and keys are swapped: qkv_proj's output is [q (C) | "
-                                         "k (H_kv D) | v (H_kv D)], split it in that order"))
+            out.append(
+                (
+                    out_of(k, q, v),
+                    f"{where}: queries and keys are swapped: qkv_proj's output is [q (C) | "
+                    "k (H_kv D) | v (H_kv D)], split it in that order",
+                )
+            )
         if 1 < H_kv < H:
-            out.append((out_of(q, k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)),
-                        f"{where}: the groups are wrong: query head h must read key/value head h // (H / H_kv), so "
-                        "repeat each key/value head with repeat_interleave (repeat_kv), not repeat"))
+            out.append(
+                (
+                    out_of(q, k.repeat(1, n_rep, 1, 1), v.repeat(1, n_rep, 1, 1)),
+                    f"{where}: the groups are wrong: query head h must read key/value head h // (H / H_kv), so "
+                    "repeat each key/value head with repeat_interleave (repeat_kv), not repeat",
+                )
+            )
         if kv is not None and kv.shape[1] == x.shape[1]:
             qx, kx, vx = r.project(x)
-            out.append((out_of(q, ref.repeat_kv(kx, n_rep), ref.repeat_kv(vx, n_rep)),
-                        f"{where}: the keys and values come from x: in cross-attention they come from kv"))
+            out.append(
+                (
+                    out_of(q, ref.repeat_kv(kx, n_rep), ref.repeat_kv(vx, n_rep)),
+                    f"{where}: the keys and values come from x: in cross-attention they come from kv",
+                )
+            )
         user = kwargs.get("mask")
         if user is not None:
             if user.dtype == torch.bool:
-                out.append((r(x, kv, **{**kwargs, "mask": ~user})[0],
-                            f"{where}: a boolean mask is inverted: True means the query *may attend* to the key"))
+                out.append(
+                    (
+                        r(x, kv, **{**kwargs, "mask": ~user})[0],
+                        f"{where}: a boolean mask is inverted: True means the query *may attend* to the key",
+                    )
+                )
             else:
-                out.append((r(x, kv, **{**kwargs, "mask": None})[0],
-                            f"{where}: the floating mask was ignored: it is added to the scores"))
+                out.append(
+                    (
+                        r(x, kv, **{**kwargs, "mask": None})[0],
+                        f"{where}: the floating mask was ignored: it is added to the scores",
+                    )
+                )
             if kwargs.get("key_padding_mask") is not None or kwargs.get("is_causal"):
-                out.append((r(x, kv, mask=user)[0],
-                            f"{where}: only the mask was applied: key_padding_mask and is_causal must be combined "
-                            "with it (every part can remove a key)"))
+                out.append(
+                    (
+                        r(x, kv, mask=user)[0],
+                        f"{where}: only the mask was applied: key_padding_mask and is_causal must be combined "
+                        "with it (every part can remove a key)",
+                    )
+                )
         if kwargs.get("key_padding_mask") is not None:
             flipped = {**kwargs, "key_padding_mask": ~kwargs["key_padding_mask"]}
-            out.append((r(x, kv, **flipped)[0], f"{where}: key_padding_mask is inverted: in this course True marks a "
-                                                "real key and False padding (nn.MultiheadAttention uses the opposite)"))
+            out.append(
+                (
+                    r(x, kv, **flipped)[0],
+                    f"{where}: key_padding_mask is inverted: in this course True marks a "
+                    "real key and False padding (nn.MultiheadAttention uses the opposite)",
+                )
+            )
         if kwargs.get("is_causal"):
             without = {**kwargs, "is_causal": False}
-            out.append((r(x, kv, **without)[0], f"{where}: is_causal=True was ignored: combine causal_mask(T, S) "
-                                                "with the other masks"))
+            out.append(
+                (
+                    r(x, kv, **without)[0],
+                    f"{where}: is_causal=True was ignored: combine causal_mask(T, S) with the other masks",
+                )
+            )
             S, T = (x if kv is None else kv).shape[1], x.shape[1]
             if S != T:
                 top_left = torch.ones(T, S, dtype=torch.bool).tril()
                 mixed = {**without, "mask": top_left if kwargs.get("mask") is None else None}
                 if mixed["mask"] is not None:
-                    out.append((r(x, kv, **mixed)[0],
-                                f"{where}: the causal mask is aligned to the top-left: use causal_mask(T, S), whose "
-                                "last query sees every key (bottom-right aligned)"))
+                    out.append(
+                        (
+                            r(x, kv, **mixed)[0],
+                            f"{where}: the causal mask is aligned to the top-left: use causal_mask(T, S), whose "
+                            "last query sees every key (bottom-right aligned)",
+                        )
+                    )
     return out
 
 
@@ -594,35 +826,59 @@ def _expect_forward(g: Grader, p: _Pair, x, kv=None, **kwargs):
     where, out, w = p.forward(g, x, kv, **kwargs, **({} if need is None else {"need_weights": need}))
     out_r, w_r, mag = p.expected(x, kv, **kwargs)
     B, T, S = x.shape[0], x.shape[1], (x if kv is None else kv).shape[1]
-    g.expect(is_tensor(out) and out.shape == (B, T, p.C) and out.dtype == p.dtype,
-             f"{where}: out should be {_dt(p.dtype)} {(B, T, p.C)} = (B, T, C), got {describe(out)}")
+    g.expect(
+        is_tensor(out) and out.shape == (B, T, p.C) and out.dtype == p.dtype,
+        f"{where}: out should be {_dt(p.dtype)} {(B, T, p.C)} = (B, T, C), got {describe(out)}",
+    )
     if is_tensor(out) and bool(torch.isnan(out).any()):
-        g.fail(f"{where}: out holds NaN ({_show(out)}): a query that sees no key must get zero weights (the given "
-               "scaled_dot_product_attention does this; combine masks by adding -inf, never -inf - -inf)")
+        g.fail(
+            f"{where}: out holds NaN ({_show(out)}): a query that sees no key must get zero weights (the given "
+            "scaled_dot_product_attention does this; combine masks by adding -inf, never -inf - -inf)"
+        )
     try:
         mistakes = _mistakes(p, x, kv, where, **kwargs)
     except Exception:  # noqa: BLE001 (a mistake that cannot be computed on this input has no hint here)
         mistakes = []
     first_match(g, out, mistakes, right=out_r)
     if need and kv is not None and S != T and is_tensor(w) and w.shape == (B, p.H, T, T):
-        g.fail(f"{where}: the keys come from x: in cross-attention queries come from x but keys and values from kv, "
-               "so the weights are (B, H, T, S)")
+        g.fail(
+            f"{where}: the keys come from x: in cross-attention queries come from x but keys and values from kv, "
+            "so the weights are (B, H, T, S)"
+        )
     if need:
         if is_tensor(w) and w.shape == (B, T, S) and close(w, w_r.mean(1), magnitude=mag):
-            g.fail(f"{where}: need_weights must return one (T, S) matrix per head, shape (B, H, T, S): do not "
-                   "average over the heads (that is torch's average_attn_weights=True)")
-        if p.H != T and is_tensor(w) and w.shape == (B, T, p.H, S) and close(w, w_r.transpose(1, 2), magnitude=mag):
-            g.fail(f"{where}: weights should be (B, H, T, S) = {(B, p.H, T, S)}, got (B, T, H, S) = {tuple(w.shape)}:"
-                   " do not transpose them")
-        g.expect(is_tensor(w) and w.shape == w_r.shape and w.dtype == p.dtype,
-                 f"{where}: weights should be {_dt(p.dtype)} (B, H, T, S) = {tuple(w_r.shape)}, got {describe(w)}")
-        g.expect(close(w, w_r, magnitude=mag), f"{where}: the attention weights differ from the reference: "
-                                              f"{_first_difference(w, w_r)}")
+            g.fail(
+                f"{where}: need_weights must return one (T, S) matrix per head, shape (B, H, T, S): do not "
+                "average over the heads (that is torch's average_attn_weights=True)"
+            )
+        if (
+            p.H != T
+            and is_tensor(w)
+            and w.shape == (B, T, p.H, S)
+            and close(w, w_r.transpose(1, 2), magnitude=mag)
+        ):
+            g.fail(
+                f"{where}: weights should be (B, H, T, S) = {(B, p.H, T, S)}, got (B, T, H, S) = {tuple(w.shape)}:"
+                " do not transpose them"
+            )
+        g.expect(
+            is_tensor(w) and w.shape == w_r.shape and w.dtype == p.dtype,
+            f"{where}: weights should be {_dt(p.dtype)} (B, H, T, S) = {tuple(w_r.shape)}, got {describe(w)}",
+        )
+        g.expect(
+            close(w, w_r, magnitude=mag),
+            f"{where}: the attention weights differ from the reference: {_first_difference(w, w_r)}",
+        )
     else:
-        g.expect(w is None, f"{where}: without need_weights=True (it defaults to False) the second value should be "
-                            f"None, got {describe(w)}")
-    g.expect(close(out, out_r, magnitude=mag),
-             f"{where}: out differs from the reference: {_first_difference(out, out_r)}")
+        g.expect(
+            w is None,
+            f"{where}: without need_weights=True (it defaults to False) the second value should be "
+            f"None, got {describe(w)}",
+        )
+    g.expect(
+        close(out, out_r, magnitude=mag),
+        f"{where}: out differs from the reference: {_first_difference(out, out_r)}",
+    )
     return out, w
 
 
@@ -630,8 +886,11 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
     """Grade a student's ``MultiHeadAttention(d_model, n_heads, n_kv_heads=None, bias=True, dropout=0.0)``."""
     g = Grader("MultiHeadAttention")
 
-    with g.check("__init__ stores d_model, n_heads, n_kv_heads, d_head and dropout, and creates the nn.Linear "
-                 "qkv_proj (C -> C + 2 H_kv D) and out_proj (C -> C), with biases only if bias=True"):
+    with g.check(
+        "__init__ stores d_model, n_heads, n_kv_heads, d_head and dropout, and creates the nn.Linear "
+        "qkv_proj (C -> C + 2 H_kv D) and out_proj (C -> C), with biases only if bias=True"
+    ):
+
         def layers(case):
             H, D, kv, bias, _, p = case
             C = H * D
@@ -639,24 +898,42 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
             H_kv = H if n_kv is None else n_kv
             call = f"MultiHeadAttention({C}, {H}, n_kv_heads={n_kv}, bias={bias}, dropout={p})"
             m = _run(g, call, MultiHeadAttention, C, H, n_kv_heads=n_kv, bias=bias, dropout=p)
-            for name, value in (("d_model", C), ("n_heads", H), ("n_kv_heads", H_kv), ("d_head", D), ("dropout", p)):
+            for name, value in (
+                ("d_model", C),
+                ("n_heads", H),
+                ("n_kv_heads", H_kv),
+                ("d_head", D),
+                ("dropout", p),
+            ):
                 got = getattr(m, name, "missing")
-                g.expect(type(got) in (int, float) and got == value,
-                         f"{call}: the attribute {name} should be {value!r}, got {got!r}")
+                g.expect(
+                    type(got) in (int, float) and got == value,
+                    f"{call}: the attribute {name} should be {value!r}, got {got!r}",
+                )
             for name, n_out in (("qkv_proj", C + 2 * H_kv * D), ("out_proj", C)):
                 layer = getattr(m, name, None)
                 g.expect(is_a(layer, LINEAR), f"{call} needs an nn.Linear called {name}")
-                g.expect((layer.in_features, layer.out_features) == (C, n_out),
-                         f"{call}: {name} should map {C} to {n_out} features"
-                         f"{' (q, k and v packed: C + 2 H_kv D)' if name == 'qkv_proj' else ''}, "
-                         f"got {layer.in_features} -> {layer.out_features}")
+                g.expect(
+                    (layer.in_features, layer.out_features) == (C, n_out),
+                    f"{call}: {name} should map {C} to {n_out} features"
+                    f"{' (q, k and v packed: C + 2 H_kv D)' if name == 'qkv_proj' else ''}, "
+                    f"got {layer.in_features} -> {layer.out_features}",
+                )
             _check_state(g, m, ref.MultiHeadAttention(C, H, n_kv, bias=bias), call)
 
-        _for_all("mha.layers", st.tuples(*CONFIG[:5], st.sampled_from([0.0, 0.1, 0.5])), layers,
-                 max_examples=10, first=(4, 3, 0, True, torch.float64, 0.0))
+        _for_all(
+            "mha.layers",
+            st.tuples(*CONFIG[:5], st.sampled_from([0.0, 0.1, 0.5])),
+            layers,
+            max_examples=10,
+            first=(4, 3, 0, True, torch.float64, 0.0),
+        )
 
-    with g.check("project(x, kv=None) returns q (B, H, T, D), k and v (B, H_kv, S, D): all three from x, or q from "
-                 "x and k, v from kv"):
+    with g.check(
+        "project(x, kv=None) returns q (B, H, T, D), k and v (B, H_kv, S, D): all three from x, or q from "
+        "x and k, v from kv"
+    ):
+
         def project(case):
             config, B, T, S, cross = case[:6], case[6], case[7], case[8], case[9]
             p = _Pair(g, MultiHeadAttention, config)
@@ -665,46 +942,78 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
             got = _run(g, where, p.m.project, *((x,) if kv is None else (x, kv)))
             with torch.no_grad():
                 expected = p.r.project(x, kv)
-            g.expect(isinstance(got, tuple) and len(got) == 3, f"{where} must return (q, k, v), got {describe(got)}")
+            g.expect(
+                isinstance(got, tuple) and len(got) == 3,
+                f"{where} must return (q, k, v), got {describe(got)}",
+            )
             for name, a, b in zip("qkv", got, expected):
-                g.expect(is_tensor(a) and a.shape == b.shape and a.dtype == b.dtype,
-                         f"{where}: {name} should be {describe(b)}, got {describe(a)}")
-                g.expect(close(a, b, magnitude=magnitude(x, kv)),
-                         f"{where}: {name} differs from the reference: {_first_difference(a, b)}"
-                         + (" (queries come from x with the first C rows of qkv_proj, keys and values from kv with "
-                            "the rest)" if cross else " (qkv_proj's output is [q (C) | k (H_kv D) | v (H_kv D)])"))
+                g.expect(
+                    is_tensor(a) and a.shape == b.shape and a.dtype == b.dtype,
+                    f"{where}: {name} should be {describe(b)}, got {describe(a)}",
+                )
+                g.expect(
+                    close(a, b, magnitude=magnitude(x, kv)),
+                    f"{where}: {name} differs from the reference: {_first_difference(a, b)}"
+                    + (
+                        " (queries come from x with the first C rows of qkv_proj, keys and values from kv with "
+                        "the rest)"
+                        if cross
+                        else " (qkv_proj's output is [q (C) | k (H_kv D) | v (H_kv D)])"
+                    ),
+                )
 
-        _for_all("mha.project", st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 4),
-                                          st.integers(1, 5), st.booleans()), project, max_examples=10,
-                 first=(4, 3, 0, True, torch.float64, 0, 2, 4, 6, True))
+        _for_all(
+            "mha.project",
+            st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 4), st.integers(1, 5), st.booleans()),
+            project,
+            max_examples=10,
+            first=(4, 3, 0, True, torch.float64, 0, 2, 4, 6, True),
+        )
 
-    with g.check("self-attention: out (B, T, C) and per-head weights (B, H, T, T) as the reference's, any n_kv_heads "
-                 "dividing n_heads (MHA, GQA, MQA); need_weights=False, the default, returns (out, None)"):
+    with g.check(
+        "self-attention: out (B, T, C) and per-head weights (B, H, T, T) as the reference's, any n_kv_heads "
+        "dividing n_heads (MHA, GQA, MQA); need_weights=False, the default, returns (out, None)"
+    ):
+
         def self_attention(case):
             config, B, T, need = case[:6], case[6], case[7], case[8]
             p = _Pair(g, MultiHeadAttention, config)
             x, _ = p.inputs(config[-1], B, T)
             _expect_forward(g, p, x, need_weights=need)
 
-        _for_all("mha.self", st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 5),
-                                       st.sampled_from([True, False, None])), self_attention, max_examples=12,
-                 first=(4, 3, 0, True, torch.float64, 1, 2, 5, True))
-        self_attention((4, 2, 2, True, torch.float64, 12, 2, 4, True))  # GQA: 2 key/value heads for 4 query heads
+        _for_all(
+            "mha.self",
+            st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 5), st.sampled_from([True, False, None])),
+            self_attention,
+            max_examples=12,
+            first=(4, 3, 0, True, torch.float64, 1, 2, 5, True),
+        )
+        self_attention(
+            (4, 2, 2, True, torch.float64, 12, 2, 4, True)
+        )  # GQA: 2 key/value heads for 4 query heads
         self_attention((6, 2, 3, False, torch.float32, 13, 1, 3, None))  # 3 key/value heads for 6
 
-    with g.check("cross-attention: queries from x (T), keys and values from kv (S != T), with or without bias"):
+    with g.check(
+        "cross-attention: queries from x (T), keys and values from kv (S != T), with or without bias"
+    ):
+
         def cross(case):
             config, B, T, S = case[:6], case[6], case[7], case[8]
             p = _Pair(g, MultiHeadAttention, config)
             x, kv = p.inputs(config[-1], B, T, S)
             _expect_forward(g, p, x, kv)
 
-        _for_all("mha.cross", st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 4),
-                                        st.integers(1, 6)), cross, max_examples=12,
-                 first=(4, 3, 0, False, torch.float64, 2, 2, 4, 6))
+        _for_all(
+            "mha.cross",
+            st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 4), st.integers(1, 6)),
+            cross,
+            max_examples=12,
+            first=(4, 3, 0, False, torch.float64, 2, 2, 4, 6),
+        )
         cross((4, 2, 2, False, torch.float64, 14, 2, 3, 5))  # GQA without bias
 
     with g.check("key_padding_mask (B, S): True marks a real key, False a padded one that gets no weight"):
+
         def padding(case):
             config, B, T, S, cross = case[:6], case[6], case[7], case[8], case[9]
             p = _Pair(g, MultiHeadAttention, config)
@@ -714,33 +1023,45 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
             keep[:, config[-1] % S] = True
             _expect_forward(g, p, x, kv, key_padding_mask=keep)
 
-        _for_all("mha.padding", st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 4),
-                                          st.integers(1, 6), st.booleans()), padding, max_examples=10,
-                 first=(4, 3, 0, True, torch.float64, 3, 2, 5, 5, False))
+        _for_all(
+            "mha.padding",
+            st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 4), st.integers(1, 6), st.booleans()),
+            padding,
+            max_examples=10,
+            first=(4, 3, 0, True, torch.float64, 3, 2, 5, 5, False),
+        )
 
     with g.check("is_causal=True adds causal_mask(T, S): bottom-right aligned when S != T"):
+
         def causal(case):
             config, B, T, extra, cross = case[:6], case[6], case[7], case[8], case[9]
             p = _Pair(g, MultiHeadAttention, config)
             x, kv = p.inputs(config[-1], B, T, T + extra if cross else None)
             _expect_forward(g, p, x, kv, is_causal=True)
 
-        _for_all("mha.causal", st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 5),
-                                         st.integers(0, 3), st.booleans()), causal, max_examples=10,
-                 first=(4, 3, 0, True, torch.float64, 4, 2, 6, 0, False))
+        _for_all(
+            "mha.causal",
+            st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 5), st.integers(0, 3), st.booleans()),
+            causal,
+            max_examples=10,
+            first=(4, 3, 0, True, torch.float64, 4, 2, 6, 0, False),
+        )
 
     with g.check("is_causal builds its mask on x's device, not on torch's default device"):
         _causal_on_x_device(g, MultiHeadAttention, (2, 3, 0, True, torch.float64, 11), 2, 3, 5)
 
-    with g.check("mask, boolean or floating and broadcastable to (B, H, T, S), alone and combined with "
-                 "key_padding_mask and is_causal"):
+    with g.check(
+        "mask, boolean or floating and broadcastable to (B, H, T, S), alone and combined with "
+        "key_padding_mask and is_causal"
+    ):
+
         def masked(case):
             config, B, T, extra, kind, keep, drop, with_padding, with_causal = (case[:6], *case[6:])
             p = _Pair(g, MultiHeadAttention, config)
             S = T + extra
             x, kv = p.inputs(config[-1], B, T, S if extra else None)
             full = (B, p.H, T, S)
-            shape = tuple(n if k else 1 for n, k in zip(full, keep))[min(drop, 3):]
+            shape = tuple(n if k else 1 for n, k in zip(full, keep))[min(drop, 3) :]
             mask = tensor(config[-1] + 3, *shape) > -0.5
             mask[..., 0] = True  # key 0 stays visible to every query (is_causal keeps it too)
             if kind == "float":
@@ -753,15 +1074,31 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                 kwargs["is_causal"] = True
             _expect_forward(g, p, x, kv, **kwargs)
 
-        _for_all("mha.mask", st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 4), st.integers(0, 2),
-                                       st.sampled_from(["bool", "float"]),
-                                       st.lists(st.booleans(), min_size=4, max_size=4),
-                                       st.integers(0, 3), st.booleans(), st.booleans()),
-                 masked, max_examples=14, first=(4, 3, 0, True, torch.float64, 5, 2, 5, 0, "bool", [True] * 4, 0,
-                                                  False, False))
-        masked((4, 2, 2, True, torch.float64, 15, 2, 4, 1, "float", [True, True, False, True], 0, True, True))  # GQA
+        _for_all(
+            "mha.mask",
+            st.tuples(
+                *CONFIG,
+                st.integers(1, 2),
+                st.integers(1, 4),
+                st.integers(0, 2),
+                st.sampled_from(["bool", "float"]),
+                st.lists(st.booleans(), min_size=4, max_size=4),
+                st.integers(0, 3),
+                st.booleans(),
+                st.booleans(),
+            ),
+            masked,
+            max_examples=14,
+            first=(4, 3, 0, True, torch.float64, 5, 2, 5, 0, "bool", [True] * 4, 0, False, False),
+        )
+        masked(
+            (4, 2, 2, True, torch.float64, 15, 2, 4, 1, "float", [True, True, False, True], 0, True, True)
+        )  # GQA
 
-    with g.check("a query with no visible key gets a zero attention output (out is out_proj's bias), not NaN"):
+    with g.check(
+        "a query with no visible key gets a zero attention output (out is out_proj's bias), not NaN"
+    ):
+
         def empty(case):
             config, B, T, boolean = case[:6], case[6], case[7], case[8]
             p = _Pair(g, MultiHeadAttention, config)
@@ -774,75 +1111,115 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
             out, _ = _expect_forward(g, p, x, mask=mask)
             bias = p.r.out_proj.bias
             expected = torch.zeros(p.C, dtype=p.dtype) if bias is None else bias.detach()
-            g.expect(close(out[-1, row], expected, magnitude=magnitude(x)),
-                     f"{p.where(x, mask=mask)}: query {row} sees no key, so its output should be out_proj's bias")
+            g.expect(
+                close(out[-1, row], expected, magnitude=magnitude(x)),
+                f"{p.where(x, mask=mask)}: query {row} sees no key, so its output should be out_proj's bias",
+            )
 
-        _for_all("mha.empty", st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 5),
-                                        st.booleans()), empty, max_examples=8,
-                 first=(4, 3, 0, True, torch.float64, 6, 2, 4, True))
+        _for_all(
+            "mha.empty",
+            st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 5), st.booleans()),
+            empty,
+            max_examples=8,
+            first=(4, 3, 0, True, torch.float64, 6, 2, 4, True),
+        )
 
-    with g.check("raises ValueError for a key_padding_mask that is not a boolean (B, S) tensor, and for a mask "
-                 "that is neither boolean nor floating"):
+    with g.check(
+        "raises ValueError for a key_padding_mask that is not a boolean (B, S) tensor, and for a mask "
+        "that is neither boolean nor floating"
+    ):
         p = _Pair(g, MultiHeadAttention, (4, 3, 0, True, torch.float64, 7))
         x, _ = p.inputs(7, 2, 5)
         for what, kwargs in (
-            ("key_padding_mask=torch.int64 (2, 5)", {"key_padding_mask": torch.ones(2, 5, dtype=torch.int64)}),
+            (
+                "key_padding_mask=torch.int64 (2, 5)",
+                {"key_padding_mask": torch.ones(2, 5, dtype=torch.int64)},
+            ),
             ("key_padding_mask=float64 (2, 5)", {"key_padding_mask": torch.zeros(2, 5, dtype=torch.float64)}),
             ("key_padding_mask=boolean (2, 4)", {"key_padding_mask": torch.ones(2, 4, dtype=torch.bool)}),
             ("key_padding_mask=boolean (1, 5)", {"key_padding_mask": torch.ones(1, 5, dtype=torch.bool)}),
             ("key_padding_mask=boolean (5,)", {"key_padding_mask": torch.ones(5, dtype=torch.bool)}),
             ("mask=torch.int64 (5, 5)", {"mask": torch.ones(5, 5, dtype=torch.int64)}),
         ):
-            expect_value_error(g, lambda kwargs=kwargs: p.m(x, **kwargs), f"{p.call} on x (2, 5, 12) with {what}",
-                               "key_padding_mask must be a boolean (B, S) tensor, mask boolean or floating")
+            expect_value_error(
+                g,
+                lambda kwargs=kwargs: p.m(x, **kwargs),
+                f"{p.call} on x (2, 5, 12) with {what}",
+                "key_padding_mask must be a boolean (B, S) tensor, mask boolean or floating",
+            )
 
-    with g.check("dropout: in training mode each attention weight is zeroed with probability p and the others are "
-                 "scaled by 1/(1-p), out is computed from those weights; no dropout in eval mode or with p = 0"):
-        for config, p_drop in (((4, 3, 0, True, torch.float64, 8), 0.3), ((2, 2, 1, False, torch.float32, 9), 0.6)):
+    with g.check(
+        "dropout: in training mode each attention weight is zeroed with probability p and the others are "
+        "scaled by 1/(1-p), out is computed from those weights; no dropout in eval mode or with p = 0"
+    ):
+        for config, p_drop in (
+            ((4, 3, 0, True, torch.float64, 8), 0.3),
+            ((2, 2, 1, False, torch.float32, 9), 0.6),
+        ):
             pair = _Pair(g, MultiHeadAttention, config, dropout=p_drop, train=True)
             x, _ = pair.inputs(config[-1], 2, 6)
             where, out, w = pair.forward(g, x, need_weights=True)
             _, w_r, mag = pair.expected(x)
-            g.expect(is_tensor(w) and w.shape == w_r.shape, f"{where} in training mode: weights should be "
-                                                           f"{tuple(w_r.shape)}, got {describe(w)}")
+            g.expect(
+                is_tensor(w) and w.shape == w_r.shape,
+                f"{where} in training mode: weights should be {tuple(w_r.shape)}, got {describe(w)}",
+            )
             kept = w != 0
             with torch.no_grad():
                 _, _, v = pair.r.project(x)
                 v = ref.repeat_kv(v, pair.H // pair.H_kv)
                 expected = pair.r.out_proj(ref.merge_heads(w @ v))
             if not bool((~kept).any()) and not close(out, expected, magnitude=mag):
-                g.fail(f"{where} in training mode: out changed but the returned weights were not dropped: dropout "
-                       "belongs on the attention weights, and need_weights returns them after dropout")
-            g.expect(bool((~kept).any()),
-                     f"{where} in training mode: no attention weight was zeroed: apply F.dropout(weights, "
-                     "self.dropout) to the attention weights when self.training")
+                g.fail(
+                    f"{where} in training mode: out changed but the returned weights were not dropped: dropout "
+                    "belongs on the attention weights, and need_weights returns them after dropout"
+                )
+            g.expect(
+                bool((~kept).any()),
+                f"{where} in training mode: no attention weight was zeroed: apply F.dropout(weights, "
+                "self.dropout) to the attention weights when self.training",
+            )
             g.expect(bool(kept.any()), f"{where} in training mode: every attention weight was zeroed")
             if close(w[kept], w_r[kept], magnitude=mag):
-                g.fail(f"{where} in training mode: the weights that survive dropout must be scaled by 1/(1-p) "
-                       "(F.dropout does this); yours are unscaled")
-            g.expect(close(w[kept], w_r[kept] / (1 - p_drop), magnitude=mag),
-                     f"{where} in training mode: a weight must be 0 or the weight without dropout times "
-                     f"1/(1-p) = {1 / (1 - p_drop):.4g}: {_first_difference(w[kept], w_r[kept] / (1 - p_drop))} "
-                     "(dropout belongs on the attention weights after the softmax, nowhere else)")
-            g.expect(close(out, expected, magnitude=mag),
-                     f"{where} in training mode: out must be computed from the weights after dropout: "
-                     "out = out_proj(merge_heads(dropout(weights) @ v)), with no other dropout")
+                g.fail(
+                    f"{where} in training mode: the weights that survive dropout must be scaled by 1/(1-p) "
+                    "(F.dropout does this); yours are unscaled"
+                )
+            g.expect(
+                close(w[kept], w_r[kept] / (1 - p_drop), magnitude=mag),
+                f"{where} in training mode: a weight must be 0 or the weight without dropout times "
+                f"1/(1-p) = {1 / (1 - p_drop):.4g}: {_first_difference(w[kept], w_r[kept] / (1 - p_drop))} "
+                "(dropout belongs on the attention weights after the softmax, nowhere else)",
+            )
+            g.expect(
+                close(out, expected, magnitude=mag),
+                f"{where} in training mode: out must be computed from the weights after dropout: "
+                "out = out_proj(merge_heads(dropout(weights) @ v)), with no other dropout",
+            )
             out_r = pair.r(x)[0].detach()
             again, _ = _unpack(g, _run(g, where, pair.m, x), "forward")
-            g.expect(not close(again, out_r, magnitude=mag),
-                     f"{where} in training mode with need_weights=False: out is the output without dropout: apply "
-                     "dropout whether or not the weights are returned")
+            g.expect(
+                not close(again, out_r, magnitude=mag),
+                f"{where} in training mode with need_weights=False: out is the output without dropout: apply "
+                "dropout whether or not the weights are returned",
+            )
             _run(g, f"{pair.call}.eval()", pair.m.eval)
             where, out, w = pair.forward(g, x, need_weights=True)
             if is_tensor(w) and w.shape == w_r.shape and bool((w == 0).any()):
-                g.fail(f"{where} in eval mode: some weights were zeroed: apply dropout only when self.training")
-            g.expect(close(out, out_r, magnitude=mag), f"{where} in eval mode: out differs from the reference, "
-                                                      "which applies no dropout in eval mode")
+                g.fail(
+                    f"{where} in eval mode: some weights were zeroed: apply dropout only when self.training"
+                )
+            g.expect(
+                close(out, out_r, magnitude=mag),
+                f"{where} in eval mode: out differs from the reference, "
+                "which applies no dropout in eval mode",
+            )
         pair = _Pair(g, MultiHeadAttention, (4, 3, 0, True, torch.float64, 10), train=True)
         x, _ = pair.inputs(10, 2, 5)
         _expect_forward(g, pair, x)
 
     with g.check("gradients with respect to x and kv match the reference"):
+
         def grads(case):
             config, B, T, extra, cross = case[:6], case[6], case[7], case[8], case[9]
             p = _Pair(g, MultiHeadAttention, config)
@@ -856,18 +1233,34 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                 raise_unless_student_error(e)
                 g.fail(f"{where}: {_raised(e)}")
             out, _ = _unpack(g, pr.result, "forward")
-            g.expect(is_tensor(out) and out.requires_grad,
-                     f"{where}: out does not depend on x through autograd: avoid .detach(), .numpy() or .item()")
+            g.expect(
+                is_tensor(out) and out.requires_grad,
+                f"{where}: out does not depend on x through autograd: avoid .detach(), .numpy() or .item()",
+            )
             mine = [t.detach().clone().requires_grad_() for t in args]
             (p.r(*mine, is_causal=True)[0] * upstream).sum().backward()
             for name, got, want in zip(("x", "kv"), pr.grads or [None, None], mine):
-                g.expect(got is not None and close(got, want.grad, magnitude=magnitude(x, kv)),
-                         f"{where}: the gradient with respect to {name} differs from the reference"
-                         + (f": {_first_difference(got, want.grad)}" if got is not None else ""))
+                g.expect(
+                    got is not None and close(got, want.grad, magnitude=magnitude(x, kv)),
+                    f"{where}: the gradient with respect to {name} differs from the reference"
+                    + (f": {_first_difference(got, want.grad)}" if got is not None else ""),
+                )
 
-        _for_all("mha.grad", st.tuples(*CONFIG[:4], st.just(torch.float64), SEEDS,
-                                       st.integers(1, 2), st.integers(1, 4), st.integers(0, 2), st.booleans()),
-                 grads, max_examples=5, first=(4, 3, 2, True, torch.float64, 11, 2, 4, 0, False))
+        _for_all(
+            "mha.grad",
+            st.tuples(
+                *CONFIG[:4],
+                st.just(torch.float64),
+                SEEDS,
+                st.integers(1, 2),
+                st.integers(1, 4),
+                st.integers(0, 2),
+                st.booleans(),
+            ),
+            grads,
+            max_examples=5,
+            first=(4, 3, 2, True, torch.float64, 11, 2, 4, 0, False),
+        )
 
     g.finish()
 
@@ -879,21 +1272,46 @@ def check_split_heads(split_heads) -> None:
     """Public checks of ``split_heads``: one small fixed example per clause the hidden checks grade."""
     g = Grader("split_heads (public)")
     x = torch.arange(36.0).view(2, 3, 6)  # (B=2, T=3, C=6)
-    with g.check("split_heads(x of shape (2, 3, 6), 2) is (2, 2, 3, 3): head 0 = features 0-2, head 1 = features 3-5"):
+    with g.check(
+        "split_heads(x of shape (2, 3, 6), 2) is (2, 2, 3, 3): head 0 = features 0-2, head 1 = features 3-5"
+    ):
         out = _run(g, "split_heads(x (2, 3, 6), 2)", split_heads, x, 2)
-        g.expect(is_tensor(out) and out.shape == (2, 2, 3, 3) and out.dtype == x.dtype,
-                 f"expected float32 (B, H, T, D) = (2, 2, 3, 3), got {describe(out)}")
-        g.expect(torch.equal(out[:, 0], x[..., :3]) and torch.equal(out[:, 1], x[..., 3:]),
-                 f"head 0 should hold features 0-2 and head 1 features 3-5 of every token; x[0] is\n{x[0]}\n"
-                 f"your out[0] is\n{out[0]}")
-    with g.check("split_heads(x (2, 3, 6), 4) and split_heads(x, 0) raise a ValueError naming n_heads and the width"):
-        _expect_error_naming(g, lambda: split_heads(x, 4), "split_heads(x (2, 3, 6), 4)", (4, 6),
-                             "name n_heads and the width", ordered=False)
-        _expect_error_naming(g, lambda: split_heads(x, 0), "split_heads(x (2, 3, 6), 0)", (0, 6),
-                             "name n_heads and the width", ordered=False)
+        g.expect(
+            is_tensor(out) and out.shape == (2, 2, 3, 3) and out.dtype == x.dtype,
+            f"expected float32 (B, H, T, D) = (2, 2, 3, 3), got {describe(out)}",
+        )
+        g.expect(
+            torch.equal(out[:, 0], x[..., :3]) and torch.equal(out[:, 1], x[..., 3:]),
+            f"head 0 should hold features 0-2 and head 1 features 3-5 of every token; x[0] is\n{x[0]}\n"
+            f"your out[0] is\n{out[0]}",
+        )
+    with g.check(
+        "split_heads(x (2, 3, 6), 4) and split_heads(x, 0) raise a ValueError naming n_heads and the width"
+    ):
+        _expect_error_naming(
+            g,
+            lambda: split_heads(x, 4),
+            "split_heads(x (2, 3, 6), 4)",
+            (4, 6),
+            "name n_heads and the width",
+            ordered=False,
+        )
+        _expect_error_naming(
+            g,
+            lambda: split_heads(x, 0),
+            "split_heads(x (2, 3, 6), 0)",
+            (0, 6),
+            "name n_heads and the width",
+            ordered=False,
+        )
     with g.check("split_heads(x (3, 6), 2) raises a ValueError naming the shape"):
-        _expect_error_naming(g, lambda: split_heads(x[0], 2), "split_heads(x (3, 6), 2)", (3, 6),
-                             "x must be (B, T, C): name the shape received")
+        _expect_error_naming(
+            g,
+            lambda: split_heads(x[0], 2),
+            "split_heads(x (3, 6), 2)",
+            (3, 6),
+            "x must be (B, T, C): name the shape received",
+        )
     g.finish()
 
 
@@ -902,42 +1320,70 @@ def check_merge_heads(merge_heads) -> None:
     g = Grader("merge_heads (public)")
     x = torch.arange(36.0).view(2, 3, 6)  # (B=2, T=3, C=6)
     heads = ref.split_heads(x, 2)  # (2, 2, 3, 3), a transposed view: not contiguous
-    with g.check("merge_heads(split_heads(x, 2)) gives x (2, 3, 6) back, for contiguous and transposed heads"):
+    with g.check(
+        "merge_heads(split_heads(x, 2)) gives x (2, 3, 6) back, for contiguous and transposed heads"
+    ):
         for what, h in (("contiguous heads", heads.contiguous()), ("transposed heads", heads)):
             out = _run(g, f"merge_heads({what})", merge_heads, h)
-            g.expect(is_tensor(out) and out.shape == (2, 3, 6) and out.dtype == x.dtype,
-                     f"with {what}: expected float32 (B, T, H*D) = (2, 3, 6), got {describe(out)}")
-            g.expect(torch.equal(out, x), f"with {what}: expected x[0] =\n{x[0]}\ngot\n{out[0]}\n(each token's heads "
-                                          "side by side: transpose before reshaping)")
+            g.expect(
+                is_tensor(out) and out.shape == (2, 3, 6) and out.dtype == x.dtype,
+                f"with {what}: expected float32 (B, T, H*D) = (2, 3, 6), got {describe(out)}",
+            )
+            g.expect(
+                torch.equal(out, x),
+                f"with {what}: expected x[0] =\n{x[0]}\ngot\n{out[0]}\n(each token's heads "
+                "side by side: transpose before reshaping)",
+            )
     with g.check("merge_heads(x (2, 3, 6)) raises a ValueError naming the shape"):
-        _expect_error_naming(g, lambda: merge_heads(x), "merge_heads(x (2, 3, 6))", (2, 3, 6),
-                             "x must be (B, H, T, D): name the shape received")
+        _expect_error_naming(
+            g,
+            lambda: merge_heads(x),
+            "merge_heads(x (2, 3, 6))",
+            (2, 3, 6),
+            "x must be (B, H, T, D): name the shape received",
+        )
     g.finish()
 
 
 def check_repeat_kv(repeat_kv) -> None:
     """Public checks of ``repeat_kv``: one small fixed example per clause the hidden checks grade."""
     g = Grader("repeat_kv (public)")
-    x = torch.stack([torch.zeros(3, 2), torch.ones(3, 2)])[None]  # (B=1, H_kv=2, S=3, D=2): head 0 zeros, head 1 ones
+    x = torch.stack([torch.zeros(3, 2), torch.ones(3, 2)])[
+        None
+    ]  # (B=1, H_kv=2, S=3, D=2): head 0 zeros, head 1 ones
     with g.check("repeat_kv(x with heads [0, 1], 2) has heads [0, 0, 1, 1]; repeat_kv(x, 1) is x"):
         out = _run(g, "repeat_kv(x, 2)", repeat_kv, x, 2)
-        g.expect(is_tensor(out) and out.shape == (1, 4, 3, 2),
-                 f"expected shape (B, H_kv * n_rep, S, D) = (1, 4, 3, 2), got {describe(out)}")
+        g.expect(
+            is_tensor(out) and out.shape == (1, 4, 3, 2),
+            f"expected shape (B, H_kv * n_rep, S, D) = (1, 4, 3, 2), got {describe(out)}",
+        )
         got = [int(out[0, h, 0, 0]) for h in range(4)]
-        g.expect(got == [0, 0, 1, 1],
-                 f"heads should be [0, 0, 1, 1] (each key/value head repeated in place), got {got}")
+        g.expect(
+            got == [0, 0, 1, 1],
+            f"heads should be [0, 0, 1, 1] (each key/value head repeated in place), got {got}",
+        )
         same = _run(g, "repeat_kv(x, 1)", repeat_kv, x, 1)
-        g.expect(is_tensor(same) and torch.equal(same, x), f"repeat_kv(x, 1) should be x, got {describe(same)}")
-    with g.check("attention over repeat_kv(k, 2) equals torch's enable_gqa=True; gradients sum over each group"):
+        g.expect(
+            is_tensor(same) and torch.equal(same, x), f"repeat_kv(x, 1) should be x, got {describe(same)}"
+        )
+    with g.check(
+        "attention over repeat_kv(k, 2) equals torch's enable_gqa=True; gradients sum over each group"
+    ):
         q, k = tensor(1, 1, 4, 3, 2), tensor(2, 1, 2, 3, 2)
         rk = _run(g, "repeat_kv(k, 2)", repeat_kv, k, 2)
         out, _ = att.scaled_dot_product_attention(q, rk, rk) if is_tensor(rk) else (None, None)
-        g.expect(close(out, F.scaled_dot_product_attention(q, k, k, enable_gqa=True)),
-                 "attention with your repeated keys differs from enable_gqa=True")
-        p = probe(repeat_kv, k.clone().requires_grad_(), 2, backward=(None, torch.ones(1, 4, 3, 2, dtype=k.dtype)))
+        g.expect(
+            close(out, F.scaled_dot_product_attention(q, k, k, enable_gqa=True)),
+            "attention with your repeated keys differs from enable_gqa=True",
+        )
+        p = probe(
+            repeat_kv, k.clone().requires_grad_(), 2, backward=(None, torch.ones(1, 4, 3, 2, dtype=k.dtype))
+        )
         grad = p.grads[0] if p.grads else None
-        g.expect(grad is not None and close(grad, torch.full_like(k, 2.0)),
-                 "the gradient of x should be 2 everywhere (each key/value head serves 2 query heads)")
+        g.expect(
+            grad is not None and close(grad, torch.full_like(k, 2.0)),
+            "the gradient of x should be 2 everywhere (each key/value head serves 2 query heads)",
+        )
     with g.check("repeat_kv(x (2, 3), 2) and repeat_kv(x, 0) raise ValueError"):
         expect_value_error(g, lambda: repeat_kv(x[0, 0], 2), "repeat_kv(x (3, 2), 2)", "x must be 4-D")
         expect_value_error(g, lambda: repeat_kv(x, 0), "repeat_kv(x, 0)", "n_rep must be at least 1")
@@ -949,16 +1395,26 @@ def check_multihead_attention(MultiHeadAttention) -> None:
     g = Grader("MultiHeadAttention (public)")
     x = tensor(31, 2, 5, 8, dtype=torch.float32)
     kv = tensor(32, 2, 3, 8, dtype=torch.float32)
-    with g.check("MultiHeadAttention(8, 2): attributes, qkv_proj 8 -> 24 and out_proj 8 -> 8, 288 parameters "
-                 "(256 with bias=False; qkv_proj 8 -> 16 with n_kv_heads=1)"):
+    with g.check(
+        "MultiHeadAttention(8, 2): attributes, qkv_proj 8 -> 24 and out_proj 8 -> 8, 288 parameters "
+        "(256 with bias=False; qkv_proj 8 -> 16 with n_kv_heads=1)"
+    ):
         for kwargs, n_expected in (({}, 288), ({"bias": False}, 256), ({"n_kv_heads": 1}, 216)):
             m = _run(g, f"MultiHeadAttention(8, 2, **{kwargs})", MultiHeadAttention, 8, 2, **kwargs)
             sd = m.state_dict()
             n = sum(t.numel() for t in sd.values()) if isinstance(sd, dict) else -1
-            g.expect(n == n_expected, f"MultiHeadAttention(8, 2, **{kwargs}) should have {n_expected} parameters, "
-                                      f"got {n}")
+            g.expect(
+                n == n_expected,
+                f"MultiHeadAttention(8, 2, **{kwargs}) should have {n_expected} parameters, got {n}",
+            )
         m = _run(g, "MultiHeadAttention(8, 2)", MultiHeadAttention, 8, 2)
-        for name, value in (("d_model", 8), ("n_heads", 2), ("n_kv_heads", 2), ("d_head", 4), ("dropout", 0.0)):
+        for name, value in (
+            ("d_model", 8),
+            ("n_heads", 2),
+            ("n_kv_heads", 2),
+            ("d_head", 4),
+            ("dropout", 0.0),
+        ):
             got = getattr(m, name, None)
             g.expect(got == value, f"MultiHeadAttention(8, 2).{name} should be {value!r}, got {got!r}")
 
@@ -970,23 +1426,31 @@ def check_multihead_attention(MultiHeadAttention) -> None:
         got = _run(g, "project(x, kv)", p.m.project, x, kv)
         with torch.no_grad():
             expected = p.r.project(x, kv)
-        g.expect(isinstance(got, tuple) and len(got) == 3 and all(close(a, b) for a, b in zip(got, expected)),
-                 "project(x, kv) differs from the reference: q = x with qkv_proj's first C rows, k and v = kv with "
-                 "the rest, each split into heads")
-    with g.check("self-attention with our weights: out (2, 5, 8), weights (2, 2, 5, 5); without need_weights=True "
-                 "the weights are None"):
+        g.expect(
+            isinstance(got, tuple) and len(got) == 3 and all(close(a, b) for a, b in zip(got, expected)),
+            "project(x, kv) differs from the reference: q = x with qkv_proj's first C rows, k and v = kv with "
+            "the rest, each split into heads",
+        )
+    with g.check(
+        "self-attention with our weights: out (2, 5, 8), weights (2, 2, 5, 5); without need_weights=True "
+        "the weights are None"
+    ):
         p = pair((2, 4, 0, True, torch.float32, 42))
         _expect_forward(g, p, x)
         _expect_forward(g, p, x, need_weights=None)
     with g.check("cross-attention without bias: x (2, 5, 8), kv (2, 3, 8) give weights (2, 2, 5, 3)"):
         _expect_forward(g, pair((2, 4, 0, False, torch.float32, 43)), x, kv)
-    with g.check("key_padding_mask [[1, 1, 1], [1, 1, 0]] (True = real key); is_causal with kv (2, 7, 8): "
-                 "bottom-right aligned"):
+    with g.check(
+        "key_padding_mask [[1, 1, 1], [1, 1, 0]] (True = real key); is_causal with kv (2, 7, 8): "
+        "bottom-right aligned"
+    ):
         p = pair((2, 4, 0, True, torch.float32, 44))
         _expect_forward(g, p, x, kv, key_padding_mask=torch.tensor([[True, True, True], [True, True, False]]))
         _expect_forward(g, p, x, tensor(33, 2, 7, 8, dtype=torch.float32), is_causal=True)
-    with g.check("is_causal with x (2, 3, 6) and kv (2, 5, 6) while torch's default device is meta: the mask is made on "
-                 "x's device"):
+    with g.check(
+        "is_causal with x (2, 3, 6) and kv (2, 5, 6) while torch's default device is meta: the mask is made on "
+        "x's device"
+    ):
         _causal_on_x_device(g, MultiHeadAttention, (2, 3, 0, True, torch.float64, 12), 2, 3, 5)
     with g.check("a boolean (5, 5) and a floating (2, 1, 5, 5) mask, alone and with is_causal"):
         p = pair((2, 4, 0, True, torch.float32, 45))
@@ -1002,27 +1466,39 @@ def check_multihead_attention(MultiHeadAttention) -> None:
         _expect_forward(g, pair((4, 2, 1, True, torch.float32, 49)), x, kv)
     with g.check("key_padding_mask of shape (2, 4) or dtype int64, and an int64 mask, raise ValueError"):
         p = pair((2, 4, 0, True, torch.float32, 50))
-        for what, kwargs in (("key_padding_mask (2, 4)", {"key_padding_mask": torch.ones(2, 4, dtype=torch.bool)}),
-                             ("key_padding_mask int64", {"key_padding_mask": torch.ones(2, 5, dtype=torch.int64)}),
-                             ("mask int64", {"mask": torch.ones(5, 5, dtype=torch.int64)})):
-            expect_value_error(g, lambda kwargs=kwargs: p.m(x, **kwargs), what, "check the masks' dtypes and shapes")
-    with g.check("dropout=0.25 in training mode: each weight 0 or scaled by 4/3, out computed from them, also "
-                 "without need_weights; none in eval mode"):
+        for what, kwargs in (
+            ("key_padding_mask (2, 4)", {"key_padding_mask": torch.ones(2, 4, dtype=torch.bool)}),
+            ("key_padding_mask int64", {"key_padding_mask": torch.ones(2, 5, dtype=torch.int64)}),
+            ("mask int64", {"mask": torch.ones(5, 5, dtype=torch.int64)}),
+        ):
+            expect_value_error(
+                g, lambda kwargs=kwargs: p.m(x, **kwargs), what, "check the masks' dtypes and shapes"
+            )
+    with g.check(
+        "dropout=0.25 in training mode: each weight 0 or scaled by 4/3, out computed from them, also "
+        "without need_weights; none in eval mode"
+    ):
         p = pair((2, 4, 0, True, torch.float64, 51), dropout=0.25, train=True)
         x64 = x.double()
         where, out, w = p.forward(g, x64, need_weights=True)
         _, w_r, mag = p.expected(x64)
-        g.expect(is_tensor(w) and w.shape == w_r.shape and bool((w == 0).any()) and bool((w != 0).any()),
-                 "in training mode some (not all) attention weights must be zeroed")
-        g.expect(close(w[w != 0], w_r[w != 0] / 0.75, magnitude=mag),
-                 "a weight must be 0 or the weight without dropout times 1/(1-p) = 4/3")
+        g.expect(
+            is_tensor(w) and w.shape == w_r.shape and bool((w == 0).any()) and bool((w != 0).any()),
+            "in training mode some (not all) attention weights must be zeroed",
+        )
+        g.expect(
+            close(w[w != 0], w_r[w != 0] / 0.75, magnitude=mag),
+            "a weight must be 0 or the weight without dropout times 1/(1-p) = 4/3",
+        )
         with torch.no_grad():
             expected = p.r.out_proj(ref.merge_heads(w @ p.r.project(x64)[2]))
         g.expect(close(out, expected, magnitude=mag), "out must be computed from the weights after dropout")
         again, _ = _unpack(g, _run(g, "forward(x) in training mode", p.m, x64), "forward")
-        g.expect(not close(again, p.r(x64)[0].detach(), magnitude=mag),
-                 "with need_weights=False in training mode, out is the output without dropout: apply dropout whether "
-                 "or not the weights are returned")
+        g.expect(
+            not close(again, p.r(x64)[0].detach(), magnitude=mag),
+            "with need_weights=False in training mode, out is the output without dropout: apply dropout whether "
+            "or not the weights are returned",
+        )
         _run(g, "eval()", p.m.eval)
         _expect_forward(g, p, x64)
     with g.check("gradients with respect to x match the reference"):
@@ -1030,6 +1506,8 @@ def check_multihead_attention(MultiHeadAttention) -> None:
         pr = probe(p.m, x.double().requires_grad_(), backward=(0, torch.ones(2, 5, 8, dtype=torch.float64)))
         xr = x.double().requires_grad_()
         p.r(xr)[0].sum().backward()
-        g.expect(pr.grads is not None and pr.grads[0] is not None and close(pr.grads[0], xr.grad),
-                 "the gradient with respect to x differs from the reference")
+        g.expect(
+            pr.grads is not None and pr.grads[0] is not None and close(pr.grads[0], xr.grad),
+            "the gradient with respect to x differs from the reference",
+        )
     g.finish()

@@ -10,6 +10,10 @@ examples that shrink to the smallest failing one) and compared with
 common mistakes (swapped sine and cosine, the wrong RoPE pairing or direction, the wrong ALiBi
 rule for head counts that are not powers of two, ...) and names the one that matches. Both
 raise :class:`~coursekit.grading.core.GradingFailure` with a hint per failed check.
+
+Over 500 lines: one named check per clause of the exercise text for each graded part, public and
+hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
+it would scatter one exercise's specification over several files.
 """
 
 from __future__ import annotations
@@ -37,8 +41,14 @@ from coursekit.grading.core import (
 )
 
 __all__ = [
-    "check_sinusoidal_encoding", "check_apply_rope", "check_alibi_slopes", "check_alibi_bias",
-    "grade_sinusoidal_encoding", "grade_apply_rope", "grade_alibi_slopes", "grade_alibi_bias",
+    "check_sinusoidal_encoding",
+    "check_apply_rope",
+    "check_alibi_slopes",
+    "check_alibi_bias",
+    "grade_sinusoidal_encoding",
+    "grade_apply_rope",
+    "grade_alibi_slopes",
+    "grade_alibi_bias",
 ]
 
 F64, F32 = torch.float64, torch.float32
@@ -92,8 +102,9 @@ def _diff(out: object, expected: torch.Tensor, mag: float = 1.0) -> str:
     return f"at {list(idx)} expected {want:.{digits}g}, got {got:.{digits}g}"
 
 
-def _expect_close(g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0,
-                  advice: str = "") -> None:
+def _expect_close(
+    g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0, advice: str = ""
+) -> None:
     """Fail with '<what>: at [i, j] expected ..., got ...<advice>' unless ``out`` is close to ``expected``."""
     if not close(out, expected, magnitude=mag):
         g.fail(f"{what}: {_diff(out, expected, mag)}{advice}")
@@ -134,8 +145,11 @@ def _sinusoidal_variants(T: int, C: int, base: float) -> dict[str, torch.Tensor]
         "from_one": ref.sinusoidal_encoding(T + 1, C, base=base, dtype=F64)[1:],
         "inverse_base": ref.sinusoidal_encoding(T, C, base=1.0 / base, dtype=F64),
         "default_base": ref.sinusoidal_encoding(T, C, dtype=F64),
-        "float32_angles": _interleave(*(lambda a: (a.sin(), a.cos()))(
-            pos * (base ** (-torch.arange(0, C, 2, dtype=torch.float32) / C)).double())),
+        "float32_angles": _interleave(
+            *(lambda a: (a.sin(), a.cos()))(
+                pos * (base ** (-torch.arange(0, C, 2, dtype=torch.float32) / C)).double()
+            )
+        ),
     }
 
 
@@ -149,25 +163,35 @@ def _diagnose_sinusoidal(g: Grader, what: str, pe: object, T: int, C: int, base:
         return not close(wrong[key], good) and close(pe, wrong[key])
 
     if matches("swapped"):
-        g.fail(f"{what}: sin and cos are swapped: even channels 2i hold sin(p w_i), odd channels 2i+1 hold cos(p w_i)")
+        g.fail(
+            f"{what}: sin and cos are swapped: even channels 2i hold sin(p w_i), odd channels 2i+1 hold cos(p w_i)"
+        )
     if matches("concatenated"):
-        g.fail(f"{what}: you put all the sines first and all the cosines after them: this encoding interleaves "
-               "them, channel 2i = sin(p w_i) and channel 2i+1 = cos(p w_i)")
+        g.fail(
+            f"{what}: you put all the sines first and all the cosines after them: this encoding interleaves "
+            "them, channel 2i = sin(p w_i) and channel 2i+1 = cos(p w_i)"
+        )
     if matches("exponent"):
         g.fail(f"{what}: the frequency exponent is off: pair i has w_i = base^(-2i/C), not base^(-i/C)")
     if matches("per_channel"):
-        g.fail(f"{what}: the frequency exponent is off: channels 2i and 2i+1 share one frequency "
-               "w_i = base^(-2i/C); you gave every channel c its own base^(-c/C)")
+        g.fail(
+            f"{what}: the frequency exponent is off: channels 2i and 2i+1 share one frequency "
+            "w_i = base^(-2i/C); you gave every channel c its own base^(-c/C)"
+        )
     if matches("from_one"):
         g.fail(f"{what}: row 0 must be position 0 (all sines 0, all cosines 1): your positions start at 1")
     if base != 10000.0 and matches("default_base"):
         g.fail(f"{what}: the base argument is ignored: w_i = base^(-2i/C) with base={base:g}, not 10000")
     if matches("float32_angles"):
-        g.fail(f"{what}: the frequencies were computed in float32 (off in the 8th digit): compute the angles in "
-               "float64, torch.arange(..., dtype=torch.float64), and cast only the table to dtype")
+        g.fail(
+            f"{what}: the frequencies were computed in float32 (off in the 8th digit): compute the angles in "
+            "float64, torch.arange(..., dtype=torch.float64), and cast only the table to dtype"
+        )
     if matches("inverse_base"):
-        g.fail(f"{what}: the frequencies are inverted: w_i = base^(-2i/C) (a negative exponent), "
-               "so they fall from 1 to almost 1/base")
+        g.fail(
+            f"{what}: the frequencies are inverted: w_i = base^(-2i/C) (a negative exponent), "
+            "so they fall from 1 to almost 1/base"
+        )
 
 
 def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
@@ -176,13 +200,19 @@ def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
 
     with g.check("returns a (T, C) tensor of the requested dtype (float32 by default)"):
         expected = ref.sinusoidal_encoding(5, 6, dtype=F64)
-        for kwargs, dtype in (({}, F32), ({"dtype": F64}, F64), ({"dtype": torch.float16}, torch.float16),
-                              ({"dtype": torch.bfloat16}, torch.bfloat16)):
+        for kwargs, dtype in (
+            ({}, F32),
+            ({"dtype": F64}, F64),
+            ({"dtype": torch.float16}, torch.float16),
+            ({"dtype": torch.bfloat16}, torch.bfloat16),
+        ):
             what = f"sinusoidal_encoding(5, 6{_args(**kwargs)})"
             pe = _call(g, what, sinusoidal_encoding, 5, 6, **kwargs)
-            g.expect(is_tensor(pe) and pe.shape == (5, 6) and pe.dtype == dtype,
-                     f"{what} should be a {str(dtype).removeprefix('torch.')} (5, 6) tensor, got {describe(pe)}"
-                     + ("" if kwargs else ": the default dtype is float32"))
+            g.expect(
+                is_tensor(pe) and pe.shape == (5, 6) and pe.dtype == dtype,
+                f"{what} should be a {str(dtype).removeprefix('torch.')} (5, 6) tensor, got {describe(pe)}"
+                + ("" if kwargs else ": the default dtype is float32"),
+            )
             _expect_close(g, what, pe, expected.to(dtype))
 
     def values(case):
@@ -210,25 +240,46 @@ def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
 
     with g.check("uses the base argument: w_i = base^(-2i/C)"):
         bases = st.sampled_from([100.0, 2.0, 0.5, 10.0, 777.5, 1e5, 1e6])
-        for_all("sinusoidal.base", st.tuples(st.integers(2, 10), st.sampled_from([4, 6, 8, 12]), bases),
-                with_base, first=(3, 4, 100.0))
+        for_all(
+            "sinusoidal.base",
+            st.tuples(st.integers(2, 10), st.sampled_from([4, 6, 8, 12]), bases),
+            with_base,
+            first=(3, 4, 100.0),
+        )
 
     with g.check("the angles are computed in float64 and only the table is cast to dtype"):
         for T, C, dtype in ((4096, 16, F32), (300, 8, torch.float16)):
             what = f"sinusoidal_encoding({T}, {C}{_args(dtype=None if dtype == F32 else dtype)})"
             pe = _call(g, what, sinusoidal_encoding, T, C, **({} if dtype == F32 else {"dtype": dtype}))
             expected = ref.sinusoidal_encoding(T, C, dtype=F64).to(dtype)
-            g.expect(is_tensor(pe) and pe.shape == (T, C) and pe.dtype == dtype,
-                     f"{what} should be a {str(dtype).removeprefix('torch.')} ({T}, {C}) tensor, got {describe(pe)}")
-            _expect_close(g, what, pe, expected, advice=f": at large positions angles computed in "
-                          f"{str(dtype).removeprefix('torch.')} lose digits; compute them in float64, cast at the end")
+            g.expect(
+                is_tensor(pe) and pe.shape == (T, C) and pe.dtype == dtype,
+                f"{what} should be a {str(dtype).removeprefix('torch.')} ({T}, {C}) tensor, got {describe(pe)}",
+            )
+            _expect_close(
+                g,
+                what,
+                pe,
+                expected,
+                advice=f": at large positions angles computed in "
+                f"{str(dtype).removeprefix('torch.')} lose digits; compute them in float64, cast at the end",
+            )
 
     with g.check("C odd or not positive, T negative or base not positive raise a ValueError"):
-        for args, kwargs, what in (((4, 3), {}, "C=3"), ((4, 0), {}, "C=0"), ((4, -2), {}, "C=-2"),
-                                   ((-1, 4), {}, "T=-1"), ((4, 4), {"base": 0.0}, "base=0"),
-                                   ((4, 4), {"base": -100.0}, "base=-100")):
-            expect_value_error(g, lambda: sinusoidal_encoding(*args, **kwargs), f"sinusoidal_encoding({what})",
-                               "keep the given argument checks")
+        for args, kwargs, what in (
+            ((4, 3), {}, "C=3"),
+            ((4, 0), {}, "C=0"),
+            ((4, -2), {}, "C=-2"),
+            ((-1, 4), {}, "T=-1"),
+            ((4, 4), {"base": 0.0}, "base=0"),
+            ((4, 4), {"base": -100.0}, "base=-100"),
+        ):
+            expect_value_error(
+                g,
+                lambda: sinusoidal_encoding(*args, **kwargs),
+                f"sinusoidal_encoding({what})",
+                "keep the given argument checks",
+            )
 
     g.finish()
 
@@ -258,11 +309,14 @@ def _rope_heads(x: torch.Tensor, positions: torch.Tensor, **kwargs) -> torch.Ten
     if not (x.dim() == 4 and positions.dim() == 2 and x.shape[0] == x.shape[1]):
         return None
     B, H = x.shape[:2]
-    return torch.stack([torch.stack([ref.apply_rope(x[b, h], positions[h], **kwargs) for h in range(H)])
-                        for b in range(B)])
+    return torch.stack(
+        [torch.stack([ref.apply_rope(x[b, h], positions[h], **kwargs) for h in range(H)]) for b in range(B)]
+    )
 
 
-def _diagnose_rope(g: Grader, what: str, out: object, x: torch.Tensor, positions: torch.Tensor, **kwargs) -> None:
+def _diagnose_rope(
+    g: Grader, what: str, out: object, x: torch.Tensor, positions: torch.Tensor, **kwargs
+) -> None:
     """Fail with the hint of the first common mistake that ``out`` matches."""
     if not (is_tensor(out) and out.shape == x.shape):
         g.fail(f"{what}: expected a tensor of x's shape {tuple(x.shape)}, got {describe(out)}")
@@ -270,32 +324,53 @@ def _diagnose_rope(g: Grader, what: str, out: object, x: torch.Tensor, positions
     kw = {k: v for k, v in kwargs.items() if k != "base"}
     candidates = [
         (x, "x came back unchanged: rotate each pair by the angle p * theta_i of its position"),
-        (_rope_interleaved(x, positions, **kwargs),
-         "you rotate neighbouring channels (2i, 2i+1) together: this convention is half-split, channel i "
-         "pairs with channel i + D/2 (as in rotate_half)"),
-        (_rope_repeat_interleave(x, positions, **kwargs),
-         "the half-split pairs get the wrong frequencies: channels i and i + D/2 share theta_i, so build "
-         "cos and sin with torch.cat([c, c], -1), not repeat_interleave"),
-        (ref.apply_rope(x, -positions, **kwargs),
-         "the rotation goes the wrong way: a pair (a, b) becomes (a cos - b sin, a sin + b cos), i.e. "
-         "x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1)"),
-        (ref.apply_rope(x, positions + 1, **kwargs),
-         "your positions are shifted by one: use the positions given (the first token may have position 0)"),
-        (_rope_heads(x, positions, **kwargs),
-         "head h was rotated by the positions of sequence h: with positions (B, T) and x (B, H, T, D) insert a "
-         "head axis, angles[:, None], so every head of sequence b uses row b"),
-        (ref.apply_rope(x, torch.arange(x.shape[-2]).expand_as(positions), **kwargs),
-         "the positions argument is ignored: you used 0 .. T-1 instead of the positions given"),
+        (
+            _rope_interleaved(x, positions, **kwargs),
+            "you rotate neighbouring channels (2i, 2i+1) together: this convention is half-split, channel i "
+            "pairs with channel i + D/2 (as in rotate_half)",
+        ),
+        (
+            _rope_repeat_interleave(x, positions, **kwargs),
+            "the half-split pairs get the wrong frequencies: channels i and i + D/2 share theta_i, so build "
+            "cos and sin with torch.cat([c, c], -1), not repeat_interleave",
+        ),
+        (
+            ref.apply_rope(x, -positions, **kwargs),
+            "the rotation goes the wrong way: a pair (a, b) becomes (a cos - b sin, a sin + b cos), i.e. "
+            "x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1)",
+        ),
+        (
+            ref.apply_rope(x, positions + 1, **kwargs),
+            "your positions are shifted by one: use the positions given (the first token may have position 0)",
+        ),
+        (
+            _rope_heads(x, positions, **kwargs),
+            "head h was rotated by the positions of sequence h: with positions (B, T) and x (B, H, T, D) insert a "
+            "head axis, angles[:, None], so every head of sequence b uses row b",
+        ),
+        (
+            ref.apply_rope(x, torch.arange(x.shape[-2]).expand_as(positions), **kwargs),
+            "the positions argument is ignored: you used 0 .. T-1 instead of the positions given",
+        ),
     ]
     if positions.is_floating_point() and not torch.equal(positions, positions.round()):
-        candidates.append((ref.apply_rope(x, positions.long(), **kwargs),
-                           "the positions were cast to integers: positions may be floats, use them as they are"))
+        candidates.append(
+            (
+                ref.apply_rope(x, positions.long(), **kwargs),
+                "the positions were cast to integers: positions may be floats, use them as they are",
+            )
+        )
     if kwargs.get("scaling") is not None:
-        candidates.append((ref.apply_rope(x, positions, base=kwargs.get("base", 10000.0)),
-                           "scaling and factor are ignored: pass them on to rope_angles"))
+        candidates.append(
+            (
+                ref.apply_rope(x, positions, base=kwargs.get("base", 10000.0)),
+                "scaling and factor are ignored: pass them on to rope_angles",
+            )
+        )
     if kwargs.get("base", 10000.0) != 10000.0:
-        candidates.append((ref.apply_rope(x, positions, **kw),
-                           "the base argument is ignored: pass base on to rope_angles"))
+        candidates.append(
+            (ref.apply_rope(x, positions, **kw), "the base argument is ignored: pass base on to rope_angles")
+        )
     for wrong, hint in candidates:
         if wrong is not None and wrong.shape == good.shape and not close(wrong, good) and close(out, wrong):
             g.fail(f"{what}: {hint}")
@@ -350,13 +425,19 @@ def grade_apply_rope(apply_rope) -> None:
             x = rand(f"rope.dtype.{dtype}", 2, 3, 5, 8).to(dtype)
             what = f"for x {describe(x)} and positions {positions.tolist()}"
             p = probe(apply_rope, x.clone(), positions.clone())
-            g.expect(is_tensor(p.result) and p.result.shape == x.shape and p.result.dtype == dtype,
-                     f"{what}: expected a tensor of x's shape and dtype, got {describe(p.result)}: "
-                     "cast cos and sin to x.dtype")
-            g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], x),
-                     f"{what}: x was modified in place: compute a new tensor")
-            g.expect(is_tensor(p.args[1]) and torch.equal(p.args[1], positions),
-                     f"{what}: positions was modified in place")
+            g.expect(
+                is_tensor(p.result) and p.result.shape == x.shape and p.result.dtype == dtype,
+                f"{what}: expected a tensor of x's shape and dtype, got {describe(p.result)}: "
+                "cast cos and sin to x.dtype",
+            )
+            g.expect(
+                is_tensor(p.args[0]) and torch.equal(p.args[0], x),
+                f"{what}: x was modified in place: compute a new tensor",
+            )
+            g.expect(
+                is_tensor(p.args[1]) and torch.equal(p.args[1], positions),
+                f"{what}: positions was modified in place",
+            )
             if dtype == F32:
                 expected = ref.apply_rope(x.double(), positions).float()
                 _expect_close(g, what, p.result, expected, magnitude(x))
@@ -366,8 +447,10 @@ def grade_apply_rope(apply_rope) -> None:
         x = tensor(seed, *shape)
         _rope_case(g, apply_rope, x, torch.tensor(pos), f"for x {shape} and positions {pos}")
 
-    with g.check("x (B, H, T, D) at positions 0 .. T-1: channels i and i + D/2 turn by p theta_i, "
-                 "(a, b) -> (a cos - b sin, a sin + b cos)"):
+    with g.check(
+        "x (B, H, T, D) at positions 0 .. T-1: channels i and i + D/2 turn by p theta_i, "
+        "(a, b) -> (a cos - b sin, a sin + b cos)"
+    ):
         for_all("rope.arange", _rope_shapes(), arange_case, first=((1, 1, 2, 4), [0, 1], 0))
 
     with g.check("x may also be (B, T, D) or (T, D), positions (T,) shared by the batch"):
@@ -379,12 +462,20 @@ def grade_apply_rope(apply_rope) -> None:
         _rope_case(g, apply_rope, x, positions, f"for x {shape} and positions {_positions_text(positions)}")
 
     with g.check("explicit positions (T,): any order, integers or floats, up to thousands"):
-        for_all("rope.explicit", _rope_shapes(ranks=(2, 3, 4), positions="explicit"), explicit_case,
-                first=((1, 2, 6, 8), [5, 0, 17, 3, 100, 42], 2))
+        for_all(
+            "rope.explicit",
+            _rope_shapes(ranks=(2, 3, 4), positions="explicit"),
+            explicit_case,
+            first=((1, 2, 6, 8), [5, 0, 17, 3, 100, 42], 2),
+        )
 
     with g.check("positions (B, T): every head of sequence b uses row b, for x (B, T, D) or (B, H, T, D)"):
-        for_all("rope.batched", _rope_shapes(ranks=(3, 4), positions="batched"), explicit_case,
-                first=((2, 2, 4, 6), [[0, 1, 2, 3], [9, 4, 20, 7]], 3))
+        for_all(
+            "rope.batched",
+            _rope_shapes(ranks=(3, 4), positions="batched"),
+            explicit_case,
+            first=((2, 2, 4, 6), [[0, 1, 2, 3], [9, 4, 20, 7]], 3),
+        )
 
     def options_case(case):
         (shape, pos, seed), (base, scaling, factor) = case
@@ -396,29 +487,52 @@ def grade_apply_rope(apply_rope) -> None:
         what = f"for x {shape}, positions {_positions_text(positions)}{_args(**kwargs)}"
         _rope_case(g, apply_rope, x, positions, what, **kwargs)
 
-    options = st.tuples(st.sampled_from([None, 500.0, 10000.0, 1e6]), st.sampled_from([None, "linear", "ntk"]),
-                        st.sampled_from([None, 0.5, 2.0, 4.0, 8.0]))
+    options = st.tuples(
+        st.sampled_from([None, 500.0, 10000.0, 1e6]),
+        st.sampled_from([None, "linear", "ntk"]),
+        st.sampled_from([None, 0.5, 2.0, 4.0, 8.0]),
+    )
     with g.check("passes base, scaling ('linear' or 'ntk') and factor on (factor defaults to 1.0)"):
-        for_all("rope.options", st.tuples(_rope_shapes(ranks=(2, 4), positions="explicit"), options), options_case,
-                first=(((1, 2, 5, 8), [0, 10, 20, 30, 40], 4), (500.0, None, None)))
+        for_all(
+            "rope.options",
+            st.tuples(_rope_shapes(ranks=(2, 4), positions="explicit"), options),
+            options_case,
+            first=(((1, 2, 5, 8), [0, 10, 20, 30, 40], 4), (500.0, None, None)),
+        )
         x, positions = rand("rope.options.fixed", 1, 2, 5, 8), torch.arange(0, 50, 10)
-        for kwargs in ({"scaling": "linear", "factor": 4.0}, {"scaling": "ntk", "factor": 8.0},
-                       {"scaling": "linear"}, {"factor": 3.0}):
-            _rope_case(g, apply_rope, x, positions, f"for x (1, 2, 5, 8), positions [0, 10, .., 40]{_args(**kwargs)}",
-                       **kwargs)
+        for kwargs in (
+            {"scaling": "linear", "factor": 4.0},
+            {"scaling": "ntk", "factor": 8.0},
+            {"scaling": "linear"},
+            {"factor": 3.0},
+        ):
+            _rope_case(
+                g,
+                apply_rope,
+                x,
+                positions,
+                f"for x (1, 2, 5, 8), positions [0, 10, .., 40]{_args(**kwargs)}",
+                **kwargs,
+            )
 
     with g.check("gradients flow back to x (the inverse rotation of the upstream gradient)"):
         x = rand("rope.grad", 2, 2, 4, 6)
         positions = torch.tensor([3, 1, 4, 1])
         upstream = rand("rope.grad.up", 2, 2, 4, 6)
         p = probe(apply_rope, x.clone().requires_grad_(), positions, backward=(None, upstream))
-        g.expect(is_tensor(p.result) and p.result.requires_grad,
-                 "for x (2, 2, 4, 6): the output does not depend on x through autograd: avoid .detach(), "
-                 ".numpy() or .item()")
+        g.expect(
+            is_tensor(p.result) and p.result.requires_grad,
+            "for x (2, 2, 4, 6): the output does not depend on x through autograd: avoid .detach(), "
+            ".numpy() or .item()",
+        )
         expected = ref.apply_rope(upstream, -positions)
-        _expect_close(g, "for x (2, 2, 4, 6) and positions [3, 1, 4, 1], the gradient with respect to x",
-                      p.grads[0] if p.grads else None, expected,
-                      advice=" (it is the inverse rotation of the upstream gradient)")
+        _expect_close(
+            g,
+            "for x (2, 2, 4, 6) and positions [3, 1, 4, 1], the gradient with respect to x",
+            p.grads[0] if p.grads else None,
+            expected,
+            advice=" (it is the inverse rotation of the upstream gradient)",
+        )
 
     with g.check("x with an odd D or fewer than 2 dims, or positions of another shape, raise a ValueError"):
         x = rand("rope.bad", 2, 3, 4, 6)
@@ -426,9 +540,18 @@ def grade_apply_rope(apply_rope) -> None:
             (lambda: apply_rope(rand("rope.bad.odd", 2, 3, 4, 5), torch.arange(4)), "x (2, 3, 4, 5) (D odd)"),
             (lambda: apply_rope(rand("rope.bad.1d", 6), torch.arange(1)), "x (6,) (one dimension)"),
             (lambda: apply_rope(x, torch.arange(5)), "x (2, 3, 4, 6) and positions (5,)"),
-            (lambda: apply_rope(x, torch.zeros(3, 4, dtype=torch.long)), "x (2, 3, 4, 6) and positions (3, 4)"),
-            (lambda: apply_rope(x[0, 0], torch.zeros(2, 4, dtype=torch.long)), "x (4, 6) and positions (2, 4)"),
-            (lambda: apply_rope(x, torch.zeros(2, 1, 4, dtype=torch.long)), "x (2, 3, 4, 6) and positions (2, 1, 4)"),
+            (
+                lambda: apply_rope(x, torch.zeros(3, 4, dtype=torch.long)),
+                "x (2, 3, 4, 6) and positions (3, 4)",
+            ),
+            (
+                lambda: apply_rope(x[0, 0], torch.zeros(2, 4, dtype=torch.long)),
+                "x (4, 6) and positions (2, 4)",
+            ),
+            (
+                lambda: apply_rope(x, torch.zeros(2, 1, 4, dtype=torch.long)),
+                "x (2, 3, 4, 6) and positions (2, 1, 4)",
+            ),
         ):
             expect_value_error(g, call, what, "keep the given argument checks")
 
@@ -447,22 +570,32 @@ def _diagnose_slopes(g: Grader, s: object, H: int) -> None:
     if not (is_tensor(s) and s.shape == (H,)):
         g.fail(f"alibi_slopes({H}) should be a tensor of shape ({H},), got {describe(s)}")
     if H > 1 and close(s, expected.flip(0)):
-        g.fail(f"alibi_slopes({H}): the slopes are reversed: head 0 gets the steepest slope 2^(-8/n), "
-               "e.g. 1/2 for 8 heads")
+        g.fail(
+            f"alibi_slopes({H}): the slopes are reversed: head 0 gets the steepest slope 2^(-8/n), "
+            "e.g. 1/2 for 8 heads"
+        )
     if close(s, torch.tensor([2.0 ** (-8.0 * i / H) for i in range(H)], dtype=F64)):
-        g.fail(f"alibi_slopes({H}): the exponents start at 0: the slopes are 2^(-8i/n) for i = 1 .. n, so the "
-               "first is 2^(-8/n), not 1")
+        g.fail(
+            f"alibi_slopes({H}): the exponents start at 0: the slopes are 2^(-8i/n) for i = 1 .. n, so the "
+            "first is 2^(-8/n), not 1"
+        )
     if H & (H - 1):  # not a power of two
         n = 1 << (H.bit_length() - 1)
         if close(s, torch.tensor(_geometric(H), dtype=F64)):
-            g.fail(f"H = {H} is not a power of two: the paper's rule takes the {n} slopes for n = {n} heads, then "
-                   f"the first {H - n} of every other slope for 2n = {2 * n} heads (2^(-8i/H) is not that)")
+            g.fail(
+                f"H = {H} is not a power of two: the paper's rule takes the {n} slopes for n = {n} heads, then "
+                f"the first {H - n} of every other slope for 2n = {2 * n} heads (2^(-8i/H) is not that)"
+            )
         if close(s, torch.tensor(_geometric(n) + _geometric(2 * n)[1::2][: H - n], dtype=F64)):
-            g.fail(f"for H = {H} the extra slopes are every other slope of the {2 * n}-head sequence starting "
-                   "with its first, [0::2], not [1::2]")
+            g.fail(
+                f"for H = {H} the extra slopes are every other slope of the {2 * n}-head sequence starting "
+                "with its first, [0::2], not [1::2]"
+            )
         if close(s, expected.sort(descending=True).values):
-            g.fail(f"alibi_slopes({H}): do not sort the slopes: the paper's order is the n slopes for n heads "
-                   "first, then the extra ones from the 2n-head sequence")
+            g.fail(
+                f"alibi_slopes({H}): do not sort the slopes: the paper's order is the n slopes for n heads "
+                "first, then the extra ones from the 2n-head sequence"
+            )
 
 
 def grade_alibi_slopes(alibi_slopes) -> None:
@@ -470,13 +603,19 @@ def grade_alibi_slopes(alibi_slopes) -> None:
     g = Grader("alibi_slopes")
 
     with g.check("returns an (H,) tensor of the requested dtype (float32 by default)"):
-        for H, kwargs, dtype in ((4, {}, F32), (12, {}, F32), (4, {"dtype": F64}, F64),
-                                 (6, {"dtype": torch.bfloat16}, torch.bfloat16)):
+        for H, kwargs, dtype in (
+            (4, {}, F32),
+            (12, {}, F32),
+            (4, {"dtype": F64}, F64),
+            (6, {"dtype": torch.bfloat16}, torch.bfloat16),
+        ):
             what = f"alibi_slopes({H}{_args(**kwargs)})"
             s = _call(g, what, alibi_slopes, H, **kwargs)
-            g.expect(is_tensor(s) and s.shape == (H,) and s.dtype == dtype,
-                     f"{what} should be a {str(dtype).removeprefix('torch.')} tensor of shape ({H},), "
-                     f"got {describe(s)}")
+            g.expect(
+                is_tensor(s) and s.shape == (H,) and s.dtype == dtype,
+                f"{what} should be a {str(dtype).removeprefix('torch.')} tensor of shape ({H},), "
+                f"got {describe(s)}",
+            )
             expected = ref.alibi_slopes(H, F64).to(dtype)
             _expect_close(g, what, s, expected)
 
@@ -488,9 +627,13 @@ def grade_alibi_slopes(alibi_slopes) -> None:
         _expect_close(g, f"alibi_slopes({H}, torch.float64)", s, expected)
 
     with g.check("H a power of two: the geometric sequence 2^(-8i/H), i = 1 .. H"):
-        for_all("alibi.slopes.pow2", st.integers(0, 7).map(lambda k: 2**k), slopes_case, max_examples=8, first=8)
+        for_all(
+            "alibi.slopes.pow2", st.integers(0, 7).map(lambda k: 2**k), slopes_case, max_examples=8, first=8
+        )
 
-    with g.check("other H: the n slopes for n heads, then every other slope for 2n heads (n = largest power of 2 < H)"):
+    with g.check(
+        "other H: the n slopes for n heads, then every other slope for 2n heads (n = largest power of 2 < H)"
+    ):
         others = st.integers(3, 100).filter(lambda h: h & (h - 1) != 0)
         for_all("alibi.slopes.other", others, slopes_case, first=3)
         for H in (5, 6, 12, 20, 24):  # regression: the old fixed cases
@@ -498,7 +641,9 @@ def grade_alibi_slopes(alibi_slopes) -> None:
 
     with g.check("H < 1 raises a ValueError"):
         for H in (0, -3):
-            expect_value_error(g, lambda: alibi_slopes(H), f"alibi_slopes({H})", "keep the given argument check")
+            expect_value_error(
+                g, lambda: alibi_slopes(H), f"alibi_slopes({H})", "keep the given argument check"
+            )
 
     g.finish()
 
@@ -517,32 +662,44 @@ def _diagnose_bias(g: Grader, what: str, b: object, slopes: torch.Tensor, T: int
     if T == 0:
         return
     if S > T and close(b, ref.alibi_bias(slopes, S)[:, :T], magnitude=mag):
-        g.fail(f"{what} is misaligned to the top-left: the queries are the last {T} of {S} positions, so "
-               f"query i sits at position i + (S - T) and its own key is j = i + {S - T} (bias 0)")
+        g.fail(
+            f"{what} is misaligned to the top-left: the queries are the last {T} of {S} positions, so "
+            f"query i sits at position i + (S - T) and its own key is j = i + {S - T} (bias 0)"
+        )
     past = torch.isfinite(expected)  # (H, T, S): keys the queries may see
     if not bool(torch.isneginf(b[~past]).all()):
         if close(b[past], expected[past], magnitude=mag):
-            g.fail(f"{what}: future keys must be -inf: the bias is also the causal mask (a query may not see "
-                   "keys after it)")
-        g.fail(f"{what}: keys after the query must get -inf and keys up to the query a finite bias (is the bias "
-               "causal and aligned?)")
+            g.fail(
+                f"{what}: future keys must be -inf: the bias is also the causal mask (a query may not see "
+                "keys after it)"
+            )
+        g.fail(
+            f"{what}: keys after the query must get -inf and keys up to the query a finite bias (is the bias "
+            "causal and aligned?)"
+        )
     if not bool(torch.isfinite(b[past]).all()):
         g.fail(f"{what}: some keys up to and including the query got -inf: only future keys are masked")
     if bool((expected[past] != 0).any()) and close(b[past], -expected[past], magnitude=mag):
         g.fail(f"{what}: the sign is flipped: keys further back must get a *more negative* bias, -m (i - j)")
-    if bool((slopes != 0).any()) and close(b[past], expected[past] - slopes[:, None, None].expand(H, T, S)[past],
-                                           magnitude=mag):
-        g.fail(f"{what}: the distance is off by one: a query's own key gets bias 0, the key before it -m, "
-               "then -2m, ...")
+    if bool((slopes != 0).any()) and close(
+        b[past], expected[past] - slopes[:, None, None].expand(H, T, S)[past], magnitude=mag
+    ):
+        g.fail(
+            f"{what}: the distance is off by one: a query's own key gets bias 0, the key before it -m, "
+            "then -2m, ..."
+        )
     flipped = ref.alibi_bias(slopes.flip(0), T, S)
     if H > 1 and not close(flipped, expected) and close(b, flipped, magnitude=mag):
         g.fail(f"{what}: the heads use the slopes in reverse order: head h gets slopes[h]")
 
 
 def _bias_case(g: Grader, alibi_bias, slopes: torch.Tensor, T: int, S: int | None) -> None:
-    shown = "[" + ", ".join(f"{v:.4g}" for v in slopes.tolist()) + "]" if slopes.numel() <= 4 else describe(slopes)
-    what = f"alibi_bias(slopes {shown}, {T}" + \
-        ("" if S is None else f", {S}") + ")"
+    shown = (
+        "[" + ", ".join(f"{v:.4g}" for v in slopes.tolist()) + "]"
+        if slopes.numel() <= 4
+        else describe(slopes)
+    )
+    what = f"alibi_bias(slopes {shown}, {T}" + ("" if S is None else f", {S}") + ")"
     b = _call(g, what, alibi_bias, slopes, T) if S is None else _call(g, what, alibi_bias, slopes, T, S)
     S = T if S is None else S
     expected = ref.alibi_bias(slopes, T, S)
@@ -570,8 +727,10 @@ def grade_alibi_bias(alibi_bias) -> None:
             s = slopes.to(dtype)
             what = f"alibi_bias({describe(s)} slopes, 4, 6)"
             b = _call(g, what, alibi_bias, s, 4, 6)
-            g.expect(is_tensor(b) and b.shape == (4, 4, 6) and b.dtype == dtype,
-                     f"{what} should be a {str(dtype).removeprefix('torch.')} (4, 4, 6) tensor, got {describe(b)}")
+            g.expect(
+                is_tensor(b) and b.shape == (4, 4, 6) and b.dtype == dtype,
+                f"{what} should be a {str(dtype).removeprefix('torch.')} (4, 4, 6) tensor, got {describe(b)}",
+            )
             expected = ref.alibi_bias(s.double(), 4, 6).to(dtype)
             _expect_close(g, what, b, expected, 5.0)
         if _in_process():  # tensors on the meta device cannot cross the autograder's sandbox
@@ -580,32 +739,42 @@ def grade_alibi_bias(alibi_bias) -> None:
                 b = alibi_bias(slopes.to("meta"), 3, 5)
             except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
                 raise_unless_student_error(e)
-                g.fail(f"{what}: {_raised(e)}: the bias must be on the slopes' device, create the positions "
-                       "with device=slopes.device")
-            g.expect(is_tensor(b) and b.device.type == "meta" and b.shape == (4, 3, 5),
-                     "alibi_bias(slopes on the meta device, 3, 5) should be a (4, 3, 5) tensor on the slopes' device "
-                     f"(meta), got {describe(b)} on {getattr(b, 'device', '?')}: create the positions with "
-                     "device=slopes.device")
+                g.fail(
+                    f"{what}: {_raised(e)}: the bias must be on the slopes' device, create the positions "
+                    "with device=slopes.device"
+                )
+            g.expect(
+                is_tensor(b) and b.device.type == "meta" and b.shape == (4, 3, 5),
+                "alibi_bias(slopes on the meta device, 3, 5) should be a (4, 3, 5) tensor on the slopes' device "
+                f"(meta), got {describe(b)} on {getattr(b, 'device', '?')}: create the positions with "
+                "device=slopes.device",
+            )
 
     def case(c):
         H, T, S, scale, signed, seed = c
         s = tensor(seed, H, scale=scale)
         _bias_case(g, alibi_bias, s if signed else s.abs(), T, S)
 
-    with g.check("S defaults to T: -m_h (i - j) for keys j <= i (0 on the query's own key), -inf for later keys"):
+    with g.check(
+        "S defaults to T: -m_h (i - j) for keys j <= i (0 on the query's own key), -inf for later keys"
+    ):
         for_all("alibi.bias.square", _bias_shapes(), case, first=(1, 3, None, 1.0, False, 0))
         for T in (5, 1, 8):  # regression: the old fixed cases
             _bias_case(g, alibi_bias, slopes, T, None)
 
-    with g.check("S > T keys: the queries are the last T of S positions (query i sits at i + S - T); T may be 0"):
+    with g.check(
+        "S > T keys: the queries are the last T of S positions (query i sits at i + S - T); T may be 0"
+    ):
         for_all("alibi.bias.rect", _bias_shapes(square=False), case, first=(1, 2, 4, 1.0, False, 0))
         for T, S in ((3, 7), (1, 5), (0, 3)):
             _bias_case(g, alibi_bias, slopes, T, S)
 
     with g.check("leaves the slopes unchanged"):
         p = probe(alibi_bias, slopes.clone(), 4, 6)
-        g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], slopes),
-                 "alibi_bias(slopes, 4, 6) modified the slopes in place: compute a new tensor")
+        g.expect(
+            is_tensor(p.args[0]) and torch.equal(p.args[0], slopes),
+            "alibi_bias(slopes, 4, 6) modified the slopes in place: compute a new tensor",
+        )
 
     with g.check("slopes that are not a floating (H,) tensor, S < T or T < 0 raise a ValueError"):
         for call, what in (
@@ -624,8 +793,10 @@ def grade_alibi_bias(alibi_bias) -> None:
 
 
 def _public_value(g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0) -> None:
-    g.expect(is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
-             f"{what} should be a {describe(expected)}, got {describe(out)}")
+    g.expect(
+        is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
+        f"{what} should be a {describe(expected)}, got {describe(out)}",
+    )
     _expect_close(g, what, out, expected, mag)
 
 
@@ -635,11 +806,15 @@ def check_sinusoidal_encoding(sinusoidal_encoding) -> None:
     s1, c1 = math.sin(1.0), math.cos(1.0)
     with g.check("sinusoidal_encoding(3, 4) is a float32 (3, 4) tensor; dtype=torch.float64 gives float64"):
         pe = sinusoidal_encoding(3, 4)
-        g.expect(is_tensor(pe) and pe.shape == (3, 4) and pe.dtype == F32,
-                 f"sinusoidal_encoding(3, 4) must be a float32 (3, 4) tensor, got {describe(pe)}")
+        g.expect(
+            is_tensor(pe) and pe.shape == (3, 4) and pe.dtype == F32,
+            f"sinusoidal_encoding(3, 4) must be a float32 (3, 4) tensor, got {describe(pe)}",
+        )
         pe = sinusoidal_encoding(3, 4, dtype=F64)
-        g.expect(is_tensor(pe) and pe.shape == (3, 4) and pe.dtype == F64,
-                 f"sinusoidal_encoding(3, 4, dtype=torch.float64) must be float64 (3, 4), got {describe(pe)}")
+        g.expect(
+            is_tensor(pe) and pe.shape == (3, 4) and pe.dtype == F64,
+            f"sinusoidal_encoding(3, 4, dtype=torch.float64) must be float64 (3, 4), got {describe(pe)}",
+        )
     with g.check("PE(0) = [0, 1, 0, 1] and PE(1) = [sin 1, cos 1, sin 0.01, cos 0.01] for C = 4"):
         pe = sinusoidal_encoding(2, 4, dtype=F64)
         expected = torch.tensor([[0.0, 1.0, 0.0, 1.0], [s1, c1, math.sin(0.01), math.cos(0.01)]], dtype=F64)
@@ -669,54 +844,109 @@ def check_apply_rope(apply_rope) -> None:
         out = apply_rope(x, torch.tensor([0, 1]))
         if is_tensor(out) and out.shape == (2, 4):
             if close(out[1], torch.tensor([c, s, 0.0, 0.0], dtype=F64)):
-                g.fail("you rotate neighbouring channels (0, 1) together: with the half-split pairing channel 0 "
-                       "pairs with channel 2 = 0 + D/2")
+                g.fail(
+                    "you rotate neighbouring channels (0, 1) together: with the half-split pairing channel 0 "
+                    "pairs with channel 2 = 0 + D/2"
+                )
             if close(out[1], torch.tensor([c, 0.0, -s, 0.0], dtype=F64)):
                 g.fail("the rotation goes the wrong way: (a, b) becomes (a cos - b sin, a sin + b cos)")
-        _public_value(g, "apply_rope([[1, 0, 0, 0], [1, 0, 0, 0]], [0, 1])", out,
-                      torch.tensor([[1.0, 0, 0, 0], [c, 0, s, 0]], dtype=F64))
-    with g.check("a float32 (B, H, T, D) x at positions 0 .. T-1 gives a new float32 tensor of its shape, "
-                 "x unchanged, norms kept"):
+        _public_value(
+            g,
+            "apply_rope([[1, 0, 0, 0], [1, 0, 0, 0]], [0, 1])",
+            out,
+            torch.tensor([[1.0, 0, 0, 0], [c, 0, s, 0]], dtype=F64),
+        )
+    with g.check(
+        "a float32 (B, H, T, D) x at positions 0 .. T-1 gives a new float32 tensor of its shape, "
+        "x unchanged, norms kept"
+    ):
         y = rand("public.rope", 2, 3, 5, 8, dtype=F32)
         p = probe(apply_rope, y.clone(), torch.arange(5))
         out = p.result
-        g.expect(is_tensor(out) and out.shape == y.shape and out.dtype == F32,
-                 f"expected a float32 tensor of shape {tuple(y.shape)}, got {describe(out)}")
+        g.expect(
+            is_tensor(out) and out.shape == y.shape and out.dtype == F32,
+            f"expected a float32 tensor of shape {tuple(y.shape)}, got {describe(out)}",
+        )
         g.expect(torch.equal(p.args[0], y), "x was modified in place: compute a new tensor")
-        g.expect(close(out.norm(dim=-1), y.norm(dim=-1), magnitude=magnitude(y)),
-                 "the norms changed: each pair must be rotated, not scaled")
-        _expect_close(g, "apply_rope(x (2, 3, 5, 8), arange(5))", out,
-                      ref.apply_rope(y.double(), torch.arange(5)).float(), magnitude(y))
+        g.expect(
+            close(out.norm(dim=-1), y.norm(dim=-1), magnitude=magnitude(y)),
+            "the norms changed: each pair must be rotated, not scaled",
+        )
+        _expect_close(
+            g,
+            "apply_rope(x (2, 3, 5, 8), arange(5))",
+            out,
+            ref.apply_rope(y.double(), torch.arange(5)).float(),
+            magnitude(y),
+        )
     with g.check("x (T, D) or (B, T, D), explicit and float positions"):
         x = torch.stack([e1, e1, e1])  # (T=3, D=4)
         positions = torch.tensor([2.0, 0.5, 1.0], dtype=F64)
-        _public_value(g, "apply_rope(x (3, 4), positions [2.0, 0.5, 1.0])", apply_rope(x, positions),
-                      ref.apply_rope(x, positions))
-        _public_value(g, "apply_rope(x (1, 3, 4), positions [2.0, 0.5, 1.0])", apply_rope(x[None], positions),
-                      ref.apply_rope(x[None], positions))
+        _public_value(
+            g,
+            "apply_rope(x (3, 4), positions [2.0, 0.5, 1.0])",
+            apply_rope(x, positions),
+            ref.apply_rope(x, positions),
+        )
+        _public_value(
+            g,
+            "apply_rope(x (1, 3, 4), positions [2.0, 0.5, 1.0])",
+            apply_rope(x[None], positions),
+            ref.apply_rope(x[None], positions),
+        )
     with g.check("positions (B, T): sequence b (all its heads) uses row b, for x (B, H, T, D) or (B, T, D)"):
         x = torch.stack([e1, e1])[None, None].expand(2, 3, 2, 4).contiguous()  # (B=2, H=3, T=2, D=4)
         positions = torch.tensor([[0, 1], [1, 0]])
-        _public_value(g, "apply_rope(x (2, 3, 2, 4), positions [[0, 1], [1, 0]])", apply_rope(x, positions),
-                      ref.apply_rope(x, positions))
-        _public_value(g, "apply_rope(x (2, 2, 4), positions [[0, 1], [1, 0]])", apply_rope(x[:, 0], positions),
-                      ref.apply_rope(x[:, 0], positions))
-    with g.check("base, scaling and factor are passed on: base=100, scaling='linear' with factor=2, scaling='ntk'"):
-        x = torch.stack([e1.roll(1), e1.roll(1)])  # channel 1 set: pairs with channel 3, turns with base^(-1/2)
-        for kwargs in ({"base": 100.0}, {"scaling": "linear", "factor": 2.0}, {"scaling": "ntk", "factor": 4.0}):
+        _public_value(
+            g,
+            "apply_rope(x (2, 3, 2, 4), positions [[0, 1], [1, 0]])",
+            apply_rope(x, positions),
+            ref.apply_rope(x, positions),
+        )
+        _public_value(
+            g,
+            "apply_rope(x (2, 2, 4), positions [[0, 1], [1, 0]])",
+            apply_rope(x[:, 0], positions),
+            ref.apply_rope(x[:, 0], positions),
+        )
+    with g.check(
+        "base, scaling and factor are passed on: base=100, scaling='linear' with factor=2, scaling='ntk'"
+    ):
+        x = torch.stack(
+            [e1.roll(1), e1.roll(1)]
+        )  # channel 1 set: pairs with channel 3, turns with base^(-1/2)
+        for kwargs in (
+            {"base": 100.0},
+            {"scaling": "linear", "factor": 2.0},
+            {"scaling": "ntk", "factor": 4.0},
+        ):
             positions = torch.tensor([3, 8])
-            _public_value(g, f"apply_rope([[0, 1, 0, 0]] * 2, [3, 8]{_args(**kwargs)})",
-                          apply_rope(x, positions, **kwargs), ref.apply_rope(x, positions, **kwargs))
+            _public_value(
+                g,
+                f"apply_rope([[0, 1, 0, 0]] * 2, [3, 8]{_args(**kwargs)})",
+                apply_rope(x, positions, **kwargs),
+                ref.apply_rope(x, positions, **kwargs),
+            )
     with g.check("gradients flow back to x"):
-        p = probe(apply_rope, torch.stack([e1, e1]).requires_grad_(), torch.tensor([0, 1]),
-                  backward=(None, torch.ones(2, 4, dtype=F64)))
+        p = probe(
+            apply_rope,
+            torch.stack([e1, e1]).requires_grad_(),
+            torch.tensor([0, 1]),
+            backward=(None, torch.ones(2, 4, dtype=F64)),
+        )
         expected = ref.apply_rope(torch.ones(2, 4, dtype=F64), -torch.tensor([0, 1]))
-        g.expect(p.grads is not None and p.grads[0] is not None and close(p.grads[0], expected),
-                 "the gradient with respect to x should be the inverse rotation of the upstream gradient: "
-                 "avoid .detach(), .numpy() or .item()")
+        g.expect(
+            p.grads is not None and p.grads[0] is not None and close(p.grads[0], expected),
+            "the gradient with respect to x should be the inverse rotation of the upstream gradient: "
+            "avoid .detach(), .numpy() or .item()",
+        )
     with g.check("x (2, 5) (D odd) raises a ValueError"):
-        expect_value_error(g, lambda: apply_rope(torch.zeros(2, 5), torch.arange(2)), "x (2, 5)",
-                           "keep the given argument checks")
+        expect_value_error(
+            g,
+            lambda: apply_rope(torch.zeros(2, 5), torch.arange(2)),
+            "x (2, 5)",
+            "keep the given argument checks",
+        )
     g.finish()
 
 
@@ -725,14 +955,23 @@ def check_alibi_slopes(alibi_slopes) -> None:
     g = Grader("alibi_slopes (public)")
     with g.check("alibi_slopes(8) is a float32 [1/2, 1/4, ..., 1/256]; dtype=torch.float64 gives float64"):
         _public_value(g, "alibi_slopes(8)", alibi_slopes(8), torch.tensor([2.0**-i for i in range(1, 9)]))
-        _public_value(g, "alibi_slopes(2, torch.float64)", alibi_slopes(2, F64),
-                      torch.tensor([1 / 16, 1 / 256], dtype=F64))
+        _public_value(
+            g,
+            "alibi_slopes(2, torch.float64)",
+            alibi_slopes(2, F64),
+            torch.tensor([1 / 16, 1 / 256], dtype=F64),
+        )
     with g.check("alibi_slopes(3) is [1/16, 1/256, 1/4] (3 is not a power of two)"):
         s = alibi_slopes(3, F64)
-        g.expect(is_tensor(s) and s.shape == (3,), f"alibi_slopes(3) must be a tensor of shape (3,), got {describe(s)}")
-        g.expect(close(s, torch.tensor([1 / 16, 1 / 256, 1 / 4], dtype=F64)),
-                 f"expected [1/16, 1/256, 1/4] (the 2 slopes for 2 heads, then the first of every other slope for "
-                 f"4 heads), got {s.tolist()}")
+        g.expect(
+            is_tensor(s) and s.shape == (3,),
+            f"alibi_slopes(3) must be a tensor of shape (3,), got {describe(s)}",
+        )
+        g.expect(
+            close(s, torch.tensor([1 / 16, 1 / 256, 1 / 4], dtype=F64)),
+            f"expected [1/16, 1/256, 1/4] (the 2 slopes for 2 heads, then the first of every other slope for "
+            f"4 heads), got {s.tolist()}",
+        )
     with g.check("alibi_slopes(0) raises a ValueError"):
         expect_value_error(g, lambda: alibi_slopes(0), "alibi_slopes(0)", "keep the given argument check")
     g.finish()
@@ -746,21 +985,35 @@ def check_alibi_bias(alibi_bias) -> None:
     with g.check("alibi_bias([0.5], 3) is [[0, -inf, -inf], [-0.5, 0, -inf], [-1, -0.5, 0]]"):
         b = alibi_bias(half, 3)
         if is_tensor(b) and b.shape == (1, 3, 3):
-            g.expect(bool(torch.isneginf(b[0, 0, 1:]).all()),
-                     "future keys must be -inf: the bias is also the causal mask")
-            g.expect(float(b[0, 1, 0]) < 0,
-                     "keys further back must get a negative bias, -m (i - j): is the sign flipped?")
-        _public_value(g, "alibi_bias([0.5], 3)", b,
-                      torch.tensor([[[0.0, -inf, -inf], [-0.5, 0.0, -inf], [-1.0, -0.5, 0.0]]], dtype=F64))
-    with g.check("alibi_bias([0.5, 0.25], 2, 4): the last query sees all 4 keys; float32 slopes give float32, "
-                 "slopes on the meta device a bias on the meta device"):
+            g.expect(
+                bool(torch.isneginf(b[0, 0, 1:]).all()),
+                "future keys must be -inf: the bias is also the causal mask",
+            )
+            g.expect(
+                float(b[0, 1, 0]) < 0,
+                "keys further back must get a negative bias, -m (i - j): is the sign flipped?",
+            )
+        _public_value(
+            g,
+            "alibi_bias([0.5], 3)",
+            b,
+            torch.tensor([[[0.0, -inf, -inf], [-0.5, 0.0, -inf], [-1.0, -0.5, 0.0]]], dtype=F64),
+        )
+    with g.check(
+        "alibi_bias([0.5, 0.25], 2, 4): the last query sees all 4 keys; float32 slopes give float32, "
+        "slopes on the meta device a bias on the meta device"
+    ):
         s = torch.tensor([0.5, 0.25])
-        _public_value(g, "alibi_bias([0.5, 0.25] (float32), 2, 4)", alibi_bias(s, 2, 4), ref.alibi_bias(s, 2, 4))
+        _public_value(
+            g, "alibi_bias([0.5, 0.25] (float32), 2, 4)", alibi_bias(s, 2, 4), ref.alibi_bias(s, 2, 4)
+        )
         if _in_process():  # tensors on the meta device cannot cross the autograder's sandbox
             b = alibi_bias(s.to("meta"), 2, 4)
-            g.expect(is_tensor(b) and b.device.type == "meta",
-                     "with slopes on the meta device the bias must be there too: create the positions with "
-                     "device=slopes.device")
+            g.expect(
+                is_tensor(b) and b.device.type == "meta",
+                "with slopes on the meta device the bias must be there too: create the positions with "
+                "device=slopes.device",
+            )
     with g.check("alibi_bias([0.5], 0, 3) is an empty (1, 0, 3) tensor"):
         _public_value(g, "alibi_bias([0.5], 0, 3)", alibi_bias(half, 0, 3), torch.zeros(1, 0, 3, dtype=F64))
     with g.check("the slopes are left unchanged"):

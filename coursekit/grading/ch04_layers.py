@@ -12,6 +12,10 @@ compared in float64 with :mod:`coursekit.layers` carrying the same weights (whic
 ``tests/test_layers.py`` shows equal to ``nn.LayerNorm``, ``nn.TransformerEncoderLayer`` and
 ``nn.TransformerDecoderLayer``). Before the generic "differs" hint, each check tries the common
 mistakes (computed with :mod:`coursekit.layers` pieces) and names the one that matches.
+
+Over 500 lines: one named check per clause of the exercise text for each graded part, public and
+hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
+it would scatter one exercise's specification over several files.
 """
 
 from __future__ import annotations
@@ -48,8 +52,14 @@ from coursekit.grading.core import (
 )
 
 __all__ = [
-    "check_layer_norm", "check_feed_forward", "check_encoder_layer", "check_decoder_layer",
-    "grade_layer_norm", "grade_feed_forward", "grade_encoder_layer", "grade_decoder_layer",
+    "check_layer_norm",
+    "check_feed_forward",
+    "check_encoder_layer",
+    "check_decoder_layer",
+    "grade_layer_norm",
+    "grade_feed_forward",
+    "grade_encoder_layer",
+    "grade_decoder_layer",
 ]
 
 F64 = torch.float64
@@ -106,8 +116,9 @@ def _diff(out: object, expected: torch.Tensor, mag: float = 1.0) -> str:
     return f"at {list(idx)} expected {want:.{digits}g}, got {got:.{digits}g}"
 
 
-def _expect_close(g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0,
-                  advice: str = "") -> None:
+def _expect_close(
+    g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0, advice: str = ""
+) -> None:
     """Fail with '<what>: at [i, j] expected ..., got ...<advice>' unless ``out`` is close to ``expected``."""
     if not close(out, expected, magnitude=mag):
         g.fail(f"{what}: {_diff(out, expected, mag)}{advice}")
@@ -115,7 +126,9 @@ def _expect_close(g: Grader, what: str, out: object, expected: torch.Tensor, mag
 
 def _args(*positional, **kwargs) -> str:
     """'16, 4, dropout=0.0' from the arguments given (keyword arguments that are None are left out)."""
-    return ", ".join([repr(a) for a in positional] + [f"{k}={v!r}" for k, v in kwargs.items() if v is not None])
+    return ", ".join(
+        [repr(a) for a in positional] + [f"{k}={v!r}" for k, v in kwargs.items() if v is not None]
+    )
 
 
 def _load(g: Grader, module, weights: dict[str, torch.Tensor], what: str, advice: str = "") -> None:
@@ -125,7 +138,10 @@ def _load(g: Grader, module, weights: dict[str, torch.Tensor], what: str, advice
     g.expect(got == set(weights), names_hint(what, got, set(weights)))
     for key, value in weights.items():
         shape = tuple(sd[key].shape)
-        g.expect(shape == tuple(value.shape), f"{what}: {key} has shape {shape}, expected {tuple(value.shape)}{advice}")
+        g.expect(
+            shape == tuple(value.shape),
+            f"{what}: {key} has shape {shape}, expected {tuple(value.shape)}{advice}",
+        )
     load_weights(g, module, weights, what)
 
 
@@ -185,23 +201,45 @@ def _ln(x, weight, bias, eps=1e-5):
 def _ln_mistakes(x, w, b, eps):
     mean = x.mean(-1, keepdim=True)
     std = x.var(-1, unbiased=False, keepdim=True).sqrt()
-    out = [] if x.shape[-1] < 2 else [
-        ((x - mean) / torch.sqrt(x.var(-1, keepdim=True) + eps) * w + (0 if b is None else b),
-         "you used the unbiased variance (dividing by C - 1): layer norm divides by C, "
-         "x.var(-1, unbiased=False) or ((x - mean) ** 2).mean(-1)")]
-    out += [((x - mean) / (std + eps) * w + (0 if b is None else b),
-            "eps must be added to the variance inside the square root: (x - mean) / sqrt(var + eps)"),
-           (_ln(x, None, None, eps),
-            "the scale and shift are not applied: multiply by weight and add bias after normalising"),
-           (_ln(x, w, b, 1e-5), f"LayerNorm(C, eps={eps:g}) still used eps=1e-5: store the eps argument and use it")]
+    out = (
+        []
+        if x.shape[-1] < 2
+        else [
+            (
+                (x - mean) / torch.sqrt(x.var(-1, keepdim=True) + eps) * w + (0 if b is None else b),
+                "you used the unbiased variance (dividing by C - 1): layer norm divides by C, "
+                "x.var(-1, unbiased=False) or ((x - mean) ** 2).mean(-1)",
+            )
+        ]
+    )
+    out += [
+        (
+            (x - mean) / (std + eps) * w + (0 if b is None else b),
+            "eps must be added to the variance inside the square root: (x - mean) / sqrt(var + eps)",
+        ),
+        (
+            _ln(x, None, None, eps),
+            "the scale and shift are not applied: multiply by weight and add bias after normalising",
+        ),
+        (
+            _ln(x, w, b, 1e-5),
+            f"LayerNorm(C, eps={eps:g}) still used eps=1e-5: store the eps argument and use it",
+        ),
+    ]
     if eps == 1e-5:
-        out += [(_ln(x, w, b, other), f"eps defaults to 1e-5 (as in nn.LayerNorm), not {other:g}")
-                for other in (1e-6, 1e-8, 1e-12, 0.0)]
+        out += [
+            (_ln(x, w, b, other), f"eps defaults to 1e-5 (as in nn.LayerNorm), not {other:g}")
+            for other in (1e-6, 1e-8, 1e-12, 0.0)
+        ]
     if x.dim() > 1:
         m0, v0 = x.mean(0, keepdim=True), x.var(0, unbiased=False, keepdim=True)
-        out.append(((x - m0) / torch.sqrt(v0 + eps) * w + (0 if b is None else b),
-                    "the statistics are taken over the batch (dim 0): layer norm normalises each token over its "
-                    "own features, mean and variance over dim=-1 with keepdim=True"))
+        out.append(
+            (
+                (x - m0) / torch.sqrt(v0 + eps) * w + (0 if b is None else b),
+                "the statistics are taken over the batch (dim 0): layer norm normalises each token over its "
+                "own features, mean and variance over dim=-1 with keepdim=True",
+            )
+        )
     return out
 
 
@@ -220,7 +258,14 @@ def grade_layer_norm(LayerNorm) -> None:
 
     def build(name, C, eps=None, bias=True, dtype=F64):
         what = f"LayerNorm({_args(C, eps=eps, bias=None if bias else False)})"
-        m = _call(g, what, LayerNorm, C, **({} if eps is None else {"eps": eps}), **({} if bias else {"bias": False}))
+        m = _call(
+            g,
+            what,
+            LayerNorm,
+            C,
+            **({} if eps is None else {"eps": eps}),
+            **({} if bias else {"bias": False}),
+        )
         m = m.to(dtype)
         w = (rand(name + ".w", C) * 0.5 + 1).to(dtype)
         b = (rand(name + ".b", C) * 0.5).to(dtype) if bias else None
@@ -231,17 +276,25 @@ def grade_layer_norm(LayerNorm) -> None:
         for C in (16, 3):
             m = _call(g, f"LayerNorm({C})", LayerNorm, C)
             params = dict(m.named_parameters())
-            g.expect(set(params) == {"weight", "bias"},
-                     f"LayerNorm({C}) needs exactly two nn.Parameters, weight and bias, got {sorted(params)}")
-            g.expect(close(params["weight"].detach(), torch.ones(C)),
-                     f"LayerNorm({C}).weight should start as ones of shape ({C},), got {describe(params['weight'])}")
-            g.expect(close(params["bias"].detach(), torch.zeros(C)),
-                     f"LayerNorm({C}).bias should start as zeros of shape ({C},), got {describe(params['bias'])}")
+            g.expect(
+                set(params) == {"weight", "bias"},
+                f"LayerNorm({C}) needs exactly two nn.Parameters, weight and bias, got {sorted(params)}",
+            )
+            g.expect(
+                close(params["weight"].detach(), torch.ones(C)),
+                f"LayerNorm({C}).weight should start as ones of shape ({C},), got {describe(params['weight'])}",
+            )
+            g.expect(
+                close(params["bias"].detach(), torch.zeros(C)),
+                f"LayerNorm({C}).bias should start as zeros of shape ({C},), got {describe(params['bias'])}",
+            )
         m = _call(g, "LayerNorm(16, bias=False)", LayerNorm, 16, bias=False)
         params = dict(m.named_parameters())
-        g.expect(set(params) == {"weight"} and m.bias is None,
-                 f"LayerNorm(16, bias=False) should have only the parameter weight and self.bias = None, "
-                 f"got parameters {sorted(params)} and bias {describe(m.bias)}")
+        g.expect(
+            set(params) == {"weight"} and m.bias is None,
+            f"LayerNorm(16, bias=False) should have only the parameter weight and self.bias = None, "
+            f"got parameters {sorted(params)} and bias {describe(m.bias)}",
+        )
 
     def values(case):
         lead, C, eps, bias, scale, seed = case
@@ -251,12 +304,21 @@ def grade_layer_norm(LayerNorm) -> None:
         out = _call(g, what, m, x)
         expected = _ln(x, w, b, 1e-5 if eps is None else eps)
         if not close(out, expected, magnitude=magnitude(x)):
-            first_match(g, out, [(wrong, f"{what}: {hint}") for wrong, hint in
-                                 _ln_mistakes(x, w, b, 1e-5 if eps is None else eps)], expected)
+            first_match(
+                g,
+                out,
+                [
+                    (wrong, f"{what}: {hint}")
+                    for wrong, hint in _ln_mistakes(x, w, b, 1e-5 if eps is None else eps)
+                ],
+                expected,
+            )
             _expect_close(g, what, out, expected, magnitude(x))
 
-    with g.check("(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance), "
-                 "for any number of leading dimensions"):
+    with g.check(
+        "(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance), "
+        "for any number of leading dimensions"
+    ):
         for_all("ln.values", _ln_case(), values, max_examples=12, first=((2, 3), 4, None, True, 1.0, 0))
 
     with g.check("eps at other values, added to the variance inside the square root; bias=False: no shift"):
@@ -270,9 +332,15 @@ def grade_layer_norm(LayerNorm) -> None:
         expected = _ln(x.double(), w.double(), b.double()).float()
         if is_tensor(out) and out.dtype == F64:
             g.fail(f"{what} on float32 x returned float64: return x's dtype")
-        _expect_close(g, f"{what} on float32 x = 1e4 + noise (3, 5, 16)", out, expected, magnitude(x),
-                      advice=": compute the variance as the mean of squared deviations, ((x - mean) ** 2).mean(-1); "
-                             "E[x^2] - E[x]^2 loses every digit when the mean is large")
+        _expect_close(
+            g,
+            f"{what} on float32 x = 1e4 + noise (3, 5, 16)",
+            out,
+            expected,
+            magnitude(x),
+            advice=": compute the variance as the mean of squared deviations, ((x - mean) ** 2).mean(-1); "
+            "E[x^2] - E[x]^2 loses every digit when the mean is large",
+        )
 
     with g.check("training and evaluation modes compute the same thing"):
         m, w, b, what = build("ln.modes", 6)
@@ -280,32 +348,48 @@ def grade_layer_norm(LayerNorm) -> None:
         m.eval()
         in_eval = _call(g, f"{what} in eval mode on x (4, 3, 6)", m, x)
         m.train()
-        _expect_close(g, f"{what} in training mode on x (4, 3, 6), compared with its output in eval mode",
-                      _call(g, f"{what} in training mode on x (4, 3, 6)", m, x), in_eval if is_tensor(in_eval) else x,
-                      advice=": layer norm uses each token's own statistics in both modes (no running averages, "
-                             "no dropout)")
+        _expect_close(
+            g,
+            f"{what} in training mode on x (4, 3, 6), compared with its output in eval mode",
+            _call(g, f"{what} in training mode on x (4, 3, 6)", m, x),
+            in_eval if is_tensor(in_eval) else x,
+            advice=": layer norm uses each token's own statistics in both modes (no running averages, "
+            "no dropout)",
+        )
 
     with g.check("x whose last axis is not C raises a ValueError"):
         m = _call(g, "LayerNorm(6)", LayerNorm, 6)
         for shape in ((2, 5), (2, 3, 1), (7,)):
-            expect_value_error(g, lambda: m(torch.zeros(*shape)), f"LayerNorm(6) on x {shape}",
-                               "compare x.shape[-1] with d_model and name both")
+            expect_value_error(
+                g,
+                lambda: m(torch.zeros(*shape)),
+                f"LayerNorm(6) on x {shape}",
+                "compare x.shape[-1] with d_model and name both",
+            )
 
     with g.check("leaves x unchanged; gradients with respect to x match nn.LayerNorm's"):
         m, w, b, what = build("ln.grad", 6)
         x = rand("ln.grad.x", 2, 3, 6)
         up = rand("ln.grad.up", 2, 3, 6)
         p = probe(m, x.clone())
-        g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], x),
-                 f"{what} modified x in place: compute a new tensor")
+        g.expect(
+            is_tensor(p.args[0]) and torch.equal(p.args[0], x),
+            f"{what} modified x in place: compute a new tensor",
+        )
         p = probe(m, x.clone().requires_grad_(), backward=(None, up))
-        g.expect(is_tensor(p.result) and p.result.requires_grad,
-                 f"{what} on x (2, 3, 6): the output does not depend on x through autograd: avoid .detach(), "
-                 ".item() or .numpy()")
+        g.expect(
+            is_tensor(p.result) and p.result.requires_grad,
+            f"{what} on x (2, 3, 6): the output does not depend on x through autograd: avoid .detach(), "
+            ".item() or .numpy()",
+        )
         xr = x.clone().requires_grad_()
         (_ln(xr, w, b) * up).sum().backward()
-        _expect_close(g, f"{what} on x (2, 3, 6), the gradient with respect to x", p.grads[0] if p.grads else None,
-                      xr.grad)
+        _expect_close(
+            g,
+            f"{what} on x (2, 3, 6), the gradient with respect to x",
+            p.grads[0] if p.grads else None,
+            xr.grad,
+        )
 
     g.finish()
 
@@ -350,14 +434,21 @@ def grade_feed_forward(FeedForward) -> None:
                 layer = getattr(m, name, None)
                 g.expect(is_a(layer, LINEAR), f"{what} needs an nn.Linear called {name}")
                 got = (layer.in_features, layer.out_features)
-                g.expect(got == shape, f"{what}.{name} should map {shape[0]} to {shape[1]} features, got "
-                                       f"{got[0]} -> {got[1]}"
-                                       + (": d_ff defaults to 4 * d_model" if d_ff is None else ""))
+                g.expect(
+                    got == shape,
+                    f"{what}.{name} should map {shape[0]} to {shape[1]} features, got "
+                    f"{got[0]} -> {got[1]}" + (": d_ff defaults to 4 * d_model" if d_ff is None else ""),
+                )
 
     def values(case, activation):
         lead, C, d_ff, bias, seed = case
-        m, r, what = build(f"ff.{activation}.{seed}", C, d_ff, activation=activation if activation != "relu" else None,
-                           bias=bias)
+        m, r, what = build(
+            f"ff.{activation}.{seed}",
+            C,
+            d_ff,
+            activation=activation if activation != "relu" else None,
+            bias=bias,
+        )
         x = tensor(seed, *lead, C)
         what = f"{what} on x {(*lead, C)}"
         out = _call(g, what, m, x)
@@ -366,45 +457,85 @@ def grade_feed_forward(FeedForward) -> None:
             expected = _ff_expected(r, x, act)
             if not close(out, expected):
                 h = r.linear1(x)
-                first_match(g, out, [(wrong, f"{what}: {hint}") for wrong, hint in (
-                    (act(r.linear2(h)), "the activation goes between the two linear layers: linear2(act(linear1(x))), "
-                                        "not act(linear2(linear1(x)))"),
-                    (r.linear2(h), "no nonlinearity was applied: use linear2(act(linear1(x)))"),
-                    (r.linear2(F.gelu(h, approximate="tanh")),
-                     "you used the tanh approximation of GELU: use the exact GELU x * Phi(x), nn.GELU() or F.gelu(h)"),
-                    (r.linear2(F.relu(h)) if activation == "gelu" else r.linear2(F.gelu(h)),
-                     f"activation={activation!r} was ignored: choose ReLU or GELU from the argument"),
-                )], expected)
+                first_match(
+                    g,
+                    out,
+                    [
+                        (wrong, f"{what}: {hint}")
+                        for wrong, hint in (
+                            (
+                                act(r.linear2(h)),
+                                "the activation goes between the two linear layers: linear2(act(linear1(x))), "
+                                "not act(linear2(linear1(x)))",
+                            ),
+                            (r.linear2(h), "no nonlinearity was applied: use linear2(act(linear1(x)))"),
+                            (
+                                r.linear2(F.gelu(h, approximate="tanh")),
+                                (
+                                    "you used the tanh approximation of GELU: use the exact GELU x * Phi(x), "
+                                    "nn.GELU() or F.gelu(h)"
+                                ),
+                            ),
+                            (
+                                r.linear2(F.relu(h)) if activation == "gelu" else r.linear2(F.gelu(h)),
+                                f"activation={activation!r} was ignored: choose ReLU or GELU from the argument",
+                            ),
+                        )
+                    ],
+                    expected,
+                )
                 _expect_close(g, what, out, expected)
 
-    with g.check("activation='relu' (the default): linear2(relu(linear1(x))), any leading dims, bias=True or False"):
-        for_all("ff.relu", _ff_case(), lambda c: values(c, "relu"), max_examples=10, first=((2, 3), 4, None, True, 0))
+    with g.check(
+        "activation='relu' (the default): linear2(relu(linear1(x))), any leading dims, bias=True or False"
+    ):
+        for_all(
+            "ff.relu",
+            _ff_case(),
+            lambda c: values(c, "relu"),
+            max_examples=10,
+            first=((2, 3), 4, None, True, 0),
+        )
 
     with g.check("activation='gelu': the exact GELU x * Phi(x), not the tanh approximation"):
-        for_all("ff.gelu", _ff_case(), lambda c: values(c, "gelu"), max_examples=10, first=((2, 3), 4, 7, True, 1))
+        for_all(
+            "ff.gelu", _ff_case(), lambda c: values(c, "gelu"), max_examples=10, first=((2, 3), 4, 7, True, 1)
+        )
 
     with g.check("bias=False: neither linear layer has a bias"):
         m = _call(g, "FeedForward(8, 12, bias=False)", FeedForward, 8, 12, bias=False)
         keys = set(m.state_dict())
-        g.expect(keys == {"linear1.weight", "linear2.weight"},
-                 "FeedForward(8, 12, bias=False) should hold only linear1.weight and linear2.weight, "
-                 f"got {sorted(keys)}")
+        g.expect(
+            keys == {"linear1.weight", "linear2.weight"},
+            "FeedForward(8, 12, bias=False) should hold only linear1.weight and linear2.weight, "
+            f"got {sorted(keys)}",
+        )
 
     with g.check("an activation other than 'relu' or 'gelu' raises a ValueError"):
         for name in ("tanh", "swish", ""):
-            expect_value_error(g, lambda: FeedForward(8, activation=name), f"FeedForward(8, activation={name!r})",
-                               "name the activation that came and the two allowed")
+            expect_value_error(
+                g,
+                lambda: FeedForward(8, activation=name),
+                f"FeedForward(8, activation={name!r})",
+                "name the activation that came and the two allowed",
+            )
 
-    with g.check("dropout (nn.Dropout named dropout, default p = 0.0) acts on act(linear1(x)), only in training mode"):
+    with g.check(
+        "dropout (nn.Dropout named dropout, default p = 0.0) acts on act(linear1(x)), only in training mode"
+    ):
         x = rand("ff.dropout.x", 2, 3, 6)
         m = _call(g, "FeedForward(6, 10)", FeedForward, 6, 10)
         d = getattr(m, "dropout", None)
         g.expect(is_a(d, DROPOUT), f"FeedForward needs an nn.Dropout named dropout, got {describe(d)}")
         g.expect(d.p == 0.0, f"FeedForward(6, 10).dropout.p is {d.p}: dropout defaults to 0.0")
-        d = getattr(_call(g, "FeedForward(6, 10, dropout=0.3)", FeedForward, 6, 10, dropout=0.3), "dropout", None)
-        g.expect(is_a(d, DROPOUT) and d.p == 0.3,
-                 f"FeedForward(6, 10, dropout=0.3).dropout should be nn.Dropout(0.3), got {describe(d)} "
-                 f"with p={getattr(d, 'p', None)}")
+        d = getattr(
+            _call(g, "FeedForward(6, 10, dropout=0.3)", FeedForward, 6, 10, dropout=0.3), "dropout", None
+        )
+        g.expect(
+            is_a(d, DROPOUT) and d.p == 0.3,
+            f"FeedForward(6, 10, dropout=0.3).dropout should be nn.Dropout(0.3), got {describe(d)} "
+            f"with p={getattr(d, 'p', None)}",
+        )
         for activation in ("relu", "gelu"):
             m, r, what = build(f"ff.dropout.{activation}", 6, 10, activation=activation, dropout=0.3)
             act = F.relu if activation == "relu" else F.gelu
@@ -412,14 +543,22 @@ def grade_feed_forward(FeedForward) -> None:
             m.train()
             with torch.no_grad():
                 expected = r.linear2(torch.zeros(2, 3, 10, dtype=F64))  # every hidden activation dropped
-                _expect_close(g, f"{what} in training mode with its dropout's p set to 1", _call(g, what, m, x),
-                              expected,
-                              advice=": dropout must act on the hidden activations, linear2(dropout(act(linear1(x)))), "
-                                     "so dropping all of them leaves linear2's bias")
+                _expect_close(
+                    g,
+                    f"{what} in training mode with its dropout's p set to 1",
+                    _call(g, what, m, x),
+                    expected,
+                    advice=": dropout must act on the hidden activations, linear2(dropout(act(linear1(x)))), "
+                    "so dropping all of them leaves linear2's bias",
+                )
                 m.eval()
-                _expect_close(g, f"{what} in eval mode with its dropout's p set to 1", _call(g, what, m, x),
-                              _ff_expected(r, x, act), advice=": in eval mode dropout must do nothing (use nn.Dropout, "
-                                                              "which knows the mode)")
+                _expect_close(
+                    g,
+                    f"{what} in eval mode with its dropout's p set to 1",
+                    _call(g, what, m, x),
+                    _ff_expected(r, x, act),
+                    advice=": in eval mode dropout must do nothing (use nn.Dropout, which knows the mode)",
+                )
                 # Where exactly: swap the dropout for a fixed linear map and see where it acts.
                 W = rand(f"ff.dropout.{activation}.W", 10, 10)
                 stand_in = student_side("nn", nn).Linear(10, 10, bias=False)
@@ -427,9 +566,14 @@ def grade_feed_forward(FeedForward) -> None:
                 stand_in.load_state_dict({"weight": W})
                 set_attr(m, "dropout", stand_in)
                 expected = r.linear2(F.linear(act(r.linear1(x)), W))
-                _expect_close(g, f"{what} with self.dropout replaced by a fixed linear map M", _call(g, what, m, x),
-                              expected, advice=": self.dropout must be applied to the activations after act, "
-                                               "linear2(self.dropout(act(linear1(x))))")
+                _expect_close(
+                    g,
+                    f"{what} with self.dropout replaced by a fixed linear map M",
+                    _call(g, what, m, x),
+                    expected,
+                    advice=": self.dropout must be applied to the activations after act, "
+                    "linear2(self.dropout(act(linear1(x))))",
+                )
 
     with g.check("leaves x unchanged; gradients with respect to x match the reference"):
         m, r, what = build("ff.grad", 6, 10, activation="gelu")
@@ -438,12 +582,18 @@ def grade_feed_forward(FeedForward) -> None:
         p = probe(m, x.clone())
         g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], x), f"{what} modified x in place")
         p = probe(m, x.clone().requires_grad_(), backward=(None, up))
-        g.expect(is_tensor(p.result) and p.result.requires_grad,
-                 f"{what}: the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
+        g.expect(
+            is_tensor(p.result) and p.result.requires_grad,
+            f"{what}: the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()",
+        )
         xr = x.clone().requires_grad_()
         (_ff_expected(r, xr, F.gelu) * up).sum().backward()
-        _expect_close(g, f"{what} on x (2, 3, 6), the gradient with respect to x", p.grads[0] if p.grads else None,
-                      xr.grad)
+        _expect_close(
+            g,
+            f"{what} on x (2, 3, 6), the gradient with respect to x",
+            p.grads[0] if p.grads else None,
+            xr.grad,
+        )
 
     g.finish()
 
@@ -464,8 +614,9 @@ def _layer_case(draw, cross=False):
     return C, H, d_ff, B, T, S, draw(st.sampled_from(["relu", "gelu"])), draw(st.integers(0, 999))
 
 
-def _build_layer(g: Grader, cls, ref_cls, label: str, name: str, C, H, d_ff=None, cache: dict | None = None,
-                 **kwargs):
+def _build_layer(
+    g: Grader, cls, ref_cls, label: str, name: str, C, H, d_ff=None, cache: dict | None = None, **kwargs
+):
     """The student's layer (with exactly the arguments given, so defaults are exercised) and the reference,
     both float64 in eval mode with the same random weights. With ``cache`` (a dict that lives as long as one
     check), a layer of the same configuration is built once and reused: the examples of a property-based
@@ -473,8 +624,17 @@ def _build_layer(g: Grader, cls, ref_cls, label: str, name: str, C, H, d_ff=None
     if cache is not None:
         key = (label, C, H, d_ff, tuple(sorted(kwargs.items())))
         if key not in cache:
-            cache[key] = _build_layer(g, cls, ref_cls, label, f"{name}.{C}.{H}.{d_ff}.{sorted(kwargs.items())}",
-                                      C, H, d_ff, **kwargs)
+            cache[key] = _build_layer(
+                g,
+                cls,
+                ref_cls,
+                label,
+                f"{name}.{C}.{H}.{d_ff}.{sorted(kwargs.items())}",
+                C,
+                H,
+                d_ff,
+                **kwargs,
+            )
         return cache[key]
     what = f"{label}({_args(C, H, d_ff, **kwargs)})".replace(", None", "")
     m = _call(g, what, cls, C, H, *(() if d_ff is None else (d_ff,)), **kwargs)
@@ -497,17 +657,25 @@ def _names_check(g: Grader, cls, ref_cls, label: str) -> None:
         shapes = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
         sd = m.state_dict()
         got = set(sd) if isinstance(sd, dict) else set()
-        g.expect(got == set(shapes), names_hint(what, got, set(shapes))
-                 + (": with bias=False no projection, feed-forward layer or norm has a bias" if kwargs else ""))
+        g.expect(
+            got == set(shapes),
+            names_hint(what, got, set(shapes))
+            + (": with bias=False no projection, feed-forward layer or norm has a bias" if kwargs else ""),
+        )
         for key, shape in shapes.items():
-            g.expect(tuple(sd[key].shape) == shape, f"{what}: {key} has shape {tuple(sd[key].shape)}, expected {shape}"
-                     + (": d_ff defaults to 4 * d_model" if d_ff is None and key.startswith("ff.") else ""))
+            g.expect(
+                tuple(sd[key].shape) == shape,
+                f"{what}: {key} has shape {tuple(sd[key].shape)}, expected {shape}"
+                + (": d_ff defaults to 4 * d_model" if d_ff is None and key.startswith("ff.") else ""),
+            )
         for attn in [a for a in ("self_attn", "cross_attn") if hasattr(reference, a)]:
             heads = _get(m, f"{attn}.n_heads")
             g.expect(heads == H, f"{what}.{attn} has {heads} heads: pass n_heads on to MultiHeadAttention")
 
 
-def _dropout_values_check(g: Grader, cls, label: str, places: tuple[str, ...], attentions: tuple[str, ...]) -> None:
+def _dropout_values_check(
+    g: Grader, cls, label: str, places: tuple[str, ...], attentions: tuple[str, ...]
+) -> None:
     """The dropout argument (default 0.1) reaches every named nn.Dropout, ff.dropout and the attentions."""
     for kwargs, p in (({}, 0.1), ({"dropout": 0.3}, 0.3), ({"dropout": 0.0}, 0.0)):
         what = f"{label}({_args(8, 2, **kwargs)})"
@@ -515,12 +683,18 @@ def _dropout_values_check(g: Grader, cls, label: str, places: tuple[str, ...], a
         for place in places + ("ff.dropout",):
             d = _get(m, place)
             g.expect(is_a(d, DROPOUT), f"{what} needs an nn.Dropout named {place}, got {describe(d)}")
-            g.expect(d.p == p, f"{what}.{place}.p is {d.p}, expected {p}: pass dropout on to every dropout "
-                               "(its default is 0.1)")
+            g.expect(
+                d.p == p,
+                f"{what}.{place}.p is {d.p}, expected {p}: pass dropout on to every dropout "
+                "(its default is 0.1)",
+            )
         for attn in attentions:
             got = _get(m, f"{attn}.dropout")
-            g.expect(got == p, f"{what}.{attn} drops attention weights with p = {got}, expected {p}: "
-                               f"MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)")
+            g.expect(
+                got == p,
+                f"{what}.{attn} drops attention weights with p = {got}, expected {p}: "
+                f"MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)",
+            )
 
 
 def _only(g: Grader, module, on: str, places: tuple[str, ...], attentions: tuple[str, ...]) -> None:
@@ -552,48 +726,82 @@ _ENC_DROPOUTS = ("dropout1", "dropout2")
 
 def _encoder_mistakes(r: ref.EncoderLayer, x, norm_first, **masks):
     """Outputs of common wrong encoder layers built from the reference's own pieces."""
+
     def a(h):
         return r.self_attn(h, **masks)[0]
+
     n1, n2, f = r.norm1, r.norm2, r.ff
     out = []
     with torch.no_grad():
         r.norm_first = not norm_first
-        out.append((r(x, **masks), "pre-norm and post-norm are swapped: norm_first=False (the default) is post-norm, "
-                                   "x = norm1(x + self_attn(x)); norm_first=True is pre-norm, "
-                                   "x = x + self_attn(norm1(x))"))
+        out.append(
+            (
+                r(x, **masks),
+                "pre-norm and post-norm are swapped: norm_first=False (the default) is post-norm, "
+                "x = norm1(x + self_attn(x)); norm_first=True is pre-norm, "
+                "x = x + self_attn(norm1(x))",
+            )
+        )
         r.norm_first = norm_first
         if norm_first:
             h = a(n1(x))
-            out.append((h + f(n2(h)),
-                        "the residual connection around self-attention is missing: x = x + self_attn(norm1(x))"))
+            out.append(
+                (
+                    h + f(n2(h)),
+                    "the residual connection around self-attention is missing: x = x + self_attn(norm1(x))",
+                )
+            )
             h = x + a(n1(x))
-            out.append((f(n2(h)), "the residual connection around the feed-forward is missing: x = x + ff(norm2(x))"))
+            out.append(
+                (f(n2(h)), "the residual connection around the feed-forward is missing: x = x + ff(norm2(x))")
+            )
             h = n1(x)
             h = h + a(h)
             h = n2(h)
-            out.append((h + f(h), "pre-norm normalises only the sub-layer's input, x = x + self_attn(norm1(x)): "
-                                  "do not replace x by norm1(x), the residual stream itself stays un-normalised"))
+            out.append(
+                (
+                    h + f(h),
+                    "pre-norm normalises only the sub-layer's input, x = x + self_attn(norm1(x)): "
+                    "do not replace x by norm1(x), the residual stream itself stays un-normalised",
+                )
+            )
         else:
             h = n1(a(x))
-            out.append((n2(h + f(h)),
-                        "the residual connection around self-attention is missing: x = norm1(x + self_attn(x))"))
+            out.append(
+                (
+                    n2(h + f(h)),
+                    "the residual connection around self-attention is missing: x = norm1(x + self_attn(x))",
+                )
+            )
             h = n1(x + a(x))
-            out.append((n2(f(h)), "the residual connection around the feed-forward is missing: x = norm2(x + ff(x))"))
+            out.append(
+                (n2(f(h)), "the residual connection around the feed-forward is missing: x = norm2(x + ff(x))")
+            )
         if masks.get("key_padding_mask") is not None:
             flipped = {**masks, "key_padding_mask": ~masks["key_padding_mask"]}
-            out.append((r(x, **flipped), "key_padding_mask is inverted: in this course True marks real tokens"))
+            out.append(
+                (r(x, **flipped), "key_padding_mask is inverted: in this course True marks real tokens")
+            )
         for key in masks:
-            out.append((r(x, **{k: v for k, v in masks.items() if k != key}),
-                        f"{key} was not passed on: self_attn(h, mask=mask, key_padding_mask=key_padding_mask, "
-                        "is_causal=is_causal)"))
+            out.append(
+                (
+                    r(x, **{k: v for k, v in masks.items() if k != key}),
+                    f"{key} was not passed on: self_attn(h, mask=mask, key_padding_mask=key_padding_mask, "
+                    "is_causal=is_causal)",
+                )
+            )
     return out
 
 
-def _encoder_case(g: Grader, EncoderLayer, case, name: str, norm_first: bool | None, cache: dict, **masks) -> None:
+def _encoder_case(
+    g: Grader, EncoderLayer, case, name: str, norm_first: bool | None, cache: dict, **masks
+) -> None:
     C, H, d_ff, B, T, _, activation, seed = case
     kwargs = {"activation": None if activation == "relu" else activation, "norm_first": norm_first}
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    m, r, what = _build_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", name, C, H, d_ff, cache, **kwargs)
+    m, r, what = _build_layer(
+        g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", name, C, H, d_ff, cache, **kwargs
+    )
     x = tensor(seed, B, T, C)
     shown = ", ".join(f"{k} {describe(v) if torch.is_tensor(v) else v}" for k, v in masks.items())
     what = f"{what} on x ({B}, {T}, {C})" + (f" with {shown}" if shown else "")
@@ -601,11 +809,17 @@ def _encoder_case(g: Grader, EncoderLayer, case, name: str, norm_first: bool | N
     with torch.no_grad():
         expected = r(x, **masks)
     if not close(out, expected):
-        g.expect(is_tensor(out) and out.shape == x.shape,
-                 f"{what}: expected a ({B}, {T}, {C}) tensor, got {describe(out)}")
+        g.expect(
+            is_tensor(out) and out.shape == x.shape,
+            f"{what}: expected a ({B}, {T}, {C}) tensor, got {describe(out)}",
+        )
         if cache.get("diagnose"):
-            first_match(g, out, [(w, f"{what}: {h}") for w, h in _encoder_mistakes(r, x, bool(norm_first), **masks)],
-                        expected)
+            first_match(
+                g,
+                out,
+                [(w, f"{what}: {h}") for w, h in _encoder_mistakes(r, x, bool(norm_first), **masks)],
+                expected,
+            )
         _expect_close(g, what, out, expected)
 
 
@@ -614,36 +828,64 @@ def grade_encoder_layer(EncoderLayer) -> None:
     norm_first=False, eps=1e-5, bias=True)``."""
     g = Grader("EncoderLayer")
 
-    with g.check("submodules self_attn, ff, norm1, norm2 with the reference's parameter names and shapes; "
-                 "d_ff (default 4 * d_model) and n_heads reach them"):
+    with g.check(
+        "submodules self_attn, ff, norm1, norm2 with the reference's parameter names and shapes; "
+        "d_ff (default 4 * d_model) and n_heads reach them"
+    ):
         _names_check(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer")
 
     post, pre = (8, 2, None, 2, 3, 3, "relu", 0), (12, 3, 16, 3, 4, 4, "gelu", 1)
-    with g.check("post-norm by default (norm_first=False): x = norm1(x + self_attn(x)); x = norm2(x + ff(x)), "
-                 "relu or gelu, dropout off in eval mode"):
+    with g.check(
+        "post-norm by default (norm_first=False): x = norm1(x + self_attn(x)); x = norm2(x + ff(x)), "
+        "relu or gelu, dropout off in eval mode"
+    ):
         cache = {}
-        _for_all_then_diagnose("enc.post", _layer_case(), lambda c: _encoder_case(g, EncoderLayer, c, "enc.post", None,
-                                                                                cache),
-                               cache, fixed=[post, pre], max_examples=8)
+        _for_all_then_diagnose(
+            "enc.post",
+            _layer_case(),
+            lambda c: _encoder_case(g, EncoderLayer, c, "enc.post", None, cache),
+            cache,
+            fixed=[post, pre],
+            max_examples=8,
+        )
 
     with g.check("pre-norm (norm_first=True): x = x + self_attn(norm1(x)); x = x + ff(norm2(x))"):
         cache = {}
-        _for_all_then_diagnose("enc.pre", _layer_case(), lambda c: _encoder_case(g, EncoderLayer, c, "enc.pre", True,
-                                                                               cache),
-                               cache, fixed=[post, pre], max_examples=8)
+        _for_all_then_diagnose(
+            "enc.pre",
+            _layer_case(),
+            lambda c: _encoder_case(g, EncoderLayer, c, "enc.pre", True, cache),
+            cache,
+            fixed=[post, pre],
+            max_examples=8,
+        )
 
     def mask_case(c):
         case, kind, shape, norm_first = c
         C, H, d_ff, B, T, _, activation, seed = case
-        _encoder_case(g, EncoderLayer, case, "enc.mask", norm_first, cache, mask=_masks(seed, B, H, T, T, kind, shape))
+        _encoder_case(
+            g, EncoderLayer, case, "enc.mask", norm_first, cache, mask=_masks(seed, B, H, T, T, kind, shape)
+        )
 
-    kinds = st.tuples(_layer_case(), st.sampled_from(["bool", "float"]), st.sampled_from(["TS", "B1TS", "BHTS"]),
-                      st.sampled_from([None, True]))
-    with g.check("mask (boolean, True = may attend, or additive floats), broadcastable to (B, H, T, T), "
-                 "reaches self-attention"):
+    kinds = st.tuples(
+        _layer_case(),
+        st.sampled_from(["bool", "float"]),
+        st.sampled_from(["TS", "B1TS", "BHTS"]),
+        st.sampled_from([None, True]),
+    )
+    with g.check(
+        "mask (boolean, True = may attend, or additive floats), broadcastable to (B, H, T, T), "
+        "reaches self-attention"
+    ):
         cache = {}
-        _for_all_then_diagnose("enc.mask", kinds, mask_case, cache, max_examples=8,
-                               fixed=[(post, "bool", "TS", None), (pre, "float", "BHTS", True)])
+        _for_all_then_diagnose(
+            "enc.mask",
+            kinds,
+            mask_case,
+            cache,
+            max_examples=8,
+            fixed=[(post, "bool", "TS", None), (pre, "float", "BHTS", True)],
+        )
 
     def padding_case(c):
         case, norm_first, lengths = c
@@ -654,10 +896,14 @@ def grade_encoder_layer(EncoderLayer) -> None:
 
     with g.check("key_padding_mask (B, T), True at real tokens, reaches self-attention"):
         cache = {}
-        _for_all_then_diagnose("enc.pad", st.tuples(_layer_case(), st.sampled_from([None, True]),
-                                                    st.lists(st.integers(1, 6), max_size=3)),
-                               padding_case, cache, max_examples=6,
-                               fixed=[((8, 2, None, 3, 5, 5, "relu", 0), None, [4, 3, 2]), (pre, True, [2, 4, 1])])
+        _for_all_then_diagnose(
+            "enc.pad",
+            st.tuples(_layer_case(), st.sampled_from([None, True]), st.lists(st.integers(1, 6), max_size=3)),
+            padding_case,
+            cache,
+            max_examples=6,
+            fixed=[((8, 2, None, 3, 5, 5, "relu", 0), None, [4, 3, 2]), (pre, True, [2, 4, 1])],
+        )
 
     def causal_case(c):
         case, norm_first, kind, padded = c
@@ -669,57 +915,109 @@ def grade_encoder_layer(EncoderLayer) -> None:
             masks["key_padding_mask"] = padding_mask([max(1, T - b) for b in range(B)], S=T)
         _encoder_case(g, EncoderLayer, case, "enc.causal", norm_first, cache, **masks)
 
-    with g.check("is_causal=True: each position attends only to itself and earlier positions, together with "
-                 "mask and key_padding_mask when they are given"):
+    with g.check(
+        "is_causal=True: each position attends only to itself and earlier positions, together with "
+        "mask and key_padding_mask when they are given"
+    ):
         cache = {}
-        _for_all_then_diagnose("enc.causal", st.tuples(_layer_case(), st.sampled_from([None, True]),
-                                                       st.sampled_from([None, "bool", "float"]), st.booleans()),
-                               causal_case, cache, max_examples=6,
-                               fixed=[(post, None, None, False), (pre, True, "bool", True)])
+        _for_all_then_diagnose(
+            "enc.causal",
+            st.tuples(
+                _layer_case(),
+                st.sampled_from([None, True]),
+                st.sampled_from([None, "bool", "float"]),
+                st.booleans(),
+            ),
+            causal_case,
+            cache,
+            max_examples=6,
+            fixed=[(post, None, None, False), (pre, True, "bool", True)],
+        )
 
     with g.check("eps reaches both norms and bias=False every projection, the feed-forward and the norms"):
         for kwargs in ({"eps": 0.5}, {"bias": False}, {"eps": 2.0, "bias": False, "norm_first": True}):
-            m, r, what = _build_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "enc.opts", 8, 2, 12, **kwargs)
+            m, r, what = _build_layer(
+                g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "enc.opts", 8, 2, 12, **kwargs
+            )
             x = rand("enc.opts.x", 2, 4, 8, scale=0.5)
             with torch.no_grad():
-                _expect_close(g, f"{what} on x (2, 4, 8)", _call(g, what, m, x), r(x),
-                              advice=": pass eps and bias on to LayerNorm(d_model, eps, bias), and bias to "
-                                     "MultiHeadAttention and FeedForward")
+                _expect_close(
+                    g,
+                    f"{what} on x (2, 4, 8)",
+                    _call(g, what, m, x),
+                    r(x),
+                    advice=": pass eps and bias on to LayerNorm(d_model, eps, bias), and bias to "
+                    "MultiHeadAttention and FeedForward",
+                )
 
-    with g.check("dropout (default 0.1) reaches dropout1, dropout2, ff.dropout and self_attn (its attention weights)"):
+    with g.check(
+        "dropout (default 0.1) reaches dropout1, dropout2, ff.dropout and self_attn (its attention weights)"
+    ):
         _dropout_values_check(g, EncoderLayer, "EncoderLayer", _ENC_DROPOUTS, ("self_attn",))
 
-    with g.check("dropout1 acts on the attention output and dropout2 on the feed-forward output, before each "
-                 "residual add (each alone with p = 1, in training mode)"):
+    with g.check(
+        "dropout1 acts on the attention output and dropout2 on the feed-forward output, before each "
+        "residual add (each alone with p = 1, in training mode)"
+    ):
         for norm_first in (False, True):
             for on in _ENC_DROPOUTS:
-                m, r, what = _build_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", f"enc.drop.{on}", 8, 2, 12,
-                                          dropout=0.3, norm_first=norm_first)
+                m, r, what = _build_layer(
+                    g,
+                    EncoderLayer,
+                    ref.EncoderLayer,
+                    "EncoderLayer",
+                    f"enc.drop.{on}",
+                    8,
+                    2,
+                    12,
+                    dropout=0.3,
+                    norm_first=norm_first,
+                )
                 _only(g, m, on, _ENC_DROPOUTS, ("self_attn",))
                 _only(g, r, on, _ENC_DROPOUTS, ("self_attn",))
                 m.train()
                 r.train()
                 x = rand(f"enc.drop.{on}.x", 2, 4, 8)
                 with torch.no_grad():
-                    _expect_close(g, f"{what} in training mode with {on}.p = 1 and every other dropout off",
-                                  _call(g, what, m, x), r(x),
-                                  advice=f": {on} must drop the {'attention' if on == 'dropout1' else 'feed-forward'} "
-                                         "sub-layer's output just before its residual add, and nothing else")
+                    _expect_close(
+                        g,
+                        f"{what} in training mode with {on}.p = 1 and every other dropout off",
+                        _call(g, what, m, x),
+                        r(x),
+                        advice=f": {on} must drop the {'attention' if on == 'dropout1' else 'feed-forward'} "
+                        "sub-layer's output just before its residual add, and nothing else",
+                    )
 
     with g.check("leaves x unchanged; gradients with respect to x match the reference"):
-        m, r, what = _build_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "enc.grad", 8, 2, 12,
-                                  activation="gelu", norm_first=True)
+        m, r, what = _build_layer(
+            g,
+            EncoderLayer,
+            ref.EncoderLayer,
+            "EncoderLayer",
+            "enc.grad",
+            8,
+            2,
+            12,
+            activation="gelu",
+            norm_first=True,
+        )
         x = rand("enc.grad.x", 2, 4, 8)
         up = rand("enc.grad.up", 2, 4, 8)
         p = probe(m, x.clone())
         g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0], x), f"{what} modified x in place")
         p = probe(m, x.clone().requires_grad_(), backward=(None, up))
-        g.expect(is_tensor(p.result) and p.result.requires_grad,
-                 f"{what}: the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
+        g.expect(
+            is_tensor(p.result) and p.result.requires_grad,
+            f"{what}: the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()",
+        )
         xr = x.clone().requires_grad_()
         (r(xr) * up).sum().backward()
-        _expect_close(g, f"{what} on x (2, 4, 8), the gradient with respect to x", p.grads[0] if p.grads else None,
-                      xr.grad)
+        _expect_close(
+            g,
+            f"{what} on x (2, 4, 8), the gradient with respect to x",
+            p.grads[0] if p.grads else None,
+            xr.grad,
+        )
 
     g.finish()
 
@@ -734,67 +1032,113 @@ def _decoder_mistakes(r: ref.DecoderLayer, x, memory, norm_first, **masks):
     out = []
     with torch.no_grad():
         if masks.get("is_causal", True):
-            out.append((r(x, memory, **{**masks, "is_causal": False}),
-                        "self-attention must be causal by default: pass is_causal=is_causal (default True) to "
-                        "self_attn"))
+            out.append(
+                (
+                    r(x, memory, **{**masks, "is_causal": False}),
+                    "self-attention must be causal by default: pass is_causal=is_causal (default True) to "
+                    "self_attn",
+                )
+            )
         r.norm_first = not norm_first
-        out.append((r(x, memory, **masks),
-                    "pre-norm and post-norm are swapped: norm_first=False (the default) is post-norm, "
-                    "x = norm(x + sublayer(x)); norm_first=True is pre-norm, x = x + sublayer(norm(x))"))
+        out.append(
+            (
+                r(x, memory, **masks),
+                "pre-norm and post-norm are swapped: norm_first=False (the default) is post-norm, "
+                "x = norm(x + sublayer(x)); norm_first=True is pre-norm, x = x + sublayer(norm(x))",
+            )
+        )
         r.norm_first = norm_first
         causal = masks.get("is_causal", True)
 
         def sa(h):
-            return r.self_attn(h, mask=masks.get("mask"), key_padding_mask=masks.get("key_padding_mask"),
-                               is_causal=causal)[0]
+            return r.self_attn(
+                h, mask=masks.get("mask"), key_padding_mask=masks.get("key_padding_mask"), is_causal=causal
+            )[0]
 
         def ca(h, kv):
-            return r.cross_attn(h, kv=kv, mask=masks.get("memory_mask"),
-                                key_padding_mask=masks.get("memory_key_padding_mask"))[0]
+            return r.cross_attn(
+                h, kv=kv, mask=masks.get("memory_mask"), key_padding_mask=masks.get("memory_key_padding_mask")
+            )[0]
 
         if norm_first:
             h = x + sa(r.norm1(x))
             n = r.norm2(h)
             wrong_kv = h + r.cross_attn(n, kv=n)[0]
-            out.append((wrong_kv + r.ff(r.norm3(wrong_kv)),
-                        "cross-attention must take its keys and values from memory: "
-                        "self.cross_attn(h, kv=memory, ...)"))
+            out.append(
+                (
+                    wrong_kv + r.ff(r.norm3(wrong_kv)),
+                    "cross-attention must take its keys and values from memory: "
+                    "self.cross_attn(h, kv=memory, ...)",
+                )
+            )
             normed_memory = h + ca(n, r.norm2(memory))
-            out.append((normed_memory + r.ff(r.norm3(normed_memory)),
-                        "do not normalise memory in the decoder: only the query side, cross_attn(norm2(x), kv=memory)"))
+            out.append(
+                (
+                    normed_memory + r.ff(r.norm3(normed_memory)),
+                    "do not normalise memory in the decoder: only the query side, cross_attn(norm2(x), kv=memory)",
+                )
+            )
         else:
             h = r.norm1(x + sa(x))
             wrong_kv = r.norm2(h + r.cross_attn(h, kv=h)[0])
-            out.append((r.norm3(wrong_kv + r.ff(wrong_kv)),
-                        "cross-attention must take its keys and values from memory: "
-                        "self.cross_attn(h, kv=memory, ...)"))
+            out.append(
+                (
+                    r.norm3(wrong_kv + r.ff(wrong_kv)),
+                    "cross-attention must take its keys and values from memory: "
+                    "self.cross_attn(h, kv=memory, ...)",
+                )
+            )
         if masks.get("memory_key_padding_mask") is not None:
             flipped = {**masks, "memory_key_padding_mask": ~masks["memory_key_padding_mask"]}
-            out.append((r(x, memory, **flipped),
-                        "memory_key_padding_mask is inverted: in this course True marks real tokens"))
+            out.append(
+                (
+                    r(x, memory, **flipped),
+                    "memory_key_padding_mask is inverted: in this course True marks real tokens",
+                )
+            )
         if masks.get("key_padding_mask") is not None:
             flipped = {**masks, "key_padding_mask": ~masks["key_padding_mask"]}
-            out.append((r(x, memory, **flipped), "key_padding_mask is inverted: in this course True marks real tokens"))
-        for key, hint in (("mask", "mask was not passed to self_attn(..., mask=mask)"),
-                          ("key_padding_mask", "key_padding_mask was not passed to self_attn"),
-                          ("memory_mask", "memory_mask was not passed to cross_attn(..., mask=memory_mask)"),
-                          ("memory_key_padding_mask", "memory_key_padding_mask was not passed to cross_attn as "
-                                                      "key_padding_mask")):
+            out.append(
+                (
+                    r(x, memory, **flipped),
+                    "key_padding_mask is inverted: in this course True marks real tokens",
+                )
+            )
+        for key, hint in (
+            ("mask", "mask was not passed to self_attn(..., mask=mask)"),
+            ("key_padding_mask", "key_padding_mask was not passed to self_attn"),
+            ("memory_mask", "memory_mask was not passed to cross_attn(..., mask=memory_mask)"),
+            (
+                "memory_key_padding_mask",
+                "memory_key_padding_mask was not passed to cross_attn as key_padding_mask",
+            ),
+        ):
             if masks.get(key) is not None:
                 out.append((r(x, memory, **{k: v for k, v in masks.items() if k != key}), hint))
-        if masks.get("mask") is not None and masks.get("memory_mask") is not None and \
-                masks["mask"].shape[-1] == masks["memory_mask"].shape[-1]:
+        if (
+            masks.get("mask") is not None
+            and masks.get("memory_mask") is not None
+            and masks["mask"].shape[-1] == masks["memory_mask"].shape[-1]
+        ):
             swapped = {**masks, "mask": masks["memory_mask"], "memory_mask": masks["mask"]}
-            out.append((r(x, memory, **swapped), "mask and memory_mask are swapped: mask goes to self_attn, "
-                                                 "memory_mask to cross_attn"))
+            out.append(
+                (
+                    r(x, memory, **swapped),
+                    "mask and memory_mask are swapped: mask goes to self_attn, memory_mask to cross_attn",
+                )
+            )
     return out
 
 
-def _decoder_case(g: Grader, DecoderLayer, case, name: str, norm_first: bool | None, cache: dict, **masks) -> None:
+def _decoder_case(
+    g: Grader, DecoderLayer, case, name: str, norm_first: bool | None, cache: dict, **masks
+) -> None:
     C, H, d_ff, B, T, S, activation, seed = case
     kwargs = {"activation": None if activation == "relu" else activation, "norm_first": norm_first}
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    m, r, what = _build_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", name, C, H, d_ff, cache, **kwargs)
+    m, r, what = _build_layer(
+        g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", name, C, H, d_ff, cache, **kwargs
+    )
     x, memory = tensor(seed, B, T, C), tensor(seed + 1, B, S, C)
     shown = ", ".join(f"{k} {describe(v) if torch.is_tensor(v) else v}" for k, v in masks.items())
     what = f"{what} on x ({B}, {T}, {C}) and memory ({B}, {S}, {C})" + (f" with {shown}" if shown else "")
@@ -802,11 +1146,17 @@ def _decoder_case(g: Grader, DecoderLayer, case, name: str, norm_first: bool | N
     with torch.no_grad():
         expected = r(x, memory, **masks)
     if not close(out, expected):
-        g.expect(is_tensor(out) and out.shape == x.shape,
-                 f"{what}: expected a ({B}, {T}, {C}) tensor, got {describe(out)}")
+        g.expect(
+            is_tensor(out) and out.shape == x.shape,
+            f"{what}: expected a ({B}, {T}, {C}) tensor, got {describe(out)}",
+        )
         if cache.get("diagnose"):
-            first_match(g, out, [(w, f"{what}: {h}")
-                                 for w, h in _decoder_mistakes(r, x, memory, bool(norm_first), **masks)], expected)
+            first_match(
+                g,
+                out,
+                [(w, f"{what}: {h}") for w, h in _decoder_mistakes(r, x, memory, bool(norm_first), **masks)],
+                expected,
+            )
         _expect_close(g, what, out, expected)
 
 
@@ -815,114 +1165,207 @@ def grade_decoder_layer(DecoderLayer) -> None:
     norm_first=False, eps=1e-5, bias=True)``."""
     g = Grader("DecoderLayer")
 
-    with g.check("submodules self_attn, cross_attn, ff, norm1-3 with the reference's parameter names and shapes; "
-                 "d_ff (default 4 * d_model) and n_heads reach them"):
+    with g.check(
+        "submodules self_attn, cross_attn, ff, norm1-3 with the reference's parameter names and shapes; "
+        "d_ff (default 4 * d_model) and n_heads reach them"
+    ):
         _names_check(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer")
 
     post, pre = (8, 2, None, 2, 3, 4, "relu", 0), (12, 3, 16, 3, 4, 2, "gelu", 1)
-    with g.check("post-norm by default: masked (causal by default) self-attention, cross-attention to memory "
-                 "(S may differ from T), feed-forward, each x = norm_i(x + sublayer_i(x))"):
+    with g.check(
+        "post-norm by default: masked (causal by default) self-attention, cross-attention to memory "
+        "(S may differ from T), feed-forward, each x = norm_i(x + sublayer_i(x))"
+    ):
         cache = {}
-        _for_all_then_diagnose("dec.post", _layer_case(cross=True),
-                               lambda c: _decoder_case(g, DecoderLayer, c, "dec.post", None, cache),
-                               cache, fixed=[post, pre], max_examples=8)
+        _for_all_then_diagnose(
+            "dec.post",
+            _layer_case(cross=True),
+            lambda c: _decoder_case(g, DecoderLayer, c, "dec.post", None, cache),
+            cache,
+            fixed=[post, pre],
+            max_examples=8,
+        )
 
     with g.check("pre-norm (norm_first=True): x = x + sublayer_i(norm_i(x)); memory is used as it comes"):
         cache = {}
-        _for_all_then_diagnose("dec.pre", _layer_case(cross=True),
-                               lambda c: _decoder_case(g, DecoderLayer, c, "dec.pre", True, cache),
-                               cache, fixed=[post, pre], max_examples=8)
+        _for_all_then_diagnose(
+            "dec.pre",
+            _layer_case(cross=True),
+            lambda c: _decoder_case(g, DecoderLayer, c, "dec.pre", True, cache),
+            cache,
+            fixed=[post, pre],
+            max_examples=8,
+        )
 
     with g.check("is_causal=False: self-attention sees every position of x"):
         cache = {}
-        _for_all_then_diagnose("dec.noncausal", st.tuples(_layer_case(cross=True), st.sampled_from([None, True])),
-                               lambda c: _decoder_case(g, DecoderLayer, c[0], "dec.noncausal", c[1], cache,
-                                                       is_causal=False),
-                               cache, max_examples=5, fixed=[(post, None), (pre, True)])
+        _for_all_then_diagnose(
+            "dec.noncausal",
+            st.tuples(_layer_case(cross=True), st.sampled_from([None, True])),
+            lambda c: _decoder_case(g, DecoderLayer, c[0], "dec.noncausal", c[1], cache, is_causal=False),
+            cache,
+            max_examples=5,
+            fixed=[(post, None), (pre, True)],
+        )
 
     def self_masks(c):
         case, kind, shape, norm_first, lengths = c
         C, H, d_ff, B, T, S, activation, seed = case
         lengths = [min(max(n, 1), T) for n in lengths[:B]] + [T] * (B - len(lengths))
-        masks = {"mask": _masks(seed, B, H, T, T, kind, shape), "key_padding_mask": padding_mask(lengths, S=T)}
+        masks = {
+            "mask": _masks(seed, B, H, T, T, kind, shape),
+            "key_padding_mask": padding_mask(lengths, S=T),
+        }
         _decoder_case(g, DecoderLayer, case, "dec.selfmask", norm_first, cache, **masks)
 
     shapes = st.sampled_from(["TS", "B1TS", "BHTS"])
-    with g.check("mask (boolean or additive, broadcastable to (B, H, T, T)) and key_padding_mask (B, T) "
-                 "reach self-attention, on top of the causal mask"):
+    with g.check(
+        "mask (boolean or additive, broadcastable to (B, H, T, T)) and key_padding_mask (B, T) "
+        "reach self-attention, on top of the causal mask"
+    ):
         cache = {}
-        _for_all_then_diagnose("dec.selfmask", st.tuples(_layer_case(cross=True), st.sampled_from(["bool", "float"]),
-                                                         shapes, st.sampled_from([None, True]),
-                                                         st.lists(st.integers(1, 6), max_size=3)),
-                               self_masks, cache, max_examples=6,
-                               fixed=[((8, 2, None, 3, 5, 4, "relu", 0), "bool", "TS", None, [5, 4, 3]),
-                                      (pre, "float", "BHTS", True, [4, 2, 3])])
+        _for_all_then_diagnose(
+            "dec.selfmask",
+            st.tuples(
+                _layer_case(cross=True),
+                st.sampled_from(["bool", "float"]),
+                shapes,
+                st.sampled_from([None, True]),
+                st.lists(st.integers(1, 6), max_size=3),
+            ),
+            self_masks,
+            cache,
+            max_examples=6,
+            fixed=[
+                ((8, 2, None, 3, 5, 4, "relu", 0), "bool", "TS", None, [5, 4, 3]),
+                (pre, "float", "BHTS", True, [4, 2, 3]),
+            ],
+        )
 
     def memory_masks(c):
         case, kind, shape, norm_first, lengths = c
         C, H, d_ff, B, T, S, activation, seed = case
         lengths = [min(max(n, 1), S) for n in lengths[:B]] + [S] * (B - len(lengths))
-        masks = {"memory_mask": _masks(seed + 2, B, H, T, S, kind, shape),
-                 "memory_key_padding_mask": padding_mask(lengths, S=S)}
+        masks = {
+            "memory_mask": _masks(seed + 2, B, H, T, S, kind, shape),
+            "memory_key_padding_mask": padding_mask(lengths, S=S),
+        }
         _decoder_case(g, DecoderLayer, case, "dec.memmask", norm_first, cache, **masks)
 
-    with g.check("memory_mask (boolean or additive, broadcastable to (B, H, T, S)) and memory_key_padding_mask "
-                 "(B, S), True at real tokens, reach cross-attention"):
+    with g.check(
+        "memory_mask (boolean or additive, broadcastable to (B, H, T, S)) and memory_key_padding_mask "
+        "(B, S), True at real tokens, reach cross-attention"
+    ):
         cache = {}
-        _for_all_then_diagnose("dec.memmask", st.tuples(_layer_case(cross=True), st.sampled_from(["bool", "float"]),
-                                                        shapes, st.sampled_from([None, True]),
-                                                        st.lists(st.integers(1, 7), max_size=3)),
-                               memory_masks, cache, max_examples=6,
-                               fixed=[((8, 2, None, 3, 4, 6, "relu", 0), "bool", "TS", None, [5, 3, 1]),
-                                      (pre, "float", "B1TS", True, [2, 1, 2])])
+        _for_all_then_diagnose(
+            "dec.memmask",
+            st.tuples(
+                _layer_case(cross=True),
+                st.sampled_from(["bool", "float"]),
+                shapes,
+                st.sampled_from([None, True]),
+                st.lists(st.integers(1, 7), max_size=3),
+            ),
+            memory_masks,
+            cache,
+            max_examples=6,
+            fixed=[
+                ((8, 2, None, 3, 4, 6, "relu", 0), "bool", "TS", None, [5, 3, 1]),
+                (pre, "float", "B1TS", True, [2, 1, 2]),
+            ],
+        )
 
-    with g.check("eps reaches the three norms and bias=False every projection, the feed-forward and the norms"):
+    with g.check(
+        "eps reaches the three norms and bias=False every projection, the feed-forward and the norms"
+    ):
         for kwargs in ({"eps": 0.5}, {"bias": False}, {"eps": 2.0, "bias": False, "norm_first": True}):
-            m, r, what = _build_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "dec.opts", 8, 2, 12, **kwargs)
+            m, r, what = _build_layer(
+                g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "dec.opts", 8, 2, 12, **kwargs
+            )
             x, memory = rand("dec.opts.x", 2, 4, 8, scale=0.5), rand("dec.opts.mem", 2, 5, 8, scale=0.5)
             with torch.no_grad():
-                _expect_close(g, f"{what} on x (2, 4, 8) and memory (2, 5, 8)", _call(g, what, m, x, memory),
-                              r(x, memory),
-                              advice=": pass eps and bias on to LayerNorm(d_model, eps, bias), and bias to "
-                                                   "both MultiHeadAttention and FeedForward")
+                _expect_close(
+                    g,
+                    f"{what} on x (2, 4, 8) and memory (2, 5, 8)",
+                    _call(g, what, m, x, memory),
+                    r(x, memory),
+                    advice=": pass eps and bias on to LayerNorm(d_model, eps, bias), and bias to "
+                    "both MultiHeadAttention and FeedForward",
+                )
 
     with g.check("dropout (default 0.1) reaches dropout1-3, ff.dropout, self_attn and cross_attn"):
         _dropout_values_check(g, DecoderLayer, "DecoderLayer", _DEC_DROPOUTS, ("self_attn", "cross_attn"))
 
-    with g.check("dropout1, dropout2 and dropout3 act on the outputs of self-attention, cross-attention and the "
-                 "feed-forward, before each residual add (each alone with p = 1, in training mode)"):
+    with g.check(
+        "dropout1, dropout2 and dropout3 act on the outputs of self-attention, cross-attention and the "
+        "feed-forward, before each residual add (each alone with p = 1, in training mode)"
+    ):
         subs = {"dropout1": "self-attention", "dropout2": "cross-attention", "dropout3": "feed-forward"}
         for norm_first in (False, True):
             for on in _DEC_DROPOUTS:
-                m, r, what = _build_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", f"dec.drop.{on}", 8, 2, 12,
-                                          dropout=0.3, norm_first=norm_first)
+                m, r, what = _build_layer(
+                    g,
+                    DecoderLayer,
+                    ref.DecoderLayer,
+                    "DecoderLayer",
+                    f"dec.drop.{on}",
+                    8,
+                    2,
+                    12,
+                    dropout=0.3,
+                    norm_first=norm_first,
+                )
                 _only(g, m, on, _DEC_DROPOUTS, ("self_attn", "cross_attn"))
                 _only(g, r, on, _DEC_DROPOUTS, ("self_attn", "cross_attn"))
                 m.train()
                 r.train()
                 x, memory = rand(f"dec.drop.{on}.x", 2, 4, 8), rand(f"dec.drop.{on}.mem", 2, 3, 8)
                 with torch.no_grad():
-                    _expect_close(g, f"{what} in training mode with {on}.p = 1 and every other dropout off",
-                                  _call(g, what, m, x, memory), r(x, memory),
-                                  advice=f": {on} must drop the {subs[on]} sub-layer's output just before its residual "
-                                         "add, and nothing else")
+                    _expect_close(
+                        g,
+                        f"{what} in training mode with {on}.p = 1 and every other dropout off",
+                        _call(g, what, m, x, memory),
+                        r(x, memory),
+                        advice=f": {on} must drop the {subs[on]} sub-layer's output just before its residual "
+                        "add, and nothing else",
+                    )
 
     with g.check("leaves x and memory unchanged; gradients reach x and memory as in the reference"):
-        m, r, what = _build_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "dec.grad", 8, 2, 12,
-                                  activation="gelu", norm_first=True)
+        m, r, what = _build_layer(
+            g,
+            DecoderLayer,
+            ref.DecoderLayer,
+            "DecoderLayer",
+            "dec.grad",
+            8,
+            2,
+            12,
+            activation="gelu",
+            norm_first=True,
+        )
         x, memory = rand("dec.grad.x", 2, 4, 8), rand("dec.grad.mem", 2, 5, 8)
         up = rand("dec.grad.up", 2, 4, 8)
         p = probe(m, x.clone(), memory.clone())
-        g.expect(all(is_tensor(a) for a in p.args[:2]) and torch.equal(p.args[0], x) and torch.equal(p.args[1], memory),
-                 f"{what} modified x or memory in place")
+        g.expect(
+            all(is_tensor(a) for a in p.args[:2])
+            and torch.equal(p.args[0], x)
+            and torch.equal(p.args[1], memory),
+            f"{what} modified x or memory in place",
+        )
         p = probe(m, x.clone().requires_grad_(), memory.clone().requires_grad_(), backward=(None, up))
-        g.expect(is_tensor(p.result) and p.result.requires_grad,
-                 f"{what}: the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()")
+        g.expect(
+            is_tensor(p.result) and p.result.requires_grad,
+            f"{what}: the output does not depend on x through autograd: avoid .detach(), .item() or .numpy()",
+        )
         xr, mr = x.clone().requires_grad_(), memory.clone().requires_grad_()
         (r(xr, mr) * up).sum().backward()
         for i, (arg, want) in enumerate((("x", xr.grad), ("memory", mr.grad))):
-            _expect_close(g, f"{what} on x (2, 4, 8) and memory (2, 5, 8), the gradient with respect to {arg}",
-                          p.grads[i] if p.grads else None, want)
+            _expect_close(
+                g,
+                f"{what} on x (2, 4, 8) and memory (2, 5, 8), the gradient with respect to {arg}",
+                p.grads[i] if p.grads else None,
+                want,
+            )
 
     g.finish()
 
@@ -941,44 +1384,76 @@ def check_layer_norm(LayerNorm) -> None:
     """Public checks of ``LayerNorm``: one small example per graded clause."""
     g = Grader("LayerNorm (public)")
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 2.0, 2.0]], dtype=F64)
-    with g.check("LayerNorm(4) has parameters weight (ones) and bias (zeros); LayerNorm(4, bias=False) only weight"):
+    with g.check(
+        "LayerNorm(4) has parameters weight (ones) and bias (zeros); LayerNorm(4, bias=False) only weight"
+    ):
         params = dict(LayerNorm(4).named_parameters())
-        g.expect(set(params) == {"weight", "bias"},
-                 f"LayerNorm needs exactly two nn.Parameters, weight and bias, got {sorted(params)}")
-        g.expect(close(params["weight"].detach(), torch.ones(4)) and close(params["bias"].detach(), torch.zeros(4)),
-                 "weight should start as ones and bias as zeros")
+        g.expect(
+            set(params) == {"weight", "bias"},
+            f"LayerNorm needs exactly two nn.Parameters, weight and bias, got {sorted(params)}",
+        )
+        g.expect(
+            close(params["weight"].detach(), torch.ones(4))
+            and close(params["bias"].detach(), torch.zeros(4)),
+            "weight should start as ones and bias as zeros",
+        )
         params = dict(LayerNorm(4, bias=False).named_parameters())
-        g.expect(set(params) == {"weight"}, f"LayerNorm(4, bias=False) should have only weight, got {sorted(params)}")
-    with g.check("LayerNorm(4) of [[1, 2, 3, 4], [2, 2, 2, 2]] (biased variance, eps inside the square root)"):
+        g.expect(
+            set(params) == {"weight"},
+            f"LayerNorm(4, bias=False) should have only weight, got {sorted(params)}",
+        )
+    with g.check(
+        "LayerNorm(4) of [[1, 2, 3, 4], [2, 2, 2, 2]] (biased variance, eps inside the square root)"
+    ):
         out = LayerNorm(4).double()(x)
         expected = torch.stack([(x[0] - 2.5) / math.sqrt(1.25 + 1e-5), torch.zeros(4, dtype=F64)])
-        g.expect(not (is_tensor(out) and close(out[0], (x[0] - 2.5) / x[0].std())),
-                 "you used the unbiased variance (divide by C - 1): layer norm divides by C")
-        g.expect(not (is_tensor(out) and not bool(torch.isfinite(out).all())),
-                 "a constant row gave inf or NaN: add eps to the variance inside the square root")
+        g.expect(
+            not (is_tensor(out) and close(out[0], (x[0] - 2.5) / x[0].std())),
+            "you used the unbiased variance (divide by C - 1): layer norm divides by C",
+        )
+        g.expect(
+            not (is_tensor(out) and not bool(torch.isfinite(out).all())),
+            "a constant row gave inf or NaN: add eps to the variance inside the square root",
+        )
         _expect_close(g, "LayerNorm(4) of [[1, 2, 3, 4], [2, 2, 2, 2]]", out, expected)
     with g.check("with loaded weight and bias, eps=0.5, bias=False, x of shape (2, 3, 4) or (4,)"):
         for kwargs in ({}, {"eps": 0.5}, {"bias": False}):
             m = LayerNorm(4, **kwargs).double()
             w, b = rand("public.ln.w", 4) + 1, rand("public.ln.b", 4)
-            load_weights(g, m, {"weight": w, "bias": b} if kwargs.get("bias", True) else {"weight": w}, "LayerNorm")
+            load_weights(
+                g, m, {"weight": w, "bias": b} if kwargs.get("bias", True) else {"weight": w}, "LayerNorm"
+            )
             for shape in ((2, 3, 4), (4,)):
                 xs = rand(f"public.ln.x{shape}", *shape)
-                _expect_close(g, f"LayerNorm(4{_args(**kwargs) and ', ' + _args(**kwargs)}) on x {shape}", m(xs),
-                              _ln(xs, w, b if kwargs.get("bias", True) else None, kwargs.get("eps", 1e-5)))
+                _expect_close(
+                    g,
+                    f"LayerNorm(4{_args(**kwargs) and ', ' + _args(**kwargs)}) on x {shape}",
+                    m(xs),
+                    _ln(xs, w, b if kwargs.get("bias", True) else None, kwargs.get("eps", 1e-5)),
+                )
     with g.check("float32 x = 1e4 + [1, 2, 3, 4]: float32 out, accurate (two-pass variance)"):
         xs = torch.tensor([1.0, 2.0, 3.0, 4.0]) + 1e4
-        _expect_close(g, "LayerNorm(4) of 1e4 + [1, 2, 3, 4] in float32", LayerNorm(4)(xs),
-                      _ln(xs.double(), None, None).float(), magnitude(xs))
+        _expect_close(
+            g,
+            "LayerNorm(4) of 1e4 + [1, 2, 3, 4] in float32",
+            LayerNorm(4)(xs),
+            _ln(xs.double(), None, None).float(),
+            magnitude(xs),
+        )
     with g.check("the same output in training and eval mode"):
         m = LayerNorm(4).double()
         _expect_close(g, "LayerNorm(4) in training mode", m.train()(x), _ln(x, None, None))
     with g.check("LayerNorm(4) on x (2, 3) raises a ValueError"):
         expect_value_error(g, lambda: LayerNorm(4)(torch.zeros(2, 3)), "LayerNorm(4) on x (2, 3)")
     with g.check("x is left unchanged and gradients flow back to it"):
-        p = probe(LayerNorm(4).double(), x.clone().requires_grad_(), backward=(None, torch.ones(2, 4, dtype=F64)))
+        p = probe(
+            LayerNorm(4).double(), x.clone().requires_grad_(), backward=(None, torch.ones(2, 4, dtype=F64))
+        )
         g.expect(torch.equal(p.args[0].detach(), x), "x was modified in place")
-        g.expect(p.grads is not None and p.grads[0] is not None, "no gradient reached x: avoid .detach() or .item()")
+        g.expect(
+            p.grads is not None and p.grads[0] is not None,
+            "no gradient reached x: avoid .detach() or .item()",
+        )
     g.finish()
 
 
@@ -987,12 +1462,18 @@ def check_feed_forward(FeedForward) -> None:
     g = Grader("FeedForward (public)")
     with g.check("FeedForward(8) has nn.Linear linear1 (8 -> 32) and linear2 (32 -> 8)"):
         ff = FeedForward(8)
-        g.expect(is_a(ff.linear1, LINEAR) and is_a(ff.linear2, LINEAR),
-                 "FeedForward needs nn.Linear layers called linear1 and linear2")
-        g.expect(ff.linear1.out_features == 32, f"d_ff defaults to 4 * d_model = 32, got {ff.linear1.out_features}")
+        g.expect(
+            is_a(ff.linear1, LINEAR) and is_a(ff.linear2, LINEAR),
+            "FeedForward needs nn.Linear layers called linear1 and linear2",
+        )
+        g.expect(
+            ff.linear1.out_features == 32, f"d_ff defaults to 4 * d_model = 32, got {ff.linear1.out_features}"
+        )
     x = rand("public.ff.x", 2, 3, 8)
     for activation in ("relu", "gelu"):
-        with g.check(f"activation={activation!r}: linear2({activation}(linear1(x))) with loaded weights, x (2, 3, 8)"):
+        with g.check(
+            f"activation={activation!r}: linear2({activation}(linear1(x))) with loaded weights, x (2, 3, 8)"
+        ):
             m = FeedForward(8, 16, activation).double().eval()
             r = ref.FeedForward(8, 16, activation).double().eval()
             weights = random_weights(r, f"public.ff.{activation}")
@@ -1005,20 +1486,35 @@ def check_feed_forward(FeedForward) -> None:
         g.expect(keys == {"linear1.weight", "linear2.weight"}, f"got {sorted(keys)}")
     with g.check("FeedForward(8, activation='tanh') raises a ValueError"):
         expect_value_error(g, lambda: FeedForward(8, activation="tanh"), "activation='tanh'")
-    with g.check("dropout: nn.Dropout named dropout (p = 0.0 by default), on act(linear1(x)), only in training mode"):
+    with g.check(
+        "dropout: nn.Dropout named dropout (p = 0.0 by default), on act(linear1(x)), only in training mode"
+    ):
         m = FeedForward(8, 16, dropout=0.25).double()
-        g.expect(is_a(getattr(m, "dropout", None), DROPOUT) and m.dropout.p == 0.25,
-                 "FeedForward(8, 16, dropout=0.25) needs self.dropout = nn.Dropout(0.25)")
+        g.expect(
+            is_a(getattr(m, "dropout", None), DROPOUT) and m.dropout.p == 0.25,
+            "FeedForward(8, 16, dropout=0.25) needs self.dropout = nn.Dropout(0.25)",
+        )
         g.expect(FeedForward(8).dropout.p == 0.0, "dropout defaults to 0.0")
         set_attr(m.dropout, "p", 1.0)
         with torch.no_grad():
-            _expect_close(g, "FeedForward(8, 16) in training mode with dropout.p = 1", m.train()(x),
-                          m.linear2.bias.detach().expand(2, 3, 8),
-                          advice=": dropping every hidden activation must leave linear2's bias")
+            _expect_close(
+                g,
+                "FeedForward(8, 16) in training mode with dropout.p = 1",
+                m.train()(x),
+                m.linear2.bias.detach().expand(2, 3, 8),
+                advice=": dropping every hidden activation must leave linear2's bias",
+            )
     with g.check("x is left unchanged and gradients flow back to it"):
-        p = probe(FeedForward(8).double(), x.clone().requires_grad_(), backward=(None, torch.ones(2, 3, 8, dtype=F64)))
+        p = probe(
+            FeedForward(8).double(),
+            x.clone().requires_grad_(),
+            backward=(None, torch.ones(2, 3, 8, dtype=F64)),
+        )
         g.expect(torch.equal(p.args[0].detach(), x), "x was modified in place")
-        g.expect(p.grads is not None and p.grads[0] is not None, "no gradient reached x: avoid .detach() or .item()")
+        g.expect(
+            p.grads is not None and p.grads[0] is not None,
+            "no gradient reached x: avoid .detach() or .item()",
+        )
     g.finish()
 
 
@@ -1038,18 +1534,32 @@ def check_encoder_layer(EncoderLayer) -> None:
         for kwargs in ({}, {"bias": False}):
             sd = EncoderLayer(8, 2, **kwargs).state_dict()
             expected = set(ref.EncoderLayer(8, 2, **kwargs).state_dict())
-            g.expect(isinstance(sd, dict) and set(sd) == expected,
-                     names_hint(f"EncoderLayer(8, 2{', bias=False' if kwargs else ''})",
-                                set(sd) if isinstance(sd, dict) else set(), expected))
+            g.expect(
+                isinstance(sd, dict) and set(sd) == expected,
+                names_hint(
+                    f"EncoderLayer(8, 2{', bias=False' if kwargs else ''})",
+                    set(sd) if isinstance(sd, dict) else set(),
+                    expected,
+                ),
+            )
     for kwargs in ({}, {"norm_first": True}, {"activation": "gelu", "eps": 0.5, "bias": False}):
-        with g.check(f"EncoderLayer({_args(8, 2, **kwargs)}) with loaded weights, in eval mode, matches the reference"):
-            m, r, what = _public_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "public.enc", 8, 2, **kwargs)
+        with g.check(
+            f"EncoderLayer({_args(8, 2, **kwargs)}) with loaded weights, in eval mode, matches the reference"
+        ):
+            m, r, what = _public_layer(
+                g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "public.enc", 8, 2, **kwargs
+            )
             with torch.no_grad():
                 _expect_close(g, what, m(x), r(x))
     with g.check("mask (T, T), key_padding_mask (B, T) with True at real tokens, and is_causal=True"):
-        m, r, what = _public_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "public.enc.masks", 8, 2)
-        masks = {"mask": ~torch.eye(5, dtype=torch.bool).roll(1, 1), "key_padding_mask": padding_mask([5, 3]),
-                 "is_causal": True}
+        m, r, what = _public_layer(
+            g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "public.enc.masks", 8, 2
+        )
+        masks = {
+            "mask": ~torch.eye(5, dtype=torch.bool).roll(1, 1),
+            "key_padding_mask": padding_mask([5, 3]),
+            "is_causal": True,
+        }
         for key, value in masks.items():
             with torch.no_grad():
                 _expect_close(g, f"{what} with {key}", m(x, **{key: value}), r(x, **{key: value}))
@@ -1060,13 +1570,18 @@ def check_encoder_layer(EncoderLayer) -> None:
         _only(g, m, "dropout1", _ENC_DROPOUTS, ("self_attn",))
         with torch.no_grad():
             h = r.norm1(x)  # the attention's output dropped: x = norm1(x + 0)
-            _expect_close(g, f"{what} with dropout1.p = 1 in training mode", m.train()(x), r.norm2(h + r.ff(h)))
+            _expect_close(
+                g, f"{what} with dropout1.p = 1 in training mode", m.train()(x), r.norm2(h + r.ff(h))
+            )
     with g.check("x is left unchanged and gradients flow back to it"):
         m, r, what = _public_layer(g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "public.enc.grad", 8, 2)
         p = probe(m, x.clone())
         g.expect(torch.equal(p.args[0], x), "x was modified in place")
         p = probe(m, x.clone().requires_grad_(), backward=(None, torch.ones(2, 5, 8, dtype=F64)))
-        g.expect(p.grads is not None and p.grads[0] is not None, "no gradient reached x: avoid .detach() or .item()")
+        g.expect(
+            p.grads is not None and p.grads[0] is not None,
+            "no gradient reached x: avoid .detach() or .item()",
+        )
     g.finish()
 
 
@@ -1074,28 +1589,47 @@ def check_decoder_layer(DecoderLayer) -> None:
     """Public checks of ``DecoderLayer(8, 2)``: one small example per graded clause."""
     g = Grader("DecoderLayer (public)")
     x, memory = rand("public.dec.x", 2, 4, 8), rand("public.dec.mem", 2, 6, 8)
-    with g.check("DecoderLayer(8, 2) has the reference's parameter names (self_attn, cross_attn, ff, norm1-3)"):
+    with g.check(
+        "DecoderLayer(8, 2) has the reference's parameter names (self_attn, cross_attn, ff, norm1-3)"
+    ):
         for kwargs in ({}, {"bias": False}):
             sd = DecoderLayer(8, 2, **kwargs).state_dict()
             expected = set(ref.DecoderLayer(8, 2, **kwargs).state_dict())
-            g.expect(isinstance(sd, dict) and set(sd) == expected,
-                     names_hint(f"DecoderLayer(8, 2{', bias=False' if kwargs else ''})",
-                                set(sd) if isinstance(sd, dict) else set(), expected))
+            g.expect(
+                isinstance(sd, dict) and set(sd) == expected,
+                names_hint(
+                    f"DecoderLayer(8, 2{', bias=False' if kwargs else ''})",
+                    set(sd) if isinstance(sd, dict) else set(),
+                    expected,
+                ),
+            )
     for kwargs in ({}, {"norm_first": True}, {"activation": "gelu", "eps": 0.5, "bias": False}):
-        with g.check(f"DecoderLayer({_args(8, 2, **kwargs)}), x (2, 4, 8), memory (2, 6, 8): causal by default, "
-                     "matches the reference"):
-            m, r, what = _public_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "public.dec", 8, 2, **kwargs)
+        with g.check(
+            f"DecoderLayer({_args(8, 2, **kwargs)}), x (2, 4, 8), memory (2, 6, 8): causal by default, "
+            "matches the reference"
+        ):
+            m, r, what = _public_layer(
+                g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "public.dec", 8, 2, **kwargs
+            )
             with torch.no_grad():
                 _expect_close(g, what, m(x, memory), r(x, memory))
     with g.check("is_causal=False, mask, key_padding_mask, memory_mask and memory_key_padding_mask"):
-        m, r, what = _public_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "public.dec.masks", 8, 2)
-        masks = {"is_causal": False, "mask": torch.ones(4, 4, dtype=torch.bool).tril(),
-                 "key_padding_mask": padding_mask([4, 2]), "memory_mask": torch.ones(4, 6, dtype=torch.bool).triu(),
-                 "memory_key_padding_mask": padding_mask([6, 3])}
+        m, r, what = _public_layer(
+            g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "public.dec.masks", 8, 2
+        )
+        masks = {
+            "is_causal": False,
+            "mask": torch.ones(4, 4, dtype=torch.bool).tril(),
+            "key_padding_mask": padding_mask([4, 2]),
+            "memory_mask": torch.ones(4, 6, dtype=torch.bool).triu(),
+            "memory_key_padding_mask": padding_mask([6, 3]),
+        }
         masks["memory_mask"][:, 0] = True
         for key, value in masks.items():
             with torch.no_grad():
-                _expect_close(g, f"{what} with {key}", m(x, memory, **{key: value}), r(x, memory, **{key: value}))
+                _expect_close(
+                    g, f"{what} with {key}", m(x, memory, **{key: value}), r(x, memory, **{key: value})
+                )
     with g.check("dropout defaults to 0.1 in dropout1-3, ff.dropout, self_attn and cross_attn"):
         _public_dropout(g, DecoderLayer(8, 2), _DEC_DROPOUTS, ("self_attn", "cross_attn"), 0.1)
     with g.check("dropout2 alone (p = 1, training mode) removes the cross-attention sub-layer's output"):
@@ -1104,14 +1638,23 @@ def check_decoder_layer(DecoderLayer) -> None:
         with torch.no_grad():
             h = r.norm1(x + r.self_attn(x, is_causal=True)[0])
             h = r.norm2(h)
-            _expect_close(g, f"{what} with dropout2.p = 1 in training mode", m.train()(x, memory), r.norm3(h + r.ff(h)))
+            _expect_close(
+                g, f"{what} with dropout2.p = 1 in training mode", m.train()(x, memory), r.norm3(h + r.ff(h))
+            )
     with g.check("x and memory are left unchanged and gradients flow back to both"):
         m, r, what = _public_layer(g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "public.dec.grad", 8, 2)
         p = probe(m, x.clone(), memory.clone())
-        g.expect(torch.equal(p.args[0], x) and torch.equal(p.args[1], memory), "x or memory was modified in place")
-        p = probe(m, x.clone().requires_grad_(), memory.clone().requires_grad_(),
-                  backward=(None, torch.ones(2, 4, 8, dtype=F64)))
-        g.expect(p.grads is not None and all(gr is not None for gr in p.grads[:2]),
-                 "no gradient reached x or memory: avoid .detach() or .item()")
+        g.expect(
+            torch.equal(p.args[0], x) and torch.equal(p.args[1], memory), "x or memory was modified in place"
+        )
+        p = probe(
+            m,
+            x.clone().requires_grad_(),
+            memory.clone().requires_grad_(),
+            backward=(None, torch.ones(2, 4, 8, dtype=F64)),
+        )
+        g.expect(
+            p.grads is not None and all(gr is not None for gr in p.grads[:2]),
+            "no gradient reached x or memory: avoid .detach() or .item()",
+        )
     g.finish()
-

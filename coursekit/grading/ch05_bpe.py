@@ -8,6 +8,10 @@ digits, newlines and multi-byte characters; every split pattern the text names),
 :mod:`coursekit.bpe`, plus the fixed cases of the classic mistakes with their specific hints
 (overlaps, tie-break, merge order, cut UTF-8 characters). A failed example is shrunk to the
 smallest one that still fails, and the hint quotes it.
+
+Over 500 lines: one named check per clause of the exercise text for each graded part, public and
+hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
+it would scatter one exercise's specification over several files.
 """
 
 from __future__ import annotations
@@ -19,8 +23,16 @@ from coursekit import bpe as ref
 from coursekit.grading.core import Grader, describe, for_all, probe, raise_unless_student_error, said
 
 __all__ = [
-    "check_get_pair_counts", "check_merge", "check_train", "check_encode_chunk", "check_decode",
-    "grade_get_pair_counts", "grade_merge", "grade_train", "grade_encode_chunk", "grade_decode",
+    "check_get_pair_counts",
+    "check_merge",
+    "check_train",
+    "check_encode_chunk",
+    "check_decode",
+    "grade_get_pair_counts",
+    "grade_merge",
+    "grade_train",
+    "grade_encode_chunk",
+    "grade_decode",
 ]
 
 #: Text the hidden checks train and encode on: English, code, digits and non-Latin scripts.
@@ -42,7 +54,6 @@ def _short(x, n: int = 160) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-
 def _call(g: Grader, what: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``; an exception of the student's code fails the check with ``what`` (the call)."""
     try:
@@ -55,24 +66,32 @@ def _call(g: Grader, what: str, fn, *args, **kwargs):
 def _is_pair_dict(x) -> bool:
     """A dict (a Counter or defaultdict is fine) of (int, int) tuples -> int."""
     return isinstance(x, dict) and all(
-        type(k) is tuple and len(k) == 2 and all(type(i) is int for i in k) and type(v) is int for k, v in x.items())
+        type(k) is tuple and len(k) == 2 and all(type(i) is int for i in k) and type(v) is int
+        for k, v in x.items()
+    )
 
 
 def _expect_pair_dict(g: Grader, got, what: str) -> None:
-    g.expect(_is_pair_dict(got), f"{what} returned {_short(got)}: return a dict whose keys are (left, right) tuples "
-                                 "of ints and whose values are int counts")
+    g.expect(
+        _is_pair_dict(got),
+        f"{what} returned {_short(got)}: return a dict whose keys are (left, right) tuples "
+        "of ints and whose values are int counts",
+    )
 
 
 def _id_lists(max_size: int = 12):
     """Short id lists from a small alphabet (runs and overlaps are common), at an offset (bytes, or ids of merges)."""
     return st.tuples(st.lists(st.integers(0, 3), max_size=max_size), st.sampled_from((0, 97, 256))).map(
-        lambda t: [t[1] + i for i in t[0]])
+        lambda t: [t[1] + i for i in t[0]]
+    )
 
 
 # --------------------------------------------------------------------------- pair counts
 
-_SHARED_DEFAULT = ("the counts of earlier calls were kept: a default of counts={} is one dict shared by every call, "
-                   "so use counts=None and make a new dict inside")
+_SHARED_DEFAULT = (
+    "the counts of earlier calls were kept: a default of counts={} is one dict shared by every call, "
+    "so use counts=None and make a new dict inside"
+)
 
 
 def _expect_no_shared_default(g: Grader, get_pair_counts) -> None:
@@ -80,16 +99,21 @@ def _expect_no_shared_default(g: Grader, get_pair_counts) -> None:
     first = _call(g, "get_pair_counts([11, 12])", get_pair_counts, [11, 12])
     first = dict(first) if isinstance(first, dict) else first  # a snapshot: the same dict may come back
     second = _call(g, "get_pair_counts([11, 12]) (called again)", get_pair_counts, [11, 12])
-    g.expect(not isinstance(second, dict) or dict(second) == first,
-             f"get_pair_counts([11, 12]) gave {_short(first)}, then {_short(dict(second))} when called again: "
-             f"{_SHARED_DEFAULT}")
+    g.expect(
+        not isinstance(second, dict) or dict(second) == first,
+        f"get_pair_counts([11, 12]) gave {_short(first)}, then {_short(dict(second))} when called again: "
+        f"{_SHARED_DEFAULT}",
+    )
 
 
 def grade_get_pair_counts(get_pair_counts) -> None:
     """Grade ``get_pair_counts(ids, counts=None, weight=1)``."""
     g = Grader("get_pair_counts")
 
-    with g.check("returns a dict of every adjacent (left, right) tuple -> int count, overlapping pairs included"):
+    with g.check(
+        "returns a dict of every adjacent (left, right) tuple -> int count, overlapping pairs included"
+    ):
+
         def test(ids):
             what = f"get_pair_counts({ids})"
             got = _call(g, what, get_pair_counts, list(ids))
@@ -98,8 +122,10 @@ def grade_get_pair_counts(get_pair_counts) -> None:
             if dict(got) != expected:
                 _expect_no_shared_default(g, get_pair_counts)
             if dict(got) != expected and any(a == b == c for a, b, c in zip(ids, ids[1:], ids[2:])):
-                g.fail(f"{what} should be {expected}, got {dict(got)}: count every adjacent position "
-                       "(zip(ids, ids[1:])), also where pairs overlap")
+                g.fail(
+                    f"{what} should be {expected}, got {dict(got)}: count every adjacent position "
+                    "(zip(ids, ids[1:])), also where pairs overlap"
+                )
             g.expect(dict(got) == expected, f"{what} should be {expected}, got {dict(got)}")
 
         for ids in ([7, 7, 7, 7, 1], [], [5], [1, 2]):
@@ -111,48 +137,79 @@ def grade_get_pair_counts(get_pair_counts) -> None:
         first = _call(g, "get_pair_counts([1, 2, 1, 2])", get_pair_counts, ids)
         second = _call(g, "get_pair_counts([1, 2, 1, 2]) (called again)", get_pair_counts, ids)
         expected = {(1, 2): 2, (2, 1): 1}
-        g.expect(isinstance(first, dict) and dict(first) == expected,
-                 f"get_pair_counts([1, 2, 1, 2]) should be {expected}, got {_short(first)}")
-        g.expect(isinstance(second, dict) and dict(second) == expected,
-                 f"called a second time, get_pair_counts([1, 2, 1, 2]) gave {_short(second)} instead of {expected}: "
-                 f"{_SHARED_DEFAULT}")
+        g.expect(
+            isinstance(first, dict) and dict(first) == expected,
+            f"get_pair_counts([1, 2, 1, 2]) should be {expected}, got {_short(first)}",
+        )
+        g.expect(
+            isinstance(second, dict) and dict(second) == expected,
+            f"called a second time, get_pair_counts([1, 2, 1, 2]) gave {_short(second)} instead of {expected}: "
+            f"{_SHARED_DEFAULT}",
+        )
 
     with g.check("adds `weight` per occurrence (counts=None or a dict given)"):
+
         def test(case):
             ids, weight, keyword = case
-            what = f"get_pair_counts({ids}, weight={weight})" if keyword else f"get_pair_counts({ids}, None, {weight})"
-            got = (_call(g, what, get_pair_counts, list(ids), weight=weight) if keyword
-                   else _call(g, what, get_pair_counts, list(ids), None, weight))
+            what = (
+                f"get_pair_counts({ids}, weight={weight})"
+                if keyword
+                else f"get_pair_counts({ids}, None, {weight})"
+            )
+            got = (
+                _call(g, what, get_pair_counts, list(ids), weight=weight)
+                if keyword
+                else _call(g, what, get_pair_counts, list(ids), None, weight)
+            )
             _expect_pair_dict(g, got, what)
             expected = ref.get_pair_counts(ids, None, weight)
             if dict(got) != expected and dict(got) == ref.get_pair_counts(ids):
-                g.fail(f"{what} should be {expected}, got {dict(got)}: add {weight} (the weight) per occurrence, not 1")
+                g.fail(
+                    f"{what} should be {expected}, got {dict(got)}: add {weight} (the weight) per occurrence, not 1"
+                )
             g.expect(dict(got) == expected, f"{what} should be {expected}, got {dict(got)}")
 
         test(([1, 2, 1, 2], 5, False))
-        for_all("pairs.weight", st.tuples(_id_lists(), st.integers(2, 9), st.booleans()), test, first=([1, 2], 3, True))
+        for_all(
+            "pairs.weight",
+            st.tuples(_id_lists(), st.integers(2, 9), st.booleans()),
+            test,
+            first=([1, 2], 3, True),
+        )
 
     with g.check("adds into the `counts` dict given, in place, and returns that dict"):
+
         def test(case):
             ids, counts, weight = case
             what = f"get_pair_counts({ids}, {counts}, {weight})"
             p = probe(get_pair_counts, list(ids), dict(counts), weight)
             expected = ref.get_pair_counts(ids, dict(counts), weight)
             _expect_pair_dict(g, p.result, what)
-            g.expect(dict(p.result) == expected,
-                     f"{what} should add {weight} per occurrence to the given dict and return it: expected {expected}, "
-                     f"got {dict(p.result)}")
+            g.expect(
+                dict(p.result) == expected,
+                f"{what} should add {weight} per occurrence to the given dict and return it: expected {expected}, "
+                f"got {dict(p.result)}",
+            )
             after = p.args[1]
-            g.expect(isinstance(after, dict) and dict(after) == expected,
-                     f"after {what} the counts dict passed in holds {_short(after)}, expected {expected}: add into "
-                     "that dict (training shares one counts dict across chunks) and return it, not a copy")
+            g.expect(
+                isinstance(after, dict) and dict(after) == expected,
+                f"after {what} the counts dict passed in holds {_short(after)}, expected {expected}: add into "
+                "that dict (training shares one counts dict across chunks) and return it, not a copy",
+            )
 
         test(([1, 2, 1, 2], {(1, 2): 10, (9, 9): 1}, 5))
-        pairs = st.dictionaries(st.tuples(st.integers(0, 3), st.integers(0, 3)), st.integers(1, 9), max_size=4)
-        for_all("pairs.into", st.tuples(st.lists(st.integers(0, 3), max_size=10), pairs, st.integers(1, 5)), test,
-                first=([1, 2], {(1, 2): 1}, 1))
+        pairs = st.dictionaries(
+            st.tuples(st.integers(0, 3), st.integers(0, 3)), st.integers(1, 9), max_size=4
+        )
+        for_all(
+            "pairs.into",
+            st.tuples(st.lists(st.integers(0, 3), max_size=10), pairs, st.integers(1, 5)),
+            test,
+            first=([1, 2], {(1, 2): 1}, 1),
+        )
 
     with g.check("leaves `ids` unchanged"):
+
         def test(ids):
             after = probe(get_pair_counts, list(ids)).args[0]
             g.expect(after == ids, f"get_pair_counts({ids}) changed its input list to {after}: only read it")
@@ -164,31 +221,43 @@ def grade_get_pair_counts(get_pair_counts) -> None:
 
 def check_get_pair_counts(get_pair_counts) -> None:
     g = Grader("get_pair_counts (public)")
-    with g.check("a dict of (left, right) tuple -> int count: [1, 2, 3, 1, 2] -> {(1, 2): 2, (2, 3): 1, (3, 1): 1}"):
+    with g.check(
+        "a dict of (left, right) tuple -> int count: [1, 2, 3, 1, 2] -> {(1, 2): 2, (2, 3): 1, (3, 1): 1}"
+    ):
         got = _call(g, "get_pair_counts([1, 2, 3, 1, 2])", get_pair_counts, [1, 2, 3, 1, 2])
         _expect_pair_dict(g, got, "get_pair_counts([1, 2, 3, 1, 2])")
         g.expect(dict(got) == {(1, 2): 2, (2, 3): 1, (3, 1): 1}, f"got {dict(got)!r}")
     with g.check("overlapping pairs count: [7, 7, 7] -> {(7, 7): 2}"):
         got = _call(g, "get_pair_counts([7, 7, 7])", get_pair_counts, [7, 7, 7])
-        g.expect(isinstance(got, dict) and dict(got) == {(7, 7): 2},
-                 f"got {_short(got)}: count every adjacent position, also overlapping ones")
+        g.expect(
+            isinstance(got, dict) and dict(got) == {(7, 7): 2},
+            f"got {_short(got)}: count every adjacent position, also overlapping ones",
+        )
     with g.check("counts=None starts a new dict on every call"):
         a = get_pair_counts([1, 2])
         a = dict(a) if isinstance(a, dict) else a  # a snapshot: a shared default dict would change under us
         b = get_pair_counts([1, 2])
-        g.expect(isinstance(b, dict) and dict(b) == {(1, 2): 1},
-                 f"calling get_pair_counts([1, 2]) twice gave {_short(a)}, then {_short(b)}: use counts=None, "
-                 "not counts={} (one dict shared by every call)")
+        g.expect(
+            isinstance(b, dict) and dict(b) == {(1, 2): 1},
+            f"calling get_pair_counts([1, 2]) twice gave {_short(a)}, then {_short(b)}: use counts=None, "
+            "not counts={} (one dict shared by every call)",
+        )
     with g.check("weight: get_pair_counts([1, 2, 1, 2], weight=3) -> {(1, 2): 6, (2, 1): 3}"):
         got = get_pair_counts([1, 2, 1, 2], weight=3)
         g.expect(isinstance(got, dict) and dict(got) == {(1, 2): 6, (2, 1): 3}, f"got {_short(got)}")
-    with g.check("adds into the given dict and returns it: get_pair_counts([1, 2], c, 5) with c = {(1, 2): 1}"):
+    with g.check(
+        "adds into the given dict and returns it: get_pair_counts([1, 2], c, 5) with c = {(1, 2): 1}"
+    ):
         p = probe(get_pair_counts, [1, 2], {(1, 2): 1}, 5)
         g.expect(isinstance(p.result, dict) and dict(p.result) == {(1, 2): 6}, f"returned {_short(p.result)}")
-        g.expect(isinstance(p.args[1], dict) and dict(p.args[1]) == {(1, 2): 6},
-                 f"c became {_short(p.args[1])}, expected {{(1, 2): 6}}: add into c itself")
+        g.expect(
+            isinstance(p.args[1], dict) and dict(p.args[1]) == {(1, 2): 6},
+            f"c became {_short(p.args[1])}, expected {{(1, 2): 6}}: add into c itself",
+        )
     with g.check("leaves ids unchanged"):
-        g.expect(probe(get_pair_counts, [3, 4, 3]).args[0] == [3, 4, 3], "your code changed ids: only read it")
+        g.expect(
+            probe(get_pair_counts, [3, 4, 3]).args[0] == [3, 4, 3], "your code changed ids: only read it"
+        )
     g.finish()
 
 
@@ -198,11 +267,15 @@ def check_get_pair_counts(get_pair_counts) -> None:
 def _merge_hint(ids, pair, new_id, got, expected) -> str:
     what = f"merge({ids}, {pair}, {new_id})"
     if type(got) is list and got.count(new_id) == 1 < expected.count(new_id):
-        return (f"{what} gave {got}: only the first occurrence was merged; replace every occurrence, scanning the "
-                "whole list")
+        return (
+            f"{what} gave {got}: only the first occurrence was merged; replace every occurrence, scanning the "
+            "whole list"
+        )
     if type(got) is list and pair[0] == pair[1] and got.count(new_id) > expected.count(new_id):
-        return (f"{what} gave {got}, expected {expected}: a token was used in two merges (the middle 5 was used twice "
-                "in [5, 5, 5]); after a merge, skip both tokens (i += 2)")
+        return (
+            f"{what} gave {got}, expected {expected}: a token was used in two merges (the middle 5 was used twice "
+            "in [5, 5, 5]); after a merge, skip both tokens (i += 2)"
+        )
     return f"{what} should be {expected}, got {_short(got)}"
 
 
@@ -213,7 +286,9 @@ def grade_merge(merge) -> None:
     def test(case):
         ids, pair, new_id = case
         got = _call(g, f"merge({ids}, {pair}, {new_id})", merge, list(ids), pair, new_id)
-        g.expect(type(got) is list, f"merge({ids}, {pair}, {new_id}) must return a new list, got {describe(got)}")
+        g.expect(
+            type(got) is list, f"merge({ids}, {pair}, {new_id}) must return a new list, got {describe(got)}"
+        )
         expected = ref.merge(ids, pair, new_id)
         g.expect(got == expected, _merge_hint(ids, pair, new_id, got, expected))
 
@@ -221,33 +296,54 @@ def grade_merge(merge) -> None:
         base, offset, (a, b), new_id = c
         return [offset + i for i in base], (offset + a, offset + b), new_id
 
-    cases = st.tuples(st.lists(st.integers(0, 3), max_size=14), st.sampled_from((0, 97, 256)),
-                      st.tuples(st.integers(0, 3), st.integers(0, 3)), st.integers(300, 400)).map(build)
+    cases = st.tuples(
+        st.lists(st.integers(0, 3), max_size=14),
+        st.sampled_from((0, 97, 256)),
+        st.tuples(st.integers(0, 3), st.integers(0, 3)),
+        st.integers(300, 400),
+    ).map(build)
 
     with g.check("returns a new list with every occurrence of the pair replaced, left to right"):
-        for case in (([1, 2, 3, 1, 2], (1, 2), 99), ([1, 2, 1, 2, 1, 2, 7], (1, 2), 256),
-                     ([300, 301, 300, 301], (300, 301), 302)):
+        for case in (
+            ([1, 2, 3, 1, 2], (1, 2), 99),
+            ([1, 2, 1, 2, 1, 2, 7], (1, 2), 256),
+            ([300, 301, 300, 301], (300, 301), 302),
+        ):
             test(case)
         for_all("merge.values", cases, test, first=([1, 2, 3, 1, 2], (1, 2), 256))
 
     with g.check("overlapping occurrences merge left to right without overlap: [5, 5, 5] -> [9, 5]"):
-        for ids, expected in (([5, 5, 5], [9, 5]), ([5, 5, 5, 5, 5], [9, 9, 5]), ([5, 5, 5, 5], [9, 9]),
-                              ([6, 5, 5, 5, 6], [6, 9, 5, 6])):
+        for ids, expected in (
+            ([5, 5, 5], [9, 5]),
+            ([5, 5, 5, 5, 5], [9, 9, 5]),
+            ([5, 5, 5, 5], [9, 9]),
+            ([6, 5, 5, 5, 6], [6, 9, 5, 6]),
+        ):
             got = _call(g, f"merge({ids}, (5, 5), 9)", merge, list(ids), (5, 5), 9)
             g.expect(got == expected, _merge_hint(ids, (5, 5), 9, got, expected))
 
     with g.check("a pair in the other order, or absent, or cut at the end, is not merged"):
-        for ids, pair, expected in (([2, 1, 2], (1, 2), [2, 7]), ([2, 1], (1, 2), [2, 1]), ([], (1, 2), []),
-                                    ([1], (1, 2), [1]), ([3, 1], (1, 2), [3, 1]), ([1, 3, 2], (1, 2), [1, 3, 2])):
+        for ids, pair, expected in (
+            ([2, 1, 2], (1, 2), [2, 7]),
+            ([2, 1], (1, 2), [2, 1]),
+            ([], (1, 2), []),
+            ([1], (1, 2), [1]),
+            ([3, 1], (1, 2), [3, 1]),
+            ([1, 3, 2], (1, 2), [1, 3, 2]),
+        ):
             got = _call(g, f"merge({ids}, {pair}, 7)", merge, list(ids), pair, 7)
             g.expect(got == expected, f"merge({ids}, {pair}, 7) should be {expected}, got {_short(got)}")
 
     with g.check("leaves `ids` unchanged"):
+
         def unchanged(case):
             ids, pair, new_id = case
             after = probe(merge, list(ids), pair, new_id).args[0]
-            g.expect(after == ids, f"merge({ids}, {pair}, {new_id}) changed its input list to {after}: build a new "
-                                   "list and leave ids as it was")
+            g.expect(
+                after == ids,
+                f"merge({ids}, {pair}, {new_id}) changed its input list to {after}: build a new "
+                "list and leave ids as it was",
+            )
 
         for_all("merge.unchanged", cases, unchanged, max_examples=10, first=([1, 2, 3, 1, 2], (1, 2), 256))
 
@@ -256,7 +352,9 @@ def grade_merge(merge) -> None:
 
 def check_merge(merge) -> None:
     g = Grader("merge (public)")
-    with g.check("returns a new list, every occurrence replaced: merge([1, 2, 3, 1, 2], (1, 2), 256) == [256, 3, 256]"):
+    with g.check(
+        "returns a new list, every occurrence replaced: merge([1, 2, 3, 1, 2], (1, 2), 256) == [256, 3, 256]"
+    ):
         got = _call(g, "merge([1, 2, 3, 1, 2], (1, 2), 256)", merge, [1, 2, 3, 1, 2], (1, 2), 256)
         g.expect(type(got) is list and got == [256, 3, 256], f"got {got!r}")
     with g.check("left to right without overlap: merge([5, 5, 5], (5, 5), 9) == [9, 5]"):
@@ -274,8 +372,17 @@ def check_merge(merge) -> None:
 # --------------------------------------------------------------------------- training
 
 
-def _train_variant(text: str, vocab_size: int, pattern: str = "gpt4", *, chunks: bool = True, weighted: bool = True,
-                   tie: str = "smallest", stop: bool = True, first_id: int = 256) -> list[tuple[int, int]]:
+def _train_variant(
+    text: str,
+    vocab_size: int,
+    pattern: str = "gpt4",
+    *,
+    chunks: bool = True,
+    weighted: bool = True,
+    tie: str = "smallest",
+    stop: bool = True,
+    first_id: int = 256,
+) -> list[tuple[int, int]]:
     """The training loop with one rule changed: what a known mistake learns (for its hint)."""
     freq = ref.chunk_counts(text, pattern) if chunks else {text: 1}
     words = [list(c.encode("utf-8")) for c in freq]
@@ -287,7 +394,9 @@ def _train_variant(text: str, vocab_size: int, pattern: str = "gpt4", *, chunks:
             ref.get_pair_counts(ids, counts, w)
         if not counts:
             break
-        pair = min(counts, key=lambda p: (-counts[p], p)) if tie == "smallest" else max(counts, key=counts.get)
+        pair = (
+            min(counts, key=lambda p: (-counts[p], p)) if tie == "smallest" else max(counts, key=counts.get)
+        )
         if stop and counts[pair] < 2:
             break
         words = [ref.merge(ids, pair, new_id) for ids in words]
@@ -300,28 +409,41 @@ def _train_mistakes(text: str, vocab_size: int, pattern: str) -> list[tuple[list
     return [
         (_train_variant(text, vocab_size, pattern, first_id=257), off_by_one),
         (_train_variant(text, vocab_size, pattern, first_id=255), off_by_one),
-        (_train_variant(text, vocab_size, "gpt4"),
-         f"use the pattern argument ({pattern!r}): split with chunk_counts(text, pattern), not the default pattern"),
-        (_train_variant(text, vocab_size, pattern, chunks=False),
-         "pairs crossed chunk boundaries: split the text with chunk_counts(text, pattern) and count pairs inside "
-         "each chunk"),
-        (_train_variant(text, vocab_size, pattern, weighted=False),
-         "each distinct chunk counted once: weight its pairs by the chunk's frequency "
-         "(get_pair_counts(ids, counts, weight))"),
-        (_train_variant(text, vocab_size, pattern, tie="first"),
-         "ties went to the pair seen first: choose max count, then the smallest pair "
-         "(min(counts, key=lambda p: (-counts[p], p)))"),
-        (_train_variant(text, vocab_size, pattern, stop=False),
-         "you kept merging pairs that occur once: stop when the best pair occurs fewer than 2 times (a merge that "
-         "saves nothing)"),
+        (
+            _train_variant(text, vocab_size, "gpt4"),
+            f"use the pattern argument ({pattern!r}): split with chunk_counts(text, pattern), not the default pattern",
+        ),
+        (
+            _train_variant(text, vocab_size, pattern, chunks=False),
+            "pairs crossed chunk boundaries: split the text with chunk_counts(text, pattern) and count pairs inside "
+            "each chunk",
+        ),
+        (
+            _train_variant(text, vocab_size, pattern, weighted=False),
+            "each distinct chunk counted once: weight its pairs by the chunk's frequency "
+            "(get_pair_counts(ids, counts, weight))",
+        ),
+        (
+            _train_variant(text, vocab_size, pattern, tie="first"),
+            "ties went to the pair seen first: choose max count, then the smallest pair "
+            "(min(counts, key=lambda p: (-counts[p], p)))",
+        ),
+        (
+            _train_variant(text, vocab_size, pattern, stop=False),
+            "you kept merging pairs that occur once: stop when the best pair occurs fewer than 2 times (a merge that "
+            "saves nothing)",
+        ),
     ]
 
 
 def _as_merges(g: Grader, got, what: str) -> list:
     g.expect(type(got) is list, f"{what} must return the list of merges, got {describe(got)}")
     bad = [p for p in got if not (type(p) is tuple and len(p) == 2 and all(type(i) is int for i in p))]
-    g.expect(not bad, f"{what} returned {_short(got)}: each merge must be a (left, right) tuple of two ints, got "
-                      f"{_short(bad[0]) if bad else ''}")
+    g.expect(
+        not bad,
+        f"{what} returned {_short(got)}: each merge must be a (left, right) tuple of two ints, got "
+        f"{_short(bad[0]) if bad else ''}",
+    )
     return got
 
 
@@ -351,8 +473,13 @@ def grade_train(train_naive) -> None:
 
     with g.check("learns the reference merges on drawn texts, sizes and patterns"):
         texts = st.text(alphabet=_ALPHABET, max_size=28)
-        for_all("train.values", st.tuples(texts, st.integers(256, 272), st.sampled_from(_PATTERNS)),
-                lambda c: _expect_merges(g, train_naive, *c), max_examples=25, first=("ab ab ab ab", 262, ".+"))
+        for_all(
+            "train.values",
+            st.tuples(texts, st.integers(256, 272), st.sampled_from(_PATTERNS)),
+            lambda c: _expect_merges(g, train_naive, *c),
+            max_examples=25,
+            first=("ab ab ab ab", 262, ".+"),
+        )
 
     with g.check("splits with the `pattern` argument ('gpt4' by default, 'gpt2' or a regex)"):
         text = "it'S 12345 it'S 12345 ab ab ab ab"
@@ -365,9 +492,11 @@ def grade_train(train_naive) -> None:
         got = _as_merges(g, got, f"train_naive({text!r}, 260)")
         crossing = [t for t in _token_bytes(got) if regex.search(rb"\S ", t)]
         if crossing:
-            g.fail(f"you learnt the token {crossing[0]!r}, which joins a word and the space after it, which are in "
-                   "different chunks: split the text with chunk_counts(text, pattern) and count pairs inside each "
-                   "chunk")
+            g.fail(
+                f"you learnt the token {crossing[0]!r}, which joins a word and the space after it, which are in "
+                "different chunks: split the text with chunk_counts(text, pattern) and count pairs inside each "
+                "chunk"
+            )
         _expect_merges(g, train_naive, text, 256 + 4, None)
 
     with g.check("each chunk counts as often as it occurs"):
@@ -383,7 +512,9 @@ def grade_train(train_naive) -> None:
             "(for example min(counts, key=lambda p: (-counts[p], p)))",
         )
 
-    with g.check("stops early when no pair occurs twice (or none is left), and learns nothing for vocab_size=256"):
+    with g.check(
+        "stops early when no pair occurs twice (or none is left), and learns nothing for vocab_size=256"
+    ):
         for text, size in (("abcabc xyz", 256 + 50), ("", 300), ("a", 300), ("a b c d", 300), ("aaaa", 256)):
             _expect_merges(g, train_naive, text, size, None)
 
@@ -401,21 +532,29 @@ def _token_bytes(merges: list) -> list[bytes]:
 
 def check_train(train_naive) -> None:
     g = Grader("train_naive (public)")
-    with g.check("the worked example: 'aaabdaaabac' learns [(97, 97), (97, 98), (256, 257)] (tuples, ids from 256)"):
+    with g.check(
+        "the worked example: 'aaabdaaabac' learns [(97, 97), (97, 98), (256, 257)] (tuples, ids from 256)"
+    ):
         got = _call(g, "train_naive('aaabdaaabac', 259)", train_naive, "aaabdaaabac", 259)
-        g.expect(got == [(97, 97), (97, 98), (256, 257)] and all(type(p) is tuple for p in got), f"got {got!r}")
+        g.expect(
+            got == [(97, 97), (97, 98), (256, 257)] and all(type(p) is tuple for p in got), f"got {got!r}"
+        )
     with g.check("the pattern argument: 'ab ab ab ab' with '.+' learns 3 merges, with the default 2"):
         got = _call(g, "train_naive('ab ab ab ab', 262, '.+')", train_naive, "ab ab ab ab", 262, ".+")
         g.expect(got == [(97, 98), (32, 256), (257, 257)], f"with pattern '.+' got {got!r}")
         got = train_naive("ab ab ab ab", 262)
-        g.expect(got == [(97, 98), (32, 256)], f"with the default pattern got {got!r}: pairs never cross chunks")
+        g.expect(
+            got == [(97, 98), (32, 256)], f"with the default pattern got {got!r}: pairs never cross chunks"
+        )
     with g.check("each chunk counts as often as it occurs: 'xy zw zw zw' learns [(32, 122)]"):
         got = train_naive("xy zw zw zw", 257)
         g.expect(got == [(32, 122)], f"got {got!r}")
     with g.check("ties go to the smallest pair: 'zy ab zy ab' learns [(32, 97)]"):
         got = train_naive("zy ab zy ab", 257)
         g.expect(got == [(32, 97)], f"got {got!r}")
-    with g.check("stops early: 'abcabc xyz' learns 2 merges of the 50 allowed, '' none, and vocab_size=256 none"):
+    with g.check(
+        "stops early: 'abcabc xyz' learns 2 merges of the 50 allowed, '' none, and vocab_size=256 none"
+    ):
         got = train_naive("abcabc xyz", 306), train_naive("", 300), train_naive("aaaa", 256)
         g.expect(got == ([(97, 98), (256, 99)], [], []), f"got {got!r}")
     g.finish()
@@ -431,11 +570,15 @@ def _sample_ranks(size: int = 256 + 60) -> dict:
 def _expect_encoding(g: Grader, encode_chunk, chunk: str, ranks: dict, shown: str = "ranks") -> None:
     what = f"encode_chunk({chunk!r}, {shown})"
     got = _call(g, what, encode_chunk, chunk, dict(ranks))
-    g.expect(type(got) is list and all(type(i) is int for i in got),
-             f"{what} must return a list of int ids, got {_short(got)}")
+    g.expect(
+        type(got) is list and all(type(i) is int for i in got),
+        f"{what} must return a list of int ids, got {_short(got)}",
+    )
     expected = ref.encode_chunk(chunk, ranks)
     if got != expected and got == [ord(c) for c in chunk] != list(chunk.encode("utf-8")):
-        g.fail(f"{what} gave {got}: start from the UTF-8 bytes (list(chunk.encode('utf-8'))), not the characters")
+        g.fail(
+            f"{what} gave {got}: start from the UTF-8 bytes (list(chunk.encode('utf-8'))), not the characters"
+        )
     g.expect(got == expected, f"{what} should be {expected}, got {got}")
 
 
@@ -449,30 +592,51 @@ def grade_encode_chunk(encode_chunk) -> None:
             _expect_encoding(g, encode_chunk, chunk, ranks, "the ranks of 60 merges learnt on a mixed text")
 
     with g.check("encodes drawn chunks with the ranks learnt on drawn texts"):
+
         def test(case):
             text, n_merges, chunk = case
             ranks = {p: 256 + i for i, p in enumerate(ref.train_naive(text, 256 + n_merges, ".+"))}
             _expect_encoding(g, encode_chunk, chunk, ranks, _short(ranks, 300))
 
         texts = st.text(alphabet=_ALPHABET, max_size=24)
-        for_all("encode.values", st.tuples(texts, st.integers(0, 12), st.text(alphabet=_ALPHABET, max_size=10)), test,
-                max_examples=25, first=("aaab aaab", 3, "aaab"))
+        for_all(
+            "encode.values",
+            st.tuples(texts, st.integers(0, 12), st.text(alphabet=_ALPHABET, max_size=10)),
+            test,
+            max_examples=25,
+            first=("aaab aaab", 3, "aaab"),
+        )
 
     with g.check("merges by rank (the pair learnt first), not left to right"):
-        r = {(98, 99): 256, (97, 98): 257}  # (b, c) first, then (a, b): "abc" must become [a, bc], not [ab, c]
+        r = {
+            (98, 99): 256,
+            (97, 98): 257,
+        }  # (b, c) first, then (a, b): "abc" must become [a, bc], not [ab, c]
         got = _call(g, "encode_chunk('abc', {(98, 99): 256, (97, 98): 257})", encode_chunk, "abc", r)
         if got == [257, 99]:
-            g.fail("'abc' became [ab, c]: you merged the leftmost learnt pair; merge the pair with the lowest rank "
-                   "(the one learnt first) at each step")
-        g.expect(got == [97, 256], f"with ranks {{(b, c): 256, (a, b): 257}}, 'abc' should be [97, 256], got {got}")
-        _expect_encoding(g, encode_chunk, "xabcabc", {(98, 99): 256, (120, 97): 257, (97, 256): 258, (257, 256): 259},
-                         "{(98, 99): 256, (120, 97): 257, (97, 256): 258, (257, 256): 259}")
+            g.fail(
+                "'abc' became [ab, c]: you merged the leftmost learnt pair; merge the pair with the lowest rank "
+                "(the one learnt first) at each step"
+            )
+        g.expect(
+            got == [97, 256], f"with ranks {{(b, c): 256, (a, b): 257}}, 'abc' should be [97, 256], got {got}"
+        )
+        _expect_encoding(
+            g,
+            encode_chunk,
+            "xabcabc",
+            {(98, 99): 256, (120, 97): 257, (97, 256): 258, (257, 256): 259},
+            "{(98, 99): 256, (120, 97): 257, (97, 256): 258, (257, 256): 259}",
+        )
 
     with g.check("keeps merging until no learnt pair is left"):
         r = {(97, 97): 256, (256, 256): 257, (257, 97): 258}
         got = _call(g, f"encode_chunk('aaaaa', {r})", encode_chunk, "aaaaa", r)
-        g.expect(got == [258], f"with ranks {r}, 'aaaaa' should become [258] after three merges, got {got}: "
-                               "repeat until no adjacent pair is in ranks")
+        g.expect(
+            got == [258],
+            f"with ranks {r}, 'aaaaa' should become [258] after three merges, got {got}: "
+            "repeat until no adjacent pair is in ranks",
+        )
 
     with g.check("starts from the UTF-8 bytes (non-ASCII text, the empty chunk)"):
         for chunk in ("é", "日本", "🙂", "", "a"):
@@ -486,7 +650,9 @@ def grade_encode_chunk(encode_chunk) -> None:
 def check_encode_chunk(encode_chunk) -> None:
     g = Grader("encode_chunk (public)")
     ranks = {(97, 97): 256, (256, 97): 257}
-    with g.check("a list of ids; with ranks {(a, a): 256, (aa, a): 257}: 'aaa' -> [257], 'aaaa' -> [256, 256]"):
+    with g.check(
+        "a list of ids; with ranks {(a, a): 256, (aa, a): 257}: 'aaa' -> [257], 'aaaa' -> [256, 256]"
+    ):
         got = (encode_chunk("aaa", ranks), encode_chunk("aaaa", ranks))
         g.expect(got == ([257], [256, 256]), f"got {got!r}")
     with g.check("by rank, not left to right: with {(b, c): 256, (a, b): 257}, 'abc' -> [97, 256]"):
@@ -503,6 +669,7 @@ def check_encode_chunk(encode_chunk) -> None:
 
 def _vocabs():
     """A vocabulary of byte strings cut from UTF-8 text (characters split across tokens, invalid pieces) and ids."""
+
     def build(case):
         text, cuts, extra, order = case
         data = text.encode("utf-8")
@@ -511,8 +678,13 @@ def _vocabs():
         vocab = {i: bytes([i]) for i in range(256)} | {300 + i: p for i, p in enumerate(pieces)}
         ids = [300 + i for i in range(len(pieces))]
         return vocab, [ids[i % len(ids)] for i in order] if ids else []
-    return st.tuples(st.text(alphabet=_ALPHABET + "🙂", max_size=8), st.lists(st.integers(0, 30), max_size=6),
-                     st.lists(st.integers(128, 255), max_size=2), st.lists(st.integers(0, 9), max_size=8)).map(build)
+
+    return st.tuples(
+        st.text(alphabet=_ALPHABET + "🙂", max_size=8),
+        st.lists(st.integers(0, 30), max_size=6),
+        st.lists(st.integers(128, 255), max_size=2),
+        st.lists(st.integers(0, 9), max_size=8),
+    ).map(build)
 
 
 def _expect_decoded(g: Grader, decode, ids, vocab, errors: str | None = None, shown: str = "vocab") -> None:
@@ -522,19 +694,25 @@ def _expect_decoded(g: Grader, decode, ids, vocab, errors: str | None = None, sh
     try:
         got = decode(list(ids), vocab, **kwargs)
     except UnicodeDecodeError as e:
-        g.fail(f"{what} raised UnicodeDecodeError ({e}): generated text can end in the middle of a character; "
-               f"decode with .decode('utf-8', errors=errors), errors={errors or 'replace'!r} here")
+        g.fail(
+            f"{what} raised UnicodeDecodeError ({e}): generated text can end in the middle of a character; "
+            f"decode with .decode('utf-8', errors=errors), errors={errors or 'replace'!r} here"
+        )
     except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
         raise_unless_student_error(e)
         g.fail(f"{what} raised {type(e).__name__.removeprefix('Student')}: {e}")
     g.expect(type(got) is str, f"{what} must return a str, got {describe(got)}")
     data = b"".join(vocab[i] for i in ids)
     if errors not in (None, "replace") and got != expected and got == data.decode("utf-8", errors="replace"):
-        g.fail(f"{what} gave {got!r}, expected {expected!r}: the errors argument was ignored; pass it on, "
-               ".decode('utf-8', errors=errors)")
+        g.fail(
+            f"{what} gave {got!r}, expected {expected!r}: the errors argument was ignored; pass it on, "
+            ".decode('utf-8', errors=errors)"
+        )
     if got != expected and got == "".join(vocab[i].decode("utf-8", errors=errors or "replace") for i in ids):
-        g.fail(f"{what} gave {got!r}, expected {expected!r}: join the bytes of all tokens first, then decode once "
-               "(decoding token by token breaks characters split across tokens)")
+        g.fail(
+            f"{what} gave {got!r}, expected {expected!r}: join the bytes of all tokens first, then decode once "
+            "(decoding token by token breaks characters split across tokens)"
+        )
     g.expect(got == expected, f"{what} should be {expected!r}, got {got!r}")
 
 
@@ -548,12 +726,18 @@ def grade_decode(decode) -> None:
             _expect_decoded(g, decode, tok.encode(text), tok.vocab, shown="the vocabulary of 60 merges")
 
     with g.check("joins the bytes of all tokens, then decodes once (drawn vocabularies and ids)"):
+
         def test(case):
             vocab, ids = case
             _expect_decoded(g, decode, ids, vocab, shown=_short({i: vocab[i] for i in sorted(set(ids))}, 200))
 
-        for_all("decode.values", _vocabs(), test, max_examples=25,
-                first=({i: bytes([i]) for i in range(256)}, [104, 105]))
+        for_all(
+            "decode.values",
+            _vocabs(),
+            test,
+            max_examples=25,
+            first=({i: bytes([i]) for i in range(256)}, [104, 105]),
+        )
 
     with g.check("a character split across two tokens survives"):
         vocab = dict(tok.vocab)
@@ -561,11 +745,15 @@ def grade_decode(decode) -> None:
         vocab[1000], vocab[1001] = euro[:2], euro[2:] + b"!"
         _expect_decoded(g, decode, [1000, 1001], vocab, shown="{1000: b'\\xe2\\x82', 1001: b'\\xac!', ...}")
 
-    with g.check("bytes that are not valid UTF-8 become U+FFFD by default (errors='replace') instead of an error"):
+    with g.check(
+        "bytes that are not valid UTF-8 become U+FFFD by default (errors='replace') instead of an error"
+    ):
         for ids in ([0xE2, 0x82], [104, 0xFF, 105], [0xAC, 0xE2, 0x82, 0xAC, 0xE2]):
             _expect_decoded(g, decode, ids, tok.vocab)
 
-    with g.check("passes `errors` to bytes.decode: 'strict' raises UnicodeDecodeError, 'ignore' drops bad bytes"):
+    with g.check(
+        "passes `errors` to bytes.decode: 'strict' raises UnicodeDecodeError, 'ignore' drops bad bytes"
+    ):
         for ids in ([104, 0xE2, 0x82, 105], [0xFF], [226, 130, 172]):
             _expect_decoded(g, decode, ids, tok.vocab, "ignore")
             _expect_decoded(g, decode, ids, tok.vocab, "backslashreplace")
@@ -576,12 +764,16 @@ def grade_decode(decode) -> None:
             pass
         except Exception as e:  # noqa: BLE001
             raise_unless_student_error(e)
-            g.fail(f"decode([104, 0xE2, 0x82], vocab, errors='strict') raised "
-                   f"{type(e).__name__.removeprefix('Student')} ({e}); with errors='strict' bytes.decode raises "
-                   "UnicodeDecodeError: pass errors on")
+            g.fail(
+                f"decode([104, 0xE2, 0x82], vocab, errors='strict') raised "
+                f"{type(e).__name__.removeprefix('Student')} ({e}); with errors='strict' bytes.decode raises "
+                "UnicodeDecodeError: pass errors on"
+            )
         else:
-            g.fail(f"decode([104, 0xE2, 0x82], vocab, errors='strict') returned {got!r}: with errors='strict' invalid "
-                   "bytes raise UnicodeDecodeError; pass errors on to .decode('utf-8', errors=errors)")
+            g.fail(
+                f"decode([104, 0xE2, 0x82], vocab, errors='strict') returned {got!r}: with errors='strict' invalid "
+                "bytes raise UnicodeDecodeError; pass errors on to .decode('utf-8', errors=errors)"
+            )
 
     with g.check("an unknown id raises a ValueError that names it"):
         for ids in ([104, 99999], [7000], [1, 2, 256 + 60 + 3, 4], [-1]):
@@ -589,18 +781,26 @@ def grade_decode(decode) -> None:
             try:
                 got = decode(ids, tok.vocab)
             except ValueError as e:
-                g.expect(str(bad) in said(e), f"the ValueError of decode({ids}, vocab) should name the unknown id "
-                                             f"{bad}, it says: {e}")
+                g.expect(
+                    str(bad) in said(e),
+                    f"the ValueError of decode({ids}, vocab) should name the unknown id {bad}, it says: {e}",
+                )
             except KeyError:
-                g.fail(f"decode({ids}, vocab) raised a bare KeyError: catch it and raise "
-                       "ValueError(f'unknown token id {i}') so the user learns which id is wrong")
+                g.fail(
+                    f"decode({ids}, vocab) raised a bare KeyError: catch it and raise "
+                    "ValueError(f'unknown token id {i}') so the user learns which id is wrong"
+                )
             except Exception as e:  # noqa: BLE001
                 raise_unless_student_error(e)
-                g.fail(f"decode({ids}, vocab) raised {type(e).__name__.removeprefix('Student')} ({e}): an id that is "
-                       "not in vocab must raise a ValueError that names it")
+                g.fail(
+                    f"decode({ids}, vocab) raised {type(e).__name__.removeprefix('Student')} ({e}): an id that is "
+                    "not in vocab must raise a ValueError that names it"
+                )
             else:
-                g.fail(f"decode({ids}, vocab) returned {got!r}: an id that is not in vocab ({bad}) must raise a "
-                       "ValueError that names it")
+                g.fail(
+                    f"decode({ids}, vocab) returned {got!r}: an id that is not in vocab ({bad}) must raise a "
+                    "ValueError that names it"
+                )
 
     g.finish()
 

@@ -15,6 +15,10 @@ about 16,000 tokens with a generator the grader seeds (within five binomial stan
 Under the autograder a ``torch.Generator`` or a :class:`~coursekit.bert.SpecialTokens` is not data
 that can cross into the sandbox, so both are built there, from the notebook's own ``torch`` and
 ``SpecialTokens`` (imported by its locked first cell), beside the student's function.
+
+Over 500 lines: one named check per clause of the exercise text for each graded part, public and
+hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
+it would scatter one exercise's specification over several files.
 """
 
 from __future__ import annotations
@@ -50,8 +54,14 @@ from coursekit.grading.core import (
 )
 
 __all__ = [
-    "check_bert_embeddings", "check_mask_tokens", "check_mlm_loss", "check_cls_head",
-    "grade_bert_embeddings", "grade_mask_tokens", "grade_mlm_loss", "grade_cls_head",
+    "check_bert_embeddings",
+    "check_mask_tokens",
+    "check_mlm_loss",
+    "check_cls_head",
+    "grade_bert_embeddings",
+    "grade_mask_tokens",
+    "grade_mlm_loss",
+    "grade_cls_head",
 ]
 
 V, MAXLEN, C, K = 30, 12, 16, 3
@@ -72,7 +82,6 @@ def _within(count: int, n: int, p: float) -> bool:
 
 def _ints(seed: int, high: int, *shape: int) -> torch.Tensor:
     return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(int(seed)))
-
 
 
 def _call(g: Grader, what: str, fn, *args, **kwargs):
@@ -124,16 +133,24 @@ def _emb_mistakes(w, ids, seg, d_model=C, eps=1e-12):
     T = ids.shape[1]
     tok, pos, sg = w["token.weight"][ids], w["position.weight"][:T], w["segment.weight"][seg]
     norm = lambda x: _layer_norm(x, w["norm.weight"], w["norm.bias"], eps)  # noqa: E731
-    shifted = w["position.weight"][1:T + 1] if T < w["position.weight"].shape[0] else None
+    shifted = w["position.weight"][1 : T + 1] if T < w["position.weight"].shape[0] else None
     out = [
-        (norm(tok + pos), "the segment embedding is missing: add segment(token_type_ids) to the token and position "
-                          "embeddings"),
+        (
+            norm(tok + pos),
+            "the segment embedding is missing: add segment(token_type_ids) to the token and position "
+            "embeddings",
+        ),
         (tok + pos + sg, "the layer norm is missing: return dropout(norm(token + position + segment))"),
         (norm(tok + sg), "the position embedding is missing: add position(arange(T)) (positions 0 .. T-1)"),
-        (norm(tok + pos + w["segment.weight"][0]), "token_type_ids were ignored: add segment(token_type_ids)"),
+        (
+            norm(tok + pos + w["segment.weight"][0]),
+            "token_type_ids were ignored: add segment(token_type_ids)",
+        ),
     ]
     if shifted is not None:
-        out.append((norm(tok + shifted + sg), "positions start at 0: use position(torch.arange(T)), not 1 .. T"))
+        out.append(
+            (norm(tok + shifted + sg), "positions start at 0: use position(torch.arange(T)), not 1 .. T")
+        )
     return out
 
 
@@ -146,8 +163,12 @@ class _Embeddings:
     def get(self, n_segments: int, d_model: int, eps: float = 1e-12, max_len: int = MAXLEN):
         key = (n_segments, d_model, eps, max_len)
         if key not in self.built:
-            what = f"BertEmbeddings({V}, {max_len}, {d_model}, n_segments={n_segments}, dropout=0.0, eps={eps})"
-            m = _call(self.g, what, self.cls, V, max_len, d_model, n_segments=n_segments, dropout=0.0, eps=eps)
+            what = (
+                f"BertEmbeddings({V}, {max_len}, {d_model}, n_segments={n_segments}, dropout=0.0, eps={eps})"
+            )
+            m = _call(
+                self.g, what, self.cls, V, max_len, d_model, n_segments=n_segments, dropout=0.0, eps=eps
+            )
             m = m.double().eval()
             w = random_weights(ref.BertEmbeddings(V, max_len, d_model, n_segments), f"{self.name}.{key}")
             load_weights(self.g, m, w, "BertEmbeddings")
@@ -156,9 +177,13 @@ class _Embeddings:
 
 
 def _expect_embedding(g: Grader, out, expected, w, ids, seg, what: str, d_model=C, eps=1e-12) -> None:
-    g.expect(is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
-             f"{what}: expected a float64 tensor of shape {tuple(expected.shape)}, got {describe(out)}")
-    first_match(g, out, [(x, f"{what}: {hint}") for x, hint in _emb_mistakes(w, ids, seg, d_model, eps)], expected)
+    g.expect(
+        is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
+        f"{what}: expected a float64 tensor of shape {tuple(expected.shape)}, got {describe(out)}",
+    )
+    first_match(
+        g, out, [(x, f"{what}: {hint}") for x, hint in _emb_mistakes(w, ids, seg, d_model, eps)], expected
+    )
     g.expect(close(out, expected), f"{what}: the output differs from norm(token + position + segment)")
 
 
@@ -167,34 +192,51 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
     g = Grader("BertEmbeddings")
     fresh = lambda: _Embeddings(g, BertEmbeddings, "emb")  # noqa: E731 (one per check: checks run in fresh processes)
 
-    with g.check("has nn.Embedding token (V, C), position (max_len, C), segment (n_segments, C), norm (eps) and "
-                 "an nn.Dropout dropout (p)"):
-        for args, kwargs, n_seg, p, eps in (((V, MAXLEN, C), {}, 2, 0.1, 1e-12),
-                                            ((V, 7, 5, 3, 0.3, 0.5), {}, 3, 0.3, 0.5),
-                                            ((V, 4, 6), {"n_segments": 1, "eps": 1e-5, "dropout": 0.0}, 1, 0.0, 1e-5)):
+    with g.check(
+        "has nn.Embedding token (V, C), position (max_len, C), segment (n_segments, C), norm (eps) and "
+        "an nn.Dropout dropout (p)"
+    ):
+        for args, kwargs, n_seg, p, eps in (
+            ((V, MAXLEN, C), {}, 2, 0.1, 1e-12),
+            ((V, 7, 5, 3, 0.3, 0.5), {}, 3, 0.3, 0.5),
+            ((V, 4, 6), {"n_segments": 1, "eps": 1e-5, "dropout": 0.0}, 1, 0.0, 1e-5),
+        ):
             what = f"BertEmbeddings{args}" + (f" with {kwargs}" if kwargs else "")
             m = _call(g, what, BertEmbeddings, *args, **kwargs)
             max_len, d_model = args[1], args[2]
-            shapes = (("token", (V, d_model)), ("position", (max_len, d_model)), ("segment", (n_seg, d_model)))
+            shapes = (
+                ("token", (V, d_model)),
+                ("position", (max_len, d_model)),
+                ("segment", (n_seg, d_model)),
+            )
             for name, shape in shapes:
                 layer = getattr(m, name, None)
-                g.expect(is_a(layer, "torch.nn.modules.sparse.Embedding"),
-                         f"{what} needs an nn.Embedding called {name}")
+                g.expect(
+                    is_a(layer, "torch.nn.modules.sparse.Embedding"),
+                    f"{what} needs an nn.Embedding called {name}",
+                )
                 got = tuple(layer.weight.shape)
                 g.expect(got == shape, f"{what}: {name} should be an embedding of shape {shape}, got {got}")
             sd = m.state_dict()
             names = {"token.weight", "position.weight", "segment.weight", "norm.weight", "norm.bias"}
-            g.expect(isinstance(sd, dict) and set(sd) == names,
-                     f"{what}: expected the parameters {sorted(names)}, got "
-                     f"{sorted(sd) if isinstance(sd, dict) else describe(sd)}")
+            g.expect(
+                isinstance(sd, dict) and set(sd) == names,
+                f"{what}: expected the parameters {sorted(names)}, got "
+                f"{sorted(sd) if isinstance(sd, dict) else describe(sd)}",
+            )
             got_eps = getattr(getattr(m, "norm", None), "eps", None)
-            g.expect(got_eps == eps, f"{what}: the norm's eps should be {eps}, got {got_eps}: build it as "
-                                     "LayerNorm(d_model, eps)")
+            g.expect(
+                got_eps == eps,
+                f"{what}: the norm's eps should be {eps}, got {got_eps}: build it as LayerNorm(d_model, eps)",
+            )
             _has_dropout(g, m, what, p)
 
-    with g.check("matches norm(token + position + segment) with loaded weights: any batch, 1 to max_len tokens, "
-                 "1 to 3 segments"):
+    with g.check(
+        "matches norm(token + position + segment) with loaded weights: any batch, 1 to max_len tokens, "
+        "1 to 3 segments"
+    ):
         modules = fresh()
+
         def test(case):
             B, T, n_seg, d_model, seed = case
             m, w, r, built = modules.get(n_seg, d_model)
@@ -203,12 +245,18 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
             out = _call(g, what, m, ids, seg)
             _expect_embedding(g, out, r(ids, seg), w, ids, seg, what, d_model)
 
-        sizes = st.tuples(st.integers(1, 3), st.integers(1, MAXLEN), st.integers(1, 3), st.sampled_from((C, 5)),
-                          st.integers(0, 2**16))
+        sizes = st.tuples(
+            st.integers(1, 3),
+            st.integers(1, MAXLEN),
+            st.integers(1, 3),
+            st.sampled_from((C, 5)),
+            st.integers(0, 2**16),
+        )
         for_all("emb.values", sizes, test, first=(1, 3, 2, C, 0))
 
     with g.check("token_type_ids=None means segment 0 for every token"):
         modules = fresh()
+
         def test(case):
             B, T, seed = case
             m, w, r, built = modules.get(2, C)
@@ -218,14 +266,23 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
             zeros = torch.zeros_like(ids)
             if is_tensor(out) and close(out, r(ids, zeros)):
                 return
-            explicit = _call(g, f"{built} on input_ids {tuple(ids.shape)} and token_type_ids of zeros", m, ids, zeros)
+            explicit = _call(
+                g, f"{built} on input_ids {tuple(ids.shape)} and token_type_ids of zeros", m, ids, zeros
+            )
             if not (is_tensor(out) and is_tensor(explicit) and close(out, explicit)):
-                g.fail(f"{what}: the output differs from the one with token_type_ids=torch.zeros_like(input_ids) "
-                       f"(got {describe(out)}): when token_type_ids is None, every token is in segment 0")
+                g.fail(
+                    f"{what}: the output differs from the one with token_type_ids=torch.zeros_like(input_ids) "
+                    f"(got {describe(out)}): when token_type_ids is None, every token is in segment 0"
+                )
             _expect_embedding(g, out, r(ids, zeros), w, ids, zeros, what)
 
-        for_all("emb.default", st.tuples(st.integers(1, 3), st.integers(1, MAXLEN), st.integers(0, 2**16)), test,
-                max_examples=8, first=(2, 5, 0))
+        for_all(
+            "emb.default",
+            st.tuples(st.integers(1, 3), st.integers(1, MAXLEN), st.integers(0, 2**16)),
+            test,
+            max_examples=8,
+            first=(2, 5, 0),
+        )
 
     with g.check("the norm uses the eps argument"):
         modules = fresh()
@@ -234,7 +291,9 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
             ids, seg = _ids_and_segments(7, 2, 6, 2)
             out = _call(g, built, m, ids, seg)
             if is_tensor(out) and not close(out, r(ids, seg)) and close(out, _emb_reference(w)(ids, seg)):
-                g.fail(f"{built}: the output is the one with eps=1e-12: build the norm as LayerNorm(d_model, eps)")
+                g.fail(
+                    f"{built}: the output is the one with eps=1e-12: build the norm as LayerNorm(d_model, eps)"
+                )
             _expect_embedding(g, out, r(ids, seg), w, ids, seg, f"{built}, input_ids (2, 6)", eps=eps)
 
     with g.check("more tokens than max_len raise a ValueError naming both numbers (max_len tokens work)"):
@@ -242,50 +301,79 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
         m, _, r, built = modules.get(2, C, 1e-12, 7)
         ids = _ids_and_segments(3, 2, 7, 2)[0]
         out = _call(g, f"{built} on input_ids (2, 7)", m, ids)
-        g.expect(is_tensor(out) and out.shape == (2, 7, C), f"{built} on input_ids (2, 7) (max_len tokens) should give "
-                                                            f"a (2, 7, {C}) tensor, got {describe(out)}")
+        g.expect(
+            is_tensor(out) and out.shape == (2, 7, C),
+            f"{built} on input_ids (2, 7) (max_len tokens) should give "
+            f"a (2, 7, {C}) tensor, got {describe(out)}",
+        )
         for T in (9, 8):
             ids = _ids_and_segments(3, 1, T, 2)[0]
-            expect_value_error(g, lambda ids=ids: m(ids), f"input_ids (1, {T}) and max_len=7",
-                               f"say that the input has {T} tokens but the model only {7} positions")
+            expect_value_error(
+                g,
+                lambda ids=ids: m(ids),
+                f"input_ids (1, {T}) and max_len=7",
+                f"say that the input has {T} tokens but the model only {7} positions",
+            )
             try:
                 m(ids)
             except ValueError as e:
-                g.expect(str(T) in said(e) and "7" in said(e),
-                         f"the ValueError for input_ids (1, {T}) and max_len=7 should name both numbers, it says: {e}")
+                g.expect(
+                    str(T) in said(e) and "7" in said(e),
+                    f"the ValueError for input_ids (1, {T}) and max_len=7 should name both numbers, it says: {e}",
+                )
 
     with g.check("dropout after the norm, only in training mode (checked with its p set to 1, and at 0.5)"):
-        m = _call(g, f"BertEmbeddings({V}, {MAXLEN}, {C}, 2, 0.5)", BertEmbeddings, V, MAXLEN, C, 2, 0.5).double()
+        m = _call(
+            g, f"BertEmbeddings({V}, {MAXLEN}, {C}, 2, 0.5)", BertEmbeddings, V, MAXLEN, C, 2, 0.5
+        ).double()
         w = random_weights(ref.BertEmbeddings(V, MAXLEN, C), "emb.dropout")
         load_weights(g, m, w, "BertEmbeddings")
         ids, seg = _ids_and_segments(11, 8, MAXLEN, 2)
         own = m.eval()(ids, seg)  # the student's output without dropout: this check grades the dropout alone
         again = m(ids, seg)
-        g.expect(is_tensor(own) and is_tensor(again) and close(own, again) and float((own == 0).double().mean()) < 0.05,
-                 "in eval mode dropout must do nothing (two calls in eval mode differ, or hold zeros): use "
-                 "nn.Dropout, which follows the module's train() and eval()")
+        g.expect(
+            is_tensor(own)
+            and is_tensor(again)
+            and close(own, again)
+            and float((own == 0).double().mean()) < 0.05,
+            "in eval mode dropout must do nothing (two calls in eval mode differ, or hold zeros): use "
+            "nn.Dropout, which follows the module's train() and eval()",
+        )
         set_attr(m.dropout, "p", 1.0)
         out = m.train()(ids, seg)
         if is_tensor(out) and out.shape == own.shape and close(out, w["norm.bias"].expand_as(own).clone()):
-            g.fail("with the dropout's p set to 1 the output is the norm's bias: the dropout comes before the norm; "
-                   "apply it after: dropout(norm(x))")
-        g.expect(is_tensor(out) and close(out, torch.zeros_like(own)),
-                 f"with the dropout's p set to 1 (training mode) every output should be 0 (got {describe(out)}): "
-                 "the output is dropout(norm(x)), and the module's dropout is self.dropout")
-        g.expect(close(m.eval()(ids, seg), own), "with the dropout's p set to 1, eval mode must still give the "
-                                                 "output without dropout")
+            g.fail(
+                "with the dropout's p set to 1 the output is the norm's bias: the dropout comes before the norm; "
+                "apply it after: dropout(norm(x))"
+            )
+        g.expect(
+            is_tensor(out) and close(out, torch.zeros_like(own)),
+            f"with the dropout's p set to 1 (training mode) every output should be 0 (got {describe(out)}): "
+            "the output is dropout(norm(x)), and the module's dropout is self.dropout",
+        )
+        g.expect(
+            close(m.eval()(ids, seg), own),
+            "with the dropout's p set to 1, eval mode must still give the output without dropout",
+        )
         set_attr(m.dropout, "p", 0.5)
         out = m.train()(ids, seg)
-        g.expect(is_tensor(out) and out.shape == own.shape, f"in training mode: expected a tensor of shape "
-                                                            f"{tuple(own.shape)}, got {describe(out)}")
+        g.expect(
+            is_tensor(out) and out.shape == own.shape,
+            f"in training mode: expected a tensor of shape {tuple(own.shape)}, got {describe(out)}",
+        )
         dropped = out == 0
         zeros = float(dropped.double().mean())
-        g.expect(0.35 < zeros < 0.65, f"in training mode with dropout=0.5 about half the outputs should be exactly 0, "
-                                      f"got {zeros:.0%}: apply nn.Dropout(dropout) to the normalised sum")
-        g.expect(close(out, torch.where(dropped, torch.zeros_like(own), 2 * own)),
-                 "in training mode with dropout=0.5 every output should be 0 or twice the output in eval mode "
-                 "(nn.Dropout scales what it keeps by 1 / (1 - p)): apply the dropout once, to norm(...), and "
-                 "nowhere else")
+        g.expect(
+            0.35 < zeros < 0.65,
+            f"in training mode with dropout=0.5 about half the outputs should be exactly 0, "
+            f"got {zeros:.0%}: apply nn.Dropout(dropout) to the normalised sum",
+        )
+        g.expect(
+            close(out, torch.where(dropped, torch.zeros_like(own), 2 * own)),
+            "in training mode with dropout=0.5 every output should be 0 or twice the output in eval mode "
+            "(nn.Dropout scales what it keeps by 1 / (1 - p)): apply the dropout once, to norm(...), and "
+            "nowhere else",
+        )
 
     with g.check("positions (and default segment ids) are made on input_ids' device"):
         m, w, r, built = _Embeddings(g, BertEmbeddings, "emb.device").get(2, C)  # weights no other check uses
@@ -293,17 +381,23 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
         try:  # first, so that no memory freed by an earlier call of this module holds its positions' values
             out = _on_default_device("meta", lambda: m(ids))
         except Exception as e:  # noqa: BLE001
-            if "meta" not in str(e):  # moving a tensor made on the default device with .to(input_ids.device) is fine
+            if "meta" not in str(
+                e
+            ):  # moving a tensor made on the default device with .to(input_ids.device) is fine
                 raise_unless_student_error(e)
-                g.fail(f"with torch's default device set elsewhere ('meta') and input_ids on the CPU, your code raised "
-                       f"{type(e).__name__.removeprefix('Student')}: {e}")
+                g.fail(
+                    f"with torch's default device set elsewhere ('meta') and input_ids on the CPU, your code raised "
+                    f"{type(e).__name__.removeprefix('Student')}: {e}"
+                )
         else:
             own = _call(g, f"{built} on input_ids (2, 6)", m, ids)
-            g.expect(is_tensor(out) and is_tensor(own) and close(out, own),
-                     "with torch's default device set elsewhere (torch.set_default_device('meta')) and input_ids on "
-                     "the CPU, the output changed: make positions with torch.arange(T, device=input_ids.device) "
-                     "(and default segment ids with torch.zeros_like(input_ids)), so that they are on input_ids' "
-                     "device")
+            g.expect(
+                is_tensor(out) and is_tensor(own) and close(out, own),
+                "with torch's default device set elsewhere (torch.set_default_device('meta')) and input_ids on "
+                "the CPU, the output changed: make positions with torch.arange(T, device=input_ids.device) "
+                "(and default segment ids with torch.zeros_like(input_ids)), so that they are on input_ids' "
+                "device",
+            )
 
     g.finish()
 
@@ -326,12 +420,19 @@ def check_bert_embeddings(BertEmbeddings) -> None:
         load_weights(g, m, w, "BertEmbeddings")
         return m
 
-    with g.check("submodules token (10, 4), position (6, 4), segment (3, 4) embeddings, norm (eps) and dropout (p)"):
+    with g.check(
+        "submodules token (10, 4), position (6, 4), segment (3, 4) embeddings, norm (eps) and dropout (p)"
+    ):
         m = _call(g, what, BertEmbeddings, 10, 6, 4, 3, 0.2, 1e-6)
         sd = m.state_dict()
-        g.expect(isinstance(sd, dict) and set(sd) == set(w),
-                 f"expected parameters {sorted(w)}, got {sorted(sd) if isinstance(sd, dict) else describe(sd)}")
-        g.expect(getattr(getattr(m, "norm", None), "eps", None) == 1e-6, "the norm's eps should be the eps argument")
+        g.expect(
+            isinstance(sd, dict) and set(sd) == set(w),
+            f"expected parameters {sorted(w)}, got {sorted(sd) if isinstance(sd, dict) else describe(sd)}",
+        )
+        g.expect(
+            getattr(getattr(m, "norm", None), "eps", None) == 1e-6,
+            "the norm's eps should be the eps argument",
+        )
         _has_dropout(g, m, what, 0.2)
     with g.check("with loaded weights, equals norm(token + position + segment) on input_ids (2, 3)"):
         out = _call(g, "m(input_ids, token_type_ids)", loaded(), ids, seg)
@@ -341,14 +442,20 @@ def check_bert_embeddings(BertEmbeddings) -> None:
         g.expect(is_tensor(out) and close(out, r(ids)), "m(input_ids) should use segment 0 everywhere")
     with g.check("7 tokens with max_len=6 raise a ValueError naming both numbers"):
         m = loaded()
-        expect_value_error(g, lambda: m(torch.zeros(1, 7, dtype=torch.long)), "input_ids (1, 7) and max_len=6",
-                           "the input has 7 tokens, the model 6 positions")
+        expect_value_error(
+            g,
+            lambda: m(torch.zeros(1, 7, dtype=torch.long)),
+            "input_ids (1, 7) and max_len=6",
+            "the input has 7 tokens, the model 6 positions",
+        )
     with g.check("dropout after the norm in training mode: with its p set to 1 every output is 0"):
         m = loaded()
         set_attr(m.dropout, "p", 1.0)
         out = m.train()(ids, seg)
-        g.expect(is_tensor(out) and close(out, torch.zeros(2, 3, 4, dtype=torch.float64)),
-                 f"got {describe(out)} with values that are not all 0: return self.dropout(self.norm(x))")
+        g.expect(
+            is_tensor(out) and close(out, torch.zeros(2, 3, 4, dtype=torch.float64)),
+            f"got {describe(out)} with values that are not all 0: return self.dropout(self.norm(x))",
+        )
     with g.check("positions are made on input_ids' device (torch.arange(T, device=input_ids.device))"):
         m = loaded()
         try:  # before any other call of this module (see grade_bert_embeddings)
@@ -358,8 +465,10 @@ def check_bert_embeddings(BertEmbeddings) -> None:
                 raise
         else:
             own = m(ids, seg)
-            g.expect(is_tensor(out) and is_tensor(own) and close(out, own),
-                     "with torch.set_default_device('meta') the output changed: make positions on input_ids.device")
+            g.expect(
+                is_tensor(out) and is_tensor(own) and close(out, own),
+                "with torch.set_default_device('meta') the output changed: make positions on input_ids.device",
+            )
     g.finish()
 
 
@@ -382,76 +491,120 @@ def _masked(g: Grader, mask_tokens, ids, special_ids, vocab_size, seed, p=None):
     """Call ``mask_tokens`` and check the exact parts of the rule (whatever the random draws):
     the types and shapes, the input left unchanged, labels, specials, untouched positions."""
     args = (ids.clone(), _special(*special_ids), vocab_size, _generator(seed)) + (() if p is None else (p,))
-    what = (f"mask_tokens(input_ids {tuple(ids.shape)}, special ids {special_ids}, vocab_size={vocab_size}"
-            + ("" if p is None else f", mlm_probability={p}") + ")")
+    what = (
+        f"mask_tokens(input_ids {tuple(ids.shape)}, special ids {special_ids}, vocab_size={vocab_size}"
+        + ("" if p is None else f", mlm_probability={p}")
+        + ")"
+    )
     try:
         result = probe(mask_tokens, *args)
     except Exception as e:  # noqa: BLE001
         raise_unless_student_error(e)
         g.fail(f"{what} raised {type(e).__name__.removeprefix('Student')}: {e}")
     out = result.result
-    g.expect(type(out) in (tuple, list) and len(out) == 2,
-             f"{what}: return a pair (inputs, labels), got {describe(out)}")
+    g.expect(
+        type(out) in (tuple, list) and len(out) == 2,
+        f"{what}: return a pair (inputs, labels), got {describe(out)}",
+    )
     inputs, labels = out
     for name, x in (("inputs", inputs), ("labels", labels)):
-        g.expect(is_tensor(x) and x.shape == ids.shape and x.dtype == torch.long,
-                 f"{what}: {name} should be a torch.long tensor of the input's shape {tuple(ids.shape)}, got "
-                 f"{describe(x)}")
-    g.expect(torch.equal(result.args[0], ids), f"{what} changed its input_ids in place: build new tensors "
-                                               "(torch.where or .clone()) and leave the input as it was")
+        g.expect(
+            is_tensor(x) and x.shape == ids.shape and x.dtype == torch.long,
+            f"{what}: {name} should be a torch.long tensor of the input's shape {tuple(ids.shape)}, got "
+            f"{describe(x)}",
+        )
+    g.expect(
+        torch.equal(result.args[0], ids),
+        f"{what} changed its input_ids in place: build new tensors "
+        "(torch.where or .clone()) and leave the input as it was",
+    )
     sel = labels != -100
     is_special = torch.isin(ids, torch.tensor(special_ids))
-    g.expect(bool((labels == -100).any()) or not bool(is_special.any()),
-             f"{what}: labels has no -100 at all: labels must be -100 at every position that was not selected "
-             "(only selected positions are predicted)")
-    g.expect(torch.equal(labels[sel], ids[sel]),
-             f"{what}: labels must hold the original token id at the selected positions and -100 everywhere else "
-             "(not the corrupted input, not 0)")
+    g.expect(
+        bool((labels == -100).any()) or not bool(is_special.any()),
+        f"{what}: labels has no -100 at all: labels must be -100 at every position that was not selected "
+        "(only selected positions are predicted)",
+    )
+    g.expect(
+        torch.equal(labels[sel], ids[sel]),
+        f"{what}: labels must hold the original token id at the selected positions and -100 everywhere else "
+        "(not the corrupted input, not 0)",
+    )
     chosen = int((sel & is_special).sum())
-    g.expect(chosen == 0, f"{what}: {chosen} special tokens ([PAD], [CLS], [SEP], [MASK]) were selected: never select "
-                          "a special token (exclude them with torch.isin(input_ids, torch.tensor(special.ids)))")
-    g.expect(torch.equal(inputs[~sel], ids[~sel]),
-             f"{what}: an unselected position changed: only selected positions (labels != -100) may be corrupted")
+    g.expect(
+        chosen == 0,
+        f"{what}: {chosen} special tokens ([PAD], [CLS], [SEP], [MASK]) were selected: never select "
+        "a special token (exclude them with torch.isin(input_ids, torch.tensor(special.ids)))",
+    )
+    g.expect(
+        torch.equal(inputs[~sel], ids[~sel]),
+        f"{what}: an unselected position changed: only selected positions (labels != -100) may be corrupted",
+    )
     new = inputs[sel]
-    bad = new[(new != special_ids[3]) & (torch.isin(new, torch.tensor(special_ids)) | (new < 0) | (new >= vocab_size))]
-    g.expect(len(bad) == 0, f"{what}: a selected position became {int(bad[0]) if len(bad) else ''}, a special "
-                            "token other than [MASK] or an id outside the vocabulary: draw random tokens from the "
-                            "ordinary ids only, the ids in [0, vocab_size) that are not in special.ids")
+    bad = new[
+        (new != special_ids[3])
+        & (torch.isin(new, torch.tensor(special_ids)) | (new < 0) | (new >= vocab_size))
+    ]
+    g.expect(
+        len(bad) == 0,
+        f"{what}: a selected position became {int(bad[0]) if len(bad) else ''}, a special "
+        "token other than [MASK] or an id outside the vocabulary: draw random tokens from the "
+        "ordinary ids only, the ids in [0, vocab_size) that are not in special.ids",
+    )
     return inputs, labels, sel, is_special
 
 
-def _proportions(g: Grader, mask_tokens, special_ids, n_ordinary=40, p=0.15, B=128, T=128, name="mask",
-                 pass_p=True) -> None:
+def _proportions(
+    g: Grader, mask_tokens, special_ids, n_ordinary=40, p=0.15, B=128, T=128, name="mask", pass_p=True
+) -> None:
     """The rule's proportions on ``B * T`` tokens: the selection rate, then 80/10/10."""
     ids = _sentences(special_ids, n_ordinary, B, T, name)
-    inputs, labels, sel, is_special = _masked(g, mask_tokens, ids, special_ids, n_ordinary + 4, 7,
-                                              p if pass_p else None)
-    g.expect(not bool(sel[~is_special].all()) or p == 1,
-             "labels has no -100 at any ordinary position: labels must be -100 at every position that was not selected")
+    inputs, labels, sel, is_special = _masked(
+        g, mask_tokens, ids, special_ids, n_ordinary + 4, 7, p if pass_p else None
+    )
+    g.expect(
+        not bool(sel[~is_special].all()) or p == 1,
+        "labels has no -100 at any ordinary position: labels must be -100 at every position that was not selected",
+    )
     n, k = int((~is_special).sum()), int(sel.sum())
     rate = f"mlm_probability={p}" if pass_p else f"the default mlm_probability ({p})"
-    g.expect(_within(k, n, p), f"with {rate} you selected {k / n:.1%} of the {n} ordinary tokens, expected about "
-                               f"{p:.0%}: select each non-special position with probability mlm_probability "
-                               "(torch.rand(shape, generator=generator) < mlm_probability)")
+    g.expect(
+        _within(k, n, p),
+        f"with {rate} you selected {k / n:.1%} of the {n} ordinary tokens, expected about "
+        f"{p:.0%}: select each non-special position with probability mlm_probability "
+        "(torch.rand(shape, generator=generator) < mlm_probability)",
+    )
     new, old = inputs[sel], ids[sel]
     masked = int((new == special_ids[3]).sum())
-    g.expect(masked < k, "every selected position became [MASK]: only 80% should; 10% get a random token and 10% "
-                         "keep their own")
+    g.expect(
+        masked < k,
+        "every selected position became [MASK]: only 80% should; 10% get a random token and 10% "
+        "keep their own",
+    )
     swapped = new[(new != special_ids[3]) & (new != old)]
-    g.expect(_within(masked, k, 0.8), f"{masked / k:.1%} of the selected positions became [MASK], expected 80%")
-    g.expect(_within(len(swapped), k, 0.1 * (1 - 1 / n_ordinary)),
-             f"{len(swapped) / k:.1%} of the selected positions got a random token, expected 10%")
+    g.expect(
+        _within(masked, k, 0.8), f"{masked / k:.1%} of the selected positions became [MASK], expected 80%"
+    )
+    g.expect(
+        _within(len(swapped), k, 0.1 * (1 - 1 / n_ordinary)),
+        f"{len(swapped) / k:.1%} of the selected positions got a random token, expected 10%",
+    )
     kept = int((new == old).sum())
-    g.expect(_within(kept, k, 0.1 + 0.1 / n_ordinary), f"{kept / k:.1%} of the selected positions kept their token, "
-                                                       "expected 10%")
+    g.expect(
+        _within(kept, k, 0.1 + 0.1 / n_ordinary),
+        f"{kept / k:.1%} of the selected positions kept their token, expected 10%",
+    )
 
 
 def grade_mask_tokens(mask_tokens) -> None:
     """Grade ``mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15)``."""
     g = Grader("mask_tokens")
 
-    with g.check("returns two new (B, T) torch.long tensors, leaves input_ids unchanged; labels hold the original id "
-                 "at selected positions and -100 elsewhere; specials never selected; only selected positions change"):
+    with g.check(
+        "returns two new (B, T) torch.long tensors, leaves input_ids unchanged; labels hold the original id "
+        "at selected positions and -100 elsewhere; specials never selected; only selected positions change"
+    ):
+
         def test(case):
             B, T, V_, order, p, seed = case
             special_ids = tuple(order[:4])
@@ -459,21 +612,36 @@ def grade_mask_tokens(mask_tokens) -> None:
             _masked(g, mask_tokens, ids, special_ids, V_, seed, p)
 
         shapes = st.tuples(st.integers(1, 4), st.integers(1, 12), st.integers(6, 12)).flatmap(
-            lambda s: st.tuples(st.just(s[0]), st.just(s[1]), st.just(s[2]), st.permutations(list(range(s[2]))),
-                                st.sampled_from((0.15, 0.5, 1.0, 0.0)), st.integers(0, 2**16)))
+            lambda s: st.tuples(
+                st.just(s[0]),
+                st.just(s[1]),
+                st.just(s[2]),
+                st.permutations(list(range(s[2]))),
+                st.sampled_from((0.15, 0.5, 1.0, 0.0)),
+                st.integers(0, 2**16),
+            )
+        )
         for_all("mask.rule", shapes, test, max_examples=25, first=(2, 6, 8, list(range(8)), 0.5, 0))
 
     with g.check("mlm_probability=0 selects nothing; mlm_probability=1 selects every ordinary token"):
         for B, T in ((1, 1), (3, 7)):
             ids = _sentences((40, 41, 42, 43), 40, B, T, f"mask.edges.{B}")
             inputs, labels, sel, is_special = _masked(g, mask_tokens, ids, (40, 41, 42, 43), 44, 1, 0.0)
-            g.expect(not bool(sel.any()), f"with mlm_probability=0 and input_ids {tuple(ids.shape)} you selected "
-                                          f"{int(sel.sum())} positions: nothing should be selected")
+            g.expect(
+                not bool(sel.any()),
+                f"with mlm_probability=0 and input_ids {tuple(ids.shape)} you selected "
+                f"{int(sel.sum())} positions: nothing should be selected",
+            )
             inputs, labels, sel, is_special = _masked(g, mask_tokens, ids, (40, 41, 42, 43), 44, 2, 1.0)
-            g.expect(torch.equal(sel, ~is_special), f"with mlm_probability=1 and input_ids {tuple(ids.shape)} every "
-                                                    "ordinary (non-special) position must be selected")
+            g.expect(
+                torch.equal(sel, ~is_special),
+                f"with mlm_probability=1 and input_ids {tuple(ids.shape)} every "
+                "ordinary (non-special) position must be selected",
+            )
 
-    with g.check("the default mlm_probability selects 15% and corrupts 80/10/10 (16,000 tokens, specials appended)"):
+    with g.check(
+        "the default mlm_probability selects 15% and corrupts 80/10/10 (16,000 tokens, specials appended)"
+    ):
         _proportions(g, mask_tokens, (40, 41, 42, 43), name="mask.appended", pass_p=False)
 
     with g.check("80/10/10 with the special tokens first, as in Google's BERT vocabulary ([PAD] = 0)"):
@@ -492,11 +660,13 @@ def grade_mask_tokens(mask_tokens) -> None:
         for i in ordinary:
             elsewhere = sel & (ids != i)
             k, n_i = int(elsewhere.sum()), int((inputs[elsewhere] == i).sum())
-            g.expect(_within(n_i, k, 0.1 / len(ordinary)),
-                     f"with special ids {special_ids} and vocab_size={vocab_size}, the random replacements should be "
-                     f"uniform over the {len(ordinary)} ordinary ids {ordinary} (about {0.1 / len(ordinary):.2%} of "
-                     f"the selected positions each), but id {i} replaced {n_i / k:.2%}: draw "
-                     "ordinary[torch.randint(len(ordinary), shape, generator=generator)]")
+            g.expect(
+                _within(n_i, k, 0.1 / len(ordinary)),
+                f"with special ids {special_ids} and vocab_size={vocab_size}, the random replacements should be "
+                f"uniform over the {len(ordinary)} ordinary ids {ordinary} (about {0.1 / len(ordinary):.2%} of "
+                f"the selected positions each), but id {i} replaced {n_i / k:.2%}: draw "
+                "ordinary[torch.randint(len(ordinary), shape, generator=generator)]",
+            )
 
     with g.check("all randomness comes from the generator argument"):
         ids = _sentences((30, 31, 32, 33), 30, 16, 32, "mask.generator")
@@ -505,17 +675,24 @@ def grade_mask_tokens(mask_tokens) -> None:
         b = _call(g, "mask_tokens(...)", mask_tokens, ids, special, 34, _generator(3))
         c = _call(g, "mask_tokens(...)", mask_tokens, ids, special, 34, _generator(4))
         same = all(is_tensor(x) and is_tensor(y) and torch.equal(x, y) for x, y in zip(a, b))
-        g.expect(same, "two calls with generators seeded alike gave different results: draw every random number "
-                       "with generator=generator (torch.rand(..., generator=generator), "
-                       "torch.randint(..., generator=generator))")
-        g.expect(not (torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])),
-                 "different seeds gave the same result: use the generator argument")
+        g.expect(
+            same,
+            "two calls with generators seeded alike gave different results: draw every random number "
+            "with generator=generator (torch.rand(..., generator=generator), "
+            "torch.randint(..., generator=generator))",
+        )
+        g.expect(
+            not (torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])),
+            "different seeds gave the same result: use the generator argument",
+        )
 
     with g.check("rows of special tokens only: nothing selected"):
         ids = torch.tensor([[41, 42, 40, 40], [41, 42, 40, 40]])
         inputs, labels, sel, _ = _masked(g, mask_tokens, ids, (40, 41, 42, 43), 44, 0)
-        g.expect(not bool(sel.any()) and torch.equal(inputs, ids),
-                 "a row of [CLS] [SEP] [PAD] [PAD] has nothing to select: every label -100, the input unchanged")
+        g.expect(
+            not bool(sel.any()) and torch.equal(inputs, ids),
+            "a row of [CLS] [SEP] [PAD] [PAD] has nothing to select: every label -100, the input unchanged",
+        )
 
     g.finish()
 
@@ -523,15 +700,23 @@ def grade_mask_tokens(mask_tokens) -> None:
 def check_mask_tokens(mask_tokens) -> None:
     """Public: the rule on 4,096 tokens (looser bounds than the hidden checks would allow alone)."""
     g = Grader("mask_tokens (public)")
-    with g.check("two new (B, T) long tensors, input unchanged, labels, specials never chosen (input_ids (2, 5))"):
+    with g.check(
+        "two new (B, T) long tensors, input unchanged, labels, specials never chosen (input_ids (2, 5))"
+    ):
         ids = torch.tensor([[41, 7, 8, 9, 42], [41, 3, 42, 40, 40]])
         _masked(g, mask_tokens, ids, (40, 41, 42, 43), 44, 0, 0.5)
-    with g.check("mlm_probability=1 selects every ordinary token, 0 none; a row of specials has nothing to select"):
+    with g.check(
+        "mlm_probability=1 selects every ordinary token, 0 none; a row of specials has nothing to select"
+    ):
         _, _, sel, _ = _masked(g, mask_tokens, torch.tensor([[41, 42, 40, 40]]), (40, 41, 42, 43), 44, 0, 1.0)
-        g.expect(not bool(sel.any()), "[CLS] [SEP] [PAD] [PAD] has nothing to select, even with mlm_probability=1")
+        g.expect(
+            not bool(sel.any()), "[CLS] [SEP] [PAD] [PAD] has nothing to select, even with mlm_probability=1"
+        )
         ids = torch.tensor([[41, 7, 8, 9, 42]])
         _, _, sel, is_special = _masked(g, mask_tokens, ids, (40, 41, 42, 43), 44, 0, 1.0)
-        g.expect(torch.equal(sel, ~is_special), "with mlm_probability=1 every ordinary position must be selected")
+        g.expect(
+            torch.equal(sel, ~is_special), "with mlm_probability=1 every ordinary position must be selected"
+        )
         _, _, sel, _ = _masked(g, mask_tokens, ids, (40, 41, 42, 43), 44, 0, 0.0)
         g.expect(not bool(sel.any()), "with mlm_probability=0 nothing may be selected")
     with g.check("masking 64 rows of 64 tokens: 15% by default, 80/10/10"):
@@ -545,14 +730,19 @@ def check_mask_tokens(mask_tokens) -> None:
         for i in (1, 3, 4, 6, 7, 8, 10, 11):
             elsewhere = sel & (ids != i)
             k, n_i = int(elsewhere.sum()), int((inputs[elsewhere] == i).sum())
-            g.expect(_within(n_i, k, 0.1 / 8), f"id {i} replaced {n_i / k:.2%} of the selected positions, expected "
-                                               "1.25% for each of the 8 ordinary ids")
+            g.expect(
+                _within(n_i, k, 0.1 / 8),
+                f"id {i} replaced {n_i / k:.2%} of the selected positions, expected "
+                "1.25% for each of the 8 ordinary ids",
+            )
     with g.check("the same seed gives the same masks"):
         ids = _sentences((30, 31, 32, 33), 30, 4, 16, "public.generator")
         a = mask_tokens(ids, _special(30, 31, 32, 33), 34, _generator(3))
         b = mask_tokens(ids, _special(30, 31, 32, 33), 34, _generator(3))
-        g.expect(all(is_tensor(x) and is_tensor(y) and torch.equal(x, y) for x, y in zip(a, b)),
-                 "draw every random number with generator=generator")
+        g.expect(
+            all(is_tensor(x) and is_tensor(y) and torch.equal(x, y) for x, y in zip(a, b)),
+            "draw every random number with generator=generator",
+        )
     g.finish()
 
 
@@ -569,7 +759,9 @@ def _loss_case(seed: int, lead: tuple, V_: int, dtype=torch.float64, scale=2.0, 
 
 def _loss_reference(logits, labels):
     V_ = logits.shape[-1]
-    return F.cross_entropy(logits.double().reshape(-1, V_), labels.reshape(-1), ignore_index=-100).to(logits.dtype)
+    return F.cross_entropy(logits.double().reshape(-1, V_), labels.reshape(-1), ignore_index=-100).to(
+        logits.dtype
+    )
 
 
 def _loss_mistakes(logits, labels):
@@ -579,10 +771,15 @@ def _loss_mistakes(logits, labels):
     ce = ce.view(labels.shape)
     d = logits.dtype
     return [
-        ((ce[sel].sum() / labels.numel()).to(d),
-         "the loss is averaged over all positions: divide by the number of selected positions (labels != -100), "
-         "e.g. F.cross_entropy(..., ignore_index=-100)"),
-        (ce.mean().to(d), "unselected positions (label -100) count in the loss: ignore them (ignore_index=-100)"),
+        (
+            (ce[sel].sum() / labels.numel()).to(d),
+            "the loss is averaged over all positions: divide by the number of selected positions (labels != -100), "
+            "e.g. F.cross_entropy(..., ignore_index=-100)",
+        ),
+        (
+            ce.mean().to(d),
+            "unselected positions (label -100) count in the loss: ignore them (ignore_index=-100)",
+        ),
         (ce[sel].sum().to(d), "that is the sum: return the mean over the selected positions"),
     ]
 
@@ -590,50 +787,86 @@ def _loss_mistakes(logits, labels):
 def _expect_loss(g: Grader, mlm_loss, logits, labels, what: str) -> None:
     out = _call(g, what, mlm_loss, logits.clone(), labels.clone())
     expected = _loss_reference(logits, labels)
-    g.expect(is_tensor(out) and out.dim() == 0 and out.dtype == logits.dtype,
-             f"{what}: return a scalar (0-dimensional) tensor of the logits' dtype "
-             f"{str(logits.dtype).removeprefix('torch.')}, got {describe(out)}")
+    g.expect(
+        is_tensor(out) and out.dim() == 0 and out.dtype == logits.dtype,
+        f"{what}: return a scalar (0-dimensional) tensor of the logits' dtype "
+        f"{str(logits.dtype).removeprefix('torch.')}, got {describe(out)}",
+    )
     first_match(g, out, [(x, f"{what}: {hint}") for x, hint in _loss_mistakes(logits, labels)], expected)
-    g.expect(bool(torch.isfinite(out)), f"{what}: the loss is {float(out)}, expected {float(expected):.6g}: compute "
-                                        "the log-softmax stably (F.cross_entropy or F.log_softmax, or subtract the "
-                                        "largest logit before exp), not log(softmax(...)) or exp(...) / sum(exp(...))")
-    g.expect(close(out, expected, magnitude=magnitude(logits)),
-             f"{what}: the loss should be {float(expected):.6g} (the mean cross-entropy over the positions with "
-             f"labels != -100), got {float(out):.6g}")
+    g.expect(
+        bool(torch.isfinite(out)),
+        f"{what}: the loss is {float(out)}, expected {float(expected):.6g}: compute "
+        "the log-softmax stably (F.cross_entropy or F.log_softmax, or subtract the "
+        "largest logit before exp), not log(softmax(...)) or exp(...) / sum(exp(...))",
+    )
+    g.expect(
+        close(out, expected, magnitude=magnitude(logits)),
+        f"{what}: the loss should be {float(expected):.6g} (the mean cross-entropy over the positions with "
+        f"labels != -100), got {float(out):.6g}",
+    )
 
 
 def _shapes():
-    return st.tuples(st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple), st.integers(2, 7),
-                     st.integers(0, 2**16))
+    return st.tuples(
+        st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
+        st.integers(2, 7),
+        st.integers(0, 2**16),
+    )
 
 
 def grade_mlm_loss(mlm_loss) -> None:
     """Grade ``mlm_loss(logits, labels)``."""
     g = Grader("mlm_loss")
 
-    with g.check("a scalar of the logits' dtype: the mean cross-entropy over the positions with labels != -100, for "
-                 "logits (..., V) with any number of leading axes"):
+    with g.check(
+        "a scalar of the logits' dtype: the mean cross-entropy over the positions with labels != -100, for "
+        "logits (..., V) with any number of leading axes"
+    ):
+
         def test(case):
             (lead, V_, seed), dtype = case
             logits, labels = _loss_case(seed, lead, V_, dtype)
-            _expect_loss(g, mlm_loss, logits, labels, f"for {str(dtype).removeprefix('torch.')} logits "
-                                                      f"{tuple(logits.shape)} and labels {labels.tolist()}")
+            _expect_loss(
+                g,
+                mlm_loss,
+                logits,
+                labels,
+                f"for {str(dtype).removeprefix('torch.')} logits "
+                f"{tuple(logits.shape)} and labels {labels.tolist()}",
+            )
 
         logits, labels = _loss_case(1, (3, 8), 11)
         _expect_loss(g, mlm_loss, logits, labels, "for logits (3, 8, 11)")
-        for_all("loss.values", st.tuples(_shapes(), st.sampled_from((torch.float64, torch.float32))), test,
-                first=(((2, 3), 4, 0), torch.float64))
+        for_all(
+            "loss.values",
+            st.tuples(_shapes(), st.sampled_from((torch.float64, torch.float32))),
+            test,
+            first=(((2, 3), 4, 0), torch.float64),
+        )
 
     with g.check("stable for large logits (hundreds to thousands), in float32 and float64"):
+
         def test(case):
             (lead, V_, seed), dtype, scale = case
             logits, labels = _loss_case(seed, lead, V_, dtype, scale)
-            _expect_loss(g, mlm_loss, logits, labels, f"for {str(dtype).removeprefix('torch.')} logits "
-                                                      f"{tuple(logits.shape)} of magnitude {scale:g}")
+            _expect_loss(
+                g,
+                mlm_loss,
+                logits,
+                labels,
+                f"for {str(dtype).removeprefix('torch.')} logits "
+                f"{tuple(logits.shape)} of magnitude {scale:g}",
+            )
 
-        for_all("loss.stable", st.tuples(_shapes(), st.sampled_from((torch.float64, torch.float32)),
-                                         st.sampled_from((300.0, 3000.0))), test, max_examples=12,
-                first=(((2, 3), 4, 0), torch.float32, 3000.0))
+        for_all(
+            "loss.stable",
+            st.tuples(
+                _shapes(), st.sampled_from((torch.float64, torch.float32)), st.sampled_from((300.0, 3000.0))
+            ),
+            test,
+            max_examples=12,
+            first=(((2, 3), 4, 0), torch.float32, 3000.0),
+        )
 
     with g.check("logits at unselected positions do not matter"):
         logits, labels = _loss_case(5, (3, 8), 11)
@@ -641,44 +874,72 @@ def grade_mlm_loss(mlm_loss) -> None:
         other[labels == -100] = rand("loss.ignore.other", int((labels == -100).sum()), 11, scale=5.0)
         a = _call(g, "mlm_loss(logits, labels)", mlm_loss, logits, labels)
         b = _call(g, "mlm_loss(other_logits, labels)", mlm_loss, other, labels)
-        g.expect(is_tensor(a) and is_tensor(b) and close(a, b),
-                 "changing the logits at positions with label -100 changed the loss: only selected positions count")
+        g.expect(
+            is_tensor(a) and is_tensor(b) and close(a, b),
+            "changing the logits at positions with label -100 changed the loss: only selected positions count",
+        )
 
-    with g.check("gradient: zero at unselected positions, (softmax - one-hot) / n at the n selected ones; the "
-                 "inputs are left unchanged"):
+    with g.check(
+        "gradient: zero at unselected positions, (softmax - one-hot) / n at the n selected ones; the "
+        "inputs are left unchanged"
+    ):
         logits, labels = _loss_case(9, (3, 8), 11)
-        p = probe(mlm_loss, logits.clone().requires_grad_(), labels.clone(),
-                  backward=(None, torch.tensor(1.0, dtype=torch.float64)))
+        p = probe(
+            mlm_loss,
+            logits.clone().requires_grad_(),
+            labels.clone(),
+            backward=(None, torch.tensor(1.0, dtype=torch.float64)),
+        )
         x = logits.clone().requires_grad_()
         F.cross_entropy(x.reshape(-1, 11), labels.reshape(-1), ignore_index=-100).backward()
-        g.expect(p.grads and p.grads[0] is not None, "the loss does not depend on the logits through autograd: "
-                                                      "avoid .item(), .detach() or .numpy()")
-        g.expect(close(p.grads[0], x.grad), "the gradient with respect to the logits differs from the reference")
-        g.expect(is_tensor(p.args[0]) and close(p.args[0].detach(), logits) and is_tensor(p.args[1])
-                 and torch.equal(p.args[1], labels),
-                 "mlm_loss changed its logits or labels in place: leave the inputs as they were")
+        g.expect(
+            p.grads and p.grads[0] is not None,
+            "the loss does not depend on the logits through autograd: avoid .item(), .detach() or .numpy()",
+        )
+        g.expect(
+            close(p.grads[0], x.grad), "the gradient with respect to the logits differs from the reference"
+        )
+        g.expect(
+            is_tensor(p.args[0])
+            and close(p.args[0].detach(), logits)
+            and is_tensor(p.args[1])
+            and torch.equal(p.args[1], labels),
+            "mlm_loss changed its logits or labels in place: leave the inputs as they were",
+        )
 
     with g.check("no selected position (every label -100) raises a ValueError"):
         for lead in ((3, 8), (5,)):
             logits, _ = _loss_case(2, lead, 11)
-            expect_value_error(g, lambda: mlm_loss(logits, torch.full(lead, -100)),
-                               f"logits {tuple(logits.shape)} and every label -100",
-                               "the mean over no position is NaN: say that no position is selected")
+            expect_value_error(
+                g,
+                lambda: mlm_loss(logits, torch.full(lead, -100)),
+                f"logits {tuple(logits.shape)} and every label -100",
+                "the mean over no position is NaN: say that no position is selected",
+            )
 
     with g.check("labels whose shape is not logits.shape[:-1] raise a ValueError naming both shapes"):
         logits = rand("loss.shape", 2, 3, 5)
-        for labels in (torch.zeros(2, 4, dtype=torch.long), torch.zeros(6, dtype=torch.long),
-                       torch.zeros(2, 3, 1, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long)):
-            expect_value_error(g, lambda labels=labels: mlm_loss(logits, labels),
-                               f"logits (2, 3, 5) and labels {tuple(labels.shape)}",
-                               f"say that labels must have the shape (2, 3), and that they have {tuple(labels.shape)}")
+        for labels in (
+            torch.zeros(2, 4, dtype=torch.long),
+            torch.zeros(6, dtype=torch.long),
+            torch.zeros(2, 3, 1, dtype=torch.long),
+            torch.zeros(3, 2, dtype=torch.long),
+        ):
+            expect_value_error(
+                g,
+                lambda labels=labels: mlm_loss(logits, labels),
+                f"logits (2, 3, 5) and labels {tuple(labels.shape)}",
+                f"say that labels must have the shape (2, 3), and that they have {tuple(labels.shape)}",
+            )
         try:
             mlm_loss(logits, torch.zeros(2, 4, dtype=torch.long))
         except ValueError as e:
             message = said(e).replace(" ", "")
-            g.expect("2,3" in message and "2,4" in message,
-                     f"the ValueError for logits (2, 3, 5) and labels (2, 4) should name the expected shape (2, 3) "
-                     f"and the labels' shape (2, 4), it says: {e}")
+            g.expect(
+                "2,3" in message and "2,4" in message,
+                f"the ValueError for logits (2, 3, 5) and labels (2, 4) should name the expected shape (2, 3) "
+                f"and the labels' shape (2, 4), it says: {e}",
+            )
 
     g.finish()
 
@@ -686,13 +947,17 @@ def grade_mlm_loss(mlm_loss) -> None:
 def check_mlm_loss(mlm_loss) -> None:
     """Public: two positions selected by hand, and one small example of every other clause."""
     g = Grader("mlm_loss (public)")
-    with g.check("a scalar of the logits' dtype: logits (1, 3, 2), labels [[-100, 1, 0]] -> (-log 3/4 - log 1/2) / 2"):
+    with g.check(
+        "a scalar of the logits' dtype: logits (1, 3, 2), labels [[-100, 1, 0]] -> (-log 3/4 - log 1/2) / 2"
+    ):
         logits = torch.tensor([[[0.0, 0.0], [0.0, math.log(3.0)], [5.0, 5.0]]], dtype=torch.float64)
         out = _call(g, "mlm_loss(logits, labels)", mlm_loss, logits, torch.tensor([[-100, 1, 0]]))
         expected = torch.tensor((math.log(4 / 3) + math.log(2)) / 2, dtype=torch.float64)
         g.expect(is_tensor(out) and out.dim() == 0, f"return a scalar tensor, got {describe(out)}")
-        g.expect(close(out, expected),
-                 f"expected {float(expected):.5f} (position 0 is not selected), got {float(out):.5f}")
+        g.expect(
+            close(out, expected),
+            f"expected {float(expected):.5f} (position 0 is not selected), got {float(out):.5f}",
+        )
     with g.check("logits (N, V) with labels (N,), and logits (2, 2, 3, V)"):
         for lead in ((4,), (2, 2, 3)):
             logits, labels = _loss_case(3, lead, 5)
@@ -700,23 +965,38 @@ def check_mlm_loss(mlm_loss) -> None:
     with g.check("stable for large logits: float32 logits of magnitude 1000"):
         logits, labels = _loss_case(4, (2, 3), 5, torch.float32, 1000.0)
         _expect_loss(g, mlm_loss, logits, labels, "for float32 logits (2, 3, 5) of magnitude 1000")
-    with g.check("only selected positions count, in the value and in the gradient; the inputs are left unchanged"):
+    with g.check(
+        "only selected positions count, in the value and in the gradient; the inputs are left unchanged"
+    ):
         logits, labels = _loss_case(6, (2, 3), 5)
         other = logits.clone()
         other[labels == -100] = 7.0
         a, b = _call(g, "mlm_loss(logits, labels)", mlm_loss, logits, labels), mlm_loss(other, labels)
-        g.expect(is_tensor(a) and is_tensor(b) and close(a, b), "the logits at positions with label -100 changed "
-                                                                "the loss")
-        p = probe(mlm_loss, logits.clone().requires_grad_(), labels.clone(),
-                  backward=(None, torch.tensor(1.0, dtype=torch.float64)))
-        g.expect(p.grads and p.grads[0] is not None and bool((p.grads[0][labels == -100] == 0).all()),
-                 "the gradient must reach the logits, and be 0 at positions with label -100")
+        g.expect(
+            is_tensor(a) and is_tensor(b) and close(a, b),
+            "the logits at positions with label -100 changed the loss",
+        )
+        p = probe(
+            mlm_loss,
+            logits.clone().requires_grad_(),
+            labels.clone(),
+            backward=(None, torch.tensor(1.0, dtype=torch.float64)),
+        )
+        g.expect(
+            p.grads and p.grads[0] is not None and bool((p.grads[0][labels == -100] == 0).all()),
+            "the gradient must reach the logits, and be 0 at positions with label -100",
+        )
         g.expect(is_tensor(p.args[1]) and torch.equal(p.args[1], labels), "labels were changed in place")
     with g.check("every label -100 raises a ValueError"):
-        expect_value_error(g, lambda: mlm_loss(torch.zeros(2, 3, 5), torch.full((2, 3), -100)), "every label -100")
+        expect_value_error(
+            g, lambda: mlm_loss(torch.zeros(2, 3, 5), torch.full((2, 3), -100)), "every label -100"
+        )
     with g.check("labels (2, 4) for logits (2, 3, 5) raise a ValueError naming both shapes"):
-        expect_value_error(g, lambda: mlm_loss(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long)),
-                           "logits (2, 3, 5) and labels (2, 4)")
+        expect_value_error(
+            g,
+            lambda: mlm_loss(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long)),
+            "logits (2, 3, 5) and labels (2, 4)",
+        )
     g.finish()
 
 
@@ -726,13 +1006,22 @@ def check_mlm_loss(mlm_loss) -> None:
 def _cls_mistakes(w, h):
     lin = lambda x, n: F.linear(x, w[f"{n}.weight"], w[f"{n}.bias"])  # noqa: E731
     return [
-        (lin(torch.tanh(lin(h[:, -1], "pooler")), "classifier"),
-         "you pooled the last position: BERT classifies from [CLS], the first position, h[:, 0]"),
-        (lin(torch.tanh(lin(h.mean(1), "pooler")), "classifier"),
-         "you averaged over the positions: BERT's pooler reads only the [CLS] position, h[:, 0]"),
-        (lin(lin(h[:, 0], "pooler"), "classifier"), "the tanh is missing: pooled = torch.tanh(pooler(h[:, 0]))"),
-        (torch.tanh(lin(lin(h[:, 0], "pooler"), "classifier")),
-         "the tanh belongs after the pooler, not after the classifier: the logits are not squashed"),
+        (
+            lin(torch.tanh(lin(h[:, -1], "pooler")), "classifier"),
+            "you pooled the last position: BERT classifies from [CLS], the first position, h[:, 0]",
+        ),
+        (
+            lin(torch.tanh(lin(h.mean(1), "pooler")), "classifier"),
+            "you averaged over the positions: BERT's pooler reads only the [CLS] position, h[:, 0]",
+        ),
+        (
+            lin(lin(h[:, 0], "pooler"), "classifier"),
+            "the tanh is missing: pooled = torch.tanh(pooler(h[:, 0]))",
+        ),
+        (
+            torch.tanh(lin(lin(h[:, 0], "pooler"), "classifier")),
+            "the tanh belongs after the pooler, not after the classifier: the logits are not squashed",
+        ),
         (lin(torch.relu(lin(h[:, 0], "pooler")), "classifier"), "BERT's pooler uses tanh, not ReLU"),
     ]
 
@@ -751,41 +1040,64 @@ def grade_cls_head(ClsHead) -> None:
     """Grade ``ClsHead(d_model, n_classes, dropout=0.1)``."""
     g = Grader("ClsHead")
 
-    with g.check("has nn.Linear pooler (C -> C), an nn.Dropout dropout (p) and nn.Linear classifier (C -> K)"):
+    with g.check(
+        "has nn.Linear pooler (C -> C), an nn.Dropout dropout (p) and nn.Linear classifier (C -> K)"
+    ):
         for args, p in (((C, K), 0.1), ((5, 2, 0.3), 0.3), ((3, 7, 0.0), 0.0)):
             what = f"ClsHead{args}"
             m = _call(g, what, ClsHead, *args)
             d_model, n_classes = args[:2]
             for name, shape in (("pooler", (d_model, d_model)), ("classifier", (d_model, n_classes))):
                 layer = getattr(m, name, None)
-                g.expect(is_a(layer, "torch.nn.modules.linear.Linear"), f"{what} needs an nn.Linear called {name}")
-                g.expect((layer.in_features, layer.out_features) == shape,
-                         f"{what}: {name} should map {shape[0]} to {shape[1]} features, got "
-                         f"{layer.in_features} -> {layer.out_features}")
+                g.expect(
+                    is_a(layer, "torch.nn.modules.linear.Linear"), f"{what} needs an nn.Linear called {name}"
+                )
+                g.expect(
+                    (layer.in_features, layer.out_features) == shape,
+                    f"{what}: {name} should map {shape[0]} to {shape[1]} features, got "
+                    f"{layer.in_features} -> {layer.out_features}",
+                )
             _has_dropout(g, m, what, p)
 
-    with g.check("matches classifier(tanh(pooler(h[:, 0]))) with loaded weights: any batch, length, width and classes"):
+    with g.check(
+        "matches classifier(tanh(pooler(h[:, 0]))) with loaded weights: any batch, length, width and classes"
+    ):
         built = {}
 
         def test(case):
             B, T, d_model, n_classes, seed = case
             if (d_model, n_classes) not in built:
-                built[d_model, n_classes] = _cls_module(g, ClsHead, d_model, n_classes,
-                                                        f"cls.values.{d_model}.{n_classes}")
+                built[d_model, n_classes] = _cls_module(
+                    g, ClsHead, d_model, n_classes, f"cls.values.{d_model}.{n_classes}"
+                )
             m, r, w, what = built[d_model, n_classes]
             h = tensor(seed, B, T, d_model)
             out = _call(g, f"{what} on hidden {tuple(h.shape)}", m, h)
             expected = r(h)
-            g.expect(is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
-                     f"{what} on hidden {tuple(h.shape)}: expected a float64 tensor of shape {tuple(expected.shape)}, "
-                     f"got {describe(out)}")
-            first_match(g, out, [(x, f"{what} on hidden {tuple(h.shape)}: {hint}") for x, hint in _cls_mistakes(w, h)],
-                        expected)
-            g.expect(close(out, expected), f"{what} on hidden {tuple(h.shape)}: the output differs from "
-                                           "classifier(dropout(tanh(pooler(h[:, 0]))))")
+            g.expect(
+                is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
+                f"{what} on hidden {tuple(h.shape)}: expected a float64 tensor of shape {tuple(expected.shape)}, "
+                f"got {describe(out)}",
+            )
+            first_match(
+                g,
+                out,
+                [(x, f"{what} on hidden {tuple(h.shape)}: {hint}") for x, hint in _cls_mistakes(w, h)],
+                expected,
+            )
+            g.expect(
+                close(out, expected),
+                f"{what} on hidden {tuple(h.shape)}: the output differs from "
+                "classifier(dropout(tanh(pooler(h[:, 0]))))",
+            )
 
-        sizes = st.tuples(st.integers(1, 4), st.integers(1, 6), st.sampled_from((C, 5)), st.sampled_from((K, 1, 4)),
-                          st.integers(0, 2**16))
+        sizes = st.tuples(
+            st.integers(1, 4),
+            st.integers(1, 6),
+            st.sampled_from((C, 5)),
+            st.sampled_from((K, 1, 4)),
+            st.integers(0, 2**16),
+        )
         for_all("cls.values", sizes, test, first=(2, 3, C, K, 0))
 
     with g.check("only position 0 matters"):
@@ -794,27 +1106,41 @@ def grade_cls_head(ClsHead) -> None:
         h2 = h.clone()
         h2[:, 1:] = rand("cls.position.other", 2, 4, C)
         a, b = m(h), m(h2)
-        g.expect(is_tensor(a) and is_tensor(b) and close(a, b),
-                 "changing positions 1 .. T-1 changed the logits: the head reads the [CLS] position only")
+        g.expect(
+            is_tensor(a) and is_tensor(b) and close(a, b),
+            "changing positions 1 .. T-1 changed the logits: the head reads the [CLS] position only",
+        )
 
     with g.check("dropout between the tanh and the classifier, only in training mode (its p set to 1)"):
         m, r, w, what = _cls_module(g, ClsHead, C, K, "cls.dropout", dropout=0.5)
         h = rand("cls.dropout.h", 4, 3, C)
         own = m(h)  # eval mode: the student's output without dropout; this check grades the dropout alone
-        g.expect(is_tensor(own) and close(m(h), own), f"{what} in eval mode: two calls differ, so dropout is active: "
-                                                      "use nn.Dropout, which does nothing in eval mode")
+        g.expect(
+            is_tensor(own) and close(m(h), own),
+            f"{what} in eval mode: two calls differ, so dropout is active: "
+            "use nn.Dropout, which does nothing in eval mode",
+        )
         set_attr(m.dropout, "p", 1.0)
         out = m.train()(h)
         bias = w["classifier.bias"].expand(4, K).clone()
-        g.expect(is_tensor(out) and out.shape == bias.shape, f"{what} in training mode returned {describe(out)}")
+        g.expect(
+            is_tensor(out) and out.shape == bias.shape, f"{what} in training mode returned {describe(out)}"
+        )
         if close(out, torch.zeros_like(bias)):
-            g.fail("with the dropout's p set to 1 the logits are 0: the dropout belongs before the classifier, "
-                   "not after it: classifier(dropout(tanh(pooler(h[:, 0]))))")
-        g.expect(close(out, bias), "with the dropout's p set to 1 (training mode) the logits should be the "
-                                   "classifier's bias (everything the classifier sees is dropped): apply self.dropout "
-                                   "to the pooled vector, between the tanh and the classifier")
-        g.expect(close(m.eval()(h), own), "with the dropout's p set to 1, eval mode must still give the output "
-                                          "without dropout")
+            g.fail(
+                "with the dropout's p set to 1 the logits are 0: the dropout belongs before the classifier, "
+                "not after it: classifier(dropout(tanh(pooler(h[:, 0]))))"
+            )
+        g.expect(
+            close(out, bias),
+            "with the dropout's p set to 1 (training mode) the logits should be the "
+            "classifier's bias (everything the classifier sees is dropped): apply self.dropout "
+            "to the pooled vector, between the tanh and the classifier",
+        )
+        g.expect(
+            close(m.eval()(h), own),
+            "with the dropout's p set to 1, eval mode must still give the output without dropout",
+        )
 
     g.finish()
 
@@ -835,11 +1161,15 @@ def check_cls_head(ClsHead) -> None:
     with g.check("nn.Linear pooler (4 -> 4), nn.Dropout dropout (p=0.2), nn.Linear classifier (4 -> 2)"):
         m = _call(g, "ClsHead(4, 2, 0.2)", ClsHead, 4, 2, 0.2)
         sd = m.state_dict()
-        g.expect(isinstance(sd, dict) and set(sd) == set(w),
-                 f"expected parameters {sorted(w)}, got {sorted(sd) if isinstance(sd, dict) else describe(sd)}")
+        g.expect(
+            isinstance(sd, dict) and set(sd) == set(w),
+            f"expected parameters {sorted(w)}, got {sorted(sd) if isinstance(sd, dict) else describe(sd)}",
+        )
         _has_dropout(g, m, "ClsHead(4, 2, 0.2)", 0.2)
-    with g.check("with loaded weights, equals classifier(tanh(pooler(h[:, 0]))) on hidden (2, 3, 4); only position "
-                 "0 matters"):
+    with g.check(
+        "with loaded weights, equals classifier(tanh(pooler(h[:, 0]))) on hidden (2, 3, 4); only position "
+        "0 matters"
+    ):
         m = loaded()
         out = m(h)
         h2 = h.clone()
@@ -848,12 +1178,16 @@ def check_cls_head(ClsHead) -> None:
         g.expect(is_tensor(out) and out.shape == (2, 2), f"expected a (2, 2) tensor, got {describe(out)}")
         first_match(g, out, _cls_mistakes(w, h), r(h))
         g.expect(close(out, r(h)), "the output differs from classifier(tanh(pooler(h[:, 0])))")
-    with g.check("dropout before the classifier in training mode: with its p set to 1 the logits are the "
-                 "classifier's bias"):
+    with g.check(
+        "dropout before the classifier in training mode: with its p set to 1 the logits are the "
+        "classifier's bias"
+    ):
         m = loaded()
         set_attr(m.dropout, "p", 1.0)
         out = m.train()(h)
-        g.expect(is_tensor(out) and close(out, w["classifier.bias"].expand(2, 2).clone()),
-                 f"got {describe(out)}, not the classifier's bias: apply self.dropout between the tanh and the "
-                 "classifier")
+        g.expect(
+            is_tensor(out) and close(out, w["classifier.bias"].expand(2, 2).clone()),
+            f"got {describe(out)}, not the classifier's bias: apply self.dropout between the tanh and the "
+            "classifier",
+        )
     g.finish()

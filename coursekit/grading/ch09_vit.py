@@ -22,6 +22,10 @@ notebook's own ``patchify`` and ``add_cls_and_positions`` to say which part to f
 the student's process, so that check sets torch's default device of that process to ``meta``
 (``torch.set_default_device``) and calls ``embed`` on CPU images: positions made without
 ``device=`` land on ``meta`` and the call fails (a private helper; a candidate for the toolkit).
+
+Over 500 lines: one named check per clause of the exercise text for each graded part, public and
+hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
+it would scatter one exercise's specification over several files.
 """
 
 from __future__ import annotations
@@ -56,14 +60,22 @@ from coursekit.grading.core import (
 )
 
 __all__ = [
-    "check_patchify", "check_patch_embedding", "check_add_cls_and_positions", "check_vit",
-    "grade_patchify", "grade_patch_embedding", "grade_add_cls_and_positions", "grade_vit",
+    "check_patchify",
+    "check_patch_embedding",
+    "check_add_cls_and_positions",
+    "check_vit",
+    "grade_patchify",
+    "grade_patch_embedding",
+    "grade_add_cls_and_positions",
+    "grade_vit",
 ]
 
 IMG, P, C_IN, C, K = 8, 2, 3, 12, 5  # RGB 8x8 images in 2x2 patches: N_p = 16 tokens of C_in P^2 = 12 values
 N_P = (IMG // P) ** 2
 #: the part 4 model: small, but every piece present (two layers, two heads, a non-default width)
-VIT_KWARGS = dict(image_size=IMG, patch_size=P, in_channels=C_IN, n_classes=K, n_layers=2, n_heads=2, d_model=C)
+VIT_KWARGS = dict(
+    image_size=IMG, patch_size=P, in_channels=C_IN, n_classes=K, n_layers=2, n_heads=2, d_model=C
+)
 F64, F32 = torch.float64, torch.float32
 SEEDS = st.integers(0, 2**20)
 
@@ -88,8 +100,11 @@ def _load(g: Grader, module, weights: dict, what: str) -> None:
     g.expect(got == set(weights), names_hint(what, got, set(weights)))
     for key, w in weights.items():
         mine = tuple(sd[key].shape) if is_tensor(sd[key]) else describe(sd[key])
-        g.expect(mine == tuple(w.shape), f"{what}'s parameter {key} has shape {mine}, expected {tuple(w.shape)} "
-                                         "(see the shapes in the instructions)")
+        g.expect(
+            mine == tuple(w.shape),
+            f"{what}'s parameter {key} has shape {mine}, expected {tuple(w.shape)} "
+            "(see the shapes in the instructions)",
+        )
     module.load_state_dict(weights)
 
 
@@ -102,24 +117,34 @@ def _unfold(x: torch.Tensor, patch_size: int) -> torch.Tensor:
     return F.unfold(x, kernel_size=patch_size, stride=patch_size).transpose(1, 2)
 
 
-_CHANNEL_LAST = ("each patch is flattened channel-last, as (P, P, C_in): flatten it channel-first, as (C_in, P, P), "
-                 "the "
-                 "layout of F.unfold and of a Conv2d weight: permute the blocks to (B, rows, cols, C_in, P, P) before "
-                 "the "
-                 "last reshape")
-_COLUMN_MAJOR = ("the patches are numbered column by column (rows and columns of the grid swapped): number them row by "
-                 "row, patch n at grid row n // (W_img / P) and column n % (W_img / P)")
-_PIXELS_SWAPPED = ("inside each patch the pixel rows and columns are swapped: flatten a patch as (C_in, P, P), pixel "
-                   "row "
-                   "before pixel column")
-_IMAGE_TRANSPOSED = ("the image's height and width are swapped (you cut the transposed image): images are (B, C_in, "
-                     "H_img, "
-                     "W_img), so the height is images.shape[2] and the width images.shape[3]")
-_PLAIN_RESHAPE = ("the image was reshaped to (B, N_p, C_in P^2) without cutting it into patches (a plain reshape "
-                  "groups "
-                  "consecutive values of whole image rows): reshape to (B, C_in, H_img / P, P, W_img / P, P), permute "
-                  "to "
-                  "(B, rows, cols, C_in, P, P), then reshape")
+_CHANNEL_LAST = (
+    "each patch is flattened channel-last, as (P, P, C_in): flatten it channel-first, as (C_in, P, P), "
+    "the "
+    "layout of F.unfold and of a Conv2d weight: permute the blocks to (B, rows, cols, C_in, P, P) before "
+    "the "
+    "last reshape"
+)
+_COLUMN_MAJOR = (
+    "the patches are numbered column by column (rows and columns of the grid swapped): number them row by "
+    "row, patch n at grid row n // (W_img / P) and column n % (W_img / P)"
+)
+_PIXELS_SWAPPED = (
+    "inside each patch the pixel rows and columns are swapped: flatten a patch as (C_in, P, P), pixel "
+    "row "
+    "before pixel column"
+)
+_IMAGE_TRANSPOSED = (
+    "the image's height and width are swapped (you cut the transposed image): images are (B, C_in, "
+    "H_img, "
+    "W_img), so the height is images.shape[2] and the width images.shape[3]"
+)
+_PLAIN_RESHAPE = (
+    "the image was reshaped to (B, N_p, C_in P^2) without cutting it into patches (a plain reshape "
+    "groups "
+    "consecutive values of whole image rows): reshape to (B, C_in, H_img / P, P, W_img / P, P), permute "
+    "to "
+    "(B, rows, cols, C_in, P, P), then reshape"
+)
 
 
 def _patch_mistakes(x: torch.Tensor, patch_size: int):
@@ -131,7 +156,10 @@ def _patch_mistakes(x: torch.Tensor, patch_size: int):
         (flat(blocks.permute(0, 2, 4, 3, 5, 1)), _CHANNEL_LAST),  # (B, rows, cols, P, P, C_in)
         (flat(blocks.permute(0, 4, 2, 1, 3, 5)), _COLUMN_MAJOR),  # (B, cols, rows, C_in, P, P)
         (flat(blocks.permute(0, 4, 2, 3, 5, 1)), _COLUMN_MAJOR + "; " + _CHANNEL_LAST),
-        (flat(blocks.permute(0, 2, 4, 1, 5, 3)), _PIXELS_SWAPPED),  # (B, rows, cols, C_in, P, P), pixels transposed
+        (
+            flat(blocks.permute(0, 2, 4, 1, 5, 3)),
+            _PIXELS_SWAPPED,
+        ),  # (B, rows, cols, C_in, P, P), pixels transposed
         (flat(x), _PLAIN_RESHAPE),
     ]
     if H_img == W_img:
@@ -147,9 +175,11 @@ def _patchify_call(g: Grader, patchify, x, patch_size):
         raise_unless_student_error(e)
         g.fail(f"{where} your code raised {_raised(e)}")
     B, C_in, H_img, W_img = x.shape
-    shape = (B, (H_img // patch_size) * (W_img // patch_size), C_in * patch_size ** 2)
-    g.expect(is_tensor(out) and tuple(out.shape) == shape and out.dtype == x.dtype,
-             f"{where} expected a {_dt(x.dtype)} tensor of shape (B, N_p, C_in P^2) = {shape}, got {describe(out)}")
+    shape = (B, (H_img // patch_size) * (W_img // patch_size), C_in * patch_size**2)
+    g.expect(
+        is_tensor(out) and tuple(out.shape) == shape and out.dtype == x.dtype,
+        f"{where} expected a {_dt(x.dtype)} tensor of shape (B, N_p, C_in P^2) = {shape}, got {describe(out)}",
+    )
     return out
 
 
@@ -161,20 +191,30 @@ def _patchify_matches(g: Grader, patchify, x, patch_size) -> None:
     mistakes = [(wrong.to(x.dtype), hint) for wrong, hint in _patch_mistakes(x.double(), patch_size)]
     where = f"for images {tuple(x.shape)} and patch_size={patch_size}"
     first_match(g, out, [(wrong, f"{where}: {hint}") for wrong, hint in mistakes], right)
-    hint = (" (with H_img != W_img the grid has H_img / P rows and W_img / P columns: take them from images.shape[2] "
-            "and "
-            "images.shape[3])" if x.shape[2] != x.shape[3] else "")
-    g.fail(f"{where} the patches differ from F.unfold(images, P, stride=P).transpose(1, 2): patches row by row, each "
-           f"flattened channel-first as (C_in, P, P){hint}")
+    hint = (
+        " (with H_img != W_img the grid has H_img / P rows and W_img / P columns: take them from images.shape[2] "
+        "and "
+        "images.shape[3])"
+        if x.shape[2] != x.shape[3]
+        else ""
+    )
+    g.fail(
+        f"{where} the patches differ from F.unfold(images, P, stride=P).transpose(1, 2): patches row by row, each "
+        f"flattened channel-first as (C_in, P, P){hint}"
+    )
 
 
 def _worked_example(g: Grader, patchify) -> None:
     x = torch.arange(16.0).view(1, 1, 4, 4)
     out = _patchify_call(g, patchify, x, 2)
-    expected = torch.tensor([[[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]]], dtype=torch.float32)
+    expected = torch.tensor(
+        [[[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]]], dtype=torch.float32
+    )
     first_match(g, out, _patch_mistakes(x, 2), expected)
-    g.expect(close(out, expected), f"the 4x4 image 0 .. 15 in 2x2 patches should give {expected[0].tolist()}, "
-                                   f"got {out[0].tolist()}")
+    g.expect(
+        close(out, expected),
+        f"the 4x4 image 0 .. 15 in 2x2 patches should give {expected[0].tolist()}, got {out[0].tolist()}",
+    )
 
 
 @dataclass(frozen=True)
@@ -193,8 +233,16 @@ class _Images:
         return tensor(self.seed, self.B, self.C_in, self.rows * self.P, self.cols * self.P).to(self.dtype)
 
 
-_IMAGES = st.builds(_Images, SEEDS, st.integers(1, 3), st.integers(1, 4), st.integers(1, 4), st.integers(1, 4),
-                    st.integers(1, 4), st.sampled_from((F64, F64, F32)))
+_IMAGES = st.builds(
+    _Images,
+    SEEDS,
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.sampled_from((F64, F64, F32)),
+)
 
 
 def grade_patchify(patchify) -> None:
@@ -209,10 +257,17 @@ def grade_patchify(patchify) -> None:
     with g.check("the worked example: a 4x4 image holding 0 .. 15 in 2x2 patches"):
         _worked_example(g, patchify)
 
-    with g.check("patches row by row, each flattened channel-first as (C_in, P, P): equal to F.unfold for any batch, "
-                 "channels, patch size and grid (square or not, P = 1, one patch per image)"):
-        for_all("patchify.values", _IMAGES, lambda case: _patchify_matches(g, patchify, case.images(), case.P),
-                max_examples=20, first=_Images(1, 2, 3, 2, 2, 2))
+    with g.check(
+        "patches row by row, each flattened channel-first as (C_in, P, P): equal to F.unfold for any batch, "
+        "channels, patch size and grid (square or not, P = 1, one patch per image)"
+    ):
+        for_all(
+            "patchify.values",
+            _IMAGES,
+            lambda case: _patchify_matches(g, patchify, case.images(), case.P),
+            max_examples=20,
+            first=_Images(1, 2, 3, 2, 2, 2),
+        )
         for B, C_in, H_img, W_img, p in ((2, 3, 8, 8, 2), (3, 3, 8, 8, 4), (2, 2, 6, 6, 3)):
             _patchify_matches(g, patchify, rand(f"patchify.values.{p}", B, C_in, H_img, W_img), p)
 
@@ -227,24 +282,42 @@ def grade_patchify(patchify) -> None:
 
     with g.check("raises ValueError when P does not divide the image's height or width"):
         expect_value_error(g, lambda: patchify(rand("patchify.bad", 1, C_IN, 8, 8), 3), "8x8 images with P=3")
-        expect_value_error(g, lambda: patchify(rand("patchify.bad.w", 1, C_IN, 8, 6), 4),
-                           "8x6 images with P=4 (the height fits, the width does not)")
-        expect_value_error(g, lambda: patchify(rand("patchify.bad.h", 2, 1, 6, 8), 4),
-                           "6x8 images with P=4 (the width fits, the height does not)")
-        expect_value_error(g, lambda: patchify(rand("patchify.bad.big", 1, 1, 4, 4), 8), "4x4 images with P=8")
+        expect_value_error(
+            g,
+            lambda: patchify(rand("patchify.bad.w", 1, C_IN, 8, 6), 4),
+            "8x6 images with P=4 (the height fits, the width does not)",
+        )
+        expect_value_error(
+            g,
+            lambda: patchify(rand("patchify.bad.h", 2, 1, 6, 8), 4),
+            "6x8 images with P=4 (the width fits, the height does not)",
+        )
+        expect_value_error(
+            g, lambda: patchify(rand("patchify.bad.big", 1, 1, 4, 4), 8), "4x4 images with P=8"
+        )
 
     with g.check("raises ValueError when images is not 4-D or patch_size is below 1"):
         for shape in ((3, 8, 8), (1, 1, 3, 8, 8), (8, 8)):
-            expect_value_error(g, lambda shape=shape: patchify(rand("patchify.rank", *shape), 2),
-                               f"images of shape {shape} and P=2", "images must be (B, C_in, H_img, W_img)")
+            expect_value_error(
+                g,
+                lambda shape=shape: patchify(rand("patchify.rank", *shape), 2),
+                f"images of shape {shape} and P=2",
+                "images must be (B, C_in, H_img, W_img)",
+            )
         for p in (0, -2):
-            expect_value_error(g, lambda p=p: patchify(rand("patchify.p", 1, 2, 4, 4), p), f"4x4 images with P={p}",
-                               "patch_size must be a positive integer")
+            expect_value_error(
+                g,
+                lambda p=p: patchify(rand("patchify.p", 1, 2, 4, 4), p),
+                f"4x4 images with P={p}",
+                "patch_size must be a positive integer",
+            )
 
     with g.check("does not change the images"):
         x = rand("patchify.inplace", 2, C_IN, IMG, IMG)
         result = probe(patchify, x.clone(), P)
-        g.expect(close(result.args[0], x), "patchify changed its input: work on views or copies, never in place")
+        g.expect(
+            close(result.args[0], x), "patchify changed its input: work on views or copies, never in place"
+        )
 
     g.finish()
 
@@ -262,8 +335,12 @@ def check_patchify(patchify) -> None:
             _patchify_matches(g, patchify, x, p)
         _patchify_matches(g, patchify, x[:, :, :4], 4)
     with g.check("8x6 images with P=4, (3, 8, 8) images and P=0 raise ValueError"):
-        expect_value_error(g, lambda: patchify(rand("public.patchify.bad", 1, 3, 8, 6), 4), "8x6 images with P=4")
-        expect_value_error(g, lambda: patchify(rand("public.patchify.rank", 3, 8, 8), 2), "images of shape (3, 8, 8)")
+        expect_value_error(
+            g, lambda: patchify(rand("public.patchify.bad", 1, 3, 8, 6), 4), "8x6 images with P=4"
+        )
+        expect_value_error(
+            g, lambda: patchify(rand("public.patchify.rank", 3, 8, 8), 2), "images of shape (3, 8, 8)"
+        )
         expect_value_error(g, lambda: patchify(rand("public.patchify.p", 1, 3, 4, 4), 0), "P=0")
     with g.check("the images are not changed"):
         x = rand("public.patchify.inplace", 1, 2, 4, 4)
@@ -278,7 +355,7 @@ def _conv(weights, patch_size: int) -> torch.nn.Conv2d:
     """The strided ``Conv2d`` equal to a patch embedding with ``weights``: the independent reference."""
     w = weights["proj.weight"].double()
     d_model, patch_dim = w.shape
-    conv = torch.nn.Conv2d(patch_dim // patch_size ** 2, d_model, patch_size, stride=patch_size).double()
+    conv = torch.nn.Conv2d(patch_dim // patch_size**2, d_model, patch_size, stride=patch_size).double()
     with torch.no_grad():
         conv.weight.copy_(w.view(d_model, -1, patch_size, patch_size))  # (C, C_in P^2) -> (C, C_in, P, P)
         conv.bias.copy_(weights["proj.bias"].double())
@@ -287,7 +364,9 @@ def _conv(weights, patch_size: int) -> torch.nn.Conv2d:
 
 def _embed_reference(weights, x, patch_size: int) -> torch.Tensor:
     with torch.no_grad():
-        return _conv(weights, patch_size)(x.double()).flatten(2).transpose(1, 2)  # (B, C, rows, cols) -> (B, N_p, C)
+        return (
+            _conv(weights, patch_size)(x.double()).flatten(2).transpose(1, 2)
+        )  # (B, C, rows, cols) -> (B, N_p, C)
 
 
 def _patchify_broken(g: Grader) -> None:
@@ -302,13 +381,18 @@ def _patchify_broken(g: Grader) -> None:
     g.expect(ok, "your patchify (part 1) gives wrong patches, and PatchEmbedding uses it: fix part 1 first")
 
 
-def _build_embedding(g: Grader, PatchEmbedding, name: str, image_size=IMG, patch_size=P, in_channels=C_IN, d_model=C,
-                     dtype=F64):
+def _build_embedding(
+    g: Grader, PatchEmbedding, name: str, image_size=IMG, patch_size=P, in_channels=C_IN, d_model=C, dtype=F64
+):
     """The student's ``PatchEmbedding`` with random weights of ``dtype`` loaded into it (and those weights)."""
     m = PatchEmbedding(image_size, patch_size, in_channels, d_model)
     m.to(dtype)
-    weights = {key: w.to(dtype) for key, w in random_weights(ref.PatchEmbedding(image_size, patch_size, in_channels,
-                                                                                d_model), name).items()}
+    weights = {
+        key: w.to(dtype)
+        for key, w in random_weights(
+            ref.PatchEmbedding(image_size, patch_size, in_channels, d_model), name
+        ).items()
+    }
     _load(g, m, weights, "PatchEmbedding")
     return m, weights
 
@@ -328,17 +412,35 @@ class _Embedding:
         return self.grid * self.P
 
     def __str__(self) -> str:
-        return (f"for PatchEmbedding({self.image_size}, {self.P}, {self.C_in}, {self.d_model}) in {_dt(self.dtype)} "
-                f"on images ({self.B}, {self.C_in}, {self.image_size}, {self.image_size})")
+        return (
+            f"for PatchEmbedding({self.image_size}, {self.P}, {self.C_in}, {self.d_model}) in {_dt(self.dtype)} "
+            f"on images ({self.B}, {self.C_in}, {self.image_size}, {self.image_size})"
+        )
 
 
-_EMBEDDINGS = st.builds(_Embedding, SEEDS, st.integers(1, 3), st.integers(1, 3), st.integers(1, 4), st.integers(1, 3),
-                        st.integers(1, 7), st.sampled_from((F64, F64, F32)))
+_EMBEDDINGS = st.builds(
+    _Embedding,
+    SEEDS,
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.integers(1, 3),
+    st.integers(1, 7),
+    st.sampled_from((F64, F64, F32)),
+)
 
 
 def _embedding_matches(g: Grader, PatchEmbedding, case: _Embedding) -> None:
-    m, w = _build_embedding(g, PatchEmbedding, f"embedding.{case.seed}", case.image_size, case.P, case.C_in,
-                            case.d_model, case.dtype)
+    m, w = _build_embedding(
+        g,
+        PatchEmbedding,
+        f"embedding.{case.seed}",
+        case.image_size,
+        case.P,
+        case.C_in,
+        case.d_model,
+        case.dtype,
+    )
     x = tensor(case.seed, case.B, case.C_in, case.image_size, case.image_size).to(case.dtype)
     try:
         out = m(x)
@@ -346,21 +448,35 @@ def _embedding_matches(g: Grader, PatchEmbedding, case: _Embedding) -> None:
         raise_unless_student_error(e)
         g.fail(f"{case} your code raised {_raised(e)}")
     expected = _embed_reference(w, x, case.P)
-    g.expect(is_tensor(out) and out.shape == expected.shape and out.dtype == case.dtype,
-             f"{case}: expected a {_dt(case.dtype)} tensor (B, N_p, C) = {tuple(expected.shape)}, got {describe(out)}")
+    g.expect(
+        is_tensor(out) and out.shape == expected.shape and out.dtype == case.dtype,
+        f"{case}: expected a {_dt(case.dtype)} tensor (B, N_p, C) = {tuple(expected.shape)}, got {describe(out)}",
+    )
     if close(out, expected.to(case.dtype)):
         return
     xd = x.double()
     lin = lambda patches: F.linear(patches, w["proj.weight"].double(), w["proj.bias"].double())  # noqa: E731
-    first_match(g, out, [(lin(p).to(case.dtype), f"{case}: {hint}") for p, hint in _patch_mistakes(xd, case.P)] + [
-        (F.linear(ref.patchify(xd, case.P), w["proj.weight"].double()).to(case.dtype),
-         f"{case}: the bias of proj is missing from the output: return proj(patches)"),
-        (ref.patchify(xd, case.P).to(case.dtype) if case.C_in * case.P ** 2 == case.d_model else None,
-         f"{case}: the patches are returned without the linear map: return proj(patchify(images, P))"),
-    ], expected.to(case.dtype))
-    g.fail(f"{case}: the output differs from a Conv2d with kernel and stride P whose weight is "
-           "proj.weight.view(C, C_in, P, P): return proj(patchify(images, patch_size)), with the constructor's "
-           "arguments, not fixed numbers")
+    first_match(
+        g,
+        out,
+        [(lin(p).to(case.dtype), f"{case}: {hint}") for p, hint in _patch_mistakes(xd, case.P)]
+        + [
+            (
+                F.linear(ref.patchify(xd, case.P), w["proj.weight"].double()).to(case.dtype),
+                f"{case}: the bias of proj is missing from the output: return proj(patches)",
+            ),
+            (
+                ref.patchify(xd, case.P).to(case.dtype) if case.C_in * case.P**2 == case.d_model else None,
+                f"{case}: the patches are returned without the linear map: return proj(patchify(images, P))",
+            ),
+        ],
+        expected.to(case.dtype),
+    )
+    g.fail(
+        f"{case}: the output differs from a Conv2d with kernel and stride P whose weight is "
+        "proj.weight.view(C, C_in, P, P): return proj(patchify(images, patch_size)), with the constructor's "
+        "arguments, not fixed numbers"
+    )
 
 
 def grade_patch_embedding(PatchEmbedding) -> None:
@@ -371,42 +487,67 @@ def grade_patch_embedding(PatchEmbedding) -> None:
         for args in ((IMG, P, C_IN, C), (6, 3, 1, 5), (4, 1, 2, 3)):
             m = PatchEmbedding(*args)
             layer = getattr(m, "proj", None)
-            g.expect(is_a(layer, "torch.nn.modules.linear.Linear"), "PatchEmbedding needs an nn.Linear called proj")
+            g.expect(
+                is_a(layer, "torch.nn.modules.linear.Linear"), "PatchEmbedding needs an nn.Linear called proj"
+            )
             image_size, p, c_in, d_model = args
             got = (layer.in_features, layer.out_features)
-            g.expect(got == (c_in * p * p, d_model), f"for PatchEmbedding{args} proj should map C_in P^2 = "
-                                                     f"{c_in * p * p} "
-                                                     f"values to C = {d_model} features, got {got[0]} -> {got[1]}")
-            g.expect(layer.bias is not None,
-                     "proj needs a bias (nn.Linear's default), like the Conv2d of the ViT paper")
+            g.expect(
+                got == (c_in * p * p, d_model),
+                f"for PatchEmbedding{args} proj should map C_in P^2 = "
+                f"{c_in * p * p} "
+                f"values to C = {d_model} features, got {got[0]} -> {got[1]}",
+            )
+            g.expect(
+                layer.bias is not None,
+                "proj needs a bias (nn.Linear's default), like the Conv2d of the ViT paper",
+            )
 
     with g.check("equals a Conv2d with kernel size and stride P (weights loaded into proj, RGB 8x8 images)"):
         _patchify_broken(g)
         _embedding_matches(g, PatchEmbedding, _Embedding(3, 3, IMG // P, P, C_IN, C))
 
-    with g.check("any shape: batches of 1 and more, 1 to 3 channels, P = 1 to the whole image, any width, float32 "
-                 "and float64"):
-        for_all("embedding.shapes", _EMBEDDINGS, lambda case: _embedding_matches(g, PatchEmbedding, case),
-                max_examples=12, first=_Embedding(1, 2, 2, 2, 1, 3))
+    with g.check(
+        "any shape: batches of 1 and more, 1 to 3 channels, P = 1 to the whole image, any width, float32 "
+        "and float64"
+    ):
+        for_all(
+            "embedding.shapes",
+            _EMBEDDINGS,
+            lambda case: _embedding_matches(g, PatchEmbedding, case),
+            max_examples=12,
+            first=_Embedding(1, 2, 2, 2, 1, 3),
+        )
         for image_size, p, c_in in ((8, 4, 1), (6, 3, 2)):
             _embedding_matches(g, PatchEmbedding, _Embedding(image_size + p, 2, image_size // p, p, c_in, 10))
 
     with g.check("raises ValueError for images of the wrong channels, height, width or rank"):
         m, _ = _build_embedding(g, PatchEmbedding, "embedding.bad")
         name = f"PatchEmbedding({IMG}, {P}, {C_IN}, {C})"
-        for shape, what in (((2, 1, IMG, IMG), "1-channel images"), ((2, 4, IMG, IMG), "4-channel images"),
-                            ((2, C_IN, 2 * IMG, 2 * IMG), f"{2 * IMG}x{2 * IMG} images"),
-                            ((2, C_IN, IMG // 2, IMG // 2), f"{IMG // 2}x{IMG // 2} images"),
-                            ((2, C_IN, IMG, 2 * IMG), f"{IMG}x{2 * IMG} images (the height fits, the width does not)"),
-                            ((2, C_IN, IMG + 2, IMG), f"{IMG + 2}x{IMG} images (the width fits, the height does not)"),
-                            ((C_IN, IMG, IMG), f"one image without a batch axis, ({C_IN}, {IMG}, {IMG})")):
-            expect_value_error(g, lambda shape=shape: m(rand("embedding.bad.x", *shape)), f"{name} given {what}",
-                               f"images must be (B, {C_IN}, {IMG}, {IMG})")
+        for shape, what in (
+            ((2, 1, IMG, IMG), "1-channel images"),
+            ((2, 4, IMG, IMG), "4-channel images"),
+            ((2, C_IN, 2 * IMG, 2 * IMG), f"{2 * IMG}x{2 * IMG} images"),
+            ((2, C_IN, IMG // 2, IMG // 2), f"{IMG // 2}x{IMG // 2} images"),
+            ((2, C_IN, IMG, 2 * IMG), f"{IMG}x{2 * IMG} images (the height fits, the width does not)"),
+            ((2, C_IN, IMG + 2, IMG), f"{IMG + 2}x{IMG} images (the width fits, the height does not)"),
+            ((C_IN, IMG, IMG), f"one image without a batch axis, ({C_IN}, {IMG}, {IMG})"),
+        ):
+            expect_value_error(
+                g,
+                lambda shape=shape: m(rand("embedding.bad.x", *shape)),
+                f"{name} given {what}",
+                f"images must be (B, {C_IN}, {IMG}, {IMG})",
+            )
 
     with g.check("the constructor raises ValueError when patch_size does not divide image_size"):
         for args in ((8, 3, 3, 12), (6, 4, 1, 4), (4, 8, 1, 4)):
-            expect_value_error(g, lambda args=args: PatchEmbedding(*args), f"PatchEmbedding{args}",
-                               "patch_size must divide image_size")
+            expect_value_error(
+                g,
+                lambda args=args: PatchEmbedding(*args),
+                f"PatchEmbedding{args}",
+                "patch_size must divide image_size",
+            )
 
     with g.check("does not change the images"):
         m, _ = _build_embedding(g, PatchEmbedding, "embedding.inplace")
@@ -422,19 +563,28 @@ def check_patch_embedding(PatchEmbedding) -> None:
     with g.check("PatchEmbedding(8, 2, 3, 12) has proj = nn.Linear(12, 12) with a bias"):
         m = PatchEmbedding(8, 2, 3, 12)
         layer = getattr(m, "proj", None)
-        g.expect(is_a(layer, "torch.nn.modules.linear.Linear") and layer.bias is not None
-                 and (layer.in_features, layer.out_features) == (12, 12),
-                 f"expected proj = nn.Linear(12, 12) (with its bias), got {describe(layer)}")
-    with g.check("with weights loaded, PatchEmbedding(8, 2, 3, 12) equals a Conv2d with kernel size and stride 2"):
+        g.expect(
+            is_a(layer, "torch.nn.modules.linear.Linear")
+            and layer.bias is not None
+            and (layer.in_features, layer.out_features) == (12, 12),
+            f"expected proj = nn.Linear(12, 12) (with its bias), got {describe(layer)}",
+        )
+    with g.check(
+        "with weights loaded, PatchEmbedding(8, 2, 3, 12) equals a Conv2d with kernel size and stride 2"
+    ):
         _embedding_matches(g, PatchEmbedding, _Embedding(21, 2, 4, 2, 3, 12))
     with g.check("PatchEmbedding(6, 3, 1, 4) in float32 on one image"):
         _embedding_matches(g, PatchEmbedding, _Embedding(22, 1, 2, 3, 1, 4, F32))
-    with g.check("1-channel images, 8x16 images, one (3, 8, 8) image without a batch axis, and "
-                 "PatchEmbedding(8, 3, 3, 12) raise ValueError"):
+    with g.check(
+        "1-channel images, 8x16 images, one (3, 8, 8) image without a batch axis, and "
+        "PatchEmbedding(8, 3, 3, 12) raise ValueError"
+    ):
         m, _ = _build_embedding(g, PatchEmbedding, "public.embedding.bad")
         expect_value_error(g, lambda: m(rand("public.embedding.bad.c", 2, 1, IMG, IMG)), "1-channel images")
         expect_value_error(g, lambda: m(rand("public.embedding.bad.w", 2, C_IN, IMG, 2 * IMG)), "8x16 images")
-        expect_value_error(g, lambda: m(rand("public.embedding.bad.r", C_IN, IMG, IMG)), "one (3, 8, 8) image")
+        expect_value_error(
+            g, lambda: m(rand("public.embedding.bad.r", C_IN, IMG, IMG)), "one (3, 8, 8) image"
+        )
         expect_value_error(g, lambda: PatchEmbedding(8, 3, 3, 12), "PatchEmbedding(8, 3, 3, 12)")
     with g.check("the images are not changed"):
         m, _ = _build_embedding(g, PatchEmbedding, "public.embedding.inplace")
@@ -447,13 +597,20 @@ def check_patch_embedding(PatchEmbedding) -> None:
 
 
 def _tokens(name: str, B: int, N_p: int, C_: int, dtype=F64):
-    return (rand(name + ".x", B, N_p, C_, dtype=dtype), rand(name + ".cls", 1, 1, C_, dtype=dtype),
-            rand(name + ".pos", N_p + 1, C_, dtype=dtype))
+    return (
+        rand(name + ".x", B, N_p, C_, dtype=dtype),
+        rand(name + ".cls", 1, 1, C_, dtype=dtype),
+        rand(name + ".pos", N_p + 1, C_, dtype=dtype),
+    )
 
 
-_CLS_LAST = "[CLS] was put at the end: it is token 0, in front of the patches (torch.cat([cls, patches], dim=1))"
-_CLS_NO_POSITION = ("[CLS] got no position: add positions to the whole sequence after prepending [CLS], so [CLS] gets "
-                    "positions[0] and patch n gets positions[n + 1]")
+_CLS_LAST = (
+    "[CLS] was put at the end: it is token 0, in front of the patches (torch.cat([cls, patches], dim=1))"
+)
+_CLS_NO_POSITION = (
+    "[CLS] got no position: add positions to the whole sequence after prepending [CLS], so [CLS] gets "
+    "positions[0] and patch n gets positions[n + 1]"
+)
 
 
 def _cls_expected(x, cls, pos):
@@ -473,11 +630,19 @@ def _cls_mistakes(x, cls, pos):
         (torch.cat([x, c], 1) + pos, _CLS_LAST),
         (torch.cat([x + pos[:N_p], c + pos[N_p]], 1), _CLS_LAST),
         (torch.cat([c, x + pos[1:]], 1), _CLS_NO_POSITION),
-        (torch.cat([c, x + pos[:N_p]], 1), "the patches got positions 0 .. N_p - 1 and [CLS] none: [CLS] is token 0 "
-                                           "with positions[0], patch n is token n + 1 with positions[n + 1]"),
-        (torch.cat([c + pos[0], x + pos[:N_p]], 1), "positions[0] is used twice: patch n is token n + 1 and gets "
-                                                    "positions[n + 1]"),
-        (torch.cat([c, x], 1), "the positions are not added: return torch.cat([cls, patches], dim=1) + positions"),
+        (
+            torch.cat([c, x + pos[:N_p]], 1),
+            "the patches got positions 0 .. N_p - 1 and [CLS] none: [CLS] is token 0 "
+            "with positions[0], patch n is token n + 1 with positions[n + 1]",
+        ),
+        (
+            torch.cat([c + pos[0], x + pos[:N_p]], 1),
+            "positions[0] is used twice: patch n is token n + 1 and gets positions[n + 1]",
+        ),
+        (
+            torch.cat([c, x], 1),
+            "the positions are not added: return torch.cat([cls, patches], dim=1) + positions",
+        ),
         (x + pos[1:], "[CLS] is missing: the output has N_p + 1 tokens, [CLS] first"),
     ]
 
@@ -489,8 +654,10 @@ def _cls_call(g: Grader, fn, x, cls, pos):
     except Exception as e:
         raise_unless_student_error(e)
         if x.shape[0] > 1 and ("size" in str(e).lower() or "dimension" in str(e).lower()):
-            g.fail(f"{where} your code raised {_raised(e)}. cls_token is (1, 1, C), one vector for every image: expand "
-                   "it to (B, 1, C) before concatenating")
+            g.fail(
+                f"{where} your code raised {_raised(e)}. cls_token is (1, 1, C), one vector for every image: expand "
+                "it to (B, 1, C) before concatenating"
+            )
         g.fail(f"{where} your code raised {_raised(e)}")
 
 
@@ -498,15 +665,23 @@ def _cls_matches(g: Grader, fn, x, cls, pos) -> None:
     out = _cls_call(g, fn, x, cls, pos)
     B, N_p, C_ = x.shape
     where = f"for patches {tuple(x.shape)} ({_dt(x.dtype)})"
-    g.expect(is_tensor(out) and tuple(out.shape) == (B, N_p + 1, C_) and out.dtype == x.dtype,
-             f"{where} expected a {_dt(x.dtype)} tensor of shape (B, N_p + 1, C) = {(B, N_p + 1, C_)}, got "
-             f"{describe(out)}")
+    g.expect(
+        is_tensor(out) and tuple(out.shape) == (B, N_p + 1, C_) and out.dtype == x.dtype,
+        f"{where} expected a {_dt(x.dtype)} tensor of shape (B, N_p + 1, C) = {(B, N_p + 1, C_)}, got "
+        f"{describe(out)}",
+    )
     right = _cls_expected(x, cls, pos)
     if close(out, right.to(x.dtype)):
         return
-    first_match(g, out, [(w.to(x.dtype), f"{where}: {hint}") for w, hint in _cls_mistakes(x, cls, pos)],
-                right.to(x.dtype))
-    g.fail(f"{where} the tokens differ from torch.cat([cls_token.expand(B, 1, C), patches], dim=1) + positions")
+    first_match(
+        g,
+        out,
+        [(w.to(x.dtype), f"{where}: {hint}") for w, hint in _cls_mistakes(x, cls, pos)],
+        right.to(x.dtype),
+    )
+    g.fail(
+        f"{where} the tokens differ from torch.cat([cls_token.expand(B, 1, C), patches], dim=1) + positions"
+    )
 
 
 @dataclass(frozen=True)
@@ -518,13 +693,16 @@ class _Tokens:
     dtype: torch.dtype = F64
 
     def inputs(self):
-        return (tensor(self.seed, self.B, self.N_p, self.C).to(self.dtype),
-                tensor(self.seed + 1, 1, 1, self.C).to(self.dtype),
-                tensor(self.seed + 2, self.N_p + 1, self.C).to(self.dtype))
+        return (
+            tensor(self.seed, self.B, self.N_p, self.C).to(self.dtype),
+            tensor(self.seed + 1, 1, 1, self.C).to(self.dtype),
+            tensor(self.seed + 2, self.N_p + 1, self.C).to(self.dtype),
+        )
 
 
-_TOKENS = st.builds(_Tokens, SEEDS, st.integers(1, 4), st.integers(1, 9), st.integers(1, 8),
-                    st.sampled_from((F64, F64, F32)))
+_TOKENS = st.builds(
+    _Tokens, SEEDS, st.integers(1, 4), st.integers(1, 9), st.integers(1, 8), st.sampled_from((F64, F64, F32))
+)
 
 
 def grade_add_cls_and_positions(add_cls_and_positions) -> None:
@@ -535,57 +713,87 @@ def grade_add_cls_and_positions(add_cls_and_positions) -> None:
         for dtype in (F64, F32):
             x, cls, pos = _tokens("cls.shape", 2, 4, 6, dtype)
             out = _cls_call(g, add_cls_and_positions, x, cls, pos)
-            g.expect(is_tensor(out) and tuple(out.shape) == (2, 5, 6) and out.dtype == dtype,
-                     f"for {_dt(dtype)} patches (2, 4, 6) expected a {_dt(dtype)} tensor of shape (B, N_p + 1, C) = "
-                     f"(2, 5, 6), got {describe(out)}")
+            g.expect(
+                is_tensor(out) and tuple(out.shape) == (2, 5, 6) and out.dtype == dtype,
+                f"for {_dt(dtype)} patches (2, 4, 6) expected a {_dt(dtype)} tensor of shape (B, N_p + 1, C) = "
+                f"(2, 5, 6), got {describe(out)}",
+            )
 
-    with g.check("[CLS] first with positions[0]; patch n is token n + 1 with positions[n + 1] (any B, N_p, C)"):
-        for_all("cls.values", _TOKENS, lambda case: _cls_matches(g, add_cls_and_positions, *case.inputs()),
-                max_examples=20, first=_Tokens(1, 2, 3, 2))
+    with g.check(
+        "[CLS] first with positions[0]; patch n is token n + 1 with positions[n + 1] (any B, N_p, C)"
+    ):
+        for_all(
+            "cls.values",
+            _TOKENS,
+            lambda case: _cls_matches(g, add_cls_and_positions, *case.inputs()),
+            max_examples=20,
+            first=_Tokens(1, 2, 3, 2),
+        )
         for B, N_p, C_ in ((3, 16, C), (1, 4, 5), (5, 9, 8), (1, 1, 1)):
             _cls_matches(g, add_cls_and_positions, *_tokens(f"cls.values.{B}", B, N_p, C_))
 
     with g.check("every image gets the same [CLS] vector"):
         x, cls, pos = _tokens("cls.batch", 4, 3, 5)
         out = _cls_call(g, add_cls_and_positions, x, cls, pos)
-        g.expect(is_tensor(out) and out.shape == (4, 4, 5) and close(out[:, 0], (cls[0, 0] + pos[0]).expand(4, 5)),
-                 "token 0 differs between images or from cls_token + positions[0]: expand the one (1, 1, C) cls_token "
-                 "over the batch")
+        g.expect(
+            is_tensor(out) and out.shape == (4, 4, 5) and close(out[:, 0], (cls[0, 0] + pos[0]).expand(4, 5)),
+            "token 0 differs between images or from cls_token + positions[0]: expand the one (1, 1, C) cls_token "
+            "over the batch",
+        )
 
     with g.check("gradients reach the patches, cls_token and positions"):
         x, cls, pos = _tokens("cls.grad", 3, 4, 5)
         upstream = rand("cls.grad.up", 3, 5, 5)
-        result = probe(add_cls_and_positions, x.clone().requires_grad_(), cls.clone().requires_grad_(),
-                       pos.clone().requires_grad_(), backward=(None, upstream))
+        result = probe(
+            add_cls_and_positions,
+            x.clone().requires_grad_(),
+            cls.clone().requires_grad_(),
+            pos.clone().requires_grad_(),
+            backward=(None, upstream),
+        )
         grads = result.grads or [None, None, None]
-        g.expect(grads[0] is not None and close(grads[0], upstream[:, 1:]),
-                 "the gradient of the patches should be the upstream gradient at tokens 1 .. N_p: use patches itself "
-                 "(no .data, .detach() or copy)")
-        g.expect(grads[1] is not None and close(grads[1], upstream[:, :1].sum(0, keepdim=True)),
-                 "the gradient of cls_token should be the sum over the batch of the upstream gradient at token 0: use "
-                 "cls_token itself (expand, not .data, .detach() or a new tensor)")
-        g.expect(grads[2] is not None and close(grads[2], upstream.sum(0)),
-                 "the gradient of positions should be the upstream gradient summed over the batch: add positions "
-                 "itself to the sequence (no .data, .detach() or copy)")
+        g.expect(
+            grads[0] is not None and close(grads[0], upstream[:, 1:]),
+            "the gradient of the patches should be the upstream gradient at tokens 1 .. N_p: use patches itself "
+            "(no .data, .detach() or copy)",
+        )
+        g.expect(
+            grads[1] is not None and close(grads[1], upstream[:, :1].sum(0, keepdim=True)),
+            "the gradient of cls_token should be the sum over the batch of the upstream gradient at token 0: use "
+            "cls_token itself (expand, not .data, .detach() or a new tensor)",
+        )
+        g.expect(
+            grads[2] is not None and close(grads[2], upstream.sum(0)),
+            "the gradient of positions should be the upstream gradient summed over the batch: add positions "
+            "itself to the sequence (no .data, .detach() or copy)",
+        )
 
     with g.check("does not change the patches, cls_token or positions in place"):
         x, cls, pos = _tokens("cls.inplace", 3, 4, 5)
         result = probe(add_cls_and_positions, x.clone(), cls.clone(), pos.clone())
         for name, before, after in zip(("patches", "cls_token", "positions"), (x, cls, pos), result.args):
-            g.expect(is_tensor(after) and close(after, before),
-                     f"{name} was changed in place: build a new tensor (torch.cat, then +, never +=)")
+            g.expect(
+                is_tensor(after) and close(after, before),
+                f"{name} was changed in place: build a new tensor (torch.cat, then +, never +=)",
+            )
 
     with g.check("raises ValueError when the shapes do not fit"):
         x, cls, pos = _tokens("cls.bad", 2, 4, 3)
-        for args, what in (((x, cls, pos[:4]), "positions (4, 3) for 4 patches (it needs N_p + 1 = 5 rows)"),
-                           ((x, cls, torch.cat([pos, pos[:1]])), "positions (6, 3) for 4 patches"),
-                           ((x, cls, pos[:, :2]), "positions (5, 2) for patches of width 3"),
-                           ((x, torch.cat([cls, cls], -1), pos), "cls_token (1, 1, 6) for patches of width 3"),
-                           ((x, cls[..., :2], pos), "cls_token (1, 1, 2) for patches of width 3"),
-                           ((x[0], cls, pos), "patches (4, 3) without a batch axis"),
-                           ((x[None], cls, pos), "patches (1, 2, 4, 3)")):
-            expect_value_error(g, lambda args=args: add_cls_and_positions(*args), what,
-                               "patches (B, N_p, C), cls_token (1, 1, C), positions (N_p + 1, C)")
+        for args, what in (
+            ((x, cls, pos[:4]), "positions (4, 3) for 4 patches (it needs N_p + 1 = 5 rows)"),
+            ((x, cls, torch.cat([pos, pos[:1]])), "positions (6, 3) for 4 patches"),
+            ((x, cls, pos[:, :2]), "positions (5, 2) for patches of width 3"),
+            ((x, torch.cat([cls, cls], -1), pos), "cls_token (1, 1, 6) for patches of width 3"),
+            ((x, cls[..., :2], pos), "cls_token (1, 1, 2) for patches of width 3"),
+            ((x[0], cls, pos), "patches (4, 3) without a batch axis"),
+            ((x[None], cls, pos), "patches (1, 2, 4, 3)"),
+        ):
+            expect_value_error(
+                g,
+                lambda args=args: add_cls_and_positions(*args),
+                what,
+                "patches (B, N_p, C), cls_token (1, 1, C), positions (N_p + 1, C)",
+            )
 
     g.finish()
 
@@ -598,30 +806,56 @@ def check_add_cls_and_positions(add_cls_and_positions) -> None:
         cls = torch.tensor([[[100.0, 200.0]]])
         pos = torch.tensor([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6], [0.7, 0.8]])
         out = add_cls_and_positions(x, cls, pos)
-        expected = torch.tensor([[[100.1, 200.2], [0.3, 1.4], [2.5, 3.6], [4.7, 5.8]],
-                                 [[100.1, 200.2], [6.3, 7.4], [8.5, 9.6], [10.7, 11.8]]])
-        g.expect(is_tensor(out) and out.shape == (2, 4, 2), f"expected a (2, 4, 2) tensor, got {describe(out)}")
-        g.expect(close(out, expected, magnitude=200.0), f"expected {expected.tolist()}, got {out.tolist()}: [CLS] "
-                                                        "first, then positions[t] added to token t")
+        expected = torch.tensor(
+            [
+                [[100.1, 200.2], [0.3, 1.4], [2.5, 3.6], [4.7, 5.8]],
+                [[100.1, 200.2], [6.3, 7.4], [8.5, 9.6], [10.7, 11.8]],
+            ]
+        )
+        g.expect(
+            is_tensor(out) and out.shape == (2, 4, 2), f"expected a (2, 4, 2) tensor, got {describe(out)}"
+        )
+        g.expect(
+            close(out, expected, magnitude=200.0),
+            f"expected {expected.tolist()}, got {out.tolist()}: [CLS] "
+            "first, then positions[t] added to token t",
+        )
     with g.check("one image of one patch, in float64 and in float32"):
         _cls_matches(g, add_cls_and_positions, *_tokens("public.cls.one", 1, 1, 3))
         _cls_matches(g, add_cls_and_positions, *_tokens("public.cls.one", 1, 1, 3, F32))
     with g.check("gradients reach the patches, cls_token and positions; nothing is changed in place"):
         x, cls, pos = _tokens("public.cls.grad", 2, 3, 2)
-        result = probe(add_cls_and_positions, x.clone().requires_grad_(), cls.clone().requires_grad_(),
-                       pos.clone().requires_grad_(), backward=(None, torch.ones(2, 4, 2, dtype=F64)))
+        result = probe(
+            add_cls_and_positions,
+            x.clone().requires_grad_(),
+            cls.clone().requires_grad_(),
+            pos.clone().requires_grad_(),
+            backward=(None, torch.ones(2, 4, 2, dtype=F64)),
+        )
         grads = result.grads or [None, None, None]
-        for name, got, want in zip(("patches", "cls_token", "positions"), grads,
-                                   (torch.ones(2, 3, 2), torch.full((1, 1, 2), 2.0), torch.full((4, 2), 2.0))):
-            g.expect(is_tensor(got) and close(got, want.double()), f"the gradient of {name} is wrong or missing")
+        for name, got, want in zip(
+            ("patches", "cls_token", "positions"),
+            grads,
+            (torch.ones(2, 3, 2), torch.full((1, 1, 2), 2.0), torch.full((4, 2), 2.0)),
+        ):
+            g.expect(
+                is_tensor(got) and close(got, want.double()), f"the gradient of {name} is wrong or missing"
+            )
         for name, before, after in zip(("patches", "cls_token", "positions"), (x, cls, pos), result.args):
             g.expect(is_tensor(after) and close(after.detach(), before), f"{name} was changed in place")
-    with g.check("positions with N_p rows instead of N_p + 1, and a cls_token (1, 1, 3) for patches of width 2, "
-                 "raise ValueError"):
+    with g.check(
+        "positions with N_p rows instead of N_p + 1, and a cls_token (1, 1, 3) for patches of width 2, "
+        "raise ValueError"
+    ):
         x, cls, pos = _tokens("public.cls.bad", 2, 3, 2)
-        expect_value_error(g, lambda: add_cls_and_positions(x, cls, pos[:3]), "positions (3, 2) for 3 patches")
-        expect_value_error(g, lambda: add_cls_and_positions(x, torch.cat([cls, cls[..., :1]], -1), pos),
-                           "cls_token (1, 1, 3) for patches of width 2")
+        expect_value_error(
+            g, lambda: add_cls_and_positions(x, cls, pos[:3]), "positions (3, 2) for 3 patches"
+        )
+        expect_value_error(
+            g,
+            lambda: add_cls_and_positions(x, torch.cat([cls, cls[..., :1]], -1), pos),
+            "cls_token (1, 1, 3) for patches of width 2",
+        )
     g.finish()
 
 
@@ -656,21 +890,42 @@ def _vit_mistakes(r, x):
         cls = r.cls_token.expand(B, 1, -1)
         no_pos = r.head(r.encoder(torch.cat([cls, patches], 1))[:, 0])
         return [
-            (r.head(h.mean(1)), "the classifier reads the mean of all tokens: read the [CLS] output only, "
-                                "head(encoder(tokens)[:, 0])"),
-            (r.head(h[:, 1:].mean(1)), "the classifier reads the mean of the patch tokens: read the [CLS] output, "
-                                       "head(encoder(tokens)[:, 0])"),
-            (r.head(h[:, -1]), "the classifier reads the last token: [CLS] is token 0, head(encoder(tokens)[:, 0])"),
-            (r.head(no_norm[:, 0]), "the final layer norm is missing: run the whole self.encoder (a pre-norm stack "
-                                    "ends "
-                                    "with its norm), not only its layers"),
-            (torch.softmax(r.head(h[:, 0]), -1), "forward returns probabilities: return the logits, head(...) without "
-                                                 "a "
-                                                 "softmax (F.cross_entropy applies log-softmax itself)"),
-            (r.head(r.encoder(patches)[:, 0]), "[CLS] and the positions are missing: embed builds the encoder's input "
-                                               "with add_cls_and_positions(patch_embed(images), cls_token, positions)"),
-            (no_pos, "the positions are not added: embed adds pos_emb(torch.arange(N_p + 1)) through "
-                     "add_cls_and_positions"),
+            (
+                r.head(h.mean(1)),
+                "the classifier reads the mean of all tokens: read the [CLS] output only, "
+                "head(encoder(tokens)[:, 0])",
+            ),
+            (
+                r.head(h[:, 1:].mean(1)),
+                "the classifier reads the mean of the patch tokens: read the [CLS] output, "
+                "head(encoder(tokens)[:, 0])",
+            ),
+            (
+                r.head(h[:, -1]),
+                "the classifier reads the last token: [CLS] is token 0, head(encoder(tokens)[:, 0])",
+            ),
+            (
+                r.head(no_norm[:, 0]),
+                "the final layer norm is missing: run the whole self.encoder (a pre-norm stack "
+                "ends "
+                "with its norm), not only its layers",
+            ),
+            (
+                torch.softmax(r.head(h[:, 0]), -1),
+                "forward returns probabilities: return the logits, head(...) without "
+                "a "
+                "softmax (F.cross_entropy applies log-softmax itself)",
+            ),
+            (
+                r.head(r.encoder(patches)[:, 0]),
+                "[CLS] and the positions are missing: embed builds the encoder's input "
+                "with add_cls_and_positions(patch_embed(images), cls_token, positions)",
+            ),
+            (
+                no_pos,
+                "the positions are not added: embed adds pos_emb(torch.arange(N_p + 1)) through "
+                "add_cls_and_positions",
+            ),
             (r.head(tokens[:, 0]), "the encoder is not applied: logits = head(encoder(embed(images))[:, 0])"),
         ]
 
@@ -683,7 +938,9 @@ def _parts_broken(g: Grader, m) -> None:
     except Exception as e:  # noqa: BLE001
         raise_unless_student_error(e)
         patchify_ok = False
-    g.expect(patchify_ok, "your patchify (part 1) gives wrong patches, and the model uses it: fix part 1 first")
+    g.expect(
+        patchify_ok, "your patchify (part 1) gives wrong patches, and the model uses it: fix part 1 first"
+    )
     w = {k: v for k, v in m.state_dict().items() if k.startswith("patch_embed.")}
     try:
         mine = {k.removeprefix("patch_embed."): v for k, v in w.items()}
@@ -691,7 +948,9 @@ def _parts_broken(g: Grader, m) -> None:
     except Exception as e:  # noqa: BLE001
         raise_unless_student_error(e)
         emb_ok = False
-    g.expect(emb_ok, "model.patch_embed (your PatchEmbedding, part 2) gives wrong embeddings: fix part 2 first")
+    g.expect(
+        emb_ok, "model.patch_embed (your PatchEmbedding, part 2) gives wrong embeddings: fix part 2 first"
+    )
     x3, cls, pos = _tokens("vit.parts.cls", 2, 4, 5)
     try:
         out = student_side("add_cls_and_positions", ref.add_cls_and_positions)(x3, cls, pos)
@@ -718,9 +977,15 @@ class _Model:
 
     @property
     def kwargs(self) -> dict:
-        return dict(image_size=self.grid * self.patch_size, patch_size=self.patch_size, in_channels=self.in_channels,
-                    n_classes=self.n_classes, n_layers=self.n_layers, n_heads=self.n_heads,
-                    d_model=self.n_heads * self.d_head)
+        return dict(
+            image_size=self.grid * self.patch_size,
+            patch_size=self.patch_size,
+            in_channels=self.in_channels,
+            n_classes=self.n_classes,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            d_model=self.n_heads * self.d_head,
+        )
 
     def images(self) -> torch.Tensor:
         size = self.grid * self.patch_size
@@ -730,8 +995,18 @@ class _Model:
         return f"for ViTConfig({', '.join(f'{k}={v}' for k, v in self.kwargs.items())}) on {self.B} image(s)"
 
 
-_MODELS = st.builds(_Model, SEEDS, st.integers(1, 3), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3),
-                    st.integers(1, 3), st.integers(1, 4), st.integers(1, 2), st.integers(1, 6))
+_MODELS = st.builds(
+    _Model,
+    SEEDS,
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.integers(1, 2),
+    st.integers(1, 6),
+)
 
 
 def _model_matches(g: Grader, ViT, ViTConfig, case: _Model, what: str) -> None:
@@ -750,40 +1025,61 @@ def _model_compare(g: Grader, m, r, case: _Model, what: str) -> None:
         raise_unless_student_error(e)
         g.fail(f"{case}: {what} raised {_raised(e)}")
     shape = "(B, N_p + 1, C)" if what == "embed" else "logits (B, K)"
-    g.expect(is_tensor(out) and out.shape == right.shape and out.dtype == F64,
-             f"{case}: {what} should return a float64 {shape} = {tuple(right.shape)}, got {describe(out)}")
+    g.expect(
+        is_tensor(out) and out.shape == right.shape and out.dtype == F64,
+        f"{case}: {what} should return a float64 {shape} = {tuple(right.shape)}, got {describe(out)}",
+    )
     if close(out, right):
         return
     if what == "embed":
         with torch.no_grad():
             patches = r.patch_embed(x)
             no_pos = torch.cat([r.cls_token.expand(x.shape[0], 1, -1), patches], 1)
-        first_match(g, out, [(no_pos, f"{case}: embed does not add the positions: pass pos_emb(torch.arange(N_p + 1)) "
-                                      "to add_cls_and_positions")], right)
-        g.fail(f"{case}: embed differs from dropout(add_cls_and_positions(patch_embed(images), cls_token, "
-               "pos_emb(torch.arange(N_p + 1))))")
+        first_match(
+            g,
+            out,
+            [
+                (
+                    no_pos,
+                    f"{case}: embed does not add the positions: pass pos_emb(torch.arange(N_p + 1)) "
+                    "to add_cls_and_positions",
+                )
+            ],
+            right,
+        )
+        g.fail(
+            f"{case}: embed differs from dropout(add_cls_and_positions(patch_embed(images), cls_token, "
+            "pos_emb(torch.arange(N_p + 1))))"
+        )
     first_match(g, out, [(wrong, f"{case}: {hint}") for wrong, hint in _vit_mistakes(r, x)], right)
-    g.fail(f"{case}: the logits differ from head(encoder(embed(images))[:, 0]) with the same weights: use the "
-           "configuration, not fixed numbers")
-
+    g.fail(
+        f"{case}: the logits differ from head(encoder(embed(images))[:, 0]) with the same weights: use the "
+        "configuration, not fixed numbers"
+    )
 
 
 def _embed_on_device(g: Grader, m, x) -> None:
     """``m.embed(x)`` with torch's default device set to ``meta`` in the student's process: the positions must be
     made on the images' device (the CPU), so the result is a CPU tensor."""
-    fix = ("make the positions on the images' device: pos_emb(torch.arange(N_p + 1, device=images.device)), not "
-           "torch.arange(N_p + 1) (nor .to(device) afterwards)")
+    fix = (
+        "make the positions on the images' device: pos_emb(torch.arange(N_p + 1, device=images.device)), not "
+        "torch.arange(N_p + 1) (nor .to(device) afterwards)"
+    )
     try:
         with default_device():
             out = m.embed(x)
     except Exception as e:  # noqa: BLE001
         if not meta_copy_refused(e):
             raise_unless_student_error(e)
-        g.fail(f"with torch's default device set to another device than the images' (meta), embed raised "
-               f"{_raised(e)}: {fix}")
-    g.expect(is_tensor(out) and out.device.type == "cpu",
-             f"with torch's default device set to meta, embed returned {describe(out)}"
-             f"{' on ' + out.device.type if is_tensor(out) else ''}, not a tensor on the images' device (cpu): {fix}")
+        g.fail(
+            f"with torch's default device set to another device than the images' (meta), embed raised "
+            f"{_raised(e)}: {fix}"
+        )
+    g.expect(
+        is_tensor(out) and out.device.type == "cpu",
+        f"with torch's default device set to meta, embed returned {describe(out)}"
+        f"{' on ' + out.device.type if is_tensor(out) else ''}, not a tensor on the images' device (cpu): {fix}",
+    )
 
 
 def grade_vit(ViT, ViTConfig) -> None:
@@ -799,12 +1095,16 @@ def grade_vit(ViT, ViTConfig) -> None:
         m, r = _vit_pair(g, ViT, ViTConfig, "vit.forward")  # a model lives in its check's process
         _model_compare(g, m, r, _Model(2, 4, IMG // P, P, C_IN, 2, C // 2, 2, K), "forward")
 
-    with g.check("any configuration: 1 to 3 channels, patch sizes, grids of 1 to 9 patches, 1 or 2 layers, 1 to 3 "
-                 "heads, batches of 1 and more"):
+    with g.check(
+        "any configuration: 1 to 3 channels, patch sizes, grids of 1 to 9 patches, 1 or 2 layers, 1 to 3 "
+        "heads, batches of 1 and more"
+    ):
+
         def both(case):
             m, r = _vit_pair(g, ViT, ViTConfig, f"vit.shapes.{case.seed}", **case.kwargs)
             _model_compare(g, m, r, case, "embed")
             _model_compare(g, m, r, case, "forward")
+
         for_all("vit.shapes", _MODELS, both, max_examples=6, first=_Model(3, 1, 2, 2, 1, 1, 2, 1, 2))
         both(_Model(4, 2, 2, 4, 1, 4, 4, 3, 3))
 
@@ -812,22 +1112,30 @@ def grade_vit(ViT, ViTConfig) -> None:
         m, r = _vit_pair(g, ViT, ViTConfig, "vit.batch")
         x = rand("vit.batch.x", 3, C_IN, IMG, IMG)
         together, alone = m(x), m(x[1:2])
-        g.expect(is_tensor(together) and is_tensor(alone) and close(alone, together[1:2]),
-                 "the logits of an image change with the other images of the batch: never mix the batch axis (0)")
+        g.expect(
+            is_tensor(together) and is_tensor(alone) and close(alone, together[1:2]),
+            "the logits of an image change with the other images of the batch: never mix the batch axis (0)",
+        )
 
-    with g.check("eval mode: no dropout (with dropout=0.5 in the configuration, embed and forward give what they give "
-                 "with dropout=0)"):
+    with g.check(
+        "eval mode: no dropout (with dropout=0.5 in the configuration, embed and forward give what they give "
+        "with dropout=0)"
+    ):
         m, _ = _vit_pair(g, ViT, ViTConfig, "vit.dropout", dropout=0.5)
         m0, _ = _vit_pair(g, ViT, ViTConfig, "vit.dropout", dropout=0.0)  # the same weights
         x = rand("vit.dropout.x", 4, C_IN, IMG, IMG)
         for what, out, want in (("embed", m.embed(x), m0.embed(x)), ("forward", m(x), m0(x))):
-            g.expect(is_tensor(out) and is_tensor(want) and close(out, want),
-                     f"in eval mode with dropout=0.5 {what} differs from {what} with dropout=0 (the same weights): "
-                     "dropout must act in training mode only: use self.dropout (an nn.Dropout), or F.dropout(x, p, "
-                     "training=self.training)")
+            g.expect(
+                is_tensor(out) and is_tensor(want) and close(out, want),
+                f"in eval mode with dropout=0.5 {what} differs from {what} with dropout=0 (the same weights): "
+                "dropout must act in training mode only: use self.dropout (an nn.Dropout), or F.dropout(x, p, "
+                "training=self.training)",
+            )
 
-    with g.check("training mode: self.dropout is applied to the encoder's input, the output of embed (with its p set "
-                 "to 1, embed returns zeros and forward runs the encoder on zeros)"):
+    with g.check(
+        "training mode: self.dropout is applied to the encoder's input, the output of embed (with its p set "
+        "to 1, embed returns zeros and forward runs the encoder on zeros)"
+    ):
         m, r = _vit_pair(g, ViT, ViTConfig, "vit.dropout.one")
         x = rand("vit.dropout.one.x", 2, C_IN, IMG, IMG)
         plain = m.embed(x)  # eval mode: no dropout
@@ -835,49 +1143,81 @@ def grade_vit(ViT, ViTConfig) -> None:
         with torch.no_grad():
             patches_only = torch.cat([r.cls_token.expand(2, 1, -1), zeros[:, 1:]], 1) + r.pos_emb.weight
         dropout = getattr(m, "dropout", None)
-        g.expect(is_a(dropout, "torch.nn.modules.dropout.Dropout"), f"the given ViT has self.dropout (an nn.Dropout), "
-                                                                     f"got {describe(dropout)}")
+        g.expect(
+            is_a(dropout, "torch.nn.modules.dropout.Dropout"),
+            f"the given ViT has self.dropout (an nn.Dropout), got {describe(dropout)}",
+        )
         set_attr(dropout, "p", 1.0)
         m.train()
         out = m.embed(x)
-        g.expect(is_tensor(out) and out.shape == zeros.shape, f"embed should return {tuple(zeros.shape)}, got "
-                                                              f"{describe(out)}")
+        g.expect(
+            is_tensor(out) and out.shape == zeros.shape,
+            f"embed should return {tuple(zeros.shape)}, got {describe(out)}",
+        )
         if not close(out, zeros):
-            first_match(g, out, [(plain, "with self.dropout.p = 1 in training mode embed returned the tokens "
-                                         "unchanged: apply self.dropout to the output of add_cls_and_positions in "
-                                         "embed (not in forward, and not only in eval mode)"),
-                                 (patches_only, "with self.dropout.p = 1 in training mode only the patch embeddings "
-                                                "were zeroed: apply self.dropout to the whole sequence, after "
-                                                "add_cls_and_positions")], zeros)
-            g.fail("with self.dropout.p = 1 in training mode embed should return zeros: "
-                   "return self.dropout(add_cls_and_positions(...))")
+            first_match(
+                g,
+                out,
+                [
+                    (
+                        plain,
+                        "with self.dropout.p = 1 in training mode embed returned the tokens "
+                        "unchanged: apply self.dropout to the output of add_cls_and_positions in "
+                        "embed (not in forward, and not only in eval mode)",
+                    ),
+                    (
+                        patches_only,
+                        "with self.dropout.p = 1 in training mode only the patch embeddings "
+                        "were zeroed: apply self.dropout to the whole sequence, after "
+                        "add_cls_and_positions",
+                    ),
+                ],
+                zeros,
+            )
+            g.fail(
+                "with self.dropout.p = 1 in training mode embed should return zeros: "
+                "return self.dropout(add_cls_and_positions(...))"
+            )
         encoded = m.encoder(zeros)  # the given encoder: no dropout of its own here (dropout=0)
         g.expect(is_tensor(encoded), f"self.encoder returned {describe(encoded)}")
-        g.expect(close(m(x), m.head(encoded[:, 0])),
-                 "with self.dropout.p = 1 in training mode forward should be head(encoder(zeros)[:, 0]), since embed "
-                 "returns zeros: forward must run the encoder on self.embed(images), and apply no other dropout")
+        g.expect(
+            close(m(x), m.head(encoded[:, 0])),
+            "with self.dropout.p = 1 in training mode forward should be head(encoder(zeros)[:, 0]), since embed "
+            "returns zeros: forward must run the encoder on self.embed(images), and apply no other dropout",
+        )
 
-    with g.check("training mode: self.dropout is applied once, with nn.Dropout's scaling (p = 0.5 drops about half the "
-                 "values of embed and doubles the others)"):
+    with g.check(
+        "training mode: self.dropout is applied once, with nn.Dropout's scaling (p = 0.5 drops about half the "
+        "values of embed and doubles the others)"
+    ):
         m, _ = _vit_pair(g, ViT, ViTConfig, "vit.dropout.half")
         x = rand("vit.dropout.half.x", 3, C_IN, IMG, IMG)
         plain = m.embed(x)  # eval mode: no dropout
-        g.expect(is_tensor(plain) and plain.shape == (3, N_P + 1, C), f"embed should return (3, {N_P + 1}, {C}), got "
-                                                                      f"{describe(plain)}")
+        g.expect(
+            is_tensor(plain) and plain.shape == (3, N_P + 1, C),
+            f"embed should return (3, {N_P + 1}, {C}), got {describe(plain)}",
+        )
         set_attr(m.dropout, "p", 0.5)
         m.train()
         with seeded("vit.dropout.half"):
             out = m.embed(x)
-        g.expect(is_tensor(out) and out.shape == plain.shape, f"embed should return {tuple(plain.shape)}, got "
-                                                              f"{describe(out)}")
+        g.expect(
+            is_tensor(out) and out.shape == plain.shape,
+            f"embed should return {tuple(plain.shape)}, got {describe(out)}",
+        )
         dropped = out == 0  # nn.Dropout zeroes exactly
         share = float(dropped.double().mean())
-        g.expect(close(out, torch.where(dropped, torch.zeros_like(plain), 2 * plain)),
-                 "with self.dropout.p = 0.5 in training mode each value of embed should be 0 or twice the value "
-                 "without "
-                 "dropout: apply self.dropout once, to the output of add_cls_and_positions")
-        g.expect(0.3 <= share <= 0.7, f"with self.dropout.p = 0.5 {share:.0%} of embed's values were dropped, about "
-                                      "half expected: apply self.dropout once, in embed")
+        g.expect(
+            close(out, torch.where(dropped, torch.zeros_like(plain), 2 * plain)),
+            "with self.dropout.p = 0.5 in training mode each value of embed should be 0 or twice the value "
+            "without "
+            "dropout: apply self.dropout once, to the output of add_cls_and_positions",
+        )
+        g.expect(
+            0.3 <= share <= 0.7,
+            f"with self.dropout.p = 0.5 {share:.0%} of embed's values were dropped, about "
+            "half expected: apply self.dropout once, in embed",
+        )
 
     with g.check("embed makes its positions on the images' device, not on torch's default device"):
         m, _ = _vit_pair(g, ViT, ViTConfig, "vit.device")
@@ -889,47 +1229,65 @@ def grade_vit(ViT, ViTConfig) -> None:
 def check_vit(ViT, ViTConfig) -> None:
     """Public: a two-layer ViT against coursekit's with the same weights, then one example per clause."""
     g = Grader("ViT (public)")
-    with g.check("ViT(ViTConfig(image_size=8, patch_size=2, in_channels=3, n_classes=5, n_layers=2, n_heads=2, "
-                 "d_model=12)) equals the reference with the same weights"):
+    with g.check(
+        "ViT(ViTConfig(image_size=8, patch_size=2, in_channels=3, n_classes=5, n_layers=2, n_heads=2, "
+        "d_model=12)) equals the reference with the same weights"
+    ):
         m, r = _vit_pair(g, ViT, ViTConfig, "public.vit")
         x = rand("public.vit.x", 2, C_IN, IMG, IMG)
         with torch.no_grad():
             right_embed, right = r.embed(x), r(x)
         emb = m.embed(x)
-        g.expect(is_tensor(emb) and emb.shape == (2, N_P + 1, C), f"embed should return (2, {N_P + 1}, {C}), got "
-                                                                  f"{describe(emb)}")
-        g.expect(close(emb, right_embed), "embed differs from the reference: [CLS] first, positions added to every "
-                                          "token")
+        g.expect(
+            is_tensor(emb) and emb.shape == (2, N_P + 1, C),
+            f"embed should return (2, {N_P + 1}, {C}), got {describe(emb)}",
+        )
+        g.expect(
+            close(emb, right_embed),
+            "embed differs from the reference: [CLS] first, positions added to every token",
+        )
         out = m(x)
         g.expect(is_tensor(out) and out.shape == (2, K), f"expected logits (2, {K}), got {describe(out)}")
         g.expect(close(out, right), "the logits differ from head(encoder(embed(images))[:, 0])")
     with g.check("another configuration: one grey 8x8 image in 4x4 patches, 3 layers, 4 heads"):
         _model_matches(g, ViT, ViTConfig, _Model(31, 1, 2, 4, 1, 4, 4, 3, 3), "forward")
-    with g.check("eval mode ignores dropout; in training mode self.dropout acts once on embed's output (p = 1: zeros, "
-                 "and forward runs the encoder on zeros; p = 0.5: values dropped or doubled)"):
+    with g.check(
+        "eval mode ignores dropout; in training mode self.dropout acts once on embed's output (p = 1: zeros, "
+        "and forward runs the encoder on zeros; p = 0.5: values dropped or doubled)"
+    ):
         m, _ = _vit_pair(g, ViT, ViTConfig, "public.vit.dropout", dropout=0.5)
         m0, _ = _vit_pair(g, ViT, ViTConfig, "public.vit.dropout", dropout=0.0)
         x = rand("public.vit.dropout.x", 1, C_IN, IMG, IMG)
-        g.expect(close(m(x), m0(x)), "in eval mode the logits with dropout=0.5 should equal those with dropout=0")
+        g.expect(
+            close(m(x), m0(x)), "in eval mode the logits with dropout=0.5 should equal those with dropout=0"
+        )
         m = m0  # in training mode the encoder's own dropout (the configuration's) must stay off
         plain = m.embed(x)
         set_attr(m.dropout, "p", 1.0)
         m.train()
         out = m.embed(x)
         zeros = torch.zeros(1, N_P + 1, C, dtype=F64)
-        g.expect(is_tensor(out) and close(out, zeros),
-                 "with self.dropout.p = 1 in training mode embed should return zeros: return self.dropout(...)")
+        g.expect(
+            is_tensor(out) and close(out, zeros),
+            "with self.dropout.p = 1 in training mode embed should return zeros: return self.dropout(...)",
+        )
         encoded = m.encoder(zeros)
-        g.expect(is_tensor(encoded) and close(m(x), m.head(encoded[:, 0])),
-                 "with self.dropout.p = 1 in training mode forward should be head(encoder(zeros)[:, 0]): run the "
-                 "encoder on self.embed(images)")
+        g.expect(
+            is_tensor(encoded) and close(m(x), m.head(encoded[:, 0])),
+            "with self.dropout.p = 1 in training mode forward should be head(encoder(zeros)[:, 0]): run the "
+            "encoder on self.embed(images)",
+        )
         set_attr(m.dropout, "p", 0.5)
         with seeded("public.vit.dropout.half"):
             out = m.embed(x)
-        g.expect(is_tensor(out) and close(out, torch.where(out == 0, torch.zeros_like(plain), 2 * plain)),
-                 "with self.dropout.p = 0.5 in training mode each value of embed should be 0 or twice the value "
-                 "without dropout: apply self.dropout once")
-    with g.check("the positions are made on the images' device (torch's default device set to meta for the call)"):
+        g.expect(
+            is_tensor(out) and close(out, torch.where(out == 0, torch.zeros_like(plain), 2 * plain)),
+            "with self.dropout.p = 0.5 in training mode each value of embed should be 0 or twice the value "
+            "without dropout: apply self.dropout once",
+        )
+    with g.check(
+        "the positions are made on the images' device (torch's default device set to meta for the call)"
+    ):
         m, _ = _vit_pair(g, ViT, ViTConfig, "public.vit.device")
         _embed_on_device(g, m, rand("public.vit.device.x", 1, C_IN, IMG, IMG))
     g.finish()

@@ -26,6 +26,10 @@ the student's code, is how the grader learns where the result lives.
 values, not memory. A tiled attention that secretly builds the whole score matrix gives the right
 values; the chapter measures the difference. The causal linear attention, though, is run at
 ``T = 200,000``, where a ``(T, T)`` matrix does not fit.
+
+Over 500 lines: one named check per clause of the exercise text for each graded part, public and
+hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
+it would scatter one exercise's specification over several files.
 """
 
 from __future__ import annotations
@@ -56,13 +60,18 @@ from coursekit.grading.core import (
     probe,
     raise_unless_student_error,
     rand,
-    student_side,
     tensor,
 )
 
 __all__ = [
-    "check_tiled_attention", "check_sliding_window_mask", "check_causal_linear_attention", "check_kv_cache_size",
-    "grade_tiled_attention", "grade_sliding_window_mask", "grade_causal_linear_attention", "grade_kv_cache_size",
+    "check_tiled_attention",
+    "check_sliding_window_mask",
+    "check_causal_linear_attention",
+    "check_kv_cache_size",
+    "grade_tiled_attention",
+    "grade_sliding_window_mask",
+    "grade_causal_linear_attention",
+    "grade_kv_cache_size",
 ]
 
 F64 = torch.float64
@@ -83,8 +92,6 @@ def _raised(e: BaseException) -> str:
 # =========================================================================== devices (private helpers)
 
 
-
-
 def _device_call(g: Grader, call, what: str, fix: str):
     """``call()`` with torch's default device set to ``meta`` in the student's process (inputs on the
     CPU): fail with ``fix`` when a tensor was made on the default device instead of the inputs' one."""
@@ -94,11 +101,15 @@ def _device_call(g: Grader, call, what: str, fix: str):
     except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
         if not meta_copy_refused(e):
             raise_unless_student_error(e)
-        g.fail(f"{what}, with torch's default device set to another device than the inputs' (meta), your code "
-               f"raised {type(e).__name__.removeprefix('Student')} ({str(e)[:150]}): {fix}")
+        g.fail(
+            f"{what}, with torch's default device set to another device than the inputs' (meta), your code "
+            f"raised {type(e).__name__.removeprefix('Student')} ({str(e)[:150]}): {fix}"
+        )
     if is_tensor(out) and out.device.type != "cpu":
-        g.fail(f"{what}, with torch's default device set to meta, your result is on {out.device.type}, not on the "
-               f"inputs' device (cpu): {fix}")
+        g.fail(
+            f"{what}, with torch's default device set to meta, your result is on {out.device.type}, not on the "
+            f"inputs' device (cpu): {fix}"
+        )
     return out
 
 
@@ -138,36 +149,58 @@ def _tiled_with(*edits: tuple[str, str]):
 
 _RESCALE_ACC = ("acc = alpha * acc + p @ v", "acc = acc + p @ v")
 _RESCALE_L = ("l = alpha * l + p.sum", "l = l + p.sum")
-_TILE_SOFTMAX = ("p = torch.exp(s - shift)", "p = torch.exp(s - shift); p = p / p.sum(dim=-1, "
-                                             "keepdim=True).clamp_min(1e-300)")
+_TILE_SOFTMAX = (
+    "p = torch.exp(s - shift)",
+    "p = torch.exp(s - shift); p = p / p.sum(dim=-1, keepdim=True).clamp_min(1e-300)",
+)
 
-_NO_RESCALE_ACC = ("the accumulator is not rescaled: when a tile raises a query's running maximum from m to m_new, "
-                   "multiply the running sum l AND the accumulator acc by exp(m - m_new) before adding the tile's "
-                   "exp(s - m_new) and exp(s - m_new) @ v")
-_NO_RESCALE = ("neither the running sum nor the accumulator is rescaled: when a tile raises the running maximum from "
-               "m to m_new, multiply l and acc by exp(m - m_new) before adding the new tile")
-_DIVIDE_EARLY = ("each tile is normalised by its own sum (a softmax per tile): divide by the running sum only once, "
-                 "after the last tile, out = acc / l")
-_MAX_OVERFLOW = ("exp overflowed to inf (the output has inf or NaN) on large scores: subtract the running maximum "
-                 "before exp. Set m_new = max(m, max of the tile's scores) at every tile, subtract m_new before exp, "
-                 "and "
-                 "rescale the old l and acc by exp(m - m_new)")
-_TOP_LEFT = ("the causal mask is aligned to the top left: with S > T keys the queries are the LAST T positions, so "
-             "query i sits at position i + S - T and sees keys j <= i + S - T")
+_NO_RESCALE_ACC = (
+    "the accumulator is not rescaled: when a tile raises a query's running maximum from m to m_new, "
+    "multiply the running sum l AND the accumulator acc by exp(m - m_new) before adding the tile's "
+    "exp(s - m_new) and exp(s - m_new) @ v"
+)
+_NO_RESCALE = (
+    "neither the running sum nor the accumulator is rescaled: when a tile raises the running maximum from "
+    "m to m_new, multiply l and acc by exp(m - m_new) before adding the new tile"
+)
+_DIVIDE_EARLY = (
+    "each tile is normalised by its own sum (a softmax per tile): divide by the running sum only once, "
+    "after the last tile, out = acc / l"
+)
+_MAX_OVERFLOW = (
+    "exp overflowed to inf (the output has inf or NaN) on large scores: subtract the running maximum "
+    "before exp. Set m_new = max(m, max of the tile's scores) at every tile, subtract m_new before exp, "
+    "and "
+    "rescale the old l and acc by exp(m - m_new)"
+)
+_TOP_LEFT = (
+    "the causal mask is aligned to the top left: with S > T keys the queries are the LAST T positions, so "
+    "query i sits at position i + S - T and sees keys j <= i + S - T"
+)
 _NO_SCALE = "the scores are not scaled: multiply q k^T by scale, which defaults to 1 / sqrt(D)"
-_SCALE_IGNORED = "the scale argument is ignored: with scale given, multiply the scores by it instead of 1 / sqrt(D)"
+_SCALE_IGNORED = (
+    "the scale argument is ignored: with scale given, multiply the scores by it instead of 1 / sqrt(D)"
+)
 _NO_CAUSAL = "causal=True is ignored: query i may only see keys j <= i + S - T"
-_NO_MASK = "the mask is ignored: a key must be allowed by the mask (True = may attend) as well as by causality"
-_MASK_INVERTED = "the mask is inverted: True means the query MAY attend to the key (mask out where it is False)"
-_NAN_TILES = ("the output has NaN or inf although the scores are small: a row of a tile can be fully masked (a causal "
-              "tile "
-              "partly in the future, or the mask) while the query sees keys in other tiles. exp(-inf - (-inf)) is NaN "
-              "and "
-              "a tile's sum can be 0: subtract 0 where the running maximum is still -inf, and divide by l only once, "
-              "after the last tile")
-_MASKED_NAN = ("a query that may attend to no key must get a zero output, not NaN: keep l = 0 for it and divide by "
-               "torch.where(l > 0, l, 1); also exp(-inf - (-inf)) is NaN, so where the running maximum is still -inf "
-               "subtract 0 instead")
+_NO_MASK = (
+    "the mask is ignored: a key must be allowed by the mask (True = may attend) as well as by causality"
+)
+_MASK_INVERTED = (
+    "the mask is inverted: True means the query MAY attend to the key (mask out where it is False)"
+)
+_NAN_TILES = (
+    "the output has NaN or inf although the scores are small: a row of a tile can be fully masked (a causal "
+    "tile "
+    "partly in the future, or the mask) while the query sees keys in other tiles. exp(-inf - (-inf)) is NaN "
+    "and "
+    "a tile's sum can be 0: subtract 0 where the running maximum is still -inf, and divide by l only once, "
+    "after the last tile"
+)
+_MASKED_NAN = (
+    "a query that may attend to no key must get a zero output, not NaN: keep l = 0 for it and divide by "
+    "torch.where(l > 0, l, 1); also exp(-inf - (-inf)) is NaN, so where the running maximum is still -inf "
+    "subtract 0 instead"
+)
 
 
 def _naive(q, k, v, causal=False, mask=None, scale=None):
@@ -223,18 +256,37 @@ class _Tiled:
         return kw
 
     def __str__(self) -> str:
-        q, k, v = ((*lead, n, d) for lead, n, d in zip(self.lead, (self.T, self.S, self.S), (self.D, self.D, self.Dv)))
+        q, k, v = (
+            (*lead, n, d)
+            for lead, n, d in zip(self.lead, (self.T, self.S, self.S), (self.D, self.D, self.Dv))
+        )
         args = [f"q {q}, k {k}, v {v} ({_dt(self.dtype)})"]
-        args += [f"{key}={val!r}" for key, val in (("causal", self.causal or None), ("block_q", self.block_q),
-                                                   ("block_k", self.block_k), ("scale", self.scale)) if val is not None]
+        args += [
+            f"{key}={val!r}"
+            for key, val in (
+                ("causal", self.causal or None),
+                ("block_q", self.block_q),
+                ("block_k", self.block_k),
+                ("scale", self.scale),
+            )
+            if val is not None
+        ]
         if self.mask is not None:
             args.append(f"a boolean mask {self.mask}")
         return "for " + ", ".join(args)
 
 
 #: leading dimensions of (q, k, v): equal, broadcast (1 against n, missing against present), or none
-_LEADS = [((), (), ()), ((2,), (2,), (2,)), ((2, 3), (2, 3), (2, 3)), ((2, 3), (1, 3), (3,)), ((3,), (), ()),
-          ((), (2,), ()), ((), (), (2,)), ((1,), (2,), (2,))]
+_LEADS = [
+    ((), (), ()),
+    ((2,), (2,), (2,)),
+    ((2, 3), (2, 3), (2, 3)),
+    ((2, 3), (1, 3), (3,)),
+    ((3,), (), ()),
+    ((), (2,), ()),
+    ((), (), (2,)),
+    ((1,), (2,), (2,)),
+]
 
 
 def _mask_shapes(T: int, S: int, batch: tuple) -> list[tuple]:
@@ -253,14 +305,32 @@ def _tiled_cases(draw, causal=False, masked=False, scales=(None,), sizes=(0.5, 1
     batch = tuple(torch.broadcast_shapes(*lead))
     mask = draw(st.sampled_from(_mask_shapes(T, S, batch))) if masked else None
     blocks = st.sampled_from([None, 1, 2, 3, 4, 5, 7, 64])
-    return _Tiled(draw(st.integers(0, 2**20)), lead, T, S, draw(st.integers(1, 6)), draw(st.integers(1, 4)), causal,
-                  mask, draw(blocks), draw(blocks), draw(st.sampled_from(scales)), draw(st.sampled_from(sizes)),
-                  draw(st.sampled_from(dtypes)))
+    return _Tiled(
+        draw(st.integers(0, 2**20)),
+        lead,
+        T,
+        S,
+        draw(st.integers(1, 6)),
+        draw(st.integers(1, 4)),
+        causal,
+        mask,
+        draw(blocks),
+        draw(blocks),
+        draw(st.sampled_from(scales)),
+        draw(st.sampled_from(sizes)),
+        draw(st.sampled_from(dtypes)),
+    )
 
 
 def _tiled_mistakes(case: _Tiled, q, k, v, mask):
     """What common wrong tiled attentions return on this case (float64), with their hints."""
-    kw = dict(causal=case.causal, mask=mask, block_q=case.block_q or 64, block_k=case.block_k or 64, scale=case.scale)
+    kw = dict(
+        causal=case.causal,
+        mask=mask,
+        block_q=case.block_q or 64,
+        block_k=case.block_k or 64,
+        scale=case.scale,
+    )
     q, k, v = q.double(), k.double(), v.double()
     T, S = case.T, case.S
     top_left = torch.ones(T, S, dtype=torch.bool).tril()
@@ -268,9 +338,16 @@ def _tiled_mistakes(case: _Tiled, q, k, v, mask):
         (_tiled_with(_RESCALE_ACC)(q, k, v, **kw), _NO_RESCALE_ACC),
         (_tiled_with(_RESCALE_ACC, _RESCALE_L)(q, k, v, **kw), _NO_RESCALE),
         (_tiled_with(_TILE_SOFTMAX)(q, k, v, **kw), _DIVIDE_EARLY),
-        (_naive(q, k, v, mask=top_left if mask is None else mask & top_left, scale=case.scale) if case.causal else None,
-         _TOP_LEFT),
-        (_naive(q, k, v, case.causal, mask, scale=1.0), _SCALE_IGNORED if case.scale is not None else _NO_SCALE),
+        (
+            _naive(q, k, v, mask=top_left if mask is None else mask & top_left, scale=case.scale)
+            if case.causal
+            else None,
+            _TOP_LEFT,
+        ),
+        (
+            _naive(q, k, v, case.causal, mask, scale=1.0),
+            _SCALE_IGNORED if case.scale is not None else _NO_SCALE,
+        ),
         (_naive(q, k, v, case.causal, mask) if case.scale is not None else None, _SCALE_IGNORED),
         (_naive(q, k, v, False, mask, case.scale) if case.causal else None, _NO_CAUSAL),
         (_naive(q, k, v, case.causal, None, case.scale) if mask is not None else None, _NO_MASK),
@@ -282,13 +359,17 @@ def _tiled_mistakes(case: _Tiled, q, k, v, mask):
 def _tiled_output(g: Grader, tiled_attention, case: _Tiled, q, k, v, mask):
     """Call the student's function on ``case`` and check the result's type, shape and dtype."""
     try:
-        out = tiled_attention(q.clone(), k.clone(), v.clone(), **case.kwargs(None if mask is None else mask.clone()))
+        out = tiled_attention(
+            q.clone(), k.clone(), v.clone(), **case.kwargs(None if mask is None else mask.clone())
+        )
     except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
         raise_unless_student_error(e)
         g.fail(f"{case}: your code raised {_raised(e)}")
     shape = (*torch.broadcast_shapes(*case.lead), case.T, case.Dv)
-    g.expect(is_tensor(out) and tuple(out.shape) == shape and out.dtype == case.dtype,
-             f"{case}: expected a {_dt(case.dtype)} tensor of shape (..., T, Dv) = {shape}, got {describe(out)}")
+    g.expect(
+        is_tensor(out) and tuple(out.shape) == shape and out.dtype == case.dtype,
+        f"{case}: expected a {_dt(case.dtype)} tensor of shape (..., T, Dv) = {shape}, got {describe(out)}",
+    )
     return out
 
 
@@ -318,8 +399,10 @@ def _tiled_compare(g: Grader, case: _Tiled, out, q, k, v, mask, large: bool = Fa
         if close(out, wrong.to(case.dtype), magnitude=M):
             g.fail(f"{case}: {hint}")
     worst = (out.double() - expected).abs().max().item()
-    g.fail(f"{case}: the result differs from attention with the whole score matrix, "
-           f"scaled_dot_product_attention(q, k, v, mask)[0] (largest difference {worst:.3g})")
+    g.fail(
+        f"{case}: the result differs from attention with the whole score matrix, "
+        f"scaled_dot_product_attention(q, k, v, mask)[0] (largest difference {worst:.3g})"
+    )
 
 
 def _tiled_matches(g: Grader, tiled_attention, case: _Tiled, large: bool = False) -> None:
@@ -339,94 +422,203 @@ def grade_tiled_attention(tiled_attention) -> None:
 
     with g.check("returns (..., T, Dv) in q's dtype: float64, float32, float16 and bfloat16"):
         for i, dtype in enumerate((F64, torch.float32, torch.float16, torch.bfloat16)):
-            test(_Tiled(70 + i, ((2,), (2,), (2,)), 5, 7, 4, 3, causal=i % 2 == 1, block_q=2, block_k=3, dtype=dtype))
+            test(
+                _Tiled(
+                    70 + i,
+                    ((2,), (2,), (2,)),
+                    5,
+                    7,
+                    4,
+                    3,
+                    causal=i % 2 == 1,
+                    block_q=2,
+                    block_k=3,
+                    dtype=dtype,
+                )
+            )
 
-    with g.check("equals attention with the whole score matrix, for any tiles (the default, 1, tiles that do not "
-                 "divide T or S) and leading dimensions (none, several, broadcast between q, k and v)"):
-        for_all("tiled.values", _tiled_cases(dtypes=(F64, F64, torch.float32)), test, max_examples=14, first=_FIRST)
+    with g.check(
+        "equals attention with the whole score matrix, for any tiles (the default, 1, tiles that do not "
+        "divide T or S) and leading dimensions (none, several, broadcast between q, k and v)"
+    ):
+        for_all(
+            "tiled.values",
+            _tiled_cases(dtypes=(F64, F64, torch.float32)),
+            test,
+            max_examples=14,
+            first=_FIRST,
+        )
 
     with g.check("causal=True: query i sees keys j <= i + S - T (bottom-right), with S == T and S > T"):
-        for_all("tiled.causal", _tiled_cases(causal=True), test, max_examples=12,
-                first=_Tiled(2, ((), (), ()), 2, 5, 3, 2, causal=True, block_q=1, block_k=2))
+        for_all(
+            "tiled.causal",
+            _tiled_cases(causal=True),
+            test,
+            max_examples=12,
+            first=_Tiled(2, ((), (), ()), 2, 5, 3, 2, causal=True, block_q=1, block_k=2),
+        )
 
-    with g.check("mask: boolean, True = may attend, of any shape that broadcasts to (..., T, S), and with causal=True "
-                 "a key must be allowed by both"):
-        for_all("tiled.mask", _tiled_cases(masked=True), test, max_examples=10,
-                first=_Tiled(3, ((2,), (2,), (2,)), 3, 5, 2, 2, mask=(3, 5), block_q=2, block_k=2))
-        for_all("tiled.mask.causal", _tiled_cases(causal=True, masked=True), test, max_examples=8,
-                first=_Tiled(4, ((2,), (2,), (2,)), 3, 5, 2, 2, causal=True, mask=(5,), block_q=2, block_k=2))
+    with g.check(
+        "mask: boolean, True = may attend, of any shape that broadcasts to (..., T, S), and with causal=True "
+        "a key must be allowed by both"
+    ):
+        for_all(
+            "tiled.mask",
+            _tiled_cases(masked=True),
+            test,
+            max_examples=10,
+            first=_Tiled(3, ((2,), (2,), (2,)), 3, 5, 2, 2, mask=(3, 5), block_q=2, block_k=2),
+        )
+        for_all(
+            "tiled.mask.causal",
+            _tiled_cases(causal=True, masked=True),
+            test,
+            max_examples=8,
+            first=_Tiled(4, ((2,), (2,), (2,)), 3, 5, 2, 2, causal=True, mask=(5,), block_q=2, block_k=2),
+        )
         for i, lead in enumerate((((2,), (), ()), ((), (2,), ()), ((), (), (2,)), ((3, 2), (2,), (1, 2)))):
-            batch = tuple(torch.broadcast_shapes(*lead))  # a batched mask, where one of q, k, v holds the batch
-            test(_Tiled(40 + i, lead, 3, 5, 2, 2, causal=i % 2 == 0, mask=(*batch, 3, 5), block_q=2, block_k=2))
+            batch = tuple(
+                torch.broadcast_shapes(*lead)
+            )  # a batched mask, where one of q, k, v holds the batch
+            test(
+                _Tiled(40 + i, lead, 3, 5, 2, 2, causal=i % 2 == 0, mask=(*batch, 3, 5), block_q=2, block_k=2)
+            )
 
     with g.check("a query that may attend to no key gets a zero output, not NaN"):
-        q, k, v = rand("tiled.empty.q", 2, 6, 3), rand("tiled.empty.k", 2, 8, 3), rand("tiled.empty.v", 2, 8, 2)
+        q, k, v = (
+            rand("tiled.empty.q", 2, 6, 3),
+            rand("tiled.empty.k", 2, 8, 3),
+            rand("tiled.empty.v", 2, 8, 2),
+        )
         mask = torch.rand(6, 8, generator=generator("tiled.empty")) < 0.6
         mask[[1, 4]] = False  # these queries see nothing
         mask[2, :4] = False  # this one sees keys only in the later tiles
         for causal, bq, bk in ((False, 2, 4), (True, 3, 2), (False, 64, 64)):
-            case = _Tiled(0, ((2,), (2,), (2,)), 6, 8, 3, 2, causal=causal, mask=(6, 8), block_q=bq, block_k=bk)
+            case = _Tiled(
+                0, ((2,), (2,), (2,)), 6, 8, 3, 2, causal=causal, mask=(6, 8), block_q=bq, block_k=bk
+            )
             out = _tiled_output(g, tiled_attention, case, q, k, v, mask)
-            g.expect(bool(out.isfinite().all()), f"{case} where queries 1 and 4 may attend to no key: {_MASKED_NAN}")
-            g.expect(close(out[:, [1, 4]], torch.zeros(2, 2, 2, dtype=F64)),
-                     f"{case}: queries 1 and 4 may attend to no key, so their outputs must be 0, got "
-                     f"{out[:, [1, 4]].tolist()}")
+            g.expect(
+                bool(out.isfinite().all()),
+                f"{case} where queries 1 and 4 may attend to no key: {_MASKED_NAN}",
+            )
+            g.expect(
+                close(out[:, [1, 4]], torch.zeros(2, 2, 2, dtype=F64)),
+                f"{case}: queries 1 and 4 may attend to no key, so their outputs must be 0, got "
+                f"{out[:, [1, 4]].tolist()}",
+            )
             _tiled_compare(g, case, out, q, k, v, mask)
 
     with g.check("scale multiplies the scores: any value (0, negative, large); the default is 1 / sqrt(D)"):
-        for_all("tiled.scale", _tiled_cases(scales=(None, 0.0, 0.3, 1.0, 2.5, -0.7)), test, max_examples=12,
-                first=_Tiled(5, ((), (), ()), 3, 4, 4, 2, scale=0.0))
+        for_all(
+            "tiled.scale",
+            _tiled_cases(scales=(None, 0.0, 0.3, 1.0, 2.5, -0.7)),
+            test,
+            max_examples=12,
+            first=_Tiled(5, ((), (), ()), 3, 4, 4, 2, scale=0.0),
+        )
 
-    with g.check("stable for large scores: the running maximum follows the scores (float64 and float32, rows of very "
-                 "different sizes)"):
+    with g.check(
+        "stable for large scores: the running maximum follows the scores (float64 and float32, rows of very "
+        "different sizes)"
+    ):
         q = torch.full((1, 5, 4), 10.0, dtype=F64)
-        k = torch.linspace(0, 60, 40, dtype=F64)[None, :, None].expand(1, 40, 4).contiguous()  # scores grow to 2400
+        k = (
+            torch.linspace(0, 60, 40, dtype=F64)[None, :, None].expand(1, 40, 4).contiguous()
+        )  # scores grow to 2400
         v = rand("tiled.overflow.v", 1, 40, 3)
         case = _Tiled(0, ((1,), (1,), (1,)), 5, 40, 4, 3, block_q=2, block_k=8, scale=1.0)
-        _tiled_compare(g, case, _tiled_output(g, tiled_attention, case, q, k, v, None), q, k, v, None, large=True)
-        for_all("tiled.large", _tiled_cases(causal=True, sizes=(12.0, 25.0), dtypes=(F64, torch.float32)),
-                functools.partial(_tiled_matches, g, tiled_attention, large=True), max_examples=6,
-                first=_Tiled(6, ((), (), ()), 4, 6, 4, 2, causal=True, block_q=2, block_k=2, size=25.0,
-                             dtype=torch.float32))
-        q = rand("tiled.rows.q", 2, 6, 4) * torch.tensor([60.0, 1.0, -40.0, 0.01, 30.0, 1.0], dtype=F64)[:, None]
+        _tiled_compare(
+            g, case, _tiled_output(g, tiled_attention, case, q, k, v, None), q, k, v, None, large=True
+        )
+        for_all(
+            "tiled.large",
+            _tiled_cases(causal=True, sizes=(12.0, 25.0), dtypes=(F64, torch.float32)),
+            functools.partial(_tiled_matches, g, tiled_attention, large=True),
+            max_examples=6,
+            first=_Tiled(
+                6, ((), (), ()), 4, 6, 4, 2, causal=True, block_q=2, block_k=2, size=25.0, dtype=torch.float32
+            ),
+        )
+        q = (
+            rand("tiled.rows.q", 2, 6, 4)
+            * torch.tensor([60.0, 1.0, -40.0, 0.01, 30.0, 1.0], dtype=F64)[:, None]
+        )
         k, v = rand("tiled.rows.k", 2, 9, 4, scale=3.0), rand("tiled.rows.v", 2, 9, 3)
         case = _Tiled(0, ((2,), (2,), (2,)), 6, 9, 4, 3, block_q=3, block_k=4)
-        _tiled_compare(g, case, _tiled_output(g, tiled_attention, case, q, k, v, None), q, k, v, None, large=True)
+        _tiled_compare(
+            g, case, _tiled_output(g, tiled_attention, case, q, k, v, None), q, k, v, None, large=True
+        )
 
     with g.check("gradients reach q, k and v and equal plain attention's"):
         q, k, v = rand("tiled.grad.q", 2, 7, 4), rand("tiled.grad.k", 1, 9, 4), rand("tiled.grad.v", 9, 3)
         mask = torch.rand(9, generator=generator("tiled.grad.mask")) < 0.7
         up = rand("tiled.grad.up", 2, 7, 3)
-        p = probe(tiled_attention, q.clone().requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_(),
-                  causal=True, mask=mask, block_q=3, block_k=2, backward=(None, up))
-        g.expect(is_tensor(p.result) and p.result.requires_grad,
-                 "the output does not depend on q, k, v through autograd: avoid .detach(), .item(), .data or "
-                 "torch.tensor(...) on them")
+        p = probe(
+            tiled_attention,
+            q.clone().requires_grad_(),
+            k.clone().requires_grad_(),
+            v.clone().requires_grad_(),
+            causal=True,
+            mask=mask,
+            block_q=3,
+            block_k=2,
+            backward=(None, up),
+        )
+        g.expect(
+            is_tensor(p.result) and p.result.requires_grad,
+            "the output does not depend on q, k, v through autograd: avoid .detach(), .item(), .data or "
+            "torch.tensor(...) on them",
+        )
         refs = [t.clone().requires_grad_() for t in (q, k, v)]
         (_naive(*refs, causal=True, mask=mask) * up).sum().backward()
         for name, got, want in zip("qkv", p.grads or [None] * 3, refs):
-            g.expect(is_tensor(got) and close(got, want.grad),
-                     f"for q (2, 7, 4), k (1, 9, 4), v (9, 3), causal=True and a mask (9,): the gradient with respect "
-                     f"to {name} differs from plain attention's")
+            g.expect(
+                is_tensor(got) and close(got, want.grad),
+                f"for q (2, 7, 4), k (1, 9, 4), v (9, 3), causal=True and a mask (9,): the gradient with respect "
+                f"to {name} differs from plain attention's",
+            )
 
     with g.check("does not change q, k, v or the mask in place"):
-        q, k, v = rand("tiled.inplace.q", 2, 5, 3), rand("tiled.inplace.k", 2, 6, 3), rand("tiled.inplace.v", 2, 6, 2)
+        q, k, v = (
+            rand("tiled.inplace.q", 2, 5, 3),
+            rand("tiled.inplace.k", 2, 6, 3),
+            rand("tiled.inplace.v", 2, 6, 2),
+        )
         mask = torch.rand(5, 6, generator=generator("tiled.inplace")) < 0.6
-        p = probe(tiled_attention, q.clone(), k.clone(), v.clone(), mask=mask.clone(), block_q=2, block_k=4, scale=0.7)
-        for name, before, after in zip(("q", "k", "v", "mask"), (q, k, v, mask),
-                                       (*p.args, p.kwargs.get("mask") if isinstance(p.kwargs, dict) else None)):
-            g.expect(is_tensor(after) and torch.equal(after, before),
-                     f"tiled_attention changed its argument {name} in place: work on new tensors (q * scale, not q *= "
-                     "scale or q.mul_(scale))")
+        p = probe(
+            tiled_attention,
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            mask=mask.clone(),
+            block_q=2,
+            block_k=4,
+            scale=0.7,
+        )
+        for name, before, after in zip(
+            ("q", "k", "v", "mask"),
+            (q, k, v, mask),
+            (*p.args, p.kwargs.get("mask") if isinstance(p.kwargs, dict) else None),
+        ):
+            g.expect(
+                is_tensor(after) and torch.equal(after, before),
+                f"tiled_attention changed its argument {name} in place: work on new tensors (q * scale, not q *= "
+                "scale or q.mul_(scale))",
+            )
 
     with g.check("makes its tensors on q's device, not on torch's default device"):
         case = _Tiled(7, ((2,), (2,), (2,)), 5, 7, 3, 2, causal=True, mask=(5, 7), block_q=2, block_k=3)
         q, k, v, mask = case.inputs()
         args = (q.clone(), k.clone(), v.clone())
         kwargs = case.kwargs(mask.clone())
-        out = _device_call(g, lambda: tiled_attention(*args, **kwargs), str(case),
-                           "make every tensor on q's device: torch.full(..., device=q.device), torch.zeros(..., "
-                           "device=q.device), torch.arange(..., device=q.device), or new_full / zeros_like")
+        out = _device_call(
+            g,
+            lambda: tiled_attention(*args, **kwargs),
+            str(case),
+            "make every tensor on q's device: torch.full(..., device=q.device), torch.zeros(..., "
+            "device=q.device), torch.arange(..., device=q.device), or new_full / zeros_like",
+        )
         g.expect(is_tensor(out), f"{case}: expected a tensor, got {describe(out)}")
         _tiled_compare(g, case, out, q, k, v, mask)
 
@@ -435,44 +627,68 @@ def grade_tiled_attention(tiled_attention) -> None:
         expect_value_error(g, lambda: tiled_attention(x, x, x, block_q=0), "block_q=0")
         expect_value_error(g, lambda: tiled_attention(x, x, x, block_k=0), "block_k=0")
         expect_value_error(g, lambda: tiled_attention(x, x, x, block_q=-2, block_k=3), "block_q=-2")
-        expect_value_error(g, lambda: tiled_attention(x, x, x, block_q=2, block_k=-1), "block_q=2 and block_k=-1")
+        expect_value_error(
+            g, lambda: tiled_attention(x, x, x, block_q=2, block_k=-1), "block_q=2 and block_k=-1"
+        )
         expect_value_error(g, lambda: tiled_attention(x, x, x, block_q=64, block_k=-3), "block_k=-3")
-        expect_value_error(g, lambda: tiled_attention(x, y, y, causal=True),
-                           "causal=True with T=4 queries and S=3 keys")
-        expect_value_error(g, lambda: tiled_attention(x, x, y), "k (1, 4, 2) and v (1, 3, 2) of different lengths",
-                           "call check_attention_inputs(q, k, v, mask) first")
-        expect_value_error(g, lambda: tiled_attention(x, rand("tiled.bad.w", 1, 4, 3), x),
-                           "q (1, 4, 2) and k (1, 4, 3) of different widths", "call check_attention_inputs(q, k, v, "
-                                                                              "mask) first")
-        expect_value_error(g, lambda: tiled_attention(x, x, x, mask=torch.ones(5, 4, dtype=torch.bool)),
-                           "a mask (5, 4) for 4 queries and 4 keys", "call check_attention_inputs(q, k, v, mask) first")
+        expect_value_error(
+            g, lambda: tiled_attention(x, y, y, causal=True), "causal=True with T=4 queries and S=3 keys"
+        )
+        expect_value_error(
+            g,
+            lambda: tiled_attention(x, x, y),
+            "k (1, 4, 2) and v (1, 3, 2) of different lengths",
+            "call check_attention_inputs(q, k, v, mask) first",
+        )
+        expect_value_error(
+            g,
+            lambda: tiled_attention(x, rand("tiled.bad.w", 1, 4, 3), x),
+            "q (1, 4, 2) and k (1, 4, 3) of different widths",
+            "call check_attention_inputs(q, k, v, mask) first",
+        )
+        expect_value_error(
+            g,
+            lambda: tiled_attention(x, x, x, mask=torch.ones(5, 4, dtype=torch.bool)),
+            "a mask (5, 4) for 4 queries and 4 keys",
+            "call check_attention_inputs(q, k, v, mask) first",
+        )
 
     with g.check("raises TypeError for a mask that is not boolean, or q, k, v of different dtypes"):
         x = rand("tiled.type", 1, 4, 2)
-        for bad, what in ((torch.zeros(4, 4, dtype=F64), "a float64 mask"),
-                          (torch.ones(4, 4, dtype=torch.long), "a long mask")):
+        for bad, what in (
+            (torch.zeros(4, 4, dtype=F64), "a float64 mask"),
+            (torch.ones(4, 4, dtype=torch.long), "a long mask"),
+        ):
             try:
                 out = tiled_attention(x, x, x, mask=bad)
             except TypeError:
                 continue
             except Exception as e:  # noqa: BLE001
                 raise_unless_student_error(e)
-                g.fail(f"with {what} your code raised {type(e).__name__.removeprefix('Student')} ({str(e)[:100]}); "
-                       f"raise a "
-                       "TypeError instead: the mask must be boolean (True = may attend)")
-            g.fail(f"with {what} your code returned {describe(out)}; raise a TypeError: the mask must be boolean")
+                g.fail(
+                    f"with {what} your code raised {type(e).__name__.removeprefix('Student')} ({str(e)[:100]}); "
+                    f"raise a "
+                    "TypeError instead: the mask must be boolean (True = may attend)"
+                )
+            g.fail(
+                f"with {what} your code returned {describe(out)}; raise a TypeError: the mask must be boolean"
+            )
         try:
             out = tiled_attention(x, x.float(), x)
         except TypeError:
             pass
         except Exception as e:  # noqa: BLE001
             raise_unless_student_error(e)
-            g.fail(f"with q, v float64 and k float32 your code raised {type(e).__name__.removeprefix('Student')}; "
-                   f"raise "
-                   "a TypeError instead (call check_attention_inputs(q, k, v, mask) first)")
+            g.fail(
+                f"with q, v float64 and k float32 your code raised {type(e).__name__.removeprefix('Student')}; "
+                f"raise "
+                "a TypeError instead (call check_attention_inputs(q, k, v, mask) first)"
+            )
         else:
-            g.fail(f"with q, v float64 and k float32 your code returned {describe(out)}; raise a TypeError (call "
-                   "check_attention_inputs(q, k, v, mask) first)")
+            g.fail(
+                f"with q, v float64 and k float32 your code returned {describe(out)}; raise a TypeError (call "
+                "check_attention_inputs(q, k, v, mask) first)"
+            )
 
     g.finish()
 
@@ -504,42 +720,70 @@ def check_tiled_attention(tiled_attention) -> None:
         k = torch.linspace(0, 120, 12, dtype=F64)[None, :, None].expand(1, 12, 2).contiguous()
         v = rand("public.tiled.large.v", 1, 12, 2)
         case = _Tiled(0, ((1,), (1,), (1,)), 3, 12, 2, 2, block_q=2, block_k=4, scale=1.0)
-        _tiled_compare(g, case, _tiled_output(g, tiled_attention, case, q, k, v, None), q, k, v, None, large=True)
-        _tiled_matches(g, tiled_attention, _Tiled(17, ((), (), ()), 4, 4, 4, 2, block_q=2, block_k=2, size=20.0,
-                                                  dtype=torch.float32), large=True)
+        _tiled_compare(
+            g, case, _tiled_output(g, tiled_attention, case, q, k, v, None), q, k, v, None, large=True
+        )
+        _tiled_matches(
+            g,
+            tiled_attention,
+            _Tiled(17, ((), (), ()), 4, 4, 4, 2, block_q=2, block_k=2, size=20.0, dtype=torch.float32),
+            large=True,
+        )
     with g.check("float32, float16 and bfloat16 inputs give a result of their dtype"):
         for i, dtype in enumerate((torch.float32, torch.float16, torch.bfloat16)):
             test(_Tiled(18 + i, ((), (), ()), 3, 4, 2, 2, block_q=2, block_k=3, dtype=dtype))
     with g.check("gradients reach q, k and v; the inputs are not changed in place"):
         q, k, v = (rand(f"public.tiled.grad.{n}", 1, T, 2) for n, T in zip("qkv", (3, 4, 4)))
-        p = probe(tiled_attention, q.clone().requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_(),
-                  block_q=2, block_k=2, backward=(None, torch.ones(1, 3, 2, dtype=F64)))
+        p = probe(
+            tiled_attention,
+            q.clone().requires_grad_(),
+            k.clone().requires_grad_(),
+            v.clone().requires_grad_(),
+            block_q=2,
+            block_k=2,
+            backward=(None, torch.ones(1, 3, 2, dtype=F64)),
+        )
         refs = [t.clone().requires_grad_() for t in (q, k, v)]
         _naive(*refs).sum().backward()
         for name, got, want in zip("qkv", p.grads or [None] * 3, refs):
-            g.expect(is_tensor(got) and close(got, want.grad), f"the gradient with respect to {name} differs from "
-                                                               f"plain attention's")
+            g.expect(
+                is_tensor(got) and close(got, want.grad),
+                f"the gradient with respect to {name} differs from plain attention's",
+            )
         for name, before, after in zip("qkv", (q, k, v), p.args):
             g.expect(is_tensor(after) and torch.equal(after.detach(), before), f"{name} was changed in place")
     with g.check("tensors made on q's device (torch's default device set to meta for the call)"):
         case = _Tiled(19, ((), (), ()), 3, 4, 2, 2, causal=True, block_q=2, block_k=2)
         q, k, v, _ = case.inputs()
         args = (q.clone(), k.clone(), v.clone())
-        out = _device_call(g, lambda: tiled_attention(*args, causal=True, block_q=2, block_k=2), str(case),
-                           "make every tensor with device=q.device (or zeros_like, new_full)")
+        out = _device_call(
+            g,
+            lambda: tiled_attention(*args, causal=True, block_q=2, block_k=2),
+            str(case),
+            "make every tensor with device=q.device (or zeros_like, new_full)",
+        )
         _tiled_compare(g, case, out, q, k, v, None)
-    with g.check("ValueError for block_q=0, block_k=-1, causal with S < T and k, v of different lengths; TypeError for "
-                 "a float mask"):
+    with g.check(
+        "ValueError for block_q=0, block_k=-1, causal with S < T and k, v of different lengths; TypeError for "
+        "a float mask"
+    ):
         x = rand("public.tiled.bad", 1, 4, 2)
         expect_value_error(g, lambda: tiled_attention(x, x, x, block_q=0), "block_q=0")
         expect_value_error(g, lambda: tiled_attention(x, x, x, block_k=-1), "block_k=-1")
-        expect_value_error(g, lambda: tiled_attention(x, x, x[:, :3]), "k (1, 4, 2) and v (1, 3, 2)",
-                           "call check_attention_inputs(q, k, v, mask) first")
-        expect_value_error(g, lambda: tiled_attention(x, x[:, :2], x[:, :2], causal=True), "causal=True with T=4 and "
-                                                                                           "S=2")
+        expect_value_error(
+            g,
+            lambda: tiled_attention(x, x, x[:, :3]),
+            "k (1, 4, 2) and v (1, 3, 2)",
+            "call check_attention_inputs(q, k, v, mask) first",
+        )
+        expect_value_error(
+            g, lambda: tiled_attention(x, x[:, :2], x[:, :2], causal=True), "causal=True with T=4 and S=2"
+        )
         try:
             tiled_attention(x, x, x, mask=torch.zeros(4, 4, dtype=F64))
-            g.fail("with a float64 mask your code returned a result; raise a TypeError (the mask must be boolean)")
+            g.fail(
+                "with a float64 mask your code returned a result; raise a TypeError (the mask must be boolean)"
+            )
         except TypeError:
             pass
     g.finish()
@@ -557,23 +801,40 @@ def _window(T, S, allowed) -> torch.Tensor:
 
 def _window_mistakes(T, S, W):
     return [
-        (_window(T, S, lambda p, j: (j <= p) & (j >= p - W)),
-         "the window is off by one: it holds W + 1 keys. Query p sees keys p - W < j <= p, itself and the W - 1 "
-         "before it"),
-        (_window(T, S, lambda p, j: (j <= p) & (j > p - W + 1)),
-         "the window is off by one: it holds W - 1 keys. Query p sees keys p - W < j <= p, itself and the W - 1 "
-         "before it"),
-        (_window(T, S, lambda p, j: (j < p) & (j >= p - W)),
-         "the window leaves out the query itself: query p sees keys p - W < j <= p, itself included"),
-        (_window(T, S, lambda p, j: (p - j).abs() < W),
-         "the window is not causal: it lets a query see keys after it. Keep only keys j <= p (and j > p - W)"),
-        (_window(T, S, lambda p, j: (j >= p) & (j < p + W)),
-         "the window looks into the future: a query sees itself and the keys BEFORE it, p - W < j <= p"),
-        (_window(T, S, lambda p, j: (j <= p - (S - T)) & (j > p - (S - T) - W)),
-         "the mask is aligned to the top left: with S > T keys, query i sits at position p = i + S - T"),
-        (_window(T, S, lambda p, j: j <= p), "the window is ignored: query p sees only keys p - W < j <= p, not all "
-                                             "earlier keys"),
-        (~ref.sliding_window_mask(T, W, S), "the mask is inverted: True means the query MAY attend to the key"),
+        (
+            _window(T, S, lambda p, j: (j <= p) & (j >= p - W)),
+            "the window is off by one: it holds W + 1 keys. Query p sees keys p - W < j <= p, itself and the W - 1 "
+            "before it",
+        ),
+        (
+            _window(T, S, lambda p, j: (j <= p) & (j > p - W + 1)),
+            "the window is off by one: it holds W - 1 keys. Query p sees keys p - W < j <= p, itself and the W - 1 "
+            "before it",
+        ),
+        (
+            _window(T, S, lambda p, j: (j < p) & (j >= p - W)),
+            "the window leaves out the query itself: query p sees keys p - W < j <= p, itself included",
+        ),
+        (
+            _window(T, S, lambda p, j: (p - j).abs() < W),
+            "the window is not causal: it lets a query see keys after it. Keep only keys j <= p (and j > p - W)",
+        ),
+        (
+            _window(T, S, lambda p, j: (j >= p) & (j < p + W)),
+            "the window looks into the future: a query sees itself and the keys BEFORE it, p - W < j <= p",
+        ),
+        (
+            _window(T, S, lambda p, j: (j <= p - (S - T)) & (j > p - (S - T) - W)),
+            "the mask is aligned to the top left: with S > T keys, query i sits at position p = i + S - T",
+        ),
+        (
+            _window(T, S, lambda p, j: j <= p),
+            "the window is ignored: query p sees only keys p - W < j <= p, not all earlier keys",
+        ),
+        (
+            ~ref.sliding_window_mask(T, W, S),
+            "the mask is inverted: True means the query MAY attend to the key",
+        ),
     ]
 
 
@@ -584,8 +845,10 @@ def _call(T, W, S):
 def _window_call(g: Grader, sliding_window_mask, T, W, S=None):
     out = sliding_window_mask(T, W) if S is None else sliding_window_mask(T, W, S)
     S_ = T if S is None else S
-    g.expect(is_tensor(out) and tuple(out.shape) == (T, S_) and out.dtype == torch.bool,
-             f"{_call(T, W, S)} should be a boolean tensor of shape ({T}, {S_}), got {describe(out)}")
+    g.expect(
+        is_tensor(out) and tuple(out.shape) == (T, S_) and out.dtype == torch.bool,
+        f"{_call(T, W, S)} should be a boolean tensor of shape ({T}, {S_}), got {describe(out)}",
+    )
     return out
 
 
@@ -595,14 +858,23 @@ def _window_matches(g: Grader, sliding_window_mask, T, W, S=None) -> None:
     expected = _window(T, S_, lambda p, j: (j <= p) & (j > p - W))
     if torch.equal(out, expected):
         return
-    hints = list(dict.fromkeys(hint for wrong, hint in _window_mistakes(T, S_, W)
-                               if not torch.equal(wrong, expected) and torch.equal(out, wrong)))
+    hints = list(
+        dict.fromkeys(
+            hint
+            for wrong, hint in _window_mistakes(T, S_, W)
+            if not torch.equal(wrong, expected) and torch.equal(out, wrong)
+        )
+    )
     if hints:  # on a small mask two mistakes can give the same answer
-        g.fail(f"{_call(T, W, S)}: "
-               f"{hints[0] if len(hints) == 1 else 'this mask fits more than one mistake: ' + '; OR '.join(hints)}")
+        g.fail(
+            f"{_call(T, W, S)}: "
+            f"{hints[0] if len(hints) == 1 else 'this mask fits more than one mistake: ' + '; OR '.join(hints)}"
+        )
     rows = [i for i in range(T) if not torch.equal(out[i], expected[i])]
-    g.fail(f"{_call(T, W, S)} differs from the definition (query p = i + S - T sees keys p - W < j <= p) in rows "
-           f"{rows[:5]}: row {rows[0]} should be {expected[rows[0]].int().tolist()}, got {out[rows[0]].int().tolist()}")
+    g.fail(
+        f"{_call(T, W, S)} differs from the definition (query p = i + S - T sees keys p - W < j <= p) in rows "
+        f"{rows[:5]}: row {rows[0]} should be {expected[rows[0]].int().tolist()}, got {out[rows[0]].int().tolist()}"
+    )
 
 
 def _window_device(g: Grader, sliding_window_mask, T, W, S) -> None:
@@ -612,10 +884,15 @@ def _window_device(g: Grader, sliding_window_mask, T, W, S) -> None:
     except NotImplementedError as e:
         if not meta_copy_refused(e):
             raise
-        g.fail(f"{call}: your code read the values of a meta tensor ({str(e)[:80]}): build the mask with torch "
-               "operations only, on device")
-    g.expect(where == "meta", f"{call} returned a mask on {where}: build it on the device asked for, "
-                              "torch.arange(..., device=device)")
+        g.fail(
+            f"{call}: your code read the values of a meta tensor ({str(e)[:80]}): build the mask with torch "
+            "operations only, on device"
+        )
+    g.expect(
+        where == "meta",
+        f"{call} returned a mask on {where}: build it on the device asked for, "
+        "torch.arange(..., device=device)",
+    )
 
 
 def grade_sliding_window_mask(sliding_window_mask) -> None:
@@ -626,24 +903,37 @@ def grade_sliding_window_mask(sliding_window_mask) -> None:
         for T, W, S in ((5, 2, None), (3, 2, 6), (1, 1, None), (0, 2, None), (0, 3, 4)):
             _window_call(g, sliding_window_mask, T, W, S)
 
-    with g.check("query p = i + S - T sees the keys p - window < j <= p (itself and the window - 1 before it)"):
+    with g.check(
+        "query p = i + S - T sees the keys p - window < j <= p (itself and the window - 1 before it)"
+    ):
+
         def test(case):
             T, extra, W, default_S = case
             _window_matches(g, sliding_window_mask, T, W, None if default_S and not extra else T + extra)
-        for_all("window.values", st.tuples(st.integers(0, 12), st.integers(0, 5), st.integers(1, 14), st.booleans()),
-                test, max_examples=30, first=(4, 0, 2, True))
+
+        for_all(
+            "window.values",
+            st.tuples(st.integers(0, 12), st.integers(0, 5), st.integers(1, 14), st.booleans()),
+            test,
+            max_examples=30,
+            first=(4, 0, 2, True),
+        )
         for T, W in ((4, 2), (9, 3), (16, 5), (6, 1)):
             _window_matches(g, sliding_window_mask, T, W)
 
     with g.check("a window as long as the keys (or longer) is the causal mask; window 1 is the diagonal"):
         for T, W, S in ((7, 7, None), (7, 50, None), (3, 6, 6), (4, 9, 6)):
             out = _window_call(g, sliding_window_mask, T, W, S)
-            g.expect(torch.equal(out, att.causal_mask(T, S)), f"{_call(T, W, S)} should equal the causal mask "
-                                                              f"causal_mask({T}, {S or T})")
+            g.expect(
+                torch.equal(out, att.causal_mask(T, S)),
+                f"{_call(T, W, S)} should equal the causal mask causal_mask({T}, {S or T})",
+            )
         for T, S in ((5, None), (3, 7)):
             out = _window_call(g, sliding_window_mask, T, 1, S)
-            g.expect(torch.equal(out, _window(T, S or T, lambda p, j: j == p)),
-                     f"with window 1 a query sees only itself: {_call(T, 1, S)} is True only at key p = i + S - T")
+            g.expect(
+                torch.equal(out, _window(T, S or T, lambda p, j: j == p)),
+                f"with window 1 a query sees only itself: {_call(T, 1, S)} is True only at key p = i + S - T",
+            )
 
     with g.check("with S > T keys the queries are the last T positions (bottom-right)"):
         for T, W, S in ((3, 2, 8), (4, 3, 5), (1, 4, 9), (5, 10, 12), (2, 3, 5)):
@@ -655,10 +945,15 @@ def grade_sliding_window_mask(sliding_window_mask) -> None:
 
     with g.check("raises ValueError unless window is a positive integer, and unless 0 <= T <= S"):
         for W in (0, -3, 2.5, 2.0):
-            expect_value_error(g, lambda: sliding_window_mask(4, W), f"sliding_window_mask(4, {W!r})",
-                               "the window must be a positive integer")
-        expect_value_error(g, lambda: sliding_window_mask(5, 2, 3), "sliding_window_mask(5, 2, 3): more queries than "
-                                                                    "keys")
+            expect_value_error(
+                g,
+                lambda: sliding_window_mask(4, W),
+                f"sliding_window_mask(4, {W!r})",
+                "the window must be a positive integer",
+            )
+        expect_value_error(
+            g, lambda: sliding_window_mask(5, 2, 3), "sliding_window_mask(5, 2, 3): more queries than keys"
+        )
         expect_value_error(g, lambda: sliding_window_mask(-1, 2), "sliding_window_mask(-1, 2)")
         expect_value_error(g, lambda: sliding_window_mask(-2, 2, 3), "sliding_window_mask(-2, 2, 3)")
 
@@ -672,13 +967,17 @@ def check_sliding_window_mask(sliding_window_mask) -> None:
         _window_matches(g, sliding_window_mask, 4, 2)
     with g.check("sliding_window_mask(2, 3, 5): the two queries are positions 3 and 4"):
         _window_matches(g, sliding_window_mask, 2, 3, 5)
-    with g.check("sliding_window_mask(3, 5) is the causal mask; sliding_window_mask(0, 2, 3) is empty (0, 3)"):
+    with g.check(
+        "sliding_window_mask(3, 5) is the causal mask; sliding_window_mask(0, 2, 3) is empty (0, 3)"
+    ):
         _window_matches(g, sliding_window_mask, 3, 5)
         _window_matches(g, sliding_window_mask, 0, 2, 3)
     with g.check("sliding_window_mask(3, 2, 4, device='meta') is built on the meta device"):
         _window_device(g, sliding_window_mask, 3, 2, 4)
-    with g.check("sliding_window_mask(4, 0), sliding_window_mask(4, 1.5) and sliding_window_mask(3, 2, 2) raise "
-                 "ValueError"):
+    with g.check(
+        "sliding_window_mask(4, 0), sliding_window_mask(4, 1.5) and sliding_window_mask(3, 2, 2) raise "
+        "ValueError"
+    ):
         expect_value_error(g, lambda: sliding_window_mask(4, 0), "sliding_window_mask(4, 0)")
         expect_value_error(g, lambda: sliding_window_mask(4, 1.5), "sliding_window_mask(4, 1.5)")
         expect_value_error(g, lambda: sliding_window_mask(3, 2, 2), "sliding_window_mask(3, 2, 2)")
@@ -713,12 +1012,18 @@ def _recurrence(q, k, v, eps):
     return torch.stack(out, dim=-2)
 
 
-_NOT_CAUSAL = ("the result is not causal: query i used the sums over ALL keys. Use running sums (cumsum over the "
-               "sequence axis) so that query i sees keys 0 .. i only")
-_NO_NORMALISER = ("the normaliser is missing: divide phi(q_i) S_i by phi(q_i) . z_i + eps, where z_i is the running "
-                  "sum of phi(k_j)")
-_NOT_POSITIVE = ("the feature map is not positive: apply phi(x) = elu(x) + 1 (the given elu_feature_map) to q and k, "
-                 "so that every weight phi(q) . phi(k) is positive")
+_NOT_CAUSAL = (
+    "the result is not causal: query i used the sums over ALL keys. Use running sums (cumsum over the "
+    "sequence axis) so that query i sees keys 0 .. i only"
+)
+_NO_NORMALISER = (
+    "the normaliser is missing: divide phi(q_i) S_i by phi(q_i) . z_i + eps, where z_i is the running "
+    "sum of phi(k_j)"
+)
+_NOT_POSITIVE = (
+    "the feature map is not positive: apply phi(x) = elu(x) + 1 (the given elu_feature_map) to q and k, "
+    "so that every weight phi(q) . phi(k) is positive"
+)
 _EPS_IGNORED = "the eps argument is not used: divide by (phi(q_i) . z_i + eps) with the eps you were given"
 
 
@@ -732,14 +1037,20 @@ def _linear_mistakes(q, k, v, eps):
         (_parallel(q, k, v, F.elu, eps=eps), _NOT_POSITIVE),
         (_parallel(q, k, v, lambda x: x, eps=eps), _NOT_POSITIVE),
         (_parallel(q, k, v, F.relu, eps=eps), _NOT_POSITIVE),
-        (_parallel(q, k, v, phi, eps=eps, diagonal=-1),
-         "query i does not see key i: the running sums must include position i (an inclusive cumsum)"),
+        (
+            _parallel(q, k, v, phi, eps=eps, diagonal=-1),
+            "query i does not see key i: the running sums must include position i (an inclusive cumsum)",
+        ),
         (_parallel(q, k, v, phi, eps=1e-6), _EPS_IGNORED),
         (_parallel(q, k, v, phi, eps=0.0), "eps is not used: divide by (phi(q_i) . z_i + eps)"),
-        ((A @ v + eps) / (A.sum(-1, keepdim=True) + eps), "eps belongs to the denominator only: (phi(q_i) S_i) / "
-                                                          "(phi(q_i) . z_i + eps)"),
-        ((A @ v) / (A.sum(-1, keepdim=True) * (1 + eps)), "eps is added to the normaliser, not multiplied: "
-                                                           "(phi(q_i) S_i) / (phi(q_i) . z_i + eps)"),
+        (
+            (A @ v + eps) / (A.sum(-1, keepdim=True) + eps),
+            "eps belongs to the denominator only: (phi(q_i) S_i) / (phi(q_i) . z_i + eps)",
+        ),
+        (
+            (A @ v) / (A.sum(-1, keepdim=True) * (1 + eps)),
+            "eps is added to the normaliser, not multiplied: (phi(q_i) S_i) / (phi(q_i) . z_i + eps)",
+        ),
     ]
 
 
@@ -772,9 +1083,16 @@ class _Linear:
 
 @st.composite
 def _linear_cases(draw, eps=(None,), dtypes=(F64,)):
-    return _Linear(draw(st.integers(0, 2**20)), draw(st.sampled_from(_LEADS)), draw(st.integers(1, 12)),
-                   draw(st.integers(1, 5)), draw(st.integers(1, 4)), draw(st.sampled_from(eps)),
-                   draw(st.sampled_from((0.5, 1.0, 2.5))), draw(st.sampled_from(dtypes)))
+    return _Linear(
+        draw(st.integers(0, 2**20)),
+        draw(st.sampled_from(_LEADS)),
+        draw(st.integers(1, 12)),
+        draw(st.integers(1, 5)),
+        draw(st.integers(1, 4)),
+        draw(st.sampled_from(eps)),
+        draw(st.sampled_from((0.5, 1.0, 2.5))),
+        draw(st.sampled_from(dtypes)),
+    )
 
 
 def _linear_output(g: Grader, causal_linear_attention, case: _Linear, q, k, v):
@@ -784,8 +1102,10 @@ def _linear_output(g: Grader, causal_linear_attention, case: _Linear, q, k, v):
         raise_unless_student_error(e)
         g.fail(f"{case}: your code raised {_raised(e)}")
     shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), case.T, case.Dv)
-    g.expect(is_tensor(out) and tuple(out.shape) == shape and out.dtype == case.dtype,
-             f"{case}: expected a {_dt(case.dtype)} tensor of shape (..., T, Dv) = {shape}, got {describe(out)}")
+    g.expect(
+        is_tensor(out) and tuple(out.shape) == shape and out.dtype == case.dtype,
+        f"{case}: expected a {_dt(case.dtype)} tensor of shape (..., T, Dv) = {shape}, got {describe(out)}",
+    )
     return out
 
 
@@ -802,8 +1122,10 @@ def _linear_matches(g: Grader, causal_linear_attention, case: _Linear) -> None:
             continue
         if close(out, wrong.to(case.dtype), magnitude=M):
             g.fail(f"{case}: {hint}")
-    g.fail(f"{case}: the result differs from the token-by-token recurrence of linear attention "
-           f"(largest difference {(out.double() - expected).abs().max().item():.3g})")
+    g.fail(
+        f"{case}: the result differs from the token-by-token recurrence of linear attention "
+        f"(largest difference {(out.double() - expected).abs().max().item():.3g})"
+    )
 
 
 def grade_causal_linear_attention(causal_linear_attention) -> None:
@@ -811,52 +1133,102 @@ def grade_causal_linear_attention(causal_linear_attention) -> None:
     g = Grader("causal_linear_attention")
     test = functools.partial(_linear_matches, g, causal_linear_attention)
 
-    with g.check("returns (..., T, Dv) in q's dtype (float64, float32), with no, one or several leading dimensions"):
-        for i, (lead, dtype) in enumerate(((((), (), ()), F64), (((2, 3), (2, 3), (2, 3)), torch.float32),
-                                           (((2,), (2,), (2,)), F64), (((1, 3), (3,), (2, 1, 1)), torch.float32))):
+    with g.check(
+        "returns (..., T, Dv) in q's dtype (float64, float32), with no, one or several leading dimensions"
+    ):
+        for i, (lead, dtype) in enumerate(
+            (
+                (((), (), ()), F64),
+                (((2, 3), (2, 3), (2, 3)), torch.float32),
+                (((2,), (2,), (2,)), F64),
+                (((1, 3), (3,), (2, 1, 1)), torch.float32),
+            )
+        ):
             test(_Linear(30 + i, lead, 5, 4, 3, dtype=dtype))
 
-    with g.check("equals the token-by-token recurrence (T from 1, leading dimensions that broadcast, float32 and "
-                 "float64)"):
-        for_all("lin.values", _linear_cases(dtypes=(F64, F64, torch.float32)), test, max_examples=16,
-                first=_Linear(1, ((), (), ()), 4, 3, 2))
+    with g.check(
+        "equals the token-by-token recurrence (T from 1, leading dimensions that broadcast, float32 and "
+        "float64)"
+    ):
+        for_all(
+            "lin.values",
+            _linear_cases(dtypes=(F64, F64, torch.float32)),
+            test,
+            max_examples=16,
+            first=_Linear(1, ((), (), ()), 4, 3, 2),
+        )
 
     with g.check("causal: changing later keys and values leaves earlier outputs unchanged"):
-        q, k, v = rand("lin.future.q", 2, 12, 4), rand("lin.future.k", 2, 12, 4), rand("lin.future.v", 2, 12, 3)
+        q, k, v = (
+            rand("lin.future.q", 2, 12, 4),
+            rand("lin.future.k", 2, 12, 4),
+            rand("lin.future.v", 2, 12, 3),
+        )
         k2, v2 = k.clone(), v.clone()
-        k2[:, 8:], v2[:, 8:] = rand("lin.future.k2", 2, 4, 4, scale=3.0), rand("lin.future.v2", 2, 4, 3, scale=3.0)
-        a, b = causal_linear_attention(q.clone(), k.clone(), v.clone()), causal_linear_attention(q.clone(), k2, v2)
-        g.expect(is_tensor(a) and is_tensor(b) and tuple(a.shape) == tuple(b.shape) == (2, 12, 3)
-                 and close(b[:, :8], a[:, :8]),
-                 f"for q, k (2, 12, 4) and v (2, 12, 3), changing keys and values 8 .. 11 changed the outputs of "
-                 f"queries 0 .. 7: {_NOT_CAUSAL}")
+        k2[:, 8:], v2[:, 8:] = (
+            rand("lin.future.k2", 2, 4, 4, scale=3.0),
+            rand("lin.future.v2", 2, 4, 3, scale=3.0),
+        )
+        a, b = (
+            causal_linear_attention(q.clone(), k.clone(), v.clone()),
+            causal_linear_attention(q.clone(), k2, v2),
+        )
+        g.expect(
+            is_tensor(a)
+            and is_tensor(b)
+            and tuple(a.shape) == tuple(b.shape) == (2, 12, 3)
+            and close(b[:, :8], a[:, :8]),
+            f"for q, k (2, 12, 4) and v (2, 12, 3), changing keys and values 8 .. 11 changed the outputs of "
+            f"queries 0 .. 7: {_NOT_CAUSAL}",
+        )
 
     with g.check("eps is added to each normaliser, at any value (0, the default 1e-6, 0.5, 3)"):
-        for_all("lin.eps", _linear_cases(eps=(0.0, 1e-6, 0.5, 3.0)), test, max_examples=10,
-                first=_Linear(2, ((), (), ()), 5, 3, 2, eps=0.5))
+        for_all(
+            "lin.eps",
+            _linear_cases(eps=(0.0, 1e-6, 0.5, 3.0)),
+            test,
+            max_examples=10,
+            first=_Linear(2, ((), (), ()), 5, 3, 2, eps=0.5),
+        )
 
     with g.check("gradients reach q, k and v and equal the recurrence's"):
         q, k, v = rand("lin.grad.q", 2, 6, 3), rand("lin.grad.k", 2, 6, 3), rand("lin.grad.v", 2, 6, 2)
         up = rand("lin.grad.up", 2, 6, 2)
-        p = probe(causal_linear_attention, q.clone().requires_grad_(), k.clone().requires_grad_(),
-                  v.clone().requires_grad_(), eps=0.1, backward=(None, up))
-        g.expect(is_tensor(p.result) and p.result.requires_grad,
-                 "the output does not depend on q, k, v through autograd: avoid .detach(), .item(), .data or "
-                 "torch.tensor(...)")
+        p = probe(
+            causal_linear_attention,
+            q.clone().requires_grad_(),
+            k.clone().requires_grad_(),
+            v.clone().requires_grad_(),
+            eps=0.1,
+            backward=(None, up),
+        )
+        g.expect(
+            is_tensor(p.result) and p.result.requires_grad,
+            "the output does not depend on q, k, v through autograd: avoid .detach(), .item(), .data or "
+            "torch.tensor(...)",
+        )
         refs = [t.clone().requires_grad_() for t in (q, k, v)]
         (_recurrence(*refs, 0.1) * up).sum().backward()
         for name, got, want in zip("qkv", p.grads or [None] * 3, refs):
-            g.expect(is_tensor(got) and close(got, want.grad),
-                     f"for q, k (2, 6, 3), v (2, 6, 2) and eps=0.1 the gradient with respect to {name} differs from "
-                     f"the "
-                     "recurrence's")
+            g.expect(
+                is_tensor(got) and close(got, want.grad),
+                f"for q, k (2, 6, 3), v (2, 6, 2) and eps=0.1 the gradient with respect to {name} differs from "
+                f"the "
+                "recurrence's",
+            )
 
     with g.check("does not change q, k or v in place"):
-        q, k, v = rand("lin.inplace.q", 2, 5, 3), rand("lin.inplace.k", 2, 5, 3), rand("lin.inplace.v", 2, 5, 2)
+        q, k, v = (
+            rand("lin.inplace.q", 2, 5, 3),
+            rand("lin.inplace.k", 2, 5, 3),
+            rand("lin.inplace.v", 2, 5, 2),
+        )
         p = probe(causal_linear_attention, q.clone(), k.clone(), v.clone())
         for name, before, after in zip("qkv", (q, k, v), p.args):
-            g.expect(is_tensor(after) and torch.equal(after, before),
-                     f"causal_linear_attention changed its argument {name} in place: work on new tensors")
+            g.expect(
+                is_tensor(after) and torch.equal(after, before),
+                f"causal_linear_attention changed its argument {name} in place: work on new tensors",
+            )
 
     with g.check("linear in T: 200,000 tokens without a (T, T) matrix"):
         T = 200_000
@@ -865,26 +1237,42 @@ def grade_causal_linear_attention(causal_linear_attention) -> None:
             out = causal_linear_attention(q.clone(), k.clone(), v.clone())
         except Exception as e:
             raise_unless_student_error(e)
-            g.fail(f"with T = {T:,} your code raised {type(e).__name__.removeprefix('Student')} ({str(e)[:120]}): a "
-                   f"(T, T) matrix "
-                   f"of float64 needs {T * T * 8 / 2**30:,.0f} GiB. Use running sums (cumsum), whose memory grows "
-                   f"like T D Dv")
-        g.expect(is_tensor(out) and out.shape == (T, 2) and bool(out.isfinite().all()),
-                 f"with T = {T:,} expected a finite ({T}, 2) tensor, got {describe(out)}")
-        g.expect(close(out, ref.causal_linear_attention(q, k, v)), f"with T = {T:,} the result differs from the "
-                                                                   f"reference")
+            g.fail(
+                f"with T = {T:,} your code raised {type(e).__name__.removeprefix('Student')} ({str(e)[:120]}): a "
+                f"(T, T) matrix "
+                f"of float64 needs {T * T * 8 / 2**30:,.0f} GiB. Use running sums (cumsum), whose memory grows "
+                f"like T D Dv"
+            )
+        g.expect(
+            is_tensor(out) and out.shape == (T, 2) and bool(out.isfinite().all()),
+            f"with T = {T:,} expected a finite ({T}, 2) tensor, got {describe(out)}",
+        )
+        g.expect(
+            close(out, ref.causal_linear_attention(q, k, v)),
+            f"with T = {T:,} the result differs from the reference",
+        )
 
     with g.check("raises ValueError for q and k of different lengths, eps < 0, and shapes that do not fit"):
         q = rand("lin.bad", 1, 5, 2)
-        expect_value_error(g, lambda: causal_linear_attention(q, q[:, :3], q[:, :3]), "q with 5 positions and k, v "
-                                                                                      "with 3")
-        expect_value_error(g, lambda: causal_linear_attention(q, q, q, eps=-1e-3), "eps=-0.001", "eps must be >= 0")
+        expect_value_error(
+            g, lambda: causal_linear_attention(q, q[:, :3], q[:, :3]), "q with 5 positions and k, v with 3"
+        )
+        expect_value_error(
+            g, lambda: causal_linear_attention(q, q, q, eps=-1e-3), "eps=-0.001", "eps must be >= 0"
+        )
         expect_value_error(g, lambda: causal_linear_attention(q, q, q, -0.5), "eps=-0.5", "eps must be >= 0")
-        expect_value_error(g, lambda: causal_linear_attention(q, rand("lin.bad.w", 1, 5, 3), q),
-                           "q (1, 5, 2) and k (1, 5, 3) of different widths", "call check_attention_inputs(q, k, v) "
-                                                                              "first")
-        expect_value_error(g, lambda: causal_linear_attention(q, q, q[:, :4]), "k (1, 5, 2) and v (1, 4, 2)",
-                           "call check_attention_inputs(q, k, v) first")
+        expect_value_error(
+            g,
+            lambda: causal_linear_attention(q, rand("lin.bad.w", 1, 5, 3), q),
+            "q (1, 5, 2) and k (1, 5, 3) of different widths",
+            "call check_attention_inputs(q, k, v) first",
+        )
+        expect_value_error(
+            g,
+            lambda: causal_linear_attention(q, q, q[:, :4]),
+            "k (1, 5, 2) and v (1, 4, 2)",
+            "call check_attention_inputs(q, k, v) first",
+        )
 
     g.finish()
 
@@ -903,30 +1291,45 @@ def check_causal_linear_attention(causal_linear_attention) -> None:
         test(_Linear(45, ((1,), (1,), (1,)), 5, 3, 2, eps=0.0))
     with g.check("gradients reach q, k and v; the inputs are not changed in place"):
         q, k, v = (rand(f"public.lin.grad.{n}", 1, 4, 2) for n in "qkv")
-        p = probe(causal_linear_attention, q.clone().requires_grad_(), k.clone().requires_grad_(),
-                  v.clone().requires_grad_(),
-                  backward=(None, torch.ones(1, 4, 2, dtype=F64)))
+        p = probe(
+            causal_linear_attention,
+            q.clone().requires_grad_(),
+            k.clone().requires_grad_(),
+            v.clone().requires_grad_(),
+            backward=(None, torch.ones(1, 4, 2, dtype=F64)),
+        )
         refs = [t.clone().requires_grad_() for t in (q, k, v)]
         _recurrence(*refs, 1e-6).sum().backward()
         for name, got, want in zip("qkv", p.grads or [None] * 3, refs):
-            g.expect(is_tensor(got) and close(got, want.grad), f"the gradient with respect to {name} differs from the "
-                                                               f"recurrence's")
+            g.expect(
+                is_tensor(got) and close(got, want.grad),
+                f"the gradient with respect to {name} differs from the recurrence's",
+            )
         for name, before, after in zip("qkv", (q, k, v), p.args):
             g.expect(is_tensor(after) and torch.equal(after.detach(), before), f"{name} was changed in place")
     with g.check("20,000 tokens without a (T, T) matrix"):
         T = 20_000
-        q, k, v = rand("public.lin.long.q", T, 2), rand("public.lin.long.k", T, 2), rand("public.lin.long.v", T, 2)
+        q, k, v = (
+            rand("public.lin.long.q", T, 2),
+            rand("public.lin.long.k", T, 2),
+            rand("public.lin.long.v", T, 2),
+        )
         try:
             out = causal_linear_attention(q.clone(), k.clone(), v.clone())
         except Exception as e:
             raise_unless_student_error(e)
-            g.fail(f"with T = {T:,} your code raised {_raised(e)}: use running sums (cumsum), not a (T, T) matrix")
-        g.expect(close(out, ref.causal_linear_attention(q, k, v)), f"with T = {T:,} the result differs from the "
-                                                                   f"reference")
+            g.fail(
+                f"with T = {T:,} your code raised {_raised(e)}: use running sums (cumsum), not a (T, T) matrix"
+            )
+        g.expect(
+            close(out, ref.causal_linear_attention(q, k, v)),
+            f"with T = {T:,} the result differs from the reference",
+        )
     with g.check("ValueError for q and k of different lengths and for eps < 0"):
         x = rand("public.lin.bad", 1, 4, 2)
-        expect_value_error(g, lambda: causal_linear_attention(x, x[:, :2], x[:, :2]), "q with 4 positions and k, v "
-                                                                                      "with 2")
+        expect_value_error(
+            g, lambda: causal_linear_attention(x, x[:, :2], x[:, :2]), "q with 4 positions and k, v with 2"
+        )
         expect_value_error(g, lambda: causal_linear_attention(x, x, x, eps=-0.1), "eps=-0.1")
     g.finish()
 
@@ -938,16 +1341,31 @@ def _kv(L, H_kv, D, T, B=1, nbytes=2) -> int:
     return 2 * L * H_kv * D * T * B * nbytes
 
 
-_BYTES = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4, torch.float64: 8, torch.int8: 1, torch.uint8: 1}
-_NO_TWO = "the factor 2 is missing: the cache holds a key AND a value for every layer, token and key/value head"
-_QUERY_HEADS = ("the size counts the query heads: only the n_kv_heads key/value heads are cached (GQA and MQA share "
-                "them among the query heads); n_kv_heads=None means n_heads")
-_DTYPE = ("the size does not follow dtype: a value takes torch.empty((), dtype=dtype).element_size() bytes "
-          "(2 for float16 and bfloat16, 4 for float32, 8 for float64, 1 for int8)")
+_BYTES = {
+    torch.float16: 2,
+    torch.bfloat16: 2,
+    torch.float32: 4,
+    torch.float64: 8,
+    torch.int8: 1,
+    torch.uint8: 1,
+}
+_NO_TWO = (
+    "the factor 2 is missing: the cache holds a key AND a value for every layer, token and key/value head"
+)
+_QUERY_HEADS = (
+    "the size counts the query heads: only the n_kv_heads key/value heads are cached (GQA and MQA share "
+    "them among the query heads); n_kv_heads=None means n_heads"
+)
+_DTYPE = (
+    "the size does not follow dtype: a value takes torch.empty((), dtype=dtype).element_size() bytes "
+    "(2 for float16 and bfloat16, 4 for float32, 8 for float64, 1 for int8)"
+)
 _BITS = "the size is in bits: count bytes (element_size(), not the number of bits)"
 _WINDOW = "the window is ignored: a sliding window of W keys caches only the last min(seq_len, W) tokens"
-_WINDOW_MIN = ("with a window the cache holds min(seq_len, window) tokens: fewer when the sequence is shorter than the "
-               "window")
+_WINDOW_MIN = (
+    "with a window the cache holds min(seq_len, window) tokens: fewer when the sequence is shorter than the "
+    "window"
+)
 _BATCH = "the batch is ignored: every sequence of the batch has its own cache"
 
 
@@ -957,49 +1375,77 @@ def _kv_expected(L, H, D, T, H_kv=None, B=1, dtype=torch.float16, W=None):
     nbytes = _BYTES[dtype]
     tokens = T if W is None else min(T, W)
     kwargs = dict(n_layers=L, n_heads=H, d_head=D, seq_len=T)
-    for key, value, default in (("n_kv_heads", H_kv, None), ("batch", B, 1), ("dtype", dtype, torch.float16),
-                                ("window", W, None)):
+    for key, value, default in (
+        ("n_kv_heads", H_kv, None),
+        ("batch", B, 1),
+        ("dtype", dtype, torch.float16),
+        ("window", W, None),
+    ):
         if value != default:
             kwargs[key] = value
     expected = _kv(L, h_kv, D, tokens, B, nbytes)
-    wrong = [(expected // 2, _NO_TWO), (_kv(L, H, D, tokens, B, nbytes), _QUERY_HEADS),
-             (_kv(L, h_kv, D, tokens, B, 2), _DTYPE), (expected * 8, _BITS), (_kv(L, h_kv, D, T, B, nbytes), _WINDOW),
-             (_kv(L, h_kv, D, W or T, B, nbytes), _WINDOW_MIN), (_kv(L, h_kv, D, tokens, 1, nbytes), _BATCH)]
+    wrong = [
+        (expected // 2, _NO_TWO),
+        (_kv(L, H, D, tokens, B, nbytes), _QUERY_HEADS),
+        (_kv(L, h_kv, D, tokens, B, 2), _DTYPE),
+        (expected * 8, _BITS),
+        (_kv(L, h_kv, D, T, B, nbytes), _WINDOW),
+        (_kv(L, h_kv, D, W or T, B, nbytes), _WINDOW_MIN),
+        (_kv(L, h_kv, D, tokens, 1, nbytes), _BATCH),
+    ]
     return kwargs, expected, wrong
 
 
 def _kv_cases():
     """Fixed cases: (kwargs, expected bytes, [(wrong bytes, hint), ...])."""
-    return [_kv_expected(*args) for args in (
-        (32, 32, 128, 4096, None, 1, torch.float16, None),
-        (80, 64, 128, 1000, 8, 3, torch.bfloat16, None),
-        (4, 8, 16, 50, 1, 2, torch.float32, None),
-        (32, 32, 128, 131072, 8, 1, torch.float16, 4096),
-        (6, 12, 64, 300, 4, 2, torch.float32, 1024),
-        (2, 4, 8, 9, 2, 5, torch.float64, 4),
-    )]
+    return [
+        _kv_expected(*args)
+        for args in (
+            (32, 32, 128, 4096, None, 1, torch.float16, None),
+            (80, 64, 128, 1000, 8, 3, torch.bfloat16, None),
+            (4, 8, 16, 50, 1, 2, torch.float32, None),
+            (32, 32, 128, 131072, 8, 1, torch.float16, 4096),
+            (6, 12, 64, 300, 4, 2, torch.float32, 1024),
+            (2, 4, 8, 9, 2, 5, torch.float64, 4),
+        )
+    ]
 
 
 def _kv_matches(g: Grader, kv_cache_size, kwargs: dict, expected: int, wrong) -> None:
     call = ", ".join(f"{k}={_dt(v) if isinstance(v, torch.dtype) else v}" for k, v in kwargs.items())
     out = kv_cache_size(**kwargs)
-    g.expect(type(out) is int, f"kv_cache_size({call}) should return an int (a number of bytes), got {describe(out)}"
-                               f"{f' ({out!r})' if isinstance(out, (int, float)) else ''}")
+    g.expect(
+        type(out) is int,
+        f"kv_cache_size({call}) should return an int (a number of bytes), got {describe(out)}"
+        f"{f' ({out!r})' if isinstance(out, (int, float)) else ''}",
+    )
     if out == expected:
         return
     hints = list(dict.fromkeys(hint for value, hint in wrong if value != expected and out == value))
     if hints:  # a value can fit two mistakes (float32 without the factor 2 = float32 counted as 2 bytes)
-        said = hints[0] if len(hints) == 1 else "this value fits more than one mistake: " + "; OR ".join(hints)
+        said = (
+            hints[0] if len(hints) == 1 else "this value fits more than one mistake: " + "; OR ".join(hints)
+        )
         g.fail(f"{said} (kv_cache_size({call}) returned {out:,}, expected {expected:,})")
-    g.fail(f"kv_cache_size({call}) returned {out:,}, expected 2 * L * B * tokens * H_kv * D * bytes = {expected:,}")
+    g.fail(
+        f"kv_cache_size({call}) returned {out:,}, expected 2 * L * B * tokens * H_kv * D * bytes = {expected:,}"
+    )
 
 
 @st.composite
 def _kv_calls(draw):
     H = draw(st.sampled_from((1, 2, 3, 4, 6, 8, 12)))
     H_kv = draw(st.sampled_from([None] + [d for d in range(1, H + 1) if H % d == 0]))
-    return (draw(st.integers(1, 40)), H, draw(st.integers(1, 160)), draw(st.integers(0, 5000)), H_kv,
-            draw(st.integers(1, 6)), draw(st.sampled_from(list(_BYTES))), draw(st.sampled_from((None, 1, 7, 64, 4096))))
+    return (
+        draw(st.integers(1, 40)),
+        H,
+        draw(st.integers(1, 160)),
+        draw(st.integers(0, 5000)),
+        H_kv,
+        draw(st.integers(1, 6)),
+        draw(st.sampled_from(list(_BYTES))),
+        draw(st.sampled_from((None, 1, 7, 64, 4096))),
+    )
 
 
 def grade_kv_cache_size(kv_cache_size) -> None:
@@ -1011,18 +1457,38 @@ def grade_kv_cache_size(kv_cache_size) -> None:
     with g.check("returns an int"):
         for args in ((2, 4, 8, 10), (1, 1, 1, 0)):
             out = kv_cache_size(*args)
-            g.expect(type(out) is int, f"kv_cache_size{args} should return an int (a number of bytes), got "
-                                       f"{describe(out)}{f' ({out!r})' if isinstance(out, (int, float)) else ''}")
+            g.expect(
+                type(out) is int,
+                f"kv_cache_size{args} should return an int (a number of bytes), got "
+                f"{describe(out)}{f' ({out!r})' if isinstance(out, (int, float)) else ''}",
+            )
 
-    with g.check("a 7B model (32 layers, 32 heads of 128) in float16: 0.5 MiB per token, 64 GiB at 128k tokens"):
-        _kv_matches(g, kv_cache_size, dict(n_layers=32, n_heads=32, d_head=128, seq_len=1), 512 * 1024,
-                    [(256 * 1024, _NO_TWO), (1024 * 1024, _DTYPE), (4 * 1024 * 1024, _BITS)])
-        _kv_matches(g, kv_cache_size, dict(n_layers=32, n_heads=32, d_head=128, seq_len=128 * 1024), 64 * 2**30,
-                    [(32 * 2**30, _NO_TWO)])
+    with g.check(
+        "a 7B model (32 layers, 32 heads of 128) in float16: 0.5 MiB per token, 64 GiB at 128k tokens"
+    ):
+        _kv_matches(
+            g,
+            kv_cache_size,
+            dict(n_layers=32, n_heads=32, d_head=128, seq_len=1),
+            512 * 1024,
+            [(256 * 1024, _NO_TWO), (1024 * 1024, _DTYPE), (4 * 1024 * 1024, _BITS)],
+        )
+        _kv_matches(
+            g,
+            kv_cache_size,
+            dict(n_layers=32, n_heads=32, d_head=128, seq_len=128 * 1024),
+            64 * 2**30,
+            [(32 * 2**30, _NO_TWO)],
+        )
 
     with g.check("2 * L * B * tokens * H_kv * D * bytes per value, for any sizes and arguments"):
-        for_all("kv.values", _kv_calls(), lambda args: _kv_matches(g, kv_cache_size, *_kv_expected(*args)),
-                max_examples=30, first=(2, 4, 8, 10, None, 1, torch.float16, None))
+        for_all(
+            "kv.values",
+            _kv_calls(),
+            lambda args: _kv_matches(g, kv_cache_size, *_kv_expected(*args)),
+            max_examples=30,
+            first=(2, 4, 8, 10, None, 1, torch.float16, None),
+        )
 
     with g.check("MHA, GQA and MQA: only the key/value heads are cached (n_kv_heads=None means n_heads)"):
         for kwargs, expected, wrong in cases[:3]:
@@ -1045,16 +1511,35 @@ def grade_kv_cache_size(kv_cache_size) -> None:
             _kv_matches(g, kv_cache_size, *_kv_expected(3, 4, 16, 10, B=B))
         _kv_matches(g, kv_cache_size, *_kv_expected(3, 4, 16, 0))
 
-    with g.check("raises ValueError for sizes below 1, a negative seq_len, n_kv_heads not dividing n_heads, a window "
-                 "below 1"):
+    with g.check(
+        "raises ValueError for sizes below 1, a negative seq_len, n_kv_heads not dividing n_heads, a window "
+        "below 1"
+    ):
         good = dict(n_layers=2, n_heads=8, d_head=16, seq_len=10)
-        bad = [("n_layers", 0), ("n_layers", -1), ("n_heads", 0), ("n_heads", -8), ("d_head", 0), ("d_head", -2),
-               ("seq_len", -1), ("n_kv_heads", 0), ("n_kv_heads", -2), ("n_kv_heads", 3), ("batch", 0), ("batch", -1),
-               ("window", 0), ("window", -1)]
+        bad = [
+            ("n_layers", 0),
+            ("n_layers", -1),
+            ("n_heads", 0),
+            ("n_heads", -8),
+            ("d_head", 0),
+            ("d_head", -2),
+            ("seq_len", -1),
+            ("n_kv_heads", 0),
+            ("n_kv_heads", -2),
+            ("n_kv_heads", 3),
+            ("batch", 0),
+            ("batch", -1),
+            ("window", 0),
+            ("window", -1),
+        ]
         for name, value in bad:
             kwargs = {**good, name: value}
-            expect_value_error(g, lambda kwargs=kwargs: kv_cache_size(**kwargs), f"{name}={value}",
-                               "sizes must be >= 1 (seq_len >= 0), n_kv_heads must divide n_heads")
+            expect_value_error(
+                g,
+                lambda kwargs=kwargs: kv_cache_size(**kwargs),
+                f"{name}={value}",
+                "sizes must be >= 1 (seq_len >= 0), n_kv_heads must divide n_heads",
+            )
 
     g.finish()
 
@@ -1063,17 +1548,33 @@ def check_kv_cache_size(kv_cache_size) -> None:
     """Public checks of ``kv_cache_size``: every clause the hidden checks grade, on the chapter's examples."""
     g = Grader("kv_cache_size (public)")
     with g.check("32 layers, 32 heads of 128, float16: 524,288 bytes (0.5 MiB) per token, an int"):
-        _kv_matches(g, kv_cache_size, dict(n_layers=32, n_heads=32, d_head=128, seq_len=1), 512 * 1024,
-                    [(256 * 1024, _NO_TWO), (1024 * 1024, _DTYPE), (4 * 1024 * 1024, _BITS)])
+        _kv_matches(
+            g,
+            kv_cache_size,
+            dict(n_layers=32, n_heads=32, d_head=128, seq_len=1),
+            512 * 1024,
+            [(256 * 1024, _NO_TWO), (1024 * 1024, _DTYPE), (4 * 1024 * 1024, _BITS)],
+        )
     with g.check("the same with 8 key/value heads (GQA) caches 4 times less"):
-        _kv_matches(g, kv_cache_size, dict(n_layers=32, n_heads=32, d_head=128, seq_len=1, n_kv_heads=8), 128 * 1024,
-                    [(512 * 1024, _QUERY_HEADS), (64 * 1024, _NO_TWO)])
+        _kv_matches(
+            g,
+            kv_cache_size,
+            dict(n_layers=32, n_heads=32, d_head=128, seq_len=1, n_kv_heads=8),
+            128 * 1024,
+            [(512 * 1024, _QUERY_HEADS), (64 * 1024, _NO_TWO)],
+        )
     with g.check("in float32 a value takes 4 bytes: 1 MiB per token"):
-        _kv_matches(g, kv_cache_size, dict(n_layers=32, n_heads=32, d_head=128, seq_len=1, dtype=torch.float32),
-                    1024 * 1024,
-                    [(512 * 1024, _DTYPE), (8 * 1024 * 1024, _BITS), (512 * 1024, _NO_TWO)])
-    with g.check("a window of 4,096 caps 131,072 tokens (and keeps all of 1,000); a batch of 3 triples the size; "
-                 "seq_len=0 gives 0"):
+        _kv_matches(
+            g,
+            kv_cache_size,
+            dict(n_layers=32, n_heads=32, d_head=128, seq_len=1, dtype=torch.float32),
+            1024 * 1024,
+            [(512 * 1024, _DTYPE), (8 * 1024 * 1024, _BITS), (512 * 1024, _NO_TWO)],
+        )
+    with g.check(
+        "a window of 4,096 caps 131,072 tokens (and keeps all of 1,000); a batch of 3 triples the size; "
+        "seq_len=0 gives 0"
+    ):
         _kv_matches(g, kv_cache_size, *_kv_expected(32, 32, 128, 131072, W=4096))
         _kv_matches(g, kv_cache_size, *_kv_expected(32, 32, 128, 1000, W=4096))
         _kv_matches(g, kv_cache_size, *_kv_expected(2, 4, 8, 10, B=3))
@@ -1081,6 +1582,7 @@ def check_kv_cache_size(kv_cache_size) -> None:
     with g.check("ValueError for n_layers=0, seq_len=-1, n_kv_heads=3 with n_heads=8, window=0"):
         for kwargs in (dict(n_layers=0), dict(seq_len=-1), dict(n_kv_heads=3), dict(window=0)):
             full = {**dict(n_layers=2, n_heads=8, d_head=16, seq_len=10), **kwargs}
-            expect_value_error(g, lambda full=full: kv_cache_size(**full),
-                               ", ".join(f"{k}={v}" for k, v in kwargs.items()))
+            expect_value_error(
+                g, lambda full=full: kv_cache_size(**full), ", ".join(f"{k}={v}" for k, v in kwargs.items())
+            )
     g.finish()

@@ -8,6 +8,9 @@ so the hidden inputs cannot be computed from this source) or tests a property. A
 At the end, :meth:`Grader.finish` prints one line per check and raises
 :class:`GradingFailure` (an ``AssertionError``, so nbgrader marks the cell wrong) if
 anything failed.
+
+Over 500 lines: the grading toolkit every grader imports: the check runner, tolerances, inputs,
+probes and the sandbox-aware helpers.
 """
 
 from __future__ import annotations
@@ -133,7 +136,9 @@ def rand(name: str, *shape: int, dtype: torch.dtype = torch.float64, scale: floa
     return torch.randn(*shape, generator=generator(name), dtype=dtype) * scale
 
 
-def tensor(seed_value: int, *shape: int, dtype: torch.dtype = torch.float64, scale: float = 1.0) -> torch.Tensor:
+def tensor(
+    seed_value: int, *shape: int, dtype: torch.dtype = torch.float64, scale: float = 1.0
+) -> torch.Tensor:
     """Standard normal values of ``shape`` (times ``scale``) from the integer ``seed_value``: for
     property-based checks, where Hypothesis draws the sizes and an integer seed (and shrinks both)."""
     return torch.randn(*shape, generator=torch.Generator().manual_seed(int(seed_value)), dtype=dtype) * scale
@@ -228,8 +233,12 @@ def same(actual: object, expected: torch.Tensor) -> bool:
     (plain tensors of one shape and dtype)."""
     if expected.is_floating_point() or expected.is_complex():
         return close(actual, expected)
-    return (is_tensor(actual) and actual.shape == expected.shape and actual.dtype == expected.dtype
-            and torch.equal(actual, expected))
+    return (
+        is_tensor(actual)
+        and actual.shape == expected.shape
+        and actual.dtype == expected.dtype
+        and torch.equal(actual, expected)
+    )
 
 
 def describe(x: object) -> str:
@@ -276,7 +285,12 @@ def probe(fn, *args, backward: tuple[int | None, torch.Tensor] | None = None, **
     remote = getattr(fn, "_probe", None)
     if remote is not None and getattr(fn, "type_name", None) is not None:
         answer = remote(args, kwargs, backward)
-        return Probe(answer["result"], answer.get("args", list(args)), answer.get("kwargs", kwargs), answer.get("grads"))
+        return Probe(
+            answer["result"],
+            answer.get("args", list(args)),
+            answer.get("kwargs", kwargs),
+            answer.get("grads"),
+        )
     result = fn(*args, **kwargs)
     grads = None
     if backward is not None:
@@ -396,8 +410,10 @@ def expect_value_error(g: Grader, call, what: str, fix: str = "say what was expe
         return
     except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
         raise_unless_student_error(e)
-        g.fail(f"with {what} your code raised {type(e).__name__.removeprefix('Student')} ({e}); "
-               f"raise a ValueError instead ({fix})")
+        g.fail(
+            f"with {what} your code raised {type(e).__name__.removeprefix('Student')} ({e}); "
+            f"raise a ValueError instead ({fix})"
+        )
     g.fail(f"with {what} your code returned {describe(out)}; raise a ValueError instead ({fix})")
 
 
@@ -426,8 +442,16 @@ def for_all(name: str, strategy, test, *, max_examples: int = 20, first: object 
     from hypothesis import HealthCheck, Verbosity, example, given, settings
     from hypothesis import seed as hypothesis_seed
 
-    @settings(max_examples=max_examples, database=None, deadline=None, derandomize=False, print_blob=False,
-              verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+    @settings(
+        max_examples=max_examples,
+        database=None,
+        deadline=None,
+        derandomize=False,
+        print_blob=False,
+        verbosity=Verbosity.quiet,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
     @hypothesis_seed(seed(name))
     @given(strategy)
     def run(case):
@@ -439,8 +463,10 @@ def for_all(name: str, strategy, test, *, max_examples: int = 20, first: object 
         run()
     except BaseExceptionGroup as group:  # Hypothesis's FlakyFailure: the failure did not happen again
         if not group.exceptions or not isinstance(group.exceptions[0], _Failed):
-            raise _Failed("your code gave different answers when called again with the same input: "
-                          "does it depend on global state or unseeded randomness?") from None
+            raise _Failed(
+                "your code gave different answers when called again with the same input: "
+                "does it depend on global state or unseeded randomness?"
+            ) from None
         raise group.exceptions[0] from None
 
 

@@ -23,12 +23,22 @@ from pathlib import Path
 
 import nbformat
 
+from coursekit.cells import Call, is_test_cell, nbgrader_meta, thin_calls
 from coursekit.chapters import chapter, course_root
 from coursekit.grading import core
 from coursekit.grading.core import GradingFailure
-from coursekit.cells import Call, is_test_cell, nbgrader_meta, thin_calls
 
-__all__ = ["Part", "Test", "Outcome", "parts", "namespace", "run_tests", "defined_names", "used_names", "fix_first"]
+__all__ = [
+    "Part",
+    "Test",
+    "Outcome",
+    "parts",
+    "namespace",
+    "run_tests",
+    "defined_names",
+    "used_names",
+    "fix_first",
+]
 
 
 @dataclass(frozen=True)
@@ -91,7 +101,9 @@ def defined_names(source: str) -> tuple[str, ...]:
         tree = ast.parse(source)
     except SyntaxError:
         return ()
-    return tuple(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+    return tuple(
+        n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    )
 
 
 def used_names(source: str) -> set[str]:
@@ -113,15 +125,23 @@ def parts(assignment: str, root: Path | None = None) -> list[Part]:
             found.append((meta["grade_id"], cell.source, []))
         elif is_test_cell(cell):
             if not found:
-                raise ValueError(f"{assignment}: test cell {meta.get('grade_id')!r} comes before any answer cell")
+                raise ValueError(
+                    f"{assignment}: test cell {meta.get('grade_id')!r} comes before any answer cell"
+                )
             gid = meta["grade_id"]
             calls = tuple(thin_calls(cell.source, f"{assignment}: test cell {gid!r}"))
-            found[-1][2].append(Test(gid, float(meta.get("points", 0)), "BEGIN HIDDEN TESTS" in cell.source, calls))
-    return [Part(i, gid, defined_names(src), src, tuple(tests)) for i, (gid, src, tests) in enumerate(found, start=1)]
+            found[-1][2].append(
+                Test(gid, float(meta.get("points", 0)), "BEGIN HIDDEN TESTS" in cell.source, calls)
+            )
+    return [
+        Part(i, gid, defined_names(src), src, tuple(tests))
+        for i, (gid, src, tests) in enumerate(found, start=1)
+    ]
 
 
-def namespace(assignment: str, answers: dict[str, str] | None = None, *, release: bool = False,
-              root: Path | None = None) -> dict:
+def namespace(
+    assignment: str, answers: dict[str, str] | None = None, *, release: bool = False, root: Path | None = None
+) -> dict:
     """What a student's kernel holds after running the notebook top to bottom (test cells aside).
 
     Args:
@@ -167,7 +187,9 @@ def run_tests(part: Part, ns: dict, *, hidden: bool | None = None) -> list[Outco
     return outcomes
 
 
-def fix_first(order: list[tuple[str, tuple[str, ...]]], answers: dict[str, str], failed: set[str]) -> dict[str, str]:
+def fix_first(
+    order: list[tuple[str, tuple[str, ...]]], answers: dict[str, str], failed: set[str]
+) -> dict[str, str]:
     """Which failing parts call an earlier part that fails its own checks, and what to tell them.
 
     Args:
@@ -188,12 +210,17 @@ def fix_first(order: list[tuple[str, tuple[str, ...]]], answers: dict[str, str],
         if gid not in failed:
             continue
         used = used_names(answers.get(gid, ""))
-        culprits = [(j + 1, earlier) for j, (earlier, defined) in enumerate(order[:i])
-                    if earlier in failed and used & set(defined)]
+        culprits = [
+            (j + 1, earlier)
+            for j, (earlier, defined) in enumerate(order[:i])
+            if earlier in failed and used & set(defined)
+        ]
         if culprits:
             number, earlier = culprits[0]
             first = dict(order)[earlier][0]
             mine = names[0] if names else gid
-            out[gid] = (f"part {number} ({first}) fails its own checks, and your {mine} calls it: "
-                        f"fix part {number} first")
+            out[gid] = (
+                f"part {number} ({first}) fails its own checks, and your {mine} calls it: "
+                f"fix part {number} first"
+            )
     return out

@@ -30,6 +30,9 @@ for an *equivalent* mutant (one that computes the same thing, so no grader can k
 attached to it from run to run. :func:`run` grades mutants in forked processes with a time
 limit (a mutant that loops forever is killed by the limit, as it would be by the autograder).
 ``scripts/mutation.py`` writes the committed reports; ``tests/test_mutation.py`` checks them.
+
+Over 500 lines: the mutation engine: its operators, the AST walk that applies them, the forked
+runner and the report fingerprint.
 """
 
 from __future__ import annotations
@@ -55,22 +58,61 @@ __all__ = ["Mutant", "Result", "mutants", "run", "fingerprint", "VERSION"]
 VERSION = 1
 
 _BINOP_SWAPS = {
-    ast.Add: (ast.Sub,), ast.Sub: (ast.Add,), ast.Mult: (ast.Div, ast.Add), ast.Div: (ast.Mult, ast.FloorDiv),
-    ast.FloorDiv: (ast.Div, ast.Mult), ast.Mod: (ast.FloorDiv,), ast.Pow: (ast.Mult,), ast.MatMult: (ast.Mult,),
+    ast.Add: (ast.Sub,),
+    ast.Sub: (ast.Add,),
+    ast.Mult: (ast.Div, ast.Add),
+    ast.Div: (ast.Mult, ast.FloorDiv),
+    ast.FloorDiv: (ast.Div, ast.Mult),
+    ast.Mod: (ast.FloorDiv,),
+    ast.Pow: (ast.Mult,),
+    ast.MatMult: (ast.Mult,),
 }
 _COMPARE_SWAPS = {
-    ast.Lt: (ast.LtE, ast.Gt), ast.LtE: (ast.Lt, ast.GtE), ast.Gt: (ast.GtE, ast.Lt), ast.GtE: (ast.Gt, ast.LtE),
-    ast.Eq: (ast.NotEq,), ast.NotEq: (ast.Eq,), ast.Is: (ast.IsNot,), ast.IsNot: (ast.Is,),
-    ast.In: (ast.NotIn,), ast.NotIn: (ast.In,),
+    ast.Lt: (ast.LtE, ast.Gt),
+    ast.LtE: (ast.Lt, ast.GtE),
+    ast.Gt: (ast.GtE, ast.Lt),
+    ast.GtE: (ast.Gt, ast.LtE),
+    ast.Eq: (ast.NotEq,),
+    ast.NotEq: (ast.Eq,),
+    ast.Is: (ast.IsNot,),
+    ast.IsNot: (ast.Is,),
+    ast.In: (ast.NotIn,),
+    ast.NotIn: (ast.In,),
 }
 #: Method and function names that students swap for each other.
 _TWINS = {
-    "amax": "amin", "amin": "amax", "max": "min", "min": "max", "argmax": "argmin", "argmin": "argmax",
-    "sum": "mean", "mean": "sum", "tril": "triu", "triu": "tril", "softmax": "log_softmax",
-    "log_softmax": "softmax", "exp": "log", "log": "exp", "cumsum": "cumprod", "topk": "sort",
-    "unsqueeze": "squeeze", "rsqrt": "sqrt", "sqrt": "rsqrt", "ceil": "floor", "floor": "ceil",
-    "logsumexp": "amax", "var": "std", "std": "var", "view": "reshape", "all": "any", "any": "all",
-    "append": "extend", "items": "keys", "sin": "cos", "cos": "sin", "flip": "clone",
+    "amax": "amin",
+    "amin": "amax",
+    "max": "min",
+    "min": "max",
+    "argmax": "argmin",
+    "argmin": "argmax",
+    "sum": "mean",
+    "mean": "sum",
+    "tril": "triu",
+    "triu": "tril",
+    "softmax": "log_softmax",
+    "log_softmax": "softmax",
+    "exp": "log",
+    "log": "exp",
+    "cumsum": "cumprod",
+    "topk": "sort",
+    "unsqueeze": "squeeze",
+    "rsqrt": "sqrt",
+    "sqrt": "rsqrt",
+    "ceil": "floor",
+    "floor": "ceil",
+    "logsumexp": "amax",
+    "var": "std",
+    "std": "var",
+    "view": "reshape",
+    "all": "any",
+    "any": "all",
+    "append": "extend",
+    "items": "keys",
+    "sin": "cos",
+    "cos": "sin",
+    "flip": "clone",
 }
 
 
@@ -142,22 +184,34 @@ class _Sites(ast.NodeVisitor):
     def visit_BinOp(self, node):
         if self.inside(node):
             for new in _BINOP_SWAPS.get(type(node.op), ()):
-                self.add(node, "binop", f"`{_op(node.op)}` -> `{_op(new())}`", lambda n, new=new: setattr(n, "op", new()))
+                self.add(
+                    node,
+                    "binop",
+                    f"`{_op(node.op)}` -> `{_op(new())}`",
+                    lambda n, new=new: setattr(n, "op", new()),
+                )
         self.generic_visit(node)
 
     def visit_Compare(self, node):
         if self.inside(node):
             for i, op in enumerate(node.ops):
                 for new in _COMPARE_SWAPS.get(type(op), ()):
+
                     def change(n, i=i, new=new):
                         n.ops[i] = new()
+
                     self.add(node, "compare", f"`{_op(op)}` -> `{_op(new())}`", change)
         self.generic_visit(node)
 
     def visit_BoolOp(self, node):
         if self.inside(node):
             new = ast.Or if isinstance(node.op, ast.And) else ast.And
-            self.add(node, "boolop", f"`{_op(node.op)}` -> `{_op(new())}`", lambda n, new=new: setattr(n, "op", new()))
+            self.add(
+                node,
+                "boolop",
+                f"`{_op(node.op)}` -> `{_op(new())}`",
+                lambda n, new=new: setattr(n, "op", new()),
+            )
         self.generic_visit(node)
 
     def visit_UnaryOp(self, node):
@@ -173,8 +227,12 @@ class _Sites(ast.NodeVisitor):
     def _constant(self, node, operator: str):
         value = node.value
         if isinstance(value, bool):
-            self.add(node, "bool" if operator == "number" else operator, f"`{value}` -> `{not value}`",
-                     lambda n: setattr(n, "value", not n.value))
+            self.add(
+                node,
+                "bool" if operator == "number" else operator,
+                f"`{value}` -> `{not value}`",
+                lambda n: setattr(n, "value", not n.value),
+            )
         elif isinstance(value, (int, float)) and not isinstance(value, complex):
             for v in _number_variants(value):
                 self.add(node, operator, f"`{value!r}` -> `{v!r}`", lambda n, v=v: setattr(n, "value", v))
@@ -184,10 +242,12 @@ class _Sites(ast.NodeVisitor):
             for bound in ("lower", "upper"):
                 if getattr(node, bound) is not None:
                     for delta in (1, -1):
+
                         def change(n, bound=bound, delta=delta):
                             old = getattr(n, bound)
                             op = ast.Add() if delta > 0 else ast.Sub()
                             setattr(n, bound, ast.BinOp(left=old, op=op, right=ast.Constant(1)))
+
                         self.add(node, "slice", f"{bound} bound {'+' if delta > 0 else '-'} 1", change)
         self.generic_visit(node)
 
@@ -195,26 +255,42 @@ class _Sites(ast.NodeVisitor):
         if self.inside(node):
             for i, kw in enumerate(node.keywords):
                 if kw.arg is not None:
+
                     def change(n, i=i):
                         del n.keywords[i]
+
                     self.add(node, "keyword", f"drop `{kw.arg}=`", change)
             if len(node.args) > 1:
                 for i in range(len(node.args)):
+
                     def change(n, i=i):
                         del n.args[i]
+
                     self.add(node, "argument", f"drop argument {i + 1}", change)
         self.generic_visit(node)
 
     def visit_Attribute(self, node):
         if self.inside(node) and node.attr in _TWINS:
             twin = _TWINS[node.attr]
-            self.add(node, "attribute", f"`.{node.attr}` -> `.{twin}`", lambda n, twin=twin: setattr(n, "attr", twin))
+            self.add(
+                node,
+                "attribute",
+                f"`.{node.attr}` -> `.{twin}`",
+                lambda n, twin=twin: setattr(n, "attr", twin),
+            )
         self.generic_visit(node)
 
     def visit_Name(self, node):
-        if self.inside(node) and node.id in _TWINS and isinstance(node.ctx, ast.Load) and node.id in ("max", "min", "sum"):
+        if (
+            self.inside(node)
+            and node.id in _TWINS
+            and isinstance(node.ctx, ast.Load)
+            and node.id in ("max", "min", "sum")
+        ):
             twin = _TWINS[node.id]
-            self.add(node, "attribute", f"`{node.id}` -> `{twin}`", lambda n, twin=twin: setattr(n, "id", twin))
+            self.add(
+                node, "attribute", f"`{node.id}` -> `{twin}`", lambda n, twin=twin: setattr(n, "id", twin)
+            )
         self.generic_visit(node)
 
     # ---- statements
@@ -230,26 +306,43 @@ class _Sites(ast.NodeVisitor):
     def visit_AugAssign(self, node):  # noqa: F811 (both: a statement, and its operator)
         if self.inside(node):
             for new in _BINOP_SWAPS.get(type(node.op), ()):
-                self.add(node, "augassign", f"`{_op(node.op)}=` -> `{_op(new())}=`", lambda n, new=new: setattr(n, "op", new()))
+                self.add(
+                    node,
+                    "augassign",
+                    f"`{_op(node.op)}=` -> `{_op(new())}=`",
+                    lambda n, new=new: setattr(n, "op", new()),
+                )
         self._statement(node)
 
     def visit_If(self, node):
         if self.inside(node):
-            self.add(node, "condition", "condition negated",
-                     lambda n: setattr(n, "test", ast.UnaryOp(op=ast.Not(), operand=n.test)))
+            self.add(
+                node,
+                "condition",
+                "condition negated",
+                lambda n: setattr(n, "test", ast.UnaryOp(op=ast.Not(), operand=n.test)),
+            )
             self.add(node, "delete", "statement removed", _Replace(lambda n: ast.Pass()))
         self.generic_visit(node)
 
     def visit_While(self, node):
         if self.inside(node):
-            self.add(node, "condition", "condition negated",
-                     lambda n: setattr(n, "test", ast.UnaryOp(op=ast.Not(), operand=n.test)))
+            self.add(
+                node,
+                "condition",
+                "condition negated",
+                lambda n: setattr(n, "test", ast.UnaryOp(op=ast.Not(), operand=n.test)),
+            )
         self.generic_visit(node)
 
     def visit_IfExp(self, node):
         if self.inside(node):
-            self.add(node, "condition", "condition negated",
-                     lambda n: setattr(n, "test", ast.UnaryOp(op=ast.Not(), operand=n.test)))
+            self.add(
+                node,
+                "condition",
+                "condition negated",
+                lambda n: setattr(n, "test", ast.UnaryOp(op=ast.Not(), operand=n.test)),
+            )
         self.generic_visit(node)
 
     # ---- signatures (outside the solution regions: students may still change a default)
@@ -273,10 +366,28 @@ class _Replace:
 
 def _op(op) -> str:
     return {
-        ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**",
-        ast.MatMult: "@", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
-        ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in", ast.And: "and", ast.Or: "or",
-        ast.USub: "-", ast.Not: "not ",
+        ast.Add: "+",
+        ast.Sub: "-",
+        ast.Mult: "*",
+        ast.Div: "/",
+        ast.FloorDiv: "//",
+        ast.Mod: "%",
+        ast.Pow: "**",
+        ast.MatMult: "@",
+        ast.Lt: "<",
+        ast.LtE: "<=",
+        ast.Gt: ">",
+        ast.GtE: ">=",
+        ast.Eq: "==",
+        ast.NotEq: "!=",
+        ast.Is: "is",
+        ast.IsNot: "is not",
+        ast.In: "in",
+        ast.NotIn: "not in",
+        ast.And: "and",
+        ast.Or: "or",
+        ast.USub: "-",
+        ast.Not: "not ",
     }[type(op)]
 
 
@@ -358,8 +469,15 @@ def _grade(assignment: str, part: harness.Part, mutant: Mutant | None) -> tuple[
     return "survived", "", ""
 
 
-def run(assignment: str, part: harness.Part, candidates: list[Mutant], *, jobs: int = 2,
-        timeout: float | None = None, progress=None) -> list[Result]:
+def run(
+    assignment: str,
+    part: harness.Part,
+    candidates: list[Mutant],
+    *,
+    jobs: int = 2,
+    timeout: float | None = None,
+    progress=None,
+) -> list[Result]:
     """Grade each mutant in a process of its own (forked from this one), ``jobs`` at a time.
 
     A mutant still running after ``timeout`` seconds (default: 20 times the reference's
@@ -408,7 +526,9 @@ def run(assignment: str, part: harness.Part, candidates: list[Mutant], *, jobs: 
                         s, t, h = "killed", "(crash)", "the process ended without an answer"
                     result = Result(mutant.id, s, t, h, round(elapsed, 2))
                 else:
-                    result = Result(mutant.id, "timeout", "", f"still running after {limit:.0f} s", round(elapsed, 2))
+                    result = Result(
+                        mutant.id, "timeout", "", f"still running after {limit:.0f} s", round(elapsed, 2)
+                    )
                 _stop(pid)
                 os.close(read)
                 del running[pid]
@@ -451,8 +571,12 @@ def fingerprint(assignment: str, part: harness.Part, equivalent: dict[str, str])
     digest = hashlib.sha256(f"v{VERSION}".encode())
     digest.update(part.source.encode())
     digest.update(json.dumps([asdict(t) for t in part.tests], sort_keys=True, default=str).encode())
-    for path in (package / f"{chapter(assignment).assignment}.py", package / "core.py", package / "harness.py",
-                 Path(__file__).resolve()):
+    for path in (
+        package / f"{chapter(assignment).assignment}.py",
+        package / "core.py",
+        package / "harness.py",
+        Path(__file__).resolve(),
+    ):
         digest.update(path.name.encode() + path.read_bytes())
     ours = {k: v for k, v in sorted(equivalent.items()) if k.startswith(f"{part.grade_id} | ")}
     digest.update(json.dumps(ours).encode())

@@ -21,6 +21,16 @@ from coursekit.sandbox.host import (
 )
 
 __all__ = [
-    "CellFailed", "Limits", "Remote", "RemoteCrash", "RemoteTimeout", "SandboxError", "Session",
-    "StudentError", "StudentRaised", "Worker", "bubblewrap_works", "choose_kind",
+    "CellFailed",
+    "Limits",
+    "Remote",
+    "RemoteCrash",
+    "RemoteTimeout",
+    "SandboxError",
+    "Session",
+    "StudentError",
+    "StudentRaised",
+    "Worker",
+    "bubblewrap_works",
+    "choose_kind",
 ]

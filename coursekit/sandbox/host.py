@@ -7,6 +7,9 @@ student's objects through :class:`Remote` proxies: every call sends its inputs a
 data, runs in a check process forked from the notebook's final state, and returns
 the results as data. Nothing the sandbox sends is trusted: frames are size-capped,
 tensors are rebuilt as plain ``torch.Tensor`` objects, and every wait has a deadline.
+
+Over 500 lines: the trusted side of the sandbox (starting bubblewrap, limits, the worker's health,
+bounded replies) is one protocol end; splitting it would separate checks from what they guard.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class StudentRaised(StudentError):
         Exception.__init__(self, f"your code raised {type_name}: {message}{at}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _raised_class(type_name: str) -> type:
     """A StudentRaised that is also the builtin exception of that name, so that
     ``getattr(obj, name, None)`` and ``except KeyError`` work on remote objects."""
@@ -87,7 +90,11 @@ def _raised_class(type_name: str) -> type:
 
     base = getattr(builtins, type_name, None)
     if isinstance(base, type) and issubclass(base, Exception) and base.__module__ == "builtins":
-        return type(f"Student{type_name}", (StudentRaised, base), {"__init__": StudentRaised.__init__, "__str__": StudentError.__str__})
+        return type(
+            f"Student{type_name}",
+            (StudentRaised, base),
+            {"__init__": StudentRaised.__init__, "__str__": StudentError.__str__},
+        )
     return StudentRaised
 
 
@@ -116,7 +123,9 @@ def choose_kind(kind: str = "auto") -> str:
     if kind not in ("auto", "bwrap", "rlimit"):
         raise ValueError(f"sandbox must be auto, bwrap or rlimit, got {kind!r}")
     if kind == "bwrap" and not bubblewrap_works():
-        raise SandboxError("bubblewrap (bwrap) is not installed or cannot create namespaces here: apt-get install bubblewrap")
+        raise SandboxError(
+            "bubblewrap (bwrap) is not installed or cannot create namespaces here: apt-get install bubblewrap"
+        )
     if kind == "auto":
         kind = "bwrap" if bubblewrap_works() else "rlimit"
         if kind == "rlimit":
@@ -130,18 +139,48 @@ def choose_kind(kind: str = "auto") -> str:
 def _bwrap_command(limits: Limits) -> tuple[list[str], str]:
     """The bubblewrap command line and the scratch path inside the sandbox."""
     args = [
-        shutil.which("bwrap"), "--unshare-all", "--hostname", "sandbox", "--die-with-parent", "--new-session",
-        "--cap-drop", "ALL", "--uid", "1000", "--gid", "1000",
-        "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
-        "--size", str(64 << 20), "--tmpfs", "/tmp",
-        "--size", str(limits.disk), "--tmpfs", "/scratch",
+        shutil.which("bwrap"),
+        "--unshare-all",
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        "1000",
+        "--gid",
+        "1000",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(64 << 20),
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        str(limits.disk),
+        "--tmpfs",
+        "/scratch",
     ]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    for etc in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "fonts", "alternatives", "localtime", "mime.types"):
+    for etc in (
+        "ld.so.cache",
+        "ld.so.conf",
+        "ld.so.conf.d",
+        "fonts",
+        "alternatives",
+        "localtime",
+        "mime.types",
+    ):
         if os.path.exists(f"/etc/{etc}"):
             args += ["--ro-bind", f"/etc/{etc}", f"/etc/{etc}"]
     # the interpreter's installation, and the virtual environment (if any) at a neutral path,
@@ -209,7 +248,12 @@ class Worker:
         python = [sys.executable, "-m", "coursekit.sandbox.worker"]
         if self.kind == "bwrap":
             wrap, scratch = _bwrap_command(limits)
-            command = wrap + [_sandbox_python()] + python[1:] + [str(theirs.fileno()), scratch, "pidns", ",".join(preload)]
+            command = (
+                wrap
+                + [_sandbox_python()]
+                + python[1:]
+                + [str(theirs.fileno()), scratch, "pidns", ",".join(preload)]
+            )
             env = None
         else:
             scratch = os.path.join(self._host_dir, "scratch")
@@ -219,8 +263,14 @@ class Worker:
             env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": package_parent, "HOME": scratch, "LANG": "C.UTF-8"}
         self._log = open(os.path.join(self._host_dir, "worker.log"), "wb")
         self.proc = subprocess.Popen(
-            command, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-            env=env, cwd=scratch if self.kind == "rlimit" else "/", start_new_session=True,
+            command,
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=self._log,
+            env=env,
+            cwd=scratch if self.kind == "rlimit" else "/",
+            start_new_session=True,
         )
         theirs.close()
         self.ctrl = ours
@@ -263,8 +313,13 @@ class Worker:
             raise SandboxError(f"the sandbox stopped responding ({self.broken})")
         try:
             protocol.send(self.ctrl, header)
-            return protocol.recv(self.ctrl, time.monotonic() + (timeout or self.COMMAND_SECONDS), max_blob=0,
-                                 max_header=protocol.REPLY_HEADER, want_fds=want_fds)
+            return protocol.recv(
+                self.ctrl,
+                time.monotonic() + (timeout or self.COMMAND_SECONDS),
+                max_blob=0,
+                max_header=protocol.REPLY_HEADER,
+                want_fds=want_fds,
+            )
         except (protocol.ProtocolError, OSError) as e:
             self.broken = str(e) or type(e).__name__
             raise SandboxError(f"the sandbox stopped responding ({e})") from None
@@ -287,8 +342,12 @@ class Worker:
 
     def session(self, files: dict[str, bytes] | None = None, seed: int = 0) -> Session:
         reply, _, fds = self.command(
-            {"op": "session", "limits": asdict(self.limits), "seed": seed,
-             "files": {k: v.hex() for k, v in (files or {}).items()}},
+            {
+                "op": "session",
+                "limits": asdict(self.limits),
+                "seed": seed,
+                "files": {k: v.hex() for k, v in (files or {}).items()},
+            },
             want_fds=True,
         )
         if not reply.get("ok") or len(fds) != 1:
@@ -361,7 +420,11 @@ class Session:
             protocol.send(self.sock, {"op": "cell", "source": source, "label": label})
             reply, _, _ = protocol.recv(self.sock, until, max_blob=0, max_header=protocol.REPLY_HEADER)
         except protocol.TimedOut:
-            budget = "the submission used up its time budget" if until == deadline else f"did not finish within {limit:g} s"
+            budget = (
+                "the submission used up its time budget"
+                if until == deadline
+                else f"did not finish within {limit:g} s"
+            )
             self.dead_because = self.worker.reset_after_student() or budget
             raise CellFailed(self.dead_because) from None
         except (protocol.Closed, OSError):
@@ -403,8 +466,9 @@ class Session:
             seed = zlib.crc32(name.encode())
         try:
             protocol.send(self.sock, {"op": "fork", "seed": seed})
-            reply, _, fds = protocol.recv(self.sock, time.monotonic() + 30, max_blob=0,
-                                          max_header=protocol.REPLY_HEADER, want_fds=True)
+            reply, _, fds = protocol.recv(
+                self.sock, time.monotonic() + 30, max_blob=0, max_header=protocol.REPLY_HEADER, want_fds=True
+            )
         except (protocol.ProtocolError, OSError):
             self.dead_because = self.worker.reset_after_student() or "its process ended"
             if self._adopt_revived():
@@ -416,8 +480,12 @@ class Session:
             self.dead_because = "its process misbehaved"
             self.worker.reset_after_student()
             raise RemoteCrash("your notebook's process did not start a check")
-        self.channel = _Channel(self, socket.socket(fileno=fds[0]), int(reply.get("pid", -1)),
-                                time.monotonic() + self.worker.limits.check_seconds)
+        self.channel = _Channel(
+            self,
+            socket.socket(fileno=fds[0]),
+            int(reply.get("pid", -1)),
+            time.monotonic() + self.worker.limits.check_seconds,
+        )
 
     def end_check(self) -> None:
         if self.channel is not None:
@@ -456,11 +524,14 @@ class _Channel:
             header[key] = protocol.encode(value, arrays, self._ref)
         try:
             protocol.send(self.sock, header, arrays)
-            reply, out, _ = protocol.recv(self.sock, self.deadline, max_blob=protocol.REPLY_BLOB,
-                                          max_header=protocol.REPLY_HEADER)
+            reply, out, _ = protocol.recv(
+                self.sock, self.deadline, max_blob=protocol.REPLY_BLOB, max_header=protocol.REPLY_HEADER
+            )
         except protocol.TimedOut:
             self._kill()
-            self.broken = f"did not finish within {self.session.worker.limits.check_seconds:g} s (an endless loop?)"
+            self.broken = (
+                f"did not finish within {self.session.worker.limits.check_seconds:g} s (an endless loop?)"
+            )
             raise RemoteTimeout(f"your code {self.broken}") from None
         except (protocol.Closed, ConnectionError):
             why = self._why_gone()
@@ -475,9 +546,15 @@ class _Channel:
         if "raised" in reply:
             r = reply["raised"] if isinstance(reply["raised"], dict) else {}
             cls = _raised_class(str(r.get("type", "Exception"))[:100])
-            raise cls(str(r.get("type", "Exception"))[:100], str(r.get("message", ""))[:2000], str(r.get("where", ""))[:500])
+            raise cls(
+                str(r.get("type", "Exception"))[:100],
+                str(r.get("message", ""))[:2000],
+                str(r.get("where", ""))[:500],
+            )
         if "unsendable" in reply:
-            raise StudentError(f"your code returned something that cannot be graded: {str(reply['unsendable'])[:300]}")
+            raise StudentError(
+                f"your code returned something that cannot be graded: {str(reply['unsendable'])[:300]}"
+            )
         if "ok" not in reply:
             raise RemoteCrash("the process running your code sent a malformed answer")
         value = protocol.decode(reply["ok"], out, self._handle)
@@ -507,7 +584,9 @@ class _Channel:
         if "$h" not in h:
             raise protocol.ProtocolError("unexpected reference")
         mro = tuple(str(m)[:200] for m in h.get("mro", [])[:20]) if isinstance(h.get("mro"), list) else ()
-        return Remote(self.session, {"$h": int(h["$h"])}, str(h.get("type", "object"))[:100], mro, channel=self)
+        return Remote(
+            self.session, {"$h": int(h["$h"])}, str(h.get("type", "object"))[:100], mro, channel=self
+        )
 
     def close(self) -> None:
         try:
@@ -525,7 +604,14 @@ class Remote:
 
     __slots__ = ("_session", "_ref", "_type", "_mro", "_channel")
 
-    def __init__(self, session: Session, ref: dict, type_name: str, mro: tuple[str, ...], channel: _Channel | None = None):
+    def __init__(
+        self,
+        session: Session,
+        ref: dict,
+        type_name: str,
+        mro: tuple[str, ...],
+        channel: _Channel | None = None,
+    ):
         self._session, self._ref, self._type, self._mro, self._channel = session, ref, type_name, mro, channel
 
     def _request(self, op: str, **values) -> dict:

@@ -30,7 +30,8 @@ import socket
 import struct
 import time
 import zipfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -53,8 +54,18 @@ REPLY_BLOB = 128 << 20
 
 #: dtypes that cross as themselves; bfloat16 and float16 cross as float32 and are cast back
 _DTYPES = {
-    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
-    "complex64", "complex128",
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "complex64",
+    "complex128",
 }
 
 
@@ -73,7 +84,9 @@ class TimedOut(ProtocolError):
 # --------------------------------------------------------------------------- frames
 
 
-def send(sock: socket.socket, header: dict, arrays: dict[str, np.ndarray] | None = None, fds: list[int] = ()) -> None:
+def send(
+    sock: socket.socket, header: dict, arrays: dict[str, np.ndarray] | None = None, fds: list[int] = ()
+) -> None:
     """Send one frame (and optionally file descriptors) on ``sock``."""
     head = json.dumps(header, allow_nan=False, separators=(",", ":")).encode()
     blob = b""
@@ -83,14 +96,20 @@ def send(sock: socket.socket, header: dict, arrays: dict[str, np.ndarray] | None
         blob = buf.getvalue()
     data = _PREFIX.pack(MAGIC, len(head), len(blob)) + head + blob
     if fds:
-        socket.send_fds(sock, [data[:_PREFIX.size]], list(fds))
-        sock.sendall(data[_PREFIX.size:])
+        socket.send_fds(sock, [data[: _PREFIX.size]], list(fds))
+        sock.sendall(data[_PREFIX.size :])
     else:
         sock.sendall(data)
 
 
-def recv(sock: socket.socket, deadline: float | None = None, *, max_blob: int = MAX_BLOB, max_header: int = MAX_HEADER,
-         want_fds: bool = False):
+def recv(
+    sock: socket.socket,
+    deadline: float | None = None,
+    *,
+    max_blob: int = MAX_BLOB,
+    max_header: int = MAX_HEADER,
+    want_fds: bool = False,
+):
     """Read one frame; return ``(header, arrays, fds)``.
 
     ``deadline`` is a ``time.monotonic()`` value; past it :class:`TimedOut` is raised. A frame
@@ -176,10 +195,12 @@ def _read_npy(data: bytes) -> np.ndarray:
     if dtype.hasobject:
         raise ProtocolError("malformed array archive: arrays of Python objects are not accepted")
     count = math.prod(shape)
-    body = memoryview(data)[stream.tell():]
+    body = memoryview(data)[stream.tell() :]
     if count * dtype.itemsize != len(body):
-        raise ProtocolError(f"malformed array archive: an array of shape {shape} and dtype {dtype} "
-                            f"needs {count * dtype.itemsize} bytes, got {len(body)}")
+        raise ProtocolError(
+            f"malformed array archive: an array of shape {shape} and dtype {dtype} "
+            f"needs {count * dtype.itemsize} bytes, got {len(body)}"
+        )
     array = np.frombuffer(body, dtype=dtype, count=count).copy()
     return array.reshape(shape[::-1]).transpose() if fortran else array.reshape(shape)
 
@@ -225,7 +246,9 @@ class Opaque:
         return f"<{self.type_name} from the sandbox>"
 
 
-def encode(value: Any, arrays: dict[str, np.ndarray], handle: Callable[[Any], dict] | None = None, _depth: int = 0) -> Any:
+def encode(
+    value: Any, arrays: dict[str, np.ndarray], handle: Callable[[Any], dict] | None = None, _depth: int = 0
+) -> Any:
     """JSON-able form of ``value``; arrays are stored in ``arrays``.
 
     ``handle(obj)`` is called for objects that are not data; without it they are
@@ -267,7 +290,9 @@ def encode(value: Any, arrays: dict[str, np.ndarray], handle: Callable[[Any], di
     if t is bytes:
         return {"$b": base64.b64encode(value).decode()}
     if t is slice:
-        return {"$slice": [encode(v, arrays, handle, _depth + 1) for v in (value.start, value.stop, value.step)]}
+        return {
+            "$slice": [encode(v, arrays, handle, _depth + 1) for v in (value.start, value.stop, value.step)]
+        }
     if value is Ellipsis:
         return {"$ellipsis": True}
     if t is list:
@@ -276,9 +301,16 @@ def encode(value: Any, arrays: dict[str, np.ndarray], handle: Callable[[Any], di
         return {"$tuple": [encode(v, arrays, handle, _depth + 1) for v in value]}
     if t in (set, frozenset):
         return {"$set": [encode(v, arrays, handle, _depth + 1) for v in value]}
-    if isinstance(value, dict):  # Counter, defaultdict, OrderedDict arrive as plain dicts (read with dict.items)
+    if isinstance(
+        value, dict
+    ):  # Counter, defaultdict, OrderedDict arrive as plain dicts (read with dict.items)
         items = dict.items(value)
-        return {"$dict": [[encode(k, arrays, handle, _depth + 1), encode(v, arrays, handle, _depth + 1)] for k, v in items]}
+        return {
+            "$dict": [
+                [encode(k, arrays, handle, _depth + 1), encode(v, arrays, handle, _depth + 1)]
+                for k, v in items
+            ]
+        }
     if handle is not None:
         return handle(value)
     raise TypeError(f"cannot send a {t.__name__} to the sandbox")
@@ -353,7 +385,10 @@ def _decode(obj, arrays, handle, depth, budget):
     if tag == "$set":
         return set(_decode(v, arrays, handle, depth + 1, budget) for v in obj["$set"])
     if tag == "$dict":
-        return {_decode(k, arrays, handle, depth + 1, budget): _decode(v, arrays, handle, depth + 1, budget) for k, v in obj["$dict"]}
+        return {
+            _decode(k, arrays, handle, depth + 1, budget): _decode(v, arrays, handle, depth + 1, budget)
+            for k, v in obj["$dict"]
+        }
     if tag == "$opaque":
         return Opaque(str(obj["$opaque"])[:200])
     if tag in ("$h", "$ref") and handle is not None:

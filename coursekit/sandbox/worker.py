@@ -16,6 +16,9 @@ The template also watches the processes it started (count and memory) and kills
 them all on request or when a limit is crossed. Nothing here decides a score:
 the trusted side (:mod:`coursekit.sandbox.host`) reads every answer as hostile
 data.
+
+Over 500 lines: the untrusted side of the sandbox (the notebook's process, its proxies and what it
+may send back) is the other protocol end, kept whole for the same reason as host.py.
 """
 
 from __future__ import annotations
@@ -76,7 +79,9 @@ class Template:
         _set_not_dumpable()
 
     def serve(self) -> None:
-        protocol.send(self.ctrl, {"ready": True, "pid": os.getpid(), "preload_s": round(self.preload_seconds, 3)})
+        protocol.send(
+            self.ctrl, {"ready": True, "pid": os.getpid(), "preload_s": round(self.preload_seconds, 3)}
+        )
         while True:
             ready, _, _ = select.select([self.ctrl], [], [], 0.02)
             self.watch()
@@ -159,7 +164,9 @@ class Template:
         self.last_memory_check = now
         used = sum(_memory(pid) for pid in pids)
         if used > self.limits["memory"] + self.baseline:
-            self.killed_because = f"its processes used more than {self.limits['memory'] / 2**30:.1f} GiB of memory"
+            self.killed_because = (
+                f"its processes used more than {self.limits['memory'] / 2**30:.1f} GiB of memory"
+            )
             self.kill_all()
 
     def kill_all(self) -> None:
@@ -246,8 +253,12 @@ def _make_shell():
 
         def write_format_data(self, format_dict, md_dict=None):
             self.shell._outputs.append(
-                {"output_type": "execute_result", "execution_count": self.shell.execution_count,
-                 "data": format_dict, "metadata": md_dict or {}}
+                {
+                    "output_type": "execute_result",
+                    "execution_count": self.shell.execution_count,
+                    "data": format_dict,
+                    "metadata": md_dict or {},
+                }
             )
 
     class SandboxShell(InteractiveShell):
@@ -259,15 +270,26 @@ def _make_shell():
                 text = f"out of memory (the limit is {self._memory_limit / 2**30:.1f} GiB of memory) {text}".strip()
                 stb = [*stb[:-1], f"MemoryError: {text}\n"]
             self._outputs.append(
-                {"output_type": "error", "ename": getattr(etype, "__name__", str(etype)),
-                 "evalue": _short(text, 2000), "traceback": [_short(line, 4000) for line in stb[-30:]]}
+                {
+                    "output_type": "error",
+                    "ename": getattr(etype, "__name__", str(etype)),
+                    "evalue": _short(text, 2000),
+                    "traceback": [_short(line, 4000) for line in stb[-30:]],
+                }
             )
 
         def _format_exception_for_storage(self, exception, filename=None, running_compiled_code=False):
             # IPython formats every exception a second time, for its history; skip that
             return {"ename": type(exception).__name__, "evalue": str(exception)[:200], "traceback": []}
 
-        def showtraceback(self, exc_tuple=None, filename=None, tb_offset=None, exception_only=False, running_compiled_code=False):
+        def showtraceback(
+            self,
+            exc_tuple=None,
+            filename=None,
+            tb_offset=None,
+            exception_only=False,
+            running_compiled_code=False,
+        ):
             # Python's own formatting: IPython's takes seconds on a deep recursion
             etype, value, tb = exc_tuple or sys.exc_info()
             if etype is None:
@@ -348,7 +370,14 @@ class NotebookProcess:
             ok = result.success
         except BaseException as e:  # a SystemExit escaping IPython, or worse
             ok = False
-            shell._outputs.append({"output_type": "error", "ename": type(e).__name__, "evalue": _short(str(e), 2000), "traceback": []})
+            shell._outputs.append(
+                {
+                    "output_type": "error",
+                    "ename": type(e).__name__,
+                    "evalue": _short(str(e), 2000),
+                    "traceback": [],
+                }
+            )
         finally:
             sys.stdout, sys.stderr = saved
             # a failed cell's frames (and whatever they hold) are kept alive for %debug: let them go
@@ -368,7 +397,9 @@ class NotebookProcess:
             data = {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
             size += sum(len(v) for v in data.values())
             if size > MAX_DISPLAY:
-                outputs.append({"output_type": "stream", "name": "stdout", "text": "[more display output was dropped]\n"})
+                outputs.append(
+                    {"output_type": "stream", "name": "stdout", "text": "[more display output was dropped]\n"}
+                )
                 break
             outputs.append({"output_type": "display_data", "data": data, "metadata": {}})
         count = shell.execution_count - 1
@@ -376,8 +407,13 @@ class NotebookProcess:
             if isinstance(o, dict) and o.get("output_type") == "execute_result":
                 o["execution_count"] = count
         outputs += shell._outputs if isinstance(shell._outputs, list) else []
-        return {"ok": bool(ok), "outputs": outputs, "seconds": round(time.monotonic() - started, 3), "execution_count": count,
-                "sandbox_harmed": _harmed(self.template)}
+        return {
+            "ok": bool(ok),
+            "outputs": outputs,
+            "seconds": round(time.monotonic() - started, 3),
+            "execution_count": count,
+            "sandbox_harmed": _harmed(self.template),
+        }
 
     def fork_check(self, seed: int) -> None:
         ours, theirs = socket.socketpair()
@@ -388,7 +424,9 @@ class NotebookProcess:
             try:
                 ours.close()
                 self.sock.close()
-                sys.modules.update(TRUSTED_MODULES)  # undo a student's swap of numpy, torch, ... in sys.modules
+                sys.modules.update(
+                    TRUSTED_MODULES
+                )  # undo a student's swap of numpy, torch, ... in sys.modules
                 _reseed(seed)
                 CheckProcess(theirs, self.shell.user_ns, self.labels).serve()
             finally:

@@ -3,19 +3,24 @@
 from coursekit import arithmetic as ref
 from tests.mutants import Mutant, mutant, mutate
 
-
 MUTANTS = [
     # ----------------------------------------------------------------- part 1: decoder_params
     Mutant(
-        "params_rule_of_thumb", "decoder_params", "decoder_params", "that is the rule of thumb V C + 12 L C^2",
-        '''
+        "params_rule_of_thumb",
+        "decoder_params",
+        "decoder_params",
+        "that is the rule of thumb V C + 12 L C^2",
+        """
 def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
     return vocab_size * d_model + 12 * n_layers * d_model * d_model
-''',
+""",
     ),
     Mutant(
-        "params_no_biases_or_norms", "decoder_params", "decoder_params", "the biases and the layer norms are missing",
-        '''
+        "params_no_biases_or_norms",
+        "decoder_params",
+        "decoder_params",
+        "the biases and the layer norms are missing",
+        """
 def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     d_ff = 4 * d_model if d_ff is None else d_ff
@@ -23,11 +28,14 @@ def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_hea
     layer = d_model * (d_model + 2 * kv) + d_model * d_model + 2 * d_model * d_ff
     head = 0 if tied else vocab_size * d_model
     return (vocab_size + n_positions) * d_model + n_layers * layer + head
-''',
+""",
     ),
     Mutant(
-        "params_norm_one_vector", "decoder_params", "decoder_params", "a scale and a shift: 2 d_model, not d_model",
-        '''
+        "params_norm_one_vector",
+        "decoder_params",
+        "decoder_params",
+        "a scale and a shift: 2 d_model, not d_model",
+        """
 def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     d_ff = 4 * d_model if d_ff is None else d_ff
@@ -37,12 +45,14 @@ def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_hea
     layer = attention + feedforward + 2 * d_model  # two norms of d_model each
     head = 0 if tied else vocab_size * d_model
     return (vocab_size + n_positions) * d_model + n_layers * layer + d_model + head
-''',
+""",
     ),
     Mutant(
-        "params_ignore_gqa", "decoder_params", "decoder_params",
+        "params_ignore_gqa",
+        "decoder_params",
+        "decoder_params",
         "with grouped-query attention only the query and output",
-        '''
+        """
 def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
     d_ff = 4 * d_model if d_ff is None else d_ff
     attention = 4 * d_model * d_model + 4 * d_model
@@ -50,12 +60,14 @@ def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_hea
     layer = attention + feedforward + 4 * d_model
     head = 0 if tied else vocab_size * d_model
     return (vocab_size + n_positions) * d_model + n_layers * layer + 2 * d_model + head
-''',
+""",
     ),
     Mutant(
-        "params_no_positions", "decoder_params", "decoder_params",
+        "params_no_positions",
+        "decoder_params",
+        "decoder_params",
         "position embeddings (n_positions x d_model) are missing",
-        '''
+        """
 def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     d_ff = 4 * d_model if d_ff is None else d_ff
@@ -64,11 +76,14 @@ def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_hea
     feedforward = (d_model + 1) * d_ff + (d_ff + 1) * d_model
     head = 0 if tied else vocab_size * d_model
     return vocab_size * d_model + n_layers * (attention + feedforward + 4 * d_model) + 2 * d_model + head
-''',
+""",
     ),
     Mutant(
-        "params_head_always_counted", "decoder_params", "decoder_params", "with tied=True the output layer reuses",
-        '''
+        "params_head_always_counted",
+        "decoder_params",
+        "decoder_params",
+        "with tied=True the output layer reuses",
+        """
 def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     d_ff = 4 * d_model if d_ff is None else d_ff
@@ -77,11 +92,14 @@ def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_hea
     feedforward = (d_model + 1) * d_ff + (d_ff + 1) * d_model
     layer = attention + feedforward + 4 * d_model
     return (vocab_size + n_positions) * d_model + n_layers * layer + 2 * d_model + vocab_size * d_model
-''',
+""",
     ),
     Mutant(
-        "params_ignore_d_ff", "decoder_params", "decoder_params", "use d_ff for the feed-forward width",
-        '''
+        "params_ignore_d_ff",
+        "decoder_params",
+        "decoder_params",
+        "use d_ff for the feed-forward width",
+        """
 def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads=None, d_ff=None, tied=True):
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     kv = n_kv_heads * (d_model // n_heads)
@@ -90,19 +108,25 @@ def decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_hea
     head = 0 if tied else vocab_size * d_model
     layers = n_layers * (attention + feedforward + 4 * d_model)
     return (vocab_size + n_positions) * d_model + layers + 2 * d_model + head
-''',
+""",
     ),
     # ----------------------------------------------------------------- part 2: training memory
     Mutant(
-        "memory_gb", "training_memory_gib", "training_memory_gib", "you divided by 10**9, which is a GB",
-        '''
+        "memory_gb",
+        "training_memory_gib",
+        "training_memory_gib",
+        "you divided by 10**9, which is a GB",
+        """
 def training_memory_gib(n_params, precision="fp32", optimizer="adam"):
     return n_params * sum(memory_per_param(precision, optimizer).values()) / 1e9
-''',
+""",
     ),
     Mutant(
-        "memory_no_master", "memory_per_param", "training_memory_gib", "the float32 master weights are missing",
-        '''
+        "memory_no_master",
+        "memory_per_param",
+        "training_memory_gib",
+        "the float32 master weights are missing",
+        """
 def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
     value_bytes = {"fp32": 4, "fp16": 2, "bf16": 2}
     state_bytes = {"sgd": 0, "momentum": 4, "adam": 8, "adam8bit": 2}
@@ -110,18 +134,24 @@ def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
         raise ValueError(f"unknown precision {precision!r} or optimizer {optimizer!r}")
     return {"weights": value_bytes[precision], "gradients": 4 if fp32_grads else value_bytes[precision],
             "master weights": 0, "optimizer states": state_bytes[optimizer]}
-''',
+""",
     ),
     Mutant(
-        "memory_fp32_grads", "training_memory_gib", "training_memory_gib", "the 18-byte convention",
-        '''
+        "memory_fp32_grads",
+        "training_memory_gib",
+        "training_memory_gib",
+        "the 18-byte convention",
+        """
 def training_memory_gib(n_params, precision="fp32", optimizer="adam"):
     return n_params * sum(memory_per_param(precision, optimizer, fp32_grads=True).values()) / 2**30
-''',
+""",
     ),
     Mutant(
-        "memory_one_adam_moment", "memory_per_param", "training_memory_gib", "Adam keeps two moments per parameter",
-        '''
+        "memory_one_adam_moment",
+        "memory_per_param",
+        "training_memory_gib",
+        "Adam keeps two moments per parameter",
+        """
 def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
     value_bytes = {"fp32": 4, "fp16": 2, "bf16": 2}
     state_bytes = {"sgd": 0, "momentum": 4, "adam": 4, "adam8bit": 2}
@@ -130,11 +160,14 @@ def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
     mixed = precision != "fp32"
     return {"weights": value_bytes[precision], "gradients": 4 if fp32_grads else value_bytes[precision],
             "master weights": 4 if mixed else 0, "optimizer states": state_bytes[optimizer]}
-''',
+""",
     ),
     Mutant(
-        "memory_8bit_as_8_bytes", "memory_per_param", "training_memory_gib", "in 8 bits = 1 byte",
-        '''
+        "memory_8bit_as_8_bytes",
+        "memory_per_param",
+        "training_memory_gib",
+        "in 8 bits = 1 byte",
+        """
 def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
     value_bytes = {"fp32": 4, "fp16": 2, "bf16": 2}
     state_bytes = {"sgd": 0, "momentum": 4, "adam": 8, "adam8bit": 2 * 8}
@@ -143,11 +176,14 @@ def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
     mixed = precision != "fp32"
     return {"weights": value_bytes[precision], "gradients": 4 if fp32_grads else value_bytes[precision],
             "master weights": 4 if mixed else 0, "optimizer states": state_bytes[optimizer]}
-''',
+""",
     ),
     Mutant(
-        "memory_no_gradients", "memory_per_param", "training_memory_gib", "the gradients are missing",
-        '''
+        "memory_no_gradients",
+        "memory_per_param",
+        "training_memory_gib",
+        "the gradients are missing",
+        """
 def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
     value_bytes = {"fp32": 4, "fp16": 2, "bf16": 2}
     state_bytes = {"sgd": 0, "momentum": 4, "adam": 8, "adam8bit": 2}
@@ -156,148 +192,268 @@ def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
     mixed = precision != "fp32"
     return {"weights": value_bytes[precision], "gradients": 0,
             "master weights": 4 if mixed else 0, "optimizer states": state_bytes[optimizer]}
-''',
+""",
     ),
     Mutant(
-        "memory_unknown_names_default", "memory_per_param", "training_memory_gib",
+        "memory_unknown_names_default",
+        "memory_per_param",
+        "training_memory_gib",
         "raise a ValueError instead (list the accepted",
-        '''
+        """
 def memory_per_param(precision="fp32", optimizer="adam", fp32_grads=False):
     value = {"fp32": 4, "fp16": 2, "bf16": 2}.get(precision, 4)
     mixed = value < 4
     return {"weights": value, "gradients": 4 if fp32_grads else value, "master weights": 4 if mixed else 0,
             "optimizer states": {"sgd": 0, "momentum": 4, "adam8bit": 2}.get(optimizer, 8)}
-''',
+""",
     ),
     # ----------------------------------------------------------------- part 3: KV cache
     Mutant(
-        "kv_no_factor_2", "kv_cache_gib", "kv_cache_gib", "every layer caches a key AND a value",
-        '''
+        "kv_no_factor_2",
+        "kv_cache_gib",
+        "kv_cache_gib",
+        "every layer caches a key AND a value",
+        """
 def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
     return n_layers * n_kv_heads * (d_model // n_heads) * seq_len * batch * bits / 8 / 2**30
-''',
+""",
     ),
     Mutant(
-        "kv_query_heads", "kv_cache_gib", "kv_cache_gib", "only the n_kv_heads key/value heads are cached",
-        '''
+        "kv_query_heads",
+        "kv_cache_gib",
+        "kv_cache_gib",
+        "only the n_kv_heads key/value heads are cached",
+        """
 def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
     return 2 * n_layers * d_model * seq_len * batch * bits / 8 / 2**30
-''',
+""",
     ),
     Mutant(
-        "kv_bits_as_bytes", "kv_cache_gib", "kv_cache_gib", "divide by 8 to get bytes",
-        '''
+        "kv_bits_as_bytes",
+        "kv_cache_gib",
+        "kv_cache_gib",
+        "divide by 8 to get bytes",
+        """
 def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
     return 2 * n_layers * n_kv_heads * (d_model // n_heads) * seq_len * batch * bits / 2**30
-''',
+""",
     ),
     Mutant(
-        "kv_gb", "kv_cache_gib", "kv_cache_gib", "you divided by 10**9, which is a GB",
-        '''
+        "kv_gb",
+        "kv_cache_gib",
+        "kv_cache_gib",
+        "you divided by 10**9, which is a GB",
+        """
 def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
     return 2 * n_layers * n_kv_heads * (d_model // n_heads) * seq_len * batch * bits / 8 / 1e9
-''',
+""",
     ),
     Mutant(
-        "kv_head_width_d_model", "kv_cache_gib", "kv_cache_gib", "d_head = d_model // n_heads, not d_model",
-        '''
+        "kv_head_width_d_model",
+        "kv_cache_gib",
+        "kv_cache_gib",
+        "d_head = d_model // n_heads, not d_model",
+        """
 def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
     return 2 * n_layers * n_kv_heads * d_model * seq_len * batch * bits / 8 / 2**30
-''',
+""",
     ),
     Mutant(
-        "kv_fixed_two_bytes", "kv_cache_gib", "kv_cache_gib", "use the bits argument",
-        '''
+        "kv_fixed_two_bytes",
+        "kv_cache_gib",
+        "kv_cache_gib",
+        "use the bits argument",
+        """
 def kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch=1, bits=16):
     return 2 * n_layers * n_kv_heads * (d_model // n_heads) * seq_len * batch * 2 / 2**30
-''',
+""",
     ),
     # ----------------------------------------------------------------- part 4: training days
     Mutant(
-        "days_2nd", "training_days", "training_days", "2 N D is the forward pass alone",
-        '''
+        "days_2nd",
+        "training_days",
+        "training_days",
+        "2 N D is the forward pass alone",
+        """
 def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
     return 2 * n_params * n_tokens / (n_gpus * gpu_tflops * 1e12 * mfu) / 86400
-''',
+""",
     ),
     Mutant(
-        "days_mfu_ignored", "training_days", "training_days", "divide by the MFU as well",
-        '''
+        "days_mfu_ignored",
+        "training_days",
+        "training_days",
+        "divide by the MFU as well",
+        """
 def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
     return 6 * n_params * n_tokens / (n_gpus * gpu_tflops * 1e12) / 86400
-''',
+""",
     ),
     Mutant(
-        "days_mfu_multiplied", "training_days", "training_days", "you multiplied by mfu",
-        '''
+        "days_mfu_multiplied",
+        "training_days",
+        "training_days",
+        "you multiplied by mfu",
+        """
 def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
     return 6 * n_params * n_tokens * mfu / (n_gpus * gpu_tflops * 1e12) / 86400
-''',
+""",
     ),
     Mutant(
-        "days_hours", "training_days", "training_days", "you returned hours",
-        '''
+        "days_hours",
+        "training_days",
+        "training_days",
+        "you returned hours",
+        """
 def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
     return 6 * n_params * n_tokens / (n_gpus * gpu_tflops * 1e12 * mfu) / 3600
-''',
+""",
     ),
     Mutant(
-        "days_tflops_not_scaled", "training_days", "training_days", "multiply by 10**12 to get FLOP/s",
-        '''
+        "days_tflops_not_scaled",
+        "training_days",
+        "training_days",
+        "multiply by 10**12 to get FLOP/s",
+        """
 def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
     return 6 * n_params * n_tokens / (n_gpus * gpu_tflops * mfu) / 86400
-''',
+""",
     ),
     Mutant(
-        "days_one_gpu", "training_days", "training_days", "divide by the number of GPUs",
-        '''
+        "days_one_gpu",
+        "training_days",
+        "training_days",
+        "divide by the number of GPUs",
+        """
 def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
     return 6 * n_params * n_tokens / (gpu_tflops * 1e12 * mfu) / 86400
-''',
+""",
     ),
     # ----------------------------------------------------------------- clauses the graders did not check before
-    mutant("params_float_count", ref.decoder_params, "return an int",
-           ("kv_width = n_kv_heads * (d_model // n_heads)", "kv_width = n_kv_heads * (d_model / n_heads)")),
-    mutant("params_no_divisibility_check", ref.decoder_params, "raise a ValueError instead (say which of d_model",
-           ("    if d_model % n_heads or n_heads % n_kv_heads:\n        raise", "    if False:\n        raise")),
-    mutant("params_no_positive_check", ref.decoder_params, "must be a positive integer: use require_positive",
-           ("    require_positive(integer=True, vocab_size=vocab_size, n_positions=n_positions, d_model=d_model,\n"
-            "                     n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_ff=d_ff)\n", "")),
-    Mutant("memory_ignores_fp32_grads", "memory_per_param", "training_memory_gib",
-           "with fp32_grads=True the gradients are float32",
-           mutate(ref.memory_per_param, ('"gradients": 4 if fp32_grads else value_bytes[precision]',
-                                         '"gradients": value_bytes[precision]'))),
-    Mutant("memory_wrong_keys", "memory_per_param", "training_memory_gib", "should return a dict with the keys",
-           mutate(ref.memory_per_param, ('"optimizer states": state_bytes[optimizer]',
-                                         '"optimizer": state_bytes[optimizer]'))),
-    mutant("memory_no_n_params_check", ref.training_memory_gib, "n_params must be a positive number",
-           ("    require_positive(n_params=n_params)\n", "")),
-    mutant("kv_rounds_to_whole_bytes", ref.kv_cache_gib, "do not round",
-           ("return values * bits / 8 / 2**30", "return values * bits // 8 / 2**30")),
-    mutant("kv_no_divisibility_check", ref.kv_cache_gib, "raise a ValueError instead (say which of d_model",
-           ("    if d_model % n_heads or n_heads % n_kv_heads:\n        raise", "    if False:\n        raise")),
-    mutant("kv_no_positive_check", ref.kv_cache_gib, "must be a positive integer: use require_positive",
-           ("    require_positive(integer=True, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,\n"
-            "                     d_model=d_model, seq_len=seq_len, batch=batch, bits=bits)\n", "")),
-    mutant("days_rejects_mfu_1", ref.training_days, "raised ValueError",
-           ("    if mfu > 1:", "    if mfu >= 1:")),
-    mutant("days_mfu_unchecked", ref.training_days, "mfu is a fraction of the peak, in (0, 1]",
-           ("    if mfu > 1:", "    if False:")),
-    mutant("days_no_positive_check", ref.training_days, "must be a positive number: use require_positive",
-           ("    require_positive(n_params=n_params, n_tokens=n_tokens, n_gpus=n_gpus, gpu_tflops=gpu_tflops, "
-            "mfu=mfu)\n", "")),
+    mutant(
+        "params_float_count",
+        ref.decoder_params,
+        "return an int",
+        ("kv_width = n_kv_heads * (d_model // n_heads)", "kv_width = n_kv_heads * (d_model / n_heads)"),
+    ),
+    mutant(
+        "params_no_divisibility_check",
+        ref.decoder_params,
+        "raise a ValueError instead (say which of d_model",
+        ("    if d_model % n_heads or n_heads % n_kv_heads:\n        raise", "    if False:\n        raise"),
+    ),
+    mutant(
+        "params_no_positive_check",
+        ref.decoder_params,
+        "must be a positive integer: use require_positive",
+        (
+            "    require_positive(\n"
+            "        integer=True,\n"
+            "        vocab_size=vocab_size,\n"
+            "        n_positions=n_positions,\n"
+            "        d_model=d_model,\n"
+            "        n_layers=n_layers,\n"
+            "        n_heads=n_heads,\n"
+            "        n_kv_heads=n_kv_heads,\n"
+            "        d_ff=d_ff,\n"
+            "    )\n",
+            "",
+        ),
+    ),
+    Mutant(
+        "memory_ignores_fp32_grads",
+        "memory_per_param",
+        "training_memory_gib",
+        "with fp32_grads=True the gradients are float32",
+        mutate(
+            ref.memory_per_param,
+            (
+                '"gradients": 4 if fp32_grads else value_bytes[precision]',
+                '"gradients": value_bytes[precision]',
+            ),
+        ),
+    ),
+    Mutant(
+        "memory_wrong_keys",
+        "memory_per_param",
+        "training_memory_gib",
+        "should return a dict with the keys",
+        mutate(
+            ref.memory_per_param,
+            ('"optimizer states": state_bytes[optimizer]', '"optimizer": state_bytes[optimizer]'),
+        ),
+    ),
+    mutant(
+        "memory_no_n_params_check",
+        ref.training_memory_gib,
+        "n_params must be a positive number",
+        ("    require_positive(n_params=n_params)\n", ""),
+    ),
+    mutant(
+        "kv_rounds_to_whole_bytes",
+        ref.kv_cache_gib,
+        "do not round",
+        ("return values * bits / 8 / 2**30", "return values * bits // 8 / 2**30"),
+    ),
+    mutant(
+        "kv_no_divisibility_check",
+        ref.kv_cache_gib,
+        "raise a ValueError instead (say which of d_model",
+        ("    if d_model % n_heads or n_heads % n_kv_heads:\n        raise", "    if False:\n        raise"),
+    ),
+    mutant(
+        "kv_no_positive_check",
+        ref.kv_cache_gib,
+        "must be a positive integer: use require_positive",
+        (
+            "    require_positive(\n"
+            "        integer=True,\n"
+            "        n_layers=n_layers,\n"
+            "        n_heads=n_heads,\n"
+            "        n_kv_heads=n_kv_heads,\n"
+            "        d_model=d_model,\n"
+            "        seq_len=seq_len,\n"
+            "        batch=batch,\n"
+            "        bits=bits,\n"
+            "    )\n",
+            "",
+        ),
+    ),
+    mutant(
+        "days_rejects_mfu_1", ref.training_days, "raised ValueError", ("    if mfu > 1:", "    if mfu >= 1:")
+    ),
+    mutant(
+        "days_mfu_unchecked",
+        ref.training_days,
+        "mfu is a fraction of the peak, in (0, 1]",
+        ("    if mfu > 1:", "    if False:"),
+    ),
+    mutant(
+        "days_no_positive_check",
+        ref.training_days,
+        "must be a positive number: use require_positive",
+        (
+            "    require_positive(n_params=n_params, n_tokens=n_tokens, n_gpus=n_gpus, gpu_tflops=gpu_tflops, "
+            "mfu=mfu)\n",
+            "",
+        ),
+    ),
 ]
 
 #: Generated mutants (``scripts/mutation.py``) that no input the text allows tells apart from the answer.
-_TERA = ("changes every result by one part in 10**12, far inside the float64 tolerance (relative 1e-9) the text "
-         "promises so that rounding does not matter")
+_TERA = (
+    "changes every result by one part in 10**12, far inside the float64 tolerance (relative 1e-9) the text "
+    "promises so that rounding does not matter"
+)
 EQUIVALENT = {
     "decoder_params | norms = 2 * 2 * d_model | binop | 4": "(2 + 2) * d_model is (2 * 2) * d_model",
-    "training_memory_gib | mixed = value_bytes[precision] < 4 | number | 5":
-        "a precision takes 4 or 2 bytes, so `< 3` and `< 4` split them alike",
-    "kv_cache_gib | d_head = d_model // n_heads | binop | 1":
-        "n_heads divides d_model (checked just above), so d_model / n_heads is the same whole number, as a float; "
-        "the result is a float either way",
-    "training_days | seconds = flops / (n_gpus * gpu_tflops * 1e12 * mfu) | number | 4": "1e12 -> 1e12 + 1 " + _TERA,
-    "training_days | seconds = flops / (n_gpus * gpu_tflops * 1e12 * mfu) | number | 5": "1e12 -> 1e12 - 1 " + _TERA,
+    "training_memory_gib | mixed = value_bytes[precision] < 4 | number | 5": (
+        "a precision takes 4 or 2 bytes, so `< 3` and `< 4` split them alike"
+    ),
+    "kv_cache_gib | d_head = d_model // n_heads | binop | 1": "n_heads divides d_model (checked just above), so d_model / n_heads is the same whole number, as a float; "  # noqa: E501
+    "the result is a float either way",
+    "training_days | seconds = flops / (n_gpus * gpu_tflops * 1e12 * mfu) | number | 4": "1e12 -> 1e12 + 1 "
+    + _TERA,
+    "training_days | seconds = flops / (n_gpus * gpu_tflops * 1e12 * mfu) | number | 5": "1e12 -> 1e12 - 1 "
+    + _TERA,
 }

@@ -4,27 +4,36 @@ from tests.mutants import Mutant
 
 MUTANTS = [
     Mutant(
-        "softmax_no_max_shift", "softmax", "softmax", "subtract the maximum",
-        '''
+        "softmax_no_max_shift",
+        "softmax",
+        "softmax",
+        "subtract the maximum",
+        """
 def softmax(x, dim=-1):
     e = torch.exp(x)
     return e / e.sum(dim=dim, keepdim=True)
-''',
+""",
     ),
     Mutant(
-        "softmax_wrong_axis", "softmax", "softmax", "softmax over the wrong axis",
-        '''
+        "softmax_wrong_axis",
+        "softmax",
+        "softmax",
+        "softmax over the wrong axis",
+        """
 def softmax(x, dim=-1):
     m = x.amax(dim=-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(x - m)
     s = e.sum(dim=-1, keepdim=True)
     return e / torch.where(s > 0, s, torch.ones_like(s))
-''',
+""",
     ),
     Mutant(
-        "softmax_in_place", "softmax", "softmax", "modified its input in place",
-        '''
+        "softmax_in_place",
+        "softmax",
+        "softmax",
+        "modified its input in place",
+        """
 def softmax(x, dim=-1):
     m = x.amax(dim=dim, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -32,43 +41,58 @@ def softmax(x, dim=-1):
     e = x.exp()
     s = e.sum(dim=dim, keepdim=True)
     return e / torch.where(s > 0, s, torch.ones_like(s))
-''',
+""",
     ),
     Mutant(
-        "softmax_nan_on_masked_row", "softmax", "softmax", "gave NaN",
-        '''
+        "softmax_nan_on_masked_row",
+        "softmax",
+        "softmax",
+        "gave NaN",
+        """
 def softmax(x, dim=-1):
     e = torch.exp(x - x.amax(dim=dim, keepdim=True))
     return e / e.sum(dim=dim, keepdim=True)
-''',
+""",
     ),
     Mutant(
-        "causal_off_by_one", "causal_mask", "causal_mask", "may not attend to itself",
-        '''
+        "causal_off_by_one",
+        "causal_mask",
+        "causal_mask",
+        "may not attend to itself",
+        """
 def causal_mask(T, S=None, device=None):
     S = T if S is None else S
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T - 1)
-''',
+""",
     ),
     Mutant(
-        "causal_transposed", "causal_mask", "causal_mask", "transposed",
-        '''
+        "causal_transposed",
+        "causal_mask",
+        "causal_mask",
+        "transposed",
+        """
 def causal_mask(T, S=None, device=None):
     S = T if S is None else S
     return torch.ones(T, S, dtype=torch.bool, device=device).triu()
-''',
+""",
     ),
     Mutant(
-        "causal_top_left", "causal_mask", "causal_mask", "misaligned",
-        '''
+        "causal_top_left",
+        "causal_mask",
+        "causal_mask",
+        "misaligned",
+        """
 def causal_mask(T, S=None, device=None):
     S = T if S is None else S
     return torch.ones(T, S, dtype=torch.bool, device=device).tril()
-''',
+""",
     ),
     Mutant(
-        "softmax_changes_dtype", "softmax", "softmax", "should be a tensor float64",
-        '''
+        "softmax_changes_dtype",
+        "softmax",
+        "softmax",
+        "should be a tensor float64",
+        """
 def softmax(x, dim=-1):
     x = x.float()
     m = x.amax(dim=dim, keepdim=True)
@@ -76,49 +100,63 @@ def softmax(x, dim=-1):
     e = torch.exp(x - m)
     s = e.sum(dim=dim, keepdim=True)
     return e / torch.where(s > 0, s, torch.ones_like(s))
-''',
+""",
     ),
     Mutant(
-        "softmax_clamped_exponent", "softmax", "softmax", "subtract the maximum of each slice first",
-        '''
+        "softmax_clamped_exponent",
+        "softmax",
+        "softmax",
+        "subtract the maximum of each slice first",
+        """
 def softmax(x, dim=-1):
     e = torch.exp(x.clamp(min=-80.0, max=80.0))
     s = e.sum(dim=dim, keepdim=True)
     return e / torch.where(s > 0, s, torch.ones_like(s))
-''',
+""",
     ),
     Mutant(
-        "causal_ignores_device", "causal_mask", "causal_mask", "should be created on the meta device",
-        '''
+        "causal_ignores_device",
+        "causal_mask",
+        "causal_mask",
+        "should be created on the meta device",
+        """
 def causal_mask(T, S=None, device=None):
     S = T if S is None else S
     if T < 0 or S < T:
         raise ValueError(f"causal_mask needs 0 <= T <= S, got T={T} and S={S}")
     return torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)
-''',
+""",
     ),
     Mutant(
-        "causal_no_value_error", "causal_mask", "causal_mask", "raise a ValueError",
-        '''
+        "causal_no_value_error",
+        "causal_mask",
+        "causal_mask",
+        "raise a ValueError",
+        """
 def causal_mask(T, S=None, device=None):
     S = T if S is None else S
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
-''',
+""",
     ),
     Mutant(
-        "causal_empty_as_a_list", "causal_mask", "causal_mask", "causal_mask(0",
-        '''
+        "causal_empty_as_a_list",
+        "causal_mask",
+        "causal_mask",
+        "causal_mask(0",
+        """
 def causal_mask(T, S=None, device=None):
     S = T if S is None else S
     if T < 0 or S < T:
         raise ValueError(f"causal_mask needs 0 <= T <= S, got T={T} and S={S}")
     return torch.tensor([[j <= i + S - T for j in range(S)] for i in range(T)], device=device)
-''',
+""",
     ),
     Mutant(
-        "attention_no_scaling", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_no_scaling",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "divide q k^T by sqrt(D)",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scores = q @ k.transpose(-2, -1)
@@ -126,12 +164,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = softmax(scores, dim=-1)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_scale_by_d", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_scale_by_d",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "divided by D",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = 1.0 / q.shape[-1] if scale is None else scale
@@ -140,12 +180,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = softmax(scores, dim=-1)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_softmax_over_queries", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_softmax_over_queries",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "softmax over the keys",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -154,12 +196,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = softmax(scores, dim=-2)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_mask_after_softmax", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_mask_after_softmax",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "before the softmax",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -167,12 +211,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     if mask is not None:
         weights = weights * mask if mask.dtype == torch.bool else softmax(torch.log(weights) + mask, dim=-1)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_mask_inverted", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_mask_inverted",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "the mask is inverted",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -181,12 +227,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
         scores = scores.masked_fill(mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = softmax(scores, dim=-1)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_nan_on_masked_row", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_nan_on_masked_row",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "gave NaN",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -195,12 +243,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = torch.softmax(scores, dim=-1)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_in_place_scale", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_in_place_scale",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "was modified in place",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     q *= 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -209,12 +259,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = softmax(scores, dim=-1)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_detached", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_detached",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "through autograd",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     q, k, v = q.detach(), k.detach(), v.detach()
@@ -224,12 +276,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = softmax(scores, dim=-1)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_zero_scale_is_default", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_zero_scale_is_default",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "test `scale is None`",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = scale or 1.0 / math.sqrt(q.shape[-1])
@@ -238,12 +292,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = softmax(scores, dim=-1)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_float_mask_before_scaling", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_float_mask_before_scaling",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "added before scaling",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -252,12 +308,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = softmax(scores * scale, dim=-1)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_finite_mask_value", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_finite_mask_value",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "such as -1e9 is not -inf",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -266,12 +324,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
         scores = scores.masked_fill(~mask, -1e9) if mask.dtype == torch.bool else scores + mask
     weights = softmax(scores, dim=-1)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_unstable_exp", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_unstable_exp",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "use your stable softmax",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -282,12 +342,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     s = e.sum(-1, keepdim=True)
     weights = e / torch.where(s > 0, s, torch.ones_like(s))
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "attention_batch_axis_assumed", "scaled_dot_product_attention", "scaled_dot_product_attention",
+        "attention_batch_axis_assumed",
+        "scaled_dot_product_attention",
+        "scaled_dot_product_attention",
         "Dimension out of range",
-        '''
+        """
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
     check_attention_inputs(q, k, v, mask)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -296,11 +358,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = softmax(scores, dim=-1)
     return weights @ v, weights
-''',
+""",
     ),
     Mutant(
-        "self_attention_unprojected_values", "SelfAttention", "SelfAttention", "the values must be v_proj(x)",
-        '''
+        "self_attention_unprojected_values",
+        "SelfAttention",
+        "SelfAttention",
+        "the values must be v_proj(x)",
+        """
 class SelfAttention(nn.Module):
     def __init__(self, d_model, d_head=None, bias=True):
         super().__init__()
@@ -313,11 +378,14 @@ class SelfAttention(nn.Module):
         q, k = self.q_proj(x), self.k_proj(x)
         v = x[..., : q.shape[-1]]
         return scaled_dot_product_attention(q, k, v, mask=mask)
-''',
+""",
     ),
     Mutant(
-        "self_attention_ignores_mask", "SelfAttention", "SelfAttention", "is the mask passed on",
-        '''
+        "self_attention_ignores_mask",
+        "SelfAttention",
+        "SelfAttention",
+        "is the mask passed on",
+        """
 class SelfAttention(nn.Module):
     def __init__(self, d_model, d_head=None, bias=True):
         super().__init__()
@@ -328,11 +396,14 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, mask=None):
         return scaled_dot_product_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x))
-''',
+""",
     ),
     Mutant(
-        "self_attention_shared_qk", "SelfAttention", "SelfAttention", "queries come from q_proj(x)",
-        '''
+        "self_attention_shared_qk",
+        "SelfAttention",
+        "SelfAttention",
+        "queries come from q_proj(x)",
+        """
 class SelfAttention(nn.Module):
     def __init__(self, d_model, d_head=None, bias=True):
         super().__init__()
@@ -344,11 +415,14 @@ class SelfAttention(nn.Module):
     def forward(self, x, mask=None):
         q = self.q_proj(x)
         return scaled_dot_product_attention(q, q, self.v_proj(x), mask=mask)
-''',
+""",
     ),
     Mutant(
-        "self_attention_always_biased", "SelfAttention", "SelfAttention", "pass bias=bias",
-        '''
+        "self_attention_always_biased",
+        "SelfAttention",
+        "SelfAttention",
+        "pass bias=bias",
+        """
 class SelfAttention(nn.Module):
     def __init__(self, d_model, d_head=None, bias=True):
         super().__init__()
@@ -361,11 +435,14 @@ class SelfAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.q_proj.in_features:
             raise ValueError(f"expected x of shape (B, T, {self.q_proj.in_features}), got {tuple(x.shape)}")
         return scaled_dot_product_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), mask=mask)
-''',
+""",
     ),
     Mutant(
-        "self_attention_no_shape_check", "SelfAttention", "SelfAttention", "raise a ValueError",
-        '''
+        "self_attention_no_shape_check",
+        "SelfAttention",
+        "SelfAttention",
+        "raise a ValueError",
+        """
 class SelfAttention(nn.Module):
     def __init__(self, d_model, d_head=None, bias=True):
         super().__init__()
@@ -376,20 +453,24 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, mask=None):
         return scaled_dot_product_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), mask=mask)
-''',
+""",
     ),
 ]
 
 #: Mutants of the instructor's answers (``scripts/mutation.py``) that no input the exercise allows tells
 #: apart from the answer, each with the reason.
 EQUIVALENT = {
-    "softmax | if not torch.is_floating_point(x): | delete | 1":
-        "the exercise takes float32 and float64 x only; the TypeError for other dtypes is not part of it",
-    'softmax | raise TypeError(f"softmax expects a floating tensor, got dtype {x.dtype}") | delete | 1':
-        "the exercise takes float32 and float64 x only; the TypeError for other dtypes is not part of it",
-    "softmax | return e / torch.where(s > 0, s, torch.ones_like(s)) # an all -inf slice is 0 / 1 | number | 1":
-        "after subtracting the maximum a slice sums to at least 1 (its maximum gives exp(0)) unless it is all "
-        "-inf (sum 0), so s > 1 and s > 0 pick the same divisor",
+    "softmax | if not torch.is_floating_point(x): | delete | 1": (
+        "the exercise takes float32 and float64 x only; the TypeError for other dtypes is not part of it"
+    ),
+    ('softmax | raise TypeError(f"softmax expects a floating tensor, got dtype {x.dtype}") | delete | 1'): (
+        "the exercise takes float32 and float64 x only; the TypeError for other dtypes is not part of it"
+    ),
+    (
+        "softmax | return e / torch.where(s > 0, s, torch.ones_like(s)) # an all -inf slice is 0 "
+        "/ 1 | number | 1"
+    ): "after subtracting the maximum a slice sums to at least 1 (its maximum gives exp(0)) unless it is all "
+    "-inf (sum 0), so s > 1 and s > 0 pick the same divisor",
     "scaled_dot_product_attention | weights = softmax(scores, dim=-1) # (..., T, S), fully masked rows are 0 | "
     "keyword | 1": "softmax's documented default is dim=-1, so softmax(scores) is softmax(scores, dim=-1)",
 }

@@ -9,18 +9,20 @@ input the text allows can tell from the answer.
 from coursekit import layers as ref
 from tests.mutants import mutant
 
-_LN_CHECK = '''        if x.shape[-1] != self.d_model:
+_LN_CHECK = """        if x.shape[-1] != self.d_model:
             raise ValueError(f"expected x of shape (..., {self.d_model}), got {tuple(x.shape)}")
-'''
+"""
 _LN_VAR = "var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)"
 _LN_NORM = "y = (x - mean) / torch.sqrt(var + self.eps) * self.weight"
-_FF_CHECK = '''        if activation not in ("relu", "gelu"):
+_FF_CHECK = """        if activation not in ("relu", "gelu"):
             raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
-'''
+"""
 _FF_H = "h = self.act(self.linear1(x))"
 _FF_OUT = "return self.linear2(self.dropout(h))"
-_ENC_PRE = ("            x = x + self.dropout1(attend(self.norm1(x)))\n"
-            "            x = x + self.dropout2(self.ff(self.norm2(x)))")
+_ENC_PRE = (
+    "            x = x + self.dropout1(attend(self.norm1(x)))\n"
+    "            x = x + self.dropout2(self.ff(self.norm2(x)))"
+)
 _ENC_POST1 = "x = self.norm1(x + self.dropout1(attend(x)))"
 _SA = "self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)"
 _CA = "self.cross_attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)"
@@ -28,140 +30,382 @@ _FF = "self.ff = FeedForward(d_model, d_ff, activation, dropout=dropout, bias=bi
 _N1 = "self.norm1 = LayerNorm(d_model, eps, bias)"
 _N2 = "self.norm2 = LayerNorm(d_model, eps, bias)"
 _N3 = "self.norm3 = LayerNorm(d_model, eps, bias)"
-_SELF_ATTEND = "return self.self_attn(h, mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal)[0]"
-_CROSS_ATTEND = "return self.cross_attn(h, kv=memory, mask=memory_mask, key_padding_mask=memory_key_padding_mask)[0]"
+_SELF_ATTEND = (
+    "return self.self_attn(h, mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal)[0]"
+)
+_CROSS_ATTEND = (  # as formatted in coursekit/layers.py
+    "return self.cross_attn(h, kv=memory, mask=memory_mask, key_padding_mask=memory_key_padding_mask)[\n"
+    "                0\n"
+    "            ]"
+)
 
 MUTANTS = [
     # ----------------------------------------------------------------- LayerNorm
-    mutant("ln_unbiased_variance", ref.LayerNorm, "unbiased variance",
-           (_LN_VAR, "var = x.var(dim=-1, keepdim=True)")),
-    mutant("ln_eps_outside_sqrt", ref.LayerNorm, "inside the square root",
-           (_LN_NORM, "y = (x - mean) / (torch.sqrt(var) + self.eps) * self.weight")),
-    mutant("ln_over_the_batch", ref.LayerNorm, "over dim=-1",
-           ("mean = x.mean(dim=-1, keepdim=True)", "mean = x.mean(dim=0, keepdim=True)"),
-           (_LN_VAR, "var = ((x - mean) ** 2).mean(dim=0, keepdim=True)")),
-    mutant("ln_no_affine", ref.LayerNorm, "needs exactly two nn.Parameters, weight and bias",
-           ("self.weight = nn.Parameter(torch.ones(d_model))", "self.weight = 1.0"),
-           ("self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None", "self.bias = None")),
-    mutant("ln_fixed_eps", ref.LayerNorm, "still used eps=1e-5",
-           (_LN_NORM, "y = (x - mean) / torch.sqrt(var + 1e-5) * self.weight")),
-    mutant("ln_one_pass_variance", ref.LayerNorm, "E[x^2] - E[x]^2 loses every digit",
-           (_LN_VAR, "var = (x * x).mean(dim=-1, keepdim=True) - mean * mean")),
-    mutant("ln_no_shape_check", ref.LayerNorm, "raise a ValueError instead",
-           (_LN_CHECK, "")),
-    mutant("ln_bias_always", ref.LayerNorm, "should have only the parameter weight",
-           ("self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None",
-            "self.bias = nn.Parameter(torch.zeros(d_model))")),
-    mutant("ln_buffers_not_parameters", ref.LayerNorm, "needs exactly two nn.Parameters",
-           ("self.weight = nn.Parameter(torch.ones(d_model))", "self.register_buffer('weight', torch.ones(d_model))"),
-           ("self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None",
-            "self.register_buffer('bias', torch.zeros(d_model) if bias else None)")),
-    mutant("ln_in_place", ref.LayerNorm, "modified x in place",
-           (_LN_NORM, "y = x.sub_(mean) / torch.sqrt(var + self.eps) * self.weight")),
-    mutant("ln_eps_default_1e6", ref.LayerNorm, "eps defaults to 1e-5",
-           ("eps: float = 1e-5", "eps: float = 1e-6")),
-    mutant("ln_float64_out", ref.LayerNorm, "returned float64",
-           ("return y if self.bias is None else y + self.bias",
-            "return (y if self.bias is None else y + self.bias).double()")),
+    mutant(
+        "ln_unbiased_variance",
+        ref.LayerNorm,
+        "unbiased variance",
+        (_LN_VAR, "var = x.var(dim=-1, keepdim=True)"),
+    ),
+    mutant(
+        "ln_eps_outside_sqrt",
+        ref.LayerNorm,
+        "inside the square root",
+        (_LN_NORM, "y = (x - mean) / (torch.sqrt(var) + self.eps) * self.weight"),
+    ),
+    mutant(
+        "ln_over_the_batch",
+        ref.LayerNorm,
+        "over dim=-1",
+        ("mean = x.mean(dim=-1, keepdim=True)", "mean = x.mean(dim=0, keepdim=True)"),
+        (_LN_VAR, "var = ((x - mean) ** 2).mean(dim=0, keepdim=True)"),
+    ),
+    mutant(
+        "ln_no_affine",
+        ref.LayerNorm,
+        "needs exactly two nn.Parameters, weight and bias",
+        ("self.weight = nn.Parameter(torch.ones(d_model))", "self.weight = 1.0"),
+        ("self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None", "self.bias = None"),
+    ),
+    mutant(
+        "ln_fixed_eps",
+        ref.LayerNorm,
+        "still used eps=1e-5",
+        (_LN_NORM, "y = (x - mean) / torch.sqrt(var + 1e-5) * self.weight"),
+    ),
+    mutant(
+        "ln_one_pass_variance",
+        ref.LayerNorm,
+        "E[x^2] - E[x]^2 loses every digit",
+        (_LN_VAR, "var = (x * x).mean(dim=-1, keepdim=True) - mean * mean"),
+    ),
+    mutant("ln_no_shape_check", ref.LayerNorm, "raise a ValueError instead", (_LN_CHECK, "")),
+    mutant(
+        "ln_bias_always",
+        ref.LayerNorm,
+        "should have only the parameter weight",
+        (
+            "self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None",
+            "self.bias = nn.Parameter(torch.zeros(d_model))",
+        ),
+    ),
+    mutant(
+        "ln_buffers_not_parameters",
+        ref.LayerNorm,
+        "needs exactly two nn.Parameters",
+        (
+            "self.weight = nn.Parameter(torch.ones(d_model))",
+            "self.register_buffer('weight', torch.ones(d_model))",
+        ),
+        (
+            "self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None",
+            "self.register_buffer('bias', torch.zeros(d_model) if bias else None)",
+        ),
+    ),
+    mutant(
+        "ln_in_place",
+        ref.LayerNorm,
+        "modified x in place",
+        (_LN_NORM, "y = x.sub_(mean) / torch.sqrt(var + self.eps) * self.weight"),
+    ),
+    mutant(
+        "ln_eps_default_1e6",
+        ref.LayerNorm,
+        "eps defaults to 1e-5",
+        ("eps: float = 1e-5", "eps: float = 1e-6"),
+    ),
+    mutant(
+        "ln_float64_out",
+        ref.LayerNorm,
+        "returned float64",
+        (
+            "return y if self.bias is None else y + self.bias",
+            "return (y if self.bias is None else y + self.bias).double()",
+        ),
+    ),
     # ----------------------------------------------------------------- FeedForward
-    mutant("ff_default_width_c", ref.FeedForward, "d_ff defaults to 4 * d_model",
-           ("d_ff = 4 * d_model if d_ff is None else d_ff", "d_ff = d_model if d_ff is None else d_ff")),
-    mutant("ff_activation_after_linear2", ref.FeedForward, "between the two linear layers",
-           (_FF_H, "h = self.linear1(x)"),
-           (_FF_OUT, "return self.act(self.linear2(self.dropout(h)))")),
-    mutant("ff_gelu_tanh", ref.FeedForward, "tanh approximation",
-           ('else nn.GELU()', 'else nn.GELU(approximate="tanh")')),
-    mutant("ff_dropout_on_output", ref.FeedForward, "dropout must act on the hidden activations",
-           (_FF_OUT, "return self.dropout(self.linear2(h))")),
-    mutant("ff_dropout_before_activation", ref.FeedForward, "replaced by a fixed linear map",
-           (_FF_H, "h = self.act(self.dropout(self.linear1(x)))"),
-           (_FF_OUT, "return self.linear2(h)")),
-    mutant("ff_dropout_twice", ref.FeedForward, "replaced by a fixed linear map",
-           (_FF_H, "h = self.act(self.dropout(self.linear1(x)))")),
-    mutant("ff_functional_dropout", ref.FeedForward, "needs an nn.Dropout named dropout",
-           ("self.dropout = nn.Dropout(dropout)", "self.p = dropout"),
-           (_FF_OUT, "return self.linear2(F.dropout(h, self.p, self.training))")),
-    mutant("ff_dropout_always_on", ref.FeedForward, "in eval mode dropout must do nothing",
-           (_FF_OUT, "return self.linear2(F.dropout(h, self.dropout.p, training=True))")),
-    mutant("ff_default_dropout", ref.FeedForward, "dropout defaults to 0.0",
-           ("activation: str = \"relu\", dropout: float = 0.0", "activation: str = \"relu\", dropout: float = 0.1")),
-    mutant("ff_ignores_bias", ref.FeedForward, "should hold only linear1.weight and linear2.weight",
-           ("self.linear1 = nn.Linear(d_model, d_ff, bias=bias)", "self.linear1 = nn.Linear(d_model, d_ff)"),
-           ("self.linear2 = nn.Linear(d_ff, d_model, bias=bias)", "self.linear2 = nn.Linear(d_ff, d_model)")),
-    mutant("ff_unknown_activation_is_relu", ref.FeedForward, "raise a ValueError instead",
-           (_FF_CHECK, ""), ('nn.ReLU() if activation == "relu" else nn.GELU()',
-                             'nn.GELU() if activation == "gelu" else nn.ReLU()')),
+    mutant(
+        "ff_default_width_c",
+        ref.FeedForward,
+        "d_ff defaults to 4 * d_model",
+        ("d_ff = 4 * d_model if d_ff is None else d_ff", "d_ff = d_model if d_ff is None else d_ff"),
+    ),
+    mutant(
+        "ff_activation_after_linear2",
+        ref.FeedForward,
+        "between the two linear layers",
+        (_FF_H, "h = self.linear1(x)"),
+        (_FF_OUT, "return self.act(self.linear2(self.dropout(h)))"),
+    ),
+    mutant(
+        "ff_gelu_tanh",
+        ref.FeedForward,
+        "tanh approximation",
+        ("else nn.GELU()", 'else nn.GELU(approximate="tanh")'),
+    ),
+    mutant(
+        "ff_dropout_on_output",
+        ref.FeedForward,
+        "dropout must act on the hidden activations",
+        (_FF_OUT, "return self.dropout(self.linear2(h))"),
+    ),
+    mutant(
+        "ff_dropout_before_activation",
+        ref.FeedForward,
+        "replaced by a fixed linear map",
+        (_FF_H, "h = self.act(self.dropout(self.linear1(x)))"),
+        (_FF_OUT, "return self.linear2(h)"),
+    ),
+    mutant(
+        "ff_dropout_twice",
+        ref.FeedForward,
+        "replaced by a fixed linear map",
+        (_FF_H, "h = self.act(self.dropout(self.linear1(x)))"),
+    ),
+    mutant(
+        "ff_functional_dropout",
+        ref.FeedForward,
+        "needs an nn.Dropout named dropout",
+        ("self.dropout = nn.Dropout(dropout)", "self.p = dropout"),
+        (_FF_OUT, "return self.linear2(F.dropout(h, self.p, self.training))"),
+    ),
+    mutant(
+        "ff_dropout_always_on",
+        ref.FeedForward,
+        "in eval mode dropout must do nothing",
+        (_FF_OUT, "return self.linear2(F.dropout(h, self.dropout.p, training=True))"),
+    ),
+    mutant(
+        "ff_default_dropout",
+        ref.FeedForward,
+        "dropout defaults to 0.0",
+        (
+            'activation: str = "relu",\n        dropout: float = 0.0,',
+            'activation: str = "relu",\n        dropout: float = 0.1,',
+        ),
+    ),
+    mutant(
+        "ff_ignores_bias",
+        ref.FeedForward,
+        "should hold only linear1.weight and linear2.weight",
+        ("self.linear1 = nn.Linear(d_model, d_ff, bias=bias)", "self.linear1 = nn.Linear(d_model, d_ff)"),
+        ("self.linear2 = nn.Linear(d_ff, d_model, bias=bias)", "self.linear2 = nn.Linear(d_ff, d_model)"),
+    ),
+    mutant(
+        "ff_unknown_activation_is_relu",
+        ref.FeedForward,
+        "raise a ValueError instead",
+        (_FF_CHECK, ""),
+        (
+            'nn.ReLU() if activation == "relu" else nn.GELU()',
+            'nn.GELU() if activation == "gelu" else nn.ReLU()',
+        ),
+    ),
     # ----------------------------------------------------------------- EncoderLayer
-    mutant("enc_norm_first_swapped", ref.EncoderLayer, "pre-norm and post-norm are swapped",
-           ("        if self.norm_first:\n            x = x + self.dropout1",
-            "        if not self.norm_first:\n            x = x + self.dropout1")),
-    mutant("enc_pre_norm_by_default", ref.EncoderLayer, "pre-norm and post-norm are swapped",
-           ("norm_first: bool = False", "norm_first: bool = True")),
-    mutant("enc_no_attention_residual", ref.EncoderLayer, "residual connection around self-attention",
-           (_ENC_POST1, "x = self.norm1(self.dropout1(attend(x)))")),
-    mutant("enc_normalised_stream", ref.EncoderLayer, "do not replace x by norm1(x)",
-           (_ENC_PRE,
+    mutant(
+        "enc_norm_first_swapped",
+        ref.EncoderLayer,
+        "pre-norm and post-norm are swapped",
+        (
+            "        if self.norm_first:\n            x = x + self.dropout1",
+            "        if not self.norm_first:\n            x = x + self.dropout1",
+        ),
+    ),
+    mutant(
+        "enc_pre_norm_by_default",
+        ref.EncoderLayer,
+        "pre-norm and post-norm are swapped",
+        ("norm_first: bool = False", "norm_first: bool = True"),
+    ),
+    mutant(
+        "enc_no_attention_residual",
+        ref.EncoderLayer,
+        "residual connection around self-attention",
+        (_ENC_POST1, "x = self.norm1(self.dropout1(attend(x)))"),
+    ),
+    mutant(
+        "enc_normalised_stream",
+        ref.EncoderLayer,
+        "do not replace x by norm1(x)",
+        (
+            _ENC_PRE,
             "            x = self.norm1(x)\n            x = x + self.dropout1(attend(x))\n"
-            "            x = self.norm2(x)\n            x = x + self.dropout2(self.ff(x))")),
-    mutant("enc_mask_ignored", ref.EncoderLayer, "mask was not passed on",
-           ("self.self_attn(h, mask=mask, key_padding_mask", "self.self_attn(h, key_padding_mask")),
-    mutant("enc_padding_mask_inverted", ref.EncoderLayer, "key_padding_mask is inverted",
-           ("key_padding_mask=key_padding_mask, is_causal",
-            "key_padding_mask=None if key_padding_mask is None else ~key_padding_mask, is_causal")),
-    mutant("enc_is_causal_ignored", ref.EncoderLayer, "is_causal was not passed on",
-           ("key_padding_mask=key_padding_mask, is_causal=is_causal)", "key_padding_mask=key_padding_mask)")),
-    mutant("enc_causal_replaces_mask", ref.EncoderLayer, "mask was not passed on",
-           (_SELF_ATTEND, "causal = torch.ones(h.shape[1], h.shape[1], dtype=torch.bool).tril()\n"
-                          "            return self.self_attn(h, mask=causal if is_causal else mask, "
-                          "key_padding_mask=key_padding_mask)[0]")),
-    mutant("enc_attention_dropout_missing", ref.EncoderLayer, "drops attention weights with p = 0.0",
-           (_SA, "self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias)")),
-    mutant("enc_ff_dropout_missing", ref.EncoderLayer, "ff.dropout.p is 0.0",
-           (_FF, "self.ff = FeedForward(d_model, d_ff, activation, bias=bias)")),
-    mutant("enc_dropout1_after_residual", ref.EncoderLayer, "dropout1 must drop the attention",
-           (_ENC_POST1, "x = self.norm1(self.dropout1(x + attend(x)))")),
-    mutant("enc_dropouts_swapped", ref.EncoderLayer, "dropout1 must drop the attention",
-           (_ENC_PRE, "            x = x + self.dropout2(attend(self.norm1(x)))\n"
-                      "            x = x + self.dropout1(self.ff(self.norm2(x)))")),
-    mutant("enc_norms_ignore_eps_and_bias", ref.EncoderLayer, "pass eps and bias on",
-           (_N1, "self.norm1 = LayerNorm(d_model)"), (_N2, "self.norm2 = LayerNorm(d_model)")),
-    mutant("enc_ff_width_ignored", ref.EncoderLayer, "ff.linear1.weight has shape",
-           (_FF, "self.ff = FeedForward(d_model, None, activation, dropout=dropout, bias=bias)")),
-    mutant("enc_default_dropout_zero", ref.EncoderLayer, "dropout1.p is 0.0, expected 0.1",
-           ("dropout: float = 0.1", "dropout: float = 0.0")),
+            "            x = self.norm2(x)\n            x = x + self.dropout2(self.ff(x))",
+        ),
+    ),
+    mutant(
+        "enc_mask_ignored",
+        ref.EncoderLayer,
+        "mask was not passed on",
+        ("self.self_attn(h, mask=mask, key_padding_mask", "self.self_attn(h, key_padding_mask"),
+    ),
+    mutant(
+        "enc_padding_mask_inverted",
+        ref.EncoderLayer,
+        "key_padding_mask is inverted",
+        (
+            "key_padding_mask=key_padding_mask, is_causal",
+            "key_padding_mask=None if key_padding_mask is None else ~key_padding_mask, is_causal",
+        ),
+    ),
+    mutant(
+        "enc_is_causal_ignored",
+        ref.EncoderLayer,
+        "is_causal was not passed on",
+        ("key_padding_mask=key_padding_mask, is_causal=is_causal)", "key_padding_mask=key_padding_mask)"),
+    ),
+    mutant(
+        "enc_causal_replaces_mask",
+        ref.EncoderLayer,
+        "mask was not passed on",
+        (
+            _SELF_ATTEND,
+            "causal = torch.ones(h.shape[1], h.shape[1], dtype=torch.bool).tril()\n"
+            "            return self.self_attn(h, mask=causal if is_causal else mask, "
+            "key_padding_mask=key_padding_mask)[0]",
+        ),
+    ),
+    mutant(
+        "enc_attention_dropout_missing",
+        ref.EncoderLayer,
+        "drops attention weights with p = 0.0",
+        (_SA, "self.self_attn = MultiHeadAttention(d_model, n_heads, bias=bias)"),
+    ),
+    mutant(
+        "enc_ff_dropout_missing",
+        ref.EncoderLayer,
+        "ff.dropout.p is 0.0",
+        (_FF, "self.ff = FeedForward(d_model, d_ff, activation, bias=bias)"),
+    ),
+    mutant(
+        "enc_dropout1_after_residual",
+        ref.EncoderLayer,
+        "dropout1 must drop the attention",
+        (_ENC_POST1, "x = self.norm1(self.dropout1(x + attend(x)))"),
+    ),
+    mutant(
+        "enc_dropouts_swapped",
+        ref.EncoderLayer,
+        "dropout1 must drop the attention",
+        (
+            _ENC_PRE,
+            "            x = x + self.dropout2(attend(self.norm1(x)))\n"
+            "            x = x + self.dropout1(self.ff(self.norm2(x)))",
+        ),
+    ),
+    mutant(
+        "enc_norms_ignore_eps_and_bias",
+        ref.EncoderLayer,
+        "pass eps and bias on",
+        (_N1, "self.norm1 = LayerNorm(d_model)"),
+        (_N2, "self.norm2 = LayerNorm(d_model)"),
+    ),
+    mutant(
+        "enc_ff_width_ignored",
+        ref.EncoderLayer,
+        "ff.linear1.weight has shape",
+        (_FF, "self.ff = FeedForward(d_model, None, activation, dropout=dropout, bias=bias)"),
+    ),
+    mutant(
+        "enc_default_dropout_zero",
+        ref.EncoderLayer,
+        "dropout1.p is 0.0, expected 0.1",
+        ("dropout: float = 0.1", "dropout: float = 0.0"),
+    ),
     # ----------------------------------------------------------------- DecoderLayer
-    mutant("dec_not_causal", ref.DecoderLayer, "must be causal by default",
-           ("key_padding_mask=key_padding_mask, is_causal=is_causal)", "key_padding_mask=key_padding_mask)")),
-    mutant("dec_not_causal_by_default", ref.DecoderLayer, "must be causal by default",
-           ("is_causal: bool = True", "is_causal: bool = False")),
-    mutant("dec_cross_attends_to_itself", ref.DecoderLayer, "keys and values from memory",
-           ("self.cross_attn(h, kv=memory,", "self.cross_attn(h, kv=h,")),
-    mutant("dec_memory_padding_ignored", ref.DecoderLayer, "memory_key_padding_mask was not passed",
-           ("mask=memory_mask, key_padding_mask=memory_key_padding_mask)", "mask=memory_mask)")),
-    mutant("dec_memory_mask_ignored", ref.DecoderLayer, "memory_mask was not passed",
-           (_CROSS_ATTEND, "return self.cross_attn(h, kv=memory, key_padding_mask=memory_key_padding_mask)[0]")),
-    mutant("dec_self_mask_ignored", ref.DecoderLayer, "mask was not passed to self_attn",
-           (_SELF_ATTEND, "return self.self_attn(h, key_padding_mask=key_padding_mask, is_causal=is_causal)[0]")),
-    mutant("dec_masks_swapped", ref.DecoderLayer, "memory_mask",
-           (_SELF_ATTEND, "return self.self_attn(h, mask=memory_mask, key_padding_mask=key_padding_mask, "
-                          "is_causal=is_causal)[0]"),
-           (_CROSS_ATTEND, "return self.cross_attn(h, kv=memory, mask=mask, "
-                           "key_padding_mask=memory_key_padding_mask)[0]")),
-    mutant("dec_normalises_memory", ref.DecoderLayer, "do not normalise memory",
-           ("x = x + self.dropout2(cross_attend(self.norm2(x)))",
-            "memory = self.norm2(memory)\n            x = x + self.dropout2(cross_attend(self.norm2(x)))")),
-    mutant("dec_cross_attention_without_bias_flag", ref.DecoderLayer,
-           "no projection, feed-forward layer or norm has a bias",
-           (_CA, "self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)")),
-    mutant("dec_norm3_ignores_eps", ref.DecoderLayer, "pass eps and bias on",
-           (_N3, "self.norm3 = LayerNorm(d_model, bias=bias)")),
-    mutant("dec_cross_attention_dropout_missing", ref.DecoderLayer, "cross_attn drops attention weights",
-           (_CA, "self.cross_attn = MultiHeadAttention(d_model, n_heads, bias=bias)")),
-    mutant("dec_dropout3_on_ff_input", ref.DecoderLayer, "dropout3 must drop the feed-forward",
-           ("x = self.norm3(x + self.dropout3(self.ff(x)))", "x = self.norm3(x + self.ff(self.dropout3(x)))")),
-    mutant("dec_one_dropout_for_all", ref.DecoderLayer, "must drop the",
-           ("x = x + self.dropout2(cross_attend(self.norm2(x)))", "x = x + self.dropout1(cross_attend(self.norm2(x)))"),
-           ("x = x + self.dropout3(self.ff(self.norm3(x)))", "x = x + self.dropout1(self.ff(self.norm3(x)))")),
+    mutant(
+        "dec_not_causal",
+        ref.DecoderLayer,
+        "must be causal by default",
+        ("key_padding_mask=key_padding_mask, is_causal=is_causal)", "key_padding_mask=key_padding_mask)"),
+    ),
+    mutant(
+        "dec_not_causal_by_default",
+        ref.DecoderLayer,
+        "must be causal by default",
+        ("is_causal: bool = True", "is_causal: bool = False"),
+    ),
+    mutant(
+        "dec_cross_attends_to_itself",
+        ref.DecoderLayer,
+        "keys and values from memory",
+        ("self.cross_attn(h, kv=memory,", "self.cross_attn(h, kv=h,"),
+    ),
+    mutant(
+        "dec_memory_padding_ignored",
+        ref.DecoderLayer,
+        "memory_key_padding_mask was not passed",
+        ("mask=memory_mask, key_padding_mask=memory_key_padding_mask)", "mask=memory_mask)"),
+    ),
+    mutant(
+        "dec_memory_mask_ignored",
+        ref.DecoderLayer,
+        "memory_mask was not passed",
+        (_CROSS_ATTEND, "return self.cross_attn(h, kv=memory, key_padding_mask=memory_key_padding_mask)[0]"),
+    ),
+    mutant(
+        "dec_self_mask_ignored",
+        ref.DecoderLayer,
+        "mask was not passed to self_attn",
+        (_SELF_ATTEND, "return self.self_attn(h, key_padding_mask=key_padding_mask, is_causal=is_causal)[0]"),
+    ),
+    mutant(
+        "dec_masks_swapped",
+        ref.DecoderLayer,
+        "memory_mask",
+        (
+            _SELF_ATTEND,
+            "return self.self_attn(h, mask=memory_mask, key_padding_mask=key_padding_mask, "
+            "is_causal=is_causal)[0]",
+        ),
+        (
+            _CROSS_ATTEND,
+            "return self.cross_attn(h, kv=memory, mask=mask, key_padding_mask=memory_key_padding_mask)[0]",
+        ),
+    ),
+    mutant(
+        "dec_normalises_memory",
+        ref.DecoderLayer,
+        "do not normalise memory",
+        (
+            "x = x + self.dropout2(cross_attend(self.norm2(x)))",
+            "memory = self.norm2(memory)\n            x = x + self.dropout2(cross_attend(self.norm2(x)))",
+        ),
+    ),
+    mutant(
+        "dec_cross_attention_without_bias_flag",
+        ref.DecoderLayer,
+        "no projection, feed-forward layer or norm has a bias",
+        (_CA, "self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)"),
+    ),
+    mutant(
+        "dec_norm3_ignores_eps",
+        ref.DecoderLayer,
+        "pass eps and bias on",
+        (_N3, "self.norm3 = LayerNorm(d_model, bias=bias)"),
+    ),
+    mutant(
+        "dec_cross_attention_dropout_missing",
+        ref.DecoderLayer,
+        "cross_attn drops attention weights",
+        (_CA, "self.cross_attn = MultiHeadAttention(d_model, n_heads, bias=bias)"),
+    ),
+    mutant(
+        "dec_dropout3_on_ff_input",
+        ref.DecoderLayer,
+        "dropout3 must drop the feed-forward",
+        ("x = self.norm3(x + self.dropout3(self.ff(x)))", "x = self.norm3(x + self.ff(self.dropout3(x)))"),
+    ),
+    mutant(
+        "dec_one_dropout_for_all",
+        ref.DecoderLayer,
+        "must drop the",
+        (
+            "x = x + self.dropout2(cross_attend(self.norm2(x)))",
+            "x = x + self.dropout1(cross_attend(self.norm2(x)))",
+        ),
+        ("x = x + self.dropout3(self.ff(self.norm3(x)))", "x = x + self.dropout1(self.ff(self.norm3(x)))"),
+    ),
 ]
 
 #: Automatically generated mutants (``scripts/mutation.py``) that no input the text allows can tell

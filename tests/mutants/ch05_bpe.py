@@ -3,11 +3,13 @@
 from coursekit import bpe as ref
 from tests.mutants import Mutant, mutant
 
-
 MUTANTS = [
     Mutant(
-        "pairs_skip_overlaps", "get_pair_counts", "get_pair_counts", "also where pairs overlap",
-        '''
+        "pairs_skip_overlaps",
+        "get_pair_counts",
+        "get_pair_counts",
+        "also where pairs overlap",
+        """
 def get_pair_counts(ids, counts=None, weight=1):
     counts = {} if counts is None else counts
     i = 0
@@ -16,31 +18,40 @@ def get_pair_counts(ids, counts=None, weight=1):
         counts[pair] = counts.get(pair, 0) + weight
         i += 2 if ids[i] == ids[i + 1] else 1
     return counts
-''',
+""",
     ),
     Mutant(
-        "pairs_ignore_weight", "get_pair_counts", "get_pair_counts", "add 5 per occurrence",
-        '''
+        "pairs_ignore_weight",
+        "get_pair_counts",
+        "get_pair_counts",
+        "add 5 per occurrence",
+        """
 def get_pair_counts(ids, counts=None, weight=1):
     counts = {} if counts is None else counts
     for pair in zip(ids, ids[1:]):
         counts[pair] = counts.get(pair, 0) + 1
     return counts
-''',
+""",
     ),
     Mutant(
-        "pairs_new_dict_each_call", "get_pair_counts", "get_pair_counts", "to the given dict",
-        '''
+        "pairs_new_dict_each_call",
+        "get_pair_counts",
+        "get_pair_counts",
+        "to the given dict",
+        """
 def get_pair_counts(ids, counts=None, weight=1):
     out = {}
     for pair in zip(ids, ids[1:]):
         out[pair] = out.get(pair, 0) + weight
     return out
-''',
+""",
     ),
     Mutant(
-        "merge_overlapping_twice", "merge", "merge", "the middle 5 was used twice",
-        '''
+        "merge_overlapping_twice",
+        "merge",
+        "merge",
+        "the middle 5 was used twice",
+        """
 def merge(ids, pair, new_id):
     out = []
     for i in range(len(ids) - 1):
@@ -51,21 +62,27 @@ def merge(ids, pair, new_id):
     if ids and (len(ids) < 2 or (ids[-2], ids[-1]) != pair):
         out.append(ids[-1])
     return out
-''',
+""",
     ),
     Mutant(
-        "merge_first_only", "merge", "merge", "only the first occurrence was merged",
-        '''
+        "merge_first_only",
+        "merge",
+        "merge",
+        "only the first occurrence was merged",
+        """
 def merge(ids, pair, new_id):
     for i in range(len(ids) - 1):
         if (ids[i], ids[i + 1]) == pair:
             return ids[:i] + [new_id] + ids[i + 2:]
     return list(ids)
-''',
+""",
     ),
     Mutant(
-        "train_tie_first_seen", "train_naive", "train_naive", "choose max count, then the smallest pair",
-        '''
+        "train_tie_first_seen",
+        "train_naive",
+        "train_naive",
+        "choose max count, then the smallest pair",
+        """
 def train_naive(text, vocab_size, pattern="gpt4"):
     freq = chunk_counts(text, pattern)
     chunks = [list(c.encode("utf-8")) for c in freq]
@@ -83,11 +100,14 @@ def train_naive(text, vocab_size, pattern="gpt4"):
         chunks = [merge(ids, pair, new_id) for ids in chunks]
         merges.append(pair)
     return merges
-''',
+""",
     ),
     Mutant(
-        "train_ids_off_by_one", "train_naive", "train_naive", "the new ids are off by one",
-        '''
+        "train_ids_off_by_one",
+        "train_naive",
+        "train_naive",
+        "the new ids are off by one",
+        """
 def train_naive(text, vocab_size, pattern="gpt4"):
     freq = chunk_counts(text, pattern)
     chunks = [list(c.encode("utf-8")) for c in freq]
@@ -105,11 +125,14 @@ def train_naive(text, vocab_size, pattern="gpt4"):
         chunks = [merge(ids, pair, new_id) for ids in chunks]
         merges.append(pair)
     return merges
-''',
+""",
     ),
     Mutant(
-        "train_across_chunks", "train_naive", "train_naive", "which are in different chunks",
-        '''
+        "train_across_chunks",
+        "train_naive",
+        "train_naive",
+        "which are in different chunks",
+        """
 def train_naive(text, vocab_size, pattern="gpt4"):
     ids = list(text.encode("utf-8"))
     merges = []
@@ -123,11 +146,14 @@ def train_naive(text, vocab_size, pattern="gpt4"):
         ids = merge(ids, pair, new_id)
         merges.append(pair)
     return merges
-''',
+""",
     ),
     Mutant(
-        "train_never_stops", "train_naive", "train_naive", "fewer than 2 times",
-        '''
+        "train_never_stops",
+        "train_naive",
+        "train_naive",
+        "fewer than 2 times",
+        """
 def train_naive(text, vocab_size, pattern="gpt4"):
     freq = chunk_counts(text, pattern)
     chunks = [list(c.encode("utf-8")) for c in freq]
@@ -143,11 +169,14 @@ def train_naive(text, vocab_size, pattern="gpt4"):
         chunks = [merge(ids, pair, new_id) for ids in chunks]
         merges.append(pair)
     return merges
-''',
+""",
     ),
     Mutant(
-        "encode_greedy_left_to_right", "encode_chunk", "encode_chunk", "you merged the leftmost learnt pair",
-        '''
+        "encode_greedy_left_to_right",
+        "encode_chunk",
+        "encode_chunk",
+        "you merged the leftmost learnt pair",
+        """
 def encode_chunk(chunk, ranks):
     ids = list(chunk.encode("utf-8"))
     changed = True
@@ -160,11 +189,14 @@ def encode_chunk(chunk, ranks):
                 changed = True
                 break
     return ids
-''',
+""",
     ),
     Mutant(
-        "encode_one_merge", "encode_chunk", "encode_chunk", "repeat until no adjacent pair is in ranks",
-        '''
+        "encode_one_merge",
+        "encode_chunk",
+        "encode_chunk",
+        "repeat until no adjacent pair is in ranks",
+        """
 def encode_chunk(chunk, ranks):
     ids = list(chunk.encode("utf-8"))
     if len(ids) >= 2:
@@ -172,11 +204,14 @@ def encode_chunk(chunk, ranks):
         if pair in ranks:
             ids = merge(ids, pair, ranks[pair])
     return ids
-''',
+""",
     ),
     Mutant(
-        "encode_characters_not_bytes", "encode_chunk", "encode_chunk", "start from the UTF-8 bytes",
-        '''
+        "encode_characters_not_bytes",
+        "encode_chunk",
+        "encode_chunk",
+        "start from the UTF-8 bytes",
+        """
 def encode_chunk(chunk, ranks):
     ids = [ord(c) for c in chunk]
     while len(ids) >= 2:
@@ -185,33 +220,57 @@ def encode_chunk(chunk, ranks):
             break
         ids = merge(ids, pair, ranks[pair])
     return ids
-''',
+""",
     ),
     Mutant(
-        "decode_token_by_token", "decode", "decode", "decoding token by token breaks characters",
-        '''
+        "decode_token_by_token",
+        "decode",
+        "decode",
+        "decoding token by token breaks characters",
+        """
 def decode(ids, vocab, errors="replace"):
     return "".join(vocab[i].decode("utf-8", errors=errors) for i in ids)
-''',
+""",
     ),
     Mutant(
-        "decode_strict", "decode", "decode", "errors='replace'",
-        '''
+        "decode_strict",
+        "decode",
+        "decode",
+        "errors='replace'",
+        """
 def decode(ids, vocab, errors="replace"):
     return b"".join(vocab[i] for i in ids).decode("utf-8")
-''',
+""",
     ),
     # ----------------------------------------------------------------- clauses the graders did not check before
-    mutant("pairs_mutable_default", ref.get_pair_counts, "a default of counts={} is one dict shared",
-           ("counts: dict | None = None", "counts: dict | None = {}"),
-           ("    counts = {} if counts is None else counts\n", "")),
-    mutant("pairs_copy_not_in_place", ref.get_pair_counts, "add into that dict",
-           ("counts = {} if counts is None else counts", "counts = {} if counts is None else dict(counts)")),
-    mutant("pairs_string_keys", ref.get_pair_counts, "keys are (left, right) tuples of ints",
-           ("counts[pair] = counts.get(pair, 0) + weight", "counts[str(pair)] = counts.get(str(pair), 0) + weight")),
+    mutant(
+        "pairs_mutable_default",
+        ref.get_pair_counts,
+        "a default of counts={} is one dict shared",
+        ("counts: dict | None = None", "counts: dict | None = {}"),
+        ("    counts = {} if counts is None else counts\n", ""),
+    ),
+    mutant(
+        "pairs_copy_not_in_place",
+        ref.get_pair_counts,
+        "add into that dict",
+        ("counts = {} if counts is None else counts", "counts = {} if counts is None else dict(counts)"),
+    ),
+    mutant(
+        "pairs_string_keys",
+        ref.get_pair_counts,
+        "keys are (left, right) tuples of ints",
+        (
+            "counts[pair] = counts.get(pair, 0) + weight",
+            "counts[str(pair)] = counts.get(str(pair), 0) + weight",
+        ),
+    ),
     Mutant(
-        "merge_in_place", "merge", "merge", "changed its input list",
-        '''
+        "merge_in_place",
+        "merge",
+        "merge",
+        "changed its input list",
+        """
 def merge(ids, pair, new_id):
     i = 0
     while i < len(ids) - 1:
@@ -219,27 +278,59 @@ def merge(ids, pair, new_id):
             ids[i:i + 2] = [new_id]
         i += 1
     return ids
-''',
+""",
     ),
-    mutant("train_ignores_pattern", ref.train_naive, "use the pattern argument",
-           ("freq = chunk_counts(text, pattern)", "freq = chunk_counts(text)")),
-    mutant("train_unweighted", ref.train_naive, "each distinct chunk counted once",
-           ("get_pair_counts(ids, counts, w)", "get_pair_counts(ids, counts)")),
-    mutant("train_list_pairs", ref.train_naive, "each merge must be a (left, right) tuple",
-           ("merges.append(pair)", "merges.append(list(pair))")),
-    mutant("train_crashes_without_pairs", ref.train_naive, "raised ValueError",
-           ("        if not counts:\n            break\n", "")),
-    mutant("encode_crashes_on_short_chunks", ref.encode_chunk, "raised ValueError",
-           ("while len(ids) >= 2:", "while True:")),
-    mutant("decode_ignores_errors", ref.decode, "the errors argument was ignored",
-           ('data.decode("utf-8", errors=errors)', 'data.decode("utf-8", errors="replace")')),
-    mutant("decode_error_without_the_id", ref.decode, "should name the unknown id",
-           ('raise ValueError(f"unknown token id {e.args[0]} (vocabulary size {len(vocab)})")',
-            'raise ValueError("unknown token id")')),
+    mutant(
+        "train_ignores_pattern",
+        ref.train_naive,
+        "use the pattern argument",
+        ("freq = chunk_counts(text, pattern)", "freq = chunk_counts(text)"),
+    ),
+    mutant(
+        "train_unweighted",
+        ref.train_naive,
+        "each distinct chunk counted once",
+        ("get_pair_counts(ids, counts, w)", "get_pair_counts(ids, counts)"),
+    ),
+    mutant(
+        "train_list_pairs",
+        ref.train_naive,
+        "each merge must be a (left, right) tuple",
+        ("merges.append(pair)", "merges.append(list(pair))"),
+    ),
+    mutant(
+        "train_crashes_without_pairs",
+        ref.train_naive,
+        "raised ValueError",
+        ("        if not counts:\n            break\n", ""),
+    ),
+    mutant(
+        "encode_crashes_on_short_chunks",
+        ref.encode_chunk,
+        "raised ValueError",
+        ("while len(ids) >= 2:", "while True:"),
+    ),
+    mutant(
+        "decode_ignores_errors",
+        ref.decode,
+        "the errors argument was ignored",
+        ('data.decode("utf-8", errors=errors)', 'data.decode("utf-8", errors="replace")'),
+    ),
+    mutant(
+        "decode_error_without_the_id",
+        ref.decode,
+        "should name the unknown id",
+        (
+            'raise ValueError(f"unknown token id {e.args[0]} (vocabulary size {len(vocab)})")',
+            'raise ValueError("unknown token id")',
+        ),
+    ),
 ]
 
 #: Generated mutants (``scripts/mutation.py``) that no input the text allows tells apart from the answer.
 EQUIVALENT = {
-    'decode | raise ValueError(f"unknown token id {e.args[0]} (vocabulary size {len(vocab)})") from None | number | 2':
-        "a KeyError from a dict lookup holds one argument, the key: e.args[-1] is e.args[0]",
+    (
+        'decode | raise ValueError(f"unknown token id {e.args[0]} (vocabulary size '
+        '{len(vocab)})") from None | number | 2'
+    ): "a KeyError from a dict lookup holds one argument, the key: e.args[-1] is e.args[0]",
 }

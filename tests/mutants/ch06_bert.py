@@ -3,11 +3,13 @@
 from coursekit import bert as ref
 from tests.mutants import Mutant, mutant
 
-
 MUTANTS = [
     Mutant(
-        "emb_no_segment", "BertEmbeddings", "BertEmbeddings", "the segment embedding is missing",
-        '''
+        "emb_no_segment",
+        "BertEmbeddings",
+        "BertEmbeddings",
+        "the segment embedding is missing",
+        """
 class BertEmbeddings(nn.Module):
     def __init__(self, vocab_size, max_len, d_model, n_segments=2, dropout=0.1, eps=1e-12):
         super().__init__()
@@ -21,11 +23,14 @@ class BertEmbeddings(nn.Module):
         T = input_ids.shape[1]
         x = self.token(input_ids) + self.position(torch.arange(T))
         return self.dropout(self.norm(x))
-''',
+""",
     ),
     Mutant(
-        "emb_no_norm", "BertEmbeddings", "BertEmbeddings", "the layer norm is missing",
-        '''
+        "emb_no_norm",
+        "BertEmbeddings",
+        "BertEmbeddings",
+        "the layer norm is missing",
+        """
 class BertEmbeddings(nn.Module):
     def __init__(self, vocab_size, max_len, d_model, n_segments=2, dropout=0.1, eps=1e-12):
         super().__init__()
@@ -40,11 +45,14 @@ class BertEmbeddings(nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         T = input_ids.shape[1]
         return self.dropout(self.token(input_ids) + self.position(torch.arange(T)) + self.segment(token_type_ids))
-''',
+""",
     ),
     Mutant(
-        "emb_positions_from_one", "BertEmbeddings", "BertEmbeddings", "positions start at 0",
-        '''
+        "emb_positions_from_one",
+        "BertEmbeddings",
+        "BertEmbeddings",
+        "positions start at 0",
+        """
 class BertEmbeddings(nn.Module):
     def __init__(self, vocab_size, max_len, d_model, n_segments=2, dropout=0.1, eps=1e-12):
         super().__init__()
@@ -60,11 +68,14 @@ class BertEmbeddings(nn.Module):
         T = input_ids.shape[1]
         x = self.token(input_ids) + self.position(torch.arange(1, T + 1)) + self.segment(token_type_ids)
         return self.dropout(self.norm(x))
-''',
+""",
     ),
     Mutant(
-        "mask_selects_specials", "mask_tokens", "mask_tokens", "were selected: never select a special token",
-        '''
+        "mask_selects_specials",
+        "mask_tokens",
+        "mask_tokens",
+        "were selected: never select a special token",
+        """
 def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
     selected = torch.rand(input_ids.shape, generator=generator) < mlm_probability
     labels = torch.where(selected, input_ids, -100)
@@ -74,21 +85,27 @@ def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15)
     inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
     inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
     return inputs, labels
-''',
+""",
     ),
     Mutant(
-        "mask_always_mask", "mask_tokens", "mask_tokens", "every selected position became [MASK]",
-        '''
+        "mask_always_mask",
+        "mask_tokens",
+        "mask_tokens",
+        "every selected position became [MASK]",
+        """
 def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
     is_special = torch.isin(input_ids, torch.tensor(special.ids))
     selected = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & ~is_special
     labels = torch.where(selected, input_ids, -100)
     return torch.where(selected, special.mask, input_ids), labels
-''',
+""",
     ),
     Mutant(
-        "mask_random_from_whole_vocab", "mask_tokens", "mask_tokens", "draw random tokens from the ordinary ids only",
-        '''
+        "mask_random_from_whole_vocab",
+        "mask_tokens",
+        "mask_tokens",
+        "draw random tokens from the ordinary ids only",
+        """
 def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
     is_special = torch.isin(input_ids, torch.tensor(special.ids))
     selected = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & ~is_special
@@ -98,12 +115,14 @@ def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15)
     inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
     inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
     return inputs, labels
-''',
+""",
     ),
     Mutant(
-        "mask_random_below_vocab_minus_4", "mask_tokens", "mask_tokens",
+        "mask_random_below_vocab_minus_4",
+        "mask_tokens",
+        "mask_tokens",
         "draw random tokens from the ordinary ids only",
-        '''
+        """
 def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
     is_special = torch.isin(input_ids, torch.tensor(special.ids))
     selected = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & ~is_special
@@ -113,11 +132,14 @@ def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15)
     inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
     inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
     return inputs, labels
-''',
+""",
     ),
     Mutant(
-        "mask_labels_everywhere", "mask_tokens", "mask_tokens", "labels must be -100 at every position",
-        '''
+        "mask_labels_everywhere",
+        "mask_tokens",
+        "mask_tokens",
+        "labels must be -100 at every position",
+        """
 def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
     is_special = torch.isin(input_ids, torch.tensor(special.ids))
     selected = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & ~is_special
@@ -128,11 +150,14 @@ def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15)
     inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
     inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
     return inputs, labels
-''',
+""",
     ),
     Mutant(
-        "mask_inverted_rate", "mask_tokens", "mask_tokens", "expected about 15%",
-        '''
+        "mask_inverted_rate",
+        "mask_tokens",
+        "mask_tokens",
+        "expected about 15%",
+        """
 def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
     is_special = torch.isin(input_ids, torch.tensor(special.ids))
     selected = (torch.rand(input_ids.shape, generator=generator) > mlm_probability) & ~is_special
@@ -143,11 +168,14 @@ def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15)
     inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
     inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
     return inputs, labels
-''',
+""",
     ),
     Mutant(
-        "mask_ignores_probability", "mask_tokens", "mask_tokens", "with mlm_probability=0.4",
-        '''
+        "mask_ignores_probability",
+        "mask_tokens",
+        "mask_tokens",
+        "with mlm_probability=0.4",
+        """
 def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
     is_special = torch.isin(input_ids, torch.tensor(special.ids))
     selected = (torch.rand(input_ids.shape, generator=generator) < 0.15) & ~is_special
@@ -158,11 +186,14 @@ def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15)
     inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
     inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
     return inputs, labels
-''',
+""",
     ),
     Mutant(
-        "mask_global_rng", "mask_tokens", "mask_tokens", "generator=generator",
-        '''
+        "mask_global_rng",
+        "mask_tokens",
+        "mask_tokens",
+        "generator=generator",
+        """
 def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15):
     is_special = torch.isin(input_ids, torch.tensor(special.ids))
     selected = (torch.rand(input_ids.shape) < mlm_probability) & ~is_special
@@ -173,40 +204,52 @@ def mask_tokens(input_ids, special, vocab_size, generator, mlm_probability=0.15)
     inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)
     inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
     return inputs, labels
-''',
+""",
     ),
     Mutant(
-        "loss_over_all_positions", "mlm_loss", "mlm_loss", "averaged over all positions",
-        '''
+        "loss_over_all_positions",
+        "mlm_loss",
+        "mlm_loss",
+        "averaged over all positions",
+        """
 def mlm_loss(logits, labels):
     if not (labels != -100).any():
         raise ValueError("no position is selected")
     V = logits.shape[-1]
     ce = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100, reduction="sum")
     return ce / labels.numel()
-''',
+""",
     ),
     Mutant(
-        "loss_unselected_as_token_0", "mlm_loss", "mlm_loss", "unselected positions (label -100) count",
-        '''
+        "loss_unselected_as_token_0",
+        "mlm_loss",
+        "mlm_loss",
+        "unselected positions (label -100) count",
+        """
 def mlm_loss(logits, labels):
     if not (labels != -100).any():
         raise ValueError("no position is selected")
     V = logits.shape[-1]
     return F.cross_entropy(logits.reshape(-1, V), labels.clamp(min=0).reshape(-1))
-''',
+""",
     ),
     Mutant(
-        "loss_no_empty_check", "mlm_loss", "mlm_loss", "say that no position is selected",
-        '''
+        "loss_no_empty_check",
+        "mlm_loss",
+        "mlm_loss",
+        "say that no position is selected",
+        """
 def mlm_loss(logits, labels):
     V = logits.shape[-1]
     return F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)
-''',
+""",
     ),
     Mutant(
-        "cls_last_token", "ClsHead", "ClsHead", "you pooled the last position",
-        '''
+        "cls_last_token",
+        "ClsHead",
+        "ClsHead",
+        "you pooled the last position",
+        """
 class ClsHead(nn.Module):
     def __init__(self, d_model, n_classes, dropout=0.1):
         super().__init__()
@@ -216,11 +259,14 @@ class ClsHead(nn.Module):
 
     def forward(self, hidden):
         return self.classifier(self.dropout(torch.tanh(self.pooler(hidden[:, -1]))))
-''',
+""",
     ),
     Mutant(
-        "cls_no_tanh", "ClsHead", "ClsHead", "the tanh is missing",
-        '''
+        "cls_no_tanh",
+        "ClsHead",
+        "ClsHead",
+        "the tanh is missing",
+        """
 class ClsHead(nn.Module):
     def __init__(self, d_model, n_classes, dropout=0.1):
         super().__init__()
@@ -230,11 +276,14 @@ class ClsHead(nn.Module):
 
     def forward(self, hidden):
         return self.classifier(self.dropout(self.pooler(hidden[:, 0])))
-''',
+""",
     ),
     Mutant(
-        "cls_mean_pool", "ClsHead", "ClsHead", "you averaged over the positions",
-        '''
+        "cls_mean_pool",
+        "ClsHead",
+        "ClsHead",
+        "you averaged over the positions",
+        """
 class ClsHead(nn.Module):
     def __init__(self, d_model, n_classes, dropout=0.1):
         super().__init__()
@@ -244,61 +293,133 @@ class ClsHead(nn.Module):
 
     def forward(self, hidden):
         return self.classifier(self.dropout(torch.tanh(self.pooler(hidden.mean(dim=1)))))
-''',
+""",
     ),
     # ----------------------------------------------------------------- clauses the graders did not check before
-    mutant("emb_dropout_before_norm", ref.BertEmbeddings, "the dropout comes before the norm",
-           ("return self.dropout(self.norm(x))", "return self.norm(self.dropout(x))")),
-    mutant("emb_dropout_fixed_p", ref.BertEmbeddings, "dropout.p should be the dropout argument",
-           ("self.dropout = nn.Dropout(dropout)", "self.dropout = nn.Dropout(0.1)")),
-    mutant("emb_norm_default_eps", ref.BertEmbeddings, "the norm's eps should be",
-           ("self.norm = LayerNorm(d_model, eps)", "self.norm = LayerNorm(d_model)")),
-    mutant("emb_no_length_check", ref.BertEmbeddings, "raise a ValueError instead",
-           ("        if T > self.position.num_embeddings:\n            raise ValueError(",
-            "        if False:\n            raise ValueError(")),
-    mutant("emb_positions_on_the_default_device", ref.BertEmbeddings, "torch.arange(T, device=input_ids.device)",
-           ("positions = torch.arange(T, device=input_ids.device)", "positions = torch.arange(T)")),
-    mutant("mask_selects_mask_tokens", ref.mask_tokens, "were selected: never select a special token",
-           ("torch.isin(input_ids, torch.tensor(special.ids))",
-            "torch.isin(input_ids, torch.tensor(special.ids[:3]))")),
-    mutant("mask_in_place", ref.mask_tokens, "changed its input_ids in place",
-           ("    return inputs, labels", "    input_ids.copy_(inputs)\n    return inputs, labels")),
-    mutant("mask_random_skips_an_id", ref.mask_tokens, "should be uniform over the",
-           ("ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]",
-            "ordinary[torch.randint(1, len(ordinary), input_ids.shape, generator=generator)]")),
-    mutant("loss_unstable", ref.mlm_loss, "compute the log-softmax stably",
-           ("return F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)",
-            "return F.nll_loss(torch.log(torch.softmax(logits.reshape(-1, V), -1)), labels.reshape(-1))")),
-    mutant("loss_no_shape_check", ref.mlm_loss, "say that labels must have the shape (2, 3)",
-           ("    if logits.shape[:-1] != labels.shape:\n        raise", "    if False:\n        raise")),
-    mutant("loss_shape_error_without_shapes", ref.mlm_loss, "should name the expected shape (2, 3)",
-           ('without its last axis, {tuple(logits.shape[:-1])}, "', 'without its last axis"'),
-           ('f"got {tuple(labels.shape)}")', '"")')),
-    mutant("loss_in_float64", ref.mlm_loss, "of the logits' dtype float32",
-           ("return F.cross_entropy(logits.reshape(-1, V),", "return F.cross_entropy(logits.double().reshape(-1, V),")),
-    mutant("cls_dropout_after_classifier", ref.ClsHead, "the dropout belongs before the classifier",
-           ("return self.classifier(self.dropout(pooled))", "return self.dropout(self.classifier(pooled))")),
-    mutant("cls_dropout_fixed_p", ref.ClsHead, "dropout.p should be the dropout argument",
-           ("self.dropout = nn.Dropout(dropout)", "self.dropout = nn.Dropout(0.1)")),
+    mutant(
+        "emb_dropout_before_norm",
+        ref.BertEmbeddings,
+        "the dropout comes before the norm",
+        ("return self.dropout(self.norm(x))", "return self.norm(self.dropout(x))"),
+    ),
+    mutant(
+        "emb_dropout_fixed_p",
+        ref.BertEmbeddings,
+        "dropout.p should be the dropout argument",
+        ("self.dropout = nn.Dropout(dropout)", "self.dropout = nn.Dropout(0.1)"),
+    ),
+    mutant(
+        "emb_norm_default_eps",
+        ref.BertEmbeddings,
+        "the norm's eps should be",
+        ("self.norm = LayerNorm(d_model, eps)", "self.norm = LayerNorm(d_model)"),
+    ),
+    mutant(
+        "emb_no_length_check",
+        ref.BertEmbeddings,
+        "raise a ValueError instead",
+        (
+            "        if T > self.position.num_embeddings:\n            raise ValueError(",
+            "        if False:\n            raise ValueError(",
+        ),
+    ),
+    mutant(
+        "emb_positions_on_the_default_device",
+        ref.BertEmbeddings,
+        "torch.arange(T, device=input_ids.device)",
+        ("positions = torch.arange(T, device=input_ids.device)", "positions = torch.arange(T)"),
+    ),
+    mutant(
+        "mask_selects_mask_tokens",
+        ref.mask_tokens,
+        "were selected: never select a special token",
+        (
+            "torch.isin(input_ids, torch.tensor(special.ids))",
+            "torch.isin(input_ids, torch.tensor(special.ids[:3]))",
+        ),
+    ),
+    mutant(
+        "mask_in_place",
+        ref.mask_tokens,
+        "changed its input_ids in place",
+        ("    return inputs, labels", "    input_ids.copy_(inputs)\n    return inputs, labels"),
+    ),
+    mutant(
+        "mask_random_skips_an_id",
+        ref.mask_tokens,
+        "should be uniform over the",
+        (
+            "ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]",
+            "ordinary[torch.randint(1, len(ordinary), input_ids.shape, generator=generator)]",
+        ),
+    ),
+    mutant(
+        "loss_unstable",
+        ref.mlm_loss,
+        "compute the log-softmax stably",
+        (
+            "return F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)",
+            "return F.nll_loss(torch.log(torch.softmax(logits.reshape(-1, V), -1)), labels.reshape(-1))",
+        ),
+    ),
+    mutant(
+        "loss_no_shape_check",
+        ref.mlm_loss,
+        "say that labels must have the shape (2, 3)",
+        ("    if logits.shape[:-1] != labels.shape:\n        raise", "    if False:\n        raise"),
+    ),
+    mutant(
+        "loss_shape_error_without_shapes",
+        ref.mlm_loss,
+        "should name the expected shape (2, 3)",
+        ('without its last axis, {tuple(logits.shape[:-1])}, "', 'without its last axis"'),
+        ('f"got {tuple(labels.shape)}"\n        )', '""\n        )'),
+    ),
+    mutant(
+        "loss_in_float64",
+        ref.mlm_loss,
+        "of the logits' dtype float32",
+        (
+            "return F.cross_entropy(logits.reshape(-1, V),",
+            "return F.cross_entropy(logits.double().reshape(-1, V),",
+        ),
+    ),
+    mutant(
+        "cls_dropout_after_classifier",
+        ref.ClsHead,
+        "the dropout belongs before the classifier",
+        ("return self.classifier(self.dropout(pooled))", "return self.dropout(self.classifier(pooled))"),
+    ),
+    mutant(
+        "cls_dropout_fixed_p",
+        ref.ClsHead,
+        "dropout.p should be the dropout argument",
+        ("self.dropout = nn.Dropout(dropout)", "self.dropout = nn.Dropout(0.1)"),
+    ),
 ]
 
 #: Generated mutants (``scripts/mutation.py``) that no input the text allows tells apart from the answer.
-_DRAW = ("a float32 uniform draw equals the threshold exactly with probability at most 2**-24, so the rule's "
-         "probabilities do not change; the text specifies probabilities, not a random stream")
+_DRAW = (
+    "a float32 uniform draw equals the threshold exactly with probability at most 2**-24, so the rule's "
+    "probabilities do not change; the text specifies probabilities, not a random stream"
+)
 EQUIVALENT: dict[str, str] = {
-    "BertEmbeddings | T = input_ids.shape[1] | number | 2":
-        "input_ids is (B, T), as the docstring says: shape[-1] is shape[1]",
+    "BertEmbeddings | T = input_ids.shape[1] | number | 2": (
+        "input_ids is (B, T), as the docstring says: shape[-1] is shape[1]"
+    ),
     "mask_tokens | selected = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & ~is_special "
     "# (B, T) | compare | 1": "`<` -> `<=`: " + _DRAW,
-    "mask_tokens | inputs = torch.where(selected & (action < 0.8), special.mask, input_ids) # (B, T) | compare | 1":
-        "`<` -> `<=`: " + _DRAW,
+    (
+        "mask_tokens | inputs = torch.where(selected & (action < 0.8), special.mask, input_ids) # "
+        "(B, T) | compare | 1"
+    ): "`<` -> `<=`: " + _DRAW,
     "mask_tokens | inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs) # (B, T) "
     "| compare | 1": "`>=` -> `>`: " + _DRAW,
     "mask_tokens | inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs) # (B, T) "
     "| compare | 3": "`<` -> `<=`: " + _DRAW,
     "mask_tokens | inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs) # (B, T) "
     "| compare | 4": "random for action in (0.9, 1) and keep for [0.8, 0.9] instead of the other way round: each "
-                     "still has probability 0.1, independently of everything else, as the text specifies",
+    "still has probability 0.1, independently of everything else, as the text specifies",
     "mlm_loss | return F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100) # (N, V), (N,) "
     "| keyword | 1": "ignore_index=-100 is F.cross_entropy's documented default",
 }
