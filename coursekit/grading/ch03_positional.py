@@ -28,11 +28,13 @@ from coursekit.grading.core import (
     SESSION,
     Grader,
     close,
+    default_device,
     describe,
     expect_value_error,
     for_all,
     is_tensor,
     magnitude,
+    meta_copy_refused,
     probe,
     raise_unless_student_error,
     rand,
@@ -749,6 +751,7 @@ def grade_alibi_bias(alibi_bias) -> None:
                 f"(meta), got {describe(b)} on {getattr(b, 'device', '?')}: create the positions with "
                 "device=slopes.device",
             )
+        _bias_on_slopes_device(g, alibi_bias, slopes, 3, 5)
 
     def case(c):
         H, T, S, scale, signed, seed = c
@@ -977,6 +980,26 @@ def check_alibi_slopes(alibi_slopes) -> None:
     g.finish()
 
 
+def _bias_on_slopes_device(g: Grader, alibi_bias, slopes: torch.Tensor, T: int, S: int) -> None:
+    """``alibi_bias`` on CPU slopes while torch's default device, where the student's code runs, is
+    ``meta`` (in-process and under the autograder alike): positions made without
+    ``device=slopes.device`` land on ``meta``, and the call fails or its result is not on the CPU."""
+    what = f"alibi_bias(slopes {tuple(slopes.shape)}, {T}, {S}) with torch's default device set to meta"
+    fix = "create the positions with device=slopes.device"
+    try:
+        with default_device():
+            b = alibi_bias(slopes.clone(), T, S)
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        if not meta_copy_refused(e):
+            raise_unless_student_error(e)
+        g.fail(f"{what}: {_raised(e)}: {fix}")
+    g.expect(
+        is_tensor(b) and b.device.type == "cpu" and close(b, ref.alibi_bias(slopes, T, S)),
+        f"{what}: got {describe(b)}{' on ' + b.device.type if is_tensor(b) else ''}, not the bias on the "
+        f"slopes' device (cpu): {fix}",
+    )
+
+
 def check_alibi_bias(alibi_bias) -> None:
     """Public checks of ``alibi_bias``: one small example per graded clause."""
     g = Grader("alibi_bias (public)")
@@ -1014,6 +1037,7 @@ def check_alibi_bias(alibi_bias) -> None:
                 "with slopes on the meta device the bias must be there too: create the positions with "
                 "device=slopes.device",
             )
+        _bias_on_slopes_device(g, alibi_bias, s, 2, 4)
     with g.check("alibi_bias([0.5], 0, 3) is an empty (1, 0, 3) tensor"):
         _public_value(g, "alibi_bias([0.5], 0, 3)", alibi_bias(half, 0, 3), torch.zeros(1, 0, 3, dtype=F64))
     with g.check("the slopes are left unchanged"):
