@@ -31,11 +31,11 @@ from hypothesis import strategies as st
 from coursekit import attention as ref
 from coursekit.grading.core import (
     Grader,
-    _Failed,
     close,
     describe,
     expect_value_error,
     first_match,
+    for_all,
     is_a,
     is_tensor,
     load_weights,
@@ -43,7 +43,6 @@ from coursekit.grading.core import (
     probe,
     raise_unless_student_error,
     random_weights,
-    seed,
     tensor,
 )
 
@@ -64,47 +63,6 @@ SEEDS = st.integers(0, 2**31 - 1)
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _for_all(name: str, strategy, test, *, max_examples: int = 20, first: object = None) -> None:
-    """:func:`coursekit.grading.core.for_all` without Hypothesis's *explain* phase.
-
-    After shrinking a failure, Hypothesis's explain phase re-runs the test many more times to find
-    which parts of the example do not matter, which it would print; graders print their own hint.
-    Under the autograder every run is a round trip to the sandbox, so that phase multiplied the
-    time of a failed check by ten or more (past the autograder's time limit per check). Same
-    examples, same shrinking, same failure as ``for_all``.
-    """
-    from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
-    from hypothesis import seed as hypothesis_seed
-
-    @settings(
-        max_examples=max_examples,
-        database=None,
-        deadline=None,
-        derandomize=False,
-        print_blob=False,
-        verbosity=Verbosity.quiet,
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-        phases=(Phase.explicit, Phase.generate, Phase.shrink),
-    )
-    @hypothesis_seed(seed(name))
-    @given(strategy)
-    def run(case):
-        test(case)
-
-    if first is not None:
-        run = example(first)(run)
-    try:
-        run()
-    except BaseExceptionGroup as group:  # Hypothesis's FlakyFailure: the failure did not happen again
-        if not group.exceptions or not isinstance(group.exceptions[0], _Failed):
-            raise _Failed(
-                "your code gave different answers when called again with the same input: "
-                "does it depend on global state or unseeded randomness?"
-            ) from None
-        raise group.exceptions[0] from None
 
 
 def _raised(e: BaseException) -> str:
@@ -239,7 +197,7 @@ def grade_softmax(softmax) -> None:
                 f"got {describe(p)}",
             )
 
-        _for_all(
+        for_all(
             "softmax.shape",
             st.tuples(_shape_and_dim(), st.sampled_from(FLOATS), SEEDS),
             shape_dtype,
@@ -267,7 +225,7 @@ def grade_softmax(softmax) -> None:
             )
 
         shapes = st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple)
-        _for_all(
+        for_all(
             "softmax.values",
             st.tuples(shapes, st.sampled_from(FLOATS), st.sampled_from([1.0, 3.0, 0.01]), SEEDS),
             values,
@@ -294,7 +252,7 @@ def grade_softmax(softmax) -> None:
                 f"{where}: {_first_difference(p, expected.to(dtype))}",
             )
 
-        _for_all(
+        for_all(
             "softmax.dim",
             st.tuples(_shape_and_dim(), st.sampled_from(FLOATS), SEEDS),
             along,
@@ -329,7 +287,7 @@ def grade_softmax(softmax) -> None:
                 f"{where}: {_first_difference(p, expected)} (subtract the maximum of each slice first)",
             )
 
-        _for_all(
+        for_all(
             "softmax.stable",
             st.tuples(
                 _shape_and_dim(3),
@@ -363,7 +321,7 @@ def grade_softmax(softmax) -> None:
                 )
             g.expect(close(p, expected, magnitude=magnitude(x)), f"{where}: {_first_difference(p, expected)}")
 
-        _for_all(
+        for_all(
             "softmax.masked",
             st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS), SEEDS),
             masked,
@@ -391,7 +349,7 @@ def grade_softmax(softmax) -> None:
                 f"x.exp_() or out=x): x was {_show(x)}, afterwards {_show(after)}; compute a new tensor",
             )
 
-        _for_all(
+        for_all(
             "softmax.inplace",
             st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS), SEEDS),
             untouched,
@@ -423,7 +381,7 @@ def grade_causal_mask(causal_mask) -> None:
                 f"{call} should be a bool tensor of shape {want}, got {describe(m)}",
             )
 
-        _for_all(
+        for_all(
             "causal.kind",
             st.tuples(st.integers(0, 9), st.integers(0, 5), st.booleans()),
             kind,
@@ -454,7 +412,7 @@ def grade_causal_mask(causal_mask) -> None:
                 f"{call} differs from the lower-triangular mask: {_first_difference(m, expected)}",
             )
 
-        _for_all(
+        for_all(
             "causal.square",
             st.tuples(st.integers(0, 12), st.booleans()),
             square,
@@ -482,7 +440,7 @@ def grade_causal_mask(causal_mask) -> None:
                 f"to keys j <= i + (S - T); {_first_difference(m, expected)}",
             )
 
-        _for_all(
+        for_all(
             "causal.rectangle",
             st.tuples(st.integers(0, 9), st.integers(1, 8)),
             rectangle,
@@ -504,7 +462,7 @@ def grade_causal_mask(causal_mask) -> None:
             st.tuples(st.integers(1, 8), st.integers(0, 7)).map(lambda ts: (ts[0] + ts[1], ts[1])),
             st.tuples(st.integers(-5, -1), st.one_of(st.none(), st.integers(0, 5))),
         )
-        _for_all("causal.invalid", bad, invalid, max_examples=10, first=(3, 2))
+        for_all("causal.invalid", bad, invalid, max_examples=10, first=(3, 2))
         for args in ((-1,), (-1, 0), (1, 0)):
             expect_value_error(
                 g,
@@ -709,10 +667,10 @@ def grade_attention(attention) -> None:
                 f"{where}: weights should be {_dt(q.dtype)} {(*lead, T, S)} = (..., T, S), got {describe(w)}",
             )
 
-        _for_all("att.shapes", ATTENTION, shapes, max_examples=12, first=((2,), 5, 6, 4, 3, torch.float64, 0))
+        for_all("att.shapes", ATTENTION, shapes, max_examples=12, first=((2,), 5, 6, 4, 3, torch.float64, 0))
 
     with g.check("without a mask: weights = softmax(q k^T / sqrt(D)) over the keys, out = weights v"):
-        _for_all(
+        for_all(
             "att.values",
             ATTENTION,
             lambda case: compare(*_qkv(case)),
@@ -726,7 +684,7 @@ def grade_attention(attention) -> None:
             q, k, v = _qkv(case[:7])
             compare(q, k, v, scale=case[7])
 
-        _for_all(
+        for_all(
             "att.scale",
             st.tuples(
                 LEAD,
@@ -767,7 +725,7 @@ def grade_attention(attention) -> None:
             mask = _bool_mask(case[6] + 3, _mask_shape(full, case[7], case[8]), k.shape[-2])
             out, w = compare(q, k, v, mask=mask)
 
-        _for_all(
+        for_all(
             "att.bool",
             masked_case(()),
             boolean,
@@ -790,7 +748,7 @@ def grade_attention(attention) -> None:
             bias[..., case[6] % shape[-1]] = 0.5  # one finite entry per row
             compare(q, k, v, mask=bias)
 
-        _for_all(
+        for_all(
             "att.additive",
             masked_case(()),
             additive,
@@ -833,7 +791,7 @@ def grade_attention(attention) -> None:
                 close(out, exp_out, magnitude=mag), f"{where}: out differs: {_first_difference(out, exp_out)}"
             )
 
-        _for_all(
+        for_all(
             "att.empty",
             st.tuples(
                 LEAD,
@@ -856,7 +814,7 @@ def grade_attention(attention) -> None:
             q, k, v = _qkv(case[:7], scale=case[7])
             out, w = compare(q, k, v)
 
-        _for_all(
+        for_all(
             "att.large",
             st.tuples(
                 LEAD,
@@ -906,7 +864,7 @@ def grade_attention(attention) -> None:
                     f"({_first_difference(got, want) if got is not None else 'none'})",
                 )
 
-        _for_all(
+        for_all(
             "att.grad",
             st.tuples(
                 LEAD,
@@ -950,7 +908,7 @@ def grade_attention(attention) -> None:
                         "masked_fill_ ...): compute new tensors",
                     )
 
-        _for_all(
+        for_all(
             "att.inplace",
             st.tuples(
                 LEAD,
@@ -1021,7 +979,7 @@ def grade_self_attention(SelfAttention) -> None:
                     f"got {layer.in_features} -> {layer.out_features}",
                 )
 
-        _for_all(
+        for_all(
             "sa.layers",
             st.tuples(st.integers(1, 9), st.one_of(st.none(), st.integers(1, 7)), st.booleans()),
             layers,
@@ -1096,7 +1054,7 @@ def grade_self_attention(SelfAttention) -> None:
                 f"({_first_difference(out, out_r)})",
             )
 
-        _for_all("sa.values", SELF, values, max_examples=10, first=(2, 5, 8, 4, True, torch.float64, 0))
+        for_all("sa.values", SELF, values, max_examples=10, first=(2, 5, 8, 4, True, torch.float64, 0))
 
     with g.check("forward(x, mask) passes the mask on: boolean or floating, broadcastable to (B, T, T)"):
 
@@ -1120,7 +1078,7 @@ def grade_self_attention(SelfAttention) -> None:
                 close(out, out_r), f"{where}: out differs from the reference: {_first_difference(out, out_r)}"
             )
 
-        _for_all(
+        for_all(
             "sa.mask",
             st.tuples(
                 *[

@@ -41,12 +41,12 @@ from coursekit import attention as att
 from coursekit import multihead as ref
 from coursekit.grading.core import (
     Grader,
-    _Failed,
     close,
     default_device,
     describe,
     expect_value_error,
     first_match,
+    for_all,
     is_a,
     is_tensor,
     load_weights,
@@ -55,7 +55,6 @@ from coursekit.grading.core import (
     probe,
     raise_unless_student_error,
     random_weights,
-    seed,
     tensor,
 )
 
@@ -81,47 +80,6 @@ _VIEW_HINT = (
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _for_all(name: str, strategy, test, *, max_examples: int = 20, first: object = None) -> None:
-    """:func:`coursekit.grading.core.for_all` without Hypothesis's *explain* phase.
-
-    After shrinking a failure, Hypothesis's explain phase re-runs the test many more times to find
-    which parts of the example do not matter, which it would print; graders print their own hint.
-    Under the autograder every run is a round trip to the sandbox, so that phase multiplied the
-    time of a failed check by ten or more (past the autograder's time limit per check). Same
-    examples, same shrinking, same failure as ``for_all``.
-    """
-    from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
-    from hypothesis import seed as hypothesis_seed
-
-    @settings(
-        max_examples=max_examples,
-        database=None,
-        deadline=None,
-        derandomize=False,
-        print_blob=False,
-        verbosity=Verbosity.quiet,
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-        phases=(Phase.explicit, Phase.generate, Phase.shrink),
-    )
-    @hypothesis_seed(seed(name))
-    @given(strategy)
-    def run(case):
-        test(case)
-
-    if first is not None:
-        run = example(first)(run)
-    try:
-        run()
-    except BaseExceptionGroup as group:  # Hypothesis's FlakyFailure: the failure did not happen again
-        if not group.exceptions or not isinstance(group.exceptions[0], _Failed):
-            raise _Failed(
-                "your code gave different answers when called again with the same input: "
-                "does it depend on global state or unseeded randomness?"
-            ) from None
-        raise group.exceptions[0] from None
 
 
 def _raised(e: BaseException) -> str:
@@ -265,7 +223,7 @@ def grade_split_heads(split_heads) -> None:
                 f"{where} should be {_dt(dtype)} {(B, H, T, D)} = (B, H, T, D), got {describe(out)}",
             )
 
-        _for_all("split.shape", SPLIT, shape, max_examples=10, first=(2, 5, 3, 4, torch.float64, 0, True))
+        for_all("split.shape", SPLIT, shape, max_examples=10, first=(2, 5, 3, 4, torch.float64, 0, True))
 
     with g.check("head h holds the contiguous features h*D .. (h+1)*D - 1 of every token"):
 
@@ -295,7 +253,7 @@ def grade_split_heads(split_heads) -> None:
                 f"{where}: head h must be x[..., h*D:(h+1)*D]; {_first_difference(out, expected)}",
             )
 
-        _for_all("split.values", SPLIT, values, max_examples=14, first=(2, 5, 3, 4, torch.float64, 1, True))
+        for_all("split.values", SPLIT, values, max_examples=14, first=(2, 5, 3, 4, torch.float64, 1, True))
 
     with g.check(
         "raises a ValueError naming n_heads and the width unless n_heads is a positive divisor of it"
@@ -315,7 +273,7 @@ def grade_split_heads(split_heads) -> None:
             )
 
         heads = st.tuples(st.integers(2, 12), st.integers(-3, 13)).filter(lambda c: c[1] < 1 or c[0] % c[1])
-        _for_all("split.error", heads, bad_heads, max_examples=10, first=(12, 5))
+        for_all("split.error", heads, bad_heads, max_examples=10, first=(12, 5))
         for C, n_heads in ((12, 0), (12, -1), (12, -3), (6, 12)):
             bad_heads((C, n_heads))
 
@@ -367,7 +325,7 @@ def grade_merge_heads(merge_heads) -> None:
                 f"{where} should be {_dt(dtype)} {(B, T, H * D)} = (B, T, H*D), got {describe(out)}",
             )
 
-        _for_all("merge.shape", MERGE, shape, max_examples=10, first=(2, 3, 5, 4, torch.float64, 0, True))
+        for_all("merge.shape", MERGE, shape, max_examples=10, first=(2, 3, 5, 4, torch.float64, 0, True))
 
     with g.check("token t holds the features of head 0, then head 1, ... (x[b, :, t] side by side)"):
 
@@ -398,7 +356,7 @@ def grade_merge_heads(merge_heads) -> None:
                 f"{_first_difference(out, expected)}",
             )
 
-        _for_all("merge.values", MERGE, values, max_examples=14, first=(2, 3, 5, 4, torch.float64, 1, False))
+        for_all("merge.values", MERGE, values, max_examples=14, first=(2, 3, 5, 4, torch.float64, 1, False))
 
     with g.check("undoes split_heads: merge_heads(split_heads(y, H)) is y for every H"):
 
@@ -412,7 +370,7 @@ def grade_merge_heads(merge_heads) -> None:
                 f"{where} should give y back: {_first_difference(out, y)}",
             )
 
-        _for_all(
+        for_all(
             "merge.roundtrip",
             st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 4), st.integers(1, 4), SEEDS),
             roundtrip,
@@ -468,7 +426,7 @@ def grade_repeat_kv(repeat_kv) -> None:
                 f"{where} should be {_dt(dtype)} {(B, H_kv * n_rep, S, D)}, got {describe(out)}",
             )
 
-        _for_all("repeat.shape", REPEAT, shape, max_examples=10, first=(2, 2, 5, 3, 3, torch.float64, 0))
+        for_all("repeat.shape", REPEAT, shape, max_examples=10, first=(2, 2, 5, 3, 3, torch.float64, 0))
 
     with g.check(
         "output head h is input head h // n_rep: [a, b] becomes [a, a, b, b]; n_rep = 1 gives x's values"
@@ -497,7 +455,7 @@ def grade_repeat_kv(repeat_kv) -> None:
                 f"{where}: output head h must be input head h // n_rep; {_first_difference(out, expected)}",
             )
 
-        _for_all("repeat.values", REPEAT, values, max_examples=14, first=(2, 2, 5, 3, 2, torch.float64, 1))
+        for_all("repeat.values", REPEAT, values, max_examples=14, first=(2, 2, 5, 3, 2, torch.float64, 1))
         x = tensor(7, 2, 3, 4, 2)
         out = _run(g, "repeat_kv(x (2, 3, 4, 2), 1)", repeat_kv, x, 1)
         g.expect(
@@ -527,7 +485,7 @@ def grade_repeat_kv(repeat_kv) -> None:
                 "enable_gqa=True: query head h must read key/value head h // n_rep",
             )
 
-        _for_all(
+        for_all(
             "repeat.gqa",
             st.tuples(
                 st.integers(1, 2),
@@ -568,7 +526,7 @@ def grade_repeat_kv(repeat_kv) -> None:
                 f"n_rep query heads; {_first_difference(got, expected)}",
             )
 
-        _for_all(
+        for_all(
             "repeat.grad",
             st.tuples(
                 st.integers(1, 2),
@@ -921,7 +879,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                 )
             _check_state(g, m, ref.MultiHeadAttention(C, H, n_kv, bias=bias), call)
 
-        _for_all(
+        for_all(
             "mha.layers",
             st.tuples(*CONFIG[:5], st.sampled_from([0.0, 0.1, 0.5])),
             layers,
@@ -962,7 +920,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                     ),
                 )
 
-        _for_all(
+        for_all(
             "mha.project",
             st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 4), st.integers(1, 5), st.booleans()),
             project,
@@ -981,7 +939,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
             x, _ = p.inputs(config[-1], B, T)
             _expect_forward(g, p, x, need_weights=need)
 
-        _for_all(
+        for_all(
             "mha.self",
             st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 5), st.sampled_from([True, False, None])),
             self_attention,
@@ -1003,7 +961,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
             x, kv = p.inputs(config[-1], B, T, S)
             _expect_forward(g, p, x, kv)
 
-        _for_all(
+        for_all(
             "mha.cross",
             st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 4), st.integers(1, 6)),
             cross,
@@ -1023,7 +981,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
             keep[:, config[-1] % S] = True
             _expect_forward(g, p, x, kv, key_padding_mask=keep)
 
-        _for_all(
+        for_all(
             "mha.padding",
             st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 4), st.integers(1, 6), st.booleans()),
             padding,
@@ -1039,7 +997,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
             x, kv = p.inputs(config[-1], B, T, T + extra if cross else None)
             _expect_forward(g, p, x, kv, is_causal=True)
 
-        _for_all(
+        for_all(
             "mha.causal",
             st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 5), st.integers(0, 3), st.booleans()),
             causal,
@@ -1074,7 +1032,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                 kwargs["is_causal"] = True
             _expect_forward(g, p, x, kv, **kwargs)
 
-        _for_all(
+        for_all(
             "mha.mask",
             st.tuples(
                 *CONFIG,
@@ -1116,7 +1074,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                 f"{p.where(x, mask=mask)}: query {row} sees no key, so its output should be out_proj's bias",
             )
 
-        _for_all(
+        for_all(
             "mha.empty",
             st.tuples(*CONFIG, st.integers(1, 2), st.integers(1, 5), st.booleans()),
             empty,
@@ -1246,7 +1204,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                     + (f": {_first_difference(got, want.grad)}" if got is not None else ""),
                 )
 
-        _for_all(
+        for_all(
             "mha.grad",
             st.tuples(
                 *CONFIG[:4],
