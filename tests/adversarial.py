@@ -888,7 +888,7 @@ GRADER = [
         "lookup_table_of_hidden_inputs",
         "grader",
         10,
-        "softmax:",
+        "Part 1: a stable softmax 1 / 3 failed",
         lambda ctx: function(
             function(reference(), "scaled_dot_product_attention", TORCH_SOFTMAX_ATTENTION),
             "softmax",

@@ -219,6 +219,89 @@ def test_for_all_names_an_answer_that_changes_from_call_to_call():
     assert "different answers" in failure[1] or failure[1] == "wrong"
 
 
+def test_for_all_replays_a_passing_run_and_shrinks_a_failure_as_a_fresh_run_does(monkeypatch):
+    from hypothesis import strategies as st
+
+    from coursekit.grading import core
+
+    monkeypatch.setattr(core, "_PASSED", {})
+    strategy = st.tuples(st.integers(0, 50), st.sampled_from("abc"))
+
+    def run(limit):
+        seen = []
+
+        def grade(g):
+            def test(case):
+                seen.append(case)
+                g.expect(case[0] < limit, f"fails from {case[0]}")
+
+            core.for_all("core.replay", strategy, test, max_examples=25, first=(0, "a"))
+
+        return hints(grade), seen
+
+    fresh = run(51)
+    assert fresh[0] == [] and len(core._PASSED) == 1  # every example passed: kept
+    assert run(51) == fresh  # replayed: the same examples, in the same order
+    failures, seen = run(10)  # fails in the replay: Hypothesis runs and shrinks it
+    assert failures == [("the check", "fails from 10")]  # the smallest failing example
+    monkeypatch.setattr(core, "_PASSED", {})
+    assert run(10)[0] == failures  # what a fresh run says
+
+
+def test_for_all_replay_names_code_that_fails_only_the_first_time(monkeypatch):
+    from hypothesis import strategies as st
+
+    from coursekit.grading import core
+
+    monkeypatch.setattr(core, "_PASSED", {})
+    calls = {"n": 0}
+
+    def grade(g, fail_at):
+        def test(x):
+            calls["n"] += 1
+            g.expect(calls["n"] != fail_at, "wrong")
+
+        core.for_all("core.once", st.integers(0, 9), test, max_examples=5)
+
+    assert hints(lambda g: grade(g, -1)) == []
+    calls["n"] = 0
+    (failure,) = hints(lambda g: grade(g, 1))  # the replay's first call fails, the fresh run's do not
+    assert "different answers" in failure[1]
+
+
+def test_every_graders_examples_are_fixed_by_what_keys_them(monkeypatch):
+    """The replay's contract: one key, one list of examples. Every hidden test of every assignment
+    runs with the replay off, for the reference and for a mutant of each part, and every key must
+    have drawn the same examples each time (a strategy built from a value of the submission would
+    not)."""
+    import importlib
+
+    from coursekit.chapters import CHAPTERS
+    from coursekit.grading import core, harness
+
+    drawn: dict = {}
+
+    class Fresh(dict):
+        def get(self, key, default=None):
+            return None  # always a fresh Hypothesis run
+
+        def __setitem__(self, key, examples):
+            drawn.setdefault(key, []).append(examples)
+
+    monkeypatch.setattr(core, "_PASSED", Fresh())
+    for chapter in CHAPTERS:
+        mutants = importlib.import_module(f"tests.mutants.{chapter.assignment}").MUTANTS
+        for part in harness.parts(chapter.assignment):
+            harness.run_tests(part, harness.namespace(chapter.assignment), hidden=True)
+            mutant = next(m for m in mutants if m.part == part.name)
+            ns = harness.namespace(chapter.assignment)
+            exec(compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns)
+            harness.run_tests(part, ns, hidden=True)
+    assert len(drawn) > 100
+    differ = [key[1][:80] for key, lists in drawn.items() if any(x != lists[0] for x in lists)]
+    assert not differ, differ
+
+
 def test_tolerances_scale_with_the_magnitude_of_the_inputs():
     from coursekit.grading.core import close, magnitude, tolerance
 

@@ -14,6 +14,7 @@ bounded replies) is one protocol end; splitting it would separate checks from wh
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -411,11 +412,14 @@ class Session:
         #: called to get a fresh session in the same state when the sandbox killed this one
         self.revive = None
         self.revivals = 0
+        #: a check process was asked for ahead of time (its answer waits in ``sock``)
+        self.spare = False
 
     def run_cell(self, source: str, label: str, deadline: float) -> dict:
         """Run one cell; return its outputs. Raises :class:`CellFailed` with a plain reason."""
         limit = self.worker.limits.cell_seconds
         until = min(deadline, time.monotonic() + limit)
+        self._drop_spare()  # forked before this cell: it would not see what the cell does
         try:
             protocol.send(self.sock, {"op": "cell", "source": source, "label": label})
             reply, _, _ = protocol.recv(self.sock, until, max_blob=0, max_header=protocol.REPLY_HEADER)
@@ -443,6 +447,20 @@ class Session:
 
     # ---- checks
 
+    def _drop_spare(self) -> None:
+        """Take the answer of a check process asked for ahead of time, and close it (it then exits)."""
+        if not self.spare:
+            return
+        self.spare = False
+        try:
+            _, _, fds = protocol.recv(
+                self.sock, time.monotonic() + 30, max_blob=0, max_header=protocol.REPLY_HEADER, want_fds=True
+            )
+        except (protocol.ProtocolError, OSError):
+            return  # the notebook's process is gone: what comes next finds out
+        for fd in fds:
+            os.close(fd)
+
     def _adopt_revived(self) -> bool:
         """Replace a dead notebook process by a fresh one (at most twice per submission)."""
         if self.revive is None or self.revivals >= 2:
@@ -454,22 +472,30 @@ class Session:
             return False
         self.sock.close()
         self.sock, self.pid, self.dead_because = fresh.sock, fresh.pid, None
+        self.spare = False
         return True
 
     def begin_check(self, name: str, seed: int | None = None) -> None:
-        """Fork a check process from the notebook's final state, reseeded with ``seed``
-        (default: derived from ``name``)."""
+        """Start a check process, forked from the notebook's final state and reseeded with ``seed``
+        (default: derived from ``name``).
+
+        Each check asks for the next one's process as soon as it starts, so that the fork (a few
+        milliseconds for a process holding torch) overlaps the grading of this check: that process
+        waits for its seed, sent here as its first message."""
         self.end_check()
         if self.dead_because and not self._adopt_revived():
             raise RemoteCrash(f"your notebook's process is gone: {self.dead_because}")
         if seed is None:
             seed = zlib.crc32(name.encode())
         try:
-            protocol.send(self.sock, {"op": "fork", "seed": seed})
+            if not self.spare:
+                protocol.send(self.sock, {"op": "fork"})
+            self.spare = False
             reply, _, fds = protocol.recv(
                 self.sock, time.monotonic() + 30, max_blob=0, max_header=protocol.REPLY_HEADER, want_fds=True
             )
         except (protocol.ProtocolError, OSError):
+            self.spare = False
             self.dead_because = self.worker.reset_after_student() or "its process ended"
             if self._adopt_revived():
                 return self.begin_check(name, seed)
@@ -480,12 +506,20 @@ class Session:
             self.dead_because = "its process misbehaved"
             self.worker.reset_after_student()
             raise RemoteCrash("your notebook's process did not start a check")
+        sock = socket.socket(fileno=fds[0])
+        with contextlib.suppress(OSError):  # a check process already gone shows at the first request
+            protocol.send(sock, {"seed": seed})
         self.channel = _Channel(
             self,
-            socket.socket(fileno=fds[0]),
+            sock,
             int(reply.get("pid", -1)),
             time.monotonic() + self.worker.limits.check_seconds,
         )
+        try:
+            protocol.send(self.sock, {"op": "fork"})
+            self.spare = True
+        except OSError:
+            pass  # the notebook's process is gone: the next check finds out, and revives it
 
     def end_check(self) -> None:
         if self.channel is not None:

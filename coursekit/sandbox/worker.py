@@ -225,6 +225,22 @@ def _preload(modules: list[str]):
     return shell
 
 
+def _touch_pages() -> None:
+    """Copy now, in a check process that waits for its check, the pages that answering a request
+    writes to (torch's and numpy's state, the wire format's code): after a fork each first write
+    to a page copies it, which made the first answer of a check take several milliseconds."""
+    import io
+
+    import torch
+
+    x = torch.ones(2, 3)
+    arrays: dict = {}
+    header = protocol.encode({"result": (x @ x.T).softmax(-1)}, arrays, None)
+    buf = io.BytesIO()
+    protocol._savez(buf, **arrays)
+    protocol.decode(header, protocol.read_arrays(buf.getvalue()))
+
+
 def _warm_up(torch) -> None:
     """Run the common kernels once here, so that every forked process finds them initialised
     (the first matmul of a process costs a large fraction of a second)."""
@@ -236,6 +252,9 @@ def _warm_up(torch) -> None:
         torch.nn.functional.layer_norm(torch.nn.functional.gelu(y), (8,)).sum().backward()
         torch.nn.functional.cross_entropy(y.reshape(-1, 8), torch.zeros(24, dtype=torch.long)).item()
     torch.broadcast_shapes((2, 1), (1, 3))  # imports sympy lazily: about 0.4 s
+    # the first tensor on the meta device imports torch's meta kernels (about 800 modules, 0.8 s);
+    # graders create tensors there to check a `device=` argument, in a fresh fork each time
+    (torch.ones(2, 3, device="meta").tril() @ torch.ones(3, 2, device="meta")).softmax(-1)
 
 
 def _make_shell():
@@ -352,7 +371,7 @@ class NotebookProcess:
                     reply["outputs"] = [o for o in reply["outputs"] if _jsonable(o)]
                     protocol.send(self.sock, reply)
             elif op == "fork":
-                self.fork_check(int(msg.get("seed", 0)))
+                self.fork_check()
             else:
                 return
 
@@ -415,19 +434,25 @@ class NotebookProcess:
             "sandbox_harmed": _harmed(self.template),
         }
 
-    def fork_check(self, seed: int) -> None:
+    def fork_check(self) -> None:
+        """Fork a check process. The trusted side asks for it ahead of time (see
+        ``Session.begin_check``): it waits for its first message, the seed of its check."""
         ours, theirs = socket.socketpair()
         # reap finished check processes so that they do not pile up as zombies
         _reap()
+        # Undo a student's swap of numpy, torch, ... in sys.modules here rather than in the child:
+        # every object the child writes to (a refcount is a write) is a page it must copy. A
+        # student's thread racing this only changes what their own check process sees, which
+        # their code controls anyway: the trusted side reads every answer as hostile data.
+        sys.modules.update(TRUSTED_MODULES)
         pid = os.fork()
         if pid == 0:
             try:
                 ours.close()
                 self.sock.close()
-                sys.modules.update(
-                    TRUSTED_MODULES
-                )  # undo a student's swap of numpy, torch, ... in sys.modules
-                _reseed(seed)
+                _touch_pages()  # while the trusted side is still busy with the check before
+                first, _, _ = protocol.recv(theirs)
+                _reseed(int(first["seed"]))
                 CheckProcess(theirs, self.shell.user_ns, self.labels).serve()
             finally:
                 os._exit(0)
