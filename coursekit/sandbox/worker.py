@@ -228,17 +228,21 @@ def _preload(modules: list[str]):
 def _touch_pages() -> None:
     """Copy now, in a check process that waits for its check, the pages that answering a request
     writes to (torch's and numpy's state, the wire format's code): after a fork each first write
-    to a page copies it, which made the first answer of a check take several milliseconds."""
+    to a page copies it, which made the first answer of a check take several milliseconds.
+    Whatever the student's cells changed, this never fails: it only warms up."""
     import io
 
     import torch
 
-    x = torch.ones(2, 3)
-    arrays: dict = {}
-    header = protocol.encode({"result": (x @ x.T).softmax(-1)}, arrays, None)
-    buf = io.BytesIO()
-    protocol._savez(buf, **arrays)
-    protocol.decode(header, protocol.read_arrays(buf.getvalue()))
+    try:
+        x = torch.ones(2, 3)
+        arrays: dict = {}
+        header = protocol.encode({"result": (x @ x.T).softmax(-1)}, arrays, None)
+        buf = io.BytesIO()
+        protocol._savez(buf, **arrays)
+        protocol.decode(header, protocol.read_arrays(buf.getvalue()))
+    except Exception:  # noqa: BLE001 (e.g. a cell swapped the wire's writer: the check itself will say so)
+        pass
 
 
 def _warm_up(torch) -> None:
