@@ -123,6 +123,7 @@ def _autograde(
             todo.append((student, key))
     threads = []
     if todo:
+        serialise_ast_parsing()
         work: queue.Queue = queue.Queue()
         for item in todo:
             work.put(item)
@@ -187,6 +188,34 @@ def _cached(folder: Path, plan: Plan, key: str) -> bool:
         )
     except (OSError, ValueError):
         return False
+
+
+_AST_LOCK = threading.Lock()
+
+
+def serialise_ast_parsing() -> None:
+    """Let one thread at a time turn source into Python AST objects (``ast.parse``).
+
+    CPython 3.11 and 3.12 count the depth of the AST objects they build in a counter shared by
+    every thread (python/cpython#106905): two grading threads parsing at once, ours (which part
+    calls which) or Hypothesis's (the text of a strategy's lambda), fail with "SystemError: AST
+    constructor recursion depth mismatch", and a student went ungraded. Idempotent; nothing to
+    do from 3.13 on."""
+    import ast
+    import functools
+    import sys
+
+    if sys.version_info >= (3, 13) or getattr(ast.parse, "serialised", False):
+        return
+    parse = ast.parse
+
+    @functools.wraps(parse)
+    def locked_parse(*args, **kwargs):
+        with _AST_LOCK:
+            return parse(*args, **kwargs)
+
+    locked_parse.serialised = True
+    ast.parse = locked_parse
 
 
 def _worker_loop(
