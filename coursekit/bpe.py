@@ -201,7 +201,7 @@ def train(
 def train_naive(text: str, vocab_size: int, pattern: str = "gpt4") -> list[tuple[int, int]]:
     """The textbook loop, for comparison: recount every pair of every chunk after each merge.
 
-    Same rules as :func:`train` (and the same merges). It already counts each
+    Same rules as ``coursekit.bpe.train``, the book's faster version (and the same merges). It counts each
     distinct chunk once, weighted by its frequency, but every merge still recounts
     and rewrites every chunk.
 

@@ -111,7 +111,42 @@ def release(root: Path, names: list[str] | None = None, out: Path | None = None)
             if target.exists():
                 shutil.rmtree(target)
             shutil.copytree(staging / name, target)
+            for path in target.rglob("*.ipynb"):
+                _link_the_rendered_book(path, book_url(root))
     return sorted(p for name in names for p in (out / name).rglob("*.ipynb"))
+
+
+#: a link from a notebook in solutions/NAME/ to a page's MyST source
+_SOURCE_LINK = re.compile(r"\]\(\.\./\.\./book/([\w-]+)\.md(#[^)\s]*)?\)")
+
+
+def book_url(root: Path) -> str:
+    """Where the rendered book is published: ``html.baseurl`` of ``_config.yml`` (``""`` if unset)."""
+    import yaml
+
+    config = root / "_config.yml"
+    if not config.is_file():
+        return ""
+    html = (yaml.safe_load(config.read_text()) or {}).get("html") or {}
+    return str(html.get("baseurl") or "").rstrip("/")
+
+
+def _link_the_rendered_book(path: Path, base: str) -> None:
+    """Point the release's links to a chapter at the rendered page, not its MyST source: at
+    ``{base}/book/NAME.html`` when the book's address is known, else at ``../../book/NAME.html``,
+    which is the page from the copy the book's Exercise box offers (``_downloads/<hash>/``)."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    prefix = f"{base}/book" if base else "../../book"
+    changed = False
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            new = _SOURCE_LINK.sub(lambda m: f"]({prefix}/{m[1]}.html{m[2] or ''})", cell.source)
+            changed |= new != cell.source
+            cell.source = new
+    if changed:
+        nbformat.write(nb, path)
 
 
 def _validate_test_cells(root: Path, names: list[str]) -> None:

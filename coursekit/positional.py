@@ -386,8 +386,8 @@ def alibi_slopes(H: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     For ``H`` a power of two the slopes are the geometric sequence
     ``2^(-8 i / H)``, ``i = 1 .. H``. Otherwise, with ``n`` the largest power of
     two below ``H``, they are the ``n`` slopes for ``n`` heads followed by the
-    first ``H - n`` of every other slope for ``2n`` heads (positions 1, 3, 5, ...
-    of that sequence), so the extra heads fall between the existing ones.
+    first ``H - n`` slopes with an odd ``i`` (``i = 1, 3, 5, ...``) of the sequence for ``2n`` heads
+    (counting ``i`` from 1, as in the formula), so the extra heads fall between the existing ones.
 
     Args:
         H: number of heads, ``>= 1``.
