@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup mathjax book test quick release clean system-book system-test
+.PHONY: setup mathjax book book-instructor test quick release clean system-book system-test
 
 $(BIN)/coursekit: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ mathjax:
 
 book: system-book setup mathjax
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter-book build . -W -n --keep-going
+
+# the instructor edition: the same pages with the code of every graded function shown (the student
+# edition shows its signature and docstring); reuses the executed notebooks of `make book`
+book-instructor: system-book setup mathjax
+	COURSEKIT_EDITION=instructor PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter-book build . -W -n --keep-going \
+		--path-output _build/instructor
 
 test: system-test setup mathjax
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest

@@ -1,6 +1,6 @@
 """Sphinx extension for the course book, loaded by `_config.yml` (`sphinx.local_extensions`).
 
-Four things Jupyter Book 1 does not do by configuration alone:
+Five things Jupyter Book 1 does not do by configuration alone:
 
 1. **Launch buttons only with a real repository.** `launch_buttons` in `_config.yml` names Binder
    and Colab, but a launch link needs the public repository (`repository.url`). Without one,
@@ -19,10 +19,17 @@ Four things Jupyter Book 1 does not do by configuration alone:
    its `.md` source and the executed `.ipynb` (sphinx-book-theme adds the latter only when launch
    buttons are on); `static/course.css` keeps pages within a phone's width. The stylesheet lives
    here rather than in a root `_static/`, from which Jupyter Book would load every `.js` file.
+5. **Two editions from one source.** The environment variable `COURSEKIT_EDITION` picks the
+   edition: `student` (the default, what `make book` builds) or `instructor` (`make
+   book-instructor`). In the student edition a `literalinclude` of a graded definition (one whose
+   body a student writes in an exercise, recognised by its syntax tree: `coursekit/graded.py`)
+   shows its contract, the signature and docstring, with the body replaced by a line naming the
+   exercise part; the instructor edition shows the code as it is.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,10 +37,13 @@ from pathlib import Path
 
 import pybtex.plugin
 import sphinxcontrib.bibtex.plugin
+from docutils import nodes
 from pybtex.richtext import Text
 from pybtex.style.formatting.unsrt import Style as UnsrtStyle
 from pybtex.style.labels import BaseLabelStyle
 from sphinx.application import Sphinx
+from sphinx.directives.code import LiteralInclude
+from sphinx.errors import ConfigError
 from sphinx.util import logging
 from sphinxcontrib.bibtex.style.referencing import BracketStyle
 from sphinxcontrib.bibtex.style.referencing.author_year import AuthorYearReferenceStyle
@@ -45,6 +55,46 @@ JUPYTER_BOOK_DEFAULT_URL = "https://github.com/executablebooks/jupyter-book"
 #: launch providers that need the repository URL
 PROVIDERS = ("binderhub_url", "jupyterhub_url", "colab_url", "deepnote_url", "thebe")
 STATIC = Path(__file__).parent / "static"
+EDITIONS = ("student", "instructor")
+
+
+def edition() -> str:
+    """The edition being built, from ``COURSEKIT_EDITION`` (default ``student``)."""
+    name = os.environ.get("COURSEKIT_EDITION", "student").strip() or "student"
+    if name not in EDITIONS:
+        raise ConfigError(f"COURSEKIT_EDITION must be one of {', '.join(EDITIONS)}, got {name!r}")
+    return name
+
+
+class ContractInclude(LiteralInclude):
+    """``literalinclude`` that, in the student edition, shows a graded definition's contract only."""
+
+    def run(self) -> list[nodes.Node]:
+        dotted = self.options.get("pyobject")
+        if not dotted or self.config.course_edition != "student":
+            return super().run()
+        from coursekit import graded
+
+        _, path = self.env.relfn2path(self.arguments[0])
+        source = Path(path).read_text(encoding="utf-8")
+        where = graded.graded(source, dotted)
+        if where is None:
+            return super().run()
+        self.env.note_dependency(path)
+        text = graded.contract(source, dotted, where.where())
+        block = nodes.literal_block(text, text, language=self.options.get("language", "python"))
+        self.set_source_info(block)
+        note = nodes.paragraph(
+            "",
+            "",
+            nodes.emphasis(
+                "",
+                f"The body of {where.name} is yours to write: {where.where()}. "
+                "The instructor edition of the book shows it.",
+            ),
+        )
+        note["classes"].append("graded-contract")
+        return [block, note]
 
 
 def repository_url(theme_options: dict) -> str:
@@ -143,6 +193,8 @@ def add_static_path(app: Sphinx) -> None:
 
 
 def setup(app: Sphinx) -> dict:
+    app.add_config_value("course_edition", edition(), "env")
+    app.add_directive("literalinclude", ContractInclude, override=True)
     sphinxcontrib.bibtex.plugin.register_plugin(
         "sphinxcontrib.bibtex.style.referencing", "author_year_round", RoundAuthorYear
     )

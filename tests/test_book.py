@@ -264,6 +264,117 @@ def test_readme_screenshot(server, browser):
 EXERCISES = sorted(p.name for p in (ROOT / "exercises").iterdir() if (p / f"{p.name}.ipynb").is_file())
 
 
+def graded_bodies_shown(folder: Path) -> dict[str, list[str]]:
+    """Every graded body (``coursekit.graded``) that a page or download under ``folder`` shows:
+    file -> the graded definitions found, compared as normalised syntax trees. Code is read from
+    HTML ``<pre>`` blocks, notebook code cells and outputs, and the code fences of Markdown."""
+    import html as html_module
+    import json
+
+    from coursekit.graded import bodies_in
+
+    def blocks(path: Path) -> list[str]:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if path.suffix == ".html":
+            pres = re.findall(r"<pre[^>]*>(.*?)</pre>", text, re.S)
+            return [html_module.unescape(re.sub(r"<[^>]+>", "", b)) for b in pres]
+        if path.suffix == ".ipynb":
+            cells = json.loads(text).get("cells", [])
+            out = ["".join(c.get("source", "")) for c in cells]
+            for c in cells:
+                for o in c.get("outputs", []):
+                    out.append("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", "")))
+            return out
+        if path.suffix in (".md", ".txt", ".py"):
+            return [text, *re.findall(r"```[^\n]*\n(.*?)```", text, re.S)]
+        return []
+
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            names = sorted({g.name for b in blocks(path) for g in bodies_in(b).values()})
+            if names:
+                found[str(path.relative_to(folder))] = names
+    return found
+
+
+def test_the_body_check_finds_a_body_printed_in_a_page_or_download(tmp_path):
+    """The student-edition check below fails when it should: a graded body, syntax-highlighted in a
+    page, pasted into a downloaded notebook or a Markdown fence, reformatted, is found."""
+    import ast
+    import html as html_module
+    import inspect
+
+    import nbformat
+
+    from coursekit import attention, multihead
+
+    body = inspect.getsource(attention.softmax)
+    spans = "".join(f'<span class="n">{html_module.escape(line)}</span>\n' for line in body.splitlines())
+    (tmp_path / "page.html").write_text(f'<div class="highlight"><pre><span></span>{spans}</pre></div>')
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(inspect.getsource(multihead.split_heads))])
+    nbformat.write(nb, tmp_path / "page.ipynb")
+    # as ast.unparse writes it (other quotes, other line breaks), with comments and blank lines
+    unparsed = ast.unparse(ast.parse(inspect.getsource(attention.causal_mask))).splitlines()
+    reformatted = "".join(
+        f"{line}  # note\n\n" if line.rstrip().endswith(":") else f"{line}\n" for line in unparsed
+    )
+    (tmp_path / "notes.md").write_text(f"Some text.\n\n```python\n{reformatted}```\n")
+    (tmp_path / "clean.html").write_text("<pre>def softmax(x, dim=-1):\n    ...</pre>")
+    assert graded_bodies_shown(tmp_path) == {
+        "notes.md": ["causal_mask"],
+        "page.html": ["softmax"],
+        "page.ipynb": ["split_heads"],
+    }
+
+
+def test_the_student_edition_shows_no_graded_body(book):
+    """No page or download of the student edition (what ``make book`` builds) shows the body of a
+    function or method that an exercise grades; each is shown as its contract instead."""
+    assert graded_bodies_shown(book) == {}
+    contracts = sum(p.read_text().count('class="graded-contract"') for p in (book / "book").glob("*.html"))
+    assert contracts >= 40, contracts  # the pages do show the graded definitions, as contracts
+
+
+def test_the_instructor_edition_builds_and_shows_the_code(book):
+    """``make book-instructor``: the same source with COURSEKIT_EDITION=instructor builds with
+    warnings as errors (reusing the student edition's executed notebooks) and shows the bodies."""
+    out = ROOT / "_build" / "instructor"
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        COURSEKIT_EDITION="instructor",
+    )
+    run = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "jupyter-book"),
+            "build",
+            ".",
+            "-W",
+            "-n",
+            "--keep-going",
+            "--path-output",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert run.returncode == 0, f"instructor edition failed:\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
+    shown = graded_bodies_shown(out / "_build" / "html" / "book")
+    withheld = {
+        p.name: p.read_text().count('class="graded-contract"') for p in (book / "book").glob("*.html")
+    }
+    for page, count in withheld.items():
+        if count:
+            assert page in shown, f"{page}: the instructor edition does not show the graded code"
+    assert "graded-contract" not in "".join(
+        p.read_text() for p in (out / "_build" / "html" / "book").glob("*.html")
+    )
+
+
 @pytest.mark.parametrize("name", EXERCISES)
 def test_chapter_offers_its_exercise(name, book):
     """The page ends with an Exercise box whose link downloads the student notebook itself, and
@@ -280,6 +391,9 @@ def test_chapter_offers_its_exercise(name, book):
     assert downloaded.read_bytes() == (ROOT / "exercises" / name / f"{name}.ipynb").read_bytes(), (
         f"{name}: the downloaded notebook is not the student release"
     )
+    assert (downloaded.parent / f"../../book/{name}.html").resolve() == page.resolve(), (
+        f"{name}: from the downloaded notebook, ../../book/{name}.html is not the chapter"
+    )
     for source in (f"../_sources/book/{name}.md", f"../_sources/book/{name}.ipynb"):
         assert f'href="{source}"' in html, f"{name}: the download menu does not offer {source}"
         assert (page.parent / source).resolve().is_file()
@@ -287,14 +401,33 @@ def test_chapter_offers_its_exercise(name, book):
 
 @pytest.mark.parametrize("name", EXERCISES)
 def test_exercise_links_its_page(name):
-    """The student notebook's first cell links the page it goes with (relative to the notebook)."""
+    """The student notebook's first cell links the rendered page it goes with: relative to where
+    the book's Exercise box puts it (``_downloads/<hash>/``) while ``html.baseurl`` is unset."""
     import nbformat
 
+    from coursekit.course import book_url
+
     intro = nbformat.read(ROOT / "exercises" / name / f"{name}.ipynb", as_version=4).cells[0]
-    assert f"](../../book/{name}.md)" in intro.source, (
-        f"{name}: the intro cell does not link ../../book/{name}.md"
-    )
+    base = book_url(ROOT)
+    target = f"{base}/book/{name}.html" if base else f"../../book/{name}.html"
+    assert f"]({target})" in intro.source, f"{name}: the intro cell does not link {target}"
+    assert ".md)" not in intro.source, f"{name}: the intro cell links a MyST source"
     assert (ROOT / "book" / f"{name}.md").is_file()
+
+
+def test_release_links_the_published_book_when_its_address_is_set(tmp_path):
+    import nbformat
+
+    from coursekit.course import _link_the_rendered_book
+
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_markdown_cell("See [Chapter 1](../../book/ch01_attention.md#the-code).")]
+    )
+    for base, link in (("https://example.org/course", "https://example.org/course/book"), ("", "../../book")):
+        nbformat.write(nb, tmp_path / "x.ipynb")
+        _link_the_rendered_book(tmp_path / "x.ipynb", base)
+        text = nbformat.read(tmp_path / "x.ipynb", as_version=4).cells[0].source
+        assert text == f"See [Chapter 1]({link}/ch01_attention.html#the-code)."
 
 
 def test_every_reference_is_cited():
