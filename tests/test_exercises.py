@@ -64,6 +64,15 @@ def test_committed_notebooks_have_no_outputs():
 
 
 @pytest.mark.slow
+def test_the_instructors_table_is_current():
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "instructor_table.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def test_exercises_are_current():
     problems = course.stale_releases(ROOT)
     assert not problems, "exercises/ is stale, run `coursekit release`:\n" + "\n".join(problems)
