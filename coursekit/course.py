@@ -121,14 +121,16 @@ _SOURCE_LINK = re.compile(r"\]\(\.\./\.\./book/([\w-]+)\.md(#[^)\s]*)?\)")
 
 
 def book_url(root: Path) -> str:
-    """Where the rendered book is published: ``html.baseurl`` of ``_config.yml`` (``""`` if unset)."""
-    import yaml
+    """Where the rendered book is published: ``html.baseurl`` of ``_config.yml``, an http(s) address
+    without its trailing slash; ``""`` when it is unset, not a web address, or unreadable."""
+    try:
+        import yaml
 
-    config = root / "_config.yml"
-    if not config.is_file():
+        data = yaml.safe_load((root / "_config.yml").read_text()) or {}
+    except (OSError, ValueError, ImportError):
         return ""
-    html = (yaml.safe_load(config.read_text()) or {}).get("html") or {}
-    return str(html.get("baseurl") or "").rstrip("/")
+    base = (data.get("html") or {}).get("baseurl") if isinstance(data, dict) else None
+    return base.rstrip("/") if isinstance(base, str) and base.startswith(("https://", "http://")) else ""
 
 
 def _link_the_rendered_book(path: Path, base: str) -> None:

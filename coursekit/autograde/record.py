@@ -136,20 +136,9 @@ def _chapter_link(assignment: str) -> dict | None:
     except ValueError:
         return None
     page = Path(row.page).with_suffix(".html").as_posix()
-    base = _book_baseurl(course_root() / "_config.yml")
-    url = f"{base.rstrip('/')}/{page}" if base else f"../../../_build/html/{page}"
+    base = course.book_url(course_root())
+    url = f"{base}/{page}" if base else f"../../../_build/html/{page}"
     return {"title": row.title, "url": url}
-
-
-def _book_baseurl(config: Path) -> str | None:
-    try:
-        import yaml
-
-        data = yaml.safe_load(config.read_text()) or {}
-    except (OSError, ValueError, ImportError):
-        return None
-    base = (data.get("html") or {}).get("baseurl") if isinstance(data, dict) else None
-    return base if isinstance(base, str) and base.startswith(("https://", "http://")) else None
 
 
 class SummarizeParts(NbGraderPreprocessor):
