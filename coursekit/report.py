@@ -179,6 +179,7 @@ def write_report(root: Path, assignment: str) -> Path:
             answered[i] += 1
             failed.update({(i, check, hint) for check, hint in p.failed})
     common = failed.most_common(20)
+    flagged = integrity_signals(root, assignment)
 
     e = html.escape
     mean = sum(r.score for r in rows) / len(rows)
@@ -209,6 +210,21 @@ def write_report(root: Path, assignment: str) -> Path:
             for (i, check, hint), n in common
         ),
         "</table></div>",
+        "<h2>Integrity signals</h2><p>For you to look at: nothing was deducted. <em>reference</em>: the code "
+        "reaches the course's reference implementation of a part; <em>copy of the reference</em>: an answer whose "
+        "syntax tree is the reference's; <em>near-identical</em>: two students' answers with the same tokens once "
+        "comments, layout and local names are set aside.</p>",
+        (
+            "<div class='wide'><table><tr><th>signal</th><th>students</th><th>part</th><th>seen</th></tr>"
+            + "".join(
+                f"<tr><td>{e(f.kind)}</td><td>{e(', '.join(f.students))}</td><td>{e(f.part)}</td>"
+                f"<td>{e(f.detail)}</td></tr>"
+                for f in flagged
+            )
+            + "</table></div>"
+            if flagged
+            else "<p>None.</p>"
+        ),
         (
             "<h2>Students</h2><div "
             f"class='wide'><table><tr><th>student</th><th>score</th>{part_cells}<th>autograder "
@@ -225,6 +241,23 @@ def write_report(root: Path, assignment: str) -> Path:
     path = out / "report.html"
     path.write_text(with_csp("\n".join(parts)))  # student text is escaped above; no script may run either way
     return path
+
+
+def integrity_signals(root: Path, assignment: str) -> list:
+    """The :mod:`coursekit.integrity` signals of the notebooks graded for ``assignment``."""
+    import nbformat
+
+    from coursekit.integrity import signals
+
+    verdicts = root / ".coursekit" / "verdicts" / assignment
+    notebooks = {}
+    for path in sorted(verdicts.glob(f"*/{assignment}.json")) if verdicts.is_dir() else []:
+        normalized = json.loads(path.read_text()).get("normalized")
+        if normalized:  # through reads, which joins each cell's lines into one string
+            notebooks[path.parent.name] = nbformat.reads(json.dumps(normalized), as_version=4)
+    released = root / "exercises" / assignment / f"{assignment}.ipynb"
+    release = nbformat.read(released, as_version=4) if released.is_file() else nbformat.v4.new_notebook()
+    return signals(assignment, notebooks, release)
 
 
 def _link(row: StudentRow) -> str:

@@ -25,8 +25,21 @@ from nbgrader.api import Gradebook
 from coursekit import autograde, cli
 from tests.mutants.ch01_attention import MUTANTS
 from tests.submissions import ROOT, course_folder, filled, load, replace_definition
+from tests.test_integrity import SHARED, renamed
 
 pytestmark = pytest.mark.slow
+
+#: students for the report's integrity signals: one reaches the reference, two share an answer
+#: (everyone else's answers are the reference's, so "reference.ipynb" is the one who pasted it)
+INTEGRITY = {
+    "importer": (
+        "softmax",
+        "from coursekit.attention import softmax as reference\n\n\n"
+        "def softmax(x, dim=-1):\n    return reference(x, dim)\n",
+    ),
+    "sharer_a": ("scaled_dot_product_attention", SHARED),
+    "sharer_b": ("scaled_dot_product_attention", renamed(SHARED)),
+}
 
 ASSIGNMENT = "ch01_attention"
 HIDDEN_CELL = {
@@ -47,6 +60,8 @@ def graded(tmp_path_factory):
     nbformat.write(load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), inbox / "untouched.ipynb")
     for m in MUTANTS:
         nbformat.write(replace_definition(reference, m.target, m.source), inbox / f"{m.name}.ipynb")
+    for student, (name, source) in INTEGRITY.items():
+        nbformat.write(replace_definition(reference, name, source), inbox / f"{student}.ipynb")
     csv_path = root / "grades.csv"
     assert (
         cli.main(
@@ -85,7 +100,7 @@ def test_solution_scores_full_marks(graded, student):
 def test_untouched_release_scores_zero_without_stopping_the_batch(graded):
     _, rows = graded
     assert score(rows, "untouched")[0] == 0
-    assert len(rows) == len(MUTANTS) + 3  # everyone after it was graded
+    assert len(rows) == len(MUTANTS) + 3 + len(INTEGRITY)  # everyone after it was graded
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
@@ -121,6 +136,23 @@ def test_class_report_has_figures_and_the_common_failures(graded):
     with open(folder / "scores.csv", newline="") as f:
         scores = {r["student"]: float(r["score"]) for r in csv.DictReader(f)}
     assert scores == {s: float(rows[s]["score"]) for s in rows}
+
+
+def test_the_class_report_lists_integrity_signals(graded):
+    import re
+
+    root, _ = graded
+    page = (root / "reports" / ASSIGNMENT / "report.html").read_text()
+    rows = set(
+        re.findall(
+            r"<tr><td>(reference|copy of the reference|near-identical)</td><td>([^<]*)</td><td>([^<]*)</td>",
+            page,
+        )
+    )
+    assert ("reference", "importer", "part 1 (softmax)") in rows
+    assert ("copy of the reference", "reference", "part 3 (scaled_dot_product_attention)") in rows
+    assert ("near-identical", "sharer_a, sharer_b", "part 3 (scaled_dot_product_attention)") in rows
+    assert not any("untouched" in r[1] for r in rows)  # the release as handed out is nobody's answer
 
 
 def _gradebook_scores(root):
@@ -322,7 +354,7 @@ def test_feedback_and_report_read_well_on_a_desktop_and_a_phone(graded, tmp_path
                     )
                 else:
                     students = [link for link in seen["links"] if "/feedback/" in link]
-                    assert len(students) == len(MUTANTS) + 3
+                    assert len(students) == len(MUTANTS) + 3 + len(INTEGRITY)
                     assert all(Path(link.removeprefix("file://")).is_file() for link in students)
     finally:
         driver.quit()

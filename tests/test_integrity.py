@@ -1,0 +1,133 @@
+"""Integrity signals (coursekit.integrity): who reaches the reference, who pasted it, who shares
+an answer; and no signal for answers written independently."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from coursekit import attention
+from coursekit.integrity import reference_uses, signals
+from tests.submissions import ROOT, load, replace_definition
+
+ASSIGNMENT = "ch01_attention"
+MODULES = {"coursekit.attention"}
+NAMES = {"softmax", "causal_mask", "scaled_dot_product_attention", "SelfAttention"}
+
+
+def test_every_way_of_reaching_the_reference_is_seen():
+    reached = {
+        "from coursekit.attention import softmax": {"softmax"},
+        "from coursekit.attention import softmax as s": {"softmax"},
+        "import coursekit.attention\ny = coursekit.attention.causal_mask(3)": {"causal_mask"},
+        "import coursekit.attention as A\nA.scaled_dot_product_attention": {"scaled_dot_product_attention"},
+        "from coursekit import attention\nattention.SelfAttention(4)": {"SelfAttention"},
+        "import importlib\nm = importlib.import_module('coursekit.attention')\nm.softmax": {"softmax"},
+        "import importlib\nimportlib.import_module('coursekit.attention').softmax(x)": {"softmax"},
+        # not the reference: a tensor's method, a helper the release gives, another module
+        "y = x.softmax(-1)": set(),
+        "from coursekit.attention import check_attention_inputs": set(),
+        "from coursekit.multihead import split_heads": set(),
+    }
+    for source, names in reached.items():
+        assert reference_uses(source, MODULES, NAMES) == names, source
+
+
+SOFTMAX_EINSUM_STYLE = '''def softmax(x, dim=-1):
+    """Stable softmax."""
+    top = x.amax(dim=dim, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    exps = torch.exp(x - top)
+    total = exps.sum(dim=dim, keepdim=True)
+    return torch.where(total > 0, exps / total.clamp_min(torch.finfo(x.dtype).tiny), torch.zeros_like(exps))
+'''
+
+SOFTMAX_LOGSUMEXP = """def softmax(x, dim=-1):
+    lse = torch.logsumexp(x, dim=dim, keepdim=True)
+    out = torch.exp(x - lse)
+    return torch.nan_to_num(out, nan=0.0)
+"""
+
+MASK_LOOPS = """def causal_mask(T, S=None, device=None):
+    S = T if S is None else S
+    if not 0 <= T <= S:
+        raise ValueError(f"need 0 <= T <= S, got T={T}, S={S}")
+    mask = torch.zeros(T, S, dtype=torch.bool, device=device)
+    for i in range(T):
+        for j in range(S):
+            mask[i, j] = j <= i + S - T
+    return mask
+"""
+
+MASK_ARANGE = """def causal_mask(T, S=None, device=None):
+    if S is None:
+        S = T
+    if T < 0 or S < T:
+        raise ValueError(f"causal_mask needs 0 <= T <= S (T={T}, S={S})")
+    rows = torch.arange(T, device=device)[:, None] + (S - T)
+    return torch.arange(S, device=device)[None, :] <= rows
+"""
+
+SHARED = """def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    d = q.shape[-1]
+    s = 1.0 / math.sqrt(d) if scale is None else scale
+    logits = torch.matmul(q, k.transpose(-1, -2)) * s
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+    w = softmax(logits, dim=-1)
+    return torch.matmul(w, v), w
+"""
+
+EINSUM = """def scaled_dot_product_attention(q, k, v, mask=None, scale=None):
+    check_attention_inputs(q, k, v, mask)
+    factor = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.einsum("...td,...sd->...ts", q, k) * factor
+    if mask is not None and mask.dtype == torch.bool:
+        scores = torch.where(mask, scores, torch.full_like(scores, -math.inf))
+    elif mask is not None:
+        scores = scores + mask
+    weights = softmax(scores, -1)
+    return torch.einsum("...ts,...sd->...td", weights, v), weights
+"""
+
+
+def renamed(source: str) -> str:
+    """The same answer with other local names and a comment, as a student who shares it would."""
+    for a, b in (("logits", "att"), ("w", "probs"), ("s", "sc"), ("d", "dim_k")):
+        source = re.sub(rf"\b{a}\b", b, source)
+    return source.replace("    check_attention_inputs", "    # validate first\n    check_attention_inputs")
+
+
+def student(**answers):
+    nb = load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    for name, source in answers.items():
+        nb = replace_definition(nb, name, source)
+    return nb
+
+
+def test_the_importer_the_paster_and_the_sharers_are_flagged_and_no_one_else():
+    release = load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    pasted = "# from the book\n" + inspect.getsource(attention.scaled_dot_product_attention)
+    notebooks = {
+        "importer": student(
+            softmax="from coursekit.attention import softmax as reference\n\n"
+            "def softmax(x, dim=-1):\n    return reference(x, dim)\n",
+        ),
+        "paster": student(scaled_dot_product_attention=pasted),
+        "sharer_a": student(scaled_dot_product_attention=SHARED, causal_mask=MASK_LOOPS),
+        "sharer_b": student(scaled_dot_product_attention=renamed(SHARED), causal_mask=MASK_ARANGE),
+        "independent_a": student(softmax=SOFTMAX_EINSUM_STYLE, scaled_dot_product_attention=EINSUM),
+        "independent_b": student(
+            softmax=SOFTMAX_LOGSUMEXP, causal_mask=MASK_LOOPS.replace("mask[i, j]", "mask[i][j]")
+        ),
+        "untouched": release,
+    }
+    found = {(s.kind, s.students, s.part) for s in signals(ASSIGNMENT, notebooks, release)}
+    assert found == {
+        ("reference", ("importer",), "part 1 (softmax)"),
+        ("copy of the reference", ("paster",), "part 3 (scaled_dot_product_attention)"),
+        ("near-identical", ("sharer_a", "sharer_b"), "part 3 (scaled_dot_product_attention)"),
+        # the loops with one index changed are the same code: a shared answer, not a coincidence
+        ("near-identical", ("independent_b", "sharer_a"), "part 2 (causal_mask)"),
+    }
