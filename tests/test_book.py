@@ -70,19 +70,19 @@ KNOWN_CONSOLE_NOISE = (
 )
 
 
+def jupyter_book(folder: Path, *options: str, edition: str = "student", timeout: int = 1200):
+    """``jupyter-book build . -W -n --keep-going [options]`` in ``folder``, as the README runs it."""
+    bindir = Path(sys.executable).parent
+    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", COURSEKIT_EDITION=edition)
+    command = [str(bindir / "jupyter-book"), "build", ".", "-W", "-n", "--keep-going", *options]
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def book():
     """Build the book (cached execution) exactly as the README does; fail on any warning."""
     subprocess.run([str(ROOT / "scripts" / "install_mathjax.sh")], check=True, cwd=ROOT)
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    run = subprocess.run(
-        [str(Path(sys.executable).parent / "jupyter-book"), "build", ".", "-W", "-n", "--keep-going"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    run = jupyter_book(ROOT)
     assert run.returncode == 0, f"book build failed:\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
     return HTML
 
@@ -340,28 +340,7 @@ def test_the_instructor_edition_builds_and_shows_the_code(book):
     """``make book-instructor``: the same source with COURSEKIT_EDITION=instructor builds with
     warnings as errors (reusing the student edition's executed notebooks) and shows the bodies."""
     out = ROOT / "_build" / "instructor"
-    env = dict(
-        os.environ,
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        COURSEKIT_EDITION="instructor",
-    )
-    run = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "jupyter-book"),
-            "build",
-            ".",
-            "-W",
-            "-n",
-            "--keep-going",
-            "--path-output",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    run = jupyter_book(ROOT, "--path-output", str(out), edition="instructor")
     assert run.returncode == 0, f"instructor edition failed:\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
     shown = graded_bodies_shown(out / "_build" / "html" / "book")
     withheld = {
@@ -496,14 +475,6 @@ def test_a_failing_cell_fails_the_build(tmp_path, code, fails):
         "kernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n# A page\n\n"
         f"```{{code-cell}} ipython3\n{code}\n```\n"
     )
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    run = subprocess.run(
-        [str(Path(sys.executable).parent / "jupyter-book"), "build", ".", "-W", "-n", "--keep-going"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = jupyter_book(tmp_path, timeout=600)
     assert (run.returncode != 0) == fails, run.stdout[-3000:]
     assert ("this cell fails" in run.stdout + run.stderr) == fails
