@@ -91,3 +91,39 @@ def test_solution_notebook_passes_nbval(assignment):
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert " passed" in run.stdout
+
+
+@pytest.mark.parametrize("assignment", sorted(MODULES))
+def test_a_filled_release_uses_no_undefined_name(assignment, tmp_path):
+    """The student's notebook with every answer filled in, read top to bottom (code cells, then the
+    Python examples of the markdown cells where they stand), names nothing it never defined or
+    imported (ruff's F821), the outro's "put it together" snippets included."""
+    import re
+
+    from tests.submissions import filled
+
+    pieces = []
+    for cell in filled(assignment).cells:
+        if cell.cell_type == "code":
+            pieces.append(
+                "\n".join(
+                    line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!"))
+                )
+            )
+        elif cell.cell_type == "markdown":
+            pieces += re.findall(r"```python\n(.*?)```", cell.source, re.S)
+    script = tmp_path / f"{assignment}.py"
+    script.write_text("\n\n".join(pieces) + "\n")
+    ruff = [
+        sys.executable,
+        "-m",
+        "ruff",
+        "check",
+        "--isolated",
+        "--no-cache",
+        "--select",
+        "F821",
+        str(script),
+    ]
+    run = subprocess.run(ruff, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:]
