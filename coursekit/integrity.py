@@ -1,6 +1,6 @@
 """Academic-integrity signals for the class report: things an instructor may want to look at.
 
-They are signals, never grades: the report lists them, and nothing is deducted. Three kinds:
+They are signals, never grades: the report lists them, and nothing is deducted. Four kinds:
 
 * ``reference``: a student's code reaches the course's reference implementation of a part of
   this assignment (``from coursekit.attention import softmax``, ``coursekit.attention.softmax``,
@@ -8,6 +8,9 @@ They are signals, never grades: the report lists them, and nothing is deducted. 
   of every code cell they ran. What the released notebook itself imports is given, not flagged.
 * ``copy of the reference``: an answer whose body is the reference's, compared as normalised
   syntax trees (:mod:`coursekit.graded`: comments, blank lines and formatting do not count).
+* ``ruled-out call``: an answer calls a library function the exercise's text rules out
+  (``RULED_OUT`` of the assignment's grading module: attribute names such as ``softmax``, which
+  catches ``torch.softmax``, ``F.softmax`` and ``x.softmax(...)`` alike).
 * ``near-identical``: two students whose answers to a part have the same tokens once comments,
   white space and the names of local variables are set aside (similarity of at least
   :data:`SIMILAR`, answers of at least :data:`MIN_TOKENS` tokens only: short answers look alike
@@ -30,7 +33,16 @@ import keyword
 import tokenize
 from dataclasses import dataclass
 
-__all__ = ["MIN_TOKENS", "SIMILAR", "Signal", "near_identical", "reference_uses", "signals", "tokens"]
+__all__ = [
+    "MIN_TOKENS",
+    "SIMILAR",
+    "Signal",
+    "near_identical",
+    "reference_uses",
+    "ruled_out_calls",
+    "signals",
+    "tokens",
+]
 
 #: least similarity (``difflib`` ratio of normalised tokens) for two answers to be flagged
 SIMILAR = 0.95
@@ -83,6 +95,20 @@ def reference_uses(source: str, modules: set[str], names: set[str]) -> set[str]:
             }
             found |= parent_attrs & names
     return found
+
+
+def ruled_out_calls(source: str, attributes: tuple[str, ...]) -> set[str]:
+    """The calls in ``source`` of an attribute named in ``attributes`` (``torch.softmax(...)``,
+    ``F.softmax(...)``, ``x.softmax(...)``), as written: ``{"F.softmax"}``."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return {
+        f"{_dotted(n.func.value) or '...'}.{n.func.attr}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in attributes
+    }
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -156,12 +182,15 @@ def near_identical(answers: dict[str, str], released: str) -> list[tuple[str, st
 def signals(assignment: str, notebooks: dict[str, object], release: object) -> list[Signal]:
     """The signals of a class: ``notebooks`` maps each student to the notebook they submitted
     (as graded, an ``nbformat`` node), ``release`` is the student release of ``assignment``."""
+    import importlib
+
     from coursekit.cells import is_test_cell, nbgrader_meta
     from coursekit.chapters import chapter
     from coursekit.graded import bodies_in
     from coursekit.grading import harness
 
     parts = harness.parts(assignment)
+    ruled_out = tuple(getattr(importlib.import_module(chapter(assignment).grader), "RULED_OUT", ()))
     title = {p.grade_id: f"part {p.number} ({p.name})" for p in parts}
     part_of_name = {name: p for p in parts for name in p.names}
     modules = {f"coursekit.{m}" for m in chapter(assignment).modules}
@@ -180,6 +209,12 @@ def signals(assignment: str, notebooks: dict[str, object], release: object) -> l
         for cell in code(nb):
             used |= reference_uses(cell.source, modules, set(part_of_name)) - given
             gid = nbgrader_meta(cell).get("grade_id")
+            if gid in answers and ruled_out:
+                calls = ruled_out_calls(cell.source, ruled_out)
+                if calls:
+                    found.append(
+                        Signal("ruled-out call", (student,), title[gid], f"calls {', '.join(sorted(calls))}")
+                    )
             if gid in answers:
                 copied = {g.name for g in bodies_in(cell.source).values() if g.assignment == assignment}
                 if not copied:  # two copies of the reference are alike because of it: one signal each

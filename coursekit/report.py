@@ -212,7 +212,8 @@ def write_report(root: Path, assignment: str) -> Path:
         "</table></div>",
         "<h2>Integrity signals</h2><p>For you to look at: nothing was deducted. <em>reference</em>: the code "
         "reaches the course's reference implementation of a part; <em>copy of the reference</em>: an answer whose "
-        "syntax tree is the reference's; <em>near-identical</em>: two students' answers with the same tokens once "
+        "syntax tree is the reference's; <em>ruled-out call</em>: an answer calls a library function the exercise "
+        "rules out; <em>near-identical</em>: two students' answers with the same tokens once "
         "comments, layout and local names are set aside.</p>",
         (
             "<div class='wide'><table><tr><th>signal</th><th>students</th><th>part</th><th>seen</th></tr>"

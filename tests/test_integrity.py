@@ -15,6 +15,17 @@ MODULES = {"coursekit.attention"}
 NAMES = {"softmax", "causal_mask", "scaled_dot_product_attention", "SelfAttention"}
 
 
+def test_calls_the_exercise_rules_out_are_seen_however_written():
+    from coursekit.integrity import ruled_out_calls
+
+    rules = ("softmax", "scaled_dot_product_attention")
+    source = (
+        "y = torch.softmax(x, -1)\nz = x.softmax(dim=0)\nF.scaled_dot_product_attention(q, k, v)\nsoftmax(x)"
+    )
+    assert ruled_out_calls(source, rules) == {"torch.softmax", "x.softmax", "F.scaled_dot_product_attention"}
+    assert ruled_out_calls("w = my_softmax(x)\nx.exp()", rules) == set()
+
+
 def test_every_way_of_reaching_the_reference_is_seen():
     reached = {
         "from coursekit.attention import softmax": {"softmax"},
@@ -121,6 +132,9 @@ def test_the_importer_the_paster_and_the_sharers_are_flagged_and_no_one_else():
         "independent_b": student(
             softmax=SOFTMAX_LOGSUMEXP, causal_mask=MASK_LOOPS.replace("mask[i, j]", "mask[i][j]")
         ),
+        "library": student(
+            softmax="def softmax(x, dim=-1):\n    return torch.nn.functional.softmax(x, dim)\n"
+        ),
         "untouched": release,
     }
     found = {(s.kind, s.students, s.part) for s in signals(ASSIGNMENT, notebooks, release)}
@@ -128,6 +142,7 @@ def test_the_importer_the_paster_and_the_sharers_are_flagged_and_no_one_else():
         ("reference", ("importer",), "part 1 (softmax)"),
         ("copy of the reference", ("paster",), "part 3 (scaled_dot_product_attention)"),
         ("near-identical", ("sharer_a", "sharer_b"), "part 3 (scaled_dot_product_attention)"),
+        ("ruled-out call", ("library",), "part 1 (softmax)"),
         # the loops with one index changed are the same code: a shared answer, not a coincidence
         ("near-identical", ("independent_b", "sharer_a"), "part 2 (causal_mask)"),
     }

@@ -58,6 +58,10 @@ __all__ = [
 ]
 
 FLOATS = (torch.float64, torch.float32)
+#: what the exercise's text rules out in every answer (``torch.softmax``, ``F.softmax``,
+#: ``x.softmax(...)``, ``F.scaled_dot_product_attention``): calls of these attributes are listed
+#: among the class report's integrity signals (:mod:`coursekit.integrity`), not deducted
+RULED_OUT = ("softmax", "scaled_dot_product_attention")
 LINEAR = "torch.nn.modules.linear.Linear"
 SEEDS = st.integers(0, 2**31 - 1)
 
