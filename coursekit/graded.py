@@ -156,9 +156,7 @@ def _contract(lines: list[str], node: ast.AST, where: str) -> list[str]:
         head_end = node.body[0].end_lineno
     else:  # through the signature: up to the first statement, without the comments before it
         head_end = (body[0].lineno if body else node.end_lineno + 1) - 1
-        while head_end > node.lineno and lines[head_end - 1].strip() in ("", "#") + (
-            (lines[head_end - 1].strip(),) if lines[head_end - 1].strip().startswith("#") else ()
-        ):
+        while head_end > node.lineno and lines[head_end - 1].strip()[:1] in ("", "#"):
             head_end -= 1
     out = lines[start - 1 : head_end]
     if isinstance(node, ast.ClassDef):
