@@ -34,6 +34,8 @@ __all__ = [
     "BilinearScore",
     "AdditiveScore",
     "SelfAttention",
+    "score_variance",
+    "online_softmax",
 ]
 
 
@@ -362,3 +364,69 @@ class SelfAttention(nn.Module):
             raise ValueError(f"expected x of shape (B, T, {self.q_proj.in_features}), got {tuple(x.shape)}")
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # each (B, T, D)
         return scaled_dot_product_attention(q, k, v, mask=mask)
+
+
+def score_variance(D: int, n: int, generator: torch.Generator, scaled: bool = False) -> float:
+    """Measure the variance of the attention score ``q . k`` for random queries and keys.
+
+    Draws ``n`` independent pairs of vectors ``q`` and ``k``, each with ``D`` standard-normal
+    entries (float64, from ``generator``: all of ``q`` first, then all of ``k``), takes their
+    dot products, divides them by ``sqrt(D)`` when ``scaled``, and returns the sample variance
+    (the unbiased one, dividing by ``n - 1``) of the ``n`` scores. In theory it is ``D``
+    unscaled and ``1`` scaled.
+
+    Args:
+        D: the width of queries and keys, at least 1.
+        n: how many pairs to draw, at least 2.
+        generator: the source of randomness (the same seed gives the same result).
+        scaled: divide each score by ``sqrt(D)``, as attention does.
+
+    Returns:
+        The sample variance as a Python ``float``.
+
+    Example:
+        ``score_variance(64, 20_000, torch.Generator().manual_seed(0))`` is about 64.
+    """
+    if not isinstance(D, int) or D < 1 or not isinstance(n, int) or n < 2:
+        raise ValueError(f"score_variance needs D >= 1 and n >= 2 (integers), got D={D!r}, n={n!r}")
+    q = torch.randn(n, D, generator=generator, dtype=torch.float64)  # (n, D)
+    k = torch.randn(n, D, generator=generator, dtype=torch.float64)  # (n, D)
+    scores = (q * k).sum(dim=-1)  # (n,)
+    if scaled:
+        scores = scores / math.sqrt(D)
+    return scores.var().item()
+
+
+def online_softmax(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Softmax over the last axis, reading ``x`` one block of ``block`` columns at a time.
+
+    The one-pass ("online") softmax of Milakov and Gimelshein (2018), the heart of
+    FlashAttention: keep, per row, the running maximum ``m`` and the running sum ``l`` of
+    ``exp(x - m)`` over the blocks seen so far. When a block raises the maximum from ``m`` to
+    ``m'``, the sum so far is rescaled by ``exp(m - m')`` before the block's terms are added.
+    A second pass divides ``exp(x - m)`` by ``l``. Rows that are all ``-inf`` give zeros, as
+    :func:`softmax` does.
+
+    Args:
+        x: float32 or float64 tensor of shape ``(..., S)``, not modified.
+        block: the number of columns read at a time, at least 1 (the last block may be shorter).
+
+    Returns:
+        A tensor of ``x``'s shape and dtype, equal to ``softmax(x, dim=-1)`` up to rounding.
+
+    Example:
+        ``online_softmax(torch.tensor([0.0, math.log(3.0)]), 1)`` is ``tensor([0.25, 0.75])``.
+    """
+    if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+        raise ValueError(f"block must be a positive integer, got {block!r}")
+    m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype)  # (...) running maximum
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype)  # (...) running sum of exp(x - m)
+    for start in range(0, x.shape[-1], block):
+        chunk = x[..., start : start + block]  # (..., block)
+        m_new = torch.maximum(m, chunk.amax(dim=-1))
+        shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))  # all -inf so far
+        l = l * torch.exp(m - shift) + torch.exp(chunk - shift.unsqueeze(-1)).sum(dim=-1)
+        m = m_new
+    shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    l = torch.where(l > 0, l, torch.ones_like(l))  # an all -inf row is 0 / 1
+    return torch.exp(x - shift.unsqueeze(-1)) / l.unsqueeze(-1)

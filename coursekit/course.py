@@ -113,6 +113,7 @@ def release(root: Path, names: list[str] | None = None, out: Path | None = None)
             shutil.copytree(staging / name, target)
             for path in target.rglob("*.ipynb"):
                 _link_the_rendered_book(path, book_url(root))
+                _stub_predictions(path)
     return sorted(p for name in names for p in (out / name).rglob("*.ipynb"))
 
 
@@ -147,6 +148,31 @@ def _link_the_rendered_book(path: Path, base: str) -> None:
             new = _SOURCE_LINK.sub(lambda m: f"]({prefix}/{m[1]}.html{m[2] or ''})", cell.source)
             changed |= new != cell.source
             cell.source = new
+    if changed:
+        nbformat.write(nb, path)
+
+
+#: nbgrader's stub for a solution region (``nbgrader_config.py``: ``ClearSolutions.code_stub``)
+_CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
+
+
+def _stub_predictions(path: Path) -> None:
+    """A "predict, then check" answer cell (grade id ``predict_...``, the variable the student sets)
+    is released as ``predict_... = None  # YOUR ANSWER HERE``, not as nbgrader's ``raise
+    NotImplementedError()``: the name exists from the start, and its check says "not implemented
+    yet" until the student writes a prediction."""
+    import nbformat
+
+    from coursekit.cells import nbgrader_meta
+
+    nb = nbformat.read(path, as_version=4)
+    changed = False
+    for cell in nb.cells:
+        gid = nbgrader_meta(cell).get("grade_id") or ""
+        if cell.cell_type == "code" and nbgrader_meta(cell).get("solution") and gid.startswith("predict_"):
+            if _CODE_STUB in cell.source:
+                cell.source = cell.source.replace(_CODE_STUB, f"{gid} = None  # YOUR ANSWER HERE")
+                changed = True
     if changed:
         nbformat.write(nb, path)
 

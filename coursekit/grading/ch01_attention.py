@@ -43,8 +43,10 @@ from coursekit.grading.core import (
     probe,
     raise_unless_student_error,
     random_weights,
+    student_side,
     tensor,
 )
+from coursekit.grading.questions import Prediction, expect_in_band
 
 __all__ = [
     "check_softmax",
@@ -55,6 +57,14 @@ __all__ = [
     "grade_causal_mask",
     "grade_attention",
     "grade_self_attention",
+    "check_predict_leaked_pairs",
+    "grade_predict_leaked_pairs",
+    "check_predict_score_variance",
+    "grade_predict_score_variance",
+    "check_score_variance",
+    "grade_score_variance",
+    "check_online_softmax",
+    "grade_online_softmax",
 ]
 
 FLOATS = (torch.float64, torch.float32)
@@ -1361,4 +1371,215 @@ def check_self_attention(SelfAttention) -> None:
     with g.check("x of shape (5, 8) (no batch axis) raises ValueError"):
         layer = _run(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
         expect_value_error(g, lambda: layer(x[0]), "SelfAttention(8, 4) on x (5, 8)", "expected (B, T, 8)")
+    g.finish()
+
+
+# --------------------------------------------------------------------------- predict, then check
+
+LEAKED_PAIRS = Prediction(
+    name="predict_leaked_pairs",
+    question="A causal mask built as torch.ones(8, 8).tril(1) instead of tril(0): how many (query, key) "
+    "pairs let a query see a key after its own position?",
+    tests="reading a mask: which diagonal tril keeps, and what a leak of the next token means",
+    measure=lambda: int((torch.ones(8, 8).tril(1).bool() & ~ref.causal_mask(8)).sum()),
+    explanation="tril(1) also keeps the first diagonal above the main one, so every query i < T - 1 sees "
+    "key i + 1: {truth} leaks for T = 8. In training that is the very token the model must predict, so the "
+    "loss drops fast and the model learns nothing it can use at generation time.",
+)
+
+SCORE_VARIANCE = Prediction(
+    name="predict_score_variance",
+    question="q and k have D = 64 independent standard-normal entries. Without the 1/sqrt(D), the "
+    "variance of the score q . k is about how large?",
+    tests="why scores are scaled: the variance of a sum of D independent products",
+    measure=lambda: min(
+        "abcd",
+        key=lambda c: abs(
+            math.log(ref.score_variance(64, 20_000, torch.Generator().manual_seed(1)))
+            - math.log({"a": 1, "b": 8, "c": 64, "d": 4096}[c])
+        ),
+    ),
+    explanation="Each product q_i k_i has mean 0 and variance 1, and the D products are independent, so "
+    "their sum has variance D = 64 (answer {truth}): a standard deviation of 8, enough to push the softmax "
+    "towards one-hot weights with vanishing gradients. Dividing by sqrt(D) brings the variance back to 1.",
+    choices={"a": "1", "b": "8", "c": "64", "d": "4096"},
+)
+
+check_predict_leaked_pairs, grade_predict_leaked_pairs = LEAKED_PAIRS.graders()
+check_predict_score_variance, grade_predict_score_variance = SCORE_VARIANCE.graders()
+
+
+# --------------------------------------------------------------------------- experiment
+
+#: the experiment's band: with n = 20,000 draws the sample variance strays from its expectation by
+#: about 2% (D = 1, where the products are heaviest-tailed) or less, so 12% is six standard deviations
+VARIANCE_N, VARIANCE_BAND = 20_000, 0.12
+
+
+def _seeded(seed: int):
+    return student_side("torch", torch).Generator().manual_seed(seed)
+
+
+def _variance(g: Grader, score_variance, D: int, seed: int, scaled: bool | None = None):
+    where = f"score_variance({D}, {VARIANCE_N}, generator{'' if scaled is None else f', scaled={scaled}'})"
+    args = (D, VARIANCE_N, _seeded(seed)) + (() if scaled is None else (scaled,))
+    return where, _run(g, where, score_variance, *args)
+
+
+def grade_score_variance(score_variance) -> None:
+    """Grade the experiment ``score_variance(D, n, generator, scaled=False)``: its measurements must
+    fall in the stated band around the theory (D unscaled, 1 scaled)."""
+    g = Grader("score_variance")
+    with g.check("returns a Python float"):
+        where, v = _variance(g, score_variance, 16, 3)
+        g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
+    with g.check(
+        f"unscaled, the variance is D within {VARIANCE_BAND:.0%} (D = 1, 8, 64, 256; scaled=False by default)"
+    ):
+        for D, seed in ((1, 11), (8, 12), (64, 13), (256, 14)):
+            where, v = _variance(g, score_variance, D, seed)
+            expect_in_band(
+                g,
+                where,
+                v,
+                D * (1 - VARIANCE_BAND),
+                D * (1 + VARIANCE_BAND),
+                "each product q_i k_i has variance 1 and the D products add up; check that you sum over the "
+                "D entries (not average them) and that scaled defaults to False",
+            )
+    with g.check(f"scaled by 1/sqrt(D), the variance is 1 within {VARIANCE_BAND:.0%} for every D"):
+        for D, seed in ((1, 21), (8, 22), (64, 23), (256, 24)):
+            where, v = _variance(g, score_variance, D, seed, scaled=True)
+            expect_in_band(
+                g,
+                where,
+                v,
+                1 - VARIANCE_BAND,
+                1 + VARIANCE_BAND,
+                "divide each score by sqrt(D) (dividing by D gives 1/D), then take the variance",
+            )
+    with g.check("draws from its generator: the same seed gives the same result, another seed another"):
+        _, a = _variance(g, score_variance, 8, 31)
+        _, b = _variance(g, score_variance, 8, 31)
+        _, c = _variance(g, score_variance, 8, 32)
+        g.expect(
+            a == b and a != c,
+            f"two generators seeded alike gave {a!r} and {b!r}, and another seed gave {c!r}: draw q and k with "
+            "torch.randn(..., generator=generator), not from torch's global random state",
+        )
+    with g.check("raises ValueError for D < 1 or n < 2"):
+        for D, n in ((0, 100), (4, 1)):
+            expect_value_error(
+                g,
+                lambda D=D, n=n: score_variance(D, n, _seeded(0)),
+                f"D={D}, n={n}",
+                "say which argument is out of range",
+            )
+    g.finish()
+
+
+def check_score_variance(score_variance) -> None:
+    """Public checks of ``score_variance``: one measurement each way, against the theory."""
+    g = Grader("score_variance (public)")
+    with g.check("score_variance(64, 20000, generator) is about 64, and about 1 with scaled=True"):
+        where, v = _variance(g, score_variance, 64, 0)
+        expect_in_band(
+            g, where, v, 64 * (1 - VARIANCE_BAND), 64 * (1 + VARIANCE_BAND), "sum the D products q_i k_i"
+        )
+        where, v = _variance(g, score_variance, 64, 1, scaled=True)
+        expect_in_band(g, where, v, 1 - VARIANCE_BAND, 1 + VARIANCE_BAND, "divide each score by sqrt(D)")
+    g.finish()
+
+
+# --------------------------------------------------------------------------- stretch
+
+
+def _online(g: Grader, online_softmax, x: torch.Tensor, block: int):
+    where = f"online_softmax(x {tuple(x.shape)} {_dt(x.dtype)}, block={block})"
+    return where, _run(g, where, online_softmax, x, block)
+
+
+def grade_online_softmax(online_softmax) -> None:
+    """Grade the stretch part ``online_softmax(x, block)``."""
+    g = Grader("online_softmax")
+
+    def compare(case):
+        (lead, S), block, dtype, scale, seed = case
+        x = tensor(seed, *lead, S, dtype=dtype, scale=scale)
+        where, p = _online(g, online_softmax, x, block)
+        expected = ref.softmax(x.double(), -1).to(dtype)
+        g.expect(
+            is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
+            f"{where} should be a tensor {_dt(dtype)} {tuple(x.shape)}, got {describe(p)}",
+        )
+        g.expect(close(p, expected, magnitude=1.0), f"{where}: {_first_difference(p, expected)}")
+
+    with g.check("equals softmax over the last axis for every block size, the last block shorter"):
+        for_all(
+            "online_softmax.values",
+            st.tuples(
+                st.tuples(st.lists(st.integers(1, 3), max_size=2).map(tuple), st.integers(1, 12)),
+                st.integers(1, 13),
+                st.sampled_from(FLOATS),
+                st.just(3.0),
+                SEEDS,
+            ),
+            compare,
+            max_examples=15,
+            first=(((2,), 7), 3, torch.float64, 3.0, 0),
+        )
+    with g.check("rescales the running sum when a later block raises the maximum (increasing rows)"):
+        x = torch.arange(12, dtype=torch.float64).mul(3.0).reshape(1, 12)
+        for block in (1, 4, 5):
+            where, p = _online(g, online_softmax, x, block)
+            expected = ref.softmax(x, -1)
+            g.expect(
+                close(p, expected),
+                f"{where} for x = 0, 3, ..., 33: {_first_difference(p, expected)}; when a block raises the maximum "
+                "from m to m', multiply the sum so far by exp(m - m') before adding the block",
+            )
+    with g.check("stays finite for entries around 1e4 (float32)"):
+        x = tensor(5, 3, 9, dtype=torch.float32, scale=1.0) * 1e4
+        where, p = _online(g, online_softmax, x, 4)
+        expected = ref.softmax(x.double(), -1).float()
+        g.expect(close(p, expected), f"{where} for entries near 1e4: {_first_difference(p, expected)}")
+    with g.check("a row that is all -inf gives zeros, a block that is all -inf is skipped (no NaN)"):
+        x = tensor(6, 3, 8, dtype=torch.float64)
+        x[0] = -math.inf
+        x[1, :4] = -math.inf
+        where, p = _online(g, online_softmax, x, 4)
+        expected = ref.softmax(x, -1)
+        g.expect(
+            close(p, expected),
+            f"{where} with row 0 all -inf and row 1's first block -inf: {_first_difference(p, expected)}",
+        )
+    with g.check("does not modify x"):
+        x = tensor(7, 2, 6, dtype=torch.float64)
+        try:
+            after = probe(online_softmax, x.clone(), 4).args[0]
+        except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+            raise_unless_student_error(e)
+            g.fail(f"online_softmax(x (2, 6), block=4): {_raised(e)}")
+        g.expect(
+            is_tensor(after) and torch.equal(after, x),
+            f"online_softmax modified its input in place: x was {_show(x)}, afterwards {_show(after)}",
+        )
+    with g.check("raises ValueError for a block that is not a positive integer"):
+        x = tensor(8, 2, 5, dtype=torch.float64)
+        for bad in (0, -2):
+            expect_value_error(g, lambda bad=bad: online_softmax(x, bad), f"block={bad}")
+    g.finish()
+
+
+def check_online_softmax(online_softmax) -> None:
+    """Public checks of ``online_softmax``: the example of its docstring and one rescaling case."""
+    g = Grader("online_softmax (public)")
+    with g.check("online_softmax([0, log 3], 1) is [0.25, 0.75]"):
+        x = torch.tensor([0.0, math.log(3.0)], dtype=torch.float64)
+        where, p = _online(g, online_softmax, x, 1)
+        g.expect(close(p, torch.tensor([0.25, 0.75], dtype=torch.float64)), f"{where}: got {_show(p)}")
+    with g.check("online_softmax(x, 2) equals softmax(x) for x = 0, 3, ..., 15"):
+        x = torch.arange(6, dtype=torch.float64).mul(3.0)
+        where, p = _online(g, online_softmax, x, 2)
+        g.expect(close(p, ref.softmax(x, -1)), f"{where}: {_first_difference(p, ref.softmax(x, -1))}")
     g.finish()

@@ -317,6 +317,11 @@ class Grader:
     def __init__(self, part: str):
         self.part = part
         self.results: list[tuple[str, str | None]] = []
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        """A line the student reads whether the checks pass or fail (e.g. why a prediction was right)."""
+        self.notes.append(text)
 
     def expect(self, ok: bool, hint: str) -> None:
         """Fail the current check with ``hint`` unless ``ok``."""
@@ -365,6 +370,7 @@ class Grader:
     def finish(self) -> None:
         """Report a line per check; raise :class:`GradingFailure` if any failed."""
         lines = [f"[{'pass' if hint is None else 'FAIL'}] {self.part}: {name}" for name, hint in self.results]
+        lines += [f"{self.part}: {text}" for text in self.notes]
         if not self.failures:
             lines.append(f"{self.part}: all {len(self.results)} checks passed")
         sink = REPORT.get()

@@ -96,14 +96,20 @@ def _notebook(assignment: str, folder: str, root: Path | None):
 
 
 def defined_names(source: str) -> tuple[str, ...]:
-    """The top-level functions and classes ``source`` defines, in order (none if it does not parse)."""
+    """The top-level functions, classes and plain variables (``predict_x = 3``) ``source`` defines,
+    in order (none if it does not parse)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return ()
-    return tuple(
-        n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-    )
+    names: list[str] = []
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(n.name)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
+    return tuple(names)
 
 
 def used_names(source: str) -> set[str]:
@@ -158,9 +164,17 @@ def namespace(
     for cell in nb.cells:
         if cell.cell_type != "code" or is_test_cell(cell):
             continue
-        gid = nbgrader_meta(cell).get("grade_id")
+        meta = nbgrader_meta(cell)
+        gid = meta.get("grade_id")
         source = (answers or {}).get(gid, cell.source)
-        exec(compile(source, f"<{assignment}: cell {gid}>", "exec"), ns)  # noqa: S102 (our own notebook)
+        code = compile(source, f"<{assignment}: cell {gid}>", "exec")
+        if meta.get("solution") or not (release or answers):
+            exec(code, ns)  # noqa: S102 (our own notebook)
+            continue
+        try:  # a read-only cell that runs the student's answers (an experiment's table): as in a kernel,
+            exec(code, ns)  # noqa: S102  # its error does not stop the notebook
+        except Exception:  # noqa: BLE001, S110
+            pass
     return ns
 
 

@@ -689,6 +689,11 @@ class Remote:
     def __repr__(self) -> str:
         return f"<{self._type} in the sandbox>"
 
+    def _value(self):
+        """The object itself when it is data (a number, a string, a tuple of them); otherwise
+        another :class:`Remote`."""
+        return self._request("value")["result"]
+
     @property
     def type_name(self) -> str:
         return self._type

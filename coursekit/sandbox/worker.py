@@ -578,6 +578,8 @@ class CheckProcess:
             value = {"result": len(target)}
         elif op == "getitem":
             value = {"result": target[decode(msg["key"])]}
+        elif op == "value":  # a plain global such as a prediction (data comes back as data)
+            value = {"result": target}
         else:
             raise ValueError(f"unknown operation {op!r}")
         out: dict = {}

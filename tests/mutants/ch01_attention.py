@@ -1,6 +1,7 @@
 """Wrong implementations for Exercise 1, each a mistake students really make."""
 
-from tests.mutants import Mutant
+from coursekit import attention
+from tests.mutants import Mutant, mutant
 
 MUTANTS = [
     Mutant(
@@ -454,6 +455,121 @@ class SelfAttention(nn.Module):
     def forward(self, x, mask=None):
         return scaled_dot_product_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), mask=mask)
 """,
+    ),
+    Mutant(
+        "leak_counts_the_diagonal",
+        "predict_leaked_pairs",
+        "predict_leaked_pairs",
+        "the experiment gives 7",
+        "predict_leaked_pairs = 8\n",
+    ),
+    Mutant(
+        "leak_counts_all_future",
+        "predict_leaked_pairs",
+        "predict_leaked_pairs",
+        "you predicted 28",
+        "predict_leaked_pairs = 28\n",
+    ),
+    Mutant(
+        "leak_as_text",
+        "predict_leaked_pairs",
+        "predict_leaked_pairs",
+        "should be a finite number",
+        'predict_leaked_pairs = "7"\n',
+    ),
+    Mutant(
+        "variance_thinks_scaled",
+        "predict_score_variance",
+        "predict_score_variance",
+        "the experiment gives (c) 64",
+        'predict_score_variance = "a"\n',
+    ),
+    Mutant(
+        "variance_std_not_var",
+        "predict_score_variance",
+        "predict_score_variance",
+        "you predicted (b) 8",
+        'predict_score_variance = "b"\n',
+    ),
+    Mutant(
+        "variance_not_a_letter",
+        "predict_score_variance",
+        "predict_score_variance",
+        "one of the letters",
+        "predict_score_variance = 64\n",
+    ),
+    mutant(
+        "variance_divides_by_D",
+        attention.score_variance,
+        "dividing by D gives 1/D",
+        ("scores = scores / math.sqrt(D)", "scores = scores / D"),
+    ),
+    mutant(
+        "variance_averages_products",
+        attention.score_variance,
+        "not average them",
+        ("scores = (q * k).sum(dim=-1)", "scores = (q * k).mean(dim=-1)"),
+    ),
+    mutant(
+        "variance_global_rng",
+        attention.score_variance,
+        "not from torch's global random state",
+        (
+            "q = torch.randn(n, D, generator=generator, dtype=torch.float64)",
+            "q = torch.randn(n, D, dtype=torch.float64)",
+        ),
+        (
+            "k = torch.randn(n, D, generator=generator, dtype=torch.float64)",
+            "k = torch.randn(n, D, dtype=torch.float64)",
+        ),
+    ),
+    mutant(
+        "variance_returns_tensor",
+        attention.score_variance,
+        "should return a Python float",
+        ("return scores.var().item()", "return scores.var()"),
+    ),
+    mutant(
+        "variance_scaled_by_default",
+        attention.score_variance,
+        "scaled defaults to False",
+        ("scaled: bool = False", "scaled: bool = True"),
+    ),
+    mutant(
+        "variance_no_validation",
+        attention.score_variance,
+        "raise a ValueError",
+        ("if not isinstance(D, int) or D < 1 or not isinstance(n, int) or n < 2:", "if False:"),
+    ),
+    mutant(
+        "online_no_rescale",
+        attention.online_softmax,
+        "multiply the sum so far by exp(m - m')",
+        ("l = l * torch.exp(m - shift) + ", "l = l + "),
+    ),
+    mutant(
+        "online_skips_last_block",
+        attention.online_softmax,
+        "equals softmax",
+        (
+            "for start in range(0, x.shape[-1], block):",
+            "for start in range(0, x.shape[-1] - block + 1, block):",
+        ),
+    ),
+    mutant(
+        "online_nan_on_masked_rows",
+        attention.online_softmax,
+        "no NaN",
+        (
+            "shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))  # all -inf so far",
+            "shift = m_new",
+        ),
+    ),
+    mutant(
+        "online_no_block_check",
+        attention.online_softmax,
+        "raise a ValueError",
+        ("if not isinstance(block, int) or isinstance(block, bool) or block < 1:", "if block is None:"),
     ),
 ]
 
