@@ -1,11 +1,15 @@
 """Academic-integrity signals for the class report: things an instructor may want to look at.
 
-They are signals, never grades: the report lists them, and nothing is deducted. Four kinds:
+They are signals, never grades: the report lists them, and nothing is deducted. Five kinds:
 
 * ``reference``: a student's code reaches the course's reference implementation of a part of
   this assignment (``from coursekit.attention import softmax``, ``coursekit.attention.softmax``,
   a module alias, ``importlib.import_module("coursekit.attention")``), read from the syntax tree
   of every code cell they ran. What the released notebook itself imports is given, not flagged.
+* ``reference at run time``: the sandbox saw the student's code call the course's reference of a
+  part while it was graded (the sandbox wraps each reference; calls from inside coursekit, such as a
+  given model calling its own attention, do not count). It catches what the syntax tree hides
+  (``getattr(__import__(...), name)``, ``exec`` of a string); a student who unwraps it is not seen.
 * ``copy of the reference``: an answer whose body is the reference's, compared as normalised
   syntax trees (:mod:`coursekit.graded`: comments, blank lines and formatting do not count).
 * ``ruled-out call``: an answer calls a library function the exercise's text rules out
@@ -179,9 +183,16 @@ def near_identical(answers: dict[str, str], released: str) -> list[tuple[str, st
     return pairs
 
 
-def signals(assignment: str, notebooks: dict[str, object], release: object) -> list[Signal]:
+def signals(
+    assignment: str,
+    notebooks: dict[str, object],
+    release: object,
+    runtime: dict[str, list[str]] | None = None,
+) -> list[Signal]:
     """The signals of a class: ``notebooks`` maps each student to the notebook they submitted
-    (as graded, an ``nbformat`` node), ``release`` is the student release of ``assignment``."""
+    (as graded, an ``nbformat`` node), ``release`` is the student release of ``assignment``;
+    ``runtime`` maps a student to the references (``module.name``) the sandbox saw their code call
+    while it was graded (``reference_calls`` of the verdict)."""
     import importlib
 
     from coursekit.cells import is_test_cell, nbgrader_meta
@@ -238,6 +249,18 @@ def signals(assignment: str, notebooks: dict[str, object], release: object) -> l
                     f"uses {name} from the course's reference ({', '.join(sorted(modules))})",
                 )
             )
+    for student, calls in sorted((runtime or {}).items()):
+        for label in sorted(set(calls)):
+            module, _, name = label.rpartition(".")
+            if module in modules and name in part_of_name and name not in given:
+                found.append(
+                    Signal(
+                        "reference at run time",
+                        (student,),
+                        title[part_of_name[name].grade_id],
+                        f"called {label} while being graded (seen in the sandbox)",
+                    )
+                )
     for gid, by_student in answers.items():
         for a, b, ratio in near_identical(by_student, stubs.get(gid, "")):
             found.append(Signal("near-identical", (a, b), title[gid], f"{ratio:.0%} of tokens in common"))

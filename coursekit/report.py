@@ -31,7 +31,7 @@ class PartResult:
     title: str
     score: float
     points: float
-    status: str  # "passed", "failed" or "unanswered"
+    status: str  # "passed", "failed" or "unanswered"; a written answer: "graded" (by hand) or "pending"
     failed: list[tuple[str, str]] = field(default_factory=list)  # (check, hint)
 
 
@@ -63,12 +63,18 @@ def class_rows(root: Path, assignment: str) -> tuple[list[StudentRow], list[str]
             cell_scores = {
                 g.name: (float(g.score), float(g.max_score)) for nb in submission.notebooks for g in nb.grades
             }
+            by_hand = {
+                g.name: g.manual_score is not None
+                for nb in submission.notebooks
+                for g in nb.grades
+                if g.auto_score is None  # a written answer
+            }
             notes, parts, feedback = [], [], None
             for path in sorted((verdicts / student).glob("*.json")):
                 verdict = json.loads(path.read_text())
                 notes += verdict.get("notes", [])
                 for part in verdict.get("parts", []):
-                    parts.append(_part(part, verdict["tests"], cell_scores))
+                    parts.append(_part(part, verdict["tests"], cell_scores, by_hand))
                 page = root / "feedback" / student / assignment / f"{path.stem}.html"
                 if feedback is None and page.is_file():
                     feedback = f"../../feedback/{student}/{assignment}/{path.stem}.html"
@@ -81,9 +87,12 @@ def class_rows(root: Path, assignment: str) -> tuple[list[StudentRow], list[str]
     return rows, titles
 
 
-def _part(part: dict, tests: dict, cell_scores: dict) -> PartResult:
+def _part(part: dict, tests: dict, cell_scores: dict, by_hand: dict | None = None) -> PartResult:
     score = sum(cell_scores.get(t, (0.0, 0.0))[0] for t in part["tests"])
     points = sum(cell_scores.get(t, (0.0, tests.get(t, {}).get("points", 0.0)))[1] for t in part["tests"])
+    if part.get("manual"):  # a written answer: graded by hand in the formgrader, or not yet
+        graded = all((by_hand or {}).get(t) for t in part["tests"])
+        return PartResult(part["title"], score, points, "graded" if graded else "pending", [])
     failed = [
         (str(name).split(": ", 1)[-1], str(hint))
         for t in part["tests"]
@@ -153,12 +162,20 @@ def write_report(root: Path, assignment: str) -> Path:
     # figure 2: each part, the share of students who passed it, failed it, or left it unanswered
     shares = {
         s: [sum(r.parts[i].status == s for r in rows) / len(rows) * 100 for i in range(len(titles))]
-        for s in ("passed", "failed", "unanswered")
+        for s in ("passed", "failed", "unanswered", "graded", "pending")
     }
     fig, ax = plt.subplots(figsize=(6.5, 0.55 * len(titles) + 1.4))
     left = [0.0] * len(titles)
     labels = [t if len(t) <= 40 else t[:39] + "…" for t in titles]
-    for status, color in (("passed", "#55a868"), ("failed", "#c44e52"), ("unanswered", "#dd8452")):
+    for status, color in (
+        ("passed", "#55a868"),
+        ("failed", "#c44e52"),
+        ("unanswered", "#dd8452"),
+        ("graded", "#4c72b0"),  # written answers graded by hand
+        ("pending", "#b0b0b0"),  # written answers waiting for the instructor
+    ):
+        if status in ("graded", "pending") and not any(shares[status]):
+            continue  # an assignment without written answers
         ax.barh(labels[::-1], shares[status][::-1], left=left[::-1], color=color, label=status)
         left = [a + b for a, b in zip(left, shares[status])]
     ax.set_xlim(0, 100)
@@ -192,7 +209,7 @@ def write_report(root: Path, assignment: str) -> Path:
         "color:#1f2328}table{border-collapse:collapse;margin:.5rem 0}"
         "td,th{border:1px solid #d0d7de;padding:.25rem .5rem;text-align:left;"
         "vertical-align:top}td.num{text-align:right}.wide{overflow-x:auto}img{max-width:100%;height:auto}"
-        ".passed{background:#dafbe1}.failed{background:#fee4e2}.unanswered{background:#fff4ce}</style></head><body>",
+        ".passed{background:#dafbe1}.failed{background:#fee4e2}.unanswered{background:#fff4ce}.pending{background:#eee}</style></head><body>",
         f"<h1>{e(assignment)}: class report</h1>",
         f"<p>{len(rows)} graded submissions; mean score {mean:.2f} of {max_score:g}.</p>",
         f"<figure><img alt='Histogram of total scores: how many students got each score out of {max_score:g}' "
@@ -251,14 +268,17 @@ def integrity_signals(root: Path, assignment: str) -> list:
     from coursekit.integrity import signals
 
     verdicts = root / ".coursekit" / "verdicts" / assignment
-    notebooks = {}
+    notebooks, runtime = {}, {}
     for path in sorted(verdicts.glob(f"*/{assignment}.json")) if verdicts.is_dir() else []:
-        normalized = json.loads(path.read_text()).get("normalized")
+        verdict = json.loads(path.read_text())
+        normalized = verdict.get("normalized")
         if normalized:  # through reads, which joins each cell's lines into one string
             notebooks[path.parent.name] = nbformat.reads(json.dumps(normalized), as_version=4)
+        if verdict.get("reference_calls"):
+            runtime[path.parent.name] = [str(c) for c in verdict["reference_calls"]]
     released = root / "exercises" / assignment / f"{assignment}.ipynb"
     release = nbformat.read(released, as_version=4) if released.is_file() else nbformat.v4.new_notebook()
-    return signals(assignment, notebooks, release)
+    return signals(assignment, notebooks, release, runtime)
 
 
 def _link(row: StudentRow) -> str:

@@ -45,7 +45,48 @@ def answer_lines(source: str) -> int:
     return len(lines)
 
 
+def _headings_and_written(assignment: str) -> tuple[dict[str, str], list[tuple[str, float, str]]]:
+    """Answer cell -> the heading above it; and each written answer (graded by hand) as
+    ``(grade id, points, the question's first sentence)``."""
+    import re
+
+    import nbformat
+
+    nb = nbformat.read(ROOT / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+    headings, written, heading, prose = {}, [], "", ""
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "markdown" and meta.get("solution") and meta.get("grade"):
+            sentences = re.split(r"(?<=[.?!])\s", " ".join(prose.split()))
+            sentence = next((x for x in sentences if x.endswith("?")), sentences[0])
+            sentence = re.sub(r"^[^:]*sentences[^:]*:\s*", "", sentence)  # "In four to six sentences: why ..."
+            written.append((meta["grade_id"], float(meta.get("points", 0)), sentence))
+        elif cell.cell_type == "markdown":
+            lines = cell.source.splitlines()
+            titled = [line.lstrip("#").strip() for line in lines if line.startswith("## ")]
+            heading = titled[-1] if titled else heading
+            prose = "\n".join(line for line in lines if not line.startswith("#")).strip() or prose
+        elif meta.get("solution"):
+            headings[meta["grade_id"]] = heading
+    return headings, written
+
+
+def _kind(part, heading: str, grader) -> tuple[str, str]:
+    """What kind of part it is, and (for a question) what it tests."""
+    fn = getattr(grader, f"grade_{part.name}", None)
+    prediction = getattr(fn, "prediction", None)
+    if prediction is not None:
+        return "predict, then check", prediction.tests
+    if not any(t.points for t in part.tests):
+        return "stretch (bonus)", ""
+    if "experiment" in heading.lower():
+        return "experiment (graded in a band)", ""
+    return "implementation", ""
+
+
 def table() -> str:
+    import importlib
+
     from coursekit.chapters import CHAPTERS
     from coursekit.grading import harness
 
@@ -56,22 +97,31 @@ def table() -> str:
         "(`solutions/`); `tests/test_exercises.py` fails when it is not current. *Lines*: the reference",
         "answer's lines of code between the solution markers (no blank lines, comments, or lines",
         "holding only a string).",
-        "*Public / hidden*: points of the part's public and hidden test cells.",
+        "*Public / hidden*: points of the part's public and hidden test cells; a written answer's points",
+        "are given by hand in the formgrader; a stretch part has none unless you award extra credit",
+        "there. *Tests*: what a conceptual question (a prediction, a written answer) is about.",
         "",
     ]
     for chapter in CHAPTERS:
         parts = harness.parts(chapter.assignment)
-        total = sum(p.points for p in parts)
+        grader = importlib.import_module(chapter.grader)
+        headings, written = _headings_and_written(chapter.assignment)
+        total = sum(p.points for p in parts) + sum(points for _, points, _ in written)
         out += [
             f"## {chapter.assignment}: {chapter.title} ({total:g} points)",
             "",
-            "| part | graded | public | hidden | lines |",
-            "|---:|---|---:|---:|---:|",
+            "| part | graded | kind | public | hidden | lines | tests |",
+            "|---:|---|---|---:|---:|---:|---|",
         ]
         for p in parts:
             public = sum(t.points for t in p.tests if not t.hidden)
             hidden = sum(t.points for t in p.tests if t.hidden)
-            out.append(f"| {p.number} | `{p.name}` | {public:g} | {hidden:g} | {answer_lines(p.source)} |")
+            kind, tests = _kind(p, headings.get(p.grade_id, ""), grader)
+            out.append(
+                f"| {p.number} | `{p.name}` | {kind} | {public:g} | {hidden:g} | {answer_lines(p.source)} | {tests} |"
+            )
+        for gid, points, question in written:
+            out.append(f"| | `{gid}` | written (by hand) | | {points:g} | | {question} |")
         out.append("")
     return "\n".join(out)
 

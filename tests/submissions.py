@@ -45,13 +45,31 @@ def replace_definition(nb, name: str, new_source: str):
         except SyntaxError:
             continue
         for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            assigns = isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == name for t in node.targets
+            )  # a prediction: ``predict_x = ...``
+            if assigns or (isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name):
                 lines = cell.source.splitlines()
-                start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+                start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
                 lines[start : node.end_lineno] = textwrap.dedent(new_source).strip().splitlines()
                 cell.source = "\n".join(lines)
                 return nb
     raise KeyError(f"no top-level definition of {name!r} in the notebook")
+
+
+def points(assignment: str) -> tuple[float, float]:
+    """``(autograded, manual)``: the points of the assignment's test cells and of its answers graded
+    by hand (written answers); the stretch part's cells carry 0."""
+    nb = load(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    auto = manual = 0.0
+    for c in nb.cells:
+        meta = c.metadata.get("nbgrader", {})
+        if meta.get("grade"):
+            if meta.get("solution"):
+                manual += float(meta.get("points", 0))
+            else:
+                auto += float(meta.get("points", 0))
+    return auto, manual
 
 
 def course_folder(parent: Path, name: str = "course") -> tuple[Path, Path]:

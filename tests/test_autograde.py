@@ -23,8 +23,9 @@ import pytest
 from nbgrader.api import Gradebook
 
 from coursekit import autograde, cli
+from coursekit.grading import harness
 from tests.mutants.ch01_attention import MUTANTS
-from tests.submissions import ROOT, course_folder, filled, load, replace_definition
+from tests.submissions import ROOT, course_folder, filled, load, points, replace_definition
 from tests.test_integrity import SHARED, renamed
 
 pytestmark = pytest.mark.slow
@@ -37,17 +38,20 @@ INTEGRITY = {
         "from coursekit.attention import softmax as reference\n\n\n"
         "def softmax(x, dim=-1):\n    return reference(x, dim)\n",
     ),
+    "hider": (  # reaches it through a module name built at run time: only the sandbox sees the call
+        "softmax",
+        "def softmax(x, dim=-1):\n    import importlib\n\n"
+        "    module = importlib.import_module('coursekit.' + 'attention')\n"
+        "    return getattr(module, 'soft' + 'max')(x, dim)\n",
+    ),
     "sharer_a": ("scaled_dot_product_attention", SHARED),
     "sharer_b": ("scaled_dot_product_attention", renamed(SHARED)),
 }
 
 ASSIGNMENT = "ch01_attention"
-HIDDEN_CELL = {
-    "softmax": "softmax_hidden",
-    "causal_mask": "causal_mask_hidden",
-    "scaled_dot_product_attention": "attention_hidden",
-    "SelfAttention": "self_attention_hidden",
-}
+#: graded part -> the grade id of its hidden test cell
+HIDDEN_CELL = {p.name: t.grade_id for p in harness.parts(ASSIGNMENT) for t in p.tests if t.hidden}
+AUTO, MANUAL = points(ASSIGNMENT)  # the autograded points, and the written answer's
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +98,8 @@ def test_solution_scores_full_marks(graded, student):
     """The release filled in with the solutions, and the instructor's notebook itself."""
     _, rows = graded
     got, best = score(rows, student)
-    assert best == 12 and got == best
+    assert MANUAL > 0 and (got, best) == (AUTO, AUTO + MANUAL)
+    assert rows[student]["needs_manual_grade"] == "yes"  # the written answer waits for the instructor
 
 
 def test_untouched_release_scores_zero_without_stopping_the_batch(graded):
@@ -106,14 +111,16 @@ def test_untouched_release_scores_zero_without_stopping_the_batch(graded):
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
 def test_mutant_loses_its_part_with_its_hint(graded, mutant):
     root, rows = graded
-    got, best = score(rows, mutant.name)
-    assert got < best
     cell_id = HIDDEN_CELL[mutant.part]
     with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
         grade = gb.find_grade(cell_id, ASSIGNMENT, ASSIGNMENT, mutant.name)
         assert grade.score == 0, f"{cell_id} kept its points"
+        bonus = grade.max_score == 0  # the stretch part: failed, but it had no points to lose
+    got, _ = score(rows, mutant.name)
+    assert got == AUTO if bonus else got < AUTO
     autograded = load(root / "autograded" / mutant.name / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
     cell = next(c for c in autograded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == cell_id)
+    assert any(o.get("output_type") == "error" for o in cell.outputs), f"{cell_id} passed"
     shown = "\n".join(str(o.get("evalue", "")) + str(o.get("text", "")) for o in cell.outputs)
     assert mutant.hint in shown, f"the student would not see {mutant.hint!r}; the cell shows:\n{shown}"
 
@@ -145,11 +152,16 @@ def test_the_class_report_lists_integrity_signals(graded):
     page = (root / "reports" / ASSIGNMENT / "report.html").read_text()
     rows = set(
         re.findall(
-            r"<tr><td>(reference|copy of the reference|near-identical)</td><td>([^<]*)</td><td>([^<]*)</td>",
+            r"<tr><td>(reference|reference at run time|copy of the reference|near-identical)</td>"
+            r"<td>([^<]*)</td><td>([^<]*)</td>",
             page,
         )
     )
     assert ("reference", "importer", "part 1 (softmax)") in rows
+    assert ("reference at run time", "importer", "part 1 (softmax)") in rows
+    assert ("reference at run time", "hider", "part 1 (softmax)") in rows
+    assert ("reference", "hider", "part 1 (softmax)") not in rows  # what the syntax tree does not show
+    assert {r[1] for r in rows if r[0] == "reference at run time"} == {"importer", "hider"}
     assert ("copy of the reference", "reference", "part 3 (scaled_dot_product_attention)") in rows
     assert ("near-identical", "sharer_a, sharer_b", "part 3 (scaled_dot_product_attention)") in rows
     assert not any("untouched" in r[1] for r in rows)  # the release as handed out is nobody's answer
@@ -222,7 +234,7 @@ def test_a_run_refused_by_the_lock_changes_nothing(graded, tmp_path, capsys):
 
 def test_a_submission_changed_behind_the_autograders_back_is_graded_again(graded):
     root, _ = graded
-    target = root / "submitted" / "solution" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"  # scored 12 above
+    target = root / "submitted" / "solution" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"  # full marks above
     target.write_bytes((ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_bytes())
     (result,) = autograde.autograde(root, ASSIGNMENT, ["solution"], feedback=False)
     assert not result.cached and result.score == 0
@@ -247,7 +259,7 @@ def test_each_run_backs_up_the_gradebook(graded):
     after = set((root / ".coursekit" / "backups").glob("gradebook-*.db"))
     (new,) = after - before
     with Gradebook(f"sqlite:///{new}") as gb:
-        assert gb.find_submission(ASSIGNMENT, "reference").score == 12
+        assert gb.find_submission(ASSIGNMENT, "reference").score == AUTO
 
 
 def test_an_interrupted_run_resumes(tmp_path):
@@ -285,7 +297,7 @@ def test_an_interrupted_run_resumes(tmp_path):
     assert sum(r.cached for r in results) == done  # what was graded before the kill is not graded again
     clean = autograde.autograde(root, ASSIGNMENT, names, feedback=False, fresh=True)
     assert [r.score for r in results] == [r.score for r in clean]
-    assert [r.score for r in clean][::2] == [12.0] * 4 and all(r.score < 12 for r in clean[1::2])
+    assert [r.score for r in clean][::2] == [AUTO] * 4 and all(r.score < AUTO for r in clean[1::2])
 
 
 def test_a_part_failing_because_of_an_earlier_part_says_to_fix_that_part_first(graded):
@@ -376,3 +388,120 @@ def test_scores_csv_has_a_column_per_part(graded):
     ]
     for r in table:
         assert sum(float(r[p]) for p in parts) == float(r["score"]) == float(totals[r["student"]])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def formgrader(graded, tmp_path):
+    """nbgrader's formgrader (its Jupyter server extension) on this test's course, on a port of its own,
+    with Jupyter's config and runtime folders inside the test's temporary folder."""
+    import secrets
+
+    import requests
+
+    root, _ = graded
+    token, port = secrets.token_hex(16), _free_port()
+    env = {
+        **os.environ,
+        **{f"JUPYTER_{k}_DIR": str(tmp_path / k.lower()) for k in ("CONFIG", "DATA", "RUNTIME")},
+        "JUPYTER_PLATFORM_DIRS": "1",
+    }
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter_server",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
+            "--ServerApp.ip=127.0.0.1",
+            "--ServerApp.open_browser=False",
+            "--ServerApp.allow_root=True",  # CI machines may run tests as root
+            f"--ServerApp.root_dir={root}",
+            f"--IdentityProvider.token={token}",
+            '--ServerApp.jpserver_extensions={"nbgrader.server_extensions.formgrader": True}',
+        ],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "server.log").open("wb"),
+        start_new_session=True,
+    )
+    session = requests.Session()
+    session.headers["Authorization"] = f"token {token}"
+    base = f"http://127.0.0.1:{port}/formgrader/api"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if session.get(f"{base}/status", timeout=2).status_code == 200:
+                break
+        except requests.ConnectionError:
+            pass
+        assert server.poll() is None and time.monotonic() < deadline, (
+            "the formgrader did not start:\n" + (tmp_path / "server.log").read_text()[-2000:]
+        )
+        time.sleep(0.3)
+    try:
+        yield session, base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def test_a_grade_entered_in_the_formgrader_reaches_the_exports_and_the_report_and_survives_a_rerun(
+    graded, formgrader
+):
+    """The instructor grades the written answer (1.5 of its points) and awards the stretch part a bonus
+    point through the formgrader's HTTP interface, as its page does; both reach ``grades.csv`` and the class
+    report, and a fresh re-run of ``coursekit autograde`` keeps them."""
+    root, rows = graded
+    session, base = formgrader
+    written = "written_scaling"  # the written answer of Exercise 1 (a markdown grade cell)
+    stretch = HIDDEN_CELL["online_softmax"]
+    student = "reference"
+    (submission,) = [
+        s
+        for s in session.get(f"{base}/submitted_notebooks/{ASSIGNMENT}/{ASSIGNMENT}").json()
+        if s["student"] == student
+    ]
+    grades = {
+        g["name"]: g for g in session.get(f"{base}/grades", params={"submission_id": submission["id"]}).json()
+    }
+    assert grades[written]["auto_score"] is None and grades[written]["needs_manual_grade"]
+    for name, body in (
+        (written, {"manual_score": 1.5}),
+        (stretch, {"manual_score": None, "extra_credit": 1}),
+    ):
+        reply = session.put(f"{base}/grade/{grades[name]['id']}", json=body)
+        assert reply.status_code == 200, reply.text
+    expected = AUTO + 1.5 + 1
+
+    def check_everywhere():
+        assert cli.main(["--course", str(root), "export", "--out", str(root / "exported.csv")]) == 0
+        with open(root / "exported.csv", newline="") as f:
+            (row,) = [r for r in csv.DictReader(f) if r["student_id"] == student]
+        assert float(row["score"]) == expected and row["needs_manual_grade"] == "no", row
+        assert cli.main(["--course", str(root), "report", "--assignment", ASSIGNMENT]) == 0
+        with open(root / "reports" / ASSIGNMENT / "scores.csv", newline="") as f:
+            (line,) = [r for r in csv.DictReader(f) if r["student"] == student]
+        assert float(line["score"]) == expected
+        assert any(float(v) == 1.5 for k, v in line.items() if "in your own words" in k), line
+        page = (root / "reports" / ASSIGNMENT / "report.html").read_text()
+        assert "graded" in page
+
+    check_everywhere()
+    (result,) = autograde.autograde(root, ASSIGNMENT, [student], feedback=True, fresh=True)
+    assert result.score == expected
+    check_everywhere()
+    feedback = (root / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+    assert "graded by hand" in feedback

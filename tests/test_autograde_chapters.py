@@ -1,9 +1,10 @@
 """Every exercise after the first, through ``coursekit autograde`` in one batch each.
 
 Per assignment: the release filled in with the solutions and the instructor's own
-notebook score full marks, the untouched release scores zero without stopping the
-batch, and every mutant of the assignment's catalogue (``tests/mutants/<name>.py``)
-loses the points of its part's hidden test cell and sees its hint there.
+notebook score every autograded point (the written answer waits for the instructor), the
+untouched release scores zero without stopping the batch, and one mutant per part of the
+assignment's catalogue (``tests/mutants/<name>.py``) loses its part's hidden test cell and sees
+its hint there (``tests/test_graders.py`` grades the whole catalogue in-process).
 Exercise 1 has its own, longer test (``test_autograde.py``) that also covers the
 gradebook's integrity and the feedback pages (the same template for every assignment), so these
 batches write none.
@@ -22,7 +23,7 @@ from nbgrader.api import Gradebook
 from coursekit import cli
 from coursekit.chapters import CHAPTERS
 from coursekit.grading import harness
-from tests.submissions import ROOT, course_folder, filled, load, replace_definition
+from tests.submissions import ROOT, course_folder, filled, load, points, replace_definition
 
 pytestmark = pytest.mark.slow
 
@@ -38,16 +39,22 @@ def catalogue(assignment: str):
     return importlib.import_module(f"tests.mutants.{assignment}").MUTANTS, hidden
 
 
-def max_score(assignment: str) -> float:
-    nb = load(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
-    return float(sum(c.metadata.get("nbgrader", {}).get("points", 0) for c in nb.cells))
+def batch(assignment: str) -> list:
+    """The mutants graded through the sandbox here: the first of each part's catalogue (every mutant of
+    the catalogue is graded in-process by ``tests/test_graders.py``; here one per part shows that the
+    sandboxed path fails that part, with its hint, as the in-process one does)."""
+    mutants, _ = catalogue(assignment)
+    first: dict[str, object] = {}
+    for m in mutants:
+        first.setdefault(m.part, m)
+    return list(first.values())
 
 
 @pytest.fixture(scope="module", params=ASSIGNMENTS)
 def graded(request, tmp_path_factory):
     """Autograde one class per assignment; return (assignment, course folder, CSV rows)."""
     assignment = request.param
-    mutants, _ = catalogue(assignment)
+    mutants = batch(assignment)
     root, inbox = course_folder(tmp_path_factory.mktemp(assignment))
     reference = filled(assignment)
     nbformat.write(reference, inbox / "reference.ipynb")
@@ -76,21 +83,26 @@ def graded(request, tmp_path_factory):
 
 
 def test_solutions_score_full_marks(graded):
+    """Every autograded point, and the written answer left to the instructor (not yet a 0)."""
     assignment, _, rows = graded
-    best = max_score(assignment)
+    auto, manual = points(assignment)
+    assert manual > 0
     for student in ("reference", "solution"):
-        assert (float(rows[student]["score"]), float(rows[student]["max_score"])) == (best, best), student
+        row = rows[student]
+        assert (float(row["score"]), float(row["max_score"])) == (auto, auto + manual), student
+        assert row["needs_manual_grade"] == "yes", student
 
 
 def test_untouched_release_scores_zero_without_stopping_the_batch(graded):
     assignment, _, rows = graded
     assert float(rows["untouched"]["score"]) == 0
-    assert len(rows) == len(catalogue(assignment)[0]) + 3
+    assert len(rows) == len(batch(assignment)) + 3
 
 
 def test_every_mutant_loses_its_part_with_its_hint(graded):
     assignment, root, rows = graded
-    mutants, hidden = catalogue(assignment)
+    _, hidden = catalogue(assignment)
+    mutants = batch(assignment)
     problems = []
     with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
         for m in mutants:
@@ -101,7 +113,9 @@ def test_every_mutant_loses_its_part_with_its_hint(graded):
             nb = load(root / "autograded" / m.name / assignment / f"{assignment}.ipynb")
             cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == cell_id)
             shown = "\n".join(str(o.get("evalue", "")) + str(o.get("text", "")) for o in cell.outputs)
-            if m.hint not in shown:
+            if not any(o.get("output_type") == "error" for o in cell.outputs):  # the stretch part: 0 points
+                problems.append(f"{m.name}: {cell_id} passed")
+            elif m.hint not in shown:
                 problems.append(f"{m.name}: the student would not see {m.hint!r}; the cell shows:\n{shown}")
     assert not problems, "\n".join(problems)
 

@@ -146,3 +146,25 @@ def test_the_importer_the_paster_and_the_sharers_are_flagged_and_no_one_else():
         # the loops with one index changed are the same code: a shared answer, not a coincidence
         ("near-identical", ("independent_b", "sharer_a"), "part 2 (causal_mask)"),
     }
+
+
+def test_references_called_at_run_time_are_flagged_for_their_part_only():
+    """What the sandbox reports (``reference_calls`` of a verdict): a call of the reference of a graded
+    part of this assignment is a signal; a helper the release gives (``check_attention_inputs``), another
+    chapter's code, or a name that is no part are not."""
+    release = load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    runtime = {
+        "hider": ["coursekit.attention.softmax", "coursekit.attention.check_attention_inputs"],
+        "other": ["coursekit.multihead.split_heads", "coursekit.attention.padding_mask"],
+        "modules": ["coursekit.attention.SelfAttention"],
+    }
+    notebooks = {name: release for name in runtime}
+    found = {
+        (s.kind, s.students, s.part)
+        for s in signals(ASSIGNMENT, notebooks, release, runtime)
+        if s.kind == "reference at run time"
+    }
+    assert found == {
+        ("reference at run time", ("hider",), "part 1 (softmax)"),
+        ("reference at run time", ("modules",), "part 4 (SelfAttention)"),
+    }

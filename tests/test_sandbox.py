@@ -291,3 +291,32 @@ def test_a_grader_can_set_an_attribute_of_a_student_object():
         session.begin_check("each check starts from the notebook's state")
         assert session.remote("layer").p == 0.1
         session.close()
+
+
+@pytest.mark.slow
+def test_the_sandbox_records_calls_of_watched_references_by_student_code_only():
+    """A student's call of a watched reference is reported, in a cell as in a check; coursekit calling
+    its own code (attention calling the watched softmax) is not; a plain global reads back as data."""
+    watch = [("coursekit.attention", "softmax"), ("coursekit.attention", "SelfAttention")]
+    with Worker(KINDS[-1], Limits(cell_seconds=10, check_seconds=5)) as worker:
+        session = worker.session(watch=watch)
+        deadline = time.monotonic() + 60
+        session.run_cell(
+            "import torch\nimport coursekit.attention as ca\nq = torch.ones(1, 2, 4)\n"
+            "out, w = ca.scaled_dot_product_attention(q, q, q)\nprediction = 7",
+            "setup",
+            deadline,
+        )
+        assert session.reference_calls == set()  # attention's own call of softmax is coursekit's
+        session.begin_check("read a global")
+        assert session.remote("prediction")._value() == 7
+        session.end_check()
+        session.run_cell("def mine(x):\n    return getattr(ca, 'soft' + 'max')(x)", "answer", deadline)
+        assert session.reference_calls == set()  # defined, not called yet
+        session.begin_check("the student's function calls the reference")
+        session.remote("mine")(torch.zeros(3))
+        session.end_check()
+        assert session.reference_calls == {"coursekit.attention.softmax"}
+        session.run_cell("layer = ca.SelfAttention(4)", "module", deadline)
+        assert session.reference_calls == {"coursekit.attention.softmax", "coursekit.attention.SelfAttention"}
+        session.close()

@@ -8,6 +8,7 @@ with its lines and hints, and the notes the student will read.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import time
@@ -17,6 +18,7 @@ import nbformat
 from coursekit.autograde.plan import NotebookPlan, resolve
 from coursekit.autograde.rebuild import Call, is_test_cell, nbgrader_meta, normalize
 from coursekit.autograde.run import run_notebook
+from coursekit.chapters import chapter
 from coursekit.grading import core, harness
 from coursekit.sandbox import StudentError, Worker
 from coursekit.sandbox.host import TEMPLATE_GONE
@@ -60,7 +62,7 @@ def grade_notebook(
             for c in norm.notebook.cells
             if c.cell_type == "code" and not is_test_cell(c)
         ]
-        session = run_notebook(worker, cells, files, deadline, verdict)
+        session = run_notebook(worker, cells, files, deadline, verdict, watched_references(plan))
     for gid, calls in plan.tests.items():
         verdict["tests"][gid] = _grade_cell(
             session,
@@ -73,6 +75,7 @@ def grade_notebook(
         )
     _name_earlier_parts(plan, norm.notebook, verdict["tests"])
     if session is not None:
+        verdict["reference_calls"] = sorted(session.reference_calls)
         session.close()
     if worker.reset_after_student() == TEMPLATE_GONE:
         verdict["notes"].append(f"{TEMPLATE_GONE} The sandbox was replaced before the next notebook.")
@@ -80,6 +83,21 @@ def grade_notebook(
     verdict["max_score"] = sum(plan.points.values())
     verdict["seconds"] = round(time.monotonic() - started, 3)
     return verdict
+
+
+def watched_references(plan: NotebookPlan) -> list[tuple[str, str]]:
+    """``(module, name)`` of the course's reference of each graded part of the notebook: the
+    sandbox records the student's calls of these (an integrity signal of the class report)."""
+    try:
+        modules = chapter(plan.name).modules
+    except (KeyError, ValueError):
+        return []
+    names = sorted({n for _, defined in plan.parts for n in defined})
+    found = []
+    for m in modules:
+        module = importlib.import_module(f"coursekit.{m}")
+        found += [(module.__name__, n) for n in names if callable(getattr(module, n, None))]
+    return found
 
 
 def _name_earlier_parts(plan: NotebookPlan, notebook, results: dict) -> None:

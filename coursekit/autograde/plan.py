@@ -49,6 +49,7 @@ class NotebookPlan:
     titles: dict[str, str] = field(
         default_factory=dict
     )  # answer cell -> the heading of its part ("Part 1: ...")
+    manual: set[str] = field(default_factory=set)  # answers graded by hand (written answers)
 
     def part_list(self) -> list[dict]:
         """The parts in order, as the feedback shows them: answer cell, title and test cells."""
@@ -56,7 +57,8 @@ class NotebookPlan:
             {
                 "answer": gid,
                 "title": self.titles.get(gid) or (names[0] if names else gid),
-                "tests": [t for t, a in self.part_of.items() if a == gid],
+                "tests": [gid] if gid in self.manual else [t for t, a in self.part_of.items() if a == gid],
+                "manual": gid in self.manual,
             }
             for gid, names in self.parts
         ]
@@ -74,7 +76,7 @@ class Plan:
 def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode, name: str) -> NotebookPlan:
     """Read the test cells of the instructor's notebook ``source`` (raises ``ValueError``
     if one is not a thin call into ``coursekit.grading``)."""
-    tests, points, hidden, parts, part_of, titles = {}, {}, set(), [], {}, {}
+    tests, points, hidden, parts, part_of, titles, manual = {}, {}, set(), [], {}, {}, set()
     released = {nbgrader_meta(c).get("grade_id"): c for c in release.cells}
     heading = None
     for cell in source.cells:
@@ -91,6 +93,11 @@ def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode,
             parts.append((gid, harness.defined_names(cell.source)))
             if heading:
                 titles[gid] = heading
+        elif cell.cell_type == "markdown" and meta.get("solution") and meta.get("grade"):
+            parts.append((gid, ()))  # a written answer: its own grade cell, graded by hand
+            manual.add(gid)
+            if heading:
+                titles[gid] = heading
         if is_test_cell(cell):
             if parts:
                 part_of[gid] = parts[-1][0]
@@ -99,7 +106,7 @@ def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode,
                 resolve(call)  # fail now, not while grading
             if gid in released and "coursekit.grading" not in released[gid].source:
                 hidden.add(gid)
-    return NotebookPlan(name, release, tests, points, hidden, parts, part_of, titles)
+    return NotebookPlan(name, release, tests, points, hidden, parts, part_of, titles, manual)
 
 
 def resolve(call: Call):

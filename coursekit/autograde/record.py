@@ -154,13 +154,17 @@ class SummarizeParts(NbGraderPreprocessor):
             score = sum(float(nbgrader_meta(c).get("score") or 0) for c in tests)
             points = sum(float(nbgrader_meta(c).get("points") or 0) for c in tests)
             results = [c.metadata.get("coursekit") or {} for c in tests]
-            status = (
-                "passed"
-                if score >= points
-                else "unanswered"
-                if results and all(r.get("unanswered") for r in results if not r.get("passed"))
-                else "failed"
-            )
+            if part.get("manual"):  # a written answer: graded by hand in the formgrader, or not yet
+                graded = tests and all(nbgrader_meta(c).get("score") is not None for c in tests)
+                status = "graded" if graded else "pending"
+            else:
+                status = (
+                    "passed"
+                    if score >= points
+                    else "unanswered"
+                    if results and all(r.get("unanswered") for r in results if not r.get("passed"))
+                    else "failed"
+                )
             summary.append(
                 {
                     "number": number,

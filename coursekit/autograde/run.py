@@ -15,14 +15,15 @@ from coursekit.sandbox import CellFailed, Worker
 __all__ = ["run_notebook"]
 
 
-def run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict):
-    """Run the code cells; skip (and note) any that hang or kill the process. Returns the session."""
+def run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict, watch=()):
+    """Run the code cells; skip (and note) any that hang or kill the process. Returns the session.
+    ``watch``: the references whose calls the sandbox records (see :meth:`Worker.session`)."""
     skipped: dict[str, str] = {}
     noted: set[str] = set()  # cells whose dropped outputs were noted (once, whatever the attempts)
     for _attempt in range(4):
         if worker.broken or not worker.alive():  # the student's code stopped or killed the sandbox's template
             worker.restart()
-        session = worker.session(files=files)
+        session = worker.session(files=files, watch=watch)
         failed = None
         for cid, source, label in cells:
             if cid in skipped:
@@ -44,7 +45,7 @@ def run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict):
                 where = f"the cell {label!r}" if not label.startswith("added cell") else "a cell you added"
                 verdict["notes"].append(f"in {where}: {'; '.join(dropped[:3])}")
         if failed is None:
-            session.revive = lambda: _revive(worker, cells, skipped, files, deadline)
+            session.revive = lambda: _revive(worker, cells, skipped, files, deadline, watch)
             return session
         cid, label, why = failed
         session.close()
@@ -61,11 +62,11 @@ def run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict):
     return None
 
 
-def _revive(worker, cells, skipped, files, deadline):
+def _revive(worker, cells, skipped, files, deadline, watch=()):
     """A fresh notebook process with the same state, after the sandbox killed the last one."""
     if worker.broken or not worker.alive():
         worker.restart()
-    session = worker.session(files=files)
+    session = worker.session(files=files, watch=watch)
     for cid, source, label in cells:
         if cid not in skipped:
             session.run_cell(source, label, deadline)

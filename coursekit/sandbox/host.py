@@ -341,13 +341,18 @@ class Worker:
     def kill(self, pid: int) -> None:
         self.command({"op": "kill", "pid": int(pid)})
 
-    def session(self, files: dict[str, bytes] | None = None, seed: int = 0) -> Session:
+    def session(
+        self, files: dict[str, bytes] | None = None, seed: int = 0, watch: list[tuple[str, str]] = ()
+    ) -> Session:
+        """A fresh notebook process. ``watch``: ``(module, name)`` of references whose calls by the
+        student's code are recorded in :attr:`Session.reference_calls`."""
         reply, _, fds = self.command(
             {
                 "op": "session",
                 "limits": asdict(self.limits),
                 "seed": seed,
                 "files": {k: v.hex() for k, v in (files or {}).items()},
+                "watch": [[str(m), str(n)] for m, n in watch],
             },
             want_fds=True,
         )
@@ -414,6 +419,14 @@ class Session:
         self.revivals = 0
         #: a check process was asked for ahead of time (its answer waits in ``sock``)
         self.spare = False
+        #: ``module.name`` of the watched references the student's code called (as the sandbox says)
+        self.reference_calls: set[str] = set()
+
+    def heard(self, reply: dict) -> None:
+        """Note the reference calls an answer reports (hostile data: strings only, bounded)."""
+        refs = reply.get("refs")
+        if isinstance(refs, list):
+            self.reference_calls.update(str(r)[:200] for r in refs[:50] if isinstance(r, str))
 
     def run_cell(self, source: str, label: str, deadline: float) -> dict:
         """Run one cell; return its outputs. Raises :class:`CellFailed` with a plain reason."""
@@ -443,6 +456,7 @@ class Session:
         if reply.get("sandbox_harmed") is True:  # the cell stopped or killed the template
             self.worker.broken = self.dead_because = TEMPLATE_GONE
             raise CellFailed(TEMPLATE_GONE)
+        self.heard(reply)
         return reply
 
     # ---- checks
@@ -577,6 +591,7 @@ class _Channel:
             raise RemoteCrash(self.broken) from None
         if not isinstance(reply, dict):
             raise RemoteCrash("the process running your code sent a malformed answer")
+        self.session.heard(reply)
         if "raised" in reply:
             r = reply["raised"] if isinstance(reply["raised"], dict) else {}
             cls = _raised_class(str(r.get("type", "Exception"))[:100])

@@ -55,6 +55,59 @@ CLEAN_ENV = {
 #: the modules loaded before any student code ran; a check process restores them in sys.modules
 TRUSTED_MODULES: dict = {}
 
+#: ``module.name`` of each watched reference (the course's own solution of a graded part) that the
+#: student's code called; sent back with every answer (see :func:`_watch`)
+REFERENCE_CALLS: set[str] = set()
+_COURSEKIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _watch(watch) -> None:
+    """Record calls of the references ``watch`` names (``[module, name]`` pairs) made by the student's
+    code; calls from inside coursekit (a given model calling its own attention) do not count. A
+    student who digs the original out of the wrapper is not seen: this is a signal for the
+    instructor, next to the static one (:mod:`coursekit.integrity`), not a wall."""
+    import importlib
+
+    def record(label: str) -> None:
+        caller = sys._getframe(2).f_code.co_filename
+        if not caller.startswith(_COURSEKIT):
+            REFERENCE_CALLS.add(label)
+
+    def wrap_function(fn, label):
+        def watched(*args, **kwargs):
+            record(label)
+            return fn(*args, **kwargs)
+
+        watched.__name__, watched.__qualname__, watched.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+        watched.__module__, watched.__wrapped__ = fn.__module__, fn
+        return watched
+
+    def wrap_init(init, label):
+        def __init__(self, *args, **kwargs):
+            record(label)
+            return init(self, *args, **kwargs)
+
+        return __init__
+
+    for module_name, name in watch if isinstance(watch, list) else []:
+        try:
+            module = importlib.import_module(str(module_name))
+            obj = getattr(module, str(name))
+        except Exception:  # noqa: BLE001, S112 (nothing to watch)
+            continue
+        label = f"{module_name}.{name}"
+        if isinstance(obj, type):
+            obj.__init__ = wrap_init(obj.__init__, label)
+        elif callable(obj):
+            setattr(module, str(name), wrap_function(obj, label))
+
+
+def _with_calls(header: dict) -> dict:
+    if REFERENCE_CALLS:
+        header["refs"] = sorted(REFERENCE_CALLS)
+    return header
+
+
 MAX_TEXT = 64 * 1024  # characters of stdout/stderr kept per cell
 MAX_DISPLAY = 2 << 20  # bytes of rich display data kept per cell
 
@@ -124,7 +177,9 @@ class Template:
             try:
                 ours.close()
                 self.ctrl.close()
-                NotebookProcess(theirs, self.shell, workdir, self.limits, msg.get("seed", 0)).serve()
+                NotebookProcess(
+                    theirs, self.shell, workdir, self.limits, msg.get("seed", 0), msg.get("watch")
+                ).serve()
             finally:
                 os._exit(0)
         theirs.close()
@@ -341,8 +396,10 @@ def _make_shell():
 
 
 class NotebookProcess:
-    def __init__(self, sock: socket.socket, shell, workdir: str, limits: dict, seed: int):
+    def __init__(self, sock: socket.socket, shell, workdir: str, limits: dict, seed: int, watch=None):
         self.sock = sock
+        REFERENCE_CALLS.clear()
+        _watch(watch)
         self.shell = shell
         self.labels: dict[int, str] = {}  # execution count -> cell label, for hints
         self.template = os.getppid()
@@ -368,7 +425,7 @@ class NotebookProcess:
                 return
             op = msg.get("op")
             if op == "cell":
-                reply = self.run_cell(str(msg["source"]), str(msg.get("label", "")))
+                reply = _with_calls(self.run_cell(str(msg["source"]), str(msg.get("label", ""))))
                 try:
                     protocol.send(self.sock, reply)
                 except (TypeError, ValueError):  # the cell put values that are not JSON among its outputs
@@ -524,6 +581,7 @@ class CheckProcess:
             except BaseException as e:  # the student's code raised (or exited): report it as data
                 reply = ({"raised": self.describe_error(e)}, {})
             header, out = reply
+            header = _with_calls(header)
             try:
                 protocol.send(self.sock, header, out)
             except (TypeError, ValueError) as e:
