@@ -32,8 +32,8 @@ def test_solution_cells_are_the_coursekit_code(assignment):
     modules = [importlib.import_module(f"coursekit.{name}") for name in MODULES[assignment]]
     solved = {}
     for cell in nb.cells:
-        if cell.metadata.get("nbgrader", {}).get("solution"):
-            solved.update(definitions(cell.source))
+        if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("solution"):
+            solved.update(definitions(cell.source))  # (a written answer is a markdown answer cell)
     assert solved, "no solution cells found"
     for name, dump in solved.items():
         module = next((m for m in modules if hasattr(m, name)), modules[0])

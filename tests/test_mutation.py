@@ -50,7 +50,8 @@ def test_the_report_is_current_and_the_graders_kill_enough_mutants(assignment, p
 
 
 def test_mutants_have_stable_distinct_ids_and_change_the_program():
-    for _assignment, part in PARTS[:8]:
+    code = [(a, p) for a, p in PARTS if not p.name.startswith("predict_")]  # a prediction is one line
+    for _assignment, part in code[:8]:
         made = mutation.mutants(part)
         assert len({m.id for m in made}) == len(made) == len({m.source for m in made}) > 10
         assert [m.id for m in mutation.mutants(part)] == [m.id for m in made]

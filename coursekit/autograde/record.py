@@ -100,13 +100,17 @@ def checks_of(test: dict) -> dict:
     """A test cell's result as the feedback shows it: each named check with its hint, or one
     line for a part that is not answered yet, or the one reason nothing could be checked."""
     hints = {name: hint for name, hint in test.get("failed_checks") or []}
-    checks = []
+    checks, notes = [], []
     for line in test.get("lines", []):
         m = _CHECK_LINE.match(line)
         if m:  # "part: check" -> the check (the page already says which part)
             checks.append(
                 {"name": m[2].split(": ", 1)[-1], "passed": m[1] == "pass", "hint": hints.get(m[2])}
             )
+        elif not re.search(
+            r": all \d+ checks passed$", line
+        ):  # a grader's note, e.g. why a prediction was right
+            notes.append(line.split(": ", 1)[-1])
     failure = test.get("failure") or ""
     advice = (
         failure.splitlines()[0].rstrip(".") if failure.startswith("part ") and "fix part" in failure else None
@@ -123,6 +127,7 @@ def checks_of(test: dict) -> dict:
         "unanswered": unanswered,
         "advice": advice,
         "message": message,
+        "notes": notes,
     }
 
 
@@ -157,6 +162,14 @@ class SummarizeParts(NbGraderPreprocessor):
             if part.get("manual"):  # a written answer: graded by hand in the formgrader, or not yet
                 graded = tests and all(nbgrader_meta(c).get("score") is not None for c in tests)
                 status = "graded" if graded else "pending"
+            elif points == 0:  # the stretch part (a bonus): its checks decide, not its 0 points
+                status = (
+                    "passed"
+                    if results and all(r.get("passed") for r in results)
+                    else "unanswered"
+                    if results and all(r.get("unanswered") for r in results if not r.get("passed"))
+                    else "failed"
+                )
             else:
                 status = (
                     "passed"

@@ -1458,6 +1458,16 @@ def grade_score_variance(score_variance) -> None:
                 1 + VARIANCE_BAND,
                 "divide each score by sqrt(D) (dividing by D gives 1/D), then take the variance",
             )
+    with g.check("draws q then k, float64, from its generator: the reference's result for the same seed"):
+        for D, seed, scaled in ((1, 41, False), (8, 42, True), (64, 43, False)):
+            where, v = _variance(g, score_variance, D, seed, scaled)
+            expected = ref.score_variance(D, VARIANCE_N, torch.Generator().manual_seed(seed), scaled)
+            g.expect(
+                type(v) is float and math.isclose(v, expected, rel_tol=1e-9),
+                f"{where} with a generator seeded {seed} gave {v!r}, the stated procedure gives {expected!r}: draw "
+                "all of q, then all of k, with torch.randn(n, D, generator=generator, dtype=torch.float64), and "
+                "take the unbiased variance (n - 1 in the denominator)",
+            )
     with g.check("draws from its generator: the same seed gives the same result, another seed another"):
         _, a = _variance(g, score_variance, 8, 31)
         _, b = _variance(g, score_variance, 8, 31)
@@ -1467,7 +1477,12 @@ def grade_score_variance(score_variance) -> None:
             f"two generators seeded alike gave {a!r} and {b!r}, and another seed gave {c!r}: draw q and k with "
             "torch.randn(..., generator=generator), not from torch's global random state",
         )
-    with g.check("raises ValueError for D < 1 or n < 2"):
+    with g.check("raises ValueError for D < 1 or n < 2, and accepts D = 1 and n = 2"):
+        small = _run(g, "score_variance(1, 2, generator)", score_variance, 1, 2, _seeded(5))
+        g.expect(
+            type(small) is float and math.isfinite(small),
+            f"score_variance(1, 2, generator) should return a float (two draws have a variance), got {describe(small)}",
+        )
         for D, n in ((0, 100), (4, 1)):
             expect_value_error(
                 g,
@@ -1566,7 +1581,7 @@ def grade_online_softmax(online_softmax) -> None:
         )
     with g.check("raises ValueError for a block that is not a positive integer"):
         x = tensor(8, 2, 5, dtype=torch.float64)
-        for bad in (0, -2):
+        for bad in (0, -1, -2):
             expect_value_error(g, lambda bad=bad: online_softmax(x, bad), f"block={bad}")
     g.finish()
 

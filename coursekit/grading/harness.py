@@ -157,7 +157,8 @@ def namespace(
         root: the course folder (default: the repository this package belongs to).
 
     Returns:
-        The globals after every code cell but the test cells ran, in order.
+        The globals after every code cell ran, in order, but the test cells and the tables of the
+        student's measurements (read-only cells whose grade id ends in ``_table``).
     """
     nb = _notebook(assignment, "exercises" if release else "solutions", root)
     ns: dict = {"__name__": "__main__"}
@@ -166,6 +167,8 @@ def namespace(
             continue
         meta = nbgrader_meta(cell)
         gid = meta.get("grade_id")
+        if str(gid).endswith("_table") and not meta.get("solution"):
+            continue  # a read-only cell that prints the student's measurements: for their eyes only
         source = (answers or {}).get(gid, cell.source)
         code = compile(source, f"<{assignment}: cell {gid}>", "exec")
         if meta.get("solution") or not (release or answers):

@@ -458,6 +458,8 @@ def _grade(assignment: str, part: harness.Part, mutant: Mutant | None) -> tuple[
     """Grade ``mutant`` (or the reference, for ``None``) in this process: (status, test, hint)."""
     ns = harness.namespace(assignment)
     if mutant is not None:
+        for name in part.names:  # as in a notebook whose answer cell is the mutant: what it no longer
+            ns.pop(name, None)  # defines is undefined (a deleted ``predict_x = 7`` leaves no predict_x)
         try:
             exec(compile(mutant.source, f"<mutant {mutant.id}>", "exec"), ns)  # noqa: S102
         except Exception as e:  # noqa: BLE001 (a mutant that cannot even be defined fails every check)
@@ -574,6 +576,7 @@ def fingerprint(assignment: str, part: harness.Part, equivalent: dict[str, str])
     for path in (
         package / f"{chapter(assignment).assignment}.py",
         package / "core.py",
+        package / "questions.py",
         package / "harness.py",
         Path(__file__).resolve(),
     ):

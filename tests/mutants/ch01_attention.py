@@ -589,4 +589,38 @@ EQUIVALENT = {
     "-inf (sum 0), so s > 1 and s > 0 pick the same divisor",
     "scaled_dot_product_attention | weights = softmax(scores, dim=-1) # (..., T, S), fully masked rows are 0 | "
     "keyword | 1": "softmax's documented default is dim=-1, so softmax(scores) is softmax(scores, dim=-1)",
+    "score_variance | scores = (q * k).sum(dim=-1) # (n,) | unary | 1": (
+        "the products are (n, D): dim=1 is the same axis as dim=-1"
+    ),
+    "score_variance | scores = (q * k).sum(dim=-1) # (n,) | number | 2": (
+        "the products are (n, D): dim=1 is the same axis as dim=-1"
+    ),
+    "online_softmax | if not isinstance(block, int) or isinstance(block, bool) or block < 1: | number | 1": (
+        "block = 0 then reaches range(0, S, 0), which raises the ValueError itself"
+    ),
+    "online_softmax | m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype) # (...) running maximum | keyword | 1": (
+        "a float32 -inf start is promoted to x's dtype by the first torch.maximum with a block of x"
+    ),
+    "online_softmax | m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype) # (...) running maximum | slice | 1": (
+        "a 0-dim start broadcasts against the first block's row maxima, so m has the rows' shape from then on"
+    ),
+    "online_softmax | m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype) # (...) running maximum | number | 1": (
+        "a 0-dim start broadcasts against the first block's row maxima, so m has the rows' shape from then on"
+    ),
+    "online_softmax | l = torch.zeros(x.shape[:-1], dtype=x.dtype) # (...) running sum of exp(x - m) | keyword | 1": (
+        "a float32 zero start is promoted to x's dtype when the first block's sum is added"
+    ),
+    "online_softmax | l = torch.zeros(x.shape[:-1], dtype=x.dtype) # (...) running sum of exp(x - m) | slice | 1": (
+        "a 0-dim start broadcasts against the first block's sums, so l has the rows' shape from then on"
+    ),
+    "online_softmax | l = torch.zeros(x.shape[:-1], dtype=x.dtype) # (...) running sum of exp(x - m) | number | 1": (
+        "a 0-dim start broadcasts against the first block's sums, so l has the rows' shape from then on"
+    ),
+    "online_softmax | shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m)) | delete | 1": (
+        "the loop's last shift was computed the same way from m_new, which is the final m"
+    ),
+    "online_softmax | l = torch.where(l > 0, l, torch.ones_like(l)) # an all -inf row is 0 / 1 | number | 1": (
+        "a row's sum is at least 1 (its maximum gives exp(0)) unless it is all -inf (sum 0): l > 1 and l > 0 "
+        "pick the same divisor"
+    ),
 }
