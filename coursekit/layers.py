@@ -33,6 +33,7 @@ them against.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -69,6 +70,8 @@ __all__ = [
     "approx_gpt_params",
     "GPTShape",
     "GPT2_SHAPES",
+    "input_gradient_norm",
+    "RMSNorm",
 ]
 
 # --------------------------------------------------------------------------- building blocks
@@ -722,3 +725,88 @@ class MoEFeedForward(nn.Module):
         )  # (E,) f_i
         aux_loss = self.n_experts * (load * probs.mean(dim=0)).sum()
         return out.view(B, T, C), aux_loss
+
+
+def input_gradient_norm(
+    n_layers: int, C: int, norm_first: bool, generator: torch.Generator, n_tokens: int = 64
+) -> float:
+    """Measure how much of the output's gradient reaches the input of a stack of random layers.
+
+    Each of the ``n_layers`` layers has one sub-layer, a random linear map ``W`` (``(C, C)``,
+    standard-normal entries divided by ``sqrt(C)``, so that ``W x`` is about as large as ``x``),
+    and a layer norm without scale and shift (``eps = 1e-5``), placed either way:
+
+    - post-norm (``norm_first=False``): ``x = norm(x + x W^T)``;
+    - pre-norm (``norm_first=True``): ``x = x + norm(x) W^T`` (no final norm).
+
+    The input ``x0`` has ``n_tokens`` standard-normal rows; the loss is ``(x_out * r).sum()``
+    for a standard-normal ``r`` of the output's shape, so the gradient at the output is ``r``.
+    Everything is float64 and drawn from ``generator`` in this order: ``x0``, then each layer's
+    ``W``, then ``r``. In theory the result is about ``sqrt(n_layers + 1)`` for pre-norm (the
+    identity path plus each layer's own path) and about 1 for post-norm (each norm divides by
+    the size of what it normalises).
+
+    Args:
+        n_layers: the depth of the stack, at least 1.
+        C: the width, at least 2.
+        norm_first: pre-norm (``True``) or post-norm (``False``).
+        generator: the source of randomness (the same seed gives the same result).
+        n_tokens: the number of input rows (tokens), at least 1.
+
+    Returns:
+        ``||d loss / d x0|| / ||r||`` (Frobenius norms) as a Python ``float``.
+
+    Example:
+        ``input_gradient_norm(24, 256, True, torch.Generator().manual_seed(0))`` is about 5.
+    """
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n_layers, C, n_tokens)) or (
+        n_layers < 1 or C < 2 or n_tokens < 1
+    ):
+        raise ValueError(
+            f"input_gradient_norm needs integers n_layers >= 1, C >= 2 and n_tokens >= 1, "
+            f"got n_layers={n_layers!r}, C={C!r}, n_tokens={n_tokens!r}"
+        )
+
+    def norm(x):  # layer norm without scale and shift, over the last axis
+        mean = x.mean(dim=-1, keepdim=True)  # (n_tokens, 1)
+        return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(dim=-1, keepdim=True) + 1e-5)
+
+    x0 = torch.randn(n_tokens, C, generator=generator, dtype=torch.float64, requires_grad=True)
+    x = x0  # (n_tokens, C)
+    for _ in range(n_layers):
+        W = torch.randn(C, C, generator=generator, dtype=torch.float64) / math.sqrt(C)  # (C, C)
+        x = x + norm(x) @ W.T if norm_first else norm(x + x @ W.T)  # (n_tokens, C)
+    r = torch.randn(n_tokens, C, generator=generator, dtype=torch.float64)  # (n_tokens, C)
+    (grad,) = torch.autograd.grad((x * r).sum(), x0)  # (n_tokens, C)
+    return (grad.norm() / r.norm()).item()
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square normalisation (Zhang and Sennrich, 2019) over the last (feature) axis.
+
+    Layer norm without the mean: ``y = x / sqrt(mean(x^2) + eps) * weight``, the mean of the
+    squares taken over each token's ``C`` features. No centring and no shift, so it is cheaper
+    than :class:`LayerNorm`; LLaMA and most recent decoders use it.
+
+    Args:
+        d_model: number of features ``C``.
+        eps: added to the mean square inside the square root.
+
+    Parameters: ``weight`` (ones), ``(C,)``, as in ``nn.RMSNorm``; there is no ``bias``.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-6):
+        super().__init__()
+        self.d_model, self.eps = d_model, eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x`` of shape ``(..., C)``; returns a new tensor of its shape and dtype.
+
+        Raises:
+            ValueError: if the last axis of ``x`` is not ``C``.
+        """
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"expected x of shape (..., {self.d_model}), got {tuple(x.shape)}")
+        ms = (x * x).mean(dim=-1, keepdim=True)  # (..., 1)
+        return x / torch.sqrt(ms + self.eps) * self.weight  # (..., C)

@@ -23,7 +23,15 @@ from torch import nn
 
 from coursekit.attention import bool_to_additive, causal_mask, scaled_dot_product_attention
 
-__all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv", "kv_cache_bytes"]
+__all__ = [
+    "MultiHeadAttention",
+    "split_heads",
+    "merge_heads",
+    "repeat_kv",
+    "kv_cache_bytes",
+    "kv_pooling_error",
+    "pool_kv_heads",
+]
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -262,3 +270,90 @@ class MultiHeadAttention(nn.Module):
         if is_causal:
             parts.append(bool_to_additive(causal_mask(T, S, device=x.device), x.dtype))  # (T, S)
         return sum(parts) if parts else None
+
+
+def kv_pooling_error(k: torch.Tensor, n_kv_heads: int) -> float:
+    """What mean-pooling key (or value) heads into groups loses: the relative squared error.
+
+    The conversion of a multi-head checkpoint to grouped-query attention (Ainslie et al., 2023)
+    replaces each group of ``n_rep = H / H_kv`` consecutive heads by their mean. This measures
+    ``sum((k - pooled)^2) / sum(k^2)``, where ``pooled`` gives every head its group's mean.
+    For independent heads of equal variance it is about ``1 - H_kv / H``; heads that agree lose less.
+
+    Args:
+        k: ``(B, H, S, D)`` keys (or values), floating; not modified.
+        n_kv_heads: ``H_kv``, a positive divisor of ``H``.
+
+    Returns:
+        The relative error as a Python ``float`` (``0.0`` when ``n_kv_heads == H``; ``0.0`` for
+        all-zero ``k``).
+
+    Raises:
+        ValueError: if ``k`` is not 4-D (naming its shape) or ``n_kv_heads`` does not divide ``H``
+            (naming both).
+
+    Example: heads ``[a, b]`` with ``a = 1``, ``b = -1`` everywhere and ``n_kv_heads=1`` pool to
+    ``0``, so the error is ``1.0``; heads ``[a, a]`` give ``0.0``.
+    """
+    if k.dim() != 4:
+        raise ValueError(f"expected k of shape (B, H, S, D), got {tuple(k.shape)}")
+    B, H, S, D = k.shape
+    if n_kv_heads < 1 or H % n_kv_heads:
+        raise ValueError(f"n_kv_heads={n_kv_heads} must be positive and divide the {H} heads of k")
+    groups = k.reshape(B, n_kv_heads, H // n_kv_heads, S, D)  # (B, H_kv, n_rep, S, D)
+    pooled = repeat_kv(groups.mean(dim=2), H // n_kv_heads)  # (B, H, S, D)
+    total = k.pow(2).sum()
+    if total == 0:
+        return 0.0
+    return ((k - pooled).pow(2).sum() / total).item()
+
+
+def pool_kv_heads(
+    qkv_weight: torch.Tensor, qkv_bias: torch.Tensor | None, n_heads: int, n_kv_heads: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Convert a multi-head layer's packed projection to grouped-query attention by mean-pooling.
+
+    Ainslie et al. (2023) turn a multi-head checkpoint into a GQA one by averaging the key heads
+    (and the value heads) of each group of ``n_rep = H / H_kv`` consecutive heads, then train
+    briefly. The query rows are kept.
+
+    Args:
+        qkv_weight: ``(3C, C)``, the rows ``[q (C) | k (C) | v (C)]`` of
+            :class:`MultiHeadAttention` ``(C, H)``'s ``qkv_proj.weight``; not modified.
+        qkv_bias: ``(3C,)`` in the same layout, or ``None``.
+        n_heads: ``H``, a positive divisor of ``C``.
+        n_kv_heads: ``H_kv``, a positive divisor of ``H``.
+
+    Returns:
+        ``(weight, bias)``: ``weight (C + 2 H_kv D, C)`` and ``bias (C + 2 H_kv D,)`` (or ``None``)
+        for ``MultiHeadAttention(C, H, n_kv_heads=H_kv).qkv_proj``, where ``D = C / H``: the ``q``
+        rows unchanged, then key head ``g``'s ``D`` rows the mean of key heads ``g n_rep .. (g + 1)
+        n_rep - 1``, then the value heads likewise.
+
+    Raises:
+        ValueError: if ``qkv_weight`` is not ``(3C, C)``, ``qkv_bias`` not ``(3C,)``, or a head count
+            does not divide (naming what came).
+
+    Example: ``C = 4, H = 2, H_kv = 1``: the key rows 0-1 and 2-3 (of the ``k`` block) are averaged
+    into 2 rows, so the weight goes from ``(12, 4)`` to ``(8, 4)``.
+    """
+    if qkv_weight.dim() != 2 or qkv_weight.shape[0] != 3 * qkv_weight.shape[1]:
+        raise ValueError(f"expected qkv_weight of shape (3C, C), got {tuple(qkv_weight.shape)}")
+    C = qkv_weight.shape[1]
+    if qkv_bias is not None and tuple(qkv_bias.shape) != (3 * C,):
+        raise ValueError(f"expected qkv_bias of shape ({3 * C},), got {tuple(qkv_bias.shape)}")
+    if n_heads < 1 or C % n_heads:
+        raise ValueError(f"n_heads={n_heads} must be positive and divide C={C}")
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads={n_kv_heads} must be positive and divide n_heads={n_heads}")
+    D, n_rep = C // n_heads, n_heads // n_kv_heads
+
+    def pool(rows):  # (C, ...) -> (H_kv D, ...): the mean over each group's heads
+        grouped = rows.reshape(n_kv_heads, n_rep, D, *rows.shape[1:])  # (H_kv, n_rep, D, ...)
+        return grouped.mean(dim=1).reshape(n_kv_heads * D, *rows.shape[1:])  # (H_kv D, ...)
+
+    def convert(t):
+        q, k, v = t.split([C, C, C], dim=0)  # 3 x (C, ...)
+        return torch.cat([q, pool(k), pool(v)], dim=0)  # (C + 2 H_kv D, ...)
+
+    return convert(qkv_weight), None if qkv_bias is None else convert(qkv_bias)

@@ -47,6 +47,7 @@ __all__ = [
     "apply_rope",
     "alibi_slopes",
     "alibi_bias",
+    "sinusoidal_similarity",
 ]
 
 ROPE_SCALINGS = (None, "linear", "ntk")
@@ -265,15 +266,37 @@ def rope_frequencies(D: int, base: float = 10000.0, dtype: torch.dtype = torch.f
 
 
 def ntk_scaled_base(base: float, D: int, factor: float) -> float:
-    """NTK-aware base for a context ``factor`` times longer: ``base * factor^(D / (D - 2))``.
+    """NTK-aware RoPE base for a context ``factor`` times longer: ``base * factor^(D / (D - 2))``.
 
-    With the new base the lowest frequency is exactly ``factor`` times lower (its
-    wavelength stretched like position interpolation's), while the highest, which
-    tells neighbouring tokens apart, is unchanged (bloc97, 2023).
+    Position interpolation (Chen et al., 2023) divides every angle by ``factor``, which also
+    slows the highest frequencies that tell neighbouring tokens apart. NTK-aware scaling
+    (bloc97, 2023) changes the base instead, so that the *lowest* frequency
+    ``theta_{D/2-1} = base^(-(D-2)/D)`` becomes exactly ``factor`` times lower (its wavelength
+    stretched like position interpolation's) while the highest, ``theta_0 = 1``, is unchanged
+    and the ones in between are slowed less the higher they are.
+
+    Args:
+        base: the trained RoPE base, ``> 1`` (10000 in Su et al., 2021).
+        D: head width, even and ``> 2`` (with ``D = 2`` there is only the frequency 1).
+        factor: the context extension factor, ``> 0`` (``1`` keeps ``base``).
+
+    Returns:
+        The new base, a Python ``float``.
+
+    Raises:
+        ValueError: if ``D`` is odd or ``<= 2``, ``base <= 1`` or ``factor <= 0``, naming the value.
+
+    Example:
+        ``ntk_scaled_base(10000.0, 4, 4.0)`` is ``10000 * 4^2 = 160000.0``: the frequencies go from
+        ``[1, 0.01]`` to ``[1, 0.0025]``.
     """
     if D <= 2 or D % 2:
         raise ValueError(f"NTK-aware scaling needs an even D > 2, got D={D}")
-    return base * factor ** (D / (D - 2))
+    if base <= 1:
+        raise ValueError(f"base must be larger than 1, got {base}")
+    if factor <= 0:
+        raise ValueError(f"factor must be positive, got {factor}")
+    return float(base * factor ** (D / (D - 2)))
 
 
 def rope_angles(
@@ -451,3 +474,41 @@ def alibi_bias(slopes: torch.Tensor, T: int, S: int | None = None) -> torch.Tens
     offset = (j - i).to(slopes.dtype)  # (T, S): 0 for the query's own key, -1 for the one before, ...
     bias = slopes[:, None, None] * offset  # (H, T, S): -m_h (i - j)
     return bias.masked_fill(j > i, float("-inf"))  # (H, T, S): future keys removed
+
+
+# --------------------------------------------------------------------------- experiment
+
+
+def sinusoidal_similarity(k: int, C: int, T: int = 512, base: float = 10000.0) -> float:
+    """How alike the sinusoidal encodings of two positions ``k`` apart are: their mean cosine similarity.
+
+    Builds :func:`sinusoidal_encoding` ``(T + k, C)`` in float64 and averages, over the positions
+    ``p = 0 .. T-1``, the cosine similarity of rows ``p`` and ``p + k``. Every row has norm
+    ``sqrt(C / 2)`` and ``PE(p) . PE(p + k) = sum_i cos(k w_i)`` for every ``p``, so the result is
+    ``(2 / C) sum_i cos(k w_i)``: it depends on the offset only, is 1 at ``k = 0`` and falls, not
+    monotonically, as ``k`` grows.
+
+    Args:
+        k: the offset, ``>= 0``.
+        C: width of the encodings, even and positive.
+        T: number of position pairs averaged, ``>= 1``.
+        base: as in :func:`sinusoidal_encoding`.
+
+    Returns:
+        The mean cosine similarity, a Python ``float`` in ``[-1, 1]``.
+
+    Raises:
+        ValueError: if ``k < 0`` or ``T < 1`` (naming the value), or for a ``C`` or ``base`` that
+            :func:`sinusoidal_encoding` refuses.
+
+    Example:
+        ``sinusoidal_similarity(0, 64)`` is ``1.0``; ``sinusoidal_similarity(1, 2)`` is ``cos 1 = 0.5403``.
+    """
+    if k < 0:
+        raise ValueError(f"the offset k must be >= 0, got k={k}")
+    if T < 1:
+        raise ValueError(f"T must be at least 1, got T={T}")
+    pe = sinusoidal_encoding(T + k, C, base=base, dtype=torch.float64)  # (T + k, C)
+    a, b = pe[:T], pe[k : k + T]  # (T, C) each: positions p and p + k
+    cos = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))  # (T,)
+    return cos.mean().item()

@@ -134,6 +134,49 @@ def repeat_kv(x, n_rep):
             ),
         ),
     ),
+    ("predict_params_vs_heads", "capital_letter_with_spaces", 'predict_params_vs_heads = " A "\n'),
+    ("predict_kv_shrink", "a_float_ratio", "predict_kv_shrink = 8 / 2\n"),
+    (
+        "kv_pooling_error",
+        "einsum_free_loop_over_groups",
+        """
+def kv_pooling_error(k, n_kv_heads):
+    if k.ndim != 4:
+        raise ValueError(f"k must be (B, H, S, D), got {list(k.shape)}")
+    H = k.shape[1]
+    if n_kv_heads <= 0 or H % n_kv_heads:
+        raise ValueError(f"{n_kv_heads} key/value heads do not divide {H} heads")
+    n_rep = H // n_kv_heads
+    err = 0.0
+    for g in range(n_kv_heads):
+        group = k[:, g * n_rep : (g + 1) * n_rep]
+        err += float(((group - group.mean(dim=1, keepdim=True)) ** 2).sum())
+    norm = float((k**2).sum())
+    return err / norm if norm > 0 else 0.0
+""",
+    ),
+    (
+        "pool_kv_heads",
+        "view_and_mean",
+        """
+def pool_kv_heads(qkv_weight, qkv_bias, n_heads, n_kv_heads):
+    C = qkv_weight.shape[-1]
+    if qkv_weight.shape != (3 * C, C):
+        raise ValueError(f"qkv_weight must be (3C, C), got {tuple(qkv_weight.shape)}")
+    if qkv_bias is not None and qkv_bias.shape != (3 * C,):
+        raise ValueError(f"qkv_bias must be (3C,), got {tuple(qkv_bias.shape)}")
+    if n_heads <= 0 or C % n_heads or n_kv_heads <= 0 or n_heads % n_kv_heads:
+        raise ValueError(f"bad head counts {n_heads}, {n_kv_heads} for C={C}")
+    D, r = C // n_heads, n_heads // n_kv_heads
+
+    def go(t):
+        q, k, v = t[:C], t[C : 2 * C], t[2 * C :]
+        pool = lambda u: u.unflatten(0, (n_kv_heads, r, D)).mean(1).flatten(0, 1)
+        return torch.cat([q, pool(k), pool(v)])
+
+    return go(qkv_weight), (None if qkv_bias is None else go(qkv_bias))
+""",
+    ),
 ]
 
 

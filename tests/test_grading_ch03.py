@@ -198,6 +198,24 @@ def alibi_bias(slopes, T, S=None):"""
     return out
 """,
     },
+    "sinusoidal_similarity": {
+        "float32_table_and_cosine_similarity": """
+def sinusoidal_similarity(k, C, T=512, base=10000.0):
+    if k < 0 or T < 1:
+        raise ValueError(f"need k >= 0 and T >= 1, got k={k}, T={T}")
+    pe = sinusoidal_encoding(T + k, C, base=base)
+    sims = torch.nn.functional.cosine_similarity(pe[:T].double(), pe[k:].double(), dim=-1)
+    return float(sims.mean())
+""",
+    },
+    "ntk_scaled_base": {
+        "through_logarithms": """
+def ntk_scaled_base(base, D, factor):
+    if D % 2 or D <= 2 or base <= 1 or factor <= 0:
+        raise ValueError(f"bad arguments base={base}, D={D}, factor={factor}")
+    return math.exp(math.log(base) + math.log(factor) * D / (D - 2))
+""",
+    },
 }
 CASES = [(part, name, src) for part, alts in ALTERNATIVES.items() for name, src in alts.items()]
 

@@ -57,6 +57,7 @@ from coursekit.grading.core import (
     random_weights,
     tensor,
 )
+from coursekit.grading.questions import Prediction, expect_in_band
 
 __all__ = [
     "check_split_heads",
@@ -67,6 +68,14 @@ __all__ = [
     "grade_merge_heads",
     "grade_repeat_kv",
     "grade_multihead_attention",
+    "check_predict_params_vs_heads",
+    "grade_predict_params_vs_heads",
+    "check_predict_kv_shrink",
+    "grade_predict_kv_shrink",
+    "check_kv_pooling_error",
+    "grade_kv_pooling_error",
+    "check_pool_kv_heads",
+    "grade_pool_kv_heads",
 ]
 
 FLOATS = (torch.float64, torch.float32)
@@ -1468,4 +1477,276 @@ def check_multihead_attention(MultiHeadAttention) -> None:
             pr.grads is not None and pr.grads[0] is not None and close(pr.grads[0], xr.grad),
             "the gradient with respect to x differs from the reference",
         )
+    g.finish()
+
+
+# --------------------------------------------------------------------------- predict, then check
+
+
+def _params_vs_heads() -> str:
+    """Parameters of MultiHeadAttention(512, 8) against (512, 1), as one of the choices' letters."""
+    ratio = sum(p.numel() for p in ref.MultiHeadAttention(512, 8).parameters()) / sum(
+        p.numel() for p in ref.MultiHeadAttention(512, 1).parameters()
+    )
+    return {1.0: "a", 8.0: "b", 1 / 8: "c", 64.0: "d"}.get(ratio, "?")
+
+
+def _kv_shrink() -> float:
+    """How many times more key and value bytes an 8-head MHA layer produces than GQA with 2 KV heads."""
+    x = torch.randn(1, 16, 64, generator=torch.Generator().manual_seed(0))  # (B, T, C)
+    stored = {}
+    with torch.no_grad():
+        for n_kv in (8, 2):
+            _, k, v = ref.MultiHeadAttention(64, 8, n_kv_heads=n_kv).project(x)  # 2 x (1, H_kv, T, D)
+            stored[n_kv] = k.numel() * k.element_size() + v.numel() * v.element_size()
+    return stored[8] / stored[2]
+
+
+PARAMS_VS_HEADS = Prediction(
+    name="predict_params_vs_heads",
+    question="At the same width C = 512, how many parameters does MultiHeadAttention(512, 8) have "
+    "compared with MultiHeadAttention(512, 1)?",
+    tests="heads cut the same C x C projections into narrower slices; they add no parameters",
+    measure=_params_vs_heads,
+    explanation="Answer {truth}: each of W_Q, W_K, W_V, W_O is C x C (plus a bias of C) whatever H is; "
+    "eight heads of width D = 64 use the 64-column slices of the same matrices, so both layers have "
+    "4C^2 + 4C = 1,050,624 parameters. What grows with H is the memory of the attention weights (one "
+    "(T, S) matrix per head), not the parameters.",
+    choices={"a": "the same number", "b": "8 times as many", "c": "1/8 as many", "d": "64 times as many"},
+)
+
+KV_SHRINK = Prediction(
+    name="predict_kv_shrink",
+    question="A layer with 8 query heads switches from multi-head attention (8 key/value heads) to "
+    "grouped-query attention with 2 key/value heads, same width. By what factor do the keys and values "
+    "it must cache shrink?",
+    tests="the KV cache is proportional to H_kv, not to H: 2 L H_kv D T B bytes",
+    measure=_kv_shrink,
+    explanation="The cache holds one key and one value vector of width D per key/value head and token, "
+    "so its size is proportional to H_kv: 8 / 2 = {truth} times smaller. The queries still have 8 heads "
+    "(they are not cached), and the 4 query heads of each group read the same key/value head.",
+)
+
+check_predict_params_vs_heads, grade_predict_params_vs_heads = PARAMS_VS_HEADS.graders()
+check_predict_kv_shrink, grade_predict_kv_shrink = KV_SHRINK.graders()
+
+
+# --------------------------------------------------------------------------- experiment
+
+#: the experiment's band around 1 - H_kv / H. With independent standard-normal heads the error is a
+#: ratio of two sums of N = B H S D squares (N >= 8,192 below); its standard deviation is below
+#: sqrt(2 / N) < 0.016, so 0.05 is over three of them for the smallest input and far more for the
+#: others, while the classic mistakes land 0.125 or more away (pooling H_kv heads instead of H / H_kv,
+#: pooling over tokens or features, an absolute instead of a relative error)
+POOL_BAND = 0.05
+POOL_CASES = ((8, 2, 101), (8, 1, 102), (8, 8, 103), (6, 3, 104), (6, 2, 105), (4, 2, 106))
+
+
+def _pool(g: Grader, kv_pooling_error, k: torch.Tensor, n_kv: int, what: str = ""):
+    where = f"kv_pooling_error(k {tuple(k.shape)}{what}, n_kv_heads={n_kv})"
+    return where, _run(g, where, kv_pooling_error, k, n_kv)
+
+
+def grade_kv_pooling_error(kv_pooling_error) -> None:
+    """Grade the experiment ``kv_pooling_error(k, n_kv_heads)``: the relative squared error of
+    mean-pooling each group of H / H_kv consecutive heads, in a band around 1 - H_kv / H for
+    independent heads, and exactly on structured keys."""
+    g = Grader("kv_pooling_error")
+    with g.check("returns a Python float"):
+        where, e = _pool(g, kv_pooling_error, tensor(1, 2, 8, 16, 16), 2)
+        g.expect(type(e) is float, f"{where} should return a Python float (use .item()), got {describe(e)}")
+    with g.check(f"independent heads lose 1 - H_kv / H within {POOL_BAND} (H = 4, 6, 8; every H_kv)"):
+        for H, n_kv, seed in POOL_CASES:
+            k = tensor(seed, 2, H, 32, 16)  # (B, H, S, D)
+            where, e = _pool(g, kv_pooling_error, k, n_kv, " independent normal heads")
+            expect_in_band(
+                g,
+                where,
+                e,
+                1 - n_kv / H - POOL_BAND,
+                1 - n_kv / H + POOL_BAND,
+                "pool the n_rep = H / H_kv heads of each group into their mean (over the head axis only), give "
+                "every head its group's mean, and divide the summed squared error by the summed squares of k",
+            )
+    with g.check("groups are consecutive heads: keys repeated as [a, a, b, b] lose nothing"):
+        for H, n_kv, seed in ((4, 2, 111), (8, 2, 112), (6, 3, 113)):
+            k = ref.repeat_kv(tensor(seed, 2, n_kv, 8, 4), H // n_kv)  # (B, H, S, D)
+            where, e = _pool(g, kv_pooling_error, k, n_kv, " with heads [a, a, b, b]-style")
+            g.expect(
+                isinstance(e, float) and abs(e) < 1e-9,
+                f"{where} gave {e!r}, expected 0: group g holds heads g * n_rep .. (g + 1) * n_rep - 1 (the "
+                "repeat_kv layout), not every H_kv-th head",
+            )
+    with g.check("equals the reference on heads that partly agree (float32 and float64)"):
+        for dtype, seed in ((torch.float64, 121), (torch.float32, 122)):
+            base = tensor(seed, 3, 2, 8, 8, dtype=dtype)
+            k = ref.repeat_kv(base, 4) + 0.5 * tensor(seed + 1, 3, 8, 8, 8, dtype=dtype)  # (B, H, S, D)
+            where, e = _pool(g, kv_pooling_error, k, 2, f" {_dt(dtype)}")
+            expected = ref.kv_pooling_error(k.double(), 2)
+            g.expect(
+                isinstance(e, float) and abs(e - expected) <= 1e-4 * max(expected, 1e-3),
+                f"{where} gave {e!r}, expected {expected:.6g}: the squared error summed over everything, "
+                "divided by the sum of k's squares",
+            )
+    with g.check("all-zero keys give 0.0 (no division by zero)"):
+        where, e = _pool(g, kv_pooling_error, torch.zeros(1, 4, 3, 2, dtype=torch.float64), 2, " all zeros")
+        g.expect(e == 0.0 and isinstance(e, float), f"{where} gave {e!r}, expected 0.0")
+    with g.check("does not modify k"):
+        k = tensor(131, 2, 4, 5, 3)
+        try:
+            after = probe(kv_pooling_error, k.clone(), 2).args[0]
+        except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+            raise_unless_student_error(e)
+            g.fail(f"kv_pooling_error(k (2, 4, 5, 3), 2): {_raised(e)}")
+        g.expect(
+            is_tensor(after) and torch.equal(after, k),
+            f"kv_pooling_error modified k in place: k was {_show(k)}, afterwards {_show(after)}",
+        )
+    with g.check("raises ValueError for k that is not 4-D or n_kv_heads that does not divide H"):
+        _expect_error_naming(
+            g,
+            lambda: kv_pooling_error(tensor(141, 4, 5, 3), 2),
+            "k (4, 5, 3) (not 4-D)",
+            (4, 5, 3),
+            "raise ValueError naming the shape that came, (4, 5, 3)",
+        )
+        for bad, n_kv, what in (
+            (tensor(142, 1, 8, 5, 3), 3, "k (1, 8, 5, 3) and n_kv_heads=3"),
+            (tensor(143, 1, 8, 5, 3), 0, "k (1, 8, 5, 3) and n_kv_heads=0"),
+        ):
+            expect_value_error(
+                g,
+                lambda bad=bad, n_kv=n_kv: kv_pooling_error(bad, n_kv),
+                what,
+                "name the shape or the head counts",
+            )
+    g.finish()
+
+
+def check_kv_pooling_error(kv_pooling_error) -> None:
+    """Public checks of ``kv_pooling_error``: the band for 8 heads into 2, and repeated heads."""
+    g = Grader("kv_pooling_error (public)")
+    with g.check(f"8 independent heads pooled into 2 lose 0.75 within {POOL_BAND}"):
+        where, e = _pool(g, kv_pooling_error, tensor(0, 2, 8, 32, 16), 2, " independent normal heads")
+        expect_in_band(
+            g,
+            where,
+            e,
+            0.75 - POOL_BAND,
+            0.75 + POOL_BAND,
+            "average each group of 4 heads, divide by sum(k^2)",
+        )
+    with g.check("heads [a, a, b, b] pooled into 2 lose nothing"):
+        where, e = _pool(g, kv_pooling_error, ref.repeat_kv(tensor(1, 1, 2, 4, 3), 2), 2, " [a, a, b, b]")
+        g.expect(isinstance(e, float) and abs(e) < 1e-9, f"{where} gave {e!r}, expected 0.0")
+    g.finish()
+
+
+# --------------------------------------------------------------------------- stretch
+
+POOL_CONFIGS = (
+    (8, 4, 2, True, torch.float64),
+    (12, 6, 3, False, torch.float64),
+    (8, 4, 1, True, torch.float32),
+    (4, 1, 1, True, torch.float64),
+)
+
+
+def _pool_weights(g: Grader, pool_kv_heads, w, b, H: int, n_kv: int):
+    where = f"pool_kv_heads(weight {tuple(w.shape)} {_dt(w.dtype)}, {'bias' if b is not None else 'None'}, {H}, {n_kv})"
+    out = _run(g, where, pool_kv_heads, w, b, H, n_kv)
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        g.fail(f"{where} should return a pair (weight, bias), got {describe(out)}")
+    return where, out[0], out[1]
+
+
+def grade_pool_kv_heads(pool_kv_heads) -> None:
+    """Grade the stretch part ``pool_kv_heads(qkv_weight, qkv_bias, n_heads, n_kv_heads)``."""
+    g = Grader("pool_kv_heads")
+    with g.check(
+        "the q rows are kept and each group's key and value rows are averaged (with and without bias)"
+    ):
+        for seed, (C, H, n_kv, bias, dtype) in enumerate(POOL_CONFIGS):
+            w = tensor(200 + seed, 3 * C, C, dtype=dtype)
+            b = tensor(210 + seed, 3 * C, dtype=dtype) if bias else None
+            where, got_w, got_b = _pool_weights(g, pool_kv_heads, w, b, H, n_kv)
+            want_w, want_b = ref.pool_kv_heads(w, b, H, n_kv)
+            g.expect(
+                close(got_w, want_w),
+                f"{where}: the weight {_first_difference(got_w, want_w)}; keep the C query rows, then for each "
+                "group the mean of its n_rep consecutive key heads' D rows, then the same for the values",
+            )
+            if bias:
+                g.expect(close(got_b, want_b), f"{where}: the bias {_first_difference(got_b, want_b)}")
+            else:
+                g.expect(
+                    got_b is None,
+                    f"{where}: with qkv_bias None the bias should be None, got {describe(got_b)}",
+                )
+    with g.check(
+        "loaded into MultiHeadAttention(C, H, H_kv) it equals the MHA layer when heads in a group agree"
+    ):
+        C, H, n_kv = 8, 4, 2
+        mha = ref.MultiHeadAttention(C, H).double()
+        with torch.no_grad():  # make the key and value heads of each group identical
+            w = mha.qkv_proj.weight
+            for block in (1, 2):
+                rows = w[block * C : (block + 1) * C].reshape(n_kv, H // n_kv, C // H, C)
+                rows[:, 1:] = rows[:, :1].clone()
+                w[block * C : (block + 1) * C] = rows.reshape(C, C)
+            mha.qkv_proj.bias[C:] = 0.0
+        where, got_w, got_b = _pool_weights(
+            g, pool_kv_heads, mha.qkv_proj.weight.detach(), mha.qkv_proj.bias.detach(), H, n_kv
+        )
+        gqa = ref.MultiHeadAttention(C, H, n_kv_heads=n_kv).double()
+        g.expect(
+            is_tensor(got_w) and tuple(got_w.shape) == tuple(gqa.qkv_proj.weight.shape),
+            f"{where} should give a weight {tuple(gqa.qkv_proj.weight.shape)}, got {describe(got_w)}",
+        )
+        with torch.no_grad():
+            gqa.qkv_proj.weight.copy_(got_w)
+            gqa.qkv_proj.bias.copy_(got_b)
+            gqa.out_proj.load_state_dict(mha.out_proj.state_dict())
+            x = tensor(220, 2, 5, C)
+            want, got = mha(x, is_causal=True)[0], gqa(x, is_causal=True)[0]
+        g.expect(close(got, want), f"{where}: the converted layer's output {_first_difference(got, want)}")
+    with g.check("does not modify its inputs"):
+        w, b = tensor(230, 24, 8), tensor(231, 24)
+        try:
+            after = probe(pool_kv_heads, w.clone(), b.clone(), 4, 2).args
+        except Exception as e:  # noqa: BLE001
+            raise_unless_student_error(e)
+            g.fail(f"pool_kv_heads(weight (24, 8), bias (24,), 4, 2): {_raised(e)}")
+        g.expect(
+            torch.equal(after[0], w) and torch.equal(after[1], b),
+            "pool_kv_heads modified its weight or bias in place",
+        )
+    with g.check("raises ValueError for a weight that is not (3C, C) or a head count that does not divide"):
+        _expect_error_naming(
+            g,
+            lambda: pool_kv_heads(tensor(241, 24, 8), tensor(242, 16), 4, 2),
+            "weight (24, 8) and bias (16,)",
+            (16,),
+            "name the bias shape that came, (16,)",
+        )
+        for w, b, H, n_kv, what in (
+            (tensor(240, 16, 8), None, 4, 2, "weight (16, 8)"),
+            (tensor(243, 24, 8), None, 3, 1, "n_heads=3 for C=8"),
+            (tensor(243, 24, 8), None, 0, 1, "n_heads=0"),
+            (tensor(244, 24, 8), None, 4, 3, "n_heads=4, n_kv_heads=3"),
+            (tensor(244, 24, 8), None, 4, 0, "n_heads=4, n_kv_heads=0"),
+        ):
+            expect_value_error(g, lambda w=w, b=b, H=H, n_kv=n_kv: pool_kv_heads(w, b, H, n_kv), what)
+    g.finish()
+
+
+def check_pool_kv_heads(pool_kv_heads) -> None:
+    """Public checks of ``pool_kv_heads``: the docstring's example."""
+    g = Grader("pool_kv_heads (public)")
+    with g.check("C = 4, H = 2, H_kv = 1: the weight goes from (12, 4) to (8, 4), the key rows averaged"):
+        w = torch.arange(48, dtype=torch.float64).reshape(12, 4)
+        where, got_w, got_b = _pool_weights(g, pool_kv_heads, w, None, 2, 1)
+        want_w, _ = ref.pool_kv_heads(w, None, 2, 1)
+        g.expect(close(got_w, want_w), f"{where}: {_first_difference(got_w, want_w)}")
+        g.expect(got_b is None, f"{where}: with qkv_bias None the bias should be None, got {describe(got_b)}")
     g.finish()

@@ -41,6 +41,7 @@ from coursekit.grading.core import (
     tensor,
     tolerance,
 )
+from coursekit.grading.questions import Prediction, expect_in_band
 
 __all__ = [
     "check_sinusoidal_encoding",
@@ -51,6 +52,14 @@ __all__ = [
     "grade_apply_rope",
     "grade_alibi_slopes",
     "grade_alibi_bias",
+    "check_predict_rope_offset",
+    "grade_predict_rope_offset",
+    "check_predict_alibi_first_slope",
+    "grade_predict_alibi_first_slope",
+    "check_sinusoidal_similarity",
+    "grade_sinusoidal_similarity",
+    "check_ntk_scaled_base",
+    "grade_ntk_scaled_base",
 ]
 
 F64, F32 = torch.float64, torch.float32
@@ -1045,4 +1054,215 @@ def check_alibi_bias(alibi_bias) -> None:
         g.expect(torch.equal(p.args[0], half), "the slopes were modified in place: compute a new tensor")
     with g.check("alibi_bias([0.5], 3, 2) (S < T) raises a ValueError"):
         expect_value_error(g, lambda: alibi_bias(half, 3, 2), "T=3 and S=2", "keep the given argument checks")
+    g.finish()
+
+
+# --------------------------------------------------------------------------- predict, then check
+
+
+def _rope_offset() -> str:
+    """Measure what RoPE scores depend on: rotate one query and one key to several position pairs."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 16, generator=gen, dtype=F64), torch.randn(1, 16, generator=gen, dtype=F64)
+
+    def score(m: int, n: int) -> float:
+        return float((ref.apply_rope(q, torch.tensor([m])) * ref.apply_rope(k, torch.tensor([n]))).sum())
+
+    same = lambda a, b: abs(a - b) < 1e-9  # noqa: E731
+    by_offset = same(score(3, 7), score(10, 14)) and same(score(0, 5), score(20, 25))
+    by_sum = same(score(3, 7), score(7, 3)) and same(score(0, 6), score(2, 4))
+    plain = same(score(3, 7), float((q * k).sum()))
+    if plain:
+        return "d"
+    return "a" if by_offset and not by_sum else ("b" if by_sum and not by_offset else "c")
+
+
+ROPE_OFFSET = Prediction(
+    name="predict_rope_offset",
+    question="A query q sits at position m and a key k at position n; both are rotated by RoPE. Their "
+    "score rope(q, m) . rope(k, n) depends on the positions how?",
+    tests="RoPE is relative: rotations by m and n meet as one rotation by n - m",
+    measure=_rope_offset,
+    explanation="Answer {truth}: each pair of channels of q is turned by m theta_i and the same pair of k by "
+    "n theta_i; a dot product of two rotated vectors only sees the angle between them, (n - m) theta_i, so "
+    "the score is the same for (3, 7) and (10, 14) but not for (3, 7) and (7, 3). This is why RoPE is called "
+    "relative although it is applied to each token by its absolute position.",
+    choices={
+        "a": "only on the offset n - m",
+        "b": "only on the sum m + n",
+        "c": "on m and n separately",
+        "d": "not at all: it equals q . k",
+    },
+)
+
+ALIBI_FIRST_SLOPE = Prediction(
+    name="predict_alibi_first_slope",
+    question="With ALiBi and H = 8 heads, what is the slope m of the first head (the penalty per token of "
+    "distance)?",
+    tests="ALiBi's geometric slopes 2^(-8 i / H): the first head is the most local",
+    measure=lambda: float(ref.alibi_slopes(8, dtype=F64)[0]),
+    explanation="The slopes of Press et al. (2022) are 2^(-8 i / H) for i = 1 .. H; with H = 8 they are 1/2, "
+    "1/4, ..., 1/256, so the first head's slope is {truth}: a key 10 tokens back loses 5 from its score, "
+    "about e^-5 of its weight, so that head looks almost only at the last few tokens, while the last head "
+    "(1/256) sees hundreds of tokens back.",
+    abs=1e-6,
+)
+
+check_predict_rope_offset, grade_predict_rope_offset = ROPE_OFFSET.graders()
+check_predict_alibi_first_slope, grade_predict_alibi_first_slope = ALIBI_FIRST_SLOPE.graders()
+
+
+# --------------------------------------------------------------------------- experiment
+
+#: the experiment's band around the identity (2 / C) sum_i cos(k w_i). In float64 any correct measurement
+#: equals it to about 1e-12, a float32 table (sinusoidal_encoding's default dtype) to about 1e-4 for the
+#: angles below 2,000 used here; 0.01 leaves room for both, while the classic mistakes land further away:
+#: an unnormalised dot product is C / 2 times larger, an offset off by one moves the value by 0.03 or more
+#: for the small offsets checked (k <= 8), a similarity of PE(p) with PE(k) instead of PE(p + k) fails for T > 1
+SIMILARITY_BAND = 0.01
+SIMILARITY_CASES = ((1, 64), (2, 16), (8, 128), (100, 64), (1000, 32), (37, 10))
+
+
+def _similarity_theory(k: int, C: int, base: float = 10000.0) -> float:
+    w = ref.rope_frequencies(C, base)  # w_i = base^(-2i/C), the sinusoidal frequencies
+    return float((2.0 / C) * torch.cos(k * w).sum())
+
+
+def _similarity(g: Grader, sinusoidal_similarity, k: int, C: int, **kwargs):
+    where = f"sinusoidal_similarity({k}, {C}{_args(**kwargs)})"
+    return where, _call(g, where, sinusoidal_similarity, k, C, **kwargs)
+
+
+def grade_sinusoidal_similarity(sinusoidal_similarity) -> None:
+    """Grade the experiment ``sinusoidal_similarity(k, C, T=512, base=10000.0)``: the mean cosine
+    similarity of sinusoidal encodings k positions apart, in a band around (2 / C) sum_i cos(k w_i)."""
+    g = Grader("sinusoidal_similarity")
+    with g.check("returns a Python float"):
+        where, v = _similarity(g, sinusoidal_similarity, 3, 16)
+        g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
+    with g.check("an offset of 0 gives 1 (a position is identical to itself)"):
+        for C in (4, 64):
+            where, v = _similarity(g, sinusoidal_similarity, 0, C)
+            expect_in_band(g, where, v, 1 - 1e-6, 1 + 1e-6, "divide the dot product by both rows' norms")
+    with g.check(f"matches (2 / C) sum_i cos(k w_i) within {SIMILARITY_BAND} for several offsets and widths"):
+        for k, C in SIMILARITY_CASES:
+            where, v = _similarity(g, sinusoidal_similarity, k, C)
+            truth = _similarity_theory(k, C)
+            expect_in_band(
+                g,
+                where,
+                v,
+                truth - SIMILARITY_BAND,
+                truth + SIMILARITY_BAND,
+                "compare row p with row p + k of sinusoidal_encoding(T + k, C), as a cosine similarity (the dot "
+                "product divided by both norms), averaged over p = 0 .. T-1",
+            )
+    with g.check("uses T and base (T = 1, T = 7, base = 100)"):
+        for k, C, kwargs in (
+            (5, 8, {"T": 1}),
+            (3, 16, {"T": 7}),
+            (4, 8, {"base": 100.0}),
+            (2, 6, {"T": 2, "base": 50.0}),
+        ):
+            where, v = _similarity(g, sinusoidal_similarity, k, C, **kwargs)
+            truth = _similarity_theory(k, C, kwargs.get("base", 10000.0))
+            expect_in_band(
+                g,
+                where,
+                v,
+                truth - SIMILARITY_BAND,
+                truth + SIMILARITY_BAND,
+                "pass base on to sinusoidal_encoding and average over exactly T pairs of rows",
+            )
+    with g.check("raises ValueError for k < 0 or T < 1"):
+        for k, T in ((-1, 8), (2, 0)):
+            expect_value_error(
+                g,
+                lambda k=k, T=T: sinusoidal_similarity(k, 8, T=T),
+                f"k={k}, T={T}",
+                "say which argument is out of range",
+            )
+    g.finish()
+
+
+def check_sinusoidal_similarity(sinusoidal_similarity) -> None:
+    """Public checks of ``sinusoidal_similarity``: the docstring's examples and one band."""
+    g = Grader("sinusoidal_similarity (public)")
+    with g.check("sinusoidal_similarity(0, 64) is 1 and sinusoidal_similarity(1, 2) is cos 1"):
+        where, v = _similarity(g, sinusoidal_similarity, 0, 64)
+        expect_in_band(g, where, v, 1 - 1e-6, 1 + 1e-6, "divide the dot product by both rows' norms")
+        where, v = _similarity(g, sinusoidal_similarity, 1, 2)
+        expect_in_band(
+            g,
+            where,
+            v,
+            math.cos(1) - SIMILARITY_BAND,
+            math.cos(1) + SIMILARITY_BAND,
+            "compare rows p and p + 1",
+        )
+    with g.check(f"sinusoidal_similarity(8, 128) is (2 / C) sum_i cos(8 w_i) within {SIMILARITY_BAND}"):
+        where, v = _similarity(g, sinusoidal_similarity, 8, 128)
+        truth = _similarity_theory(8, 128)
+        expect_in_band(
+            g,
+            where,
+            v,
+            truth - SIMILARITY_BAND,
+            truth + SIMILARITY_BAND,
+            "average the cosine similarity over p",
+        )
+    g.finish()
+
+
+# --------------------------------------------------------------------------- stretch
+
+NTK_CASES = ((10000.0, 64, 4.0), (10000.0, 128, 8.0), (500000.0, 16, 2.5), (10000.0, 4, 4.0), (100.0, 6, 0.5))
+
+
+def grade_ntk_scaled_base(ntk_scaled_base) -> None:
+    """Grade the stretch part ``ntk_scaled_base(base, D, factor)``."""
+    g = Grader("ntk_scaled_base")
+    with g.check("returns a Python float"):
+        where = "ntk_scaled_base(10000.0, 64, 4.0)"
+        v = _call(g, where, ntk_scaled_base, 10000.0, 64, 4.0)
+        g.expect(type(v) is float, f"{where} should return a Python float, got {describe(v)}")
+    with g.check("the lowest frequency becomes factor times lower, the highest stays 1"):
+        for base, D, factor in NTK_CASES:
+            where = f"ntk_scaled_base({base}, {D}, {factor})"
+            v = _call(g, where, ntk_scaled_base, base, D, factor)
+            g.expect(isinstance(v, (int, float)) and v > 1, f"{where} should be a base > 1, got {v!r}")
+            lowest = float(ref.rope_frequencies(D, v)[-1])
+            want = float(ref.rope_frequencies(D, base)[-1]) / factor
+            g.expect(
+                abs(lowest - want) <= 1e-9 * want,
+                f"{where} gave {v:.6g}: with it the lowest frequency base^(-(D-2)/D) is {lowest:.6g}, expected "
+                f"{want:.6g} (factor times lower); solve base'^(-(D-2)/D) = base^(-(D-2)/D) / factor for base'",
+            )
+    with g.check("factor 1 keeps the base"):
+        v = _call(g, "ntk_scaled_base(10000.0, 32, 1.0)", ntk_scaled_base, 10000.0, 32, 1.0)
+        g.expect(
+            isinstance(v, (int, float)) and abs(v - 10000.0) <= 1e-9,
+            f"ntk_scaled_base(10000.0, 32, 1.0) gave {v!r}, expected 10000.0",
+        )
+    with g.check("raises ValueError for an odd D or D <= 2, base <= 1 or factor <= 0"):
+        for args in (
+            (10000.0, 2, 4.0),
+            (10000.0, 7, 4.0),
+            (1.0, 8, 4.0),
+            (10000.0, 8, 0.0),
+            (10000.0, 8, -2.0),
+        ):
+            expect_value_error(g, lambda args=args: ntk_scaled_base(*args), "base, D, factor = " + repr(args))
+    g.finish()
+
+
+def check_ntk_scaled_base(ntk_scaled_base) -> None:
+    """Public checks of ``ntk_scaled_base``: the docstring's example."""
+    g = Grader("ntk_scaled_base (public)")
+    with g.check("ntk_scaled_base(10000.0, 4, 4.0) is 160000.0"):
+        v = _call(g, "ntk_scaled_base(10000.0, 4, 4.0)", ntk_scaled_base, 10000.0, 4, 4.0)
+        g.expect(
+            isinstance(v, float) and abs(v - 160000.0) <= 1e-6,
+            f"ntk_scaled_base(10000.0, 4, 4.0) gave {v!r}, expected 160000.0 (frequencies [1, 0.01] -> [1, 0.0025])",
+        )
     g.finish()

@@ -50,6 +50,7 @@ from coursekit.grading.core import (
     tensor,
     tolerance,
 )
+from coursekit.grading.questions import Prediction, expect_in_band
 
 __all__ = [
     "check_layer_norm",
@@ -60,6 +61,14 @@ __all__ = [
     "grade_feed_forward",
     "grade_encoder_layer",
     "grade_decoder_layer",
+    "check_predict_layer_norm_params",
+    "grade_predict_layer_norm_params",
+    "check_predict_input_gradient",
+    "grade_predict_input_gradient",
+    "check_input_gradient_norm",
+    "grade_input_gradient_norm",
+    "check_rms_norm",
+    "grade_rms_norm",
 ]
 
 F64 = torch.float64
@@ -1657,4 +1666,275 @@ def check_decoder_layer(DecoderLayer) -> None:
             p.grads is not None and all(gr is not None for gr in p.grads[:2]),
             "no gradient reached x or memory: avoid .detach() or .item()",
         )
+    g.finish()
+
+
+# --------------------------------------------------------------------------- predict, then check
+
+LAYER_NORM_PARAMS = Prediction(
+    name="predict_layer_norm_params",
+    question="How many learnt parameters does a LayerNorm of width C = 768 (GPT-2 small's) have?",
+    tests="what layer norm learns: one scale and one shift per feature, nothing per token or per batch",
+    measure=lambda: ref.count_params(ref.LayerNorm(768)),
+    explanation="A layer norm learns a scale (weight) and a shift (bias) for each of the C features, so 2C = "
+    "{truth}. Its mean and variance are computed from each token on the fly: they are not parameters, and "
+    "unlike batch norm it keeps no running statistics. (RMSNorm drops the shift: C parameters.)",
+)
+
+INPUT_GRADIENT = Prediction(
+    name="predict_input_gradient",
+    question="A pre-norm stack of 24 random layers of width C = 256, with no final norm: how much larger is "
+    "the gradient that reaches its input than the gradient at its output?",
+    tests="the residual stream's identity path: how gradients add up through a pre-norm stack",
+    measure=lambda: min(
+        "abcd",
+        key=lambda c: abs(
+            math.log(ref.input_gradient_norm(24, 256, True, torch.Generator().manual_seed(1)))
+            - math.log({"a": 0.2, "b": 1.0, "c": 5.0, "d": 25.0}[c])
+        ),
+    ),
+    explanation="The stream of a pre-norm stack is the input plus every layer's write, so its variance grows "
+    "like l + 1 after l layers, and layer l's own path (through a norm that divides by sqrt(l + 1)) adds a "
+    "fraction 1 / (l + 1) to the squared gradient: the product of (l + 2) / (l + 1) telescopes to N + 1 = 25, "
+    "a gradient about sqrt(25) = 5 times the output's (answer {truth}). Nothing is lost on the way down: the "
+    "identity path alone carries the whole output gradient. A post-norm stack gives about 1 instead: each "
+    "norm divides by the size of x + W x, which undoes what the two paths add.",
+    choices={"a": "1/5", "b": "1", "c": "5", "d": "25"},
+)
+
+check_predict_layer_norm_params, grade_predict_layer_norm_params = LAYER_NORM_PARAMS.graders()
+check_predict_input_gradient, grade_predict_input_gradient = INPUT_GRADIENT.graders()
+
+
+# --------------------------------------------------------------------------- experiment
+
+#: the experiment's bands, at C = 256 and 64 tokens. Over 30 seeds the reference's pre-norm measurement
+#: has a mean within 1% of sqrt(N + 1) and a spread of 1.5% (N = 12) to 2% (N = 24); post-norm's
+#: has a mean of 1.00 to 1.04 with a spread under 3%. A 15% band around sqrt(N + 1) and [0.85, 1.2] for
+#: post-norm are five standard deviations or more, yet they separate the two placements at every depth
+#: (sqrt(2) = 1.41 for one layer) and catch a missing residual, an unscaled W, or an unnormalised r.
+GRAD_C, GRAD_BAND, POST_BAND = 256, 0.15, (0.85, 1.2)
+
+
+def _seeded(seed: int):
+    return student_side("torch", torch).Generator().manual_seed(seed)
+
+
+def _grad_norm(g: Grader, input_gradient_norm, n_layers: int, norm_first: bool, seed: int, C: int = GRAD_C):
+    where = f"input_gradient_norm({n_layers}, {C}, norm_first={norm_first}, generator)"
+    return where, _call(g, where, input_gradient_norm, n_layers, C, norm_first, _seeded(seed))
+
+
+def _is_float(v) -> bool:
+    return type(v) is float and math.isfinite(v)
+
+
+def _pre_band(g: Grader, where: str, v, n_layers: int) -> None:
+    expect_in_band(
+        g,
+        where,
+        v,
+        math.sqrt(n_layers + 1) * (1 - GRAD_BAND),
+        math.sqrt(n_layers + 1) * (1 + GRAD_BAND),
+        f"pre-norm should give about sqrt(n_layers + 1) = {math.sqrt(n_layers + 1):.3g}: x = x + norm(x) W^T keeps "
+        "the identity path (the residual), W has entries randn / sqrt(C), and the result is ||d loss / d x0|| "
+        "divided by ||r|| for a random r (torch.randn, not ones)",
+    )
+
+
+def _post_band(g: Grader, where: str, v) -> None:
+    expect_in_band(
+        g,
+        where,
+        v,
+        *POST_BAND,
+        "post-norm should give about 1: x = norm(x + x W^T), the norm after the residual add (without scale "
+        "and shift), W with entries randn / sqrt(C), and ||d loss / d x0|| divided by ||r|| for a random r "
+        "(torch.randn, not ones)",
+    )
+
+
+def grade_input_gradient_norm(input_gradient_norm) -> None:
+    """Grade the experiment ``input_gradient_norm(n_layers, C, norm_first, generator, n_tokens=64)``: its
+    measurements must fall in the stated bands (about sqrt(n_layers + 1) pre-norm, about 1 post-norm)."""
+    g = Grader("input_gradient_norm")
+    with g.check("returns a Python float"):
+        where, v = _grad_norm(g, input_gradient_norm, 2, True, 3, C=16)
+        g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
+    with g.check(f"pre-norm: about sqrt(n_layers + 1) within {GRAD_BAND:.0%} (n_layers = 1, 4, 12; C = 256)"):
+        for n_layers, seed in ((1, 11), (4, 12), (12, 13)):
+            where, v = _grad_norm(g, input_gradient_norm, n_layers, True, seed)
+            _pre_band(g, where, v, n_layers)
+    with g.check(f"post-norm: about 1, in [{POST_BAND[0]}, {POST_BAND[1]}] (n_layers = 1, 4, 12; C = 256)"):
+        for n_layers, seed in ((1, 21), (4, 22), (12, 23)):
+            where, v = _grad_norm(g, input_gradient_norm, n_layers, False, seed)
+            _post_band(g, where, v)
+    with g.check("n_tokens at other values: the ratio does not depend on how many tokens"):
+        for n_tokens, seed in ((1, 41), (200, 42)):
+            where = f"input_gradient_norm(4, {GRAD_C}, norm_first=True, generator, n_tokens={n_tokens})"
+            v = _call(g, where, input_gradient_norm, 4, GRAD_C, True, _seeded(seed), n_tokens=n_tokens)
+            _pre_band(g, where, v, 4)
+    with g.check("n_tokens defaults to 64; the smallest allowed sizes (n_layers=1, C=2, n_tokens=1) work"):
+        where = "input_gradient_norm(3, 32, norm_first=False, generator, n_tokens=64)"
+        a = _call(g, where, input_gradient_norm, 3, 32, False, _seeded(51), n_tokens=64)
+        _, b = _grad_norm(g, input_gradient_norm, 3, False, 51, C=32)
+        g.expect(
+            a == b,
+            f"{where} gave {a!r} but the same call without n_tokens gave {b!r}: n_tokens defaults to 64",
+        )
+        where = "input_gradient_norm(1, 2, norm_first=True, generator, n_tokens=1)"
+        v = _call(g, where, input_gradient_norm, 1, 2, True, _seeded(52), n_tokens=1)
+        g.expect(
+            _is_float(v),
+            f"{where} should return a float, got {describe(v)}: C = 2 and n_tokens = 1 are allowed",
+        )
+    with g.check("draws from its generator: the same seed gives the same result, another seed another"):
+        _, a = _grad_norm(g, input_gradient_norm, 3, True, 31, C=32)
+        _, b = _grad_norm(g, input_gradient_norm, 3, True, 31, C=32)
+        _, c = _grad_norm(g, input_gradient_norm, 3, True, 32, C=32)
+        g.expect(
+            a == b and a != c,
+            f"two generators seeded alike gave {a!r} and {b!r}, and another seed gave {c!r}: draw x0, each W and "
+            "r with torch.randn(..., generator=generator), not from torch's global random state",
+        )
+    with g.check("raises ValueError for n_layers < 1, C < 2 or n_tokens < 1"):
+        for args, kwargs in (((0, 8, True), {}), ((2, 1, False), {}), ((2, 8, True), {"n_tokens": 0})):
+            expect_value_error(
+                g,
+                lambda args=args, kwargs=kwargs: input_gradient_norm(*args, _seeded(0), **kwargs),
+                f"input_gradient_norm{(*args, 'generator')}{' n_tokens=0' if kwargs else ''}",
+                "say which argument is out of range",
+            )
+    g.finish()
+
+
+def check_input_gradient_norm(input_gradient_norm) -> None:
+    """Public checks of ``input_gradient_norm``: one measurement each way, against the theory."""
+    g = Grader("input_gradient_norm (public)")
+    with g.check("input_gradient_norm(8, 256, norm_first, generator): about 3 pre-norm, about 1 post-norm"):
+        where, v = _grad_norm(g, input_gradient_norm, 8, True, 0)
+        _pre_band(g, where, v, 8)
+        where, v = _grad_norm(g, input_gradient_norm, 8, False, 1)
+        _post_band(g, where, v)
+    g.finish()
+
+
+# --------------------------------------------------------------------------- stretch
+
+
+def _rms(x, weight, eps=1e-6):
+    """The reference RMSNorm, in x's dtype (what nn.RMSNorm computes: tests/test_layers.py)."""
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * weight
+
+
+def grade_rms_norm(RMSNorm) -> None:
+    """Grade the stretch part ``RMSNorm(d_model, eps=1e-6)``."""
+    g = Grader("RMSNorm")
+
+    def build(C, eps=None, dtype=F64, seed=0):
+        what = f"RMSNorm({_args(C, eps=eps)})"
+        m = _call(g, what, RMSNorm, C, **({} if eps is None else {"eps": eps}))
+        m = m.to(dtype)
+        w = (rand(f"rms.w.{seed}", C) * 0.5 + 1).to(dtype)
+        _load(g, m, {"weight": w}, what, advice=": RMSNorm has one parameter, weight, and no bias")
+        return m, w, what
+
+    with g.check("has exactly one parameter, weight, ones of shape (C,)"):
+        for C in (16, 3):
+            m = _call(g, f"RMSNorm({C})", RMSNorm, C)
+            params = dict(m.named_parameters())
+            g.expect(
+                set(params) == {"weight"},
+                f"RMSNorm({C}) needs exactly one nn.Parameter, weight (no bias), got {sorted(params)}",
+            )
+            g.expect(
+                close(params["weight"].detach(), torch.ones(C)),
+                f"RMSNorm({C}).weight should start as ones of shape ({C},), got {describe(params['weight'])}",
+            )
+
+    def values(case):
+        lead, C, eps, scale, seed = case
+        m, w, what = build(C, eps=eps, seed=seed)
+        x = tensor(seed, *lead, C, scale=scale) + scale  # an offset: RMSNorm must not subtract the mean
+        what = f"{what} on x {(*lead, C)}"
+        out = _call(g, what, m, x)
+        e = 1e-6 if eps is None else eps
+        expected = _rms(x, w, e)
+        if not close(out, expected, magnitude=1.0):
+            mistakes = [
+                (_ln(x, w, None, e), "RMSNorm does not subtract the mean"),
+                (x / (torch.sqrt((x * x).mean(-1, keepdim=True)) + e) * w, "eps goes inside the square root"),
+                (
+                    x / torch.sqrt((x * x).sum(-1, keepdim=True) + e) * w,
+                    "the mean of the squares, not their sum",
+                ),
+            ]
+            if eps is None:
+                mistakes += [(_rms(x, w, 1e-5), "eps defaults to 1e-6, as the text says, not 1e-5")]
+            else:
+                mistakes += [
+                    (_rms(x, w, 1e-6), f"RMSNorm(C, eps={eps:g}) still used eps=1e-6: store eps, use it")
+                ]
+            first_match(g, out, [(wrong, f"{what}: {hint}") for wrong, hint in mistakes], expected)
+            _expect_close(g, what, out, expected, 1.0)
+
+    with g.check(
+        "x / sqrt(mean(x^2) + eps) * weight over the last axis, no mean subtracted, any leading dims"
+    ):
+        for_all(
+            "rms.values",
+            st.tuples(
+                st.lists(st.integers(1, 4), max_size=3).map(tuple),
+                st.sampled_from([1, 2, 5, 8, 16]),
+                st.just(None),
+                st.sampled_from([1.0, 0.05, 30.0]),
+                st.integers(0, 2**16),
+            ),
+            values,
+            max_examples=10,
+            first=((2, 3), 4, None, 1.0, 0),
+        )
+    with g.check("eps at other values, inside the square root (tiny inputs show it)"):
+        for case in (((3,), 6, 0.5, 1.0, 1), ((2, 2), 8, 1e-2, 1e-2, 2), ((4,), 5, 1e-3, 1e-3, 3)):
+            values(case)
+        values(((3,), 8, None, 1e-3, 4))
+    with g.check("float32 in, float32 out"):
+        m, w, what = build(16, dtype=torch.float32)
+        x = rand("rms.f32", 3, 16, dtype=torch.float32)
+        out = _call(g, f"{what} on float32 x (3, 16)", m, x)
+        _expect_close(g, f"{what} on float32 x (3, 16)", out, _rms(x.double(), w.double()).float())
+    with g.check("x whose last axis is not C raises a ValueError"):
+        m = _call(g, "RMSNorm(6)", RMSNorm, 6)
+        for shape in ((2, 5), (7,)):
+            expect_value_error(
+                g, lambda shape=shape: m(torch.zeros(*shape)), f"RMSNorm(6) on x {shape}", "name both shapes"
+            )
+    with g.check("leaves x unchanged; gradients flow back to x"):
+        m, w, what = build(6)
+        x = rand("rms.grad.x", 2, 6)
+        up = rand("rms.grad.up", 2, 6)
+        p = probe(m, x.clone().requires_grad_(), backward=(None, up))
+        g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0].detach(), x), f"{what} modified x in place")
+        xr = x.clone().requires_grad_()
+        (_rms(xr, w) * up).sum().backward()
+        _expect_close(
+            g, f"{what} on x (2, 6), the gradient with respect to x", p.grads[0] if p.grads else None, xr.grad
+        )
+    g.finish()
+
+
+def check_rms_norm(RMSNorm) -> None:
+    """Public checks of ``RMSNorm``: the parameter and one small example."""
+    g = Grader("RMSNorm (public)")
+    with g.check("RMSNorm(4) has one parameter, weight (ones)"):
+        params = dict(RMSNorm(4).named_parameters())
+        g.expect(
+            set(params) == {"weight"}, f"RMSNorm needs exactly one nn.Parameter, weight, got {sorted(params)}"
+        )
+    with g.check(
+        "RMSNorm(4) of [[1, 2, 3, 4], [3, 3, 3, 3]] divides by the root mean square (no mean subtracted)"
+    ):
+        x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [3.0, 3.0, 3.0, 3.0]], dtype=F64)
+        out = RMSNorm(4).double()(x)
+        _expect_close(g, "RMSNorm(4) of [[1, 2, 3, 4], [3, 3, 3, 3]]", out, _rms(x, torch.ones(4, dtype=F64)))
     g.finish()

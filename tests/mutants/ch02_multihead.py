@@ -8,7 +8,7 @@ import inspect
 import textwrap
 
 from coursekit import multihead
-from tests.mutants import Mutant, edit
+from tests.mutants import Mutant, edit, mutant
 
 _CLASS = textwrap.dedent(inspect.getsource(multihead.MultiHeadAttention))
 
@@ -373,11 +373,150 @@ def repeat_kv(x, n_rep):
             ),
         ),
     ),
+    Mutant(
+        "params_thinks_heads_add",
+        "predict_params_vs_heads",
+        "predict_params_vs_heads",
+        "the experiment gives (a) the same number",
+        'predict_params_vs_heads = "b"\n',
+    ),
+    Mutant(
+        "params_thinks_heads_narrow",
+        "predict_params_vs_heads",
+        "predict_params_vs_heads",
+        "you predicted (c) 1/8 as many",
+        'predict_params_vs_heads = "c"\n',
+    ),
+    Mutant(
+        "params_not_a_letter",
+        "predict_params_vs_heads",
+        "predict_params_vs_heads",
+        "one of the letters",
+        "predict_params_vs_heads = 1\n",
+    ),
+    Mutant(
+        "kv_shrink_query_heads",
+        "predict_kv_shrink",
+        "predict_kv_shrink",
+        "the experiment gives 4",
+        "predict_kv_shrink = 8\n",
+    ),
+    Mutant(
+        "kv_shrink_kv_heads",
+        "predict_kv_shrink",
+        "predict_kv_shrink",
+        "you predicted 2",
+        "predict_kv_shrink = 2\n",
+    ),
+    Mutant(
+        "kv_shrink_not_a_number",
+        "predict_kv_shrink",
+        "predict_kv_shrink",
+        "should be a finite number",
+        'predict_kv_shrink = "4x"\n',
+    ),
+    mutant(
+        "pooling_interleaved_groups",
+        multihead.kv_pooling_error,
+        "not every H_kv-th head",
+        (
+            "groups = k.reshape(B, n_kv_heads, H // n_kv_heads, S, D)  # (B, H_kv, n_rep, S, D)",
+            "groups = k.reshape(B, H // n_kv_heads, n_kv_heads, S, D).transpose(1, 2)",
+        ),
+    ),
+    mutant(
+        "pooling_groups_of_h_kv",
+        multihead.kv_pooling_error,
+        "pool the n_rep = H / H_kv heads",
+        (
+            "groups = k.reshape(B, n_kv_heads, H // n_kv_heads, S, D)  # (B, H_kv, n_rep, S, D)\n"
+            "    pooled = repeat_kv(groups.mean(dim=2), H // n_kv_heads)  # (B, H, S, D)",
+            "groups = k.reshape(B, H // n_kv_heads, n_kv_heads, S, D)\n"
+            "    pooled = repeat_kv(groups.mean(dim=2), n_kv_heads)",
+        ),
+    ),
+    mutant(
+        "pooling_over_tokens",
+        multihead.kv_pooling_error,
+        "over the head axis only",
+        ("pooled = repeat_kv(groups.mean(dim=2), H // n_kv_heads)", "pooled = k.mean(dim=2, keepdim=True)"),
+    ),
+    mutant(
+        "pooling_absolute_error",
+        multihead.kv_pooling_error,
+        "divided by the sum of k's squares",
+        ("return ((k - pooled).pow(2).sum() / total).item()", "return (k - pooled).pow(2).mean().item()"),
+    ),
+    mutant(
+        "pooling_returns_tensor",
+        multihead.kv_pooling_error,
+        "should return a Python float",
+        ("return ((k - pooled).pow(2).sum() / total).item()", "return (k - pooled).pow(2).sum() / total"),
+    ),
+    mutant(
+        "pooling_zero_division",
+        multihead.kv_pooling_error,
+        "expected 0.0",
+        ("    if total == 0:\n        return 0.0\n", ""),
+    ),
+    mutant(
+        "pooling_no_validation",
+        multihead.kv_pooling_error,
+        "raise a ValueError",
+        ("if n_kv_heads < 1 or H % n_kv_heads:", "if n_kv_heads < 1:"),
+    ),
+    mutant(
+        "pool_weights_interleaved",
+        multihead.pool_kv_heads,
+        "the mean of its n_rep consecutive key heads",
+        (
+            "grouped = rows.reshape(n_kv_heads, n_rep, D, *rows.shape[1:])  # (H_kv, n_rep, D, ...)\n"
+            "        return grouped.mean(dim=1)",
+            "grouped = rows.reshape(n_rep, n_kv_heads, D, *rows.shape[1:])\n        return grouped.mean(dim=0)",
+        ),
+    ),
+    mutant(
+        "pool_weights_keeps_values",
+        multihead.pool_kv_heads,
+        "then the same for the values",
+        ("return torch.cat([q, pool(k), pool(v)], dim=0)", "return torch.cat([q, pool(k), pool(k)], dim=0)"),
+    ),
+    mutant(
+        "pool_weights_sums",
+        multihead.pool_kv_heads,
+        "averaged",
+        ("return grouped.mean(dim=1)", "return grouped.sum(dim=1)"),
+    ),
+    mutant(
+        "pool_weights_no_check",
+        multihead.pool_kv_heads,
+        "raise a ValueError",
+        ("if n_kv_heads < 1 or n_heads % n_kv_heads:", "if n_kv_heads < 1:"),
+    ),
 ]
 
 #: Mutants of the instructor's answers (``scripts/mutation.py``) that no input the exercise allows tells
 #: apart from the answer, each with the reason.
+_BIAS_MESSAGE = (
+    'pool_kv_heads | raise ValueError(f"expected qkv_bias of shape ({3 * C},), got {tuple(qkv_bias.shape)}")'
+)
+_BIAS_REASON = "the expected shape in the error message's text; the check asks it to name the shape that came"
 EQUIVALENT = {
+    f"{_BIAS_MESSAGE} | binop | 1": _BIAS_REASON,
+    f"{_BIAS_MESSAGE} | binop | 2": _BIAS_REASON,
+    f"{_BIAS_MESSAGE} | number | 1": _BIAS_REASON,
+    f"{_BIAS_MESSAGE} | number | 2": _BIAS_REASON,
+    f"{_BIAS_MESSAGE} | number | 3": _BIAS_REASON,
+    f"{_BIAS_MESSAGE} | number | 4": _BIAS_REASON,
+    f"{_BIAS_MESSAGE} | number | 5": _BIAS_REASON,
+    "pool_kv_heads | if qkv_weight.dim() != 2 or qkv_weight.shape[0] != 3 * qkv_weight.shape[1]: | number | 13": (
+        "the shape is tested only after dim() == 2, where shape[-1] is shape[1]"
+    ),
+    "pool_kv_heads | C = qkv_weight.shape[1] | number | 2": "qkv_weight is 2-D here, so shape[-1] is shape[1]",
+    "pool_kv_heads | q, k, v = t.split([C, C, C], dim=0) # 3 x (C, ...) | keyword | 1": "split's default dim is 0",
+    "pool_kv_heads | return torch.cat([q, pool(k), pool(v)], dim=0) # (C + 2 H_kv D, ...) | keyword | 1": (
+        "cat's default dim is 0"
+    ),
     (
         "split_heads | return x.view(B, T, n_heads, HD // n_heads).transpose(1, 2) # (B, H, T, D) "
         "| attribute | 1"

@@ -7,7 +7,7 @@ mutants (``scripts/mutation.py``) that no input the text allows can tell from th
 """
 
 from coursekit import positional as ref
-from tests.mutants import mutant
+from tests.mutants import Mutant, mutant
 
 _SIN_POS = "pos = torch.arange(T, dtype=torch.float64)[:, None]  # (T, 1)"
 _SIN_FREQ = "freq = base ** (-torch.arange(0, C, 2, dtype=torch.float64) / C)  # (C/2,) w_i = base^(-2i/C)"
@@ -307,11 +307,142 @@ MUTANTS = [
         "raise a ValueError",
         ("    if T < 0 or S < T:\n", "    if T < 0:\n"),
     ),
+    Mutant(
+        "rope_thinks_absolute",
+        "predict_rope_offset",
+        "predict_rope_offset",
+        "the experiment gives (a) only on the offset",
+        'predict_rope_offset = "c"\n',
+    ),
+    Mutant(
+        "rope_thinks_cancels",
+        "predict_rope_offset",
+        "predict_rope_offset",
+        "you predicted (d)",
+        'predict_rope_offset = "d"\n',
+    ),
+    Mutant(
+        "rope_not_a_letter",
+        "predict_rope_offset",
+        "predict_rope_offset",
+        "one of the letters",
+        "predict_rope_offset = 1\n",
+    ),
+    Mutant(
+        "alibi_slope_exponent",
+        "predict_alibi_first_slope",
+        "predict_alibi_first_slope",
+        "the experiment gives 0.5",
+        "predict_alibi_first_slope = 2 ** -8\n",
+    ),
+    Mutant(
+        "alibi_slope_one",
+        "predict_alibi_first_slope",
+        "predict_alibi_first_slope",
+        "you predicted 1",
+        "predict_alibi_first_slope = 1\n",
+    ),
+    Mutant(
+        "alibi_slope_not_a_number",
+        "predict_alibi_first_slope",
+        "predict_alibi_first_slope",
+        "should be a finite number",
+        'predict_alibi_first_slope = "1/2"\n',
+    ),
+    mutant(
+        "similarity_unnormalised",
+        ref.sinusoidal_similarity,
+        "divided by both norms",
+        ("cos = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))", "cos = (a * b).sum(-1)"),
+    ),
+    mutant(
+        "similarity_off_by_one",
+        ref.sinusoidal_similarity,
+        "compare row p with row p + k",
+        ("a, b = pe[:T], pe[k : k + T]", "a, b = pe[:T], pe[max(k - 1, 0) : max(k - 1, 0) + T]"),
+    ),
+    mutant(
+        "similarity_against_row_k",
+        ref.sinusoidal_similarity,
+        "averaged over p = 0 .. T-1",
+        ("a, b = pe[:T], pe[k : k + T]", "a, b = pe[:T], pe[k : k + 1].expand(T, -1)"),
+    ),
+    mutant(
+        "similarity_ignores_base",
+        ref.sinusoidal_similarity,
+        "pass base on to sinusoidal_encoding",
+        (
+            "pe = sinusoidal_encoding(T + k, C, base=base, dtype=torch.float64)",
+            "pe = sinusoidal_encoding(T + k, C, dtype=torch.float64)",
+        ),
+    ),
+    mutant(
+        "similarity_returns_tensor",
+        ref.sinusoidal_similarity,
+        "should return a Python float",
+        ("return cos.mean().item()", "return cos.mean()"),
+    ),
+    mutant(
+        "similarity_no_validation",
+        ref.sinusoidal_similarity,
+        "raise a ValueError",
+        ("if k < 0:", "if k < -1:"),
+    ),
+    mutant(
+        "ntk_linear_factor",
+        ref.ntk_scaled_base,
+        "factor times lower",
+        ("return float(base * factor ** (D / (D - 2)))", "return float(base * factor)"),
+    ),
+    mutant(
+        "ntk_exponent_inverted",
+        ref.ntk_scaled_base,
+        "solve base'^(-(D-2)/D)",
+        ("return float(base * factor ** (D / (D - 2)))", "return float(base * factor ** ((D - 2) / D))"),
+    ),
+    mutant(
+        "ntk_accepts_zero_factor",
+        ref.ntk_scaled_base,
+        "raise a ValueError",
+        ("if factor <= 0:", "if factor < 0:"),
+    ),
 ]
 
 #: Automatically generated mutants (``scripts/mutation.py``) that no input the text allows can tell
 #: from the answer, each with the reason.
+_SIG = (
+    "sinusoidal_similarity | def sinusoidal_similarity(k: int, C: int, T: int = 512, base: float = 10000.0) "
+    "-> float:"
+)
+_COS = "sinusoidal_similarity | cos = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1)) # (T,)"
 EQUIVALENT = {
+    f"{_SIG} | default | 2": (
+        "the mean over p does not depend on T: every pair of rows k apart has the same similarity, "
+        "(2 / C) sum_i cos(k w_i)"
+    ),
+    f"{_SIG} | default | 4": ("the mean over p does not depend on T (see default | 2)"),
+    f"{_SIG} | default | 5": ("the mean over p does not depend on T (see default | 2)"),
+    f"{_SIG} | default | 9": (
+        "base 10001 instead of 10000 moves the similarity by far less than the band of 0.01 that float32 tables need"
+    ),
+    f"{_SIG} | default | 10": (
+        "base 9999 instead of 10000 moves the similarity by far less than the band of 0.01 that float32 tables need"
+    ),
+    (
+        "sinusoidal_similarity | pe = sinusoidal_encoding(T + k, C, base=base, dtype=torch.float64) # (T + k, C) "
+        "| keyword | 2"
+    ): ("a float32 table is allowed: its rounding (about 1e-4) is inside the band"),
+    "sinusoidal_similarity | a, b = pe[:T], pe[k : k + T] # (T, C) each: positions p and p + k | slice | 5": (
+        "the table has exactly T + k rows, so the slice k : k + T + 1 stops at the same row"
+    ),
+    f"{_COS} | unary | 1": ("a and b are 2-D, so dim=1 is dim=-1"),
+    f"{_COS} | number | 2": ("a and b are 2-D, so dim=1 is dim=-1"),
+    f"{_COS} | unary | 2": ("a and b are 2-D, so dim=1 is dim=-1"),
+    f"{_COS} | number | 5": ("a and b are 2-D, so dim=1 is dim=-1"),
+    f"{_COS} | unary | 3": ("a and b are 2-D, so dim=1 is dim=-1"),
+    f"{_COS} | number | 8": ("a and b are 2-D, so dim=1 is dim=-1"),
+    "ntk_scaled_base | if D <= 2 or D % 2: | number | 4": ("a number in the error message's text only"),
+    "ntk_scaled_base | if base <= 1: | number | 3": ("a number in the error message's text only"),
     ("sinusoidal_encoding | pos = torch.arange(T, dtype=torch.float64)[:, None] # (T, 1) | keyword | 1"): (
         "int64 positions times the float64 frequencies promote to float64 with the same exact "
         "values (T < 2^53)"

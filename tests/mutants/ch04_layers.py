@@ -7,7 +7,7 @@ input the text allows can tell from the answer.
 """
 
 from coursekit import layers as ref
-from tests.mutants import mutant
+from tests.mutants import Mutant, mutant
 
 _LN_CHECK = """        if x.shape[-1] != self.d_model:
             raise ValueError(f"expected x of shape (..., {self.d_model}), got {tuple(x.shape)}")
@@ -406,8 +406,194 @@ MUTANTS = [
         ),
         ("x = x + self.dropout3(self.ff(self.norm3(x)))", "x = x + self.dropout1(self.ff(self.norm3(x)))"),
     ),
+    Mutant(
+        "ln_params_weight_only",
+        "predict_layer_norm_params",
+        "predict_layer_norm_params",
+        "the experiment gives 1536",
+        "predict_layer_norm_params = 768\n",
+    ),
+    Mutant(
+        "ln_params_counts_statistics",
+        "predict_layer_norm_params",
+        "predict_layer_norm_params",
+        "you predicted 3072",
+        "predict_layer_norm_params = 3072\n",
+    ),
+    Mutant(
+        "ln_params_as_text",
+        "predict_layer_norm_params",
+        "predict_layer_norm_params",
+        "should be a finite number",
+        'predict_layer_norm_params = "2C"\n',
+    ),
+    Mutant(
+        "gradient_thinks_conserved",
+        "predict_input_gradient",
+        "predict_input_gradient",
+        "the experiment gives (c) 5",
+        'predict_input_gradient = "b"\n',
+    ),
+    Mutant(
+        "gradient_thinks_vanishing",
+        "predict_input_gradient",
+        "predict_input_gradient",
+        "you predicted (a) 1/5",
+        'predict_input_gradient = "a"\n',
+    ),
+    Mutant(
+        "gradient_not_a_letter",
+        "predict_input_gradient",
+        "predict_input_gradient",
+        "one of the letters",
+        "predict_input_gradient = 5\n",
+    ),
+    mutant(
+        "grad_pre_norm_without_residual",
+        ref.input_gradient_norm,
+        "keeps the identity path",
+        ("x = x + norm(x) @ W.T if norm_first", "x = norm(x) @ W.T if norm_first"),
+    ),
+    mutant(
+        "grad_placements_swapped",
+        ref.input_gradient_norm,
+        "should give about",
+        ("if norm_first else norm(x + x @ W.T)", "if not norm_first else norm(x + x @ W.T)"),
+    ),
+    mutant(
+        "grad_post_norm_before_add",
+        ref.input_gradient_norm,
+        "post-norm should give about 1",
+        ("else norm(x + x @ W.T)", "else x + norm(x) @ W.T + 0 * x"),
+    ),
+    mutant(
+        "grad_unscaled_weights",
+        ref.input_gradient_norm,
+        "randn / sqrt(C)",
+        ("dtype=torch.float64) / math.sqrt(C)  # (C, C)", "dtype=torch.float64)  # (C, C)"),
+    ),
+    mutant(
+        "grad_not_divided_by_r",
+        ref.input_gradient_norm,
+        "divided by ||r||",
+        ("return (grad.norm() / r.norm()).item()", "return grad.norm().item()"),
+    ),
+    mutant(
+        "grad_ones_not_random",
+        ref.input_gradient_norm,
+        "not ones",
+        (
+            "r = torch.randn(n_tokens, C, generator=generator, dtype=torch.float64)",
+            "r = torch.ones(n_tokens, C, dtype=torch.float64)",
+        ),
+    ),
+    mutant(
+        "grad_global_rng",
+        ref.input_gradient_norm,
+        "not from torch's global random state",
+        (
+            "W = torch.randn(C, C, generator=generator, dtype=torch.float64)",
+            "W = torch.randn(C, C, dtype=torch.float64)",
+        ),
+    ),
+    mutant(
+        "grad_returns_tensor",
+        ref.input_gradient_norm,
+        "should return a Python float",
+        ("return (grad.norm() / r.norm()).item()", "return grad.norm() / r.norm()"),
+    ),
+    mutant(
+        "grad_no_validation",
+        ref.input_gradient_norm,
+        "raise a ValueError",
+        ("n_layers < 1 or C < 2 or n_tokens < 1", "False"),
+    ),
+    mutant(
+        "rms_subtracts_mean",
+        ref.RMSNorm,
+        "does not subtract the mean",
+        (
+            "ms = (x * x).mean(dim=-1, keepdim=True)  # (..., 1)\n        return x / torch.sqrt(ms + self.eps)",
+            "x = x - x.mean(dim=-1, keepdim=True)\n"
+            "        ms = (x * x).mean(dim=-1, keepdim=True)  # (..., 1)\n"
+            "        return x / torch.sqrt(ms + self.eps)",
+        ),
+    ),
+    mutant(
+        "rms_eps_outside_sqrt",
+        ref.RMSNorm,
+        "eps goes inside the square root",
+        ("x / torch.sqrt(ms + self.eps) * self.weight", "x / (torch.sqrt(ms) + self.eps) * self.weight"),
+    ),
+    mutant(
+        "rms_sum_not_mean",
+        ref.RMSNorm,
+        "not their sum",
+        ("ms = (x * x).mean(dim=-1, keepdim=True)", "ms = (x * x).sum(dim=-1, keepdim=True)"),
+    ),
+    mutant(
+        "rms_with_bias",
+        ref.RMSNorm,
+        "exactly one nn.Parameter",
+        (
+            "self.weight = nn.Parameter(torch.ones(d_model))",
+            "self.weight = nn.Parameter(torch.ones(d_model))\n        self.bias = nn.Parameter(torch.zeros(d_model))",
+        ),
+    ),
+    mutant(
+        "rms_default_eps",
+        ref.RMSNorm,
+        "eps defaults to 1e-6",
+        ("eps: float = 1e-6", "eps: float = 1e-5"),
+    ),
 ]
 
 #: Automatically generated mutants (``scripts/mutation.py``) that no input the text allows can tell
 #: from the answer, each with the reason.
-EQUIVALENT: dict[str, str] = {}
+EQUIVALENT: dict[str, str] = {
+    (
+        "input_gradient_norm | if not all(isinstance(v, int) and not isinstance(v, bool) for v in ("
+        "n_layers, C, n_tokens)) or ( | boolop | 2"
+    ): "the text promises a ValueError for sizes out of range only, not for non-integer sizes",
+    "input_gradient_norm | mean = x.mean(dim=-1, keepdim=True) # (n_tokens, 1) | unary | 1": (
+        "x is 2-D, so dim=1 is dim=-1"
+    ),
+    "input_gradient_norm | mean = x.mean(dim=-1, keepdim=True) # (n_tokens, 1) | number | 2": (
+        "keepdim=-1 is truthy, the same as keepdim=True"
+    ),
+    (
+        "input_gradient_norm | return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(dim=-1, keepdi"
+        "m=True) + 1e-5) | unary | 1"
+    ): "x is 2-D, so dim=1 is dim=-1",
+    (
+        "input_gradient_norm | return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(dim=-1, keepdi"
+        "m=True) + 1e-5) | number | 6"
+    ): "keepdim=-1 is truthy, the same as keepdim=True",
+    (
+        "input_gradient_norm | return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(dim=-1, keepdi"
+        "m=True) + 1e-5) | binop | 4"
+    ): ("eps 1e-5 subtracted instead of added changes a variance of order 1 by 1e-5, far inside the band"),
+    (
+        "input_gradient_norm | return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(dim=-1, keepdi"
+        "m=True) + 1e-5) | number | 8"
+    ): "eps 0 instead of 1e-5 changes a variance of order 1 by 1e-5, far inside the band",
+    (
+        "input_gradient_norm | return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(dim=-1, keepdi"
+        "m=True) + 1e-5) | binop | 6"
+    ): (
+        "the variance of x + mean instead of x - mean differs by 4 mean^2, of order 1/C = 0.4% at C"
+        " = 256 (the mean of C standard-normal features), far inside the 15% band"
+    ),
+    (
+        "input_gradient_norm | x = x + norm(x) @ W.T if norm_first else norm(x + x @ W.T) # (n_toke"
+        "ns, C) | binop | 1"
+    ): ("-W has the distribution of W (symmetric entries), so x - norm(x) W^T is the same experiment"),
+    (
+        "input_gradient_norm | x = x + norm(x) @ W.T if norm_first else norm(x + x @ W.T) # (n_toke"
+        "ns, C) | binop | 3"
+    ): ("-W has the distribution of W (symmetric entries), so norm(x - x W^T) is the same experiment"),
+    (
+        "input_gradient_norm | r = torch.randn(n_tokens, C, generator=generator, dtype=torch.float6"
+        "4) # (n_tokens, C) | keyword | 2"
+    ): ("r drawn in float32 and promoted is still standard normal: the ratio has the same distribution"),
+}
