@@ -44,7 +44,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from coursekit.bert import BERT_PRESETS, BertConfig, bert_params
-from coursekit.gpt import GPT_PRESETS, GPTConfig, gpt_param_count
+from coursekit.gpt import GPT, GPT_PRESETS, GPTConfig, gpt_param_count
 from coursekit.layers import approx_gpt_params
 
 __all__ = [
@@ -70,9 +70,11 @@ __all__ = [
     "kv_cache_gib",
     "forward_flops",
     "counted_flops",
+    "flops_ratio",
     "training_flops",
     "training_days",
     "tokens_per_param_rule",
+    "chinchilla_optimal",
 ]
 
 
@@ -491,6 +493,56 @@ def counted_flops(fn, *args, **kwargs) -> int:
     return counter.get_total_flops()
 
 
+def flops_ratio(
+    vocab_size: int, d_model: int, n_layers: int, n_heads: int, seq_len: int, batch: int = 1
+) -> float:
+    """Measure how far the rule "2 N FLOPs per token" is from a GPT's forward pass.
+
+    Builds ``GPT(GPTConfig(vocab_size, block_size=seq_len, n_layers, n_heads, d_model))`` on
+    the ``meta`` device (shapes without values: no memory, no arithmetic), counts the FLOPs of
+    one forward pass over ``batch`` sequences of ``seq_len`` tokens with :func:`counted_flops`,
+    and divides by ``2 N`` per token, ``N`` the model's parameters (all of them, embeddings
+    included).
+
+    Args:
+        vocab_size, d_model, n_layers, n_heads: ``V, C, L, H``; ``H`` must divide ``C``.
+        seq_len: ``T``, the tokens per sequence (also the model's ``block_size``).
+        batch: ``B``, the sequences.
+
+    Returns:
+        ``counted FLOPs / (2 N B T)``, a Python ``float``: above 1 where attention's ``4 L T C``
+        per token outweighs the parameters that are never multiplied (positions, biases, norms).
+
+    Raises:
+        ValueError: a size is not a positive whole number (the message names it), or ``n_heads``
+            does not divide ``d_model`` (the message gives both).
+
+    Example: ``flops_ratio(97, 48, 3, 4, 64)`` is 1.1446 (27,144,192 FLOPs for 2 sequences,
+    92,640 parameters); ``flops_ratio(50257, 768, 12, 12, 1024)`` (GPT-2 small) is 1.1444.
+    """
+    require_positive(
+        integer=True,
+        vocab_size=vocab_size,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        seq_len=seq_len,
+        batch=batch,
+    )
+    if d_model % n_heads:
+        raise ValueError(f"n_heads must divide d_model, got d_model={d_model} and n_heads={n_heads}")
+    config = GPTConfig(
+        vocab_size=vocab_size, block_size=seq_len, n_layers=n_layers, n_heads=n_heads, d_model=d_model
+    )
+    with torch.device("meta"):
+        model = GPT(config)
+        idx = torch.zeros(batch, seq_len, dtype=torch.long)  # (B, T)
+    n_params = sum(p.numel() for p in model.parameters())
+    with torch.no_grad():
+        flops = counted_flops(model, idx)
+    return flops / (2 * n_params * batch * seq_len)
+
+
 def training_flops(
     n_params: float, n_tokens: float, n_layers: int = 0, seq_len: int = 0, d_model: int = 0
 ) -> float:
@@ -629,3 +681,35 @@ def tokens_per_param_rule(flops, tokens_per_param: float = 20.0):
     require_positive(tokens_per_param=tokens_per_param)
     n = np.sqrt(c / (6 * tokens_per_param))
     return n, tokens_per_param * n
+
+
+def chinchilla_optimal(
+    flops: float, A: float = 406.4, B: float = 410.7, alpha: float = 0.34, beta: float = 0.28
+) -> tuple[float, float]:
+    """The compute-optimal parameters and tokens for a budget of ``flops = 6 N D`` FLOPs.
+
+    Minimises Hoffmann et al.'s (2022) fit ``L(N, D) = E + A / N^alpha + B / D^beta`` (``E``
+    does not move the minimum) along ``D = flops / (6 N)``: setting the derivative in ``N`` to
+    zero gives ``alpha A / N^alpha = beta B / D^beta``, whence ``N = G (flops / 6)^(beta / (alpha + beta))``
+    and ``D = (flops / 6)^(alpha / (alpha + beta)) / G`` with ``G = (alpha A / (beta B))^(1 / (alpha + beta))``.
+    The defaults are the paper's published constants of approach 3.
+
+    Args:
+        flops: the budget ``C`` in FLOPs.
+        A, B, alpha, beta: the fit's constants.
+
+    Returns:
+        ``(N, D)``, two Python floats with ``6 N D == flops``.
+
+    Raises:
+        ValueError: an argument is not a positive number (the message names it).
+
+    Example: ``chinchilla_optimal(5.76e23)``, Gopher's budget, gives about 32B parameters on
+    3.0T tokens (Chinchilla itself, trained with that budget, had 70B on 1.4T).
+    """
+    require_positive(flops=flops, A=A, B=B, alpha=alpha, beta=beta)
+    s = alpha + beta
+    G = (alpha * A / (beta * B)) ** (1 / s)
+    n_params = G * (flops / 6) ** (beta / s)
+    n_tokens = (flops / 6) ** (alpha / s) / G
+    return float(n_params), float(n_tokens)

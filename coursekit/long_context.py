@@ -65,6 +65,8 @@ __all__ = [
     "attend_with_memory",
     "segment_recurrence",
     "segment_recurrence_mask",
+    "window_mass",
+    "sink_window_mask",
 ]
 
 
@@ -719,3 +721,84 @@ def segment_recurrence_mask(T: int, segment_len: int, mem_len: int) -> torch.Ten
     i, j, _ = _positions(T, None, None)
     start = (i // segment_len) * segment_len  # (T, 1) first position of each query's segment
     return (j <= i) & (j >= start - mem_len)  # (T, T)
+
+
+# --------------------------------------------------------------------------- experiment and stretch
+
+
+def window_mass(T: int, window: int, n: int, generator: torch.Generator, D: int = 16) -> float:
+    """Measure the attention weight a sliding window keeps, for random queries and keys.
+
+    Draws ``n`` independent trials, each one query ``q`` and ``T`` keys ``k`` with ``D``
+    standard-normal entries (float64, from ``generator``: all the queries ``(n, D)`` first, then
+    all the keys ``(n, T, D)``). The query sits at the last position and attends causally to all
+    ``T`` keys with the weights ``softmax(q . k / sqrt(D))``; a sliding window of ``window`` keys
+    would keep only the last ``window`` of them. Returns the mean over the trials of the weight on
+    those ``window`` keys. The keys are exchangeable, so in theory it is ``window / T``: without
+    locality, a window drops ``1 - window / T`` of the attention.
+
+    Args:
+        T: keys the query sees (its own position included), at least 1.
+        window: the window ``W``, ``1 <= W <= T``.
+        n: trials, at least 1.
+        generator: the source of randomness (the same seed gives the same result).
+        D: the width of queries and keys, at least 1.
+
+    Returns:
+        The mean kept weight, a Python ``float`` in ``[0, 1]``.
+
+    Raises:
+        ValueError: ``T``, ``n`` or ``D`` below 1, or ``window`` not in ``1 .. T``.
+
+    Example:
+        ``window_mass(64, 8, 4000, torch.Generator().manual_seed(0))`` is about ``8 / 64 = 0.125``.
+    """
+    for name, value in (("T", T), ("n", n), ("D", D)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= T:
+        raise ValueError(f"window must be an integer in 1 .. T = {T}, got {window!r}")
+    q = torch.randn(n, D, generator=generator, dtype=torch.float64)  # (n, D)
+    k = torch.randn(n, T, D, generator=generator, dtype=torch.float64)  # (n, T, D)
+    scores = (k @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(D)  # (n, T)
+    weights = torch.softmax(scores, dim=-1)  # (n, T)
+    return weights[:, T - window :].sum(dim=-1).mean().item()
+
+
+def sink_window_mask(
+    T: int, window: int, n_sink: int, S: int | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """A sliding window plus *attention sinks*: StreamingLLM's mask (Xiao et al., 2023).
+
+    Query ``i`` sits at position ``p = i + S - T`` (bottom-right alignment) and may attend to key
+    ``j <= p`` when ``j`` is in its window, ``p - window < j``, or is one of the first ``n_sink``
+    tokens, ``j < n_sink``. Trained models park much of their attention on the first tokens; a
+    rolling cache that evicts them breaks down, one that keeps ``n_sink`` of them (4 in the paper)
+    plus the last ``window`` keys stays fluent for millions of tokens. ``n_sink = 0`` is
+    :func:`sliding_window_mask`.
+
+    Args:
+        T: number of queries, ``T >= 0``.
+        window: the window ``W``, a positive integer (the query itself included).
+        n_sink: the sink tokens every query keeps, an integer ``>= 0``.
+        S: number of keys, ``S >= T``; defaults to ``T``.
+        device: where to build the mask.
+
+    Returns:
+        ``(T, S)`` boolean on ``device``, ``True`` = may attend.
+
+    Raises:
+        ValueError: ``window`` not a positive integer, ``n_sink`` not a non-negative integer, or
+            not ``0 <= T <= S``.
+
+    Example:
+        ``sink_window_mask(5, 2, 1)`` is ``[[1,0,0,0,0], [1,1,0,0,0], [1,1,1,0,0], [1,0,1,1,0],
+        [1,0,0,1,1]]``.
+    """
+    if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
+        raise ValueError(f"n_sink must be a non-negative integer, got {n_sink!r}")
+    window_part = sliding_window_mask(T, window, S, device=device)  # (T, S), validates the rest
+    S = window_part.shape[-1]
+    p = torch.arange(T, device=device)[:, None] + (S - T)  # (T, 1) query positions
+    j = torch.arange(S, device=device)[None, :]  # (1, S) key positions
+    return window_part | ((j < n_sink) & (j <= p))  # (T, S)

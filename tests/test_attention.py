@@ -291,3 +291,24 @@ def test_self_attention_matches_manual_and_rejects_bad_input():
     assert sum(p.numel() for p in layer.parameters()) == 3 * (8 * 4 + 4)
     with pytest.raises(ValueError, match=r"expected x of shape \(B, T, 8\)"):
         layer(torch.zeros(2, 5, 7, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 16, 40])
+def test_online_softmax_equals_torch_softmax_for_every_block_size(block):
+    x = torch.randn(3, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(block)) * 20
+    x[0, 0] = -math.inf  # a fully masked row gives zeros, as our softmax does
+    x[1, 2, :block] = -math.inf  # a first block that is all -inf
+    expected = torch.softmax(x, dim=-1).nan_to_num(0.0)
+    torch.testing.assert_close(A.online_softmax(x, block), expected, rtol=1e-12, atol=1e-15)
+
+
+def test_score_variance_follows_the_theory_and_its_generator():
+    """Var(q . k) = D for independent standard-normal entries, 1 after scaling by 1/sqrt(D) (within six
+    standard deviations of the sample variance at n = 20,000); the same seed, the same value."""
+    for D in (1, 16, 256):
+        raw = A.score_variance(D, 20_000, torch.Generator().manual_seed(D))
+        scaled = A.score_variance(D, 20_000, torch.Generator().manual_seed(D), scaled=True)
+        assert abs(raw / D - 1) < 0.12 and abs(scaled - 1) < 0.12
+        assert raw == pytest.approx(scaled * D, rel=1e-12)  # the same draws, scaled
+    with pytest.raises(ValueError, match="D >= 1 and n >= 2"):
+        A.score_variance(0, 10, torch.Generator())

@@ -92,6 +92,24 @@ def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
     return 6 * n_params * n_tokens / throughput / (24 * 60 * 60)
 """,
     },
+    "flops_ratio": {
+        "real weights, FlopCounterMode with the math kernel": """
+def flops_ratio(vocab_size, d_model, n_layers, n_heads, seq_len, batch=1):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+    require_positive(integer=True, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
+                     n_heads=n_heads, seq_len=seq_len, batch=batch)
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}")
+    model = GPT(GPTConfig(vocab_size, seq_len, n_layers, n_heads, d_model)).eval()
+    idx = torch.randint(0, vocab_size, (batch, seq_len))
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), counter:
+        model(idx)
+    n = sum(p.numel() for p in model.parameters())
+    return float(counter.get_total_flops() / (2 * n * batch * seq_len))
+""",
+    },
 }
 
 CASES = [(gid, name) for gid, answers in ALTERNATIVES.items() for name in answers]
@@ -139,3 +157,22 @@ def test_ambiguous_numbers_name_every_matching_mistake():
     with pytest.raises(GradingFailure) as info:
         grader.check_training_memory(twelve_bytes)
     assert "the gradients are missing" in str(info.value) and "Adam keeps two moments" in str(info.value)
+
+
+def test_the_flops_band_is_narrower_than_every_mistake():
+    """FLOPS_BAND's comment: on the graded shapes every listed mistake is at least twice the band away."""
+    for shape in grader.FLOPS_SHAPES:
+        flops, n, _ = grader._flops_parts(*shape)
+        right = flops / (2 * n * shape[4] * shape[5])
+        assert ref.flops_ratio(*shape) == pytest.approx(right, rel=1e-12)
+        for wrong, hint in grader._flops_mistakes(*shape):
+            if wrong != right:
+                assert abs(wrong / right - 1) > 2 * grader.FLOPS_BAND, (shape, hint)
+
+
+def test_chinchilla_optimal_is_the_minimum_on_the_budget():
+    n, d = ref.chinchilla_optimal(5.76e23)
+    assert 6 * n * d == pytest.approx(5.76e23, rel=1e-12)
+    fit = ref.CHINCHILLA
+    for f in (0.9, 1.1):
+        assert fit.loss(n, d) < fit.loss(n * f, d / f)

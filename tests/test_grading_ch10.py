@@ -194,7 +194,7 @@ def test_a_correct_implementation_written_differently_gets_full_marks(part, sour
     assert len(outcomes) == 2 and all(o.failure is None for o in outcomes), [o.failure for o in outcomes]
 
 
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.part in PUBLIC], ids=lambda m: m.name)
 def test_public_checks_catch_every_catalogued_mistake(mutant):
     """The public checks name every clause the hidden ones grade, on a small example each."""
     with pytest.raises(GradingFailure):

@@ -39,6 +39,7 @@ from coursekit.grading.core import (
     raise_unless_student_error,
     said,
 )
+from coursekit.grading.questions import Prediction, expect_in_band
 
 __all__ = [
     "check_decoder_params",
@@ -49,6 +50,14 @@ __all__ = [
     "grade_training_memory",
     "grade_kv_cache",
     "grade_training_days",
+    "check_predict_adam_bytes",
+    "grade_predict_adam_bytes",
+    "check_predict_gpt2_xl_kv_mib",
+    "grade_predict_gpt2_xl_kv_mib",
+    "check_flops_ratio",
+    "grade_flops_ratio",
+    "check_chinchilla_optimal",
+    "grade_chinchilla_optimal",
 ]
 
 
@@ -856,5 +865,331 @@ def check_training_days(training_days) -> None:
             "training_days",
             ("n_gpus",),
             "n_gpus must be a positive number: use require_positive",
+        )
+    g.finish()
+
+
+# =========================================================================== predict, then check
+
+
+def _gpt2_xl_kv_mib() -> float:
+    c = ref.GPT_PRESETS["gpt2-xl"]
+    return ref.kv_cache_gib(c.n_layers, c.n_heads, c.n_heads, c.d_model, c.block_size, bits=16) * 1024
+
+
+ADAM_BYTES = Prediction(
+    name="predict_adam_bytes",
+    question="Mixed-precision (bf16) training with Adam, in ZeRO's convention: how many bytes per parameter do "
+    "the weights, gradients, master weights and optimizer states take together?",
+    tests="training memory: the float32 master weights and Adam's two float32 moments dominate, not the weights",
+    measure=lambda: sum(ref.memory_per_param("bf16", "adam").values()),
+    explanation="bf16 weights (2) and gradients (2), a float32 master copy of the weights that the optimizer "
+    "updates (4), and Adam's two float32 moments (8): {truth} bytes, as many as plain float32 Adam. Mixed "
+    "precision saves time and activation memory, not the memory of the model's states: a 7B model needs "
+    "about 104 GiB for them before a single activation (Rajbhandari et al., 2020).",
+)
+
+GPT2_XL_KV_MIB = Prediction(
+    name="predict_gpt2_xl_kv_mib",
+    question="GPT-2 XL (48 layers, d_model 1600, 25 heads, multi-head attention) caches keys and values in "
+    "float16 for one sequence of its full context, 1,024 tokens: how many MiB is its KV cache?",
+    tests="the KV cache: 2 x layers x tokens x d_model x bytes per value, linear in the context T",
+    measure=_gpt2_xl_kv_mib,
+    explanation="Per token each layer caches a key and a value of d_model = 1600 values (25 heads of 64): "
+    "2 * 48 * 1600 = 153,600 values, 300 KiB in float16. For 1,024 tokens that is {truth} MiB, growing "
+    "linearly with T: 8 sequences of 1,024 tokens already take 2.3 GiB, about 80% of the 2.9 GiB of "
+    "GPT-2 XL's float16 weights.",
+    rel=0.05,
+)
+
+check_predict_adam_bytes, grade_predict_adam_bytes = ADAM_BYTES.graders()
+check_predict_gpt2_xl_kv_mib, grade_predict_gpt2_xl_kv_mib = GPT2_XL_KV_MIB.graders()
+
+
+# =========================================================================== experiment: flops_ratio
+
+#: The experiment's band. ``counted_flops`` counts matrix-product FLOPs exactly (the course's tests
+#: compare it with :func:`~coursekit.arithmetic.forward_flops` to the FLOP), so every correct measurement
+#: gives ``forward_flops / (2 N B T)`` up to float rounding, whether the model is built on the meta
+#: device or with real weights, whatever the token ids. A 1% band leaves room for nothing but rounding,
+#: and is narrower than every usual mistake on the graded shapes (FLOPS_SHAPES): the closest, leaving the
+#: position embedding out of N, is 2.3% off at the shape with the largest vocabulary; the fused CPU
+#: attention kernel, which the counter does not see, removes 8.5% to 25% of the count; the embeddings
+#: left out of N, 6 N instead of 2 N, a forgotten batch or a backward pass are off by 5% or far more
+#: (tests/test_grading_appendix_arithmetic.py checks these margins).
+FLOPS_BAND = 0.01
+
+#: (vocab_size, d_model, n_layers, n_heads, seq_len, batch) graded, from little attention to a lot.
+FLOPS_SHAPES = (
+    (97, 48, 3, 4, 64, 2),
+    (2000, 32, 2, 2, 64, 1),
+    (512, 64, 2, 4, 128, 1),
+    (64, 128, 4, 8, 256, 3),
+)
+
+_FUSED = (
+    "the count misses attention's q k^T and weights @ v: run the model inside counted_flops (it picks torch's "
+    "math kernel; FlopCounterMode alone does not see the fused CPU kernel)"
+)
+_NON_EMBEDDING = (
+    "N counts all the parameters, embeddings included: sum(p.numel() for p in model.parameters())"
+)
+_FLOPS_NO_POSITIONS = "N counts all the parameters, the position embedding included"
+_BACKWARD = "count the forward pass alone, under torch.no_grad(): a backward pass triples the FLOPs"
+_SIX_N = "divide by 2 N FLOPs per token (the forward pass), not 6 N (training)"
+_BATCH = "divide by all the tokens, batch * seq_len, not seq_len alone"
+_PER_SEQUENCE = "divide by the tokens: 2 N per token, times batch * seq_len"
+_INVERTED = "return counted / (2 N B T), not its inverse"
+_TWO = "2 N FLOPs per token: a multiply-add is 2 FLOPs"
+
+
+def _flops_parts(V, C, L, H, T, B) -> tuple[int, int, int]:
+    """(counted FLOPs, N, attention FLOPs) of the reference model."""
+    cfg = ref.GPTConfig(vocab_size=V, block_size=T, n_layers=L, n_heads=H, d_model=C)
+    return ref.forward_flops(cfg, T, B), ref.gpt_param_count(cfg), 4 * L * T * C * B * T
+
+
+def _flops_mistakes(V, C, L, H, T, B) -> list[tuple[float, str]]:
+    flops, n, attention = _flops_parts(V, C, L, H, T, B)
+    right = flops / (2 * n * B * T)
+    return [
+        ((flops - attention) / (2 * n * B * T), _FUSED),
+        (flops / (2 * (n - (V + T) * C) * B * T), _NON_EMBEDDING),
+        (flops / (2 * (n - T * C) * B * T), _FLOPS_NO_POSITIONS),
+        (3 * right, _BACKWARD),
+        (right / 3, _SIX_N),
+        (right * B, _BATCH),
+        (right * T, _PER_SEQUENCE),
+        (right * B * T, _PER_SEQUENCE),
+        (1 / right, _INVERTED),
+        (right * 2, _TWO),
+        ((flops - attention) / (2 * (n - (V + T) * C) * B * T), _FUSED + "; and " + _NON_EMBEDDING),
+    ]
+
+
+def _near(a: float, b: float) -> bool:
+    return abs(a - b) <= FLOPS_BAND * abs(b)
+
+
+def _check_ratio(g: Grader, flops_ratio, *shape, pass_batch: bool = True) -> float | None:
+    V, C, L, H, T, B = shape
+    args = shape if pass_batch else shape[:5]
+    call = _call("flops_ratio", *args)
+    try:
+        got = flops_ratio(*args)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    flops, n, _ = _flops_parts(*shape)
+    right = flops / (2 * n * B * T)
+    value = _number(got)
+    if value is not None and not _near(value, right):
+        hints = list(
+            dict.fromkeys(h for w, h in _flops_mistakes(*shape) if not _near(w, right) and _near(value, w))
+        )
+        if hints:
+            g.fail(
+                f"{call} gave {value:.4g}, expected {right:.4f} (within {FLOPS_BAND:.0%}): "
+                + "; or: ".join(hints)
+            )
+    expect_in_band(
+        g,
+        call,
+        got,
+        right * (1 - FLOPS_BAND),
+        right * (1 + FLOPS_BAND),
+        f"the forward pass counts {flops:,} FLOPs for {n:,} parameters and {B * T} tokens: count one forward "
+        "pass of GPT(GPTConfig(vocab_size, block_size=seq_len, ...)) with counted_flops and divide by 2 N B T",
+    )
+    return value
+
+
+def grade_flops_ratio(flops_ratio) -> None:
+    """Grade the experiment ``flops_ratio(vocab_size, d_model, n_layers, n_heads, seq_len, batch=1)``: the
+    measured ratio of a forward pass's FLOPs to 2 N per token must fall within 1% of the exact count's."""
+    g = Grader("flops_ratio")
+    with g.check("returns a Python float"):
+        got = flops_ratio(97, 48, 3, 4, 64, 2)
+        g.expect(
+            type(got) is float,
+            f"flops_ratio(97, 48, 3, 4, 64, 2) should return a Python float, got {describe(got)}",
+        )
+    with g.check(
+        f"the measured ratio, within {FLOPS_BAND:.0%}, on four shapes from little attention to a lot"
+    ):
+        for shape in FLOPS_SHAPES:
+            _check_ratio(g, flops_ratio, *shape)
+    with g.check("one layer, one head, eight tokens: the smallest shapes work"):
+        _check_ratio(g, flops_ratio, 10, 4, 1, 1, 8, 1)
+        _check_ratio(g, flops_ratio, 50, 6, 2, 3, 1, 2)
+    with g.check("batch defaults to 1 and does not change the ratio (FLOPs and tokens both scale with it)"):
+        one = _check_ratio(g, flops_ratio, 512, 64, 2, 4, 128, 1, pass_batch=False)
+        four = _check_ratio(g, flops_ratio, 512, 64, 2, 4, 128, 4)
+        g.expect(
+            one is not None and four is not None and _near(four, one),
+            f"batch=1 (the default) gave {one} and batch=4 gave {four}: the ratio is per token, " + _BATCH,
+        )
+    with g.check("a ValueError naming the values when n_heads does not divide d_model"):
+        for args in ((97, 48, 3, 5, 64), (97, 10, 1, 4, 8)):
+            _expect_error(
+                g,
+                flops_ratio,
+                args,
+                {},
+                "flops_ratio",
+                (str(args[1]), str(args[3])),
+                "say that n_heads does not divide d_model, with both values",
+            )
+    with g.check("a ValueError naming the argument for a size that is not a positive whole number"):
+        good = dict(vocab_size=97, d_model=48, n_layers=3, n_heads=4, seq_len=64, batch=2)
+        _bad_values(g, flops_ratio, "flops_ratio", good, tuple(good))
+    g.finish()
+
+
+def check_flops_ratio(flops_ratio) -> None:
+    """Public checks of ``flops_ratio``: one measurement and one error."""
+    g = Grader("flops_ratio (public)")
+    with g.check(f"flops_ratio(97, 48, 3, 4, 64, 2): about 1.1446 (within {FLOPS_BAND:.0%}), a Python float"):
+        v = _check_ratio(g, flops_ratio, 97, 48, 3, 4, 64, 2)
+        g.expect(
+            type(v) is float,
+            f"flops_ratio(97, 48, 3, 4, 64, 2) should return a Python float, got {describe(v)}",
+        )
+    with g.check("n_heads must divide d_model: flops_ratio(97, 48, 3, 5, 64) raises a ValueError"):
+        _expect_error(
+            g,
+            flops_ratio,
+            (97, 48, 3, 5, 64),
+            {},
+            "flops_ratio",
+            ("48", "5"),
+            "say that n_heads=5 does not divide d_model=48",
+        )
+    g.finish()
+
+
+# =========================================================================== stretch: chinchilla_optimal
+
+_SWAPPED = (
+    "N grows like (C / 6)^(beta / (alpha + beta)) and D like (C / 6)^(alpha / (alpha + beta)): "
+    "the exponents are swapped"
+)
+_NO_SIX = "the budget is C = 6 N D: use C / 6 = N D, not C"
+_G_INVERTED = (
+    "N = G (C / 6)^a and D = (C / 6)^b / G with G = (alpha A / (beta B))^(1 / (alpha + beta)): G is inverted"
+)
+_G_POWER = "G = (alpha A / (beta B)) to the power 1 / (alpha + beta), not G = alpha A / (beta B)"
+_ORDER = "return (N, D): the parameters first, then the tokens"
+
+
+def _chinchilla_ref(flops, A=406.4, B=410.7, alpha=0.34, beta=0.28) -> tuple[float, float]:
+    n, d = ref.ChinchillaFit(E=0.0, A=A, B=B, alpha=alpha, beta=beta).optimal(flops)
+    return float(n), float(d)
+
+
+def _chinchilla_mistakes(flops, A, B, alpha, beta) -> list[tuple[tuple[float, float], str]]:
+    s = alpha + beta
+    G = (alpha * A / (beta * B)) ** (1 / s)
+    c = flops / 6
+    n, d = _chinchilla_ref(flops, A, B, alpha, beta)
+    return [
+        ((G * c ** (alpha / s), c ** (beta / s) / G), _SWAPPED),
+        ((G * flops ** (beta / s), flops ** (alpha / s) / G), _NO_SIX),
+        ((c ** (beta / s) / G, G * c ** (alpha / s)), _G_INVERTED),
+        ((G**s * c ** (beta / s), c ** (alpha / s) / G**s), _G_POWER),
+        ((d, n), _ORDER),
+    ]
+
+
+def _check_chinchilla(g: Grader, chinchilla_optimal, flops, **constants) -> None:
+    call = _call("chinchilla_optimal", flops, **constants)
+    try:
+        got = chinchilla_optimal(flops, **constants)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    if not (isinstance(got, tuple) and len(got) == 2):
+        g.fail(f"{call} should return a tuple (N, D) of two floats, got {describe(got)}")
+    n, d = (_number(x) for x in got)
+    if n is None or d is None or not (type(got[0]) is float and type(got[1]) is float):
+        g.fail(
+            f"{call} should return two Python floats (use float(...)), got {describe(got[0])} and {describe(got[1])}"
+        )
+    full = {"A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28} | constants
+    right = _chinchilla_ref(flops, **full)
+    if _close(n, right[0]) and _close(d, right[1]):
+        return
+    hints = [h for (wn, wd), h in _chinchilla_mistakes(flops, **full) if _close(n, wn) and _close(d, wd)]
+    if not hints and _close(6 * n * d, flops):
+        hints = [
+            "6 N D equals the budget, but N is not the minimum of the loss along it: set the derivative of "
+            "A / N^alpha + B / D^beta with D = C / (6 N) to zero"
+        ]
+    g.fail(
+        f"{call} = ({n:.6g}, {d:.6g}), expected ({right[0]:.6g}, {right[1]:.6g})"
+        + (": " + "; or: ".join(hints) if hints else "")
+    )
+
+
+def grade_chinchilla_optimal(chinchilla_optimal) -> None:
+    """Grade the stretch ``chinchilla_optimal(flops, A=406.4, B=410.7, alpha=0.34, beta=0.28)``."""
+    g = Grader("chinchilla_optimal")
+    with g.check("Hoffmann et al.'s published constants (the defaults), budgets from 1e18 to 1e25 FLOPs"):
+        for flops in (1e18, 5.76e23, 3.14e23, 1e25):
+            _check_chinchilla(g, chinchilla_optimal, flops)
+    with g.check("any positive budget, even a tiny one that is not a multiple of 6 (7 and 100 FLOPs)"):
+        for flops in (7.0, 100.0):
+            _check_chinchilla(g, chinchilla_optimal, flops)
+    with g.check("the budget is spent: 6 N D == flops"):
+        for flops in (2e19, 7.5e24):
+            n, d = chinchilla_optimal(flops)
+            g.expect(
+                _close(6 * float(n) * float(d), flops),
+                f"chinchilla_optimal({flops:g}) gave N = {float(n):.4g}, D = {float(d):.4g}: 6 N D = "
+                f"{6 * float(n) * float(d):.4g}, not the budget {flops:g} ({_NO_SIX})",
+            )
+    with g.check(
+        "other constants: Besiroglu et al.'s refit (2024), equal exponents, and A, B, alpha, beta by name"
+    ):
+        refit = {"A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658}
+        _check_chinchilla(g, chinchilla_optimal, 1e22, **refit)
+        _check_chinchilla(g, chinchilla_optimal, 6e20, A=100.0, B=100.0, alpha=0.5, beta=0.5)
+        _check_chinchilla(g, chinchilla_optimal, 1e21, B=1000.0)
+        _check_chinchilla(g, chinchilla_optimal, 1e21, alpha=0.4)
+        _check_chinchilla(g, chinchilla_optimal, 1e21, A=50.0, beta=0.2)
+    with g.check("a ValueError naming the argument for a budget or constant that is not positive"):
+        good = {"flops": 1e21, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
+        for arg in good:
+            for bad in (0, -1.0):
+                _expect_error(
+                    g,
+                    chinchilla_optimal,
+                    (),
+                    good | {arg: bad},
+                    "chinchilla_optimal",
+                    (arg,),
+                    f"{arg} must be a positive number: use require_positive",
+                )
+    g.finish()
+
+
+def check_chinchilla_optimal(chinchilla_optimal) -> None:
+    """Public checks of ``chinchilla_optimal``."""
+    g = Grader("chinchilla_optimal (public)")
+    with g.check("Gopher's budget, 5.76e23 FLOPs: about 32.2B parameters on 2.98T tokens"):
+        _check_chinchilla(g, chinchilla_optimal, 5.76e23)
+    with g.check(
+        "other constants by name: chinchilla_optimal(1e22, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658)"
+    ):
+        _check_chinchilla(g, chinchilla_optimal, 1e22, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658)
+    with g.check("flops=0 raises a ValueError naming flops"):
+        _expect_error(
+            g,
+            chinchilla_optimal,
+            (0,),
+            {},
+            "chinchilla_optimal",
+            ("flops",),
+            "flops must be a positive number: use require_positive",
         )
     g.finish()

@@ -60,8 +60,10 @@ from coursekit.grading.core import (
     probe,
     raise_unless_student_error,
     rand,
+    student_side,
     tensor,
 )
+from coursekit.grading.questions import Prediction, expect_in_band
 
 __all__ = [
     "check_tiled_attention",
@@ -72,6 +74,14 @@ __all__ = [
     "grade_sliding_window_mask",
     "grade_causal_linear_attention",
     "grade_kv_cache_size",
+    "check_predict_window_pairs",
+    "grade_predict_window_pairs",
+    "check_predict_kv_cache_gib",
+    "grade_predict_kv_cache_gib",
+    "check_window_mass",
+    "grade_window_mass",
+    "check_sink_window_mask",
+    "grade_sink_window_mask",
 ]
 
 F64 = torch.float64
@@ -1585,4 +1595,229 @@ def check_kv_cache_size(kv_cache_size) -> None:
             expect_value_error(
                 g, lambda full=full: kv_cache_size(**full), ", ".join(f"{k}={v}" for k, v in kwargs.items())
             )
+    g.finish()
+
+
+# =========================================================================== predict, then check
+
+WINDOW_PAIRS = Prediction(
+    name="predict_window_pairs",
+    question="A causal sliding window of W = 4 keys over T = 16 tokens: how many (query, key) pairs may attend?",
+    tests="counting a sliding window's pairs: T W minus the short windows of the first W - 1 queries",
+    measure=lambda: int(ref.sliding_window_mask(16, 4).sum()),
+    explanation="Query i sees min(i + 1, W) keys: the first three queries have only 1, 2 and 3 keys before them, "
+    "the other 13 see 4 each, so 1 + 2 + 3 + 13 * 4 = {truth}, a little under T W = 64 (and far under the "
+    "136 pairs of the full causal mask). For T much larger than W the count is about T W: linear in T.",
+)
+
+KV_CACHE_GIB = Prediction(
+    name="predict_kv_cache_gib",
+    question="A Llama-2-7B shape (32 layers, 32 heads of width 128, multi-head attention) caches keys and "
+    "values in float16 for one sequence of 4,096 tokens: how many GiB is its KV cache?",
+    tests="the KV cache's size: 2 (keys and values) x layers x tokens x heads x head width x bytes",
+    measure=lambda: ref.kv_cache_size(32, 32, 128, 4096, dtype=torch.float16) / 2**30,
+    explanation="Per token and layer the cache holds one key and one value per head: 2 * 32 * 128 = 8,192 "
+    "values, 16 KiB in float16; times 32 layers that is 0.5 MiB per token, and 4,096 tokens make {truth} GiB. "
+    "Forgetting the values gives half, forgetting the layers 1/32 of it. At 128k tokens it would be 64 GiB, "
+    "more than the 13 GiB of the weights: why long contexts are a memory problem.",
+    rel=0.05,
+)
+
+check_predict_window_pairs, grade_predict_window_pairs = WINDOW_PAIRS.graders()
+check_predict_kv_cache_gib, grade_predict_kv_cache_gib = KV_CACHE_GIB.graders()
+
+
+# =========================================================================== experiment: window_mass
+
+#: the experiment's trials and band. The keys are exchangeable (each has the same distribution and the
+#: weights sum to 1), so the expected kept weight is exactly W / T for any correct measurement, whatever
+#: the scale of the scores. With n = 4,000 trials the standard error of the mean is at most 0.9% of W / T
+#: for the cases graded (measured on the reference: 0.6% for T = 64, W = 8; 0.9% for T = 32, W = 4), so
+#: a band of 6% is more than six standard errors; a window off by one key moves the mean by 1 / W,
+#: 12.5% or 25% for W = 8 or 4, outside the band.
+MASS_N, MASS_BAND = 4000, 0.06
+
+
+def _run(g: Grader, where: str, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        raise_unless_student_error(e)
+        g.fail(f"{where}: {_raised(e)}")
+
+
+def _seeded(seed: int):
+    return student_side("torch", torch).Generator().manual_seed(seed)
+
+
+def _mass(g: Grader, window_mass, T: int, W: int, seed: int, D: int | None = None):
+    where = f"window_mass({T}, {W}, {MASS_N}, generator{'' if D is None else f', D={D}'})"
+    args = (T, W, MASS_N, _seeded(seed)) + (() if D is None else (D,))
+    return where, _run(g, where, window_mass, *args)
+
+
+_MASS_WHY = (
+    "the keys are exchangeable, so the last W of T keys hold W / T of the weight on average. Check that the "
+    "softmax runs over the T keys of each trial (not over the trials), that you sum the weights of the last "
+    "window keys exactly (weights[:, T - window:]), and that you average the sums over the n trials"
+)
+
+
+def grade_window_mass(window_mass) -> None:
+    """Grade the experiment ``window_mass(T, window, n, generator, D=16)``: its measurements must fall in
+    the stated band around the theory ``window / T``."""
+    g = Grader("window_mass")
+    with g.check("returns a Python float"):
+        where, v = _mass(g, window_mass, 16, 4, 3)
+        g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
+    with g.check(
+        f"the kept weight is window / T within {MASS_BAND:.0%} (T, W = 64, 8; 32, 4; 256, 32; 128, 16)"
+    ):
+        for T, W, seed in ((64, 8, 11), (32, 4, 12), (256, 32, 13), (128, 16, 14)):
+            where, v = _mass(g, window_mass, T, W, seed)
+            expect_in_band(g, where, v, W / T * (1 - MASS_BAND), W / T * (1 + MASS_BAND), _MASS_WHY)
+    with g.check(f"the theory holds for any D: D = 1 and D = 64 also give window / T within {MASS_BAND:.0%}"):
+        for D, seed in ((1, 21), (64, 22)):
+            where, v = _mass(g, window_mass, 64, 8, seed, D)
+            expect_in_band(g, where, v, 0.125 * (1 - MASS_BAND), 0.125 * (1 + MASS_BAND), _MASS_WHY)
+    with g.check("a window of all T keys keeps all the weight (1 up to rounding)"):
+        for T in (1, 12):
+            where, v = _mass(g, window_mass, T, T, 31)
+            g.expect(
+                _is_close_to(v, 1.0),
+                f"{where} should be 1 (the softmax weights of all T keys sum to 1), got {describe(v)}",
+            )
+    with g.check("draws from its generator: the same seed gives the same result, another seed another"):
+        _, a = _mass(g, window_mass, 32, 4, 41)
+        _, b = _mass(g, window_mass, 32, 4, 41)
+        _, c = _mass(g, window_mass, 32, 4, 42)
+        g.expect(
+            a == b and a != c,
+            f"two generators seeded alike gave {a!r} and {b!r}, and another seed gave {c!r}: draw q and k with "
+            "torch.randn(..., generator=generator), not from torch's global random state",
+        )
+        _, d1 = _mass(g, window_mass, 32, 4, 43, 1)
+        _, d8 = _mass(g, window_mass, 32, 4, 43, 8)
+        g.expect(
+            d1 != d8,
+            f"D = 1 and D = 8 gave the same result {d1!r} from generators seeded alike: q and k have D entries "
+            "each, so D must change what is drawn",
+        )
+    with g.check("raises ValueError for T, n or D below 1, or a window outside 1 .. T"):
+        for args in ((0, 1, 10), (8, 0, 10), (8, 9, 10), (8, 2, 0)):
+            expect_value_error(
+                g,
+                lambda args=args: window_mass(*args, _seeded(0)),
+                f"window_mass{args[:3]}",
+                "say which argument is out of range",
+            )
+        expect_value_error(g, lambda: window_mass(8, 2, 10, _seeded(0), 0), "window_mass(8, 2, 10, D=0)")
+    g.finish()
+
+
+def _is_close_to(v, target: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v - target) <= 1e-9
+
+
+def check_window_mass(window_mass) -> None:
+    """Public checks of ``window_mass``: one measurement against the theory, and a full window."""
+    g = Grader("window_mass (public)")
+    with g.check(f"window_mass(64, 8, {MASS_N}, generator) is 8 / 64 = 0.125 within {MASS_BAND:.0%}"):
+        where, v = _mass(g, window_mass, 64, 8, 0)
+        expect_in_band(g, where, v, 0.125 * (1 - MASS_BAND), 0.125 * (1 + MASS_BAND), _MASS_WHY)
+    with g.check(f"window_mass(10, 10, {MASS_N}, generator) is 1"):
+        where, v = _mass(g, window_mass, 10, 10, 1)
+        g.expect(_is_close_to(v, 1.0), f"{where} should be 1 (all the weight), got {describe(v)}")
+    g.finish()
+
+
+# =========================================================================== stretch: sink_window_mask
+
+
+def _sink_call(T, W, n, S):
+    return f"sink_window_mask({T}, {W}, {n}{'' if S is None else f', {S}'})"
+
+
+def _sink_matches(g: Grader, sink_window_mask, T, W, n, S=None) -> None:
+    call = _sink_call(T, W, n, S)
+    out = _run(g, call, sink_window_mask, *((T, W, n) if S is None else (T, W, n, S)))
+    S_ = T if S is None else S
+    g.expect(
+        is_tensor(out) and tuple(out.shape) == (T, S_) and out.dtype == torch.bool,
+        f"{call} should be a boolean tensor of shape ({T}, {S_}), got {describe(out)}",
+    )
+    expected = _window(T, S_, lambda p, j: (j <= p) & ((j > p - W) | (j < n)))
+    if torch.equal(out, expected):
+        return
+    mistakes = [
+        (
+            _window(T, S_, lambda p, j: ((j <= p) & (j > p - W)) | (j < n)),
+            "a sink is a key like any other: a query "
+            "may not see a sink token after its own position (keep j <= p for the sinks too)",
+        ),
+        (
+            _window(T, S_, lambda p, j: (j <= p) & (j > p - W)),
+            "the sink tokens are missing: every query also sees keys j < n_sink",
+        ),
+        (
+            _window(T, S_, lambda p, j: (j <= p) & ((j > p - W) | (j <= n))),
+            "the sinks are off by one: they are the first n_sink keys, j < n_sink",
+        ),
+        (
+            _window(T, S_, lambda p, j: (j <= p) & ((j > p - W) | (j < n - (S_ - T)))),
+            "the sinks are the first n_sink KEY positions 0 .. n_sink - 1, whatever S - T is",
+        ),
+    ]
+    for wrong, hint in mistakes:
+        if torch.equal(out, wrong):
+            g.fail(f"{call}: {hint}")
+    rows = [i for i in range(T) if not torch.equal(out[i], expected[i])]
+    g.fail(
+        f"{call} differs from the definition (query p = i + S - T sees keys j <= p with p - window < j or "
+        f"j < n_sink) in rows {rows[:5]}: row {rows[0]} should be {expected[rows[0]].int().tolist()}, got "
+        f"{out[rows[0]].int().tolist() if is_tensor(out) else describe(out)}"
+    )
+
+
+def grade_sink_window_mask(sink_window_mask) -> None:
+    """Grade the stretch part ``sink_window_mask(T, window, n_sink, S=None, device=None)``."""
+    g = Grader("sink_window_mask")
+    with g.check("query p = i + S - T sees keys j <= p with p - window < j or j < n_sink"):
+
+        def test(case):
+            T, extra, W, n, default_S = case
+            _sink_matches(g, sink_window_mask, T, W, n, None if default_S and not extra else T + extra)
+
+        for_all(
+            "sink.values",
+            st.tuples(
+                st.integers(0, 12), st.integers(0, 5), st.integers(1, 8), st.integers(0, 6), st.booleans()
+            ),
+            test,
+            max_examples=30,
+            first=(6, 0, 2, 1, True),
+        )
+    with g.check("n_sink = 0 is the sliding window; sinks inside the window change nothing"):
+        for T, W, S in ((6, 2, None), (3, 3, 7)):
+            _sink_matches(g, sink_window_mask, T, W, 0, S)
+        _sink_matches(g, sink_window_mask, 5, 9, 3)
+    with g.check("with S > T keys the queries are the last T positions, the sinks the first keys"):
+        for T, W, n, S in ((2, 2, 1, 6), (3, 3, 2, 10), (1, 1, 4, 9)):
+            _sink_matches(g, sink_window_mask, T, W, n, S)
+    with g.check("raises ValueError for a bad window or n_sink, and unless 0 <= T <= S"):
+        for args in ((4, 0, 1), (4, 2, -1), (4, 2.5, 1), (4, 2, 1.5), (5, 2, 1, 3)):
+            expect_value_error(g, lambda args=args: sink_window_mask(*args), f"sink_window_mask{args}")
+    g.finish()
+
+
+def check_sink_window_mask(sink_window_mask) -> None:
+    """Public checks of ``sink_window_mask``: the docstring's example and the bottom-right alignment."""
+    g = Grader("sink_window_mask (public)")
+    with g.check("sink_window_mask(5, 2, 1) is the example of the text"):
+        _sink_matches(g, sink_window_mask, 5, 2, 1)
+    with g.check("sink_window_mask(2, 2, 1, 5): queries at positions 3 and 4, the sink at key 0"):
+        _sink_matches(g, sink_window_mask, 2, 2, 1, 5)
+    with g.check("sink_window_mask(4, 0, 1) and sink_window_mask(4, 2, -1) raise ValueError"):
+        expect_value_error(g, lambda: sink_window_mask(4, 0, 1), "sink_window_mask(4, 0, 1)")
+        expect_value_error(g, lambda: sink_window_mask(4, 2, -1), "sink_window_mask(4, 2, -1)")
     g.finish()

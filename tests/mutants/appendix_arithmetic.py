@@ -438,6 +438,126 @@ def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
             "",
         ),
     ),
+    # ------------------------------------------------------------------ part 5: predictions
+    Mutant(
+        "adam_weights_only",
+        "predict_adam_bytes",
+        "predict_adam_bytes",
+        "the experiment gives 16",
+        "predict_adam_bytes = 2\n",
+    ),
+    Mutant(
+        "adam_no_master",
+        "predict_adam_bytes",
+        "predict_adam_bytes",
+        "you predicted 12",
+        "predict_adam_bytes = 12\n",
+    ),
+    Mutant(
+        "adam_fp32_grads",
+        "predict_adam_bytes",
+        "predict_adam_bytes",
+        "you predicted 18",
+        "predict_adam_bytes = 18\n",
+    ),
+    Mutant(
+        "xl_kv_no_values",
+        "predict_gpt2_xl_kv_mib",
+        "predict_gpt2_xl_kv_mib",
+        "the experiment gives 300",
+        "predict_gpt2_xl_kv_mib = 150\n",
+    ),
+    Mutant(
+        "xl_kv_float32",
+        "predict_gpt2_xl_kv_mib",
+        "predict_gpt2_xl_kv_mib",
+        "you predicted 600",
+        "predict_gpt2_xl_kv_mib = 600\n",
+    ),
+    Mutant(
+        "xl_kv_as_text",
+        "predict_gpt2_xl_kv_mib",
+        "predict_gpt2_xl_kv_mib",
+        "should be a finite number",
+        'predict_gpt2_xl_kv_mib = "6.25"\n',
+    ),
+    # ----------------------------------------------------------------- part 6: flops_ratio (experiment)
+    mutant(
+        "flops_fused_kernel",
+        ref.flops_ratio,
+        "the count misses attention",
+        ('with torch.device("meta"):', 'with torch.device("cpu"):  # real weights: the fused kernel runs'),
+        (
+            "flops = counted_flops(model, idx)",
+            "counter = torch.utils.flop_counter.FlopCounterMode(display=False)\n"
+            "        with counter:\n"
+            "            model(idx)\n"
+            "        flops = counter.get_total_flops()",
+        ),
+    ),
+    mutant(
+        "flops_non_embedding_n",
+        ref.flops_ratio,
+        "embeddings included",
+        (
+            "n_params = sum(p.numel() for p in model.parameters())",
+            "n_params = sum(p.numel() for p in model.parameters()) - (vocab_size + seq_len) * d_model",
+        ),
+    ),
+    mutant(
+        "flops_forgets_batch",
+        ref.flops_ratio,
+        "not seq_len alone",
+        ("return flops / (2 * n_params * batch * seq_len)", "return flops / (2 * n_params * seq_len)"),
+    ),
+    mutant(
+        "flops_six_n",
+        ref.flops_ratio,
+        "not 6 N",
+        (
+            "return flops / (2 * n_params * batch * seq_len)",
+            "return flops / (6 * n_params * batch * seq_len)",
+        ),
+    ),
+    mutant(
+        "flops_fixed_block_size",
+        ref.flops_ratio,
+        "block_size=seq_len",
+        ("vocab_size=vocab_size, block_size=seq_len", "vocab_size=vocab_size, block_size=max(seq_len, 1024)"),
+    ),
+    # ----------------------------------------------------------------- part 8: chinchilla_optimal (stretch)
+    mutant(
+        "chinchilla_swapped_exponents",
+        ref.chinchilla_optimal,
+        "the exponents are swapped",
+        ("n_params = G * (flops / 6) ** (beta / s)", "n_params = G * (flops / 6) ** (alpha / s)"),
+        ("n_tokens = (flops / 6) ** (alpha / s) / G", "n_tokens = (flops / 6) ** (beta / s) / G"),
+    ),
+    mutant(
+        "chinchilla_budget_not_over_6",
+        ref.chinchilla_optimal,
+        "use C / 6 = N D",
+        ("n_params = G * (flops / 6) ** (beta / s)", "n_params = G * flops ** (beta / s)"),
+        ("n_tokens = (flops / 6) ** (alpha / s) / G", "n_tokens = flops ** (alpha / s) / G"),
+    ),
+    mutant(
+        "chinchilla_g_without_power",
+        ref.chinchilla_optimal,
+        "to the power 1 / (alpha + beta)",
+        ("G = (alpha * A / (beta * B)) ** (1 / s)", "G = alpha * A / (beta * B)"),
+    ),
+    mutant(
+        "chinchilla_returns_d_n",
+        ref.chinchilla_optimal,
+        "return (N, D)",
+        ("return float(n_params), float(n_tokens)", "return float(n_tokens), float(n_params)"),
+    ),
+    mutant(
+        "chinchilla_no_validation",
+        ref.chinchilla_optimal,
+        "must be a positive number",
+        ("require_positive(flops=flops, A=A, B=B, alpha=alpha, beta=beta)", "pass"),
+    ),
 ]
 
 #: Generated mutants (``scripts/mutation.py``) that no input the text allows tells apart from the answer.
@@ -456,4 +576,24 @@ EQUIVALENT = {
     + _TERA,
     "training_days | seconds = flops / (n_gpus * gpu_tflops * 1e12 * mfu) | number | 5": "1e12 -> 1e12 - 1 "
     + _TERA,
+    "predict_gpt2_xl_kv_mib | predict_gpt2_xl_kv_mib = 300 | number | 4": (
+        "301 is within the 5% band the question states (the truth is 300 MiB)"
+    ),
+    "predict_gpt2_xl_kv_mib | predict_gpt2_xl_kv_mib = 300 | number | 5": (
+        "299 is within the 5% band the question states (the truth is 300 MiB)"
+    ),
+    "flops_ratio | vocab_size: int, d_model: int, n_layers: int, n_heads: int, seq_len: int, batch: int = 1 | default | 3": (  # noqa: E501
+        "the ratio does not depend on the batch (FLOPs and tokens both scale with it): no default is observable"
+    ),
+    "flops_ratio | require_positive( | keyword | 2": (
+        "GPTConfig raises the same ValueError naming vocab_size (check_transformer_config)"
+    ),
+    "flops_ratio | require_positive( | keyword | 3": "GPTConfig raises the same ValueError naming d_model",
+    "flops_ratio | require_positive( | keyword | 4": "GPTConfig raises the same ValueError naming n_layers",
+    "flops_ratio | if d_model % n_heads: | delete | 1": (
+        "GPTConfig raises a ValueError giving both values (n_heads=5 must divide d_model=48)"
+    ),
+    'flops_ratio | raise ValueError(f"n_heads must divide d_model, got d_model={d_model} and n_heads={n_heads}") | delete | 1': (  # noqa: E501
+        "GPTConfig raises a ValueError giving both values (n_heads=5 must divide d_model=48)"
+    ),
 }

@@ -8,7 +8,8 @@ sources may use the names the notebook's imports cell defines (``torch``, ``F``,
 generated mutants (``scripts/mutation.py``) that no input the text allows can tell from the answer.
 """
 
-from tests.mutants import Mutant, edit
+from coursekit import long_context
+from tests.mutants import Mutant, edit, mutant
 
 TILED_BY_HAND = """
 def tiled_attention(q, k, v, causal=False, mask=None, block_q=64, block_k=64, scale=None):
@@ -514,6 +515,133 @@ def causal_linear_attention(q, k, v, eps=1e-6):
         "kv_cache_size",
         "window=0",
         _kv(("    if window is not None and window < 1:\n", "    if window is not None and window < 0:\n")),
+    ),
+    # ------------------------------------------------------------------ part 5: predictions
+    Mutant(
+        "pairs_T_times_W",
+        "predict_window_pairs",
+        "predict_window_pairs",
+        "the experiment gives 58",
+        "predict_window_pairs = 64\n",
+    ),
+    Mutant(
+        "pairs_full_causal",
+        "predict_window_pairs",
+        "predict_window_pairs",
+        "you predicted 136",
+        "predict_window_pairs = 136\n",
+    ),
+    Mutant(
+        "pairs_as_text",
+        "predict_window_pairs",
+        "predict_window_pairs",
+        "should be a finite number",
+        'predict_window_pairs = "58"\n',
+    ),
+    Mutant(
+        "kv_forgets_values",
+        "predict_kv_cache_gib",
+        "predict_kv_cache_gib",
+        "the experiment gives 2",
+        "predict_kv_cache_gib = 1\n",
+    ),
+    Mutant(
+        "kv_forgets_layers",
+        "predict_kv_cache_gib",
+        "predict_kv_cache_gib",
+        "you predicted 0.0625",
+        "predict_kv_cache_gib = 0.0625\n",
+    ),
+    Mutant(
+        "kv_float32",
+        "predict_kv_cache_gib",
+        "predict_kv_cache_gib",
+        "you predicted 4",
+        "predict_kv_cache_gib = 4\n",
+    ),
+    # ------------------------------------------------------------------ part 6: the experiment
+    mutant(
+        "mass_window_off_by_one",
+        long_context.window_mass,
+        "weights[:, T - window:]",
+        ("weights[:, T - window :]", "weights[:, T - window - 1 :]"),
+    ),
+    mutant(
+        "mass_softmax_over_trials",
+        long_context.window_mass,
+        "not over the trials",
+        ("weights = torch.softmax(scores, dim=-1)", "weights = torch.softmax(scores, dim=0)"),
+    ),
+    mutant(
+        "mass_no_normaliser",
+        long_context.window_mass,
+        "the keys are exchangeable",
+        ("weights = torch.softmax(scores, dim=-1)", "weights = torch.exp(scores)"),
+    ),
+    mutant(
+        "mass_sums_trials",
+        long_context.window_mass,
+        "average the sums",
+        (".sum(dim=-1).mean().item()", ".sum().item()"),
+    ),
+    mutant(
+        "mass_global_rng",
+        long_context.window_mass,
+        "not from torch's global random state",
+        (
+            "q = torch.randn(n, D, generator=generator, dtype=torch.float64)",
+            "q = torch.randn(n, D, dtype=torch.float64)",
+        ),
+        (
+            "k = torch.randn(n, T, D, generator=generator, dtype=torch.float64)",
+            "k = torch.randn(n, T, D, dtype=torch.float64)",
+        ),
+    ),
+    mutant(
+        "mass_ignores_D",
+        long_context.window_mass,
+        "D must change what is drawn",
+        ("q = torch.randn(n, D, generator", "q = torch.randn(n, 16, generator"),
+        ("k = torch.randn(n, T, D, generator", "k = torch.randn(n, T, 16, generator"),
+        ("/ math.sqrt(D)", "/ 4.0"),
+    ),
+    mutant(
+        "mass_returns_tensor",
+        long_context.window_mass,
+        "should return a Python float",
+        (".mean().item()", ".mean()"),
+    ),
+    mutant(
+        "mass_no_validation",
+        long_context.window_mass,
+        "raise a ValueError",
+        ("if isinstance(value, bool) or not isinstance(value, int) or value < 1:", "if False:"),
+        ("if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= T:", "if False:"),
+    ),
+    # ------------------------------------------------------------------ part 8: the stretch
+    mutant(
+        "sink_not_causal",
+        long_context.sink_window_mask,
+        "keep j <= p for the sinks too",
+        ("| ((j < n_sink) & (j <= p))", "| (j < n_sink)"),
+    ),
+    mutant(
+        "sink_off_by_one",
+        long_context.sink_window_mask,
+        "the sinks are off by one",
+        ("(j < n_sink) & (j <= p)", "(j <= n_sink) & (j <= p)"),
+    ),
+    mutant(
+        "sink_missing",
+        long_context.sink_window_mask,
+        "the sink tokens are missing",
+        ("return window_part | ((j < n_sink) & (j <= p))", "return window_part"),
+    ),
+    mutant(
+        "sink_no_validation",
+        long_context.sink_window_mask,
+        "raise a ValueError",
+        ("if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:", "if False:"),
     ),
 ]
 
