@@ -72,6 +72,8 @@ __all__ = [
     "ConditionalLM",
     "greedy_decode",
     "beam_decode",
+    "heldout_loss",
+    "length_penalty_score",
 ]
 
 #: Special token ids, the same in the source and the target vocabulary.
@@ -546,3 +548,85 @@ def beam_decode(
         return out[0, 1:], score
     finally:
         model.train(was_training)
+
+
+# --------------------------------------------------------------------------- the exercise's experiment
+
+
+def heldout_loss(
+    weights: dict[str, torch.Tensor], n: int, generator: torch.Generator, smoothing: float = 0.1
+) -> float:
+    """A trained translation model's teacher-forced, label-smoothed loss on held-out numbers.
+
+    Builds ``Seq2Seq(SEQ2SEQ_PRESETS["small"])`` with ``weights`` (e.g. the committed checkpoint's,
+    ``checkpoints.load("seq2seq-numbers")[0].state_dict()``), in eval mode; draws ``n`` numbers
+    uniformly, with replacement, from the test split (``number_splits().test``: numbers never
+    trained on; the indices from ``generator``); builds their source and target ids with
+    ``make_batch``; feeds the decoder ``shift_right(targets, BOS, PAD)``; and scores the logits
+    (no gradients) with :func:`label_smoothed_loss` at ``smoothing``. The committed model was
+    trained with smoothing 0.1, so with 0.1 its loss sits near the floor, the entropy of the
+    smoothed target.
+
+    Args:
+        weights: a state dict of ``Seq2Seq(SEQ2SEQ_PRESETS["small"])``.
+        n: how many numbers to draw, at least 1.
+        generator: the source of randomness (the same seed gives the same result).
+        smoothing: the loss's label smoothing, in ``[0, 1]``.
+
+    Returns:
+        The loss as a Python ``float``.
+
+    Example:
+        ``heldout_loss(weights, 256, torch.Generator().manual_seed(0))`` is about 0.66 for the
+        committed checkpoint's weights.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"smoothing must be in [0, 1], got {smoothing!r}")
+    from coursekit.experiments.number_words import make_batch, number_splits  # it imports this module
+
+    model = Seq2Seq(SEQ2SEQ_PRESETS["small"])
+    model.load_state_dict(weights)
+    model.eval()
+    test = number_splits().test  # (5000,)
+    numbers = test[torch.randint(len(test), (n,), generator=generator)]  # (n,)
+    src, tgt = make_batch(numbers)  # (n, S), (n, T)
+    with torch.no_grad():
+        logits = model(src, shift_right(tgt, BOS, PAD))  # (n, T, V)
+        return label_smoothed_loss(logits, tgt, smoothing).item()
+
+
+# --------------------------------------------------------------------------- the exercise's stretch part
+
+
+def length_penalty_score(logprob: torch.Tensor, length: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The length-normalised score of finished beam hypotheses (Wu et al., 2016, Google's NMT system).
+
+    A hypothesis's summed log-probability only falls as it grows, so ranking finished beams by it
+    favours short translations. Wu et al. divide it by the length penalty
+    ``lp(n) = ((5 + n) / 6) ** alpha``: ``score = logprob / lp(n)``, with ``n`` the number of
+    generated tokens. ``alpha = 0`` gives the raw log-probability (``lp = 1``); a larger ``alpha``
+    favours longer hypotheses more (the paper tuned ``alpha`` in ``[0.6, 0.7]``). ``lp(1) = 1``.
+    Example: ``logprob`` ``[-3.0, -4.0]`` with lengths ``[2, 6]`` and ``alpha = 1`` score
+    ``[-2.571, -2.182]``: the longer hypothesis now ranks first.
+
+    Args:
+        logprob: ``(...)`` floating tensor, the summed log-probabilities of the hypotheses.
+        length: integer tensor of their lengths ``n >= 1``, broadcastable with ``logprob``.
+        alpha: the strength of the penalty, ``>= 0``.
+
+    Returns:
+        The scores, a tensor of the broadcast shape and ``logprob``'s dtype (``length`` is
+        converted to that dtype: no integer division, no float32 rounding of float64 scores);
+        the inputs are not changed.
+
+    Raises:
+        ValueError: for ``alpha < 0`` or a length below 1.
+    """
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha!r}")
+    if bool((length < 1).any()):
+        raise ValueError(f"every length must be at least 1, got {length.tolist()}")
+    penalty = ((5 + length.to(logprob.dtype)) / 6) ** alpha  # lp(n), broadcastable with logprob
+    return logprob / penalty

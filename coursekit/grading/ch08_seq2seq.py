@@ -61,8 +61,10 @@ from coursekit.grading.core import (
     rand,
     random_weights,
     set_attr,
+    student_side,
     tensor,
 )
+from coursekit.grading.questions import Prediction, expect_in_band
 
 __all__ = [
     "check_shift_right",
@@ -73,6 +75,14 @@ __all__ = [
     "grade_cross_attention",
     "grade_pre_norm_decoder_layer",
     "grade_label_smoothed_loss",
+    "check_predict_smoothing_floor",
+    "grade_predict_smoothing_floor",
+    "check_predict_encoder_passes",
+    "grade_predict_encoder_passes",
+    "check_heldout_loss",
+    "grade_heldout_loss",
+    "check_length_penalty_score",
+    "grade_length_penalty_score",
 ]
 
 C, H, DFF = 12, 4, 20  # D = 3: scaling by sqrt(C) and by sqrt(D) differ; C and H as ch07's attention_pair
@@ -1855,5 +1865,372 @@ def check_label_smoothed_loss(label_smoothed_loss) -> None:
             lambda: fn(torch.zeros(2, 3, 5), torch.ones(2, 4, dtype=torch.long), 0.1),
             "logits (2, 3, 5) and targets (2, 4)",
             "targets must have the shape logits.shape[:-1]",
+        )
+    g.finish()
+
+
+# --------------------------------------------------------------------------- predict, then check
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    """The committed checkpoint's state dict, loaded here (the grader's side: the sandbox has no checkpoints)."""
+    from coursekit import checkpoints
+
+    return checkpoints.load("seq2seq-numbers")[0].state_dict()
+
+
+_FLOOR_CHOICES = {"a": "0", "b": "0.10", "c": "0.66", "d": "3.56 (ln 35)"}
+
+
+def _closest_choice(measured: float) -> str:
+    return min(_FLOOR_CHOICES, key=lambda c: abs(float(_FLOOR_CHOICES[c].split()[0]) - measured))
+
+
+SMOOTHING_FLOOR = Prediction(
+    name="predict_smoothing_floor",
+    question="The chapter's model was trained with label smoothing 0.1 over V = 35 German tokens and translates "
+    "every test number right. Its teacher-forced label-smoothed loss (smoothing 0.1) on held-out numbers is about?",
+    tests="the floor of the label-smoothed loss: the entropy of the smoothed target, not 0",
+    measure=lambda: _closest_choice(ref.heldout_loss(_weights(), 512, torch.Generator().manual_seed(0), 0.1)),
+    explanation="The loss is the cross-entropy H(q, p) against the smoothed target q (0.9 + 0.1/35 on the right "
+    "token, 0.1/35 on each other one), and H(q, p) >= H(q), with equality only for p = q. So a perfect model scores "
+    "H(q) = -(0.903 ln 0.903) - 34 (0.00286 ln 0.00286) = 0.66 (answer {truth}), not 0: the model puts about 0.90 on "
+    "the right token, which is what it was asked to do, and its argmax is right every time.",
+    choices=_FLOOR_CHOICES,
+)
+
+
+def _encoder_passes() -> str:
+    """Count the encoder's and the decoder's forward passes while beam_decode (width 4) translates one number."""
+    from coursekit import checkpoints
+    from coursekit.experiments.number_words import make_batch
+
+    model = checkpoints.load("seq2seq-numbers")[0]
+    calls = {"encoder": 0, "decoder": 0}
+    hooks = [
+        getattr(model, part).register_forward_hook(
+            lambda *_, part=part: calls.__setitem__(part, calls[part] + 1)
+        )
+        for part in calls
+    ]
+    try:
+        src, _ = make_batch([42])
+        ref.beam_decode(model, src, beam_width=4)
+    finally:
+        for h in hooks:
+            h.remove()
+    e, d = calls["encoder"], calls["decoder"]
+    return {1: "a", 4: "b", d: "c", 4 * d: "d"}.get(e, "e")
+
+
+ENCODER_PASSES = Prediction(
+    name="predict_encoder_passes",
+    question="beam_decode(model, src, beam_width=4) translates one source (forty-two -> zweiundvierzig, several "
+    "decoding steps). How often does the encoder run?",
+    tests="what an encoder-decoder recomputes while decoding: the memory is computed once and shared",
+    measure=_encoder_passes,
+    explanation="The source does not change while the target grows, so its memory (B, S, C) is computed once "
+    "(answer {truth}, counted with a forward hook on model.encoder); every decoding step runs only the decoder, "
+    "whose cross-attention reads that memory, and the 4 beams share copies of it (ConditionalLM.init_cache).",
+    choices={
+        "a": "once",
+        "b": "once per beam (4 times)",
+        "c": "once per decoding step",
+        "d": "once per beam and step",
+    },
+)
+
+check_predict_smoothing_floor, grade_predict_smoothing_floor = SMOOTHING_FLOOR.graders()
+check_predict_encoder_passes, grade_predict_encoder_passes = ENCODER_PASSES.graders()
+
+
+# --------------------------------------------------------------------------- experiment
+
+#: The experiment's band: the reference's loss on 500 test numbers (measured when graded), within 2%. The committed
+#: model puts almost the same probability on every right token, so a draw of 48 or more numbers moves the loss by
+#: under 0.1% (measured over 8 seeds of 256: 0.66188-0.66191 at smoothing 0.1); 2% admits any correct draw, and the
+#: classic mistakes land far outside: no shift (the decoder reads the answer) gives ~4.8, padding scored ~1.57, the
+#: smoothing ignored 0.10 instead of 0.66.
+HELDOUT_BAND = 0.02
+_FULL_TEST: dict = {}
+
+
+def _full_test_loss(smoothing: float) -> float:
+    """The reference model's teacher-forced loss on every tenth number of the test split (500 numbers spread over
+    the whole range; the split is sorted), computed with coursekit; the logits are computed once per process."""
+    if not _FULL_TEST:
+        from coursekit.experiments.number_words import make_batch, number_splits
+
+        model = ref.Seq2Seq(ref.SEQ2SEQ_PRESETS["small"])
+        model.load_state_dict(_weights())
+        model.eval()
+        src, tgt = make_batch(number_splits().test[::10])  # (500, S), (500, T)
+        with torch.no_grad():
+            _FULL_TEST["logits"] = model(src, ref.shift_right(tgt, ref.BOS, ref.PAD))  # (500, T, V)
+        _FULL_TEST["targets"] = tgt
+        _FULL_TEST["weights"] = _weights()
+    return ref.label_smoothed_loss(_FULL_TEST["logits"], _FULL_TEST["targets"], smoothing).item()
+
+
+def _seeded(seed: int):
+    return student_side("torch", torch).Generator().manual_seed(seed)
+
+
+def _heldout(g: Grader, heldout_loss, n: int, seed: int, smoothing: float | None = None):
+    where = f"heldout_loss(weights, {n}, generator{'' if smoothing is None else f', smoothing={smoothing}'})"
+    _full_test_loss(0.1)  # loads the weights once
+    args = (_FULL_TEST["weights"], n, _seeded(seed)) + (() if smoothing is None else (smoothing,))
+    return where, _run(g, where, heldout_loss, *args)
+
+
+_HELDOUT_WHY = (
+    "load the weights into Seq2Seq(SEQ2SEQ_PRESETS['small']) in eval mode, feed the decoder shift_right(tgt, BOS, PAD) "
+    "(not the targets themselves), score the logits against tgt with "
+    "your label_smoothed_loss at the given smoothing (part 4 must pass first), and draw from number_splits().test"
+)
+
+
+def _heldout_band(g: Grader, heldout_loss, n: int, seed: int, smoothing: float | None) -> None:
+    where, v = _heldout(g, heldout_loss, n, seed, smoothing)
+    truth = _full_test_loss(0.1 if smoothing is None else smoothing)
+    expect_in_band(g, where, v, truth * (1 - HELDOUT_BAND), truth * (1 + HELDOUT_BAND), _HELDOUT_WHY)
+
+
+def grade_heldout_loss(heldout_loss) -> None:
+    """Grade the experiment ``heldout_loss(weights, n, generator, smoothing=0.1)``: its measurements must fall
+    within the stated band around the reference's loss on the test split."""
+    g = Grader("heldout_loss")
+    with g.check("returns a Python float, for n = 1 as for more numbers"):
+        for n in (32, 1):
+            where, v = _heldout(g, heldout_loss, n, 3)
+            g.expect(
+                type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}"
+            )
+    with g.check(
+        f"smoothing 0.1 by default: within {HELDOUT_BAND:.0%} of the reference's loss on the test split"
+    ):
+        for n, seed in ((64, 11), (100, 12)):
+            _heldout_band(g, heldout_loss, n, seed, None)
+    with g.check(
+        f"at smoothing 0, 0.3 and 1: within {HELDOUT_BAND:.0%} of the reference's loss on the test split"
+    ):
+        for smoothing, seed in ((0.0, 21), (0.3, 22), (1.0, 23)):
+            _heldout_band(g, heldout_loss, 48, seed, smoothing)
+    with g.check("draws from its generator: the same seed gives the same result, another seed another"):
+        _, a = _heldout(g, heldout_loss, 16, 31)
+        _, b = _heldout(g, heldout_loss, 16, 31)
+        _, c = _heldout(g, heldout_loss, 16, 32)
+        g.expect(
+            a == b and a != c,
+            f"two generators seeded alike gave {a!r} and {b!r}, and another seed gave {c!r}: draw the numbers with "
+            "torch.randint(..., generator=generator), not from torch's global random state",
+        )
+    with g.check(
+        "raises ValueError for an n that is not a positive integer (0, -1, True) or a smoothing outside [0, 1]"
+    ):
+        for n, smoothing in ((0, 0.1), (-1, 0.1), (True, 0.1), (8, 1.5), (8, -0.1)):
+            expect_value_error(
+                g,
+                lambda n=n, smoothing=smoothing: heldout_loss(
+                    _FULL_TEST["weights"], n, _seeded(0), smoothing
+                ),
+                f"n={n}, smoothing={smoothing}",
+                "say which argument is out of range",
+            )
+    g.finish()
+
+
+def check_heldout_loss(heldout_loss) -> None:
+    """Public checks of ``heldout_loss``: one measurement at the default smoothing and one without smoothing."""
+    g = Grader("heldout_loss (public)")
+    with g.check("heldout_loss(weights, 128, generator) and (..., 0.0) match the reference's loss"):
+        _heldout_band(g, heldout_loss, 128, 0, None)
+        _heldout_band(g, heldout_loss, 128, 1, 0.0)
+    g.finish()
+
+
+# =========================================================================== stretch: the length penalty
+
+_LP_POWER_HINT = (
+    "Wu et al.'s penalty is ((5 + n) / 6) ** alpha, not n ** alpha (the chapter's beam_search rule): the 5 "
+    "softens the penalty of short hypotheses and the 6 makes lp(1) = 1"
+)
+_LP_ALPHA_HINT = (
+    "raise the penalty to the power alpha: lp(n) = ((5 + n) / 6) ** alpha (alpha = 0 gives lp = 1)"
+)
+_LP_DIVIDE_HINT = "divide the log-probability by the penalty (logprob / lp(n)), do not multiply"
+_LP_INT_HINT = (
+    "(5 + n) // 6 is integer division: convert the lengths to logprob's dtype and divide with /, so "
+    "lp(2) = 7/6"
+)
+_LP_PRECEDENCE_HINT = "mind the brackets: ((5 + n) / 6) ** alpha, not (5 + n) / 6 ** alpha"
+_LP_DTYPE_HINT = (
+    "compute the penalty in logprob's dtype (length.to(logprob.dtype)): a float32 penalty rounds float64 "
+    "scores"
+)
+
+
+def _lp_mistakes(logprob: torch.Tensor, length: torch.Tensor, alpha: float):
+    n = length.to(logprob.dtype)
+    lp = ((5 + n) / 6) ** alpha
+    return [
+        (logprob / n**alpha, _LP_POWER_HINT),
+        (logprob / ((5 + n) / 6), _LP_ALPHA_HINT),
+        (logprob * lp, _LP_DIVIDE_HINT),
+        (
+            logprob / (torch.div(5 + length, 6, rounding_mode="floor").to(logprob.dtype) ** alpha),
+            _LP_INT_HINT,
+        ),
+        (logprob / ((5 + n) / 6**alpha), _LP_PRECEDENCE_HINT),
+        (logprob / ((5 + length.float()) / 6) ** alpha, _LP_DTYPE_HINT),
+    ]
+
+
+def _lp_where(logprob: torch.Tensor, length: torch.Tensor, alpha) -> str:
+    def show(t):
+        return str(t.tolist()) if t.numel() <= 6 else f"{_dt(t.dtype)} {tuple(t.shape)}"
+
+    return f"length_penalty_score({show(logprob)} {_dt(logprob.dtype)}, lengths {show(length)}, {alpha!r})"
+
+
+def _lp_case(
+    g: Grader, fn, logprob: torch.Tensor, length: torch.Tensor, alpha: float, what: str = ""
+) -> None:
+    where = _lp_where(logprob, length, alpha)
+    p = _run(g, where, probe, fn, logprob.clone(), length.clone(), alpha)
+    out = p.result
+    expected = ref.length_penalty_score(logprob, length, alpha)
+    g.expect(
+        is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
+        f"{where} should return a tensor {_dt(expected.dtype)} {tuple(expected.shape)} (the broadcast shape, "
+        f"logprob's dtype), got {describe(out)}",
+    )
+    if len(p.args) >= 2 and not (torch.equal(p.args[0], logprob) and torch.equal(p.args[1], length)):
+        g.fail(f"{where} changed its inputs in place: return a new tensor, the caller still needs them")
+    first_match(g, out, [(m, f"{where}: {h}") for m, h in _lp_mistakes(logprob, length, alpha)], expected)
+    g.expect(
+        close(out, expected, magnitude=magnitude(logprob)),
+        f"{where}: expected {_num(expected)}, got {_num(out)}{what}",
+    )
+
+
+def _lp_inputs(seed: int, lead: tuple, K: int, dtype: torch.dtype, broadcast: bool):
+    """Log-probabilities ``(*lead, K)`` (negative, as summed log-probabilities are) and lengths 1..40 of
+    shape ``(K,)`` (broadcast over the leading axes) or ``(*lead, K)``."""
+    logprob = -tensor(seed, *lead, K, dtype=dtype, scale=4.0).abs() - 0.01
+    shape = (K,) if broadcast else (*lead, K)
+    length = torch.randint(1, 41, shape, generator=torch.Generator().manual_seed(seed + 1))
+    return logprob, length
+
+
+_ALPHAS = st.sampled_from([0.0, 0.3, 0.6, 0.7, 1.0, 1.5, 2.0])
+_LP_LEAD = st.sampled_from([(), (1,), (2,), (3,), (2, 2)])
+
+
+def grade_length_penalty_score(length_penalty_score) -> None:
+    """Grade the stretch part ``length_penalty_score(logprob, length, alpha)``."""
+    g = Grader("length_penalty_score")
+
+    with g.check("returns a tensor of the broadcast shape and logprob's dtype (float32 and float64)"):
+
+        def shape_dtype(case):
+            lead, K, dtype, broadcast, seed = case
+            logprob, length = _lp_inputs(seed, lead, K, dtype, broadcast)
+            where = _lp_where(logprob, length, 0.6)
+            out = _run(g, where, length_penalty_score, logprob, length, 0.6)
+            g.expect(
+                is_tensor(out) and out.shape == logprob.shape and out.dtype == dtype,
+                f"{where} should return a tensor {_dt(dtype)} {tuple(logprob.shape)}, got {describe(out)}",
+            )
+
+        for_all(
+            "lp.shape",
+            st.tuples(_LP_LEAD, st.integers(1, 6), st.sampled_from(FLOATS), st.booleans(), SEEDS),
+            shape_dtype,
+            max_examples=6,
+            first=((), 3, torch.float64, False, 0),
+        )
+
+    with g.check("score = logprob / ((5 + n) / 6) ** alpha, for any alpha >= 0, shape and lengths"):
+
+        def values(case):
+            lead, K, alpha, dtype, broadcast, seed = case
+            logprob, length = _lp_inputs(seed, lead, K, dtype, broadcast)
+            _lp_case(g, length_penalty_score, logprob, length, alpha)
+
+        for_all(
+            "lp.values",
+            st.tuples(_LP_LEAD, st.integers(1, 8), _ALPHAS, st.sampled_from(FLOATS), st.booleans(), SEEDS),
+            values,
+            max_examples=25,
+            first=((2,), 4, 1.0, torch.float64, False, 1),
+        )
+
+    with g.check("alpha = 0 gives the raw log-probability, and lp(1) = 1 for every alpha"):
+
+        def ends(case):
+            K, alpha, seed = case
+            logprob, length = _lp_inputs(seed, (), K, torch.float64, False)
+            _lp_case(g, length_penalty_score, logprob, length, 0.0, ": with alpha = 0, lp(n) = 1")
+            _lp_case(
+                g,
+                length_penalty_score,
+                logprob,
+                torch.ones_like(length),
+                alpha,
+                ": lp(1) = (6 / 6) ** alpha = 1",
+            )
+
+        for_all(
+            "lp.ends", st.tuples(st.integers(1, 8), _ALPHAS, SEEDS), ends, max_examples=6, first=(3, 0.6, 2)
+        )
+
+    with g.check("re-ranks: a longer hypothesis can overtake a shorter one as alpha grows"):
+        logprob = torch.tensor([-3.0, -4.0], dtype=torch.float64)
+        length = torch.tensor([2, 6])
+        for alpha in (0.0, 0.6, 1.0, 2.0):
+            _lp_case(g, length_penalty_score, logprob, length, alpha)
+
+    with g.check("an alpha below 0 or a length below 1 raises ValueError; alpha = 0 and length 1 are fine"):
+        logprob = torch.tensor([-1.0, -2.0], dtype=torch.float64)
+        for alpha in (-0.1, -1.0):
+            expect_value_error(
+                g,
+                lambda alpha=alpha: length_penalty_score(logprob, torch.tensor([1, 2]), alpha),
+                f"alpha={alpha!r}",
+                "alpha must be >= 0",
+            )
+        for bad in ([0, 2], [3, -1], [0, 0]):
+            expect_value_error(
+                g,
+                lambda bad=bad: length_penalty_score(logprob, torch.tensor(bad), 0.6),
+                f"lengths {bad}",
+                "every length must be at least 1",
+            )
+        _lp_case(g, length_penalty_score, logprob, torch.tensor([1, 1]), 0.0)
+
+    g.finish()
+
+
+def check_length_penalty_score(length_penalty_score) -> None:
+    """Public checks of ``length_penalty_score``: the docstring's example and one small case per clause."""
+    g = Grader("length_penalty_score (public)")
+    logprob, length = torch.tensor([-3.0, -4.0], dtype=torch.float64), torch.tensor([2, 6])
+    with g.check(
+        "logprob [-3.0, -4.0], lengths [2, 6], alpha 1 score [-2.571, -2.182] (float64 and float32)"
+    ):
+        for dtype in FLOATS:
+            _lp_case(g, length_penalty_score, logprob.to(dtype), length, 1.0)
+    with g.check("alpha = 0 gives the raw log-probability; alpha = 0.6 as in Wu et al."):
+        _lp_case(g, length_penalty_score, logprob, length, 0.0)
+        _lp_case(g, length_penalty_score, logprob, length, 0.6)
+    with g.check("lengths (2,) broadcast over logprob (3, 2)"):
+        _lp_case(
+            g, length_penalty_score, torch.tensor([[-1.0, -2.0], [-3.0, -4.0], [-0.5, -9.0]]), length, 0.7
+        )
+    with g.check("alpha = -0.5 and a length 0 raise ValueError"):
+        expect_value_error(g, lambda: length_penalty_score(logprob, length, -0.5), "alpha=-0.5")
+        expect_value_error(
+            g, lambda: length_penalty_score(logprob, torch.tensor([0, 6]), 1.0), "lengths [0, 6]"
         )
     g.finish()

@@ -368,6 +368,148 @@ MUTANTS = [
         "changed its inputs in place",
         ("keep = targets != pad_id  # (...)", "keep = targets != pad_id\n    targets[~keep] = 0"),
     ),
+    Mutant(
+        "floor_thinks_zero",
+        "predict_smoothing_floor",
+        "predict_smoothing_floor",
+        "the experiment gives (c) 0.66",
+        'predict_smoothing_floor = "a"\n',
+    ),
+    Mutant(
+        "floor_thinks_plain_ce",
+        "predict_smoothing_floor",
+        "predict_smoothing_floor",
+        "you predicted (b) 0.10",
+        'predict_smoothing_floor = "b"\n',
+    ),
+    Mutant(
+        "floor_not_a_letter",
+        "predict_smoothing_floor",
+        "predict_smoothing_floor",
+        "one of the letters",
+        "predict_smoothing_floor = 0.66\n",
+    ),
+    Mutant(
+        "passes_per_beam",
+        "predict_encoder_passes",
+        "predict_encoder_passes",
+        "the experiment gives (a) once",
+        'predict_encoder_passes = "b"\n',
+    ),
+    Mutant(
+        "passes_per_step",
+        "predict_encoder_passes",
+        "predict_encoder_passes",
+        "you predicted (c) once per",
+        'predict_encoder_passes = "c"\n',
+    ),
+    Mutant(
+        "passes_not_set",
+        "predict_encoder_passes",
+        "predict_encoder_passes",
+        "still None",
+        "predict_encoder_passes = None\n",
+    ),
+    mutant(
+        "heldout_no_shift",
+        ref.heldout_loss,
+        "feed the decoder shift_right",
+        ("logits = model(src, shift_right(tgt, BOS, PAD))", "logits = model(src, tgt)"),
+    ),
+    mutant(
+        "heldout_scores_padding",
+        ref.heldout_loss,
+        "outside the expected band",
+        (
+            "return label_smoothed_loss(logits, tgt, smoothing).item()",
+            "return F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), label_smoothing=smoothing).item()",
+        ),
+    ),
+    mutant(
+        "heldout_fixed_smoothing",
+        ref.heldout_loss,
+        "at the given smoothing",
+        (
+            "return label_smoothed_loss(logits, tgt, smoothing).item()",
+            "return label_smoothed_loss(logits, tgt).item()",
+        ),
+    ),
+    mutant(
+        "heldout_global_rng",
+        ref.heldout_loss,
+        "not from torch's global random state",
+        ("torch.randint(len(test), (n,), generator=generator)", "torch.randint(len(test), (n,))"),
+    ),
+    mutant(
+        "heldout_returns_tensor",
+        ref.heldout_loss,
+        "should return a Python float",
+        (
+            "return label_smoothed_loss(logits, tgt, smoothing).item()",
+            "return label_smoothed_loss(logits, tgt, smoothing)",
+        ),
+    ),
+    # ------------------------------------------------------------------ stretch: length_penalty_score
+    mutant(
+        "lp_power_of_n",
+        ref.length_penalty_score,
+        "not n ** alpha",
+        (
+            "penalty = ((5 + length.to(logprob.dtype)) / 6) ** alpha",
+            "penalty = length.to(logprob.dtype) ** alpha",
+        ),
+    ),
+    mutant(
+        "lp_no_alpha",
+        ref.length_penalty_score,
+        "to the power alpha",
+        (
+            "penalty = ((5 + length.to(logprob.dtype)) / 6) ** alpha",
+            "penalty = (5 + length.to(logprob.dtype)) / 6",
+        ),
+    ),
+    mutant(
+        "lp_multiplies",
+        ref.length_penalty_score,
+        "do not multiply",
+        ("return logprob / penalty", "return logprob * penalty"),
+    ),
+    mutant(
+        "lp_integer_division",
+        ref.length_penalty_score,
+        "integer division",
+        ("penalty = ((5 + length.to(logprob.dtype)) / 6) ** alpha", "penalty = ((5 + length) // 6) ** alpha"),
+    ),
+    mutant(
+        "lp_precedence",
+        ref.length_penalty_score,
+        "mind the brackets",
+        (
+            "penalty = ((5 + length.to(logprob.dtype)) / 6) ** alpha",
+            "penalty = (5 + length.to(logprob.dtype)) / 6**alpha",
+        ),
+    ),
+    mutant(
+        "lp_float32_penalty",
+        ref.length_penalty_score,
+        "in logprob's dtype",
+        (
+            "penalty = ((5 + length.to(logprob.dtype)) / 6) ** alpha",
+            "penalty = ((5 + length.float()) / 6) ** alpha",
+        ),
+    ),
+    mutant(
+        "lp_in_place",
+        ref.length_penalty_score,
+        "in place",
+        ("return logprob / penalty", "return logprob.div_(penalty)"),
+    ),
+    mutant(
+        "lp_no_length_check",
+        ref.length_penalty_score,
+        "raise a ValueError",
+        ("    if bool((length < 1).any()):\n", "    if False:\n"),
+    ),
 ]
 
 #: Mutants of the instructor's answers (scripts/mutation.py) that no input the text allows can tell apart
@@ -410,7 +552,19 @@ _LS_UNIFORM = (
     "distribution"
 )
 
+_HELD_SMOOTH = "a smoothing outside [0, 1] reaches label_smoothed_loss, which raises the same ValueError"
+_HELD_N = (
+    "n = 0 reaches make_batch, which raises ValueError for no numbers; a negative n raises in torch.randint"
+)
 EQUIVALENT: dict[str, str] = {
+    "heldout_loss | if not 0.0 <= smoothing <= 1.0: | delete | 1": _HELD_SMOOTH,
+    "heldout_loss | if not 0.0 <= smoothing <= 1.0: | number | 2": _HELD_SMOOTH,
+    "heldout_loss | if not 0.0 <= smoothing <= 1.0: | number | 5": _HELD_SMOOTH,
+    'heldout_loss | raise ValueError(f"smoothing must be in [0, 1], got {smoothing!r}") | delete | 1': _HELD_SMOOTH,
+    "heldout_loss | if not isinstance(n, int) or isinstance(n, bool) or n < 1: | number | 1": _HELD_N,
+    "heldout_loss | model.eval() | delete | 1": (
+        "SEQ2SEQ_PRESETS['small'] has dropout 0.0, so training and eval mode compute the same logits"
+    ),
     (
         "shift_right | if labels.dim() != 2 or labels.shape[1] < 1 or labels.dtype != torch.long: "
         "| number | 6"
