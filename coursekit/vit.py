@@ -54,6 +54,8 @@ __all__ = [
     "to_hf_state_dict",
     "from_hf_state_dict",
     "hf_config_kwargs",
+    "blank_patch_share",
+    "sincos_2d_positions",
 ]
 
 
@@ -461,3 +463,87 @@ def hf_config_kwargs(cfg: ViTConfig) -> dict:
         layer_norm_eps=cfg.eps,
         qkv_bias=True,
     )
+
+
+# --------------------------------------------------------------------------- experiment
+
+
+def blank_patch_share(images: torch.Tensor, patch_size: int) -> float:
+    """The share of patches, over all images, whose values are all exactly zero.
+
+    Blank patches become tokens that carry no information yet cost as much attention as any other:
+    on scikit-learn's 8x8 digits about half the single pixels (``P = 1``, the tokens of ImageGPT),
+    about a quarter of the ``2 x 2`` patches and almost none of the ``4 x 4`` ones are blank.
+    Example: a ``(1, 1, 2, 2)`` image ``[[0, 0], [0, 1]]`` has three blank pixels, so
+    ``blank_patch_share(image, 1)`` is ``0.75`` and ``blank_patch_share(image, 2)`` is ``0.0``.
+
+    Args:
+        images: ``(B, C_in, H_img, W_img)``; ``P`` must divide ``H_img`` and ``W_img``.
+        patch_size: ``P``.
+
+    Returns:
+        A Python ``float`` in ``[0, 1]``: blank patches divided by ``B N_p``.
+
+    Raises:
+        ValueError: as :func:`patchify` (``images`` not 4-D, ``P`` below 1 or not dividing the
+            image), or ``images`` holds no image (``B = 0``).
+    """
+    patches = patchify(images, patch_size)  # (B, N_p, C_in P^2)
+    if patches.shape[0] == 0:
+        raise ValueError(f"expected at least one image, got images of shape {tuple(images.shape)}")
+    blank = (patches != 0).sum(dim=-1) == 0  # (B, N_p): no non-zero value in the patch
+    return blank.double().mean().item()
+
+
+# --------------------------------------------------------------------------- stretch
+
+
+def sincos_2d_positions(grid_h: int, grid_w: int, dim: int, cls_token: bool = False) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embeddings of a ``grid_h x grid_w`` grid of patches, as in MAE.
+
+    The layout of ``get_2d_sincos_pos_embed`` in MAE (He et al., 2022, "Masked Autoencoders Are Scalable
+    Vision Learners"), extended to non-square grids. Patches are numbered row by row: token
+    ``n = r grid_w + c`` sits in row ``r`` and column ``c``. Its embedding is two 1-D encodings of
+    ``dim / 2`` channels each, **the column's first** (channels ``0 .. dim/2 - 1`` encode ``c``; MAE's
+    ``meshgrid(grid_w, grid_h)`` puts ``w`` first), then the row's (``dim/2 .. dim - 1`` encode ``r``).
+    Each 1-D encoding of a position ``p`` is split in halves, not interleaved: ``dim / 4`` sines, then the
+    ``dim / 4`` cosines of the same angles, ``[sin(p w_0), ..., sin(p w_{dim/4-1}), cos(p w_0), ...]``,
+    with frequencies ``w_i = 1 / 10000^(2i / (dim/2))`` for ``i = 0 .. dim/4 - 1``. With ``cls_token`` a
+    row of zeros for ``[CLS]`` comes first. The angles are computed in float64 (as MAE does in NumPy) and
+    the table is returned as float32. Example: ``sincos_2d_positions(1, 2, 4)`` is
+    ``[[0, 1, 0, 1], [sin 1, cos 1, 0, 1]]``: the second patch moved one column, so only the first half
+    changed.
+
+    Args:
+        grid_h: number of rows of patches, at least 1.
+        grid_w: number of columns of patches, at least 1.
+        dim: the model width ``C``, a positive multiple of 4.
+        cls_token: put a zero row for ``[CLS]`` in front.
+
+    Returns:
+        ``(grid_h grid_w, dim)`` float32 tensor, or ``(1 + grid_h grid_w, dim)`` with ``cls_token``; row
+        ``1 + n`` (or ``n``) is the embedding of patch ``n``.
+
+    Raises:
+        ValueError: ``dim`` is not a positive multiple of 4, or ``grid_h`` or ``grid_w`` is below 1.
+    """
+    if dim < 4 or dim % 4:
+        raise ValueError(
+            f"dim must be a positive multiple of 4 (four blocks of dim/4 channels), got dim={dim}"
+        )
+    if grid_h < 1 or grid_w < 1:
+        raise ValueError(f"grid sizes must be at least 1, got grid_h={grid_h} and grid_w={grid_w}")
+    quarter = dim // 4
+    omega = 1.0 / 10000.0 ** (torch.arange(quarter, dtype=torch.float64) / quarter)  # (dim/4,): 2i / (dim/2)
+    rows, cols = torch.meshgrid(
+        torch.arange(grid_h, dtype=torch.float64), torch.arange(grid_w, dtype=torch.float64), indexing="ij"
+    )  # (grid_h, grid_w) each: patch (r, c) holds r and c
+
+    def encode(positions: torch.Tensor) -> torch.Tensor:  # (N,) -> (N, dim/2): sines, then cosines
+        angles = positions.reshape(-1, 1) * omega  # (N, dim/4)
+        return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+    table = torch.cat([encode(cols), encode(rows)], dim=1)  # (grid_h grid_w, dim): column half, then row half
+    if cls_token:
+        table = torch.cat([table.new_zeros(1, dim), table], dim=0)  # (1 + grid_h grid_w, dim)
+    return table.float()

@@ -30,6 +30,8 @@ it would scatter one exercise's specification over several files.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +60,7 @@ from coursekit.grading.core import (
     student_side,
     tensor,
 )
+from coursekit.grading.questions import Prediction, expect_in_band
 
 __all__ = [
     "check_patchify",
@@ -68,6 +71,16 @@ __all__ = [
     "grade_patch_embedding",
     "grade_add_cls_and_positions",
     "grade_vit",
+    "DIGIT_TOKENS",
+    "ATTENTION_PAIRS",
+    "check_predict_digit_tokens",
+    "grade_predict_digit_tokens",
+    "check_predict_attention_pairs",
+    "grade_predict_attention_pairs",
+    "check_blank_patch_share",
+    "grade_blank_patch_share",
+    "check_sincos_2d_positions",
+    "grade_sincos_2d_positions",
 ]
 
 IMG, P, C_IN, C, K = 8, 2, 3, 12, 5  # RGB 8x8 images in 2x2 patches: N_p = 16 tokens of C_in P^2 = 12 values
@@ -1290,4 +1303,365 @@ def check_vit(ViT, ViTConfig) -> None:
     ):
         m, _ = _vit_pair(g, ViT, ViTConfig, "public.vit.device")
         _embed_on_device(g, m, rand("public.vit.device.x", 1, C_IN, IMG, IMG))
+    g.finish()
+
+
+# --------------------------------------------------------------------------- predictions
+
+
+def _digit_tokens() -> int:
+    """The number of tokens the book's digit ViT (the ``small`` preset) feeds its encoder for one image."""
+    cfg = ref.VIT_PRESETS["small"]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        tokens = ref.ViT(cfg).embed(torch.zeros(1, cfg.in_channels, cfg.image_size, cfg.image_size))
+    return int(tokens.shape[1])
+
+
+def _attention_pairs_ratio() -> float:
+    """(query, key) pairs of ViT-B/8 over those of ViT-B/16 on 224x224 images, [CLS] included."""
+    b16 = ref.VIT_PRESETS["vit-b/16"]
+    b8 = dataclasses.replace(b16, patch_size=8)
+    return ((b8.n_patches + 1) / (b16.n_patches + 1)) ** 2
+
+
+_PAIRS_CHOICES = {"a": 2, "b": 4, "c": 16, "d": 64}
+
+DIGIT_TOKENS = Prediction(
+    name="predict_digit_tokens",
+    question="The book's ViT cuts an 8x8 digit into 4x4 patches and puts [CLS] in front: how many tokens "
+    "does its encoder read per image?",
+    tests="the token count of a ViT: (H_img / P) (W_img / P) patches plus one [CLS]",
+    measure=_digit_tokens,
+    explanation="An 8x8 image holds a 2x2 grid of 4x4 patches, so N_p = 4 patch tokens, and [CLS] makes "
+    "{truth}. Each token is one linear map of 16 pixels; the whole digit is a sequence shorter than most "
+    "sentences.",
+)
+
+ATTENTION_PAIRS = Prediction(
+    name="predict_attention_pairs",
+    question="ViT-B/16 reads a 224x224 image as 197 tokens. With 8x8 patches instead (ViT-B/8), the number of "
+    "(query, key) pairs each attention head scores grows by about how much?",
+    tests="attention's quadratic cost: halving P multiplies the tokens by 4 and the attention pairs by 16",
+    measure=lambda: min(
+        _PAIRS_CHOICES,
+        key=lambda c: abs(math.log(_attention_pairs_ratio()) - math.log(_PAIRS_CHOICES[c])),
+    ),
+    explanation="Halving the patch size doubles the grid both ways: 28 x 28 = 784 patches and [CLS], 785 "
+    "tokens instead of 197, about 4 times more. Every query scores every key, so the pairs grow with the "
+    "square, about 16 times (answer {truth}; 785^2 / 197^2 = 15.9), while the feed-forward layers only grow "
+    "4 times. This is why ViTs use large patches, and why ImageGPT's single-pixel tokens were so costly.",
+    choices={c: f"{v}x" for c, v in _PAIRS_CHOICES.items()},
+)
+
+check_predict_digit_tokens, grade_predict_digit_tokens = DIGIT_TOKENS.graders()
+check_predict_attention_pairs, grade_predict_attention_pairs = ATTENTION_PAIRS.graders()
+
+
+# --------------------------------------------------------------------------- experiment
+
+#: the experiment's band: the share of blank patches in a random sample of BLANK_SAMPLE digits must lie
+#: within BLANK_BAND of the share over all 1,797 digits (measured with the reference at grading time). Over
+#: 1,000 samples of 300 digits the sample share strays from the full share by at most 0.009 (P = 1), 0.016
+#: (P = 2) and 0.005 (P = 4); 0.03 is wide enough for any sample, and narrow enough to catch a share of
+#: non-blank patches, a share over pixels rather than patches, or a blank test that accepts small values.
+BLANK_SAMPLE, BLANK_BAND = 300, 0.03
+_DIGITS: list[torch.Tensor] = []
+
+
+def _digits() -> torch.Tensor:
+    """All 1,797 scikit-learn digits, ``(1797, 1, 8, 8)`` float64 in ``[0, 1]`` (loaded once)."""
+    if not _DIGITS:
+        from sklearn.datasets import load_digits
+
+        _DIGITS.append(torch.tensor(load_digits().images, dtype=torch.float64).unsqueeze(1) / 16.0)
+    return _DIGITS[0]
+
+
+def _sample(seed: int) -> torch.Tensor:
+    """``BLANK_SAMPLE`` digits drawn without replacement (the grader's own generator)."""
+    x = _digits()
+    return x[torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:BLANK_SAMPLE]]
+
+
+def _blank(g: Grader, blank_patch_share, images: torch.Tensor, P: int, what: str):
+    where = f"blank_patch_share({what} {tuple(images.shape)}, {P})"
+    return where, _run(g, where, blank_patch_share, images, P)
+
+
+def _run(g: Grader, where: str, fn, *args):
+    try:
+        return fn(*(a.clone() if type(a) is torch.Tensor else a for a in args))
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        raise_unless_student_error(e)
+        g.fail(f"{where}: {_raised(e)}")
+
+
+def _expect_exact(g: Grader, where: str, v, images: torch.Tensor, P: int) -> None:
+    expected = ref.blank_patch_share(images, P)
+    g.expect(
+        type(v) is float and math.isclose(v, expected, rel_tol=1e-9, abs_tol=1e-12),
+        f"{where} gave {v!r}, the stated procedure gives {expected!r}: count the patches (of C_in P^2 values, "
+        "across all channels) whose values are all exactly 0, and divide by B N_p",
+    )
+
+
+def grade_blank_patch_share(blank_patch_share) -> None:
+    """Grade the experiment ``blank_patch_share(images, patch_size)``: a Python float, within the stated band
+    of the share over all digits on random samples, exactly the stated procedure, and its errors."""
+    g = Grader("blank_patch_share")
+    with g.check("returns a Python float"):
+        where, v = _blank(g, blank_patch_share, _sample(1), 2, "digits")
+        g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
+    with g.check(
+        f"on {BLANK_SAMPLE} random digits, within {BLANK_BAND} of the share over all 1,797 digits, for P = 1, 2, 4"
+    ):
+        for P, seed in ((1, 11), (2, 12), (4, 13)):
+            full = ref.blank_patch_share(_digits(), P)
+            where, v = _blank(g, blank_patch_share, _sample(seed), P, "digits")
+            expect_in_band(
+                g,
+                where,
+                v,
+                full - BLANK_BAND,
+                full + BLANK_BAND,
+                "a patch is blank when all its values are exactly 0; return the share of blank patches (not of "
+                "non-blank ones, not of pixels)",
+            )
+    with g.check("counts whole patches across every channel, and values of either sign (constructed images)"):
+        x = torch.zeros(2, 3, 4, 4, dtype=torch.float64)
+        x[0, 2, 0, 1] = 0.5  # patch (0, 0) of image 0 is non-blank in its last channel only
+        x[1, 0, 3, 3] = -1.0  # a negative value: patch (1, 1) of image 1 is not blank
+        x[1, 1, 0, 2] = 1e-6  # a tiny value is not zero
+        x[1, 2, 0, 0], x[1, 2, 1, 1] = (
+            0.25,
+            -0.25,
+        )  # values that sum to 0: patch (0, 0) of image 1 is not blank
+        for P, what in ((2, "2 images, 3 channels"), (1, "single pixels"), (4, "one patch per image")):
+            where, v = _blank(g, blank_patch_share, x, P, what)
+            _expect_exact(g, where, v, x, P)
+    with g.check("the share over a batch is over all B N_p patches, for non-square images and any dtype"):
+        for images, P in (
+            (_sample(21)[:7].float(), 2),
+            (torch.cat([_sample(22)[:5, :, :4], _sample(23)[:5, :, 4:]], 0), 2),  # 4x8 images
+            (_sample(24)[:1], 4),
+        ):
+            where, v = _blank(g, blank_patch_share, images, P, str(images.dtype).removeprefix("torch."))
+            _expect_exact(g, where, v, images, P)
+    with g.check("does not modify the images"):
+        x = _sample(31)[:4]
+        try:
+            after = probe(blank_patch_share, x.clone(), 2).args[0]
+        except Exception as e:  # noqa: BLE001
+            raise_unless_student_error(e)
+            g.fail(f"blank_patch_share(digits (4, 1, 8, 8), 2): {_raised(e)}")
+        g.expect(is_tensor(after) and torch.equal(after, x), "blank_patch_share changed the images in place")
+    with g.check("raises ValueError for images that are not 4-D, P that does not divide them, or no image"):
+        for make, what in (
+            (lambda: torch.zeros(8, 8), "an 8x8 image without batch and channel axes"),
+            (lambda: torch.zeros(2, 1, 8, 8), "P=3 for 8x8 images"),
+            (lambda: torch.zeros(0, 1, 8, 8), "an empty batch (B = 0)"),
+        ):
+            P = 3 if "P=3" in what else 2
+            expect_value_error(
+                g,
+                lambda make=make, P=P: blank_patch_share(make(), P),
+                what,
+                "say what was expected and what came",
+            )
+    g.finish()
+
+
+def check_blank_patch_share(blank_patch_share) -> None:
+    """Public checks of ``blank_patch_share``: the docstring's example and one sample of digits."""
+    g = Grader("blank_patch_share (public)")
+    with g.check("the image [[0, 0], [0, 1]]: 0.75 of its pixels are blank, and its one 2x2 patch is not"):
+        x = torch.tensor([[[[0.0, 0.0], [0.0, 1.0]]]], dtype=torch.float64)
+        for P in (1, 2):
+            where, v = _blank(g, blank_patch_share, x, P, "[[0, 0], [0, 1]]")
+            _expect_exact(g, where, v, x, P)
+    with g.check(
+        f"on {BLANK_SAMPLE} random digits with P = 2, within {BLANK_BAND} of the share over all digits"
+    ):
+        full = ref.blank_patch_share(_digits(), 2)
+        where, v = _blank(g, blank_patch_share, _sample(0), 2, "digits")
+        expect_in_band(
+            g, where, v, full - BLANK_BAND, full + BLANK_BAND, "return the share of all-zero patches"
+        )
+    with g.check(
+        "values that sum to 0, or are tiny, make a patch non-blank; an empty batch raises ValueError"
+    ):
+        x = torch.zeros(1, 1, 4, 4, dtype=torch.float64)
+        x[0, 0, 0, 0], x[0, 0, 1, 1], x[0, 0, 3, 3] = 0.25, -0.25, 1e-6
+        where, v = _blank(g, blank_patch_share, x, 2, "a 4x4 image with 0.25, -0.25 and 1e-6")
+        _expect_exact(g, where, v, x, 2)
+        expect_value_error(
+            g,
+            lambda: blank_patch_share(torch.zeros(0, 1, 8, 8), 2),
+            "an empty batch (B = 0)",
+            "say what was expected and what came",
+        )
+    g.finish()
+
+
+# --------------------------------------------------------------------------- stretch
+
+
+def _sincos(
+    grid_h: int,
+    grid_w: int,
+    dim: int,
+    cls_token: bool = False,
+    *,
+    rows_first: bool = False,
+    cos_first: bool = False,
+    interleaved: bool = False,
+    denominator: float | None = None,
+    column_major: bool = False,
+    cls_last: bool = False,
+) -> torch.Tensor:
+    """MAE's table written out from its definition (float64), or one of the catalogued mistakes."""
+    quarter = dim // 4
+    i = torch.arange(quarter, dtype=F64)
+    omega = 10000.0 ** (-2 * i / (dim / 2 if denominator is None else denominator))  # (dim/4,)
+    r, c = torch.meshgrid(torch.arange(grid_h, dtype=F64), torch.arange(grid_w, dtype=F64), indexing="ij")
+    if column_major:
+        r, c = r.T, c.T  # patches numbered column by column
+
+    def one(p):
+        a = p.reshape(-1, 1) * omega  # (N, dim/4)
+        if interleaved:
+            return torch.stack([a.sin(), a.cos()], dim=-1).reshape(len(a), -1)
+        return torch.cat([a.cos(), a.sin()] if cos_first else [a.sin(), a.cos()], dim=1)
+
+    table = torch.cat([one(r), one(c)] if rows_first else [one(c), one(r)], dim=1)  # (N, dim)
+    if cls_token:
+        zero = torch.zeros(1, dim, dtype=F64)
+        table = torch.cat([table, zero] if cls_last else [zero, table], dim=0)
+    return table
+
+
+_SINCOS_MISTAKES = (
+    (
+        dict(rows_first=True),
+        "the halves are swapped: the first dim/2 channels encode the column (w), the last dim/2 the row (h), "
+        "as MAE's meshgrid(grid_w, grid_h) does",
+    ),
+    (dict(cos_first=True), "each half holds the dim/4 sines first, then the dim/4 cosines"),
+    (
+        dict(interleaved=True),
+        "each half is split, not interleaved: dim/4 sines, then the dim/4 cosines of the same angles",
+    ),
+    (
+        dict(column_major=True),
+        "patches are numbered row by row: token r * grid_w + c is row r, column c",
+    ),
+)
+
+
+def _sincos_hint(p, grid_h: int, grid_w: int, dim: int, cls_token: bool) -> str:
+    """The hint for a wrong table: a recognised mistake, else the first wrong entry."""
+    if not is_tensor(p) or p.shape != (grid_h * grid_w + cls_token, dim):
+        return ""
+    got = p.detach().double()
+    for kwargs, hint in _SINCOS_MISTAKES:
+        if torch.allclose(got, _sincos(grid_h, grid_w, dim, cls_token, **kwargs), atol=1e-5):
+            return hint
+    for den, what in ((dim, "dim"), (dim / 4, "dim/4")):
+        if dim > 4 and torch.allclose(
+            got, _sincos(grid_h, grid_w, dim, cls_token, denominator=den), atol=1e-5
+        ):
+            return (
+                f"the frequencies look like 1/10000^(2i/{what}); each 1-D encoding has dim/2 channels, so "
+                "w_i = 1/10000^(2i/(dim/2)) for i = 0 .. dim/4 - 1"
+            )
+    if cls_token and torch.allclose(got, _sincos(grid_h, grid_w, dim, True, cls_last=True), atol=1e-5):
+        return "the zero row for [CLS] comes first, before the patches"
+    expected = _sincos(grid_h, grid_w, dim, cls_token)
+    n, k = divmod(int((got - expected).abs().argmax()), dim)
+    return f"row {n}, channel {k} is {got[n, k].item():.6g}, expected {expected[n, k].item():.6g}"
+
+
+def _positions(g: Grader, sincos_2d_positions, grid_h: int, grid_w: int, dim: int, cls_token: bool = False):
+    where = f"sincos_2d_positions({grid_h}, {grid_w}, {dim}, cls_token={cls_token})"
+    return where, _run(g, where, sincos_2d_positions, grid_h, grid_w, dim, cls_token)
+
+
+def _positions_match(
+    g: Grader, sincos_2d_positions, grid_h: int, grid_w: int, dim: int, cls_token: bool
+) -> None:
+    where, p = _positions(g, sincos_2d_positions, grid_h, grid_w, dim, cls_token)
+    shape = (grid_h * grid_w + cls_token, dim)
+    g.expect(
+        is_tensor(p) and p.shape == shape and p.dtype == torch.float32,
+        f"{where} should be a float32 tensor {shape}, got {describe(p)}",
+    )
+    g.expect(
+        close(p, _sincos(grid_h, grid_w, dim, cls_token).float()),
+        f"{where}: {_sincos_hint(p, grid_h, grid_w, dim, cls_token)}",
+    )
+
+
+def grade_sincos_2d_positions(sincos_2d_positions) -> None:
+    """Grade the stretch part ``sincos_2d_positions(grid_h, grid_w, dim, cls_token=False)``."""
+    g = Grader("sincos_2d_positions")
+    with g.check("MAE's table on square and non-square grids: column half first, sines before cosines"):
+        for_all(
+            "sincos_2d_positions.values",
+            st.tuples(
+                st.integers(1, 6), st.integers(1, 6), st.sampled_from((4, 8, 12, 16, 32)), st.booleans()
+            ),
+            lambda case: _positions_match(g, sincos_2d_positions, *case),
+            max_examples=12,
+            first=(3, 5, 16, False),
+        )
+    with g.check("frequencies 1/10000^(2i/(dim/2)): a wide table (dim = 64) on a 14 x 14 grid, as in MAE"):
+        _positions_match(g, sincos_2d_positions, 14, 14, 64, False)
+    with g.check("the angles are computed in float64: a long row of 4096 patches, dim = 64"):
+        # float32 frequencies are off by about 3e-8 relative, so the angle of column 4095 is off by about
+        # 1e-4: 3e-5 in the table, beyond float32's tolerance (1e-5), while a float64 computation is off
+        # only by the final rounding to float32 (6e-8)
+        where, p = _positions(g, sincos_2d_positions, 1, 4096, 64)
+        g.expect(
+            close(p, _sincos(1, 4096, 64).float()),
+            f"{where}: {_sincos_hint(p, 1, 4096, 64, False)}; compute the frequencies and angles in float64 "
+            "and convert to float32 only at the end",
+        )
+    with g.check("cls_token is False by default"):
+        where = "sincos_2d_positions(2, 3, 8)"
+        p = _run(g, where, sincos_2d_positions, 2, 3, 8)
+        g.expect(
+            close(p, _sincos(2, 3, 8).float()),
+            f"{where} (cls_token left out) should be the (6, 8) table without the [CLS] row, got {describe(p)}",
+        )
+    with g.check("cls_token=True puts a row of zeros in front of the same table"):
+        for grid_h, grid_w, dim in ((2, 3, 8), (4, 4, 16), (1, 1, 4)):
+            _positions_match(g, sincos_2d_positions, grid_h, grid_w, dim, True)
+    with g.check("patches are numbered row by row on a non-square grid (2 x 5 and 5 x 2)"):
+        for grid_h, grid_w in ((2, 5), (5, 2)):
+            _positions_match(g, sincos_2d_positions, grid_h, grid_w, 8, False)
+    with g.check("raises ValueError when dim is not a positive multiple of 4 or a grid size is below 1"):
+        for args, what in (
+            ((2, 2, 6), "dim=6"),
+            ((2, 2, 2), "dim=2"),
+            ((2, 2, 0), "dim=0"),
+            ((2, 2, 10), "dim=10"),
+            ((0, 3, 8), "grid_h=0"),
+            ((3, 0, 8), "grid_w=0"),
+            ((-1, 2, 8), "grid_h=-1"),
+        ):
+            expect_value_error(g, lambda args=args: sincos_2d_positions(*args), what, "say what was expected")
+    g.finish()
+
+
+def check_sincos_2d_positions(sincos_2d_positions) -> None:
+    """Public checks of ``sincos_2d_positions``: the docstring's example, one grid, [CLS] and one error."""
+    g = Grader("sincos_2d_positions (public)")
+    with g.check("sincos_2d_positions(1, 2, 4) is [[0, 1, 0, 1], [sin 1, cos 1, 0, 1]]"):
+        _positions_match(g, sincos_2d_positions, 1, 2, 4, False)
+    with g.check("a 2 x 3 grid with dim = 16 matches MAE's get_2d_sincos_pos_embed"):
+        _positions_match(g, sincos_2d_positions, 2, 3, 16, False)
+    with g.check("cls_token=True puts a row of zeros first; dim = 6 raises ValueError"):
+        _positions_match(g, sincos_2d_positions, 2, 2, 8, True)
+        expect_value_error(g, lambda: sincos_2d_positions(2, 2, 6), "dim=6", "say what was expected")
     g.finish()

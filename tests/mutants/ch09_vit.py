@@ -18,6 +18,9 @@ _SHAPE_CHECK = "if tuple(cls_token.shape) != (1, 1, C) or tuple(positions.shape)
 _HEAD = "return self.head(h[:, 0])  # (B, K): the [CLS] token only"
 _EMBED = "return self.dropout(add_cls_and_positions(x, self.cls_token, positions))  # (B, N_p + 1, C)"
 _POSITIONS = "positions = self.pos_emb(torch.arange(x.shape[1] + 1, device=x.device))  # (N_p + 1, C)"
+_BLANK = "blank = (patches != 0).sum(dim=-1) == 0  # (B, N_p): no non-zero value in the patch"
+_SINCOS_TABLE = "table = torch.cat([encode(cols), encode(rows)], dim=1)"
+_SINCOS_OMEGA = "omega = 1.0 / 10000.0 ** (torch.arange(quarter, dtype=torch.float64) / quarter)"
 _FORWARD = "h = self.encoder(self.embed(images))  # (B, N_p + 1, C), normalised by the stack's final norm"
 
 MUTANTS = [
@@ -398,6 +401,184 @@ MUTANTS = [
         "make the positions on the images' device",
         mutate(vit.ViT, (_POSITIONS, "positions = self.pos_emb(torch.arange(x.shape[1] + 1))")),
     ),
+    # ----------------------------------------------------------------- part 5: predictions
+    Mutant(
+        "tokens_forget_cls",
+        "predict_digit_tokens",
+        "predict_digit_tokens",
+        "the experiment gives 5",
+        "predict_digit_tokens = 4\n",
+    ),
+    Mutant(
+        "tokens_count_pixels",
+        "predict_digit_tokens",
+        "predict_digit_tokens",
+        "you predicted 65",
+        "predict_digit_tokens = 65\n",
+    ),
+    Mutant(
+        "tokens_as_text",
+        "predict_digit_tokens",
+        "predict_digit_tokens",
+        "should be a finite number",
+        'predict_digit_tokens = "5"\n',
+    ),
+    Mutant(
+        "pairs_linear",
+        "predict_attention_pairs",
+        "predict_attention_pairs",
+        "the experiment gives (c)",
+        'predict_attention_pairs = "b"\n',
+    ),
+    Mutant(
+        "pairs_twice",
+        "predict_attention_pairs",
+        "predict_attention_pairs",
+        "you predicted (a)",
+        'predict_attention_pairs = "a"\n',
+    ),
+    Mutant(
+        "pairs_not_a_letter",
+        "predict_attention_pairs",
+        "predict_attention_pairs",
+        "one of the letters",
+        "predict_attention_pairs = 16\n",
+    ),
+    # ----------------------------------------------------------------- part 6: the experiment
+    Mutant(
+        "blank_share_of_non_blank",
+        "blank_patch_share",
+        "blank_patch_share",
+        "not of non-blank ones",
+        mutate(vit.blank_patch_share, (_BLANK, "blank = (patches != 0).sum(dim=-1) != 0  # (B, N_p)")),
+    ),
+    Mutant(
+        "blank_share_of_pixels",
+        "blank_patch_share",
+        "blank_patch_share",
+        "not of pixels",
+        mutate(vit.blank_patch_share, (_BLANK, "blank = patches == 0  # (B, N_p, C_in P^2)")),
+    ),
+    Mutant(
+        "blank_share_by_sum",
+        "blank_patch_share",
+        "blank_patch_share",
+        "whose values are all exactly 0",
+        mutate(vit.blank_patch_share, (_BLANK, "blank = patches.sum(dim=-1) == 0  # (B, N_p)")),
+    ),
+    Mutant(
+        "blank_share_near_zero",
+        "blank_patch_share",
+        "blank_patch_share",
+        "whose values are all exactly 0",
+        mutate(vit.blank_patch_share, (_BLANK, "blank = patches.abs().amax(dim=-1) < 1e-3  # (B, N_p)")),
+    ),
+    Mutant(
+        "blank_share_no_empty_check",
+        "blank_patch_share",
+        "blank_patch_share",
+        "an empty batch",
+        mutate(vit.blank_patch_share, ("    if patches.shape[0] == 0:\n", "    if False:\n")),
+    ),
+    Mutant(
+        "blank_share_tensor",
+        "blank_patch_share",
+        "blank_patch_share",
+        "Python float",
+        mutate(
+            vit.blank_patch_share, ("return blank.double().mean().item()", "return blank.double().mean()")
+        ),
+    ),
+    # ----------------------------------------------------------------- stretch: sincos_2d_positions
+    Mutant(
+        "sincos_halves_swapped",
+        "sincos_2d_positions",
+        "sincos_2d_positions",
+        "the halves are swapped",
+        mutate(
+            vit.sincos_2d_positions, (_SINCOS_TABLE, "table = torch.cat([encode(rows), encode(cols)], dim=1)")
+        ),
+    ),
+    Mutant(
+        "sincos_cos_before_sin",
+        "sincos_2d_positions",
+        "sincos_2d_positions",
+        "the dim/4 sines first",
+        mutate(
+            vit.sincos_2d_positions,
+            (
+                "return torch.cat([angles.sin(), angles.cos()], dim=1)",
+                "return torch.cat([angles.cos(), angles.sin()], dim=1)",
+            ),
+        ),
+    ),
+    Mutant(
+        "sincos_interleaved",
+        "sincos_2d_positions",
+        "sincos_2d_positions",
+        "split, not interleaved",
+        mutate(
+            vit.sincos_2d_positions,
+            (
+                "return torch.cat([angles.sin(), angles.cos()], dim=1)",
+                "return torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(len(angles), -1)",
+            ),
+        ),
+    ),
+    Mutant(
+        "sincos_exponent_over_dim",
+        "sincos_2d_positions",
+        "sincos_2d_positions",
+        "w_i = 1/10000^(2i/(dim/2))",
+        mutate(
+            vit.sincos_2d_positions,
+            (
+                _SINCOS_OMEGA,
+                "omega = 1.0 / 10000.0 ** (2 * torch.arange(quarter, dtype=torch.float64) / dim)",
+            ),
+        ),
+    ),
+    Mutant(
+        "sincos_no_cls_row",
+        "sincos_2d_positions",
+        "sincos_2d_positions",
+        "should be a float32 tensor",
+        mutate(vit.sincos_2d_positions, ("    if cls_token:\n", "    if False:\n")),
+    ),
+    Mutant(
+        "sincos_cls_row_last",
+        "sincos_2d_positions",
+        "sincos_2d_positions",
+        "comes first, before the patches",
+        mutate(
+            vit.sincos_2d_positions,
+            (
+                "table = torch.cat([table.new_zeros(1, dim), table], dim=0)",
+                "table = torch.cat([table, table.new_zeros(1, dim)], dim=0)",
+            ),
+        ),
+    ),
+    Mutant(
+        "sincos_column_major",
+        "sincos_2d_positions",
+        "sincos_2d_positions",
+        "numbered row by row",
+        mutate(vit.sincos_2d_positions, ('indexing="ij"', 'indexing="xy"')),
+    ),
+    Mutant(
+        "sincos_float64",
+        "sincos_2d_positions",
+        "sincos_2d_positions",
+        "should be a float32 tensor",
+        mutate(vit.sincos_2d_positions, ("return table.float()", "return table")),
+    ),
+    Mutant(
+        "sincos_no_dim_check",
+        "sincos_2d_positions",
+        "sincos_2d_positions",
+        "raise a ValueError",
+        mutate(vit.sincos_2d_positions, ("if dim < 4 or dim % 4:", "if dim < 4:")),
+    ),
 ]
 
 _UNPACK = "unpacking the shape of a tensor of another rank into its names raises ValueError anyway"
@@ -416,4 +597,26 @@ EQUIVALENT = {
         "add_cls_and_positions | cls = cls_token.expand(B, 1, C) # (B, 1, C): the same vector for "
         "every image | number | 2"
     ): ("cls_token is (1, 1, C) once the shapes are checked, and expand's -1 keeps that axis's size, 1"),
+    "sincos_2d_positions | if dim < 4 or dim % 4: | number | 2": (
+        "dim < 1 or dim % 4 rejects the same dims: 1, 2 and 3 are not multiples of 4"
+    ),
+    "sincos_2d_positions | if dim < 4 or dim % 4: | number | 5": (
+        "dim < 3 or dim % 4 rejects the same dims: 3 is not a multiple of 4"
+    ),
+    "sincos_2d_positions | quarter = dim // 4 | binop | 1": (
+        "dim is a multiple of 4 once checked, so dim / 4 is the same whole number (arange and the float64 "
+        "division give the same values)"
+    ),
+    "sincos_2d_positions | rows, cols = torch.meshgrid( | keyword | 1": (
+        'torch.meshgrid\'s default indexing is "ij" (it only warns that the default may change)'
+    ),
+    "sincos_2d_positions | return torch.cat([angles.sin(), angles.cos()], dim=1) | number | 2": (
+        "angles is 2-D, so dim=-1 is dim=1"
+    ),
+    (
+        "sincos_2d_positions | table = torch.cat([encode(cols), encode(rows)], dim=1) # (grid_h grid_w, dim): "
+        "column half, then row half | number | 2"
+    ): "both halves are 2-D, so dim=-1 is dim=1",
+    "sincos_2d_positions | table = torch.cat([table.new_zeros(1, dim), table], dim=0) # (1 + grid_h grid_w, dim) "
+    "| keyword | 1": "torch.cat's default dim is 0",
 }
