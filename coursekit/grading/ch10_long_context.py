@@ -1687,6 +1687,18 @@ def grade_window_mass(window_mass) -> None:
                 _is_close_to(v, 1.0),
                 f"{where} should be 1 (the softmax weights of all T keys sum to 1), got {describe(v)}",
             )
+    with g.check("draws the queries, then the keys, float64, from its generator: the reference's result"):
+        for T, W, seed, D in ((16, 4, 51, None), (32, 8, 52, 3), (8, 1, 53, 16)):
+            where, v = _mass(g, window_mass, T, W, seed, D)
+            args = (T, W, MASS_N, torch.Generator().manual_seed(seed)) + (() if D is None else (D,))
+            expected = ref.window_mass(*args)
+            g.expect(
+                isinstance(v, float) and abs(v - expected) <= 1e-9 * max(1.0, abs(expected)),
+                f"{where} with a generator seeded {seed} gave {describe(v)}, the stated procedure gives "
+                f"{expected!r}: draw all queries (n, D) first, then all keys (n, T, D), with torch.randn(..., "
+                "generator=generator, dtype=torch.float64), score q . k / sqrt(D) (D = 16 by default) and keep "
+                "the last window keys",
+            )
     with g.check("draws from its generator: the same seed gives the same result, another seed another"):
         _, a = _mass(g, window_mass, 32, 4, 41)
         _, b = _mass(g, window_mass, 32, 4, 41)
@@ -1807,6 +1819,21 @@ def grade_sink_window_mask(sink_window_mask) -> None:
     with g.check("raises ValueError for a bad window or n_sink, and unless 0 <= T <= S"):
         for args in ((4, 0, 1), (4, 2, -1), (4, 2.5, 1), (4, 2, 1.5), (5, 2, 1, 3)):
             expect_value_error(g, lambda args=args: sink_window_mask(*args), f"sink_window_mask{args}")
+    with g.check("builds the mask on the device asked for (device='meta')"):
+        call = "sink_window_mask(3, 2, 1, 5, device='meta')"
+        try:
+            where = _result_device(lambda: sink_window_mask(3, 2, 1, 5, device="meta"))
+        except NotImplementedError as e:
+            if not meta_copy_refused(e):
+                raise
+            g.fail(
+                f"{call}: your code read the values of a meta tensor: build the mask with torch operations only"
+            )
+        g.expect(
+            where == "meta",
+            f"{call} returned a mask on {where}: build every tensor on the device asked for "
+            "(torch.arange(..., device=device), and pass device on)",
+        )
     g.finish()
 
 

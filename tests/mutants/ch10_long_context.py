@@ -683,4 +683,21 @@ EQUIVALENT = {
     "tiled_attention | outputs.append(acc / torch.where(l > 0, l, torch.ones_like(l))) # fully masked rows: 0 / 1 | "
     "number | 1": "l is 0 for a query that sees no key and at least 1 otherwise (its largest score adds exp(0) = 1, and "  # noqa: E501
     "rescaling never lowers that), so l > 1 and l > 0 pick the same divisor",
+    "window_mass | weights = torch.softmax(scores, dim=-1) # (n, T) | unary | 1": (
+        "the scores are (n, T): dim=1 is the same axis as dim=-1"
+    ),
+    "window_mass | weights = torch.softmax(scores, dim=-1) # (n, T) | number | 2": (
+        "the scores are (n, T): dim=1 is the same axis as dim=-1"
+    ),
+    "window_mass | return weights[:, T - window :].sum(dim=-1).mean().item() | unary | 1": (
+        "the kept weights are (n, window): dim=1 is the same axis as dim=-1"
+    ),
+    "window_mass | return weights[:, T - window :].sum(dim=-1).mean().item() | number | 2": (
+        "the kept weights are (n, window): dim=1 is the same axis as dim=-1"
+    ),
+    "sink_window_mask | S = window_part.shape[-1] | unary | 1": "the mask is (T, S): shape[1] is shape[-1]",
+    "sink_window_mask | S = window_part.shape[-1] | number | 2": "the mask is (T, S): shape[1] is shape[-1]",
+    "sink_window_mask | return window_part | ((j < n_sink) & (j <= p)) # (T, S) | compare | 3": (
+        "key j = p is always in the window part (window >= 1), so the sinks may stop at j < p: the union is the same"
+    ),
 }
