@@ -20,7 +20,16 @@ import regex
 from hypothesis import strategies as st
 
 from coursekit import bpe as ref
-from coursekit.grading.core import Grader, describe, for_all, probe, raise_unless_student_error, said
+from coursekit.grading.core import (
+    Grader,
+    describe,
+    expect_value_error,
+    for_all,
+    probe,
+    raise_unless_student_error,
+    said,
+)
+from coursekit.grading.questions import Prediction, expect_in_band
 
 __all__ = [
     "check_get_pair_counts",
@@ -33,6 +42,14 @@ __all__ = [
     "grade_train",
     "grade_encode_chunk",
     "grade_decode",
+    "check_predict_word_end_merges",
+    "grade_predict_word_end_merges",
+    "check_predict_shared_merges",
+    "grade_predict_shared_merges",
+    "check_bytes_per_token",
+    "grade_bytes_per_token",
+    "check_encode_with_special",
+    "grade_encode_with_special",
 ]
 
 #: Text the hidden checks train and encode on: English, code, digits and non-Latin scripts.
@@ -827,4 +844,355 @@ def check_decode(decode) -> None:
             g.expect("999" in said(e), f"the message should name the id 999, it says: {e}")
         else:
             g.fail(f"returned {got!r}: raise a ValueError naming the unknown id")
+    g.finish()
+
+
+# --------------------------------------------------------------------------- predict, then check
+
+
+def _docs(start: int, stop: int) -> str:
+    """A slice of the Python manual (:func:`coursekit.bpe.python_docs_text`), the chapter's corpus."""
+    return ref.python_docs_text()[start:stop]
+
+
+def _word_end_tokens(pattern: str) -> int:
+    """How many of 64 merges learnt on the manual's first 20,000 characters make a token in which a
+    space follows a non-space byte (the end of one word glued to the space before the next)."""
+    merges = ref.train_naive(_docs(0, 20_000), 256 + 64, pattern)
+    vocab = _token_bytes(merges)
+    return sum(any(t[i] == 32 and t[i - 1] != 32 for i in range(1, len(t))) for t in vocab)
+
+
+def _bucket(n: int) -> str:
+    return "a" if n == 0 else "b" if n <= 4 else "c" if n <= 20 else "d"
+
+
+WORD_END_MERGES = Prediction(
+    name="predict_word_end_merges",
+    question="Without pre-tokenization (pattern '.+': one chunk per line), how many of 64 merges learnt on the "
+    "manual's first 20,000 characters make a token where a space follows a non-space (like 'e ')?",
+    tests="what the regex split prevents: merges across word boundaries",
+    measure=lambda: _bucket(_word_end_tokens(".+")),
+    explanation="Without the split, the most frequent pairs of English include a word's last letter and the "
+    "space that follows it ('e ', 's ', 't '), and soon whole words with a space on both sides (' the '): the "
+    "answer is {truth}, against none at all with the GPT-4 pattern, which puts each space at the start of the "
+    "next word. Such tokens waste vocabulary on every word-and-space combination; this is why GPT-2 splits the "
+    "text first (Radford et al., 2019).",
+    choices={"a": "none", "b": "1 to 4", "c": "5 to 20", "d": "more than 20"},
+)
+
+
+def _shared_merges() -> int:
+    """How many of the 44 merges of a run to 300 tokens open, in the same order, a run to 512 tokens."""
+    text = _docs(0, 20_000)
+    short, long = ref.train(text, 300).merges, ref.train(text, 512).merges
+    return sum(a == b for a, b in zip(short, long))
+
+
+SHARED_MERGES = Prediction(
+    name="predict_shared_merges",
+    question="Train on the manual's first 20,000 characters once with vocab_size=300 and once with 512: how many "
+    "merges of the first run are, at the same position, the merges of the second?",
+    tests="training is greedy: a larger vocabulary only appends merges (and vocab_size counts the 256 bytes)",
+    measure=_shared_merges,
+    explanation="Each merge depends only on the merges before it, never on how many are still to come, so the "
+    "run to 512 tokens begins with exactly the merges of the run to 300: all {truth} of them (300 - 256, the "
+    "256 byte tokens are not merges). The chapter uses this to measure every vocabulary size from one "
+    "training run, cutting its merge list.",
+)
+
+check_predict_word_end_merges, grade_predict_word_end_merges = WORD_END_MERGES.graders()
+check_predict_shared_merges, grade_predict_shared_merges = SHARED_MERGES.graders()
+
+
+# --------------------------------------------------------------------------- experiment
+
+#: The measurement is deterministic: any correct implementation learns the same merges (the rules fix the
+#: tie-break) and counts the same tokens, so it matches the reference up to the rounding of one division.
+#: The band, 0.05% either way, accepts that and rejects one merge too many or too few (0.13% to 0.25% at
+#: the sizes graded) and every mistake the hints name (characters for bytes, distinct chunks only, ...).
+BPT_BAND = 5e-4
+#: Training and held-out slices of the manual, as in the chapter (a prefix for training, text far from it).
+TRAIN_SLICE, HELD_SLICE = (0, 20_000), (200_000, 210_000)
+
+
+def _bpt_mistakes(train_text: str, test_text: str, vocab_size: int, pattern: str) -> list[tuple[float, str]]:
+    """What the classic mistakes measure, each with its hint."""
+    merges = ref.train_naive(train_text, vocab_size, pattern)
+    ranks = {p: 256 + i for i, p in enumerate(merges)}
+    counts = ref.chunk_counts(test_text, pattern)
+    n_tokens = sum(c * len(ref.encode_chunk(ch, ranks)) for ch, c in counts.items())
+    n_bytes = len(test_text.encode("utf-8"))
+    out = [
+        (
+            len(test_text) / n_tokens,
+            "count the UTF-8 bytes of test_text (len(test_text.encode('utf-8'))), not characters",
+        ),
+        (n_tokens / n_bytes, "return bytes per token (bytes divided by tokens), not tokens per byte"),
+        (
+            n_bytes / sum(len(ref.encode_chunk(ch, ranks)) for ch in counts),
+            "chunk_counts gives each distinct chunk once with its count: multiply each chunk's tokens by its count",
+        ),
+    ]
+    if vocab_size > 256:
+        big = {p: 256 + i for i, p in enumerate(ref.train_naive(train_text, vocab_size + 256, pattern))}
+        n_big = sum(c * len(ref.encode_chunk(ch, big)) for ch, c in counts.items())
+        out.append((n_bytes / n_big, "vocab_size counts the 256 bytes: learn vocab_size - 256 merges"))
+        if pattern != "gpt4":
+            other = {p: 256 + i for i, p in enumerate(ref.train_naive(train_text, vocab_size))}
+            n_other = sum(c * len(ref.encode_chunk(ch, other)) for ch, c in counts.items())
+            n_enc = sum(c * len(ref.encode_chunk(ch, ranks)) for ch, c in ref.chunk_counts(test_text).items())
+            out += [
+                (n_bytes / n_other, f"train with the given pattern ({pattern!r}), not the default"),
+                (
+                    n_bytes / n_enc,
+                    f"split test_text with the given pattern ({pattern!r}) too, not the default",
+                ),
+            ]
+    return out
+
+
+def _expect_bpt(
+    g: Grader, bytes_per_token, train_text, test_text, vocab_size, pattern=None, shown=""
+) -> None:
+    args = (train_text, test_text, vocab_size) + (() if pattern is None else (pattern,))
+    what = f"bytes_per_token({shown or _short(args, 120)})"
+    got = _call(g, what, bytes_per_token, *args)
+    g.expect(type(got) is float, f"{what} should return a Python float, got {describe(got)}")
+    pat = "gpt4" if pattern is None else pattern
+    truth = ref.bytes_per_token(train_text, test_text, vocab_size, pat)
+    if abs(got - truth) > BPT_BAND * truth:
+        for wrong, hint in _bpt_mistakes(train_text, test_text, vocab_size, pat):
+            if abs(got - wrong) <= 1e-9 * abs(wrong) and abs(wrong - truth) > BPT_BAND * truth:
+                g.fail(f"{what} gave {got:.5g}, expected {truth:.5g}: {hint}")
+    expect_in_band(
+        g,
+        what,
+        got,
+        truth * (1 - BPT_BAND),
+        truth * (1 + BPT_BAND),
+        "the measurement is deterministic: train with your train_naive (vocab_size - 256 merges), encode each "
+        "chunk of test_text with encode_chunk, and divide the UTF-8 bytes of test_text by the number of tokens "
+        "(if Parts 3 and 4 fail their checks, fix them first)",
+    )
+
+
+def grade_bytes_per_token(bytes_per_token) -> None:
+    """Grade the experiment ``bytes_per_token(train_text, test_text, vocab_size, pattern="gpt4")``."""
+    g = Grader("bytes_per_token")
+    train_text, held = _docs(*TRAIN_SLICE), _docs(*HELD_SLICE)
+    with g.check("returns a Python float; no merges (vocab_size=256) gives exactly 1.0"):
+        got = _call(g, "bytes_per_token(manual, held_out, 256)", bytes_per_token, train_text, held, 256)
+        g.expect(
+            type(got) is float, f"bytes_per_token(...) should return a Python float, got {describe(got)}"
+        )
+        g.expect(got == 1.0, f"with vocab_size=256 (no merges) every byte is a token: 1.0, got {got!r}")
+    with g.check("held-out manual, GPT-4 pattern: vocab_size 300 and 400, within 0.05% of the reference"):
+        for vocab_size in (300, 400):
+            _expect_bpt(
+                g, bytes_per_token, train_text, held, vocab_size, shown=f"manual, held_out, {vocab_size}"
+            )
+    with g.check("the pattern argument is used for training and encoding: 'gpt2' and r'\\S+|\\s+'"):
+        _expect_bpt(g, bytes_per_token, train_text, held, 350, "gpt2", shown="manual, held_out, 350, 'gpt2'")
+        _expect_bpt(
+            g,
+            bytes_per_token,
+            train_text[:8000],
+            held,
+            320,
+            r"\S+|\s+",
+            shown=r"manual[:8000], held_out, 320, r'\S+|\s+'",
+        )
+    with g.check("counts UTF-8 bytes, not characters (a test text with non-ASCII characters)"):
+        _expect_bpt(g, bytes_per_token, _SAMPLE * 3, _SAMPLE, 300, shown="sample * 3, sample, 300")
+    with g.check("another domain (Python source) and drawn short texts"):
+        source = ref.stdlib_source_text(30_000)[20_000:30_000]
+        _expect_bpt(g, bytes_per_token, train_text, source, 300, shown="manual, python_source, 300")
+
+        def test(case):
+            train, test_text, n_merges, pattern = case
+            _expect_bpt(g, bytes_per_token, train, test_text, 256 + n_merges, pattern)
+
+        for_all(
+            "bpt.values",
+            st.tuples(
+                st.text(alphabet=_ALPHABET, max_size=30),
+                st.text(alphabet=_ALPHABET, min_size=1, max_size=20),
+                st.integers(0, 8),
+                st.sampled_from(("gpt4", "gpt2")),
+            ),
+            test,
+            max_examples=15,
+            first=("aaab aaab", "aaab ab", 3, "gpt4"),
+        )
+    with g.check("raises ValueError for vocab_size < 256 and an empty test_text"):
+        for args in (
+            (train_text[:100], "abc", 255),
+            (train_text[:100], "abc", 0),
+            (train_text[:100], "", 300),
+        ):
+            expect_value_error(
+                g,
+                lambda args=args: bytes_per_token(*args),
+                f"bytes_per_token(text, {args[1]!r}, {args[2]})",
+                "say which argument is out of range and what came",
+            )
+    g.finish()
+
+
+def check_bytes_per_token(bytes_per_token) -> None:
+    """Public check of ``bytes_per_token``: no merges, and one measurement on the manual."""
+    g = Grader("bytes_per_token (public)")
+    with g.check("bytes_per_token('aaab aaab', 'ab', 256) == 1.0 (no merges: one token per byte)"):
+        got = _call(g, "bytes_per_token('aaab aaab', 'ab', 256)", bytes_per_token, "aaab aaab", "ab", 256)
+        g.expect(got == 1.0 and type(got) is float, f"got {describe(got)}")
+    with g.check(
+        "train on the manual's first 20,000 characters, vocab_size=300: about 1.41 on held-out text"
+    ):
+        _expect_bpt(
+            g, bytes_per_token, _docs(*TRAIN_SLICE), _docs(*HELD_SLICE), 300, shown="manual, held_out, 300"
+        )
+    g.finish()
+
+
+# --------------------------------------------------------------------------- the stretch part: special tokens
+
+#: Special strings of the drawn examples: two that share a prefix (the longest must win where both start)
+#: and one made of characters the ordinary text also uses.
+_SPECIALS = ("<|endoftext|>", "<|end|>", "<|endoftext|>!", "ab")
+_EOT_RANKS = {(97, 97): 256}
+
+
+def _expect_special(
+    g: Grader, encode_with_special, text: str, ranks: dict, special: dict, shown: str = "ranks"
+):
+    what = f"encode_with_special({_short(text)}, {shown}, {special})"
+    got = _call(g, what, encode_with_special, text, dict(ranks), dict(special))
+    g.expect(
+        type(got) is list and all(type(i) is int for i in got),
+        f"{what} must return a list of int ids, got {_short(got)}",
+    )
+    expected = ref.encode_with_special(text, ranks, special)
+    if got != expected and got == ref.encode_with_special(text, ranks, {}):
+        g.fail(
+            f"{what} gave {got}: the special strings were encoded as ordinary text; split the text at them first"
+        )
+    g.expect(got == expected, f"{what} should be {expected}, got {got}")
+
+
+def grade_encode_with_special(encode_with_special) -> None:
+    """Grade the stretch part ``encode_with_special(text, ranks, special)``."""
+    g = Grader("encode_with_special")
+
+    with g.check("keeps each special token whole, between the encoded pieces, on drawn texts and specials"):
+
+        def test(case):
+            parts, names, n_merges, corpus = case
+            ranks = {p: 256 + i for i, p in enumerate(ref.train_naive(corpus, 256 + n_merges, ".+"))}
+            start = 256 + len(ranks)
+            special = {s: start + 3 * k for k, s in enumerate(names)}  # ids need not be consecutive
+            _expect_special(g, encode_with_special, "".join(parts), ranks, special, _short(ranks, 200))
+
+        ordinary = st.text(alphabet=_ALPHABET + "<|>", max_size=8)
+        for_all(
+            "special.values",
+            st.tuples(
+                st.lists(st.one_of(ordinary, st.sampled_from(_SPECIALS)), max_size=6),
+                st.lists(st.sampled_from(_SPECIALS), unique=True, max_size=4),
+                st.integers(0, 10),
+                st.text(alphabet=_ALPHABET, max_size=24),
+            ),
+            test,
+            max_examples=25,
+            first=(["aa", "<|endoftext|>", "aa"], ["<|endoftext|>"], 1, "aa aa"),
+        )
+
+    with g.check("splits the ordinary pieces into chunks with the GPT-4 pattern (no pair crosses a chunk)"):
+        ranks = _sample_ranks()
+        text = _SAMPLE[:120] + "<|endoftext|>" + _SAMPLE[120:240]
+        _expect_special(
+            g, encode_with_special, text, ranks, {"<|endoftext|>": 256 + len(ranks)}, "sample ranks"
+        )
+        crossing = {(97, 32): 256, (256, 98): 257}  # "a b" is the chunks "a", " b": (a, space) never meets
+        _expect_special(g, encode_with_special, "a b<|e|>a b", crossing, {"<|e|>": 300}, str(crossing))
+
+    with g.check("the longest special wins where several start at the same place; the leftmost first"):
+        special = {"<|end|>": 300, "<|endoftext|>": 301}  # shorter first in the dict: order must not matter
+        got = _call(
+            g,
+            "encode_with_special('<|endoftext|>', {}, ...)",
+            encode_with_special,
+            "<|endoftext|>",
+            {},
+            special,
+        )
+        g.expect(
+            got == [301],
+            f"with special {special}, '<|endoftext|>' should be [301], got {got}: where several special strings "
+            "start at the same place, take the longest (try them longest first)",
+        )
+        for text in ("x<|end|><|endoftext|><|end|>y", "<|endoftext|><|end|>", "<|en<|end|>d|>"):
+            _expect_special(g, encode_with_special, text, {}, special, "{}")
+        _expect_special(g, encode_with_special, "bab", {}, {"ab": 300, "ba": 301}, "{}")
+
+    with g.check("special strings not in special, and an empty special dict, are ordinary text"):
+        ranks = _sample_ranks()
+        for text, special in (
+            ("<|endoftext|> the fox", {}),
+            ("<|endoftext|> the fox<|end|>", {"<|end|>": 400}),
+            ("", {"<|end|>": 400}),
+            ("é€🙂 <|x|>", {}),
+        ):
+            _expect_special(g, encode_with_special, text, ranks, special, "sample ranks")
+
+    with g.check(
+        "ValueError for an empty special string, an id that is a byte or a merge's id, or not an int"
+    ):
+        for special, what in (
+            ({"": 300}, "special {'': 300}"),
+            ({"<|e|>": 97}, "special {'<|e|>': 97} (97 is the byte 'a')"),
+            ({"<|e|>": 255}, "special {'<|e|>': 255} (255 is the last byte)"),
+            ({"<|e|>": 256}, "special {'<|e|>': 256} and ranks {(97, 97): 256} (256 is a merge)"),
+            ({"<|e|>": 300, "<|f|>": -1}, "special {'<|e|>': 300, '<|f|>': -1}"),
+            ({"<|e|>": 300.0}, "special {'<|e|>': 300.0} (a float)"),
+        ):
+            expect_value_error(
+                g,
+                lambda special=special: encode_with_special("a<|e|>a", dict(_EOT_RANKS), special),
+                what,
+                "name the special token and its id",
+            )
+
+    g.finish()
+
+
+def check_encode_with_special(encode_with_special) -> None:
+    """Public checks of ``encode_with_special``: the docstring's example, the longest match, one error."""
+    g = Grader("encode_with_special (public)")
+    eot = {"<|endoftext|>": 300}
+    with g.check("with ranks {(a, a): 256}: 'aa<|endoftext|>aa' -> [256, 300, 256]"):
+        got = _call(
+            g,
+            "encode_with_special('aa<|endoftext|>aa', ...)",
+            encode_with_special,
+            "aa<|endoftext|>aa",
+            dict(_EOT_RANKS),
+            eot,
+        )
+        g.expect(got == [256, 300, 256], f"got {got!r}")
+    with g.check(
+        "the longest special wins: with {'<|end|>': 300, '<|endoftext|>': 301}, '<|endoftext|>' -> [301]"
+    ):
+        special = {"<|end|>": 300, "<|endoftext|>": 301}
+        got = _call(
+            g,
+            "encode_with_special('<|endoftext|>', {}, ...)",
+            encode_with_special,
+            "<|endoftext|>",
+            {},
+            special,
+        )
+        g.expect(got == [301], f"got {got!r}")
+    with g.check("ValueError for a special id that is a byte: special = {'<|e|>': 97}"):
+        expect_value_error(g, lambda: encode_with_special("a", {}, {"<|e|>": 97}), "special {'<|e|>': 97}")
     g.finish()

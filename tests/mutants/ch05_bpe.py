@@ -325,6 +325,153 @@ def merge(ids, pair, new_id):
             'raise ValueError("unknown token id")',
         ),
     ),
+    Mutant(
+        "word_end_thinks_none",
+        "predict_word_end_merges",
+        "predict_word_end_merges",
+        "the experiment gives (c) 5 to 20",
+        'predict_word_end_merges = "a"\n',
+    ),
+    Mutant(
+        "word_end_thinks_most",
+        "predict_word_end_merges",
+        "predict_word_end_merges",
+        "you predicted (d) more than 20",
+        'predict_word_end_merges = "d"\n',
+    ),
+    Mutant(
+        "word_end_not_a_letter",
+        "predict_word_end_merges",
+        "predict_word_end_merges",
+        "one of the letters",
+        "predict_word_end_merges = 8\n",
+    ),
+    Mutant(
+        "shared_counts_vocab_size",
+        "predict_shared_merges",
+        "predict_shared_merges",
+        "the experiment gives 44",
+        "predict_shared_merges = 300\n",
+    ),
+    Mutant(
+        "shared_thinks_counts_change",
+        "predict_shared_merges",
+        "predict_shared_merges",
+        "you predicted 20",
+        "predict_shared_merges = 20\n",
+    ),
+    Mutant(
+        "shared_as_text",
+        "predict_shared_merges",
+        "predict_shared_merges",
+        "should be a finite number",
+        'predict_shared_merges = "44"\n',
+    ),
+    mutant(
+        "bpt_counts_characters",
+        ref.bytes_per_token,
+        "not characters",
+        ('return len(test_text.encode("utf-8")) / n_tokens', "return len(test_text) / n_tokens"),
+    ),
+    mutant(
+        "bpt_tokens_per_byte",
+        ref.bytes_per_token,
+        "not tokens per byte",
+        (
+            'return len(test_text.encode("utf-8")) / n_tokens',
+            'return n_tokens / len(test_text.encode("utf-8"))',
+        ),
+    ),
+    mutant(
+        "bpt_ignores_chunk_counts",
+        ref.bytes_per_token,
+        "multiply each chunk's tokens by its count",
+        ("n_tokens += count * len(", "n_tokens += len("),
+    ),
+    mutant(
+        "bpt_vocab_size_is_merges",
+        ref.bytes_per_token,
+        "learn vocab_size - 256 merges",
+        (
+            "merges = train_naive(train_text, vocab_size, pattern)",
+            "merges = train_naive(train_text, vocab_size + 256, pattern)",
+        ),
+    ),
+    mutant(
+        "bpt_trains_with_default_pattern",
+        ref.bytes_per_token,
+        "train with the given pattern",
+        (
+            "merges = train_naive(train_text, vocab_size, pattern)",
+            "merges = train_naive(train_text, vocab_size)",
+        ),
+    ),
+    mutant(
+        "bpt_encodes_with_default_pattern",
+        ref.bytes_per_token,
+        "split test_text with the given pattern",
+        ("chunk_counts(test_text, pattern).items()", "chunk_counts(test_text).items()"),
+    ),
+    mutant(
+        "bpt_measures_the_training_text",
+        ref.bytes_per_token,
+        "outside the expected band",
+        ("chunk_counts(test_text, pattern).items()", "chunk_counts(train_text, pattern).items()"),
+    ),
+    mutant(
+        "bpt_no_validation",
+        ref.bytes_per_token,
+        "raise a ValueError",
+        ("if not test_text:", "if test_text is None:"),
+    ),
+    mutant(
+        "special_encoded_as_text",
+        ref.encode_with_special,
+        "split the text at them first",
+        ("    if not special:\n        pieces = [text]", "    if True:\n        pieces = [text]"),
+    ),
+    mutant(
+        "special_first_in_dict_order",
+        ref.encode_with_special,
+        "should be [262]",
+        ("for s in sorted(special, key=len, reverse=True))", "for s in special)"),
+    ),
+    mutant(
+        "special_pieces_not_chunked",
+        ref.encode_with_special,
+        "should be",
+        (
+            "            for chunk in regex.findall(GPT4_PATTERN, piece):\n"
+            "                ids.extend(encode_chunk(chunk, ranks))",
+            "            ids.extend(encode_chunk(piece, ranks))",
+        ),
+    ),
+    mutant(
+        "special_ids_at_the_end",
+        ref.encode_with_special,
+        "should be",
+        ("    ids: list[int] = []", "    ids: list[int] = []\n    tail: list[int] = []"),
+        ("            ids.append(special[piece])", "            tail.append(special[piece])"),
+        ("    return ids", "    return ids + tail"),
+    ),
+    mutant(
+        "special_not_escaped",
+        ref.encode_with_special,
+        "raised KeyError",
+        ('"|".join(regex.escape(s) for s', '"|".join(s for s'),
+    ),
+    mutant(
+        "special_no_validation",
+        ref.encode_with_special,
+        "raise a ValueError",
+        ("    for s, i in special.items():", "    for s, i in ():"),
+    ),
+    mutant(
+        "special_id_may_be_a_merge",
+        ref.encode_with_special,
+        "raise a ValueError",
+        (" or i in merge_ids:", ":"),
+    ),
 ]
 
 #: Generated mutants (``scripts/mutation.py``) that no input the text allows tells apart from the answer.
@@ -333,4 +480,11 @@ EQUIVALENT = {
         'decode | raise ValueError(f"unknown token id {e.args[0]} (vocabulary size '
         '{len(vocab)})") from None | number | 2'
     ): "a KeyError from a dict lookup holds one argument, the key: e.args[-1] is e.args[0]",
+    (
+        'encode_with_special | alternatives = "|".join(regex.escape(s) for s in sorted(special, key=len, '
+        "reverse=True)) | keyword | 1"
+    ): (
+        "two specials can match at the same place only if one is a prefix of the other, and reverse "
+        "alphabetical order also puts a string before its own prefixes: the longest still wins"
+    ),
 }
