@@ -68,8 +68,10 @@ __all__ = [
     "MLMHead",
     "SpecialTokens",
     "bert_params",
+    "corrupted_fraction",
     "from_hf_state_dict",
     "mask_tokens",
+    "mask_whole_words",
     "mlm_loss",
     "to_hf_state_dict",
 ]
@@ -490,6 +492,79 @@ def mask_tokens(
     return inputs, labels
 
 
+def mask_whole_words(
+    input_ids: torch.Tensor,
+    word_ids: torch.Tensor,
+    special: SpecialTokens,
+    vocab_size: int,
+    generator: torch.Generator,
+    mlm_probability: float = 0.15,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole-word masking: choose *words* to predict, then corrupt each of their tokens 80/10/10.
+
+    The BERT authors' 2019 whole-word-masking release: a word cut into several WordPiece
+    tokens is predicted all at once or not at all, so the model cannot fill in ``##ing`` from
+    the visible ``play``. Each word of each row is selected with probability
+    ``mlm_probability``, independently (word ``w`` of row 0 and word ``w`` of row 1 are two
+    words); every token of a selected word is selected, and each selected token, on its own,
+    becomes ``[MASK]`` with probability 0.8, a random ordinary token with probability 0.1, and
+    keeps its id with probability 0.1, as in :func:`mask_tokens`. Example: ``[CLS] play ##ing
+    now [SEP]`` with word ids ``-1 0 0 1 -1`` may become ``[CLS] [MASK] [MASK] now [SEP]`` with
+    labels ``-100 play ##ing -100 -100``.
+
+    Args:
+        input_ids: ``(B, T)`` ``torch.long`` token ids in ``[0, vocab_size)``, not modified.
+        word_ids: ``(B, T)`` integer tensor: the index of each token's word within its row
+            (tokens of one word share it; indices need not be contiguous), ``-1`` exactly at
+            the special tokens, as Hugging Face's ``word_ids()`` gives ``None`` there.
+        special: the special tokens; they are never selected.
+        vocab_size: ``V``; random tokens are drawn uniformly from the ordinary ids in ``[0, V)``.
+        generator: the source of every random choice (the global state is not used).
+        mlm_probability: the probability of selecting each word, in ``[0, 1]``.
+
+    Returns:
+        ``(inputs, labels)``, both ``(B, T)`` ``torch.long``: the corrupted ids, and the
+        original id at selected positions with ``-100`` everywhere else.
+
+    Raises:
+        ValueError: ``input_ids`` is not 2-D, ``word_ids`` has another shape, ``word_ids`` is
+            ``-1`` at an ordinary token or not ``-1`` at a special token, or
+            ``mlm_probability`` is outside ``[0, 1]``.
+
+    Example:
+        >>> special = SpecialTokens(pad=40, cls=41, sep=42, mask=43)
+        >>> ids = torch.tensor([[41, 7, 8, 9, 42]])
+        >>> words = torch.tensor([[-1, 0, 0, 1, -1]])
+        >>> inputs, labels = mask_whole_words(ids, words, special, 44, torch.Generator().manual_seed(0), 1.0)
+        >>> labels.tolist()
+        [[-100, 7, 8, 9, -100]]
+    """
+    if input_ids.dim() != 2 or word_ids.shape != input_ids.shape:
+        raise ValueError(
+            f"input_ids must be (B, T) and word_ids of the same shape, got input_ids {tuple(input_ids.shape)} "
+            f"and word_ids {tuple(word_ids.shape)}"
+        )
+    if not 0 <= mlm_probability <= 1:
+        raise ValueError(f"mlm_probability must be in [0, 1], got {mlm_probability}")
+    is_special = torch.isin(input_ids, torch.tensor(special.ids))  # (B, T)
+    if not torch.equal(word_ids < 0, is_special):
+        raise ValueError(
+            "word_ids must be -1 exactly at the special tokens and a word index >= 0 at every ordinary token, "
+            f"got word_ids {word_ids.tolist()} for input_ids {input_ids.tolist()}"
+        )
+    B, T = input_ids.shape
+    n_words = int(word_ids.max()) + 1 if word_ids.numel() else 1
+    chosen = torch.rand((B, max(n_words, 1)), generator=generator) < mlm_probability  # (B, W): per word
+    selected = chosen.gather(1, word_ids.long().clamp(min=0)) & ~is_special  # (B, T)
+    labels = torch.where(selected, input_ids, -100)  # (B, T)
+    action = torch.rand(input_ids.shape, generator=generator)  # (B, T): < 0.8 mask, < 0.9 random, else keep
+    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special.ids])  # (V - 4,)
+    random_ids = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator)]  # (B, T)
+    inputs = torch.where(selected & (action < 0.8), special.mask, input_ids)  # (B, T)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)  # (B, T)
+    return inputs, labels
+
+
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the selected positions (labels ``!= -100``) only.
 
@@ -514,6 +589,48 @@ def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         raise ValueError("no position is selected (every label is -100): there is nothing to predict")
     V = logits.shape[-1]
     return F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)  # (N, V), (N,)
+
+
+def corrupted_fraction(
+    input_ids: torch.Tensor,
+    special: SpecialTokens,
+    vocab_size: int,
+    generator: torch.Generator,
+    mlm_probability: float = 0.15,
+) -> float:
+    """Measure the share of ordinary tokens that :func:`mask_tokens` actually changes.
+
+    Runs :func:`mask_tokens` once on ``input_ids`` and counts the ordinary (non-special)
+    positions whose id in the corrupted ``inputs`` differs from the original. A selected token
+    that is kept, or replaced by a random token that happens to be itself, is not changed, so
+    the expectation is ``mlm_probability * (0.8 + 0.1 * (1 - 1 / n))`` with ``n`` ordinary ids
+    in the vocabulary: about 13.5% at the default 15%, not 15%.
+
+    Args:
+        input_ids: ``(B, T)`` ``torch.long`` token ids in ``[0, vocab_size)``, not modified.
+        special: the special tokens; they are never selected, and do not count.
+        vocab_size: ``V``, passed on to :func:`mask_tokens`.
+        generator: the source of every random choice (the same seed gives the same result).
+        mlm_probability: the selection rate, passed on to :func:`mask_tokens`.
+
+    Returns:
+        The fraction (changed ordinary positions) / (ordinary positions), a Python ``float``.
+
+    Raises:
+        ValueError: ``input_ids`` holds no ordinary token (the fraction would be 0 / 0).
+
+    Example:
+        On 30,000 ordinary tokens of a vocabulary of 1,028 ids, ``corrupted_fraction(ids,
+        SpecialTokens.after(1024), 1028, torch.Generator().manual_seed(0))`` is about 0.135.
+    """
+    ordinary = ~torch.isin(input_ids, torch.tensor(special.ids))  # (B, T)
+    if not ordinary.any():
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} holds no ordinary token: nothing can be corrupted"
+        )
+    inputs, _ = mask_tokens(input_ids, special, vocab_size, generator, mlm_probability)  # (B, T)
+    changed = (inputs != input_ids) & ordinary  # (B, T)
+    return (changed.sum() / ordinary.sum()).item()
 
 
 # --------------------------------------------------------------------------- Hugging Face weights

@@ -52,6 +52,7 @@ from coursekit.grading.core import (
     student_side,
     tensor,
 )
+from coursekit.grading.questions import Prediction, expect_in_band
 
 __all__ = [
     "check_bert_embeddings",
@@ -62,6 +63,14 @@ __all__ = [
     "grade_mask_tokens",
     "grade_mlm_loss",
     "grade_cls_head",
+    "check_predict_random_share",
+    "grade_predict_random_share",
+    "check_predict_mlm_head_params",
+    "grade_predict_mlm_head_params",
+    "check_corrupted_fraction",
+    "grade_corrupted_fraction",
+    "check_mask_whole_words",
+    "grade_mask_whole_words",
 ]
 
 V, MAXLEN, C, K = 30, 12, 16, 3
@@ -1189,5 +1198,491 @@ def check_cls_head(ClsHead) -> None:
             is_tensor(out) and close(out, w["classifier.bias"].expand(2, 2).clone()),
             f"got {describe(out)}, not the classifier's bias: apply self.dropout between the tanh and the "
             "classifier",
+        )
+    g.finish()
+
+
+# --------------------------------------------------------------------------- predict, then check
+
+
+def _random_share() -> float:
+    """Percent of ordinary tokens that ``mask_tokens`` replaces by a random token, on 256 x 1024 tokens
+    of ``bert-small``'s vocabulary (1,028 ids): neither ``[MASK]`` nor the original afterwards. The
+    binomial standard deviation of this share is about 0.024 percentage points."""
+    special = ref.SpecialTokens.after(1024)
+    ids = torch.randint(0, 1024, (256, 1024), generator=torch.Generator().manual_seed(6))  # (B, T)
+    inputs, _ = ref.mask_tokens(ids, special, 1028, torch.Generator().manual_seed(7))
+    return round(100 * float(((inputs != ids) & (inputs != special.mask)).double().mean()), 2)
+
+
+RANDOM_SHARE = Prediction(
+    name="predict_random_share",
+    question="With BERT's masking (15% of the ordinary tokens selected, then 80/10/10), what percentage of "
+    "all ordinary tokens ends up replaced by a random token?",
+    tests="composing the two stages of the 80/10/10 rule: 10% of 15%",
+    measure=_random_share,
+    explanation="A token is replaced by a random one if it is selected (15%) and then draws the random branch "
+    "(10% of those): 0.15 x 0.10 = 1.5% of all ordinary tokens; the measurement on 262,144 tokens gives "
+    "{truth}. (A random token that happens to equal the original, 1 chance in 1,024 here, is not counted.) "
+    "So the model sees a wrong token in only about 1 position in 67: enough that it cannot trust an "
+    "unmasked input blindly, too few to damage the context.",
+    rel=0.0,
+    abs=0.25,
+)
+
+#: the choices of MLM_HEAD_PARAMS, in parameters
+_HEAD_CHOICES = {"a": 30_522, "b": 622_650, "c": 23_440_896, "d": 24_063_546}
+
+
+def _mlm_head_choice() -> str:
+    base = ref.BERT_PRESETS["bert-base"]
+    n = ref.bert_params(base, "mlm") - ref.bert_params(base, "none")
+    return min(_HEAD_CHOICES, key=lambda c: abs(math.log(n) - math.log(_HEAD_CHOICES[c])))
+
+
+MLM_HEAD_PARAMS = Prediction(
+    name="predict_mlm_head_params",
+    question="BERT-base (C = 768, V = 30,522) gets an MLM head on top of its encoder: a dense layer C -> C, a "
+    "layer norm and an output layer C -> V with a bias, tied to the token embedding. How many parameters "
+    "does the head add?",
+    tests="weight tying: the C x V output matrix is the token embedding, so only its bias is new",
+    measure=_mlm_head_choice,
+    explanation="The output matrix is the token embedding itself, already counted, so the head adds only "
+    "the dense layer (768 x 768 + 768), the layer norm (2 x 768) and the output bias (30,522): "
+    "bert_params(base, 'mlm') - bert_params(base, 'none') = 622,650, answer {truth}. Untied, the 768 x "
+    "30,522 output matrix alone would add 23.4 million parameters, a fifth of the whole model.",
+    choices={
+        "a": "about 30 thousand",
+        "b": "about 0.6 million",
+        "c": "about 23 million",
+        "d": "about 24 million",
+    },
+)
+
+check_predict_random_share, grade_predict_random_share = RANDOM_SHARE.graders()
+check_predict_mlm_head_params, grade_predict_mlm_head_params = MLM_HEAD_PARAMS.graders()
+
+
+# --------------------------------------------------------------------------- experiment
+
+#: the experiment's band, relative to the expectation p (0.8 + 0.1 (1 - 1/n)). The grader's inputs have
+#: about 37,000 ordinary tokens, so the measured fraction strays from its expectation by at most 1.3% of
+#: it (p = 0.15: standard deviation 0.0018 around 0.135); 7% is more than five standard deviations. The
+#: classic mistakes land outside it: the selected share p (11% too high at p = 0.15), the [MASK] share
+#: 0.8 p (11% too low), specials in the denominator (25% of the grader's positions: 25% too low).
+CORRUPTED_BAND = 0.07
+
+
+def _corruption_ids(
+    special_ids: tuple, vocab_size: int, seed: int, B: int = 128, T: int = 384
+) -> torch.Tensor:
+    """``(B, T)`` ordinary ids framed as ``[CLS] ... [SEP] [PAD] ...``: a quarter of the positions are special."""
+    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special_ids])
+    ids = ordinary[torch.randint(len(ordinary), (B, T), generator=torch.Generator().manual_seed(seed))]
+    pad, cls, sep, _ = special_ids
+    ids[:, 0] = cls
+    ids[:, T - T // 4 :] = pad
+    ids[:, T - T // 4 - 1] = sep
+    return ids
+
+
+def _expected_fraction(special_ids: tuple, vocab_size: int, p: float) -> float:
+    n = vocab_size - len(special_ids)
+    return p * (0.8 + 0.1 * (1 - 1 / n))
+
+
+def _fraction(g: Grader, corrupted_fraction, ids, special_ids, vocab_size, seed, p=None):
+    where = (
+        f"corrupted_fraction(input_ids {tuple(ids.shape)}, special {special_ids}, {vocab_size}, generator"
+        + ("" if p is None else f", mlm_probability={p}")
+        + ")"
+    )
+    args = (ids, _special(*special_ids), vocab_size, _generator(seed)) + (() if p is None else (p,))
+    return where, _call(g, where, corrupted_fraction, *args)
+
+
+def _in_band(g: Grader, where: str, got, special_ids, vocab_size, p) -> None:
+    expected = _expected_fraction(special_ids, vocab_size, p)
+    expect_in_band(
+        g,
+        where,
+        got,
+        expected * (1 - CORRUPTED_BAND),
+        expected * (1 + CORRUPTED_BAND),
+        f"expected about {expected:.4f} = {p} x (0.8 + 0.1 x (1 - 1/{vocab_size - 4})): count the ordinary "
+        "positions whose token changed (kept tokens did not), divided by the number of ordinary positions "
+        "(not of all positions); if Part 2's checks fail, fix mask_tokens first",
+    )
+
+
+def grade_corrupted_fraction(corrupted_fraction) -> None:
+    """Grade the experiment ``corrupted_fraction(input_ids, special, vocab_size, generator,
+    mlm_probability=0.15)``: a Python float within the band around p (0.8 + 0.1 (1 - 1/n))."""
+    g = Grader("corrupted_fraction")
+    appended, first = (1024, 1025, 1026, 1027), (0, 1, 2, 3)
+    with g.check("returns a Python float"):
+        ids = _corruption_ids(appended, 1028, 1, B=8, T=64)
+        where, v = _fraction(g, corrupted_fraction, ids, appended, 1028, 2)
+        g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
+    with g.check(
+        f"the default mlm_probability (0.15) changes about 13.5% of the ordinary tokens (within "
+        f"{CORRUPTED_BAND:.0%}), specials appended or first"
+    ):
+        for special_ids, seed in ((appended, 11), (first, 12)):
+            ids = _corruption_ids(special_ids, 1028, seed)
+            where, v = _fraction(g, corrupted_fraction, ids, special_ids, 1028, seed + 100)
+            _in_band(g, where, v, special_ids, 1028, 0.15)
+    with g.check(f"mlm_probability = 0.5 and 1.0, and a small vocabulary (within {CORRUPTED_BAND:.0%})"):
+        for special_ids, vocab_size, p, seed in ((appended, 1028, 0.5, 21), (first, 12, 1.0, 22)):
+            ids = _corruption_ids(special_ids, vocab_size, seed)
+            where, v = _fraction(g, corrupted_fraction, ids, special_ids, vocab_size, seed + 100, p)
+            _in_band(g, where, v, special_ids, vocab_size, p)
+    with g.check("mlm_probability = 0 changes nothing"):
+        ids = _corruption_ids(appended, 1028, 31, B=8, T=64)
+        where, v = _fraction(g, corrupted_fraction, ids, appended, 1028, 32, 0.0)
+        g.expect(v == 0, f"{where} gave {describe(v)}, expected 0.0: with nothing selected nothing changes")
+    with g.check("draws from its generator: the same seed gives the same result, another seed another"):
+        ids = _corruption_ids(appended, 1028, 41, B=32, T=128)
+        _, a = _fraction(g, corrupted_fraction, ids, appended, 1028, 42)
+        _, b = _fraction(g, corrupted_fraction, ids, appended, 1028, 42)
+        _, c = _fraction(g, corrupted_fraction, ids, appended, 1028, 43)
+        g.expect(
+            a == b and a != c,
+            f"two generators seeded alike gave {a!r} and {b!r}, and another seed gave {c!r}: pass the generator "
+            "on to mask_tokens",
+        )
+    with g.check("raises ValueError when input_ids holds no ordinary token"):
+        ids = torch.tensor([[1025, 1026, 1024, 1024]])
+        expect_value_error(
+            g,
+            lambda: corrupted_fraction(ids, _special(*appended), 1028, _generator(0)),
+            "input_ids of special tokens only",
+            "the fraction would be 0 / 0",
+        )
+    g.finish()
+
+
+def check_corrupted_fraction(corrupted_fraction) -> None:
+    """Public checks of ``corrupted_fraction``: one measurement at the default rate."""
+    g = Grader("corrupted_fraction (public)")
+    special_ids = (1024, 1025, 1026, 1027)
+    with g.check(
+        f"about 13.5% of the ordinary tokens change at mlm_probability 0.15 (within {CORRUPTED_BAND:.0%})"
+    ):
+        ids = _corruption_ids(special_ids, 1028, 0)
+        where, v = _fraction(g, corrupted_fraction, ids, special_ids, 1028, 1)
+        _in_band(g, where, v, special_ids, 1028, 0.15)
+    g.finish()
+
+
+# --------------------------------------------------------------------------- stretch: whole-word masking
+
+
+def _word_rows(special_ids, n_ordinary: int, B: int, T: int, name: str, longest: int = 4, gap: int = 1):
+    """``[CLS] words [SEP] [PAD]...`` rows and their word ids: words of 1 to ``longest`` tokens, numbered
+    ``0, gap, 2 * gap, ...`` in each row, ``-1`` at the special tokens."""
+    ids = _sentences(special_ids, n_ordinary, B, T, name)
+    gen = generator(name + ".words")
+    starts = torch.rand(B, T, generator=gen) < 2 / (longest + 1)  # (B, T): a new word begins here
+    lengths = torch.zeros(B, T, dtype=torch.long)
+    words = torch.full((B, T), -1)
+    for b in range(B):
+        w, n = -1, 0
+        for t in range(T):
+            if int(ids[b, t]) in special_ids:
+                n = 0
+                continue
+            if n == 0 or n == longest or bool(starts[b, t]):
+                w, n = w + 1, 0
+            words[b, t], n = w * gap, n + 1
+    for b in range(B):
+        for w in words[b].unique().tolist():
+            if w >= 0:
+                lengths[b][words[b] == w] = int((words[b] == w).sum())
+    return ids, words, lengths
+
+
+def _word_keys(words: torch.Tensor) -> torch.Tensor:
+    """A number per (row, word), ``-1`` at the special tokens."""
+    W = int(words.max()) + 1 if words.numel() else 1
+    rows = torch.arange(words.shape[0]).unsqueeze(1)  # (B, 1)
+    return torch.where(words >= 0, rows * max(W, 1) + words, -1)
+
+
+def _wwm(g: Grader, fn, ids, words, special_ids, vocab_size, seed, p=None):
+    """Call ``mask_whole_words`` and check the exact parts of the rule: types and shapes, the inputs left
+    unchanged, labels, specials never selected, whole words, untouched positions, valid replacements."""
+    args = (ids.clone(), words.clone(), _special(*special_ids), vocab_size, _generator(seed))
+    args += () if p is None else (p,)
+    what = (
+        f"mask_whole_words(input_ids {tuple(ids.shape)}, word_ids, special ids {special_ids}, "
+        f"vocab_size={vocab_size}" + ("" if p is None else f", mlm_probability={p}") + ")"
+    )
+    try:
+        result = probe(fn, *args)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{what} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    out = result.result
+    g.expect(
+        type(out) in (tuple, list) and len(out) == 2,
+        f"{what}: return a pair (inputs, labels), got {describe(out)}",
+    )
+    inputs, labels = out
+    for name, x in (("inputs", inputs), ("labels", labels)):
+        g.expect(
+            is_tensor(x) and x.shape == ids.shape and x.dtype == torch.long,
+            f"{what}: {name} should be a torch.long tensor of the input's shape {tuple(ids.shape)}, got "
+            f"{describe(x)}",
+        )
+    g.expect(
+        torch.equal(result.args[0], ids) and torch.equal(result.args[1], words),
+        f"{what} changed input_ids or word_ids in place: build new tensors and leave the inputs as they were",
+    )
+    sel = labels != -100
+    is_special = torch.isin(ids, torch.tensor(special_ids))
+    g.expect(
+        torch.equal(labels[sel], ids[sel]),
+        f"{what}: labels must hold the original token id at the selected positions and -100 everywhere else",
+    )
+    chosen = int((sel & is_special).sum())
+    g.expect(
+        chosen == 0,
+        f"{what}: {chosen} special tokens were selected: never select a special token (word id -1)",
+    )
+    keys = _word_keys(words)
+    if bool((keys >= 0).any()):
+        k, s = keys[keys >= 0], sel[keys >= 0].long()
+        n = int(k.max()) + 1
+        lo = torch.ones(n, dtype=torch.long).scatter_reduce(0, k, s, "amin")
+        hi = torch.zeros(n, dtype=torch.long).scatter_reduce(0, k, s, "amax")
+        split = int((lo < hi).sum())  # a word's tokens were not all selected alike (absent keys: lo 1, hi 0)
+        g.expect(
+            split == 0,
+            f"{what}: {split} words were selected only in part: select each word as a whole (draw one number "
+            "per word of each row, then give every token the choice of its word, e.g. with gather on word_ids)",
+        )
+    g.expect(
+        torch.equal(inputs[~sel], ids[~sel]),
+        f"{what}: an unselected position changed: only selected positions (labels != -100) may be corrupted",
+    )
+    new = inputs[sel]
+    bad = new[
+        (new != special_ids[3])
+        & (torch.isin(new, torch.tensor(special_ids)) | (new < 0) | (new >= vocab_size))
+    ]
+    g.expect(
+        len(bad) == 0,
+        f"{what}: a selected position became {int(bad[0]) if len(bad) else ''}, a special token other than "
+        "[MASK] or an id outside the vocabulary: draw random tokens from the ordinary ids only",
+    )
+    return inputs, labels, sel, is_special
+
+
+def _wwm_proportions(
+    g: Grader, fn, special_ids, p=0.15, B=128, T=128, name="wwm", pass_p=True, gap=1
+) -> None:
+    """Whole-word masking's proportions: the share of words selected, then 80/10/10 per token, and the
+    tokens of one word corrupted independently (some words of 3 tokens mix [MASK] with other tokens)."""
+    n_ordinary = 40
+    ids, words, lengths = _word_rows(special_ids, n_ordinary, B, T, name, gap=gap)
+    inputs, _, sel, is_special = _wwm(
+        g, fn, ids, words, special_ids, n_ordinary + 4, 7, p if pass_p else None
+    )
+    first = (words >= 0) & torch.cat([torch.ones(B, 1, dtype=torch.bool), words[:, 1:] != words[:, :-1]], 1)
+    n, k = int(first.sum()), int((sel & first).sum())
+    rate = f"mlm_probability={p}" if pass_p else f"the default mlm_probability ({p})"
+    g.expect(
+        _within(k, n, p),
+        f"with {rate} you selected {k / max(n, 1):.1%} of the {n} words, expected about {p:.0%}: select each "
+        "word (not each token) with probability mlm_probability, so that a long word is no likelier than a "
+        "short one",
+    )
+    k_tokens = int(sel.sum())
+    new, old = inputs[sel], ids[sel]
+    masked = int((new == special_ids[3]).sum())
+    g.expect(
+        _within(masked, k_tokens, 0.8),
+        f"{masked / max(k_tokens, 1):.1%} of the selected tokens became [MASK], expected 80%",
+    )
+    swapped = int(((new != special_ids[3]) & (new != old)).sum())
+    g.expect(
+        _within(swapped, k_tokens, 0.1 * (1 - 1 / n_ordinary)),
+        f"{swapped / max(k_tokens, 1):.1%} of the selected tokens got a random token, expected 10%",
+    )
+    kept = int((new == old).sum())
+    g.expect(
+        _within(kept, k_tokens, 0.1 + 0.1 / n_ordinary),
+        f"{kept / max(k_tokens, 1):.1%} of the selected tokens kept their id, expected 10%",
+    )
+    three = sel & first & (lengths == 3)  # the first token of each selected word of three tokens
+    mixed = 0
+    for b, t in three.nonzero().tolist():
+        m = inputs[b, t : t + 3] == special_ids[3]
+        mixed += bool(m.any()) and not bool(m.all())
+    n3 = int(three.sum())
+    g.expect(
+        _within(mixed, n3, 1 - 0.8**3 - 0.2**3),
+        f"of {n3} selected words of three tokens, {mixed} mix [MASK] with other tokens, expected about 48%: "
+        "decide 80/10/10 for each token on its own (one draw per token), not once per word",
+    )
+
+
+def grade_mask_whole_words(mask_whole_words) -> None:
+    """Grade the stretch part ``mask_whole_words(input_ids, word_ids, special, vocab_size, generator, p)``."""
+    g = Grader("mask_whole_words")
+
+    with g.check(
+        "returns two new (B, T) torch.long tensors, inputs unchanged; labels, specials never selected, whole "
+        "words selected together, only selected positions change (any shape, word ids with gaps)"
+    ):
+
+        def test(case):
+            B, T, V_, order, p, gap, seed = case
+            special_ids = tuple(order[:4])
+            ids = _ints(seed, V_, B, T)
+            is_special = torch.isin(ids, torch.tensor(special_ids))
+            starts = torch.rand(B, T, generator=torch.Generator().manual_seed(seed)) < 0.5
+            words = torch.where(is_special, -1, (torch.cumsum(starts.long(), 1) * gap))
+            _wwm(g, mask_whole_words, ids, words, special_ids, V_, seed, p)
+
+        shapes = st.tuples(st.integers(1, 4), st.integers(1, 12), st.integers(6, 12)).flatmap(
+            lambda s: st.tuples(
+                st.just(s[0]),
+                st.just(s[1]),
+                st.just(s[2]),
+                st.permutations(list(range(s[2]))),
+                st.sampled_from((0.15, 0.5, 1.0, 0.0)),
+                st.integers(1, 3),
+                st.integers(0, 2**16),
+            )
+        )
+        for_all("wwm.rule", shapes, test, max_examples=20, first=(2, 8, 8, list(range(8)), 0.5, 1, 0))
+
+    with g.check("mlm_probability=0 selects nothing; mlm_probability=1 selects every ordinary token"):
+        ids, words, _ = _word_rows((40, 41, 42, 43), 40, 3, 9, "wwm.edges")
+        _, _, sel, _ = _wwm(g, mask_whole_words, ids, words, (40, 41, 42, 43), 44, 1, 0.0)
+        g.expect(not bool(sel.any()), f"with mlm_probability=0 you selected {int(sel.sum())} positions")
+        _, _, sel, is_special = _wwm(g, mask_whole_words, ids, words, (40, 41, 42, 43), 44, 2, 1.0)
+        g.expect(
+            torch.equal(sel, ~is_special), "with mlm_probability=1 every ordinary token must be selected"
+        )
+
+    with g.check("the default mlm_probability selects 15% of the words; 80/10/10 per token (16,000 tokens)"):
+        _wwm_proportions(g, mask_whole_words, (40, 41, 42, 43), name="wwm.default", pass_p=False)
+
+    with g.check(
+        "mlm_probability=0.4 selects 40% of the words, special tokens first ([PAD] = 0), word ids 0, 2, 4"
+    ):
+        _wwm_proportions(g, mask_whole_words, (0, 1, 2, 3), p=0.4, B=64, name="wwm.rate", gap=2)
+
+    with g.check("rows are masked independently: word w of row 0 and word w of row 1 are two words"):
+        ids = torch.full((64, 12), 5)
+        ids[:, 0], ids[:, -1] = 41, 42
+        words = torch.cat([torch.tensor([-1]), torch.arange(10), torch.tensor([-1])]).repeat(64, 1)
+        _, _, sel, _ = _wwm(g, mask_whole_words, ids, words, (40, 41, 42, 43), 44, 3, 0.5)
+        g.expect(
+            len({tuple(r) for r in sel.tolist()}) > 1,
+            "64 rows with the same word ids got the same selection: draw one number per word *of each row* "
+            "(a (B, W) tensor), not one per word index shared by every row",
+        )
+
+    with g.check("random tokens are drawn uniformly from the ordinary ids, wherever the special ids are"):
+        special_ids, vocab_size = (5, 0, 9, 2), 12
+        ordinary = [i for i in range(vocab_size) if i not in special_ids]
+        ids = torch.full((128, 128), ordinary[0])
+        ids[64:] = ordinary[-1]
+        ids[:, 0], ids[:, -1] = 0, 9
+        words = torch.where(torch.isin(ids, torch.tensor(special_ids)), -1, torch.arange(128) // 2)
+        inputs, _, sel, _ = _wwm(g, mask_whole_words, ids, words, special_ids, vocab_size, 5, 1.0)
+        for i in ordinary:
+            elsewhere = sel & (ids != i)
+            k, n_i = int(elsewhere.sum()), int((inputs[elsewhere] == i).sum())
+            g.expect(
+                _within(n_i, k, 0.1 / len(ordinary)),
+                f"the random replacements should be uniform over the {len(ordinary)} ordinary ids {ordinary}, "
+                f"but id {i} replaced {n_i / k:.2%} of the selected tokens, expected {0.1 / len(ordinary):.2%}",
+            )
+
+    with g.check("all randomness comes from the generator argument"):
+        ids, words, _ = _word_rows((30, 31, 32, 33), 30, 16, 32, "wwm.generator")
+        special = _special(30, 31, 32, 33)
+        a = _call(g, "mask_whole_words(...)", mask_whole_words, ids, words, special, 34, _generator(3))
+        b = _call(g, "mask_whole_words(...)", mask_whole_words, ids, words, special, 34, _generator(3))
+        c = _call(g, "mask_whole_words(...)", mask_whole_words, ids, words, special, 34, _generator(4))
+        g.expect(
+            all(is_tensor(x) and is_tensor(y) and torch.equal(x, y) for x, y in zip(a, b)),
+            "two calls with generators seeded alike gave different results: draw every random number with "
+            "generator=generator",
+        )
+        g.expect(
+            not (torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])),
+            "different seeds gave the same result: use the generator argument",
+        )
+
+    with g.check(
+        "raises ValueError for mismatched shapes, 1-D input, a bad rate, or word ids that miss the specials"
+    ):
+        special = (40, 41, 42, 43)
+        ids = torch.tensor([[41, 7, 8, 9, 42]])
+        words = torch.tensor([[-1, 0, 0, 1, -1]])
+        bad = (
+            ((ids, words[:, :4], 0.15), "word_ids (1, 4) for input_ids (1, 5)"),
+            ((ids[0], words[0], 0.15), "1-D input_ids (5,)"),
+            ((ids, words, -0.1), "mlm_probability=-0.1"),
+            ((ids, words, 1.5), "mlm_probability=1.5"),
+            ((ids, torch.tensor([[-1, 0, -1, 1, -1]]), 0.15), "word id -1 at the ordinary token 8"),
+            ((ids, torch.tensor([[0, 0, 0, 1, -1]]), 0.15), "word id 0 at [CLS]"),
+        )
+        for (x, w, p), what in bad:
+            expect_value_error(
+                g,
+                lambda x=x, w=w, p=p: mask_whole_words(x, w, _special(*special), 44, _generator(0), p),
+                what,
+            )
+
+    g.finish()
+
+
+def check_mask_whole_words(mask_whole_words) -> None:
+    """Public checks of ``mask_whole_words``: each clause on a small fixed example, proportions on 4,096 tokens."""
+    g = Grader("mask_whole_words (public)")
+    special = (40, 41, 42, 43)
+    ids = torch.tensor([[41, 7, 8, 9, 42], [41, 3, 4, 42, 40]])
+    words = torch.tensor([[-1, 0, 0, 1, -1], [-1, 0, 0, -1, -1]])
+    with g.check("two new (B, T) long tensors, inputs unchanged, labels, specials never chosen, whole words"):
+        for seed in range(8):
+            _wwm(g, mask_whole_words, ids, words, special, 44, seed, 0.5)
+    with g.check("mlm_probability=1 selects every ordinary token, 0 none"):
+        _, _, sel, is_special = _wwm(g, mask_whole_words, ids, words, special, 44, 0, 1.0)
+        g.expect(
+            torch.equal(sel, ~is_special), "with mlm_probability=1 every ordinary token must be selected"
+        )
+        _, _, sel, _ = _wwm(g, mask_whole_words, ids, words, special, 44, 0, 0.0)
+        g.expect(not bool(sel.any()), "with mlm_probability=0 nothing may be selected")
+    with g.check("64 rows of 64 tokens: 15% of the words by default, 80/10/10 per token"):
+        _wwm_proportions(g, mask_whole_words, special, B=64, T=64, name="public.wwm", pass_p=False)
+    with g.check("rows with the same word ids are masked independently"):
+        rows = torch.tensor([[41, 5, 5, 5, 5, 42]]).repeat(16, 1)
+        w = torch.tensor([[-1, 0, 1, 2, 3, -1]]).repeat(16, 1)
+        _, _, sel, _ = _wwm(g, mask_whole_words, rows, w, special, 44, 1, 0.5)
+        g.expect(len({tuple(r) for r in sel.tolist()}) > 1, "draw one number per word of each row")
+    with g.check("the same seed gives the same masks"):
+        a = mask_whole_words(ids, words, _special(*special), 44, _generator(3))
+        b = mask_whole_words(ids, words, _special(*special), 44, _generator(3))
+        g.expect(
+            all(is_tensor(x) and is_tensor(y) and torch.equal(x, y) for x, y in zip(a, b)),
+            "draw every random number with generator=generator",
+        )
+    with g.check("raises ValueError when word_ids has another shape or mlm_probability is outside [0, 1]"):
+        expect_value_error(
+            g,
+            lambda: mask_whole_words(ids, words[:, :4], _special(*special), 44, _generator(0)),
+            "word_ids (2, 4)",
+        )
+        expect_value_error(
+            g,
+            lambda: mask_whole_words(ids, words, _special(*special), 44, _generator(0), 1.5),
+            "mlm_probability=1.5",
         )
     g.finish()

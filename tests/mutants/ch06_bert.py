@@ -396,6 +396,156 @@ class ClsHead(nn.Module):
         "dropout.p should be the dropout argument",
         ("self.dropout = nn.Dropout(dropout)", "self.dropout = nn.Dropout(0.1)"),
     ),
+    Mutant(
+        "random_share_forgets_selection",
+        "predict_random_share",
+        "predict_random_share",
+        "the experiment gives",
+        "predict_random_share = 10\n",
+    ),
+    Mutant(
+        "random_share_as_fraction",
+        "predict_random_share",
+        "predict_random_share",
+        "you predicted 0.015",
+        "predict_random_share = 0.015\n",
+    ),
+    Mutant(
+        "random_share_as_text",
+        "predict_random_share",
+        "predict_random_share",
+        "should be a finite number",
+        'predict_random_share = "1.5%"\n',
+    ),
+    Mutant(
+        "head_untied",
+        "predict_mlm_head_params",
+        "predict_mlm_head_params",
+        "the experiment gives (b) about 0.6 million",
+        'predict_mlm_head_params = "d"\n',
+    ),
+    Mutant(
+        "head_bias_only",
+        "predict_mlm_head_params",
+        "predict_mlm_head_params",
+        "you predicted (a) about 30 thousand",
+        'predict_mlm_head_params = "a"\n',
+    ),
+    Mutant(
+        "head_not_a_letter",
+        "predict_mlm_head_params",
+        "predict_mlm_head_params",
+        "one of the letters",
+        "predict_mlm_head_params = 622650\n",
+    ),
+    mutant(
+        "corrupted_counts_selected",
+        ref.corrupted_fraction,
+        "kept tokens did not",
+        ("inputs, _ = mask_tokens(", "inputs, labels = mask_tokens("),
+        ("changed = (inputs != input_ids) & ordinary", "changed = (labels != -100) & ordinary"),
+    ),
+    mutant(
+        "corrupted_counts_masks_only",
+        ref.corrupted_fraction,
+        "count the ordinary positions whose token changed",
+        ("changed = (inputs != input_ids) & ordinary", "changed = (inputs == special.mask) & ordinary"),
+    ),
+    mutant(
+        "corrupted_all_positions",
+        ref.corrupted_fraction,
+        "not of all positions",
+        ("return (changed.sum() / ordinary.sum()).item()", "return changed.double().mean().item()"),
+    ),
+    mutant(
+        "corrupted_returns_tensor",
+        ref.corrupted_fraction,
+        "should return a Python float",
+        ("return (changed.sum() / ordinary.sum()).item()", "return changed.sum() / ordinary.sum()"),
+    ),
+    mutant(
+        "corrupted_global_rng",
+        ref.corrupted_fraction,
+        "pass the generator",
+        (
+            "inputs, _ = mask_tokens(input_ids, special, vocab_size, generator, mlm_probability)",
+            "inputs, _ = mask_tokens(input_ids, special, vocab_size, torch.Generator(), mlm_probability)",
+        ),
+    ),
+    mutant(
+        "corrupted_default_rate",
+        ref.corrupted_fraction,
+        "mlm_probability",
+        (
+            "inputs, _ = mask_tokens(input_ids, special, vocab_size, generator, mlm_probability)",
+            "inputs, _ = mask_tokens(input_ids, special, vocab_size, generator)",
+        ),
+    ),
+    mutant(
+        "corrupted_no_validation",
+        ref.corrupted_fraction,
+        "raise a ValueError",
+        ("    if not ordinary.any():\n", "    if False:\n"),
+    ),
+    mutant(
+        "wwm_token_selection",
+        ref.mask_whole_words,
+        "selected only in part",
+        (
+            "selected = chosen.gather(1, word_ids.long().clamp(min=0)) & ~is_special",
+            "selected = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & ~is_special",
+        ),
+    ),
+    mutant(
+        "wwm_token_then_word",
+        ref.mask_whole_words,
+        "no likelier than a short one",
+        (
+            "selected = chosen.gather(1, word_ids.long().clamp(min=0)) & ~is_special",
+            "hit = (torch.rand(input_ids.shape, generator=generator) < mlm_probability) & ~is_special\n"
+            "    chosen = torch.zeros_like(chosen).scatter_reduce(1, word_ids.long().clamp(min=0), hit, 'amax')\n"
+            "    selected = chosen.gather(1, word_ids.long().clamp(min=0)) & ~is_special",
+        ),
+    ),
+    mutant(
+        "wwm_action_per_word",
+        ref.mask_whole_words,
+        "one draw per token",
+        (
+            "action = torch.rand(input_ids.shape, generator=generator)",
+            "action = torch.rand(chosen.shape, generator=generator).gather(1, word_ids.long().clamp(min=0))",
+        ),
+    ),
+    mutant(
+        "wwm_shared_rows",
+        ref.mask_whole_words,
+        "of each row",
+        (
+            "chosen = torch.rand((B, max(n_words, 1)), generator=generator) < mlm_probability",
+            "chosen = (torch.rand((1, max(n_words, 1)), generator=generator) < mlm_probability).expand(B, -1)",
+        ),
+    ),
+    mutant(
+        "wwm_specials_selected",
+        ref.mask_whole_words,
+        "never select a special token",
+        (
+            "selected = chosen.gather(1, word_ids.long().clamp(min=0)) & ~is_special",
+            "selected = chosen.gather(1, word_ids.long().clamp(min=0))",
+        ),
+    ),
+    mutant(
+        "wwm_no_rate_check",
+        ref.mask_whole_words,
+        "with mlm_probability=-0.1",
+        ("    if not 0 <= mlm_probability <= 1:\n", "    if False:\n"),
+    ),
+    mutant(
+        "wwm_no_word_id_check",
+        ref.mask_whole_words,
+        "word id -1 at the ordinary token",
+        ("    if not torch.equal(word_ids < 0, is_special):\n", "    if False:\n"),
+    ),
 ]
 
 #: Generated mutants (``scripts/mutation.py``) that no input the text allows tells apart from the answer.
@@ -420,6 +570,38 @@ EQUIVALENT: dict[str, str] = {
     "mask_tokens | inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs) # (B, T) "
     "| compare | 4": "random for action in (0.9, 1) and keep for [0.8, 0.9] instead of the other way round: each "
     "still has probability 0.1, independently of everything else, as the text specifies",
+    **{
+        f"mask_whole_words | if input_ids.dim() != 2 or word_ids.shape != input_ids.shape: | {k} | 1": (
+            "the shape check is a clarity: without it, a mismatched word_ids fails the word-id check "
+            "(torch.equal of two shapes is False) and 1-D input_ids fails `B, T = input_ids.shape`, both ValueErrors"
+        )
+        for k in ("delete", "boolop")
+    },
+    "mask_whole_words | raise ValueError( | delete | 1": (
+        "the first raise (shapes): the later checks raise ValueError for the same inputs, as said above"
+    ),
+    **{
+        f"mask_whole_words | n_words = int(word_ids.max()) + 1 if word_ids.numel() else 1 | number | {k}": (
+            "the per-word draw only needs more columns than the largest word id; extra columns are never "
+            "gathered, and with no token (numel 0) nothing is selected whatever its width"
+        )
+        for k in (3, 4, 5, 6)
+    },
+    "mask_whole_words | chosen = torch.rand((B, max(n_words, 1)), generator=generator) < mlm_probability # "
+    "(B, W): per word | number | 3": "max(n_words, 2): one more column that is never gathered, as above",
+    "mask_whole_words | chosen = torch.rand((B, max(n_words, 1)), generator=generator) < mlm_probability # "
+    "(B, W): per word | compare | 1": "`<` -> `<=`: " + _DRAW,
+    "mask_whole_words | selected = chosen.gather(1, word_ids.long().clamp(min=0)) & ~is_special # (B, T) "
+    "| number | 2": "gather along dim -1 of a (B, W) tensor is gather along dim 1",
+    "mask_whole_words | inputs = torch.where(selected & (action < 0.8), special.mask, input_ids) # (B, T) "
+    "| compare | 1": "`<` -> `<=`: " + _DRAW,
+    "mask_whole_words | inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs) "
+    "# (B, T) | compare | 1": "`>=` -> `>`: " + _DRAW,
+    "mask_whole_words | inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs) "
+    "# (B, T) | compare | 3": "`<` -> `<=`: " + _DRAW,
+    "mask_whole_words | inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs) "
+    "# (B, T) | compare | 4": "random for action in (0.9, 1) and keep for [0.8, 0.9] instead of the other way "
+    "round: each still has probability 0.1 per token, independently, as the text specifies",
     "mlm_loss | return F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100) # (N, V), (N,) "
     "| keyword | 1": "ignore_index=-100 is F.cross_entropy's documented default",
 }
