@@ -15,6 +15,8 @@ softmax of what is left. Randomness is explicit: every sampler takes a ``torch.G
 - **top-p** or nucleus sampling (Holtzman et al., 2020) keeps the smallest set of most
   likely tokens whose probabilities sum to at least ``p``: the token whose probability
   *crosses* ``p`` is kept, so at least one token always survives.
+- **min-p** (Nguyen et al., 2024) keeps the tokens whose probability is at least ``p_base``
+  times the top token's: the cut-off follows the model's confidence.
 - **beam search** keeps the ``W`` best partial sequences by total log-probability; finished
   ones (ending in EOS) are ranked by ``log p / length ** alpha`` (length normalisation, Wu
   et al., 2016; ``alpha = 0`` is the raw sum, which favours short outputs).
@@ -28,7 +30,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["top_k_filter", "top_p_filter", "sample_next", "generate", "beam_search", "sequence_logprob"]
+__all__ = [
+    "top_k_filter",
+    "top_p_filter",
+    "min_p_filter",
+    "sample_next",
+    "generate",
+    "beam_search",
+    "sequence_logprob",
+]
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -80,6 +90,34 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     drop_sorted = before >= p  # the first token has before = 0 < p: never dropped
     drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, p_base: float) -> torch.Tensor:
+    """Keep the tokens whose probability is at least ``p_base`` times the most likely token's.
+
+    Min-p sampling (Nguyen et al., 2024), as Hugging Face's ``MinPLogitsWarper`` defines it:
+    with probabilities ``probs = softmax(logits)``, a token is dropped when
+    ``probs < p_base * probs.max()``. A confident model (one token near 1) keeps few tokens, an
+    unsure one (a flat distribution) keeps many. The most likely token is always kept.
+    Example: probabilities ``[0.5, 0.3, 0.15, 0.05]`` with ``p_base = 0.2`` keep the first three
+    (the threshold is ``0.2 * 0.5 = 0.1``).
+
+    Args:
+        logits: ``(..., V)``.
+        p_base: in ``[0, 1]``; ``0`` keeps every token with non-zero probability, ``1`` only the
+            tokens tied with the most likely.
+
+    Returns:
+        ``(..., V)`` of ``logits``' dtype, with ``-inf`` at dropped tokens; ``logits`` is not changed.
+
+    Raises:
+        ValueError: unless ``0 <= p_base <= 1``.
+    """
+    if not 0.0 <= p_base <= 1.0:
+        raise ValueError(f"p_base must be in [0, 1], got {p_base}")
+    probs = F.softmax(logits, dim=-1)  # (..., V)
+    threshold = p_base * probs.amax(dim=-1, keepdim=True)  # (..., 1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
 
 
 def sample_next(

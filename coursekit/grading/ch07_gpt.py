@@ -72,8 +72,10 @@ from coursekit.grading.core import (
     same,
     seeded,
     set_attr,
+    student_side,
     tensor,
 )
+from coursekit.grading.questions import Prediction, expect_in_band
 
 __all__ = [
     "TableLM",
@@ -87,6 +89,14 @@ __all__ = [
     "grade_top_p_filter",
     "grade_beam_search",
     "grade_causal_self_attention",
+    "check_predict_nucleus_size",
+    "grade_predict_nucleus_size",
+    "check_predict_perplexity",
+    "grade_predict_perplexity",
+    "check_bits_per_char",
+    "grade_bits_per_char",
+    "check_min_p_filter",
+    "grade_min_p_filter",
 ]
 
 FLOATS = (torch.float64, torch.float32)
@@ -2921,4 +2931,433 @@ def check_causal_self_attention(causal_self_attention, MultiHeadAttention, Layer
             "out_proj's "
             "bias: pass dropout_p=attn.dropout (when attn.training) to F.scaled_dot_product_attention",
         )
+    g.finish()
+
+
+# --------------------------------------------------------------------------- predict, then check
+
+#: the distribution of NUCLEUS_SIZE, and its p
+NUCLEUS_PROBS, NUCLEUS_P = (0.4, 0.3, 0.2, 0.1), 0.75
+
+
+def _nucleus_size() -> int:
+    logits = torch.tensor(NUCLEUS_PROBS, dtype=torch.float64).log()  # (4,)
+    return int(torch.isfinite(dec.top_p_filter(logits, NUCLEUS_P)).sum())
+
+
+NUCLEUS_SIZE = Prediction(
+    name="predict_nucleus_size",
+    question=f"Next-token probabilities {list(NUCLEUS_PROBS)} go through top_p_filter with p = {NUCLEUS_P}: how "
+    "many tokens can still be sampled?",
+    tests="the nucleus rule: the token whose probability crosses p is kept",
+    measure=_nucleus_size,
+    explanation="The tokens ranked before the third one hold 0.4 + 0.3 = 0.7, still below 0.75, so the third "
+    "token (0.2) is kept: it is the one that crosses p. The fourth has 0.9 before it and is dropped: {truth} "
+    "tokens remain, whose probability (0.9) is at least p, as Holtzman et al. (2020) define the nucleus. "
+    "Stopping *before* crossing p would keep 2 tokens holding only 0.7 < p.",
+)
+
+#: the choices of PERPLEXITY
+_PPL_CHOICES = {"a": 1.2, "b": 3.3, "c": 16.0, "d": 103.0}
+
+
+def _gpt_char():
+    """``gpt-char`` and four held-out pieces of 600 characters of its validation split (loaded once)."""
+    if not _GPT_CHAR:
+        from coursekit import checkpoints, data
+
+        ck = checkpoints.load("gpt-char")
+        _, val = data.split_text(data.python_docs_text())
+        pieces = [val[a : a + 600] for a in range(0, len(val) - 600, len(val) // 4)][:4]
+        _GPT_CHAR.update(ck=ck, pieces=pieces, ids=[data.encode_text(ck.tokenizer, t) for t in pieces])
+    return _GPT_CHAR
+
+
+_GPT_CHAR: dict = {}
+
+
+def _perplexity_choice() -> str:
+    c = _gpt_char()
+    bits = sum(ref.bits_per_char(c["ck"].model, ids, 128) for ids in c["ids"]) / len(c["ids"])
+    return min(_PPL_CHOICES, key=lambda k: abs(bits * math.log(2) - math.log(_PPL_CHOICES[k])))
+
+
+PERPLEXITY = Prediction(
+    name="predict_perplexity",
+    question="The chapter's gpt-char scores about 1.2 nats per character on held-out text (V = 103 characters). "
+    "What is its perplexity, exp(loss)?",
+    tests="reading a loss: nats, bits and perplexity as an effective number of choices",
+    measure=_perplexity_choice,
+    explanation="Perplexity is exp(loss in nats) = 2 ** (loss in bits): exp(1.2) is about 3.3 (answer {truth}). "
+    "The model is as unsure as a uniform choice among about 3 characters, against 103 for a model that knows "
+    "nothing (ln 103 = 4.63 nats). 1.2 is the loss itself, 16 would be 10 ** 1.2 (the wrong base), and 1.2 "
+    "nats are 1.2 / ln 2 = 1.7 bits per character.",
+    choices={"a": "about 1.2", "b": "about 3.3", "c": "about 16", "d": "about 103"},
+)
+
+check_predict_nucleus_size, grade_predict_nucleus_size = NUCLEUS_SIZE.graders()
+check_predict_perplexity, grade_predict_perplexity = PERPLEXITY.graders()
+
+
+# --------------------------------------------------------------------------- experiment
+
+#: the experiment's band, relative to coursekit's bits_per_char on the same model, text and block_size. The
+#: measurement is deterministic and the docstring fixes the windows, so a correct answer differs only by
+#: rounding (float32 logits and sums: well under 1e-5 relative); 0.1% is a hundred times that. One prediction
+#: left out or counted twice among 300 moves the result by about 0.3%, a window without its overlap by more,
+#: and the classic mistakes land far outside: nats instead of bits (+44%), log10 (-70%), the unshifted loss.
+BPC_BAND = 0.001
+
+
+def _their_gpt_char(g: Grader):
+    """``gpt-char`` built with the notebook's ``GPT`` and ``GPTConfig`` (where the student's code runs)."""
+    ck = _gpt_char()["ck"]
+    GPT, GPTConfig = student_side("GPT", ref.GPT), student_side("GPTConfig", ref.GPTConfig)
+    model = GPT(GPTConfig(**ck.record["config"]))
+    model.load_state_dict(ck.model.state_dict())
+    model.eval()
+    return model
+
+
+def _bits(g: Grader, bits_per_char, model, ids, block_size, what="a held-out piece"):
+    where = f"bits_per_char(gpt-char, ids ({ids.numel()},) of {what}, {block_size})"
+    return where, _run(g, where, bits_per_char, model, ids, block_size)
+
+
+def _bpc_in_band(g: Grader, where: str, got, ids, block_size) -> None:
+    expected = ref.bits_per_char(_gpt_char()["ck"].model, ids, block_size)
+    expect_in_band(
+        g,
+        where,
+        got,
+        expected * (1 - BPC_BAND),
+        expected * (1 + BPC_BAND),
+        f"expected about {expected:.3f} bits per character: the logits at position i score token i + 1 (shift "
+        "the targets), sum the cross-entropy over every predicted token, divide by their number and by ln 2 "
+        "(natural log to bits)",
+    )
+
+
+def grade_bits_per_char(bits_per_char) -> None:
+    """Grade the experiment ``bits_per_char(model, ids, block_size)`` on ``gpt-char`` and held-out text."""
+    g = Grader("bits_per_char")
+    c = _gpt_char()
+    with g.check("returns a Python float"):
+        model = _their_gpt_char(g)
+        where, v = _bits(g, bits_per_char, model, c["ids"][0][:200], 128)
+        g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
+    with g.check(f"within {BPC_BAND:.1%} of the measured loss on three held-out pieces (block_size 128)"):
+        model = _their_gpt_char(g)
+        for i, ids in enumerate(c["ids"][:3]):
+            ids = ids[:300]  # (300,): kept short, a check has 20 s in the sandbox on a busy machine
+            where, v = _bits(g, bits_per_char, model, ids, 128, f"held-out piece {i + 1}")
+            _bpc_in_band(g, where, v, ids, 128)
+    with g.check(
+        f"respects block_size: 16 and 1 (more, shorter windows), 128 on 201 tokens (a short last window), and the "
+        f"smallest text, 2 tokens (within {BPC_BAND:.1%})"
+    ):
+        model = _their_gpt_char(g)
+        for ids, block_size in (
+            (c["ids"][3][:160], 16),
+            (c["ids"][1][:40], 1),
+            (c["ids"][2][:201], 128),
+            (c["ids"][2][:2], 128),
+            (c["ids"][1][:2], 1),
+        ):
+            where, v = _bits(g, bits_per_char, model, ids, block_size)
+            _bpc_in_band(g, where, v, ids, block_size)
+    with g.check("raises ValueError for ids of fewer than 2 tokens, ids that are not 1-D, or block_size < 1"):
+        model = _their_gpt_char(g)
+        ids = c["ids"][0]
+        for bad, what in (
+            ((ids[:1], 128), "ids of 1 token"),
+            ((ids[:20].view(2, 10), 128), "ids of shape (2, 10)"),
+            ((ids[:20], 0), "block_size=0"),
+            ((ids[:20], -1), "block_size=-1"),
+            ((ids[:20], True), "block_size=True"),
+        ):
+            expect_value_error(g, lambda bad=bad: bits_per_char(model, *bad), what)
+    g.finish()
+
+
+def check_bits_per_char(bits_per_char) -> None:
+    """Public checks of ``bits_per_char``: one held-out piece."""
+    g = Grader("bits_per_char (public)")
+    c = _gpt_char()
+    with g.check(f"within {BPC_BAND:.1%} of the measured loss on a held-out piece of 300 characters"):
+        model = _their_gpt_char(g)
+        ids = c["ids"][3][:300]
+        where, v = _bits(g, bits_per_char, model, ids, 128)
+        _bpc_in_band(g, where, v, ids, 128)
+    g.finish()
+
+
+# =========================================================================== stretch: min-p
+
+_RELATIVE_HINT = (
+    "min-p compares each probability with p_base times the *top* probability of its row "
+    "(probs < p_base * probs.amax(dim=-1, keepdim=True)), not with p_base itself"
+)
+_PROBS_HINT = (
+    "min-p compares probabilities (the softmax of the logits), not the logits themselves: a logit can be "
+    "negative, and p_base * max logit is no probability"
+)
+_TIED_HINT = (
+    "a token whose probability equals the threshold is kept (drop probs < threshold, not <=): with "
+    "p_base = 1 the most likely token must survive"
+)
+_ROW_HINT = "take the top probability of each row (amax(dim=-1, keepdim=True)), not of the whole tensor"
+_KEEP_HINT = "keep the tokens at or above the threshold and drop those below it, not the other way round"
+
+
+def _min_p_mistakes(x: torch.Tensor, p: float):
+    inf = float("-inf")
+    probs = F.softmax(x, dim=-1)
+    top = probs.amax(dim=-1, keepdim=True)
+    out = [
+        (x.masked_fill(probs <= p * top, inf), _TIED_HINT),
+        (x.masked_fill(probs < p, inf), _RELATIVE_HINT),
+        (x.masked_fill(x < p * x.amax(dim=-1, keepdim=True), inf), _PROBS_HINT),
+        (x.masked_fill(probs >= p * top, inf), _KEEP_HINT),
+    ]
+    if x.dim() > 1:
+        out.append((x.masked_fill(probs < p * probs.amax(), inf), _ROW_HINT))
+    return out
+
+
+def _min_p_margin(x: torch.Tensor, p: float) -> float:
+    """How close, relative to the threshold, some token's probability comes to ``p * top`` (float64): a drawn
+    case closer than float32 rounding can decide is skipped (p = 0 has no such token)."""
+    probs = F.softmax(x.double(), dim=-1)
+    threshold = p * probs.amax(dim=-1, keepdim=True)
+    if p == 0.0:
+        return math.inf
+    near = (probs - threshold).abs() / threshold
+    return float(near.masked_fill(probs == probs.amax(dim=-1, keepdim=True), math.inf).min())
+
+
+def _min_p_where(x: torch.Tensor, p) -> str:
+    return f"min_p_filter(logits {tuple(x.shape)} {_dt(x.dtype)}, {p!r})"
+
+
+def _min_p_case(g: Grader, fn, x: torch.Tensor, p: float, where: str | None = None, what: str = ""):
+    return _filter_call(
+        g,
+        fn,
+        where or _min_p_where(x, p),
+        x,
+        p,
+        dec.min_p_filter(x, p),
+        _min_p_mistakes(x, p),
+        what=what or " (the tokens whose probability is at least p_base times the top probability)",
+    )
+
+
+_P_BASES = st.sampled_from([0.01, 0.05, 0.1, 0.2, 0.35, 0.5, 0.8])
+
+
+def grade_min_p_filter(min_p_filter) -> None:
+    """Grade the stretch part ``min_p_filter(logits, p_base)``."""
+    g = Grader("min_p_filter")
+
+    with g.check("returns a tensor of the logits' shape and dtype (float32 and float64)"):
+
+        def shape_dtype(case):
+            lead, V, dtype, seed = case
+            x = tensor(seed, *lead, V, dtype=dtype)
+            where = _min_p_where(x, 0.1)
+            out = _run(g, where, min_p_filter, x, 0.1)
+            g.expect(
+                is_tensor(out) and out.shape == x.shape and out.dtype == x.dtype,
+                f"{where} should return a tensor {_dt(dtype)} {tuple(x.shape)}, got {describe(out)}",
+            )
+
+        for_all(
+            "minp.shape",
+            st.tuples(_LEADING, st.integers(1, 8), st.sampled_from(FLOATS), SEEDS),
+            shape_dtype,
+            max_examples=6,
+            first=((2,), 3, torch.float64, 0),
+        )
+
+    with g.check(
+        "keeps the tokens whose probability is at least p_base times the top probability, any shape"
+    ):
+
+        def values(case):
+            lead, V, p, dtype, scale, seed = case
+            x = tensor(seed, *lead, V, dtype=dtype, scale=scale)
+            assume(_min_p_margin(x, p) > 1e-4)
+            _min_p_case(g, min_p_filter, x, p)
+
+        for_all(
+            "minp.values",
+            st.tuples(
+                _LEADING,
+                st.integers(1, 12),
+                _P_BASES,
+                st.sampled_from(FLOATS),
+                st.sampled_from([1.0, 2.0, 4.0]),
+                SEEDS,
+            ),
+            values,
+            max_examples=25,
+            first=((3,), 8, 0.2, torch.float64, 2.0, 1),
+        )
+
+    with g.check("the threshold follows the top probability: a flat row keeps many tokens, a peaked row few"):
+        cases = [  # probabilities in vocabulary order, p_base: threshold p_base * top
+            ([0.3, 0.25, 0.25, 0.2], 0.5),  # flat: threshold 0.15 keeps all four (absolute 0.5 keeps none)
+            ([0.02, 0.9, 0.05, 0.03], 0.05),  # peaked: threshold 0.045 keeps 0.9 and 0.05
+            ([0.1, 0.4, 0.3, 0.2], 0.6),  # threshold 0.24 keeps 0.4 and 0.3
+        ]
+        for probs, p in cases:
+            _min_p_case(g, min_p_filter, _p_logits(probs), p, f"min_p_filter(log {probs}, {p})")
+        x = _p_logits([0.3, 0.25, 0.25, 0.2], [0.02, 0.9, 0.05, 0.03])
+        _min_p_case(
+            g,
+            min_p_filter,
+            x,
+            0.2,
+            "min_p_filter(log [[0.3, 0.25, 0.25, 0.2], [0.02, 0.9, 0.05, 0.03]], 0.2)",
+            what=f" ({_ROW_HINT})",
+        )
+
+    with g.check("compares probabilities, not logits (logits of either sign, shifted by a constant)"):
+        for shift in (-5.0, 0.0, 3.0):
+            x = _p_logits([0.1, 0.4, 0.3, 0.2]) + shift
+            _min_p_case(g, min_p_filter, x, 0.6, f"min_p_filter(log [0.1, 0.4, 0.3, 0.2] + {shift}, 0.6)")
+
+    with g.check(
+        "p_base = 0 keeps every token; p_base = 1 keeps the most likely token and those tied with it"
+    ):
+
+        def ends(case):
+            lead, V, seed = case
+            x = tensor(seed, *lead, V)
+            _filter_call(
+                g,
+                min_p_filter,
+                _min_p_where(x, 0.0),
+                x,
+                0.0,
+                x.clone(),
+                _min_p_mistakes(x, 0.0),
+                what=": with p_base = 0 every token is kept",
+            )
+            _min_p_case(g, min_p_filter, x, 1.0, what=f" ({_TIED_HINT})")
+
+        for_all(
+            "minp.ends",
+            st.tuples(_LEADING, st.integers(1, 10), SEEDS),
+            ends,
+            max_examples=6,
+            first=((2,), 5, 3),
+        )
+        x = torch.tensor([[1.0, 2.0, 2.0, 0.0]], dtype=torch.float64)
+        _min_p_case(g, min_p_filter, x, 1.0, "min_p_filter([[1, 2, 2, 0]], 1.0)", what=f" ({_TIED_HINT})")
+
+    with g.check("logits already at -inf (after top-k) stay -inf: they have probability 0"):
+
+        def composed(case):
+            V, k, p, seed = case
+            x = dec.top_k_filter(tensor(seed, 3, V, scale=2.0), min(k, V))
+            assume(_min_p_margin(x, p) > 1e-4)
+            _min_p_case(g, min_p_filter, x, p)
+
+        for_all(
+            "minp.compose",
+            st.tuples(st.integers(3, 12), st.integers(1, 6), _P_BASES, SEEDS),
+            composed,
+            max_examples=8,
+            first=(8, 3, 0.1, 4),
+        )
+
+    with g.check("leaves the logits unchanged"):
+
+        def untouched(case):
+            lead, V, p, seed = case
+            x = tensor(seed, *lead, V, scale=2.0)
+            where = _min_p_where(x, p)
+            q = _run(g, where, probe, min_p_filter, x.clone(), p)
+            g.expect(
+                not q.args or (is_tensor(q.args[0]) and torch.equal(q.args[0], x)), _in_place_hint(where)
+            )
+
+        for_all(
+            "minp.inplace",
+            st.tuples(_LEADING, st.integers(2, 8), _P_BASES, SEEDS),
+            untouched,
+            max_examples=5,
+            first=((2,), 5, 0.5, 6),
+        )
+
+    with g.check("p_base outside [0, 1] raises ValueError"):
+        for p in (-0.1, -1.0, 1.5, 1.0001, 2.0):
+            x = tensor(7, 2, 5)
+            expect_value_error(
+                g, lambda p=p: min_p_filter(x, p), f"p_base={p!r} (logits (2, 5))", "p_base must be in [0, 1]"
+            )
+
+    g.finish()
+
+
+def check_min_p_filter(min_p_filter) -> None:
+    """Public checks of ``min_p_filter``: the example of its docstring and one small case per clause."""
+    g = Grader("min_p_filter (public)")
+    with g.check("returns a tensor of the logits' shape and dtype"):
+        for dtype in FLOATS:
+            x = torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=dtype).log()
+            out = _run(g, _min_p_where(x, 0.2), min_p_filter, x, 0.2)
+            g.expect(
+                is_tensor(out) and out.shape == (1, 4) and out.dtype == dtype,
+                f"{_min_p_where(x, 0.2)} should be a tensor {_dt(dtype)} (1, 4), got {describe(out)}",
+            )
+    with g.check(
+        "probabilities [0.5, 0.3, 0.15, 0.05] with p_base = 0.2 keep the first three (threshold 0.1)"
+    ):
+        _min_p_case(
+            g,
+            min_p_filter,
+            _p_logits([0.5, 0.3, 0.15, 0.05]),
+            0.2,
+            "min_p_filter(log [[0.5, 0.3, 0.15, 0.05]], 0.2)",
+        )
+    with g.check("a flat row [0.3, 0.25, 0.25, 0.2] with p_base = 0.5 keeps all four (threshold 0.15)"):
+        _min_p_case(
+            g,
+            min_p_filter,
+            _p_logits([0.3, 0.25, 0.25, 0.2]),
+            0.5,
+            "min_p_filter(log [[0.3, 0.25, 0.25, 0.2]], 0.5)",
+        )
+    with g.check(
+        "each row has its own threshold: rows [0.3, 0.25, 0.25, 0.2] and [0.02, 0.9, 0.05, 0.03], p_base 0.2"
+    ):
+        _min_p_case(
+            g,
+            min_p_filter,
+            _p_logits([0.3, 0.25, 0.25, 0.2], [0.02, 0.9, 0.05, 0.03]),
+            0.2,
+            "min_p_filter(log [[0.3, 0.25, 0.25, 0.2], [0.02, 0.9, 0.05, 0.03]], 0.2)",
+            what=f" ({_ROW_HINT})",
+        )
+    with g.check("p_base = 0 keeps every token, p_base = 1 keeps the top token"):
+        x = _p_logits([0.2, 0.5, 0.3])
+        _min_p_case(g, min_p_filter, x, 0.0, "min_p_filter(log [[0.2, 0.5, 0.3]], 0.0)")
+        _min_p_case(
+            g, min_p_filter, x, 1.0, "min_p_filter(log [[0.2, 0.5, 0.3]], 1.0)", what=f" ({_TIED_HINT})"
+        )
+    with g.check("the logits are left unchanged"):
+        x = _p_logits([0.2, 0.5, 0.3])
+        q = _run(g, "min_p_filter(log [[0.2, 0.5, 0.3]], 0.5)", probe, min_p_filter, x.clone(), 0.5)
+        g.expect(torch.equal(q.args[0], x), _in_place_hint("min_p_filter(log [[0.2, 0.5, 0.3]], 0.5)"))
+    with g.check("p_base = -0.1 and p_base = 1.5 raise ValueError"):
+        for p in (-0.1, 1.5):
+            expect_value_error(
+                g,
+                lambda p=p: min_p_filter(_p_logits([0.2, 0.5, 0.3]), p),
+                f"p_base={p}",
+                "p_base must be in [0, 1]",
+            )
     g.finish()

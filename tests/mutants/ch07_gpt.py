@@ -9,8 +9,8 @@ the names the notebook's imports cell defines (``torch``, ``F``, ``math``, ``cau
 import inspect
 import textwrap
 
-from coursekit import decoding
-from tests.mutants import Mutant, edit
+from coursekit import decoding, gpt
+from tests.mutants import Mutant, edit, mutant
 
 #: the graded part (the Grader's name) -> the grade_id of its hidden test cell
 
@@ -602,6 +602,133 @@ def causal_self_attention(attn, x, cache=None):
             "    if cache is not None:\n        k, v = cache.update(k, v)\n",
         ),
     ),
+    Mutant(
+        "nucleus_stops_before_crossing",
+        "predict_nucleus_size",
+        "predict_nucleus_size",
+        "the experiment gives 3",
+        "predict_nucleus_size = 2\n",
+    ),
+    Mutant(
+        "nucleus_keeps_all",
+        "predict_nucleus_size",
+        "predict_nucleus_size",
+        "you predicted 4",
+        "predict_nucleus_size = 4\n",
+    ),
+    Mutant(
+        "nucleus_as_list",
+        "predict_nucleus_size",
+        "predict_nucleus_size",
+        "should be a finite number",
+        "predict_nucleus_size = [0.4, 0.3, 0.2]\n",
+    ),
+    Mutant(
+        "perplexity_is_the_loss",
+        "predict_perplexity",
+        "predict_perplexity",
+        "the experiment gives (b) about 3.3",
+        'predict_perplexity = "a"\n',
+    ),
+    Mutant(
+        "perplexity_base_ten",
+        "predict_perplexity",
+        "predict_perplexity",
+        "you predicted (c) about 16",
+        'predict_perplexity = "c"\n',
+    ),
+    Mutant(
+        "perplexity_not_a_letter",
+        "predict_perplexity",
+        "predict_perplexity",
+        "one of the letters",
+        "predict_perplexity = 3.3\n",
+    ),
+    mutant(
+        "bpc_in_nats",
+        gpt.bits_per_char,
+        "natural log to bits",
+        ("return total / (ids.numel() - 1) / math.log(2)", "return total / (ids.numel() - 1)"),
+    ),
+    mutant(
+        "bpc_log10",
+        gpt.bits_per_char,
+        "natural log to bits",
+        ("return total / (ids.numel() - 1) / math.log(2)", "return total / (ids.numel() - 1) / math.log(10)"),
+    ),
+    mutant(
+        "bpc_unshifted",
+        gpt.bits_per_char,
+        "shift",
+        (
+            'total += F.cross_entropy(logits[0].double(), window[1:], reduction="sum").item()',
+            'total += F.cross_entropy(logits[0].double(), window[:-1], reduction="sum").item()',
+        ),
+    ),
+    mutant(
+        "bpc_divides_by_windows",
+        gpt.bits_per_char,
+        "divide by their number",
+        (
+            "return total / (ids.numel() - 1) / math.log(2)",
+            "return total / len(range(0, ids.numel() - 1, block_size)) / math.log(2)",
+        ),
+    ),
+    mutant(
+        "bpc_returns_tensor",
+        gpt.bits_per_char,
+        "should return a Python float",
+        (
+            "return total / (ids.numel() - 1) / math.log(2)",
+            "return torch.tensor(total / (ids.numel() - 1) / math.log(2))",
+        ),
+    ),
+    mutant(
+        "bpc_no_validation",
+        gpt.bits_per_char,
+        "raise a ValueError",
+        ("    if ids.dim() != 1 or ids.numel() < 2:\n", "    if False:\n"),
+    ),
+    # ------------------------------------------------------------------ stretch: min_p_filter
+    mutant(
+        "min_p_absolute_threshold",
+        decoding.min_p_filter,
+        "not with p_base itself",
+        ("threshold = p_base * probs.amax(dim=-1, keepdim=True)  # (..., 1)", "threshold = p_base"),
+    ),
+    mutant(
+        "min_p_on_logits",
+        decoding.min_p_filter,
+        "not the logits themselves",
+        ("probs = F.softmax(logits, dim=-1)  # (..., V)", "probs = logits"),
+    ),
+    mutant(
+        "min_p_drops_ties",
+        decoding.min_p_filter,
+        "not <=",
+        ("masked_fill(probs < threshold,", "masked_fill(probs <= threshold,"),
+    ),
+    mutant(
+        "min_p_global_max",
+        decoding.min_p_filter,
+        "of each row",
+        (
+            "threshold = p_base * probs.amax(dim=-1, keepdim=True)  # (..., 1)",
+            "threshold = p_base * probs.amax()",
+        ),
+    ),
+    mutant(
+        "min_p_in_place",
+        decoding.min_p_filter,
+        "in place",
+        ("return logits.masked_fill(probs < threshold", "return logits.masked_fill_(probs < threshold"),
+    ),
+    mutant(
+        "min_p_no_validation",
+        decoding.min_p_filter,
+        "raise a ValueError",
+        ("    if not 0.0 <= p_base <= 1.0:\n", "    if False:\n"),
+    ),
 ]
 
 #: Mutants of the instructor's answers (scripts/mutation.py) that no input the text allows can tell apart
@@ -686,5 +813,22 @@ EQUIVALENT: dict[str, str] = {
     "causal_self_attention | mask = causal_mask(T, S, device=x.device) # (T, S), bottom-right aligned | keyword | 1": (
         "x is a CPU tensor for every input the autograder can send (no accelerator, and a meta tensor cannot be sent "
         "into the sandbox), and causal_mask builds its mask on the CPU by default"
+    ),
+    (
+        "bits_per_char | if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1: "
+        "| number | 1"
+    ): ("block_size = 0 then reaches range(0, N - 1, 0), which raises the ValueError itself"),
+    "bits_per_char | for start in range(0, ids.numel() - 1, block_size): | binop | 1": (
+        "the extra windows start at N - 1 or later and hold at most one token, which predicts nothing "
+        "(the cross-entropy sum over no targets is 0)"
+    ),
+    "bits_per_char | for start in range(0, ids.numel() - 1, block_size): | number | 3": (
+        "the extra window starts at N - 1 and holds one token, which predicts nothing"
+    ),
+    "bits_per_char | for start in range(0, ids.numel() - 1, block_size): | number | 4": (
+        "the extra window starts at N - 1 or N and holds at most one token, which predicts nothing"
+    ),
+    'bits_per_char | total += F.cross_entropy(logits[0].double(), window[1:], reduction="sum").item() | number | 2': (
+        "the batch holds one window: logits[-1] is logits[0]"
     ),
 }
