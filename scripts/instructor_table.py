@@ -59,7 +59,8 @@ def _headings_and_written(assignment: str) -> tuple[dict[str, str], list[tuple[s
         if cell.cell_type == "markdown" and meta.get("solution") and meta.get("grade"):
             sentences = re.split(r"(?<=[.?!])\s", " ".join(prose.split()))
             sentence = next((x for x in sentences if x.endswith("?")), sentences[0])
-            sentence = re.sub(r"^[^:]*sentences[^:]*:\s*", "", sentence)  # "In four to six sentences: why ..."
+            # "In four to six sentences: why ...?" -> "why ...?"
+            sentence = re.sub(r"^[^:]*sentences[^:]*:\s*", "", sentence)
             written.append((meta["grade_id"], float(meta.get("points", 0)), sentence))
         elif cell.cell_type == "markdown":
             lines = cell.source.splitlines()
