@@ -22,6 +22,10 @@ Rules, stated once and tested:
   special tokens come after the merges.
 - **Encoding** a chunk merges, at every step, the adjacent pair that was learnt first
   (lowest new id), which is what tiktoken does with ``mergeable_ranks = {bytes: id}``.
+
+Over 500 lines: the chapter's tokenizer, and the exercise's experiment and stretch part
+(``bytes_per_token``, ``encode_with_special``), whose code the solution notebook holds: a test keeps
+the answers and this module the same, so they live beside the parts they build on.
 """
 
 from __future__ import annotations

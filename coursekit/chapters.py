@@ -63,7 +63,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         "ch08_seq2seq",
         "Cross-attention translation",
         "book/ch08_seq2seq.md",
-        ("seq2seq",),
+        ("seq2seq", "experiments.number_words"),  # the experiment part's reference is in the latter
         checkpoint="seq2seq-numbers",
     ),
     Chapter("ch09_vit", "The vision transformer", "book/ch09_vit.md", ("vit",)),

@@ -28,6 +28,9 @@ Conventions (see the book's notation page):
 * Position biases are floating ``(H, T, S)`` tensors, additive masks for
   :func:`coursekit.attention.scaled_dot_product_attention`; ``-inf`` marks a key
   the query may not see.
+
+Over 500 lines: every positional scheme the chapter compares, and the exercise's experiment
+(``sinusoidal_similarity``), whose code the solution notebook holds next to the parts it uses.
 """
 
 from __future__ import annotations

@@ -72,7 +72,6 @@ __all__ = [
     "ConditionalLM",
     "greedy_decode",
     "beam_decode",
-    "heldout_loss",
     "length_penalty_score",
 ]
 
@@ -551,50 +550,6 @@ def beam_decode(
 
 
 # --------------------------------------------------------------------------- the exercise's experiment
-
-
-def heldout_loss(
-    weights: dict[str, torch.Tensor], n: int, generator: torch.Generator, smoothing: float = 0.1
-) -> float:
-    """A trained translation model's teacher-forced, label-smoothed loss on held-out numbers.
-
-    Builds ``Seq2Seq(SEQ2SEQ_PRESETS["small"])`` with ``weights`` (e.g. the committed checkpoint's,
-    ``checkpoints.load("seq2seq-numbers")[0].state_dict()``), in eval mode; draws ``n`` numbers
-    uniformly, with replacement, from the test split (``number_splits().test``: numbers never
-    trained on; the indices from ``generator``); builds their source and target ids with
-    ``make_batch``; feeds the decoder ``shift_right(targets, BOS, PAD)``; and scores the logits
-    (no gradients) with :func:`label_smoothed_loss` at ``smoothing``. The committed model was
-    trained with smoothing 0.1, so with 0.1 its loss sits near the floor, the entropy of the
-    smoothed target.
-
-    Args:
-        weights: a state dict of ``Seq2Seq(SEQ2SEQ_PRESETS["small"])``.
-        n: how many numbers to draw, at least 1.
-        generator: the source of randomness (the same seed gives the same result).
-        smoothing: the loss's label smoothing, in ``[0, 1]``.
-
-    Returns:
-        The loss as a Python ``float``.
-
-    Example:
-        ``heldout_loss(weights, 256, torch.Generator().manual_seed(0))`` is about 0.66 for the
-        committed checkpoint's weights.
-    """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
-    if not 0.0 <= smoothing <= 1.0:
-        raise ValueError(f"smoothing must be in [0, 1], got {smoothing!r}")
-    from coursekit.experiments.number_words import make_batch, number_splits  # it imports this module
-
-    model = Seq2Seq(SEQ2SEQ_PRESETS["small"])
-    model.load_state_dict(weights)
-    model.eval()
-    test = number_splits().test  # (5000,)
-    numbers = test[torch.randint(len(test), (n,), generator=generator)]  # (n,)
-    src, tgt = make_batch(numbers)  # (n, S), (n, T)
-    with torch.no_grad():
-        logits = model(src, shift_right(tgt, BOS, PAD))  # (n, T, V)
-        return label_smoothed_loss(logits, tgt, smoothing).item()
 
 
 # --------------------------------------------------------------------------- the exercise's stretch part

@@ -203,6 +203,36 @@ class SelfAttention(nn.Module):
         return out, weights
 """,
     ),
+    ("predict_leaked_pairs", "an int written as a float", "predict_leaked_pairs = 7.0\n"),
+    ("predict_score_variance", "an upper-case letter with spaces", 'predict_score_variance = " C "\n'),
+    (
+        "score_variance",
+        "einsum and a variance written out",
+        """
+def score_variance(D, n, generator, scaled=False):
+    if not (isinstance(D, int) and isinstance(n, int)) or D < 1 or n < 2:
+        raise ValueError(f"need D >= 1 and n >= 2, got D={D}, n={n}")
+    q = torch.randn((n, D), generator=generator, dtype=torch.float64)
+    k = torch.randn((n, D), generator=generator, dtype=torch.float64)
+    s = torch.einsum("nd,nd->n", q, k) * (D ** -0.5 if scaled else 1.0)
+    return float(((s - s.mean()) ** 2).sum() / (n - 1))
+""",
+    ),
+    (
+        "online_softmax",
+        "running statistics with logaddexp, one column block at a time",
+        """
+def online_softmax(x, block):
+    if type(block) is not int or block < 1:
+        raise ValueError(f"block must be a positive int, got {block!r}")
+    lse = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)  # running log of the sum of exp
+    for i in range(0, x.shape[-1], block):
+        lse = torch.logaddexp(lse, torch.logsumexp(x[..., i : i + block], dim=-1))
+    finite = torch.isfinite(lse)
+    safe = torch.where(finite, lse, torch.zeros_like(lse))
+    return torch.where(finite[..., None], torch.exp(x - safe[..., None]), torch.zeros_like(x))
+""",
+    ),
 ]
 
 

@@ -42,6 +42,7 @@ from coursekit import layers as L
 from coursekit import multihead as mh
 from coursekit import seq2seq as ref
 from coursekit.attention import causal_mask, softmax
+from coursekit.experiments import number_words
 from coursekit.grading.ch07_gpt import (
     _dt,
     _num,
@@ -1891,7 +1892,9 @@ SMOOTHING_FLOOR = Prediction(
     question="The chapter's model was trained with label smoothing 0.1 over V = 35 German tokens and translates "
     "every test number right. Its teacher-forced label-smoothed loss (smoothing 0.1) on held-out numbers is about?",
     tests="the floor of the label-smoothed loss: the entropy of the smoothed target, not 0",
-    measure=lambda: _closest_choice(ref.heldout_loss(_weights(), 512, torch.Generator().manual_seed(0), 0.1)),
+    measure=lambda: _closest_choice(
+        number_words.heldout_loss(_weights(), 512, torch.Generator().manual_seed(0), 0.1)
+    ),
     explanation="The loss is the cross-entropy H(q, p) against the smoothed target q (0.9 + 0.1/35 on the right "
     "token, 0.1/35 on each other one), and H(q, p) >= H(q), with equality only for p = q. So a perfect model scores "
     "H(q) = -(0.903 ln 0.903) - 34 (0.00286 ln 0.00286) = 0.66 (answer {truth}), not 0: the model puts about 0.90 on "

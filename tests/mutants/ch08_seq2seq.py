@@ -7,6 +7,7 @@ The mutant sources use the names of the notebook's imports cell.
 """
 
 from coursekit import seq2seq as ref
+from coursekit.experiments import number_words
 from tests.mutants import Mutant, mutant, mutate
 
 #: Grader part -> grade_id of its hidden test cell in the solution notebook.
@@ -412,13 +413,13 @@ MUTANTS = [
     ),
     mutant(
         "heldout_no_shift",
-        ref.heldout_loss,
+        number_words.heldout_loss,
         "feed the decoder shift_right",
         ("logits = model(src, shift_right(tgt, BOS, PAD))", "logits = model(src, tgt)"),
     ),
     mutant(
         "heldout_scores_padding",
-        ref.heldout_loss,
+        number_words.heldout_loss,
         "outside the expected band",
         (
             "return label_smoothed_loss(logits, tgt, smoothing).item()",
@@ -427,7 +428,7 @@ MUTANTS = [
     ),
     mutant(
         "heldout_fixed_smoothing",
-        ref.heldout_loss,
+        number_words.heldout_loss,
         "at the given smoothing",
         (
             "return label_smoothed_loss(logits, tgt, smoothing).item()",
@@ -436,13 +437,13 @@ MUTANTS = [
     ),
     mutant(
         "heldout_global_rng",
-        ref.heldout_loss,
+        number_words.heldout_loss,
         "not from torch's global random state",
         ("torch.randint(len(test), (n,), generator=generator)", "torch.randint(len(test), (n,))"),
     ),
     mutant(
         "heldout_returns_tensor",
-        ref.heldout_loss,
+        number_words.heldout_loss,
         "should return a Python float",
         (
             "return label_smoothed_loss(logits, tgt, smoothing).item()",
