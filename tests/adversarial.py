@@ -1,12 +1,12 @@
 """Hostile and broken submissions of Exercise 1, each with the score and reason it must get.
 
-Every case starts from the reference solution (12 points) and breaks, attacks or
-abuses something. ``expected`` is the score the case deserves, worked out from
-what the submission really computes: Exercise 1 has four parts of 3 points (public
-check 1, hidden checks 2), and ``scaled_dot_product_attention`` uses the student's
-``softmax``, ``SelfAttention`` uses their ``scaled_dot_product_attention``;
-``causal_mask`` stands alone, so the subversion cases pair their attack with a
-wrong ``causal_mask`` (9 points: the attack must not rescue it). ``reason`` is text
+Every case starts from the reference solution (all the autograded points, :data:`FULL`) and
+breaks, attacks or abuses something. ``expected`` is the score the case deserves, worked out
+from what the submission really computes, in terms of the parts' points as the notebook sets
+them (:data:`PARTS`): ``scaled_dot_product_attention`` uses the student's ``softmax``,
+``SelfAttention`` uses their ``scaled_dot_product_attention``; ``causal_mask`` stands alone,
+so the subversion cases pair their attack with a wrong ``causal_mask`` (:data:`WITHOUT_MASK`:
+the attack must not rescue it). ``reason`` is text
 the student (or the instructor) must see: in the autograder's notes, a check's
 hint, or an output of their own cells.
 
@@ -24,10 +24,15 @@ from pathlib import Path
 
 import nbformat
 
+from coursekit.grading import harness
 from tests.submissions import ROOT, filled, load, replace_definition
 
 ASSIGNMENT = "ch01_attention"
-FULL = 12.0
+#: each graded part's points (public and hidden test cells), and its hidden cell's, from the notebook
+PARTS = {p.name: p.points for p in harness.parts(ASSIGNMENT)}
+HIDDEN = {p.name: sum(t.points for t in p.tests if t.hidden) for p in harness.parts(ASSIGNMENT)}
+FULL = sum(PARTS.values())  # every autograded point (the written answer is graded by hand)
+WITHOUT_MASK = FULL - PARTS["causal_mask"]  # the subversion cases pair their attack with a wrong mask
 
 #: a causal mask that lets every query see the future (the hidden checks call it transposed)
 WRONG_CAUSAL = """
@@ -137,7 +142,7 @@ STRUCTURE = [
         "untouched_release",
         "structure",
         0,
-        "Part 1: a stable softmax 0 / 3 not answered",
+        f"Part 1: a stable softmax 0 / {PARTS['softmax']:g} not answered",
         lambda ctx: load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"),
     ),
     Case(
@@ -157,7 +162,7 @@ STRUCTURE = [
     Case(
         "answer_deleted",
         "structure",
-        9,
+        WITHOUT_MASK,
         "your answer cell 'causal_mask' was deleted",
         lambda ctx: without(reference(), "causal_mask"),
     ),
@@ -171,7 +176,7 @@ STRUCTURE = [
     Case(
         "wrong_second_copy",
         "structure",
-        9,
+        WITHOUT_MASK,
         "appears more than once",
         lambda ctx: duplicated(reference(), "causal_mask", WRONG_CAUSAL),
         "a later copy of an answer cell runs where it stands, as it would in the student's kernel",
@@ -305,7 +310,7 @@ RESOURCES = [
     Case(
         "memory_bomb_in_answer",
         "resources",
-        9,
+        WITHOUT_MASK,
         "your code raised",
         lambda ctx: function(
             reference(),
@@ -364,7 +369,7 @@ RESOURCES = [
     Case(
         "os_exit_in_answer",
         "resources",
-        9,
+        WITHOUT_MASK,
         "process running your code ended",
         lambda ctx: function(
             reference(),
@@ -375,7 +380,7 @@ RESOURCES = [
     Case(
         "segfault_in_answer",
         "resources",
-        9,
+        WITHOUT_MASK,
         "process running your code ended",
         lambda ctx: function(
             reference(),
@@ -386,7 +391,7 @@ RESOURCES = [
     Case(
         "sleeps_forever_in_answer",
         "resources",
-        9,
+        WITHOUT_MASK,
         "did not finish within",
         lambda ctx: function(
             reference(),
@@ -414,7 +419,7 @@ SUBVERSION = [
     Case(
         "patch_torch_checkers",
         "subversion",
-        9,
+        WITHOUT_MASK,
         "transposed",
         lambda ctx: added(
             wrong_causal(),
@@ -425,7 +430,7 @@ SUBVERSION = [
     Case(
         "patch_numpy_checkers",
         "subversion",
-        9,
+        WITHOUT_MASK,
         "transposed",
         lambda ctx: added(
             wrong_causal(),
@@ -436,7 +441,7 @@ SUBVERSION = [
     Case(
         "patch_coursekit_reference",
         "subversion",
-        9,
+        WITHOUT_MASK,
         "transposed",
         lambda ctx: added(
             wrong_causal(),
@@ -447,7 +452,7 @@ SUBVERSION = [
     Case(
         "patch_grading_toolkit",
         "subversion",
-        9,
+        WITHOUT_MASK,
         "transposed",
         lambda ctx: added(
             wrong_causal(),
@@ -463,7 +468,7 @@ SUBVERSION = [
     Case(
         "input_transformer_blanks_tests",
         "subversion",
-        9,
+        WITHOUT_MASK,
         "transposed",
         lambda ctx: added(
             wrong_causal(),
@@ -492,7 +497,7 @@ SUBVERSION = [
     Case(
         "shadow_module_at_runtime",
         "subversion",
-        9,
+        WITHOUT_MASK,
         "transposed",
         lambda ctx: added(
             wrong_causal(),
@@ -505,7 +510,7 @@ SUBVERSION = [
     Case(
         "lying_tensor_subclass",
         "subversion",
-        9,
+        WITHOUT_MASK,
         "got Liar",
         lambda ctx: function(
             reference(),
@@ -525,7 +530,7 @@ SUBVERSION = [
     Case(
         "nan_output",
         "subversion",
-        6,
+        FULL - PARTS["scaled_dot_product_attention"] - PARTS["SelfAttention"],
         "differs",
         lambda ctx: function(
             reference(),
@@ -540,7 +545,7 @@ SUBVERSION = [
     Case(
         "hard_coded_public_answers",
         "subversion",
-        9,
+        WITHOUT_MASK,
         "a query can see a future key",
         lambda ctx: function(
             reference(),
@@ -557,8 +562,8 @@ SUBVERSION = [
     Case(
         "rng_abuse",
         "subversion",
-        FULL,
-        "Part 1: a stable softmax 3 / 3 passed",
+        FULL - PARTS["score_variance"],  # the student's own experiment draws from their broken torch.randn
+        f"Part 1: a stable softmax {PARTS['softmax']:g} / {PARTS['softmax']:g} passed",
         lambda ctx: added(
             reference(),
             "torch.randn = lambda *a, **k: torch.zeros(*a)\ntorch.manual_seed = lambda *a, **k: None\n"
@@ -850,7 +855,7 @@ GRADER = [
     Case(
         "compressed_reply_bomb",
         "grader",
-        9,
+        WITHOUT_MASK,
         "exceeds the limit",
         lambda ctx: function(
             added(reference(), "import numpy as np\nnp.savez = np.savez_compressed", after="imports"),
@@ -866,7 +871,7 @@ GRADER = [
     Case(
         "reply_channel_compressed",
         "grader",
-        0,
+        PARTS["predict_leaked_pairs"] + PARTS["predict_score_variance"] + PARTS["score_variance"],
         "compressed arrays are not accepted",
         lambda ctx: added(
             reference(),
@@ -874,12 +879,13 @@ GRADER = [
             "wire._savez = np.savez_compressed",
             after="imports",
         ),
-        "every answer then arrives compressed and is refused unread: no part can be graded",
+        "every answer holding a tensor then arrives compressed and is refused unread: only the parts whose "
+        "answers are plain numbers (the predictions, the experiment's variance) can be graded",
     ),
     Case(
         "zero_weights_ignore_the_input",
         "grader",
-        9,
+        FULL - PARTS["SelfAttention"],
         "out differs from attention over q_proj(x), k_proj(x), v_proj(x)",
         lambda ctx: function(reference(), "SelfAttention", ZERO_SELF_ATTENTION),
         "right only for its own all-zero weights: the graders load weights of their own",
@@ -887,8 +893,8 @@ GRADER = [
     Case(
         "lookup_table_of_hidden_inputs",
         "grader",
-        10,
-        "Part 1: a stable softmax 1 / 3 failed",
+        FULL - HIDDEN["softmax"],
+        f"Part 1: a stable softmax {PARTS['softmax'] - HIDDEN['softmax']:g} / {PARTS['softmax']:g} failed",
         lambda ctx: function(
             function(reference(), "scaled_dot_product_attention", TORCH_SOFTMAX_ATTENTION),
             "softmax",

@@ -160,7 +160,7 @@ class SummarizeParts(NbGraderPreprocessor):
             points = sum(float(nbgrader_meta(c).get("points") or 0) for c in tests)
             results = [c.metadata.get("coursekit") or {} for c in tests]
             if part.get("manual"):  # a written answer: graded by hand in the formgrader, or not yet
-                graded = tests and all(nbgrader_meta(c).get("score") is not None for c in tests)
+                graded = tests and all(nbgrader_meta(c).get("graded_by_hand") for c in tests)
                 status = "graded" if graded else "pending"
             elif points == 0:  # the stretch part (a bonus): its checks decide, not its 0 points
                 status = (
@@ -208,7 +208,18 @@ def _feedback_preprocessors() -> list:
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import GetGrades
 
-    return [HideHiddenTests, GetGrades, SummarizeParts, CSSHTMLHeaderPreprocessor]
+    class GetGradesAndWhoGaveThem(GetGrades):
+        """nbgrader's ``GetGrades``, noting also whether a cell's grade was entered by hand (a written
+        answer waits for one; nbgrader's score of a cell nobody graded yet is 0)."""
+
+        def _get_score(self, cell, resources) -> None:
+            super()._get_score(cell, resources)
+            grade = self.gradebook.find_grade(
+                cell.metadata["nbgrader"]["grade_id"], self.notebook_id, self.assignment_id, self.student_id
+            )
+            cell.metadata.nbgrader["graded_by_hand"] = grade.manual_score is not None
+
+    return [HideHiddenTests, GetGradesAndWhoGaveThem, SummarizeParts, CSSHTMLHeaderPreprocessor]
 
 
 #: Our feedback page, made by nbgrader's feedback step: nbgrader asks for the template "feedback",
