@@ -222,7 +222,9 @@ STRUCTURE = [
         "old_format_no_cell_ids",
         "structure",
         FULL,
-        "Part 3: scaled dot-product attention 3 / 3 passed",
+        "Part 3: scaled dot-product attention {0:g} / {0:g} passed".format(
+            PARTS["scaled_dot_product_attention"]
+        ),
         lambda ctx: _old_format(reference()),
     ),
     Case(
@@ -333,7 +335,7 @@ RESOURCES = [
         "daemon_process",
         "resources",
         FULL,
-        "Part 4: a self-attention module 3 / 3 passed",
+        f"Part 4: a self-attention module {PARTS['SelfAttention']:g} / {PARTS['SelfAttention']:g} passed",
         lambda ctx: added(
             reference(),
             f"import subprocess\nsubprocess.Popen(['sleep', '{daemon_seconds(ctx)}'], start_new_session=True)",
@@ -483,7 +485,7 @@ SUBVERSION = [
         "pre_run_hook_steals_tests",
         "subversion",
         FULL,
-        "Part 4: a self-attention module 3 / 3 passed",
+        f"Part 4: a self-attention module {PARTS['SelfAttention']:g} / {PARTS['SelfAttention']:g} passed",
         lambda ctx: added(
             reference(),
             (
@@ -652,7 +654,7 @@ INTEGRITY = [
         "warning_in_correct_code",
         "integrity",
         FULL,
-        "Part 1: a stable softmax 3 / 3 passed",
+        f"Part 1: a stable softmax {PARTS['softmax']:g} / {PARTS['softmax']:g} passed",
         lambda ctx: function(
             reference(),
             "causal_mask",
@@ -670,7 +672,7 @@ INTEGRITY = [
         "stderr_in_correct_code",
         "integrity",
         FULL,
-        "Part 2: the causal mask 3 / 3 passed",
+        f"Part 2: the causal mask {PARTS['causal_mask']:g} / {PARTS['causal_mask']:g} passed",
         lambda ctx: function(
             reference(),
             "causal_mask",
@@ -686,7 +688,7 @@ INTEGRITY = [
         "reseeds_inside_answer",
         "integrity",
         FULL,
-        "Part 2: the causal mask 3 / 3 passed",
+        f"Part 2: the causal mask {PARTS['causal_mask']:g} / {PARTS['causal_mask']:g} passed",
         lambda ctx: function(
             reference(),
             "causal_mask",
@@ -702,7 +704,7 @@ INTEGRITY = [
         "global_state_changed",
         "integrity",
         FULL,
-        "Part 4: a self-attention module 3 / 3 passed",
+        f"Part 4: a self-attention module {PARTS['SelfAttention']:g} / {PARTS['SelfAttention']:g} passed",
         lambda ctx: added(
             reference(), "torch.set_num_threads(8)\ntorch.set_printoptions(precision=1)", after="outro"
         ),
