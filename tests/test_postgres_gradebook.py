@@ -31,12 +31,13 @@ from nbgrader.api import Gradebook
 
 from coursekit import autograde, cli, exports
 from tests.mutants.ch01_attention import MUTANTS
-from tests.submissions import ROOT, course_folder, filled, load, replace_definition
+from tests.submissions import ROOT, course_folder, filled, load, points, replace_definition
 
 pytestmark = pytest.mark.slow
 
 ASSIGNMENT = "ch01_attention"
 OTHER = "ch02_multihead"  # graded at the same time as ASSIGNMENT, from another course folder
+AUTO, MANUAL = points(ASSIGNMENT)  # the autograded points, and the written answer's (graded by hand)
 COURSE_ID = "transformers-course"  # nbgrader_config.py
 MUTANT = next(m for m in MUTANTS if m.part == "softmax")
 PORT = 5432  # names the socket file only: the server has no TCP listener
@@ -260,7 +261,7 @@ def test_scores_are_in_the_postgres_gradebook(server, graded):
     scores = totals(url, ASSIGNMENT)
     assert set(scores) == {"reference", "untouched", MUTANT.name}
     partial = scores[MUTANT.name]
-    assert scores["reference"] == 12 and scores["untouched"] == 0 and 0 < partial < 12
+    assert scores["reference"] == AUTO and scores["untouched"] == 0 and 0 < partial < AUTO
     by_nbgrader = grades(url, ASSIGNMENT)
     assert by_nbgrader[(MUTANT.name, "softmax_hidden")][0] == 0  # the mutant lost its part
     # independently of nbgrader and SQLAlchemy: plain SQL through the driver
@@ -270,7 +271,8 @@ def test_scores_are_in_the_postgres_gradebook(server, graded):
     }
     assert by_sql == by_nbgrader
     assert (
-        sum(auto for (student, _cell), (auto, _manual) in by_sql.items() if student == MUTANT.name) == partial
+        sum(auto or 0 for (student, _cell), (auto, _manual) in by_sql.items() if student == MUTANT.name)
+        == partial  # (a written answer has no autograded score: NULL until someone grades it)
     )
 
 
@@ -319,7 +321,7 @@ def test_csv_export_and_report_work_from_postgres(graded, tmp_path):
     root, url, rows = graded
     expected = totals(url, ASSIGNMENT)
     assert {s: float(r["score"]) for s, r in rows.items()} == expected
-    assert {float(r["max_score"]) for r in rows.values()} == {12.0}
+    assert {float(r["max_score"]) for r in rows.values()} == {AUTO + MANUAL}
     again = exports.export(root, tmp_path / "again.csv")
     with open(again, newline="") as f:
         assert {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)} == expected
@@ -486,7 +488,7 @@ def test_two_assignments_graded_at_once_into_one_empty_database(server, graded, 
     got = {(a, s): score for a in (ASSIGNMENT, OTHER) for s, score in totals(url, a).items()}
     assert got == expected
     assert (
-        expected[(ASSIGNMENT, "s00")] == 12 and expected[(OTHER, "s00")] > 0 == expected[(OTHER, "s01")]
+        expected[(ASSIGNMENT, "s00")] == AUTO and expected[(OTHER, "s00")] > 0 == expected[(OTHER, "s01")]
     )  # tell them apart
     with open(exports.export(tmp_path / "a", tmp_path / "both.csv"), newline="") as f:
         assert {(r["assignment"], r["student_id"]): float(r["score"]) for r in csv.DictReader(f)} == expected
