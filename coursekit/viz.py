@@ -12,6 +12,7 @@ vertical axis and keys along the horizontal one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -19,7 +20,26 @@ import numpy as np
 import torch
 from matplotlib.axes import Axes
 
-__all__ = ["attention_heatmap", "loss_curves"]
+__all__ = ["BOOK_STYLE", "attention_heatmap", "loss_curves", "use_book_style"]
+
+#: the book's one Matplotlib style: figure size for the text column, 11 pt text, SVG with text kept
+BOOK_STYLE = Path(__file__).with_name("book.mplstyle")
+
+
+def use_book_style() -> None:
+    """Draw every later figure in the book's style, and show it as SVG in a notebook.
+
+    SVG keeps text as text, so a figure stays sharp at any width and the book's browser test can
+    measure each label's rendered size. Outside IPython only the style is applied.
+    """
+    plt.style.use(BOOK_STYLE)
+    try:
+        from IPython import get_ipython
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+    except ImportError:  # plain Python: no inline backend to configure
+        return
+    if get_ipython() is not None:
+        set_matplotlib_formats("svg")
 
 
 def _as_matrix(weights: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -94,7 +114,9 @@ def attention_heatmap(
     rows = _check_labels(query_labels, T, "query_labels", "T")
     cols = _check_labels(key_labels, S, "key_labels", "S")
     if ax is None:
-        _, ax = plt.subplots(figsize=(0.45 * S + 2.0, 0.45 * T + 1.5))
+        # one cell of about 0.4 inch, within the book's 5.5-inch column
+        side = min(0.4, 4.5 / max(S, 1), 4.0 / max(T, 1))
+        _, ax = plt.subplots(figsize=(side * S + 1.6, side * T + 1.4))
 
     image = ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal", interpolation="nearest")
     words = max(map(len, cols), default=0) > 2  # slant word labels so they do not overlap
@@ -106,6 +128,7 @@ def attention_heatmap(
         rotation_mode="anchor" if words else "default",
     )
     ax.set_yticks(range(T), rows)
+    ax.grid(False)  # grid lines would cross the cells
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
     if title is not None:
@@ -121,7 +144,6 @@ def attention_heatmap(
                     fmt.format(matrix[t, s]),
                     ha="center",
                     va="center",
-                    fontsize=7,
                     color="black" if luminance > 0.5 else "white",
                 )
     if colorbar:
@@ -161,7 +183,7 @@ def loss_curves(
     if missing:
         raise ValueError(f"no evaluation recorded {missing}; the history has {available}")
     if ax is None:
-        _, ax = plt.subplots(figsize=(6.0, 3.5))
+        _, ax = plt.subplots()
     if steps:
         ax.plot(steps, train_loss, lw=0.8, alpha=0.6, label="train (per batch)")
     for key in keys:

@@ -170,6 +170,88 @@ def test_page_renders(page, server, browser):
         if e["level"] == "SEVERE" and not any(k in e["message"] for k in KNOWN_CONSOLE_NOISE)
     ]
     assert not errors, f"{page}: console errors: {errors}"
+    assert not figure_problems(browser, page), f"{page}: {figure_problems(browser, page)}"
+
+
+#: each image in the page: its address, alt text, figure caption (None outside a figure), shown width
+FIGURES = """
+return [...document.querySelectorAll('main img')].map(i => {
+  const f = i.closest('figure'), c = f && f.querySelector('figcaption');
+  return [i.getAttribute('src'), i.alt || '', c ? c.innerText.trim() : null, i.getBoundingClientRect().width];
+});
+"""
+
+
+def figure_problems(browser, page: str) -> list[str]:
+    """A figure without a caption or alt text, not SVG, or with text under 9 CSS px as shown now."""
+    from coursekit.booklint import MIN_TEXT_PX, svg_text_sizes
+
+    problems = []
+    for src, alt, caption, shown in browser.execute_script(FIGURES):
+        name = src.rsplit("/", 1)[-1]
+        if caption is None or len(caption.split()) < 6:
+            problems.append(f"{name}: no caption saying what to see")
+        if len(alt.split()) < 6 or name in alt:
+            problems.append(f"{name}: no alt text describing it (alt={alt[:40]!r})")
+        if not name.endswith(".svg"):
+            problems.append(f"{name}: not SVG, so its text size cannot be checked")
+            continue
+        width, sizes = svg_text_sizes((HTML / Path(page).parent / unquote(src)).resolve().read_text())
+        small = sorted((size * shown / width, words) for size, words in sizes if size * shown / width < MIN_TEXT_PX)
+        if small:
+            problems.append(f"{name}: {len(small)} labels under {MIN_TEXT_PX:g} px at {shown:.0f} px wide, "
+                            f"the smallest {small[0][0]:.1f} px ({small[0][1][:30]!r})")
+    return problems
+
+
+def test_figure_checks_catch_a_small_label_a_missing_caption_and_a_raster_image(server, browser, tmp_path):
+    """The figure checks on a page made for the purpose: each fault is reported, a good figure is not."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from coursekit import viz
+
+    folder = HTML / "_figure_check"
+    folder.mkdir(exist_ok=True)
+    try:
+        with plt.style.context(viz.BOOK_STYLE):
+            for name, width in (("good", 5.5), ("wide", 12)):
+                fig, ax = plt.subplots(figsize=(width, 3))
+                ax.plot([3, 2, 1])
+                ax.set_xlabel("step")
+                fig.savefig(folder / f"{name}.svg")
+                plt.close(fig)
+        (folder / "dot.png").write_bytes((ROOT / "docs" / "book.png").read_bytes())
+        words = "a line that falls and then flattens out"
+        (folder / "page.html").write_text(
+            "<html><body><main>"
+            f"<figure><img src='good.svg' alt='{words}'><figcaption>{words}</figcaption></figure>"
+            f"<figure><img src='wide.svg' alt='{words}'><figcaption>{words}</figcaption></figure>"
+            f"<img src='dot.png' alt='dot.png'>"
+            "</main></body></html>"
+        )
+        browser.get(urljoin(server, "_figure_check/page.html"))
+        problems = figure_problems(browser, "_figure_check/page.html")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert not [p for p in problems if p.startswith("good.svg")]
+    assert any(p.startswith("wide.svg") and "under 9 px" in p for p in problems)
+    assert {p.split(":")[1].strip().split(",")[0] for p in problems if p.startswith("dot.png")} == {
+        "no caption saying what to see", "no alt text describing it (alt='dot.png')", "not SVG"}
+
+
+@pytest.mark.parametrize("page", sorted(p for p in PAGES if p.startswith("book/ch") or "appendix" in p))
+def test_executed_pages_figures_are_legible_and_captioned(page, book):
+    """The same checks on the executed notebooks of the build, at a phone's column width."""
+    import nbformat
+
+    from coursekit.booklint import figure_problems as notebook_figure_problems
+
+    executed = ROOT / "_build" / "jupyter_execute" / page.replace(".html", ".ipynb")
+    problems = notebook_figure_problems(nbformat.read(executed, as_version=4), Path(page).stem)
+    assert not problems, "\n".join(problems)
 
 
 def load(browser, url):
@@ -225,6 +307,7 @@ def test_page_fits_a_phone(page, server, browser):
             f"{page}: {scroll} px wide on a {client} px screen; sticking out: "
             f"{browser.execute_script(OVERFLOWING)}"
         )
+        assert not figure_problems(browser, page), f"{page} on a phone: {figure_problems(browser, page)}"
     finally:
         browser.set_window_size(*DESKTOP)
 

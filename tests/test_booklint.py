@@ -1,0 +1,162 @@
+"""The book's prose and figure checks (coursekit.booklint), and the book held to them.
+
+The checks are tested on small pages made here, each with the one thing that must be caught;
+then every page of the book must pass the prose checks. The figure checks run on the executed
+notebooks of the book build in tests/test_book.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import nbformat
+import pytest
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from coursekit import booklint, viz  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+PAGES = sorted(BOOK.glob("*.md"))
+
+PAGE = """---
+jupytext:
+  text_representation: {extension: .md}
+---
+# A page
+
+The loss is {glue:text}`loss:.2f` after 300 steps, which is below $T = 64$ and `n = 12`.
+Chapter 3 and GPT-2 in float32 on an H100 say nothing; a 2x2 patch does.
+{cite:t}`vaswani2017attention` use 8 heads. The 80/20 split is one run.
+
+| column | 17 |
+|---|---|
+
+```{code-cell} ipython3
+---
+mystnb:
+  figure:
+    caption: |
+      The curve falls to 0.37 in the end.
+  image:
+    alt: A falling curve.
+---
+x = 99
+```
+
+$$
+y = 42 x
+$$
+"""
+
+
+def numbers(tmp_path, text=PAGE, allowed=None):
+    page = tmp_path / "page.md"
+    page.write_text(text)
+    folder = tmp_path / "numbers"
+    folder.mkdir(exist_ok=True)
+    if allowed is not None:
+        (folder / "page.toml").write_text(allowed)
+    return booklint.number_problems([page], folder)
+
+
+def flagged(problems):
+    return sorted(p.split("'")[1] for p in problems if "' in:" in p)
+
+
+def test_numbers_in_prose_must_be_glued_cited_or_allowed(tmp_path):
+    # glued, math, inline code, "Chapter 3", names (GPT-2, float32, H100), the cited sentence's 8 and
+    # the code cell's 99 and the display math's 42 pass; the rest are reported, captions included
+    assert flagged(numbers(tmp_path)) == ["0.37", "17", "20", "2x2", "300", "80"]
+
+
+def test_an_allowlist_entry_accounts_for_its_number_and_a_stale_one_is_reported(tmp_path):
+    problems = numbers(tmp_path, allowed='"after 300 steps" = "the run length, set by hand"\n'
+                                          '"999 bottles" = "gone from the page"\n')
+    assert "300" not in flagged(problems)
+    assert any("'999 bottles' matches no number" in p for p in problems)
+
+
+def test_an_allowlist_entry_needs_a_reason(tmp_path):
+    with pytest.raises(ValueError, match="reason"):
+        numbers(tmp_path, allowed='"after 300 steps" = ""\n')
+
+
+def test_retired_notation_is_found_in_math_but_not_in_code(tmp_path):
+    notation = tmp_path / "notation.md"
+    notation.write_text("(notation-retired)=\n## Retired\n\n| Not | Instead |\n|---|---|\n"
+                        "| `L_{\\max}` | $T_{\\max}$ |\n| `VC` | $|V| C$ |\n")
+    page = tmp_path / "page.md"
+    page.write_text("It costs $L_{\\max} \\times C$, and $N = 12LC^2 + V C$.\n\n"
+                    "```{code-cell} ipython3\nL_{\\max} = VC\n```\n\n`L_{\\max}` in code is fine; so is $\\text{DVC}$.\n")
+    problems = booklint.notation_problems([page, notation], notation)
+    assert len(problems) == 1 and "L_{\\\\max}" in problems[0] and problems[0].startswith("page:1")
+
+
+def svg_of(fig) -> str:
+    from io import StringIO
+
+    out = StringIO()
+    fig.savefig(out, format="svg")
+    plt.close(fig)
+    return out.getvalue()
+
+
+def notebook_with(svg: str | None, caption="What to see: the loss falls and then flattens out.",
+                  alt="A line that falls steeply and then flattens to the right.", png=False):
+    cell = nbformat.v4.new_code_cell("plot()")
+    data = {"image/png": "iVBORw0KGgo="} if png else {"image/svg+xml": svg}
+    cell.outputs = [nbformat.v4.new_output("display_data", data=data)]
+    cell.metadata["mystnb"] = {"figure": {"caption": caption}, "image": {"alt": alt}}
+    return nbformat.v4.new_notebook(cells=[cell])
+
+
+@pytest.fixture
+def book_style():
+    with plt.style.context(viz.BOOK_STYLE):
+        yield
+
+
+def test_a_figure_in_the_book_style_passes(book_style):
+    fig, ax = plt.subplots()
+    ax.plot([3, 2, 1])
+    ax.set_xlabel("step")
+    assert booklint.figure_problems(notebook_with(svg_of(fig)), "p") == []
+
+
+def test_small_text_on_a_phone_is_reported_with_its_size(book_style):
+    fig, ax = plt.subplots(figsize=(11, 3))  # twice the column: labels shrink to half on a phone
+    ax.plot([3, 2, 1])
+    (problem,) = booklint.figure_problems(notebook_with(svg_of(fig)), "p")
+    assert "under 9 px" in problem and "make the figure narrower" in problem
+
+
+def test_a_missing_caption_alt_text_or_a_raster_figure_is_reported(book_style):
+    fig, _ = plt.subplots()
+    svg = svg_of(fig)
+    assert "caption" in booklint.figure_problems(notebook_with(svg, caption=""), "p")[0]
+    assert "alt text" in booklint.figure_problems(notebook_with(svg, alt="output_3_0.png"), "p")[0]
+    assert "raster" in booklint.figure_problems(notebook_with(None, png=True), "p")[0]
+
+
+def test_svg_text_sizes_reads_each_label_at_its_largest_font(book_style):
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.set_xlabel(r"time $T^2$")
+    ax.set_title("title", fontsize=15)
+    width, sizes = booklint.svg_text_sizes(svg_of(fig))
+    assert width == pytest.approx(4 * 72)
+    assert dict((w, s) for s, w in sizes)["title"] == 15
+    assert max(s for s, w in sizes if "time" in w) == 11  # the exponent is smaller; the label is not
+
+
+def test_every_page_accounts_for_the_numbers_in_its_prose():
+    problems = booklint.number_problems(PAGES, BOOK / "numbers")
+    assert not problems, f"{len(problems)} numbers in prose are not accounted for:\n" + "\n".join(problems[:40])
+
+
+def test_every_page_follows_the_notation_page():
+    problems = booklint.notation_problems(PAGES, BOOK / "notation.md")
+    assert not problems, "\n".join(problems)
