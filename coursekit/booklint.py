@@ -156,7 +156,7 @@ def _front_matter_prose(front: list[tuple[int, str]]):
                 continue
             indent, first = len(m.group(1)), m.group(2).strip()
             body = [] if first in ("|", ">", "|-", ">-", "") else [(number, first.strip("'\""))]
-            for number2, line2 in front[k + 1:]:
+            for number2, line2 in front[k + 1 :]:
                 if line2.strip() and len(line2) - len(line2.lstrip()) <= indent:
                     break
                 if line2.strip():
@@ -241,12 +241,21 @@ def number_problems(pages: list[Path], folder: Path) -> list[str]:
     for page in pages:
         entries = allowed.get(page.stem, {})
         found, used = prose_numbers(page, entries)
-        problems += [f"{n}  (glue it from the run, cite its source, or list it in {folder}/{page.stem}.toml)"
-                     for n in found if n.why is None]
-        problems += [f"{folder}/{page.stem}.toml: {phrase!r} matches no number on the page"
-                     for phrase in entries if phrase not in used]
-    problems += [f"{folder}/{stem}.toml: there is no page {stem}.md" for stem in allowed
-                 if stem not in stems and not (folder.parent / f"{stem}.md").exists()]
+        problems += [
+            f"{n}  (glue it from the run, cite its source, or list it in {folder}/{page.stem}.toml)"
+            for n in found
+            if n.why is None
+        ]
+        problems += [
+            f"{folder}/{page.stem}.toml: {phrase!r} matches no number on the page"
+            for phrase in entries
+            if phrase not in used
+        ]
+    problems += [
+        f"{folder}/{stem}.toml: there is no page {stem}.md"
+        for stem in allowed
+        if stem not in stems and not (folder.parent / f"{stem}.md").exists()
+    ]
     return problems
 
 
@@ -283,9 +292,13 @@ def notation_problems(pages: list[Path], notation: Path) -> list[str]:
             continue
         for line, math in math_spans(page.read_text(encoding="utf-8")):
             for form, instead in forms.items():
-                if squash(form) in squash(math) and not (form == "VC" and re.search(r"[A-Za-z\\]VC", squash(math))):
-                    problems.append(f"{page.stem}:{line}: ${math.strip()[:60]}$ writes {form!r}; "
-                                    f"the notation page writes {instead}")
+                if squash(form) in squash(math) and not (
+                    form == "VC" and re.search(r"[A-Za-z\\]VC", squash(math))
+                ):
+                    problems.append(
+                        f"{page.stem}:{line}: ${math.strip()[:60]}$ writes {form!r}; "
+                        f"the notation page writes {instead}"
+                    )
     return problems
 
 
@@ -301,8 +314,12 @@ def svg_text_sizes(svg: str) -> tuple[float, list[tuple[float, str]]]:
     width = float(view.split()[2]) if view else float(re.sub(r"[a-z]+$", "", root.get("width", "0")))
     sizes = []
     for element in root.iter("{http://www.w3.org/2000/svg}text"):
-        found = [float(m) for e in element.iter() for m in re.findall(r"font-size:\s*([\d.]+)", e.get("style", ""))]
-        found += [float(re.sub(r"[a-z]+$", "", e.get("font-size"))) for e in element.iter() if e.get("font-size")]
+        found = [
+            float(m) for e in element.iter() for m in re.findall(r"font-size:\s*([\d.]+)", e.get("style", ""))
+        ]
+        found += [
+            float(re.sub(r"[a-z]+$", "", e.get("font-size"))) for e in element.iter() if e.get("font-size")
+        ]
         words = "".join(t.strip() for t in element.itertext())
         if found and words:
             sizes.append((max(found), words))
@@ -315,8 +332,12 @@ def figure_problems(notebook, page: str, column_px: float = PHONE_COLUMN_PX) -> 
     for index, cell in enumerate(notebook.cells):
         if cell.cell_type != "code":
             continue
-        images = [o for o in cell.get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")
-                  and any(k.startswith("image/") for k in o.get("data", {}))]
+        images = [
+            o
+            for o in cell.get("outputs", [])
+            if o.get("output_type") in ("display_data", "execute_result")
+            and any(k.startswith("image/") for k in o.get("data", {}))
+        ]
         if not images:
             continue
         where = f"{page}: cell {index} ({cell.source.strip().splitlines()[0][:60] if cell.source.strip() else ''})"
@@ -334,7 +355,9 @@ def figure_problems(notebook, page: str, column_px: float = PHONE_COLUMN_PX) -> 
                 continue
             width, sizes = svg_text_sizes(svg if isinstance(svg, str) else "".join(svg))
             shown = min(column_px, width * 96 / 72)  # SVG units are points; CSS has 96 px per inch
-            small = [(size * shown / width, words) for size, words in sizes if size * shown / width < MIN_TEXT_PX]
+            small = [
+                (size * shown / width, words) for size, words in sizes if size * shown / width < MIN_TEXT_PX
+            ]
             if small:
                 px, words = min(small)
                 problems.append(
@@ -350,16 +373,20 @@ def execute(page: Path, timeout: int = 600):
     from myst_nb.core.read import read_myst_markdown_notebook
 
     notebook = read_myst_markdown_notebook(page.read_text(encoding="utf-8"))
-    client = nbclient.NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                                     resources={"metadata": {"path": str(page.parent)}})
+    client = nbclient.NotebookClient(
+        notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(page.parent)}}
+    )
     client.execute()
     return notebook
 
 
 def glue_problems(notebook, page: Path) -> list[str]:
     """Glue keys the prose uses that the executed page never glued."""
-    glued = {o.get("metadata", {}).get("scrapbook", {}).get("name") for c in notebook.cells
-             for o in c.get("outputs", [])}
+    glued = {
+        o.get("metadata", {}).get("scrapbook", {}).get("name")
+        for c in notebook.cells
+        for o in c.get("outputs", [])
+    }
     text = page.read_text(encoding="utf-8")
     used = {m.group(1) for m in re.finditer(r"\{glue(?::\w+)?\}`([^`:]+)", text)}
     used |= {m.group(1) for m in re.finditer(r"```\{glue(?::\w+)?\}\s+(\S+)", text)}
@@ -367,7 +394,9 @@ def glue_problems(notebook, page: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coursekit.booklint", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m coursekit.booklint", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("pages", nargs="+", type=Path, help="MyST pages, e.g. book/ch01_attention.md")
     parser.add_argument("--numbers", type=Path, default=Path("book/numbers"), help="the allowlist's folder")
     parser.add_argument("--execute", action="store_true", help="run each page and check its figures and glue")

@@ -197,10 +197,14 @@ def figure_problems(browser, page: str) -> list[str]:
             problems.append(f"{name}: not SVG, so its text size cannot be checked")
             continue
         width, sizes = svg_text_sizes((HTML / Path(page).parent / unquote(src)).resolve().read_text())
-        small = sorted((size * shown / width, words) for size, words in sizes if size * shown / width < MIN_TEXT_PX)
+        small = sorted(
+            (size * shown / width, words) for size, words in sizes if size * shown / width < MIN_TEXT_PX
+        )
         if small:
-            problems.append(f"{name}: {len(small)} labels under {MIN_TEXT_PX:g} px at {shown:.0f} px wide, "
-                            f"the smallest {small[0][0]:.1f} px ({small[0][1][:30]!r})")
+            problems.append(
+                f"{name}: {len(small)} labels under {MIN_TEXT_PX:g} px at {shown:.0f} px wide, "
+                f"the smallest {small[0][0]:.1f} px ({small[0][1][:30]!r})"
+            )
     return problems
 
 
@@ -239,7 +243,10 @@ def test_figure_checks_catch_a_small_label_a_missing_caption_and_a_raster_image(
     assert not [p for p in problems if p.startswith("good.svg")]
     assert any(p.startswith("wide.svg") and "under 9 px" in p for p in problems)
     assert {p.split(":")[1].strip().split(",")[0] for p in problems if p.startswith("dot.png")} == {
-        "no caption saying what to see", "no alt text describing it (alt='dot.png')", "not SVG"}
+        "no caption saying what to see",
+        "no alt text describing it (alt='dot.png')",
+        "not SVG",
+    }
 
 
 @pytest.mark.parametrize("page", sorted(p for p in PAGES if p.startswith("book/ch") or "appendix" in p))

@@ -74,8 +74,10 @@ def test_numbers_in_prose_must_be_glued_cited_or_allowed(tmp_path):
 
 
 def test_an_allowlist_entry_accounts_for_its_number_and_a_stale_one_is_reported(tmp_path):
-    problems = numbers(tmp_path, allowed='"after 300 steps" = "the run length, set by hand"\n'
-                                          '"999 bottles" = "gone from the page"\n')
+    problems = numbers(
+        tmp_path,
+        allowed='"after 300 steps" = "the run length, set by hand"\n"999 bottles" = "gone from the page"\n',
+    )
     assert "300" not in flagged(problems)
     assert any("'999 bottles' matches no number" in p for p in problems)
 
@@ -87,11 +89,15 @@ def test_an_allowlist_entry_needs_a_reason(tmp_path):
 
 def test_retired_notation_is_found_in_math_but_not_in_code(tmp_path):
     notation = tmp_path / "notation.md"
-    notation.write_text("(notation-retired)=\n## Retired\n\n| Not | Instead |\n|---|---|\n"
-                        "| `L_{\\max}` | $T_{\\max}$ |\n| `VC` | $|V| C$ |\n")
+    notation.write_text(
+        "(notation-retired)=\n## Retired\n\n| Not | Instead |\n|---|---|\n"
+        "| `L_{\\max}` | $T_{\\max}$ |\n| `VC` | $|V| C$ |\n"
+    )
     page = tmp_path / "page.md"
-    page.write_text("It costs $L_{\\max} \\times C$, and $N = 12LC^2 + V C$.\n\n"
-                    "```{code-cell} ipython3\nL_{\\max} = VC\n```\n\n`L_{\\max}` in code is fine; so is $\\text{DVC}$.\n")
+    page.write_text(
+        "It costs $L_{\\max} \\times C$, and $N = 12LC^2 + V C$.\n\n"
+        "```{code-cell} ipython3\nL_{\\max} = VC\n```\n\n`L_{\\max}` in code is fine; so is $\\text{DVC}$.\n"
+    )
     problems = booklint.notation_problems([page, notation], notation)
     assert len(problems) == 1 and "L_{\\\\max}" in problems[0] and problems[0].startswith("page:1")
 
@@ -105,8 +111,12 @@ def svg_of(fig) -> str:
     return out.getvalue()
 
 
-def notebook_with(svg: str | None, caption="What to see: the loss falls and then flattens out.",
-                  alt="A line that falls steeply and then flattens to the right.", png=False):
+def notebook_with(
+    svg: str | None,
+    caption="What to see: the loss falls and then flattens out.",
+    alt="A line that falls steeply and then flattens to the right.",
+    png=False,
+):
     cell = nbformat.v4.new_code_cell("plot()")
     data = {"image/png": "iVBORw0KGgo="} if png else {"image/svg+xml": svg}
     cell.outputs = [nbformat.v4.new_output("display_data", data=data)]
@@ -154,7 +164,9 @@ def test_svg_text_sizes_reads_each_label_at_its_largest_font(book_style):
 
 def test_every_page_accounts_for_the_numbers_in_its_prose():
     problems = booklint.number_problems(PAGES, BOOK / "numbers")
-    assert not problems, f"{len(problems)} numbers in prose are not accounted for:\n" + "\n".join(problems[:40])
+    assert not problems, f"{len(problems)} numbers in prose are not accounted for:\n" + "\n".join(
+        problems[:40]
+    )
 
 
 def test_every_page_follows_the_notation_page():
