@@ -60,6 +60,7 @@ _ROLE = re.compile(r"\{([\w:-]+)\}`[^`]*`")
 _CODE = re.compile(r"``?[^`]+``?")
 _LINK_TARGET = re.compile(r"\]\([^)]*\)|<https?://[^>]*>|https?://\S+")
 _MATH = re.compile(r"\$\$.*?\$\$|\$[^$]+\$")
+_LIST_MARKER = re.compile(r"^\d+[.)]\s+")  # "2. " opening an item of a numbered list
 _SENTENCE_END = re.compile(r"(?<=[.!?:;])\s+(?=[A-Z(*\"'\x00])")
 
 
@@ -198,11 +199,11 @@ def prose_numbers(page: Path, allowed: dict[str, str] | None = None) -> tuple[li
     found: list[Number] = []
     lines = page.read_text(encoding="utf-8").splitlines()
     for block in _prose_blocks(lines):
-        text = " ".join(line.strip() for _, line in block)
+        text = " ".join(_LIST_MARKER.sub("", line.strip()) for _, line in block)
         starts, offset = [], 0
         for number, line in block:
             starts.append((offset, number))
-            offset += len(line.strip()) + 1
+            offset += len(_LIST_MARKER.sub("", line.strip())) + 1
         masked = _mask(text)
         sentences, pos = [], 0
         for m in _SENTENCE_END.finditer(masked):

@@ -18,8 +18,9 @@ softmax of what is left. Randomness is explicit: every sampler takes a ``torch.G
 - **min-p** (Nguyen et al., 2024) keeps the tokens whose probability is at least ``p_base``
   times the top token's: the cut-off follows the model's confidence.
 - **beam search** keeps the ``W`` best partial sequences by total log-probability; finished
-  ones (ending in EOS) are ranked by ``log p / length ** alpha`` (length normalisation, Wu
-  et al., 2016; ``alpha = 0`` is the raw sum, which favours short outputs).
+  ones (ending in EOS) are ranked by ``log p / length ** alpha``, the length normalisation of
+  Hugging Face's ``generate`` (``alpha = 0`` is the raw sum, which favours short outputs); Wu et
+  al. (2016) divide by ``((5 + length) / 6) ** alpha`` instead.
 """
 
 from __future__ import annotations

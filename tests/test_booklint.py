@@ -32,6 +32,9 @@ The loss is {glue:text}`loss:.2f` after 300 steps, which is below $T = 64$ and `
 Chapter 3 and GPT-2 in float32 on an H100 say nothing; a 2x2 patch does.
 {cite:t}`vaswani2017attention` use 8 heads. The 80/20 split is one run.
 
+1. A numbered list's markers
+2. are not numbers.
+
 | column | 17 |
 |---|---|
 
