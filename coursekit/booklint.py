@@ -304,23 +304,29 @@ def notation_problems(pages: list[Path], notation: Path) -> list[str]:
 
 
 def svg_text_sizes(svg: str) -> tuple[float, list[tuple[float, str]]]:
-    """The SVG's width in its own units, and each text element's font size with its text.
+    """The SVG's width in its own units, and each label's font size with its text.
 
-    Matplotlib with ``svg.fonttype: none`` writes each label as a ``<text>`` element whose style
-    holds ``font-size``; mathtext writes ``<tspan>`` children, and the label's size is the
-    largest of them (an exponent is meant to be smaller than the label it sits on).
+    The book's style writes text as outlines (``svg.fonttype: path``: it looks the same in every
+    browser, math included). Matplotlib then draws each label as a group ``text_N`` holding a
+    comment with the label and a glyph group scaled by ``size / 100``. Text kept as text
+    (``svg.fonttype: none``) is read from each ``<text>`` element's ``font-size``; for mathtext
+    the label's size is the largest of its pieces (an exponent is meant to be smaller).
     """
-    root = ET.fromstring(svg)
+    root = ET.fromstring(svg, parser=ET.XMLParser(target=ET.TreeBuilder(insert_comments=True)))
     view = root.get("viewBox")
     width = float(view.split()[2]) if view else float(re.sub(r"[a-z]+$", "", root.get("width", "0")))
     sizes = []
+    for group in root.iter("{http://www.w3.org/2000/svg}g"):
+        if not re.fullmatch(r"text_\d+", group.get("id", "")):
+            continue
+        words = next((c.text.strip() for c in group if c.tag is ET.Comment and c.text), "")
+        scale = next((re.search(r"scale\(([\d.]+)[ ,]+-", g.get("transform", "")) for g in group.iter()
+                      if re.search(r"scale\(([\d.]+)[ ,]+-", g.get("transform", ""))), None)
+        if words and scale:
+            sizes.append((float(scale.group(1)) * 100, words))
     for element in root.iter("{http://www.w3.org/2000/svg}text"):
-        found = [
-            float(m) for e in element.iter() for m in re.findall(r"font-size:\s*([\d.]+)", e.get("style", ""))
-        ]
-        found += [
-            float(re.sub(r"[a-z]+$", "", e.get("font-size"))) for e in element.iter() if e.get("font-size")
-        ]
+        found = [float(m) for e in element.iter() for m in re.findall(r"font-size:\s*([\d.]+)", e.get("style", ""))]
+        found += [float(re.sub(r"[a-z]+$", "", e.get("font-size"))) for e in element.iter() if e.get("font-size")]
         words = "".join(t.strip() for t in element.itertext())
         if found and words:
             sizes.append((max(found), words))

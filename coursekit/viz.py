@@ -29,8 +29,8 @@ BOOK_STYLE = Path(__file__).with_name("book.mplstyle")
 def use_book_style() -> None:
     """Draw every later figure in the book's style, and show it as SVG in a notebook.
 
-    SVG keeps text as text, so a figure stays sharp at any width and the book's browser test can
-    measure each label's rendered size. Outside IPython only the style is applied.
+    SVG stays sharp at any width, and the book's checks read each label's size from it to
+    measure how large it is rendered (:mod:`coursekit.booklint`). Outside IPython only the style is applied.
     """
     plt.style.use(BOOK_STYLE)
     try:

@@ -161,8 +161,16 @@ def test_svg_text_sizes_reads_each_label_at_its_largest_font(book_style):
     ax.set_title("title", fontsize=15)
     width, sizes = booklint.svg_text_sizes(svg_of(fig))
     assert width == pytest.approx(4 * 72)
-    assert dict((w, s) for s, w in sizes)["title"] == 15
-    assert max(s for s, w in sizes if "time" in w) == 11  # the exponent is smaller; the label is not
+    assert dict((w, s) for s, w in sizes)["title"] == pytest.approx(15)
+    assert max(s for s, w in sizes if "time" in w) == pytest.approx(11)  # the exponent is smaller; the label is not
+
+
+def test_svg_text_sizes_reads_text_kept_as_text_too(book_style):
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.set_xlabel(r"time $T^2$", fontsize=13)
+    with plt.rc_context({"svg.fonttype": "none"}):
+        width, sizes = booklint.svg_text_sizes(svg_of(fig))
+    assert max(s for s, w in sizes if "time" in w) == pytest.approx(13)
 
 
 def test_every_page_accounts_for_the_numbers_in_its_prose():
