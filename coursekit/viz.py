@@ -11,14 +11,17 @@ vertical axis and keys along the horizontal one.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 from matplotlib.axes import Axes
+
+if TYPE_CHECKING:  # torch is imported only by the caller that has tensors: a page without them starts faster
+    import torch
 
 __all__ = ["BOOK_STYLE", "attention_heatmap", "loss_curves", "use_book_style"]
 
@@ -44,7 +47,8 @@ def use_book_style() -> None:
 
 def _as_matrix(weights: torch.Tensor | np.ndarray) -> np.ndarray:
     """A 2-D float NumPy copy of ``weights`` (booleans become 0.0 and 1.0)."""
-    if isinstance(weights, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor can only come from a program that imported torch
+    if torch is not None and isinstance(weights, torch.Tensor):
         weights = weights.detach().to("cpu")
         weights = weights.to(torch.float64) if weights.dtype == torch.bool else weights
         array = weights.numpy()
