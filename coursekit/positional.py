@@ -413,7 +413,9 @@ def alibi_slopes(H: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     ``2^(-8 i / H)``, ``i = 1 .. H``. Otherwise, with ``n`` the largest power of
     two below ``H``, they are the ``n`` slopes for ``n`` heads followed by the
     first ``H - n`` slopes with an odd ``i`` (``i = 1, 3, 5, ...``) of the sequence for ``2n`` heads
-    (counting ``i`` from 1, as in the formula), so the extra heads fall between the existing ones.
+    (counting ``i`` from 1, as in the formula). The first extra slope, ``2^(-8 / (2n))``, is steeper
+    than all ``n``; the others fall between neighbouring ones (for 12 heads: ``2^-0.5`` above ``2^-1``,
+    then ``2^-1.5``, ``2^-2.5``, ``2^-3.5``).
 
     Args:
         H: number of heads, ``>= 1``.

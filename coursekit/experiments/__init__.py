@@ -6,6 +6,8 @@ import only earlier chapters, as nanoGPT's ``model.py`` imports nothing from ``t
 experiments built on them live here, where they may also use the shared training loop
 (:mod:`coursekit.train`) and data (:mod:`coursekit.data`):
 
+- :mod:`coursekit.experiments.positional` (Chapter 3): the train-short, test-long experiment for
+  four kinds of positions, and its committed five-seed results;
 - :mod:`coursekit.experiments.bert_mlm` and :mod:`coursekit.experiments.topics` (Chapter 6):
   masked-language-model batches and evaluation, the ``bert-small`` recipe, the topic
   classification task and its fine-tuning and baseline;
