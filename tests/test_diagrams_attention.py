@@ -63,10 +63,12 @@ def legibility_problems(fig) -> list[str]:
         owner = shapes.get(gid.split(":", 1)[1]) if gid.startswith(("label:", "shape:")) else None
         if owner is not None:
             inside = owner.get_window_extent(renderer)
-            if not (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1):
+            if not (
+                inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+            ):
                 problems.append(f"{t.get_text()!r} sticks out of its box {owner.get_gid()!r}")
     for i, a in enumerate(drawn):
-        for b in drawn[i + 1:]:
+        for b in drawn[i + 1 :]:
             if extent[id(a)].overlaps(extent[id(b)]):
                 problems.append(f"{a.get_text()!r} overlaps {b.get_text()!r}")
     return problems
@@ -110,9 +112,18 @@ def test_shape_labels_equal_the_shapes_attention_returns(T, S, C, D):
     out, weights = scaled_dot_product_attention(q, k, v, mask=mask)
     sizes = {"T": T, "S": S, "C": C, "D": D}
     expected = {
-        "X": x.shape, "source": source.shape, "W_Q": w_q.shape, "W_K": w_k.shape, "W_V": w_v.shape,
-        "Q": q.shape, "K": k.shape, "V": v.shape, "scores": weights.shape, "mask": mask.shape,
-        "weights": weights.shape, "output": out.shape,
+        "X": x.shape,
+        "source": source.shape,
+        "W_Q": w_q.shape,
+        "W_K": w_k.shape,
+        "W_V": w_v.shape,
+        "Q": q.shape,
+        "K": k.shape,
+        "V": v.shape,
+        "scores": weights.shape,
+        "mask": mask.shape,
+        "weights": weights.shape,
+        "output": out.shape,
     }
     drawn = texts(diagram.qkv_flow(T, S, C, D))
     assert {name: drawn[f"shape:{name}"].get_text() for name in expected} == {
@@ -145,8 +156,17 @@ def test_the_flow_runs_from_projections_through_scores_mask_and_softmax_to_the_o
     fig = diagram.qkv_flow()
     drawn = set(arrows(fig))
     expected = {
-        "flow:X->W_Q", "flow:source->W_K", "flow:source->W_V", "flow:W_Q->Q", "flow:W_K->K", "flow:W_V->V",
-        "flow:Q->scores", "flow:K->scores", "flow:scores->mask", "flow:mask->weights", "flow:weights->output",
+        "flow:X->W_Q",
+        "flow:source->W_K",
+        "flow:source->W_V",
+        "flow:W_Q->Q",
+        "flow:W_K->K",
+        "flow:W_V->V",
+        "flow:Q->scores",
+        "flow:K->scores",
+        "flow:scores->mask",
+        "flow:mask->weights",
+        "flow:weights->output",
         "flow:V->output",
     }
     assert drawn == expected  # in particular, the values never enter the scores
@@ -170,4 +190,6 @@ def test_the_arrow_check_catches_an_arrow_that_misses_its_box():
     fig = diagram.qkv_flow()
     arrow = arrows(fig)["flow:K->scores"]
     arrow.set_positions(arrow._posA_posB[0], (5.0, 1.0))  # now ends beside the values' column
-    assert arrow_ends_problems(fig) == ["flow:K->scores: an end at (5.00, 1.00) in is not on the edge of box 'scores'"]
+    assert arrow_ends_problems(fig) == [
+        "flow:K->scores: an end at (5.00, 1.00) in is not on the edge of box 'scores'"
+    ]

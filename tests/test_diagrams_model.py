@@ -101,7 +101,10 @@ def test_the_shapes_are_those_of_a_gpt(B, T):
 def test_the_arrows_follow_the_model_from_tokens_to_outputs():
     fig = diagram.model_map()
     order = ["tokens", "embedding", "attention", "add_norm1", "cross", "feed_forward", "add_norm2", "head"]
-    flows = {f"flow:{a}->{b}" for a, b in zip(order, order[1:])} | {"flow:head->next_token", "flow:head->class"}
+    flows = {f"flow:{a}->{b}" for a, b in zip(order, order[1:])} | {
+        "flow:head->next_token",
+        "flow:head->class",
+    }
     residuals = {"residual:attention->add_norm1", "residual:feed_forward->add_norm2"}
     assert set(arrows(fig)) == flows | residuals
     assert arrow_ends_problems(fig) == []

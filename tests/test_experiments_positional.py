@@ -60,4 +60,6 @@ def test_the_committed_results_are_those_a_fresh_run_gives():
         fresh = ex.train_and_test("alibi", ex.three_back, seed)
     finally:
         torch.set_num_threads(threads)
-    assert fresh == pytest.approx(stored["accuracy"]["three back"]["alibi"][stored["seeds"].index(seed)], abs=1e-6)
+    assert fresh == pytest.approx(
+        stored["accuracy"]["three back"]["alibi"][stored["seeds"].index(seed)], abs=1e-6
+    )

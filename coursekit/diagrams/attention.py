@@ -82,8 +82,18 @@ def attention_shapes(T: int = 3, S: int = 5, C: int = 7, D: int = 4) -> dict[str
     mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)  # (T, S): the causal pattern, for any T and S
     out, weights = scaled_dot_product_attention(q, k, v, mask=mask)  # (T, D), (T, S)
     named = {
-        "X": x, "source": source, "W_Q": w_q, "W_K": w_k, "W_V": w_v, "Q": q, "K": k, "V": v,
-        "scores": scaled_dot_scores(q, k), "mask": mask, "weights": weights, "output": out,
+        "X": x,
+        "source": source,
+        "W_Q": w_q,
+        "W_K": w_k,
+        "W_V": w_v,
+        "Q": q,
+        "K": k,
+        "V": v,
+        "scores": scaled_dot_scores(q, k),
+        "mask": mask,
+        "weights": weights,
+        "output": out,
     }
     return {name: tuple(t.shape) for name, t in named.items()}
 
@@ -129,8 +139,14 @@ def draw_box(
     """
     (x, y), (w, h) = centre, size
     box = FancyBboxPatch(
-        (x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0,rounding_size=0.07",
-        facecolor=FILL[kind] + "55", edgecolor="black", lw=1.0, ls="--" if dashed else "-",
+        (x - w / 2, y - h / 2),
+        w,
+        h,
+        boxstyle="round,pad=0,rounding_size=0.07",
+        facecolor=FILL[kind] + "55",
+        edgecolor="black",
+        lw=1.0,
+        ls="--" if dashed else "-",
     )
     box.set_gid(name)
     ax.add_patch(box)
@@ -176,10 +192,19 @@ def qkv_flow(T: int = 3, S: int = 5, C: int = 7, D: int = 4) -> Figure:
 
     rows = [5.95 - 0.92 * i for i in range(7)]  # inputs, projections, Q K V, scores, mask, softmax, out
     draw_box(ax, "X", (xq, rows[0]), (w, h), "$X$", "input", shapes["X"])
-    draw_box(ax, "source", ((xk + xv) / 2, rows[0]), (3.2, h), "$X$, or another sequence", "input",
-             shapes["source"])
+    draw_box(
+        ax,
+        "source",
+        ((xk + xv) / 2, rows[0]),
+        (3.2, h),
+        "$X$, or another sequence",
+        "input",
+        shapes["source"],
+    )
     for x, name, src in ((xq, "Q", "X"), (xk, "K", "source"), (xv, "V", "source")):
-        draw_box(ax, f"W_{name}", (x, rows[1]), (w, h), f"$\\times\\, W_{name}$", "weight", shapes[f"W_{name}"])
+        draw_box(
+            ax, f"W_{name}", (x, rows[1]), (w, h), f"$\\times\\, W_{name}$", "weight", shapes[f"W_{name}"]
+        )
         draw_box(ax, name, (x, rows[2]), (w, h), f"${name}$", "tensor", shapes[name])
         draw_arrow(ax, (x, rows[0] - h / 2), (x, rows[1] + h / 2), f"flow:{src}->W_{name}")
         draw_arrow(ax, (x, rows[1] - h / 2), (x, rows[2] + h / 2), f"flow:W_{name}->{name}")
@@ -188,15 +213,28 @@ def qkv_flow(T: int = 3, S: int = 5, C: int = 7, D: int = 4) -> Figure:
     draw_box(ax, "scores", (xs, rows[3]), (wide, h), r"scores $QK^\top$ / √$D$", "op", shapes["scores"])
     draw_arrow(ax, (xq, rows[2] - h / 2), (xq, rows[3] + h / 2), "flow:Q->scores")
     draw_arrow(ax, (xk, rows[2] - h / 2), (xk, rows[3] + h / 2), "flow:K->scores")
-    draw_box(ax, "mask", (xs, rows[4]), (wide, h), r"mask: where False, score $\to {-\infty}$", "op",
-             shapes["mask"])
+    draw_box(
+        ax,
+        "mask",
+        (xs, rows[4]),
+        (wide, h),
+        r"mask: where False, score $\to {-\infty}$",
+        "op",
+        shapes["mask"],
+    )
     draw_arrow(ax, (xs, rows[3] - h / 2), (xs, rows[4] + h / 2), "flow:scores->mask")
-    draw_box(ax, "weights", (xs, rows[5]), (wide, h), "softmax over keys: weights $A$", "op",
-             shapes["weights"])
+    draw_box(
+        ax, "weights", (xs, rows[5]), (wide, h), "softmax over keys: weights $A$", "op", shapes["weights"]
+    )
     draw_arrow(ax, (xs, rows[4] - h / 2), (xs, rows[5] + h / 2), "flow:mask->weights")
     draw_box(ax, "output", (xs, rows[6]), (wide, h), "output $AV$", "output", shapes["output"])
     draw_arrow(ax, (xs, rows[5] - h / 2), (xs, rows[6] + h / 2), "flow:weights->output")
     # the values wait beside the score path and join at the weighted sum
-    draw_arrow(ax, (xv, rows[2] - h / 2), (xs + wide / 2, rows[6]), "flow:V->output",
-               connectionstyle="angle,angleA=-90,angleB=0,rad=0")
+    draw_arrow(
+        ax,
+        (xv, rows[2] - h / 2),
+        (xs + wide / 2, rows[6]),
+        "flow:V->output",
+        connectionstyle="angle,angleA=-90,angleB=0,rad=0",
+    )
     return fig

@@ -58,7 +58,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("embedding", "token embedding + positions", ("ch03_positional",), "weight"),
     Stage("attention", "multi-head attention", ("ch01_attention", "ch02_multihead", "ch10_long_context")),
     Stage("add_norm1", "add & norm", ("ch04_layers",), "tensor"),
-    Stage("cross", "cross-attention, add & norm\n(decoder of an encoder-decoder)", ("ch08_seq2seq",), "op", True),
+    Stage(
+        "cross", "cross-attention, add & norm\n(decoder of an encoder-decoder)", ("ch08_seq2seq",), "op", True
+    ),
     Stage("feed_forward", "feed-forward", ("ch04_layers",)),
     Stage("add_norm2", "add & norm", ("ch04_layers",), "tensor"),
     Stage("head", "output head", ("ch06_bert", "ch07_gpt", "ch09_vit"), "weight"),
@@ -119,7 +121,9 @@ def draw_outlined(ax: Axes, xy: tuple[float, float], text: str, gid: str, size_p
     x, y = xy
     patch = PathPatch(
         path.transformed(Affine2D().translate(x - box.x0, y - (box.y0 + box.y1) / 2)),
-        facecolor="black", edgecolor="none", label=text,
+        facecolor="black",
+        edgecolor="none",
+        label=text,
     )
     patch.set_gid(gid)
     ax.add_patch(patch)
@@ -162,7 +166,9 @@ def model_map() -> Figure:
     for name in column:
         s = stage[name]
         draw_box(ax, name, (cx, centre[name]), (w, heights[name]), s.text, s.kind, dashed=s.optional)
-        ax.text(tag_x, centre[name], chapter_label(s.chapters), ha="left", va="center", gid=f"chapters:{name}")
+        ax.text(
+            tag_x, centre[name], chapter_label(s.chapters), ha="left", va="center", gid=f"chapters:{name}"
+        )
 
     def bottom(n):
         return centre[n] - heights[n] / 2
@@ -176,13 +182,24 @@ def model_map() -> Figure:
     # the layer, repeated L times
     frame_top, frame_bottom = top(_LAYER[0]) + pad, bottom(_LAYER[-1]) - pad
     frame = FancyBboxPatch(
-        (frame_left, frame_bottom), frame_right - frame_left, frame_top - frame_bottom,
-        boxstyle="round,pad=0,rounding_size=0.1", facecolor="none", edgecolor="#555555", lw=1.2,
+        (frame_left, frame_bottom),
+        frame_right - frame_left,
+        frame_top - frame_bottom,
+        boxstyle="round,pad=0,rounding_size=0.1",
+        facecolor="none",
+        edgecolor="#555555",
+        lw=1.2,
     )
     frame.set_gid("layer")
     ax.add_patch(frame)
-    ax.text(frame_left - 0.08, (frame_top + frame_bottom) / 2, r"$L\,\times$", ha="right", va="center",
-            gid="layer:count")
+    ax.text(
+        frame_left - 0.08,
+        (frame_top + frame_bottom) / 2,
+        r"$L\,\times$",
+        ha="right",
+        va="center",
+        gid="layer:count",
+    )
     # residual paths: from above each sub-layer, around it, into its add & norm
     rx = frame_left + 0.15
     for sub, add in (("attention", "add_norm1"), ("feed_forward", "add_norm2")):
@@ -205,8 +222,16 @@ def model_map() -> Figure:
     out_y = bottom("head") - gap - tall_h / 2
     for name, x in (("next_token", 1.4), ("class", 4.1)):
         s = stage[name]
-        draw_box(ax, name, (x, out_y), (2.6, tall_h), s.text, s.kind, chapter_label(s.chapters),
-                 shape_gid=f"chapters:{name}")
+        draw_box(
+            ax,
+            name,
+            (x, out_y),
+            (2.6, tall_h),
+            s.text,
+            s.kind,
+            chapter_label(s.chapters),
+            shape_gid=f"chapters:{name}",
+        )
         draw_arrow(ax, (cx, bottom("head")), (x, out_y + tall_h / 2), f"flow:head->{name}")
     draw_outlined(ax, (0.1, (bottom("head") + out_y + tall_h / 2) / 2), shapes["logits"], "tensor:logits")
     return fig

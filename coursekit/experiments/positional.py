@@ -74,30 +74,37 @@ class TinyLM(nn.Module):
         self.wpe = LearnedPositionalEmbedding(max_len, C) if kind == "learned" else None
         self.register_buffer("slopes", alibi_slopes(H))
         self.layers = nn.ModuleList(
-            nn.ModuleDict(dict(ln1=nn.LayerNorm(C), qkv=nn.Linear(C, 3 * C), out=nn.Linear(C, C),
-                               ln2=nn.LayerNorm(C), mlp=nn.Sequential(nn.Linear(C, 2 * C), nn.GELU(),
-                                                                      nn.Linear(2 * C, C))))
-            for _ in range(n_layers))
+            nn.ModuleDict(
+                dict(
+                    ln1=nn.LayerNorm(C),
+                    qkv=nn.Linear(C, 3 * C),
+                    out=nn.Linear(C, C),
+                    ln2=nn.LayerNorm(C),
+                    mlp=nn.Sequential(nn.Linear(C, 2 * C), nn.GELU(), nn.Linear(2 * C, C)),
+                )
+            )
+            for _ in range(n_layers)
+        )
         self.ln, self.unembed = nn.LayerNorm(C), nn.Linear(C, V)
 
-    def forward(self, tokens):                                    # tokens: (B, T)
+    def forward(self, tokens):  # tokens: (B, T)
         B, T = tokens.shape
-        x = self.embed(tokens)                                    # (B, T, C)
+        x = self.embed(tokens)  # (B, T, C)
         positions = torch.arange(T)
         if self.kind == "learned":
-            x = x + self.wpe(positions)                           # + (T, C)
+            x = x + self.wpe(positions)  # + (T, C)
         if self.kind == "sinusoidal":
-            x = x + sinusoidal_encoding(T, x.shape[-1])           # + (T, C)
+            x = x + sinusoidal_encoding(T, x.shape[-1])  # + (T, C)
         mask = alibi_bias(self.slopes, T) if self.kind == "alibi" else causal_mask(T)
         for layer in self.layers:
             qkv = layer.qkv(layer.ln1(x)).view(B, T, 3, self.H, -1)  # (B, T, 3, H, D)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4)                  # each (B, H, T, D)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, D)
             if self.kind == "rope":
                 q, k = apply_rope(q, positions), apply_rope(k, positions)
             out, _ = scaled_dot_product_attention(q, k, v, mask=mask)  # (B, H, T, D)
-            x = x + layer.out(out.transpose(1, 2).reshape(B, T, -1))   # (B, T, C)
+            x = x + layer.out(out.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
             x = x + layer.mlp(layer.ln2(x))
-        return self.unembed(self.ln(x))                           # (B, T, V)
+        return self.unembed(self.ln(x))  # (B, T, V)
 
 
 def latest_marked(B, T, g):
@@ -105,7 +112,7 @@ def latest_marked(B, T, g):
     (-100: none yet)."""
     tokens = torch.randint(0, PLAIN, (B, T), generator=g)
     marked = torch.rand(B, T, generator=g) < MARK_PROB
-    tokens = torch.where(marked, tokens + PLAIN, tokens)                  # (B, T)
+    tokens = torch.where(marked, tokens + PLAIN, tokens)  # (B, T)
     last = torch.where(marked, torch.arange(T), -1).cummax(dim=1).values  # (B, T): index of the latest
     return tokens, torch.where(last >= 0, tokens.gather(1, last.clamp(min=0)), -100)
 
@@ -123,8 +130,8 @@ TASKS = {"latest marked token": latest_marked, "three back": three_back}
 
 def train_and_test(kind, task, seed=0):
     """Train `kind` on `task` at length TRAIN_T; return its accuracy at each length of TEST_T."""
-    torch.manual_seed(seed)                                       # the model's initial weights
-    g = torch.Generator().manual_seed(1 + 2 * seed)               # the training batches
+    torch.manual_seed(seed)  # the model's initial weights
+    g = torch.Generator().manual_seed(1 + 2 * seed)  # the training batches
     model = TinyLM(kind, V)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(STEPS):
@@ -133,7 +140,7 @@ def train_and_test(kind, task, seed=0):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    g = torch.Generator().manual_seed(2)                          # the same test sequences for every seed
+    g = torch.Generator().manual_seed(2)  # the same test sequences for every seed
     accuracy = []
     with torch.no_grad():
         for T in TEST_T:
@@ -145,8 +152,10 @@ def train_and_test(kind, task, seed=0):
 
 def run_all(seeds=SEEDS) -> dict[str, dict[str, list[list[float]]]]:
     """Every task, variant and seed: ``{task: {kind: [accuracies of seed s, for s in seeds]}}``."""
-    return {name: {kind: [train_and_test(kind, task, seed) for seed in seeds] for kind in KINDS}
-            for name, task in TASKS.items()}
+    return {
+        name: {kind: [train_and_test(kind, task, seed) for seed in seeds] for kind in KINDS}
+        for name, task in TASKS.items()
+    }
 
 
 def load_results(path: str | Path = RESULTS) -> dict:
@@ -156,24 +165,40 @@ def load_results(path: str | Path = RESULTS) -> dict:
         ValueError: if the file was written for other test lengths, tasks or variants.
     """
     data = read_json(path, _FORMAT, _VERSION, "stored positional-encoding experiment")
-    if data["test_t"] != list(TEST_T) or list(data["accuracy"]) != list(TASKS) or any(
-            list(per_kind) != list(KINDS) for per_kind in data["accuracy"].values()):
-        raise ValueError(f"{path} holds another experiment (test lengths, tasks or variants differ); "
-                         "rerun python -m coursekit.experiments.positional")
+    if (
+        data["test_t"] != list(TEST_T)
+        or list(data["accuracy"]) != list(TASKS)
+        or any(list(per_kind) != list(KINDS) for per_kind in data["accuracy"].values())
+    ):
+        raise ValueError(
+            f"{path} holds another experiment (test lengths, tasks or variants differ); "
+            "rerun python -m coursekit.experiments.positional"
+        )
     return data
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m coursekit.experiments.positional",
-                                     description="Rerun Chapter 3's extrapolation experiment for several seeds.")
+    parser = argparse.ArgumentParser(
+        prog="python -m coursekit.experiments.positional",
+        description="Rerun Chapter 3's extrapolation experiment for several seeds.",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     start = time.perf_counter()
     accuracy = run_all(args.seeds)
-    write_json(args.out, {"format": _FORMAT, "version": _VERSION, "seeds": args.seeds, "test_t": list(TEST_T),
-                          "seconds": round(time.perf_counter() - start), "accuracy": accuracy})
+    write_json(
+        args.out,
+        {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "seeds": args.seeds,
+            "test_t": list(TEST_T),
+            "seconds": round(time.perf_counter() - start),
+            "accuracy": accuracy,
+        },
+    )
     print(f"wrote {args.out} ({len(args.seeds)} seeds) in {time.perf_counter() - start:.0f} s")
 
 
