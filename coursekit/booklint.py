@@ -45,7 +45,7 @@ __all__ = [
 #: the smallest text a figure may show, in CSS pixels as rendered
 MIN_TEXT_PX = 9.0
 #: width of the text column on a 390 px phone (measured in headless Chromium, sphinx-book-theme)
-PHONE_COLUMN_PX = 343.0
+PHONE_COLUMN_PX = 327.0
 
 _NUMBER = re.compile(
     r"(?<![\w.,\-−+])"  # not the tail of a name (GPT-2, float32) or of a decimal
@@ -320,13 +320,23 @@ def svg_text_sizes(svg: str) -> tuple[float, list[tuple[float, str]]]:
         if not re.fullmatch(r"text_\d+", group.get("id", "")):
             continue
         words = next((c.text.strip() for c in group if c.tag is ET.Comment and c.text), "")
-        scale = next((re.search(r"scale\(([\d.]+)[ ,]+-", g.get("transform", "")) for g in group.iter()
-                      if re.search(r"scale\(([\d.]+)[ ,]+-", g.get("transform", ""))), None)
+        scale = next(
+            (
+                re.search(r"scale\(([\d.]+)[ ,]+-", g.get("transform", ""))
+                for g in group.iter()
+                if re.search(r"scale\(([\d.]+)[ ,]+-", g.get("transform", ""))
+            ),
+            None,
+        )
         if words and scale:
             sizes.append((float(scale.group(1)) * 100, words))
     for element in root.iter("{http://www.w3.org/2000/svg}text"):
-        found = [float(m) for e in element.iter() for m in re.findall(r"font-size:\s*([\d.]+)", e.get("style", ""))]
-        found += [float(re.sub(r"[a-z]+$", "", e.get("font-size"))) for e in element.iter() if e.get("font-size")]
+        found = [
+            float(m) for e in element.iter() for m in re.findall(r"font-size:\s*([\d.]+)", e.get("style", ""))
+        ]
+        found += [
+            float(re.sub(r"[a-z]+$", "", e.get("font-size"))) for e in element.iter() if e.get("font-size")
+        ]
         words = "".join(t.strip() for t in element.itertext())
         if found and words:
             sizes.append((max(found), words))

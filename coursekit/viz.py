@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # torch is imported only by the caller that has tensors: a pa
 
 __all__ = ["BOOK_STYLE", "attention_heatmap", "loss_curves", "use_book_style"]
 
-#: the book's one Matplotlib style: figure size for the text column, 11 pt text, SVG with text kept
+#: the book's one Matplotlib style: figure size for the text column, 11.5 pt text, SVG with text kept
 BOOK_STYLE = Path(__file__).with_name("book.mplstyle")
 
 

@@ -231,8 +231,9 @@ def test_figure_checks_catch_a_small_label_a_missing_caption_and_a_raster_image(
         words = "a line that falls and then flattens out"
         (folder / "page.html").write_text(
             "<html><body><main>"
-            f"<figure><img src='good.svg' alt='{words}'><figcaption>{words}</figcaption></figure>"
-            f"<figure><img src='wide.svg' alt='{words}'><figcaption>{words}</figcaption></figure>"
+            # both shown at a phone's column width: 11.5 pt on 5.5 in stays legible there, on 12 in it does not
+            f"<figure><img style='width:327px' src='good.svg' alt='{words}'><figcaption>{words}</figcaption></figure>"
+            f"<figure><img style='width:327px' src='wide.svg' alt='{words}'><figcaption>{words}</figcaption></figure>"
             f"<img src='dot.png' alt='dot.png'>"
             "</main></body></html>"
         )

@@ -157,12 +157,14 @@ def test_a_missing_caption_alt_text_or_a_raster_figure_is_reported(book_style):
 
 def test_svg_text_sizes_reads_each_label_at_its_largest_font(book_style):
     fig, ax = plt.subplots(figsize=(4, 3))
-    ax.set_xlabel(r"time $T^2$")
+    ax.set_xlabel(r"time $T^2$", fontsize=11)
     ax.set_title("title", fontsize=15)
     width, sizes = booklint.svg_text_sizes(svg_of(fig))
     assert width == pytest.approx(4 * 72)
     assert dict((w, s) for s, w in sizes)["title"] == pytest.approx(15)
-    assert max(s for s, w in sizes if "time" in w) == pytest.approx(11)  # the exponent is smaller; the label is not
+    assert max(s for s, w in sizes if "time" in w) == pytest.approx(
+        11
+    )  # the exponent is smaller; the label is not
 
 
 def test_svg_text_sizes_reads_text_kept_as_text_too(book_style):

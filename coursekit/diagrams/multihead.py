@@ -24,7 +24,7 @@ __all__ = ["SplitLayout", "split_heads_figure", "split_heads_layout"]
 
 #: the book's palette (Okabe and Ito), one colour per head
 HEAD_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
-FONT_PT = 11  # the book's text size; no label is drawn smaller
+FONT_PT = 11.5  # the book's text size (coursekit/book.mplstyle); no label is drawn smaller
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,15 @@ def split_heads_layout(T: int = 3, C: int = 6, H: int = 3) -> SplitLayout:
     for h in range(H):
         head_of_feature[np.unique(entry[h] % C)] = h
     return SplitLayout(
-        T=T, C=C, H=H, D=D,
-        viewed_shape=tuple(viewed.shape), split_shape=tuple(heads.shape),
-        token=entry // C, feature=entry % C, head_of_feature=head_of_feature,
+        T=T,
+        C=C,
+        H=H,
+        D=D,
+        viewed_shape=tuple(viewed.shape),
+        split_shape=tuple(heads.shape),
+        token=entry // C,
+        feature=entry % C,
+        head_of_feature=head_of_feature,
         round_trip=bool(torch.equal(merge_heads(heads), x)),
     )
 
@@ -101,7 +107,7 @@ def split_heads_figure(T: int = 3, C: int = 6, H: int = 3) -> Figure:
             so) and ``H <= 6`` (one colour per head).
 
     Returns:
-        The figure, 5.5 inches wide, text at 11 pt.
+        The figure, 5.5 inches wide, text at 11.5 pt.
 
     Raises:
         ValueError: if the tensor is too large to draw legibly, or has more heads than colours.
@@ -124,8 +130,17 @@ def split_heads_figure(T: int = 3, C: int = 6, H: int = 3) -> Figure:
         ax.text(x0, y0, words, fontsize=FONT_PT, linespacing=1.2, **kw)
 
     def box(x0, y0, t, c, h, gid):
-        ax.add_patch(Rectangle((x0, y0), cell, cell, facecolor=_shade(HEAD_COLOURS[h], t, T),
-                               edgecolor="white", lw=1.2, gid=gid))
+        ax.add_patch(
+            Rectangle(
+                (x0, y0),
+                cell,
+                cell,
+                facecolor=_shade(HEAD_COLOURS[h], t, T),
+                edgecolor="white",
+                lw=1.2,
+                gid=gid,
+            )
+        )
         ax.text(x0 + cell / 2, y0 + cell / 2, str(c), ha="center", va="center", fontsize=FONT_PT, gid=gid)
 
     def rows(x0, top):
@@ -133,8 +148,11 @@ def split_heads_figure(T: int = 3, C: int = 6, H: int = 3) -> Figure:
             text(x0 - 0.08, top - (t + 0.5) * cell, f"t = {t}", ha="right", va="center")
 
     def arrow(start, end):
-        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, color="0.3",
-                                     shrinkA=0, shrinkB=0))
+        ax.add_patch(
+            FancyArrowPatch(
+                start, end, arrowstyle="-|>", mutation_scale=14, color="0.3", shrinkA=0, shrinkB=0
+            )
+        )
 
     # top row: x (B, T, C) and its view (B, T, H, D): the same rows, the features grouped by head
     top = height - 2 * line - 0.04
@@ -148,8 +166,10 @@ def split_heads_figure(T: int = 3, C: int = 6, H: int = 3) -> Figure:
     view_left = width - view_w - 0.05
     block_w = label_w + D * cell
     if view_left - (x_left + C * cell) < 0.6 or H * block_w + (H - 1) * 0.15 > width - 0.1:
-        raise ValueError(f"T={T}, C={C}, H={H} does not fit {width} inches at {FONT_PT} pt; "
-                         "draw a smaller tensor (C <= 6 or so)")
+        raise ValueError(
+            f"T={T}, C={C}, H={H} does not fit {width} inches at {FONT_PT} pt; "
+            "draw a smaller tensor (C <= 6 or so)"
+        )
     for t in range(T):
         for c in range(C):
             h = layout.head_of_feature[c]
@@ -162,22 +182,40 @@ def split_heads_figure(T: int = 3, C: int = 6, H: int = 3) -> Figure:
     # bottom row: (B, H, T, D) as split_heads returns it, one T x D block per head
     band_top, band_bottom = top - stage_h - 0.06, top - stage_h - band
     arrow((view_left + view_w / 2, band_top), (view_left + view_w / 2, band_bottom))
-    text(view_left + view_w / 2 - 0.1, (band_top + band_bottom) / 2, "transpose(1, 2)", ha="right",
-         va="center")
+    text(
+        view_left + view_w / 2 - 0.1, (band_top + band_bottom) / 2, "transpose(1, 2)", ha="right", va="center"
+    )
     merge = "merge_heads" if layout.round_trip else "merge_heads does NOT invert it"
     arrow((x_left + 0.3, band_bottom), (x_left + 0.3, band_top))
     text(x_left + 0.4, (band_top + band_bottom) / 2, merge, ha="left", va="center")
-    text(0.05, band_bottom - 0.04, f"split_heads(x, H): (B, H, T, D) = {layout.split_shape}", ha="left",
-         va="top")
+    text(
+        0.05,
+        band_bottom - 0.04,
+        f"split_heads(x, H): (B, H, T, D) = {layout.split_shape}",
+        ha="left",
+        va="top",
+    )
     block_top = band_bottom - line - 0.3
     spread = min((width - 0.1 - H * block_w) / max(H - 1, 1), 0.6)
     for h in range(H):
         left = 0.05 + label_w + h * (block_w + spread)
         for t in range(T):
             for d in range(D):
-                box(left + d * cell, block_top - (t + 1) * cell, int(layout.token[h, t, d]),
-                    int(layout.feature[h, t, d]), h, f"heads:{h}:{t}:{d}")
+                box(
+                    left + d * cell,
+                    block_top - (t + 1) * cell,
+                    int(layout.token[h, t, d]),
+                    int(layout.feature[h, t, d]),
+                    h,
+                    f"heads:{h}:{t}:{d}",
+                )
         rows(left, block_top)
-        text(left + D * cell / 2, block_top + 0.03, f"head {h}", ha="center", va="bottom",
-             color=HEAD_COLOURS[h])
+        text(
+            left + D * cell / 2,
+            block_top + 0.03,
+            f"head {h}",
+            ha="center",
+            va="bottom",
+            color=HEAD_COLOURS[h],
+        )
     return fig
