@@ -18,6 +18,13 @@ Everything here is a closed form, checked against something real in the tests:
   :func:`counted_flops` runs); :func:`training_flops` is ``6 N D`` (Kaplan et al., 2020) plus
   the attention term ``12 L T C D`` (Chowdhery et al., 2022); :func:`training_days` turns
   FLOPs into days on a number of GPUs at a model-FLOPs utilisation (MFU).
+- **Inference**: :func:`decode_step_cost` and :func:`prefill_cost` give the FLOPs and the bytes
+  moved of a decoding step and of a prompt's prefill, :func:`arithmetic_intensity` their ratio;
+  the roofline (Williams et al., 2009: :func:`roofline_time`, :func:`ridge_point`,
+  :func:`attainable_flops`) turns them into a bound on time; :func:`decode_compute_bound_batch`
+  is the batch at which decoding turns compute-bound, :func:`max_batch_for_kv_cache` the batch
+  the memory left for the KV cache allows (:data:`GPT_7B`, a 7B-class shape).
+  :mod:`coursekit.experiments.roofline` measures a machine's peak and bandwidth.
 - **Scaling laws**: :class:`KaplanFit` (Kaplan et al., 2020) and :class:`ChinchillaFit`
   (Hoffmann et al., 2022) with their published constants, the compute-optimal ``N`` and
   ``D`` for a budget, and the "20 tokens per parameter" rule (:func:`tokens_per_param_rule`).
@@ -37,6 +44,7 @@ import math
 import numbers
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -69,10 +77,22 @@ __all__ = [
     "saved_tensor_bytes",
     "kv_cache_gib",
     "forward_flops",
+    "matmul_weights",
     "counted_flops",
     "flops_ratio",
     "training_flops",
     "training_days",
+    "GPT_7B",
+    "Cost",
+    "Roofline",
+    "arithmetic_intensity",
+    "ridge_point",
+    "attainable_flops",
+    "roofline_time",
+    "decode_step_cost",
+    "prefill_cost",
+    "decode_compute_bound_batch",
+    "max_batch_for_kv_cache",
     "tokens_per_param_rule",
     "chinchilla_optimal",
 ]
@@ -475,10 +495,29 @@ def forward_flops(config: GPTConfig, seq_len: int, batch: int = 1) -> int:
     require_positive(integer=True, seq_len=seq_len, batch=batch)
     if seq_len > config.block_size:
         raise ValueError(f"seq_len={seq_len} exceeds the model's block_size={config.block_size}")
-    C, L = config.d_model, config.n_layers
+    return batch * seq_len * (2 * matmul_weights(config) + 4 * config.n_layers * seq_len * config.d_model)
+
+
+def matmul_weights(config: GPTConfig) -> int:
+    """The entries of the weight matrices that every token of ``GPT(config)`` is multiplied by.
+
+    Per layer the query, key, value and output projections, ``4 C^2``, and the feed-forward's two
+    matrices, ``2 C d_ff``; then the (tied) output layer, ``V C``. Biases, norms and the position
+    embeddings are left out: they are not matrix products.
+
+    Args:
+        config: the model's shape.
+
+    Returns:
+        ``L (4 C^2 + 2 C d_ff) + V C``, an ``int``.
+
+    Example: GPT-2 small has 123,532,032 of its 124,439,808 parameters in such matrices.
+    """
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"expected a GPTConfig, got {type(config).__name__}")
+    C = config.d_model
     d_ff = 4 * C if config.d_ff is None else config.d_ff
-    weights = L * (4 * C * C + 2 * C * d_ff) + config.vocab_size * C
-    return batch * seq_len * (2 * weights + 4 * L * seq_len * C)
+    return config.n_layers * (4 * C * C + 2 * C * d_ff) + config.vocab_size * C
 
 
 def counted_flops(fn, *args, **kwargs) -> int:
@@ -598,6 +637,290 @@ def training_days(n_params: float, n_tokens: float, n_gpus: int, gpu_tflops: flo
     flops = 6 * n_params * n_tokens
     seconds = flops / (n_gpus * gpu_tflops * 1e12 * mfu)
     return seconds / 86400
+
+
+# =========================================================================== inference
+
+#: A 7B-class decoder for serving arithmetic: the depth, width, heads, vocabulary and context of
+#: Llama 2 7B (Touvron et al., 2023) in our GPT's layout, without biases. Its gated feed-forward
+#: network holds three ``C x 11008`` matrices, as many weights as our two ``C x 16512``; the
+#: learned positions and the tied output layer make 6.62B parameters where Llama 2 7B has 6.74B.
+GPT_7B = GPTConfig(
+    vocab_size=32000, block_size=4096, n_layers=32, n_heads=32, d_model=4096, d_ff=16512, bias=False
+)
+
+
+class Cost(NamedTuple):
+    """What one step of a model costs: FLOPs, and bytes moved between memory and the processor."""
+
+    flops: float
+    bytes_moved: float
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte moved, :func:`arithmetic_intensity` of the two."""
+        return arithmetic_intensity(self.flops, self.bytes_moved)
+
+
+class Roofline(NamedTuple):
+    """The roofline's lower bound on a step's time and which resource sets it."""
+
+    seconds: float
+    bound: str  # "compute" or "memory"
+
+
+def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
+    """FLOPs per byte moved: ``flops / bytes_moved``.
+
+    Args:
+        flops: the work, in FLOPs.
+        bytes_moved: the bytes read from and written to memory to do it.
+
+    Returns:
+        FLOPs per byte, a float.
+
+    Raises:
+        ValueError: an argument is not a positive number (the message names it).
+
+    Example: a float32 ``n x n`` matrix product does ``2 n^3`` FLOPs on ``3 * 4 n^2`` bytes
+    (two inputs read, one output written): at ``n = 1024``, 170.7 FLOPs per byte.
+    """
+    require_positive(flops=flops, bytes_moved=bytes_moved)
+    return flops / bytes_moved
+
+
+def ridge_point(peak_flops: float, bandwidth: float) -> float:
+    """The intensity at which a processor's two limits meet: ``peak_flops / bandwidth``.
+
+    A step of lower intensity waits for memory (memory-bound), of higher intensity for the
+    arithmetic units (compute-bound) (Williams et al., 2009).
+
+    Args:
+        peak_flops: the processor's peak, FLOP/s.
+        bandwidth: its memory bandwidth, bytes/s.
+
+    Returns:
+        FLOPs per byte.
+
+    Example: NVIDIA's H100 SXM, 989e12 FLOP/s dense bf16 and 3.35e12 bytes/s: 295 FLOPs per byte.
+    """
+    require_positive(peak_flops=peak_flops, bandwidth=bandwidth)
+    return peak_flops / bandwidth
+
+
+def attainable_flops(intensity, peak_flops: float, bandwidth: float):
+    """The roofline: ``min(peak_flops, intensity * bandwidth)``, the most FLOP/s a step of that
+    intensity can reach.
+
+    Args:
+        intensity: FLOPs per byte, a number or an array (arrays broadcast).
+        peak_flops: FLOP/s.
+        bandwidth: bytes/s.
+
+    Returns:
+        FLOP/s, of ``intensity``'s shape (a NumPy float for a number).
+
+    Example: at the H100's ridge of 295 FLOPs per byte and beyond, 989e12; at 1 FLOP per
+    byte, 3.35e12.
+    """
+    require_positive(peak_flops=peak_flops, bandwidth=bandwidth)
+    i = np.asarray(intensity, dtype=float)
+    if np.any(~(i > 0)):
+        raise ValueError(f"intensity must be positive, got {intensity!r}")
+    return np.minimum(peak_flops, i * bandwidth)
+
+
+def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> Roofline:
+    """The least time a step can take: ``max(flops / peak_flops, bytes_moved / bandwidth)``.
+
+    The roofline model (Williams et al., 2009) assumes that computing and moving data overlap
+    perfectly, so the slower of the two sets the time. ``bound`` names it: ``"compute"`` when
+    the step's intensity is at or above the :func:`ridge_point`, else ``"memory"``.
+
+    Args:
+        flops: the step's FLOPs.
+        bytes_moved: the bytes it moves.
+        peak_flops: FLOP/s.
+        bandwidth: bytes/s.
+
+    Returns:
+        ``Roofline(seconds, bound)``.
+
+    Raises:
+        ValueError: an argument is not a positive number (the message names it).
+
+    Example: ``roofline_time(1000, 50, 100, 10)`` is ``Roofline(10.0, "compute")`` (intensity 20
+    above the ridge at 10); ``roofline_time(1000, 200, 100, 10)`` is ``Roofline(20.0, "memory")``.
+    """
+    require_positive(flops=flops, bytes_moved=bytes_moved, peak_flops=peak_flops, bandwidth=bandwidth)
+    compute, memory = flops / peak_flops, bytes_moved / bandwidth
+    return Roofline(max(compute, memory), "compute" if compute >= memory else "memory")
+
+
+def _kv_bytes(config: GPTConfig, tokens: int, batch: int, dtype_bytes: float) -> float:
+    """Bytes of the keys and values of ``tokens`` positions of ``batch`` sequences, by :func:`kv_cache_gib`."""
+    bits = 8 * dtype_bytes
+    if not float(bits).is_integer():
+        raise ValueError(
+            f"dtype_bytes must be a whole number of bits over 8 (4, 2, 1, 0.5, ...), got {dtype_bytes!r}"
+        )
+    L, H, C = config.n_layers, config.n_heads, config.d_model
+    return kv_cache_gib(L, H, H, C, tokens, batch, int(bits)) * 2**30
+
+
+def _check_inference_args(config, batch, tokens, dtype_bytes, name) -> None:
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"expected a GPTConfig, got {type(config).__name__}")
+    require_positive(integer=True, batch=batch, **{name: tokens})
+    require_positive(dtype_bytes=dtype_bytes)
+    if tokens > config.block_size:
+        raise ValueError(f"{name}={tokens} exceeds the model's block_size={config.block_size}")
+
+
+def decode_step_cost(config: GPTConfig, batch: int, context: int, dtype_bytes: float = 2) -> Cost:
+    """FLOPs and bytes moved by one decoding step of ``GPT(config)`` with a KV cache.
+
+    The model: each of ``B`` sequences adds one token, which attends to ``S = context``
+    positions (the ``S - 1`` cached ones and itself). FLOPs are :func:`forward_flops` of one
+    token per sequence at ``S`` keys, ``B (2 W + 4 L S C)`` with ``W`` the
+    :func:`matmul_weights`. Bytes: every weight matrix is read once per step, whatever ``B``
+    (``W p`` for ``p = dtype_bytes``); each sequence writes its new key and value and reads
+    the ``S`` cached ones, new included (``2 L C (S + 1) B p``, multi-head attention). Left
+    out: biases, norms and embedding rows (a fraction of a percent of the weights), and the
+    activations, which are ``B C`` numbers per layer and can stay in the processor's caches.
+
+    Args:
+        config: the model's shape.
+        batch: ``B``, the sequences decoded together.
+        context: ``S``, the positions the new token attends to, ``1 .. block_size``.
+        dtype_bytes: ``p``, bytes per weight and per cached value (2 for fp16/bf16, 4 for fp32).
+
+    Returns:
+        ``Cost(flops, bytes_moved)``; ``cost.intensity`` is FLOPs per byte.
+
+    Raises:
+        ValueError: ``config`` is not a :class:`~coursekit.gpt.GPTConfig`, ``batch`` or
+            ``context`` is not a positive whole number or ``context`` exceeds ``block_size``
+            (the message gives both), or ``dtype_bytes`` is not a positive number of whole bits.
+
+    Example: at ``context=1`` the FLOPs are ``forward_flops(config, 1, batch)``. GPT-2 small at
+    ``B = 1`` in fp16 does 2 FLOPs per weight of 2 bytes: an intensity of about 1.
+    """
+    _check_inference_args(config, batch, context, dtype_bytes, "context")
+    L, C = config.n_layers, config.d_model
+    flops = batch * (2 * matmul_weights(config) + 4 * L * context * C)
+    moved = matmul_weights(config) * dtype_bytes + _kv_bytes(config, context + 1, batch, dtype_bytes)
+    return Cost(flops, moved)
+
+
+def prefill_cost(config: GPTConfig, batch: int, seq_len: int, dtype_bytes: float = 2) -> Cost:
+    """FLOPs and bytes moved by the prefill of ``batch`` prompts of ``seq_len`` tokens.
+
+    The model: one forward pass over all ``B T`` prompt tokens, :func:`forward_flops`
+    ``B T (2 W + 4 L T C)``; every weight matrix is read once (``W p``) and the keys and values
+    of every prompt token are written to the cache (``2 L C T B p``). Activations are left out,
+    as in :func:`decode_step_cost`; they make the real intensity somewhat lower.
+
+    Args:
+        config: the model's shape.
+        batch: ``B``, the prompts.
+        seq_len: ``T``, the tokens per prompt, ``1 .. block_size``.
+        dtype_bytes: ``p``, bytes per weight and per cached value.
+
+    Returns:
+        ``Cost(flops, bytes_moved)``.
+
+    Raises:
+        ValueError: as :func:`decode_step_cost`, with ``seq_len`` for ``context``.
+
+    Example: the intensity grows with ``B T`` while the weights dominate the bytes. At ``B = 1``
+    in 2 bytes it is exactly ``T``: the bytes are ``2 W + 4 L C T``, the FLOPs ``T`` times that
+    (the attention's ``4 L T C`` FLOPs per token equal the cache's ``4 L C T`` bytes). GPT-2 small
+    at ``T = 512``: 512 FLOPs per byte.
+    """
+    _check_inference_args(config, batch, seq_len, dtype_bytes, "seq_len")
+    flops = forward_flops(config, seq_len, batch)
+    moved = matmul_weights(config) * dtype_bytes + _kv_bytes(config, seq_len, batch, dtype_bytes)
+    return Cost(flops, moved)
+
+
+def decode_compute_bound_batch(
+    config: GPTConfig, context: int, peak_flops: float, bandwidth: float, dtype_bytes: float = 2
+) -> int | None:
+    """The smallest batch at which a decoding step reaches the :func:`ridge_point`, or ``None``.
+
+    In :func:`decode_step_cost` the FLOPs grow as ``a B`` and the bytes as ``w + b B``: the
+    weights ``w`` are read once, the cache ``b`` once per sequence. The intensity
+    ``a B / (w + b B)`` rises with ``B`` towards ``a / b`` and reaches the ridge ``R`` at
+    ``B = R w / (a - R b)`` when ``a > R b``; otherwise the step stays memory-bound at every
+    batch, because each sequence's cache is read for its own token only (Pope et al., 2022).
+
+    Args:
+        config: the model's shape.
+        context: ``S``, as :func:`decode_step_cost`.
+        peak_flops: FLOP/s.
+        bandwidth: bytes/s.
+        dtype_bytes: ``p``.
+
+    Returns:
+        The smallest ``B`` whose step is compute-bound (:func:`roofline_time`), or ``None``.
+
+    Raises:
+        ValueError: as :func:`decode_step_cost` and :func:`ridge_point`.
+
+    Example: GPT-2 small in bf16 on an H100 SXM (ridge 295 FLOPs per byte) needs a batch of 324
+    at ``context=1``; at ``context=1024`` its intensity stays below 7.6 FLOPs per byte: ``None``.
+    """
+    ridge = ridge_point(peak_flops, bandwidth)
+    one, two = (
+        decode_step_cost(config, 1, context, dtype_bytes),
+        decode_step_cost(config, 2, context, dtype_bytes),
+    )
+    a, b = one.flops, two.bytes_moved - one.bytes_moved
+    w = one.bytes_moved - b
+    if a <= ridge * b:
+        return None
+    batch = max(1, math.ceil(ridge * w / (a - ridge * b)))
+    while batch > 1 and a * (batch - 1) >= ridge * (w + b * (batch - 1)):  # guard the float rounding
+        batch -= 1
+    while a * batch < ridge * (w + b * batch):
+        batch += 1
+    return batch
+
+
+def max_batch_for_kv_cache(
+    config: GPTConfig, memory_bytes: float, context: int, dtype_bytes: float = 2
+) -> int:
+    """How many sequences of ``context`` tokens fit in the KV cache once the weights are loaded.
+
+    ``(memory_bytes - N p) // (2 L C S p)``: :func:`param_count` ``N`` weights of ``p`` bytes,
+    then :func:`kv_cache_gib` per sequence (multi-head attention). Activations, the allocator's
+    slack and the framework's own buffers are left out, so a real server fits fewer.
+
+    Args:
+        config: the model's shape.
+        memory_bytes: the accelerator's memory in bytes (an "80 GB" GPU: ``80e9``).
+        context: ``S``, the tokens cached per sequence, ``1 .. block_size``.
+        dtype_bytes: ``p``, bytes per weight and per cached value.
+
+    Returns:
+        The number of sequences, an ``int`` (0 if the weights fit but no sequence does).
+
+    Raises:
+        ValueError: the weights alone need more than ``memory_bytes`` (the message gives both),
+            or an argument is invalid as in :func:`decode_step_cost`.
+
+    Example: :data:`GPT_7B` in bf16 on ``80e9`` bytes, at ``context=4096``: the weights take 13.2
+    GB, a sequence's cache 2.1 GB, and 31 sequences fit.
+    """
+    _check_inference_args(config, 1, context, dtype_bytes, "context")
+    require_positive(memory_bytes=memory_bytes)
+    weights = param_count(config) * dtype_bytes
+    if weights > memory_bytes:
+        raise ValueError(
+            f"the weights alone need {weights:.4g} bytes, more than memory_bytes={memory_bytes:.4g}"
+        )
+    return int((memory_bytes - weights) // _kv_bytes(config, context, 1, dtype_bytes))
 
 
 # =========================================================================== scaling laws

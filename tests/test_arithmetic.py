@@ -567,3 +567,313 @@ def test_pipeline_bubble_by_simulation():
         assert A.pipeline_bubble(p, m) == pytest.approx(idle / (p * slots))
     with pytest.raises(ValueError, match="n_microbatches must be a positive integer"):
         A.pipeline_bubble(4, 0)
+
+
+# =========================================================================== inference
+
+#: V=10, T_max=8, L=1, H=1, C=2, d_ff=8: the hand computations below use it.
+TINY = gpt.GPTConfig(vocab_size=10, block_size=8, n_layers=1, n_heads=1, d_model=2)
+
+
+def linear_weight_bytes(model):
+    """Bytes of the weight matrices of every nn.Linear of ``model``, each storage once (tied weights)."""
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
+    return sum(w.nbytes for w in weights.values())
+
+
+def meta_model(cfg, dtype=torch.float32):
+    with torch.device("meta"):
+        return gpt.GPT(cfg).to(dtype)
+
+
+def meta_cache_bytes(cfg, tokens, batch, dtype):
+    """Bytes of our real KVCache buffers for ``tokens`` positions of ``batch`` sequences."""
+    layers = [
+        gpt.LayerCache(batch, cfg.n_heads, tokens, cfg.d_head, dtype, "meta") for _ in range(cfg.n_layers)
+    ]
+    return gpt.KVCache(layers).nbytes()
+
+
+@pytest.mark.parametrize("cfg", [*SMALL, TINY, A.PUBLISHED["gpt2"]])
+def test_matmul_weights_are_the_models_linear_layers(cfg):
+    assert linear_weight_bytes(meta_model(cfg)) == 4 * A.matmul_weights(cfg)
+
+
+def test_decode_step_by_hand():
+    """TINY: W = 1 (4 * 2^2 + 2 * 2 * 8) + 10 * 2 = 68 matrix weights. One sequence attending to S = 3
+    positions: FLOPs 2 W + 4 L S C = 136 + 24 = 160; bytes in fp16 W p + 2 L C (S + 1) p = 136 + 32 = 168."""
+    assert A.matmul_weights(TINY) == 68
+    cost = A.decode_step_cost(TINY, 1, 3, dtype_bytes=2)
+    assert cost == (160, 168)
+    assert cost.intensity == pytest.approx(20 / 21, rel=1e-15)
+    # four sequences: the FLOPs and the cache traffic grow four-fold, the weights are read once
+    assert A.decode_step_cost(TINY, 4, 3, dtype_bytes=2) == (4 * 160, 136 + 4 * 32)
+
+
+@pytest.mark.parametrize("context", [1, 128, 1024])
+def test_decode_at_batch_one_does_about_one_flop_per_byte_in_fp16(context):
+    """2 FLOPs per weight of 2 bytes, slightly less with the cache's traffic; half as much in fp32."""
+    gpt2 = A.PUBLISHED["gpt2"]
+    fp16 = A.decode_step_cost(gpt2, 1, context, 2).intensity
+    assert 0.99 < fp16 < 1
+    assert A.decode_step_cost(gpt2, 1, context, 4).intensity == pytest.approx(fp16 / 2, rel=1e-12)
+    # batching reads the weights once for all sequences, but each sequence's cache for itself alone:
+    # less than B times the intensity, and almost B times while the weights dominate (short contexts)
+    batch8 = A.decode_step_cost(gpt2, 8, context, 2).intensity
+    assert fp16 < batch8 < 8 * fp16
+    if context == 1:
+        assert batch8 > 7.9 * fp16
+
+
+@pytest.mark.parametrize("cfg", SMALL)
+@pytest.mark.parametrize("B", [1, 3])
+def test_decode_flops_at_one_token_are_forward_flops(cfg, B):
+    assert A.decode_step_cost(cfg, B, 1).flops == A.forward_flops(cfg, 1, B)
+
+
+@pytest.mark.parametrize("cfg", SMALL)
+@pytest.mark.parametrize("B,P", [(1, 0), (2, 5), (3, 11)])
+def test_prefill_and_decode_flops_equal_the_flop_counter_on_a_cached_model(cfg, B, P):
+    """Our GPT with its KV cache: a prefill of P + 1 tokens, then one cached step attending to P + 2 positions."""
+    model, x = model_and_tokens(cfg, B, P + 2)
+    cache = model.init_cache(B)
+    with torch.no_grad():
+        prefill = A.counted_flops(model, x[:, : P + 1], cache)
+        step = A.counted_flops(model, x[:, P + 1 :], cache)
+    assert prefill == A.prefill_cost(cfg, B, P + 1).flops
+    assert step == A.decode_step_cost(cfg, B, P + 2).flops
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("cfg", [TINY, SMALL[1], A.PUBLISHED["gpt2"]])
+def test_bytes_moved_equal_the_real_weights_and_cache_buffers(cfg, dtype):
+    """Weights: the model's nn.Linear matrices in ``dtype``; cache: our KVCache's buffers."""
+    p = torch.tensor([], dtype=dtype).element_size()
+    weights = linear_weight_bytes(meta_model(cfg, dtype))
+    B, S = 3, min(7, cfg.block_size - 1)
+    decode = A.decode_step_cost(cfg, B, S, dtype_bytes=p)
+    assert decode.bytes_moved == weights + meta_cache_bytes(cfg, S + 1, B, dtype)  # S read, one written
+    assert A.prefill_cost(cfg, B, S, dtype_bytes=p).bytes_moved == weights + meta_cache_bytes(
+        cfg, S, B, dtype
+    )
+
+
+def test_prefill_intensity_grows_with_the_prompt():
+    gpt2 = A.PUBLISHED["gpt2"]
+    lengths = [1, 2, 8, 64, 256, 512, 1024]
+    intensity = [A.prefill_cost(gpt2, 1, T).intensity for T in lengths]
+    assert intensity == sorted(intensity) and len(set(intensity)) == len(lengths)
+    # at B = 1 in 2 bytes, exactly T: attention's 4 L T C FLOPs per token equal the cache's 4 L C T bytes
+    assert intensity == pytest.approx(lengths, rel=1e-12)
+    # a batch of prompts reads the weights once for all of them
+    assert A.prefill_cost(gpt2, 8, 64).intensity > A.prefill_cost(gpt2, 1, 64).intensity
+    # prefill of T tokens beats T decode steps: same FLOPs per token, the weights read once instead of T times
+    assert A.prefill_cost(gpt2, 1, 64).intensity > 50 * A.decode_step_cost(gpt2, 1, 64).intensity
+
+
+def test_roofline_picks_the_bound_on_both_sides_of_the_ridge():
+    peak, bw = 100.0, 10.0  # ridge at 10 FLOPs per byte
+    assert A.ridge_point(peak, bw) == 10
+    assert A.roofline_time(1000, 50, peak, bw) == (10.0, "compute")  # intensity 20
+    assert A.roofline_time(1000, 200, peak, bw) == (20.0, "memory")  # intensity 5
+    assert A.roofline_time(1000, 100, peak, bw) == (10.0, "compute")  # on the ridge
+    assert A.attainable_flops([1, 5, 10, 20, 1e6], peak, bw) == pytest.approx([10, 50, 100, 100, 100])
+    # the time bound is the work over the attainable rate, at any intensity
+    for flops, moved in [(1e9, 3e7), (1e9, 3e9), (5.0, 0.5)]:
+        attainable = A.attainable_flops(A.arithmetic_intensity(flops, moved), 989e12, 3.35e12)
+        assert A.roofline_time(flops, moved, 989e12, 3.35e12).seconds == pytest.approx(
+            flops / attainable, rel=1e-12
+        )
+    assert A.arithmetic_intensity(2 * 1024**3, 3 * 4 * 1024**2) == pytest.approx(1024 / 6)
+
+
+def first_compute_bound_batch(cfg, context, peak, bw, p, limit=5000):
+    """The smallest B whose decode step roofline_time calls compute-bound, by trying them in turn."""
+    for B in range(1, limit + 1):
+        cost = A.decode_step_cost(cfg, B, context, p)
+        if A.roofline_time(cost.flops, cost.bytes_moved, peak, bw).bound == "compute":
+            return B
+    return None
+
+
+@pytest.mark.parametrize(
+    "cfg,context,peak,bw,p",
+    [
+        (A.PUBLISHED["gpt2"], 1, 989e12, 3.35e12, 2),  # H100 SXM, bf16
+        (A.PUBLISHED["gpt2"], 8, 989e12, 3.35e12, 2),
+        (A.PUBLISHED["gpt2"], 128, 150e9, 12e9, 4),  # a CPU core, fp32
+        (A.PUBLISHED["gpt2-xl"], 16, 150e9, 12e9, 4),
+        (TINY, 2, 20.0, 10.0, 2),
+    ],
+)
+def test_compute_bound_batch_is_the_first_batch_over_the_ridge(cfg, context, peak, bw, p):
+    found = A.decode_compute_bound_batch(cfg, context, peak, bw, p)
+    assert found is not None and found == first_compute_bound_batch(cfg, context, peak, bw, p)
+
+
+def test_decode_with_a_long_mha_cache_never_becomes_compute_bound_on_an_h100():
+    gpt2, ridge = A.PUBLISHED["gpt2"], A.ridge_point(989e12, 3.35e12)
+    assert A.decode_compute_bound_batch(gpt2, 1, 989e12, 3.35e12) == 324
+    assert A.decode_compute_bound_batch(gpt2, 1024, 989e12, 3.35e12) is None
+    # the intensity saturates: FLOPs and cache bytes both grow with B
+    assert A.decode_step_cost(gpt2, 10**7, 1024).intensity < 7.6 < ridge
+    assert first_compute_bound_batch(gpt2, 1024, 989e12, 3.35e12, 2, limit=2000) is None
+
+
+def test_max_batch_for_kv_cache_by_hand():
+    """TINY: N = (10 + 8) 2 + (12 * 2^2 + 13 * 2) + 2 * 2 = 114 parameters, 228 bytes in fp16; a sequence
+    of 8 tokens caches 2 L C T p = 2 * 1 * 2 * 8 * 2 = 64 bytes."""
+    assert A.param_count(TINY) == 114 == count_params(gpt.GPT(TINY))
+    assert A.max_batch_for_kv_cache(TINY, 1000, 8) == (1000 - 228) // 64 == 12
+    assert A.max_batch_for_kv_cache(TINY, 228 + 12 * 64, 8) == 12
+    assert A.max_batch_for_kv_cache(TINY, 228 + 12 * 64 - 1, 8) == 11
+    assert A.max_batch_for_kv_cache(TINY, 228, 8) == 0
+    assert A.max_batch_for_kv_cache(TINY, 1000, 4) == (1000 - 228) // 32
+    assert A.max_batch_for_kv_cache(TINY, 1000, 8, dtype_bytes=4) == (1000 - 456) // 128
+
+
+def test_max_batch_of_the_7b_shape_on_80_gb():
+    weights = A.param_count(A.GPT_7B) * 2
+    for context in (1024, 2048, 4096):
+        per_sequence = A.kv_cache_gib(32, 32, 32, 4096, context) * GIB
+        assert A.max_batch_for_kv_cache(A.GPT_7B, 80e9, context) == int((80e9 - weights) // per_sequence)
+    assert A.max_batch_for_kv_cache(A.GPT_7B, 80e9, 4096) == 31
+    assert A.max_batch_for_kv_cache(A.GPT_7B, 80e9, 1024) == 124
+
+
+def test_7b_shape_is_llama_2_7b_but_for_positions_and_the_untied_head():
+    """Llama 2 7B (Touvron et al., 2023) built by Hugging Face on the meta device: 6,738,415,616 parameters.
+    Its gated feed-forward's three C x 11008 matrices hold as many weights as our two C x 16512; the
+    difference is its untied output layer (V C) minus our learned positions (T_max C)."""
+    cfg = A.GPT_7B
+    assert 3 * cfg.d_model * 11008 == 2 * cfg.d_model * cfg.d_ff
+    llama = LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=11008,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_heads,
+        max_position_embeddings=cfg.block_size,
+        tie_word_embeddings=False,
+    )
+    with torch.device("meta"):
+        theirs = count_params(LlamaForCausalLM(llama))
+        ours = count_params(gpt.GPT(cfg))
+    assert theirs == 6_738_415_616
+    assert ours == A.param_count(cfg)
+    assert theirs - ours == (cfg.vocab_size - cfg.block_size) * cfg.d_model
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: A.decode_step_cost(A.PUBLISHED["gpt2"], 0, 10), "batch must be a positive integer, got 0"),
+        (
+            lambda: A.decode_step_cost(gpt.GPT_PRESETS["nano"], 1, 33),
+            "context=33 exceeds the model's block_size=32",
+        ),
+        (
+            lambda: A.decode_step_cost(gpt.GPT_PRESETS["nano"], 1, 0),
+            "context must be a positive integer, got 0",
+        ),
+        (
+            lambda: A.prefill_cost(gpt.GPT_PRESETS["nano"], 1, 33),
+            "seq_len=33 exceeds the model's block_size=32",
+        ),
+        (lambda: A.prefill_cost(A.PUBLISHED["bert-base"], 1, 8), "expected a GPTConfig, got BertConfig"),
+        (lambda: A.decode_step_cost(TINY, 1, 4, dtype_bytes=0.3), "whole number of bits"),
+        (
+            lambda: A.decode_step_cost(TINY, 1, 4, dtype_bytes=0),
+            "dtype_bytes must be a positive number, got 0",
+        ),
+        (lambda: A.arithmetic_intensity(1.0, 0), "bytes_moved must be a positive number, got 0"),
+        (lambda: A.roofline_time(0, 1, 1, 1), "flops must be a positive number, got 0"),
+        (lambda: A.ridge_point(1e12, -1), "bandwidth must be a positive number, got -1"),
+        (lambda: A.attainable_flops([1.0, 0.0], 1, 1), "intensity must be positive"),
+        (lambda: A.decode_compute_bound_batch(TINY, 2, 0, 1), "peak_flops must be a positive number, got 0"),
+        (
+            lambda: A.max_batch_for_kv_cache(TINY, 227, 8),
+            "the weights alone need 228 bytes, more than memory_bytes=227",
+        ),
+        (lambda: A.max_batch_for_kv_cache(TINY, 1000, 9), "context=9 exceeds the model's block_size=8"),
+        (lambda: A.max_batch_for_kv_cache(TINY, -5, 8), "memory_bytes must be a positive number, got -5"),
+    ],
+)
+def test_inference_bad_inputs(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# ----------------------------------------------------- the measurements (coursekit.experiments.roofline)
+# No timing is asserted: a fake clock that advances one second per reading checks what is counted.
+
+
+@pytest.fixture
+def one_second_per_reading(monkeypatch):
+    from coursekit.experiments import roofline
+
+    clock = iter(range(10**6))
+    monkeypatch.setattr(roofline, "perf_counter", lambda: float(next(clock)))
+    return roofline
+
+
+def test_measured_peak_counts_2n3_flops_per_product(one_second_per_reading):
+    roofline = one_second_per_reading
+    assert roofline.measure_peak_flops(sizes=(16, 48, 32), repeats=3) == 2 * 48**3
+
+
+def test_measured_bandwidth_counts_the_read_and_the_write(one_second_per_reading):
+    roofline = one_second_per_reading
+    assert roofline.measure_bandwidth(n_bytes=4096 + 3, repeats=2) == 2 * 4096
+
+
+def test_measured_decode_counts_decode_step_flops(one_second_per_reading):
+    """Three timed steps attend to 2, 3 and 4 positions; at one second each the median is the middle one."""
+    roofline = one_second_per_reading
+    cfg = gpt.GPT_PRESETS["nano"]
+    torch.manual_seed(0)
+    rate = roofline.decode_flops_per_second(gpt.GPT(cfg), batch=2, steps=3)
+    assert rate == A.decode_step_cost(cfg, 2, 3).flops
+
+
+def test_measurements_run_and_restore_the_thread_count():
+    from coursekit.experiments import roofline
+
+    before = torch.get_num_threads()
+    with roofline.num_threads(1):
+        assert torch.get_num_threads() == 1
+    with pytest.raises(RuntimeError), roofline.num_threads(1):
+        raise RuntimeError("the setting is restored on the way out")
+    assert torch.get_num_threads() == before
+    assert (
+        math.isfinite(roofline.measure_peak_flops(sizes=(64,), repeats=2))
+        and torch.get_num_threads() == before
+    )
+    assert roofline.measure_bandwidth(n_bytes=2**20, repeats=2) > 0
+    torch.manual_seed(0)
+    assert roofline.decode_flops_per_second(gpt.GPT(gpt.GPT_PRESETS["nano"]), batch=1, steps=2) > 0
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda r: r.measure_peak_flops(sizes=()), "sizes must hold at least one matrix size, got none"),
+        (lambda r: r.measure_peak_flops(sizes=(64, 0)), "size must be a positive integer, got 0"),
+        (lambda r: r.measure_bandwidth(n_bytes=3), "n_bytes must hold at least one float32 value"),
+        (
+            lambda r: r.measure_bandwidth(n_bytes=1024, threads=0),
+            "num_threads must be a positive integer, got 0",
+        ),
+        (lambda r: r.decode_flops_per_second(nn.Linear(2, 2), 1), "expected a coursekit.gpt.GPT, got Linear"),
+        (
+            lambda r: r.decode_flops_per_second(gpt.GPT(gpt.GPT_PRESETS["nano"]), 1, steps=32),
+            "steps \\+ 1 = 33 positions exceed the model's block_size=32",
+        ),
+    ],
+)
+def test_measurement_bad_inputs(call, match):
+    from coursekit.experiments import roofline
+
+    with pytest.raises(ValueError, match=match):
+        call(roofline)
