@@ -56,6 +56,10 @@ __all__ = [
     "python_docs_text",
     "stdlib_source_text",
     "read_text",
+    "SINGLE_DIGIT_PATTERN",
+    "token_pieces",
+    "token_counts",
+    "under_trained_tokens",
 ]
 
 #: GPT-2's split pattern (tiktoken's ``r50k_base``): contractions, letters, numbers and
@@ -64,6 +68,9 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|
 #: GPT-4's split pattern (tiktoken's ``cl100k_base``): case-insensitive contractions,
 #: numbers in groups of at most three digits, newlines kept apart.
 GPT4_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""  # noqa: E501
+#: GPT-4's pattern with every digit a chunk of its own (``\p{N}`` instead of ``\p{N}{1,3}+``), so that no
+#: merge can join two digits: the rule of Llama's tokenizer, which splits numbers into single digits.
+SINGLE_DIGIT_PATTERN = GPT4_PATTERN.replace(r"\p{N}{1,3}+", r"\p{N}")
 _PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN}
 _FORMAT = "coursekit-bpe"
 _VERSION = 1
@@ -567,3 +574,89 @@ def encode_with_special(text: str, ranks: dict[tuple[int, int], int], special: d
             for chunk in regex.findall(GPT4_PATTERN, piece):
                 ids.extend(encode_chunk(chunk, ranks))
     return ids
+
+
+# --------------------------------------------------------------------------- failure modes
+
+
+def token_pieces(tokenizer: Tokenizer, text: str) -> list[str]:
+    """The pieces of text the tokens of ``text`` stand for, in order (special strings as plain text).
+
+    A token whose bytes are not whole UTF-8 characters shows the stray bytes as ``\\x`` escapes.
+
+    Example: with a tokenizer that learnt `` st``, ``ra``, ``er`` and ``ry``,
+    ``token_pieces(tok, " strawberry") -> [" st", "ra", "w", "b", "er", "ry"]``.
+
+    Args:
+        tokenizer: a trained :class:`Tokenizer`.
+        text: any string.
+
+    Returns:
+        One ``str`` per token of ``tokenizer.encode_ordinary(text)``; joined they give ``text``
+        back whenever no character is split between tokens.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    return [
+        tokenizer.vocab[i].decode("utf-8", errors="backslashreplace") for i in tokenizer.encode_ordinary(text)
+    ]
+
+
+def token_counts(tokenizer: Tokenizer, text: str) -> Counter:
+    """How often each token id occurs when ``text`` is encoded (special strings as plain text).
+
+    Counts each distinct chunk once and multiplies by its frequency, so it equals
+    ``Counter(tokenizer.encode_ordinary(text))`` at a fraction of the cost on long texts.
+
+    Args:
+        tokenizer: a trained :class:`Tokenizer`.
+        text: any string.
+
+    Returns:
+        A ``Counter`` mapping token id to its number of occurrences; ids that never occur are absent.
+    """
+    counts: Counter = Counter()
+    for chunk, n in chunk_counts(text, tokenizer.pattern).items():
+        for i in tokenizer._encode_chunk(chunk):
+            counts[i] += n
+    return counts
+
+
+def under_trained_tokens(
+    tokenizer: Tokenizer, tokenizer_text: str, model_text: str, max_count: int = 0
+) -> list[tuple[int, int, int]]:
+    """Tokens a model trained on ``model_text`` would (almost) never see, most frequent in
+    ``tokenizer_text`` first: the mechanism behind glitch tokens such as GPT-2's `` SolidGoldMagikarp``.
+
+    A token earns its place in the vocabulary from the text the tokenizer was trained on. If the
+    model is trained on other text, a token that is rare there receives (almost) no gradient in the
+    input embedding, whose row for a token changes only where the token occurs.
+
+    Example: a tokenizer trained on the Python manual, with ``model_text`` Python source code, lists
+    `` characters`` (dozens of times in the manual, never in the source) among the first.
+
+    Args:
+        tokenizer: a trained :class:`Tokenizer`; its bytes and merges are examined, not its special tokens.
+        tokenizer_text: the text the tokenizer was trained on (or any text to rank the tokens by).
+        model_text: the text a model would be trained on.
+        max_count: the largest number of occurrences in ``model_text`` that still counts as rare,
+            an int ``>= 0`` (default 0: never occurs).
+
+    Returns:
+        ``(id, count in tokenizer_text, count in model_text)`` for every byte or merge token that
+        occurs at most ``max_count`` times in ``model_text``, sorted by the count in
+        ``tokenizer_text``, largest first, then by id.
+
+    Raises:
+        ValueError: ``max_count`` is not an int ``>= 0``.
+    """
+    if not isinstance(max_count, int) or isinstance(max_count, bool) or max_count < 0:
+        raise ValueError(f"max_count must be an int >= 0, got {max_count!r}")
+    in_tokenizer = token_counts(tokenizer, tokenizer_text)
+    in_model = token_counts(tokenizer, model_text)
+    rare = [
+        (i, in_tokenizer[i], in_model[i])
+        for i in range(256 + len(tokenizer.merges))
+        if in_model[i] <= max_count
+    ]
+    return sorted(rare, key=lambda row: (-row[1], row[0]))

@@ -204,3 +204,112 @@ def test_corpora():
     assert 400_000 < len(text) < 600_000 and "assignment" in text
     source = bpe.stdlib_source_text(max_bytes=50_000)
     assert len(source) == 50_000 and "def " in source
+
+
+# --------------------------------------------------------------------------- failure modes
+
+NUMBER_CASES = [
+    "1234",
+    "12345",
+    "2024",
+    " 2024",
+    "1000000",
+    "x=3.14159, y=-0.5e10",
+    "٣٤٥ ²³ 10¹⁰",
+    "a1b22c333d4444",
+]
+
+
+def test_cl100k_splits_digit_runs_into_groups_of_three_from_the_left():
+    """The GPT-4 (cl100k_base) pattern, applied with the regex module directly: a run of n digits
+    becomes the chunks s[0:3], s[3:6], ... (an exact formula)."""
+    import regex
+
+    for n in range(1, 13):
+        digits = "".join(str((7 * k + 3) % 10) for k in range(n))
+        assert regex.findall(bpe.GPT4_PATTERN, digits) == [digits[i : i + 3] for i in range(0, n, 3)]
+
+
+def test_single_digit_pattern_is_gpt4_with_each_digit_apart():
+    """SINGLE_DIGIT_PATTERN gives GPT-4's chunks, except that each number chunk falls apart into digits."""
+    import regex
+
+    assert r"\p{N}{1,3}+" in bpe.GPT4_PATTERN and r"\p{N}{1,3}+" not in bpe.SINGLE_DIGIT_PATTERN
+    for text in [*EDGE_CASES, *NUMBER_CASES, corpus()[:30_000]]:
+        expected = []
+        for chunk in regex.findall(bpe.GPT4_PATTERN, text):
+            expected.extend(chunk if regex.fullmatch(r"\p{N}+", chunk) else [chunk])
+        got = regex.findall(bpe.SINGLE_DIGIT_PATTERN, text)
+        assert got == expected, text[:40]
+        assert all(sum(ch.isdigit() for ch in chunk) <= 1 for chunk in got)
+
+
+def test_a_single_digit_tokenizer_learns_no_multi_digit_token_and_matches_tiktoken():
+    text = corpus()[:60_000] + " ".join(str(3 * k * k) for k in range(2_000))  # plenty of numbers
+    tok = bpe.train(text, 256 + 300, bpe.SINGLE_DIGIT_PATTERN)
+    assert not any(
+        sum(ch.isdigit() for ch in tok.vocab[i].decode("utf-8", "ignore")) > 1 for i in range(256, len(tok))
+    )
+    gpt4 = bpe.train(text, 256 + 300, "gpt4")
+    assert any(
+        tok_bytes.isdigit() and len(tok_bytes) > 1 for tok_bytes in gpt4.vocab.values()
+    )  # it could have
+    twin = tiktoken_twin(tok)
+    for case in [*EDGE_CASES, *NUMBER_CASES]:
+        assert tok.encode(case) == twin.encode_ordinary(case), case
+    assert bpe.token_pieces(tok, "12345") == ["1", "2", "3", "4", "5"]
+
+
+def test_token_pieces_are_tiktokens_token_bytes():
+    tok = trained()
+    twin = tiktoken_twin(tok)
+    for case in [*EDGE_CASES, *NUMBER_CASES, f"a{EOT}b", " strawberry The the  THE"]:
+        expected = [
+            twin.decode_single_token_bytes(i).decode("utf-8", errors="backslashreplace")
+            for i in twin.encode_ordinary(case)
+        ]
+        assert bpe.token_pieces(tok, case) == expected, case
+    assert "".join(bpe.token_pieces(tok, "Hello, world!  x")) == "Hello, world!  x"
+    euro = bpe.token_pieces(tok, "€")  # no token for it in this vocabulary: stray bytes are escaped
+    assert len(euro) > 1 and euro[0].startswith("\\x")
+    with pytest.raises(TypeError, match="must be str"):
+        bpe.token_pieces(tok, b"bytes")
+
+
+def test_token_counts_equal_counting_tiktokens_ids():
+    from collections import Counter
+
+    tok = trained("gpt2")
+    twin = tiktoken_twin(tok)
+    for text in [corpus()[-50_000:], bpe.stdlib_source_text(30_000), ""]:
+        assert bpe.token_counts(tok, text) == Counter(twin.encode_ordinary(text))
+
+
+def test_under_trained_tokens_by_hand():
+    # merges: "ab" (4 times) then "cd" (2 times); the model text has "ab" and bytes, never "cd"
+    tok = bpe.train(["ab", "ab", "ab", "ab", "cd", "cd"], 258, pattern=r".+")
+    assert tok.merges == [(97, 98), (99, 100)]
+    rows = bpe.under_trained_tokens(tok, "ab ab ab ab cd cd", "ab ab x")
+    assert rows[0] == (257, 2, 0)  # "cd": twice in the tokenizer's text, never in the model's
+    assert {i for i, _, _ in rows} == set(range(258)) - {256, ord(" "), ord("x")}
+    assert [(a, b) for _, a, b in rows] == sorted(((a, b) for _, a, b in rows), key=lambda r: -r[0])
+    assert (256, 4, 2) in bpe.under_trained_tokens(tok, "ab ab ab ab cd cd", "ab ab x", max_count=2)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="max_count"):
+            bpe.under_trained_tokens(tok, "ab", "ab", max_count=bad)
+
+
+def test_under_trained_tokens_against_tiktoken_counts():
+    from collections import Counter
+
+    tok = trained()
+    twin = tiktoken_twin(tok)
+    text_a, text_b = corpus()[:200_000], bpe.stdlib_source_text(100_000)
+    count_a, count_b = Counter(twin.encode_ordinary(text_a)), Counter(twin.encode_ordinary(text_b))
+    for max_count in (0, 3):
+        expected = sorted(
+            ((i, count_a[i], count_b[i]) for i in range(256 + len(tok.merges)) if count_b[i] <= max_count),
+            key=lambda row: (-row[1], row[0]),
+        )
+        assert bpe.under_trained_tokens(tok, text_a, text_b, max_count) == expected
+    assert tok.special_tokens[EOT] not in {i for i, _, _ in expected}
