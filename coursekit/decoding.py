@@ -17,6 +17,9 @@ softmax of what is left. Randomness is explicit: every sampler takes a ``torch.G
   *crosses* ``p`` is kept, so at least one token always survives.
 - **min-p** (Nguyen et al., 2024) keeps the tokens whose probability is at least ``p_base``
   times the top token's: the cut-off follows the model's confidence.
+- **repetition penalty** (Keskar et al., 2019, CTRL) and **no-repeat n-gram blocking** (Paulus
+  et al., 2018) are *logits processors*: they also read the ids so far ``(B, T)``, and
+  :func:`generate` applies them (``logits_processors``) before the temperature.
 - **beam search** keeps the ``W`` best partial sequences by total log-probability; finished
   ones (ending in EOS) are ranked by ``log p / length ** alpha``, the length normalisation of
   Hugging Face's ``generate`` (``alpha = 0`` is the raw sum, which favours short outputs); Wu et
@@ -26,6 +29,7 @@ softmax of what is left. Randomness is explicit: every sampler takes a ``torch.G
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +39,9 @@ __all__ = [
     "top_k_filter",
     "top_p_filter",
     "min_p_filter",
+    "repetition_penalty",
+    "no_repeat_ngram_filter",
+    "LogitsProcessor",
     "sample_next",
     "generate",
     "beam_search",
@@ -121,6 +128,85 @@ def min_p_filter(logits: torch.Tensor, p_base: float) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
+#: A logits processor: ``(logits (B, V), ids so far (B, T)) -> logits (B, V)``; bind extra arguments
+#: with ``functools.partial``, e.g. ``partial(repetition_penalty, penalty=1.3)``.
+LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _check_processor_inputs(logits: torch.Tensor, prev_ids: torch.Tensor) -> None:
+    if logits.dim() != 2 or prev_ids.dim() != 2 or logits.shape[0] != prev_ids.shape[0]:
+        raise ValueError(
+            f"expected logits (B, V) and prev_ids (B, T) with the same B, "
+            f"got {tuple(logits.shape)} and {tuple(prev_ids.shape)}"
+        )
+    if prev_ids.dtype != torch.long:
+        raise ValueError(f"prev_ids must be torch.long token ids, got {prev_ids.dtype}")
+
+
+def repetition_penalty(logits: torch.Tensor, prev_ids: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Make every token that already occurs in ``prev_ids`` less likely, by a factor on its logit.
+
+    The repetition penalty of CTRL (Keskar et al., 2019) with the sign rule of Hugging Face's
+    ``RepetitionPenaltyLogitsProcessor``: a seen token's logit ``z`` becomes ``z / penalty`` if
+    ``z > 0`` and ``z * penalty`` if ``z < 0``, so ``penalty > 1`` always lowers it (dividing a
+    negative logit, as the paper's formula does, would raise it). A token is penalised once, however
+    often it occurs; ``penalty < 1`` rewards repeats instead. Example: logits ``[2., -1., 0.5]``,
+    ``prev_ids [[0, 1, 0]]``, ``penalty 2`` -> ``[1., -2., 0.5]``.
+
+    Args:
+        logits: ``(B, V)`` next-token logits.
+        prev_ids: ``(B, T)`` ``torch.long`` ids of the text so far (prompt included), ``T >= 0``.
+        penalty: ``> 0``; ``1`` changes nothing.
+
+    Returns:
+        ``(B, V)`` of ``logits``' dtype; ``logits`` is not changed.
+
+    Raises:
+        ValueError: for shapes that do not match, non-long ids, or ``penalty <= 0``.
+    """
+    _check_processor_inputs(logits, prev_ids)
+    if not penalty > 0 or not math.isfinite(penalty):
+        raise ValueError(f"penalty must be a finite number > 0, got {penalty}")
+    seen = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, prev_ids, True)  # (B, V)
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)  # (B, V)
+    return torch.where(seen, penalised, logits)
+
+
+def no_repeat_ngram_filter(logits: torch.Tensor, prev_ids: torch.Tensor, n: int) -> torch.Tensor:
+    """Forbid every token that would complete an ``n``-gram already present in ``prev_ids``.
+
+    The ``n - 1`` last ids are the start of the ``n``-gram the next token would complete; wherever
+    the same ``n - 1`` ids occur earlier, the token that followed them there is set to ``-inf``
+    (the n-gram blocking of Paulus et al., 2018, as Hugging Face's ``NoRepeatNGramLogitsProcessor``
+    does it; ``n = 1`` forbids every token seen). Example with ``n = 2`` and ``prev_ids
+    [[5, 7, 5]]``: the last id is ``5``, which was followed by ``7`` before, so ``7`` is forbidden.
+
+    Args:
+        logits: ``(B, V)`` next-token logits.
+        prev_ids: ``(B, T)`` ``torch.long`` ids of the text so far (prompt included).
+        n: the n-gram length, a positive integer; with ``T < n`` nothing is forbidden.
+
+    Returns:
+        ``(B, V)`` of ``logits``' dtype with ``-inf`` at forbidden tokens; ``logits`` is not changed.
+
+    Raises:
+        ValueError: for shapes that do not match, non-long ids, or ``n`` not a positive integer.
+    """
+    _check_processor_inputs(logits, prev_ids)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    B, T = prev_ids.shape
+    if T < n:
+        return logits.clone()
+    grams = prev_ids.unfold(1, n, 1)  # (B, T - n + 1, n): every n-gram so far
+    last = prev_ids[:, T - n + 1 :]  # (B, n - 1): what the next token would extend
+    match = (grams[..., :-1] == last[:, None, :]).all(dim=-1)  # (B, T - n + 1)
+    banned = torch.zeros(B, logits.shape[1] + 1, dtype=torch.bool, device=logits.device)  # (B, V + 1)
+    # a gram that does not match writes into the spare last column instead of banning its last token
+    banned.scatter_(1, torch.where(match, grams[..., -1], logits.shape[1]), True)
+    return logits.masked_fill(banned[:, :-1], float("-inf"))
+
+
 def sample_next(
     logits: torch.Tensor,
     generator: torch.Generator | None = None,
@@ -169,6 +255,7 @@ def generate(
     generator: torch.Generator | None = None,
     eos_id: int | None = None,
     use_cache: bool = True,
+    logits_processors: Sequence[LogitsProcessor] = (),
 ) -> torch.Tensor:
     """Extend ``prompt`` by up to ``max_new_tokens`` tokens, one at a time.
 
@@ -185,6 +272,8 @@ def generate(
         eos_id: the end-of-sequence token, or ``None`` to always generate ``max_new_tokens``.
         use_cache: keep a KV cache (needs ``T0 + max_new_tokens <= block_size``); without it
             each step re-reads the last ``block_size`` tokens.
+        logits_processors: applied in order to each step's logits with the ids so far ``(B, t)``,
+            before the temperature (e.g. :func:`repetition_penalty`, :func:`no_repeat_ngram_filter`).
 
     Returns:
         ``(B, T0 + n)`` with ``n <= max_new_tokens`` new tokens.
@@ -211,6 +300,8 @@ def generate(
         step_input = prompt
         for _ in range(max_new_tokens):
             logits = model(step_input if use_cache else out[:, -block:], cache=cache)[:, -1]  # (B, V)
+            for process in logits_processors:
+                logits = process(logits, out)
             nxt = sample_next(logits, generator, temperature, top_k, top_p)  # (B,)
             if eos_id is not None:
                 nxt = nxt.masked_fill(done, eos_id)

@@ -1,4 +1,4 @@
-"""coursekit.decoding: filters against Hugging Face's logits warpers, sampling frequencies by a
+"""coursekit.decoding: filters and logits processors against Hugging Face's, sampling frequencies by a
 chi-square test, generation with and without the cache, and beam search on constructed models."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 import torch
@@ -55,6 +56,115 @@ def test_top_k_keeps_ties_and_rejects_bad_k():
             decoding.top_k_filter(logits, bad)
     with pytest.raises(ValueError, match=r"p must be in \(0, 1\]"):
         decoding.top_p_filter(logits, 0.0)
+
+
+@pytest.mark.parametrize("p_base", [0.0, 0.05, 0.2, 0.5, 0.9, 1.0])
+def test_min_p_equals_hf_warper(p_base):
+    logits = rand_logits(seed=4).double()
+    expected = logits_process.MinPLogitsWarper(p_base)(None, logits.clone())
+    assert torch.equal(decoding.min_p_filter(logits, p_base), expected)
+
+
+# --------------------------------------------------------------------------- logits processors
+
+
+def rand_ids(B=4, T=30, V=6, seed=0):
+    """Ids from a few tokens only, so that tokens and n-grams repeat."""
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("penalty", [0.5, 1.0, 1.2, 2.0])
+@pytest.mark.parametrize("T", [0, 1, 7, 30])
+def test_repetition_penalty_equals_hf_processor(penalty, T):
+    for seed in range(3):
+        logits = rand_logits(V=12, seed=seed).double()  # (4, 12), both signs
+        ids = rand_ids(T=T, V=12, seed=seed)
+        expected = logits_process.RepetitionPenaltyLogitsProcessor(penalty)(ids, logits.clone())
+        got = decoding.repetition_penalty(logits, ids, penalty)
+        assert torch.equal(got, expected)
+        changed = (got != logits).any(dim=-1)
+        assert changed.tolist() == [penalty != 1.0 and T > 0] * 4  # only a real penalty on seen ids acts
+
+
+def test_repetition_penalty_worked_example_and_errors():
+    logits = torch.tensor([[2.0, -1.0, 0.5]])
+    assert decoding.repetition_penalty(logits, torch.tensor([[0, 1, 0]]), 2.0).tolist() == [[1.0, -2.0, 0.5]]
+    assert logits.tolist() == [[2.0, -1.0, 0.5]]  # not changed in place
+    for bad in (0.0, -1.0, math.inf):
+        with pytest.raises(ValueError, match="penalty must be a finite number > 0"):
+            decoding.repetition_penalty(logits, torch.tensor([[0]]), bad)
+    with pytest.raises(ValueError, match=r"expected logits \(B, V\) and prev_ids \(B, T\)"):
+        decoding.repetition_penalty(logits, torch.tensor([[0], [1]]), 1.2)
+    with pytest.raises(ValueError, match="torch.long"):
+        decoding.repetition_penalty(logits, torch.tensor([[0.0]]), 1.2)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("T", [0, 2, 3, 30])
+def test_no_repeat_ngram_equals_hf_processor(n, T):
+    banned_any = False
+    for seed in range(3):
+        logits = rand_logits(V=12, seed=seed).double()
+        ids = rand_ids(T=T, V=4, seed=seed)  # 4 tokens in 30 ids: n-grams repeat
+        expected = logits_process.NoRepeatNGramLogitsProcessor(n)(ids, logits.clone())
+        got = decoding.no_repeat_ngram_filter(logits, ids, n)
+        assert torch.equal(got, expected)
+        banned_any |= bool(got.isinf().any())
+    if T < n:
+        assert not banned_any  # with fewer than n ids there is no n-gram to repeat
+    elif T == 30:
+        assert banned_any  # 30 ids of 4 tokens: some n-gram's start recurs at the end
+
+
+def test_no_repeat_ngram_worked_example_and_errors():
+    logits = torch.zeros(1, 8)
+    got = decoding.no_repeat_ngram_filter(logits, torch.tensor([[5, 7, 5]]), 2)
+    assert got.isinf().nonzero()[:, 1].tolist() == [7]
+    assert decoding.no_repeat_ngram_filter(logits, torch.tensor([[5, 7, 5]]), 1).isinf().nonzero()[
+        :, 1
+    ].tolist() == [
+        5,
+        7,
+    ]
+    assert not logits.isinf().any()
+    for bad in (0, -2, 2.0, True):
+        with pytest.raises(ValueError, match="n must be a positive integer"):
+            decoding.no_repeat_ngram_filter(logits, torch.tensor([[1]]), bad)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_generate_with_processors_equals_hf_generate():
+    """Greedy decoding with a repetition penalty and 3-gram blocking, against Hugging Face's
+    ``generate(repetition_penalty=..., no_repeat_ngram_size=...)`` on identical weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    m = small_gpt(seed=5)
+    hf = GPT2LMHeadModel(GPT2Config(**gpt.hf_config_kwargs(m.cfg))).eval()
+    hf.load_state_dict(gpt.to_hf_state_dict(m.state_dict()))
+    processors = [
+        partial(decoding.repetition_penalty, penalty=1.5),
+        partial(decoding.no_repeat_ngram_filter, n=3),
+    ]
+    for seed in range(2):
+        prompt = torch.randint(0, 23, (2, 4), generator=torch.Generator().manual_seed(seed))
+        expected = hf.generate(
+            prompt,
+            max_new_tokens=30,
+            min_new_tokens=30,
+            do_sample=False,
+            repetition_penalty=1.5,
+            no_repeat_ngram_size=3,
+            eos_token_id=None,
+            pad_token_id=0,
+            attention_mask=torch.ones_like(prompt),
+        )
+        got = decoding.generate(m, prompt, 30, logits_processors=processors)
+        assert torch.equal(got, expected)
+        plain = decoding.generate(m, prompt, 30)
+        assert not torch.equal(got, plain)  # the processors changed the text
+        for row in got.tolist():
+            grams = [tuple(row[i : i + 3]) for i in range(len(row) - 2)]
+            assert len(grams) == len(set(grams))  # no 3-gram occurs twice
 
 
 # --------------------------------------------------------------------------- sampling
