@@ -45,7 +45,7 @@ import math
 import torch
 
 from coursekit.attention import check_attention_inputs, scaled_dot_product_attention
-from coursekit.multihead import MultiHeadAttention, repeat_kv
+from coursekit.multihead import MultiHeadAttention, merge_heads, repeat_kv
 
 __all__ = [
     "tiled_attention",
@@ -67,6 +67,12 @@ __all__ = [
     "segment_recurrence_mask",
     "window_mass",
     "sink_window_mask",
+    "tiled_attention_forward",
+    "tiled_attention_backward",
+    "TiledAttention",
+    "flash_attention",
+    "gpt_logits_with_mask",
+    "sink_cache_decode",
 ]
 
 
@@ -802,3 +808,316 @@ def sink_window_mask(
     p = torch.arange(T, device=device)[:, None] + (S - T)  # (T, 1) query positions
     j = torch.arange(S, device=device)[None, :]  # (1, S) key positions
     return window_part | ((j < n_sink) & (j <= p))  # (T, S)
+
+
+# --------------------------------------------------------------------------- tiled backward with recomputation
+
+
+def _check_tiled_autograd_inputs(q, k, v, causal, block_q, block_k) -> None:
+    check_attention_inputs(q, k, v)
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(
+            f"q, k and v must share their leading dimensions (no broadcasting), got {tuple(q.shape)}, "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block sizes must be positive, got block_q={block_q} and block_k={block_k}")
+    if causal and k.shape[-2] < q.shape[-2]:
+        raise ValueError(
+            f"a causal mask needs at least as many keys as queries, got T={q.shape[-2]} and S={k.shape[-2]}"
+        )
+
+
+def _tile_scores(qi, kj, i0, j0, T, S, causal, scale):
+    """One tile of scaled scores ``(..., Tq, Sk)``, ``-inf`` where a causal query may not look."""
+    s = (qi @ kj.transpose(-2, -1)) * scale  # (..., Tq, Sk)
+    if causal:
+        rows = torch.arange(i0, i0 + qi.shape[-2], device=qi.device)[:, None] + (S - T)  # (Tq, 1)
+        cols = torch.arange(j0, j0 + kj.shape[-2], device=qi.device)[None, :]  # (1, Sk)
+        s = s.masked_fill(cols > rows, -math.inf)
+    return s
+
+
+def tiled_attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    block_q: int = 64,
+    block_k: int = 64,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online-softmax forward of :func:`tiled_attention`, also returning each row's log-sum-exp.
+
+    The running maximum ``m`` and running sum ``l`` of a query row end as ``m`` and
+    ``l = sum_j exp(s_j - m)``, so ``lse = m + log(l) = log sum_j exp(s_j)``. That one number per
+    row is all the backward pass needs to rebuild any tile of probabilities,
+    ``P = exp(s - lse)``, without storing them (FlashAttention, Dao et al., 2022).
+
+    Args:
+        q: ``(..., T, D)``.
+        k: ``(..., S, D)``, the same leading dimensions as ``q``.
+        v: ``(..., S, Dv)``.
+        causal: bottom-right causal mask (query ``i`` sees keys ``j <= i + S - T``), ``S >= T``.
+        block_q, block_k: tile sizes, ``>= 1``.
+        scale: multiplies the scores; defaults to ``1 / sqrt(D)``.
+
+    Returns:
+        ``(out, lse)``: ``(..., T, Dv)``, equal to :func:`tiled_attention`, and ``(..., T)``, the
+        log-sum-exp of each query's scaled scores (every row sees at least one key).
+
+    Raises:
+        ValueError: block sizes below 1, ``causal`` with ``S < T``, leading dimensions that differ.
+    """
+    _check_tiled_autograd_inputs(q, k, v, causal, block_q, block_k)
+    T, S = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    outputs, lses = [], []
+    for i0 in range(0, T, block_q):
+        qi = q[..., i0 : i0 + block_q, :]  # (..., Tq, D)
+        m = torch.full((*qi.shape[:-1], 1), -math.inf, dtype=q.dtype, device=q.device)  # (..., Tq, 1)
+        l = torch.zeros_like(m)  # (..., Tq, 1)
+        acc = torch.zeros((*qi.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)  # (..., Tq, Dv)
+        for j0 in range(0, S, block_k):
+            if causal and j0 > i0 + qi.shape[-2] - 1 + S - T:
+                break  # every later key tile lies in the future of the whole query block
+            s = _tile_scores(qi, k[..., j0 : j0 + block_k, :], i0, j0, T, S, causal, scale)  # (..., Tq, Sk)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (..., Tq, 1), finite: key j0 is visible
+            p = torch.exp(s - m_new)  # (..., Tq, Sk)
+            alpha = torch.exp(m - m_new)  # (..., Tq, 1), 0 on the first tile
+            l = alpha * l + p.sum(dim=-1, keepdim=True)
+            acc = alpha * acc + p @ v[..., j0 : j0 + block_k, :]  # (..., Tq, Dv)
+            m = m_new
+        outputs.append(acc / l)
+        lses.append((m + torch.log(l)).squeeze(-1))  # (..., Tq)
+    return torch.cat(outputs, dim=-2), torch.cat(lses, dim=-1)  # (..., T, Dv), (..., T)
+
+
+def tiled_attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    causal: bool = False,
+    block_q: int = 64,
+    block_k: int = 64,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of attention tile by tile, recomputing the probabilities (FlashAttention's backward).
+
+    With ``P = softmax(s)`` row by row, ``s = scale q k^T`` and ``out = P v``, the chain rule gives
+
+    * ``dV = P^T dO`` and ``dP = dO V^T``;
+    * through the softmax, ``dS = P * (dP - Delta)`` with ``Delta_i = sum_j P_ij dP_ij``, which
+      equals ``rowsum(dO * O)`` (since ``O = P V``) and so needs no ``(T, S)`` matrix;
+    * ``dQ = scale dS K`` and ``dK = scale dS^T Q``.
+
+    Every term is a sum over tiles, so the loop rebuilds each ``block_q x block_k`` tile of
+    ``P = exp(s - lse)`` from ``q``, ``k`` and the saved log-sum-exp, uses it and throws it away:
+    the extra memory is one tile, not the ``(T, S)`` matrix that plain autograd keeps. The loop
+    over key tiles is outside (each key tile accumulates its ``dK`` and ``dV`` while the query
+    tiles stream past), as in FlashAttention-2.
+
+    Args:
+        q, k, v: the forward's inputs, ``(..., T, D)``, ``(..., S, D)``, ``(..., S, Dv)``.
+        out: the forward's output ``(..., T, Dv)``.
+        lse: the log-sum-exp of each row of scaled scores ``(..., T)``
+            (:func:`tiled_attention_forward`).
+        grad_out: the gradient of the loss with respect to ``out``, ``(..., T, Dv)``.
+        causal, block_q, block_k, scale: as in the forward pass (the tiles need not match it).
+
+    Returns:
+        ``(dq, dk, dv)`` shaped like ``q``, ``k`` and ``v``.
+
+    Raises:
+        ValueError: as :func:`tiled_attention_forward`, or ``out``, ``lse`` or ``grad_out`` of the
+            wrong shape.
+    """
+    _check_tiled_autograd_inputs(q, k, v, causal, block_q, block_k)
+    T, S = q.shape[-2], k.shape[-2]
+    expected = (*q.shape[:-1], v.shape[-1])
+    if out.shape != expected or grad_out.shape != expected or lse.shape != q.shape[:-1]:
+        raise ValueError(
+            f"expected out and grad_out {expected} and lse {tuple(q.shape[:-1])}, got {tuple(out.shape)}, "
+            f"{tuple(grad_out.shape)} and {tuple(lse.shape)}"
+        )
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    delta = (grad_out * out).sum(dim=-1)  # (..., T): Delta_i = rowsum(dO * O)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for j0 in range(0, S, block_k):
+        kj, vj = k[..., j0 : j0 + block_k, :], v[..., j0 : j0 + block_k, :]  # (..., Sk, D), (..., Sk, Dv)
+        first_query = 0 if not causal else max(0, j0 - (S - T))  # earlier queries cannot see this tile
+        for i0 in range(first_query - first_query % block_q, T, block_q):
+            qi = q[..., i0 : i0 + block_q, :]  # (..., Tq, D)
+            s = _tile_scores(qi, kj, i0, j0, T, S, causal, scale)  # (..., Tq, Sk)
+            p = torch.exp(s - lse[..., i0 : i0 + block_q, None])  # (..., Tq, Sk) recomputed probabilities
+            do = grad_out[..., i0 : i0 + block_q, :]  # (..., Tq, Dv)
+            dv[..., j0 : j0 + block_k, :] += p.transpose(-2, -1) @ do  # (..., Sk, Dv)
+            dp = do @ vj.transpose(-2, -1)  # (..., Tq, Sk)
+            ds = p * (dp - delta[..., i0 : i0 + block_q, None])  # (..., Tq, Sk)
+            dq[..., i0 : i0 + block_q, :] += scale * (ds @ kj)  # (..., Tq, D)
+            dk[..., j0 : j0 + block_k, :] += scale * (ds.transpose(-2, -1) @ qi)  # (..., Sk, D)
+    return dq, dk, dv
+
+
+class TiledAttention(torch.autograd.Function):
+    """Exact attention whose backward pass recomputes its tiles instead of storing them.
+
+    The forward pass (:func:`tiled_attention_forward`) saves ``q``, ``k``, ``v``, the output and one
+    log-sum-exp per query row: ``O(T D + S D)`` numbers. The backward pass
+    (:func:`tiled_attention_backward`) rebuilds each tile of probabilities from them. Plain
+    autograd through attention would instead keep the ``(T, S)`` weights (and more) for every
+    head: the memory that limits training on long sequences. Call it through
+    :func:`flash_attention`.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_q=64, block_k=64, scale=None):
+        out, lse = tiled_attention_forward(q, k, v, causal, block_q, block_k, scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (causal, block_q, block_k, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = tiled_attention_backward(q, k, v, out, lse, grad_out.contiguous(), *ctx.options)
+        return dq, dk, dv, None, None, None, None
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    block_q: int = 64,
+    block_k: int = 64,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Exact attention, tiled forward and backward: the FlashAttention algorithm (Dao et al., 2022) in PyTorch.
+
+    The same numbers as :func:`tiled_attention` (causal or not, no other mask), but training
+    through it stores only ``q, k, v``, the output and a log-sum-exp per row; the backward pass
+    recomputes the probabilities tile by tile. A Python loop over tiles: it shows the algorithm
+    and its memory; it does not make the fused GPU kernel's speed.
+
+    Args:
+        q: ``(..., T, D)``.
+        k: ``(..., S, D)``, the same leading dimensions as ``q``.
+        v: ``(..., S, Dv)``.
+        causal: bottom-right causal mask, needs ``S >= T``.
+        block_q, block_k: tile sizes, ``>= 1``.
+        scale: multiplies the scores; defaults to ``1 / sqrt(D)``.
+
+    Returns:
+        ``(..., T, Dv)``, differentiable with respect to ``q``, ``k`` and ``v``.
+    """
+    return TiledAttention.apply(q, k, v, causal, block_q, block_k, scale)
+
+
+# --------------------------------------------------------------------------- attention sinks on a trained GPT
+
+
+def _check_gpt_input(model, idx: torch.Tensor) -> None:
+    if idx.dim() != 2 or idx.dtype != torch.long:
+        raise ValueError(f"idx must be (B, T) token ids of dtype int64, got {tuple(idx.shape)} {idx.dtype}")
+    if not 1 <= idx.shape[1] <= model.cfg.block_size:
+        raise ValueError(
+            f"the model has {model.cfg.block_size} learned positions, so 1 <= T <= {model.cfg.block_size}; "
+            f"got T={idx.shape[1]}"
+        )
+
+
+def _attend(attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask=None):
+    """``attn``'s attention of ``q`` over the given keys and values, through its output projection."""
+    group = attn.n_heads // attn.n_kv_heads
+    out, weights = scaled_dot_product_attention(
+        q, repeat_kv(keys, group), repeat_kv(values, group), mask=mask
+    )  # (B, H, T, D), (B, H, T, S)
+    return attn.out_proj(merge_heads(out)), weights  # (B, T, C)
+
+
+def gpt_logits_with_mask(
+    model, idx: torch.Tensor, mask: torch.Tensor, return_weights: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+    """Next-token logits of a Chapter 7 :class:`~coursekit.gpt.GPT` whose layers attend under ``mask``.
+
+    The same computation as ``model(idx)`` (token plus learned position embeddings, pre-norm
+    blocks, final norm, tied output layer) with the causal mask replaced by any boolean mask,
+    e.g. :func:`sliding_window_mask` or :func:`sink_window_mask`. Because the model's positions
+    are added to the embeddings, a rolling cache that keeps each token's key and value as they
+    were computed is exactly attention under such a mask (:func:`sink_cache_decode` checks it).
+    Run it in ``eval()`` mode unless dropout is wanted.
+
+    Args:
+        model: a :class:`~coursekit.gpt.GPT`.
+        idx: ``(B, T)`` token ids, ``T <= model.cfg.block_size``.
+        mask: ``(T, T)`` boolean, ``True`` = may attend; a query that may attend to nothing gets a
+            zero attention output.
+        return_weights: also return every layer's attention weights.
+
+    Returns:
+        ``(B, T, V)`` logits; with ``return_weights``, also a list of ``L`` tensors ``(B, H, T, T)``.
+
+    Raises:
+        ValueError: ``idx`` not ``(B, T)`` integers within the model's positions, or ``mask`` not a
+            ``(T, T)`` boolean.
+    """
+    _check_gpt_input(model, idx)
+    T = idx.shape[1]
+    if mask.shape != (T, T) or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a ({T}, {T}) boolean, got {tuple(mask.shape)} {mask.dtype}")
+    x = model.drop(model.tok_emb(idx) + model.pos_emb(torch.arange(T, device=idx.device)))  # (B, T, C)
+    all_weights = []
+    for block in model.blocks:
+        q, k, v = block.attn.project(block.norm1(x))  # (B, H, T, D), (B, H_kv, T, D) x 2
+        out, weights = _attend(block.attn, q, k, v, mask=mask)  # (B, T, C), (B, H, T, T)
+        all_weights.append(weights)
+        x = x + block.dropout1(out)
+        x = x + block.dropout2(block.ff(block.norm2(x)))
+    logits = model.lm_head(model.norm(x))  # (B, T, V)
+    return (logits, all_weights) if return_weights else logits
+
+
+def sink_cache_decode(model, idx: torch.Tensor, window: int, n_sink: int) -> torch.Tensor:
+    """Feed ``idx`` to a GPT token by token through StreamingLLM's cache (Xiao et al., 2023).
+
+    Every layer caches the keys and values of the first ``n_sink`` tokens (the *attention
+    sinks*) and of the last ``window`` tokens, the new one included; when a token arrives and the
+    cache is full, the oldest token that is not a sink is evicted. ``n_sink = 0`` is a plain
+    rolling window. Each token keeps its absolute position (the model's positions are in its
+    embeddings), so the result equals :func:`gpt_logits_with_mask` under :func:`sink_window_mask`.
+
+    Args:
+        model: a :class:`~coursekit.gpt.GPT`, in ``eval()`` mode for a deterministic result.
+        idx: ``(B, T)`` token ids, ``T <= model.cfg.block_size``.
+        window: recent tokens kept, ``W >= 1``.
+        n_sink: first tokens kept, ``>= 0``.
+
+    Returns:
+        ``(B, T, V)``: the logits computed at each step.
+    """
+    _check_gpt_input(model, idx)
+    if window < 1 or n_sink < 0:
+        raise ValueError(f"need window >= 1 and n_sink >= 0, got window={window} and n_sink={n_sink}")
+    caches: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(model.blocks)
+    logits = []
+    for t in range(idx.shape[1]):
+        pos = torch.tensor([t], device=idx.device)
+        x = model.drop(model.tok_emb(idx[:, t : t + 1]) + model.pos_emb(pos))  # (B, 1, C)
+        for layer, block in enumerate(model.blocks):
+            q, k, v = block.attn.project(block.norm1(x))  # (B, H, 1, D), (B, H_kv, 1, D) x 2
+            if caches[layer] is not None:
+                k = torch.cat([caches[layer][0], k], dim=2)  # (B, H_kv, n + 1, D)
+                v = torch.cat([caches[layer][1], v], dim=2)
+            if k.shape[2] > n_sink + window:  # full: evict the oldest token that is not a sink
+                keep = [j for j in range(k.shape[2]) if j != n_sink]
+                k, v = k[:, :, keep], v[:, :, keep]  # (B, H_kv, n_sink + W, D)
+            caches[layer] = (k, v)
+            out, _ = _attend(block.attn, q, k, v)  # (B, 1, C)
+            x = x + block.dropout1(out)
+            x = x + block.dropout2(block.ff(block.norm2(x)))
+        logits.append(model.lm_head(model.norm(x)))  # (B, 1, V)
+    return torch.cat(logits, dim=1)  # (B, T, V)

@@ -517,3 +517,203 @@ def sinusoidal_similarity(k: int, C: int, T: int = 512, base: float = 10000.0) -
     a, b = pe[:T], pe[k : k + T]  # (T, C) each: positions p and p + k
     cos = (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))  # (T,)
     return cos.mean().item()
+
+
+# --------------------------------------------------------------------------- YaRN (NTK-by-parts + temperature)
+
+import math  # noqa: E402  (this block is appended to the module; its imports stay with it)
+
+
+def yarn_inv_freq(
+    D: int,
+    base: float = 10000.0,
+    scale: float = 1.0,
+    original_max: int = 2048,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+) -> torch.Tensor:
+    """RoPE frequencies stretched by YaRN's "NTK-by-parts" interpolation (Peng et al., 2023).
+
+    Pair ``i`` of plain RoPE turns by ``theta_i = base^(-2i / D)`` per token, so over the trained
+    context of ``L = original_max`` tokens it makes ``r_i = L theta_i / (2 pi)`` full turns. YaRN
+    treats the pairs by that count:
+
+    * pairs that turn many times (``r_i > beta_fast``) already saw every angle in training and
+      keep their frequency (no interpolation: they tell neighbours apart);
+    * pairs that turn less than ``beta_slow`` times never completed a turn; they are divided by
+      ``scale``, as position interpolation does, so a ``scale`` times longer context reuses
+      trained angles;
+    * in between, ``theta_i' = (1 - g_i) theta_i / scale + g_i theta_i`` with ``g_i`` falling linearly
+      from 1 to 0 over the pair index, between the pair where ``r = beta_fast`` and the one where
+      ``r = beta_slow`` (rounded outward when ``truncate``).
+
+    The pair where ``r = beta`` is ``d(beta) = D ln(L / (2 pi beta)) / (2 ln base)``. This follows
+    the authors' code and Hugging Face's ``rope_type="yarn"`` (``_compute_yarn_parameters``),
+    whose boundaries are clamped to ``[0, D - 1]``. YaRN also sharpens the softmax:
+    :func:`yarn_mscale`.
+
+    Args:
+        D: head width, even and positive.
+        base: RoPE base, ``> 1``.
+        scale: the context extension factor ``s > 0`` (1 gives plain RoPE).
+        original_max: the trained context ``L``, ``>= 1``.
+        beta_fast: turns above which a pair is kept as it is, ``> 0``.
+        beta_slow: turns below which a pair is fully interpolated, ``0 < beta_slow < beta_fast``.
+        truncate: round the boundary pairs outward to integers (Hugging Face's default).
+
+    Returns:
+        ``(D/2,)`` float64 frequencies, between ``theta_i / scale`` and ``theta_i``.
+
+    Raises:
+        ValueError: a bad ``D`` or ``base`` (:func:`rope_frequencies`), ``scale <= 0``,
+            ``original_max < 1`` or betas not ``0 < beta_slow < beta_fast``.
+
+    Example:
+        ``yarn_inv_freq(8, 10000.0, 4.0, 2048)`` keeps the two fastest pairs ``[1, 0.1]`` (they turn
+        326 and 33 times in 2048 tokens), quarters the slowest ``0.001 -> 0.00025`` and moves the third
+        ``0.01`` part of the way: the ramp runs over pair indices 1 to 3, so ``g = 1/2`` and
+        ``0.01 -> (0.0025 + 0.01) / 2 = 0.00625``.
+    """
+    theta = rope_frequencies(D, base)  # (D/2,) float64, validates D and base
+    if scale <= 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+    if original_max < 1:
+        raise ValueError(f"original_max must be at least 1, got {original_max}")
+    if not 0 < beta_slow < beta_fast:
+        raise ValueError(
+            f"need 0 < beta_slow < beta_fast, got beta_slow={beta_slow} and beta_fast={beta_fast}"
+        )
+
+    def pair_with_turns(turns: float) -> float:  # the (fractional) pair index i where r_i = turns
+        return D * math.log(original_max / (2 * math.pi * turns)) / (2 * math.log(base))
+
+    low, high = pair_with_turns(beta_fast), pair_with_turns(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, D - 1)
+    if low == high:
+        high += 0.001  # as Hugging Face: avoids dividing by zero
+    i = torch.arange(D // 2, dtype=torch.float64)  # (D/2,) pair indices
+    ramp = ((i - low) / (high - low)).clamp(0, 1)  # (D/2,) 0 keeps theta_i, 1 divides it by scale
+    return theta / scale * ramp + theta * (1 - ramp)  # (D/2,)
+
+
+def yarn_mscale(scale: float) -> float:
+    """YaRN's attention temperature: multiply cos and sin by ``0.1 ln(s) + 1`` (1 for ``s <= 1``).
+
+    Interpolated positions sit closer together, which flattens the softmax; Peng et al. (2023)
+    counter it by scaling the logits by ``1 / t`` with ``sqrt(1 / t) = 0.1 ln(s) + 1``, fitted on
+    LLaMA. Scaling both the rotated query and key by ``sqrt(1 / t)`` does that, and Hugging Face
+    returns it as the ``attention_factor`` that multiplies cos and sin.
+
+    Args:
+        scale: the context extension factor ``s > 0``.
+
+    Returns:
+        The factor, a Python ``float`` (``0.1 ln 4 + 1 = 1.1386...`` for ``s = 4``).
+    """
+    if scale <= 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+    return 1.0 if scale <= 1 else 0.1 * math.log(scale) + 1.0
+
+
+__all__ += ["yarn_inv_freq", "yarn_mscale"]
+
+
+# --------------------------------------------------------------------------- adding or concatenating positions
+
+#: how :func:`position_recovery_r2` combines a token vector with its position vector
+POSITION_INPUTS = ("add", "concat")
+
+
+def position_recovery_r2(
+    C: int,
+    T: int,
+    mode: str,
+    n_tokens: int = 1000,
+    n_samples: int = 4096,
+    token_std: float = 0.5**0.5,
+    base: float = 10000.0,
+    generator: torch.Generator | None = None,
+) -> float:
+    """How well an affine map reads a token's position back out of its input vector: held-out R^2.
+
+    Draws a table of ``n_tokens`` random token vectors ``E`` ``(n_tokens, C)``, entries
+    ``N(0, token_std^2)``, and ``2 n_samples`` (token, position) pairs, both uniform (positions
+    ``0 .. T-1``). Each pair becomes one input: ``E[t] + PE[p]`` ``(C,)`` for ``mode="add"``, or
+    ``[E[t], PE[p]]`` ``(2C,)`` for ``mode="concat"``, with ``PE`` the :func:`sinusoidal_encoding`.
+    An affine map from input to ``PE[p]`` is fitted by least squares (the minimum-norm solution by
+    SVD, singular values below ``1e-10`` of the largest counted as zero) on the first ``n_samples``
+    pairs and scored on the other ``n_samples``::
+
+        R^2 = 1 - sum ||PE[p] - fitted||^2 / sum ||PE[p] - mean||^2
+
+    summed over the held-out pairs and all ``C`` channels, ``mean`` being their own mean. 1 means
+    the position vector is recovered exactly, 0 no better than by its mean. Concatenation keeps
+    the two parts in separate channels, so R^2 is 1 up to rounding; adding mixes them, and R^2
+    falls short of 1 by how much of the token vectors lies where the position vectors vary.
+
+    The default ``token_std`` gives token vectors the expected squared norm ``C / 2`` of every
+    position vector. Everything is float64; the draws, in this order, all from ``generator``:
+    ``E = randn(n_tokens, C) * token_std``, token ids ``randint(0, n_tokens, (2 n_samples,))``,
+    positions ``randint(0, T, (2 n_samples,))``.
+
+    Args:
+        C: width of token and position vectors, even and positive.
+        T: number of positions, ``>= 2``.
+        mode: ``"add"`` or ``"concat"``.
+        n_tokens: size of the token table, ``>= 1``.
+        n_samples: pairs to fit on, and as many to score on; more than the input width plus one.
+        token_std: standard deviation of the token vectors' entries, ``>= 0``.
+        base: as in :func:`sinusoidal_encoding`.
+        generator: the source of randomness (``None``: torch's global generator).
+
+    Returns:
+        The held-out R^2, a Python ``float``, at most 1.
+
+    Raises:
+        ValueError: for an unknown ``mode``, ``T < 2``, ``n_tokens < 1``, a negative ``token_std``,
+            too few ``n_samples`` for the input width, or a ``C`` or ``base`` that
+            :func:`sinusoidal_encoding` refuses.
+
+    Example:
+        With ``C=64, T=128`` and the defaults, ``"concat"`` gives 1.0 (to about ``1e-12``) and
+        ``"add"`` about 0.6: the book's Chapter 3 shows how the gap closes as ``C`` grows.
+    """
+    if mode not in POSITION_INPUTS:
+        raise ValueError(f"mode must be one of {POSITION_INPUTS}, got {mode!r}")
+    if T < 2:
+        raise ValueError(f"T must be at least 2 (one position has nothing to recover), got T={T}")
+    if n_tokens < 1:
+        raise ValueError(f"n_tokens must be at least 1, got {n_tokens}")
+    if not token_std >= 0:
+        raise ValueError(f"token_std must be >= 0, got {token_std}")
+    pe = sinusoidal_encoding(T, C, base=base, dtype=torch.float64)  # (T, C); validates C and base
+    width = C if mode == "add" else 2 * C
+    if n_samples <= width + 1:
+        raise ValueError(
+            f"n_samples must exceed the input width plus one ({width + 1} for mode={mode!r}, C={C}), "
+            f"got {n_samples}"
+        )
+    E = torch.randn(n_tokens, C, generator=generator, dtype=torch.float64) * token_std  # (n_tokens, C)
+    tok = torch.randint(0, n_tokens, (2 * n_samples,), generator=generator)  # (2N,) token ids
+    pos = torch.randint(0, T, (2 * n_samples,), generator=generator)  # (2N,) positions
+    if mode == "add":
+        x = E[tok] + pe[pos]  # (2N, C)
+    else:
+        x = torch.cat([E[tok], pe[pos]], dim=-1)  # (2N, 2C)
+    y = pe[pos]  # (2N, C): the target, each pair's position vector
+    x_fit, y_fit, x_test, y_test = x[:n_samples], y[:n_samples], x[n_samples:], y[n_samples:]
+    x_mean, y_mean = x_fit.mean(0), y_fit.mean(0)  # centring both sides fits the bias
+    # The T position vectors span fewer than C directions (about 60 for T=128, C=512), so some input
+    # directions are exactly dependent: the SVD solver with a relative cutoff drops them, where
+    # pivoted QR ("gelsy", torch's default) was seen to give a different answer from run to run.
+    W = torch.linalg.lstsq(x_fit - x_mean, y_fit - y_mean, rcond=1e-10, driver="gelsd").solution  # (width, C)
+    fitted = (x_test - x_mean) @ W + y_mean  # (N, C)
+    residual = (y_test - fitted).pow(2).sum()
+    total = (y_test - y_test.mean(0)).pow(2).sum()
+    return (1 - residual / total).item()
+
+
+__all__ += ["position_recovery_r2"]

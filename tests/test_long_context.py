@@ -442,3 +442,159 @@ def test_position_interpolation_divides_positions_and_ntk_stretches_only_the_slo
     assert base == pytest.approx(10000.0 * s ** (D / (D - 2)))
     plain, ntk = positional.rope_frequencies(D), positional.rope_frequencies(D, base)
     assert ntk[0] == plain[0] and ntk[-1] == pytest.approx(plain[-1] / s)
+
+
+# --------------------------------------------------------------------------- tiled backward (recomputation)
+
+BACKWARD_CASES = [  # q shape, k shape, Dv, block_q, block_k: blocks that do not divide T or S, and ones that do
+    ((2, 3, 37, 16), (2, 3, 45, 16), 8, 5, 7),
+    ((1, 2, 64, 8), (1, 2, 64, 8), 8, 16, 16),
+    ((5, 9, 4), (5, 9, 4), 6, 4, 2),
+    ((1, 1, 30, 8), (1, 1, 70, 8), 3, 64, 64),
+    ((2, 13, 5), (2, 13, 5), 5, 1, 1),
+]
+
+
+def _grads(fn, qs, ks, dv, seed):
+    q = rand(*qs, seed=seed).requires_grad_()
+    k = rand(*ks, seed=seed + 1).requires_grad_()
+    v = rand(*ks[:-1], dv, seed=seed + 2).requires_grad_()
+    out = fn(q, k, v)
+    weight = rand(*out.shape, seed=seed + 3)  # a loss whose gradient dO is a random tensor
+    return out, torch.autograd.grad((out * weight).sum(), (q, k, v))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("qs,ks,dv,bq,bk", BACKWARD_CASES)
+def test_flash_attention_gradients_equal_autograd_through_plain_attention(qs, ks, dv, bq, bk, causal):
+    out, grads = _grads(lambda q, k, v: lc.flash_attention(q, k, v, causal, bq, bk), qs, ks, dv, seed=30)
+    ref_out, ref_grads = _grads(lambda q, k, v: naive(q, k, v, causal), qs, ks, dv, seed=30)
+    assert_close(out, ref_out)
+    for got, expected in zip(grads, ref_grads):
+        assert_close(got, expected)
+
+
+def test_flash_attention_with_a_custom_scale_equals_torch_sdpa_gradients():
+    for causal in (False, True):
+        out, grads = _grads(
+            lambda q, k, v: lc.flash_attention(q, k, v, causal, 6, 5, scale=0.7),
+            (2, 11, 4),
+            (2, 15, 4),
+            3,
+            40,
+        )
+        mask = causal_lower_right(11, 15) if causal else None
+        ref_out, ref_grads = _grads(
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.7),
+            (2, 11, 4),
+            (2, 15, 4),
+            3,
+            40,
+        )
+        assert_close(out, ref_out)
+        for got, expected in zip(grads, ref_grads):
+            assert_close(got, expected)
+
+
+def test_tiled_forward_equals_tiled_attention_and_returns_the_log_sum_exp():
+    q, k, v = rand(2, 3, 21, 8, seed=50), rand(2, 3, 29, 8, seed=51), rand(2, 3, 29, 5, seed=52)
+    for causal in (False, True):
+        out, lse = lc.tiled_attention_forward(q, k, v, causal, 4, 6)
+        assert_close(out, lc.tiled_attention(q, k, v, causal=causal, block_q=4, block_k=6))
+        scores = q @ k.transpose(-2, -1) / 8**0.5  # (2, 3, 21, 29)
+        if causal:
+            scores = scores.masked_fill(~A.causal_mask(21, 29), float("-inf"))
+        assert_close(lse, torch.logsumexp(scores, dim=-1))
+
+
+def test_flash_attention_gradcheck_on_a_tiny_case():
+    q, k, v = (rand(1, 2, 5, 3, seed=s).requires_grad_() for s in (60, 61, 62))
+    assert torch.autograd.gradcheck(lambda *a: lc.flash_attention(*a, False, 2, 3), (q, k, v))
+    assert torch.autograd.gradcheck(lambda *a: lc.flash_attention(*a, True, 3, 2), (q, k, v))
+
+
+def _saved_shapes(fn, *inputs):
+    """Shapes of every tensor that autograd keeps for the backward pass of ``fn(*inputs)``."""
+    shapes = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*inputs).sum().backward()
+    return shapes
+
+
+def test_flash_attention_saves_no_T_by_S_tensor_for_backward():
+    """The memory claim as a count: what autograd keeps is q, k, v, the output and a (B, H, T) log-sum-exp."""
+    B, H, T, S, D = 1, 2, 48, 40, 8
+    inputs = [rand(B, H, T, D, seed=70), rand(B, H, S, D, seed=71), rand(B, H, S, D, seed=72)]
+    inputs = [t.requires_grad_() for t in inputs]
+    saved = _saved_shapes(lambda q, k, v: lc.flash_attention(q, k, v, False, 16, 16), *inputs)
+    assert sorted(saved) == sorted([(B, H, T, D), (B, H, S, D), (B, H, S, D), (B, H, T, D), (B, H, T)])
+    # the same count finds the (T, S) matrices that plain attention keeps: the check can fail
+    plain = _saved_shapes(lambda q, k, v: naive(q, k, v), *inputs)
+    assert any(shape[-2:] == (T, S) for shape in plain)
+
+
+def test_tiled_backward_bad_inputs():
+    q, k, v = rand(2, 5, 4), rand(2, 6, 4), rand(2, 6, 3)
+    out, lse = lc.tiled_attention_forward(q, k, v)
+    with pytest.raises(ValueError, match="expected out and grad_out"):
+        lc.tiled_attention_backward(q, k, v, out, lse[..., :-1], out)
+    with pytest.raises(ValueError, match="share their leading dimensions"):
+        lc.flash_attention(q, rand(1, 6, 4), rand(1, 6, 3))
+    with pytest.raises(ValueError, match="block sizes must be positive"):
+        lc.flash_attention(q, k, v, block_q=0)
+    with pytest.raises(ValueError, match="at least as many keys"):
+        lc.flash_attention(k, q, rand(2, 5, 3), causal=True)
+
+
+# --------------------------------------------------------------------------- attention sinks on a GPT
+
+
+def _tiny_gpt(seed=0):
+    torch.manual_seed(seed)
+    cfg = gpt.GPTConfig(vocab_size=23, block_size=24, n_layers=3, n_heads=2, d_model=16)
+    return gpt.GPT(cfg).double().eval()
+
+
+def test_gpt_logits_with_the_causal_mask_equal_the_model():
+    model = _tiny_gpt()
+    idx = torch.randint(0, 23, (3, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, weights = lc.gpt_logits_with_mask(model, idx, A.causal_mask(24), return_weights=True)
+        assert_close(logits, model(idx))
+        assert_close(
+            lc.gpt_logits_with_mask(model, idx[:, :10], lc.sink_window_mask(10, 10, 0)), model(idx[:, :10])
+        )
+    assert len(weights) == 3 and weights[0].shape == (3, 2, 24, 24)
+    assert (weights[1][..., ~A.causal_mask(24)] == 0).all()
+
+
+@pytest.mark.parametrize("window,n_sink", [(1, 0), (4, 0), (5, 2), (3, 4), (30, 1), (6, 30)])
+def test_sink_cache_decoding_equals_the_sink_window_mask(window, n_sink):
+    model = _tiny_gpt(seed=2)
+    idx = torch.randint(0, 23, (2, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        streamed = lc.sink_cache_decode(model, idx, window, n_sink)
+        masked = lc.gpt_logits_with_mask(model, idx, lc.sink_window_mask(20, window, n_sink))
+        assert_close(streamed, masked)
+        if n_sink + window < 20:  # tokens were evicted: the result differs from the full model
+            assert not torch.allclose(streamed, model(idx))
+        else:  # nothing was ever evicted
+            assert_close(streamed, model(idx))
+
+
+def test_gpt_mask_helpers_bad_inputs():
+    model = _tiny_gpt()
+    idx = torch.zeros(1, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"mask must be a \(5, 5\) boolean"):
+        lc.gpt_logits_with_mask(model, idx, torch.ones(5, 5))
+    with pytest.raises(ValueError, match="learned positions"):
+        lc.gpt_logits_with_mask(model, torch.zeros(1, 25, dtype=torch.long), A.causal_mask(25))
+    with pytest.raises(ValueError, match="token ids"):
+        lc.sink_cache_decode(model, torch.zeros(5, dtype=torch.long), 2, 1)
+    with pytest.raises(ValueError, match="window >= 1"):
+        lc.sink_cache_decode(model, idx, 0, 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -432,3 +433,165 @@ def test_alibi_bias_gradcheck_and_errors():
         P.alibi_bias(P.alibi_slopes(2), 4, 3)
     with pytest.raises(ValueError, match=r"floating \(H,\) tensor"):
         P.alibi_bias(torch.tensor([1, 2]), 3)
+
+
+# --------------------------------------------------------------------------- YaRN
+
+#: Hugging Face computes YaRN's frequencies in float32 (whatever the default dtype): compare at that precision.
+YARN_HF_RTOL = 1e-6
+
+YARN_CASES = [  # D, base, factor, original_max, beta_fast, beta_slow, truncate
+    (8, 10000.0, 4.0, 2048, 32.0, 1.0, True),
+    (64, 10000.0, 8.0, 4096, 32.0, 1.0, True),
+    (128, 500000.0, 16.0, 8192, 32.0, 1.0, True),
+    (32, 10000.0, 2.5, 512, 16.0, 2.0, True),
+    (64, 10000.0, 4.0, 2048, 32.0, 1.0, False),
+    (16, 10000.0, 4.0, 16, 32.0, 1.0, True),  # a short context: the lower boundary is clamped to pair 0
+]
+
+
+@pytest.mark.parametrize("D,base,factor,L,beta_fast,beta_slow,truncate", YARN_CASES)
+def test_yarn_inv_freq_and_mscale_equal_hugging_face(D, base, factor, L, beta_fast, beta_slow, truncate):
+    config = llama_config(
+        D=D,
+        base=base,
+        rope_type="yarn",
+        factor=factor,
+        original_max_position_embeddings=L,
+        beta_fast=beta_fast,
+        beta_slow=beta_slow,
+        truncate=truncate,
+    )
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, None)
+    ours = P.yarn_inv_freq(D, base, factor, L, beta_fast, beta_slow, truncate)
+    assert ours.dtype == torch.float64 and ours.shape == (D // 2,)
+    torch.testing.assert_close(ours, inv_freq.double(), rtol=YARN_HF_RTOL, atol=0)
+    assert P.yarn_mscale(factor) == pytest.approx(attention_factor, rel=1e-15)
+
+
+@pytest.mark.parametrize("D,base,factor,L", [(64, 10000.0, 8.0, 4096), (128, 10000.0, 4.0, 2048)])
+def test_yarn_keeps_fast_pairs_interpolates_slow_pairs_in_float64(D, base, factor, L):
+    """The paper's rule from the turns r_i = L theta_i / (2 pi): r > 32 kept, r < 1 divided by s, the rest between."""
+    theta = P.rope_frequencies(D, base)
+    turns = L * theta / (2 * math.pi)
+    yarn = P.yarn_inv_freq(D, base, factor, L)
+    fast, slow = turns > 32, turns < 1
+    assert fast.any() and slow.any() and (~fast & ~slow).any()  # all three regimes occur
+    torch.testing.assert_close(yarn[fast], theta[fast], rtol=0, atol=0)
+    assert_close(yarn[slow], theta[slow] / factor)
+    assert (yarn <= theta).all() and (yarn >= theta / factor * (1 - 1e-15)).all()
+    assert (yarn[1:] < yarn[:-1]).all()  # still decreasing: no two pairs share a frequency
+    assert_close(P.yarn_inv_freq(D, base, 1.0, L), theta)  # no stretch: plain RoPE
+
+
+def test_yarn_example_and_errors():
+    assert_close(
+        P.yarn_inv_freq(8, 10000.0, 4.0, 2048),
+        torch.tensor([1.0, 0.1, 0.00625, 0.00025], dtype=torch.float64),
+    )
+    assert P.yarn_mscale(1.0) == 1.0 and P.yarn_mscale(0.5) == 1.0
+    assert P.yarn_mscale(math.e) == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="scale must be positive"):
+        P.yarn_inv_freq(8, scale=0.0)
+    with pytest.raises(ValueError, match="original_max must be at least 1"):
+        P.yarn_inv_freq(8, scale=2.0, original_max=0)
+    with pytest.raises(ValueError, match="0 < beta_slow < beta_fast"):
+        P.yarn_inv_freq(8, scale=2.0, beta_fast=1.0, beta_slow=2.0)
+    with pytest.raises(ValueError, match="even and positive"):
+        P.yarn_inv_freq(7, scale=2.0)
+    with pytest.raises(ValueError, match="scale must be positive"):
+        P.yarn_mscale(-1.0)
+
+
+# --------------------------------------------------------------------------- adding or concatenating positions
+
+#: float64 least squares on well-conditioned problems agrees with numpy's to about 1e-12
+RECOVERY_ATOL = 1e-9
+
+
+def recovery_draws(C, T, n_tokens, n_samples, token_std, seed):
+    """The draws ``position_recovery_r2`` documents, in its order, from a generator seeded ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    E = torch.randn(n_tokens, C, generator=g, dtype=torch.float64) * token_std  # (n_tokens, C)
+    tok = torch.randint(0, n_tokens, (2 * n_samples,), generator=g)
+    pos = torch.randint(0, T, (2 * n_samples,), generator=g)
+    return E, tok, pos
+
+
+@pytest.mark.parametrize("mode", ["add", "concat"])
+@pytest.mark.parametrize("C,T,n_tokens,token_std", [(8, 16, 50, 0.7), (32, 24, 300, 1.5)])
+def test_position_recovery_r2_equals_numpy_lstsq_with_an_intercept_column(mode, C, T, n_tokens, token_std):
+    n_samples, seed = 400, 3
+    E, tok, pos = recovery_draws(C, T, n_tokens, n_samples, token_std, seed)
+    pe = np.array(
+        [
+            [(math.sin if c % 2 == 0 else math.cos)(p / 10000 ** ((c - c % 2) / C)) for c in range(C)]
+            for p in range(T)
+        ]
+    )  # (T, C), the paper's formula
+    E, tok, pos = E.numpy(), tok.numpy(), pos.numpy()
+    x = E[tok] + pe[pos] if mode == "add" else np.concatenate([E[tok], pe[pos]], axis=1)
+    x = np.concatenate([x, np.ones((len(x), 1))], axis=1)  # an explicit bias column instead of centring
+    y = pe[pos]
+    W = np.linalg.lstsq(x[:n_samples], y[:n_samples], rcond=1e-10)[0]
+    resid = y[n_samples:] - x[n_samples:] @ W
+    expected = 1 - (resid**2).sum() / ((y[n_samples:] - y[n_samples:].mean(0)) ** 2).sum()
+    ours = P.position_recovery_r2(
+        C,
+        T,
+        mode,
+        n_tokens=n_tokens,
+        n_samples=n_samples,
+        token_std=token_std,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    assert ours == pytest.approx(expected, abs=RECOVERY_ATOL)
+    if mode == "add":
+        assert ours < 0.99  # tokens this loud do get in the way
+
+
+@pytest.mark.parametrize("C,T", [(16, 32), (64, 128), (128, 200)])
+def test_position_recovery_r2_concatenation_and_silent_tokens_are_exact(C, T):
+    g = torch.Generator().manual_seed(0)
+    assert P.position_recovery_r2(C, T, "concat", n_samples=4 * C, generator=g) == pytest.approx(1, abs=1e-9)
+    assert P.position_recovery_r2(C, T, "add", n_samples=2 * C, token_std=0.0, generator=g) == pytest.approx(
+        1, abs=1e-9
+    )
+
+
+def test_position_recovery_r2_reaches_the_population_optimum():
+    """With many pairs the fitted map is the best affine map for the true distribution, whose R^2 is
+    tr(Sp (Sp + Se)^-1 Sp) / tr(Sp), Sp and Se the covariances of a uniform position vector and of a
+    uniform row of the token table (independent of each other)."""
+    C, T, n_tokens, n_samples, token_std, seed = 16, 32, 2000, 40_000, 0.8, 5
+    E, _, _ = recovery_draws(C, T, n_tokens, n_samples, token_std, seed)
+    pe = P.sinusoidal_encoding(T, C, dtype=torch.float64)
+    Sp = torch.cov(pe.T, correction=0)  # (C, C)
+    Se = torch.cov(E.T, correction=0)  # (C, C)
+    optimum = (torch.trace(Sp @ torch.linalg.solve(Sp + Se, Sp)) / torch.trace(Sp)).item()
+    ours = P.position_recovery_r2(
+        C,
+        T,
+        "add",
+        n_tokens=n_tokens,
+        n_samples=n_samples,
+        token_std=token_std,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    assert 0.2 < optimum < 0.9  # a case where adding loses something, so the comparison means something
+    assert ours == pytest.approx(optimum, abs=0.01)  # sampling error of 40,000 pairs, 17 coefficients each
+
+
+def test_position_recovery_r2_errors():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        P.position_recovery_r2(8, 16, "sum")
+    with pytest.raises(ValueError, match="T must be at least 2"):
+        P.position_recovery_r2(8, 1, "add")
+    with pytest.raises(ValueError, match="n_tokens must be at least 1"):
+        P.position_recovery_r2(8, 16, "add", n_tokens=0)
+    with pytest.raises(ValueError, match="token_std must be >= 0"):
+        P.position_recovery_r2(8, 16, "add", token_std=-1.0)
+    with pytest.raises(ValueError, match=r"n_samples must exceed the input width plus one \(17"):
+        P.position_recovery_r2(8, 16, "concat", n_samples=17)
+    with pytest.raises(ValueError, match="even"):
+        P.position_recovery_r2(7, 16, "add")
