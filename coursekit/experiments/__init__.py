@@ -6,6 +6,8 @@ import only earlier chapters, as nanoGPT's ``model.py`` imports nothing from ``t
 experiments built on them live here, where they may also use the shared training loop
 (:mod:`coursekit.train`) and data (:mod:`coursekit.data`):
 
+- :mod:`coursekit.experiments.recurrence` (Chapter 1): recalling a token k steps back, a GRU
+  against one attention layer, and its committed three-seed results;
 - :mod:`coursekit.experiments.positional` (Chapter 3): the train-short, test-long experiment for
   four kinds of positions, and its committed five-seed results;
 - :mod:`coursekit.experiments.bert_mlm` and :mod:`coursekit.experiments.topics` (Chapter 6):
@@ -16,6 +18,8 @@ experiments built on them live here, where they may also use the shared training
   its training, chrF and the ``seq2seq-numbers`` recipe;
 - :mod:`coursekit.experiments.digits` (Chapter 9): scikit-learn's 8x8 digits, the ViT's and the
   CNN's training recipes, the small CNN and the scikit-learn baselines;
+- :mod:`coursekit.experiments.roofline` (the arithmetic appendix): this machine's measured
+  matmul peak and memory bandwidth, and the FLOP/s a decoding step reaches;
 - :mod:`coursekit.experiments.long_context` (Chapter 10): the memory probe of one attention call
   and the train-short, test-long needle experiment with its small language model.
 
