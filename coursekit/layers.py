@@ -26,6 +26,12 @@ patching modules after construction: :data:`ACTIVATIONS` (``"relu"``, ``"gelu"``
 as its text specifies it (ReLU or exact GELU, Chapter 4's own norm), so the tables sit beside
 them rather than inside them.
 
+**Llama's choices.** :class:`RMSNorm` (layer norm without the mean, Zhang and Sennrich, 2019)
+and :class:`SwiGLU` (a gated feed-forward, Shazeer, 2020) are the norm and feed-forward of Llama
+(Touvron et al., 2023), Mistral and Mixtral; :func:`llama_ffn_hidden` is Llama's rule for the
+SwiGLU's hidden width. They stand apart from the tables above, whose entries share
+:class:`LayerNorm`'s and :class:`FeedForward`'s parameters.
+
 Over 500 lines: Chapter 4's four graded classes with their teaching docstrings, the stacks and the
 norm and activation tables later chapters select from, and the parameter counts the appendix checks
 them against.
@@ -72,6 +78,10 @@ __all__ = [
     "GPT2_SHAPES",
     "input_gradient_norm",
     "RMSNorm",
+    "SwiGLU",
+    "LLAMA_MLP_TO_OURS",
+    "llama_ffn_hidden",
+    "swiglu_params",
 ]
 
 # --------------------------------------------------------------------------- building blocks
@@ -810,3 +820,104 @@ class RMSNorm(nn.Module):
             raise ValueError(f"expected x of shape (..., {self.d_model}), got {tuple(x.shape)}")
         ms = (x * x).mean(dim=-1, keepdim=True)  # (..., 1)
         return x / torch.sqrt(ms + self.eps) * self.weight  # (..., C)
+
+
+# --------------------------------------------------------------------------- Llama's feed-forward
+
+
+def llama_ffn_hidden(d_model: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None) -> int:
+    """The hidden width Llama gives its SwiGLU feed-forward (Touvron et al., 2023).
+
+    A SwiGLU feed-forward has three matrices instead of two, so Llama shrinks the hidden width
+    from ``4 C`` to ``2/3 * 4 C`` to keep the parameter count of a ``4 C`` MLP; Llama 2 and 3 may
+    scale that by ``ffn_dim_multiplier``; the result is rounded *up* to a multiple of
+    ``multiple_of`` (for efficient kernels). This is the rule of Meta's reference code::
+
+        hidden = int(2 * 4 * C / 3)
+        hidden = int(ffn_dim_multiplier * hidden)            # when given
+        hidden = multiple_of * ceil(hidden / multiple_of)
+
+    Examples (the published configurations): ``llama_ffn_hidden(4096) == 11008`` (Llama 7B),
+    ``llama_ffn_hidden(5120) == 13824`` (Llama 13B), ``llama_ffn_hidden(4096, 1024, 1.3) ==
+    14336`` (Llama 3 8B); ``llama_ffn_hidden(C, multiple_of=1)`` is ``int(8 C / 3)``.
+
+    Args:
+        d_model: model width ``C``, at least 1.
+        multiple_of: the hidden width is rounded up to a multiple of this, at least 1.
+        ffn_dim_multiplier: an extra factor applied before rounding (``None``: none).
+
+    Returns:
+        The hidden width ``d_ff``.
+
+    Raises:
+        ValueError: if ``d_model`` or ``multiple_of`` is not a positive integer, or
+            ``ffn_dim_multiplier`` is not positive.
+    """
+    for name, value in (("d_model", d_model), ("multiple_of", multiple_of)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if ffn_dim_multiplier is not None and not ffn_dim_multiplier > 0:
+        raise ValueError(f"ffn_dim_multiplier must be positive (or None), got {ffn_dim_multiplier!r}")
+    hidden = int(2 * 4 * d_model / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+class SwiGLU(nn.Module):
+    """The gated feed-forward of Llama, Mistral and Mixtral: ``down(silu(gate(x)) * up(x))``.
+
+    A GLU variant (Shazeer, 2020): two linear maps of ``x`` to the hidden width, one passed
+    through the Swish/SiLU activation ``silu(z) = z * sigmoid(z)`` and used as a *gate* that
+    multiplies the other element by element, then a linear map back to ``C``. Like
+    :class:`FeedForward` it acts on every position on its own.
+
+    With three ``C x d_ff`` matrices instead of two, ``d_ff = 8 C / 3`` costs what a ``4 C`` MLP
+    costs (``8 C^2`` weights); Llama's rounding of that width is :func:`llama_ffn_hidden`.
+
+    Args:
+        d_model: model width ``C``.
+        d_ff: hidden width; defaults to ``int(8 C / 3)`` (``llama_ffn_hidden(C, multiple_of=1)``).
+        dropout: probability of zeroing a hidden activation (after the product) in training
+            mode; Llama uses none.
+        bias: whether the three linear maps have biases (Llama: no).
+
+    Submodules: ``gate`` and ``up`` (``C -> d_ff``), ``down`` (``d_ff -> C``), ``dropout``.
+    Hugging Face's ``LlamaMLP`` calls them ``gate_proj``, ``up_proj`` and ``down_proj``
+    (:data:`LLAMA_MLP_TO_OURS`).
+
+    Raises:
+        ValueError: if ``d_model`` or ``d_ff`` is below 1.
+    """
+
+    def __init__(self, d_model: int, d_ff: int | None = None, dropout: float = 0.0, bias: bool = False):
+        super().__init__()
+        d_ff = llama_ffn_hidden(d_model, multiple_of=1) if d_ff is None else d_ff
+        if d_model < 1 or d_ff < 1:
+            raise ValueError(f"SwiGLU needs d_model >= 1 and d_ff >= 1, got d_model={d_model}, d_ff={d_ff}")
+        self.d_model, self.d_ff = d_model, d_ff
+        self.gate = nn.Linear(d_model, d_ff, bias=bias)
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(..., C) -> (..., C)`` for any number of leading dimensions, through a hidden ``(..., d_ff)``.
+
+        Raises:
+            ValueError: if the last axis of ``x`` is not ``C``.
+        """
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"expected x of shape (..., {self.d_model}), got {tuple(x.shape)}")
+        h = F.silu(self.gate(x)) * self.up(x)  # (..., d_ff)
+        return self.down(self.dropout(h))  # (..., C)
+
+
+#: Hugging Face ``LlamaMLP`` (also Mistral's and each Mixtral expert's) submodule name -> ours.
+LLAMA_MLP_TO_OURS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+
+
+def swiglu_params(d_model: int, d_ff: int | None = None, bias: bool = False) -> int:
+    """``3 C d_ff`` weights, plus ``2 d_ff + C`` biases with ``bias=True``; ``d_ff`` defaults to ``int(8 C / 3)``."""
+    d_ff = llama_ffn_hidden(d_model, multiple_of=1) if d_ff is None else d_ff
+    return 3 * d_model * d_ff + ((2 * d_ff + d_model) if bias else 0)

@@ -720,3 +720,174 @@ def test_moe_rejects_bad_arguments():
         L.MoEFeedForward(C, 4, k=5)
     with pytest.raises(ValueError, match=r"expected x of shape \(B, T, C\)"):
         L.MoEFeedForward(C, 4)(torch.randn(3, C))
+
+
+# --------------------------------------------------------------------------- RMSNorm and SwiGLU (Llama)
+
+
+def llama_config(**kwargs):
+    """A tiny random Llama configuration: nothing is downloaded."""
+    from transformers import LlamaConfig
+
+    defaults = dict(
+        hidden_size=C,
+        intermediate_size=40,
+        num_hidden_layers=1,
+        num_attention_heads=H,
+        vocab_size=32,
+        hidden_act="silu",
+        rms_norm_eps=1e-6,
+    )
+    return LlamaConfig(**{**defaults, **kwargs})
+
+
+def from_llama_mlp(module: nn.Module) -> dict:
+    """Hugging Face ``LlamaMLP`` weights under our names, through the one mapping ``LLAMA_MLP_TO_OURS``."""
+    out = {}
+    for key, value in module.state_dict().items():
+        first, _, rest = key.partition(".")
+        out[f"{L.LLAMA_MLP_TO_OURS[first]}.{rest}"] = value
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(C,), (3, C), (2, 5, C)])
+def test_rms_norm_matches_torch_rms_norm(dtype, shape):
+    ours = randomise(L.RMSNorm(C)).to(dtype)
+    theirs = nn.RMSNorm(C, eps=1e-6).to(dtype)
+    theirs.load_state_dict(ours.state_dict())  # one parameter, "weight", in both
+    x = rand(*shape, dtype=dtype) * 3 + 1
+    assert_close(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("shape", [(3, C), (2, 5, C)])
+def test_rms_norm_matches_hugging_face_llama_rms_norm(shape):
+    """LlamaRMSNorm computes in float32 whatever its input (it upcasts, then casts back), so the
+    comparison is in float32 at float32's tolerance."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    config = llama_config()
+    theirs = randomise(LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps))
+    ours = L.RMSNorm(C, eps=config.rms_norm_eps)
+    ours.load_state_dict(theirs.state_dict())
+    x = rand(*shape, dtype=torch.float32) * 3 + 1
+    assert_close(ours(x), theirs(x))
+
+
+def test_rms_norm_is_layer_norm_without_the_mean():
+    """On tokens of mean zero the two norms agree; with a mean they do not, and RMSNorm (unlike
+    LayerNorm) changes when a constant is added to every feature, but not when x is rescaled."""
+    rms, ln = L.RMSNorm(C, eps=1e-6).double(), L.LayerNorm(C, eps=1e-6, bias=False).double()
+    x = rand(4, C) * 2 + 0.5
+    centred = x - x.mean(dim=-1, keepdim=True)
+    assert_close(rms(centred), ln(centred))
+    assert not torch.allclose(rms(x), ln(x), rtol=1e-3, atol=1e-3)
+    assert_close(ln(x + 3.0), ln(x))
+    assert not torch.allclose(rms(x + 3.0), rms(x), rtol=1e-3, atol=1e-3)
+    exact = L.RMSNorm(C, eps=0.0).double()
+    assert_close(exact(7.0 * x), exact(x))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_swiglu_matches_hugging_face_llama_mlp(bias):
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    config = llama_config(mlp_bias=bias)
+    theirs = randomise(LlamaMLP(config).double())
+    ours = L.SwiGLU(C, config.intermediate_size, bias=bias).double()
+    ours.load_state_dict(from_llama_mlp(theirs))  # strict: every tensor mapped, none left over
+    x = rand(2, 5, C)
+    assert_close(ours(x), theirs(x))
+    assert (
+        L.count_params(ours) == L.count_params(theirs) == L.swiglu_params(C, config.intermediate_size, bias)
+    )
+
+
+def test_swiglu_is_down_of_silu_gate_times_up():
+    """The formula written out with the sigmoid, not F.silu: ``((x Wg^T) sigmoid(x Wg^T) * x Wu^T) Wd^T``."""
+    m = randomise(L.SwiGLU(C, 24).double())
+    x = rand(3, 4, C)
+    g, u = x @ m.gate.weight.T, x @ m.up.weight.T  # (3, 4, 24) each
+    assert_close(m(x), (g * torch.sigmoid(g) * u) @ m.down.weight.T)
+
+
+def test_swiglu_defaults_follow_llama():
+    m = L.SwiGLU(48)
+    assert m.d_ff == 128 == int(8 * 48 / 3)
+    assert (m.gate.bias, m.up.bias, m.down.bias) == (None, None, None)
+    assert (m.gate.weight.shape, m.up.weight.shape, m.down.weight.shape) == ((128, 48), (128, 48), (48, 128))
+
+
+def test_swiglu_is_a_per_position_mlp():
+    m = randomise(L.SwiGLU(4, 6).double())
+    J = torch.autograd.functional.jacobian(m, rand(1, 3, 4))[0, :, :, 0]  # (T, C, T, C)
+    for t in range(3):
+        for s in range(3):
+            assert (J[t, :, s].abs().sum() == 0) == (t != s)
+
+
+def test_swiglu_dropout_acts_on_the_hidden_product_in_training_only():
+    m = randomise(L.SwiGLU(C, 24, dropout=1.0).double())
+    x = rand(2, C)
+    assert torch.equal(m.train()(x), torch.zeros(2, C, dtype=torch.float64))  # no biases: all dropped
+    assert m.eval()(x).abs().sum() > 0
+
+
+def test_swiglu_gradcheck():
+    m = randomise(L.SwiGLU(4, 6, bias=True).double())
+    assert torch.autograd.gradcheck(m, (rand(2, 3, 4).requires_grad_(),))
+
+
+@pytest.mark.parametrize("c", [8, 16, 32, 768, 4096])
+def test_swiglu_at_8c_over_3_costs_what_a_4c_mlp_costs_up_to_rounding(c):
+    """Three C x int(8C/3) matrices against two C x 4C ones: fewer by less than one hidden unit (3C)."""
+    with torch.device("meta"):  # shapes only
+        swiglu = L.count_params(L.SwiGLU(c))
+        gelu = L.count_params(L.FeedForward(c, bias=False))
+    assert gelu == 8 * c * c
+    assert 0 <= gelu - swiglu < 3 * c
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_swiglu_params_equal_the_module(bias):
+    with torch.device("meta"):
+        for c, d_ff in ((16, None), (16, 40), (64, 171)):
+            assert L.swiglu_params(c, d_ff, bias) == L.count_params(L.SwiGLU(c, d_ff, bias=bias))
+
+
+@pytest.mark.parametrize(
+    "args,width",
+    [
+        ((4096,), 11008),  # Llama 7B
+        ((5120,), 13824),  # Llama 13B
+        ((6656,), 17920),  # Llama 33B
+        ((8192,), 22016),  # Llama 65B
+        ((8192, 4096, 1.3), 28672),  # Llama 2 70B
+        ((4096, 1024, 1.3), 14336),  # Llama 3 8B
+        ((32, 1), 85),  # int(8 C / 3)
+        ((32, 8), 88),  # rounded up to a multiple of 8
+    ],
+)
+def test_llama_ffn_hidden_gives_the_published_widths(args, width):
+    assert L.llama_ffn_hidden(*args) == width
+
+
+def test_llama_ffn_hidden_matches_hugging_face_llama_config_defaults():
+    """LlamaConfig's defaults are Llama 7B's shapes (a configuration object only: no weights)."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig()
+    assert L.llama_ffn_hidden(config.hidden_size) == config.intermediate_size
+
+
+def test_swiglu_and_llama_ffn_hidden_reject_bad_arguments():
+    with pytest.raises(ValueError, match=r"expected x of shape \(\.\.\., 16\), got \(2, 8\)"):
+        L.SwiGLU(C)(torch.randn(2, 8))
+    with pytest.raises(ValueError, match="SwiGLU needs d_model >= 1 and d_ff >= 1, got d_model=16, d_ff=0"):
+        L.SwiGLU(C, 0)
+    with pytest.raises(ValueError, match="multiple_of must be a positive integer, got 0"):
+        L.llama_ffn_hidden(C, multiple_of=0)
+    with pytest.raises(ValueError, match="d_model must be a positive integer, got 2.5"):
+        L.llama_ffn_hidden(2.5)
+    with pytest.raises(ValueError, match="ffn_dim_multiplier must be positive"):
+        L.llama_ffn_hidden(C, ffn_dim_multiplier=0.0)

@@ -10,6 +10,8 @@ experiments built on them live here, where they may also use the shared training
   against one attention layer, and its committed three-seed results;
 - :mod:`coursekit.experiments.positional` (Chapter 3): the train-short, test-long experiment for
   four kinds of positions, and its committed five-seed results;
+- :mod:`coursekit.experiments.norm_ffn` (Chapter 4): LayerNorm and GELU against Llama's RMSNorm
+  and SwiGLU on the copy task, and its committed three-seed results;
 - :mod:`coursekit.experiments.bert_mlm` and :mod:`coursekit.experiments.topics` (Chapter 6):
   masked-language-model batches and evaluation, the ``bert-small`` recipe, the topic
   classification task and its fine-tuning and baseline;
