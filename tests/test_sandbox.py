@@ -7,6 +7,7 @@ import math
 import socket
 import struct
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -319,4 +320,39 @@ def test_the_sandbox_records_calls_of_watched_references_by_student_code_only():
         assert session.reference_calls == {"coursekit.attention.softmax"}
         session.run_cell("layer = ca.SelfAttention(4)", "module", deadline)
         assert session.reference_calls == {"coursekit.attention.softmax", "coursekit.attention.SelfAttention"}
+        session.close()
+
+
+@pytest.mark.slow
+def test_an_oversized_answer_loses_its_check_only():
+    """Each check's 256 MiB answer is refused and its process killed; the kill is answered only once
+    the process has released its memory, so ten of them in a row under a 1 GiB limit never add up
+    to a kill of the whole notebook. A notebook's ``torch.set_num_threads(8)`` does not reach its
+    checks: they run with the sandbox's one thread."""
+    from coursekit.sandbox import RemoteCrash
+
+    with Worker("rlimit", Limits(cell_seconds=10, check_seconds=10, memory=1 << 30)) as worker:
+        session = worker.session()
+        session.run_cell(
+            "import torch\ntorch.set_num_threads(8)\n"
+            "def big():\n    return torch.zeros(8192, 4096, dtype=torch.float64)\n"
+            "def threads():\n    return torch.get_num_threads()",
+            "setup",
+            time.monotonic() + 60,
+        )
+        for i in range(10):
+            session.begin_check(f"big {i}")
+            pid = session.channel.pid
+            with pytest.raises(RemoteCrash, match="exceeds the limit"):
+                session.remote("big")()
+            try:  # gone, or a zombie: either way its memory is free
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except FileNotFoundError:
+                stat = "(gone) X"
+            assert stat[stat.rindex(")") + 2] in "ZX", f"check {i}'s process is still running: {stat}"
+            session.end_check()
+        session.begin_check("threads")
+        assert session.remote("threads")() == 1
+        session.end_check()
+        assert worker.reset() is None  # the sandbox never had to kill the notebook for its memory
         session.close()

@@ -255,6 +255,10 @@ class Template:
         for pid in doomed:
             _kill(pid)
         _reap()
+        # SIGKILL only starts a process's end: until the kernel has torn it down, its memory still
+        # counts. Answer once it has, so that the next check is not forked beside a dying one
+        # (under load, a few killed 256 MiB checks added up past the submission's memory limit).
+        _wait_until_dead(doomed, time.monotonic() + 5)
 
 
 def _preload(modules: list[str]):
@@ -679,12 +683,17 @@ def _limit(limits: dict) -> None:
 
 
 def _reseed(seed: int) -> None:
+    """Seed every generator, and give torch back the one thread the sandbox runs it with: a
+    notebook that called ``torch.set_num_threads(8)`` would otherwise have its checks fight over
+    the cores the other submissions are graded on (and miss their deadlines under load)."""
     import numpy as np
     import torch
 
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 def _set_not_dumpable() -> None:
@@ -734,6 +743,26 @@ def _stat(pid: int, field: int) -> int | None:
         with open(f"/proc/{pid}/stat") as f:
             data = f.read()
         return int(data[data.rindex(")") + 2 :].split()[field - 2])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _wait_until_dead(pids: set[int], deadline: float) -> None:
+    """Wait until each of ``pids`` has exited (gone, or a zombie holding no memory), or the deadline."""
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {pid for pid in alive if _state(pid) not in (None, "Z", "X")}
+        if alive:
+            time.sleep(0.002)
+            _reap()
+
+
+def _state(pid: int) -> str | None:
+    """The one-letter state of /proc/PID/stat (R, S, D, Z, ...), or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+        return data[data.rindex(")") + 2]
     except (OSError, ValueError, IndexError):
         return None
 
