@@ -25,5 +25,8 @@ experiments built on them live here, where they may also use the shared training
 - :mod:`coursekit.experiments.long_context` (Chapter 10): the memory probe of one attention call
   and the train-short, test-long needle experiment with its small language model.
 
+Committed results are read back with :func:`coursekit.experiments._results.read_results`, which refuses
+a file that the code's current settings would not write.
+
 The committed checkpoints' recipes are registered in :mod:`coursekit.checkpoints`.
 """

@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coursekit._files import read_json, write_json
+from coursekit._files import write_json
+from coursekit.experiments._results import read_results
 from coursekit.layers import Encoder, RMSNorm, SwiGLU, count_params, llama_ffn_hidden
 
 __all__ = [
@@ -194,16 +195,18 @@ def load_results(path: str | Path = RESULTS) -> dict:
         ValueError: if the file was written with other settings than the code's (rerun
             ``python -m coursekit.experiments.norm_ffn``).
     """
-    data = read_json(path, _FORMAT, _VERSION, "stored norm and feed-forward experiment")
-    current = settings()
-    layout = [(lr, list(runs)) for lr, runs in data["runs"].items()]
-    if data["settings"] != current or layout != [(lr_key(lr), list(VARIANTS)) for lr in LRS]:
-        changed = sorted(k for k in current if data["settings"].get(k) != current[k])
-        raise ValueError(
-            f"{path} holds another experiment (settings that differ: {changed or 'runs'}); "
-            "rerun python -m coursekit.experiments.norm_ffn"
-        )
-    return data
+    return read_results(
+        path,
+        fmt=_FORMAT,
+        version=_VERSION,
+        what="stored norm and feed-forward experiment",
+        module="coursekit.experiments.norm_ffn",
+        settings=settings(),
+        layout_ok=lambda data: (
+            [(lr, list(runs)) for lr, runs in data["runs"].items()]
+            == [(lr_key(lr), list(VARIANTS)) for lr in LRS]
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

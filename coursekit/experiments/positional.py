@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coursekit._files import read_json, write_json
+from coursekit._files import write_json
 from coursekit.attention import causal_mask, scaled_dot_product_attention
+from coursekit.experiments._results import read_results
 from coursekit.positional import (
     LearnedPositionalEmbedding,
     alibi_bias,
@@ -164,17 +165,18 @@ def load_results(path: str | Path = RESULTS) -> dict:
     Raises:
         ValueError: if the file was written for other test lengths, tasks or variants.
     """
-    data = read_json(path, _FORMAT, _VERSION, "stored positional-encoding experiment")
-    if (
-        data["test_t"] != list(TEST_T)
-        or list(data["accuracy"]) != list(TASKS)
-        or any(list(per_kind) != list(KINDS) for per_kind in data["accuracy"].values())
-    ):
-        raise ValueError(
-            f"{path} holds another experiment (test lengths, tasks or variants differ); "
-            "rerun python -m coursekit.experiments.positional"
-        )
-    return data
+    return read_results(
+        path,
+        fmt=_FORMAT,
+        version=_VERSION,
+        what="stored positional-encoding experiment",
+        module="coursekit.experiments.positional",
+        layout_ok=lambda data: (
+            data["test_t"] == list(TEST_T)
+            and list(data["accuracy"]) == list(TASKS)
+            and all(list(per_kind) == list(KINDS) for per_kind in data["accuracy"].values())
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

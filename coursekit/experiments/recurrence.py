@@ -35,8 +35,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from coursekit._files import read_json, write_json
+from coursekit._files import write_json
 from coursekit.attention import SelfAttention, causal_mask
+from coursekit.experiments._results import read_results
 from coursekit.positional import sinusoidal_encoding
 from coursekit.train import TrainConfig, lm_loss, train
 
@@ -239,19 +240,21 @@ def load_results(path: str | Path = RESULTS) -> dict:
         ValueError: if the file was written with other settings than the code's (rerun
             ``python -m coursekit.experiments.recurrence``).
     """
-    data = read_json(path, _FORMAT, _VERSION, "stored recurrence experiment")
-    current = settings()
-    shape_ok = list(data["runs"]) == list(MODELS) and all(
-        len(per_seed) == len(data["seeds"]) and all(len(runs) == len(DISTANCES) for runs in per_seed)
-        for per_seed in data["runs"].values()
+    return read_results(
+        path,
+        fmt=_FORMAT,
+        version=_VERSION,
+        what="stored recurrence experiment",
+        module="coursekit.experiments.recurrence",
+        settings=settings(),
+        layout_ok=lambda data: (
+            list(data["runs"]) == list(MODELS)
+            and all(
+                len(per_seed) == len(data["seeds"]) and all(len(runs) == len(DISTANCES) for runs in per_seed)
+                for per_seed in data["runs"].values()
+            )
+        ),
     )
-    if data["settings"] != current or not shape_ok:
-        changed = sorted(key for key in current if data["settings"].get(key) != current[key])
-        raise ValueError(
-            f"{path} holds another experiment (settings that differ: {changed or 'runs'}); "
-            "rerun python -m coursekit.experiments.recurrence"
-        )
-    return data
 
 
 def main(argv: list[str] | None = None) -> None:
