@@ -398,16 +398,27 @@ def execute(page: Path, timeout: int = 600):
 
 
 def glue_problems(notebook, page: Path) -> list[str]:
-    """Glue keys the prose uses that the executed page never glued."""
-    glued = {
-        o.get("metadata", {}).get("scrapbook", {}).get("name")
-        for c in notebook.cells
-        for o in c.get("outputs", [])
-    }
+    """Glue keys the prose uses that the executed page never glued, and glued numpy scalars.
+
+    myst-nb formats ``{glue:text}`key:.2f``` from the value's ``text/plain``: numpy 2 writes a
+    scalar as ``np.float64(0.5)``, which it cannot read as a number (a warning, so ``-W`` fails
+    the build). Glue ``float(x)`` or ``int(x)`` instead."""
+    glued: dict[str, str] = {}
+    for c in notebook.cells:
+        for o in c.get("outputs", []):
+            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
+            if name is not None:
+                glued[name] = str(o.get("data", {}).get("text/plain", ""))
     text = page.read_text(encoding="utf-8")
     used = {m.group(1) for m in re.finditer(r"\{glue(?::\w+)?\}`([^`:]+)", text)}
     used |= {m.group(1) for m in re.finditer(r"```\{glue(?::\w+)?\}\s+(\S+)", text)}
-    return [f"{page.stem}: glue key {key!r} is used but never glued" for key in sorted(used - glued)]
+    problems = [f"{page.stem}: glue key {key!r} is used but never glued" for key in sorted(used - set(glued))]
+    problems += [
+        f"{page.stem}: glue key {key!r} holds a numpy scalar ({glued[key][:40]}): glue float(...) or int(...)"
+        for key in sorted(used & set(glued))
+        if re.match(r"np\.\w+\(", glued[key])
+    ]
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:

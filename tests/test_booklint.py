@@ -90,6 +90,25 @@ def test_an_allowlist_entry_needs_a_reason(tmp_path):
         numbers(tmp_path, allowed='"after 300 steps" = ""\n')
 
 
+def test_glue_keys_must_be_glued_and_hold_plain_numbers(tmp_path):
+    """A key the prose uses and the run never glued, and a numpy scalar myst-nb cannot format."""
+
+    def glued(name, plain):
+        return nbformat.v4.new_output(
+            "display_data", data={"text/plain": plain}, metadata={"scrapbook": {"name": name}}
+        )
+
+    cell = nbformat.v4.new_code_cell("glue(...)")
+    cell.outputs = [glued("share", "np.float64(0.25)"), glued("count", "12"), glued("unused", "np.int64(3)")]
+    notebook = nbformat.v4.new_notebook(cells=[cell])
+    page = tmp_path / "page.md"
+    page.write_text("A {glue:text}`share:.1%` share of {glue:text}`count` and {glue:text}`missing:.2f`.\n")
+    problems = booklint.glue_problems(notebook, page)
+    assert len(problems) == 2
+    assert "'missing' is used but never glued" in problems[0]
+    assert "'share' holds a numpy scalar (np.float64(0.25))" in problems[1]
+
+
 def test_retired_notation_is_found_in_math_but_not_in_code(tmp_path):
     notation = tmp_path / "notation.md"
     notation.write_text(
