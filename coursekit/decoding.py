@@ -44,6 +44,8 @@ __all__ = [
     "LogitsProcessor",
     "sample_next",
     "generate",
+    "left_pad",
+    "generate_batch",
     "beam_search",
     "sequence_logprob",
 ]
@@ -311,6 +313,155 @@ def generate(
             if eos_id is not None and bool(done.all()):
                 break
         return out
+    finally:
+        model.train(was_training)
+
+
+def left_pad(prompts: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack prompts of different lengths into one batch, padded on the left, and their mask.
+
+    Example: ``[[5, 6, 7], [8]]`` with ``pad_id = 0`` -> ids ``[[5, 6, 7], [0, 0, 8]]`` and mask
+    ``[[1, 1, 1], [0, 0, 1]]`` (as booleans): every row's last real token is in the last column.
+
+    Args:
+        prompts: ``B >= 1`` one-dimensional ``torch.long`` tensors of ``>= 1`` token ids each, on one device.
+        pad_id: the id written into the padding (any id the model can embed; it is masked out).
+
+    Returns:
+        ``ids (B, T_max)`` ``torch.long`` and ``mask (B, T_max)`` boolean, ``True`` at real tokens.
+
+    Raises:
+        ValueError: for an empty list, or a prompt that is not 1-D ``torch.long`` with at least one token.
+    """
+    if isinstance(prompts, torch.Tensor) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of 1-D token id tensors")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, torch.Tensor) or p.dim() != 1 or p.numel() < 1 or p.dtype != torch.long:
+            got = f"{p.dtype} {tuple(p.shape)}" if isinstance(p, torch.Tensor) else type(p).__name__
+            raise ValueError(f"prompt {i} must be a 1-D torch.long tensor of at least 1 token id, got {got}")
+    B, T = len(prompts), max(p.numel() for p in prompts)
+    device = prompts[0].device
+    ids = torch.full((B, T), pad_id, dtype=torch.long, device=device)  # (B, T_max)
+    mask = torch.zeros(B, T, dtype=torch.bool, device=device)  # (B, T_max)
+    for i, p in enumerate(prompts):
+        ids[i, T - p.numel() :] = p
+        mask[i, T - p.numel() :] = True
+    return ids, mask
+
+
+@torch.no_grad()
+def generate_batch(
+    model: nn.Module,
+    prompts: Sequence[torch.Tensor],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    eos_id: int | None = None,
+    pad_id: int = 0,
+    use_cache: bool = True,
+    logits_processors: Sequence[LogitsProcessor] = (),
+) -> list[torch.Tensor]:
+    """Extend prompts of different lengths in one batch; row ``i`` is what :func:`generate` writes alone.
+
+    The prompts are padded on the left (:func:`left_pad`) so that every row's newest token is in
+    the last column, where each step reads the logits and appends the next token. The model gets an
+    ``attention_mask`` (``True`` at real tokens) at every step, which masks the padding keys out and
+    starts each row's positions at 0 at its first real token; with the KV cache the mask covers the
+    cached positions too. A row that emits ``eos_id`` is finished: it is fed ``eos_id`` from then on
+    (those tokens are cut from the result), and decoding stops when every row has finished.
+
+    Which outputs equal one-by-one decoding, ``generate(model, prompts[i][None], ...)[0]``:
+
+    - greedy (``temperature=0``): every row, with or without the cache;
+    - sampling with a *list* of generators, one per row: row ``i`` draws from ``generator[i]`` exactly
+      the numbers ``generate`` draws from a generator in the same state, and only while the row is
+      unfinished, so its text (and the generator's final state) are the one-by-one run's;
+    - sampling with one shared generator: a valid sample of every row, but not the one-by-one texts
+      (the rows' draws interleave); for a single prompt it is ``generate``'s.
+
+    "Equal" holds exactly in exact arithmetic; in floating point a padded row's logits differ from the
+    unpadded row's by rounding (about ``1e-7`` in float32), so a token could differ only where two
+    candidates tie to that precision.
+
+    Args:
+        model: a :class:`~coursekit.gpt.GPT`, or any language model (see the module docstring) whose
+            ``forward`` also takes ``attention_mask (B, P + T)``.
+        prompts: ``B`` one-dimensional ``torch.long`` tensors of token ids, each of length ``>= 1``.
+        max_new_tokens: at most this many new tokens per row, ``>= 0``.
+        temperature, top_k, top_p: as :func:`sample_next`.
+        generator: one ``torch.Generator``, or a list of ``B`` (see above); required unless greedy.
+        eos_id: the end-of-sequence token, or ``None`` to always generate ``max_new_tokens``.
+        pad_id: the id in the padding, a valid token id; it never changes the result.
+        use_cache: keep a KV cache (needs ``longest prompt + max_new_tokens <= block_size``, the padding
+            counts); without it each step re-reads the last ``block_size`` columns.
+        logits_processors: as in :func:`generate`; each row's processors see that row's ids without
+            its padding.
+
+    Returns:
+        A list of ``B`` one-dimensional ``torch.long`` tensors: prompt ``i`` and its new tokens (up to and
+        including its first ``eos_id``), no padding. The model's mode is restored.
+
+    Raises:
+        ValueError: for bad prompts (see :func:`left_pad`), ``max_new_tokens < 0``, a generator list whose
+        length is not ``B``, or (with the cache) a padded length past ``block_size``.
+    """
+    ids, mask = left_pad(prompts, pad_id)  # (B, T0), (B, T0)
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    B, T0 = ids.shape
+    per_row = generator is not None and not isinstance(generator, torch.Generator)
+    if per_row and (len(generator) != B or not all(isinstance(g, torch.Generator) for g in generator)):
+        raise ValueError(f"generator must be one torch.Generator or a list of {B} (one per prompt)")
+    block = model.cfg.block_size
+    if use_cache and T0 + max_new_tokens > block:
+        raise ValueError(
+            f"the longest prompt ({T0}) + max_new_tokens ({max_new_tokens}) exceed block_size={block}: "
+            "use_cache=False crops the context instead"
+        )
+    lengths = [p.numel() for p in prompts]
+    was_training = model.training
+    model.eval()
+    try:
+        out, out_mask = ids, mask  # (B, t), (B, t): t = T0 + steps so far
+        done = torch.zeros(B, dtype=torch.bool, device=ids.device)
+        n_new = [max_new_tokens] * B  # a row's new tokens, EOS included; cut down when it finishes
+        cache = model.init_cache(B, T0 + max_new_tokens) if use_cache else None
+        step_input, steps = ids, 0
+        for step in range(max_new_tokens):
+            if use_cache:
+                logits = model(step_input, cache=cache, attention_mask=out_mask)[:, -1]  # (B, V)
+            else:
+                logits = model(out[:, -block:], attention_mask=out_mask[:, -block:])[:, -1]  # (B, V)
+            if logits_processors:  # row by row, on the row's own ids: padding must not count as text
+                rows = []
+                for i in range(B):
+                    row_logits, row_ids = logits[i : i + 1], out[i][out_mask[i]][None]  # (1, V), (1, t_i)
+                    for process in logits_processors:
+                        row_logits = process(row_logits, row_ids)
+                    rows.append(row_logits)
+                logits = torch.cat(rows)  # (B, V)
+            if per_row and temperature != 0:  # each row draws from its own generator, only while unfinished
+                nxt = torch.full((B,), -1 if eos_id is None else eos_id, dtype=torch.long, device=ids.device)
+                for i in range(B):
+                    if not done[i]:
+                        nxt[i] = sample_next(logits[i : i + 1], generator[i], temperature, top_k, top_p)[0]
+            else:
+                shared = None if per_row else generator
+                nxt = sample_next(logits, shared, temperature, top_k, top_p)  # (B,)
+            if eos_id is not None:
+                nxt = nxt.masked_fill(done, eos_id)
+                for i in (~done & (nxt == eos_id)).nonzero()[:, 0].tolist():
+                    n_new[i] = step + 1
+                done = done | (nxt == eos_id)
+            out = torch.cat([out, nxt[:, None]], dim=1)  # (B, t + 1)
+            out_mask = torch.cat([out_mask, torch.ones_like(done)[:, None]], dim=1)  # (B, t + 1)
+            step_input, steps = nxt[:, None], step + 1  # (B, 1)
+            if eos_id is not None and bool(done.all()):
+                break
+        return [out[i, T0 - lengths[i] : T0 + min(n_new[i], steps)] for i in range(B)]
     finally:
         model.train(was_training)
 

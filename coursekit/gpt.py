@@ -21,6 +21,13 @@ the one new token only. Two things must then be offset by the number of cached t
 ``P``: the new tokens' *positions* (``P, P + 1, ...``) and the *causal mask* (new token
 ``i`` may see keys ``0 .. P + i``, a bottom-right aligned mask).
 
+**Padding.** Prompts of different lengths share a batch by *left* padding, so that every row's
+last token, the one whose logits pick the next token, sits in the last column. ``GPT.forward``
+then takes an ``attention_mask`` ``(B, P + T)`` (``True`` at real tokens, over the cached and
+the new positions, as Hugging Face's argument): padding keys are masked out and positions count
+real tokens only (:func:`positions_from_mask`), so a padded row's logits at its real tokens are
+the unpadded row's. :func:`padded_self_attention` is the attention of that path.
+
 **Hugging Face weights.** :func:`from_hf_state_dict` / :func:`to_hf_state_dict` map
 between this module and ``transformers.GPT2LMHeadModel``; GPT-2 stores its linear
 layers as ``Conv1D`` with the weight transposed (``(in, out)``), and packs ``[q | k | v]``
@@ -33,8 +40,9 @@ through the same mapping::
     model.load_state_dict(from_hf_state_dict(hf.state_dict()))
     enc = tiktoken.get_encoding("gpt2")                 # GPT-2's tokenizer (also downloaded)
 
-Over 500 lines: the config, the KV cache, the graded causal_self_attention, the model and its
-Hugging Face mapping are Chapter 7's model file, formatted at 110 columns.
+Over 500 lines: the config, the KV cache, the graded causal_self_attention, its padded variant, the
+model, the measures of a language model's loss and its Hugging Face mapping are Chapter 7's model
+file, formatted at 110 columns.
 """
 
 from __future__ import annotations
@@ -64,8 +72,12 @@ __all__ = [
     "KVCache",
     "LayerCache",
     "causal_self_attention",
+    "padded_self_attention",
+    "positions_from_mask",
     "causal_lm_loss",
     "bits_per_char",
+    "perplexity",
+    "unigram_loss",
     "gpt_param_count",
     "from_hf_state_dict",
     "to_hf_state_dict",
@@ -258,6 +270,63 @@ def causal_self_attention(
     return attn.out_proj(merge_heads(out))  # (B, H, T, D) -> (B, T, C)
 
 
+def padded_self_attention(
+    attn: MultiHeadAttention, x: torch.Tensor, mask: torch.Tensor, cache: LayerCache | None = None
+) -> torch.Tensor:
+    """Self-attention of ``x`` under an explicit boolean mask (causality *and* padding), optionally
+    extending a KV cache: the attention of :meth:`GPT.forward` when it is given an ``attention_mask``.
+
+    A query that may attend to no key at all (a padding token at the left of its row: it sees only
+    earlier padding) gets a zero attention output, so its layer output is ``out_proj``'s bias: finite,
+    never NaN, and never read by a real token, since padding keys are masked.
+
+    Args:
+        attn: a Chapter 2 :class:`~coursekit.multihead.MultiHeadAttention`.
+        x: the new tokens ``(B, T, C)``.
+        mask: ``(B, 1, T, S)`` boolean, ``True`` where new token ``i`` may attend to key ``j``, with
+            ``S = P + T`` keys: the ``P`` cached ones and the ``T`` new ones.
+        cache: this layer's cache holding ``P`` positions; it is extended by the ``T`` new keys and values.
+
+    Returns:
+        ``(B, T, C)`` of ``x``'s dtype.
+
+    Raises:
+        ValueError: for a mask that is not boolean ``(B, 1, T, S)``.
+    """
+    q, k, v = attn.project(x)  # (B, H, T, D), (B, H_kv, T, D), (B, H_kv, T, D)
+    if cache is not None:
+        k, v = cache.update(k, v)  # (B, H_kv, S, D) with S = P + T
+    B, _, T, _ = q.shape
+    S = k.shape[2]
+    if mask.dtype != torch.bool or mask.shape != (B, 1, T, S):
+        raise ValueError(f"mask must be boolean ({B}, 1, {T}, {S}), got {mask.dtype} {tuple(mask.shape)}")
+    sees_a_key = mask.any(dim=-1, keepdim=True)  # (B, 1, T, 1)
+    # a query with no visible key would be a softmax over nothing (NaN): let it see every key, then zero it
+    safe = mask | ~sees_a_key  # (B, 1, T, S)
+    dropout_p = attn.dropout if attn.training else 0.0
+    gqa = attn.n_kv_heads != attn.n_heads
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, dropout_p=dropout_p, enable_gqa=gqa)
+    out = out.masked_fill(~sees_a_key, 0.0)  # (B, H, T, D)
+    return attn.out_proj(merge_heads(out))  # (B, H, T, D) -> (B, T, C)
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that count real tokens only: ``cumsum(mask) - 1``, with ``0`` at leading padding.
+
+    Example: ``[[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]] -> [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]``: a row's
+    first real token gets position 0 however much padding comes before it. (The value at a padding
+    position is never read by a real token; Hugging Face puts 1 there, we put what the cumulative
+    count gives, clamped at 0.)
+
+    Args:
+        attention_mask: ``(B, S)`` boolean (or 0/1 integers), ``True`` at real tokens.
+
+    Returns:
+        ``(B, S)`` ``torch.long``.
+    """
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)  # (B, S)
+
+
 class Block(nn.Module):
     """A pre-norm GPT layer: ``x + attn(norm1(x))``, then ``x + ff(norm2(x))``.
 
@@ -273,9 +342,18 @@ class Block(nn.Module):
         self.dropout1 = nn.Dropout(cfg.dropout)
         self.dropout2 = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        """``(B, T, C) -> (B, T, C)``; ``cache`` as in :func:`causal_self_attention`."""
-        x = x + self.dropout1(causal_self_attention(self.attn, self.norm1(x), cache))
+    def forward(
+        self, x: torch.Tensor, cache: LayerCache | None = None, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``(B, T, C) -> (B, T, C)``; ``cache`` as in :func:`causal_self_attention`. With ``attn_mask``
+        ``(B, 1, T, S)`` (causality and padding in one boolean mask) the attention is
+        :func:`padded_self_attention` instead."""
+        h = self.norm1(x)
+        if attn_mask is None:
+            a = causal_self_attention(self.attn, h, cache)
+        else:
+            a = padded_self_attention(self.attn, h, attn_mask, cache)
+        x = x + self.dropout1(a)
         return x + self.dropout2(self.ff(self.norm2(x)))
 
 
@@ -331,16 +409,38 @@ class GPT(nn.Module):
             ]
         )
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Next-token logits for every position of ``idx``.
 
         Args:
             idx: token ids ``(B, T)``, ``torch.long``.
             cache: continue after the ``P = cache.length`` cached tokens: ``idx`` gets the
                 positions ``P .. P + T - 1`` and the cache grows by ``T``.
+            attention_mask: ``(B, P + T)`` boolean (or 0/1 integers), ``True`` at real tokens and
+                ``False`` at padding, over the cached positions *and* ``idx`` (as Hugging Face's
+                argument). Padding keys are masked out of every attention, and the default positions
+                count real tokens only (:func:`positions_from_mask`). A query that sees no real key
+                (leading padding, or a row without any real token) gets a zero attention output:
+                its logits are finite and meaningless.
+            position_ids: ``(B, T)`` ``torch.long`` positions of ``idx``'s tokens, each in
+                ``[0, block_size)``; default ``P .. P + T - 1``, or from ``attention_mask``.
 
         Returns:
-            ``(B, T, V)``: the logits at position ``t`` score the token at ``t + 1``.
+            ``(B, T, V)``: the logits at position ``t`` score the token at ``t + 1``. With a left-padded
+            ``attention_mask``, a row's logits at its real tokens equal (to rounding) those of the same
+            tokens without the padding.
+
+        Raises:
+            ValueError: for ids that are not ``(B, T)`` ``torch.long``, more than ``block_size``
+                cached and new tokens (padding included), a cache of the wrong depth, or an
+                ``attention_mask`` or ``position_ids`` of the wrong shape, dtype or range.
         """
         if idx.dim() != 2 or idx.dtype != torch.long:
             raise ValueError(f"idx must be (B, T) torch.long token ids, got {idx.dtype} {tuple(idx.shape)}")
@@ -355,11 +455,47 @@ class GPT(nn.Module):
             raise ValueError(
                 f"the cache has {len(cache.layers)} layers, the model {len(self.blocks)}: use model.init_cache"
             )
-        pos = torch.arange(start, start + T, device=idx.device)  # (T,), offset by the cached length
+        if attention_mask is not None:
+            attention_mask = self._check_attention_mask(attention_mask, B, start + T)
+        if position_ids is not None:
+            self._check_position_ids(position_ids, B, T)
+            pos = position_ids  # (B, T)
+        elif attention_mask is not None:
+            pos = positions_from_mask(attention_mask)[:, start:]  # (B, T): real tokens only are counted
+        else:
+            pos = torch.arange(start, start + T, device=idx.device)  # (T,), offset by the cached length
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
+        mask = None
+        if attention_mask is not None:  # causal (bottom-right, after P cached keys) and no padding key
+            causal = causal_mask(T, start + T, device=idx.device)  # (T, S)
+            mask = (causal[None] & attention_mask[:, None, :])[:, None]  # (B, 1, T, S)
         for i, block in enumerate(self.blocks):
-            x = block(x, None if cache is None else cache.layers[i])
+            x = block(x, None if cache is None else cache.layers[i], mask)
         return self.lm_head(self.norm(x))  # (B, T, V)
+
+    @staticmethod
+    def _check_attention_mask(mask: torch.Tensor, B: int, S: int) -> torch.Tensor:
+        if mask.shape != (B, S) or mask.dtype.is_floating_point or mask.is_complex():
+            raise ValueError(
+                f"attention_mask must be boolean or 0/1 integers of shape (B, cached + new) = ({B}, {S}), "
+                f"got {mask.dtype} {tuple(mask.shape)}"
+            )
+        if mask.dtype != torch.bool:
+            if ((mask != 0) & (mask != 1)).any():
+                raise ValueError("an integer attention_mask must hold only 0 (padding) and 1 (real token)")
+            mask = mask.bool()
+        return mask
+
+    def _check_position_ids(self, pos: torch.Tensor, B: int, T: int) -> None:
+        if pos.shape != (B, T) or pos.dtype != torch.long:
+            raise ValueError(
+                f"position_ids must be ({B}, {T}) torch.long, got {pos.dtype} {tuple(pos.shape)}"
+            )
+        if pos.numel() and (pos.min() < 0 or pos.max() >= self.cfg.block_size):
+            raise ValueError(
+                f"position_ids must be in [0, block_size={self.cfg.block_size}), "
+                f"got {int(pos.min())} .. {int(pos.max())}"
+            )
 
 
 def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
@@ -429,6 +565,64 @@ def bits_per_char(model: nn.Module, ids: torch.Tensor, block_size: int) -> float
         logits = model(window[None, :-1])  # (1, t, V): position i predicts window[i + 1]
         total += F.cross_entropy(logits[0].double(), window[1:], reduction="sum").item()
     return total / (ids.numel() - 1) / math.log(2)
+
+
+def perplexity(model: nn.Module, ids: torch.Tensor, block_size: int) -> float:
+    """A language model's perplexity on a text: ``exp(mean loss in nats) = 2 ** bits_per_char``.
+
+    The text is scored exactly as by :func:`bits_per_char` (every token but the first predicted
+    once). A perplexity of ``N`` means the model is, on average, as unsure as a uniform choice among
+    ``N`` tokens (the geometric mean of ``1 / p(correct token)``): a model that knows nothing about a
+    vocabulary of ``V`` tokens scores ``V``, a perfect one ``1``.
+
+    Args:
+        model, ids, block_size: as :func:`bits_per_char`.
+
+    Returns:
+        The perplexity per token, a Python ``float`` ``>= 1``.
+
+    Raises:
+        ValueError: as :func:`bits_per_char`.
+    """
+    return 2.0 ** bits_per_char(model, ids, block_size)
+
+
+def unigram_loss(fit_ids: torch.Tensor, ids: torch.Tensor, vocab_size: int, add: float = 1.0) -> float:
+    """The loss (nats per token) on ``ids`` of a model that ignores the context: token frequencies.
+
+    The unigram baseline of a language model: ``p(x) = (count(x) + add) / (N + add V)`` with the counts
+    taken from ``fit_ids`` (``add`` smooths, so a token that ``fit_ids`` lacks is not impossible).
+    Scored on the text it was fitted to with ``add = 0``, this is the entropy of that text's token
+    frequencies, the best any context-free model can do there. Example: fitted on ``[0, 0, 1]`` with
+    ``add = 0``, the text ``[0, 1]`` scores ``-(ln(2/3) + ln(1/3)) / 2 = 0.752``.
+
+    Args:
+        fit_ids: ``(N,)`` token ids the frequencies are counted on, ``torch.long``.
+        ids: ``(M,)`` token ids to score, ``M >= 1``, ``torch.long``.
+        vocab_size: ``V``; every id must be below it.
+        add: the additive (Laplace) smoothing count, ``>= 0``.
+
+    Returns:
+        Mean ``-ln p(x)`` over ``ids``, a Python ``float`` (``inf`` if a scored token has probability 0).
+
+    Raises:
+        ValueError: for ids that are not 1-D ``torch.long`` in ``[0, vocab_size)``, an empty ``ids``, or
+        ``add < 0`` (or ``add = 0`` with an empty ``fit_ids``).
+    """
+    for name, t in (("fit_ids", fit_ids), ("ids", ids)):
+        if t.dim() != 1 or t.dtype != torch.long:
+            raise ValueError(f"{name} must be 1-D torch.long token ids, got {t.dtype} {tuple(t.shape)}")
+        if t.numel() and (t.min() < 0 or t.max() >= vocab_size):
+            raise ValueError(
+                f"{name} must lie in [0, vocab_size={vocab_size}), got {int(t.min())} .. {int(t.max())}"
+            )
+    if ids.numel() == 0:
+        raise ValueError("ids must hold at least one token to score")
+    if not add >= 0 or (add == 0 and fit_ids.numel() == 0):
+        raise ValueError(f"add must be >= 0 (and > 0 when fit_ids is empty), got {add}")
+    counts = torch.bincount(fit_ids, minlength=vocab_size).double() + add  # (V,)
+    logp = counts.log() - counts.sum().log()  # (V,)
+    return -logp[ids].mean().item()
 
 
 # --------------------------------------------------------------------------- Hugging Face GPT-2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -214,3 +216,62 @@ def test_causal_lm_loss_pairs_each_position_with_the_next_token():
     ids = torch.tensor([[1, 2, 3]])
     assert gpt.causal_lm_loss(logits, ids).item() == pytest.approx(0.0, abs=1e-6)
     assert gpt.causal_lm_loss(logits, torch.tensor([[2, 3, 0]])).item() > 1e8  # unshifted targets are wrong
+
+
+# --------------------------------------------------------------------------- perplexity and baselines
+
+
+@pytest.mark.parametrize("n_ids,block", [(12, 16), (17, 16), (50, 16), (41, 7)])
+def test_perplexity_is_hf_loss_exponentiated(n_ids, block):
+    """Hugging Face's mean loss (its own shift) on each window of ``block + 1`` ids overlapping by one,
+    weighted by the window's predictions, exponentiated: one window when ``n_ids <= block + 1``."""
+    m = ours()
+    hf = hf_from(m)
+    ids = tokens(1, n_ids, seed=11)[0]
+    total, count = 0.0, 0
+    for start in range(0, n_ids - 1, block):
+        window = ids[start : start + block + 1][None]  # (1, t + 1)
+        with torch.no_grad():
+            loss = hf(window, labels=window).loss.double().item()
+        total, count = total + loss * (window.shape[1] - 1), count + window.shape[1] - 1
+    assert count == n_ids - 1
+    expected = math.exp(total / count)
+    assert gpt.perplexity(m, ids, block) == pytest.approx(expected, rel=1e-5)
+    assert gpt.perplexity(m, ids, block) == pytest.approx(2 ** gpt.bits_per_char(m, ids, block), rel=1e-12)
+
+
+def test_a_model_that_knows_nothing_has_perplexity_v():
+    V = 37
+    uniform = lambda idx: torch.zeros(*idx.shape, V)  # noqa: E731
+    ids = tokens(1, 30, V=V)[0]
+    assert gpt.perplexity(uniform, ids, 8) == pytest.approx(V, rel=1e-12)
+    assert gpt.unigram_loss(ids, ids, V, add=0.0) <= math.log(V)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        gpt.perplexity(uniform, ids[:1], 8)
+
+
+def test_unigram_loss_worked_example_and_independent_count():
+    assert gpt.unigram_loss(torch.tensor([0, 0, 1]), torch.tensor([0, 1]), 3, add=0.0) == pytest.approx(
+        -(math.log(2 / 3) + math.log(1 / 3)) / 2
+    )
+    fit, text, V, add = tokens(1, 200, V=9, seed=12)[0], tokens(1, 50, V=11, seed=13)[0], 11, 0.5
+    counts = Counter(fit.tolist())
+    expected = -sum(math.log((counts[x] + add) / (len(fit) + add * V)) for x in text.tolist()) / len(text)
+    assert gpt.unigram_loss(fit, text, V, add) == pytest.approx(expected, rel=1e-12)  # ids 9, 10 unseen
+    assert gpt.unigram_loss(fit, text, V, add=0.0) == math.inf  # unseen without smoothing: impossible
+    freqs = torch.tensor([counts[x] for x in sorted(counts)], dtype=torch.float64) / len(fit)
+    assert gpt.unigram_loss(fit, fit, 9, add=0.0) == pytest.approx(-(freqs * freqs.log()).sum().item())
+
+
+def test_unigram_loss_bad_inputs():
+    ids = torch.tensor([0, 1, 2])
+    for args, match in (
+        ((ids, ids, 2), r"ids must lie in \[0, vocab_size=2\)"),
+        ((ids.float(), ids, 3), "fit_ids must be 1-D torch.long"),
+        ((ids, ids[None], 3), "ids must be 1-D torch.long"),
+        ((ids, ids[:0], 3), "at least one token"),
+        ((ids, ids, 3, -1.0), "add must be >= 0"),
+        ((ids[:0], ids, 3, 0.0), "add must be >= 0"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            gpt.unigram_loss(*args)
