@@ -35,13 +35,18 @@ The task of the chapter (English number words to German, ``forty-two`` ->
 special token ids :data:`PAD`, :data:`BOS`, :data:`EOS` are the model's conventions, shared
 by both vocabularies there.
 
+Translations are scored by :func:`bleu` (Papineni et al., 2002), computed from its definition
+with sacrebleu's conventions; chrF is sacrebleu's, in the task's module.
+
 Over 500 lines: Chapter 8's four graded pieces with their docstrings, the encoder-decoder model and
-its decoding (greedy and beam) are one model file; the number-word task lives in
-coursekit.experiments.
+its decoding (greedy and beam) are one model file, with BLEU, the score of its outputs; the
+number-word task lives in coursekit.experiments.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -73,6 +78,7 @@ __all__ = [
     "greedy_decode",
     "beam_decode",
     "length_penalty_score",
+    "bleu",
 ]
 
 #: Special token ids, the same in the source and the target vocabulary.
@@ -585,3 +591,89 @@ def length_penalty_score(logprob: torch.Tensor, length: torch.Tensor, alpha: flo
         raise ValueError(f"every length must be at least 1, got {length.tolist()}")
     penalty = ((5 + length.to(logprob.dtype)) / 6) ** alpha  # lp(n), broadcastable with logprob
     return logprob / penalty
+
+
+# --------------------------------------------------------------------------- scoring translations: BLEU
+
+
+def _ngrams(tokens: list[str], n: int) -> Counter:
+    """The n-grams of ``tokens`` with their counts.
+
+    Example: ``(["a", "b", "a", "b"], 2) -> {("a", "b"): 2, ("b", "a"): 1}``.
+    """
+    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
+
+
+def bleu(
+    hypotheses: list[str],
+    references: list[str],
+    max_order: int = 4,
+    smooth: str = "exp",
+    effective_order: bool = False,
+) -> float:
+    """Corpus BLEU (Papineni et al., 2002) of whitespace-separated hypotheses, one reference each, 0-100.
+
+    For each order ``n = 1 .. max_order`` the *modified precision* ``p_n`` pools over the corpus:
+    the hypotheses' n-grams, each counted at most as often as it occurs in its reference
+    (clipping: ``"the the the"`` against ``"the cat"`` matches one ``the``), divided by the
+    number of hypothesis n-grams. With ``c`` hypothesis and ``r`` reference tokens in all, the
+    brevity penalty is ``BP = exp(1 - r / c)`` if ``c < r``, else 1, and
+    ``BLEU = 100 BP exp(mean_n log p_n)``, a geometric mean: one ``p_n = 0`` makes BLEU 0.
+
+    The conventions are sacrebleu's (Post, 2018), so the two agree (a test checks):
+    ``smooth="exp"`` (its default, NIST's) gives the k-th order without any match
+    ``p_n = 1 / (2^k total_n)`` instead of 0, ``"none"`` leaves it 0; no match at any order is
+    BLEU 0. An order for which the hypotheses have **no n-gram at all** (every hypothesis
+    shorter than ``n`` tokens) has ``p_n = 0`` and BLEU is 0, even for a perfect output; with
+    ``effective_order=True`` the mean runs over the orders up to the last one that has n-grams.
+    Tokens are split at whitespace only (sacrebleu's default ``13a`` tokenizer also splits off
+    punctuation; number words have none).
+    Example: ``bleu(["zweiundvierzig"], ["zweiundvierzig"]) -> 0.0`` (one token: no 2-grams),
+    with ``effective_order=True`` 100.0.
+
+    Args:
+        hypotheses: ``N`` system outputs.
+        references: ``N`` references, one per hypothesis.
+        max_order: the longest n-gram, ``>= 1``.
+        smooth: ``"exp"`` or ``"none"``.
+        effective_order: average only over the orders the hypotheses have n-grams of.
+
+    Returns:
+        BLEU as a Python ``float`` in ``[0, 100]``.
+
+    Raises:
+        ValueError: for different numbers of hypotheses and references, no sentences,
+            ``max_order < 1`` or an unknown ``smooth``.
+    """
+    if len(hypotheses) != len(references) or not hypotheses:
+        raise ValueError(
+            f"need one reference per hypothesis and at least one pair, got {len(hypotheses)} and {len(references)}"
+        )
+    if max_order < 1 or smooth not in ("exp", "none"):
+        raise ValueError(f"need max_order >= 1 and smooth 'exp' or 'none', got {max_order!r} and {smooth!r}")
+    correct, total = [0] * max_order, [0] * max_order
+    c = r = 0
+    for hyp, ref in zip(hypotheses, references):
+        h, t = hyp.split(), ref.split()
+        c, r = c + len(h), r + len(t)
+        for n in range(1, max_order + 1):
+            counts, ref_counts = _ngrams(h, n), _ngrams(t, n)
+            correct[n - 1] += sum(min(k, ref_counts[g]) for g, k in counts.items())  # clipped
+            total[n - 1] += sum(counts.values())
+    if not any(correct):
+        return 0.0
+    bp = 1.0 if c >= r else math.exp(1 - r / c)
+    log_p, zeros = [], 0
+    for n in range(max_order):
+        if total[n] == 0:  # no hypothesis n-grams: p_n undefined, counted as 0 unless effective_order
+            if not effective_order:
+                return 0.0
+            break
+        if correct[n] == 0:
+            if smooth == "none":
+                return 0.0
+            zeros += 1
+            log_p.append(-math.log(2**zeros * total[n]))
+        else:
+            log_p.append(math.log(correct[n] / total[n]))
+    return 100.0 * bp * math.exp(sum(log_p) / len(log_p))

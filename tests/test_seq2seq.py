@@ -803,3 +803,97 @@ def test_retraining_a_short_recipe_writes_a_loadable_checkpoint(tmp_path):
     result = num.evaluate_translation(model, num.number_splits().test)
     assert abs(result["exact_match"] - metrics["test_exact_match"]) <= 2 / 5000
     assert isinstance(train.TrainConfig(**record["recipe"]["train"]), train.TrainConfig)
+
+
+# =========================================================================== BLEU (Papineni et al., 2002)
+
+
+def _sacrebleu(hyps, refs, tokenize="none", **kw):
+    from sacrebleu.metrics import BLEU
+
+    return BLEU(tokenize=tokenize, **kw).corpus_score(hyps, [refs]).score
+
+
+def _random_corpus(seed, n, max_len):
+    """Morpheme sentences of random numbers (references) and noisy copies of them (hypotheses)."""
+    rng = random.Random(seed)
+    words = list(num.DE_VOCAB.itos[3:])
+    refs, hyps = [], []
+    for _ in range(n):
+        ref = num.german_tokens(rng.randrange(num.MAX_NUMBER + 1))
+        hyp = [rng.choice(words) if rng.random() < 0.2 else t for t in ref if rng.random() > 0.1]
+        hyp += [rng.choice(words)] * (rng.random() < 0.1)
+        refs.append(" ".join(ref[:max_len]))
+        hyps.append(" ".join(hyp[:max_len]))
+    return hyps, refs
+
+
+@pytest.mark.parametrize("smooth", ["exp", "none"])
+@pytest.mark.parametrize("effective_order", [False, True])
+@pytest.mark.parametrize("max_order", [1, 2, 4])
+@pytest.mark.parametrize("seed, n, max_len", [(0, 1, 12), (1, 5, 12), (2, 200, 12), (3, 50, 3), (4, 20, 2)])
+def test_bleu_equals_sacrebleu(smooth, effective_order, max_order, seed, n, max_len):
+    hyps, refs = _random_corpus(seed, n, max_len)
+    kw = dict(smooth_method=smooth, effective_order=effective_order, max_ngram_order=max_order)
+    ours = s2s.bleu(hyps, refs, max_order, smooth, effective_order)
+    assert ours == pytest.approx(_sacrebleu(hyps, refs, **kw), abs=1e-9)
+    assert ours == pytest.approx(_sacrebleu(hyps, refs, tokenize="13a", **kw), abs=1e-9)  # no punctuation
+
+
+def test_bleu_equals_sacrebleu_on_edge_cases():
+    cases = [
+        (["a b c d"], ["a b c d e f g h"]),  # brevity penalty
+        (["x y z w"], ["a b c d"]),  # no match at all
+        ([""], ["a b"]),  # empty hypothesis
+        (["a b c d e"], ["a b c"]),  # longer than the reference
+        (["a a a a", "b c d e"], ["a b", "b c d f"]),  # clipping, one 4-gram order without matches
+        (["zweiundvierzig", "siebenunddreißig"], ["zweiundvierzig", "siebenhundertdreiunddreißig"]),
+    ]
+    for hyps, refs in cases:
+        for smooth in ("exp", "none"):
+            for eff in (False, True):
+                kw = dict(smooth_method=smooth, effective_order=eff)
+                assert s2s.bleu(hyps, refs, smooth=smooth, effective_order=eff) == pytest.approx(
+                    _sacrebleu(hyps, refs, **kw), abs=1e-9
+                ), (hyps, refs, smooth, eff)
+
+
+def test_bleu_clips_repeated_words_as_in_papineni_et_al():
+    """Papineni et al.'s example: seven "the" against a reference with two: modified precision 2/7."""
+    hyp, ref = "the the the the the the the", "the cat is on the mat"
+    assert s2s.bleu([hyp], [ref], max_order=1) == pytest.approx(
+        100 * 2 / 7
+    )  # 7 >= 6 tokens: no brevity penalty
+
+
+def test_bleu_properties():
+    long = ["ein hundert zwei und vierzig tausend drei hundert", "sieben hundert drei und dreißig"]
+    assert s2s.bleu(long, long) == pytest.approx(100.0)  # identical, every sentence >= 4 tokens
+    one_word = ["siebenhundertdreiunddreißig", "zweiundvierzig"]
+    assert s2s.bleu(one_word, one_word) == 0.0  # identical, but no 2-grams at all: BLEU is 0
+    assert s2s.bleu(one_word, one_word, effective_order=True) == pytest.approx(100.0)
+    # with effective order, one-word sentences score exact match (unigram precision)
+    assert s2s.bleu(["zweiundvierzig", "x"], one_word[::-1], effective_order=True) == pytest.approx(50.0)
+    # brevity: a prefix of the reference has every precision 1 and only the penalty exp(1 - r / c)
+    ref, hyp = "a b c d e f g h", "a b c d e f"
+    assert s2s.bleu([hyp], [ref]) == pytest.approx(100 * math.exp(1 - 8 / 6))
+    # word order matters beyond unigrams
+    ordered, shuffled = "a b c d e f g h", "b a d c f e h g"
+    assert s2s.bleu([shuffled], [ordered], max_order=1) == pytest.approx(100.0)
+    assert s2s.bleu([shuffled], [ordered]) < s2s.bleu([ordered], [ordered])
+    # a near miss scores between nothing and everything
+    assert 0 < s2s.bleu(["sieben und dreißig x"], ["sieben hundert drei und dreißig"]) < 100
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((["a"], ["a", "b"]), "one reference per hypothesis"),
+        (([], []), "at least one pair"),
+        ((["a"], ["a"], 0), "max_order >= 1"),
+        ((["a"], ["a"], 4, "floor"), "smooth 'exp' or 'none'"),
+    ],
+)
+def test_bleu_rejects_bad_inputs(args, match):
+    with pytest.raises(ValueError, match=match):
+        s2s.bleu(*args)
