@@ -24,6 +24,13 @@ softmax of what is left. Randomness is explicit: every sampler takes a ``torch.G
   ones (ending in EOS) are ranked by ``log p / length ** alpha``, the length normalisation of
   Hugging Face's ``generate`` (``alpha = 0`` is the raw sum, which favours short outputs); Wu et
   al. (2016) divide by ``((5 + length) / 6) ** alpha`` instead.
+- **batched generation** of prompts of different lengths (:func:`generate_batch`) left-pads them
+  (:func:`left_pad`) and passes the model an ``attention_mask``; each row comes out exactly as
+  :func:`generate` would return it for that prompt alone.
+
+Over 500 lines: every decoding strategy of Chapter 7 is one reader's page, in the order the
+chapter teaches them; splitting samplers from searches would send readers between two files for
+one ``generate`` loop.
 """
 
 from __future__ import annotations
