@@ -873,7 +873,10 @@ GRADER = [
     Case(
         "reply_channel_compressed",
         "grader",
-        PARTS["predict_leaked_pairs"] + PARTS["predict_score_variance"] + PARTS["score_variance"],
+        PARTS["predict_leaked_pairs"]
+        + PARTS["predict_score_variance"]
+        + PARTS["predict_sequential_steps"]
+        + PARTS["score_variance"],
         "compressed arrays are not accepted",
         lambda ctx: added(
             reference(),

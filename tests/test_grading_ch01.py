@@ -205,6 +205,7 @@ class SelfAttention(nn.Module):
     ),
     ("predict_leaked_pairs", "an int written as a float", "predict_leaked_pairs = 7.0\n"),
     ("predict_score_variance", "an upper-case letter with spaces", 'predict_score_variance = " C "\n'),
+    ("predict_sequential_steps", "an upper-case letter", 'predict_sequential_steps = "D"\n'),
     (
         "score_variance",
         "einsum and a variance written out",

@@ -54,6 +54,8 @@ __all__ = [
     "grade_predict_adam_bytes",
     "check_predict_gpt2_xl_kv_mib",
     "grade_predict_gpt2_xl_kv_mib",
+    "check_predict_batched_decode",
+    "grade_predict_batched_decode",
     "check_flops_ratio",
     "grade_flops_ratio",
     "check_chinchilla_optimal",
@@ -902,8 +904,42 @@ GPT2_XL_KV_MIB = Prediction(
     rel=0.05,
 )
 
+#: the choices of BATCHED_DECODE: FLOPs per byte of a decode step
+_DECODE_CHOICES = {"a": 1.0, "b": 20.0, "c": 64.0, "d": 300.0}
+
+
+def _batched_decode() -> str:
+    """Which choice the arithmetic intensity of a bf16 decode step of ``GPT_7B`` at batch 64 and a context of
+    1,024 tokens is nearest to (on a log scale)."""
+    intensity = ref.decode_step_cost(ref.GPT_7B, 64, 1024, dtype_bytes=2).intensity
+    return min(_DECODE_CHOICES, key=lambda c: abs(math.log(intensity / _DECODE_CHOICES[c])))
+
+
+BATCHED_DECODE = Prediction(
+    name="predict_batched_decode",
+    question="The appendix's 7B-class shape (GPT_7B, multi-head attention) decodes in bf16 with 1,024 tokens of "
+    "context per sequence; at batch 1 a step does about 1 FLOP per byte it moves. At batch 64, how many FLOPs "
+    "per byte?",
+    tests="decode's arithmetic intensity: batching shares the weights' bytes, not the KV cache's",
+    measure=_batched_decode,
+    explanation="Answer {truth}. A decode step reads every weight once, whatever the batch: 13.2 GB in bf16, "
+    "shared by the 64 new tokens. But each sequence's KV cache, 0.54 GB at 1,024 tokens with 32 layers of 32 "
+    "heads, is read for that sequence's token alone, so 64 sequences read 34 GB of cache, more than the "
+    "weights: 880 GFLOP over 47.6 GB is about 18.5 FLOPs per byte, not 64. However large the batch, the "
+    "intensity never passes one sequence's FLOPs over its cache bytes, 13.8 GFLOP / 0.54 GB = 25.6, far below "
+    "an H100's ridge near 300: decoding this model at this context is memory-bound at every batch. "
+    "Grouped-query attention shrinks the cache and raises that ceiling (Pope et al., 2022).",
+    choices={
+        "a": "about 1, as at batch 1",
+        "b": "about 20",
+        "c": "about 64, 64 times batch 1's",
+        "d": "about 300, an H100's ridge point: compute-bound",
+    },
+)
+
 check_predict_adam_bytes, grade_predict_adam_bytes = ADAM_BYTES.graders()
 check_predict_gpt2_xl_kv_mib, grade_predict_gpt2_xl_kv_mib = GPT2_XL_KV_MIB.graders()
+check_predict_batched_decode, grade_predict_batched_decode = BATCHED_DECODE.graders()
 
 
 # =========================================================================== experiment: flops_ratio

@@ -61,6 +61,8 @@ __all__ = [
     "grade_predict_leaked_pairs",
     "check_predict_score_variance",
     "grade_predict_score_variance",
+    "check_predict_sequential_steps",
+    "grade_predict_sequential_steps",
     "check_score_variance",
     "grade_score_variance",
     "check_online_softmax",
@@ -1405,8 +1407,76 @@ SCORE_VARIANCE = Prediction(
     choices={"a": "1", "b": "8", "c": "64", "d": "4096"},
 )
 
+
+def _chain_length(model: torch.nn.Module, T: int) -> int:
+    """The longest chain of operations, each needing the result of the one before, from the token
+    embeddings of ``model`` to its output on ``T`` tokens: the depth of the autograd graph between
+    ``model.embed.weight`` and the output (an operation on a whole tensor counts as one step)."""
+    with torch.enable_grad():
+        out = model(torch.zeros(1, T, dtype=torch.long))  # (1, V); the token ids do not change the graph
+    order, seen, stack = [], set(), [(out.grad_fn, False)]
+    while stack:  # iterative depth-first search: a recurrence's graph is thousands of nodes deep
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)  # every node after the nodes it leads to
+        elif node not in seen:
+            seen.add(node)
+            stack.append((node, True))
+            stack.extend((n, False) for n, _ in node.next_functions if n is not None and n not in seen)
+    depth: dict = {}
+    for node in order:
+        if getattr(node, "variable", None) is model.embed.weight:
+            depth[node] = 0
+        else:
+            below = [depth[n] for n, _ in node.next_functions if depth.get(n) is not None]
+            depth[node] = 1 + max(below) if below else None  # None: does not lead to the embeddings
+    return depth[out.grad_fn]
+
+
+#: the choices of SEQUENTIAL_STEPS: how the chain grows (GRU, attention) when T doubles
+_STEPS_CHOICES = {"a": (2.0, 2.0), "b": (1.0, 1.0), "c": (2.0, 4.0), "d": (2.0, 1.0)}
+
+
+def _sequential_steps() -> str:
+    """Which choice the chain lengths of Chapter 1's two readers fit, from T = 16 to T = 32."""
+    from coursekit.experiments import recurrence
+
+    # building the models draws weights from torch's global generator: leave the student's seed alone
+    with torch.random.fork_rng(devices=[]):
+        gru, attention = recurrence.GRUReader(), recurrence.AttentionReader(max_len=32)
+    grows = [_chain_length(m, 32) / _chain_length(m, 16) for m in (gru, attention)]
+    return min(
+        _STEPS_CHOICES,
+        key=lambda c: sum(abs(math.log(g / w)) for g, w in zip(grows, _STEPS_CHOICES[c])),
+    )
+
+
+SEQUENTIAL_STEPS = Prediction(
+    name="predict_sequential_steps",
+    question="Chapter 1's GRU reader and attention reader (coursekit.experiments.recurrence): when the sequence "
+    "doubles from T = 16 to T = 32 tokens, how does the longest chain of operations from the token embeddings "
+    "to the output (each waiting for the one before) change?",
+    tests="sequential operations, Vaswani et al.'s Table 1: O(T) for a recurrent layer, O(1) for attention, "
+    "whatever attention's O(T^2) work",
+    measure=_sequential_steps,
+    explanation="Answer {truth}. The GRU's state h_t needs h_(t-1), so its graph is one short block of "
+    "operations per token, each block waiting for the last: the chain grows by the same amount with every "
+    "token, and doubling T about doubles it. The attention reader's chain has the same operations at every "
+    "length: Q K^T, the softmax and the product with V each handle all T positions at once. Attention does "
+    "T^2 work, but no position waits for another; this is the 'sequential operations' column of Vaswani "
+    "et al.'s (2017) Table 1, O(T) for a recurrent layer against O(1), and why a GPU can run a whole sequence "
+    "through attention in a few large matrix products while a recurrent layer walks it step by step.",
+    choices={
+        "a": "it doubles for both",
+        "b": "it stays the same for both",
+        "c": "it doubles for the GRU and quadruples for attention",
+        "d": "it doubles for the GRU and stays the same for attention",
+    },
+)
+
 check_predict_leaked_pairs, grade_predict_leaked_pairs = LEAKED_PAIRS.graders()
 check_predict_score_variance, grade_predict_score_variance = SCORE_VARIANCE.graders()
+check_predict_sequential_steps, grade_predict_sequential_steps = SEQUENTIAL_STEPS.graders()
 
 
 # --------------------------------------------------------------------------- experiment

@@ -56,6 +56,8 @@ __all__ = [
     "grade_predict_rope_offset",
     "check_predict_alibi_first_slope",
     "grade_predict_alibi_first_slope",
+    "check_predict_position_length",
+    "grade_predict_position_length",
     "check_sinusoidal_similarity",
     "grade_sinusoidal_similarity",
     "check_ntk_scaled_base",
@@ -1108,8 +1110,25 @@ ALIBI_FIRST_SLOPE = Prediction(
     abs=1e-6,
 )
 
+POSITION_LENGTH = Prediction(
+    name="predict_position_length",
+    question="At C = 512, how long (in Euclidean norm) is the sinusoidal position vector PE(p) that the "
+    "Transformer adds to a token embedding?",
+    tests="why Vaswani et al. scale embeddings by sqrt(C): every sinusoidal vector has length sqrt(C / 2), a "
+    "token vector initialised for a tied output layer about 1",
+    measure=lambda: float(ref.sinusoidal_encoding(128, 512, dtype=F64).norm(dim=-1).mean()),
+    explanation="Each frequency fills a pair of channels with sin(p w_i) and cos(p w_i), and sin^2 + cos^2 = 1, so "
+    "|PE(p)|^2 = C / 2 and |PE(p)| = sqrt(256) = {truth} at every position p. An embedding initialised for a "
+    "tied output layer has entries of standard deviation 1 / sqrt(C), a length of about 1: added as it is, the "
+    "token would be 1 / (1 + 256), about 0.4%, of the squared length of the sum, and the first layer would see "
+    "mostly positions. Multiplied by sqrt(C) = 22.6, as Vaswani et al. (2017) do, it has length about 22.6 and "
+    "two thirds of the squared length (512 against 256): the two signals start on the same footing.",
+    rel=0.01,
+)
+
 check_predict_rope_offset, grade_predict_rope_offset = ROPE_OFFSET.graders()
 check_predict_alibi_first_slope, grade_predict_alibi_first_slope = ALIBI_FIRST_SLOPE.graders()
+check_predict_position_length, grade_predict_position_length = POSITION_LENGTH.graders()
 
 
 # --------------------------------------------------------------------------- experiment

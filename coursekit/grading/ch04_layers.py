@@ -65,6 +65,8 @@ __all__ = [
     "grade_predict_layer_norm_params",
     "check_predict_input_gradient",
     "grade_predict_input_gradient",
+    "check_predict_swiglu_params",
+    "grade_predict_swiglu_params",
     "check_input_gradient_norm",
     "grade_input_gradient_norm",
     "check_rms_norm",
@@ -1702,8 +1704,43 @@ INPUT_GRADIENT = Prediction(
     choices={"a": "1/5", "b": "1", "c": "5", "d": "25"},
 )
 
+#: the choices of SWIGLU_PARAMS: SwiGLU's parameters over those of a GELU MLP of width 4C
+_SWIGLU_CHOICES = {"a": 2 / 3, "b": 1.0, "c": 1.5, "d": 2.0}
+
+
+def _swiglu_params() -> str:
+    """Which choice Llama 7B's SwiGLU over a 4C GELU MLP is nearest to, both built on the meta device."""
+    C = 4096
+    with torch.device("meta"):  # shapes only: no 135 million weights to draw
+        swiglu = ref.SwiGLU(C, ref.llama_ffn_hidden(C))
+        mlp = ref.FeedForward(C, 4 * C, activation="gelu")
+    ratio = ref.count_params(swiglu) / ref.count_params(mlp)
+    return min(_SWIGLU_CHOICES, key=lambda c: abs(math.log(ratio / _SWIGLU_CHOICES[c])))
+
+
+SWIGLU_PARAMS = Prediction(
+    name="predict_swiglu_params",
+    question="Llama 7B's SwiGLU feed-forward (C = 4096, hidden width llama_ffn_hidden(4096), no biases) against a "
+    "GELU feed-forward of hidden width 4C with biases, as in GPT-2: how many parameters does the SwiGLU have?",
+    tests="SwiGLU's three matrices and Llama's 2/3 width rule: the same parameters as a 4C MLP",
+    measure=_swiglu_params,
+    explanation="Answer {truth}. SwiGLU has three C x d_ff matrices (gate, up and down) where the MLP has two, so "
+    "Llama shrinks the hidden width to 2/3 of 4C: 8C/3 = 10,922.7, rounded up to a multiple of 256, 11,008. "
+    "3 x 4096 x 11,008 = 135.3 million weights against the MLP's 2 x 4096 x 16,384 = 134.2 million plus 20,480 "
+    "biases: within 1% (8 C^2 each, before rounding). So when Shazeer (2020) and the chapter compare SwiGLU "
+    "with a GELU MLP, they compare them at matched parameters: whatever the gate gains is not bought with extra "
+    "weights. Keeping the width at 4C would have cost 1.5 times as many.",
+    choices={
+        "a": "about 2/3 as many",
+        "b": "about as many",
+        "c": "about 1.5 times as many",
+        "d": "about twice as many",
+    },
+)
+
 check_predict_layer_norm_params, grade_predict_layer_norm_params = LAYER_NORM_PARAMS.graders()
 check_predict_input_gradient, grade_predict_input_gradient = INPUT_GRADIENT.graders()
+check_predict_swiglu_params, grade_predict_swiglu_params = SWIGLU_PARAMS.graders()
 
 
 # --------------------------------------------------------------------------- experiment

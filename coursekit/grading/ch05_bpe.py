@@ -46,6 +46,8 @@ __all__ = [
     "grade_predict_word_end_merges",
     "check_predict_shared_merges",
     "grade_predict_shared_merges",
+    "check_predict_digit_groups",
+    "grade_predict_digit_groups",
     "check_bytes_per_token",
     "grade_bytes_per_token",
     "check_encode_with_special",
@@ -901,8 +903,35 @@ SHARED_MERGES = Prediction(
     "training run, cutting its merge list.",
 )
 
+#: the choices of DIGIT_GROUPS: how a pre-tokenizer could cut "1234567" into chunks
+_DIGIT_SPLITS = {"a": "1234567", "b": "1|234|567", "c": "123|456|7", "d": "1|2|3|4|5|6|7"}
+
+DIGIT_GROUPS = Prediction(
+    name="predict_digit_groups",
+    question="GPT-4's pre-tokenization pattern (cl100k_base's, coursekit.bpe.GPT4_PATTERN) cuts the number "
+    "1234567 into chunks before any merge: which chunks?",
+    tests="digits and place value: GPT-4's pattern groups at most three digits, counted from the left",
+    measure=lambda: {v: k for k, v in _DIGIT_SPLITS.items()}.get(
+        "|".join(regex.findall(ref.GPT4_PATTERN, "1234567"))
+    ),
+    explanation="Answer {truth}. The pattern's digit rule, \\p{{N}}{{1,3}}, matches up to three digits, and the regex "
+    "scans from the left, so it takes 123, then 456, and leaves the units digit alone: not the 1,234,567 of "
+    "thousands separators. No merge crosses a chunk's boundary, so the units digit of 1234567 is a chunk of "
+    "its own while that of 123456 ends a chunk of three: the same place value lands in different positions "
+    "of different tokens, and digits to be added together do not line up. Singh and Strouse (2024) "
+    "found that grouping from the right (writing the commas) improves such models' arithmetic; GPT-2's pattern "
+    "keeps the whole run as one chunk, and the first Llama models split every digit.",
+    choices={
+        "a": "1234567 (one chunk)",
+        "b": "1|234|567 (from the right, as thousands separators)",
+        "c": "123|456|7 (from the left)",
+        "d": "1|2|3|4|5|6|7 (one chunk per digit)",
+    },
+)
+
 check_predict_word_end_merges, grade_predict_word_end_merges = WORD_END_MERGES.graders()
 check_predict_shared_merges, grade_predict_shared_merges = SHARED_MERGES.graders()
+check_predict_digit_groups, grade_predict_digit_groups = DIGIT_GROUPS.graders()
 
 
 # --------------------------------------------------------------------------- experiment

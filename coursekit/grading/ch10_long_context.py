@@ -78,6 +78,8 @@ __all__ = [
     "grade_predict_window_pairs",
     "check_predict_kv_cache_gib",
     "grade_predict_kv_cache_gib",
+    "check_predict_saved_per_row",
+    "grade_predict_saved_per_row",
     "check_window_mass",
     "grade_window_mass",
     "check_sink_window_mask",
@@ -1623,8 +1625,49 @@ KV_CACHE_GIB = Prediction(
     rel=0.05,
 )
 
+
+def _saved_per_row() -> str:
+    """Which choice the numbers ``flash_attention`` keeps for its backward pass, beyond ``q, k, v`` and the
+    output, come to per query row: counted with autograd's ``saved_tensors_hooks`` (T = S = 128, D = 16)."""
+    T, D = 128, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, T, D, generator=g, requires_grad=True) for _ in range(3))  # (B, H, T, D)
+    kept: dict[int, int] = {}  # memory block -> numbers in it (views of one block count once)
+
+    def pack(t):
+        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes() // t.element_size()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = ref.flash_attention(q, k, v, block_q=32, block_k=32)  # (1, 1, T, D)
+    per_row = (sum(kept.values()) - 3 * q.numel() - out.numel()) / T
+    return min({"a": 0, "b": 1, "c": 2, "d": T}.items(), key=lambda c: abs(per_row - c[1]))[0]
+
+
+SAVED_PER_ROW = Prediction(
+    name="predict_saved_per_row",
+    question="FlashAttention's forward pass (flash_attention) keeps q, k, v and its output for the backward pass; "
+    "what else does it keep for each query row?",
+    tests="recomputation in FlashAttention's backward: one log-sum-exp per row rebuilds the row's weights",
+    measure=_saved_per_row,
+    explanation="Answer {truth}. With the log-sum-exp L_i = m_i + log l_i of row i's scores, every weight is "
+    "P_ij = exp(s_ij - L_i), and s_ij = q_i . k_j / sqrt(D) comes back from q and k: so the backward pass "
+    "rebuilds each tile of P and drops it again. The running maximum m_i and sum l_i of the online softmax are "
+    "needed only in this combination, so one number replaces two; the row sum Delta_i = dO_i . O_i of the "
+    "softmax gradient comes from the output and the incoming gradient. Keeping the row of S weights is what plain "
+    "autograd does: T x S numbers per head instead of T, the memory that recomputation saves at the price of "
+    "computing Q K^T once more (Dao et al., 2022).",
+    choices={
+        "a": "nothing: it recomputes everything from q, k and v",
+        "b": "one number: the log-sum-exp of the row's scores",
+        "c": "two numbers: the running maximum and the running sum of the online softmax",
+        "d": "the row's S attention weights",
+    },
+)
+
 check_predict_window_pairs, grade_predict_window_pairs = WINDOW_PAIRS.graders()
 check_predict_kv_cache_gib, grade_predict_kv_cache_gib = KV_CACHE_GIB.graders()
+check_predict_saved_per_row, grade_predict_saved_per_row = SAVED_PER_ROW.graders()
 
 
 # =========================================================================== experiment: window_mass

@@ -481,6 +481,27 @@ def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
         "should be a finite number",
         'predict_gpt2_xl_kv_mib = "6.25"\n',
     ),
+    Mutant(
+        "decode_scales_with_batch",
+        "predict_batched_decode",
+        "predict_batched_decode",
+        "you predicted (c) about 64",
+        'predict_batched_decode = "c"\n',
+    ),
+    Mutant(
+        "decode_compute_bound",
+        "predict_batched_decode",
+        "predict_batched_decode",
+        "the experiment gives (b) about 20",
+        'predict_batched_decode = "d"\n',
+    ),
+    Mutant(
+        "decode_not_a_letter",
+        "predict_batched_decode",
+        "predict_batched_decode",
+        "one of the letters",
+        "predict_batched_decode = 18.5\n",
+    ),
     # ----------------------------------------------------------------- part 6: flops_ratio (experiment)
     mutant(
         "flops_fused_kernel",

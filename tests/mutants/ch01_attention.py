@@ -498,6 +498,27 @@ class SelfAttention(nn.Module):
         "one of the letters",
         "predict_score_variance = 64\n",
     ),
+    Mutant(
+        "steps_thinks_attention_quadratic",
+        "predict_sequential_steps",
+        "predict_sequential_steps",
+        "you predicted (c) it doubles for the GRU and quadruples",
+        'predict_sequential_steps = "c"\n',
+    ),
+    Mutant(
+        "steps_thinks_attention_sequential",
+        "predict_sequential_steps",
+        "predict_sequential_steps",
+        "the experiment gives (d) it doubles for the GRU and stays the same",
+        'predict_sequential_steps = "a"\n',
+    ),
+    Mutant(
+        "steps_not_a_letter",
+        "predict_sequential_steps",
+        "predict_sequential_steps",
+        "one of the letters",
+        "predict_sequential_steps = 2\n",
+    ),
     mutant(
         "variance_divides_by_D",
         attention.score_variance,

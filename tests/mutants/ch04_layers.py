@@ -448,6 +448,27 @@ MUTANTS = [
         "one of the letters",
         "predict_input_gradient = 5\n",
     ),
+    Mutant(
+        "swiglu_thinks_wider",
+        "predict_swiglu_params",
+        "predict_swiglu_params",
+        "you predicted (c) about 1.5 times as many",
+        'predict_swiglu_params = "c"\n',
+    ),
+    Mutant(
+        "swiglu_thinks_narrower",
+        "predict_swiglu_params",
+        "predict_swiglu_params",
+        "the experiment gives (b) about as many",
+        'predict_swiglu_params = "a"\n',
+    ),
+    Mutant(
+        "swiglu_not_a_letter",
+        "predict_swiglu_params",
+        "predict_swiglu_params",
+        "one of the letters",
+        "predict_swiglu_params = 1\n",
+    ),
     mutant(
         "grad_pre_norm_without_residual",
         ref.input_gradient_norm,

@@ -367,6 +367,27 @@ def merge(ids, pair, new_id):
         "should be a finite number",
         'predict_shared_merges = "44"\n',
     ),
+    Mutant(
+        "digits_thousands_separators",
+        "predict_digit_groups",
+        "predict_digit_groups",
+        "you predicted (b) 1|234|567",
+        'predict_digit_groups = "b"\n',
+    ),
+    Mutant(
+        "digits_one_chunk",
+        "predict_digit_groups",
+        "predict_digit_groups",
+        "the experiment gives (c) 123|456|7",
+        'predict_digit_groups = "a"\n',
+    ),
+    Mutant(
+        "digits_the_split_itself",
+        "predict_digit_groups",
+        "predict_digit_groups",
+        "one of the letters",
+        'predict_digit_groups = "123|456|7"\n',
+    ),
     mutant(
         "bpt_counts_characters",
         ref.bytes_per_token,

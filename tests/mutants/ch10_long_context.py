@@ -559,6 +559,27 @@ def causal_linear_attention(q, k, v, eps=1e-6):
         "you predicted 4",
         "predict_kv_cache_gib = 4\n",
     ),
+    Mutant(
+        "saved_max_and_sum",
+        "predict_saved_per_row",
+        "predict_saved_per_row",
+        "you predicted (c) two numbers",
+        'predict_saved_per_row = "c"\n',
+    ),
+    Mutant(
+        "saved_nothing",
+        "predict_saved_per_row",
+        "predict_saved_per_row",
+        "the experiment gives (b) one number",
+        'predict_saved_per_row = "a"\n',
+    ),
+    Mutant(
+        "saved_not_a_letter",
+        "predict_saved_per_row",
+        "predict_saved_per_row",
+        "one of the letters",
+        "predict_saved_per_row = 1\n",
+    ),
     # ------------------------------------------------------------------ part 6: the experiment
     mutant(
         "mass_window_off_by_one",
