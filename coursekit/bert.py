@@ -10,6 +10,10 @@ added at the input (token, learned position, segment) and two small heads:
   token embedding (tied weights) plus a bias;
 - **classification**: a pooler (dense + tanh) on the ``[CLS]`` position, dropout and a
   linear layer to ``K`` classes (:class:`ClsHead`, :class:`BertClassifier`).
+- **sentence pairs**: :func:`pack_pairs` packs ``[CLS] a [SEP] b [SEP]`` with segment ids
+  0 then 1; :func:`nsp_pairs` makes BERT's next-sentence prediction pairs (the second segment
+  follows, or comes from another document) and :func:`sop_pairs` ALBERT's sentence-order
+  prediction pairs (two neighbours, in order or swapped; Lan et al., 2020).
 
 Conventions, stated once and tested:
 
@@ -37,15 +41,16 @@ Conventions, stated once and tested:
 The data, the training and the measurements of the chapter live in
 :mod:`coursekit.experiments.bert_mlm` (masked-language-model batches, evaluation, baselines,
 the book's checkpoint ``bert-small``) and :mod:`coursekit.experiments.topics` (the
-fine-tuning task); this module is the model only.
+fine-tuning task); this module is the model and the definitions of its inputs.
 
 Over 500 lines: the config, presets, embeddings, encoder, both heads, the graded mask_tokens and
-mlm_loss with their teaching docstrings, and the Hugging Face name table are the model file of
-Chapter 6 (training and data live in coursekit.experiments).
+mlm_loss with their teaching docstrings, BERT's and ALBERT's sentence-pair inputs, and the Hugging Face
+name table are the model file of Chapter 6 (training and data live in coursekit.experiments).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +78,9 @@ __all__ = [
     "mask_tokens",
     "mask_whole_words",
     "mlm_loss",
+    "nsp_pairs",
+    "pack_pairs",
+    "sop_pairs",
     "to_hf_state_dict",
 ]
 
@@ -631,6 +639,131 @@ def corrupted_fraction(
     inputs, _ = mask_tokens(input_ids, special, vocab_size, generator, mlm_probability)  # (B, T)
     changed = (inputs != input_ids) & ordinary  # (B, T)
     return (changed.sum() / ordinary.sum()).item()
+
+
+# --------------------------------------------------------------------------- sentence pairs
+
+
+def pack_pairs(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], special: SpecialTokens, length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pack segment pairs as ``[CLS] a [SEP] b [SEP] [PAD]...`` with their segment ids.
+
+    The segment (token type) id is 0 for ``[CLS]``, ``a`` and the first ``[SEP]``, 1 for ``b``
+    and the second ``[SEP]``, and 0 at padding, as Hugging Face's BERT tokenizers give them.
+    Example: ``a = [7, 8]``, ``b = [9]`` -> ids ``[CLS] 7 8 [SEP] 9 [SEP]``, segments
+    ``0 0 0 0 1 1``.
+
+    Args:
+        pairs: ``N`` pairs ``(a, b)`` of token id sequences (further items, such as a label,
+            are ignored), each segment at least one token.
+        special: the special tokens.
+        length: ``T``, the padded length; default the longest packed pair.
+
+    Returns:
+        ``(input_ids, attention_mask, token_type_ids)``, each ``(N, T)``: ``torch.long`` ids,
+        a boolean mask (``True`` at real tokens) and ``torch.long`` segment ids.
+
+    Raises:
+        ValueError: no pair, an empty segment, or a pair longer than ``length`` once packed.
+    """
+    if not pairs:
+        raise ValueError("pack_pairs needs at least one pair, got none")
+    rows = []
+    for i, (a, b, *_) in enumerate(pairs):
+        if len(a) == 0 or len(b) == 0:
+            raise ValueError(f"pair {i} has an empty segment (lengths {len(a)} and {len(b)})")
+        rows.append(([special.cls, *a, special.sep, *b, special.sep], len(a) + 2))
+    longest = max(len(r) for r, _ in rows)
+    T = longest if length is None else length
+    if longest > T:
+        raise ValueError(f"a pair needs {longest} tokens packed ([CLS] a [SEP] b [SEP]) but length is {T}")
+    input_ids = torch.full((len(rows), T), special.pad, dtype=torch.long)  # (N, T)
+    token_type_ids = torch.zeros((len(rows), T), dtype=torch.long)  # (N, T)
+    attention_mask = torch.zeros((len(rows), T), dtype=torch.bool)  # (N, T)
+    for i, (row, first) in enumerate(rows):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        token_type_ids[i, first : len(row)] = 1  # b and its [SEP]
+        attention_mask[i, : len(row)] = True
+    return input_ids, attention_mask, token_type_ids
+
+
+def _coin(generator: torch.Generator) -> bool:
+    """A fair coin from ``generator``."""
+    return bool(torch.rand((), generator=generator) < 0.5)
+
+
+def _check_documents(documents) -> None:
+    for d, segments in enumerate(documents):
+        if any(len(s) == 0 for s in segments):
+            raise ValueError(f"document {d} has an empty segment")
+
+
+def nsp_pairs(
+    documents: Sequence[Sequence[Sequence[int]]], generator: torch.Generator
+) -> list[tuple[Sequence[int], Sequence[int], int]]:
+    """Next-sentence prediction pairs (Devlin et al., 2019): is ``b`` the segment after ``a``?
+
+    Each document's segments are taken two at a time, ``(s0, s1), (s2, s3), ...`` (an odd last
+    segment is left out), so each segment is used once. For each pair a fair coin decides: label
+    1 keeps ``(s_2j, s_2j+1)``; label 0 replaces ``s_2j+1`` by a random segment of *another*
+    document (a document drawn uniformly among the others that have segments, then one of its
+    segments uniformly), as BERT's data builder did.
+    Example: documents ``[[a0, a1], [c0, c1]]`` may give ``[(a0, a1, 1), (c0, a1, 0)]``.
+
+    Args:
+        documents: each a list of consecutive segments (token id sequences, none empty).
+        generator: the source of every coin and draw.
+
+    Returns:
+        ``(a, b, label)`` triples, document by document, the segments themselves (not copies).
+
+    Raises:
+        ValueError: an empty segment, or a pair with no other document to draw from.
+    """
+    _check_documents(documents)
+    out = []
+    for d, segments in enumerate(documents):
+        others = [o for o, s in enumerate(documents) if o != d and len(s) > 0]
+        for j in range(0, len(segments) - 1, 2):
+            if _coin(generator):
+                out.append((segments[j], segments[j + 1], 1))
+                continue
+            if not others:
+                raise ValueError(f"document {d} needs another document with segments for its random pairs")
+            o = others[int(torch.randint(len(others), (), generator=generator))]
+            b = documents[o][int(torch.randint(len(documents[o]), (), generator=generator))]
+            out.append((segments[j], b, 0))
+    return out
+
+
+def sop_pairs(
+    documents: Sequence[Sequence[Sequence[int]]], generator: torch.Generator
+) -> list[tuple[Sequence[int], Sequence[int], int]]:
+    """Sentence-order prediction pairs (ALBERT; Lan et al., 2020): are two neighbours in order?
+
+    Each document's segments are taken two at a time, ``(s0, s1), (s2, s3), ...`` (an odd last
+    segment is left out); a fair coin keeps a pair in order (label 1) or swaps it (label 0).
+    Both segments always come from the same place in the same document, so only their order
+    tells the labels apart. Example: ``[[a0, a1, a2, a3]]`` may give ``[(a0, a1, 1), (a3, a2, 0)]``.
+
+    Args:
+        documents: each a list of consecutive segments (token id sequences, none empty).
+        generator: the source of every coin.
+
+    Returns:
+        ``(a, b, label)`` triples, document by document, the segments themselves (not copies).
+
+    Raises:
+        ValueError: an empty segment.
+    """
+    _check_documents(documents)
+    out = []
+    for segments in documents:
+        for j in range(0, len(segments) - 1, 2):
+            first, second = segments[j], segments[j + 1]
+            out.append((first, second, 1) if _coin(generator) else (second, first, 0))
+    return out
 
 
 # --------------------------------------------------------------------------- Hugging Face weights

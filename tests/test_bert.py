@@ -442,6 +442,146 @@ def test_topic_passages_split_each_topic_in_order():
     assert not set(train_d.topics) & set(T.duplicate_topics(__import__("pydoc_data.topics").topics.topics))
 
 
+# --------------------------------------------------------------------------- sentence pairs
+
+
+def documents(sizes=(7, 4, 1, 6, 0, 9), width=3):
+    """Documents of consecutive segments whose tokens name them: segment j of document d is
+    ``[1000 d + 10 j + k for k < width]``, so any segment says where it came from."""
+    return [[[1000 * d + 10 * j + k for k in range(width)] for j in range(n)] for d, n in enumerate(sizes)]
+
+
+def where(segment):
+    """(document, index) of a segment of :func:`documents`."""
+    return segment[0] // 1000, segment[0] % 1000 // 10
+
+
+def test_pack_pairs_equals_hugging_face_bert_tokenizer_on_a_padded_pair_batch(tmp_path):
+    """The reference: transformers.BertTokenizer on a word-level vocabulary (no download), whose
+    ids for [PAD] [UNK] [CLS] [SEP] [MASK] are 0..4 and for word ``w<i>`` are ``5 + i``."""
+    t = hf()
+    words = [f"w{i}" for i in range(30)]
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]))
+    tokenizer = t.BertTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=False)
+    pairs = [([3, 4], [7], 1), ([5], [8, 9, 10], 0), ([11, 12, 13, 14], [15], 1)]
+    expected = tokenizer(
+        [" ".join(words[i] for i in a) for a, _, _ in pairs],
+        [" ".join(words[i] for i in b) for _, b, _ in pairs],
+        padding=True,
+    )
+    special = B.SpecialTokens(pad=0, cls=2, sep=3, mask=4)
+    ids, mask, segments = B.pack_pairs(
+        [([5 + i for i in a], [5 + i for i in b]) for a, b, _ in pairs], special
+    )
+    assert ids.tolist() == expected["input_ids"]
+    assert segments.tolist() == expected["token_type_ids"]
+    assert mask.tolist() == [[bool(v) for v in row] for row in expected["attention_mask"]]
+    assert ids.dtype == segments.dtype == torch.long and mask.dtype == torch.bool
+
+
+def test_pack_pairs_gives_segment_ids_0_then_1_and_pads_to_a_length():
+    special = B.SpecialTokens.after(50)
+    ids, mask, segments = B.pack_pairs([([1, 2, 3], [4, 5]), ([6], [7])], special, length=9)
+    assert ids.tolist() == [[51, 1, 2, 3, 52, 4, 5, 52, 50], [51, 6, 52, 7, 52, 50, 50, 50, 50]]
+    assert segments.tolist() == [[0, 0, 0, 0, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 0, 0, 0, 0]]
+    assert torch.equal(mask, ids != special.pad)
+    with pytest.raises(ValueError, match="needs 8 tokens packed .* but length is 7"):
+        B.pack_pairs([([1, 2, 3], [4, 5])], special, length=7)
+    with pytest.raises(ValueError, match="pair 1 has an empty segment"):
+        B.pack_pairs([([1], [2]), ([], [2])], special)
+    with pytest.raises(ValueError, match="at least one pair"):
+        B.pack_pairs([], special)
+
+
+def test_packed_pairs_run_through_the_model_with_their_segment_ids():
+    """The segment ids change the encoding of b only through E_seg: all 0 differs, the real ids agree with HF."""
+    special = B.SpecialTokens.after(TINY.vocab_size - 4)
+    ids, mask, segments = B.pack_pairs([([1, 2], [3, 4, 5]), ([6, 7, 8], [9])], special)
+    model = randomise(B.Bert(TINY).double().eval())
+    with_ids, without = model(ids, mask, segments), model(ids, mask, torch.zeros_like(segments))
+    assert not torch.allclose(with_ids[mask], without[mask])
+    theirs = hf().BertModel(
+        hf().BertConfig(**TINY.hf_kwargs(), attn_implementation="eager"), add_pooling_layer=False
+    )
+    theirs = theirs.double().eval()
+    hf_state = {
+        k.removeprefix("bert."): v
+        for k, v in B.to_hf_state_dict({f"bert.{k}": v for k, v in model.state_dict().items()}).items()
+    }
+    theirs.load_state_dict(hf_state)
+    expected = theirs(input_ids=ids, attention_mask=mask.long(), token_type_ids=segments).last_hidden_state
+    assert_close(with_ids[mask], expected[mask])
+
+
+def test_sop_pairs_are_neighbours_kept_or_swapped_exactly():
+    docs = documents()
+    pairs = B.sop_pairs(docs, torch.Generator().manual_seed(0))
+    assert len(pairs) == sum(len(d) // 2 for d in docs)
+    seen = []
+    for a, b, label in pairs:
+        (da, ja), (db, jb) = where(a), where(b)
+        assert da == db, "both segments come from one document"
+        first, second = (ja, jb) if label == 1 else (jb, ja)
+        assert first % 2 == 0 and second == first + 1, "neighbours, taken two at a time"
+        assert (a, b) == (
+            (docs[da][first], docs[da][second]) if label == 1 else (docs[da][second], docs[da][first])
+        )
+        assert label in (0, 1)
+        seen.append((da, first))
+    assert seen == sorted(seen) and len(set(seen)) == len(seen), "each neighbour pair once, in document order"
+
+
+def test_nsp_pairs_keep_the_next_segment_or_draw_one_from_another_document():
+    docs = documents()
+    pairs = B.nsp_pairs(docs, torch.Generator().manual_seed(0))
+    assert len(pairs) == sum(len(d) // 2 for d in docs)
+    for a, b, label in pairs:
+        (da, ja), (db, jb) = where(a), where(b)
+        assert ja % 2 == 0 and a == docs[da][ja]
+        if label == 1:
+            assert (db, jb) == (da, ja + 1)
+        else:
+            assert label == 0 and db != da and b == docs[db][jb]
+    assert [where(a) for a, _, _ in pairs] == [
+        (d, j) for d, s in enumerate(docs) for j in range(0, len(s) - 1, 2)
+    ]
+
+
+@pytest.mark.parametrize("maker", [B.nsp_pairs, B.sop_pairs])
+def test_pair_labels_are_fair_coins(maker):
+    """Over 2,000 pairs the share of label 1 is within Z binomial standard deviations of 1/2."""
+    docs = documents(sizes=(100,) * 40)
+    labels = torch.tensor([label for _, _, label in maker(docs, torch.Generator().manual_seed(3))])
+    n = len(labels)
+    assert n == 2000
+    assert abs(int(labels.sum()) - n / 2) < Z * math.sqrt(n / 4)
+    again = torch.tensor([label for _, _, label in maker(docs, torch.Generator().manual_seed(3))])
+    assert torch.equal(labels, again), "the same generator seed gives the same pairs"
+
+
+def test_nsp_negatives_come_from_every_other_document_uniformly():
+    """Negatives of document 0 are spread over the 9 others: a chi-square test at 5 sigma-ish (p < 1e-5)."""
+    docs = documents(sizes=(2000,) + (3,) * 9)
+    pairs = B.nsp_pairs(docs, torch.Generator().manual_seed(1))
+    counts = torch.zeros(10)
+    for a, b, label in pairs:
+        if label == 0 and where(a)[0] == 0:
+            counts[where(b)[0]] += 1
+    assert counts[0] == 0
+    expected = counts.sum() / 9
+    chi2 = float(((counts[1:] - expected) ** 2 / expected).sum())
+    assert chi2 < 40.0, f"chi-square {chi2:.1f} on 8 degrees of freedom"  # p < 1e-5
+
+
+def test_pair_makers_refuse_empty_segments_and_a_lonely_document():
+    with pytest.raises(ValueError, match="document 1 has an empty segment"):
+        B.sop_pairs([[[1], [2]], [[3], []]], torch.Generator())
+    with pytest.raises(ValueError, match="needs another document"):
+        # the coin must come up 0 at least once in 64 pairs
+        B.nsp_pairs([[[i] for i in range(128)]], torch.Generator().manual_seed(0))
+    assert B.sop_pairs([[[1]], []], torch.Generator()) == []
+
+
 # --------------------------------------------------------------------------- the committed checkpoint
 
 

@@ -15,11 +15,20 @@ experiments built on them live here, where they may also use the shared training
 - :mod:`coursekit.experiments.bert_mlm` and :mod:`coursekit.experiments.topics` (Chapter 6):
   masked-language-model batches and evaluation, the ``bert-small`` recipe, the topic
   classification task and its fine-tuning and baseline;
+- :mod:`coursekit.experiments.bert_pairs` (Chapter 6): next-sentence and sentence-order prediction,
+  what word overlap alone gets on each, and bert-small fine-tuned on both with and without its
+  segment embeddings (committed three-seed results);
+- :mod:`coursekit.experiments.bert_labels` (Chapter 6): the topic task with 16 to all labelled
+  passages, pretrained against randomly initialised (committed three-seed results);
 - :mod:`coursekit.experiments.gpt_char` (Chapter 7): the ``gpt-char`` recipe;
 - :mod:`coursekit.experiments.number_words` (Chapter 8): the English-to-German number task,
   its training, chrF and the ``seq2seq-numbers`` recipe;
+- :mod:`coursekit.experiments.number_words_ood` (Chapter 8): the held-out split, its error
+  analysis and BLEU next to chrF (committed three-seed results);
 - :mod:`coursekit.experiments.digits` (Chapter 9): scikit-learn's 8x8 digits, the ViT's and the
   CNN's training recipes, the small CNN and the scikit-learn baselines;
+- :mod:`coursekit.experiments.data_scale` (Chapter 9): the CNN against the ViT on 50 to all
+  training images (committed three-seed results);
 - :mod:`coursekit.experiments.roofline` (the arithmetic appendix): this machine's measured
   matmul peak and memory bandwidth, and the FLOP/s a decoding step reaches;
 - :mod:`coursekit.experiments.long_context` (Chapter 10): the memory probe of one attention call
