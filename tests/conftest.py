@@ -38,6 +38,23 @@ def randomise(module: nn.Module, seed: int = 0, scale: float = 0.3, offset_1d: f
     return module
 
 
+def pytest_collection_finish(session):
+    """Start the book build in the background if a collected test reads the built book
+    (``tests/book_build.py``): the rest of the suite runs beside it."""
+    if not session.config.option.collectonly and any(
+        "book" in getattr(item, "fixturenames", ()) for item in session.items
+    ):
+        from tests import book_build
+
+        book_build.start()
+
+
+def pytest_sessionfinish(session):
+    from tests import book_build
+
+    book_build.finish()
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module's tests. Graders run many tiny ops (a GPT decoding token

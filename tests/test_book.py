@@ -21,13 +21,14 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlparse
 
 import pytest
+
+from tests import book_build
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
@@ -72,18 +73,22 @@ KNOWN_CONSOLE_NOISE = (
 
 def jupyter_book(folder: Path, *options: str, edition: str = "student", timeout: int = 1200):
     """``jupyter-book build . -W -n --keep-going [options]`` in ``folder``, as the README runs it."""
-    bindir = Path(sys.executable).parent
-    env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", COURSEKIT_EDITION=edition)
-    command = [str(bindir / "jupyter-book"), "build", ".", "-W", "-n", "--keep-going", *options]
-    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        book_build.command(*options),
+        cwd=folder,
+        env=book_build.environment(edition),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
 def book():
-    """Build the book (cached execution) exactly as the README does; fail on any warning."""
-    subprocess.run([str(ROOT / "scripts" / "install_mathjax.sh")], check=True, cwd=ROOT)
-    run = jupyter_book(ROOT)
-    assert run.returncode == 0, f"book build failed:\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
+    """The book built exactly as the README does, failing on any warning: the build the session
+    started in the background (``tests/book_build.py``), waited for here."""
+    code, output = book_build.start().wait()
+    assert code == 0, f"book build failed:\n{output}"
     return HTML
 
 
