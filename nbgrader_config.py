@@ -12,8 +12,9 @@ c.CourseDirectory.root = "."
 c.CourseDirectory.course_id = "transformers-course"
 c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "exercises"
-# Only notebooks and small data files belong to an assignment.
-c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "*.egg-info"]
+# Only notebooks and small data files belong to an assignment (not hidden folders such as a
+# .hypothesis database that running a notebook leaves beside it).
+c.CourseDirectory.ignore = [".*", ".ipynb_checkpoints", "*.pyc", "__pycache__", "*.egg-info"]
 
 # Students see these two lines in place of each solution region.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}

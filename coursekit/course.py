@@ -193,7 +193,8 @@ def _validate_test_cells(root: Path, names: list[str]) -> None:
 
 
 def stale_releases(root: Path) -> list[str]:
-    """Names of files in ``exercises/`` that differ from a fresh release (empty if current)."""
+    """Names of files in ``exercises/`` that differ from a fresh release (empty if current); hidden
+    entries, which running or opening a notebook leaves and a release never contains, are not compared."""
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp) / "exercises"
         release(root, out=fresh)
@@ -206,7 +207,10 @@ def stale_releases(root: Path) -> list[str]:
             elif path.is_file() and not filecmp.cmp(path, committed / rel, shallow=False):
                 problems.append(f"differs: exercises/{rel}")
         for path in sorted(committed.rglob("*")) if committed.is_dir() else []:
-            if path.is_file() and not (fresh / path.relative_to(committed)).exists():
+            rel = path.relative_to(committed)
+            if any(part.startswith(".") for part in rel.parts):
+                continue  # .ipynb_checkpoints, .hypothesis, ...: left by opening or running a notebook, not released
+            if path.is_file() and not (fresh / rel).exists():
                 problems.append(f"extra: exercises/{path.relative_to(committed)}")
         return problems
 

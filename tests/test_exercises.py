@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -127,3 +128,24 @@ def test_a_filled_release_uses_no_undefined_name(assignment, tmp_path):
     ]
     run = subprocess.run(ruff, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_hidden_clutter_is_neither_released_nor_reported_stale(tmp_path):
+    """A ``.hypothesis`` database beside a solution (left by running it) stays out of the release,
+    and ``.ipynb_checkpoints`` in exercises/ (left by opening a notebook) is not "extra"."""
+    root = tmp_path / "course"
+    root.mkdir()
+    for name in ("nbgrader_config.py", "_config.yml"):
+        shutil.copy(ROOT / name, root / name)
+    shutil.copytree(ROOT / "solutions" / "ch02_multihead", root / "solutions" / "ch02_multihead")
+    (root / "solutions" / "ch02_multihead" / ".hypothesis" / "examples").mkdir(parents=True)
+    (root / "solutions" / "ch02_multihead" / ".hypothesis" / "examples" / "a").write_text("x")
+    course.release(root)
+    released = [p.relative_to(root / "exercises") for p in (root / "exercises").rglob("*")]
+    assert released and not any(part.startswith(".") for p in released for part in p.parts), released
+    (root / "exercises" / "ch02_multihead" / ".ipynb_checkpoints").mkdir()
+    (
+        root / "exercises" / "ch02_multihead" / ".ipynb_checkpoints" / "ch02_multihead-checkpoint.ipynb"
+    ).write_text("{}")
+    assert course.stale_releases(root) == []
