@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coursekit import decoding, gpt, multihead
+from coursekit import decoding, gpt, multihead, speculative
 from coursekit.grading import GradingFailure, harness
 from coursekit.grading import ch07_gpt as grader
 from coursekit.grading.core import tensor
@@ -590,3 +590,21 @@ def test_beam_search_gets_a_hint_for_a_wrong_return_type():
 
     with pytest.raises(GradingFailure, match=r"must return a tuple \(tokens, score\)"):
         grader.grade_beam_search(no_score, grader.TableLM, gpt.GPT, gpt.GPTConfig)
+
+
+# --------------------------------------------------------------------------- predict, then check
+
+
+def test_the_speculative_question_measures_the_formula_and_its_choices_are_the_misreadings():
+    """The simulated rounds of speculative_verify agree with (1 - a^(k+1)) / (1 - a) (within 4 standard errors
+    of the mean), and each wrong choice is the misreading the explanation names."""
+    a, k = grader.SPECULATIVE_A, grader.SPECULATIVE_K
+    expected = speculative.expected_tokens_per_pass(a, k)
+    per_round = [(1 - a) * a**i for i in range(k)] + [a**k]  # P(i drafts accepted), i = 0 .. k
+    sd = math.sqrt(sum((i + 1) ** 2 * q for i, q in enumerate(per_round)) - expected**2)
+    assert abs(grader._speculative_tokens_per_pass() - expected) < 4 * sd / math.sqrt(
+        grader.SPECULATIVE_ROUNDS
+    )
+    misreadings = {"a": 1 + k * a**k, "b": expected, "c": 1 + a * k, "d": k + 1}
+    assert grader._SPECULATIVE_CHOICES == pytest.approx(misreadings, abs=0.005)
+    assert grader.SPECULATIVE_TOKENS.truth() == "b"

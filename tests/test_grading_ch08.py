@@ -304,3 +304,22 @@ def test_dropout_isolation_tells_where_a_dropout_is_applied():
     c = ref.cross_attention(r.cross_attn, r.norm2(h), memory)[0]
     wrong = h + c + r.ff(r.norm3(h + c))
     assert not torch.allclose(wrong, expected)
+
+
+# --------------------------------------------------------------------------- predict, then check
+
+
+def test_the_bleu_question_is_what_its_explanation_says():
+    """Every number of the question is one German word; BLEU of the perfect outputs is 0 on words, 100 with
+    effective order and 100 on morphemes; chrF is 100; and sacrebleu's own BLEU agrees."""
+    from sacrebleu.metrics import BLEU
+
+    from coursekit.experiments import number_words as num
+
+    refs = [num.german(n) for n in grader.BLEU_NUMBERS]
+    morphemes = [" ".join(num.german_tokens(n)) for n in grader.BLEU_NUMBERS]
+    assert all(len(r.split()) == 1 for r in refs) and {"fünf", "elf"} <= set(refs)
+    assert ref.bleu(refs, refs) == BLEU().corpus_score(refs, [refs]).score == 0.0
+    assert ref.bleu(refs, refs, effective_order=True) == ref.bleu(morphemes, morphemes) == 100.0
+    assert num.chrf(refs, refs) == pytest.approx(100.0)
+    assert grader.BLEU_ONE_WORD.truth() == "b"

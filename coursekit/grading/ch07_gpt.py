@@ -55,6 +55,7 @@ from coursekit import attention as att
 from coursekit import decoding as dec
 from coursekit import gpt as ref
 from coursekit import multihead as mh
+from coursekit import speculative
 from coursekit.grading.core import (
     Grader,
     close,
@@ -93,6 +94,8 @@ __all__ = [
     "grade_predict_nucleus_size",
     "check_predict_perplexity",
     "grade_predict_perplexity",
+    "check_predict_speculative_tokens",
+    "grade_predict_speculative_tokens",
     "check_bits_per_char",
     "grade_bits_per_char",
     "check_min_p_filter",
@@ -2995,8 +2998,58 @@ PERPLEXITY = Prediction(
     choices={"a": "about 1.2", "b": "about 3.3", "c": "about 16", "d": "about 103"},
 )
 
+#: SPECULATIVE_TOKENS's draft: k tokens a round, each accepted with probability a
+SPECULATIVE_A, SPECULATIVE_K = 0.8, 4
+#: its choices, letter -> tokens per target pass: a rejection discarding the whole guess (1 + k a^k), the
+#: accepted prefix plus the target's token (the truth), every draft judged on its own (1 + a k), a perfect draft
+_SPECULATIVE_CHOICES = {"a": 2.64, "b": 3.36, "c": 4.2, "d": 5.0}
+#: rounds drawn (one seed): the mean's standard error is 0.011, the gap from the truth to the nearest other choice 0.72
+SPECULATIVE_ROUNDS = 20_000
+
+
+def _speculative_tokens_per_pass() -> float:
+    """Mean tokens per target pass over SPECULATIVE_ROUNDS rounds of coursekit's accept/reject rule.
+
+    A target ``p = (a, 1 - a)`` at every position and a draft that always proposes token 0
+    (``q = (1, 0)``) make each draft accepted with probability ``min(1, p / q) = a``, independently;
+    speculative_verify judges all rounds at once (one row per round) and a round emits its
+    accepted drafts plus the target's one token.
+    """
+    a, k, B = SPECULATIVE_A, SPECULATIVE_K, SPECULATIVE_ROUNDS
+    p = torch.tensor([a, 1 - a], dtype=torch.float64).expand(B, k + 1, 2)  # (B, k + 1, V)
+    q = torch.tensor([1.0, 0.0], dtype=torch.float64).expand(B, k, 2)  # (B, k, V)
+    drafted = torch.zeros(B, k, dtype=torch.long)  # (B, k)
+    n_accepted, _ = speculative.speculative_verify(p, q, drafted, torch.Generator().manual_seed(0))
+    return (n_accepted + 1).double().mean().item()
+
+
+def _speculative_choice() -> str:
+    measured = _speculative_tokens_per_pass()
+    return min(_SPECULATIVE_CHOICES, key=lambda c: abs(measured - _SPECULATIVE_CHOICES[c]))
+
+
+SPECULATIVE_TOKENS = Prediction(
+    name="predict_speculative_tokens",
+    question=f"Speculative decoding: a draft proposes k = {SPECULATIVE_K} tokens a round and the target accepts "
+    f"each with probability a = {SPECULATIVE_A}, independently. How many tokens does one target pass emit on "
+    "average?",
+    tests="speculative decoding's bookkeeping: the accepted prefix plus the target's own token",
+    measure=_speculative_choice,
+    explanation="Answer {truth} (the check ran 20,000 rounds of speculative_verify and counted). A round keeps "
+    "the drafts up to the first rejection and then adds one token of the target's own: the replacement drawn "
+    "from the residual, or the free token after all k were accepted. Draft i survives only if it and every "
+    "draft before it are accepted, with probability a^i, so a pass emits 1 + a + a^2 + a^3 + a^4 = 1 + 0.8 + "
+    "0.64 + 0.512 + 0.41 = 3.36 = (1 - a^5) / (1 - a) tokens (Leviathan et al., 2023). 1 + a k = 4.2 would "
+    "judge each draft on its own, but the drafts after a rejection continue a token the target threw away, so "
+    "they are discarded unread; 1 + k a^k = 2.6 would discard the whole guess at a rejection, but the accepted "
+    "prefix is kept; k + 1 = 5 needs a draft that is never wrong. Tokens per pass are not yet the speedup: "
+    "each round also pays k draft passes.",
+    choices={"a": "about 2.6", "b": "about 3.4", "c": "about 4.2", "d": "5"},
+)
+
 check_predict_nucleus_size, grade_predict_nucleus_size = NUCLEUS_SIZE.graders()
 check_predict_perplexity, grade_predict_perplexity = PERPLEXITY.graders()
+check_predict_speculative_tokens, grade_predict_speculative_tokens = SPECULATIVE_TOKENS.graders()
 
 
 # --------------------------------------------------------------------------- experiment

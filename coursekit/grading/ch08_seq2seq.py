@@ -80,6 +80,8 @@ __all__ = [
     "grade_predict_smoothing_floor",
     "check_predict_encoder_passes",
     "grade_predict_encoder_passes",
+    "check_predict_bleu_one_word",
+    "grade_predict_bleu_one_word",
     "check_heldout_loss",
     "grade_heldout_loss",
     "check_length_penalty_score",
@@ -1943,8 +1945,49 @@ ENCODER_PASSES = Prediction(
     },
 )
 
+#: BLEU_ONE_WORD's numbers, spread from the shortest German word to the longest (one word each)
+BLEU_NUMBERS = (5, 11, 42, 100, 733, 1971, 70_000, 999_999)
+#: its choices; letter -> (BLEU, whether chrF is 100)
+_BLEU_CHOICES = {"a": (100, True), "b": (0, True), "c": (25, True), "d": (100, False)}
+
+
+def _bleu_one_word() -> str:
+    """Score BLEU_NUMBERS' German translations against themselves with the chapter's BLEU and chrF."""
+    refs = [number_words.german(n) for n in BLEU_NUMBERS]
+    hyps = list(refs)  # every translation exactly right
+    bleu, chrf = ref.bleu(hyps, refs), number_words.chrf(hyps, refs)
+    nearest = min((0, 25, 100), key=lambda level: abs(bleu - level))
+    return {v: c for c, v in _BLEU_CHOICES.items()}.get((nearest, chrf > 99.99), "e")
+
+
+BLEU_ONE_WORD = Prediction(
+    name="predict_bleu_one_word",
+    question=f"A system translates {len(BLEU_NUMBERS)} English numbers from five (fünf) to 999,999 into German and "
+    "gets every one exactly right. Its corpus BLEU (sacrebleu's defaults: words split at spaces, n-grams up to "
+    "4) and its chrF are?",
+    tests="what BLEU counts: word n-grams in a geometric mean, so one-word sentences score 0; chrF counts characters",
+    measure=_bleu_one_word,
+    explanation="Answer {truth} (the check scored the references against themselves with coursekit.seq2seq.bleu "
+    "and the chapter's chrF). BLEU is a geometric mean of the modified precisions p_1 .. p_4 of word n-grams, "
+    "pooled over the corpus. A German number below a million is one word, so no sentence of this corpus has a "
+    "word pair: p_2, p_3 and p_4 have nothing to count, and an order without n-grams makes BLEU 0 however good "
+    "the translations (pooling over the corpus cannot help when every sentence is one word). 25 would be an "
+    "arithmetic mean of the four orders; BLEU multiplies them. With effective_order=True BLEU keeps only p_1 and "
+    "gives 100, which on one-word outputs is exact match; cut into morphemes (sieben hundert drei und dreißig), "
+    "the same outputs score 100 too. chrF counts character n-grams up to 6, pooled over the corpus: every word "
+    "has many, all of them match, so chrF is 100 (fünf and elf have no 6-grams, but the longer words do). On "
+    "German numbers, word BLEU measures how the text is cut into words more than the translation.",
+    choices={
+        "a": "BLEU 100, chrF 100",
+        "b": "BLEU 0, chrF 100",
+        "c": "BLEU 25, chrF 100",
+        "d": "BLEU 100, chrF below 100",
+    },
+)
+
 check_predict_smoothing_floor, grade_predict_smoothing_floor = SMOOTHING_FLOOR.graders()
 check_predict_encoder_passes, grade_predict_encoder_passes = ENCODER_PASSES.graders()
+check_predict_bleu_one_word, grade_predict_bleu_one_word = BLEU_ONE_WORD.graders()
 
 
 # --------------------------------------------------------------------------- experiment

@@ -644,6 +644,27 @@ def causal_self_attention(attn, x, cache=None):
         "one of the letters",
         "predict_perplexity = 3.3\n",
     ),
+    Mutant(
+        "speculative_each_draft_alone",
+        "predict_speculative_tokens",
+        "predict_speculative_tokens",
+        "you predicted (c) about 4.2",
+        'predict_speculative_tokens = "c"\n',
+    ),
+    Mutant(
+        "speculative_discards_the_whole_guess",
+        "predict_speculative_tokens",
+        "predict_speculative_tokens",
+        "the experiment gives (b) about 3.4",
+        'predict_speculative_tokens = "a"\n',
+    ),
+    Mutant(
+        "speculative_as_a_number",
+        "predict_speculative_tokens",
+        "predict_speculative_tokens",
+        "one of the letters",
+        "predict_speculative_tokens = 3.36\n",
+    ),
     mutant(
         "bpc_in_nats",
         gpt.bits_per_char,

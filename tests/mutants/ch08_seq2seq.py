@@ -411,6 +411,27 @@ MUTANTS = [
         "still None",
         "predict_encoder_passes = None\n",
     ),
+    Mutant(
+        "bleu_perfect_scores_100",
+        "predict_bleu_one_word",
+        "predict_bleu_one_word",
+        "the experiment gives (b) BLEU 0, chrF 100",
+        'predict_bleu_one_word = "a"\n',
+    ),
+    Mutant(
+        "bleu_arithmetic_mean_of_orders",
+        "predict_bleu_one_word",
+        "predict_bleu_one_word",
+        "you predicted (c) BLEU 25, chrF 100",
+        'predict_bleu_one_word = "c"\n',
+    ),
+    Mutant(
+        "bleu_as_a_pair_of_numbers",
+        "predict_bleu_one_word",
+        "predict_bleu_one_word",
+        "one of the letters",
+        "predict_bleu_one_word = (0, 100)\n",
+    ),
     mutant(
         "heldout_no_shift",
         number_words.heldout_loss,
