@@ -1,7 +1,8 @@
 """Every exercise after the first, through ``coursekit autograde`` in one batch each.
 
-Per assignment: the release filled in with the solutions and the instructor's own
-notebook score every autograded point (the written answer waits for the instructor), the
+Per assignment: the release filled in with the solutions scores every autograded point (the
+written answer waits for the instructor; the instructor's own notebook runs under nbval in
+``tests/test_exercises.py``, and through the autograder for exercise 1), the
 untouched release scores zero without stopping the batch, and one mutant per part of the
 assignment's catalogue (``tests/mutants/<name>.py``) loses its part's hidden test cell and sees
 its hint there (``tests/test_graders.py`` grades the whole catalogue in-process).
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import importlib
-import shutil
 
 import nbformat
 import pytest
@@ -58,7 +58,6 @@ def graded(request, tmp_path_factory):
     root, inbox = course_folder(tmp_path_factory.mktemp(assignment))
     reference = filled(assignment)
     nbformat.write(reference, inbox / "reference.ipynb")
-    shutil.copy(ROOT / "solutions" / assignment / f"{assignment}.ipynb", inbox / "solution.ipynb")
     nbformat.write(load(ROOT / "exercises" / assignment / f"{assignment}.ipynb"), inbox / "untouched.ipynb")
     for m in mutants:
         nbformat.write(replace_definition(reference, m.target, m.source), inbox / f"{m.name}.ipynb")
@@ -87,16 +86,15 @@ def test_solutions_score_full_marks(graded):
     assignment, _, rows = graded
     auto, manual = points(assignment)
     assert manual > 0
-    for student in ("reference", "solution"):
-        row = rows[student]
-        assert (float(row["score"]), float(row["max_score"])) == (auto, auto + manual), student
-        assert row["needs_manual_grade"] == "yes", student
+    row = rows["reference"]
+    assert (float(row["score"]), float(row["max_score"])) == (auto, auto + manual)
+    assert row["needs_manual_grade"] == "yes"
 
 
 def test_untouched_release_scores_zero_without_stopping_the_batch(graded):
     assignment, _, rows = graded
     assert float(rows["untouched"]["score"]) == 0
-    assert len(rows) == len(batch(assignment)) + 3
+    assert len(rows) == len(batch(assignment)) + 2
 
 
 def test_every_mutant_loses_its_part_with_its_hint(graded):
