@@ -159,6 +159,7 @@ class ClsHead(nn.Module):
         return self.classifier(self.dropout(pooled))
 """,
     },
+    "predict_overlap_pairs": {"an upper-case letter with spaces": 'predict_overlap_pairs = " B "\n'},
 }
 
 CASES = [(gid, name) for gid, answers in ALTERNATIVES.items() for name in answers]

@@ -142,6 +142,7 @@ VIT_TABLE = mutate(
         ("add_cls_and_positions", CLS_REPEAT),
         ("add_cls_and_positions", CLS_SLICES),
         ("ViT", VIT_TABLE),
+        ("predict_data_scale_errors", 'predict_data_scale_errors = "C"\n'),
     ],
     ids=[
         "patchify-slices",
@@ -152,6 +153,7 @@ VIT_TABLE = mutate(
         "cls-repeat",
         "cls-slices",
         "vit-position-table",
+        "data-scale-upper-case",
     ],
 )
 def test_a_correct_implementation_written_differently_gets_full_marks(part, source):

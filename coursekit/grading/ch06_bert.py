@@ -67,6 +67,8 @@ __all__ = [
     "grade_predict_random_share",
     "check_predict_mlm_head_params",
     "grade_predict_mlm_head_params",
+    "check_predict_overlap_pairs",
+    "grade_predict_overlap_pairs",
     "check_corrupted_fraction",
     "grade_corrupted_fraction",
     "check_mask_whole_words",
@@ -1259,8 +1261,68 @@ MLM_HEAD_PARAMS = Prediction(
     },
 )
 
+#: OVERLAP_PAIRS's segment length, in tokens: the longest of the chapter's word-overlap sweep
+OVERLAP_LENGTH = 128
+#: its choices, letter -> (level on NSP, level on SOP)
+_OVERLAP_CHOICES = {
+    "a": ("chance", "chance"),
+    "b": ("above", "chance"),
+    "c": ("chance", "above"),
+    "d": ("above", "above"),
+}
+
+
+def _overlap_level(accuracy: float) -> str | None:
+    """Chance from 40% to 60%, above from 70% up, else None (the question would not fit). A mean of three
+    seeds on SOP's 226 test pairs strays from 50% by about 2 points (one standard deviation)."""
+    if abs(accuracy - 0.5) <= 0.1:
+        return "chance"
+    return "above" if accuracy >= 0.7 else None
+
+
+def _overlap_pairs_choice() -> str:
+    """The word-overlap classifier on NSP and on SOP pairs of OVERLAP_LENGTH tokens, from the committed
+    runs of ``coursekit.experiments.bert_pairs`` (its loader refuses a file the code would not write):
+    the mean test accuracy over the seeds, as a pair of levels."""
+    from coursekit.experiments import bert_pairs  # the loader, only when the question is graded
+
+    runs = bert_pairs.load_results()["runs"]
+    levels = tuple(
+        _overlap_level(sum(r["overlap"][task][str(OVERLAP_LENGTH)]["accuracy"] for r in runs) / len(runs))
+        for task in ("nsp", "sop")
+    )
+    return {v: c for c, v in _OVERLAP_CHOICES.items()}.get(levels, f"no choice fits {levels}")
+
+
+OVERLAP_PAIRS = Prediction(
+    name="predict_overlap_pairs",
+    question=f"A logistic regression sees two numbers per pair of {OVERLAP_LENGTH}-token segments from the "
+    "Python manual's topics: the cosine similarity of their TF-IDF vectors and the share of words they have in "
+    "common. What test accuracy does it reach on next-sentence pairs (NSP) and on sentence-order pairs (SOP)?",
+    tests="what NSP and SOP ask: a random segment from another document gives its topic away, a swapped pair "
+    "does not",
+    measure=_overlap_pairs_choice,
+    explanation="Answer {truth} (the check read the committed runs of coursekit.experiments.bert_pairs, the "
+    "mean over their seeds). On NSP the negative B is a segment of another topic, so it shares fewer of A's "
+    "words than the true next segment does: two numbers about shared words separate most pairs, and more of "
+    "them the longer the segments (the chapter's figure). On SOP both segments are neighbours from the same "
+    "place, and a negative is the same two segments swapped. Cosine similarity and word overlap are "
+    "symmetric in A and B, so a pair and its swap get identical features and any classifier on them gives "
+    "both the same answer: it is at chance by construction, whatever it learns, and what it scores is the "
+    "noise of a few hundred test pairs around 50%. This is ALBERT's argument (Lan et al., 2020): NSP mixes "
+    "topic, which masked language modelling already teaches, with coherence; SOP keeps the topic fixed, so "
+    "only order and coherence are left to learn.",
+    choices={
+        "a": "about chance (50%) on both",
+        "b": "well above chance on NSP, about chance on SOP",
+        "c": "about chance on NSP, well above chance on SOP",
+        "d": "well above chance on both",
+    },
+)
+
 check_predict_random_share, grade_predict_random_share = RANDOM_SHARE.graders()
 check_predict_mlm_head_params, grade_predict_mlm_head_params = MLM_HEAD_PARAMS.graders()
+check_predict_overlap_pairs, grade_predict_overlap_pairs = OVERLAP_PAIRS.graders()
 
 
 # --------------------------------------------------------------------------- experiment

@@ -77,6 +77,9 @@ __all__ = [
     "grade_predict_digit_tokens",
     "check_predict_attention_pairs",
     "grade_predict_attention_pairs",
+    "DATA_SCALE_ERRORS",
+    "check_predict_data_scale_errors",
+    "grade_predict_data_scale_errors",
     "check_blank_patch_share",
     "grade_blank_patch_share",
     "check_sincos_2d_positions",
@@ -1354,8 +1357,57 @@ ATTENTION_PAIRS = Prediction(
     choices={c: f"{v}x" for c, v in _PAIRS_CHOICES.items()},
 )
 
+#: DATA_SCALE_ERRORS's training-set size: one of the sizes of coursekit.experiments.data_scale
+DATA_SCALE_N = 100
+#: its choices: the ViT's test errors per CNN test error
+_DATA_SCALE_CHOICES = {"a": 0.5, "b": 1.0, "c": 2.0, "d": 10.0}
+
+
+def _data_scale_ratio() -> float:
+    """The ViT's test errors over the CNN's after training on DATA_SCALE_N digits, summed over the seeds
+    of the committed runs of ``coursekit.experiments.data_scale`` (its loader refuses a file the code
+    would not write). The two networks of a seed train on the same subset."""
+    from coursekit.experiments import data_scale  # the loader, only when the question is graded
+
+    runs = data_scale.load_results()["runs"][str(DATA_SCALE_N)]
+    errors = {m: sum(1 - r["test_accuracy"] for r in runs[m]) for m in ("cnn", "vit")}
+    return errors["vit"] / errors["cnn"]
+
+
+DATA_SCALE_ERRORS = Prediction(
+    name="predict_data_scale_errors",
+    question=f"In the chapter's data-scale sweep its CNN and its ViT, of similar size, train on the same "
+    f"{DATA_SCALE_N} digits (about 10 of each class), each with its chapter recipe shortened to the same number "
+    "of updates, and are tested on the 360 test digits. How many test errors does the ViT make, against the "
+    "CNN's?",
+    tests="inductive bias: with little data, the convolution's locality and weight sharing do work the ViT "
+    "must learn from examples",
+    measure=lambda: min(
+        _DATA_SCALE_CHOICES,
+        key=lambda c: abs(math.log(_data_scale_ratio()) - math.log(_DATA_SCALE_CHOICES[c])),
+    ),
+    explanation="Answer {truth} (the check read the committed runs of coursekit.experiments.data_scale, "
+    "summed over their seeds). Both networks classify all their training digits correctly, so the difference "
+    "is what they make of unseen ones. A convolution assumes that nearby pixels belong together and that a "
+    "stroke means the same wherever it is (one small filter slides over the whole image); the CNN has these "
+    "assumptions before it sees a digit. A ViT assumes almost nothing: attention links every patch to every "
+    "other from the first layer, and which patches are neighbours it can only learn, through its position "
+    "table, from the examples it is given. With a hundred examples the right assumptions are worth more than "
+    "flexibility, and the ViT is further behind than the few points of accuracy suggest. Dosovitskiy et al. "
+    "(2021) saw the same at a far larger scale: ViT-B/32 lost to a ResNet when pretrained on 9 million images "
+    "and won only from 90 million on. The chapter's sweep stops at 1,437 images, a long way short of that "
+    "crossover.",
+    choices={
+        "a": "about half as many",
+        "b": "about as many",
+        "c": "about twice as many",
+        "d": "about ten times as many",
+    },
+)
+
 check_predict_digit_tokens, grade_predict_digit_tokens = DIGIT_TOKENS.graders()
 check_predict_attention_pairs, grade_predict_attention_pairs = ATTENTION_PAIRS.graders()
+check_predict_data_scale_errors, grade_predict_data_scale_errors = DATA_SCALE_ERRORS.graders()
 
 
 # --------------------------------------------------------------------------- experiment

@@ -438,6 +438,27 @@ class ClsHead(nn.Module):
         "one of the letters",
         "predict_mlm_head_params = 622650\n",
     ),
+    Mutant(
+        "overlap_pairs_thinks_order_visible",
+        "predict_overlap_pairs",
+        "predict_overlap_pairs",
+        "the experiment gives (b) well above chance on NSP, about chance on SOP",
+        'predict_overlap_pairs = "d"\n',
+    ),
+    Mutant(
+        "overlap_pairs_thinks_topic_useless",
+        "predict_overlap_pairs",
+        "predict_overlap_pairs",
+        "you predicted (a) about chance (50%) on both",
+        'predict_overlap_pairs = "a"\n',
+    ),
+    Mutant(
+        "overlap_pairs_swaps_the_tasks",
+        "predict_overlap_pairs",
+        "predict_overlap_pairs",
+        "you predicted (c) about chance on NSP, well above chance on SOP",
+        'predict_overlap_pairs = "c"\n',
+    ),
     mutant(
         "corrupted_counts_selected",
         ref.corrupted_fraction,

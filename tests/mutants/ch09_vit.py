@@ -444,6 +444,27 @@ MUTANTS = [
         "one of the letters",
         "predict_attention_pairs = 16\n",
     ),
+    Mutant(
+        "data_scale_thinks_attention_wins",
+        "predict_data_scale_errors",
+        "predict_data_scale_errors",
+        "the experiment gives (c) about twice as many",
+        'predict_data_scale_errors = "a"\n',
+    ),
+    Mutant(
+        "data_scale_thinks_no_difference",
+        "predict_data_scale_errors",
+        "predict_data_scale_errors",
+        "you predicted (b) about as many",
+        'predict_data_scale_errors = "b"\n',
+    ),
+    Mutant(
+        "data_scale_not_a_letter",
+        "predict_data_scale_errors",
+        "predict_data_scale_errors",
+        "one of the letters",
+        "predict_data_scale_errors = 2\n",
+    ),
     # ----------------------------------------------------------------- part 6: the experiment
     Mutant(
         "blank_share_of_non_blank",
