@@ -394,7 +394,7 @@ def test_feedback_and_report_read_well_on_a_desktop_and_a_phone(graded, tmp_path
                     )
                 else:
                     students = [link for link in seen["links"] if "/feedback/" in link]
-                    assert len(students) == len(MUTANTS) + 3 + len(INTEGRITY)
+                    assert len(students) == len(BATCH) + 3 + len(INTEGRITY)
                     assert all(Path(link.removeprefix("file://")).is_file() for link in students)
     finally:
         driver.quit()
