@@ -325,11 +325,13 @@ def test_the_sandbox_records_calls_of_watched_references_by_student_code_only():
 
 @pytest.mark.slow
 def test_an_oversized_answer_loses_its_check_only():
-    """Each check's 256 MiB answer is refused and its process killed; the kill is answered only once
-    the process has released its memory, so ten of them in a row under a 1 GiB limit never add up
-    to a kill of the whole notebook. A notebook's ``torch.set_num_threads(8)`` does not reach its
-    checks: they run with the sandbox's one thread."""
-    from coursekit.sandbox import RemoteCrash
+    """A check's 256 MiB answer is refused where it is made, before it is written out, and the
+    check fails with the limit named. A notebook that raises that limit on its side (the wire's code
+    runs in its process) gets its answers refused unread by the trusted side, and each such check
+    process killed; the kill is answered only once the process has released its memory, so ten of
+    them in a row under a 1 GiB limit never add up to a kill of the whole notebook. A notebook's
+    ``torch.set_num_threads(8)`` does not reach its checks: they run with the sandbox's one thread."""
+    from coursekit.sandbox import RemoteCrash, StudentError
 
     with Worker("rlimit", Limits(cell_seconds=10, check_seconds=10, memory=1 << 30)) as worker:
         session = worker.session()
@@ -339,6 +341,15 @@ def test_an_oversized_answer_loses_its_check_only():
             "def threads():\n    return torch.get_num_threads()",
             "setup",
             time.monotonic() + 60,
+        )
+        session.begin_check("big, refused at the source")
+        with pytest.raises(StudentError, match="exceeds the limit of 134,217,728 bytes") as refused:
+            session.remote("big")()
+        assert not isinstance(refused.value, RemoteCrash)
+        assert session.remote("threads")() == 1  # the check process lives on
+        session.end_check()
+        session.run_cell(
+            "import coursekit.sandbox.protocol as wire\nwire.REPLY_BLOB = 1 << 40", "raise", time.monotonic() + 60
         )
         for i in range(10):
             session.begin_check(f"big {i}")
@@ -355,4 +366,41 @@ def test_an_oversized_answer_loses_its_check_only():
         assert session.remote("threads")() == 1
         session.end_check()
         assert worker.reset() is None  # the sandbox never had to kill the notebook for its memory
+        session.close()
+
+
+@pytest.mark.slow
+def test_a_check_over_the_memory_limit_is_killed_and_the_notebook_kept():
+    """The memory limit holds for a submission's processes together. When a check takes the
+    total over it (here with processes it starts, each under the per-process limit), the sandbox
+    ends that check with what it started and keeps the notebook, whose later checks run as usual."""
+    from coursekit.sandbox import RemoteCrash
+
+    with Worker("rlimit", Limits(cell_seconds=20, check_seconds=20, memory=1 << 30)) as worker:
+        session = worker.session()
+        session.run_cell(
+            "import os, time, torch\n"
+            "kept = torch.ones(300 << 20, dtype=torch.uint8)  # the notebook's own 300 MiB\n"
+            "def hog():\n"
+            "    for _ in range(3):  # 3 x 300 MiB in processes of its own\n"
+            "        if os.fork() == 0:\n"
+            "            x = torch.ones(300 << 20, dtype=torch.uint8)\n"
+            "            time.sleep(10)\n"
+            "            os._exit(0)\n"
+            "    time.sleep(10)\n"
+            "    return 1\n"
+            "def fine():\n    return int(kept[-1]) * (kept.numel() >> 20)",
+            "setup",
+            time.monotonic() + 60,
+        )
+        session.begin_check("hog")
+        started = time.monotonic()
+        with pytest.raises(RemoteCrash, match="used more than 1.0 GiB of memory"):
+            session.remote("hog")()
+        assert time.monotonic() - started < 8  # killed by the watch, not at the check's deadline
+        session.end_check()
+        session.begin_check("fine")
+        assert session.remote("fine")() == 300
+        session.end_check()
+        assert worker.command({"op": "status"})[0]["killed_because"] is None  # the notebook never was
         session.close()

@@ -619,7 +619,7 @@ class _Channel:
 
     def _why_gone(self) -> str:
         try:
-            why = self.session.worker.command({"op": "status"})[0].get("killed_because")
+            why = self.session.worker.command({"op": "status", "pid": self.pid})[0].get("killed_because")
         except SandboxError:
             return TEMPLATE_GONE
         return why or "os._exit, a crash, or a resource limit such as memory"

@@ -46,6 +46,7 @@ MAX_BLOB = 512 << 20  # bytes of arrays in one frame
 MAX_DEPTH = 32  # nesting of lists, tuples and dicts
 MAX_ITEMS = 1_000_000  # values in one message
 MAX_ARRAYS = 10_000  # arrays in one frame
+_MEMBER_OVERHEAD = 1024  # at least the bytes one array adds to an archive beyond its data
 #: what the trusted side accepts from a student's process: the answer of one call, or the
 #: outputs of one cell. Arrays are stored uncompressed, so these bound the memory an answer
 #: takes once read (a compressed archive could inflate a megabyte into gigabytes).
@@ -85,21 +86,37 @@ class TimedOut(ProtocolError):
 
 
 def send(
-    sock: socket.socket, header: dict, arrays: dict[str, np.ndarray] | None = None, fds: list[int] = ()
+    sock: socket.socket,
+    header: dict,
+    arrays: dict[str, np.ndarray] | None = None,
+    fds: list[int] = (),
+    max_blob: int | None = None,
 ) -> None:
-    """Send one frame (and optionally file descriptors) on ``sock``."""
+    """Send one frame (and optionally file descriptors) on ``sock``.
+
+    With ``max_blob``, arrays larger than that in all are refused with :class:`ValueError` before
+    they are written out (the reader would refuse them anyway, after this side had doubled its
+    memory to build them)."""
     head = json.dumps(header, allow_nan=False, separators=(",", ":")).encode()
     blob = b""
     if arrays:
+        # the archive's bytes: the arrays, and for each a few hundred bytes of .npy and zip headers
+        size = sum(int(np.asarray(a).nbytes) + _MEMBER_OVERHEAD for a in arrays.values())
+        if max_blob is not None and size > max_blob:
+            raise ValueError(
+                f"an answer of {size:,} bytes of arrays exceeds the limit of {max_blob:,} bytes ({_mib(max_blob)})"
+            )
         buf = io.BytesIO()
         _savez(buf, **arrays)  # stored, not compressed: the reader refuses compressed members
-        blob = buf.getvalue()
-    data = _PREFIX.pack(MAGIC, len(head), len(blob)) + head + blob
+        blob = buf.getbuffer()
+    prefix = _PREFIX.pack(MAGIC, len(head), len(blob))
     if fds:
-        socket.send_fds(sock, [data[: _PREFIX.size]], list(fds))
-        sock.sendall(data[_PREFIX.size :])
+        socket.send_fds(sock, [prefix], list(fds))
+        sock.sendall(head)
     else:
-        sock.sendall(data)
+        sock.sendall(prefix + head)
+    if len(blob):
+        sock.sendall(blob)  # no copy of what may be 100 MiB
 
 
 def recv(

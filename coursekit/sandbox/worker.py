@@ -123,6 +123,8 @@ class Template:
         self.limits: dict = {}
         self.session_sid: int | None = None
         self.killed_because: str | None = None
+        #: check processes the memory watch killed (and the notebook kept): pid -> reason
+        self.checks_killed: dict[int, str] = {}
         self.last_memory_check = 0.0
         started = time.monotonic()
         self.shell = _preload(preload)
@@ -151,8 +153,9 @@ class Template:
             elif op == "kill":
                 self.kill_tree(int(msg["pid"]))
                 protocol.send(self.ctrl, {"ok": True})
-            elif op == "status":
-                protocol.send(self.ctrl, {"ok": True, "killed_because": self.killed_because})
+            elif op == "status":  # with a pid: why that check process was killed, if the sandbox did
+                why = self.checks_killed.pop(msg.get("pid"), None) or self.killed_because
+                protocol.send(self.ctrl, {"ok": True, "killed_because": why})
             elif op == "reset":
                 self.kill_all()
                 why, self.killed_because = self.killed_because, None
@@ -164,6 +167,7 @@ class Template:
     def start_session(self, msg: dict) -> None:
         self.kill_all()
         self.killed_because = None
+        self.checks_killed.clear()
         self.limits = msg["limits"]
         workdir = os.path.join(self.scratch, "work")
         _wipe(workdir)
@@ -217,12 +221,42 @@ class Template:
         if now - self.last_memory_check < 0.1:
             return
         self.last_memory_check = now
-        used = sum(_memory(pid) for pid in pids)
-        if used > self.limits["memory"] + self.baseline:
-            self.killed_because = (
-                f"its processes used more than {self.limits['memory'] / 2**30:.1f} GiB of memory"
-            )
+        memory = {pid: _memory(pid) for pid in pids}
+        allowed = self.limits["memory"] + self.baseline
+        used = sum(memory.values())
+        if used <= allowed:
+            return
+        limit = f"{self.limits['memory'] / 2**30:.1f} GiB of memory"
+        # Over the limit: end the largest trees of processes below the notebook's first (each
+        # check with whatever it started; anything the cells started), before the notebook itself.
+        # A check that took too much memory then fails on its own, and the later checks still run.
+        trees: dict[int, int] = {}
+        for pid in pids:
+            root = self.tree_root(pid, set(pids))
+            if root is not None:
+                trees[root] = trees.get(root, 0) + memory[pid]
+        for root in sorted(trees, key=trees.get, reverse=True):
+            if used <= allowed:
+                return
+            doomed = self.kill_tree(root)
+            used -= sum(memory.get(p, 0) for p in doomed)
+            for p in doomed:
+                self.checks_killed[p] = f"its processes used more than {limit}"
+        if sum(_memory(pid) for pid in self.members()) > allowed:
+            self.killed_because = f"its processes used more than {limit}"
             self.kill_all()
+
+    def tree_root(self, pid: int, members: set[int]) -> int | None:
+        """The ancestor of ``pid`` just below the notebook's process (``pid`` itself for a check), or
+        ``None`` for the notebook's process; an orphan is the root of its own tree."""
+        seen = set()
+        while pid != self.session_sid and pid not in seen:
+            seen.add(pid)
+            parent = _stat(pid, 3)
+            if parent == self.session_sid or parent not in members:
+                return pid
+            pid = parent
+        return None
 
     def kill_all(self) -> None:
         for _ in range(50):
@@ -241,9 +275,10 @@ class Template:
             time.sleep(0.005)
         _reap()
 
-    def kill_tree(self, root: int) -> None:
+    def kill_tree(self, root: int) -> set[int]:
+        """Kill ``root`` and its descendants among the submission's processes; return their pids."""
         if root in (os.getpid(), 1) or root not in self.members():
-            return
+            return set()
         doomed = {root}
         changed = True
         while changed:
@@ -259,6 +294,7 @@ class Template:
         # counts. Answer once it has, so that the next check is not forked beside a dying one
         # (under load, a few killed 256 MiB checks added up past the submission's memory limit).
         _wait_until_dead(doomed, time.monotonic() + 5)
+        return doomed
 
 
 def _preload(modules: list[str]):
@@ -587,7 +623,7 @@ class CheckProcess:
             header, out = reply
             header = _with_calls(header)
             try:
-                protocol.send(self.sock, header, out)
+                protocol.send(self.sock, header, out, max_blob=protocol.REPLY_BLOB)
             except (TypeError, ValueError) as e:
                 protocol.send(self.sock, {"unsendable": _short(f"{type(e).__name__}: {e}", 500)})
 
