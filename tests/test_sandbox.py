@@ -349,7 +349,9 @@ def test_an_oversized_answer_loses_its_check_only():
         assert session.remote("threads")() == 1  # the check process lives on
         session.end_check()
         session.run_cell(
-            "import coursekit.sandbox.protocol as wire\nwire.REPLY_BLOB = 1 << 40", "raise", time.monotonic() + 60
+            "import coursekit.sandbox.protocol as wire\nwire.REPLY_BLOB = 1 << 40",
+            "raise",
+            time.monotonic() + 60,
         )
         for i in range(10):
             session.begin_check(f"big {i}")
