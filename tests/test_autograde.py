@@ -280,7 +280,7 @@ def test_an_interrupted_run_resumes(graded, tmp_path):
     root, inbox = course_folder(tmp_path)
     reference = filled(ASSIGNMENT)
     students = {}  # name -> who in the class handed in the same notebook
-    for i in range(8):
+    for i in range(5):
         name, twin = f"s{i:02d}", "reference" if i % 2 == 0 else BATCH[i].name
         nb = reference if i % 2 == 0 else replace_definition(reference, BATCH[i].target, BATCH[i].source)
         nbformat.write(nb, inbox / f"{name}.ipynb")
@@ -303,18 +303,18 @@ def test_an_interrupted_run_resumes(graded, tmp_path):
     )
     verdicts = root / ".coursekit" / "verdicts" / ASSIGNMENT
     deadline = time.monotonic() + 240
-    while len(list(verdicts.glob("*/*.json"))) < 3 and time.monotonic() < deadline and run.poll() is None:
+    while len(list(verdicts.glob("*/*.json"))) < 2 and time.monotonic() < deadline and run.poll() is None:
         time.sleep(0.2)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
     done = len(list(verdicts.glob("*/*.json")))
-    assert 3 <= done < len(names), "the run should have been stopped part-way"
+    assert 2 <= done < len(names), "the run should have been stopped part-way"
     results = autograde.autograde(root, ASSIGNMENT, names, feedback=False)
     assert sum(r.cached for r in results) == done  # what was graded before the kill is not graded again
     assert {r.student: r.score for r in results} == {
         s: float(rows[twin]["score"]) for s, twin in students.items()
     }
-    assert [r.score for r in results][::2] == [AUTO] * 4 and all(r.score < AUTO for r in results[1::2])
+    assert [r.score for r in results][::2] == [AUTO] * 3 and all(r.score < AUTO for r in results[1::2])
 
 
 def test_a_part_failing_because_of_an_earlier_part_says_to_fix_that_part_first(graded):
