@@ -38,6 +38,18 @@ def randomise(module: nn.Module, seed: int = 0, scale: float = 0.3, offset_1d: f
     return module
 
 
+#: Modules that grade classes with ``--jobs 2`` (both cores), run after the rest of the suite; the
+#: book's own tests last. The book build starts in the background at collection and takes one core
+#: for about ten minutes: the single-threaded tests run beside it, the two-job batches after it,
+#: so that neither core waits (in file order the batches came first, and the unit tests later ran
+#: on one core while the other idled).
+LATE = {"test_adversarial.py": 1, "test_autograde.py": 1, "test_autograde_chapters.py": 1, "test_book.py": 2}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: LATE.get(item.path.name, 0))  # stable: file order within each group
+
+
 def pytest_collection_finish(session):
     """Start the book build in the background if a collected test reads the built book
     (``tests/book_build.py``): the rest of the suite runs beside it."""
