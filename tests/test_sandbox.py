@@ -406,3 +406,26 @@ def test_a_check_over_the_memory_limit_is_killed_and_the_notebook_kept():
         session.end_check()
         assert worker.command({"op": "status"})[0]["killed_because"] is None  # the notebook never was
         session.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_exited_processes_not_yet_reaped_do_not_count_against_the_process_limit(kind):
+    """A zombie runs nothing: 80 children that exited (their parent has not reaped them yet) do not
+    make a cell "start more than 64 processes". A fork bomb's killed processes linger as zombies on
+    a loaded machine until the sandbox's init reaps them; counted, they cost the notebook started
+    after the bomb its first cell."""
+    with Worker(kind, Limits(cell_seconds=20)) as worker:
+        session = worker.session()
+        out = session.run_cell(
+            "import os, time\n"
+            "for _ in range(80):\n"
+            "    if os.fork() == 0:\n"
+            "        os._exit(0)\n"
+            "time.sleep(1)  # the watch looks every 20 ms\n"
+            "print('still here')",
+            "zombies",
+            time.monotonic() + 60,
+        )
+        assert "still here" in str(out)
+        session.close()

@@ -194,7 +194,12 @@ class Template:
     # ---- watching and killing
 
     def members(self) -> list[int]:
-        """Processes started for the current submission (never this one)."""
+        """Processes started for the current submission (never this one) that still run.
+
+        A zombie (killed or exited, not yet reaped: in the sandbox's PID namespace its init reaps
+        orphans, late on a loaded machine) runs nothing and holds no memory. It is not counted: a
+        fork bomb's killed processes, lingering as zombies, must not count against the notebook
+        started after it."""
         me = os.getpid()
         pids = []
         for entry in os.listdir("/proc"):
@@ -203,9 +208,9 @@ class Template:
             pid = int(entry)
             if pid == me or pid == 1:
                 continue
-            if self.pid_namespace:
-                pids.append(pid)
-            elif self.session_sid is not None and _stat(pid, 5) == self.session_sid:
+            if not self.pid_namespace and (self.session_sid is None or _stat(pid, 5) != self.session_sid):
+                continue
+            if _state(pid) not in (None, "Z", "X"):
                 pids.append(pid)
         return pids
 
