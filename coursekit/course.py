@@ -120,6 +120,9 @@ def release(root: Path, names: list[str] | None = None, out: Path | None = None)
                 "CourseDirectory.db_url": f"sqlite:///{tmp}/gradebook.db",
             },
         )
+        from nbgrader.preprocessors import ClearSolutions
+
+        code_stub = ClearSolutions(config=api.config).code_stub["python"]  # the course's, or nbgrader's
         for name in names:
             expect_success(api.generate_assignment(name, force=True, create=True), f"releasing {name}")
             target = out / name
@@ -128,7 +131,7 @@ def release(root: Path, names: list[str] | None = None, out: Path | None = None)
             shutil.copytree(staging / name, target)
             for path in target.rglob("*.ipynb"):
                 _link_the_rendered_book(path, book_url(root))
-                _stub_predictions(path)
+                _stub_predictions(path, code_stub)
     return sorted(p for name in names for p in (out / name).rglob("*.ipynb"))
 
 
@@ -167,15 +170,12 @@ def _link_the_rendered_book(path: Path, base: str) -> None:
         nbformat.write(nb, path)
 
 
-#: nbgrader's stub for a solution region (``nbgrader_config.py``: ``ClearSolutions.code_stub``)
-_CODE_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
-
-
-def _stub_predictions(path: Path) -> None:
+def _stub_predictions(path: Path, code_stub: str) -> None:
     """A "predict, then check" answer cell (grade id ``predict_...``, the variable the student sets)
     is released as ``predict_... = None  # YOUR ANSWER HERE``, not as nbgrader's ``raise
     NotImplementedError()``: the name exists from the start, and its check says "not implemented
-    yet" until the student writes a prediction."""
+    yet" until the student writes a prediction. ``code_stub``: what nbgrader left in the cell, the
+    course's ``ClearSolutions.code_stub``."""
     import nbformat
 
     from coursekit.cells import nbgrader_meta
@@ -185,8 +185,8 @@ def _stub_predictions(path: Path) -> None:
     for cell in nb.cells:
         gid = nbgrader_meta(cell).get("grade_id") or ""
         if cell.cell_type == "code" and nbgrader_meta(cell).get("solution") and gid.startswith("predict_"):
-            if _CODE_STUB in cell.source:
-                cell.source = cell.source.replace(_CODE_STUB, f"{gid} = None  # YOUR ANSWER HERE")
+            if code_stub in cell.source:
+                cell.source = cell.source.replace(code_stub, f"{gid} = None  # YOUR ANSWER HERE")
                 changed = True
     if changed:
         nbformat.write(nb, path)

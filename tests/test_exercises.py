@@ -149,3 +149,28 @@ def test_hidden_clutter_is_neither_released_nor_reported_stale(tmp_path):
         root / "exercises" / "ch02_multihead" / ".ipynb_checkpoints" / "ch02_multihead-checkpoint.ipynb"
     ).write_text("{}")
     assert course.stale_releases(root) == []
+
+
+@pytest.mark.slow
+def test_predictions_are_stubbed_whatever_code_stub_the_course_sets(tmp_path):
+    """A course that sets its own ``ClearSolutions.code_stub`` still gets its "predict, then check"
+    cells released as ``predict_... = None``, not as its stub."""
+    root = tmp_path / "course"
+    root.mkdir()
+    shutil.copy(ROOT / "_config.yml", root / "_config.yml")
+    stub = "# WRITE YOURS\\nraise NotImplementedError('write this')"
+    config = (ROOT / "nbgrader_config.py").read_text()
+    (root / "nbgrader_config.py").write_text(
+        config + f'\nc.ClearSolutions.code_stub = {{"python": "{stub}"}}\n'
+    )
+    shutil.copytree(ROOT / "solutions" / "ch02_multihead", root / "solutions" / "ch02_multihead")
+    (path,) = course.release(root)
+    cells = [c for c in load(path).cells if c.metadata.get("nbgrader", {}).get("solution")]
+    predictions = [c for c in cells if c.metadata["nbgrader"]["grade_id"].startswith("predict_")]
+    assert predictions and all(
+        c.source.endswith(f"{c.metadata['nbgrader']['grade_id']} = None  # YOUR ANSWER HERE")
+        for c in predictions
+    ), [c.source for c in predictions]
+    assert any(
+        "raise NotImplementedError('write this')" in c.source for c in cells
+    )  # the course's stub is used

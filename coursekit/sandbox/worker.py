@@ -236,8 +236,9 @@ class Template:
         # check with whatever it started; anything the cells started), before the notebook itself.
         # A check that took too much memory then fails on its own, and the later checks still run.
         trees: dict[int, int] = {}
+        alive = set(pids)
         for pid in pids:
-            root = self.tree_root(pid, set(pids))
+            root = self.tree_root(pid, alive)
             if root is not None:
                 trees[root] = trees.get(root, 0) + memory[pid]
         for root in sorted(trees, key=trees.get, reverse=True):
