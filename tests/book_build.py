@@ -11,6 +11,8 @@ the session kills if it ends first (``-x``, Ctrl-C): it touches no process it di
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,7 +58,9 @@ class Build:
         )
 
     def wait(self, timeout: float = 1800) -> tuple[int, str]:
-        """Wait for the build; return its exit code and the end of its output."""
+        """Wait for the build; return its exit code and, if it failed, what to read: the end of its
+        output, then its causes (see :func:`causes`), last, where a CI log's tail shows them. A failed
+        build's whole log is kept as ``_build/book-build.log``."""
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -64,7 +68,12 @@ class Build:
             code = -1
         self.log.flush()
         text = Path(self.log.name).read_text(errors="replace")
-        return code, text[-8000:]
+        if code == 0:
+            return code, ""
+        kept = ROOT / "_build" / "book-build.log"
+        kept.parent.mkdir(exist_ok=True)
+        shutil.copyfile(self.log.name, kept)
+        return code, f"{text[-3000:]}\n{causes(text, ROOT / '_build' / 'html' / 'reports')}\nwhole log: {kept}"
 
     def stop(self) -> None:
         """Kill the build and every process it started (its kernels), if it is still running."""
@@ -79,6 +88,28 @@ class Build:
         self.stop()
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
+
+
+_CAUSE = re.compile(r"WARNING|ERROR|CRITICAL|Error:|Exception:|timed out|Timeout", re.IGNORECASE)
+
+
+def causes(log: str, reports: Path, limit: int = 40) -> str:
+    """Why a build failed, in a few lines: the log's warning and error lines (each once, in order;
+    with ``-W`` any warning fails the build) and the last lines of each page's execution report,
+    which Jupyter Book writes to ``_build/html/reports/`` when a cell raises."""
+    seen, lines = set(), []
+    for line in log.splitlines():
+        line = line.strip()
+        if _CAUSE.search(line) and line not in seen and "There was an error in building" not in line:
+            seen.add(line)
+            lines.append(line[:400])
+    out = ["--- warnings and errors in the build log ---", *lines[:limit]]
+    if len(lines) > limit:
+        out.append(f"... and {len(lines) - limit} more")
+    for report in sorted(reports.rglob("*.log")) if reports.is_dir() else []:
+        tail = report.read_text(errors="replace").strip().splitlines()[-6:]
+        out += [f"--- {report.relative_to(reports)} (last lines) ---", *tail]
+    return "\n".join(out)
 
 
 _build: Build | None = None
