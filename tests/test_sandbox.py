@@ -249,6 +249,24 @@ def test_a_template_stopped_or_killed_by_student_code_is_detected_and_replaced(k
         fresh.close()
 
 
+def test_only_a_pid_namespace_of_its_own_lets_the_template_signal_every_process():
+    """``kill(-1)`` ends every process the caller may signal: the sandbox uses it only where it has a
+    PID namespace of its own, checked in the sandbox, not taken from its command line."""
+    import os
+
+    from coursekit.sandbox.worker import in_own_pid_namespace
+
+    assert not in_own_pid_namespace(os.readlink("/proc/self/ns/pid"))
+    assert in_own_pid_namespace("pid:[1]")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_template_knows_whether_it_has_a_pid_namespace(kind):
+    with Worker(kind, Limits(cell_seconds=5)) as worker:
+        assert worker.pid_namespace == (kind == "bwrap")
+
+
 @pytest.mark.slow
 def test_a_cell_that_kills_every_process_it_can_is_reported_as_the_students():
     """``os.kill(-1, SIGKILL)`` ends the template, and with it the sandbox's PID namespace (tried

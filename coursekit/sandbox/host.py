@@ -253,7 +253,7 @@ class Worker:
                 wrap
                 + [_sandbox_python()]
                 + python[1:]
-                + [str(theirs.fileno()), scratch, "pidns", ",".join(preload)]
+                + [str(theirs.fileno()), scratch, f"pidns={os.readlink('/proc/self/ns/pid')}", ",".join(preload)]
             )
             env = None
         else:
@@ -284,6 +284,7 @@ class Worker:
             self.close()
             raise SandboxError(f"the sandbox sent {hello!r} instead of ready")
         self.preload_seconds = float(hello.get("preload_s", 0))
+        self.pid_namespace = bool(hello.get("pid_namespace"))  # the template's kill_all may signal -1
 
     def log_tail(self, n: int = 3000) -> str:
         try:

@@ -135,7 +135,8 @@ class Template:
 
     def serve(self) -> None:
         protocol.send(
-            self.ctrl, {"ready": True, "pid": os.getpid(), "preload_s": round(self.preload_seconds, 3)}
+            self.ctrl, {"ready": True, "pid": os.getpid(), "preload_s": round(self.preload_seconds, 3),
+             "pid_namespace": self.pid_namespace}
         )
         while True:
             ready, _, _ = select.select([self.ctrl], [], [], 0.02)
@@ -878,8 +879,19 @@ def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[:n] + f"... [{len(text) - n} more characters]"
 
 
+def in_own_pid_namespace(host_namespace: str) -> bool:
+    """Whether this process runs in a PID namespace other than ``host_namespace`` (the host's
+    ``/proc/self/ns/pid`` link). Only then may :meth:`Template.kill_all` signal ``-1``: outside a
+    namespace of its own that would reach every process of this user, other courses' included."""
+    try:
+        return os.readlink("/proc/self/ns/pid") != host_namespace
+    except OSError:
+        return False
+
+
 def main(argv: list[str]) -> None:
-    fd, scratch, pidns = int(argv[0]), argv[1], argv[2] == "pidns"
+    fd, scratch = int(argv[0]), argv[1]
+    pidns = argv[2].startswith("pidns=") and in_own_pid_namespace(argv[2].removeprefix("pidns="))
     preload = [m for m in argv[3].split(",") if m] if len(argv) > 3 else []
     ctrl = socket.socket(fileno=fd)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
