@@ -73,7 +73,10 @@ class Build:
         kept = ROOT / "_build" / "book-build.log"
         kept.parent.mkdir(exist_ok=True)
         shutil.copyfile(self.log.name, kept)
-        return code, f"{text[-3000:]}\n{causes(text, ROOT / '_build' / 'html' / 'reports')}\nwhole log: {kept}"
+        return (
+            code,
+            f"{text[-3000:]}\n{causes(text, ROOT / '_build' / 'html' / 'reports')}\nwhole log: {kept}",
+        )
 
     def stop(self) -> None:
         """Kill the build and every process it started (its kernels), if it is still running."""

@@ -5,7 +5,7 @@ from tests import book_build
 LOG = """Running Jupyter-Book v1.0.4.post1
 Executing: book/ch07_gpt.md in: /repo/book
 /repo/book/ch07_gpt.md: WARNING: Executing notebook failed: CellExecutionError [mystnb.exec]
-/repo/book/ch07_gpt.md: WARNING: Notebook exception traceback saved in: /repo/_build/html/reports/book/ch07_gpt.err.log [mystnb.exec]
+/r/book/ch07_gpt.md: WARNING: Notebook exception traceback saved in: /r/_build/html/reports/book/ch07_gpt.err.log
 /repo/book/ch07_gpt.md: WARNING: Executing notebook failed: CellExecutionError [mystnb.exec]
 build finished with problems, 2 warnings.
 Traceback (most recent call last):

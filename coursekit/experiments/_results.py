@@ -9,10 +9,12 @@ runs of an experiment that no longer exists.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import argparse
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from coursekit._files import read_json
+from coursekit._files import read_json, write_json
 
 
 def read_results(
@@ -47,4 +49,40 @@ def read_results(
     if changed or not layout_ok(data):
         why = f"settings that differ: {', '.join(changed)}" if changed else "its runs have another layout"
         raise ValueError(f"{path} holds another experiment ({why}); rerun python -m {module}")
+    return data
+
+
+def experiment_parser(
+    module: str, description: str, seeds: Sequence[int], out: Path
+) -> argparse.ArgumentParser:
+    """The command line of ``python -m module``: ``--seeds`` (default ``seeds``) and ``--out``
+    (default ``out``, the committed file); a module adds its own options."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(seeds))
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
+
+
+def run_and_write(
+    path: str | Path, *, fmt: str, version: int, seeds: Sequence[int], run: Callable[[], dict]
+) -> dict:
+    """Run an experiment on one thread and write ``path``: ``{"format", "version", "seeds",
+    "seconds", "cpu_seconds", **run()}``, where ``seconds`` is the wall clock (longer on a busy
+    machine) and ``cpu_seconds`` the processor time. Returns what it wrote and prints where."""
+    import torch
+
+    torch.set_num_threads(1)
+    start, cpu = time.perf_counter(), time.process_time()
+    body = run()
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    data = {
+        "format": fmt,
+        "version": version,
+        "seeds": list(seeds),
+        "seconds": round(seconds),
+        "cpu_seconds": round(cpu_seconds),
+        **body,
+    }
+    write_json(path, data)
+    print(f"wrote {path} ({len(data['seeds'])} seeds) in {seconds:.0f} s ({cpu_seconds:.0f} s of CPU)")
     return data

@@ -23,16 +23,13 @@ one thread) and rewrites :data:`RESULTS`, which the chapter loads.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import time
 from pathlib import Path
 
 import torch
 
 from coursekit import checkpoints, train
-from coursekit._files import write_json
-from coursekit.experiments._results import read_results
+from coursekit.experiments._results import experiment_parser, read_results, run_and_write
 from coursekit.experiments.topics import TopicData, finetune, logistic_regression_baseline, topic_passages
 
 __all__ = [
@@ -175,28 +172,20 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m coursekit.experiments.bert_labels",
-        description="Rerun Chapter 6's sweep over the number of labelled passages.",
+    parser = experiment_parser(
+        "coursekit.experiments.bert_labels",
+        "Rerun Chapter 6's sweep over the number of labelled passages.",
+        SEEDS,
+        RESULTS,
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    start, cpu = time.perf_counter(), time.process_time()
-    results = run_all(args.seeds)
-    write_json(
+    run_and_write(
         args.out,
-        {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "seeds": args.seeds,
-            "settings": settings(),
-            "cpu_seconds": round(time.process_time() - cpu),
-            **results,
-        },
+        fmt=_FORMAT,
+        version=_VERSION,
+        seeds=args.seeds,
+        run=lambda: {"settings": settings(), **run_all(args.seeds)},
     )
-    print(f"wrote {args.out} ({len(args.seeds)} seeds) in {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -24,18 +24,15 @@ which the chapter loads.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from coursekit._files import write_json
 from coursekit.experiments import digits
-from coursekit.experiments._results import read_results
+from coursekit.experiments._results import experiment_parser, read_results, run_and_write
 from coursekit.layers import count_params
 from coursekit.vit import VIT_PRESETS, ViT
 
@@ -233,31 +230,19 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m coursekit.experiments.data_scale",
-        description="Rerun Chapter 9's training-set-size sweep of the CNN and the ViT for several seeds.",
+    parser = experiment_parser(
+        "coursekit.experiments.data_scale",
+        "Rerun Chapter 9's training-set-size sweep of the CNN and the ViT for several seeds.",
+        SEEDS,
+        RESULTS,
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    runs = run_all(args.seeds)
-    write_json(
+    run_and_write(
         args.out,
-        {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "seeds": args.seeds,
-            "settings": settings(),
-            "seconds": round(time.perf_counter() - start),
-            "cpu_seconds": round(time.process_time() - cpu_start),
-            "runs": runs,
-        },
-    )
-    print(
-        f"wrote {args.out} ({len(args.seeds)} seeds) in {time.perf_counter() - start:.0f} s "
-        f"({time.process_time() - cpu_start:.0f} s of CPU)"
+        fmt=_FORMAT,
+        version=_VERSION,
+        seeds=args.seeds,
+        run=lambda: {"settings": settings(), "runs": run_all(args.seeds)},
     )
 
 

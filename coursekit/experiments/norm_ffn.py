@@ -29,16 +29,13 @@ chapter loads.
 
 from __future__ import annotations
 
-import argparse
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coursekit._files import write_json
-from coursekit.experiments._results import read_results
+from coursekit.experiments._results import experiment_parser, read_results, run_and_write
 from coursekit.layers import Encoder, RMSNorm, SwiGLU, count_params, llama_ffn_hidden
 
 __all__ = [
@@ -210,28 +207,20 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m coursekit.experiments.norm_ffn",
-        description="Rerun Chapter 4's LayerNorm + GELU versus RMSNorm + SwiGLU experiment for several seeds.",
+    parser = experiment_parser(
+        "coursekit.experiments.norm_ffn",
+        "Rerun Chapter 4's LayerNorm + GELU versus RMSNorm + SwiGLU experiment for several seeds.",
+        SEEDS,
+        RESULTS,
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    start = time.perf_counter()
-    runs = run_all(args.seeds)
-    write_json(
+    run_and_write(
         args.out,
-        {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "seeds": args.seeds,
-            "settings": settings(),
-            "seconds": round(time.perf_counter() - start),
-            "runs": runs,
-        },
+        fmt=_FORMAT,
+        version=_VERSION,
+        seeds=args.seeds,
+        run=lambda: {"settings": settings(), "runs": run_all(args.seeds)},
     )
-    print(f"wrote {args.out} ({len(args.seeds)} seeds) in {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ rebuilds any prediction (a right one is the reference).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections import Counter
@@ -38,9 +37,8 @@ from pathlib import Path
 
 import torch
 
-from coursekit._files import write_json
 from coursekit.experiments import number_words as num
-from coursekit.experiments._results import read_results
+from coursekit.experiments._results import experiment_parser, read_results, run_and_write
 from coursekit.seq2seq import Seq2Seq, bleu, greedy_decode
 
 __all__ = [
@@ -402,33 +400,23 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m coursekit.experiments.number_words_ood",
-        description="Rerun Chapter 8's out-of-distribution experiment (held-out number structures) for several seeds.",
+    parser = experiment_parser(
+        "coursekit.experiments.number_words_ood",
+        "Rerun Chapter 8's out-of-distribution experiment (held-out number structures) for several seeds.",
+        SEEDS,
+        RESULTS,
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    start = time.perf_counter()
-    sets = eval_sets()
-    runs = []
-    for seed in args.seeds:
-        runs.append(run_seed(seed, sets))
-        summary = {name: s["metrics"]["exact_match"] for name, s in runs[-1]["sets"].items()}
-        print(f"seed {seed}: exact match {summary} ({time.perf_counter() - start:.0f} s)")
-    write_json(
-        args.out,
-        {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "seeds": args.seeds,
-            "settings": settings(),
-            "seconds": round(time.perf_counter() - start),
-            "runs": runs,
-        },
-    )
-    print(f"wrote {args.out} ({len(args.seeds)} seeds) in {time.perf_counter() - start:.0f} s")
+
+    def run() -> dict:
+        start, sets, runs = time.perf_counter(), eval_sets(), []
+        for seed in args.seeds:
+            runs.append(run_seed(seed, sets))
+            summary = {name: s["metrics"]["exact_match"] for name, s in runs[-1]["sets"].items()}
+            print(f"seed {seed}: exact match {summary} ({time.perf_counter() - start:.0f} s)")
+        return {"settings": settings(), "runs": runs}
+
+    run_and_write(args.out, fmt=_FORMAT, version=_VERSION, seeds=args.seeds, run=run)
 
 
 if __name__ == "__main__":

@@ -13,17 +13,14 @@ minutes on two cores, one thread per run).
 
 from __future__ import annotations
 
-import argparse
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coursekit._files import write_json
 from coursekit.attention import causal_mask, scaled_dot_product_attention
-from coursekit.experiments._results import read_results
+from coursekit.experiments._results import experiment_parser, read_results, run_and_write
 from coursekit.positional import (
     LearnedPositionalEmbedding,
     alibi_bias,
@@ -180,28 +177,20 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m coursekit.experiments.positional",
-        description="Rerun Chapter 3's extrapolation experiment for several seeds.",
+    parser = experiment_parser(
+        "coursekit.experiments.positional",
+        "Rerun Chapter 3's extrapolation experiment for several seeds.",
+        SEEDS,
+        RESULTS,
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    start = time.perf_counter()
-    accuracy = run_all(args.seeds)
-    write_json(
+    run_and_write(
         args.out,
-        {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "seeds": args.seeds,
-            "test_t": list(TEST_T),
-            "seconds": round(time.perf_counter() - start),
-            "accuracy": accuracy,
-        },
+        fmt=_FORMAT,
+        version=_VERSION,
+        seeds=args.seeds,
+        run=lambda: {"test_t": list(TEST_T), "accuracy": run_all(args.seeds)},
     )
-    print(f"wrote {args.out} ({len(args.seeds)} seeds) in {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -27,17 +27,14 @@ loads (one thread; the wall-clock and processor time it took are stored in the f
 
 from __future__ import annotations
 
-import argparse
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from coursekit._files import write_json
 from coursekit.attention import SelfAttention, causal_mask
-from coursekit.experiments._results import read_results
+from coursekit.experiments._results import experiment_parser, read_results, run_and_write
 from coursekit.positional import sinusoidal_encoding
 from coursekit.train import TrainConfig, lm_loss, train
 
@@ -258,33 +255,27 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m coursekit.experiments.recurrence",
-        description="Rerun Chapter 1's recall-at-distance-k experiment (GRU against one attention layer).",
+    parser = experiment_parser(
+        "coursekit.experiments.recurrence",
+        "Rerun Chapter 1's recall-at-distance-k experiment (GRU against one attention layer).",
+        SEEDS,
+        RESULTS,
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument(
         "--steps", type=int, default=STEPS, help="training steps per run (a quick check uses fewer)"
     )
     parser.add_argument("--distances", type=int, nargs="+", default=list(DISTANCES))
-    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    start, start_cpu = time.perf_counter(), time.process_time()
-    runs = run_all(args.seeds, args.distances, args.steps)
-    write_json(
+    run_and_write(
         args.out,
-        {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "seeds": args.seeds,
+        fmt=_FORMAT,
+        version=_VERSION,
+        seeds=args.seeds,
+        run=lambda: {
             "settings": settings(args.steps, args.distances),
-            "seconds": round(time.perf_counter() - start),  # wall clock: longer on a busy machine
-            "cpu_seconds": round(time.process_time() - start_cpu),  # processor time of the one thread
-            "runs": runs,
+            "runs": run_all(args.seeds, args.distances, args.steps),
         },
     )
-    print(f"wrote {args.out} ({len(args.seeds)} seeds) in {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -253,7 +253,12 @@ class Worker:
                 wrap
                 + [_sandbox_python()]
                 + python[1:]
-                + [str(theirs.fileno()), scratch, f"pidns={os.readlink('/proc/self/ns/pid')}", ",".join(preload)]
+                + [
+                    str(theirs.fileno()),
+                    scratch,
+                    f"pidns={os.readlink('/proc/self/ns/pid')}",
+                    ",".join(preload),
+                ]
             )
             env = None
         else:

@@ -135,8 +135,13 @@ class Template:
 
     def serve(self) -> None:
         protocol.send(
-            self.ctrl, {"ready": True, "pid": os.getpid(), "preload_s": round(self.preload_seconds, 3),
-             "pid_namespace": self.pid_namespace}
+            self.ctrl,
+            {
+                "ready": True,
+                "pid": os.getpid(),
+                "preload_s": round(self.preload_seconds, 3),
+                "pid_namespace": self.pid_namespace,
+            },
         )
         while True:
             ready, _, _ = select.select([self.ctrl], [], [], 0.02)
