@@ -2960,8 +2960,11 @@ NUCLEUS_SIZE = Prediction(
     "Stopping *before* crossing p would keep 2 tokens holding only 0.7 < p.",
 )
 
-#: the choices of PERPLEXITY
-_PPL_CHOICES = {"a": 1.2, "b": 3.3, "c": 16.0, "d": 103.0}
+#: the characters per token of PERPLEXITY's subword model
+PPL_CHARS_PER_TOKEN = 3
+#: the choices of PERPLEXITY, letter -> perplexity per token: the per-character perplexity unchanged,
+#: multiplied by the characters per token, raised to their number (the truth), the character vocabulary
+_PPL_CHOICES = {"a": 3.3, "b": 10.0, "c": 36.0, "d": 103.0}
 
 
 def _gpt_char():
@@ -2980,22 +2983,30 @@ _GPT_CHAR: dict = {}
 
 
 def _perplexity_choice() -> str:
+    """The choice nearest (in log space) to the perplexity per token of a model with gpt-char's measured
+    bits per character on tokens of PPL_CHARS_PER_TOKEN characters: a token's loss is the sum of its
+    characters' losses."""
     c = _gpt_char()
     bits = sum(ref.bits_per_char(c["ck"].model, ids, 128) for ids in c["ids"]) / len(c["ids"])
-    return min(_PPL_CHOICES, key=lambda k: abs(bits * math.log(2) - math.log(_PPL_CHOICES[k])))
+    nats_per_token = PPL_CHARS_PER_TOKEN * bits * math.log(2)
+    return min(_PPL_CHOICES, key=lambda k: abs(nats_per_token - math.log(_PPL_CHOICES[k])))
 
 
 PERPLEXITY = Prediction(
     name="predict_perplexity",
-    question="The chapter's gpt-char scores about 1.2 nats per character on held-out text (V = 103 characters). "
-    "What is its perplexity, exp(loss)?",
-    tests="reading a loss: nats, bits and perplexity as an effective number of choices",
+    question="gpt-char scores about 1.2 nats per character on held-out text: a perplexity of about 3.3 per "
+    f"character. A subword model cuts the same text into tokens of {PPL_CHARS_PER_TOKEN} characters on average "
+    "and is exactly as good per character. What is its perplexity per token?",
+    tests="perplexity per character and per token: losses add over a token's characters, perplexities multiply",
     measure=_perplexity_choice,
-    explanation="Perplexity is exp(loss in nats) = 2 ** (loss in bits): exp(1.2) is about 3.3 (answer {truth}). "
-    "The model is as unsure as a uniform choice among about 3 characters, against 103 for a model that knows "
-    "nothing (ln 103 = 4.63 nats). 1.2 is the loss itself, 16 would be 10 ** 1.2 (the wrong base), and 1.2 "
-    "nats are 1.2 / ln 2 = 1.7 bits per character.",
-    choices={"a": "about 1.2", "b": "about 3.3", "c": "about 16", "d": "about 103"},
+    explanation="Answer {truth}. A token's probability is the product of its characters' probabilities, so its "
+    f"loss is the sum of theirs: {PPL_CHARS_PER_TOKEN} x 1.2 = 3.6 nats, and its perplexity exp(3.6) = 3.3 ** "
+    f"{PPL_CHARS_PER_TOKEN}, about 36 (the check measured gpt-char's loss on four held-out pieces of text). 3.3 "
+    "is the perplexity per character, not per token: a whole token is harder to guess than one of its "
+    "characters; 10 = 3 x 3.3 adds perplexities where only losses add; 103 is the character vocabulary, a "
+    "model that knows nothing. The same model has two perplexities, so compare models in bits (or nats) per "
+    "character.",
+    choices={"a": "about 3.3", "b": "about 10", "c": "about 36", "d": "about 103"},
 )
 
 #: SPECULATIVE_TOKENS's draft: k tokens a round, each accepted with probability a
