@@ -135,7 +135,7 @@ def repeat_kv(x, n_rep):
         ),
     ),
     ("predict_params_vs_heads", "capital_letter_with_spaces", 'predict_params_vs_heads = " A "\n'),
-    ("predict_kv_shrink", "a_float_ratio", "predict_kv_shrink = 8 / 2\n"),
+    ("predict_kv_shrink", "a_float_ratio", "predict_kv_shrink = 40 / 5 * 2\n"),
     (
         "kv_pooling_error",
         "einsum_free_loop_over_groups",

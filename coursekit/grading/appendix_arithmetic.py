@@ -28,8 +28,10 @@ import numbers
 import numpy as np
 import torch
 from hypothesis import strategies as st
+from torch import nn
 
 from coursekit import arithmetic as ref
+from coursekit import gpt
 from coursekit.grading.core import (
     Grader,
     close,
@@ -40,6 +42,7 @@ from coursekit.grading.core import (
     said,
 )
 from coursekit.grading.questions import Prediction, expect_in_band
+from coursekit.multihead import MultiHeadAttention
 
 __all__ = [
     "check_decoder_params",
@@ -879,16 +882,37 @@ def _gpt2_xl_kv_mib() -> float:
     return ref.kv_cache_gib(c.n_layers, c.n_heads, c.n_heads, c.d_model, c.block_size, bits=16) * 1024
 
 
+def _pure_bf16_adam_bytes() -> float:
+    """Bytes per parameter that PyTorch allocates to train a small model cast to bf16 with ``torch.optim.Adam``
+    on its own parameters (no master copy): weights, gradients and Adam's state after one step, counted as
+    the appendix counts fp32 training (Adam's one-number step counters left out)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)).to(torch.bfloat16)
+        opt = torch.optim.Adam(model.parameters())
+        model(torch.randn(4, 32, dtype=torch.bfloat16)).float().square().sum().backward()
+        opt.step()
+    held = sum(p.nbytes + p.grad.nbytes for p in model.parameters())
+    held += sum(
+        t.nbytes for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.numel() > 1
+    )
+    return held / sum(p.numel() for p in model.parameters())
+
+
 ADAM_BYTES = Prediction(
     name="predict_adam_bytes",
-    question="Mixed-precision (bf16) training with Adam, in ZeRO's convention: how many bytes per parameter do "
-    "the weights, gradients, master weights and optimizer states take together?",
-    tests="training memory: the float32 master weights and Adam's two float32 moments dominate, not the weights",
-    measure=lambda: sum(ref.memory_per_param("bf16", "adam").values()),
-    explanation="bf16 weights (2) and gradients (2), a float32 master copy of the weights that the optimizer "
-    "updates (4), and Adam's two float32 moments (8): {truth} bytes, as many as plain float32 Adam. Mixed "
-    "precision saves time and activation memory, not the memory of the model's states: a 7B model needs "
-    "about 104 GiB for them before a single activation (Rajbhandari et al., 2020).",
+    question="A model cast to bf16 (model.to(torch.bfloat16)) trains with torch.optim.Adam on its own parameters, "
+    "with no float32 master copy; Adam makes its state with torch.zeros_like(param). How many bytes per "
+    "parameter do the weights, gradients and optimizer state take?",
+    tests="training memory: which tensors training keeps per parameter, and in which precision each one is",
+    measure=_pure_bf16_adam_bytes,
+    explanation="Adam's two moments are made like the parameter they follow, so here they are bf16: weights (2), "
+    "gradients (2) and the moments m and v (2 + 2) make {truth} bytes, half the 16 of mixed-precision Adam. "
+    "16 counts the float32 master copy and float32 moments of the mixed-precision recipe, which this setup does "
+    "not have; 12 keeps the moments in float32; 4 forgets the optimizer's state. The saving has a price: bf16 "
+    "keeps 8 significant bits, so an update smaller than about 1/256 of a weight can round away entirely, and "
+    "with the small learning rates of late training many of Adam's steps (about lr per weight) are that small. "
+    "That is why mixed precision updates a float32 master copy (Micikevicius et al., 2018).",
 )
 
 GPT2_XL_KV_MIB = Prediction(
@@ -905,34 +929,62 @@ GPT2_XL_KV_MIB = Prediction(
 )
 
 #: the choices of BATCHED_DECODE: FLOPs per byte of a decode step
-_DECODE_CHOICES = {"a": 1.0, "b": 20.0, "c": 64.0, "d": 300.0}
+_DECODE_CHOICES = {"a": 20.0, "b": 40.0, "c": 80.0, "d": 300.0}
+
+#: the key/value heads of BATCHED_DECODE's grouped-query variant of GPT_7B (32 query heads)
+_DECODE_KV_HEADS = 8
 
 
 def _batched_decode() -> str:
-    """Which choice the arithmetic intensity of a bf16 decode step of ``GPT_7B`` at batch 64 and a context of
-    1,024 tokens is nearest to (on a log scale)."""
-    intensity = ref.decode_step_cost(ref.GPT_7B, 64, 1024, dtype_bytes=2).intensity
-    return min(_DECODE_CHOICES, key=lambda c: abs(math.log(intensity / _DECODE_CHOICES[c])))
+    """Which choice the arithmetic intensity of a bf16 decode step of ``GPT_7B`` with 8 key/value heads, at
+    batch 64 and a context of 1,024 tokens, is nearest to (on a log scale). ``decode_step_cost`` prices the
+    multi-head step; from it go the key and value projection weights that grouped-query attention drops
+    (counted on Chapter 2's ``MultiHeadAttention`` built on the ``meta`` device), once in the FLOPs per token
+    and once in the bytes, and the multi-head cache is swapped for the grouped one (Chapter 7's ``KVCache``
+    on ``meta``, the ``S + 1`` positions ``decode_step_cost`` reads and writes)."""
+    c, B, S = ref.GPT_7B, 64, 1024
+    mha = ref.decode_step_cost(c, B, S, dtype_bytes=2)
+    with torch.device("meta"):
+        attn = {
+            h: MultiHeadAttention(c.d_model, c.n_heads, n_kv_heads=h, bias=False)
+            for h in (c.n_heads, _DECODE_KV_HEADS)
+        }
+    dropped = c.n_layers * (
+        sum(p.numel() for p in attn[c.n_heads].parameters())
+        - sum(p.numel() for p in attn[_DECODE_KV_HEADS].parameters())
+    )
+
+    def cache_bytes(n_kv: int) -> int:
+        layers = [gpt.LayerCache(B, n_kv, S + 1, c.d_head, torch.bfloat16, "meta") for _ in range(c.n_layers)]
+        return gpt.KVCache(layers).nbytes()
+
+    flops = mha.flops - 2 * B * dropped
+    moved = mha.bytes_moved - 2 * dropped - cache_bytes(c.n_heads) + cache_bytes(_DECODE_KV_HEADS)
+    return min(_DECODE_CHOICES, key=lambda k: abs(math.log(flops / moved / _DECODE_CHOICES[k])))
 
 
 BATCHED_DECODE = Prediction(
     name="predict_batched_decode",
-    question="The appendix's 7B-class shape (GPT_7B, multi-head attention) decodes in bf16 with 1,024 tokens of "
-    "context per sequence; at batch 1 a step does about 1 FLOP per byte it moves. At batch 64, how many FLOPs "
-    "per byte?",
-    tests="decode's arithmetic intensity: batching shares the weights' bytes, not the KV cache's",
+    question="The appendix's 7B-class shape (GPT_7B) with grouped-query attention, 8 key/value heads for its 32 "
+    "query heads, decodes in bf16 with 1,024 tokens of context per sequence. At batch 64, about how many FLOPs "
+    "per byte does a decode step do?",
+    tests="decode's arithmetic intensity: batching shares the weights' bytes, not the KV cache's; GQA shrinks "
+    "only the cache's",
     measure=_batched_decode,
-    explanation="Answer {truth}. A decode step reads every weight once, whatever the batch: 13.2 GB in bf16, "
-    "shared by the 64 new tokens. But each sequence's KV cache, 0.54 GB at 1,024 tokens with 32 layers of 32 "
-    "heads, is read for that sequence's token alone, so 64 sequences read 34 GB of cache, more than the "
-    "weights: 880 GFLOP over 47.6 GB is about 18.5 FLOPs per byte, not 64. However large the batch, the "
-    "intensity never passes one sequence's FLOPs over its cache bytes, 13.8 GFLOP / 0.54 GB = 25.6, far below "
-    "an H100's ridge near 300: decoding this model at this context is memory-bound at every batch. "
-    "Grouped-query attention shrinks the cache and raises that ceiling (Pope et al., 2022).",
+    explanation="Answer {truth}. A decode step reads every weight once for all 64 sequences: 11.6 GB in bf16 "
+    "(the key and value projections shrink to a quarter, the rest does not). Each sequence reads its own cache, "
+    "2 * 32 layers * 1,025 positions * 8 heads * 128 * 2 bytes = 134 MB, a quarter of multi-head attention's "
+    "0.54 GB, so the 64 sequences read 8.6 GB. 777 GFLOP over 20.2 GB is about 38 FLOPs per byte. With 32 "
+    "key/value heads the same step does about 18.5: the 64 caches then read 34 GB, more than the weights. It "
+    "does not rise four-fold to 80, because the weights' bytes, which GQA barely changes, are now more than "
+    "half of the traffic. What rises about four-fold is the ceiling, one sequence's FLOPs over its cache "
+    "bytes, 12.1 GFLOP / 0.134 GB = 90, which large batches approach; it is still far below an H100's ridge "
+    "near 300, so the step stays memory-bound at every batch, but four times as many sequences fit in memory "
+    "(Ainslie et al., 2023; Pope et al., 2022).",
     choices={
-        "a": "about 1, as at batch 1",
-        "b": "about 20",
-        "c": "about 64, 64 times batch 1's",
+        "a": "about 20, as with multi-head attention: GQA saves memory, not traffic",
+        "b": "about 40",
+        "c": "about 80, four times multi-head attention's, since the cache is four times smaller",
         "d": "about 300, an H100's ridge point: compute-bound",
     },
 )

@@ -1389,33 +1389,47 @@ LEAKED_PAIRS = Prediction(
     "loss drops fast and the model learns nothing it can use at generation time.",
 )
 
+#: Question 5b's setting: the width D, and the standard deviations of the entries of q and of k
+VARIANCE_D, VARIANCE_Q_STD, VARIANCE_K_STD = 16, 2.0, 3.0
+#: the choices of SCORE_VARIANCE, as numbers (the answer is the nearest in log space)
+_VARIANCE_CHOICES = {"a": 16.0, "b": 96.0, "c": 576.0, "d": 9216.0}
+
+
+def _score_variance() -> str:
+    """Which choice the sample variance of ``q . k`` over 20,000 seeded pairs is nearest to (in log space), for
+    ``q`` and ``k`` of :data:`VARIANCE_D` independent normal entries of the standard deviations of Question 5b."""
+    generator = torch.Generator().manual_seed(1)
+    q = VARIANCE_Q_STD * torch.randn(20_000, VARIANCE_D, generator=generator, dtype=torch.float64)  # (n, D)
+    k = VARIANCE_K_STD * torch.randn(20_000, VARIANCE_D, generator=generator, dtype=torch.float64)  # (n, D)
+    variance = (q * k).sum(dim=-1).var().item()
+    return min(_VARIANCE_CHOICES, key=lambda c: abs(math.log(variance / _VARIANCE_CHOICES[c])))
+
+
 SCORE_VARIANCE = Prediction(
     name="predict_score_variance",
-    question="q and k have D = 64 independent standard-normal entries. Without the 1/sqrt(D), the "
-    "variance of the score q . k is about how large?",
-    tests="why scores are scaled: the variance of a sum of D independent products",
-    measure=lambda: min(
-        "abcd",
-        key=lambda c: abs(
-            math.log(ref.score_variance(64, 20_000, torch.Generator().manual_seed(1)))
-            - math.log({"a": 1, "b": 8, "c": 64, "d": 4096}[c])
-        ),
-    ),
-    explanation="Each product q_i k_i has mean 0 and variance 1, and the D products are independent, so "
-    "their sum has variance D = 64 (answer {truth}): a standard deviation of 8, enough to push the softmax "
-    "towards one-hot weights with vanishing gradients. Dividing by sqrt(D) brings the variance back to 1.",
-    choices={"a": "1", "b": "8", "c": "64", "d": "4096"},
+    question="q has D = 16 independent entries of mean 0 and standard deviation 2; k, independent of q, has "
+    "entries of mean 0 and standard deviation 3. Without the 1/sqrt(D), the variance of the score q . k is "
+    "about how large?",
+    tests="why scores are scaled: the variance of a sum of D independent products, each of variance "
+    "Var(q_i) Var(k_i), beyond the unit-variance case",
+    measure=_score_variance,
+    explanation="Answer {truth}. Each product q_i k_i has mean 0 and variance E[q_i^2] E[k_i^2] = 4 x 9 = 36: "
+    "the variances multiply, not the standard deviations (2 x 3 = 6 per product gives (b) 96). The D = 16 "
+    "products are independent, so their variances add: 16 x 36 = 576, a standard deviation of 24. (a) 16 "
+    "keeps only the count D, which is the answer for unit-variance entries alone; (d) 9216 = 16^2 x 36 adds "
+    "the standard deviations of the products instead of their variances, as if all 16 moved together. The "
+    "1/sqrt(D) of Vaswani et al. (2017) corrects for the width only: here it would leave a variance of 36, "
+    "still enough to saturate the softmax, which is why the scale of the queries and keys matters too.",
+    choices={"a": "16", "b": "96", "c": "576", "d": "9216"},
 )
 
 
-def _chain_length(model: torch.nn.Module, T: int) -> int:
-    """The longest chain of operations, each needing the result of the one before, from the token
-    embeddings of ``model`` to its output on ``T`` tokens: the depth of the autograd graph between
-    ``model.embed.weight`` and the output (an operation on a whole tensor counts as one step)."""
-    with torch.enable_grad():
-        out = model(torch.zeros(1, T, dtype=torch.long))  # (1, V); the token ids do not change the graph
+def _graph_depth(out: torch.Tensor, source: torch.Tensor) -> int:
+    """The longest chain of operations, each needing the result of the one before, from the leaf tensor
+    ``source`` to ``out``: the depth of the autograd graph between them (an operation on a whole tensor counts
+    as one step)."""
     order, seen, stack = [], set(), [(out.grad_fn, False)]
-    while stack:  # iterative depth-first search: a recurrence's graph is thousands of nodes deep
+    while stack:  # iterative depth-first search: a loop's graph is thousands of nodes deep
         node, expanded = stack.pop()
         if expanded:
             order.append(node)  # every node after the nodes it leads to
@@ -1425,26 +1439,52 @@ def _chain_length(model: torch.nn.Module, T: int) -> int:
             stack.extend((n, False) for n, _ in node.next_functions if n is not None and n not in seen)
     depth: dict = {}
     for node in order:
-        if getattr(node, "variable", None) is model.embed.weight:
+        if getattr(node, "variable", None) is source:
             depth[node] = 0
         else:
             below = [depth[n] for n, _ in node.next_functions if depth.get(n) is not None]
-            depth[node] = 1 + max(below) if below else None  # None: does not lead to the embeddings
+            depth[node] = 1 + max(below) if below else None  # None: does not lead to source
     return depth[out.grad_fn]
 
 
+def _generation_chain(model: torch.nn.Module, T: int) -> int:
+    """The chain (:func:`_graph_depth`) from the embedding table of one of Chapter 1's readers to the logits of
+    the last of ``T`` tokens it generates greedily from the prompt ``[0]``. The GRU reader carries its hidden
+    state from step to step; the attention reader re-reads all the tokens so far at every step (its own
+    forward, on embeddings). Each generated token is fed back as ``(hard + p - p.detach()) @ table``: in value
+    exactly the embedding of the argmax token, in the graph dependent on the logits that chose it, which argmax
+    alone would hide from autograd."""
+    table = model.embed.weight  # (V, C)
+    rows, h = [table[:1][None]], None  # the prompt's embedding (1, 1, C); the GRU's state
+    with torch.enable_grad():
+        for _ in range(T):
+            if hasattr(model, "gru"):
+                _, h = model.gru(rows[-1], h)  # h: (1, 1, C), the state after one more token
+                logits = model.head(h[0])  # (1, V)
+            else:
+                t = len(rows)
+                x = torch.cat(rows, dim=1) + model.pos[:t]  # (1, t, C)
+                out, _ = model.attn(x, mask=ref.causal_mask(t))  # (1, t, C)
+                logits = model.head(model.ln(x + out)[:, -1])  # (1, V)
+            p = logits.softmax(-1)  # (1, V)
+            hard = torch.nn.functional.one_hot(p.argmax(-1), table.shape[0]).to(p.dtype)  # (1, V)
+            rows.append(((hard + p - p.detach()) @ table)[:, None])  # (1, 1, C): the chosen token, fed back
+    return _graph_depth(logits, table)
+
+
 #: the choices of SEQUENTIAL_STEPS: how the chain grows (GRU, attention) when T doubles
-_STEPS_CHOICES = {"a": (2.0, 2.0), "b": (1.0, 1.0), "c": (2.0, 4.0), "d": (2.0, 1.0)}
+_STEPS_CHOICES = {"a": (2.0, 1.0), "b": (1.0, 1.0), "c": (2.0, 4.0), "d": (2.0, 2.0)}
 
 
 def _sequential_steps() -> str:
-    """Which choice the chain lengths of Chapter 1's two readers fit, from T = 16 to T = 32."""
+    """Which choice the generation chains of Chapter 1's two readers fit, from T = 8 to T = 16 tokens."""
     from coursekit.experiments import recurrence
 
     # building the models draws weights from torch's global generator: leave the student's seed alone
     with torch.random.fork_rng(devices=[]):
-        gru, attention = recurrence.GRUReader(), recurrence.AttentionReader(max_len=32)
-    grows = [_chain_length(m, 32) / _chain_length(m, 16) for m in (gru, attention)]
+        torch.manual_seed(0)
+        gru, attention = recurrence.GRUReader(), recurrence.AttentionReader(max_len=17)
+    grows = [_generation_chain(m, 16) / _generation_chain(m, 8) for m in (gru, attention)]
     return min(
         _STEPS_CHOICES,
         key=lambda c: sum(abs(math.log(g / w)) for g, w in zip(grows, _STEPS_CHOICES[c])),
@@ -1453,24 +1493,29 @@ def _sequential_steps() -> str:
 
 SEQUENTIAL_STEPS = Prediction(
     name="predict_sequential_steps",
-    question="Chapter 1's GRU reader and attention reader (coursekit.experiments.recurrence): when the sequence "
-    "doubles from T = 16 to T = 32 tokens, how does the longest chain of operations from the token embeddings "
-    "to the output (each waiting for the one before) change?",
-    tests="sequential operations, Vaswani et al.'s Table 1: O(T) for a recurrent layer, O(1) for attention, "
-    "whatever attention's O(T^2) work",
+    question="Chapter 1's GRU reader and attention reader (coursekit.experiments.recurrence) generate tokens "
+    "greedily, each fed back as the next input (the GRU carries its state, the attention reader re-reads all "
+    "the tokens so far). When they generate T = 16 tokens instead of T = 8, how does the longest chain of "
+    "operations from the token embeddings to the last logits (each waiting for the one before) change?",
+    tests="sequential operations: attention removes the chain across positions when the whole sequence is known "
+    "(training, reading a prompt), not in generation, where each token waits for the one before",
     measure=_sequential_steps,
-    explanation="Answer {truth}. The GRU's state h_t needs h_(t-1), so its graph is one short block of "
-    "operations per token, each block waiting for the last: the chain grows by the same amount with every "
-    "token, and doubling T about doubles it. The attention reader's chain has the same operations at every "
-    "length: Q K^T, the softmax and the product with V each handle all T positions at once. Attention does "
-    "T^2 work, but no position waits for another; this is the 'sequential operations' column of Vaswani "
-    "et al.'s (2017) Table 1, O(T) for a recurrent layer against O(1), and why a GPU can run a whole sequence "
-    "through attention in a few large matrix products while a recurrent layer walks it step by step.",
+    explanation="Answer {truth}. Generation is a loop: token t + 1 is chosen from the logits of step t and only "
+    "then fed back, so every step waits for the one before, whatever the layer. Per token the GRU adds one "
+    "state update, its read-out and the choice of the token; the attention reader re-reads the tokens so far, "
+    "but that is one pass of fixed depth (Q K^T, the softmax and the product with V handle all positions at "
+    "once), so it too adds a fixed number of operations per token, and both chains double with the number of "
+    "tokens. (a) applies the 'sequential operations' column of Vaswani et al.'s (2017) Table 1, O(1) for "
+    "attention, where it does not hold: it describes a layer reading a sequence known in advance, as in "
+    "training. (b) misses the feedback loop altogether. (c) confuses the chain with the work: re-reading t "
+    "tokens costs O(t^2) per step (a KV cache cuts it to O(t)), but the passes still come one after another. "
+    "This chain is why generation is slow on any hardware, and what speculative decoding (Leviathan et al., "
+    "2023) works around.",
     choices={
-        "a": "it doubles for both",
+        "a": "it doubles for the GRU and stays the same for attention",
         "b": "it stays the same for both",
         "c": "it doubles for the GRU and quadruples for attention",
-        "d": "it doubles for the GRU and stays the same for attention",
+        "d": "it doubles for both",
     },
 )
 

@@ -1483,48 +1483,83 @@ def check_multihead_attention(MultiHeadAttention) -> None:
 # --------------------------------------------------------------------------- predict, then check
 
 
+#: the choices of PARAMS_VS_HEADS: parameters of the 16-head layer over the 8-head one's
+_PARAMS_CHOICES = {"a": 4.0, "b": 1.0, "c": 2.0, "d": 8.0}
+
+
 def _params_vs_heads() -> str:
-    """Parameters of MultiHeadAttention(512, 8) against (512, 1), as one of the choices' letters."""
-    ratio = sum(p.numel() for p in ref.MultiHeadAttention(512, 8).parameters()) / sum(
-        p.numel() for p in ref.MultiHeadAttention(512, 1).parameters()
-    )
-    return {1.0: "a", 8.0: "b", 1 / 8: "c", 64.0: "d"}.get(ratio, "?")
+    """Parameters of MultiHeadAttention(1024, 16) against (512, 8), both with heads of width 64, as the letter
+    of the nearest choice (in log space)."""
+
+    def count(C: int, H: int) -> int:
+        return sum(p.numel() for p in ref.MultiHeadAttention(C, H).parameters())
+
+    # building the layers draws weights from torch's global generator: leave the student's seed alone
+    with torch.random.fork_rng(devices=[]):
+        ratio = count(1024, 16) / count(512, 8)
+    return min(_PARAMS_CHOICES, key=lambda c: abs(math.log(ratio / _PARAMS_CHOICES[c])))
+
+
+#: Question 5b's layer: query heads, key/value heads after the conversion, and a head width (the ratio asked
+#: for does not depend on it, nor on the number of tokens)
+KV_HEADS, KV_HEADS_GQA, KV_D = 40, 5, 16
+
+
+def _int8(t: torch.Tensor) -> torch.Tensor:
+    """``t`` quantised to int8 with one scale for the whole tensor (the scale is not counted)."""
+    return (t / t.abs().max() * 127).round().to(torch.int8)
 
 
 def _kv_shrink() -> float:
-    """How many times more key and value bytes an 8-head MHA layer produces than GQA with 2 KV heads."""
-    x = torch.randn(1, 16, 64, generator=torch.Generator().manual_seed(0))  # (B, T, C)
+    """How many times more bytes the keys and values of a 40-head MHA layer take in float16 than those of the
+    same layer with GQA (5 key/value heads), stored in int8."""
+    x = torch.randn(1, 16, KV_HEADS * KV_D, generator=torch.Generator().manual_seed(0))  # (B, T, C)
     stored = {}
-    with torch.no_grad():
-        for n_kv in (8, 2):
-            _, k, v = ref.MultiHeadAttention(64, 8, n_kv_heads=n_kv).project(x)  # 2 x (1, H_kv, T, D)
-            stored[n_kv] = k.numel() * k.element_size() + v.numel() * v.element_size()
-    return stored[8] / stored[2]
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # the layers' weights: not the student's seed
+        for n_kv, store in ((KV_HEADS, lambda t: t.to(torch.float16)), (KV_HEADS_GQA, _int8)):
+            _, k, v = ref.MultiHeadAttention(KV_HEADS * KV_D, KV_HEADS, n_kv_heads=n_kv).project(x)
+            cached = [store(t) for t in (k, v)]  # 2 x (1, H_kv, T, D)
+            stored[n_kv] = sum(t.numel() * t.element_size() for t in cached)
+    return stored[KV_HEADS] / stored[KV_HEADS_GQA]
 
 
 PARAMS_VS_HEADS = Prediction(
     name="predict_params_vs_heads",
-    question="At the same width C = 512, how many parameters does MultiHeadAttention(512, 8) have "
-    "compared with MultiHeadAttention(512, 1)?",
-    tests="heads cut the same C x C projections into narrower slices; they add no parameters",
+    question="Two layers have heads of the same width D = 64: MultiHeadAttention(512, 8) and "
+    "MultiHeadAttention(1024, 16), whose 16 heads make C = 1024. How many parameters does the 16-head layer "
+    "have compared with the 8-head one?",
+    tests="the parameters depend on the width C only (4C^2 + 4C), not on how it is cut into heads; with a fixed "
+    "head width, more heads make a wider layer",
     measure=_params_vs_heads,
-    explanation="Answer {truth}: each of W_Q, W_K, W_V, W_O is C x C (plus a bias of C) whatever H is; "
-    "eight heads of width D = 64 use the 64-column slices of the same matrices, so both layers have "
-    "4C^2 + 4C = 1,050,624 parameters. What grows with H is the memory of the attention weights (one "
-    "(T, S) matrix per head), not the parameters.",
-    choices={"a": "the same number", "b": "8 times as many", "c": "1/8 as many", "d": "64 times as many"},
+    explanation="Answer {truth}. W_Q, W_K, W_V and W_O are each C x C plus a bias of C, 4C^2 + 4C parameters "
+    "however the width is cut into heads. Here the heads stay 64 wide, so 16 heads make C = 1024 instead of "
+    "512, and doubling C quadruples C^2: 4,198,400 against 1,050,624, just under 4 times because the biases "
+    "only double. (b) carries 'heads add no parameters' over from a fixed C, but here the width grows with the "
+    "heads; (c) counts a fixed set of parameters per head, but each head's slice of a projection is C x D and "
+    "C doubled too; (d) gives every head its own C x C matrices, H C^2 instead of 4 C^2.",
+    choices={
+        "a": "about 4 times as many",
+        "b": "the same number",
+        "c": "about twice as many",
+        "d": "about 8 times as many",
+    },
 )
 
 KV_SHRINK = Prediction(
     name="predict_kv_shrink",
-    question="A layer with 8 query heads switches from multi-head attention (8 key/value heads) to "
-    "grouped-query attention with 2 key/value heads, same width. By what factor do the keys and values "
-    "it must cache shrink?",
-    tests="the KV cache is proportional to H_kv, not to H: 2 L H_kv D T B bytes",
+    question="A layer with 40 query heads uses multi-head attention (40 key/value heads) and a float16 KV "
+    "cache. It is converted to grouped-query attention with 5 key/value heads, same width and head size, and "
+    "its cache is stored in int8 (ignore the few bytes of quantisation scales). By what factor do the keys and "
+    "values it must cache shrink?",
+    tests="the KV cache is 2 L H_kv D T B x (bytes per value): proportional to H_kv and to the bytes of a "
+    "stored value, not to the number of query heads",
     measure=_kv_shrink,
-    explanation="The cache holds one key and one value vector of width D per key/value head and token, "
-    "so its size is proportional to H_kv: 8 / 2 = {truth} times smaller. The queries still have 8 heads "
-    "(they are not cached), and the 4 query heads of each group read the same key/value head.",
+    explanation="The cache holds one key and one value vector of width D per key/value head and token, each "
+    "entry in the cache's storage type: 2 L H_kv D T B x (bytes per value). Both factors change here: 40 -> 5 "
+    "key/value heads divides it by 8, and float16 -> int8 (2 bytes -> 1) by 2, so it is {truth} times smaller. "
+    "8 forgets the storage type, 2 the heads; the 40 query heads are not cached and do not enter. The two "
+    "savings are independent and multiply: GQA (Ainslie et al., 2023) shares key/value heads, quantisation "
+    "shrinks each stored value, at some cost in accuracy for each.",
 )
 
 check_predict_params_vs_heads, grade_predict_params_vs_heads = PARAMS_VS_HEADS.graders()

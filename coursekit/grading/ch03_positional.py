@@ -1063,66 +1063,78 @@ def check_alibi_bias(alibi_bias) -> None:
 
 
 def _rope_offset() -> str:
-    """Measure what RoPE scores depend on: rotate one query and one key to several position pairs."""
+    """Measure what the scores of a buggy RoPE depend on: the query is rotated by its position m, the key by
+    twice its position n; rotate one query and one key to several position pairs and compare the scores."""
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 16, generator=gen, dtype=F64), torch.randn(1, 16, generator=gen, dtype=F64)
 
     def score(m: int, n: int) -> float:
-        return float((ref.apply_rope(q, torch.tensor([m])) * ref.apply_rope(k, torch.tensor([n]))).sum())
+        return float((ref.apply_rope(q, torch.tensor([m])) * ref.apply_rope(k, torch.tensor([2 * n]))).sum())
 
     same = lambda a, b: abs(a - b) < 1e-9  # noqa: E731
-    by_offset = same(score(3, 7), score(10, 14)) and same(score(0, 5), score(20, 25))
-    by_sum = same(score(3, 7), score(7, 3)) and same(score(0, 6), score(2, 4))
-    plain = same(score(3, 7), float((q * k).sum()))
+    by_offset = same(score(3, 7), score(10, 14)) and same(score(0, 5), score(20, 25))  # n - m = 4, then 5
+    by_2n_m = same(score(3, 7), score(5, 8)) and same(score(0, 5), score(6, 8))  # 2n - m = 11, then 10
+    plain = same(score(3, 7), float((q * k).sum())) and same(score(10, 2), float((q * k).sum()))
     if plain:
         return "d"
-    return "a" if by_offset and not by_sum else ("b" if by_sum and not by_offset else "c")
+    return "a" if by_offset and not by_2n_m else ("b" if by_2n_m and not by_offset else "c")
 
 
 ROPE_OFFSET = Prediction(
     name="predict_rope_offset",
-    question="A query q sits at position m and a key k at position n; both are rotated by RoPE. Their "
-    "score rope(q, m) . rope(k, n) depends on the positions how?",
-    tests="RoPE is relative: rotations by m and n meet as one rotation by n - m",
+    question="A bug rotates the keys by twice their position: the query at position m is turned by m theta_i, the "
+    "key at position n by 2n theta_i. The score of the pair then depends on the positions how?",
+    tests="why RoPE is relative: two rotations meet as one by the difference of their angles, so the score is "
+    "relative only when queries and keys turn by the same rule",
     measure=_rope_offset,
-    explanation="Answer {truth}: each pair of channels of q is turned by m theta_i and the same pair of k by "
-    "n theta_i; a dot product of two rotated vectors only sees the angle between them, (n - m) theta_i, so "
-    "the score is the same for (3, 7) and (10, 14) but not for (3, 7) and (7, 3). This is why RoPE is called "
-    "relative although it is applied to each token by its absolute position.",
+    explanation="Answer {truth}. Each pair of channels of q turns by m theta_i and the same pair of k by "
+    "2n theta_i; a dot product of two rotated vectors only sees the angle between them, (2n - m) theta_i, so the "
+    "score is one function of 2n - m: (3, 7) and (5, 8) score alike, (3, 7) and (10, 14) do not. (a) takes "
+    "relativity for a property of rotations as such; it comes from rotating queries and keys by the same rule "
+    "(Su et al., 2021), and here shifting both positions by s changes the angle by s theta_i, so the model would "
+    "have to learn every offset again at every position. (c) forgets that two rotations still compose into "
+    "one, by the difference of their angles. (d) holds only when the two angles are equal: rotations keep "
+    "lengths, not the dot product of two vectors turned by different angles.",
     choices={
-        "a": "only on the offset n - m",
-        "b": "only on the sum m + n",
-        "c": "on m and n separately",
+        "a": "only on the offset n - m, as with correct RoPE",
+        "b": "only on 2n - m",
+        "c": "on m and n separately, through no single combination",
         "d": "not at all: it equals q . k",
     },
 )
 
 ALIBI_FIRST_SLOPE = Prediction(
     name="predict_alibi_first_slope",
-    question="With ALiBi and H = 8 heads, what is the slope m of the first head (the penalty per token of "
+    question="With ALiBi and H = 32 heads, what is the slope m of the first head (the penalty per token of "
     "distance)?",
-    tests="ALiBi's geometric slopes 2^(-8 i / H): the first head is the most local",
-    measure=lambda: float(ref.alibi_slopes(8, dtype=F64)[0]),
-    explanation="The slopes of Press et al. (2022) are 2^(-8 i / H) for i = 1 .. H; with H = 8 they are 1/2, "
-    "1/4, ..., 1/256, so the first head's slope is {truth}: a key 10 tokens back loses 5 from its score, "
-    "about e^-5 of its weight, so that head looks almost only at the last few tokens, while the last head "
-    "(1/256) sees hundreds of tokens back.",
-    abs=1e-6,
+    tests="ALiBi's geometric slopes 2^(-8 i / H): the first head is the most local, and more heads make the "
+    "ladder finer",
+    measure=lambda: float(ref.alibi_slopes(32, dtype=F64)[0]),
+    explanation="The slopes of Press et al. (2022) are 2^(-8 i / H) for i = 1 .. H, so the first is 2^(-8 / H); "
+    "with H = 32 that is 2^(-1/4) = {truth}, and the ladder steps down by a factor 2^(-1/4) per head to the "
+    "last, 2^-8 = 1/256, for every power of two H. More heads do not reach further: they split the same range "
+    "from 1 to 1/256 into finer steps, so the steepest head gets steeper (a key 10 tokens back loses 8.4 "
+    "from its score) while the gentlest stays at 1/256. H = 8's 1/2 is not a fixed first slope, 2^-8 is the "
+    "last head's, not the first's, and 1/H = 1/32 would make the first slope shrink as heads are added, when it "
+    "grows.",
+    abs=5e-4,  # 2 ** -0.25 = 0.8409 to 3 decimals; excludes 0.8415, the page's PE(1)
 )
 
 POSITION_LENGTH = Prediction(
     name="predict_position_length",
-    question="At C = 512, how long (in Euclidean norm) is the sinusoidal position vector PE(p) that the "
-    "Transformer adds to a token embedding?",
-    tests="why Vaswani et al. scale embeddings by sqrt(C): every sinusoidal vector has length sqrt(C / 2), a "
-    "token vector initialised for a tied output layer about 1",
-    measure=lambda: float(ref.sinusoidal_encoding(128, 512, dtype=F64).norm(dim=-1).mean()),
+    question="At C = 768, how long (in Euclidean norm) is the sinusoidal position vector PE(p) of position "
+    "p = 3000, the vector the Transformer adds to that token's embedding?",
+    tests="why Vaswani et al. scale embeddings by sqrt(C): every sinusoidal vector has length sqrt(C / 2) at "
+    "every position, a token vector initialised for a tied output layer about 1",
+    measure=lambda: float(ref.sinusoidal_encoding(3001, 768, dtype=F64)[3000].norm()),
     explanation="Each frequency fills a pair of channels with sin(p w_i) and cos(p w_i), and sin^2 + cos^2 = 1, so "
-    "|PE(p)|^2 = C / 2 and |PE(p)| = sqrt(256) = {truth} at every position p. An embedding initialised for a "
-    "tied output layer has entries of standard deviation 1 / sqrt(C), a length of about 1: added as it is, the "
-    "token would be 1 / (1 + 256), about 0.4%, of the squared length of the sum, and the first layer would see "
-    "mostly positions. Multiplied by sqrt(C) = 22.6, as Vaswani et al. (2017) do, it has length about 22.6 and "
-    "two thirds of the squared length (512 against 256): the two signals start on the same footing.",
+    "|PE(p)|^2 = C / 2 = 384 and |PE(p)| = sqrt(384) = {truth} at every position: p = 3000 is no longer than "
+    "p = 0, and the base does not matter. Counting 1 per channel gives sqrt(C) = 27.7 (but each pair shares its "
+    "1 between a sine and a cosine), 384 is the squared length, and 16 is sqrt(C / 2) at C = 512: the length "
+    "grows with the width. An embedding initialised for a tied output layer has entries of standard deviation "
+    "1 / sqrt(C), a length of about 1: added as it is, the token would be 1 / (1 + 384), about 0.3%, of the "
+    "squared length of the sum. Multiplied by sqrt(C) = 27.7, as Vaswani et al. (2017) do, it has two thirds "
+    "of the squared length (768 against 384): the two signals start on the same footing.",
     rel=0.01,
 )
 

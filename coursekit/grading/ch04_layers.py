@@ -1704,32 +1704,49 @@ INPUT_GRADIENT = Prediction(
     choices={"a": "1/5", "b": "1", "c": "5", "d": "25"},
 )
 
-#: the choices of SWIGLU_PARAMS: SwiGLU's parameters over those of a GELU MLP of width 4C
+#: the choices of SWIGLU_PARAMS: a GEGLU's parameters over those of a GELU MLP, both of hidden width 4C
 _SWIGLU_CHOICES = {"a": 2 / 3, "b": 1.0, "c": 1.5, "d": 2.0}
 
 
+class _GEGLU(nn.Module):
+    """The gated GELU feed-forward of Shazeer (2020), ``down(gelu(gate(x)) * up(x))``, without biases."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=False)
+        self.up = nn.Linear(d_model, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.gate(x)) * self.up(x))
+
+
 def _swiglu_params() -> str:
-    """Which choice Llama 7B's SwiGLU over a 4C GELU MLP is nearest to, both built on the meta device."""
-    C = 4096
-    with torch.device("meta"):  # shapes only: no 135 million weights to draw
-        swiglu = ref.SwiGLU(C, ref.llama_ffn_hidden(C))
-        mlp = ref.FeedForward(C, 4 * C, activation="gelu")
-    ratio = ref.count_params(swiglu) / ref.count_params(mlp)
+    """Which choice a GEGLU of hidden width 4C over a GELU MLP of width 4C is nearest to, at C = 1024, both
+    built on the meta device."""
+    C = 1024
+    with torch.device("meta"):  # shapes only: no weights to draw
+        geglu = _GEGLU(C, 4 * C)
+        mlp = ref.FeedForward(C, 4 * C, activation="gelu", bias=False)
+    ratio = ref.count_params(geglu) / ref.count_params(mlp)
     return min(_SWIGLU_CHOICES, key=lambda c: abs(math.log(ratio / _SWIGLU_CHOICES[c])))
 
 
 SWIGLU_PARAMS = Prediction(
     name="predict_swiglu_params",
-    question="Llama 7B's SwiGLU feed-forward (C = 4096, hidden width llama_ffn_hidden(4096), no biases) against a "
-    "GELU feed-forward of hidden width 4C with biases, as in GPT-2: how many parameters does the SwiGLU have?",
-    tests="SwiGLU's three matrices and Llama's 2/3 width rule: the same parameters as a 4C MLP",
+    question="A gated GELU feed-forward (GEGLU, down(gelu(gate(x)) * up(x))) kept at the MLP's hidden width "
+    "d_ff = 4C, against a GELU MLP of hidden width 4C, both without biases, at C = 1024: how many parameters "
+    "does the GEGLU have?",
+    tests="what a gate costs: a gated feed-forward has three C x d_ff matrices where the MLP has two",
     measure=_swiglu_params,
-    explanation="Answer {truth}. SwiGLU has three C x d_ff matrices (gate, up and down) where the MLP has two, so "
-    "Llama shrinks the hidden width to 2/3 of 4C: 8C/3 = 10,922.7, rounded up to a multiple of 256, 11,008. "
-    "3 x 4096 x 11,008 = 135.3 million weights against the MLP's 2 x 4096 x 16,384 = 134.2 million plus 20,480 "
-    "biases: within 1% (8 C^2 each, before rounding). So when Shazeer (2020) and the chapter compare SwiGLU "
-    "with a GELU MLP, they compare them at matched parameters: whatever the gate gains is not bought with extra "
-    "weights. Keeping the width at 4C would have cost 1.5 times as many.",
+    explanation="Answer {truth}. The gate is a third C x d_ff matrix: gate, up and down hold 3 x 1024 x 4096 = "
+    "12.6 million weights where the MLP's linear1 and linear2 hold 2 x 1024 x 4096 = 8.4 million, 12 C^2 "
+    "against 8 C^2, and the GELU itself has no parameters. (b) is what Shazeer (2020) and Llama get by shrinking "
+    "the hidden width to 2/3 of 4C, which this layer does not do; (a) puts that 2/3 on the wrong side; (d) "
+    "doubles the whole layer, but the gate doubles only the input side, and the down projection is not "
+    "duplicated. A gated layer at unchanged width is therefore not a like-for-like swap: compared with an MLP, "
+    "part of any gain could come from the extra weights, which is why gated feed-forwards are compared at "
+    "matched parameters.",
     choices={
         "a": "about 2/3 as many",
         "b": "about as many",

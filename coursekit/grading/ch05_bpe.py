@@ -884,49 +884,68 @@ WORD_END_MERGES = Prediction(
 )
 
 
+#: SHARED_MERGES's two runs: vocab_size of the run on the text once, and of the run on two copies of it
+SHARED_SIZES = (400, 1000)
+
+
 def _shared_merges() -> int:
-    """How many of the 44 merges of a run to 300 tokens open, in the same order, a run to 512 tokens."""
-    text = _docs(0, 20_000)
-    short, long = ref.train(text, 300).merges, ref.train(text, 512).merges
-    return sum(a == b for a, b in zip(short, long))
+    """How many merges of a run to 400 tokens on the manual's first 10,000 characters are, at the same
+    position, the merges of a run to 1,000 tokens on two copies of those characters (a list of two texts,
+    so that no chunk crosses the join)."""
+    text = _docs(0, 10_000)
+    once = ref.train(text, SHARED_SIZES[0]).merges
+    twice = ref.train([text, text], SHARED_SIZES[1]).merges
+    return sum(a == b for a, b in zip(once, twice))
 
 
 SHARED_MERGES = Prediction(
     name="predict_shared_merges",
-    question="Train on the manual's first 20,000 characters once with vocab_size=300 and once with 512: how many "
-    "merges of the first run are, at the same position, the merges of the second?",
-    tests="training is greedy: a larger vocabulary only appends merges (and vocab_size counts the 256 bytes)",
+    question="Train with the GPT-4 pattern on the manual's first 10,000 characters with vocab_size=400, and on "
+    "two copies of them, train([text, text], 1000): how many merges of the first run are, at the same "
+    "position, the merges of the second?",
+    tests="training is greedy and reads only which pair is most frequent: a larger vocabulary only appends "
+    "merges, doubling every count changes none, and vocab_size counts the 256 bytes",
     measure=_shared_merges,
-    explanation="Each merge depends only on the merges before it, never on how many are still to come, so the "
-    "run to 512 tokens begins with exactly the merges of the run to 300: all {truth} of them (300 - 256, the "
-    "256 byte tokens are not merges). The chapter uses this to measure every vocabulary size from one "
-    "training run, cutting its merge list.",
+    explanation="All {truth} merges of the first run (400 - 256: the 256 byte tokens are not merges). Two copies "
+    "of a text double the frequency of every chunk, so every pair count doubles: the most frequent pair, and "
+    "the tie-break between equal counts, are the same at every step, and so are the merges. And each merge "
+    "depends only on the merges before it, never on how many are still to come, so the run to 1,000 tokens "
+    "begins with the merges of a run to 400. Not 400: vocab_size includes the bytes. Not a handful: more text "
+    "changes the merges only when it changes which pairs are frequent relative to each other, and a second "
+    "copy changes no ratio. Training a tokenizer on a corpus with every document duplicated is "
+    "wasted work; duplicating only some documents, as web crawls do, skews the vocabulary towards them.",
 )
 
-#: the choices of DIGIT_GROUPS: how a pre-tokenizer could cut "1234567" into chunks
-_DIGIT_SPLITS = {"a": "1234567", "b": "1|234|567", "c": "123|456|7", "d": "1|2|3|4|5|6|7"}
+#: DIGIT_GROUPS's numbers: runs of 8, 9, 10 and 11 digits
+_DIGIT_RUNS = ("12345678", "123456789", "1234567890", "12345678901")
+#: its choices: the length of the chunk that holds the units digit, for each run (the measured answer's format)
+_DIGIT_LAST = {"a": "3, 3, 3, 3", "b": "2, 3, 1, 2", "c": "1, 1, 1, 1", "d": "8, 9, 10, 11"}
+
+
+def _units_chunk_lengths() -> str:
+    """The digits in the last GPT-4 chunk of each of _DIGIT_RUNS, as in _DIGIT_LAST."""
+    return ", ".join(str(len(regex.findall(ref.GPT4_PATTERN, run)[-1])) for run in _DIGIT_RUNS)
+
 
 DIGIT_GROUPS = Prediction(
     name="predict_digit_groups",
-    question="GPT-4's pre-tokenization pattern (cl100k_base's, coursekit.bpe.GPT4_PATTERN) cuts the number "
-    "1234567 into chunks before any merge: which chunks?",
-    tests="digits and place value: GPT-4's pattern groups at most three digits, counted from the left",
-    measure=lambda: {v: k for k, v in _DIGIT_SPLITS.items()}.get(
-        "|".join(regex.findall(ref.GPT4_PATTERN, "1234567"))
-    ),
-    explanation="Answer {truth}. The pattern's digit rule, \\p{{N}}{{1,3}}, matches up to three digits, and the regex "
-    "scans from the left, so it takes 123, then 456, and leaves the units digit alone: not the 1,234,567 of "
-    "thousands separators. No merge crosses a chunk's boundary, so the units digit of 1234567 is a chunk of "
-    "its own while that of 123456 ends a chunk of three: the same place value lands in different positions "
-    "of different tokens, and digits to be added together do not line up. Singh and Strouse (2024) "
-    "found that grouping from the right (writing the commas) improves such models' arithmetic; GPT-2's pattern "
-    "keeps the whole run as one chunk, and the first Llama models split every digit.",
-    choices={
-        "a": "1234567 (one chunk)",
-        "b": "1|234|567 (from the right, as thousands separators)",
-        "c": "123|456|7 (from the left)",
-        "d": "1|2|3|4|5|6|7 (one chunk per digit)",
-    },
+    question="GPT-4's pre-tokenization pattern (cl100k_base's, coursekit.bpe.GPT4_PATTERN) cuts a run of digits "
+    "into chunks before any merge. For numbers of 8, 9, 10 and 11 digits (12345678 to 12345678901), how many "
+    "digits has the chunk that holds the units digit?",
+    tests="digits and place value: GPT-4's pattern groups at most three digits, counted from the left, so the "
+    "units digit's chunk depends on the number's length",
+    measure=lambda: {v: k for k, v in _DIGIT_LAST.items()}.get(_units_chunk_lengths()),
+    explanation="Answer {truth}. The pattern's digit rule, \\p{{N}}{{1,3}}, takes up to three digits, and the "
+    "regex scans from the left: 123|456|78, 123|456|789, 123|456|789|0, 123|456|789|01. The last chunk gets "
+    "what is left over, the number of digits modulo 3 (3 when it divides evenly). (a) would be the groups of "
+    "thousands separators, counted from the right; (c) the single digits of the first Llama models; (d) "
+    "GPT-2's pattern, which keeps the whole run as one chunk. No merge crosses a chunk, so the units digit "
+    "is a token of its own in a 10-digit number, the second of two digits in an 11-digit one and the last of "
+    "three in a 12-digit one: the same place value lands in different positions of different tokens, and "
+    "digits to be added do not line up. "
+    "Singh and Strouse (2024) found that grouping from the right (writing the commas) improves such models' "
+    "arithmetic.",
+    choices=dict(_DIGIT_LAST),
 )
 
 check_predict_word_end_merges, grade_predict_word_end_merges = WORD_END_MERGES.graders()

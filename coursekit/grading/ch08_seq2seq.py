@@ -1891,22 +1891,31 @@ def _closest_choice(measured: float) -> str:
 
 SMOOTHING_FLOOR = Prediction(
     name="predict_smoothing_floor",
-    question="The chapter's model was trained with label smoothing 0.1 over V = 35 German tokens and translates "
-    "every test number right. Its teacher-forced label-smoothed loss (smoothing 0.1) on held-out numbers is about?",
-    tests="the floor of the label-smoothed loss: the entropy of the smoothed target, not 0",
+    question="The chapter's model was trained with label smoothing 0.1 over V = 35 German tokens until its "
+    "label-smoothed loss reached the floor H(q), and it translates every test number right. Its plain cross-entropy "
+    "(smoothing 0: the mean -log p of the right token) on held-out numbers is about?",
+    tests="what a model at the label-smoothing floor predicts: p = q, so 1 - eps + eps/V on the right token, not 1",
     measure=lambda: _closest_choice(
-        number_words.heldout_loss(_weights(), 512, torch.Generator().manual_seed(0), 0.1)
+        number_words.heldout_loss(_weights(), 256, torch.Generator().manual_seed(0), 0.0)
     ),
-    explanation="The loss is the cross-entropy H(q, p) against the smoothed target q (0.9 + 0.1/35 on the right "
-    "token, 0.1/35 on each other one), and H(q, p) >= H(q), with equality only for p = q. So a perfect model scores "
-    "H(q) = -(0.903 ln 0.903) - 34 (0.00286 ln 0.00286) = 0.66 (answer {truth}), not 0: the model puts about 0.90 on "
-    "the right token, which is what it was asked to do, and its argmax is right every time.",
+    explanation="Answer {truth} (coursekit's heldout_loss at smoothing 0 on 256 held-out numbers). The smoothed loss "
+    "is the cross-entropy H(q, p) = H(q) + KL(q || p) against the smoothed target q, so it reaches its floor H(q) "
+    "only at p = q: a model at the floor puts q's 1 - 0.1 + 0.1/35 = 0.903 on the right token, as it was trained "
+    "to, and its plain cross-entropy is -ln 0.903 = 0.10 (Szegedy et al., 2016). 0 would need probability 1 on "
+    "the right token: the argmax is right every time (0.903 against 0.003 for each other token), but exact match "
+    "counts argmaxes and the loss counts probabilities. 0.66 is H(q), the floor of the smoothed loss, which also "
+    "charges for the 0.1 spread over the wrong tokens; the plain loss scores the right token only, so it is lower. "
+    "ln 35 is the loss of a uniform model: smoothing moves only a tenth of the target's mass, and the model stays "
+    "confident.",
     choices=_FLOOR_CHOICES,
 )
 
+#: ENCODER_PASSES' source and search: a number with 11 German tokens, so no beam ends within the 6 steps
+PASSES_NUMBER, PASSES_STEPS, PASSES_WIDTH = 345_678, 6, 4
+
 
 def _encoder_passes() -> str:
-    """Count the encoder's and the decoder's forward passes while beam_decode (width 4) translates one number."""
+    """Count the decoder's forward passes while beam_decode (width 4, 6 steps) translates one number."""
     from coursekit import checkpoints
     from coursekit.experiments.number_words import make_batch
 
@@ -1919,70 +1928,80 @@ def _encoder_passes() -> str:
         for part in calls
     ]
     try:
-        src, _ = make_batch([42])
-        ref.beam_decode(model, src, beam_width=4)
+        src, _ = make_batch([PASSES_NUMBER])
+        out, _ = ref.beam_decode(model, src, beam_width=PASSES_WIDTH, max_new_tokens=PASSES_STEPS)
     finally:
         for h in hooks:
             h.remove()
-    e, d = calls["encoder"], calls["decoder"]
-    return {1: "a", 4: "b", d: "c", 4 * d: "d"}.get(e, "e")
+    if calls["encoder"] != 1 or len(out) != PASSES_STEPS or ref.EOS in out.tolist():
+        return "e"  # the setting the question describes no longer holds
+    W, n = PASSES_WIDTH, PASSES_STEPS
+    return {1: "a", W: "b", n: "c", W * n: "d"}.get(calls["decoder"], "e")
 
 
 ENCODER_PASSES = Prediction(
     name="predict_encoder_passes",
-    question="beam_decode(model, src, beam_width=4) translates one source (forty-two -> zweiundvierzig, several "
-    "decoding steps). How often does the encoder run?",
-    tests="what an encoder-decoder recomputes while decoding: the memory is computed once and shared",
+    question=f"beam_decode(model, src, beam_width={PASSES_WIDTH}, max_new_tokens={PASSES_STEPS}) translates "
+    f"{number_words.english(PASSES_NUMBER)} (11 German tokens, so the search runs all {PASSES_STEPS} steps). The "
+    "encoder runs once. How many times does the decoder (model.decoder) run?",
+    tests="how beam search drives a decoder: one call per step, the beams batched as rows; not one pass as in "
+    "teacher forcing, not one call per beam",
     measure=_encoder_passes,
-    explanation="The source does not change while the target grows, so its memory (B, S, C) is computed once "
-    "(answer {truth}, counted with a forward hook on model.encoder); every decoding step runs only the decoder, "
-    "whose cross-attention reads that memory, and the 4 beams share copies of it (ConditionalLM.init_cache).",
+    explanation="Answer {truth}, counted with a forward hook on model.decoder. Decoding is autoregressive: the "
+    "input of step t is the token chosen at step t - 1, so the decoder runs once per step. One pass (1) is teacher "
+    "forcing, where every input token is known in advance; a search has to choose them first. Once per beam (4) "
+    "would decode each beam in one pass, but a beam's tokens are chosen step by step too, and the beams themselves "
+    "change from step to step as candidates are re-ranked. Within a step the beams do not depend on each other, so "
+    "they travel as the rows of one batch: the first call reads BOS alone (1 row), each later one the "
+    f"{PASSES_WIDTH} live beams ({PASSES_WIDTH} rows), and the cache is reordered to follow the beams that survive "
+    f"(Chapter 7's beam_search, unchanged). A call per beam and step ({PASSES_WIDTH * PASSES_STEPS}) would compute "
+    f"the same scores in {PASSES_WIDTH} times as many, smaller calls. Without a key/value cache each call re-reads "
+    "the whole prefix, so the calls grow longer, not more numerous.",
     choices={
-        "a": "once",
-        "b": "once per beam (4 times)",
-        "c": "once per decoding step",
-        "d": "once per beam and step",
+        "a": "once (1)",
+        "b": f"once per beam ({PASSES_WIDTH})",
+        "c": f"once per step ({PASSES_STEPS})",
+        "d": f"once per beam and step ({PASSES_WIDTH * PASSES_STEPS})",
     },
 )
 
-#: BLEU_ONE_WORD's numbers, spread from the shortest German word to the longest (one word each)
-BLEU_NUMBERS = (5, 11, 42, 100, 733, 1971, 70_000, 999_999)
-#: its choices; letter -> (BLEU, whether chrF is 100)
-_BLEU_CHOICES = {"a": (100, True), "b": (0, True), "c": (25, True), "d": (100, False)}
+#: BLEU_ONE_WORD's corpus: seven one-word references, each translated one too high (five -> six), and one of
+#: four words translated exactly
+BLEU_ONE_WORD_NUMBERS = (5, 7, 9, 11, 13, 15, 17)
+BLEU_LONG_NUMBER = 2100
+#: its choices: letter -> BLEU
+_BLEU_CHOICES = {"a": 0.0, "b": 12.5, "c": 36.0, "d": 78.0}
 
 
 def _bleu_one_word() -> str:
-    """Score BLEU_NUMBERS' German translations against themselves with the chapter's BLEU and chrF."""
-    refs = [number_words.german(n) for n in BLEU_NUMBERS]
-    hyps = list(refs)  # every translation exactly right
-    bleu, chrf = ref.bleu(hyps, refs), number_words.chrf(hyps, refs)
-    nearest = min((0, 25, 100), key=lambda level: abs(bleu - level))
-    return {v: c for c, v in _BLEU_CHOICES.items()}.get((nearest, chrf > 99.99), "e")
+    """Score BLEU_ONE_WORD's corpus with the chapter's BLEU and return the nearest choice."""
+    english = number_words.english
+    refs = [english(n) for n in BLEU_ONE_WORD_NUMBERS] + [english(BLEU_LONG_NUMBER)]
+    hyps = [english(n + 1) for n in BLEU_ONE_WORD_NUMBERS] + [english(BLEU_LONG_NUMBER)]
+    score = ref.bleu(hyps, refs)
+    return min(_BLEU_CHOICES, key=lambda c: abs(_BLEU_CHOICES[c] - score))
 
 
 BLEU_ONE_WORD = Prediction(
     name="predict_bleu_one_word",
-    question=f"A system translates {len(BLEU_NUMBERS)} English numbers from five (fünf) to 999,999 into German and "
-    "gets every one exactly right. Its corpus BLEU (sacrebleu's defaults: words split at spaces, n-grams up to "
-    "4) and its chrF are?",
-    tests="what BLEU counts: word n-grams in a geometric mean, so one-word sentences score 0; chrF counts characters",
+    question=f"A system translating German numbers into English gets {len(BLEU_ONE_WORD_NUMBERS)} one-word "
+    "references wrong by one (six for five, ..., eighteen for seventeen) and the eighth, "
+    f"{number_words.english(BLEU_LONG_NUMBER)}, exactly right. Its corpus BLEU (the chapter's bleu, sacrebleu's "
+    "defaults: words split at spaces, n-grams up to 4) is about?",
+    tests="what corpus BLEU pools: n-gram counts over all sentences, so one long right sentence supplies every "
+    "higher order; not a mean of sentence scores",
     measure=_bleu_one_word,
-    explanation="Answer {truth} (the check scored the references against themselves with coursekit.seq2seq.bleu "
-    "and the chapter's chrF). BLEU is a geometric mean of the modified precisions p_1 .. p_4 of word n-grams, "
-    "pooled over the corpus. A German number below a million is one word, so no sentence of this corpus has a "
-    "word pair: p_2, p_3 and p_4 have nothing to count, and an order without n-grams makes BLEU 0 however good "
-    "the translations (pooling over the corpus cannot help when every sentence is one word). 25 would be an "
-    "arithmetic mean of the four orders; BLEU multiplies them. With effective_order=True BLEU keeps only p_1 and "
-    "gives 100, which on one-word outputs is exact match; cut into morphemes (sieben hundert drei und dreißig), "
-    "the same outputs score 100 too. chrF counts character n-grams up to 6, pooled over the corpus: every word "
-    "has many, all of them match, so chrF is 100 (fünf and elf have no 6-grams, but the longer words do). On "
-    "German numbers, word BLEU measures how the text is cut into words more than the translation.",
-    choices={
-        "a": "BLEU 100, chrF 100",
-        "b": "BLEU 0, chrF 100",
-        "c": "BLEU 25, chrF 100",
-        "d": "BLEU 100, chrF below 100",
-    },
+    explanation="Answer {truth} (the corpus scored with coursekit.seq2seq.bleu). Corpus BLEU pools the clipped "
+    "n-gram counts over all sentences before it divides (Papineni et al., 2002): p_1 = 4/11, since only the four "
+    "words of the right sentence match, while p_2 = 3/3, p_3 = 2/2 and p_4 = 1/1 come from that sentence alone, "
+    "because a one-word sentence adds nothing to either count of a higher order. Hypotheses and references have 11 "
+    "words each, so BP = 1 and BLEU = 100 (4/11)^(1/4) = 78: seven wrong outputs in eight, and a high score. 0 "
+    "would need an order with no n-grams in the whole corpus; one sentence of four words is enough to fill all "
+    "four. 12.5 is the mean of the sentence-level BLEUs (100 once, 0 seven times), which here equals exact match: "
+    "corpus BLEU is not an average of sentence scores, and it weights each sentence by its n-grams, so long "
+    "sentences dominate it. 36 is p_1 alone, or the product of the four precisions without the fourth root of "
+    "the geometric mean.",
+    choices={"a": "0", "b": "12.5", "c": "36", "d": "78"},
 )
 
 check_predict_smoothing_floor, grade_predict_smoothing_floor = SMOOTHING_FLOOR.graders()

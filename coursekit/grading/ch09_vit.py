@@ -1312,49 +1312,72 @@ def check_vit(ViT, ViTConfig) -> None:
 # --------------------------------------------------------------------------- predictions
 
 
+#: DIGIT_TOKENS's images: MNIST's 28x28 digits, read by the book's digit ViT (its 4x4 patches, one channel)
+MNIST_SIZE = 28
+
+
 def _digit_tokens() -> int:
-    """The number of tokens the book's digit ViT (the ``small`` preset) feeds its encoder for one image."""
-    cfg = ref.VIT_PRESETS["small"]
+    """The number of tokens the book's digit ViT (the ``small`` preset), built for MNIST_SIZE-pixel images,
+    feeds its encoder for one image."""
+    cfg = dataclasses.replace(ref.VIT_PRESETS["small"], image_size=MNIST_SIZE)
     torch.manual_seed(0)
     with torch.no_grad():
-        tokens = ref.ViT(cfg).embed(torch.zeros(1, cfg.in_channels, cfg.image_size, cfg.image_size))
+        tokens = ref.ViT(cfg).embed(torch.zeros(1, cfg.in_channels, MNIST_SIZE, MNIST_SIZE))
     return int(tokens.shape[1])
 
 
+#: ATTENTION_PAIRS's image sizes: ViT-B/16's pre-training resolution, and the one it is fine-tuned at
+PAIRS_SIZES = (224, 384)
+
+
 def _attention_pairs_ratio() -> float:
-    """(query, key) pairs of ViT-B/8 over those of ViT-B/16 on 224x224 images, [CLS] included."""
-    b16 = ref.VIT_PRESETS["vit-b/16"]
-    b8 = dataclasses.replace(b16, patch_size=8)
-    return ((b8.n_patches + 1) / (b16.n_patches + 1)) ** 2
+    """(query, key) pairs of ViT-B/16 on 384x384 images over those on 224x224 images, [CLS] included; the
+    tokens are counted by cutting an image of each size into patches."""
+    p = ref.VIT_PRESETS["vit-b/16"].patch_size
+    tokens = [ref.patchify(torch.zeros(1, 3, n, n), p).shape[1] + 1 for n in PAIRS_SIZES]
+    return (tokens[1] / tokens[0]) ** 2
 
 
-_PAIRS_CHOICES = {"a": 2, "b": 4, "c": 16, "d": 64}
+_PAIRS_CHOICES = {"a": 1.0, "b": 1.7, "c": 3.0, "d": 9.0}
 
 DIGIT_TOKENS = Prediction(
     name="predict_digit_tokens",
-    question="The book's ViT cuts an 8x8 digit into 4x4 patches and puts [CLS] in front: how many tokens "
-    "does its encoder read per image?",
+    question="The book's digit ViT, built instead for MNIST's 28x28 digits, cuts each into 4x4 patches and puts "
+    "[CLS] in front: how many tokens does its encoder read per image?",
     tests="the token count of a ViT: (H_img / P) (W_img / P) patches plus one [CLS]",
     measure=_digit_tokens,
-    explanation="An 8x8 image holds a 2x2 grid of 4x4 patches, so N_p = 4 patch tokens, and [CLS] makes "
-    "{truth}. Each token is one linear map of 16 pixels; the whole digit is a sequence shorter than most "
-    "sentences.",
+    explanation="A 28x28 image holds a 7x7 grid of 4x4 patches, so N_p = 49 patch tokens, and [CLS] makes "
+    "{truth}. Not 49: the [CLS] token is a sequence position too. Not 8: the patches tile both directions, "
+    "7 per row times 7 rows. Not 785: a token is a 16-pixel patch, not a pixel. The weights of the patch "
+    "embedding do not change (each token is still one linear map of 16 pixels), but the position table has "
+    "N_p + 1 rows, 50 here against 5 for the 8x8 digits, so the book's trained model cannot read 28x28 "
+    "images without new positions.",
 )
 
 ATTENTION_PAIRS = Prediction(
     name="predict_attention_pairs",
-    question="ViT-B/16 reads a 224x224 image as 197 tokens. With 8x8 patches instead (ViT-B/8), the number of "
-    "(query, key) pairs each attention head scores grows by about how much?",
-    tests="attention's quadratic cost: halving P multiplies the tokens by 4 and the attention pairs by 16",
+    question="ViT-B/16 is pre-trained on 224x224 images and, as Dosovitskiy et al. (2021) do, fine-tuned on "
+    "384x384 ones, with the same 16x16 patches. The number of (query, key) pairs each attention head scores "
+    "grows by about how much?",
+    tests="attention's quadratic cost: the tokens grow with the image's area, the attention pairs with its "
+    "square",
     measure=lambda: min(
         _PAIRS_CHOICES,
         key=lambda c: abs(math.log(_attention_pairs_ratio()) - math.log(_PAIRS_CHOICES[c])),
     ),
-    explanation="Halving the patch size doubles the grid both ways: 28 x 28 = 784 patches and [CLS], 785 "
-    "tokens instead of 197, about 4 times more. Every query scores every key, so the pairs grow with the "
-    "square, about 16 times (answer {truth}; 785^2 / 197^2 = 15.9), while the feed-forward layers only grow "
-    "4 times. This is why ViTs use large patches, and why ImageGPT's single-pixel tokens were so costly.",
-    choices={c: f"{v}x" for c, v in _PAIRS_CHOICES.items()},
+    explanation="Answer {truth}. A 384x384 image holds a 24x24 grid of 16x16 patches: 576 patches and [CLS], "
+    "577 tokens instead of 14 x 14 + 1 = 197. Every query scores every key, so the pairs grow with the square "
+    "of the tokens: 577^2 / 197^2 = 8.6. (b), 384 / 224 = 1.7, is the growth of the image's side, but the "
+    "tokens grow with its area; (c), 577 / 197 = 2.9, is the growth of the tokens, which is what the patch "
+    "embedding and the feed-forward layers pay, not attention; (a) counts the weights, which stay the same "
+    "ones (only the position table is interpolated in 2-D to the larger grid). This is why Touvron et al. "
+    "(2019) and the ViT paper train at a low resolution and fine-tune briefly at a higher one.",
+    choices={
+        "a": "about the same (1x)",
+        "b": "about 1.7x",
+        "c": "about 3x",
+        "d": "about 9x",
+    },
 )
 
 #: DATA_SCALE_ERRORS's training-set size: one of the sizes of coursekit.experiments.data_scale

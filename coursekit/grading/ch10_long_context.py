@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from hypothesis import strategies as st
 
 from coursekit import attention as att
+from coursekit import gpt
 from coursekit import long_context as ref
 from coursekit.grading.core import (
     Grader,
@@ -1612,57 +1613,89 @@ WINDOW_PAIRS = Prediction(
     "136 pairs of the full causal mask). For T much larger than W the count is about T W: linear in T.",
 )
 
+#: the shape of KV_CACHE_GIB: Llama 2 13B (Touvron et al., 2023): layers, heads (multi-head attention), head width
+_KV_13B = dict(n_layers=40, n_heads=40, d_head=128)
+
+
+def _kv_cache_13b_gib() -> float:
+    """GiB of the KV cache of one 4,096-token float16 sequence of the 13B shape: the buffers of Chapter 7's
+    ``KVCache`` allocated on the ``meta`` device (shapes and dtypes, no data) and their bytes added up."""
+    L, H, D = _KV_13B["n_layers"], _KV_13B["n_heads"], _KV_13B["d_head"]
+    cache = gpt.KVCache([gpt.LayerCache(1, H, 4096, D, torch.float16, "meta") for _ in range(L)])
+    return cache.nbytes() / 2**30
+
+
 KV_CACHE_GIB = Prediction(
     name="predict_kv_cache_gib",
-    question="A Llama-2-7B shape (32 layers, 32 heads of width 128, multi-head attention) caches keys and "
+    question="A Llama-2-13B shape (40 layers, 40 heads of width 128, multi-head attention) caches keys and "
     "values in float16 for one sequence of 4,096 tokens: how many GiB is its KV cache?",
     tests="the KV cache's size: 2 (keys and values) x layers x tokens x heads x head width x bytes",
-    measure=lambda: ref.kv_cache_size(32, 32, 128, 4096, dtype=torch.float16) / 2**30,
-    explanation="Per token and layer the cache holds one key and one value per head: 2 * 32 * 128 = 8,192 "
-    "values, 16 KiB in float16; times 32 layers that is 0.5 MiB per token, and 4,096 tokens make {truth} GiB. "
-    "Forgetting the values gives half, forgetting the layers 1/32 of it. At 128k tokens it would be 64 GiB, "
-    "more than the 13 GiB of the weights: why long contexts are a memory problem.",
+    measure=_kv_cache_13b_gib,
+    explanation="Per token and layer the cache holds one key and one value per head: 2 * 40 * 128 = 10,240 "
+    "values, 20 KiB in float16; times 40 layers that is 800 KiB per token, and 4,096 tokens make {truth} GiB. "
+    "Forgetting the values gives half of it, forgetting the layers 1/40, counting 4 bytes per value twice it. "
+    "Against the 7B shape's 0.5 MiB per token, the 13B shape caches (40/32)^2 = 1.56 times more per token, "
+    "since it is both deeper and wider (more heads): past about 32k tokens one sequence's cache outweighs its "
+    "26 GB of float16 weights (Touvron et al., 2023).",
     rel=0.05,
 )
 
+#: the shape of SAVED_PER_ROW: q, k and v are (B, H, T, D) in float32
+_SAVED_B, _SAVED_H, _SAVED_T, _SAVED_D = 2, 8, 4096, 64
 
-def _saved_per_row() -> str:
-    """Which choice the numbers ``flash_attention`` keeps for its backward pass, beyond ``q, k, v`` and the
-    output, come to per query row: counted with autograd's ``saved_tensors_hooks`` (T = S = 128, D = 16)."""
-    T, D = 128, 16
+#: the choices of SAVED_PER_ROW in bytes
+_SAVED_CHOICES = {"a": 0, "b": 2**18, "c": 2**19, "d": 2**30}
+
+
+def _saved_extra_bytes(T: int) -> int:
+    """Bytes ``flash_attention`` keeps for its backward pass beyond ``q, k, v`` and its output, for
+    ``(B, H, T, D)`` inputs in float32: counted with autograd's ``saved_tensors_hooks``."""
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 1, T, D, generator=g, requires_grad=True) for _ in range(3))  # (B, H, T, D)
-    kept: dict[int, int] = {}  # memory block -> numbers in it (views of one block count once)
+    q, k, v = (
+        torch.randn(_SAVED_B, _SAVED_H, T, _SAVED_D, generator=g, requires_grad=True) for _ in range(3)
+    )  # (B, H, T, D)
+    kept: dict[int, int] = {}  # memory block -> its bytes (views of one block count once)
 
     def pack(t):
-        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes() // t.element_size()
+        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = ref.flash_attention(q, k, v, block_q=32, block_k=32)  # (1, 1, T, D)
-    per_row = (sum(kept.values()) - 3 * q.numel() - out.numel()) / T
-    return min({"a": 0, "b": 1, "c": 2, "d": T}.items(), key=lambda c: abs(per_row - c[1]))[0]
+        out = ref.flash_attention(q, k, v, block_q=64, block_k=64)  # (B, H, T, D)
+    return sum(kept.values()) - sum(t.untyped_storage().nbytes() for t in (q, k, v, out))
+
+
+def _saved_extra() -> str:
+    """Which choice the extra bytes at ``T = 4096`` are nearest to (on a log scale). They are counted at
+    ``T = 128`` and ``T = 256`` (the tiled forward pass at 4,096 tokens takes seconds on a CPU) and carried to
+    4,096 along the growth measured between the two: ``T`` for numbers per row, ``T^2`` for weights."""
+    small, large = _saved_extra_bytes(128), _saved_extra_bytes(256)
+    if large == 0:
+        return "a"
+    at_t = large * (_SAVED_T / 256) ** math.log2(large / small)
+    return min(
+        (c for c in _SAVED_CHOICES if _SAVED_CHOICES[c]),
+        key=lambda c: abs(math.log(at_t / _SAVED_CHOICES[c])),
+    )
 
 
 SAVED_PER_ROW = Prediction(
     name="predict_saved_per_row",
-    question="FlashAttention's forward pass (flash_attention) keeps q, k, v and its output for the backward pass; "
-    "what else does it keep for each query row?",
-    tests="recomputation in FlashAttention's backward: one log-sum-exp per row rebuilds the row's weights",
-    measure=_saved_per_row,
-    explanation="Answer {truth}. With the log-sum-exp L_i = m_i + log l_i of row i's scores, every weight is "
-    "P_ij = exp(s_ij - L_i), and s_ij = q_i . k_j / sqrt(D) comes back from q and k: so the backward pass "
-    "rebuilds each tile of P and drops it again. The running maximum m_i and sum l_i of the online softmax are "
-    "needed only in this combination, so one number replaces two; the row sum Delta_i = dO_i . O_i of the "
-    "softmax gradient comes from the output and the incoming gradient. Keeping the row of S weights is what plain "
-    "autograd does: T x S numbers per head instead of T, the memory that recomputation saves at the price of "
-    "computing Q K^T once more (Dao et al., 2022).",
-    choices={
-        "a": "nothing: it recomputes everything from q, k and v",
-        "b": "one number: the log-sum-exp of the row's scores",
-        "c": "two numbers: the running maximum and the running sum of the online softmax",
-        "d": "the row's S attention weights",
-    },
+    question="Training through flash_attention with q, k and v of shape (2, 8, 4096, 64) (batch, heads, tokens, "
+    "head width) in float32: beyond q, k, v and the output, how many bytes does its forward pass keep for the "
+    "backward pass?",
+    tests="recomputation in FlashAttention's backward: one log-sum-exp per query row, linear in T, not T x T",
+    measure=_saved_extra,
+    explanation="Answer {truth}. The forward pass keeps one log-sum-exp L_i = m_i + log l_i per query row of "
+    "every head: 2 * 8 * 4,096 = 65,536 float32 numbers, 256 KiB, whatever the head width. With it every weight "
+    "is P_ij = exp(s_ij - L_i), and s_ij = q_i . k_j / sqrt(D) comes back from q and k, so the backward pass "
+    "rebuilds each tile of P and drops it. 0 bytes would mean redoing a row's whole online softmax before any of "
+    "its weights could be rebuilt, since a row's normaliser depends on all its keys; 512 KiB keeps the running "
+    "maximum and the running sum, which the backward pass needs only in the combination L_i, so one number "
+    "replaces two; 1 GiB is the (T, T) weights of all 16 heads, 2 * 8 * 4,096^2 * 4 bytes, what plain autograd "
+    "keeps: 4,096 times more, the memory that recomputation saves at the price of computing Q K^T once more "
+    "(Dao et al., 2022).",
+    choices={"a": "0 bytes", "b": "256 KiB", "c": "512 KiB", "d": "1 GiB"},
 )
 
 check_predict_window_pairs, grade_predict_window_pairs = WINDOW_PAIRS.graders()

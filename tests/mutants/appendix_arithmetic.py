@@ -440,25 +440,32 @@ def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
     ),
     # ------------------------------------------------------------------ part 5: predictions
     Mutant(
-        "adam_weights_only",
+        "adam_zero_convention",
         "predict_adam_bytes",
         "predict_adam_bytes",
-        "the experiment gives 16",
-        "predict_adam_bytes = 2\n",
+        "the experiment gives 8",
+        "predict_adam_bytes = 16\n",
     ),
     Mutant(
-        "adam_no_master",
+        "adam_fp32_moments",
         "predict_adam_bytes",
         "predict_adam_bytes",
         "you predicted 12",
         "predict_adam_bytes = 12\n",
     ),
     Mutant(
-        "adam_fp32_grads",
+        "adam_no_state",
         "predict_adam_bytes",
         "predict_adam_bytes",
-        "you predicted 18",
-        "predict_adam_bytes = 18\n",
+        "you predicted 4",
+        "predict_adam_bytes = 4\n",
+    ),
+    Mutant(
+        "adam_not_a_number",
+        "predict_adam_bytes",
+        "predict_adam_bytes",
+        "should be a finite number",
+        'predict_adam_bytes = "8 bytes"\n',
     ),
     Mutant(
         "xl_kv_no_values",
@@ -482,17 +489,24 @@ def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
         'predict_gpt2_xl_kv_mib = "6.25"\n',
     ),
     Mutant(
-        "decode_scales_with_batch",
+        "decode_gqa_saves_no_traffic",
         "predict_batched_decode",
         "predict_batched_decode",
-        "you predicted (c) about 64",
+        "you predicted (a) about 20",
+        'predict_batched_decode = "a"\n',
+    ),
+    Mutant(
+        "decode_gqa_four_times",
+        "predict_batched_decode",
+        "predict_batched_decode",
+        "the experiment gives (b) about 40",
         'predict_batched_decode = "c"\n',
     ),
     Mutant(
         "decode_compute_bound",
         "predict_batched_decode",
         "predict_batched_decode",
-        "the experiment gives (b) about 20",
+        "you predicted (d) about 300",
         'predict_batched_decode = "d"\n',
     ),
     Mutant(
@@ -500,7 +514,7 @@ def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
         "predict_batched_decode",
         "predict_batched_decode",
         "one of the letters",
-        "predict_batched_decode = 18.5\n",
+        "predict_batched_decode = 38.5\n",
     ),
     # ----------------------------------------------------------------- part 6: flops_ratio (experiment)
     mutant(

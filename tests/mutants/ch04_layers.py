@@ -449,17 +449,24 @@ MUTANTS = [
         "predict_input_gradient = 5\n",
     ),
     Mutant(
-        "swiglu_thinks_wider",
+        "swiglu_thinks_gate_free",
         "predict_swiglu_params",
         "predict_swiglu_params",
-        "you predicted (c) about 1.5 times as many",
-        'predict_swiglu_params = "c"\n',
+        "the experiment gives (c) about 1.5 times as many",
+        'predict_swiglu_params = "b"\n',
+    ),
+    Mutant(
+        "swiglu_thinks_doubled",
+        "predict_swiglu_params",
+        "predict_swiglu_params",
+        "you predicted (d) about twice as many",
+        'predict_swiglu_params = "d"\n',
     ),
     Mutant(
         "swiglu_thinks_narrower",
         "predict_swiglu_params",
         "predict_swiglu_params",
-        "the experiment gives (b) about as many",
+        "you predicted (a) about 2/3 as many",
         'predict_swiglu_params = "a"\n',
     ),
     Mutant(
