@@ -310,16 +310,20 @@ def test_dropout_isolation_tells_where_a_dropout_is_applied():
 
 
 def test_the_bleu_question_is_what_its_explanation_says():
-    """Every number of the question is one German word; BLEU of the perfect outputs is 0 on words, 100 with
-    effective order and 100 on morphemes; chrF is 100; and sacrebleu's own BLEU agrees."""
+    """Seven one-word references translated one too high and one four-word reference translated exactly: every
+    wrong output is a different single word; corpus BLEU is 100 (4/11)^(1/4), as sacrebleu computes it, while the
+    mean of the sentence scores is 12.5 (exact match); the question's answer is the corpus score."""
     from sacrebleu.metrics import BLEU
 
     from coursekit.experiments import number_words as num
 
-    refs = [num.german(n) for n in grader.BLEU_NUMBERS]
-    morphemes = [" ".join(num.german_tokens(n)) for n in grader.BLEU_NUMBERS]
-    assert all(len(r.split()) == 1 for r in refs) and {"fünf", "elf"} <= set(refs)
-    assert ref.bleu(refs, refs) == BLEU().corpus_score(refs, [refs]).score == 0.0
-    assert ref.bleu(refs, refs, effective_order=True) == ref.bleu(morphemes, morphemes) == 100.0
-    assert num.chrf(refs, refs) == pytest.approx(100.0)
-    assert grader.BLEU_ONE_WORD.truth() == "b"
+    refs = [num.english(n) for n in grader.BLEU_ONE_WORD_NUMBERS] + [num.english(grader.BLEU_LONG_NUMBER)]
+    hyps = [num.english(n + 1) for n in grader.BLEU_ONE_WORD_NUMBERS] + [refs[-1]]
+    assert all(len(r.split()) == 1 for r in refs[:-1]) and len(refs[-1].split()) == 4
+    assert all(h != r and len(h.split()) == 1 for h, r in zip(hyps[:-1], refs[:-1]))
+    corpus = ref.bleu(hyps, refs)
+    assert corpus == pytest.approx(BLEU().corpus_score(hyps, [refs]).score, abs=1e-9)
+    assert corpus == pytest.approx(100 * (4 / 11) ** 0.25, abs=1e-9)
+    sentences = [ref.bleu([h], [r], effective_order=True) for h, r in zip(hyps, refs)]
+    assert sum(sentences) / len(sentences) == pytest.approx(12.5)
+    assert grader.BLEU_ONE_WORD.truth() == "d"
