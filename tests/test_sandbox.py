@@ -260,6 +260,56 @@ def test_only_a_pid_namespace_of_its_own_lets_the_template_signal_every_process(
     assert in_own_pid_namespace("pid:[1]")
 
 
+def test_host_folders_of_ended_runs_are_swept_and_no_other(tmp_path):
+    """A run killed with SIGKILL cannot remove its worker's host folder; the next worker removes the
+    folders whose owner process has ended, and only those: a live run's folder, one whose owner file
+    is not written yet, and anything that is not such a folder stay."""
+    import os
+    import subprocess
+
+    from coursekit.sandbox.host import HOST_DIR_PREFIX, OWNER_FILE, _process_start, sweep_stale_host_dirs
+
+    def folder(name, owner=None):
+        path = tmp_path / (HOST_DIR_PREFIX + name)
+        path.mkdir()
+        (path / "worker.log").write_text("log")
+        if owner is not None:
+            (path / OWNER_FILE).write_text(owner)
+        return path
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()  # reaped: its pid names no process now
+    me = os.getpid()
+    dead = folder("dead", f"{ended.pid} 12345\n")
+    reused = folder("reused", f"{me} 0\n")  # our pid, but a process started at another time
+    live = folder("live", f"{me} {_process_start(me)}\n")
+    unowned = folder("unowned")
+    garbled = folder("garbled", "not a pid\n")
+    (tmp_path / (HOST_DIR_PREFIX + "file")).write_text("a file")
+    (tmp_path / (HOST_DIR_PREFIX + "link")).symlink_to(dead)
+    other = tmp_path / "other-dead"
+    other.mkdir()
+    (other / OWNER_FILE).write_text(f"{ended.pid} 12345\n")
+
+    assert sorted(sweep_stale_host_dirs(str(tmp_path))) == sorted([str(dead), str(reused)])
+    assert not dead.exists() and not reused.exists()
+    assert all(p.exists() for p in (live, unowned, garbled, other, tmp_path / (HOST_DIR_PREFIX + "file")))
+    assert sweep_stale_host_dirs(str(tmp_path)) == []
+
+
+def test_a_worker_owns_its_host_folder_until_it_closes():
+    import os
+
+    from coursekit.sandbox.host import OWNER_FILE, _process_start, sweep_stale_host_dirs
+
+    with Worker("rlimit", Limits(cell_seconds=5)) as worker:
+        host = Path(worker._host_dir)
+        assert (host / OWNER_FILE).read_text().split() == [str(os.getpid()), _process_start(os.getpid())]
+        assert str(host) not in sweep_stale_host_dirs(str(host.parent))
+        assert host.exists()
+    assert not host.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_template_knows_whether_it_has_a_pid_namespace(kind):

@@ -223,6 +223,43 @@ def _matplotlib_cache() -> str | None:
         return None
 
 
+HOST_DIR_PREFIX = "coursekit-sandbox-"
+#: the file in a worker's host folder that names the process owning it: "<pid> <start time>"
+OWNER_FILE = "owner"
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat), which
+    tells a process from a later one given the same pid; None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()[19]  # the name may hold spaces and brackets
+
+
+def sweep_stale_host_dirs(parent: str | None = None) -> list[str]:
+    """Remove the host folders of workers whose owning process has ended without closing them (a run
+    killed with SIGKILL leaves one behind in the temporary folder). A folder is removed only when its
+    owner file names a process that no longer exists, so the folders of a live run (another course
+    grading on the same machine, or one just being created, before its owner file is written) and
+    of other users stay. Returns the folders removed."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    for folder in Path(parent).glob(HOST_DIR_PREFIX + "*"):
+        try:
+            if folder.is_symlink() or folder.stat().st_uid != os.getuid():
+                continue
+            pid, start = (folder / OWNER_FILE).read_text().split()
+            if _process_start(int(pid)) == start:
+                continue
+        except (OSError, ValueError):  # gone meanwhile, no owner file yet, or not one of ours
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(str(folder))
+    return removed
+
+
 class Worker:
     """One sandbox with a template process; grades one submission at a time.
 
@@ -244,7 +281,9 @@ class Worker:
         self.broken: str | None = None
         self._sessions: set[int] = set()  # notebook processes started (their own process groups)
         preload, limits = self.preload, self.limits
-        self._host_dir = tempfile.mkdtemp(prefix="coursekit-sandbox-")
+        sweep_stale_host_dirs()
+        self._host_dir = tempfile.mkdtemp(prefix=HOST_DIR_PREFIX)
+        Path(self._host_dir, OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}\n")
         ours, theirs = socket.socketpair()
         python = [sys.executable, "-m", "coursekit.sandbox.worker"]
         if self.kind == "bwrap":
