@@ -159,7 +159,9 @@ class ClsHead(nn.Module):
         return self.classifier(self.dropout(pooled))
 """,
     },
-    "predict_overlap_pairs": {"an upper-case letter with spaces": 'predict_overlap_pairs = " B "\n'},
+    "predict_same_topic_negatives": {
+        "an upper-case letter with spaces": 'predict_same_topic_negatives = " B "\n'
+    },
 }
 
 CASES = [(gid, name) for gid, answers in ALTERNATIVES.items() for name in answers]
@@ -189,3 +191,20 @@ def test_an_unstable_loss_fails_at_large_logits_with_its_hint():
         info.value
     )
     assert "checks failed" in str(info.value) and str(info.value).count("  - ") == 1
+
+
+@pytest.mark.parametrize(
+    "other, same, letter",
+    [
+        (0.86, 0.71, "b"),  # the committed runs' kind: topic is most, not all
+        (0.86, 0.55, "c"),  # within 8 points of a coin
+        (0.86, 0.83, "a"),  # within 5 points of the other topic's
+        (0.70, 0.80, "d"),  # more than 5 points above it
+        (0.86, 0.80, "no choice fits"),  # 6 points below: between (a) and (b)
+        (0.86, 0.59, "no choice fits"),  # between chance and (b)'s 60%
+    ],
+)
+def test_the_same_topic_question_names_a_letter_only_where_the_runs_fit_it(other, same, letter):
+    from coursekit.grading.ch06_bert import same_topic_choice
+
+    assert same_topic_choice(other, same).startswith(letter)

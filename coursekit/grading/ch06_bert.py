@@ -67,8 +67,8 @@ __all__ = [
     "grade_predict_random_share",
     "check_predict_mlm_head_params",
     "grade_predict_mlm_head_params",
-    "check_predict_overlap_pairs",
-    "grade_predict_overlap_pairs",
+    "check_predict_same_topic_negatives",
+    "grade_predict_same_topic_negatives",
     "check_corrupted_fraction",
     "grade_corrupted_fraction",
     "check_mask_whole_words",
@@ -1261,68 +1261,66 @@ MLM_HEAD_PARAMS = Prediction(
     },
 )
 
-#: OVERLAP_PAIRS's segment length, in tokens: the longest of the chapter's word-overlap sweep
-OVERLAP_LENGTH = 128
-#: its choices, letter -> (level on NSP, level on SOP)
-_OVERLAP_CHOICES = {
-    "a": ("chance", "chance"),
-    "b": ("above", "chance"),
-    "c": ("chance", "above"),
-    "d": ("above", "above"),
-}
+
+def same_topic_choice(other_topic: float, same_topic: float) -> str:
+    """SAME_TOPIC_NEGATIVES's letter for the overlap classifier's mean test accuracy with negatives of
+    another topic and of the same topic: (c) within 8 points of 50%; (a) within 5 points of the other
+    topic's; (d) more than 5 points above it; (b) from 60% up and at least 8 points below it. A mean of
+    three seeds on 220 test pairs strays by about 2 points (one standard deviation), so between the
+    bands no letter fits."""
+    if abs(same_topic - 0.5) <= 0.08:
+        return "c"
+    if abs(same_topic - other_topic) <= 0.05:
+        return "a"
+    if same_topic > other_topic + 0.05:
+        return "d"
+    if 0.6 <= same_topic <= other_topic - 0.08:
+        return "b"
+    return f"no choice fits accuracies of {other_topic:.3f} (other topic) and {same_topic:.3f} (same topic)"
 
 
-def _overlap_level(accuracy: float) -> str | None:
-    """Chance from 40% to 60%, above from 70% up, else None (the question would not fit). A mean of three
-    seeds on SOP's 226 test pairs strays from 50% by about 2 points (one standard deviation)."""
-    if abs(accuracy - 0.5) <= 0.1:
-        return "chance"
-    return "above" if accuracy >= 0.7 else None
+def _same_topic_negatives_choice() -> str:
+    """The mean over the seeds of the committed runs of ``coursekit.experiments.nsp_negatives`` (its
+    loader refuses a file the code would not write), as a letter."""
+    from coursekit.experiments import nsp_negatives  # the loader, only when the question is graded
+
+    runs = nsp_negatives.load_results()["runs"]
+    other, same = (sum(r[k]["accuracy"] for r in runs) / len(runs) for k in nsp_negatives.NEGATIVES)
+    return same_topic_choice(other, same)
 
 
-def _overlap_pairs_choice() -> str:
-    """The word-overlap classifier on NSP and on SOP pairs of OVERLAP_LENGTH tokens, from the committed
-    runs of ``coursekit.experiments.bert_pairs`` (its loader refuses a file the code would not write):
-    the mean test accuracy over the seeds, as a pair of levels."""
-    from coursekit.experiments import bert_pairs  # the loader, only when the question is graded
-
-    runs = bert_pairs.load_results()["runs"]
-    levels = tuple(
-        _overlap_level(sum(r["overlap"][task][str(OVERLAP_LENGTH)]["accuracy"] for r in runs) / len(runs))
-        for task in ("nsp", "sop")
-    )
-    return {v: c for c, v in _OVERLAP_CHOICES.items()}.get(levels, f"no choice fits {levels}")
-
-
-OVERLAP_PAIRS = Prediction(
-    name="predict_overlap_pairs",
-    question=f"A logistic regression sees two numbers per pair of {OVERLAP_LENGTH}-token segments from the "
-    "Python manual's topics: the cosine similarity of their TF-IDF vectors and the share of words they have in "
-    "common. What test accuracy does it reach on next-sentence pairs (NSP) and on sentence-order pairs (SOP)?",
-    tests="what NSP and SOP ask: a random segment from another document gives its topic away, a swapped pair "
-    "does not",
-    measure=_overlap_pairs_choice,
-    explanation="Answer {truth} (the check read the committed runs of coursekit.experiments.bert_pairs, the "
-    "mean over their seeds). On NSP the negative B is a segment of another topic, so it shares fewer of A's "
-    "words than the true next segment does: two numbers about shared words separate most pairs, and more of "
-    "them the longer the segments (the chapter's figure). On SOP both segments are neighbours from the same "
-    "place, and a negative is the same two segments swapped. Cosine similarity and word overlap are "
-    "symmetric in A and B, so a pair and its swap get identical features and any classifier on them gives "
-    "both the same answer: it is at chance by construction, whatever it learns, and what it scores is the "
-    "noise of a few hundred test pairs around 50%. This is ALBERT's argument (Lan et al., 2020): NSP mixes "
-    "topic, which masked language modelling already teaches, with coherence; SOP keeps the topic fixed, so "
-    "only order and coherence are left to learn.",
+SAME_TOPIC_NEGATIVES = Prediction(
+    name="predict_same_topic_negatives",
+    question="The chapter's word-overlap classifier (a logistic regression on the TF-IDF cosine and the word "
+    "overlap of the two segments) gets most next-sentence pairs of 128-token segments right, since a negative "
+    "B comes from another topic of the Python manual. Draw each negative from A's own topic instead: a segment "
+    "of the same document that is neither A nor next to A. Everything else stays. What test accuracy does the "
+    "classifier reach now?",
+    tests="what a next-sentence negative gives away: mostly its topic, and also how much the text right after "
+    "a passage goes on with its words",
+    measure=_same_topic_negatives_choice,
+    explanation="Answer {truth} (the check read the committed runs of coursekit.experiments.nsp_negatives, the "
+    "mean over their seeds, against the same classifier with negatives from other topics on the same "
+    "documents). Topic is most of what word overlap finds in next-sentence pairs, but not all. A passage of "
+    "the manual goes on with the names, keywords and examples that the passage before it introduced, so the "
+    "segment right after A shares more of A's words than a segment further on in the same topic, which shares "
+    "only the topic's general vocabulary. With negatives from A's own topic the two numbers still separate "
+    "many pairs: fewer than with negatives from another topic, and many more than a coin. Next-sentence "
+    "prediction with random negatives therefore mixes three signals: the topic (which masked language "
+    "modelling teaches already), this local cohesion, and the order. Sentence-order prediction keeps both "
+    "segments of a pair and only swaps them, so topic and cohesion are the same for a pair and its swap and "
+    "only the order is left to learn (Lan et al., 2020).",
     choices={
-        "a": "about chance (50%) on both",
-        "b": "well above chance on NSP, about chance on SOP",
-        "c": "about chance on NSP, well above chance on SOP",
-        "d": "well above chance on both",
+        "a": "about as high as with negatives from other topics: the classifier never relied on the topic",
+        "b": "clearly above chance, but clearly below the accuracy with negatives from other topics",
+        "c": "about chance (50%): within one topic, word overlap has nothing left to go on",
+        "d": "higher than with negatives from other topics",
     },
 )
 
 check_predict_random_share, grade_predict_random_share = RANDOM_SHARE.graders()
 check_predict_mlm_head_params, grade_predict_mlm_head_params = MLM_HEAD_PARAMS.graders()
-check_predict_overlap_pairs, grade_predict_overlap_pairs = OVERLAP_PAIRS.graders()
+check_predict_same_topic_negatives, grade_predict_same_topic_negatives = SAME_TOPIC_NEGATIVES.graders()
 
 
 # --------------------------------------------------------------------------- experiment
