@@ -15,9 +15,18 @@ MODULES = [
     "bert_pairs",
     "data_scale",
     "norm_ffn",
+    "nsp_negatives",
     "number_words_ood",
     "positional",
+    "scrambled_pixels",
 ]
+
+
+def test_every_experiment_with_committed_results_is_listed():
+    folder = Path(importlib.import_module("coursekit.experiments").__file__).parent
+    assert sorted(MODULES) == sorted(
+        f.name.removesuffix("_results.json") for f in folder.glob("*_results.json")
+    )
 
 
 def test_run_and_write_puts_the_header_and_timings_before_what_the_run_returns(tmp_path, capsys):

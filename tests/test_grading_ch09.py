@@ -142,7 +142,7 @@ VIT_TABLE = mutate(
         ("add_cls_and_positions", CLS_REPEAT),
         ("add_cls_and_positions", CLS_SLICES),
         ("ViT", VIT_TABLE),
-        ("predict_data_scale_errors", 'predict_data_scale_errors = "C"\n'),
+        ("predict_scrambled_pixels", 'predict_scrambled_pixels = "C"\n'),
     ],
     ids=[
         "patchify-slices",
@@ -153,7 +153,7 @@ VIT_TABLE = mutate(
         "cls-repeat",
         "cls-slices",
         "vit-position-table",
-        "data-scale-upper-case",
+        "scrambled-upper-case",
     ],
 )
 def test_a_correct_implementation_written_differently_gets_full_marks(part, source):
@@ -190,3 +190,30 @@ def test_public_checks_catch_every_catalogued_mistake(mutant):
     )  # replaces one definition, as a student would
     (public,) = harness.run_tests(PARTS[mutant.part], ns, hidden=False)
     assert public.failure is not None, f"{mutant.name} passed the public checks of {mutant.part}"
+
+
+def _errors(cnn_plain, cnn_scrambled, vit_plain, vit_scrambled):
+    return {
+        ("cnn", "plain"): cnn_plain,
+        ("cnn", "scrambled"): cnn_scrambled,
+        ("vit", "plain"): vit_plain,
+        ("vit", "scrambled"): vit_scrambled,
+    }
+
+
+@pytest.mark.parametrize(
+    "errors, letter",
+    [
+        (_errors(11, 61, 23, 22), "c"),  # the CNN loses its prior, the ViT holds and now leads
+        (_errors(11, 12, 23, 25), "a"),  # both within a few images of their plain runs
+        (_errors(11, 13, 23, 80), "b"),  # the ViT loses, the CNN holds
+        (_errors(11, 700, 23, 650), "d"),  # both above half of 1,080 test images wrong
+        (_errors(11, 61, 23, 70), "no choice fits"),  # the CNN loses, but so does the ViT
+        (_errors(11, 30, 40, 41), "no choice fits"),  # the CNN loses, the ViT holds, yet still trails
+        (_errors(11, 20, 23, 22), "no choice fits"),  # the CNN neither holds nor loses
+    ],
+)
+def test_the_scrambled_pixels_question_names_a_letter_only_where_the_runs_fit_it(errors, letter):
+    from coursekit.grading.ch09_vit import scrambled_choice
+
+    assert scrambled_choice(errors, 1080).startswith(letter)

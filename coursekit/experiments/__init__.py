@@ -18,6 +18,9 @@ experiments built on them live here, where they may also use the shared training
 - :mod:`coursekit.experiments.bert_pairs` (Chapter 6): next-sentence and sentence-order prediction,
   what word overlap alone gets on each, and bert-small fine-tuned on both with and without its
   segment embeddings (committed three-seed results);
+- :mod:`coursekit.experiments.nsp_negatives` (Chapter 6): the word-overlap classifier on next-sentence
+  pairs whose negatives come from another topic or from the same one, the exercise's question on
+  what NSP gives away (committed three-seed results);
 - :mod:`coursekit.experiments.bert_labels` (Chapter 6): the topic task with 16 to all labelled
   passages, pretrained against randomly initialised (committed three-seed results);
 - :mod:`coursekit.experiments.gpt_char` (Chapter 7): the ``gpt-char`` recipe;
@@ -29,6 +32,9 @@ experiments built on them live here, where they may also use the shared training
   CNN's training recipes, the small CNN and the scikit-learn baselines;
 - :mod:`coursekit.experiments.data_scale` (Chapter 9): the CNN against the ViT on 50 to all
   training images (committed three-seed results);
+- :mod:`coursekit.experiments.scrambled_pixels` (Chapter 9): the CNN and the ViT on digits whose pixels
+  are scrambled inside every 4x4 patch, the exercise's question on inductive bias (committed
+  three-seed results);
 - :mod:`coursekit.experiments.roofline` (the arithmetic appendix): this machine's measured
   matmul peak and memory bandwidth, and the FLOP/s a decoding step reaches;
 - :mod:`coursekit.experiments.long_context` (Chapter 10): the memory probe of one attention call

@@ -77,9 +77,9 @@ __all__ = [
     "grade_predict_digit_tokens",
     "check_predict_attention_pairs",
     "grade_predict_attention_pairs",
-    "DATA_SCALE_ERRORS",
-    "check_predict_data_scale_errors",
-    "grade_predict_data_scale_errors",
+    "SCRAMBLED_PIXELS",
+    "check_predict_scrambled_pixels",
+    "grade_predict_scrambled_pixels",
     "check_blank_patch_share",
     "grade_blank_patch_share",
     "check_sincos_2d_positions",
@@ -1380,57 +1380,91 @@ ATTENTION_PAIRS = Prediction(
     },
 )
 
-#: DATA_SCALE_ERRORS's training-set size: one of the sizes of coursekit.experiments.data_scale
-DATA_SCALE_N = 100
-#: its choices: the ViT's test errors per CNN test error
-_DATA_SCALE_CHOICES = {"a": 0.5, "b": 1.0, "c": 2.0, "d": 10.0}
+
+def scrambled_errors(data: dict, n_test: int) -> dict[tuple[str, str], int]:
+    """Test errors, in images, of each (model, variant) of runs of ``coursekit.experiments.scrambled_pixels``
+    (``data`` as its ``load_results`` returns them) on ``n_test`` test images, summed over the seeds."""
+    return {
+        (m, v): sum(round(n_test * (1 - r["test_accuracy"])) for r in data["runs"][m][v])
+        for m in data["runs"]
+        for v in data["runs"][m]
+    }
 
 
-def _data_scale_ratio() -> float:
-    """The ViT's test errors over the CNN's after training on DATA_SCALE_N digits, summed over the seeds
-    of the committed runs of ``coursekit.experiments.data_scale`` (its loader refuses a file the code
-    would not write). The two networks of a seed train on the same subset."""
-    from coursekit.experiments import data_scale  # the loader, only when the question is graded
+def scrambled_choice(errors: dict[tuple[str, str], int], n_images: int) -> str:
+    """SCRAMBLED_PIXELS's letter for summed test errors ``{(model, variant): errors}`` out of ``n_images``
+    test images per (model, variant): a network *holds* when its scrambled errors stay within 25% + 3
+    images of its plain ones either way (a seed's runs differ by a few images), and *loses* when they at
+    least double, plus 3; each letter needs both networks' levels, and (c) also needs the scrambled ViT
+    ahead of the scrambled CNN."""
 
-    runs = data_scale.load_results()["runs"][str(DATA_SCALE_N)]
-    errors = {m: sum(1 - r["test_accuracy"] for r in runs[m]) for m in ("cnn", "vit")}
-    return errors["vit"] / errors["cnn"]
+    def holds(m):
+        plain, scrambled = errors[m, "plain"], errors[m, "scrambled"]
+        return 0.8 * plain - 3 <= scrambled <= 1.25 * plain + 3
+
+    def loses(m):
+        return errors[m, "scrambled"] >= 2 * errors[m, "plain"] + 3
+
+    def at_chance(m):
+        return errors[m, "scrambled"] > 0.5 * n_images
+
+    if at_chance("cnn") and at_chance("vit"):
+        return "d"
+    if holds("cnn") and holds("vit"):
+        return "a"
+    if loses("vit") and holds("cnn"):
+        return "b"
+    if loses("cnn") and holds("vit") and errors["vit", "scrambled"] < errors["cnn", "scrambled"]:
+        return "c"
+    return f"no choice fits the errors {errors}"
 
 
-DATA_SCALE_ERRORS = Prediction(
-    name="predict_data_scale_errors",
-    question=f"In the chapter's data-scale sweep its CNN and its ViT, of similar size, train on the same "
-    f"{DATA_SCALE_N} digits (about 10 of each class), each with its chapter recipe shortened to the same number "
-    "of updates, and are tested on the 360 test digits. How many test errors does the ViT make, against the "
-    "CNN's?",
-    tests="inductive bias: with little data, the convolution's locality and weight sharing do work the ViT "
-    "must learn from examples",
-    measure=lambda: min(
-        _DATA_SCALE_CHOICES,
-        key=lambda c: abs(math.log(_data_scale_ratio()) - math.log(_DATA_SCALE_CHOICES[c])),
-    ),
-    explanation="Answer {truth} (the check read the committed runs of coursekit.experiments.data_scale, "
-    "summed over their seeds). Both networks classify all their training digits correctly, so the difference "
-    "is what they make of unseen ones. A convolution assumes that nearby pixels belong together and that a "
-    "stroke means the same wherever it is (one small filter slides over the whole image); the CNN has these "
-    "assumptions before it sees a digit. A ViT assumes almost nothing: attention links every patch to every "
-    "other from the first layer, and which patches are neighbours it can only learn, through its position "
-    "table, from the examples it is given. With a hundred examples the right assumptions are worth more than "
-    "flexibility, and the ViT is further behind than the few points of accuracy suggest. Dosovitskiy et al. "
-    "(2021) saw the same at a far larger scale: ViT-B/32 lost to a ResNet when pretrained on 9 million images "
-    "and won only from 90 million on. The chapter's sweep stops at 1,437 images, a long way short of that "
-    "crossover.",
+def _scrambled_pixels_choice() -> str:
+    """The letter of the committed runs of ``coursekit.experiments.scrambled_pixels`` (its loader refuses a
+    file the code would not write)."""
+    from coursekit.experiments import digits, scrambled_pixels  # only when the question is graded
+
+    data = scrambled_pixels.load_results()
+    n_test = len(digits.digits_split().test_y)
+    return scrambled_choice(scrambled_errors(data, n_test), n_test * len(data["seeds"]))
+
+
+SCRAMBLED_PIXELS = Prediction(
+    name="predict_scrambled_pixels",
+    question="Scramble the digits: choose one fixed random order of the 16 pixel positions of a 4x4 patch and "
+    "move the pixels inside every 4x4 patch of every image by it, training and test images alike (the digits "
+    "look like noise to us, but nothing is lost: the order can be undone). The chapter's CNN and its ViT (4x4 "
+    "patches) train on all 1,437 scrambled training digits, each with the recipe of the chapter's data-scale "
+    "sweep, and are tested on the scrambled test digits. Compared with the same runs on plain digits, what "
+    "happens?",
+    tests="inductive bias: a convolution assumes that neighbouring pixels belong together; a ViT's patch "
+    "embedding assumes nothing about the order of a patch's pixels",
+    measure=_scrambled_pixels_choice,
+    explanation="Answer {truth} (the check read the committed runs of coursekit.experiments.scrambled_pixels, "
+    "summed over their seeds). The ViT reads each 4x4 patch through one linear map of its 16 pixels, and a "
+    "linear map does not know which of its inputs are neighbours: reordering them only relabels its weights. "
+    "A ViT trained on scrambled digits is the plain ViT with the columns of its patch embedding permuted, and "
+    "it learns just as well (the experiment even starts it from the plain run's weights, relabelled, and it "
+    "makes the same errors). The CNN's 3x3 filters assume that a pixel's neighbours in the grid are its "
+    "neighbours in the picture, and that a stroke looks the same wherever it is. After the scramble neither is "
+    "true: a filter sees pixels that lie far apart in the digit, and the same stroke looks different in each "
+    "position of a patch. The assumption that made the CNN better on plain digits now works against it, and "
+    "the ViT, which assumed nothing about the pixels inside a patch, comes out ahead. A prior helps only when "
+    "it is true of the data: a model with less of one has more to learn, and less to be wrong about. (The "
+    "ViT is not indifferent to every scramble: moving pixels between patches would change what each token "
+    "holds.)",
     choices={
-        "a": "about half as many",
-        "b": "about as many",
-        "c": "about twice as many",
-        "d": "about ten times as many",
+        "a": "both stay about where they were: nothing is lost, so neither network is affected",
+        "b": "the ViT loses accuracy and the CNN does not: a scrambled patch no longer holds a stroke",
+        "c": "the CNN loses accuracy and the ViT does not, so the scrambled ViT makes fewer errors than the "
+        "scrambled CNN",
+        "d": "both fall towards chance (10%)",
     },
 )
 
 check_predict_digit_tokens, grade_predict_digit_tokens = DIGIT_TOKENS.graders()
 check_predict_attention_pairs, grade_predict_attention_pairs = ATTENTION_PAIRS.graders()
-check_predict_data_scale_errors, grade_predict_data_scale_errors = DATA_SCALE_ERRORS.graders()
+check_predict_scrambled_pixels, grade_predict_scrambled_pixels = SCRAMBLED_PIXELS.graders()
 
 
 # --------------------------------------------------------------------------- experiment
