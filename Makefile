@@ -1,7 +1,7 @@
 # Two commands on a fresh Debian/Ubuntu machine (each sets up what it needs, system packages included):
 #   make book   # build the book into _build/html (warnings are errors)
 #   make test   # run the whole test suite
-# Quick loop while developing: make quick   (the tests not marked slow: about 5 minutes)
+# Quick loop while developing: make quick   (the tests not marked slow: about 2 minutes)
 
 PYTHON ?= python3
 VENV   := .venv

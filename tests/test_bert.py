@@ -585,6 +585,7 @@ def test_pair_makers_refuse_empty_segments_and_a_lonely_document():
 # --------------------------------------------------------------------------- the committed checkpoint
 
 
+@pytest.mark.slow  # not in the quick loop: evaluates the committed checkpoint on its whole validation split
 def test_checkpoint_reproduces_its_recorded_validation_loss():
     """Deterministic re-evaluation of the committed float16 weights on the fixed validation set."""
     if not (CHECKPOINTS / "bert-small.pt").is_file():

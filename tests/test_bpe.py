@@ -85,6 +85,7 @@ def test_training_stops_when_no_pair_repeats():
     assert tok.merges == [] and len(tok) == 256
 
 
+@pytest.mark.slow  # not in the quick loop: trains twice, once recounting every pair at each merge
 def test_incremental_training_equals_the_naive_recount():
     text = corpus()[:40_000]
     for pattern in ("gpt2", "gpt4"):

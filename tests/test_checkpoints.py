@@ -23,6 +23,7 @@ def gpt_char():
     return checkpoints.load("gpt-char")
 
 
+@pytest.mark.slow  # not in the quick loop: evaluates the committed checkpoint on its whole validation split
 def test_checkpoint_reproduces_its_recorded_validation_loss(gpt_char):
     model, tok, record = gpt_char
     d = data.prepare("python-docs")
@@ -42,6 +43,7 @@ def test_checkpoint_is_small_and_records_its_command(gpt_char):
     assert record["metrics"]["parameters"] == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow  # not in the quick loop: samples and scores a long text from the checkpoint
 def test_checkpoint_writes_python_docs_like_text(gpt_char):
     model, tok, _ = gpt_char
     prompt = torch.tensor([tok.encode("The ")])

@@ -6,11 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from nbgrader.dbutil import _temp_alembic_ini
 
 from coursekit.course import alembic_head
 
 
+@pytest.mark.slow  # not in the quick loop: starts nbgrader's alembic executable
 def test_the_schema_revision_read_in_process_is_the_one_nbgrader_runs_alembic_for():
     """A new gradebook is stamped with the head of nbgrader's migrations. nbgrader asks the
     ``alembic`` executable (``nbgrader.api.get_alembic_version``); coursekit reads the same

@@ -74,6 +74,7 @@ def test_the_instructors_table_is_current():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+@pytest.mark.slow  # not in the quick loop: regenerates the whole release with nbgrader
 def test_exercises_are_current():
     problems = course.stale_releases(ROOT)
     assert not problems, "exercises/ is stale, run `coursekit release`:\n" + "\n".join(problems)

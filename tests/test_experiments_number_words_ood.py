@@ -219,6 +219,7 @@ def test_the_committed_results_are_current_and_complete(stored):
         assert run["train_seconds"] > 0
 
 
+@pytest.mark.slow  # not in the quick loop: rescores every stored output of every seed
 def test_every_stored_metric_follows_from_the_stored_outputs(stored):
     """A right output is the reference, so the stored wrong ones give every output back."""
     sets = ood.eval_sets()

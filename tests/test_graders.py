@@ -7,7 +7,7 @@ autograder does the same against the sandbox: ``test_autograde*.py``):
 * a part left as released (``raise NotImplementedError()``) fails its test cells with "not
   implemented yet", and the untouched release fails everywhere without crashing a grader;
 * every wrong implementation of the assignment's catalogue (``tests/mutants/<assignment>.py``)
-  loses its part's hidden points and shows its hint;
+  loses its part's hidden points and shows its hint (the quick loop grades the first of each part);
 * when an earlier part the answer calls is wrong, the hint says to fix that part first.
 
 What the automatically generated mutants do is checked by ``tests/test_mutation.py``; tests
@@ -34,7 +34,18 @@ def catalogue(assignment: str) -> list:
     return importlib.import_module(f"tests.mutants.{assignment}").MUTANTS
 
 
-MUTANTS = [(a, m) for a in ASSIGNMENTS for m in catalogue(a)]
+def _mutant_params() -> list:
+    """Every catalogued mistake; the quick loop (``-m "not slow"``) takes the first of each part."""
+    params, seen = [], set()
+    for a in ASSIGNMENTS:
+        for m in catalogue(a):
+            first = (a, m.part) not in seen
+            seen.add((a, m.part))
+            params.append(pytest.param(a, m, marks=() if first else pytest.mark.slow))
+    return params
+
+
+MUTANTS = _mutant_params()
 
 
 def released_answers(assignment: str) -> dict[str, str]:

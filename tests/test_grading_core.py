@@ -269,6 +269,7 @@ def test_for_all_replay_names_code_that_fails_only_the_first_time(monkeypatch):
     assert "different answers" in failure[1]
 
 
+@pytest.mark.slow  # not in the quick loop: runs every grader of the course twice
 def test_every_graders_examples_are_fixed_by_what_keys_them(monkeypatch):
     """The replay's contract: one key, one list of examples. Every hidden test of every assignment
     runs with the replay off, for the reference and for a mutant of each part, and every key must

@@ -58,6 +58,7 @@ def test_mutants_have_stable_distinct_ids_and_change_the_program():
         assert all(m.source != part.source for m in made)
 
 
+@pytest.mark.slow  # not in the quick loop: generates the mutants of every part of the course
 def test_the_operators_cover_the_standard_set():
     made = [m for _, p in PARTS for m in mutation.mutants(p)]
     operators = {m.operator for m in made}

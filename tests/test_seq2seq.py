@@ -249,6 +249,7 @@ def test_number_shape_classes_numbers_by_how_they_are_spelled():
         assert len(skeletons) == 1, (c, skeletons)
 
 
+@pytest.mark.slow  # not in the quick loop: samples and classifies many thousands of numbers
 def test_sample_numbers_balances_the_classes():
     sp = num.number_splits()
     g = torch.Generator().manual_seed(0)
@@ -738,6 +739,7 @@ def committed():
     return ck.model, ck.record
 
 
+@pytest.mark.slow  # not in the quick loop: decodes the committed checkpoint's whole test split
 def test_checkpoint_reproduces_its_recorded_test_metrics(committed):
     """Greedy decoding of the 5,000 test numbers with the stored weights; argmax near-ties may flip
     with the thread count, so at most 2 of 5,000 outputs may differ from the recorded run."""

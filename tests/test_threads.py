@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 #: Three threads parse a large module while objects with finalizers that yield the GIL are freed:
 #: the interleaving in which CPython 3.11/3.12 lose count of the AST's depth (python/cpython#106905).
 STRESS = textwrap.dedent(
@@ -40,6 +42,7 @@ STRESS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # not in the quick loop: grades in many threads at once
 def test_grading_threads_parse_source_one_at_a_time():
     """With the batch's serialisation no thread ever fails to parse (without it, this very
     interleaving raises "AST constructor recursion depth mismatch" on 3.11; it once left a
