@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coursekit.experiments._results import experiment_parser, read_results, run_and_write
+from coursekit.experiments._results import CommittedResults, experiment_parser, read_results, run_and_write
 
 MODULES = [
     "recurrence",
@@ -80,3 +80,36 @@ def test_each_experiment_command_names_itself_and_its_committed_file(name, capsy
     out = capsys.readouterr().out
     assert f"python -m coursekit.experiments.{name}" in out and "--seeds" in out and "--out" in out
     assert module.RESULTS.is_file() and module.RESULTS.parent == Path(module.__file__).parent
+
+
+def test_committed_results_read_and_write_through_one_description(tmp_path, capsys):
+    """What an experiment module declares once: its command line (with options of its own), the
+    file it writes and the reader that refuses another experiment's file."""
+    committed = CommittedResults(
+        module="coursekit.experiments.demo",
+        path=tmp_path / "demo.json",
+        fmt="demo",
+        version=3,
+        what="demo",
+        seeds=(7,),
+    )
+
+    def options(parser):
+        parser.add_argument("--steps", type=int, default=2)
+
+    def run(args):
+        return {"settings": {"steps": args.steps}, "runs": [args.seeds]}
+
+    wrote = committed.main(["--steps", "5"], "A demo.", run, options=options)
+    assert (wrote["format"], wrote["version"], wrote["seeds"], wrote["runs"]) == ("demo", 3, [7], [[7]])
+    assert committed.read(settings={"steps": 5}) == wrote
+    with pytest.raises(
+        ValueError, match=r"settings that differ: steps\); rerun python -m coursekit.experiments.demo"
+    ):
+        committed.read(settings={"steps": 2})
+    elsewhere = tmp_path / "elsewhere.json"
+    committed.main(
+        ["--out", str(elsewhere), "--seeds", "1", "2"], "A demo.", lambda args: {"runs": args.seeds}
+    )
+    assert committed.read(elsewhere)["runs"] == [1, 2]
+    assert "wrote" in capsys.readouterr().out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from coursekit._files import read_json, write_json
@@ -86,3 +87,56 @@ def run_and_write(
     write_json(path, data)
     print(f"wrote {path} ({len(data['seeds'])} seeds) in {seconds:.0f} s ({cpu_seconds:.0f} s of CPU)")
     return data
+
+
+@dataclass(frozen=True)
+class CommittedResults:
+    """One experiment's committed results: the command that writes them (``python -m module``), their
+    file, format and version, what they are (for errors) and the default seeds. An experiment module
+    defines one and reads and writes through it:
+
+    ``load_results(path)`` is ``read(path, settings=settings(), layout_ok=...)`` and ``main(argv)`` is
+    ``main(argv, description, lambda args: {"settings": ..., "runs": run_all(args.seeds)})``.
+    """
+
+    module: str
+    path: Path
+    fmt: str
+    version: int
+    what: str
+    seeds: Sequence[int]
+
+    def read(
+        self,
+        path: str | Path | None = None,
+        *,
+        settings: dict | None = None,
+        layout_ok: Callable[[dict], bool] = lambda data: True,
+    ) -> dict:
+        """:func:`read_results` of ``path`` (the committed file by default)."""
+        return read_results(
+            self.path if path is None else path,
+            fmt=self.fmt,
+            version=self.version,
+            what=self.what,
+            module=self.module,
+            settings=settings,
+            layout_ok=layout_ok,
+        )
+
+    def main(
+        self,
+        argv: list[str] | None,
+        description: str,
+        run: Callable[[argparse.Namespace], dict],
+        options: Callable[[argparse.ArgumentParser], None] | None = None,
+    ) -> dict:
+        """The command line: :func:`experiment_parser` (plus what ``options`` adds to it), then
+        :func:`run_and_write` of ``run(args)`` to ``--out``. Returns what it wrote."""
+        parser = experiment_parser(self.module, description, self.seeds, self.path)
+        if options is not None:
+            options(parser)
+        args = parser.parse_args(argv)
+        return run_and_write(
+            args.out, fmt=self.fmt, version=self.version, seeds=args.seeds, run=lambda: run(args)
+        )

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from coursekit import checkpoints, train
-from coursekit.experiments._results import experiment_parser, read_results, run_and_write
+from coursekit.experiments._results import CommittedResults
 from coursekit.experiments.topics import TopicData, finetune, logistic_regression_baseline, topic_passages
 
 __all__ = [
@@ -55,7 +55,14 @@ INITS = ("pretrained", "random init")  #: where the fine-tuned encoder starts
 STEPS, BATCH, LR = 200, 16, 1e-3  #: AdamW steps, passages per step, peak learning rate
 SEEDS = (0, 1, 2)
 RESULTS = Path(__file__).with_name("bert_labels_results.json")
-_FORMAT, _VERSION = "coursekit-bert-labels", 1
+_COMMITTED = CommittedResults(
+    module="coursekit.experiments.bert_labels",
+    path=RESULTS,
+    fmt="coursekit-bert-labels",
+    version=1,
+    what="stored labelled-data sweep",
+    seeds=SEEDS,
+)
 
 
 def size_key(n: int | None) -> str:
@@ -154,12 +161,8 @@ def load_results(path: str | Path = RESULTS) -> dict:
         ValueError: if the file was written with other settings than the code's (rerun
             ``python -m coursekit.experiments.bert_labels``).
     """
-    return read_results(
+    return _COMMITTED.read(
         path,
-        fmt=_FORMAT,
-        version=_VERSION,
-        what="stored labelled-data sweep",
-        module="coursekit.experiments.bert_labels",
         settings=settings(),
         layout_ok=lambda data: (
             list(data["runs"]) == [size_key(n) for n in SIZES]
@@ -172,19 +175,10 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = experiment_parser(
-        "coursekit.experiments.bert_labels",
+    _COMMITTED.main(
+        argv,
         "Rerun Chapter 6's sweep over the number of labelled passages.",
-        SEEDS,
-        RESULTS,
-    )
-    args = parser.parse_args(argv)
-    run_and_write(
-        args.out,
-        fmt=_FORMAT,
-        version=_VERSION,
-        seeds=args.seeds,
-        run=lambda: {"settings": settings(), **run_all(args.seeds)},
+        lambda args: {"settings": settings(), **run_all(args.seeds)},
     )
 
 

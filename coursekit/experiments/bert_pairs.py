@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from coursekit import checkpoints, train
 from coursekit.bert import Bert, BertClassifier, SpecialTokens, nsp_pairs, pack_pairs, sop_pairs
-from coursekit.experiments._results import experiment_parser, read_results, run_and_write
+from coursekit.experiments._results import CommittedResults
 from coursekit.experiments.topics import duplicate_topics
 
 __all__ = [
@@ -85,7 +85,14 @@ STEPS, BATCH, LR = 300, 32, 1e-3  #: fine-tuning: AdamW steps, pairs per step, p
 HEAD_DROPOUT = 0.1  #: dropout before the classifier, as in Chapter 6's topic fine-tuning
 SEEDS = (0, 1, 2)
 RESULTS = Path(__file__).with_name("bert_pairs_results.json")
-_FORMAT, _VERSION = "coursekit-bert-pairs", 1
+_COMMITTED = CommittedResults(
+    module="coursekit.experiments.bert_pairs",
+    path=RESULTS,
+    fmt="coursekit-bert-pairs",
+    version=1,
+    what="stored sentence-pair experiment",
+    seeds=SEEDS,
+)
 
 
 # --------------------------------------------------------------------------- data
@@ -361,31 +368,18 @@ def load_results(path: str | Path = RESULTS) -> dict:
             for r in runs
         )
 
-    return read_results(
+    return _COMMITTED.read(
         path,
-        fmt=_FORMAT,
-        version=_VERSION,
-        what="stored sentence-pair experiment",
-        module="coursekit.experiments.bert_pairs",
         settings=settings(),
         layout_ok=layout_ok,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = experiment_parser(
-        "coursekit.experiments.bert_pairs",
+    _COMMITTED.main(
+        argv,
         "Rerun Chapter 6's next-sentence against sentence-order prediction experiment.",
-        SEEDS,
-        RESULTS,
-    )
-    args = parser.parse_args(argv)
-    run_and_write(
-        args.out,
-        fmt=_FORMAT,
-        version=_VERSION,
-        seeds=args.seeds,
-        run=lambda: {"settings": settings(), "runs": run_all(args.seeds)},
+        lambda args: {"settings": settings(), "runs": run_all(args.seeds)},
     )
 
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from coursekit.experiments import digits
-from coursekit.experiments._results import experiment_parser, read_results, run_and_write
+from coursekit.experiments._results import CommittedResults
 from coursekit.layers import count_params
 from coursekit.vit import VIT_PRESETS, ViT
 
@@ -59,7 +59,14 @@ MODELS = ("cnn", "vit")  #: keys of DIGITS_RECIPES: SmallCNN and ViT(VIT_PRESETS
 #: updates of every run, for both models: the CNN's chapter recipe has 1,000 and the ViT's 2,000
 STEPS = 500
 RESULTS = Path(__file__).with_name("data_scale_results.json")
-_FORMAT, _VERSION = "coursekit-data-scale", 1
+_COMMITTED = CommittedResults(
+    module="coursekit.experiments.data_scale",
+    path=RESULTS,
+    fmt="coursekit-data-scale",
+    version=1,
+    what="stored data-scale experiment",
+    seeds=SEEDS,
+)
 
 
 def subset(labels: torch.Tensor, n: int, seed: int) -> torch.Tensor:
@@ -211,12 +218,8 @@ def load_results(path: str | Path = RESULTS) -> dict:
         ValueError: if the file was written with other settings than the code's (rerun
             ``python -m coursekit.experiments.data_scale``).
     """
-    return read_results(
+    return _COMMITTED.read(
         path,
-        fmt=_FORMAT,
-        version=_VERSION,
-        what="stored data-scale experiment",
-        module="coursekit.experiments.data_scale",
         settings=settings(),
         layout_ok=lambda data: (
             list(data["runs"]) == [str(n) for n in SIZES]
@@ -230,19 +233,10 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = experiment_parser(
-        "coursekit.experiments.data_scale",
+    _COMMITTED.main(
+        argv,
         "Rerun Chapter 9's training-set-size sweep of the CNN and the ViT for several seeds.",
-        SEEDS,
-        RESULTS,
-    )
-    args = parser.parse_args(argv)
-    run_and_write(
-        args.out,
-        fmt=_FORMAT,
-        version=_VERSION,
-        seeds=args.seeds,
-        run=lambda: {"settings": settings(), "runs": run_all(args.seeds)},
+        lambda args: {"settings": settings(), "runs": run_all(args.seeds)},
     )
 
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coursekit.experiments._results import experiment_parser, read_results, run_and_write
+from coursekit.experiments._results import CommittedResults
 from coursekit.layers import Encoder, RMSNorm, SwiGLU, count_params, llama_ffn_hidden
 
 __all__ = [
@@ -72,7 +72,14 @@ EVAL_SEQS = 512  #: held-out sequences for the final loss
 SEEDS = (0, 1, 2)
 VARIANTS = ("layernorm+gelu", "rmsnorm+swiglu", "rmsnorm+gelu", "layernorm+swiglu")
 RESULTS = Path(__file__).with_name("norm_ffn_results.json")
-_FORMAT, _VERSION = "coursekit-norm-ffn", 1
+_COMMITTED = CommittedResults(
+    module="coursekit.experiments.norm_ffn",
+    path=RESULTS,
+    fmt="coursekit-norm-ffn",
+    version=1,
+    what="stored norm and feed-forward experiment",
+    seeds=SEEDS,
+)
 
 
 class CopyLM(nn.Module):
@@ -192,12 +199,8 @@ def load_results(path: str | Path = RESULTS) -> dict:
         ValueError: if the file was written with other settings than the code's (rerun
             ``python -m coursekit.experiments.norm_ffn``).
     """
-    return read_results(
+    return _COMMITTED.read(
         path,
-        fmt=_FORMAT,
-        version=_VERSION,
-        what="stored norm and feed-forward experiment",
-        module="coursekit.experiments.norm_ffn",
         settings=settings(),
         layout_ok=lambda data: (
             [(lr, list(runs)) for lr, runs in data["runs"].items()]
@@ -207,19 +210,10 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = experiment_parser(
-        "coursekit.experiments.norm_ffn",
+    _COMMITTED.main(
+        argv,
         "Rerun Chapter 4's LayerNorm + GELU versus RMSNorm + SwiGLU experiment for several seeds.",
-        SEEDS,
-        RESULTS,
-    )
-    args = parser.parse_args(argv)
-    run_and_write(
-        args.out,
-        fmt=_FORMAT,
-        version=_VERSION,
-        seeds=args.seeds,
-        run=lambda: {"settings": settings(), "runs": run_all(args.seeds)},
+        lambda args: {"settings": settings(), "runs": run_all(args.seeds)},
     )
 
 

@@ -30,7 +30,7 @@ import torch
 
 from coursekit.bert import nsp_pairs
 from coursekit.experiments import bert_pairs
-from coursekit.experiments._results import experiment_parser, read_results, run_and_write
+from coursekit.experiments._results import CommittedResults
 
 __all__ = [
     "GAP",
@@ -52,7 +52,14 @@ MIN_SEGMENTS = 4  #: a document takes part only with this many segments: every a
 GAP = 2  #: a same-topic negative lies at least this many segments from a (neither a nor a neighbour)
 SEEDS = (0, 1, 2)
 RESULTS = Path(__file__).with_name("nsp_negatives_results.json")
-_FORMAT, _VERSION = "coursekit-nsp-negatives", 1
+_COMMITTED = CommittedResults(
+    module="coursekit.experiments.nsp_negatives",
+    path=RESULTS,
+    fmt="coursekit-nsp-negatives",
+    version=1,
+    what="stored next-sentence negatives experiment",
+    seeds=SEEDS,
+)
 
 
 def same_topic_pairs(
@@ -170,12 +177,8 @@ def load_results(path: str | Path = RESULTS) -> dict:
         ValueError: if the file was written with other settings than the code's (rerun
             ``python -m coursekit.experiments.nsp_negatives``).
     """
-    return read_results(
+    return _COMMITTED.read(
         path,
-        fmt=_FORMAT,
-        version=_VERSION,
-        what="stored next-sentence negatives experiment",
-        module="coursekit.experiments.nsp_negatives",
         settings=settings(),
         layout_ok=lambda data: (
             len(data["runs"]) == len(data["seeds"]) and all(list(r) == list(NEGATIVES) for r in data["runs"])
@@ -184,20 +187,11 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = experiment_parser(
-        "coursekit.experiments.nsp_negatives",
+    _COMMITTED.main(
+        argv,
         "Rerun Chapter 6's next-sentence negatives experiment: word overlap on negatives of another topic "
         "and of the same topic.",
-        SEEDS,
-        RESULTS,
-    )
-    args = parser.parse_args(argv)
-    run_and_write(
-        args.out,
-        fmt=_FORMAT,
-        version=_VERSION,
-        seeds=args.seeds,
-        run=lambda: {"settings": settings(), "runs": run_all(args.seeds)},
+        lambda args: {"settings": settings(), "runs": run_all(args.seeds)},
     )
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from coursekit.experiments import number_words as num
-from coursekit.experiments._results import experiment_parser, read_results, run_and_write
+from coursekit.experiments._results import CommittedResults
 from coursekit.seq2seq import Seq2Seq, bleu, greedy_decode
 
 __all__ = [
@@ -69,7 +69,14 @@ SETS = ("in-distribution",) + FAMILIES  #: the evaluation sets
 EVAL_N = 1000  #: numbers per evaluation set
 SEEDS = (0, 1, 2)
 RESULTS = Path(__file__).with_name("number_words_ood_results.json")
-_FORMAT, _VERSION = "coursekit-number-words-ood", 1
+_COMMITTED = CommittedResults(
+    module="coursekit.experiments.number_words_ood",
+    path=RESULTS,
+    fmt="coursekit-number-words-ood",
+    version=1,
+    what="stored out-of-distribution number-word experiment",
+    seeds=SEEDS,
+)
 
 
 # --------------------------------------------------------------------------- the held-out structures
@@ -385,12 +392,8 @@ def load_results(path: str | Path = RESULTS) -> dict:
         ValueError: if the file was written with other settings than the code's (rerun
             ``python -m coursekit.experiments.number_words_ood``).
     """
-    return read_results(
+    return _COMMITTED.read(
         path,
-        fmt=_FORMAT,
-        version=_VERSION,
-        what="stored out-of-distribution number-word experiment",
-        module="coursekit.experiments.number_words_ood",
         settings=settings(),
         layout_ok=lambda data: (
             len(data["runs"]) == len(data["seeds"])
@@ -400,15 +403,8 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = experiment_parser(
-        "coursekit.experiments.number_words_ood",
-        "Rerun Chapter 8's out-of-distribution experiment (held-out number structures) for several seeds.",
-        SEEDS,
-        RESULTS,
-    )
-    args = parser.parse_args(argv)
 
-    def run() -> dict:
+    def run(args) -> dict:
         start, sets, runs = time.perf_counter(), eval_sets(), []
         for seed in args.seeds:
             runs.append(run_seed(seed, sets))
@@ -416,7 +412,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"seed {seed}: exact match {summary} ({time.perf_counter() - start:.0f} s)")
         return {"settings": settings(), "runs": runs}
 
-    run_and_write(args.out, fmt=_FORMAT, version=_VERSION, seeds=args.seeds, run=run)
+    _COMMITTED.main(
+        argv,
+        "Rerun Chapter 8's out-of-distribution experiment (held-out number structures) for several seeds.",
+        run,
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coursekit.attention import causal_mask, scaled_dot_product_attention
-from coursekit.experiments._results import experiment_parser, read_results, run_and_write
+from coursekit.experiments._results import CommittedResults
 from coursekit.positional import (
     LearnedPositionalEmbedding,
     alibi_bias,
@@ -59,7 +59,14 @@ TEST_T = (32, 48, 64, 96, 128)  #: test lengths
 KINDS = ("learned", "sinusoidal", "rope", "alibi")
 SEEDS = (0, 1, 2, 3, 4)
 RESULTS = Path(__file__).with_name("positional_results.json")
-_FORMAT, _VERSION = "coursekit-positional-extrapolation", 1
+_COMMITTED = CommittedResults(
+    module="coursekit.experiments.positional",
+    path=RESULTS,
+    fmt="coursekit-positional-extrapolation",
+    version=1,
+    what="stored positional-encoding experiment",
+    seeds=SEEDS,
+)
 
 
 class TinyLM(nn.Module):
@@ -162,12 +169,8 @@ def load_results(path: str | Path = RESULTS) -> dict:
     Raises:
         ValueError: if the file was written for other test lengths, tasks or variants.
     """
-    return read_results(
+    return _COMMITTED.read(
         path,
-        fmt=_FORMAT,
-        version=_VERSION,
-        what="stored positional-encoding experiment",
-        module="coursekit.experiments.positional",
         layout_ok=lambda data: (
             data["test_t"] == list(TEST_T)
             and list(data["accuracy"]) == list(TASKS)
@@ -177,19 +180,10 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = experiment_parser(
-        "coursekit.experiments.positional",
+    _COMMITTED.main(
+        argv,
         "Rerun Chapter 3's extrapolation experiment for several seeds.",
-        SEEDS,
-        RESULTS,
-    )
-    args = parser.parse_args(argv)
-    run_and_write(
-        args.out,
-        fmt=_FORMAT,
-        version=_VERSION,
-        seeds=args.seeds,
-        run=lambda: {"test_t": list(TEST_T), "accuracy": run_all(args.seeds)},
+        lambda args: {"test_t": list(TEST_T), "accuracy": run_all(args.seeds)},
     )
 
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from coursekit.attention import SelfAttention, causal_mask
-from coursekit.experiments._results import experiment_parser, read_results, run_and_write
+from coursekit.experiments._results import CommittedResults
 from coursekit.positional import sinusoidal_encoding
 from coursekit.train import TrainConfig, lm_loss, train
 
@@ -80,7 +80,14 @@ TRAIN = TrainConfig(
 MODELS = ("gru", "attention")
 SEEDS = (0, 1, 2)
 RESULTS = Path(__file__).with_name("recurrence_results.json")
-_FORMAT, _VERSION = "coursekit-recurrence-recall", 1
+_COMMITTED = CommittedResults(
+    module="coursekit.experiments.recurrence",
+    path=RESULTS,
+    fmt="coursekit-recurrence-recall",
+    version=1,
+    what="stored recurrence experiment",
+    seeds=SEEDS,
+)
 
 
 class GRUReader(nn.Module):
@@ -237,12 +244,8 @@ def load_results(path: str | Path = RESULTS) -> dict:
         ValueError: if the file was written with other settings than the code's (rerun
             ``python -m coursekit.experiments.recurrence``).
     """
-    return read_results(
+    return _COMMITTED.read(
         path,
-        fmt=_FORMAT,
-        version=_VERSION,
-        what="stored recurrence experiment",
-        module="coursekit.experiments.recurrence",
         settings=settings(),
         layout_ok=lambda data: (
             list(data["runs"]) == list(MODELS)
@@ -255,26 +258,20 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = experiment_parser(
-        "coursekit.experiments.recurrence",
+    def options(parser):
+        parser.add_argument(
+            "--steps", type=int, default=STEPS, help="training steps per run (a quick check uses fewer)"
+        )
+        parser.add_argument("--distances", type=int, nargs="+", default=list(DISTANCES))
+
+    _COMMITTED.main(
+        argv,
         "Rerun Chapter 1's recall-at-distance-k experiment (GRU against one attention layer).",
-        SEEDS,
-        RESULTS,
-    )
-    parser.add_argument(
-        "--steps", type=int, default=STEPS, help="training steps per run (a quick check uses fewer)"
-    )
-    parser.add_argument("--distances", type=int, nargs="+", default=list(DISTANCES))
-    args = parser.parse_args(argv)
-    run_and_write(
-        args.out,
-        fmt=_FORMAT,
-        version=_VERSION,
-        seeds=args.seeds,
-        run=lambda: {
+        lambda args: {
             "settings": settings(args.steps, args.distances),
             "runs": run_all(args.seeds, args.distances, args.steps),
         },
+        options=options,
     )
 
 

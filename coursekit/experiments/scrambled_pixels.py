@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from coursekit.experiments import data_scale, digits
-from coursekit.experiments._results import experiment_parser, read_results, run_and_write
+from coursekit.experiments._results import CommittedResults
 from coursekit.vit import VIT_PRESETS, ViT
 
 __all__ = [
@@ -60,7 +60,14 @@ MODELS = data_scale.MODELS  #: ("cnn", "vit"), as in the data-scale sweep
 VARIANTS = ("plain", "scrambled")
 PATCH = VIT_PRESETS["small"].patch_size  #: the scramble's patch side: the ViT's patches, 4 pixels
 RESULTS = Path(__file__).with_name("scrambled_pixels_results.json")
-_FORMAT, _VERSION = "coursekit-scrambled-pixels", 1
+_COMMITTED = CommittedResults(
+    module="coursekit.experiments.scrambled_pixels",
+    path=RESULTS,
+    fmt="coursekit-scrambled-pixels",
+    version=1,
+    what="stored scrambled-pixels experiment",
+    seeds=SEEDS,
+)
 
 
 def permutation(seed: int, patch: int = PATCH) -> torch.Tensor:
@@ -205,12 +212,8 @@ def load_results(path: str | Path = RESULTS) -> dict:
         ValueError: if the file was written with other settings than the code's (rerun
             ``python -m coursekit.experiments.scrambled_pixels``).
     """
-    return read_results(
+    return _COMMITTED.read(
         path,
-        fmt=_FORMAT,
-        version=_VERSION,
-        what="stored scrambled-pixels experiment",
-        module="coursekit.experiments.scrambled_pixels",
         settings=settings(),
         layout_ok=lambda data: (
             list(data["runs"]) == list(MODELS)
@@ -224,19 +227,10 @@ def load_results(path: str | Path = RESULTS) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = experiment_parser(
-        "coursekit.experiments.scrambled_pixels",
+    _COMMITTED.main(
+        argv,
         "Rerun Chapter 9's scrambled-pixels experiment: the CNN and the ViT on plain and on scrambled digits.",
-        SEEDS,
-        RESULTS,
-    )
-    args = parser.parse_args(argv)
-    run_and_write(
-        args.out,
-        fmt=_FORMAT,
-        version=_VERSION,
-        seeds=args.seeds,
-        run=lambda: {"settings": settings(), "runs": run_all(args.seeds)},
+        lambda args: {"settings": settings(), "runs": run_all(args.seeds)},
     )
 
 
