@@ -297,6 +297,7 @@ def test_host_folders_of_ended_runs_are_swept_and_no_other(tmp_path):
     assert sweep_stale_host_dirs(str(tmp_path)) == []
 
 
+@pytest.mark.slow
 def test_a_worker_owns_its_host_folder_until_it_closes():
     import os
 
