@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from coursekit.bert import nsp_pairs
+from coursekit.bert import _check_documents, _coin, nsp_pairs
 from coursekit.experiments import bert_pairs
 from coursekit.experiments._results import CommittedResults
 
@@ -88,12 +88,11 @@ def same_topic_pairs(
         raise ValueError(
             f"gap must be an integer >= 2 (a negative is neither a nor the next segment), got {gap!r}"
         )
+    _check_documents(documents)
     out = []
     for d, segments in enumerate(documents):
-        if any(len(s) == 0 for s in segments):
-            raise ValueError(f"document {d} has an empty segment")
         for j in range(0, len(segments) - 1, 2):
-            if bool(torch.rand((), generator=generator) < 0.5):
+            if _coin(generator):
                 out.append((segments[j], segments[j + 1], 1))
                 continue
             far = [k for k in range(len(segments)) if abs(k - j) >= gap]

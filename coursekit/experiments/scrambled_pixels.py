@@ -37,7 +37,7 @@ from torch import nn
 
 from coursekit.experiments import data_scale, digits
 from coursekit.experiments._results import CommittedResults
-from coursekit.vit import VIT_PRESETS, ViT
+from coursekit.vit import VIT_PRESETS, ViT, patchify, unpatchify
 
 __all__ = [
     "MODELS",
@@ -113,10 +113,17 @@ def scramble(images: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"images must be (B, C_in, H, W) with H and W multiples of {P}, got {tuple(images.shape)}"
         )
-    B, C, H, W = images.shape
-    patches = images.reshape(B, C, H // P, P, W // P, P).permute(0, 1, 2, 4, 3, 5)  # (B, C, rows, cols, P, P)
-    patches = patches.reshape(B, C, H // P, W // P, n)[..., perm.to(images.device)]  # moved inside each patch
-    return patches.reshape(B, C, H // P, W // P, P, P).permute(0, 1, 2, 4, 3, 5).reshape(B, C, H, W)
+    patches = patchify(images, P)[
+        ..., _patch_index(perm, images.shape[1]).to(images.device)
+    ]  # (B, N_p, C_in P^2)
+    return unpatchify(patches, P, tuple(images.shape[-2:]))
+
+
+def _patch_index(perm: torch.Tensor, in_channels: int) -> torch.Tensor:
+    """``(C_in P^2,)``: where each value of a scrambled patch comes from in the plain patch, both in
+    :func:`~coursekit.vit.patchify`'s ``(c, i, j)`` order: value ``(c, k)`` is value ``(c, perm[k])``."""
+    n = perm.numel()
+    return (torch.arange(in_channels)[:, None] * n + perm[None, :]).flatten()
 
 
 class Scrambled(nn.Module):
@@ -141,10 +148,8 @@ def relabel_patch_inputs(net: ViT, perm: torch.Tensor) -> None:
     one, so its weight column moves with it.
     """
     proj = net.patch_embed.proj
-    C_in, n = net.cfg.in_channels, perm.numel()
-    index = (torch.arange(C_in)[:, None] * n + perm[None, :]).flatten()  # (C_in P^2,)
     with torch.no_grad():
-        proj.weight.copy_(proj.weight[:, index])
+        proj.weight.copy_(proj.weight[:, _patch_index(perm, net.cfg.in_channels)])
 
 
 def train_run(model: str, variant: str, seed: int, split: digits.DigitsSplit | None = None) -> dict:
