@@ -9,15 +9,33 @@ trusted side against the student's objects in the sandbox.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
-__all__ = ["Call", "thin_calls", "is_test_cell", "nbgrader_meta"]
+__all__ = ["Call", "thin_calls", "is_test_cell", "nbgrader_meta", "heading", "part_label"]
 
 
 def nbgrader_meta(cell) -> dict:
     meta = cell.get("metadata") if isinstance(cell, dict) else None
     nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
     return nbg if isinstance(nbg, dict) else {}
+
+
+#: the heading of a graded part in an exercise notebook: "## Part 6: the experiment", "### Question 5a"
+_PART_HEADING = re.compile(r"(?:part|question)\s+(\d+[a-z]?)\b", re.IGNORECASE)
+
+
+def heading(source: str) -> str | None:
+    """The first markdown heading of a cell's ``source``, without its ``#`` marks (``None`` if none)."""
+    return next((line.lstrip("#").strip() for line in source.splitlines() if line.startswith("#")), None)
+
+
+def part_label(title: str | None) -> str | None:
+    """The part's number as the notebook's headings give it, the one numbering that the feedback,
+    the class report, the integrity table and the hints use: ``"Part 6: the experiment" -> "6"``,
+    ``"Question 5a" -> "5a"``; ``None`` for a heading that names no part."""
+    found = _PART_HEADING.match(title or "")
+    return found[1] if found else None
 
 
 def is_test_cell(cell) -> bool:

@@ -120,9 +120,9 @@ def release(root: Path, names: list[str] | None = None, out: Path | None = None)
                 "CourseDirectory.db_url": f"sqlite:///{tmp}/gradebook.db",
             },
         )
-        from nbgrader.preprocessors import ClearSolutions
+        import nbformat
 
-        code_stub = ClearSolutions(config=api.config).code_stub["python"]  # the course's, or nbgrader's
+        finish = release_finisher(root, api.config)
         for name in names:
             expect_success(api.generate_assignment(name, force=True, create=True), f"releasing {name}")
             target = out / name
@@ -130,9 +130,31 @@ def release(root: Path, names: list[str] | None = None, out: Path | None = None)
                 shutil.rmtree(target)
             shutil.copytree(staging / name, target)
             for path in target.rglob("*.ipynb"):
-                _link_the_rendered_book(path, book_url(root))
-                _stub_predictions(path, code_stub)
+                nb = nbformat.read(path, as_version=4)
+                if finish(nb):
+                    nbformat.write(nb, path)
     return sorted(p for name in names for p in (out / name).rglob("*.ipynb"))
+
+
+def release_finisher(root: Path, config=None):
+    """What ``coursekit release`` does to a notebook after nbgrader's ``generate_assignment``, as
+    one function ``finish(nb) -> changed`` (in place): links to the rendered book
+    (:func:`link_the_rendered_book`) and predictions stubbed (:func:`stub_predictions`).
+
+    The autograder applies the same function to the release it compares submissions with, so that
+    a notebook handed in as it was released matches it cell for cell (no note about a changed cell).
+    ``config``: the course's nbgrader config (read from ``root`` when not given)."""
+    from nbgrader.preprocessors import ClearSolutions
+
+    config = config if config is not None else nbgrader_api(root).config
+    code_stub = ClearSolutions(config=config).code_stub["python"]  # the course's, or nbgrader's
+    base = book_url(root)
+
+    def finish(nb) -> bool:
+        linked = link_the_rendered_book(nb, base)
+        return stub_predictions(nb, code_stub) or linked
+
+    return finish
 
 
 #: a link from a notebook in solutions/NAME/ to a page's MyST source
@@ -152,13 +174,11 @@ def book_url(root: Path) -> str:
     return base.rstrip("/") if isinstance(base, str) and base.startswith(("https://", "http://")) else ""
 
 
-def _link_the_rendered_book(path: Path, base: str) -> None:
-    """Point the release's links to a chapter at the rendered page, not its MyST source: at
+def link_the_rendered_book(nb, base: str) -> bool:
+    """Point the notebook's links to a chapter at the rendered page, not its MyST source: at
     ``{base}/book/NAME.html`` when the book's address is known, else at ``../../book/NAME.html``,
-    which is the page from the copy the book's Exercise box offers (``_downloads/<hash>/``)."""
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
+    which is the page from the copy the book's Exercise box offers (``_downloads/<hash>/``).
+    Changes ``nb`` in place; returns whether anything changed."""
     prefix = f"{base}/book" if base else "../../book"
     changed = False
     for cell in nb.cells:
@@ -166,21 +186,17 @@ def _link_the_rendered_book(path: Path, base: str) -> None:
             new = _SOURCE_LINK.sub(lambda m: f"]({prefix}/{m[1]}.html{m[2] or ''})", cell.source)
             changed |= new != cell.source
             cell.source = new
-    if changed:
-        nbformat.write(nb, path)
+    return changed
 
 
-def _stub_predictions(path: Path, code_stub: str) -> None:
+def stub_predictions(nb, code_stub: str) -> bool:
     """A "predict, then check" answer cell (grade id ``predict_...``, the variable the student sets)
     is released as ``predict_... = None  # YOUR ANSWER HERE``, not as nbgrader's ``raise
     NotImplementedError()``: the name exists from the start, and its check says "not implemented
     yet" until the student writes a prediction. ``code_stub``: what nbgrader left in the cell, the
-    course's ``ClearSolutions.code_stub``."""
-    import nbformat
-
+    course's ``ClearSolutions.code_stub``. Changes ``nb`` in place; returns whether anything changed."""
     from coursekit.cells import nbgrader_meta
 
-    nb = nbformat.read(path, as_version=4)
     changed = False
     for cell in nb.cells:
         gid = nbgrader_meta(cell).get("grade_id") or ""
@@ -188,8 +204,7 @@ def _stub_predictions(path: Path, code_stub: str) -> None:
             if code_stub in cell.source:
                 cell.source = cell.source.replace(code_stub, f"{gid} = None  # YOUR ANSWER HERE")
                 changed = True
-    if changed:
-        nbformat.write(nb, path)
+    return changed
 
 
 def _validate_test_cells(root: Path, names: list[str]) -> None:

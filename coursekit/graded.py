@@ -36,7 +36,7 @@ class Graded:
 
     assignment: str
     exercise: str
-    part: int
+    part: str  # the part's number in the exercise's headings ("6", "5a")
     name: str
 
     def where(self) -> str:

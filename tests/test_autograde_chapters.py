@@ -102,6 +102,17 @@ def test_untouched_release_scores_zero_without_stopping_the_batch(graded):
     assert len(rows) == len(batch(assignment)) + 2
 
 
+def test_the_untouched_release_and_the_filled_one_get_no_note(graded):
+    """Handed in as released (or with only the answer cells filled in), a notebook is what the
+    students were given: no note about a changed or deleted cell."""
+    import json
+
+    assignment, root, _ = graded
+    for student in ("untouched", "reference"):
+        verdict = root / ".coursekit" / "verdicts" / assignment / student / f"{assignment}.json"
+        assert json.loads(verdict.read_text())["notes"] == [], student
+
+
 def test_every_mutant_loses_its_part_with_its_hint(graded):
     assignment, root, rows = graded
     _, hidden = catalogue(assignment)

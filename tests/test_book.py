@@ -493,16 +493,15 @@ def test_exercise_links_its_page(name):
 def test_release_links_the_published_book_when_its_address_is_set(tmp_path):
     import nbformat
 
-    from coursekit.course import _link_the_rendered_book
+    from coursekit.course import link_the_rendered_book
 
-    nb = nbformat.v4.new_notebook(
-        cells=[nbformat.v4.new_markdown_cell("See [Chapter 1](../../book/ch01_attention.md#the-code).")]
-    )
     for base, link in (("https://example.org/course", "https://example.org/course/book"), ("", "../../book")):
-        nbformat.write(nb, tmp_path / "x.ipynb")
-        _link_the_rendered_book(tmp_path / "x.ipynb", base)
-        text = nbformat.read(tmp_path / "x.ipynb", as_version=4).cells[0].source
-        assert text == f"See [Chapter 1]({link}/ch01_attention.html#the-code)."
+        nb = nbformat.v4.new_notebook(
+            cells=[nbformat.v4.new_markdown_cell("See [Chapter 1](../../book/ch01_attention.md#the-code).")]
+        )
+        assert link_the_rendered_book(nb, base)
+        assert nb.cells[0].source == f"See [Chapter 1]({link}/ch01_attention.html#the-code)."
+        assert not link_the_rendered_book(nb, base)  # a second pass changes nothing
 
 
 def test_every_reference_is_cited():

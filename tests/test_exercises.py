@@ -175,3 +175,29 @@ def test_predictions_are_stubbed_whatever_code_stub_the_course_sets(tmp_path):
     assert any(
         "raise NotImplementedError('write this')" in c.source for c in cells
     )  # the course's stub is used
+
+
+@pytest.mark.parametrize("assignment", ["ch01_attention", "ch07_gpt"])  # every one: test_autograde_chapters
+def test_the_release_handed_in_as_is_gets_no_note_from_the_autograder_or_check(assignment, tmp_path):
+    """The autograder rebuilds a submission on the release the students were given (links to the
+    rendered book and stubbed predictions included, which nbgrader's own release lacks), so the
+    untouched release gets no note; ``coursekit check`` finds the same release. A changed read-only
+    cell still gets its note."""
+    import nbformat
+
+    from coursekit.autograde.check import find_release
+    from coursekit.autograde.plan import staged_plan
+    from coursekit.autograde.rebuild import normalize
+    from tests.submissions import course_folder
+
+    root, _ = course_folder(tmp_path)
+    shutil.copy(ROOT / "_config.yml", root)  # the book's address (html.baseurl) is the release's
+    given = ROOT / "exercises" / assignment / f"{assignment}.ipynb"
+    (plan,) = staged_plan(root, assignment).notebooks
+    assert normalize(given.read_bytes(), plan.release).notes == []
+    assert find_release(load(given)) == load(given)
+    tampered = load(given)
+    tampered.cells[0].source += "\nI was here."
+    notes = normalize(nbformat.writes(tampered).encode(), plan.release).notes
+    gid = tampered.cells[0].metadata["nbgrader"]["grade_id"]
+    assert notes == [f"the read-only cell {gid!r} was changed; the original was restored"]

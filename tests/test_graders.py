@@ -24,7 +24,7 @@ import pytest
 from coursekit.cells import nbgrader_meta
 from coursekit.chapters import CHAPTERS
 from coursekit.grading import harness
-from tests.submissions import ROOT
+from tests.submissions import ROOT, load
 
 ASSIGNMENTS = [c.assignment for c in CHAPTERS]
 PARTS = [(a, p) for a in ASSIGNMENTS for p in harness.parts(a)]
@@ -104,6 +104,45 @@ def test_a_catalogued_mistake_loses_its_points_with_its_hint(assignment, mutant)
     (hidden,) = harness.run_tests(part, ns, hidden=True)
     assert hidden.failure is not None, f"{mutant.name} kept the hidden points of {part.name}"
     assert mutant.hint in hidden.failure, f"expected hint {mutant.hint!r}, got:\n{hidden.failure}"
+
+
+@pytest.mark.parametrize("assignment", [c.assignment for c in CHAPTERS])
+def test_parts_are_numbered_as_the_notebooks_headings_number_them(assignment):
+    """One numbering everywhere: the grading harness (integrity table, book, instructor table), the
+    autograder's plan (feedback, hints) and the headings the student reads ("Part 6", "Question 5a")."""
+    from coursekit.autograde.plan import plan_notebook
+    from coursekit.cells import heading, part_label
+
+    nb = load(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
+    shown, title = {}, None
+    for cell in nb.cells:
+        title = (heading(cell.source) if cell.cell_type == "markdown" else None) or title
+        if nbgrader_meta(cell).get("solution"):
+            shown[nbgrader_meta(cell)["grade_id"]] = part_label(title)
+    assert None not in shown.values(), shown
+    assert {p.grade_id: p.number for p in harness.parts(assignment)} == {
+        gid: n for gid, n in shown.items() if gid in {p.grade_id for p in harness.parts(assignment)}
+    }
+    plan = plan_notebook(load(ROOT / "solutions" / assignment / f"{assignment}.ipynb"), nb, assignment)
+    assert {p["answer"]: p["number"] for p in plan.part_list()} == shown
+
+
+def test_part_labels_come_from_part_and_question_headings():
+    from coursekit.cells import part_label
+
+    assert part_label("Part 6: the experiment") == "6"
+    assert part_label("Question 5a") == "5a"
+    assert part_label("Part 8 (stretch, optional): convert") == "8"
+    assert part_label("Done") is None and part_label(None) is None
+    assert part_label("Partition 3") is None
+
+
+def test_fix_first_names_the_earlier_part_by_its_heading_number():
+    order = [("a", ("f",)), ("p", ("predict_x",)), ("b", ("g",))]
+    answers = {"b": "def g():\n    return f()\n"}
+    assert harness.fix_first(order, answers, {"a", "b"}, {"a": "5a", "b": "6"}) == {
+        "b": "part 5a (f) fails its own checks, and your g calls it: fix part 5a first"
+    }
 
 
 def test_a_part_that_calls_a_failing_earlier_part_is_told_to_fix_that_part_first():

@@ -14,16 +14,14 @@ import json
 import logging
 import os
 import queue
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from coursekit import course
 from coursekit.autograde.grade import grade_notebook
 from coursekit.autograde.gradebook import backup_gradebook, gradebook_setup, locked
-from coursekit.autograde.plan import Plan, load_plan, preload_modules
+from coursekit.autograde.plan import Plan, preload_modules, staged_plan
 from coursekit.autograde.record import Result, record_all
 from coursekit.sandbox import Limits, Worker
 
@@ -106,12 +104,8 @@ def _autograde(
     db_url = api.coursedir.db_url
     backup_gradebook(root, db_url)
     # registers the assignment; keeps the release for the plan
-    with gradebook_setup(db_url, api.coursedir.course_id, students), tempfile.TemporaryDirectory() as tmp:
-        staging = course.nbgrader_api(root, **{"CourseDirectory.release_directory": tmp})
-        course.expect_success(
-            staging.generate_assignment(assignment, force=True, create=True), f"registering {assignment}"
-        )
-        plan = load_plan(root, assignment, Path(tmp))
+    with gradebook_setup(db_url, api.coursedir.course_id, students):
+        plan = staged_plan(root, assignment)
     verdicts = root / ".coursekit" / "verdicts" / assignment
     todo: list[tuple[str, str]] = []  # (student, cache key) still to grade
     done: queue.Queue = queue.Queue()

@@ -24,15 +24,27 @@ class CheckReport:
     hidden_max: float
 
 
-def check_notebook(path: Path, *, sandbox: str = "auto", limits: Limits = Limits()) -> CheckReport:
-    """Run a student's notebook like the autograder does, with its public checks only."""
+def check_notebook(
+    path: Path, *, sandbox: str = "auto", limits: Limits = Limits(), release=None
+) -> CheckReport:
+    """Run a student's notebook like the autograder does, with its public checks only.
+
+    ``release``: the notebook the student was given; by default the course's release that the
+    notebook's graded cells belong to (:func:`find_release`). The submission is rebuilt on it as the
+    autograder rebuilds it, so both say the same about changed or deleted cells.
+    """
     raw = Path(path).read_bytes()
     try:
         nb = nbformat.reads(raw.decode("utf-8-sig"), as_version=4)
     except Exception as e:  # anything nbformat cannot read
         raise ValueError(f"{path} is not a readable notebook: {e}") from None
+    if release is None:
+        release = find_release(nb)
+    # the release the student was given, when this course has it: the notebook is rebuilt on it and
+    # its public checks run, as the autograder does (same notes; a deleted test cell still runs)
+    given = release if release is not None else nb
     tests, points, hidden = {}, {}, 0.0
-    for cell in nb.cells:
+    for cell in given.cells:
         meta = nbgrader_meta(cell)
         if not is_test_cell(cell):
             continue
@@ -44,7 +56,7 @@ def check_notebook(path: Path, *, sandbox: str = "auto", limits: Limits = Limits
             hidden += float(meta.get("points", 0))  # a hidden test cell: only a comment in the release
     if not tests:
         raise ValueError(f"{path} has no public checks (is it an exercise notebook of this course?)")
-    plan = NotebookPlan(Path(path).stem, nb, tests, points, set())
+    plan = NotebookPlan(Path(path).stem, given, tests, points, set())
     kind = sandbox if sandbox != "auto" else ("bwrap" if _bwrap_ok() else "rlimit")
     with Worker(kind, limits, preload=preload_modules(Plan("check", [plan], {}, ""))) as worker:
         verdict = grade_notebook(worker, plan, raw, {}, time.monotonic() + limits.submission_seconds)
@@ -64,3 +76,23 @@ def _bwrap_ok() -> bool:
     from coursekit.sandbox import bubblewrap_works
 
     return bubblewrap_works()
+
+
+def find_release(nb, exercises: Path | None = None):
+    """The notebook of the course's release (``exercises/*/*.ipynb`` of the repository coursekit was
+    installed from) whose graded cells ``nb`` holds: the one sharing the most grade ids with it, or
+    ``None`` when none shares any (a notebook of another course; it is then checked on its own)."""
+    from coursekit.chapters import course_root
+
+    folder = exercises if exercises is not None else course_root() / "exercises"
+    ids = {nbgrader_meta(c).get("grade_id") for c in nb.cells} - {None}
+    best, shared = None, 0
+    for candidate in sorted(folder.glob("*/*.ipynb")):
+        try:
+            released = nbformat.read(candidate, as_version=4)
+        except Exception:  # not ours to judge: a broken file in exercises/ is the release test's
+            continue
+        n = len(ids & ({nbgrader_meta(c).get("grade_id") for c in released.cells} - {None}))
+        if n > shared:
+            best, shared = released, n
+    return best

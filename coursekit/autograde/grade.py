@@ -106,7 +106,7 @@ def _name_earlier_parts(plan: NotebookPlan, notebook, results: dict) -> None:
     answers = {
         nbgrader_meta(c).get("grade_id"): c.source for c in notebook.cells if nbgrader_meta(c).get("solution")
     }
-    for answer, sentence in harness.fix_first(plan.parts, answers, failed).items():
+    for answer, sentence in harness.fix_first(plan.parts, answers, failed, plan.labels).items():
         for gid, t in results.items():
             if (
                 plan.part_of.get(gid) == answer

@@ -19,7 +19,8 @@ from pathlib import Path
 import nbformat
 
 import coursekit
-from coursekit.cells import Call, is_test_cell, nbgrader_meta, thin_calls
+from coursekit.cells import Call, is_test_cell, nbgrader_meta, part_label, thin_calls
+from coursekit.cells import heading as cell_heading
 from coursekit.grading import harness
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "Plan",
     "plan_notebook",
     "load_plan",
+    "staged_plan",
     "course_secret",
     "resolve",
     "preload_modules",
@@ -50,17 +52,21 @@ class NotebookPlan:
         default_factory=dict
     )  # answer cell -> the heading of its part ("Part 1: ...")
     manual: set[str] = field(default_factory=set)  # answers graded by hand (written answers)
+    labels: dict[str, str] = field(
+        default_factory=dict
+    )  # answer cell -> the part's number in the headings ("5a"): the one numbering shown everywhere
 
     def part_list(self) -> list[dict]:
         """The parts in order, as the feedback shows them: answer cell, title and test cells."""
         return [
             {
                 "answer": gid,
+                "number": self.labels.get(gid) or str(i),
                 "title": self.titles.get(gid) or (names[0] if names else gid),
                 "tests": [gid] if gid in self.manual else [t for t, a in self.part_of.items() if a == gid],
                 "manual": gid in self.manual,
             }
-            for gid, names in self.parts
+            for i, (gid, names) in enumerate(self.parts, start=1)
         ]
 
 
@@ -83,10 +89,7 @@ def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode,
         meta = nbgrader_meta(cell)
         gid = meta.get("grade_id")
         if cell.cell_type == "markdown":
-            heading = next(
-                (line.lstrip("#").strip() for line in cell.source.splitlines() if line.startswith("#")),
-                heading,
-            )
+            heading = cell_heading(cell.source) or heading
         if meta.get("grade"):
             points[gid] = float(meta.get("points", 0))
         if cell.cell_type == "code" and meta.get("solution"):
@@ -106,7 +109,8 @@ def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode,
                 resolve(call)  # fail now, not while grading
             if gid in released and "coursekit.grading" not in released[gid].source:
                 hidden.add(gid)
-    return NotebookPlan(name, release, tests, points, hidden, parts, part_of, titles, manual)
+    labels = {gid: label for gid, title in titles.items() if (label := part_label(title))}
+    return NotebookPlan(name, release, tests, points, hidden, parts, part_of, titles, manual, labels)
 
 
 def resolve(call: Call):
@@ -140,12 +144,36 @@ def course_secret(root: Path) -> bytes:
     return secret.encode()
 
 
+def staged_plan(root: Path, assignment: str) -> Plan:
+    """The plan of ``assignment`` as ``coursekit autograde`` makes it: nbgrader's
+    ``generate_assignment`` (which also registers the assignment in the course's gradebook) into a
+    throwaway folder, then :func:`load_plan` on that release."""
+    import tempfile
+
+    from coursekit import course
+
+    with tempfile.TemporaryDirectory() as tmp:
+        staging = course.nbgrader_api(root, **{"CourseDirectory.release_directory": tmp})
+        course.expect_success(
+            staging.generate_assignment(assignment, force=True, create=True), f"registering {assignment}"
+        )
+        return load_plan(root, assignment, Path(tmp))
+
+
 def load_plan(root: Path, assignment: str, release_dir: Path) -> Plan:
+    """The plan of ``assignment``, whose release nbgrader's ``generate_assignment`` wrote into
+    ``release_dir``; the release is finished as ``coursekit release`` finishes it (links to the
+    book, predictions stubbed: :func:`coursekit.course.release_finisher`), so that it is what the
+    students were given."""
+    from coursekit import course
+
     source_dir = root / "solutions" / assignment
     notebooks, files = [], {}
+    finish = course.release_finisher(root)
     for path in sorted(source_dir.glob("*.ipynb")):
         source = nbformat.read(path, as_version=4)
         release = nbformat.read(release_dir / assignment / path.name, as_version=4)
+        finish(release)
         notebooks.append(plan_notebook(source, release, path.stem))
     for path in sorted(source_dir.rglob("*")):
         if path.is_file() and path.suffix != ".ipynb" and ".ipynb_checkpoints" not in path.parts:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import nbformat
 
-from coursekit.cells import Call, is_test_cell, nbgrader_meta, thin_calls
+from coursekit.cells import Call, heading, is_test_cell, nbgrader_meta, part_label, thin_calls
 from coursekit.chapters import chapter, course_root
 from coursekit.grading import core
 from coursekit.grading.core import GradingFailure
@@ -56,14 +56,15 @@ class Part:
     """An answer cell and its test cells.
 
     Attributes:
-        number: 1 for the first part of the notebook, and so on.
+        number: the part's number as the notebook's heading gives it (``"1"``, ``"5a"`` for "Question
+            5a"; :func:`coursekit.cells.part_label`), else its place among the answer cells.
         grade_id: the answer cell's grade id.
         names: the top-level names the answer cell defines, the graded object first.
         source: the instructor's answer (solution markers included).
         tests: the test cells that follow it.
     """
 
-    number: int
+    number: str
     grade_id: str
     names: tuple[str, ...]
     source: str
@@ -124,11 +125,14 @@ def used_names(source: str) -> set[str]:
 def parts(assignment: str, root: Path | None = None) -> list[Part]:
     """The graded parts of ``assignment``, in notebook order, read from the instructor's notebook."""
     nb = _notebook(assignment, "solutions", root)
-    found: list[tuple[str, str, list[Test]]] = []
+    found: list[tuple[str, str, list[Test], str | None]] = []
+    title = None
     for cell in nb.cells:
         meta = nbgrader_meta(cell)
+        if cell.cell_type == "markdown":
+            title = heading(cell.source) or title
         if cell.cell_type == "code" and meta.get("solution"):
-            found.append((meta["grade_id"], cell.source, []))
+            found.append((meta["grade_id"], cell.source, [], part_label(title)))
         elif is_test_cell(cell):
             if not found:
                 raise ValueError(
@@ -140,8 +144,8 @@ def parts(assignment: str, root: Path | None = None) -> list[Part]:
                 Test(gid, float(meta.get("points", 0)), "BEGIN HIDDEN TESTS" in cell.source, calls)
             )
     return [
-        Part(i, gid, defined_names(src), src, tuple(tests))
-        for i, (gid, src, tests) in enumerate(found, start=1)
+        Part(label or str(i), gid, defined_names(src), src, tuple(tests))
+        for i, (gid, src, tests, label) in enumerate(found, start=1)
     ]
 
 
@@ -205,7 +209,10 @@ def run_tests(part: Part, ns: dict, *, hidden: bool | None = None) -> list[Outco
 
 
 def fix_first(
-    order: list[tuple[str, tuple[str, ...]]], answers: dict[str, str], failed: set[str]
+    order: list[tuple[str, tuple[str, ...]]],
+    answers: dict[str, str],
+    failed: set[str],
+    labels: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Which failing parts call an earlier part that fails its own checks, and what to tell them.
 
@@ -213,6 +220,8 @@ def fix_first(
         order: the parts in notebook order, as (answer grade id, names the instructor's answer defines).
         answers: answer grade id -> the student's answer (its source).
         failed: answer grade ids of the parts with a failed test cell.
+        labels: answer grade id -> the part's number in the notebook's headings (default: its place
+            in ``order``, from 1).
 
     Returns:
         answer grade id -> a sentence such as "part 1 (softmax) fails its own checks, and your
@@ -228,7 +237,7 @@ def fix_first(
             continue
         used = used_names(answers.get(gid, ""))
         culprits = [
-            (j + 1, earlier)
+            ((labels or {}).get(earlier) or j + 1, earlier)
             for j, (earlier, defined) in enumerate(order[:i])
             if earlier in failed and used & set(defined)
         ]
