@@ -540,3 +540,27 @@ def test_a_grade_entered_in_the_formgrader_reaches_the_exports_and_the_report_an
         assert (kept.manual_score, kept.auto_score) == (1.5, None)
     feedback = (root / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
     assert "graded by hand" in feedback
+
+
+def test_every_file_the_instructors_commands_write_is_ignored_by_git(graded):
+    """Student data is never one ``git add -A`` from the repository: in a graded course folder (after
+    autograde, report and every export, and a second inbox), git sees only the course's own files."""
+    root, _ = graded
+    shutil.copy(ROOT / ".gitignore", root)
+    (root / "inbox-late").mkdir(exist_ok=True)
+    (root / "inbox-late" / "zoe.ipynb").write_text("{}")
+    (root / "times.csv").write_text("student,timestamp\n")
+    for fmt in ("canvas", "moodle", "csv"):  # to their default paths, whatever pending grades say
+        cli.main(["--course", str(root), "export", "--format", fmt, "--allow-pending"])
+    assert {f"grades-{fmt}.csv" for fmt in ("canvas", "moodle", "csv")} <= {p.name for p in root.iterdir()}
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all", "--ignored=no"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    seen = {line[3:].split("/")[0] for line in status}
+    # exported.csv: an earlier test's `export --out`, a path the instructor chose
+    assert seen - {"exported.csv"} <= {".gitignore", "nbgrader_config.py", "solutions"}, sorted(seen)

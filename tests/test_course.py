@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from nbgrader.dbutil import _temp_alembic_ini
 
+from coursekit import course
 from coursekit.course import alembic_head
 
 
@@ -22,3 +23,17 @@ def test_the_schema_revision_read_in_process_is_the_one_nbgrader_runs_alembic_fo
         heads = subprocess.run([alembic, "-c", ini, "heads"], capture_output=True, text=True, check=True)
     assert heads.stdout.split()[0] == alembic_head()
     assert len(alembic_head()) == 12  # a revision id, not an empty answer
+
+
+def test_feedback_links_the_published_book_or_says_there_is_none(monkeypatch):
+    """The feedback's "Read again" names the chapter, linked at the book's published address
+    (``html.baseurl``); without one it says so instead of linking the instructor's ``_build/``."""
+    from coursekit.autograde import record
+
+    monkeypatch.setattr(course, "book_url", lambda root: "https://example.org/course")
+    assert (
+        record._chapter_link("ch01_attention")["url"] == "https://example.org/course/book/ch01_attention.html"
+    )
+    monkeypatch.setattr(course, "book_url", lambda root: "")
+    link = record._chapter_link("ch01_attention")
+    assert link["url"] is None and link["title"]

@@ -193,6 +193,31 @@ def test_bubblewrap_hides_the_course_and_the_network():
         session.close()
 
 
+@pytest.mark.slow  # starts a bubblewrap sandbox
+def test_bubblewrap_shows_the_committed_checkpoints_read_only():
+    """The notebooks' experiment tables load the committed checkpoints (ch07's gpt-char, ch08's
+    seq2seq-numbers) inside the sandbox: there, and only to read."""
+    if not bubblewrap_works():
+        pytest.skip("bubblewrap is not available here")
+    from coursekit import checkpoints
+
+    name = sorted(checkpoints.REGISTRY)[0]
+    (weights, *_) = checkpoints.files(name)
+    with Worker("bwrap", Limits(cell_seconds=30)) as worker:
+        session = worker.session()
+        code = (
+            "from coursekit import checkpoints\n"
+            f"path = checkpoints.files({name!r})[0]\n"
+            "print(path, path.stat().st_size)\n"
+            "try:\n    open(path, 'ab')\nexcept OSError as e:\n    print('read-only', e.errno)"
+        )
+        reply = session.run_cell(code, "probe", time.monotonic() + 60)
+        out = reply["outputs"][0]["text"]
+        assert f"/opt/coursekit/checkpoints/{weights.name} {weights.stat().st_size}" in out, reply
+        assert "read-only" in out
+        session.close()
+
+
 def Path_root():
     from tests.submissions import ROOT
 

@@ -132,8 +132,9 @@ def checks_of(test: dict) -> dict:
 
 
 def _chapter_link(assignment: str) -> dict | None:
-    """The chapter of ``assignment`` and a link to it that works from the feedback folder
-    (``html.baseurl`` of ``_config.yml`` when the book is published, else the book built beside it)."""
+    """The chapter of ``assignment`` and its address in the published book (``html.baseurl`` of
+    ``_config.yml``); ``url`` is ``None`` when the book has no published address (a link into the
+    instructor's own ``_build/`` would lead nowhere on the student's machine)."""
     from coursekit.chapters import chapter, course_root
 
     try:
@@ -142,7 +143,7 @@ def _chapter_link(assignment: str) -> dict | None:
         return None
     page = Path(row.page).with_suffix(".html").as_posix()
     base = course.book_url(course_root())
-    url = f"{base}/{page}" if base else f"../../../_build/html/{page}"
+    url = f"{base}/{page}" if base else None
     return {"title": row.title, "url": url}
 
 
@@ -180,7 +181,7 @@ class SummarizeParts(NbGraderPreprocessor):
                 )
             summary.append(
                 {
-                    "number": number,
+                    "number": part.get("number", number),  # the notebook's headings' numbering
                     "title": part["title"],
                     "anchor": part["tests"][0] if part["tests"] else "",
                     "score": score,

@@ -194,6 +194,11 @@ def _bwrap_command(limits: Limits) -> tuple[list[str], str]:
         args += ["--ro-bind", sys.prefix, "/opt/venv"]
     package = str(Path(coursekit.__file__).resolve().parent)
     args += ["--ro-bind", package, "/opt/coursekit/coursekit"]
+    # the committed checkpoints (small trained models that experiment tables of the notebooks load),
+    # read-only where coursekit.checkpoints looks for them: beside the package
+    checkpoints = _checkpoint_folder()
+    if checkpoints is not None:
+        args += ["--ro-bind", checkpoints, "/opt/coursekit/checkpoints"]
     env = {"PYTHONPATH": "/opt/coursekit", "HOME": "/scratch", "MPLCONFIGDIR": "/tmp/matplotlib"}
     cache = _matplotlib_cache()
     if cache:
@@ -203,6 +208,15 @@ def _bwrap_command(limits: Limits) -> tuple[list[str], str]:
     for key, value in env.items():
         args += ["--setenv", key, value]
     return args, "/scratch"
+
+
+def _checkpoint_folder() -> str | None:
+    """The host's folder of committed checkpoints (``coursekit.checkpoints.checkpoint_dir``, read
+    here without importing torch), or ``None`` if there is none."""
+    folder = Path(
+        os.environ.get("COURSEKIT_CHECKPOINTS") or Path(coursekit.__file__).resolve().parents[1] / "checkpoints"
+    )
+    return str(folder.resolve()) if folder.is_dir() else None
 
 
 def _sandbox_python() -> str:
