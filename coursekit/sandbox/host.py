@@ -213,9 +213,8 @@ def _bwrap_command(limits: Limits) -> tuple[list[str], str]:
 def _checkpoint_folder() -> str | None:
     """The host's folder of committed checkpoints (``coursekit.checkpoints.checkpoint_dir``, read
     here without importing torch), or ``None`` if there is none."""
-    folder = Path(
-        os.environ.get("COURSEKIT_CHECKPOINTS") or Path(coursekit.__file__).resolve().parents[1] / "checkpoints"
-    )
+    beside = Path(coursekit.__file__).resolve().parents[1] / "checkpoints"
+    folder = Path(os.environ.get("COURSEKIT_CHECKPOINTS") or beside)
     return str(folder.resolve()) if folder.is_dir() else None
 
 
