@@ -61,6 +61,9 @@ SYSTEM_NAMES = frozenset({".ipynb_checkpoints", "__MACOSX", "Thumbs.db", "deskto
 
 #: nbgrader reads ``timestamp.txt`` with this format (``parse_utc`` takes the zone name).
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f UTC"
+#: Submission times :func:`read_times` accepts (UTC, end excluded): before 1970 is a typo (year
+#: 0001 or 0024), and a time must stay a valid date whatever zone it is shown in.
+TIMES_RANGE = (dt.datetime(1970, 1, 1, tzinfo=dt.UTC), dt.datetime(9999, 1, 1, tzinfo=dt.UTC))
 
 _ID_RULE = (
     "student ids are 1 to 64 characters: letters A-Z and a-z, digits, '.', '_' and '-', "
@@ -134,17 +137,27 @@ def read_times(path: Path) -> dict[str, dt.datetime]:
         ``{student: time}`` with every time aware and in UTC, e.g.
         ``{"alice": datetime(2024, 3, 1, 16, 59, tzinfo=timezone.utc)}``.
 
+    A bad file is refused whole, and nothing is graded: a row skipped would give its student no
+    late penalty (or one from the wrong time) without anyone noticing, while the instructor who
+    wrote the file can fix the line named and run again.
+
     Raises:
         FileNotFoundError: if ``path`` does not exist.
-        ValueError: naming the file, the line and the problem, for a file that is not UTF-8,
-            a missing or different header, a row without exactly two fields, a student id
-            that is not valid, a timestamp that is not ISO 8601, or a student listed twice.
+        ValueError: naming the file, the line and the problem, for a file that cannot be read
+            or is not UTF-8, a missing or different header, a row without exactly two fields, a
+            student id that is not valid, a timestamp that is not ISO 8601 or falls outside
+            :data:`TIMES_RANGE` (year 1970 to 9998, in UTC), or a student listed twice (ids
+            compared without case, as :func:`collect` does).
     """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # a folder, a file we may not read
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
     rows = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(rows, None)
@@ -166,9 +179,11 @@ def read_times(path: Path) -> dict[str, dt.datetime]:
                 raise ValueError(
                     f"{path}, line {line}: '{printable(student)}' is not a valid student id ({_ID_RULE})"
                 )
-            if student in times:
+            same = next((s for s in times if s.casefold() == student.casefold()), None)
+            if same is not None:
                 raise ValueError(
-                    f"{path}, line {line}: student {student} is listed twice (first on line {lines[student]})"
+                    f"{path}, line {line}: student {student} is listed twice (first on line {lines[same]}"
+                    + (f", as {same}: ids are compared without case)" if same != student else ")")
                 )
             try:
                 when = dt.datetime.fromisoformat(stamp)
@@ -177,7 +192,16 @@ def read_times(path: Path) -> dict[str, dt.datetime]:
                     f"{path}, line {line}: '{printable(stamp)}' is not an ISO 8601 time "
                     f"(e.g. 2024-03-01T17:59:00+01:00)"
                 ) from None
-            times[student] = when.astimezone(dt.UTC)  # a naive time is taken as local time
+            try:
+                utc = when.astimezone(dt.UTC)  # a naive time is taken as local time
+            except (OverflowError, ValueError, OSError):
+                utc = None
+            if utc is None or not TIMES_RANGE[0] <= utc < TIMES_RANGE[1]:
+                raise ValueError(
+                    f"{path}, line {line}: '{printable(stamp)}' is out of range: submission times "
+                    f"must fall between the years {TIMES_RANGE[0].year} and {TIMES_RANGE[1].year - 1} (in UTC)"
+                )
+            times[student] = utc
             lines[student] = line
     except csv.Error as e:
         raise ValueError(f"{path}, line {rows.line_num}: {e}") from None
@@ -579,6 +603,8 @@ def collect(
     ``times[student]`` if ``times`` is given (no time for a student missing from it), else
     from the modification time of the chosen notebook (the latest of them, or the folder's).
 
+    Ids that differ only by case (``alice`` and ``Alice``, in the inbox, or one in the inbox and
+    the other already in ``submitted/``) refuse the inbox's entries for them, naming the others.
     A student's problems refuse that student only (their earlier ``submitted/`` copy is kept);
     a collected student's copy is replaced whole, through a rename. Notes for the student are
     stored for :func:`collect_notes`. Nothing in ``inbox`` is modified.
@@ -661,9 +687,14 @@ def _collect(
                 )
             )
 
+    by_case = _same_but_case(root, groups)
     students: list[str] = []
     notes: dict[str, list[str]] = {}
     for student, group in sorted(groups.items()):
+        if student in by_case:
+            for name, _ in group:
+                refused.append(Refused(printable(name), by_case[student]))
+            continue
         if len(group) > 1:
             refused.append(
                 Refused(
@@ -689,6 +720,43 @@ def _collect(
             + (f" (ignored: {_listing(ignored)})" if ignored else "")
         )
     return Collected(sorted(students), sorted(refused, key=lambda r: r.entry), ignored, notes)
+
+
+def _same_but_case(root: Path, groups: dict) -> dict[str, str]:
+    """The students of the inbox whose ids differ only by case from another's, in the inbox or
+    already in ``submitted/``, each with the reason it is refused.
+
+    ``alice`` and ``Alice`` are one student to an LMS that matches logins without case, and one
+    folder on a disk that ignores case (macOS, Windows): grading both would leave one grade
+    overwriting the other in the export, or one submission overwriting the other. Refusing them
+    loses nothing (the inbox is not changed, earlier copies are kept) and says which to rename.
+    """
+    valid = [s for s in groups if STUDENT_ID.fullmatch(s)]
+    try:
+        with os.scandir(root / "submitted") as it:
+            earlier = [e.name for e in it if not _ignored(e.name) and STUDENT_ID.fullmatch(e.name)]
+    except OSError:
+        earlier = []
+    spellings: dict[str, set[str]] = {}
+    for s in valid:
+        spellings.setdefault(s.casefold(), set()).add(s)
+    reasons = {}
+    for s in valid:
+        others = sorted(spellings[s.casefold()] - {s})
+        if others:
+            reasons[s] = (
+                f"{s} and {_listing(others)} differ only by case, which an LMS or a disk may not tell "
+                "apart: rename the entries to one spelling (or to different ids) and run again"
+            )
+            continue
+        before = sorted(e for e in earlier if e.casefold() == s.casefold() and e != s)
+        if before:
+            reasons[s] = (
+                f"{s} differs only by case from {_listing(before)}, already in submitted/, which an "
+                f"LMS or a disk may not tell apart: rename the entry to {before[0]} (or to another id) "
+                "and run again"
+            )
+    return reasons
 
 
 def _plan(

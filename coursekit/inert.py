@@ -14,6 +14,10 @@ and the HTML inside markdown cells through raw, and writes image metadata (``wid
 - :func:`inert_markdown` leaves a markdown cell alone when nbconvert renders it to inert
   HTML, and otherwise shows its text in a code block;
 - :func:`markdown_text` escapes a string (a file name, a note) to literal markdown;
+- :func:`valid_unicode` replaces lone surrogates (which JSON can spell and UTF-8 cannot);
+- :func:`cap_markdown_images` and :class:`ImageBudget` cap embedded images
+  (:data:`MAX_IMAGE_BYTES` each, :data:`MAX_NOTEBOOK_IMAGE_BYTES` a notebook);
+- :func:`distinct_headings` keeps a student's heading from taking the HTML id of a graded cell;
 - :func:`with_csp` and :func:`harden_html_file` add a Content-Security-Policy to a page, so
   that whatever slipped through runs no script and fetches nothing.
 
@@ -37,7 +41,21 @@ from pathlib import Path
 
 import nh3
 
-__all__ = ["CSP", "clean_outputs", "harden_html_file", "inert_markdown", "markdown_text", "with_csp"]
+__all__ = [
+    "CSP",
+    "MAX_IMAGE_BYTES",
+    "MAX_NOTEBOOK_IMAGE_BYTES",
+    "ImageBudget",
+    "cap_markdown_images",
+    "clean_outputs",
+    "distinct_headings",
+    "harden_html_file",
+    "inert_markdown",
+    "markdown_text",
+    "reserved_ids",
+    "valid_unicode",
+    "with_csp",
+]
 
 #: The policy :func:`with_csp` adds. No script, frame, font file, stylesheet file, form
 #: target or connection is allowed; images and fonts only as ``data:`` URLs (figures are
@@ -115,6 +133,102 @@ def _text(value: str) -> str:
     return value.encode("utf-8", errors="replace").decode("utf-8")
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_unicode(text: str) -> tuple[str, int]:
+    """``text`` with every lone surrogate replaced by U+FFFD, and how many there were.
+
+    JSON can spell a lone surrogate (``"\\ud800"``) that no UTF-8 file, SQLite text, Python
+    compiler or HTML page accepts; a notebook's text is made writable here, once, before
+    anything else reads it. A surrogate *pair* in the JSON is one character and is kept.
+
+    Example: ``"a\\ud800b"`` -> ``("a\\ufffdb", 1)``; ``"caf\\u00e9"`` -> ``("caf\\u00e9", 0)``
+    """
+    return _LONE_SURROGATE.subn("\ufffd", text)
+
+
+# --- embedded images ---------------------------------------------------------------------
+
+#: The most bytes (of base64 text, as the page holds them) one embedded image may take in a
+#: notebook's markdown or outputs; a larger one is replaced by a line saying so.
+MAX_IMAGE_BYTES = 2 * 2**20
+#: The most bytes all embedded images of a notebook's markdown may take, and as much again for
+#: the images of its outputs: the feedback page stays a few megabytes however many there are.
+MAX_NOTEBOOK_IMAGE_BYTES = 8 * 2**20
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+class ImageBudget:
+    """The bytes of embedded images a notebook may still show: :data:`MAX_NOTEBOOK_IMAGE_BYTES` in
+    all and :data:`MAX_IMAGE_BYTES` each, unless given."""
+
+    def __init__(self, total: int | None = None, each: int | None = None):
+        self.total = MAX_NOTEBOOK_IMAGE_BYTES if total is None else total
+        self.each = MAX_IMAGE_BYTES if each is None else each
+        self.left = self.total
+
+    def why_not(self, size: int) -> str | None:
+        """Charge an image of ``size`` bytes; ``None`` if it may be shown, else the reason it may not."""
+        if size > self.each:
+            return f"an image of {_mib(size)} was removed: images are shown up to {_mib(self.each)} each"
+        if size > self.left:
+            return (
+                f"an image of {_mib(size)} was removed: the images of a notebook are shown up to "
+                f"{_mib(self.total)} in all"
+            )
+        self.left -= size
+        return None
+
+
+#: A markdown image whose address is a ``data:`` URL: ``![alt](data:image/png;base64,... "title")``.
+_MD_DATA_IMAGE = re.compile(
+    r"!\[(?:[^\]\\]|\\.)*\]\(\s*<?data:[^\s)>]*>?(?:\s+(?:\"[^\"]*\"|'[^']*'|\([^)]*\)))?\s*\)"
+)
+_DATA_URL = re.compile(r"data:[^\s)>\]\"'<]*", re.IGNORECASE)
+
+
+def cap_markdown_images(text: str, budget: ImageBudget) -> tuple[str, list[str]]:
+    """``text`` with every embedded (``data:``) image over :class:`ImageBudget`'s caps replaced
+    by an italic line saying so; the notes (one per image removed) for the student.
+
+    Images are charged in the order they appear; one within the caps is kept unchanged. A
+    ``data:`` URL outside image syntax (a reference definition, bare text) is charged too.
+
+    Example: a cell holding ``![plot](data:image/png;base64,<3 MiB>)`` ->
+    ``("*[an image of 3.0 MiB was removed: images are shown up to 2.0 MiB each]*", [...])``
+    """
+    notes: list[str] = []
+
+    def image(match: re.Match) -> str:
+        url = _DATA_URL.search(match[0])
+        why = budget.why_not(len(url[0]) if url else 0)
+        if why is None:
+            return match[0]
+        notes.append(why)
+        return f"*[{why}]*"
+
+    def bare(match: re.Match) -> str:
+        why = budget.why_not(len(match[0]))
+        if why is None:
+            return match[0]
+        notes.append(why)
+        return f"[{why}]"
+
+    # images first, then what is left (a data: URL already replaced is gone, not charged twice)
+    parts = []
+    last = 0
+    for match in _MD_DATA_IMAGE.finditer(text):
+        parts.append(_DATA_URL.sub(bare, text[last : match.start()]))
+        parts.append(image(match))
+        last = match.end()
+    parts.append(_DATA_URL.sub(bare, text[last:]))
+    return "".join(parts), notes
+
+
 def _multiline(value: object) -> str | None:
     """An nbformat multiline string (a str, or a list of str to join) as one str; else None."""
     if isinstance(value, str):
@@ -163,7 +277,9 @@ class _Budget:
         return kept + _TRUNCATED
 
 
-def _clean_bundle(data: dict, budget: _Budget, notes: list[str]) -> dict[str, str] | None:
+def _clean_bundle(
+    data: dict, budget: _Budget, notes: list[str], images: ImageBudget
+) -> dict[str, str] | None:
     """The inert part of a mime bundle, cut to the budget; None if the bundle is malformed."""
     if not all(isinstance(k, str) for k in data):
         return None
@@ -194,15 +310,22 @@ def _clean_bundle(data: dict, budget: _Budget, notes: list[str]) -> dict[str, st
         values["text/html"] = cleaned
 
     kept = {}
+    removed = None  # why an image was not kept for its size
     for mimetype, value in values.items():  # text first, images last: cut an image rather than text
         if mimetype in _IMAGE_TYPES:
-            if budget.charge(len(value)):  # an image cut short is no image: keep it whole or not at all
+            why = images.why_not(len(value))
+            if why is not None:
+                notes.append(why)
+                removed = why
+            elif budget.charge(len(value)):  # an image cut short is no image: keep it whole or not at all
                 kept[mimetype] = value
         elif budget.left > 0:
             cut = budget.take(value)
             kept[mimetype] = _CLEANER.clean(cut) if mimetype == "text/html" and cut != value else cut
         elif value:
             budget.cut = True
+    if removed is not None and "text/plain" not in kept:
+        kept["text/plain"] = budget.take(f"[{removed}]")
     if not kept and data and not budget.cut:
         gone = ", ".join(_shown(k) for k in list(data)[:3])
         kept["text/plain"] = budget.take(
@@ -211,7 +334,7 @@ def _clean_bundle(data: dict, budget: _Budget, notes: list[str]) -> dict[str, st
     return kept
 
 
-def _clean_output(out: object, budget: _Budget, notes: list[str]) -> dict | None:
+def _clean_output(out: object, budget: _Budget, notes: list[str], images: ImageBudget) -> dict | None:
     """One output rebuilt from untrusted data, or None (with a note) to drop it."""
     malformed = "an output of this cell was malformed and was not kept"
     if not isinstance(out, dict):
@@ -236,7 +359,7 @@ def _clean_output(out: object, budget: _Budget, notes: list[str]) -> dict | None
             return None
         if not budget.charge(_OUTPUT_OVERHEAD):
             return None
-        bundle = _clean_bundle(data, budget, notes)
+        bundle = _clean_bundle(data, budget, notes, images)
         if bundle is None:
             notes.append(malformed)
             return None
@@ -270,7 +393,9 @@ def _clean_output(out: object, budget: _Budget, notes: list[str]) -> dict | None
     return None
 
 
-def clean_outputs(outputs: object, *, max_bytes: int = 4 << 20) -> tuple[list[dict], list[str]]:
+def clean_outputs(
+    outputs: object, *, max_bytes: int = 4 << 20, images: ImageBudget | None = None
+) -> tuple[list[dict], list[str]]:
     """Rebuild one code cell's outputs from untrusted data into inert, valid nbformat outputs.
 
     Kept: ``stream`` (``stdout``/``stderr``), ``display_data`` and ``execute_result`` (a mime
@@ -284,13 +409,16 @@ def clean_outputs(outputs: object, *, max_bytes: int = 4 << 20) -> tuple[list[di
     as strict base64. ``text/markdown`` becomes ``text/plain`` where there is none; the rest
     (``application/javascript``, ``image/svg+xml``, widgets, ...) is dropped, and a bundle left
     empty shows a ``text/plain`` placeholder. Malformed outputs are dropped. Lone surrogates
-    become ``?``.
+    become ``?``. An image over :data:`MAX_IMAGE_BYTES`, or over what is left of ``images``,
+    is replaced by a ``text/plain`` line saying so (where the bundle has no text of its own).
 
     Args:
         outputs: the cell's outputs as the sandbox reported them: a list of dicts, or anything.
         max_bytes: the most UTF-8 bytes of text kept over all outputs (plus 64 per output);
             text is cut there with a marker, later outputs are dropped, and images are kept
             whole or not at all.
+        images: the notebook's budget of embedded images, shared by the calls for its cells
+            (:class:`ImageBudget`); ``None``: a fresh one for this cell alone.
 
     Returns:
         ``(kept, notes)``: the rebuilt outputs as plain dicts (valid in an nbformat 4.5 code
@@ -307,12 +435,13 @@ def clean_outputs(outputs: object, *, max_bytes: int = 4 << 20) -> tuple[list[di
     if not isinstance(outputs, list):
         return [], ["the outputs of this cell were malformed and were not kept"]
     budget = _Budget(max_bytes)
+    images = ImageBudget() if images is None else images
     notes: list[str] = []
     kept = []
     for out in outputs:
         if budget.cut and budget.left <= 0:
             break
-        rebuilt = _clean_output(out, budget, notes)
+        rebuilt = _clean_output(out, budget, notes, images)
         if rebuilt is not None:
             kept.append(rebuilt)
     if budget.cut:
@@ -450,6 +579,103 @@ def inert_markdown(text: str) -> tuple[str, bool]:
     fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
     body = text if text.endswith("\n") else text + "\n"
     return f"*This cell held HTML that the autograder shows as text:*\n\n{fence}\n{body}{fence}\n", True
+
+
+# --- heading anchors -------------------------------------------------------------------
+
+#: The ``id``\ s that the pages showing a notebook give their own elements: nbgrader's formgrader
+#: (``formgrade/index.html.j2``, whose script finds a cell's score box by its grade id), nbgrader's
+#: own feedback template, nbconvert's ``classic`` template, and our feedback page
+#: (``coursekit/templates/feedback``, whose part links go to the test cells' grade ids).
+#: ``tests/test_inert.py`` reads the templates and fails if one of them gains an id not covered here.
+PAGE_IDS = frozenset({"notebook", "notebook-container", "statusmessage", "toc"})
+#: What the formgrader appends to a grade id for the other fields of a cell.
+GRADE_ID_SUFFIXES = ("", "-comment", "_extra_credit")
+#: nbconvert's ``cell_id_anchor``: ``id="cell-id=<the cell's id>"``.
+_CELL_ID_PREFIX = "cell-id="
+
+
+def reserved_ids(grade_ids) -> frozenset[str]:
+    """The element ids (casefolded) that a heading written by a student must not take: those of
+    :data:`PAGE_IDS` and, for each grade id, the formgrader's ids of that cell's fields."""
+    ids = {i.casefold() for i in PAGE_IDS}
+    ids |= {f"{g}{suffix}".casefold() for g in grade_ids for suffix in GRADE_ID_SUFFIXES}
+    return frozenset(ids)
+
+
+class _HeadingIds(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.ids: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("h1", "h2", "h3", "h4", "h5", "h6"):
+            self.ids += [v or "" for k, v in attrs if k == "id"]
+
+
+def heading_ids(text: str) -> list[str]:
+    """The ``id`` of every heading nbconvert renders from the markdown ``text`` (it makes them
+    from the heading's text: ``"## Written answer"`` -> ``["Written-answer"]``)."""
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    try:
+        rendered = markdown2html_mistune(text)
+    except Exception:  # an "attachment:" image the filter cannot find: no page shows this text as markdown
+        return []
+    parser = _HeadingIds()
+    parser.feed(rendered)
+    parser.close()
+    return parser.ids
+
+
+def _taken(ids: list[str], reserved: frozenset[str]) -> list[str]:
+    return [i for i in ids if i.casefold() in reserved or i.casefold().startswith(_CELL_ID_PREFIX)]
+
+
+#: An ATX heading's marks, after any blockquote and list markers: ``> - ## title``.
+_ATX = re.compile(r"^((?:[ ]{0,3}(?:>|[-*+]|\d{1,9}[.)])[ \t]*)*[ ]{0,3})(#{1,6})(?=[ \t\r]|$)")
+#: A setext heading's underline (``===`` or ``---``), after any blockquote markers.
+_SETEXT = re.compile(r"^((?:[ ]{0,3}>[ \t]*)*[ ]{0,3})(=+|-+)[ \t\r]*$")
+_SETEXT_ANYWHERE = re.compile(r"^[ \t>]*(?:=+|-+)[ \t\r]*$", re.MULTILINE)
+
+
+def distinct_headings(text: str, reserved: frozenset[str]) -> tuple[str, list[str]]:
+    """``text`` with every heading whose HTML id would be one of the grader's (``reserved``, see
+    :func:`reserved_ids`) shown as plain text, and the ids that were taken.
+
+    nbconvert gives each markdown heading an ``id`` made from its text, so a student's
+    ``## written_scaling`` would carry the same id as the formgrader's score box of the cell
+    ``written_scaling``, and the grade typed there would be saved nowhere. Such a heading keeps
+    its text but loses its heading marks (``\\## written_scaling`` renders as
+    ``## written_scaling``); other headings are left alone. Should a heading still take a
+    reserved id after that, the whole text is shown as a code block.
+
+    Example: ``"## written_scaling\\nMy answer"`` with ``reserved_ids(["written_scaling"])``
+    -> ``("\\## written_scaling\\nMy answer", ["written_scaling"])``
+    """
+    if "#" not in text and not _SETEXT_ANYWHERE.search(text):  # no heading: nothing to render
+        return text, []
+    taken = _taken(heading_ids(text), reserved)
+    if not taken:
+        return text, []
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        m = _ATX.match(line)
+        if m and _taken(heading_ids(line[m.end(1) :]), reserved):
+            lines[i] = f"{m[1]}\\{line[m.end(1) :]}"
+    fixed = "\n".join(lines)
+    if _taken(heading_ids(fixed), reserved):  # a setext heading: "title" over "===" or "---"
+        for i, line in enumerate(lines):
+            m = _SETEXT.match(line)
+            if m and i > 0 and lines[i - 1].strip():
+                lines[i] = f"{m[1]}\\{line[m.end(1) :]}"
+        fixed = "\n".join(lines)
+    if _taken(heading_ids(fixed), reserved):
+        fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+        body = text if text.endswith("\n") else text + "\n"
+        why = "*This cell is shown as text: a heading in it had the name of a graded cell.*"
+        fixed = f"{why}\n\n{fence}\n{body}{fence}\n"
+    return fixed, taken
 
 
 #: ASCII punctuation, every character of which markdown lets a backslash escape.

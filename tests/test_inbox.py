@@ -273,6 +273,43 @@ def test_notebook_and_folder_for_one_student_refuse_that_student_only(course):
     assert not (root / "submitted" / "alice").exists()
 
 
+def test_ids_that_differ_only_by_case_refuse_both_and_name_each_other(course):
+    root, box = course
+    put(box / "alice.ipynb", nb("alice"))
+    put(box / "Alice" / NB, nb("Alice"))
+    put(box / "ALICE.ipynb", nb("ALICE"))
+    put(box / "bob.ipynb", nb("bob"))
+
+    c = run(root, box)
+
+    assert c.students == ["bob"]
+    assert {r.entry for r in c.refused} == {"alice.ipynb", "Alice", "ALICE.ipynb"}
+    for entry, others in (("alice.ipynb", "ALICE, Alice"), ("Alice", "ALICE, alice")):
+        reason = refusal(c, entry)
+        assert others in reason and "differ only by case" in reason and "rename" in reason
+    assert sorted(p.name for p in (root / "submitted").iterdir()) == ["bob"]
+
+
+def test_an_id_that_differs_only_by_case_from_an_earlier_student_is_refused_and_keeps_the_earlier(course):
+    root, box = course
+    put(box / "alice.ipynb", nb("first"))
+    assert run(root, box).students == ["alice"]
+    (box / "alice.ipynb").unlink()
+    put(box / "Alice.ipynb", nb("second"))
+    put(box / "bob.ipynb", nb("bob"))
+
+    c = run(root, box)
+
+    assert c.students == ["bob"]
+    reason = refusal(c, "Alice.ipynb")
+    assert (
+        "differs only by case from alice, already in submitted/" in reason
+        and "rename the entry to alice" in reason
+    )
+    assert sorted(p.name for p in (root / "submitted").iterdir()) == ["alice", "bob"]
+    assert files(sub(root, "alice"))[NB] == nb("first")
+
+
 def test_other_top_level_files_are_refused_with_the_reason(course):
     root, box = course
     put(box / "alice.zip", b"PK\x03\x04")
@@ -407,6 +444,12 @@ def test_read_times(tmp_path, monkeypatch):
         ("student,timestamp\nalice,2024-03-01T16:59:00Z\nbob,yesterday\n", 3, "not an ISO 8601 time"),
         ("student,timestamp\nalice,2024-02-30T10:00:00\n", 2, "not an ISO 8601 time"),
         ("student,timestamp\nalice,2024-03-01T16:59:00Z\n\nalice,2024-03-02T16:59:00Z\n", 4, "listed twice"),
+        # the year 0001 is ISO 8601 but no submission time; converting it to UTC overflowed
+        ("student,timestamp\nalice,0001-01-01T00:00:00\n", 2, "out of range"),
+        ("student,timestamp\nalice,0001-01-01T00:00:00+01:00\n", 2, "out of range"),
+        ("student,timestamp\nalice,9999-12-31T23:00:00-05:00\n", 2, "out of range"),
+        ("student,timestamp\nalice,1969-12-31T23:59:59Z\n", 2, "between the years 1970 and 9998"),
+        ("student,timestamp\nalice,2024-03-01T16:59:00Z\nAlice,2024-03-02T16:59:00Z\n", 3, "as alice"),
     ],
 )
 def test_read_times_names_the_file_line_and_problem(tmp_path, text, line, problem):
@@ -416,6 +459,29 @@ def test_read_times_names_the_file_line_and_problem(tmp_path, text, line, proble
     message = str(err.value)
     assert str(path) in message and f"line {line}:" in message and problem in message
     assert "\x1b" not in message
+
+
+@pytest.mark.parametrize(
+    "stamp", ["0001-01-01T00:00:00", "0001-01-01T00:00:00+01:00", "9999-12-31T23:00:00-05:00", "1900-01-01"]
+)
+def test_a_times_file_out_of_range_stops_the_run_with_one_line_and_grades_nothing(course, capsys, stamp):
+    from coursekit import cli
+
+    root, box = course
+    put(box / "alice.ipynb", nb("alice"))
+    path = put(root / "times.csv", f"student,timestamp\nalice,{stamp}\n")
+
+    code = cli.main(["--course", str(root), "autograde", str(box), "--assignment", A, "--times", str(path)])
+
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"{path}, line 2: '{stamp}' is out of range" in err
+    assert not (root / "submitted").exists() and not (root / "gradebook.db").exists()  # nothing graded
+
+
+def test_a_times_path_that_is_a_folder_is_one_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="cannot be read"):
+        read_times(tmp_path)
 
 
 def test_read_times_rejects_a_file_that_is_not_utf8(tmp_path):

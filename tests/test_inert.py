@@ -17,12 +17,26 @@ import json
 import random
 import re
 from html.parser import HTMLParser
+from pathlib import Path
 
 import nbformat
 import pytest
 from nbconvert.filters.markdown_mistune import markdown2html_mistune
 
-from coursekit.inert import CSP, clean_outputs, harden_html_file, inert_markdown, markdown_text, with_csp
+from coursekit.inert import (
+    CSP,
+    GRADE_ID_SUFFIXES,
+    ImageBudget,
+    cap_markdown_images,
+    clean_outputs,
+    distinct_headings,
+    harden_html_file,
+    heading_ids,
+    inert_markdown,
+    markdown_text,
+    reserved_ids,
+    with_csp,
+)
 from tests.browser import chromium, render, visit
 from tests.submissions import Listener
 
@@ -376,6 +390,39 @@ def test_images_are_kept_whole_or_dropped(png):
     ]
 
 
+def test_an_image_over_the_cap_is_replaced_by_a_line_saying_so():
+    big = base64.b64encode(b"\0" * (3 * 2**20)).decode()  # 4 MiB of base64: within the cell's text cap
+    outputs = [{"output_type": "display_data", "metadata": {}, "data": {"image/png": big}}]
+    kept, notes = clean_outputs(outputs, max_bytes=8 << 20)
+    why = "an image of 4.0 MiB was removed: images are shown up to 2.0 MiB each"
+    assert kept == [{"output_type": "display_data", "data": {"text/plain": f"[{why}]"}, "metadata": {}}]
+    assert notes == [why]
+
+
+def test_images_of_a_notebook_share_one_budget_across_its_cells(png):
+    budget = ImageBudget(total=len(png) * 2, each=len(png))
+    outputs = [
+        {"output_type": "display_data", "metadata": {}, "data": {"image/png": png, "text/plain": "fig"}}
+    ]
+    shown = [clean_outputs(outputs, images=budget) for _ in range(3)]  # three cells, one notebook
+    assert [k[0]["data"].get("image/png") for k, _ in shown] == [png, png, None]
+    assert shown[2][0][0]["data"]["text/plain"] == "fig"  # the text of the bundle stays
+    assert "shown up to" in shown[2][1][0] and "in all" in shown[2][1][0]
+
+
+def test_markdown_images_are_capped_in_place_and_charged_once():
+    url = "data:image/png;base64," + "A" * 100
+    text = f'a ![x]({url} "title") b\n\n[ref]: {url}\n\n![small](data:image/gif;base64,R0lG)'
+    capped, notes = cap_markdown_images(text, ImageBudget(total=10_000, each=50))
+    assert capped == (
+        "a *[an image of 0.0 MiB was removed: images are shown up to 0.0 MiB each]* b\n\n"
+        "[ref]: [an image of 0.0 MiB was removed: images are shown up to 0.0 MiB each]\n\n"
+        "![small](data:image/gif;base64,R0lG)"
+    )
+    assert len(notes) == 2
+    assert cap_markdown_images(text, ImageBudget()) == (text, [])  # within the caps: unchanged
+
+
 def test_huge_html_stays_inert_when_cut():
     fragment = "<table>" + "<tr><td>cell</td></tr>" * 1000 + "</table>"
     kept, _ = clean_outputs(
@@ -673,6 +720,72 @@ def test_harden_html_file(tmp_path):
     (tmp_path / "bare.html").write_text("<p>no head</p>")
     with pytest.raises(ValueError):
         harden_html_file(tmp_path / "bare.html")
+
+
+# --- heading anchors -------------------------------------------------------------------
+
+
+def _template_ids() -> set[str]:
+    """Every ``id="..."`` written by the templates of the pages that show a rebuilt notebook."""
+    import jupyter_core.paths
+    import nbgrader.server_extensions.formgrader as formgrader
+
+    from coursekit.autograde.record import TEMPLATES
+
+    nbgrader_pages = Path(formgrader.__file__).parent / "templates"  # the pages that show a notebook
+    folders = [nbgrader_pages / "formgrade", nbgrader_pages / "feedback", TEMPLATES / "feedback"]
+    for base in jupyter_core.paths.jupyter_path("nbconvert", "templates"):
+        folders += [Path(base) / "classic", Path(base) / "base"]
+    found = set()
+    for folder in folders:
+        for path in folder.rglob("*"):
+            if path.suffix in (".j2", ".tpl"):
+                found |= set(re.findall(r'\bid="([^"]*)"', path.read_text()))
+    return found
+
+
+def test_reserved_ids_cover_every_id_the_grader_pages_give_their_elements():
+    """If nbgrader, nbconvert or our feedback template gains an id, this fails until it is covered."""
+    grade_id_forms = {"{{ cell.metadata.nbgrader.grade_id }}", "{{ grade.get('grade_id', '') | e }}"}
+    ids = _template_ids()
+    assert "notebook-container" in ids and "{{ cell.metadata.nbgrader.grade_id }}-comment" in ids
+    reserved = reserved_ids(["g"])
+    for found in ids:
+        form = next((f for f in grade_id_forms if found.startswith(f)), None)
+        if form is not None:
+            assert found[len(form) :] in GRADE_ID_SUFFIXES, found
+            assert "g" + found[len(form) :] in reserved
+        elif "cell-id=" in found or "div_id" in found:  # a cell's own id (the student's are "added-N"); JS
+            continue  # outputs, which are never kept
+        else:
+            assert "{" not in found and found.casefold() in reserved, found
+
+
+@pytest.mark.parametrize(
+    "text, left",
+    [
+        ("## written_scaling\nMy answer", "\\## written_scaling\nMy answer"),
+        ("# Fine\n\n> - ## Written_Scaling", "# Fine\n\n> - \\## Written_Scaling"),
+        ("written_scaling-comment\n---\n", "written_scaling-comment\n\\---\n"),
+        ("## notebook-container", "\\## notebook-container"),
+        ("## cell-id=added-1", "\\## cell-id=added-1"),
+        ("## written scaling\n\n## softmax notes", None),  # ids "written-scaling", "softmax-notes": free
+    ],
+)
+def test_headings_named_like_a_graded_cell_lose_their_marks_and_others_stay(text, left):
+    reserved = reserved_ids(["written_scaling", "softmax"])
+    out, taken = distinct_headings(text, reserved)
+    assert out == (text if left is None else left)
+    assert bool(taken) == (left is not None)
+    assert not [i for i in heading_ids(out) if i.casefold() in reserved or i.startswith("cell-id=")]
+
+
+def test_a_heading_that_cannot_be_unmarked_shows_the_cell_as_text(monkeypatch):
+    from coursekit import inert
+
+    monkeypatch.setattr(inert, "_ATX", re.compile(r"(?!)"))  # as if a heading form were missed
+    out, taken = distinct_headings("## softmax", reserved_ids(["softmax"]))
+    assert taken == ["softmax"] and out.startswith("*This cell is shown as text") and heading_ids(out) == []
 
 
 # --- in a browser ----------------------------------------------------------------------

@@ -7,6 +7,12 @@ are restored from the release, cells the student added are kept where they stood
 grading metadata), a markdown cell the student wrote that holds HTML is shown as text, and every
 repair is listed as a plain note for the student. nbgrader only ever sees this rebuilt notebook,
 so one broken file cannot stop a batch.
+
+What the rebuilt notebook holds of the student's is text only, made safe to write and to show:
+lone surrogates (JSON can spell them, UTF-8 cannot) become U+FFFD, embedded images in their
+markdown are capped (:data:`coursekit.inert.MAX_IMAGE_BYTES` each), and a heading of theirs that
+would take the HTML id of a graded cell is shown as text. A notebook in the old format 3
+(``worksheets``, ``input``, heading cells) is read as nbformat reads it into format 4.
 """
 
 from __future__ import annotations
@@ -18,7 +24,14 @@ from dataclasses import dataclass, field
 import nbformat
 
 from coursekit.cells import Call, is_test_cell, nbgrader_meta, thin_calls
-from coursekit.inert import inert_markdown
+from coursekit.inert import (
+    ImageBudget,
+    cap_markdown_images,
+    distinct_headings,
+    inert_markdown,
+    reserved_ids,
+    valid_unicode,
+)
 
 __all__ = ["Normalized", "normalize", "Call", "thin_calls", "is_test_cell", "nbgrader_meta"]
 
@@ -53,6 +66,15 @@ def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
         )
     except RecursionError:
         return _unreadable(release, "your file is not a valid notebook: its JSON is nested too deeply")
+    if isinstance(data, dict) and "cells" not in data and data.get("nbformat") == 3:
+        upgraded = _from_v3(data)
+        if upgraded is None:
+            return _unreadable(
+                release,
+                "your file is not a valid notebook: it is in the old format 3, but its worksheets are malformed",
+            )
+        data = {"cells": upgraded}
+        notes.append("your notebook was saved in the old format 3; it was converted to format 4 and graded")
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         return _unreadable(release, "your file is not a Jupyter notebook: it has no list of cells")
 
@@ -66,6 +88,13 @@ def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
         if text is None:
             notes.append(f"cell {i} of your file has a malformed source and was ignored")
             continue
+        text, bad = valid_unicode(text)
+        if bad:
+            notes.append(
+                f"cell {i} of your file held text that is not valid Unicode ({bad} lone surrogate"
+                f"{'s' if bad > 1 else ''}, written \\ud800 to \\udfff in the file); "
+                "it was replaced with U+FFFD, the replacement character"
+            )
         gid = nbgrader_meta(cell).get("grade_id")
         cells.append(
             (cell["cell_type"], text, gid if isinstance(gid, str) else None, bool(nbgrader_meta(cell)))
@@ -95,14 +124,26 @@ def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
     rebuilt = []
     answered = set()
     counter = 0
+    images = ImageBudget()  # the embedded images of the student's markdown, over the whole notebook
+    reserved = reserved_ids(g for g in known if isinstance(g, str))
 
     def inert(text: str, cell_type: str, what: str) -> str:
         """A markdown cell the student wrote, made safe to render for the instructor and the student."""
         if cell_type != "markdown":
             return text
+        text, removed = cap_markdown_images(text, images)
+        for why in dict.fromkeys(removed):
+            notes.append(f"in {what}: {why}")
         safe, changed = inert_markdown(text)
         if changed:
             notes.append(f"{what} held HTML or a remote image; it is shown as text")
+            return safe
+        safe, taken = distinct_headings(safe, reserved)
+        if taken:
+            notes.append(
+                f"{what} has a heading named like a graded cell ({', '.join(taken[:3])}); "
+                "it is shown as plain text, so that the grader's page keeps one element of that name"
+            )
         return safe
 
     def add_extras(key):
@@ -152,6 +193,45 @@ def normalize(raw: bytes, release: nbformat.NotebookNode) -> Normalized:
         add_extras(gid)
     out.cells = rebuilt
     return Normalized(out, notes, True, answered)
+
+
+def _from_v3(data: dict) -> list[dict] | None:
+    """The cells of an nbformat 3 notebook, as nbformat's ``v4.upgrade`` turns them into format 4
+    (``input`` -> ``source``, a heading cell -> a markdown ``#`` line, an ``html`` cell ->
+    markdown; worksheets flattened), reading only what :func:`normalize` reads of a format 4
+    cell: its type, source and metadata. ``None`` if the worksheets are malformed.
+
+    nbformat's own upgrade is not called on the untrusted data: it validates, converts outputs
+    (which are never kept) and repeats a heading's ``#`` ``level`` times, whatever the level."""
+    worksheets = data.get("worksheets")
+    if not isinstance(worksheets, list) or not all(
+        isinstance(ws, dict) and isinstance(ws.get("cells"), list) for ws in worksheets
+    ):
+        return None
+    cells: list = []
+    for ws in worksheets:
+        for cell in ws["cells"]:
+            if not isinstance(cell, dict):
+                cells.append(cell)  # noted as malformed, in its place
+                continue
+            kind, metadata = cell.get("cell_type"), cell.get("metadata", {})
+            if kind == "code":
+                cells.append({"cell_type": "code", "source": cell.get("input", ""), "metadata": metadata})
+            elif kind == "heading":
+                level, text = cell.get("level", 1), _text(cell.get("source", ""))
+                if type(level) is not int or not 1 <= level <= 6 or text is None:
+                    cells.append({"cell_type": "heading"})  # malformed
+                else:
+                    line = " ".join(text.splitlines())
+                    cells.append(
+                        {"cell_type": "markdown", "source": f"{'#' * level} {line}", "metadata": metadata}
+                    )
+            elif kind in ("markdown", "raw", "html"):
+                kind = "markdown" if kind == "html" else kind
+                cells.append({"cell_type": kind, "source": cell.get("source", ""), "metadata": metadata})
+            else:
+                cells.append(cell)
+    return cells
 
 
 def _unreadable(release, reason: str) -> Normalized:

@@ -25,6 +25,7 @@ def run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict, w
             worker.restart()
         session = worker.session(files=files, watch=watch)
         failed = None
+        images = inert.ImageBudget()  # the embedded images of this run's outputs, over the whole notebook
         for cid, source, label in cells:
             if cid in skipped:
                 continue
@@ -34,7 +35,7 @@ def run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict, w
                 failed = (cid, label, str(e))
                 break
             # the sandbox's answer is hostile data: keep only well-formed, inert outputs
-            outputs, dropped = inert.clean_outputs(reply.get("outputs", []))
+            outputs, dropped = inert.clean_outputs(reply.get("outputs", []), images=images)
             count = reply.get("execution_count")
             verdict["outputs"][cid] = {
                 "outputs": outputs,
