@@ -22,3 +22,9 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # A cell that runs for longer than this is stopped; the submission is still graded.
 c.ExecutePreprocessor.timeout = 120
+
+# Partial credit (coursekit): a test cell scores its points in proportion to the weight of the
+# checks (clauses) it passed, rounded down to this many points; a cell with a failed check never
+# reaches full marks. Set all_or_nothing to True for a cell to score all its points or none.
+c.CourseKit.partial_credit_step = 0.5
+c.CourseKit.all_or_nothing = False

@@ -21,6 +21,7 @@ import importlib
 import nbformat
 import pytest
 
+from coursekit.autograde.credit import Credit
 from coursekit.cells import nbgrader_meta
 from coursekit.chapters import CHAPTERS
 from coursekit.grading import harness
@@ -54,6 +55,9 @@ def released_answers(assignment: str) -> dict[str, str]:
     return {nbgrader_meta(c)["grade_id"]: c.source for c in nb.cells if nbgrader_meta(c).get("solution")}
 
 
+PARTIAL, ALL_OR_NOTHING = Credit(step=0.5), Credit(all_or_nothing=True)
+
+
 def part_named(assignment: str, name: str) -> harness.Part:
     return next(p for p in harness.parts(assignment) if name in (p.name, p.grade_id))
 
@@ -65,6 +69,7 @@ def test_the_instructors_answer_passes_every_test_cell(assignment, part):
     for o in outcomes:
         assert o.failure is None, f"{assignment} {o.test.grade_id}:\n{o.failure}"
         assert o.lines and o.lines[-1].endswith("checks passed"), o.lines
+        assert o.clauses and all(ok for _, _, ok in o.clauses)  # full marks under either kind of credit
 
 
 @pytest.mark.parametrize("assignment, part", PARTS, ids=lambda x: getattr(x, "name", x))
@@ -72,6 +77,7 @@ def test_an_unanswered_part_fails_plainly(assignment, part):
     ns = harness.namespace(assignment, {part.grade_id: released_answers(assignment)[part.grade_id]})
     for o in harness.run_tests(part, ns):
         assert o.failure is not None and "not implemented yet" in o.failure, f"{o.test.grade_id}: {o.failure}"
+        assert PARTIAL.score(o.test.points, list(o.clauses)) == 0, o.clauses  # no credit for a stub
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
@@ -82,6 +88,7 @@ def test_the_untouched_release_fails_everywhere_without_crashing_a_grader(assign
             assert o.failure is not None and o.hints, (
                 f"{o.test.grade_id} did not fail as a grader: {o.failure}"
             )
+            assert PARTIAL.score(o.test.points, list(o.clauses)) == 0, (o.test.grade_id, o.clauses)
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
@@ -104,6 +111,9 @@ def test_a_catalogued_mistake_loses_its_points_with_its_hint(assignment, mutant)
     (hidden,) = harness.run_tests(part, ns, hidden=True)
     assert hidden.failure is not None, f"{mutant.name} kept the hidden points of {part.name}"
     assert mutant.hint in hidden.failure, f"expected hint {mutant.hint!r}, got:\n{hidden.failure}"
+    for credit in (PARTIAL, ALL_OR_NOTHING):  # loses points under either kind of credit
+        kept = credit.score(hidden.test.points, list(hidden.clauses))
+        assert kept < hidden.test.points or hidden.test.points == 0, (credit, kept, hidden.clauses)
 
 
 @pytest.mark.parametrize("assignment", [c.assignment for c in CHAPTERS])

@@ -243,3 +243,23 @@ def test_dropout_is_checked_on_the_weights_it_returns():
     exec(compile(source, "<stale out>", "exec"), ns)  # noqa: S102
     with pytest.raises(GradingFailure, match="out must be computed from the weights after dropout"):
         grader.grade_multihead_attention(ns["MultiHeadAttention"])
+
+
+def test_dropout_in_eval_mode_is_named_in_the_public_check_too():
+    from tests.mutants import failures
+
+    said = failures("ch02_multihead", "mha_dropout_in_eval", hidden=False)
+    assert "in eval mode: dropout was applied" in said and "only when self.training" in said
+
+
+def test_a_dtype_error_in_the_device_check_says_dtype_and_not_device():
+    class Float32Out(multihead.MultiHeadAttention):
+        def forward(self, *args, **kwargs):
+            out, w = super().forward(*args, **kwargs)
+            return out.float(), w
+
+    g = grader.Grader("MultiHeadAttention")
+    with g.check("device"):
+        grader._causal_on_x_device(g, Float32Out, (2, 3, 0, True, torch.float64, 11), 2, 3, 5)
+    [(_, hint)] = g.failures
+    assert "expected dtype float64, got float32" in hint and "device=x.device" not in hint

@@ -294,3 +294,14 @@ def test_a_lying_tensor_subclass_fails_in_process_too():
 
     with pytest.raises(GradingFailure, match="got Liar"):
         grader.grade_alibi_slopes(alibi_slopes)
+
+
+def test_a_dtype_error_in_the_device_check_says_dtype_and_not_device():
+    def alibi_bias(slopes, T, S=None):
+        return ref.alibi_bias(slopes, T, S).float()
+
+    g = grader.Grader("alibi_bias")
+    with g.check("device"):
+        grader._bias_on_slopes_device(g, alibi_bias, torch.tensor([0.5, 0.25], dtype=torch.float64), 2, 4)
+    [(_, hint)] = g.failures
+    assert "the slopes' dtype, float64" in hint and "device=slopes.device" not in hint

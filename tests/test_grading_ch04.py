@@ -275,3 +275,32 @@ def test_public_checks_catch_a_plain_mistake_per_clause(name, part):
     exec(compile(mutant.source, f"<mutant {name}>", "exec"), ns)
     with pytest.raises(GradingFailure):
         PUBLIC[part](ns[part])
+
+
+@pytest.mark.parametrize(
+    "name", ["enc_norms_ignore_eps_and_bias", "dec_cross_attention_without_bias_flag", "ff_ignores_bias"]
+)
+def test_bias_not_passed_on_names_the_bias_clause(name):
+    """Not "must be named as in the instructions", and no second cause appended."""
+    from tests.mutants import failures
+
+    said = failures("ch04_layers", name, hidden=True)
+    assert "with bias=False no layer has a bias" in said and "named as in the instructions" not in said
+
+
+def test_d_ff_advice_follows_only_a_parameter_of_width_d_ff():
+    """A wrong shape gets "d_ff defaults to 4 * d_model" only where the expected shape has that width."""
+    from coursekit.grading.core import random_weights
+
+    weights = random_weights(ref.EncoderLayer(12, 3), "d_ff.advice")
+    said = []
+    for wrong in (ref.EncoderLayer(12, 3, d_ff=12), ref.EncoderLayer(12, 3)):
+        if wrong.ff.linear1.out_features == 48:  # the width is right: the second norm is not
+            wrong.norm2 = ref.LayerNorm(13)
+        g = grader.Grader("EncoderLayer")
+        with g.check("load"):
+            grader._load(g, wrong, weights, "EncoderLayer(12, 3)", 48, True)
+        said += [hint for _, hint in g.failures]
+    assert len(said) == 2
+    assert "ff.linear1.weight has shape (12, 12), expected (48, 12): d_ff defaults to 4 * d_model" in said[0]
+    assert "norm2.weight has shape (13,)" in said[1] and "d_ff" not in said[1]

@@ -206,3 +206,13 @@ def test_a_failed_drawn_example_is_shrunk_and_quoted():
     with pytest.raises(GradingFailure) as info:
         grader.grade_merge(merge)
     assert "merge([0, 0], (0, 0), 300) should be [300], got [0, 0]" in str(info.value)
+
+
+def test_the_weight_hint_is_given_only_when_the_weight_is_ignored():
+    """[0, 0, 0] with weight 2: skipping overlaps and ignoring the weight both give {(0, 0): 2}; only the
+    code that ignores the weight is told to add the weight."""
+    from tests.mutants import failures
+
+    assert "(the weight) per occurrence" in failures("ch05_bpe", "pairs_ignore_weight", hidden=True)
+    said = failures("ch05_bpe", "pairs_skip_overlaps", hidden=True)
+    assert "also where pairs overlap" in said and "(the weight) per occurrence" not in said

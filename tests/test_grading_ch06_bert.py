@@ -208,3 +208,9 @@ def test_the_same_topic_question_names_a_letter_only_where_the_runs_fit_it(other
     from coursekit.grading.ch06_bert import same_topic_choice
 
     assert same_topic_choice(other, same).startswith(letter)
+
+
+def test_a_hint_shows_the_number_the_student_gave():
+    with pytest.raises(GradingFailure) as failed:
+        grader.grade_corrupted_fraction(lambda *args, **kwargs: 0.125)
+    assert "gave float 0.125, expected 0.0" in str(failed.value) and "gave float," not in str(failed.value)

@@ -608,3 +608,10 @@ def test_the_speculative_question_measures_the_formula_and_its_choices_are_the_m
     misreadings = {"a": 1 + k * a**k, "b": expected, "c": 1 + a * k, "d": k + 1}
     assert grader._SPECULATIVE_CHOICES == pytest.approx(misreadings, abs=0.005)
     assert grader.SPECULATIVE_TOKENS.truth() == "b"
+
+
+def test_an_unshifted_loss_is_told_about_the_last_position_not_about_autograd():
+    from tests.mutants import failures
+
+    said = failures("ch07_gpt", "loss_not_shifted", hidden=False)
+    assert "the last position's logits got a gradient" in said and "avoid .item()" not in said

@@ -327,3 +327,23 @@ def test_the_bleu_question_is_what_its_explanation_says():
     sentences = [ref.bleu([h], [r], effective_order=True) for h, r in zip(hyps, refs)]
     assert sum(sentences) / len(sentences) == pytest.approx(12.5)
     assert grader.BLEU_ONE_WORD.truth() == "d"
+
+
+def test_dropout_in_eval_mode_is_named_only_when_it_is_the_cause():
+    """The eval-mode check tells dropout in eval mode from an inverted mask (whose weights may look dropped)."""
+    from tests.mutants import failures
+
+    said = failures("ch08_seq2seq", "cross_dropout_in_eval_mode", hidden=True)
+    assert "dropout was applied in eval mode" in said
+    said = failures("ch08_seq2seq", "cross_mask_inverted", hidden=True)
+    assert "dropout was applied in eval mode" not in said and "output or the weights" not in said
+
+
+def test_a_wrong_gradient_is_not_blamed_on_detach():
+    """Ignoring the padding mask changes the gradient; only a missing gradient is told to avoid .detach()."""
+    from tests.mutants import failures
+
+    said = failures("ch08_seq2seq", "cross_mask_ignored", hidden=True)
+    assert (
+        "the gradient with respect to x differs from the reference" in said and "avoid .detach()" not in said
+    )

@@ -217,3 +217,14 @@ def test_the_scrambled_pixels_question_names_a_letter_only_where_the_runs_fit_it
     from coursekit.grading.ch09_vit import scrambled_choice
 
     assert scrambled_choice(errors, 1080).startswith(letter)
+
+
+def test_a_hint_names_one_cause():
+    """A tensor where a float is due says so (not the counting procedure); [CLS] in the wrong place is
+    not told to expand over the batch or to add a position."""
+    from tests.mutants import failures
+
+    said = failures("ch09_vit", "blank_share_tensor", hidden=True)
+    assert "should return a Python float, got tensor" in said and "count the patches" not in said
+    said = failures("ch09_vit", "cls_appended_at_the_end", hidden=True)
+    assert "so it is not the [CLS] token" in said and "differs between images or" not in said

@@ -259,3 +259,20 @@ def test_hints_for_wrong_return_types():
         grader.grade_kv_cache_size(lambda *a, **kw: float(long_context.kv_cache_size(*a, **kw)))
     with pytest.raises(GradingFailure, match="should be a boolean tensor"):
         grader.grade_sliding_window_mask(lambda *a, **kw: long_context.sliding_window_mask(*a, **kw).int())
+
+
+def test_a_wrong_tile_offset_is_not_called_an_ignored_causal_mask():
+    """Keys counted from 0 in every tile look, on a small shrunk example, like no causal mask at all;
+    the grader asks the same call with one tile and names the offset."""
+    from tests.mutants import failures
+
+    said = failures("ch10_long_context", "tiled_causal_tile_offset", hidden=True)
+    assert "right in one tile but not across tiles" in said and "causal=True is ignored" not in said
+    said = failures("ch10_long_context", "tiled_ignores_causal", hidden=True)
+    assert "causal=True is ignored" in said and "across tiles" not in said
+
+
+def test_a_hint_shows_the_number_the_student_gave():
+    with pytest.raises(GradingFailure) as failed:
+        grader.grade_window_mass(lambda *args, **kwargs: 0.125)
+    assert "gave float 0.125" in str(failed.value) or "got float 0.125" in str(failed.value)

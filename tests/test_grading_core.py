@@ -314,3 +314,26 @@ def test_tolerances_scale_with_the_magnitude_of_the_inputs():
     assert close(lse, exact.float(), magnitude=magnitude(x))
     assert tolerance(torch.float64, 0.01) == tolerance(torch.float64)  # never tighter than at magnitude 1
     assert not close(exact.float().double(), exact)  # a float32 step in a float64 computation is caught
+
+
+def test_a_names_hint_names_the_bias_argument_when_only_biases_differ():
+    """One cause per message: biases alone are the bias argument's clause, not the names'."""
+    from coursekit.grading.core import names_hint
+
+    w = {"lin.weight", "norm.weight"}
+    b = w | {"lin.bias", "norm.bias"}
+    extra = names_hint("Layer(8, bias=False)", b, w)  # bias=False not passed on
+    assert "with bias=False no layer has a bias" in extra and "named as in the instructions" not in extra
+    missing = names_hint("Layer(8)", w, b, bias=True)  # bias=True (the default) not passed on
+    assert "with bias=True (the default)" in missing and "named as in the instructions" not in missing
+    assert "keep the bias" in names_hint("Block", w, b)  # no bias argument: the biases themselves
+    assert "should have no ['lin.bias', 'norm.bias']" in names_hint("Norm", b, w)
+    renamed = names_hint("Layer(8, bias=False)", {"linear.weight", "norm.weight", "linear.bias"}, w)
+    assert "named as in the instructions" in renamed and "bias=False no layer" not in renamed
+
+
+def test_describe_shows_the_number_a_student_gave():
+    from coursekit.grading.core import describe
+
+    assert describe(0.375) == "float 0.375" and describe(3) == "int 3" and describe(None) == "None"
+    assert describe(torch.zeros(2, 3)) == "tensor float32 (2, 3)" and describe([1]) == "list"

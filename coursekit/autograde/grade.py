@@ -11,10 +11,12 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import re
 import time
 
 import nbformat
 
+from coursekit.autograde.credit import Credit
 from coursekit.autograde.plan import NotebookPlan, resolve
 from coursekit.autograde.rebuild import Call, is_test_cell, nbgrader_meta, normalize
 from coursekit.autograde.run import run_notebook
@@ -27,7 +29,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["VERDICT_VERSION", "grade_notebook"]
 
-VERDICT_VERSION = 1
+VERDICT_VERSION = 2  # 2: test results carry their clauses and partial scores
 
 
 def grade_notebook(
@@ -37,9 +39,11 @@ def grade_notebook(
     files: dict[str, bytes],
     deadline: float,
     secret: bytes = b"",
+    credit: Credit = Credit(),
 ) -> dict:
     """Grade one notebook (``raw`` is ``None`` when it was not submitted); return its verdict.
-    ``secret`` is mixed into the seed of every check (see :func:`course_secret`)."""
+    ``secret`` is mixed into the seed of every check (see :func:`course_secret`); ``credit`` says
+    how a test cell's points follow the checks it passed (see :mod:`coursekit.autograde.credit`)."""
     started = time.monotonic()
     if raw is None:
         norm = normalize(b"", plan.release)
@@ -72,8 +76,12 @@ def grade_notebook(
             plan.points.get(gid, 0.0),
             None if norm.readable else norm.notes[0],
             secret,
+            credit,
         )
     _name_earlier_parts(plan, norm.notebook, verdict["tests"])
+    changed = prediction_changes(plan, raw, verdict["tests"]) if norm.readable else []
+    if changed:
+        verdict["prediction_changes"] = changed
     if session is not None:
         verdict["reference_calls"] = sorted(session.reference_calls)
         session.close()
@@ -100,6 +108,39 @@ def watched_references(plan: NotebookPlan) -> list[tuple[str, str]]:
     return found
 
 
+#: what a prediction's check prints (coursekit.grading.questions): the value it saw, then the answer
+_PREDICTED = re.compile(r"You predicted (.+?); the experiment gives ")
+
+
+def prediction_changes(plan: NotebookPlan, raw: bytes | None, results: dict) -> list[list[str]]:
+    """``[answer cell, value its check saw, value graded]`` for each prediction whose check, as the
+    outputs the student handed in show, printed the experiment's answer for another value than
+    the one graded now: the prediction was changed after its answer was shown. A signal for the
+    instructor (the class report), never a deduction; nothing when the outputs were cleared."""
+    try:
+        cells = json.loads((raw or b"").decode("utf-8-sig")).get("cells")
+    except (ValueError, AttributeError):
+        return []
+    seen: dict[str, str] = {}
+    for cell in cells if isinstance(cells, list) else []:
+        gid = nbgrader_meta(cell).get("grade_id") if isinstance(cell, dict) else None
+        answer = plan.part_of.get(gid) if isinstance(gid, str) else None
+        outputs = cell.get("outputs") if answer else None
+        for out in outputs if isinstance(outputs, list) else []:
+            text = out.get("text") if isinstance(out, dict) else None
+            text = "".join(text) if isinstance(text, list) else text
+            found = _PREDICTED.search(text) if isinstance(text, str) else None
+            if found:
+                seen.setdefault(answer, found[1][:200])
+    graded: dict[str, str] = {}
+    for gid, result in results.items():
+        for line in result.get("lines", []):
+            found = _PREDICTED.search(line)
+            if found and gid in plan.part_of:
+                graded.setdefault(plan.part_of[gid], found[1])
+    return [[a, seen[a], graded[a]] for a in sorted(seen) if a in graded and graded[a] != seen[a]]
+
+
 def _name_earlier_parts(plan: NotebookPlan, notebook, results: dict) -> None:
     """Start the failure of a part whose answer calls an earlier, failing part with "fix part N first"."""
     failed = {plan.part_of[gid] for gid, t in results.items() if not t["passed"] and gid in plan.part_of}
@@ -124,6 +165,7 @@ def _grade_cell(
     points: float,
     unreadable: str | None,
     secret: bytes = b"",
+    credit: Credit = Credit(),
 ) -> dict:
     result = {"hidden": hidden, "points": points, "lines": [], "failure": None, "passed": False, "score": 0.0}
     if unreadable is not None:
@@ -136,7 +178,9 @@ def _grade_cell(
         result["failure"] = "not graded: your submission used up its time budget"
         return result
     lines: list[str] = []
+    clauses: list[tuple[str, float, bool]] = []
     tokens = core.SESSION.set(session), core.REPORT.set(lines), core.SECRET.set(secret)
+    clause_token = core.CLAUSES.set(clauses)
     try:
         for call in calls:
             fn = resolve(call)
@@ -145,6 +189,7 @@ def _grade_cell(
     except core.GradingFailure as e:
         result["failure"] = str(e)
         result["failed_checks"] = [[f"{e.part}: {name}", hint] for name, hint in e.failures]
+        result["score"] = credit.score(points, clauses)  # the clauses that passed (0: all or nothing)
     except StudentError as e:
         result["failure"] = str(e)
     except Exception as e:  # a bug in a grader: say so plainly, and keep grading the others
@@ -156,6 +201,9 @@ def _grade_cell(
         core.SESSION.reset(tokens[0])
         core.REPORT.reset(tokens[1])
         core.SECRET.reset(tokens[2])
+        core.CLAUSES.reset(clause_token)
         session.end_check()
     result["lines"] = lines
+    result["clauses"] = [[name, weight, ok] for name, weight, ok in clauses]
+    result["clause_points"] = credit.points_of(points, clauses)
     return result

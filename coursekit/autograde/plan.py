@@ -19,6 +19,7 @@ from pathlib import Path
 import nbformat
 
 import coursekit
+from coursekit.autograde.credit import Credit
 from coursekit.cells import Call, is_test_cell, nbgrader_meta, part_label, thin_calls
 from coursekit.cells import heading as cell_heading
 from coursekit.grading import harness
@@ -77,6 +78,7 @@ class Plan:
     files: dict[str, bytes]  # data files shipped with the assignment
     fingerprint: str  # changes when the assignment or the grading code changes
     secret: bytes = b""  # the course's secret, mixed into the seeds of every check (see course_secret)
+    credit: Credit = Credit()  # how a test cell's points follow its clauses (nbgrader_config.py's CourseKit)
 
 
 def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode, name: str) -> NotebookPlan:
@@ -169,7 +171,9 @@ def load_plan(root: Path, assignment: str, release_dir: Path) -> Plan:
 
     source_dir = root / "solutions" / assignment
     notebooks, files = [], {}
-    finish = course.release_finisher(root)
+    config = course.nbgrader_api(root).config
+    finish = course.release_finisher(root, config)
+    credit = Credit.from_config(config)
     for path in sorted(source_dir.glob("*.ipynb")):
         source = nbformat.read(path, as_version=4)
         release = nbformat.read(release_dir / assignment / path.name, as_version=4)
@@ -189,9 +193,10 @@ def load_plan(root: Path, assignment: str, release_dir: Path) -> Plan:
     for name, data in files.items():
         digest.update(name.encode() + hashlib.sha256(data).digest())
     digest.update(_code_fingerprint().encode())
+    digest.update(json.dumps(asdict(credit)).encode())  # another way of scoring: grade again
     secret = course_secret(root)
     digest.update(hashlib.sha256(secret).digest())
-    return Plan(assignment, notebooks, files, digest.hexdigest(), secret)
+    return Plan(assignment, notebooks, files, digest.hexdigest(), secret, credit)
 
 
 def _code_fingerprint() -> str:

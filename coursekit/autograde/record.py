@@ -63,7 +63,20 @@ class ApplyVerdicts(NbGraderPreprocessor):
                     if test["lines"]
                     else []
                 )
-                if not test["passed"]:
+                if not test["passed"] and test.get("score"):
+                    # partial credit through nbgrader's own path: a test cell whose output is a number
+                    # (and holds no error) scores that number; the failure is shown as text before it
+                    cell.outputs += [
+                        nbformat.v4.new_output(
+                            "stream", name="stdout", text=(test["failure"] or "failed") + "\n"
+                        ),
+                        nbformat.v4.new_output(
+                            "execute_result",
+                            data={"text/plain": repr(float(test["score"]))},
+                            execution_count=None,
+                        ),
+                    ]
+                elif not test["passed"]:
                     cell.outputs.append(
                         nbformat.v4.new_output(
                             "error",
@@ -100,12 +113,18 @@ def checks_of(test: dict) -> dict:
     """A test cell's result as the feedback shows it: each named check with its hint, or one
     line for a part that is not answered yet, or the one reason nothing could be checked."""
     hints = {name: hint for name, hint in test.get("failed_checks") or []}
+    shares = test.get("clause_points") or {}  # each check's share of the cell's points
     checks, notes = [], []
     for line in test.get("lines", []):
         m = _CHECK_LINE.match(line)
         if m:  # "part: check" -> the check (the page already says which part)
             checks.append(
-                {"name": m[2].split(": ", 1)[-1], "passed": m[1] == "pass", "hint": hints.get(m[2])}
+                {
+                    "name": m[2].split(": ", 1)[-1],
+                    "passed": m[1] == "pass",
+                    "hint": hints.get(m[2]),
+                    "points": shares.get(m[2]),
+                }
             )
         elif not re.search(
             r": all \d+ checks passed$", line

@@ -130,24 +130,35 @@ def _show(t: object, n: int = 6) -> str:
     return f"[{text}{', ...' if t.numel() > n else ''}]"
 
 
-def _first_difference(got, expected) -> str:
-    """'at index (i, j): expected a, got b' for the first entry where two same-shaped tensors differ."""
-    if not (is_tensor(got) and got.shape == expected.shape and got.dtype == expected.dtype):
+def _first_difference(got, expected, advice: str = "") -> str:
+    """'at index (i, j): expected a, got b' for the first entry where two same-shaped tensors differ;
+    ``advice`` (how to fix a plain difference of values) follows only when no other cause shows: dtype,
+    shape, or a tiny error."""
+    if is_tensor(got) and got.shape == expected.shape and got.dtype != expected.dtype:  # the dtype alone
+        return f"expected dtype {_dt(expected.dtype)}, got {_dt(got.dtype)}"
+    if not (is_tensor(got) and got.shape == expected.shape):
         return f"expected {describe(expected)}, got {describe(got)}"
     g, e = got.detach().double(), expected.detach().double()
     diff = ((g - e).abs() > 0) | (g.isnan() != e.isnan())
     where = diff.nonzero()
     if not where.numel():
-        return f"expected {_show(expected)}, got {_show(got)}"
+        return f"expected {_show(expected)}, got {_show(got)}{advice}"
     i = tuple(where[0].tolist())
     text = f"at index {i}: expected {e[i].item():.9g}, got {g[i].item():.9g}"
     error = (got.detach().double() - expected.detach().double()).abs().max().item()
-    if expected.dtype == torch.float64 and 0 < error < 1e-4 * max(1.0, expected.detach().abs().max().item()):
-        text += (
-            " (a tiny difference, the size of float32 rounding: part of the computation in float32, or an "
-            "epsilon added?)"
-        )
-    return text
+    largest = expected.detach().abs().max().item()  # tiny next to the values themselves, not next to 1
+    if expected.dtype == torch.float64 and 0 < error < 1e-4 * largest:
+        return text + _tiny_difference(got, error / largest)
+    return text + advice
+
+
+def _tiny_difference(got: torch.Tensor, relative: float) -> str:
+    """The one likely cause of a float64 result off by ``relative`` (below 1e-4): every value a float32
+    number, or an error the size of float32 rounding (about 1e-7 per operation), means float32 on the
+    way; a larger one, a small constant added."""
+    if torch.equal(got.detach().float().double(), got.detach()) or relative < 2e-6:
+        return " (a tiny difference, the size of float32 rounding: is part of the computation in float32?)"
+    return " (a small difference, larger than float32 rounding: is a small constant, an epsilon, added?)"
 
 
 def _dt(dtype: torch.dtype) -> str:
@@ -300,7 +311,7 @@ def grade_softmax(softmax) -> None:
                 )
             g.expect(
                 close(p, expected, magnitude=magnitude(x)),
-                f"{where}: {_first_difference(p, expected)} (subtract the maximum of each slice first)",
+                f"{where}: {_first_difference(p, expected, ' (subtract the maximum of each slice first)')}",
             )
 
         for_all(
@@ -957,7 +968,7 @@ def _self_attention_pair(g: Grader, SelfAttention, C: int, D: int | None, bias: 
     r = ref.SelfAttention(*args, bias=bias).to(dtype)
     weights = {key: value.to(dtype) for key, value in random_weights(r, name).items()}
     m = _run(g, f"{call}.to({dtype})", m.to, dtype)
-    load_weights(g, m, weights, call)
+    load_weights(g, m, weights, call, bias)
     r.load_state_dict(weights)
     return m, r, call
 
@@ -1061,8 +1072,8 @@ def grade_self_attention(SelfAttention) -> None:
             first_match(g, out, mistakes, right=out_r.detach())
             g.expect(
                 close(w, w_r.detach()),
-                f"{where}: the attention weights differ: queries come from q_proj(x) "
-                f"and keys from k_proj(x) ({_first_difference(w, w_r)})",
+                f"{where}: the attention weights differ: "
+                + _first_difference(w, w_r, " (queries come from q_proj(x) and keys from k_proj(x))"),
             )
             g.expect(
                 close(out, out_r.detach()),
@@ -1347,7 +1358,7 @@ def check_self_attention(SelfAttention) -> None:
         reference = ref.SelfAttention(8, 4)
         weights = {k: v.float() for k, v in random_weights(reference, "public.weights").items()}
         load_weights(
-            g, layer, weights, "SelfAttention"
+            g, layer, weights, "SelfAttention(8, 4)", True
         )  # our weights, not only the module's own initial ones
         reference.load_state_dict(weights)
         out, _ = _unpack(g, _run(g, "SelfAttention(8, 4)(x)", layer, x), "SelfAttention.forward")
@@ -1665,8 +1676,13 @@ def grade_online_softmax(online_softmax) -> None:
             expected = ref.softmax(x, -1)
             g.expect(
                 close(p, expected),
-                f"{where} for x = 0, 3, ..., 33: {_first_difference(p, expected)}; when a block raises the maximum "
-                "from m to m', multiply the sum so far by exp(m - m') before adding the block",
+                f"{where} for x = 0, 3, ..., 33: "
+                + _first_difference(
+                    p,
+                    expected,
+                    "; when a block raises the maximum from m to m', multiply the sum so far by exp(m - m') "
+                    "before adding the block",
+                ),
             )
     with g.check("stays finite for entries around 1e4 (float32)"):
         x = tensor(5, 3, 9, dtype=torch.float32, scale=1.0) * 1e4

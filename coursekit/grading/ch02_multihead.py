@@ -52,6 +52,7 @@ from coursekit.grading.core import (
     load_weights,
     magnitude,
     meta_copy_refused,
+    names_hint,
     probe,
     raise_unless_student_error,
     random_weights,
@@ -162,23 +163,34 @@ def _show(t: object, n: int = 6) -> str:
     return f"[{text}{', ...' if t.numel() > n else ''}]"
 
 
-def _first_difference(got, expected) -> str:
-    if not (is_tensor(got) and got.shape == expected.shape and got.dtype == expected.dtype):
+def _first_difference(got, expected, advice: str = "") -> str:
+    """'at index (i, j): expected a, got b' where two tensors first differ; ``advice`` (how to fix
+    a plain difference of values) follows only when no other cause shows: dtype, shape, or a tiny error."""
+    if is_tensor(got) and got.shape == expected.shape and got.dtype != expected.dtype:  # the dtype alone
+        return f"expected dtype {_dt(expected.dtype)}, got {_dt(got.dtype)}"
+    if not (is_tensor(got) and got.shape == expected.shape):
         return f"expected {describe(expected)}, got {describe(got)}"
     diff = (got.detach().double() - expected.detach().double()).abs() > 0
     diff = diff | (got.detach().isnan() != expected.detach().isnan())
     where = diff.nonzero()
     if not where.numel():
-        return f"expected {_show(expected)}, got {_show(got)}"
+        return f"expected {_show(expected)}, got {_show(got)}{advice}"
     i = tuple(where[0].tolist())
     text = f"at index {i}: expected {expected[i].item():.9g}, got {got[i].item():.9g}"
     error = (got.detach().double() - expected.detach().double()).abs().max().item()
-    if expected.dtype == torch.float64 and 0 < error < 1e-4 * max(1.0, expected.detach().abs().max().item()):
-        text += (
-            " (a tiny difference, the size of float32 rounding: part of the computation in float32, or an "
-            "epsilon added?)"
-        )
-    return text
+    largest = expected.detach().abs().max().item()  # tiny next to the values themselves, not next to 1
+    if expected.dtype == torch.float64 and 0 < error < 1e-4 * largest:
+        return text + _tiny_difference(got, error / largest)
+    return text + advice
+
+
+def _tiny_difference(got: torch.Tensor, relative: float) -> str:
+    """The one likely cause of a float64 result off by ``relative`` (below 1e-4): every value a float32
+    number, or an error the size of float32 rounding (about 1e-7 per operation), means float32 on the
+    way; a larger one, a small constant added."""
+    if torch.equal(got.detach().float().double(), got.detach()) or relative < 2e-6:
+        return " (a tiny difference, the size of float32 rounding: is part of the computation in float32?)"
+    return " (a small difference, larger than float32 rounding: is a small constant, an epsilon, added?)"
 
 
 def _dt(dtype: torch.dtype) -> str:
@@ -597,8 +609,8 @@ class _Pair:
         self.r = ref.MultiHeadAttention(self.C, H, self.n_kv, bias=bias, dropout=dropout).to(dtype)
         weights = {k: v.to(dtype) for k, v in random_weights(self.r, f"mha.weights.{seed}").items()}
         self.m = _run(g, f"{self.call}.to({dtype})", m.to, dtype)
-        _check_state(g, self.m, self.r, self.call)
-        load_weights(g, self.m, weights, self.call)
+        _check_state(g, self.m, self.r, self.call, bias)
+        load_weights(g, self.m, weights, self.call, bias)
         self.r.load_state_dict(weights)
         _run(g, f"{self.call}.{'train' if train else 'eval'}()", self.m.train, train)
         self.r.eval()
@@ -651,21 +663,43 @@ def _causal_on_x_device(g: Grader, MultiHeadAttention, config, B: int, T: int, S
         g.fail(f"{where}: {_raised(e)}: {fix}")
     out, _ = _unpack(g, result, "forward")
     g.expect(
-        is_tensor(out) and out.device.type == "cpu" and close(out, p.expected(x, kv, is_causal=True)[0]),
-        f"{where}: got {describe(out)}{' on ' + out.device.type if is_tensor(out) else ''}, not the reference's "
-        f"output on x's device (cpu): {fix}",
+        is_tensor(out) and out.device.type == "cpu",
+        f"{where}: got {describe(out)}{' on ' + out.device.type if is_tensor(out) else ''}, not a tensor on "
+        f"x's device (cpu): {fix}",
+    )
+    expected = p.expected(x, kv, is_causal=True)[
+        0
+    ]  # on the CPU: the device is right, the rest is its own clause
+    g.expect(
+        close(out, expected), f"{where}: out differs from the reference: {_first_difference(out, expected)}"
     )
 
 
-def _check_state(g: Grader, m, r, call: str) -> None:
-    """The student's state_dict has the reference's names and shapes (qkv_proj and out_proj only)."""
+def _dropout_shows(w, w_r, p: float, mag: float) -> bool:
+    """The weights ``w`` differ from the reference's ``w_r`` as dropout with probability ``p`` makes them
+    differ: each is 0 or scaled by 1/(1-p) (what a dropout applied in eval mode shows)."""
+    if not (is_tensor(w) and w.shape == w_r.shape and w.dtype == w_r.dtype) or close(w, w_r, magnitude=mag):
+        return False
+    scaled = w_r / (1 - p) if p < 1 else torch.zeros_like(w_r)
+    return close(torch.where(w == 0, scaled, w), scaled, magnitude=mag)
+
+
+def _check_state(g: Grader, m, r, call: str, bias: bool) -> None:
+    """The student's state_dict has the reference's names and shapes (qkv_proj and out_proj only); a
+    difference in biases alone is the bias argument's clause (:func:`names_hint` says so)."""
     expected = r.state_dict()
     sd = m.state_dict()
+    if isinstance(sd, dict):
+        differ = set(map(str, sd)) ^ set(expected)
+        g.expect(
+            not differ or not all(key.endswith(".bias") for key in differ),
+            names_hint(call, set(map(str, sd)), set(expected), bias),
+        )
     g.expect(
         isinstance(sd, dict) and set(sd) == set(expected),
         f"{call}: state_dict() should hold exactly {sorted(expected)}, got "
         f"{sorted(map(str, sd)) if isinstance(sd, dict) else describe(sd)}: the module's only layers are the "
-        "nn.Linear qkv_proj and out_proj" + ("" if "bias" in str(sorted(expected)) else ", without biases"),
+        "nn.Linear qkv_proj and out_proj",
     )
     for key, value in sd.items():
         g.expect(
@@ -886,7 +920,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                     f"{' (q, k and v packed: C + 2 H_kv D)' if name == 'qkv_proj' else ''}, "
                     f"got {layer.in_features} -> {layer.out_features}",
                 )
-            _check_state(g, m, ref.MultiHeadAttention(C, H, n_kv, bias=bias), call)
+            _check_state(g, m, ref.MultiHeadAttention(C, H, n_kv, bias=bias), call, bias)
 
         for_all(
             "mha.layers",
@@ -1176,6 +1210,11 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                 g.fail(
                     f"{where} in eval mode: some weights were zeroed: apply dropout only when self.training"
                 )
+            g.expect(
+                close(out, out_r, magnitude=mag) or not _dropout_shows(w, w_r, p_drop, mag),
+                f"{where} in eval mode: the weights were scaled by 1/(1-p) = {1 / (1 - p_drop):.4g}: apply "
+                "dropout only when self.training",
+            )
             g.expect(
                 close(out, out_r, magnitude=mag),
                 f"{where} in eval mode: out differs from the reference, "
@@ -1467,6 +1506,12 @@ def check_multihead_attention(MultiHeadAttention) -> None:
             "or not the weights are returned",
         )
         _run(g, "eval()", p.m.eval)
+        where, _, w = p.forward(g, x64, need_weights=True)
+        g.expect(
+            not _dropout_shows(w, w_r, 0.25, mag),
+            f"{where} in eval mode: dropout was applied (weights zeroed or scaled by 1/(1-p) = 4/3): apply "
+            "dropout only when self.training",
+        )
         _expect_forward(g, p, x64)
     with g.check("gradients with respect to x match the reference"):
         p = pair((2, 4, 0, True, torch.float64, 52))

@@ -113,7 +113,10 @@ def _diff(out: object, expected: torch.Tensor, mag: float = 1.0) -> str:
     """Where ``out`` first leaves the tolerance around ``expected``: 'at [1, 2] expected 0.5403, got 0.8415'."""
     if not is_tensor(out):
         return f"expected {describe(expected)}, got {describe(out)}"
-    if out.shape != expected.shape or out.dtype != expected.dtype:
+    if out.shape == expected.shape and out.dtype != expected.dtype:  # the dtype alone
+        dt = lambda d: str(d).removeprefix("torch.")  # noqa: E731
+        return f"expected dtype {dt(expected.dtype)}, got {dt(out.dtype)}"
+    if out.shape != expected.shape:
         return f"expected {describe(expected)}, got {describe(out)}"
     rtol, atol = tolerance(expected.dtype, mag)
     a, e = out.detach().double(), expected.detach().double()
@@ -130,9 +133,12 @@ def _diff(out: object, expected: torch.Tensor, mag: float = 1.0) -> str:
 def _expect_close(
     g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0, advice: str = ""
 ) -> None:
-    """Fail with '<what>: at [i, j] expected ..., got ...<advice>' unless ``out`` is close to ``expected``."""
+    """Fail with '<what>: at [i, j] expected ..., got ...<advice>' unless ``out`` is close to ``expected``;
+    ``advice`` (the fix of wrong values) only where the type, shape and dtype are right (else the hint
+    names that alone)."""
     if not close(out, expected, magnitude=mag):
-        g.fail(f"{what}: {_diff(out, expected, mag)}{advice}")
+        values_only = is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype
+        g.fail(f"{what}: {_diff(out, expected, mag)}{advice if values_only else ''}")
 
 
 def _args(*positional, **kwargs) -> str:
@@ -142,18 +148,30 @@ def _args(*positional, **kwargs) -> str:
     )
 
 
-def _load(g: Grader, module, weights: dict[str, torch.Tensor], what: str, advice: str = "") -> None:
-    """:func:`load_weights`, after checking that every parameter has the shape of the weights to load."""
+def _load(
+    g: Grader,
+    module,
+    weights: dict[str, torch.Tensor],
+    what: str,
+    d_ff: int | None = None,
+    bias: bool | None = None,
+) -> None:
+    """:func:`load_weights`, after checking that every parameter has the shape of the weights to load.
+
+    ``d_ff``: the default width 4 * d_model where the call left d_ff out: a parameter whose expected
+    shape has that width and that came out otherwise is told that d_ff defaults to it (and only such a
+    parameter). ``bias``: the module's bias argument (see :func:`names_hint`)."""
     sd = module.state_dict()
     got = set(sd) if isinstance(sd, dict) else set()
-    g.expect(got == set(weights), names_hint(what, got, set(weights)))
+    g.expect(got == set(weights), names_hint(what, got, set(weights), bias))
     for key, value in weights.items():
         shape = tuple(sd[key].shape)
         g.expect(
             shape == tuple(value.shape),
-            f"{what}: {key} has shape {shape}, expected {tuple(value.shape)}{advice}",
+            f"{what}: {key} has shape {shape}, expected {tuple(value.shape)}"
+            + (": d_ff defaults to 4 * d_model" if d_ff is not None and d_ff in value.shape else ""),
         )
-    load_weights(g, module, weights, what)
+    load_weights(g, module, weights, what, bias)
 
 
 def _for_all_then_diagnose(name: str, strategy, test, cache: dict, fixed=(), **kwargs) -> None:
@@ -280,7 +298,7 @@ def grade_layer_norm(LayerNorm) -> None:
         m = m.to(dtype)
         w = (rand(name + ".w", C) * 0.5 + 1).to(dtype)
         b = (rand(name + ".b", C) * 0.5).to(dtype) if bias else None
-        _load(g, m, {"weight": w, "bias": b} if bias else {"weight": w}, what)
+        _load(g, m, {"weight": w, "bias": b} if bias else {"weight": w}, what, bias=bias)
         return m, w, b, what
 
     with g.check("has parameters weight (ones) and bias (zeros) of shape (C,); bias=False registers no bias"):
@@ -432,7 +450,7 @@ def grade_feed_forward(FeedForward) -> None:
         m = _call(g, what, FeedForward, C, d_ff, **extra, **kwargs).double().eval()
         r = ref.FeedForward(C, d_ff, activation or "relu", bias=bias).double().eval()
         weights = random_weights(r, name)
-        _load(g, m, weights, what, ": d_ff defaults to 4 * d_model" if d_ff is None else "")
+        _load(g, m, weights, what, 4 * C if d_ff is None else None, bias)
         r.load_state_dict(weights)
         return m, r, what
 
@@ -653,7 +671,7 @@ def _build_layer(
     opts = {"dropout": 0.0, **{k: v for k, v in kwargs.items() if k != "dropout"}}
     r = ref_cls(C, H, d_ff, **opts).double().eval()
     weights = random_weights(r, name)
-    _load(g, m, weights, what, ": d_ff defaults to 4 * d_model" if d_ff is None else "")
+    _load(g, m, weights, what, 4 * C if d_ff is None else None, kwargs.get("bias", True))
     r.load_state_dict(weights)
     return m, r, what
 
@@ -670,14 +688,13 @@ def _names_check(g: Grader, cls, ref_cls, label: str) -> None:
         got = set(sd) if isinstance(sd, dict) else set()
         g.expect(
             got == set(shapes),
-            names_hint(what, got, set(shapes))
-            + (": with bias=False no projection, feed-forward layer or norm has a bias" if kwargs else ""),
+            names_hint(what, got, set(shapes), kwargs.get("bias", True)),
         )
         for key, shape in shapes.items():
             g.expect(
                 tuple(sd[key].shape) == shape,
                 f"{what}: {key} has shape {tuple(sd[key].shape)}, expected {shape}"
-                + (": d_ff defaults to 4 * d_model" if d_ff is None and key.startswith("ff.") else ""),
+                + (": d_ff defaults to 4 * d_model" if d_ff is None and 4 * C in shape else ""),
             )
         for attn in [a for a in ("self_attn", "cross_attn") if hasattr(reference, a)]:
             heads = _get(m, f"{attn}.n_heads")
@@ -1432,7 +1449,11 @@ def check_layer_norm(LayerNorm) -> None:
             m = LayerNorm(4, **kwargs).double()
             w, b = rand("public.ln.w", 4) + 1, rand("public.ln.b", 4)
             load_weights(
-                g, m, {"weight": w, "bias": b} if kwargs.get("bias", True) else {"weight": w}, "LayerNorm"
+                g,
+                m,
+                {"weight": w, "bias": b} if kwargs.get("bias", True) else {"weight": w},
+                f"LayerNorm({_args(4, **kwargs)})",
+                kwargs.get("bias", True),
             )
             for shape in ((2, 3, 4), (4,)):
                 xs = rand(f"public.ln.x{shape}", *shape)
@@ -1488,13 +1509,14 @@ def check_feed_forward(FeedForward) -> None:
             m = FeedForward(8, 16, activation).double().eval()
             r = ref.FeedForward(8, 16, activation).double().eval()
             weights = random_weights(r, f"public.ff.{activation}")
-            load_weights(g, m, weights, "FeedForward")
+            load_weights(g, m, weights, f"FeedForward(8, 16, {activation!r})", True)
             r.load_state_dict(weights)
             with torch.no_grad():
                 _expect_close(g, f"FeedForward(8, 16, {activation!r})", m(x), r(x))
     with g.check("bias=False: only linear1.weight and linear2.weight"):
         keys = set(FeedForward(8, 16, bias=False).state_dict())
-        g.expect(keys == {"linear1.weight", "linear2.weight"}, f"got {sorted(keys)}")
+        expected = {"linear1.weight", "linear2.weight"}
+        g.expect(keys == expected, names_hint("FeedForward(8, 16, bias=False)", keys, expected, False))
     with g.check("FeedForward(8, activation='tanh') raises a ValueError"):
         expect_value_error(g, lambda: FeedForward(8, activation="tanh"), "activation='tanh'")
     with g.check(
@@ -1551,6 +1573,7 @@ def check_encoder_layer(EncoderLayer) -> None:
                     f"EncoderLayer(8, 2{', bias=False' if kwargs else ''})",
                     set(sd) if isinstance(sd, dict) else set(),
                     expected,
+                    kwargs.get("bias", True),
                 ),
             )
     for kwargs in ({}, {"norm_first": True}, {"activation": "gelu", "eps": 0.5, "bias": False}):
@@ -1612,6 +1635,7 @@ def check_decoder_layer(DecoderLayer) -> None:
                     f"DecoderLayer(8, 2{', bias=False' if kwargs else ''})",
                     set(sd) if isinstance(sd, dict) else set(),
                     expected,
+                    kwargs.get("bias", True),
                 ),
             )
     for kwargs in ({}, {"norm_first": True}, {"activation": "gelu", "eps": 0.5, "bias": False}):
@@ -1890,7 +1914,7 @@ def grade_rms_norm(RMSNorm) -> None:
         m = _call(g, what, RMSNorm, C, **({} if eps is None else {"eps": eps}))
         m = m.to(dtype)
         w = (rand(f"rms.w.{seed}", C) * 0.5 + 1).to(dtype)
-        _load(g, m, {"weight": w}, what, advice=": RMSNorm has one parameter, weight, and no bias")
+        _load(g, m, {"weight": w}, what)  # a bias: "should have no ['bias']" (names_hint)
         return m, w, what
 
     with g.check("has exactly one parameter, weight, ones of shape (C,)"):

@@ -183,8 +183,12 @@ def grade_get_pair_counts(get_pair_counts) -> None:
             _expect_pair_dict(g, got, what)
             expected = ref.get_pair_counts(ids, None, weight)
             if dict(got) != expected and dict(got) == ref.get_pair_counts(ids):
-                g.fail(
-                    f"{what} should be {expected}, got {dict(got)}: add {weight} (the weight) per occurrence, not 1"
+                # the unweighted counts, and the same with weight=1: the weight is ignored (not another mistake
+                # that happens to give the unweighted counts on this input, such as skipping overlaps)
+                once = _call(g, f"get_pair_counts({ids}, None, 1)", get_pair_counts, list(ids), None, 1)
+                g.expect(
+                    not (isinstance(once, dict) and dict(once) == dict(got)),
+                    f"{what} should be {expected}, got {dict(got)}: add {weight} (the weight) per occurrence, not 1",
                 )
             g.expect(dict(got) == expected, f"{what} should be {expected}, got {dict(got)}")
 

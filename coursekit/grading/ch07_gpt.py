@@ -584,9 +584,18 @@ def check_causal_lm_loss(causal_lm_loss) -> None:
         lr = logits.clone().requires_grad_()
         _shifted_ce(lr, torch.tensor([[0, 3, 1]])).backward()
         g.expect(
-            is_tensor(p.result) and p.result.requires_grad and is_tensor(grad) and close(grad, lr.grad),
-            "the gradient with respect to the logits differs from F.cross_entropy's on the shifted tensors "
-            "(avoid .item(), .detach() or torch.tensor(...); the last position must get no gradient)",
+            is_tensor(p.result) and p.result.requires_grad and is_tensor(grad) and grad.shape == logits.shape,
+            "the loss does not depend on the logits through autograd: avoid .item(), .detach() or "
+            "torch.tensor(...)",
+        )
+        g.expect(
+            not bool(grad[:, -1].abs().max() > 0),
+            "the last position's logits got a gradient: they predict a token after the end of the sequence and "
+            "must not be scored (use logits[:, :-1] against input_ids[:, 1:])",
+        )
+        g.expect(
+            close(grad, lr.grad),
+            "the gradient with respect to the logits differs from F.cross_entropy's on the shifted tensors",
         )
     with g.check("logits and input_ids are left unchanged"):
         logits, ids = rand("public.loss.inplace", 1, 3, 4), torch.tensor([[0, -100, 1]])

@@ -637,15 +637,15 @@ def grade_cross_attention(cross_attention, MultiHeadAttention) -> None:
             xr, mr = x.clone().requires_grad_(), memory.clone().requires_grad_()
             (r(xr, kv=mr, key_padding_mask=keep)[0] * up).sum().backward()
             grads = p.grads or [None, None, None, None]
-            g.expect(
-                grads[1] is not None and close(grads[1], xr.grad),
-                f"{where}: the gradient with respect to x differs from the reference: avoid .detach(), .item() or "
-                "in-place changes",
-            )
-            g.expect(
-                grads[2] is not None and close(grads[2], mr.grad),
-                f"{where}: the gradient with respect to memory differs from the reference",
-            )
+            for i, name, want in ((1, "x", xr.grad), (2, "memory", mr.grad)):
+                g.expect(
+                    grads[i] is not None,
+                    f"{where}: no gradient reached {name}: avoid .detach(), .item() or in-place changes",
+                )
+                g.expect(
+                    close(grads[i], want),
+                    f"{where}: the gradient with respect to {name} differs from the reference",
+                )
 
         for_all(
             "cross.grad",
@@ -679,20 +679,20 @@ def grade_cross_attention(cross_attention, MultiHeadAttention) -> None:
             expected, expected_w = r(x, kv=memory, key_padding_mask=keep, need_weights=True)
             if not training:
                 if not (close(out, expected) and close(w, expected_w)):
-                    kept = w != 0
-                    dropped = (
-                        p < 1
-                        and bool((~kept & (expected_w != 0)).any())
-                        and close(w[kept], expected_w[kept] / (1 - p))
-                    )  # what dropout in eval mode gives
-                    g.fail(
-                        f"{where}: the output or the weights differ from the reference"
-                        + (
-                            ": weights were dropped in eval mode; apply dropout only when attn.training"
-                            if dropped
-                            else " with nothing dropped (eval mode)"
-                        )
+                    # the same call with attn.dropout = 0: right then, the dropout acted in eval mode (weights
+                    # that only look dropped, say all zero, can have another cause: an inverted mask)
+                    set_attr(m, "dropout", 0.0)
+                    without, w_without = _cross_call(g, fn, where, m, x, memory, keep, Hh)
+                    g.expect(
+                        not (close(without, expected) and close(w_without, expected_w)),
+                        f"{where}: dropout was applied in eval mode (with attn.dropout = 0 the result is right); "
+                        "apply dropout only when attn.training",
                     )
+                    g.expect(
+                        close(w, expected_w),
+                        f"{where}: the weights differ from the reference's, which drops nothing in eval mode",
+                    )
+                    g.fail(f"{where}: out differs from the reference's, which drops nothing in eval mode")
                 return
             kept = w != 0
             scaled = expected_w / (1 - p) if p < 1 else torch.zeros_like(expected_w)

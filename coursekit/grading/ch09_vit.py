@@ -752,9 +752,18 @@ def grade_add_cls_and_positions(add_cls_and_positions) -> None:
         x, cls, pos = _tokens("cls.batch", 4, 3, 5)
         out = _cls_call(g, add_cls_and_positions, x, cls, pos)
         g.expect(
-            is_tensor(out) and out.shape == (4, 4, 5) and close(out[:, 0], (cls[0, 0] + pos[0]).expand(4, 5)),
-            "token 0 differs between images or from cls_token + positions[0]: expand the one (1, 1, C) cls_token "
-            "over the batch",
+            is_tensor(out) and out.shape == (4, 4, 5),
+            f"for patches (4, 3, 5) expected a (4, 4, 5) tensor, got {describe(out)}",
+        )
+        g.expect(
+            close(out[:, 0], out[:1, 0].expand(4, 5)),
+            "token 0 differs between images, so it is not the [CLS] token: put the one (1, 1, C) cls_token, "
+            "expanded over the batch, first",
+        )
+        g.expect(
+            close(out[:, 0], (cls[0, 0] + pos[0]).expand(4, 5)),
+            "token 0 is the same in every image but not cls_token + positions[0]: add positions[0] to the "
+            "[CLS] token",
         )
 
     with g.check("gradients reach the patches, cls_token and positions"):
@@ -1509,7 +1518,11 @@ def _run(g: Grader, where: str, fn, *args):
 def _expect_exact(g: Grader, where: str, v, images: torch.Tensor, P: int) -> None:
     expected = ref.blank_patch_share(images, P)
     g.expect(
-        type(v) is float and math.isclose(v, expected, rel_tol=1e-9, abs_tol=1e-12),
+        type(v) is float,
+        f"{where} should return a Python float, got {describe(v)}: float(...) of the share",
+    )
+    g.expect(
+        math.isclose(v, expected, rel_tol=1e-9, abs_tol=1e-12),
         f"{where} gave {v!r}, the stated procedure gives {expected!r}: count the patches (of C_in P^2 values, "
         "across all channels) whose values are all exactly 0, and divide by B N_p",
     )

@@ -34,6 +34,7 @@ it would scatter one exercise's specification over several files.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -195,9 +196,19 @@ _SCALE_IGNORED = (
     "the scale argument is ignored: with scale given, multiply the scores by it instead of 1 / sqrt(D)"
 )
 _NO_CAUSAL = "causal=True is ignored: query i may only see keys j <= i + S - T"
+_CAUSAL_TILE_OFFSET = (
+    "the causal mask is right in one tile but not across tiles: compare absolute positions, query "
+    "i0 + r (at position i0 + r + S - T) with key j0 + c, adding each tile's offsets i0 and j0"
+)
+_MASK_TILE_OFFSET = (
+    "the mask is right in one tile but not across tiles: each tile takes its own block of the mask, "
+    "mask[..., i0:i0 + block_q, j0:j0 + block_k]"
+)
 _NO_MASK = (
     "the mask is ignored: a key must be allowed by the mask (True = may attend) as well as by causality"
 )
+#: the mistakes that one tile can tell from a wrong tile offset: with one tile the offsets are 0
+_ONE_TILE = {_NO_CAUSAL: _CAUSAL_TILE_OFFSET, _TOP_LEFT: _CAUSAL_TILE_OFFSET, _NO_MASK: _MASK_TILE_OFFSET}
 _MASK_INVERTED = (
     "the mask is inverted: True means the query MAY attend to the key (mask out where it is False)"
 )
@@ -396,8 +407,12 @@ def _has_empty_rows(case: _Tiled, mask) -> bool:
     return not bool(allowed.any(-1).all())
 
 
-def _tiled_compare(g: Grader, case: _Tiled, out, q, k, v, mask, large: bool = False) -> None:
-    """``out`` must equal attention with the whole score matrix on ``case``; else name the mistake."""
+def _tiled_compare(g: Grader, case: _Tiled, out, q, k, v, mask, large: bool = False, one_tile=None) -> None:
+    """``out`` must equal attention with the whole score matrix on ``case``; else name the mistake.
+
+    ``one_tile``: the student's output on the same inputs with one tile (block_q = T, block_k = S), or
+    None. A result that looks like a causal mistake (the mask ignored or aligned top-left) but is right
+    with one tile is a tile offset: the hint names that instead."""
     expected = _naive(q, k, v, case.causal, mask, case.scale)
     M = _attention_magnitude(q, k, v, case.scale)
     if close(out, expected.to(case.dtype), magnitude=M):
@@ -410,6 +425,10 @@ def _tiled_compare(g: Grader, case: _Tiled, out, q, k, v, mask, large: bool = Fa
         if wrong is None or close(wrong.to(case.dtype), expected.to(case.dtype), magnitude=M):
             continue  # this mistake is harmless on this input
         if close(out, wrong.to(case.dtype), magnitude=M):
+            tiles = (case.block_q or 64) < case.T or (case.block_k or 64) < case.S
+            if hint in _ONE_TILE and one_tile is not None and tiles:
+                if close(one_tile(), expected.to(case.dtype), magnitude=M):
+                    g.fail(f"{case}: {_ONE_TILE[hint]}")
             g.fail(f"{case}: {hint}")
     worst = (out.double() - expected).abs().max().item()
     g.fail(
@@ -421,7 +440,24 @@ def _tiled_compare(g: Grader, case: _Tiled, out, q, k, v, mask, large: bool = Fa
 def _tiled_matches(g: Grader, tiled_attention, case: _Tiled, large: bool = False) -> None:
     q, k, v, mask = case.inputs()
     out = _tiled_output(g, tiled_attention, case, q, k, v, mask)
-    _tiled_compare(g, case, out, q, k, v, mask, large)
+    _tiled_compare(g, case, out, q, k, v, mask, large, _one_tile(tiled_attention, case, q, k, v, mask))
+
+
+def _one_tile(tiled_attention, case: _Tiled, q, k, v, mask):
+    """The student's call on ``case``'s inputs with one tile (block_q = T, block_k = S), to be made only
+    when a hint needs it: to tell a wrong tile offset from a causal or mask mistake. None if it raises."""
+
+    def call():
+        whole = dataclasses.replace(case, block_q=max(case.T, 1), block_k=max(case.S, 1))
+        try:
+            return tiled_attention(
+                q.clone(), k.clone(), v.clone(), **whole.kwargs(None if mask is None else mask.clone())
+            )
+        except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+            raise_unless_student_error(e)
+            return None
+
+    return call
 
 
 #: the simplest call: one head, four queries and keys, the default tiles
@@ -520,7 +556,9 @@ def grade_tiled_attention(tiled_attention) -> None:
                 f"{case}: queries 1 and 4 may attend to no key, so their outputs must be 0, got "
                 f"{out[:, [1, 4]].tolist()}",
             )
-            _tiled_compare(g, case, out, q, k, v, mask)
+            _tiled_compare(
+                g, case, out, q, k, v, mask, one_tile=_one_tile(tiled_attention, case, q, k, v, mask)
+            )
 
     with g.check("scale multiplies the scores: any value (0, negative, large); the default is 1 / sqrt(D)"):
         for_all(
@@ -633,7 +671,7 @@ def grade_tiled_attention(tiled_attention) -> None:
             "device=q.device), torch.arange(..., device=q.device), or new_full / zeros_like",
         )
         g.expect(is_tensor(out), f"{case}: expected a tensor, got {describe(out)}")
-        _tiled_compare(g, case, out, q, k, v, mask)
+        _tiled_compare(g, case, out, q, k, v, mask, one_tile=_one_tile(tiled_attention, case, q, k, v, mask))
 
     with g.check("raises ValueError for block sizes below 1, causal with S < T, and shapes that do not fit"):
         x, y = rand("tiled.bad.x", 1, 4, 2), rand("tiled.bad.y", 1, 3, 2)
@@ -724,7 +762,7 @@ def check_tiled_attention(tiled_attention) -> None:
         case = _Tiled(0, ((1,), (1,), (1,)), 3, 4, 2, 2, mask=(3, 4), block_q=2, block_k=2)
         out = _tiled_output(g, tiled_attention, case, q, k, v, mask)
         g.expect(bool(out.isfinite().all()), f"{case}: {_MASKED_NAN}")
-        _tiled_compare(g, case, out, q, k, v, mask)
+        _tiled_compare(g, case, out, q, k, v, mask, one_tile=_one_tile(tiled_attention, case, q, k, v, mask))
     with g.check("scale=0.5 and scale=0.0 multiply the scores"):
         test(_Tiled(15, ((), (), ()), 4, 5, 3, 2, block_q=3, block_k=2, scale=0.5))
         test(_Tiled(16, ((), (), ()), 4, 5, 3, 2, block_q=3, block_k=2, scale=0.0))
@@ -775,7 +813,7 @@ def check_tiled_attention(tiled_attention) -> None:
             str(case),
             "make every tensor with device=q.device (or zeros_like, new_full)",
         )
-        _tiled_compare(g, case, out, q, k, v, None)
+        _tiled_compare(g, case, out, q, k, v, None, one_tile=_one_tile(tiled_attention, case, q, k, v, None))
     with g.check(
         "ValueError for block_q=0, block_k=-1, causal with S < T and k, v of different lengths; TypeError for "
         "a float mask"

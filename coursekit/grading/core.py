@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "CLAUSES",
     "TOLERANCES",
     "GradingFailure",
     "Grader",
@@ -66,6 +67,9 @@ __all__ = [
 SESSION: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_session", default=None)
 #: Where :meth:`Grader.finish` writes its lines: a list to append to, or ``None`` to print.
 REPORT: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_report", default=None)
+#: Where :meth:`Grader.finish` records its clauses for partial credit: a list to append
+#: ``(check, weight, passed)`` to, or ``None`` (in a notebook, where only the lines matter).
+CLAUSES: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_clauses", default=None)
 #: The course's secret (bytes) while the autograder grades; empty in notebooks and unit tests.
 #: Mixed into every seed, so that inputs stay the same from run to run of one course but cannot
 #: be computed from the grading source, which students can read.
@@ -243,9 +247,14 @@ def same(actual: object, expected: torch.Tensor) -> bool:
 
 
 def describe(x: object) -> str:
-    """Short description of a value for a hint: ``tensor float32 (2, 3)``."""
+    """Short description of a value for a hint: ``tensor float32 (2, 3)``; a number shows its value
+    (``float 0.375``, ``int 3``), so that a hint says what the student's code gave, not only its type."""
     if type(x) in (torch.Tensor, torch.nn.Parameter):
         return f"tensor {str(x.dtype).removeprefix('torch.')} {tuple(x.shape)}"
+    if x is None:
+        return "None"
+    if type(x) in (bool, int, float):
+        return f"{type(x).__name__} {x!r}"
     name = getattr(x, "type_name", None)  # an object living in the sandbox
     return name if isinstance(name, str) else type(x).__name__
 
@@ -317,6 +326,7 @@ class Grader:
     def __init__(self, part: str):
         self.part = part
         self.results: list[tuple[str, str | None]] = []
+        self.weights: dict[str, float] = {}  # check -> its weight in the part's partial credit
         self.notes: list[str] = []
 
     def note(self, text: str) -> None:
@@ -333,12 +343,18 @@ class Grader:
         raise _Failed(hint)
 
     @contextlib.contextmanager
-    def check(self, name: str) -> Iterator[None]:
+    def check(self, name: str, weight: float = 1.0) -> Iterator[None]:
         """Run one check; an exception from the student's code fails it with a hint.
 
         Under the autograder the check runs against a fresh, reseeded copy of the
-        student's notebook process, so one check cannot disturb the next.
+        student's notebook process, so one check cannot disturb the next. ``weight``: the check's
+        share of the part's points under partial credit (relative to the part's other checks); 0 for
+        a check of code the release gives (an argument check kept from the stub), which a part
+        still must pass but which earns nothing by itself.
         """
+        if not weight >= 0:
+            raise ValueError(f"a check's weight must be 0 or more, got {weight!r} for {name!r}")
+        self.weights[name] = weight
         session = SESSION.get()
         cannot_start = None
         if session is not None:
@@ -378,6 +394,9 @@ class Grader:
             print("\n".join(lines))
         else:
             sink.extend(lines)
+        clauses = CLAUSES.get()
+        if clauses is not None:
+            clauses += [(f"{self.part}: {n}", self.weights.get(n, 1.0), h is None) for n, h in self.results]
         if self.failures:
             raise GradingFailure(self.part, self.failures, len(self.results))
 
@@ -529,18 +548,46 @@ def _hypothesis_run(name: str, strategy, test, max_examples: int, first: object)
         raise group.exceptions[0] from None
 
 
-def names_hint(what: str, got: set[str], expected: set[str]) -> str:
-    """The hint for a module whose parameter names are not the instructed ones (up to six of each kind)."""
+def _biases(keys: list[str]) -> bool:
+    return bool(keys) and all(key.rsplit(".", 1)[-1] == "bias" for key in keys)
+
+
+def names_hint(what: str, got: set[str], expected: set[str], bias: bool | None = None) -> str:
+    """The hint for a module whose parameter names are not the instructed ones (up to six of each kind).
+
+    ``bias``: the module's bias argument, where it takes one (``"bias=False"`` in ``what``, the call
+    that built it, says False too). When the only difference is biases, the cause is that argument,
+    not the names, and the hint names that clause: with ``bias=False`` every bias is one too many;
+    with ``bias=True`` (or no such argument) every missing bias is one the module was built without.
+    """
     missing, extra = sorted(expected - got), sorted(got - expected)
+    bias = False if "bias=False" in what else bias
+    if not missing and _biases(extra) and bias is False:
+        return (
+            f"{what} has biases {extra[:6]}: with bias=False no layer has a bias; pass bias on to every "
+            "layer that takes one"
+        )
+    if not extra and _biases(missing) and bias is True:
+        return (
+            f"{what} has no {missing[:6]}: with bias=True (the default) every layer that takes a bias has "
+            "one; pass bias on to every such layer"
+        )
+    if not extra and _biases(missing) and bias is None:
+        return f"{what} has no {missing[:6]}: keep the bias of every nn.Linear and nn.LayerNorm"
+    if not missing and _biases(extra) and bias is None:
+        return f"{what} should have no {extra[:6]}: the instructions give it no bias there"
     parts = ([f"missing {missing[:6]}"] if missing else []) + ([f"unexpected {extra[:6]}"] if extra else [])
     return f"{what}'s parameters must be named as in the instructions ({'; '.join(parts)})"
 
 
-def load_weights(g: Grader, module, weights: dict[str, torch.Tensor], what: str) -> None:
-    """Load ``weights`` into the student's ``module``, after checking its parameter names fit."""
+def load_weights(
+    g: Grader, module, weights: dict[str, torch.Tensor], what: str, bias: bool | None = None
+) -> None:
+    """Load ``weights`` into the student's ``module``, after checking its parameter names fit
+    (``bias``: the module's bias argument, where it takes one; see :func:`names_hint`)."""
     sd = module.state_dict()
     got = set(sd) if isinstance(sd, dict) else set()
-    g.expect(got == set(weights), names_hint(what, got, set(weights)))
+    g.expect(got == set(weights), names_hint(what, got, set(weights), bias))
     module.load_state_dict(weights)
 
 

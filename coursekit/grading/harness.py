@@ -89,6 +89,7 @@ class Outcome:
     failure: str | None
     hints: tuple[tuple[str, str], ...] = ()  # (check, hint) of each failed check
     lines: tuple[str, ...] = ()  # what the graders reported, a line per check
+    clauses: tuple[tuple[str, float, bool], ...] = ()  # (check, weight, passed): for partial credit
 
 
 def _notebook(assignment: str, folder: str, root: Path | None):
@@ -192,8 +193,8 @@ def run_tests(part: Part, ns: dict, *, hidden: bool | None = None) -> list[Outco
     for test in part.tests:
         if hidden is not None and test.hidden != hidden:
             continue
-        failure, hints, lines = None, (), []
-        token = core.REPORT.set(lines)
+        failure, hints, lines, clauses = None, (), [], []
+        token, clause_token = core.REPORT.set(lines), core.CLAUSES.set(clauses)
         try:
             for call in test.calls:
                 fn = getattr(importlib.import_module(call.module), call.function)
@@ -204,7 +205,8 @@ def run_tests(part: Part, ns: dict, *, hidden: bool | None = None) -> list[Outco
             failure = f"{type(e).__name__}: {e}"
         finally:
             core.REPORT.reset(token)
-        outcomes.append(Outcome(test, failure, hints, tuple(lines)))
+            core.CLAUSES.reset(clause_token)
+        outcomes.append(Outcome(test, failure, hints, tuple(lines), tuple(clauses)))
     return outcomes
 
 

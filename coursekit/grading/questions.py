@@ -99,8 +99,9 @@ class Prediction:
 
     def _grade(self, answer: object, label: str) -> None:
         g = Grader(label)
-        with g.check(
-            f"{self.name} is {'one of ' + ', '.join(map(repr, self.choices)) if self.choices else 'a number'}"
+        with g.check(  # weight 0: a well-formed prediction earns nothing unless it is right
+            f"{self.name} is {'one of ' + ', '.join(map(repr, self.choices)) if self.choices else 'a number'}",
+            weight=0,
         ):
             given = value(answer)
             g.expect(

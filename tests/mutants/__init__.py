@@ -40,3 +40,18 @@ def mutate(obj, *edits: tuple[str, str]) -> str:
 def mutant(name: str, obj, hint: str, *edits: tuple[str, str]) -> Mutant:
     """A mutant that replaces ``obj`` (graded in the part of the same name) by its edited source."""
     return Mutant(name, obj.__name__, obj.__name__, hint, mutate(obj, *edits))
+
+
+def failures(assignment: str, name: str, hidden: bool | None = None) -> str:
+    """What a student who wrote the catalogued mutant ``name`` of ``assignment`` reads: the failure
+    messages of its part's test cells (``hidden``: only the hidden ones, or only the public ones),
+    joined, run in this process as ``tests/test_graders.py`` runs them."""
+    import importlib
+
+    from coursekit.grading import harness
+
+    mutant = next(m for m in importlib.import_module(f"tests.mutants.{assignment}").MUTANTS if m.name == name)
+    ns = harness.namespace(assignment)
+    exec(compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns)  # as a student replaces it
+    part = next(p for p in harness.parts(assignment) if p.name == mutant.part)
+    return "\n".join(o.failure or "" for o in harness.run_tests(part, ns, hidden=hidden))

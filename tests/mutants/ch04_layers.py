@@ -375,7 +375,7 @@ MUTANTS = [
     mutant(
         "dec_cross_attention_without_bias_flag",
         ref.DecoderLayer,
-        "no projection, feed-forward layer or norm has a bias",
+        "with bias=False no layer has a bias; pass bias on",
         (_CA, "self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout=dropout)"),
     ),
     mutant(

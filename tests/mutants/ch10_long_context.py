@@ -155,6 +155,25 @@ MUTANTS = [
         _tiled(("[:, None] + S - T", "[:, None]")),
     ),
     Mutant(
+        "tiled_ignores_causal",
+        "tiled_attention",
+        "tiled_attention",
+        "causal=True is ignored",
+        _tiled(("            if causal:\n                s = s.masked_fill(cols > rows, -math.inf)\n", "")),
+    ),
+    Mutant(  # the keys of every tile counted from 0: right with one tile, wrong across tiles
+        "tiled_causal_tile_offset",
+        "tiled_attention",
+        "tiled_attention",
+        "the causal mask is right in one tile but not across tiles",
+        _tiled(
+            (
+                "cols = torch.arange(j0, min(j0 + block_k, S), device=q.device)[None, :]",
+                "cols = torch.arange(0, min(j0 + block_k, S) - j0, device=q.device)[None, :]",
+            )
+        ),
+    ),
+    Mutant(
         "tiled_masked_rows_nan",
         "tiled_attention",
         "tiled_attention",
