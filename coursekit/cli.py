@@ -102,6 +102,13 @@ def cmd_autograde(args) -> int:
     csv_path = Path(args.csv).resolve() if args.csv else root / "grades.csv"
     exports.export(root, csv_path)
     print(f"grades of every assignment: {csv_path}")
+    if args.sandbox == "rlimit" and any(not r.cached and not r.error for r in results):
+        from coursekit.sandbox.host import rlimit_confinement
+
+        print(
+            "graded WITHOUT isolation (--sandbox rlimit, as you asked): student code "
+            f"{rlimit_confinement().describe()}, but could read files outside it; the class report says so"
+        )
     print(f"class report: {report.write_report(root, args.assignment)}")
     if not args.no_feedback:
         print(f"feedback (HTML, one per student): {root / 'feedback'}")
@@ -132,7 +139,10 @@ def cmd_check(args) -> int:
         raise FileNotFoundError(f"{path} does not exist")
     result = autograde.check_notebook(path, sandbox=args.sandbox, limits=_limits(args))
     for line in result.lines:
-        print(_printable(line))  # the notebook's own outputs may hold terminal escape sequences
+        # a failure message holds one line per failed check: print them as lines, and escape what else
+        # could steer the terminal (the notebook's own outputs may hold escape sequences)
+        for piece in line.split("\n"):
+            print(_printable(piece.removesuffix("\r")))
     print(
         f"public checks: {result.public_score:g} of {result.public_max:g} points"
         + (
@@ -219,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
             "--sandbox",
             default="auto",
             choices=["auto", "bwrap", "rlimit"],
-            help="bubblewrap, or a plain process with resource limits (auto: bubblewrap where it works)",
+            help="auto (the default): bubblewrap, and no grading where it does not work; rlimit: no isolation, "
+            "only resource limits and no writes outside its scratch folder, only when you name it (check: "
+            "without bubblewrap auto runs your notebook in a plain process)",
         )
         p.add_argument(
             "--cell-timeout",

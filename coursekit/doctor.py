@@ -61,8 +61,8 @@ def _bubblewrap() -> Line:
         (
             "works (student code is sandboxed)"
             if ok
-            else "missing or blocked: student code would run with resource limits only; "
-            "apt-get install bubblewrap (scripts/system_deps.sh)"
+            else "missing or blocked: coursekit autograde refuses to grade; sudo apt-get install bubblewrap "
+            "(scripts/system_deps.sh), or --sandbox rlimit to grade without isolation knowingly"
         ),
     )
 

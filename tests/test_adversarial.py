@@ -29,6 +29,8 @@ from tests.submissions import ROOT, Listener, course_folder
 SECRET = "coursekit-test-secret-4f2a"
 # Short enough that the endless-loop cases end quickly, long enough that correct code finishes with
 # another grading run on the same two cores (2 s per check failed correct answers there)
+pytestmark = pytest.mark.bubblewrap  # the cases prove isolation: no network, no writes outside
+
 LIMITS = ["--cell-timeout", "10", "--check-timeout", "6", "--timeout", "120", "--memory", "1"]
 
 

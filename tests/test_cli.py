@@ -16,6 +16,7 @@ def test_release_rejects_unknown_assignment(capsys):
     assert "no such assignment in solutions/: ch99_nothing" in capsys.readouterr().err
 
 
+@pytest.mark.bubblewrap  # without it, autograde stops earlier, on that
 def test_autograde_rejects_missing_folder(tmp_path, capsys):
     assert (
         cli.main(
@@ -97,3 +98,27 @@ def test_check_runs_the_public_checks_of_a_student_notebook(tmp_path, capsys):
     assert "not implemented yet" in capsys.readouterr().out
     (tmp_path / "bad.ipynb").write_text("{")
     assert cli.main(["check", str(tmp_path / "bad.ipynb")]) == 2
+
+
+def test_check_prints_a_multi_line_failure_as_lines(tmp_path, monkeypatch, capsys):
+    """A failed part's message holds one line per failed check: `coursekit check` prints them as lines
+    (not with a literal \\x0a between them), and still escapes what could steer the terminal."""
+    from coursekit import autograde
+    from coursekit.autograde.check import CheckReport
+
+    failure = "softmax (public): 2 of 5 checks failed\n  - sums to 1: divide by the sum\r\n  - dtype: keep x's dtype"
+    report = CheckReport(["[pass] softmax (public): shape", failure, "note: \x1b[31mred"], 1.0, 3.0, 0.0)
+    monkeypatch.setattr(autograde, "check_notebook", lambda *a, **kw: report)
+    notebook = tmp_path / "done.ipynb"
+    notebook.write_text("{}")
+    assert cli.main(["check", str(notebook)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[:5] == [
+        "[pass] softmax (public): shape",
+        "softmax (public): 2 of 5 checks failed",
+        "  - sums to 1: divide by the sum",
+        "  - dtype: keep x's dtype",
+        "note: \\x1b[31mred",  # an escape sequence is shown, not obeyed
+    ]
+    assert "\\x0a" not in "\n".join(out) and "\\x0d" not in "\n".join(out)
+    assert out[5] == "public checks: 1 of 3 points"

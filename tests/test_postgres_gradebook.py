@@ -33,7 +33,7 @@ from coursekit import autograde, cli, exports
 from tests.mutants.ch01_attention import MUTANTS
 from tests.submissions import ROOT, course_folder, filled, load, points, replace_definition
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bubblewrap]
 
 ASSIGNMENT = "ch01_attention"
 OTHER = "ch02_multihead"  # graded at the same time as ASSIGNMENT, from another course folder

@@ -23,7 +23,7 @@ from coursekit.autograde.grade import grade_notebook
 from coursekit.autograde.gradebook import backup_gradebook, gradebook_setup, locked
 from coursekit.autograde.plan import Plan, preload_modules, staged_plan
 from coursekit.autograde.record import Result, record_all
-from coursekit.sandbox import Limits, Worker
+from coursekit.sandbox import Limits, Worker, choose_kind
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,10 @@ def grade_inbox(root: Path, assignment: str, inbox: Path, *, times: dict | None 
     return collected, results
 
 
-def _check_options(jobs: int = 1, **_) -> None:
+def _check_options(jobs: int = 1, sandbox: str = "auto", **_) -> None:
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
+    choose_kind(sandbox)  # no bubblewrap, or an rlimit sandbox that could write here: stop before anything
 
 
 def autograde(
@@ -71,7 +72,7 @@ def autograde(
     progress: bool = False,
 ) -> list[Result]:
     """Grade ``students``' submissions of ``assignment`` (already in ``submitted/``)."""
-    _check_options(jobs)
+    _check_options(jobs, sandbox)
     with locked(root, assignment) as api:
         return _autograde(
             root,
@@ -253,7 +254,7 @@ def _grade_student(
     out.mkdir(parents=True, exist_ok=True)
     for nb in plan.notebooks:
         verdict = grade_notebook(
-            worker, nb, snap.files.get(f"{nb.name}.ipynb"), plan.files, deadline, plan.secret
+            worker, nb, snap.files.get(f"{nb.name}.ipynb"), plan.files, deadline, plan.secret, plan.credit
         )
         verdict["notes"][:0] = snap.notes
         if extra:
@@ -261,6 +262,7 @@ def _grade_student(
             verdict["notes"].append(f"other files in your submission were not used: {shown}")
         verdict["key"] = key
         verdict["timestamp"] = snap.timestamp()
+        verdict["sandbox"] = worker.kind  # "rlimit": graded without isolation (the class report says so)
         tmp = out / f".{nb.name}.json.tmp"
         tmp.write_text(json.dumps(verdict))
         tmp.replace(out / f"{nb.name}.json")  # atomic: an interrupted run never leaves half a verdict

@@ -8,12 +8,19 @@ from pathlib import Path
 
 import nbformat
 
+from coursekit.autograde.credit import Credit
 from coursekit.autograde.grade import grade_notebook
 from coursekit.autograde.plan import NotebookPlan, Plan, preload_modules
 from coursekit.autograde.rebuild import is_test_cell, nbgrader_meta, thin_calls
 from coursekit.sandbox import Limits, Worker
 
-__all__ = ["CheckReport", "check_notebook"]
+__all__ = ["CheckReport", "UNISOLATED", "check_notebook"]
+
+#: the first line of a check run without bubblewrap: where it may differ from the autograder's run
+UNISOLATED = (
+    "note: checked without bubblewrap (not installed here): your code could read files outside its folder, "
+    "which it cannot when the autograder runs it, so a notebook that reads them fails there"
+)
 
 
 @dataclass
@@ -57,10 +64,16 @@ def check_notebook(
     if not tests:
         raise ValueError(f"{path} has no public checks (is it an exercise notebook of this course?)")
     plan = NotebookPlan(Path(path).stem, given, tests, points, set())
-    kind = sandbox if sandbox != "auto" else ("bwrap" if _bwrap_ok() else "rlimit")
-    with Worker(kind, limits, preload=preload_modules(Plan("check", [plan], {}, ""))) as worker:
-        verdict = grade_notebook(worker, plan, raw, {}, time.monotonic() + limits.submission_seconds)
-    lines = [f"note: {n}" for n in verdict["notes"]]
+    # the student's own code on their own machine: without bubblewrap it runs in a plain process (a
+    # line says so) rather than not at all; the grading itself is the autograder's, whatever the kind
+    preload = preload_modules(Plan("check", [plan], {}, ""))
+    with Worker(sandbox, limits, preload=preload, own_code=True) as worker:
+        verdict = grade_notebook(
+            worker, plan, raw, {}, time.monotonic() + limits.submission_seconds, credit=_course_credit()
+        )
+        kind = worker.kind
+    lines = [UNISOLATED] if kind == "rlimit" else []
+    lines += [f"note: {n}" for n in verdict["notes"]]
     for cid, ran in verdict["outputs"].items():
         for o in ran["outputs"]:
             if o.get("output_type") == "error":
@@ -72,10 +85,15 @@ def check_notebook(
     return CheckReport(lines, verdict["score"], verdict["max_score"], hidden)
 
 
-def _bwrap_ok() -> bool:
-    from coursekit.sandbox import bubblewrap_works
+def _course_credit() -> Credit:
+    """The partial credit of the course coursekit was installed from (its ``nbgrader_config.py``),
+    so that a student's check scores as the autograder will; the default outside a course."""
+    from coursekit import course
+    from coursekit.chapters import course_root
 
-    return bubblewrap_works()
+    if not (course_root() / "nbgrader_config.py").is_file():
+        return Credit()
+    return Credit.from_config(course.nbgrader_api(course_root()).config)
 
 
 def find_release(nb, exercises: Path | None = None):

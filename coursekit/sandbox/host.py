@@ -119,22 +119,158 @@ def _probe_bwrap() -> bool:
         return False
 
 
-def choose_kind(kind: str = "auto") -> str:
-    """``"bwrap"`` or ``"rlimit"``; ``auto`` picks bubblewrap where it works, loudly otherwise."""
-    if kind not in ("auto", "bwrap", "rlimit"):
-        raise ValueError(f"sandbox must be auto, bwrap or rlimit, got {kind!r}")
+KINDS = ("auto", "bwrap", "rlimit")
+
+#: why ``auto`` refuses to grade, and the ways out, in one line
+NO_BUBBLEWRAP = (
+    "bubblewrap (bwrap) is missing or cannot create namespaces here, and coursekit does not run student code "
+    "unisolated unless told to: install it (sudo apt-get install bubblewrap), or grade in a Linux VM or "
+    "container that has it (macOS: see README, 'Grading without bubblewrap'), or pass --sandbox rlimit to "
+    "grade without isolation knowingly"
+)
+
+#: the unprivileged user that ``rlimit`` runs student code as when coursekit runs as root
+RLIMIT_USER = "nobody"
+
+
+def choose_kind(kind: str = "auto", *, own_code: bool = False) -> str:
+    """``"bwrap"`` or ``"rlimit"``, or :class:`SandboxError` with the fix, before anything runs.
+
+    ``auto`` is bubblewrap, and never a silent fallback: without a working bubblewrap it refuses,
+    unless ``own_code`` (``coursekit check``: students running their own notebook on their own
+    machine, where isolation protects nobody), which then runs it in a plain child process.
+    ``rlimit`` (named, never chosen for the grader) must be confined from writing outside its scratch
+    folder (see :func:`rlimit_confinement`); for ``own_code`` it is confined where it can be.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"sandbox must be one of {', '.join(KINDS)}, got {kind!r}")
     if kind == "bwrap" and not bubblewrap_works():
         raise SandboxError(
-            "bubblewrap (bwrap) is not installed or cannot create namespaces here: apt-get install bubblewrap"
+            "bubblewrap (bwrap) is missing or cannot create namespaces here: sudo apt-get install bubblewrap"
         )
     if kind == "auto":
-        kind = "bwrap" if bubblewrap_works() else "rlimit"
-        if kind == "rlimit":
-            log.warning(
-                "WARNING: bubblewrap is not available, so student code runs in a plain child process with resource "
-                "limits only: it can read your files and use the network. Install it: apt-get install bubblewrap"
-            )
+        if bubblewrap_works():
+            return "bwrap"
+        if not own_code:
+            raise SandboxError(NO_BUBBLEWRAP)
+        kind = "rlimit"
+    if kind == "rlimit" and not own_code:
+        rlimit_confinement()  # raises when student code could write the course folder
     return kind
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What keeps an ``rlimit`` sandbox from writing outside its scratch folder.
+
+    ``user``: the unprivileged user (name, uid, gid) it runs as, when coursekit runs as root: files
+    that only root may write (the course folder, the gradebook, the environment, as usually
+    installed) are then out of its reach. ``landlock``: the Landlock ABI that restricts its writes to
+    the scratch folder whoever it runs as (0: none). ``no_capabilities``: it stays root (that user
+    cannot read the Python installation) but without any capability, so Landlock binds it.
+    """
+
+    user: tuple[str, int, int] | None
+    landlock: int
+    no_capabilities: bool = False
+
+    def describe(self) -> str:
+        how = []
+        if self.user:
+            how.append(f"runs as the user {self.user[0]}")
+        if self.no_capabilities:
+            how.append("runs as root without capabilities")
+        if self.landlock:
+            how.append(f"may write only in its scratch folder (Landlock ABI {self.landlock})")
+        return " and ".join(how) if how else "is not confined"
+
+
+def rlimit_confinement(own_code: bool = False) -> Confinement:
+    """How an ``rlimit`` sandbox is confined here; :class:`SandboxError` when it cannot be (the
+    grader's, ``own_code`` False) or ``Confinement(None, 0)`` (a student's own check)."""
+    from coursekit.sandbox import landlock
+
+    version = landlock.abi()
+    if own_code:  # never switch users for a student's own check: their files may not be others'
+        return Confinement(None, version)
+    if os.geteuid() == 0:
+        user = _unprivileged_user()
+        problem = _unreadable_for(user)
+        if not problem:
+            return Confinement(user, version)
+        if version >= 1:  # root without capabilities, held by Landlock (see Confinement)
+            return Confinement(None, version, no_capabilities=True)
+        raise SandboxError(
+            f"--sandbox rlimit runs student code as the user {user[0]}, which cannot read {problem}, and this "
+            "kernel has no Landlock to hold it otherwise: make the Python environment, coursekit and checkpoints/ "
+            "readable by others (chmod -R o+rX, and o+x on the folders above them), or install bubblewrap (sudo "
+            "apt-get install bubblewrap)"
+        )
+    if version < 1:
+        raise SandboxError(
+            "--sandbox rlimit cannot keep student code from writing your files here: it needs root (to run it as "
+            f"the user {RLIMIT_USER}) or a Linux kernel with Landlock (5.13 or newer, enabled), and this machine "
+            "has neither; install bubblewrap (sudo apt-get install bubblewrap) or grade in a Linux VM or container "
+            "that has it"
+        )
+    return Confinement(None, version)
+
+
+def _unprivileged_user() -> tuple[str, int, int]:
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(RLIMIT_USER)
+    except KeyError:
+        raise SandboxError(
+            f"--sandbox rlimit runs student code as the user {RLIMIT_USER}, which this machine does not have"
+        ) from None
+    return entry.pw_name, entry.pw_uid, entry.pw_gid
+
+
+def _rlimit_reads() -> list[str]:
+    """What an ``rlimit`` sandbox's processes read besides the system: the interpreter and the
+    environment, coursekit and the committed checkpoints."""
+    paths = {sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parents[1])}
+    paths.add(str(Path(coursekit.__file__).resolve().parent))
+    checkpoints = _checkpoint_folder()
+    if checkpoints:
+        paths.add(checkpoints)
+    return sorted(paths)
+
+
+@functools.lru_cache(maxsize=4)
+def _unreadable_for(user: tuple[str, int, int]) -> str | None:
+    """The first of :func:`_rlimit_reads` (or the import of the sandbox's worker) that ``user``
+    cannot read, or ``None``: found by trying, as that user, in a short-lived process."""
+    probe = (
+        "import os, sys\n"
+        "for p in sys.argv[1:]:\n"
+        "    try:\n"
+        "        os.listdir(p)\n"
+        "    except OSError:\n"
+        "        print(p); sys.exit(1)\n"
+        "try:\n"
+        "    import coursekit.sandbox.worker\n"
+        "except Exception as e:\n"
+        "    print(f'what importing coursekit needs ({type(e).__name__}: {e})'); sys.exit(1)\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(coursekit.__file__).resolve().parents[1])}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *_rlimit_reads()],
+            user=user[1],
+            group=user[2],
+            extra_groups=[],
+            env=env,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"the Python interpreter {sys.executable} ({e})"
+    return None if done.returncode == 0 else (done.stdout.strip() or done.stderr.strip()[-300:] or "?")
 
 
 def _bwrap_command(limits: Limits) -> tuple[list[str], str]:
@@ -284,8 +420,18 @@ class Worker:
 
     COMMAND_SECONDS = 10.0  # a command the template should answer at once (it polls every 20 ms)
 
-    def __init__(self, kind: str = "auto", limits: Limits = Limits(), preload: tuple[str, ...] = ()):
-        self.kind = choose_kind(kind)
+    def __init__(
+        self,
+        kind: str = "auto",
+        limits: Limits = Limits(),
+        preload: tuple[str, ...] = (),
+        *,
+        own_code: bool = False,
+    ):
+        """``own_code``: a student running their own notebook (``coursekit check``): see :func:`choose_kind`."""
+        self.kind = choose_kind(kind, own_code=own_code)
+        #: how an ``rlimit`` sandbox is kept from writing outside its scratch folder (None for bubblewrap)
+        self.confinement = rlimit_confinement(own_code) if self.kind == "rlimit" else None
         self.limits = limits
         self.preload = preload
         self._start()
@@ -312,14 +458,13 @@ class Worker:
                     ",".join(preload),
                 ]
             )
-            env = None
+            env, user = None, {}
         else:
-            scratch = os.path.join(self._host_dir, "scratch")
-            os.makedirs(scratch)
-            command = python + [str(theirs.fileno()), scratch, "plain", ",".join(preload)]
-            package_parent = str(Path(coursekit.__file__).resolve().parents[1])
-            env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": package_parent, "HOME": scratch, "LANG": "C.UTF-8"}
-        self._log = open(os.path.join(self._host_dir, "worker.log"), "wb")
+            scratch, command, env, user = self._rlimit_command(python + [str(theirs.fileno())])
+            command += [scratch, "plain", ",".join(preload)]
+        log = os.path.join(self._host_dir, "worker.log")
+        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        self._log = open(log_fd, "wb")
         self.proc = subprocess.Popen(
             command,
             pass_fds=[theirs.fileno()],
@@ -329,6 +474,7 @@ class Worker:
             env=env,
             cwd=scratch if self.kind == "rlimit" else "/",
             start_new_session=True,
+            **user,
         )
         theirs.close()
         self.ctrl = ours
@@ -342,6 +488,28 @@ class Worker:
             raise SandboxError(f"the sandbox sent {hello!r} instead of ready")
         self.preload_seconds = float(hello.get("preload_s", 0))
         self.pid_namespace = bool(hello.get("pid_namespace"))  # the template's kill_all may signal -1
+
+    def _rlimit_command(self, python: list[str]) -> tuple[str, list[str], dict, dict]:
+        """The scratch folder, the start of the command line, the environment and the user (``Popen``
+        arguments) of an ``rlimit`` sandbox, as :attr:`confinement` says: a scratch folder owned by the
+        unprivileged user it runs as, and the Landlock launcher in front of the worker."""
+        scratch = os.path.join(self._host_dir, "scratch")
+        os.makedirs(scratch, mode=0o700)
+        package_parent = str(Path(coursekit.__file__).resolve().parents[1])
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": package_parent, "HOME": scratch, "LANG": "C.UTF-8"}
+        user: dict = {}
+        confinement = self.confinement or Confinement(None, 0)
+        if confinement.user:
+            _, uid, gid = confinement.user
+            os.chmod(self._host_dir, 0o711)  # it may pass through to its scratch folder, and list nothing
+            os.chown(scratch, uid, gid)
+            user = {"user": uid, "group": gid, "extra_groups": []}
+        if confinement.landlock:
+            launcher = [sys.executable, "-I", "-S", str(Path(__file__).with_name("landlock.py"))]
+            if confinement.no_capabilities:
+                launcher.append("--drop-capabilities")
+            python = [*launcher, scratch, "--", *python]
+        return scratch, python, env, user
 
     def log_tail(self, n: int = 3000) -> str:
         try:
