@@ -17,8 +17,13 @@ They are signals, never grades: the report lists them, and nothing is deducted. 
   catches ``torch.softmax``, ``F.softmax`` and ``x.softmax(...)`` alike).
 * ``near-identical``: two students whose answers to a part have the same tokens once comments,
   white space and the names of local variables are set aside (similarity of at least
-  :data:`SIMILAR`, answers of at least :data:`MIN_TOKENS` tokens only: short answers look alike
-  whoever writes them).
+  :data:`SIMILAR`, in order or as pairs of neighbouring tokens whatever their order, so swapped
+  branches or statements do not hide a shared answer; answers of at least :data:`MIN_TOKENS`
+  tokens only: short answers look alike whoever writes them).
+* ``reference's code at run time``: the sandbox saw an object with the compiled code of the
+  reference of a part, however it arrived (``exec`` of its source or of an encoded string).
+* ``prediction changed after its answer was shown``: the outputs handed in show a prediction's
+  check printing the answer for another value than the one graded.
 
 Example::
 
@@ -31,9 +36,11 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import difflib
 import io
 import keyword
+import re
 import tokenize
 from dataclasses import dataclass
 
@@ -48,8 +55,10 @@ __all__ = [
     "tokens",
 ]
 
-#: least similarity (``difflib`` ratio of normalised tokens) for two answers to be flagged
+#: least similarity (``difflib`` ratio of normalised tokens, or Dice's coefficient of their
+#: neighbouring pairs) for two answers to be flagged
 SIMILAR = 0.95
+_RENAMED = re.compile(r"v\d+")  # a chosen name, as :func:`tokens` renames it
 #: answers shorter than this (in tokens) are never compared
 MIN_TOKENS = 40
 
@@ -174,13 +183,34 @@ def near_identical(answers: dict[str, str], released: str) -> list[tuple[str, st
         if len(t) >= MIN_TOKENS and t != stub
     }
     names = sorted(seqs)
+    bags = {s: _bigrams(t) for s, t in seqs.items()}
     pairs = []
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             m = difflib.SequenceMatcher(None, seqs[a], seqs[b], autojunk=False)
-            if m.real_quick_ratio() >= SIMILAR and m.quick_ratio() >= SIMILAR and m.ratio() >= SIMILAR:
-                pairs.append((a, b, m.ratio()))
+            in_order = (
+                m.ratio()
+                if m.real_quick_ratio() >= SIMILAR and m.quick_ratio() >= SIMILAR
+                else 0.0  # (an upper bound below the bar: the exact ratio is not needed)
+            )
+            ratio = max(in_order, _dice(bags[a], bags[b]))
+            if ratio >= SIMILAR:
+                pairs.append((a, b, ratio))
     return pairs
+
+
+def _bigrams(toks: list[str]) -> collections.Counter:
+    """Pairs of neighbouring tokens with every chosen name as one ``v``: blind to the order of
+    statements and to which name was chosen first, so a shared answer whose branches were swapped
+    (``if a: X else: Y`` as ``if not a: Y else: X``) keeps nearly all its pairs."""
+    flat = ["v" if _RENAMED.fullmatch(t) else t for t in toks]
+    return collections.Counter(zip(flat, flat[1:]))
+
+
+def _dice(a: collections.Counter, b: collections.Counter) -> float:
+    """Dice's coefficient of two multisets: 2 |a & b| / (|a| + |b|)."""
+    total = sum(a.values()) + sum(b.values())
+    return 2 * sum((a & b).values()) / total if total else 0.0
 
 
 def signals(
@@ -188,17 +218,21 @@ def signals(
     notebooks: dict[str, object],
     release: object,
     runtime: dict[str, list[str]] | None = None,
+    changed: dict[str, list[tuple[str, str, str]]] | None = None,
 ) -> list[Signal]:
     """The signals of a class: ``notebooks`` maps each student to the notebook they submitted
     (as graded, an ``nbformat`` node), ``release`` is the student release of ``assignment``;
     ``runtime`` maps a student to the references (``module.name``) the sandbox saw their code call
-    while it was graded (``reference_calls`` of the verdict)."""
+    while it was graded (``reference_calls`` of the verdict); ``changed`` maps a student to the
+    predictions changed after their check showed the answer (``(answer cell, value the check saw,
+    value graded)``, ``prediction_changes`` of the verdict)."""
     import importlib
 
     from coursekit.cells import is_test_cell, nbgrader_meta
     from coursekit.chapters import chapter
     from coursekit.graded import bodies_in
     from coursekit.grading import harness
+    from coursekit.sandbox.worker import CODE_COPY
 
     parts = harness.parts(assignment)
     ruled_out = tuple(getattr(importlib.import_module(chapter(assignment).grader), "RULED_OUT", ()))
@@ -251,16 +285,29 @@ def signals(
             )
     for student, calls in sorted((runtime or {}).items()):
         for label in sorted(set(calls)):
-            module, _, name = label.rpartition(".")
+            copy = label.startswith(CODE_COPY)  # the reference's compiled code, however it arrived
+            module, _, name = label.removeprefix(CODE_COPY).rpartition(".")
             if module in modules and name in part_of_name and name not in given:
                 found.append(
                     Signal(
-                        "reference at run time",
+                        "reference's code at run time" if copy else "reference at run time",
                         (student,),
                         title[part_of_name[name].grade_id],
-                        f"called {label} while being graded (seen in the sandbox)",
+                        f"defined an object with the compiled code of {module}.{name} (seen in the sandbox)"
+                        if copy
+                        else f"called {label} while being graded (seen in the sandbox)",
                     )
                 )
+    for student, rows in sorted((changed or {}).items()):
+        for gid, seen, graded in rows:
+            found.append(
+                Signal(
+                    "prediction changed after its answer was shown",
+                    (student,),
+                    title.get(gid, gid),
+                    f"the check printed the answer for {seen}; handed in: {graded} (the point is your call)",
+                )
+            )
     for gid, by_student in answers.items():
         for a, b, ratio in near_identical(by_student, stubs.get(gid, "")):
             found.append(Signal("near-identical", (a, b), title[gid], f"{ratio:.0%} of tokens in common"))

@@ -200,6 +200,7 @@ def write_report(root: Path, assignment: str) -> Path:
             failed.update({(i, check, hint) for check, hint in p.failed})
     common = failed.most_common(20)
     flagged = integrity_signals(root, assignment)
+    unisolated = unisolated_students(root, assignment)
 
     e = html.escape
     mean = sum(r.score for r in rows) / len(rows)
@@ -215,6 +216,15 @@ def write_report(root: Path, assignment: str) -> Path:
         ".passed{background:#dafbe1}.failed{background:#fee4e2}.unanswered{background:#fff4ce}.pending{background:#eee}</style></head><body>",
         f"<h1>{e(assignment)}: class report</h1>",
         f"<p>{len(rows)} graded submissions; mean score {mean:.2f} of {max_score:g}.</p>",
+        *(
+            [
+                f"<p><strong>Graded without isolation</strong> (<code>--sandbox rlimit</code>): "
+                f"{e(', '.join(unisolated))}. Their code could read files of the grading machine outside its "
+                "folder; it could not write the course folder, the gradebook or the Python environment.</p>"
+            ]
+            if unisolated
+            else []
+        ),
         f"<figure><img alt='Histogram of total scores: how many students got each score out of {max_score:g}' "
         f"src='data:image/png;base64,{histogram}'>"
         "<figcaption>Total scores (manual grades included).</figcaption></figure>",
@@ -264,6 +274,16 @@ def write_report(root: Path, assignment: str) -> Path:
     return path
 
 
+def unisolated_students(root: Path, assignment: str) -> list[str]:
+    """The students whose verdict says their notebook ran with ``--sandbox rlimit`` (no bubblewrap)."""
+    verdicts = root / ".coursekit" / "verdicts" / assignment
+    found = set()
+    for path in sorted(verdicts.glob("*/*.json")) if verdicts.is_dir() else []:
+        if json.loads(path.read_text()).get("sandbox") == "rlimit":
+            found.add(path.parent.name)
+    return sorted(found)
+
+
 def integrity_signals(root: Path, assignment: str) -> list:
     """The :mod:`coursekit.integrity` signals of the notebooks graded for ``assignment``."""
     import nbformat
@@ -271,7 +291,7 @@ def integrity_signals(root: Path, assignment: str) -> list:
     from coursekit.integrity import signals
 
     verdicts = root / ".coursekit" / "verdicts" / assignment
-    notebooks, runtime = {}, {}
+    notebooks, runtime, changed = {}, {}, {}
     for path in sorted(verdicts.glob(f"*/{assignment}.json")) if verdicts.is_dir() else []:
         verdict = json.loads(path.read_text())
         normalized = verdict.get("normalized")
@@ -279,9 +299,11 @@ def integrity_signals(root: Path, assignment: str) -> list:
             notebooks[path.parent.name] = nbformat.reads(json.dumps(normalized), as_version=4)
         if verdict.get("reference_calls"):
             runtime[path.parent.name] = [str(c) for c in verdict["reference_calls"]]
+        if verdict.get("prediction_changes"):
+            changed[path.parent.name] = [tuple(map(str, c)) for c in verdict["prediction_changes"]]
     released = root / "exercises" / assignment / f"{assignment}.ipynb"
     release = nbformat.read(released, as_version=4) if released.is_file() else nbformat.v4.new_notebook()
-    return signals(assignment, notebooks, release, runtime)
+    return signals(assignment, notebooks, release, runtime, changed)
 
 
 def _link(row: StudentRow) -> str:

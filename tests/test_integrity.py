@@ -110,6 +110,14 @@ def renamed(source: str) -> str:
     return source.replace("    check_attention_inputs", "    # validate first\n    check_attention_inputs")
 
 
+def swapped(source: str) -> str:
+    """The same answer with its conditional's branches swapped, a light edit that moves tokens."""
+    old = 'logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask'
+    assert old in source
+    new = 'logits + mask if mask.dtype != torch.bool else logits.masked_fill(~mask, float("-inf"))'
+    return source.replace(old, new)
+
+
 def student(**answers):
     nb = load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
     for name, source in answers.items():
@@ -128,6 +136,7 @@ def test_the_importer_the_paster_and_the_sharers_are_flagged_and_no_one_else():
         "paster": student(scaled_dot_product_attention=pasted),
         "sharer_a": student(scaled_dot_product_attention=SHARED, causal_mask=MASK_LOOPS),
         "sharer_b": student(scaled_dot_product_attention=renamed(SHARED), causal_mask=MASK_ARANGE),
+        "sharer_c": student(scaled_dot_product_attention=renamed(swapped(SHARED))),  # branches swapped
         "independent_a": student(softmax=SOFTMAX_EINSUM_STYLE, scaled_dot_product_attention=EINSUM),
         "independent_b": student(
             softmax=SOFTMAX_LOGSUMEXP, causal_mask=MASK_LOOPS.replace("mask[i, j]", "mask[i][j]")
@@ -142,6 +151,8 @@ def test_the_importer_the_paster_and_the_sharers_are_flagged_and_no_one_else():
         ("reference", ("importer",), "part 1 (softmax)"),
         ("copy of the reference", ("paster",), "part 3 (scaled_dot_product_attention)"),
         ("near-identical", ("sharer_a", "sharer_b"), "part 3 (scaled_dot_product_attention)"),
+        ("near-identical", ("sharer_a", "sharer_c"), "part 3 (scaled_dot_product_attention)"),
+        ("near-identical", ("sharer_b", "sharer_c"), "part 3 (scaled_dot_product_attention)"),
         ("ruled-out call", ("library",), "part 1 (softmax)"),
         # the loops with one index changed are the same code: a shared answer, not a coincidence
         ("near-identical", ("independent_b", "sharer_a"), "part 2 (causal_mask)"),
@@ -168,3 +179,87 @@ def test_references_called_at_run_time_are_flagged_for_their_part_only():
         ("reference at run time", ("hider",), "part 1 (softmax)"),
         ("reference at run time", ("modules",), "part 4 (SelfAttention)"),
     }
+
+
+def test_the_references_compiled_code_seen_at_run_time_is_flagged():
+    """An answer that holds the reference's compiled code however it arrived (``exec`` of its source or
+    of an encoded string: ``code:module.name`` from the sandbox) is a signal of its own kind."""
+    release = load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    runtime = {
+        "encoder": ["code:coursekit.attention.softmax"],
+        "other": ["code:coursekit.multihead.split_heads"],
+    }
+    found = [
+        (s.kind, s.students, s.part, s.detail)
+        for s in signals(ASSIGNMENT, {n: release for n in runtime}, release, runtime)
+        if "run time" in s.kind
+    ]
+    assert found == [
+        (
+            "reference's code at run time",
+            ("encoder",),
+            "part 1 (softmax)",
+            "defined an object with the compiled code of coursekit.attention.softmax (seen in the sandbox)",
+        )
+    ]
+
+
+def test_a_prediction_changed_after_its_check_showed_the_answer_is_reported():
+    """The outputs a student hands in show what a prediction's check printed: the value it saw and
+    the answer. A graded value that differs is reported to the instructor (never a deduction); a
+    notebook whose outputs were cleared, or whose prediction did not change, reports nothing."""
+    import json
+
+    import nbformat
+
+    from coursekit.autograde.grade import prediction_changes
+    from coursekit.autograde.plan import plan_notebook
+
+    assignment = ASSIGNMENT
+    release = load(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
+    plan = plan_notebook(load(ROOT / "solutions" / assignment / f"{assignment}.ipynb"), release, assignment)
+    submitted = json.loads(nbformat.writes(release))
+    (public,) = [
+        c
+        for c in submitted["cells"]
+        if c["metadata"].get("nbgrader", {}).get("grade_id") == "predict_leaked_pairs_public"
+    ]
+    public["outputs"] = [
+        {
+            "output_type": "stream",
+            "name": "stdout",
+            "text": [
+                "[pass] x\n",
+                "predict_leaked_pairs (public): How many? "
+                "You predicted 9; the experiment gives 7. Because.\n",
+            ],
+        }
+    ]
+    raw = json.dumps(submitted).encode()
+    hidden = {
+        "predict_leaked_pairs_hidden": {
+            "lines": ["predict_leaked_pairs: How many? You predicted 7; the experiment gives 7."]
+        }
+    }
+    changed = prediction_changes(plan, raw, hidden)
+    assert changed == [["predict_leaked_pairs", "9", "7"]]
+    assert (
+        prediction_changes(
+            plan,
+            raw,
+            {
+                "predict_leaked_pairs_hidden": {
+                    "lines": [hidden["predict_leaked_pairs_hidden"]["lines"][0].replace("7;", "9;", 1)]
+                }
+            },
+        )
+        == []
+    )
+    assert prediction_changes(plan, nbformat.writes(release).encode(), hidden) == []  # outputs cleared
+    (signal,) = signals(assignment, {"s": release}, release, {}, {"s": [tuple(c) for c in changed]})
+    assert (signal.kind, signal.students, signal.part) == (
+        "prediction changed after its answer was shown",
+        ("s",),
+        "part 5a (predict_leaked_pairs)",
+    )
+    assert "printed the answer for 9; handed in: 7" in signal.detail

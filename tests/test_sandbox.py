@@ -1,4 +1,4 @@
-"""The sandbox's wire format and both kinds of sandbox (bubblewrap and the rlimit fallback)."""
+"""The sandbox's wire format and both kinds of sandbox (bubblewrap, and rlimit: named only, confined)."""
 
 from __future__ import annotations
 
@@ -415,6 +415,43 @@ def test_the_sandbox_records_calls_of_watched_references_by_student_code_only():
         session.run_cell("layer = ca.SelfAttention(4)", "module", deadline)
         assert session.reference_calls == {"coursekit.attention.softmax", "coursekit.attention.SelfAttention"}
         session.close()
+
+
+@pytest.mark.slow  # starts a sandbox
+def test_the_sandbox_sees_the_references_code_however_it_arrives():
+    """The reference's code run through ``exec`` (of its source, or of a base64 string) is the
+    reference's compiled code: reported as ``code:module.name``; a student's own softmax, or the
+    reference with its docstring and local names changed is, a softmax of the student's own is not."""
+    import base64
+    import inspect
+    import re
+
+    from coursekit import attention
+
+    source = inspect.getsource(attention.softmax)
+    hidden = base64.b64encode(source.encode()).decode()
+    renamed = re.sub(r"\bx\b", "inputs", source).replace('"""', '"""Mine. ', 1)  # locals, docstring changed
+    watch = [("coursekit.attention", "softmax"), ("coursekit.attention", "SelfAttention")]
+    with Worker(KINDS[-1], Limits(cell_seconds=10, check_seconds=5)) as worker:
+        deadline = time.monotonic() + 60
+        own = worker.session(watch=watch)
+        own.run_cell(
+            "import torch\ndef softmax(x, dim=-1):\n    e = torch.exp(x - x.amax(dim, keepdim=True))\n"
+            "    return e / e.sum(dim, keepdim=True)",
+            "answer",
+            deadline,
+        )
+        assert own.reference_calls == set()
+        own.close()
+        for code in (
+            f"import base64, torch\nexec(base64.b64decode({hidden!r}))",
+            f"import torch\nexec({source!r})",
+            f"import torch\nexec({renamed!r})",
+        ):
+            session = worker.session(watch=watch)
+            assert session.run_cell(code, "answer", deadline)["ok"]
+            assert session.reference_calls == {"code:coursekit.attention.softmax"}, code
+            session.close()
 
 
 @pytest.mark.slow

@@ -89,6 +89,7 @@ def _watch(watch) -> None:
 
         return __init__
 
+    REFERENCE_CODE.clear()
     for module_name, name in watch if isinstance(watch, list) else []:
         try:
             module = importlib.import_module(str(module_name))
@@ -96,10 +97,87 @@ def _watch(watch) -> None:
         except Exception:  # noqa: BLE001, S112 (nothing to watch)
             continue
         label = f"{module_name}.{name}"
+        key = _code_key(obj)
+        if key is not None:
+            REFERENCE_CODE[key] = label
         if isinstance(obj, type):
             obj.__init__ = wrap_init(obj.__init__, label)
         elif callable(obj):
             setattr(module, str(name), wrap_function(obj, label))
+
+
+#: code key (:func:`_code_key`) of each watched reference -> its ``module.name``
+REFERENCE_CODE: dict[str, str] = {}
+#: the prefix of a label in :data:`REFERENCE_CALLS` for a student's object that *is* a watched
+#: reference's compiled code, however it arrived (``exec`` of its source, of a decoded string, ...)
+CODE_COPY = "code:"
+
+
+def _code_key(obj) -> str | None:
+    """A fingerprint of the compiled code of a function, or of the functions a class defines: its
+    instructions with the names, numbers and nested code they use; not its file, lines, strings
+    (docstrings, messages) or local names, which a copy may change without changing what the code
+    does, nor the call sequence CPython picks for a module it saw imported in the same compilation
+    (``torch.exp(...)`` compiles to ``LOAD_ATTR`` in coursekit's files, to ``LOAD_METHOD`` in an
+    ``exec``). ``None`` for anything else."""
+    import dis
+    import hashlib
+    import types
+
+    skip = {"RESUME", "PRECALL", "CACHE", "NOP", "PUSH_NULL", "EXTENDED_ARG"}
+    jumps = set(dis.hasjrel) | set(dis.hasjabs)
+    local = set(dis.haslocal) | set(dis.hasfree)
+
+    def key(code) -> tuple:
+        seq = []
+        for ins in dis.get_instructions(code):
+            op = "LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname
+            if op in skip:
+                continue
+            if ins.opcode in jumps or (op == "LOAD_CONST" and isinstance(ins.argval, str)):
+                arg = None
+            elif isinstance(ins.argval, types.CodeType):
+                arg = key(ins.argval)
+            elif ins.opcode in local:
+                arg = ins.arg  # a local by its slot, not its name
+            else:
+                arg = repr(ins.argval)
+            seq.append((op, arg))
+        return tuple(seq)
+
+    fn = getattr(obj, "__wrapped__", obj)
+    if isinstance(fn, types.FunctionType):
+        parts = [repr(key(fn.__code__))]
+    elif isinstance(fn, type):
+        parts = sorted(repr(key(v.__code__)) for v in vars(fn).values() if isinstance(v, types.FunctionType))
+        if not parts:
+            return None
+    else:
+        return None
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def _copies_of_references(namespace: dict) -> set[str]:
+    """Labels (``code:module.name``) of the watched references whose compiled code an object of the
+    student's ``namespace`` has, defined outside coursekit (the wrapped originals are calls, seen by
+    :func:`_watch`)."""
+    found = set()
+    if not REFERENCE_CODE:
+        return found
+    for value in list(namespace.values()):
+        code = getattr(value, "__code__", None)
+        if code is None and isinstance(value, type):
+            methods = [v for v in vars(value).values() if hasattr(v, "__code__")]
+            code = methods[0].__code__ if methods else None
+        if code is None or str(code.co_filename).startswith(_COURSEKIT):
+            continue
+        try:
+            label = REFERENCE_CODE.get(_code_key(value) or "")
+        except Exception:  # noqa: BLE001, S112 (an object that resists inspection is no copy)
+            continue
+        if label:
+            found.add(CODE_COPY + label)
+    return found
 
 
 def _with_calls(header: dict) -> dict:
@@ -477,7 +555,9 @@ class NotebookProcess:
                 return
             op = msg.get("op")
             if op == "cell":
-                reply = _with_calls(self.run_cell(str(msg["source"]), str(msg.get("label", ""))))
+                reply = self.run_cell(str(msg["source"]), str(msg.get("label", "")))
+                REFERENCE_CALLS.update(_copies_of_references(self.shell.user_ns))
+                reply = _with_calls(reply)
                 try:
                     protocol.send(self.sock, reply)
                 except (TypeError, ValueError):  # the cell put values that are not JSON among its outputs
