@@ -28,3 +28,10 @@ c.ExecutePreprocessor.timeout = 120
 # reaches full marks. Set all_or_nothing to True for a cell to score all its points or none.
 c.CourseKit.partial_credit_step = 0.5
 c.CourseKit.all_or_nothing = False
+
+# `coursekit formgrader` names its grading page here (nbgrader's page, with MathJax from the
+# course's own copy instead of a CDN, so that it works offline); unset otherwise.
+import os  # noqa: E402
+
+if os.environ.get("COURSEKIT_FORMGRADER_TEMPLATES"):
+    c.HTMLExporter.extra_template_basedirs = os.environ["COURSEKIT_FORMGRADER_TEMPLATES"].split(os.pathsep)

@@ -4,6 +4,7 @@ coursekit release [ASSIGNMENT ...] [--check]
 coursekit autograde SUBMISSIONS --assignment ch01_attention [--jobs 2] [--csv grades.csv] [--times times.csv]
 coursekit report --assignment ch01_attention
 coursekit export [--format csv|canvas|moodle] [--out FILE]
+coursekit formgrader [--port N]  (grade written answers by hand, in nbgrader's formgrader)
 coursekit check NOTEBOOK          (students: run the public checks locally)
 coursekit pretrain [NAME] [--out DIR] [--steps N] [--threads N]   (list, or regenerate, a committed checkpoint)
 coursekit doctor [grading] [book] [training] [tests] [all]   (default: grading)
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sqlite3
 import sys
 import time
@@ -102,6 +104,13 @@ def cmd_autograde(args) -> int:
     csv_path = Path(args.csv).resolve() if args.csv else root / "grades.csv"
     exports.export(root, csv_path)
     print(f"grades of every assignment: {csv_path}")
+    rows = exports.grades(course.gradebook_url(root))
+    waiting = exports.pending([g for g in rows if g.assignment == args.assignment])
+    if waiting:
+        print(
+            f"{sum(waiting.values())} answers of {len(waiting)} students wait for a hand grade: "
+            "coursekit formgrader (README: grading by hand)"
+        )
     if args.sandbox == "rlimit" and any(not r.cached and not r.error for r in results):
         from coursekit.sandbox.host import rlimit_confinement
 
@@ -120,8 +129,31 @@ def cmd_export(args) -> int:
 
     root = _root(args)
     path = Path(args.out).resolve() if args.out else root / f"grades-{args.format}.csv"
-    print(exports.export(root, path, args.format))
+    print(exports.export(root, path, args.format, allow_pending=args.allow_pending))
+    waiting = exports.pending(exports.grades(course.gradebook_url(root)))
+    if waiting:  # (only with --allow-pending: without it, export refused)
+        print(exports.pending_warning(waiting), file=sys.stderr)
     return 0
+
+
+def cmd_formgrader(args) -> int:
+    """nbgrader's formgrader for the course on 127.0.0.1, until Ctrl-C."""
+    import signal
+
+    from coursekit import formgrader
+
+    server = formgrader.serve(_root(args), args.port)
+    print(f"formgrader of {_root(args)}: open {server.url}", flush=True)
+    print(
+        "grade the written answers (and comment); Ctrl-C stops it, then run coursekit autograde again",
+        flush=True,
+    )
+    try:
+        return server.wait()
+    except KeyboardInterrupt:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait()
+        return 0
 
 
 def cmd_report(args) -> int:
@@ -291,7 +323,19 @@ def main(argv: list[str] | None = None) -> int:
         "gradebook import files (not submitted = an empty cell)",
     )
     p.add_argument("--out", help="file to write (default: grades-<format>.csv in the course folder)")
+    p.add_argument(
+        "--allow-pending",
+        action="store_true",
+        help="write even while answers wait for a hand grade (their totals lack those points; a warning "
+        "names the students); without it the export refuses",
+    )
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "formgrader", help="grade written answers by hand: nbgrader's formgrader for the course, on 127.0.0.1"
+    )
+    p.add_argument("--port", type=int, help="port on 127.0.0.1 (default: a free one)")
+    p.set_defaults(func=cmd_formgrader)
 
     p = sub.add_parser("report", help="(re)write the class report of an assignment")
     p.add_argument("--assignment", required=True)

@@ -21,7 +21,18 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Grade", "grades", "write_csv", "write_canvas", "write_moodle", "FORMATS", "export"]
+__all__ = [
+    "Grade",
+    "PendingGrades",
+    "grades",
+    "pending",
+    "pending_warning",
+    "write_csv",
+    "write_canvas",
+    "write_moodle",
+    "FORMATS",
+    "export",
+]
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class Grade:
     max_score: float
     needs_manual_grade: bool
     seconds_late: float = 0.0
+    pending: int = 0  # answers still waiting for a hand grade (the formgrader's "needs manual grade")
 
     @property
     def status(self) -> str:
@@ -99,6 +111,7 @@ def grades(db_url: str) -> list[Grade]:
                         float(sub.max_score),
                         bool(sub.needs_manual_grade),
                         float(sub.total_seconds_late or 0.0),
+                        sum(bool(g.needs_manual_grade) for nb in sub.notebooks for g in nb.grades),
                     )
                 )
     return out
@@ -112,6 +125,41 @@ def _time(t: dt.datetime | None) -> str:
 
 def _score(x: float | None) -> str:
     return "" if x is None else f"{x:g}"
+
+
+#: what makes a spreadsheet read a cell as a formula (OWASP, "CSV Injection")
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
+
+
+def _text(value: str) -> str:
+    """A text cell made inert for Excel, LibreOffice and Google Sheets: a value that starts like a
+    formula (``=HYPERLINK(...)``, ``+SUM(1,1)``, ``@cmd``, a tab) gets a leading ``'``, as OWASP's
+    rule for CSV files says; the spreadsheet then shows it as text. Names, emails and ids come from
+    the roster and the students, so every exported text cell goes through here."""
+    value = str(value)
+    return "'" + value if value.startswith(_FORMULA_START) else value
+
+
+def pending(rows: list[Grade]) -> dict[str, int]:
+    """Student -> answers still waiting for a hand grade, over every assignment (students with none
+    left out)."""
+    out: dict[str, int] = {}
+    for g in rows:
+        if g.pending:
+            out[g.student] = out.get(g.student, 0) + g.pending
+    return out
+
+
+class PendingGrades(ValueError):
+    """An LMS export asked for while hand grades are pending: its totals would be incomplete."""
+
+
+def pending_warning(waiting: dict[str, int]) -> str:
+    """The line ``coursekit export --allow-pending`` prints when totals still lack hand grades."""
+    return (
+        f"WARNING: {sum(waiting.values())} answers of {len(waiting)} students still wait for a hand grade "
+        f"({_who(waiting)}): their totals in this file lack those points"
+    )
 
 
 def write_csv(rows: list[Grade], path: Path) -> Path:
@@ -133,24 +181,26 @@ def write_csv(rows: list[Grade], path: Path) -> Path:
                 "score",
                 "max_score",
                 "needs_manual_grade",
+                "pending_hand_grades",
             ]
         )
         for g in rows:
             w.writerow(
                 [
-                    g.assignment,
+                    _text(g.assignment),
                     _time(g.duedate),
                     _time(g.timestamp),
-                    g.student,
-                    g.last_name,
-                    g.first_name,
-                    g.email,
+                    _text(g.student),
+                    _text(g.last_name),
+                    _text(g.first_name),
+                    _text(g.email),
                     g.status,
                     _score(g.raw_score),
                     _score(g.late_penalty),
                     _score(g.score),
                     f"{g.max_score:g}",
                     "yes" if g.needs_manual_grade else "no",
+                    str(g.pending),
                 ]
             )
     return Path(path)
@@ -180,7 +230,14 @@ def write_canvas(rows: list[Grade], path: Path) -> Path:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
-            ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", *(_title(a) for a in assignments)]
+            [
+                "Student",
+                "ID",
+                "SIS User ID",
+                "SIS Login ID",
+                "Section",
+                *(_text(_title(a)) for a in assignments),
+            ]
         )
         w.writerow(
             ["    Points Possible", "", "", "", "", *(f"{points[a]:g}" for a in assignments)]
@@ -190,10 +247,10 @@ def write_canvas(rows: list[Grade], path: Path) -> Path:
             name = ", ".join(n for n in (any_row.last_name, any_row.first_name) if n) or student
             w.writerow(
                 [
-                    name,
+                    _text(name),
                     "",
                     "",
-                    student,
+                    _text(student),
                     "",
                     *(_score(mine[a].score) if a in mine else "" for a in assignments),
                 ]
@@ -214,19 +271,19 @@ def write_moodle(rows: list[Grade], path: Path) -> Path:
                 "Institution",
                 "Department",
                 "Email address",
-                *(f"Assignment: {_title(a)} (Real)" for a in assignments),
+                *(_text(f"Assignment: {_title(a)} (Real)") for a in assignments),
             ]
         )
         for student, mine in sorted(by_student.items()):
             any_row = next(iter(mine.values()))
             w.writerow(
                 [
-                    any_row.first_name,
-                    any_row.last_name,
-                    student,
+                    _text(any_row.first_name),
+                    _text(any_row.last_name),
+                    _text(student),
                     "",
                     "",
-                    any_row.email,
+                    _text(any_row.email),
                     *(_score(mine[a].score) if a in mine else "" for a in assignments),
                 ]
             )
@@ -237,11 +294,28 @@ def write_moodle(rows: list[Grade], path: Path) -> Path:
 FORMATS = {"csv": write_csv, "canvas": write_canvas, "moodle": write_moodle}
 
 
-def export(root: Path, path: Path, fmt: str = "csv") -> Path:
+def export(root: Path, path: Path, fmt: str = "csv", *, allow_pending: bool = True) -> Path:
     """Write every grade of the course at ``root`` (its gradebook, as ``nbgrader_config.py`` names it)
-    to ``path`` in ``fmt`` (``csv``, ``canvas`` or ``moodle``)."""
+    to ``path`` in ``fmt`` (``csv``, ``canvas`` or ``moodle``); returns ``path``.
+
+    Raises:
+        PendingGrades: hand grades are pending and ``allow_pending`` is false (nothing is written).
+    """
     from coursekit import course
 
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of {sorted(FORMATS)}")
-    return FORMATS[fmt](grades(course.gradebook_url(root)), Path(path))
+    rows = grades(course.gradebook_url(root))
+    waiting = pending(rows)
+    if waiting and not allow_pending:
+        raise PendingGrades(
+            f"{sum(waiting.values())} answers of {len(waiting)} students still wait for a hand grade "
+            f"({_who(waiting)}), so their totals are incomplete: grade them in the formgrader "
+            "(coursekit formgrader), or export anyway with --allow-pending; nothing was written"
+        )
+    return FORMATS[fmt](rows, Path(path))
+
+
+def _who(waiting: dict[str, int], shown: int = 5) -> str:
+    names = [f"{s}: {n}" for s, n in sorted(waiting.items())]
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")

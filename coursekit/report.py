@@ -63,11 +63,10 @@ def class_rows(root: Path, assignment: str) -> tuple[list[StudentRow], list[str]
             cell_scores = {
                 g.name: (float(g.score), float(g.max_score)) for nb in submission.notebooks for g in nb.grades
             }
-            by_hand = {
-                g.name: g.manual_score is not None
+            by_hand = {  # grade cell -> (needs a manual grade, given by hand)
+                g.name: (bool(g.needs_manual_grade), g.manual_score is not None)
                 for nb in submission.notebooks
                 for g in nb.grades
-                if g.auto_score is None  # a written answer
             }
             notes, parts, feedback = [], [], None
             for path in sorted((verdicts / student).glob("*.json")):
@@ -87,12 +86,22 @@ def class_rows(root: Path, assignment: str) -> tuple[list[StudentRow], list[str]
     return rows, titles
 
 
+def manual_status(needs: list, by_hand: list) -> str:
+    """A written answer's status from its grade cells' "needs manual grade" flags and whether a score
+    was given by hand: ``pending`` (waiting for the instructor), ``graded`` (by hand), or
+    ``unanswered`` (left as released: nbgrader scored it 0 itself, there is nothing to grade)."""
+    if any(needs):
+        return "pending"
+    return "graded" if by_hand and all(by_hand) else "unanswered"
+
+
 def _part(part: dict, tests: dict, cell_scores: dict, by_hand: dict | None = None) -> PartResult:
     score = sum(cell_scores.get(t, (0.0, 0.0))[0] for t in part["tests"])
     points = sum(cell_scores.get(t, (0.0, tests.get(t, {}).get("points", 0.0)))[1] for t in part["tests"])
     if part.get("manual"):  # a written answer: graded by hand in the formgrader, or not yet
-        graded = all((by_hand or {}).get(t) for t in part["tests"])
-        return PartResult(part["title"], score, points, "graded" if graded else "pending", [])
+        flags = [(by_hand or {}).get(t, (True, False)) for t in part["tests"]]
+        status = manual_status([n for n, _ in flags], [h for _, h in flags])
+        return PartResult(part["title"], score, points, status, [])
     failed = [
         (str(name).split(": ", 1)[-1], str(hint))
         for t in part["tests"]
@@ -201,6 +210,7 @@ def write_report(root: Path, assignment: str) -> Path:
     common = failed.most_common(20)
     flagged = integrity_signals(root, assignment)
     unisolated = unisolated_students(root, assignment)
+    waiting = {r.student: n for r in rows if (n := sum(p.status == "pending" for p in r.parts))}
 
     e = html.escape
     mean = sum(r.score for r in rows) / len(rows)
@@ -216,6 +226,15 @@ def write_report(root: Path, assignment: str) -> Path:
         ".passed{background:#dafbe1}.failed{background:#fee4e2}.unanswered{background:#fff4ce}.pending{background:#eee}</style></head><body>",
         f"<h1>{e(assignment)}: class report</h1>",
         f"<p>{len(rows)} graded submissions; mean score {mean:.2f} of {max_score:g}.</p>",
+        *(
+            [
+                f"<p class='pending'><strong>{sum(waiting.values())} answers wait for a hand grade</strong> "
+                f"({e(', '.join(f'{s}: {n}' for s, n in waiting.items()))}): their totals lack those points "
+                "until you grade them (<code>coursekit formgrader</code>).</p>"
+            ]
+            if waiting
+            else []
+        ),
         *(
             [
                 f"<p><strong>Graded without isolation</strong> (<code>--sandbox rlimit</code>): "

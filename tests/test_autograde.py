@@ -29,7 +29,7 @@ from tests.mutants.ch01_attention import MUTANTS
 from tests.submissions import ROOT, course_folder, filled, load, points, replace_definition
 from tests.test_integrity import SHARED, renamed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bubblewrap]
 
 #: students for the report's integrity signals: one reaches the reference, two share an answer
 #: (everyone else's answers are the reference's, so "reference.ipynb" is the one who pasted it)
@@ -55,6 +55,7 @@ ASSIGNMENT = "ch01_attention"
 #: shows that the sandboxed path fails it with its hint, as the in-process one does)
 NAMED = ("softmax_no_max_shift", "softmax_nan_on_masked_row", "attention_no_scaling")
 BATCH = [m for i, m in enumerate(MUTANTS) if m.name in NAMED or m.part not in {n.part for n in MUTANTS[:i]}]
+BATCH_BY_NAME = {m.name: m for m in BATCH}
 #: graded part -> the grade id of its hidden test cell
 HIDDEN_CELL = {p.name: t.grade_id for p in harness.parts(ASSIGNMENT) for t in p.tests if t.hidden}
 AUTO, MANUAL = points(ASSIGNMENT)  # the autograded points, and the written answer's
@@ -126,15 +127,47 @@ def test_mutant_loses_its_part_with_its_hint(graded, mutant):
     cell_id = HIDDEN_CELL[mutant.part]
     with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
         grade = gb.find_grade(cell_id, ASSIGNMENT, ASSIGNMENT, mutant.name)
-        assert grade.score == 0, f"{cell_id} kept its points"
         bonus = grade.max_score == 0  # the stretch part: failed, but it had no points to lose
+        assert bonus or grade.score < grade.max_score, f"{cell_id} kept its points"
+        verdict = _verdict(root, mutant.name)["tests"][cell_id]
+        assert not verdict["passed"] and grade.score == verdict["score"]  # partial credit, as recorded
     got, _ = score(rows, mutant.name)
     assert got == AUTO if bonus else got < AUTO
     autograded = load(root / "autograded" / mutant.name / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
     cell = next(c for c in autograded.cells if c.metadata.get("nbgrader", {}).get("grade_id") == cell_id)
-    assert any(o.get("output_type") == "error" for o in cell.outputs), f"{cell_id} passed"
     shown = "\n".join(str(o.get("evalue", "")) + str(o.get("text", "")) for o in cell.outputs)
     assert mutant.hint in shown, f"the student would not see {mutant.hint!r}; the cell shows:\n{shown}"
+
+
+def _verdict(root, student):
+    import json
+
+    return json.loads(
+        (root / ".coursekit" / "verdicts" / ASSIGNMENT / student / f"{ASSIGNMENT}.json").read_text()
+    )
+
+
+def test_a_part_with_some_clauses_passed_scores_their_share_through_nbgraders_partial_credit(graded):
+    """A mutant that fails some of a part's checks and passes others keeps the passed checks' share
+    of the points, rounded down to the course's step (nbgrader_config.py); the gradebook holds it."""
+    from coursekit.autograde.credit import Credit
+
+    root, _ = graded
+    partial = []
+    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
+        for m in BATCH:
+            test = _verdict(root, m.name)["tests"][HIDDEN_CELL[m.part]]
+            assert not test["passed"]
+            expected = Credit(step=0.5).score(test["points"], [tuple(c) for c in test["clauses"]])
+            assert test["score"] == expected < test["points"] or test["points"] == 0, (m.name, test["score"])
+            grade = gb.find_grade(HIDDEN_CELL[m.part], ASSIGNMENT, ASSIGNMENT, m.name)
+            assert grade.score == expected
+            if 0 < expected:
+                partial.append(m.name)
+    assert partial, "no mutant of the batch keeps part of its points: partial credit is not exercised"
+    page = (root / "feedback" / partial[0] / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+    shares = _verdict(root, partial[0])["tests"][HIDDEN_CELL[BATCH_BY_NAME[partial[0]].part]]["clause_points"]
+    assert f'<span class="share">({min(shares.values()):.2g} pt)</span>' in page  # each check's points
 
 
 def test_feedback_is_written_for_every_student(graded):
@@ -206,7 +239,10 @@ def test_manual_grades_survive_a_rerun(graded):
     (result,) = autograde.autograde(root, ASSIGNMENT, ["softmax_no_max_shift"], feedback=False, fresh=True)
     with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
         grade = gb.find_grade("softmax_hidden", ASSIGNMENT, ASSIGNMENT, "softmax_no_max_shift")
-        assert grade.manual_score == 1.5 and grade.auto_score == 0 and grade.score == 1.5
+        auto = _verdict(root, "softmax_no_max_shift")["tests"]["softmax_hidden"][
+            "score"
+        ]  # its partial credit
+        assert grade.manual_score == 1.5 and grade.auto_score == auto < 1.5 and grade.score == 1.5
     assert result.score == float(_gradebook_scores(root)["softmax_no_max_shift"])
 
 
@@ -322,7 +358,9 @@ def test_a_part_failing_because_of_an_earlier_part_says_to_fix_that_part_first(g
     root, rows = graded
     nb = load(root / "autograded" / "softmax_nan_on_masked_row" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
     cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "attention_hidden")
-    shown = "\n".join(str(o.get("evalue", "")) for o in cell.outputs)
+    shown = "\n".join(
+        str(o.get("evalue", "")) + str(o.get("text", "")) for o in cell.outputs
+    )  # (partial: text)
     assert "part 1 (softmax) fails its own checks, and your scaled_dot_product_attention calls it" in shown
 
 
@@ -383,8 +421,7 @@ def test_feedback_and_report_read_well_on_a_desktop_and_a_phone(graded, tmp_path
                     tests = sum(len(p["tests"]) for p in PARTS if not p["manual"])
                     assert (
                         seen["badges"]
-                        == ["not answered"] * (len(PARTS) - 2)
-                        + ["waiting for your instructor", "not answered"]
+                        == ["not answered"] * len(PARTS)  # the written answer too: nothing to grade
                         and seen["unanswered"] == tests
                         and seen["failed"] == 0
                     )
@@ -419,49 +456,25 @@ def test_scores_csv_has_a_column_per_part(graded):
         assert sum(float(r[p]) for p in parts) == float(r["score"]) == float(totals[r["student"]])
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def formgrader(graded, tmp_path):
-    """nbgrader's formgrader (its Jupyter server extension) on this test's course, on a port of its own,
-    with Jupyter's config and runtime folders inside the test's temporary folder."""
-    import secrets
-
+    """``coursekit formgrader`` on this test's course, on a port of its own, with Jupyter's config and
+    runtime folders inside the test's temporary folder."""
     import requests
 
+    from coursekit import formgrader as course_formgrader
+
     root, _ = graded
-    token, port = secrets.token_hex(16), _free_port()
+    if not (root / "_vendor").exists():
+        shutil.copytree(ROOT / "_vendor" / "mathjax", root / "_vendor" / "mathjax")
     env = {
         **os.environ,
         **{f"JUPYTER_{k}_DIR": str(tmp_path / k.lower()) for k in ("CONFIG", "DATA", "RUNTIME")},
         "JUPYTER_PLATFORM_DIRS": "1",
     }
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_server",
-            f"--ServerApp.port={port}",
-            "--ServerApp.port_retries=0",
-            "--ServerApp.ip=127.0.0.1",
-            "--ServerApp.open_browser=False",
-            "--ServerApp.allow_root=True",  # CI machines may run tests as root
-            f"--ServerApp.root_dir={root}",
-            f"--IdentityProvider.token={token}",
-            '--ServerApp.jpserver_extensions={"nbgrader.server_extensions.formgrader": True}',
-        ],
-        cwd=root,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "server.log").open("wb"),
-        start_new_session=True,
-    )
+    server = course_formgrader.serve(root, env=env)
+    token = server.url.rsplit("token=", 1)[1]
+    port = int(server.url.split(":")[2].split("/")[0])
     session = requests.Session()
     session.headers["Authorization"] = f"token {token}"
     base = f"http://127.0.0.1:{port}/formgrader/api"
@@ -472,9 +485,7 @@ def formgrader(graded, tmp_path):
                 break
         except requests.ConnectionError:
             pass
-        assert server.poll() is None and time.monotonic() < deadline, (
-            "the formgrader did not start:\n" + (tmp_path / "server.log").read_text()[-2000:]
-        )
+        assert server.poll() is None and time.monotonic() < deadline, "the formgrader did not start"
         time.sleep(0.3)
     try:
         yield session, base
@@ -516,13 +527,13 @@ def test_a_grade_entered_in_the_formgrader_reaches_the_exports_and_the_report_an
     expected = AUTO + 1.5 + 1
 
     def check_everywhere(rerun: bool):
-        assert cli.main(["--course", str(root), "export", "--out", str(root / "exported.csv")]) == 0
+        exported = ["export", "--out", str(root / "exported.csv"), "--allow-pending"]  # the class: pending
+        assert cli.main(["--course", str(root), *exported]) == 0
         with open(root / "exported.csv", newline="") as f:
             (row,) = [r for r in csv.DictReader(f) if r["student_id"] == student]
-        # nbgrader flags a hand-given grade for review once the notebook is autograded again; it keeps it
-        assert float(row["score"]) == expected and row["needs_manual_grade"] == ("yes" if rerun else "no"), (
-            row
-        )
+        # nbgrader flags a hand-given grade for review once the notebook is autograded again; the
+        # autograder keeps the instructor's status where the answer did not change
+        assert float(row["score"]) == expected and row["needs_manual_grade"] == "no", row
         assert cli.main(["--course", str(root), "report", "--assignment", ASSIGNMENT]) == 0
         with open(root / "reports" / ASSIGNMENT / "scores.csv", newline="") as f:
             (line,) = [r for r in csv.DictReader(f) if r["student"] == student]

@@ -106,3 +106,36 @@ def test_the_cli_writes_each_format_and_refuses_others(course, tmp_path, capsys)
         assert out.is_file() and read(out)
     with pytest.raises(SystemExit):
         cli.main(["--course", str(course), "export", "--format", "blackboard"])
+
+
+@pytest.mark.parametrize(
+    "value", ['=HYPERLINK("http://example.invalid","x")', "+SUM(1,1)", "-2+3", "@cmd", "\tx", "\r=1", "＝1"]
+)
+def test_a_cell_a_spreadsheet_would_run_as_a_formula_is_text_in_every_format(course, tmp_path, value):
+    """OWASP's rule for CSV files: a roster value that starts like a formula gets a leading quote, in
+    our CSV, Canvas's and Moodle's files alike; nothing else changes."""
+    with Gradebook(gradebook_url(course)) as gb:
+        gb.update_or_create_student("alice", first_name=value, last_name="", email=value)
+        gb.update_or_create_student("bob", first_name="Bob", last_name="O'Hara-Smith")
+    for fmt in ("csv", "canvas", "moodle"):
+        cells = [c for line in read(exports.export(course, tmp_path / f"{fmt}.csv", fmt)) for c in line]
+        assert "'" + value in cells, (fmt, cells)
+        assert not any(c.startswith(("=", "+", "-", "@", "\t", "\r", "＝")) for c in cells), (fmt, cells)
+        assert "O'Hara-Smith" in cells or "O'Hara-Smith, Bob" in cells, (fmt, cells)  # a plain name, kept
+
+
+def test_an_lms_export_waits_for_pending_hand_grades_unless_told(course, tmp_path, capsys):
+    with Gradebook(gradebook_url(course)) as gb:
+        grade = gb.find_grade("part", "ch01_attention", "ch01_attention", "bob")
+        grade.needs_manual_grade = True  # a written answer nobody graded yet
+        gb.db.commit()
+    out = tmp_path / "canvas.csv"
+    argv = ["--course", str(course), "export", "--format", "canvas", "--out", str(out)]
+    assert cli.main(argv) == 2 and not out.exists()
+    assert "1 answers of 1 students still wait for a hand grade (bob: 1)" in capsys.readouterr().err
+    assert cli.main([*argv, "--allow-pending"]) == 0 and out.exists()
+    assert "WARNING: 1 answers of 1 students still wait for a hand grade (bob: 1)" in capsys.readouterr().err
+    with open(exports.export(course, tmp_path / "g.csv"), newline="") as f:  # grades.csv: never refused
+        rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader(f)}
+    assert rows[("ch01_attention", "bob")]["pending_hand_grades"] == "1"
+    assert rows[("ch01_attention", "alice")]["pending_hand_grades"] == "0"

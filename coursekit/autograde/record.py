@@ -23,6 +23,7 @@ from traitlets import Unicode
 from coursekit import course, inert
 from coursekit.autograde.plan import Plan
 from coursekit.autograde.rebuild import is_test_cell, nbgrader_meta
+from coursekit.report import manual_status
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +181,10 @@ class SummarizeParts(NbGraderPreprocessor):
             points = sum(float(nbgrader_meta(c).get("points") or 0) for c in tests)
             results = [c.metadata.get("coursekit") or {} for c in tests]
             if part.get("manual"):  # a written answer: graded by hand in the formgrader, or not yet
-                graded = tests and all(nbgrader_meta(c).get("graded_by_hand") for c in tests)
-                status = "graded" if graded else "pending"
+                status = manual_status(
+                    [nbgrader_meta(c).get("needs_manual_grade") for c in tests],
+                    [nbgrader_meta(c).get("graded_by_hand") for c in tests],
+                )
             elif points == 0:  # the stretch part (a bonus): its checks decide, not its 0 points
                 status = (
                     "passed"
@@ -238,6 +241,7 @@ def _feedback_preprocessors() -> list:
                 cell.metadata["nbgrader"]["grade_id"], self.notebook_id, self.assignment_id, self.student_id
             )
             cell.metadata.nbgrader["graded_by_hand"] = grade.manual_score is not None
+            cell.metadata.nbgrader["needs_manual_grade"] = bool(grade.needs_manual_grade)
 
     return [HideHiddenTests, GetGradesAndWhoGaveThem, SummarizeParts, CSSHTMLHeaderPreprocessor]
 
@@ -301,6 +305,66 @@ def _autograde_preprocessors() -> list:
     ]
 
 
+def _answer_sources(path: Path, plan: Plan) -> dict[str, str]:
+    """Grade id -> the source of the answer that a grade cell grades (a written answer is its own
+    cell; a test cell grades the answer before it), in the notebook at ``path`` ({} if none)."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except (OSError, ValueError):
+        return {}
+    sources = {nbgrader_meta(c).get("grade_id"): c.source for c in nb.cells}
+    part_of = {gid: a for p in plan.notebooks for gid, a in p.part_of.items()}
+    return {gid: sources.get(part_of.get(gid, gid), "") for gid in sources if gid}
+
+
+def _hand_graded(
+    root: Path, db_url: str, plan: Plan, student: str
+) -> dict[tuple[str, str], tuple[bool, str]]:
+    """(notebook, grade id) -> (its "needs manual grade" flag, the answer it grades) of each grade the
+    instructor gave by hand, as the gradebook and the last autograded notebook hold them."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    found = {}
+    with Gradebook(db_url) as gb:
+        try:
+            submission = gb.find_submission(plan.assignment, student)
+        except MissingEntry:
+            return {}
+        for nb in submission.notebooks:
+            graded = root / "autograded" / student / plan.assignment / f"{nb.name}.ipynb"
+            sources = _answer_sources(graded, plan)
+            for g in nb.grades:
+                if g.manual_score is not None:
+                    found[(nb.name, g.name)] = (bool(g.needs_manual_grade), sources.get(g.name, ""))
+    return found
+
+
+def _keep_hand_grading_status(root: Path, db_url: str, plan: Plan, student: str, before: dict) -> None:
+    """nbgrader flags every hand-given grade "needs manual grade" again when a notebook is autograded
+    again (nbgrader's ``SaveAutoGrades``), which put the instructor's finished written answers back on
+    their to-do list at every re-run. The flag is restored where the answer it grades is unchanged;
+    a changed answer keeps nbgrader's flag, to be looked at again."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    if not before:
+        return
+    changed = False
+    with Gradebook(db_url) as gb:
+        for (notebook, gid), (flag, source) in before.items():
+            now = _answer_sources(root / "autograded" / student / plan.assignment / f"{notebook}.ipynb", plan)
+            if now.get(gid, "") != source:
+                continue
+            try:
+                grade = gb.find_grade(gid, notebook, plan.assignment, student)
+            except MissingEntry:
+                continue
+            if grade.manual_score is not None and bool(grade.needs_manual_grade) != flag:
+                grade.needs_manual_grade = flag
+                changed = True
+        if changed:
+            gb.db.commit()
+
+
 def _record(
     root: Path, api, plan: Plan, student: str, error: str | None, cached: bool, feedback: bool, verdicts: Path
 ) -> Result:
@@ -323,7 +387,10 @@ def _record(
         notes += verdict["notes"]
         seconds += verdict.get("seconds", 0.0)
         nbformat.write(nbformat.from_dict(verdict["normalized"]), staged / f"{nb.name}.ipynb")
+    by_hand = _hand_graded(root, api.coursedir.db_url, plan, student)
     outcome = api.autograde(plan.assignment, student, force=True, create=True)
+    if outcome.get("success"):
+        _keep_hand_grading_status(root, api.coursedir.db_url, plan, student, by_hand)
     error = None
     if not outcome.get("success"):
         error = course.last_line(outcome.get("error") or outcome.get("log") or "unknown error")
