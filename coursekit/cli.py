@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
             "--check-timeout",
             type=float,
             default=Limits.check_seconds,
-            help="seconds per grading check (default %(default)s)",
+            help="CPU seconds per grading check, whatever else runs on the machine; the wall clock "
+            "stops a check at 5 times that (default %(default)s)",
         )
         p.add_argument(
             "--timeout",

@@ -62,6 +62,10 @@ def listener():
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory, listener):
     root, inbox = course_folder(tmp_path_factory.mktemp("class"))
+    # each case's expected total counts its parts all or nothing, as the attack leaves them: this
+    # course says so (tests/test_term.py and test_autograde.py grade with the default partial credit)
+    with open(root / "nbgrader_config.py", "a") as f:
+        f.write("\nc.CourseKit.all_or_nothing = True\n")
     ctx = Context(course=str(root), port=listener.port, secret=SECRET)
     for case in CASES:
         write(case, inbox, ctx)

@@ -177,12 +177,15 @@ def _key(root: Path, assignment: str, student: str, plan: Plan, limits: Limits) 
 
 
 def _cached(folder: Path, plan: Plan, key: str) -> bool:
+    """The verdicts in ``folder`` were made with ``key``, and none waits to be graded again because
+    a busy machine kept a check from being timed."""
     try:
-        return all(
-            json.loads((folder / f"{nb.name}.json").read_text()).get("key") == key for nb in plan.notebooks
-        )
+        verdicts = [json.loads((folder / f"{nb.name}.json").read_text()) for nb in plan.notebooks]
     except (OSError, ValueError):
         return False
+    return all(
+        v.get("key") == key and not any(t.get("busy") for t in v.get("tests", {}).values()) for v in verdicts
+    )
 
 
 _AST_LOCK = threading.Lock()

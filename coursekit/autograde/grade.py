@@ -22,7 +22,7 @@ from coursekit.autograde.rebuild import Call, is_test_cell, nbgrader_meta, norma
 from coursekit.autograde.run import run_notebook
 from coursekit.chapters import chapter
 from coursekit.grading import core, harness
-from coursekit.sandbox import StudentError, Worker
+from coursekit.sandbox import BUSY, StudentError, Worker
 from coursekit.sandbox.host import TEMPLATE_GONE
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,42 @@ def _name_earlier_parts(plan: NotebookPlan, notebook, results: dict) -> None:
                 t["failure"] = f"{sentence}.\n{t['failure'] or 'failed'}"
 
 
+#: how many times a test cell is graded when a busy machine kept one of its checks from being timed
+BUSY_TRIES = 2
+
+
 def _grade_cell(
+    session,
+    calls: list[Call],
+    deadline: float,
+    hidden: bool,
+    points: float,
+    unreadable: str | None,
+    secret: bytes = b"",
+    credit: Credit = Credit(),
+) -> dict:
+    """The result of one test cell. A check that a busy grading machine kept from being timed
+    (:class:`coursekit.sandbox.MachineBusy`) is no mistake of the student's: the cell is graded again;
+    still busy, it is *not graded* (``busy``: the instructor re-runs it), never scored 0."""
+    for _ in range(BUSY_TRIES):
+        result = _grade_cell_once(session, calls, deadline, hidden, points, unreadable, secret, credit)
+        if not _stopped_by_load(result):
+            return result
+    result.update(
+        passed=False,
+        score=0.0,
+        busy=True,
+        failure=f"not graded: {BUSY} to time this part's checks, twice; your instructor grades it again",
+    )
+    return result
+
+
+def _stopped_by_load(result: dict) -> bool:
+    texts = [result.get("failure") or ""] + [h for _, h in result.get("failed_checks") or []]
+    return any(f"this check {BUSY}" in t for t in texts)
+
+
+def _grade_cell_once(
     session,
     calls: list[Call],
     deadline: float,

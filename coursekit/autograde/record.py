@@ -375,7 +375,7 @@ def _record(
         return Result(
             student, 0.0, sum(sum(nb.points.values()) for nb in plan.notebooks), [], f"not graded: {error}"
         )
-    notes, seconds = [], 0.0
+    notes, seconds, busy = [], 0.0, False
     staged = root / ".coursekit" / "normalized" / student / plan.assignment
     if staged.exists():
         shutil.rmtree(staged)
@@ -386,6 +386,7 @@ def _record(
             (staged / "timestamp.txt").write_text(verdict["timestamp"] + "\n")
         notes += verdict["notes"]
         seconds += verdict.get("seconds", 0.0)
+        busy |= any(t.get("busy") for t in verdict.get("tests", {}).values())
         nbformat.write(nbformat.from_dict(verdict["normalized"]), staged / f"{nb.name}.ipynb")
     by_hand = _hand_graded(root, api.coursedir.db_url, plan, student)
     outcome = api.autograde(plan.assignment, student, force=True, create=True)
@@ -407,4 +408,6 @@ def _record(
             score = gb.find_submission(plan.assignment, student).score
         except MissingEntry:
             score = 0.0
+    if busy and error is None:  # recorded, but some part is not graded yet: the instructor runs it again
+        error = "the grading machine was too busy to time some checks; run coursekit autograde again"
     return Result(student, float(score), float(max_score), notes, error, cached, seconds)

@@ -6,8 +6,10 @@ them); :mod:`coursekit.sandbox.worker` runs inside the sandbox;
 """
 
 from coursekit.sandbox.host import (
+    BUSY,
     CellFailed,
     Limits,
+    MachineBusy,
     Remote,
     RemoteCrash,
     RemoteTimeout,
@@ -21,8 +23,10 @@ from coursekit.sandbox.host import (
 )
 
 __all__ = [
+    "BUSY",
     "CellFailed",
     "Limits",
+    "MachineBusy",
     "Remote",
     "RemoteCrash",
     "RemoteTimeout",

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import logging
 import os
+import select
 import shutil
 import signal
 import socket
@@ -40,7 +41,7 @@ class Limits:
     """Resource limits for one submission (wall-clock caps are enforced here, the rest inside)."""
 
     cell_seconds: float = 60.0  # wall clock per notebook cell
-    check_seconds: float = 20.0  # wall clock per grading check
+    check_seconds: float = 20.0  # CPU seconds per grading check (its wall clock: WALL_FACTOR times that)
     submission_seconds: float = 600.0  # wall clock for the whole submission
     memory: int = 3 << 30  # bytes of memory, per process and for all of them together
     cpu_seconds: int = 900  # CPU time per process
@@ -63,6 +64,21 @@ class RemoteTimeout(StudentError):
 
 class RemoteCrash(StudentError):
     pass
+
+
+class MachineBusy(RemoteTimeout):
+    """A check that the wall-clock safety net stopped while its process was kept waiting for a core:
+    the grading machine was too busy to time it. Not the student's doing: the check is graded again
+    (``coursekit.autograde.grade``), and never reported as an endless loop."""
+
+
+#: A check is timed by the CPU time of its process (and of what it starts): load on the machine does
+#: not count. The wall clock stops it at this many times its CPU budget, only as a safety net.
+WALL_FACTOR = 5.0
+#: how often the CPU time of a check that has not answered yet is read (seconds)
+CPU_POLL = 0.25
+#: the start of every message of a check stopped by a busy machine (see :class:`MachineBusy`)
+BUSY = "could not be timed: the grading machine was too busy"
 
 
 #: What a student is told when the sandbox's own process (the template every notebook process is
@@ -753,7 +769,7 @@ class Session:
             self,
             sock,
             int(reply.get("pid", -1)),
-            time.monotonic() + self.worker.limits.check_seconds,
+            time.monotonic() + self.worker.limits.check_seconds * WALL_FACTOR,
         )
         try:
             protocol.send(self.sock, {"op": "fork"})
@@ -788,7 +804,57 @@ class _Channel:
 
     def __init__(self, session: Session, sock: socket.socket, pid: int, deadline: float):
         self.session, self.sock, self.pid, self.deadline = session, sock, pid, deadline
+        self.started = time.monotonic()
         self.broken: str | None = None
+
+    def _usage(self) -> tuple[float | None, bool]:
+        """(CPU seconds, running or ready to run now) of the check process and what it started, as
+        the sandbox reads them; ``(None, True)`` where it cannot tell."""
+        try:
+            reply = self.session.worker.command({"op": "cpu", "pid": self.pid})[0]
+        except SandboxError:
+            return None, True
+        used = reply.get("seconds")
+        return (float(used) if isinstance(used, (int, float)) else None), reply.get("runnable") is not False
+
+    def _await_answer(self) -> None:
+        """Wait until the check process answers, timing it by its CPU time. It is stopped once it has
+        computed for its CPU budget (``check_seconds``: "an endless loop?"), or has slept or blocked
+        for as long (sampled each :data:`CPU_POLL`: neither running nor ready to run), or, as a
+        safety net, at the wall-clock cap: then it was ready to run but kept waiting for a core, the
+        busy machine's doing (:class:`MachineBusy`), never the student's."""
+        budget = self.session.worker.limits.check_seconds
+        idle, last = 0.0, time.monotonic()
+        while True:
+            left = self.deadline - time.monotonic()
+            if left > 0 and select.select([self.sock], [], [], min(CPU_POLL, left))[0]:
+                return
+            used, runnable = self._usage()
+            now = time.monotonic()
+            idle, last = idle + (0.0 if runnable else now - last), now
+            wall = now - self.started
+            if used is not None and used >= budget:
+                self._stop(
+                    f"did not finish within {budget:g} s of CPU time (an endless loop?)", RemoteTimeout
+                )
+            if used is None and wall >= budget:  # nothing to time it by: the wall clock decides, as it did
+                self._stop(f"did not finish within {budget:g} s (an endless loop?)", RemoteTimeout)
+            if idle >= budget:  # neither computing nor waiting for a core: sleeping, or blocked
+                self._stop(
+                    f"waited {wall:.0f} s while computing for {used or 0:.1f} s (a sleep, or waiting for "
+                    "something that never comes?)",
+                    RemoteTimeout,
+                )
+            if now >= self.deadline:  # computing, slowly: kept waiting for a core
+                self._stop(
+                    f"{BUSY} (your code ran {used or 0:.1f} s of CPU in {wall:.0f} s; it is graded again)",
+                    MachineBusy,
+                )
+
+    def _stop(self, why: str, kind: type) -> None:
+        self._kill()
+        self.broken = why
+        raise kind(f"your code {why}" if kind is not MachineBusy else f"this check {why}")
 
     def request(self, header: dict, values: dict) -> dict:
         if self.broken:
@@ -798,15 +864,15 @@ class _Channel:
             header[key] = protocol.encode(value, arrays, self._ref)
         try:
             protocol.send(self.sock, header, arrays)
+            self._await_answer()
             reply, out, _ = protocol.recv(
-                self.sock, self.deadline, max_blob=protocol.REPLY_BLOB, max_header=protocol.REPLY_HEADER
+                self.sock,
+                max(self.deadline, time.monotonic() + CPU_POLL),  # the answer has started to arrive
+                max_blob=protocol.REPLY_BLOB,
+                max_header=protocol.REPLY_HEADER,
             )
         except protocol.TimedOut:
-            self._kill()
-            self.broken = (
-                f"did not finish within {self.session.worker.limits.check_seconds:g} s (an endless loop?)"
-            )
-            raise RemoteTimeout(f"your code {self.broken}") from None
+            self._stop("did not finish sending its answer in time", RemoteTimeout)
         except (protocol.Closed, ConnectionError):
             why = self._why_gone()
             self.broken = f"the process running your code ended ({why})"

@@ -237,6 +237,9 @@ class Template:
             elif op == "kill":
                 self.kill_tree(int(msg["pid"]))
                 protocol.send(self.ctrl, {"ok": True})
+            elif op == "cpu":  # the CPU seconds a check process and what it started have used
+                used, runnable = self.cpu_seconds(int(msg["pid"]))
+                protocol.send(self.ctrl, {"ok": True, "seconds": used, "runnable": runnable})
             elif op == "status":  # with a pid: why that check process was killed, if the sandbox did
                 why = self.checks_killed.pop(msg.get("pid"), None) or self.killed_because
                 protocol.send(self.ctrl, {"ok": True, "killed_because": why})
@@ -364,6 +367,24 @@ class Template:
             _reap()
             time.sleep(0.005)
         _reap()
+
+    def cpu_seconds(self, root: int) -> tuple[float | None, bool]:
+        """User and system CPU seconds of ``root`` and its descendants among the submission's
+        processes, children it already waited for included (``None`` if ``root`` is not one of
+        them), and whether one of them is running or ready to run now (not sleeping or blocked).
+        What a check is timed by: unlike the wall clock, other programs on the cores do not count."""
+        if root in (os.getpid(), 1) or root not in self.members():
+            return None, False
+        tree, changed = {root}, True
+        while changed:
+            changed = False
+            for pid in self.members():
+                if pid not in tree and _stat(pid, 3) in tree:
+                    tree.add(pid)
+                    changed = True
+        # fields 14 to 17 of /proc/PID/stat: utime, stime, cutime, cstime (clock ticks)
+        ticks = sum(_stat(pid, field) or 0 for pid in tree for field in (13, 14, 15, 16))
+        return ticks / os.sysconf("SC_CLK_TCK"), any(_state(pid) == "R" for pid in tree)
 
     def kill_tree(self, root: int) -> set[int]:
         """Kill ``root`` and its descendants among the submission's processes; return their pids."""

@@ -1,0 +1,161 @@
+"""Fair under load: a check is timed by the CPU time of the student's process, not the wall clock.
+
+A grading machine is often busy (another course grading, a book build). These tests load the
+machine themselves with spinning processes they start and stop (4 per core, each ending on its
+own within two minutes), and check that correct code keeps its points, that code which spins or
+sleeps is still stopped and told which, and that a check a busy machine kept from running is
+graded again rather than blamed on the student.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import nbformat
+import pytest
+
+from coursekit.autograde import grade
+from coursekit.sandbox import BUSY, Limits, MachineBusy, RemoteTimeout, Worker
+from tests.test_sandbox import KINDS
+
+pytestmark = pytest.mark.slow  # starts sandboxes, and loads both cores for a minute or two
+
+SPIN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@contextmanager
+def busy_machine(per_core: int = 4):
+    """``per_core`` spinning processes per core beside the test, killed when the block ends."""
+    # each in a session of its own, as another course's processes would be: with the kernel's
+    # autogroup scheduling, processes of one session share one slice of the cores
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
+        for _ in range(per_core * (os.cpu_count() or 1))
+    ]
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+        for p in spinners:
+            p.wait()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_check_is_timed_by_its_cpu_not_by_the_load_beside_it(kind):
+    """On a machine with 4 spinning processes per core, a check that needs about 0.6 s of CPU takes
+    several times that on the wall clock: it is within its 1.5 s CPU budget and passes. A check that
+    spins is still stopped as an endless loop; one that sleeps is stopped at the wall cap and told
+    it waited, not that it looped."""
+    limits = Limits(cell_seconds=60, check_seconds=1.5)
+    with Worker(kind, limits) as worker, busy_machine():
+        session = worker.session()
+        deadline = time.monotonic() + 300
+        code = (
+            "import time\n"
+            "def work(n):\n    t = time.process_time()\n"
+            "    while time.process_time() - t < n:\n        pass\n    return n\n"
+            "def spin(x):\n    while True:\n        pass\n"
+            "def sleep(x):\n    time.sleep(1000)\n"
+        )
+        assert session.run_cell(code, "answer", deadline)["ok"]
+        session.begin_check("needs 0.6 s of CPU")
+        started = time.monotonic()
+        assert session.remote("work")(0.6) == 0.6
+        assert time.monotonic() - started > 1.5  # longer than the budget on the wall clock: load
+        session.end_check()
+        session.begin_check("spins")
+        with pytest.raises(
+            RemoteTimeout, match=r"did not finish within 1\.5 s of CPU time \(an endless loop\?\)"
+        ):
+            session.remote("spin")(1)
+        session.end_check()
+        session.begin_check("sleeps")
+        with pytest.raises(
+            RemoteTimeout, match=r"waited \d+ s while computing for 0\.\d s \(a sleep"
+        ) as caught:
+            session.remote("sleep")(1)
+        assert not isinstance(caught.value, MachineBusy)
+        session.end_check()
+        session.close()
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k == "bwrap"])  # rlimit's Landlock: no /proc writes
+def test_a_check_kept_waiting_by_a_busy_machine_is_not_the_students(kind):
+    """A check process that barely gets a core (it lowers its own priority, and its session's, below
+    the spinning processes) reaches the wall cap having used little CPU while it waited to run: the machine was
+    busy, and it says so (``MachineBusy``), never "an endless loop"."""
+    limits = Limits(cell_seconds=60, check_seconds=1.0)
+    with Worker(kind, limits) as worker, busy_machine():
+        session = worker.session()
+        deadline = time.monotonic() + 300
+        code = (
+            "import os, time\ndef starved(n):\n    os.nice(19)\n"
+            "    with open('/proc/self/autogroup', 'w') as f:\n        f.write('19')\n"  # its session's share
+            "    t = time.process_time()\n"
+            "    while time.process_time() - t < n:\n        pass\n    return n\n"
+        )
+        assert session.run_cell(code, "answer", deadline)["ok"]
+        session.begin_check("starved")
+        with pytest.raises(MachineBusy, match=BUSY) as caught:
+            session.remote("starved")(0.9)
+        assert "endless loop" not in str(caught.value)
+        session.end_check()
+        session.close()
+
+
+def test_a_cell_stopped_by_load_is_graded_again_and_never_scored_as_the_students(monkeypatch):
+    """``_grade_cell`` grades a cell again when a busy machine stopped one of its checks; twice, the
+    cell is *not graded* (and the batch says so), never 0 for the student."""
+    busy = {
+        "passed": False,
+        "score": 0.0,
+        "failure": "x",
+        "failed_checks": [["p: c", f"this check {BUSY} (...)"]],
+    }
+    good = {"passed": True, "score": 2.0, "failure": None}
+    answers = iter([dict(busy), dict(good)])
+    monkeypatch.setattr(grade, "_grade_cell_once", lambda *a, **k: next(answers))
+    assert grade._grade_cell(None, [], 0, False, 2.0, None) == good
+    monkeypatch.setattr(grade, "_grade_cell_once", lambda *a, **k: dict(busy))
+    result = grade._grade_cell(None, [], 0, False, 2.0, None)
+    assert result["busy"] and result["score"] == 0 and result["failure"].startswith("not graded: ")
+    assert "endless loop" not in result["failure"]
+
+
+@pytest.mark.bubblewrap
+def test_the_reference_and_correct_alternatives_keep_full_marks_on_a_busy_machine(tmp_path):
+    """Exercise 1's reference, and two notebooks holding every correct alternative of its catalogue
+    (the first and the second of each part), autograded with a 2 s CPU budget per check while 4
+    spinning processes per core run beside the grader: full marks, as on a quiet machine."""
+    from coursekit import autograde
+    from tests.submissions import course_folder, filled, points
+    from tests.test_grading_ch01 import ALTERNATIVES
+
+    assignment = "ch01_attention"
+    root, inbox = course_folder(tmp_path)
+    reference = filled(assignment)
+    nbformat.write(reference, inbox / "reference.ipynb")
+    by_part: dict[str, list[str]] = {}
+    for gid, _, source in ALTERNATIVES:
+        by_part.setdefault(gid, []).append(source)
+    for i in range(2):
+        nb = nbformat.from_dict(nbformat.from_dict(reference))
+        for cell in nb.cells:
+            choices = by_part.get(cell.metadata.get("nbgrader", {}).get("grade_id"), [])
+            if choices:
+                cell.source = choices[min(i, len(choices) - 1)]
+        nbformat.write(nb, inbox / f"alternatives{i + 1}.ipynb")
+    auto, _ = points(assignment)
+    with busy_machine():
+        _, results = autograde.grade_inbox(
+            root, assignment, inbox, limits=Limits(check_seconds=2.0), feedback=False, jobs=2
+        )
+    assert {r.student: (r.score, r.error) for r in results} == {
+        s: (auto, None) for s in ("reference", "alternatives1", "alternatives2")
+    }
