@@ -43,7 +43,14 @@ def randomise(module: nn.Module, seed: int = 0, scale: float = 0.3, offset_1d: f
 #: for about ten minutes: the single-threaded tests run beside it, the two-job batches after it,
 #: so that neither core waits (in file order the batches came first, and the unit tests later ran
 #: on one core while the other idled).
-LATE = {"test_adversarial.py": 1, "test_autograde.py": 1, "test_autograde_chapters.py": 1, "test_book.py": 2}
+LATE = {
+    "test_adversarial.py": 1,
+    "test_autograde.py": 1,
+    "test_autograde_chapters.py": 1,
+    "test_load.py": 1,  # loads both cores on purpose: not beside the book build's page cells
+    "test_term.py": 1,
+    "test_book.py": 2,
+}
 
 
 def pytest_configure(config):
