@@ -394,7 +394,7 @@ RESOURCES = [
         "sleeps_forever_in_answer",
         "resources",
         WITHOUT_MASK,
-        "did not finish within",
+        "s (a sleep, or waiting for something that never comes?)",  # a sleep is no endless loop
         lambda ctx: function(
             reference(),
             "causal_mask",
