@@ -145,7 +145,8 @@ def cmd_formgrader(args) -> int:
     server = formgrader.serve(_root(args), args.port)
     print(f"formgrader of {_root(args)}: open {server.url}", flush=True)
     print(
-        "grade the written answers (and comment); Ctrl-C stops it, then run coursekit autograde again",
+        "grade the written answers (and comment), then press Generate Feedback (Manage Assignments) to "
+        "write them into the students' feedback; Ctrl-C stops it",
         flush=True,
     )
     try:

@@ -12,6 +12,15 @@
 
 In the LMS files an assignment not submitted is an empty cell (the LMS keeps it ungraded),
 never a 0. Scores come from nbgrader's gradebook, so manual grades and late penalties count.
+
+While answers wait for a hand grade, :func:`export` refuses the file unless told
+(``allow_pending``); then our CSV says so in its ``status`` and ``pending_hand_grades`` columns and
+Moodle's file gets a last ``Note`` column (Moodle's import leaves a column it is not told to map
+alone), naming on each waiting student's row what the totals lack. Canvas's file gets none: Canvas
+makes a new assignment of any column it does not know, so there the warning is the terminal's.
+
+Every text cell (names, emails, ids, titles) goes through :func:`text_cell` (OWASP's rule against
+formula injection).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ __all__ = [
     "grades",
     "pending",
     "pending_warning",
+    "text_cell",
     "write_csv",
     "write_canvas",
     "write_moodle",
@@ -131,13 +141,16 @@ def _score(x: float | None) -> str:
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 
 
-def _text(value: str) -> str:
+def text_cell(value: str) -> str:
     """A text cell made inert for Excel, LibreOffice and Google Sheets: a value that starts like a
     formula (``=HYPERLINK(...)``, ``+SUM(1,1)``, ``@cmd``, a tab) gets a leading ``'``, as OWASP's
     rule for CSV files says; the spreadsheet then shows it as text. Names, emails and ids come from
     the roster and the students, so every exported text cell goes through here."""
     value = str(value)
     return "'" + value if value.startswith(_FORMULA_START) else value
+
+
+_text = text_cell
 
 
 def pending(rows: list[Grade]) -> dict[str, int]:
@@ -162,8 +175,10 @@ def pending_warning(waiting: dict[str, int]) -> str:
     )
 
 
-def write_csv(rows: list[Grade], path: Path) -> Path:
-    """The long format: a row per assignment and student (nbgrader's columns, plus ``status``)."""
+def write_csv(rows: list[Grade], path: Path, *, pending: dict[str, int] | None = None) -> Path:
+    """The long format: a row per assignment and student (nbgrader's columns, plus ``status`` and
+    ``pending_hand_grades``, which say on every row what waits for a hand grade; ``pending`` adds
+    nothing more)."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
@@ -224,8 +239,9 @@ def _title(assignment: str) -> str:
         return assignment
 
 
-def write_canvas(rows: list[Grade], path: Path) -> Path:
-    """Canvas's gradebook import file: identity columns, one column per assignment, ``Points Possible``."""
+def write_canvas(rows: list[Grade], path: Path, *, pending: dict[str, int] | None = None) -> Path:
+    """Canvas's gradebook import file: identity columns, one column per assignment, ``Points Possible``.
+    No note column for ``pending``: Canvas would import it as a new assignment."""
     assignments, by_student, points = _wide(rows)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
@@ -258,9 +274,16 @@ def write_canvas(rows: list[Grade], path: Path) -> Path:
     return Path(path)
 
 
-def write_moodle(rows: list[Grade], path: Path) -> Path:
-    """Moodle's grade import file: identity columns and one ``Assignment: <name> (Real)`` column each."""
+#: the header of the note column of Moodle's file while hand grades are pending
+MOODLE_NOTE = "Note"
+
+
+def write_moodle(rows: list[Grade], path: Path, *, pending: dict[str, int] | None = None) -> Path:
+    """Moodle's grade import file: identity columns and one ``Assignment: <name> (Real)`` column each;
+    with ``pending`` (student -> answers waiting for a hand grade), a last :data:`MOODLE_NOTE` column
+    that says on each waiting student's row that the totals lack those points (leave it unmapped)."""
     assignments, by_student, _ = _wide(rows)
+    pending = pending or {}
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
@@ -272,6 +295,7 @@ def write_moodle(rows: list[Grade], path: Path) -> Path:
                 "Department",
                 "Email address",
                 *(_text(f"Assignment: {_title(a)} (Real)") for a in assignments),
+                *([MOODLE_NOTE] if pending else []),
             ]
         )
         for student, mine in sorted(by_student.items()):
@@ -285,9 +309,19 @@ def write_moodle(rows: list[Grade], path: Path) -> Path:
                     "",
                     _text(any_row.email),
                     *(_score(mine[a].score) if a in mine else "" for a in assignments),
+                    *([_pending_note(mine, pending.get(student, 0))] if pending else []),
                 ]
             )
     return Path(path)
+
+
+def _pending_note(mine: dict[str, Grade], waiting: int) -> str:
+    if not waiting:
+        return ""
+    where = ", ".join(f"{a}: {g.pending}" for a, g in sorted(mine.items()) if g.pending)
+    return text_cell(
+        f"INCOMPLETE: {waiting} answers wait for a hand grade ({where}); these totals lack their points"
+    )
 
 
 #: ``coursekit export --format``: name -> writer
@@ -313,7 +347,7 @@ def export(root: Path, path: Path, fmt: str = "csv", *, allow_pending: bool = Tr
             f"({_who(waiting)}), so their totals are incomplete: grade them in the formgrader "
             "(coursekit formgrader), or export anyway with --allow-pending; nothing was written"
         )
-    return FORMATS[fmt](rows, Path(path))
+    return FORMATS[fmt](rows, Path(path), pending=waiting)
 
 
 def _who(waiting: dict[str, int], shown: int = 5) -> str:

@@ -6,8 +6,16 @@ prints the address to open, and serves MathJax from the course's own copy (``mak
 instead of nbgrader's CDN, whose absence stops the grading page of an offline machine.
 
 The round trip (README, "Grading by hand"): ``coursekit autograde`` -> ``coursekit formgrader``
-(grade and comment) -> ``coursekit autograde`` again (cached: writes the feedback with the hand
-grades and comments) -> ``coursekit export``.
+(grade and comment; its "generate feedback" buttons write the course's feedback pages) ->
+``coursekit export``. ``coursekit autograde`` again (cached) writes the same pages too.
+
+The formgrader's buttons that would run nbgrader's own steps on the course go through coursekit
+instead (this module is also a Jupyter Server extension, loaded before nbgrader's, so its routes
+win): "generate feedback" writes *our* feedback page (hidden tests hidden, a
+Content-Security-Policy, the comments as text; nbgrader's page would show the hidden tests'
+source to students); "autograde" is refused, since nbgrader's autograder would run the students'
+code outside the sandbox, on this machine, and overwrite the sandboxed results; "generate" is
+refused, since ``coursekit release`` makes the release.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["HOOK", "command", "grading_page", "serve", "url"]
+__all__ = ["FEEDBACK", "HOOK", "REFUSED", "command", "feedback", "grading_page", "serve", "url"]
 
 #: where the course's MathJax lives (scripts/install_mathjax.sh), relative to the course folder
 MATHJAX = Path("_vendor") / "mathjax" / "tex-chtml.js"
@@ -97,7 +105,9 @@ def command(root: Path, port: int, token: str) -> list[str]:
         "--ServerApp.open_browser=False",
         f"--ServerApp.root_dir={root}",
         f"--IdentityProvider.token={token}",
-        '--ServerApp.jpserver_extensions={"nbgrader.server_extensions.formgrader": True}',
+        # ours first (extensions load in name order; the first route that matches wins), then nbgrader's
+        '--ServerApp.jpserver_extensions={"coursekit.formgrader": True, '
+        '"nbgrader.server_extensions.formgrader": True}',
     ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         args.append("--ServerApp.allow_root=True")  # a grading machine's root; jupyter refuses it otherwise
@@ -137,3 +147,92 @@ def serve(root: Path, port: int | None = None, *, env: dict | None = None) -> su
     proc = subprocess.Popen(command(root, port, token), cwd=root, env=env, start_new_session=True)
     proc.url = url(port, token)  # type: ignore[attr-defined]
     return proc
+
+
+# --------------------------------------------------------------------------- the server extension
+
+#: formgrader routes (nbgrader's API) that would run nbgrader's own steps on the course -> why not
+REFUSED = {
+    r"/formgrader/api/submission/([^/]+)/([^/]+)/autograde": (
+        "coursekit does not autograde from the formgrader: nbgrader's autograder would run this "
+        "student's code outside the sandbox, on this machine, and replace the sandboxed results. Run "
+        "`coursekit autograde INBOX --assignment {0}` (hand grades and comments are kept)."
+    ),
+    r"/formgrader/api/assignment/([^/]+)/assign": (
+        "coursekit makes the release itself: run `coursekit release {0}` (nbgrader's generate step "
+        "would write exercises/ without the course's finishing touches)."
+    ),
+}
+#: formgrader routes answered with the course's own feedback pages
+FEEDBACK = (
+    r"/formgrader/api/assignment/([^/]+)/generate_feedback",
+    r"/formgrader/api/assignment/([^/]+)/([^/]+)/generate_feedback",
+)
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "coursekit.formgrader"}]
+
+
+def _load_jupyter_server_extension(serverapp) -> None:
+    """Put the routes of :data:`REFUSED` and :data:`FEEDBACK` before nbgrader's formgrader's."""
+    import json
+
+    from jupyter_server.utils import url_path_join
+    from nbgrader.server_extensions.formgrader.base import BaseApiHandler, check_xsrf
+    from tornado import web
+
+    root = Path(serverapp.root_dir).resolve()
+
+    class Refused(BaseApiHandler):
+        def initialize(self, why: str):
+            self.why = why
+
+        @web.authenticated
+        @check_xsrf
+        def post(self, assignment, *_):
+            self.write(json.dumps({"success": False, "error": self.why.format(assignment), "log": ""}))
+
+    class Feedback(BaseApiHandler):
+        @web.authenticated
+        @check_xsrf
+        def post(self, assignment, student=None):
+            self.write(json.dumps(feedback(root, assignment, student)))
+
+    base = serverapp.web_app.settings["base_url"]
+    serverapp.web_app.add_handlers(
+        ".*$",
+        [(url_path_join(base, route), Refused, {"why": why}) for route, why in REFUSED.items()]
+        + [(url_path_join(base, route), Feedback) for route in FEEDBACK],
+    )
+
+
+def feedback(root: Path, assignment: str, student: str | None = None) -> dict:
+    """The formgrader's "generate feedback": the course's feedback pages of ``assignment`` (one
+    student's, or everyone's), from the gradebook as it is now, under the course's lock. Returns what
+    nbgrader's API returns: ``success``, and ``error`` (why not) and ``log``."""
+    import re
+
+    from coursekit.autograde.gradebook import course_lock
+    from coursekit.autograde.record import regenerate_feedback
+
+    for name in (assignment, student):  # from the address: a name of a folder, never a path
+        if name is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):
+            return {"success": False, "error": f"not an assignment or student id: {name!r}", "log": ""}
+    try:
+        with course_lock(Path(root)):
+            written = regenerate_feedback(Path(root), assignment, student)
+    except (RuntimeError, ValueError) as e:  # a run holds the lock; nothing autograded yet
+        return {"success": False, "error": str(e), "log": ""}
+    failed = {s: why for s, why in written.items() if why}
+    if not written:
+        return {
+            "success": False,
+            "error": f"no autograded {assignment} yet: run coursekit autograde",
+            "log": "",
+        }
+    return {
+        "success": not failed,
+        "error": "; ".join(f"{s}: {why}" for s, why in failed.items()),
+        "log": f"wrote the feedback of {len(written) - len(failed)} students to {Path(root) / 'feedback'}",
+    }

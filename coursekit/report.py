@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coursekit.exports import text_cell
 from coursekit.inert import with_csp
 
 __all__ = ["write_report", "class_rows"]
@@ -43,6 +44,11 @@ class StudentRow:
     parts: list[PartResult]
     notes: list[str]
     feedback: str | None  # path of the feedback page, relative to the report
+
+    @property
+    def pending(self) -> int:
+        """Answers of this student that still wait for a hand grade."""
+        return sum(p.status == "pending" for p in self.parts)
 
 
 def class_rows(root: Path, assignment: str) -> tuple[list[StudentRow], list[str]]:
@@ -142,15 +148,25 @@ def write_report(root: Path, assignment: str) -> Path:
 
     with open(out / "scores.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["student", "score", "max_score", *titles, "autograder_notes"])
+        w.writerow(
+            [
+                "student",
+                "score",
+                "max_score",
+                *map(text_cell, titles),
+                "pending_hand_grades",
+                "autograder_notes",
+            ]
+        )
         for r in rows:
             w.writerow(
                 [
-                    r.student,
+                    text_cell(r.student),
                     f"{r.score:g}",
                     f"{r.max_score:g}",
                     *(f"{p.score:g}" for p in r.parts),
-                    " | ".join(r.notes),
+                    str(r.pending),
+                    text_cell(" | ".join(r.notes)),  # notes quote what students named: never a formula
                 ]
             )
 
@@ -210,7 +226,7 @@ def write_report(root: Path, assignment: str) -> Path:
     common = failed.most_common(20)
     flagged = integrity_signals(root, assignment)
     unisolated = unisolated_students(root, assignment)
-    waiting = {r.student: n for r in rows if (n := sum(p.status == "pending" for p in r.parts))}
+    waiting = {r.student: r.pending for r in rows if r.pending}
 
     e = html.escape
     mean = sum(r.score for r in rows) / len(rows)
@@ -277,12 +293,13 @@ def write_report(root: Path, assignment: str) -> Path:
         ),
         (
             "<h2>Students</h2><div "
-            f"class='wide'><table><tr><th>student</th><th>score</th>{part_cells}<th>autograder "
-            "notes</th></tr>"
+            f"class='wide'><table><tr><th>student</th><th>score</th>{part_cells}<th>waiting for a hand "
+            "grade</th><th>autograder notes</th></tr>"
         ),
         *(
             f"<tr><td>{_link(r)}</td><td class='num'>{r.score:g}</td>"
             + "".join(f"<td class='num {p.status}'>{p.score:g} / {p.points:g}</td>" for p in r.parts)
+            + f"<td class='num{' pending' if r.pending else ''}'>{r.pending}</td>"
             + f"<td>{'<br>'.join(e(n) for n in r.notes)}</td></tr>"
             for r in rows
         ),

@@ -139,3 +139,61 @@ def test_an_lms_export_waits_for_pending_hand_grades_unless_told(course, tmp_pat
         rows = {(r["assignment"], r["student_id"]): r for r in csv.DictReader(f)}
     assert rows[("ch01_attention", "bob")]["pending_hand_grades"] == "1"
     assert rows[("ch01_attention", "alice")]["pending_hand_grades"] == "0"
+
+
+def test_moodles_file_names_the_incomplete_totals_in_a_note_column_only_when_pending(course, tmp_path):
+    """``--allow-pending``: Moodle's file gets a last ``Note`` column (left unmapped on import) saying
+    on each waiting student's row which totals lack hand grades; Canvas's file keeps its layout (an
+    unknown column would become an assignment there); with nothing pending, no note column at all."""
+    plain = read(exports.export(course, tmp_path / "plain.csv", "moodle", allow_pending=False))
+    assert exports.MOODLE_NOTE not in plain[0]
+    with Gradebook(gradebook_url(course)) as gb:
+        grade = gb.find_grade("part", "ch02_multihead", "ch02_multihead", "alice")
+        grade.needs_manual_grade = True
+        gb.db.commit()
+    with pytest.raises(exports.PendingGrades, match=r"1 answers of 1 students .*\(alice: 1\)"):
+        exports.export(course, tmp_path / "refused.csv", "moodle", allow_pending=False)
+    assert not (tmp_path / "refused.csv").exists()
+    moodle = read(exports.export(course, tmp_path / "m.csv", "moodle", allow_pending=True))
+    assert moodle[0][-1] == exports.MOODLE_NOTE and len(moodle[0]) == len(plain[0]) + 1
+    notes = {r[2]: r[-1] for r in moodle[1:]}
+    assert notes["alice"].startswith("INCOMPLETE: 1 answers wait") and "ch02_multihead: 1" in notes["alice"]
+    assert notes["bob"] == notes["carol"] == ""
+    canvas = read(exports.export(course, tmp_path / "c.csv", "canvas", allow_pending=True))
+    assert (
+        canvas[0][:5] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"] and len(canvas[0]) == 7
+    )
+
+
+def test_the_class_reports_scores_csv_is_inert_and_counts_pending_hand_grades(course):
+    """The report's ``scores.csv`` is an export too: a roster id, a part title or an autograder note that
+    starts like a formula is text; each student's row counts the answers that wait for a hand grade."""
+    import json
+
+    from coursekit import report
+
+    student, note, title = "@evil", '=HYPERLINK("http://example.invalid","y")', "+SUM(1,1)"
+    with Gradebook(gradebook_url(course)) as gb:
+        gb.update_or_create_student(student)
+        gb.add_submission("ch01_attention", student, timestamp=DUE)
+        grade = gb.find_grade("part", "ch01_attention", "ch01_attention", student)
+        grade.auto_score, grade.needs_manual_grade = None, True  # a written answer, not graded yet
+        gb.db.commit()
+    for who, manual in ((student, True), ("bob", False)):
+        folder = course / ".coursekit" / "verdicts" / "ch01_attention" / who
+        folder.mkdir(parents=True)
+        verdict = {
+            "notes": [note] if who == student else [],
+            "parts": [{"title": title, "tests": ["part"], "manual": manual}],
+            "tests": {"part": {"passed": not manual, "lines": [], "points": 4}},
+        }
+        (folder / "ch01_attention.json").write_text(json.dumps(verdict))
+    page = report.write_report(course, "ch01_attention").read_text()
+    assert "1 answers wait for a hand grade" in page and "@evil: 1" in page
+    with open(course / "reports" / "ch01_attention" / "scores.csv", newline="") as f:
+        lines = list(csv.reader(f))
+    assert "'" + title in lines[0] and title not in lines[0]
+    rows = {r[0]: dict(zip(lines[0], r)) for r in lines[1:]}
+    assert set(rows) == {"'" + student, "bob"}
+    assert rows["'" + student]["autograder_notes"] == "'" + note
+    assert (rows["'" + student]["pending_hand_grades"], rows["bob"]["pending_hand_grades"]) == ("1", "0")

@@ -27,7 +27,16 @@ from coursekit.report import manual_status
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HIDDEN_PLACEHOLDER", "ApplyVerdicts", "HideHiddenTests", "Result", "record_all"]
+__all__ = [
+    "HIDDEN_PLACEHOLDER",
+    "ApplyVerdicts",
+    "HideHiddenTests",
+    "Result",
+    "feedback_settings",
+    "record_all",
+    "regenerate_feedback",
+    "write_feedback",
+]
 
 HIDDEN_PLACEHOLDER = "# Hidden checks ran here when your notebook was graded; their results are below."
 
@@ -251,6 +260,48 @@ def _feedback_preprocessors() -> list:
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
 
+def feedback_settings() -> dict:
+    """The nbgrader settings (``course.nbgrader_api`` overrides) under which nbgrader's feedback step
+    writes *our* feedback page: hidden tests hidden, each part's result, the instructor's comments."""
+    return {
+        "GenerateFeedback.preprocessors": _feedback_preprocessors(),
+        "HTMLExporter.extra_template_basedirs": [str(TEMPLATES)],
+    }
+
+
+def write_feedback(root: Path, api, assignment: str, student: str) -> str | None:
+    """Write the feedback page(s) of ``student`` on ``assignment`` from the autograded notebook and
+    the gradebook (hand grades and comments included), with their Content-Security-Policy, through
+    ``api`` (made with :func:`feedback_settings`); return ``None``, or the line saying why not."""
+    fb = api.generate_feedback(assignment, student, force=True)
+    for page in (Path(root) / "feedback" / student / assignment).glob("*.html"):
+        inert.harden_html_file(page)  # no script runs and nothing is fetched where the feedback is opened
+    if fb.get("success"):
+        return None
+    return course.last_line(fb.get("error") or fb.get("log") or "unknown error")
+
+
+def regenerate_feedback(root: Path, assignment: str, student: str | None = None) -> dict[str, str | None]:
+    """Write the feedback of ``student`` (default: every student with an autograded ``assignment``)
+    again from the gradebook as it is now: after grading by hand in the formgrader, the pages show the
+    hand grades and comments without grading anything again. Returns student -> ``None`` or why not.
+
+    Raises:
+        ValueError: ``student`` has no autograded ``assignment`` (``coursekit autograde`` first).
+    """
+    root = Path(root)
+    graded = root / "autograded"
+    students = (
+        [student]
+        if student is not None
+        else sorted(p.parent.name for p in graded.glob(f"*/{assignment}") if p.is_dir())
+    )
+    if student is not None and not (graded / student / assignment).is_dir():
+        raise ValueError(f"{student} has no autograded {assignment}: run coursekit autograde first")
+    api = course.nbgrader_api(root, **feedback_settings(), **{"NbGraderAPI.log_level": "ERROR"})
+    return {s: write_feedback(root, api, assignment, s) for s in students}
+
+
 def record_all(
     root, assignment, plan: Plan, students, done: queue.Queue, feedback, progress, verdicts: Path
 ) -> list[Result]:
@@ -263,8 +314,7 @@ def record_all(
             "CourseDirectory.submitted_directory": str(root / ".coursekit" / "normalized"),
             "Autograde.autograde_preprocessors": _autograde_preprocessors(),
             "ApplyVerdicts.verdict_dir": str(verdicts),
-            "GenerateFeedback.preprocessors": _feedback_preprocessors(),
-            "HTMLExporter.extra_template_basedirs": [str(TEMPLATES)],
+            **feedback_settings(),
             "NbGraderAPI.log_level": "ERROR",  # "removing existing assignment" on every re-run is expected
         },
     )
@@ -397,11 +447,9 @@ def _record(
         error = course.last_line(outcome.get("error") or outcome.get("log") or "unknown error")
         log.warning("nbgrader could not record %s: %s", student, error)
     elif feedback:
-        fb = api.generate_feedback(plan.assignment, student, force=True)
-        if not fb.get("success"):
-            log.warning("feedback for %s failed: %s", student, course.last_line(fb.get("error", "")))
-        for page in (root / "feedback" / student / plan.assignment).glob("*.html"):
-            inert.harden_html_file(page)  # no script runs and nothing is fetched where the feedback is opened
+        failed = write_feedback(root, api, plan.assignment, student)
+        if failed:
+            log.warning("feedback for %s failed: %s", student, failed)
     with Gradebook(api.coursedir.db_url) as gb:
         max_score = gb.find_assignment(plan.assignment).max_score
         try:
