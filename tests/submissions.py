@@ -129,3 +129,57 @@ class Listener:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def jupyter_env(home: Path) -> dict:
+    """The environment with Jupyter's config, data and runtime folders under ``home`` (a test's own)."""
+    import os
+
+    return {
+        **os.environ,
+        **{f"JUPYTER_{k}_DIR": str(home / k.lower()) for k in ("CONFIG", "DATA", "RUNTIME")},
+        "JUPYTER_PLATFORM_DIRS": "1",
+    }
+
+
+def running_formgrader(root: Path, home: Path):
+    """``coursekit formgrader`` on the course ``root`` (a free port of 127.0.0.1), Jupyter's folders
+    under ``home``: a context manager yielding ``(session, api, url)``, a requests session logged in
+    with the printed token, the formgrader's API address and the printed address. Stops the server
+    (its process group only) when the block ends."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import requests
+
+    from coursekit import formgrader
+
+    @contextlib.contextmanager
+    def running():
+        proc = formgrader.serve(root, env=jupyter_env(home))
+        session = requests.Session()
+        session.headers["Authorization"] = f"token {proc.url.rsplit('token=', 1)[1]}"
+        api = proc.url.split("?")[0] + "/api"
+        deadline = time.monotonic() + 90
+        try:
+            while True:
+                try:
+                    if session.get(f"{api}/status", timeout=2).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, "the formgrader did not start"
+                time.sleep(0.3)
+            yield session, api, proc.url
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    return running()

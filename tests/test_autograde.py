@@ -26,7 +26,15 @@ from coursekit import autograde, cli
 from coursekit.autograde.plan import load_plan
 from coursekit.grading import harness
 from tests.mutants.ch01_attention import MUTANTS
-from tests.submissions import ROOT, course_folder, filled, load, points, replace_definition
+from tests.submissions import (
+    ROOT,
+    course_folder,
+    filled,
+    load,
+    points,
+    replace_definition,
+    running_formgrader,
+)
 from tests.test_integrity import SHARED, renamed
 
 pytestmark = [pytest.mark.slow, pytest.mark.bubblewrap]
@@ -460,42 +468,11 @@ def test_scores_csv_has_a_column_per_part(graded):
 def formgrader(graded, tmp_path):
     """``coursekit formgrader`` on this test's course, on a port of its own, with Jupyter's config and
     runtime folders inside the test's temporary folder."""
-    import requests
-
-    from coursekit import formgrader as course_formgrader
-
     root, _ = graded
     if not (root / "_vendor").exists():
         shutil.copytree(ROOT / "_vendor" / "mathjax", root / "_vendor" / "mathjax")
-    env = {
-        **os.environ,
-        **{f"JUPYTER_{k}_DIR": str(tmp_path / k.lower()) for k in ("CONFIG", "DATA", "RUNTIME")},
-        "JUPYTER_PLATFORM_DIRS": "1",
-    }
-    server = course_formgrader.serve(root, env=env)
-    token = server.url.rsplit("token=", 1)[1]
-    port = int(server.url.split(":")[2].split("/")[0])
-    session = requests.Session()
-    session.headers["Authorization"] = f"token {token}"
-    base = f"http://127.0.0.1:{port}/formgrader/api"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if session.get(f"{base}/status", timeout=2).status_code == 200:
-                break
-        except requests.ConnectionError:
-            pass
-        assert server.poll() is None and time.monotonic() < deadline, "the formgrader did not start"
-        time.sleep(0.3)
-    try:
-        yield session, base
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+    with running_formgrader(root, tmp_path) as (session, api, _):
+        yield session, api
 
 
 def test_a_grade_entered_in_the_formgrader_reaches_the_exports_and_the_report_and_survives_a_rerun(

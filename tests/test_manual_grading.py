@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import html
-import os
 import shutil
 import signal
 import subprocess
@@ -25,7 +24,7 @@ from nbgrader.api import Gradebook
 
 from coursekit import cli
 from coursekit import formgrader as course_formgrader
-from tests.submissions import ROOT, course_folder, filled, points
+from tests.submissions import ROOT, course_folder, filled, jupyter_env, points, running_formgrader
 
 ASSIGNMENT = "ch01_attention"
 WRITTEN = "written_scaling"  # Exercise 1's written answer (a markdown grade cell)
@@ -43,15 +42,6 @@ def course(tmp_path_factory):
     nbformat.write(filled(ASSIGNMENT), inbox / f"{STUDENT}.ipynb")
     assert cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT]) == 0
     return root, inbox
-
-
-def _jupyter_env(home) -> dict:
-    """The environment with Jupyter's config, data and runtime folders under ``home``."""
-    return {
-        **os.environ,
-        **{f"JUPYTER_{k}_DIR": str(home / k.lower()) for k in ("CONFIG", "DATA", "RUNTIME")},
-        "JUPYTER_PLATFORM_DIRS": "1",
-    }
 
 
 def test_generating_feedback_from_the_formgrader_takes_names_never_paths(tmp_path):
@@ -82,7 +72,7 @@ def test_the_command_serves_the_formgrader_on_loopback_with_a_token_until_ctrl_c
         [sys.executable, "-m", "coursekit.cli", "--course", str(root), "formgrader", "--port", str(port)],
         stdout=subprocess.PIPE,
         text=True,
-        env=_jupyter_env(tmp_path / "jupyter"),
+        env=jupyter_env(tmp_path / "jupyter"),
     )
     try:
         first = proc.stdout.readline()
@@ -123,33 +113,10 @@ def test_the_command_serves_the_formgrader_on_loopback_with_a_token_until_ctrl_c
 def server(course, tmp_path_factory):
     """``coursekit formgrader`` on the course (a free port of 127.0.0.1 it picks), with Jupyter's folders
     in a temporary folder; a requests session logged in with the printed token."""
-    import requests
-
     root, _ = course
-    proc = course_formgrader.serve(root, env=_jupyter_env(tmp_path_factory.mktemp("jupyter")))
-    assert proc.url.startswith("http://127.0.0.1:") and "/formgrader?token=" in proc.url
-    token = proc.url.rsplit("token=", 1)[1]
-    session = requests.Session()
-    session.headers["Authorization"] = f"token {token}"
-    api = proc.url.split("?")[0] + "/api"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if session.get(f"{api}/status", timeout=2).status_code == 200:
-                break
-        except requests.ConnectionError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, "the formgrader did not start"
-        time.sleep(0.3)
-    try:
+    with running_formgrader(root, tmp_path_factory.mktemp("jupyter")) as (session, api, url):
+        assert url.startswith("http://127.0.0.1:") and "/formgrader?token=" in url
         yield session, api
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _ids(session, api) -> tuple[dict, dict]:

@@ -13,18 +13,24 @@ from __future__ import annotations
 import csv
 import html
 import json
-import os
 import shutil
-import signal
 import time
 
 import nbformat
 import pytest
 from nbgrader.api import Gradebook
 
-from coursekit import cli, formgrader
+from coursekit import cli
 from coursekit.grading import harness
-from tests.submissions import ROOT, course_folder, filled, load, points, replace_definition
+from tests.submissions import (
+    ROOT,
+    course_folder,
+    filled,
+    load,
+    points,
+    replace_definition,
+    running_formgrader,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.bubblewrap]
 
@@ -100,35 +106,11 @@ def verdict(root, student):
 
 @pytest.fixture(scope="module")
 def grader(term, tmp_path_factory):
-    """``coursekit formgrader`` on the term's course: a requests session that speaks its HTTP API."""
-    import requests
-
+    """``coursekit formgrader`` on the term's course: a requests session that speaks its HTTP API, the
+    server's address and the address it printed."""
     root, _, _ = term
-    home = tmp_path_factory.mktemp("jupyter")
-    env = {
-        **os.environ,
-        **{f"JUPYTER_{k}_DIR": str(home / k.lower()) for k in ("CONFIG", "DATA", "RUNTIME")},
-        "JUPYTER_PLATFORM_DIRS": "1",
-    }
-    server = formgrader.serve(root, env=env)
-    token = server.url.rsplit("token=", 1)[1]
-    base = server.url.split("/formgrader")[0]
-    session = requests.Session()
-    session.headers["Authorization"] = f"token {token}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if session.get(f"{base}/formgrader/api/status", timeout=2).status_code == 200:
-                break
-        except requests.ConnectionError:
-            pass
-        assert server.poll() is None and time.monotonic() < deadline, "the formgrader did not start"
-        time.sleep(0.3)
-    try:
-        yield session, base, server.url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(20)
+    with running_formgrader(root, tmp_path_factory.mktemp("jupyter")) as (session, api, url):
+        yield session, api.removesuffix("/formgrader/api"), url
 
 
 def hand_grade(session, base, student, score, comment):
