@@ -372,13 +372,11 @@ class Template:
             time.sleep(0.005)
         _reap()
 
-    def cpu_seconds(self, root: int) -> tuple[float | None, bool]:
-        """User and system CPU seconds of ``root`` and its descendants among the submission's
-        processes, children it already waited for included (``None`` if ``root`` is not one of
-        them), and whether one of them is running or ready to run now (not sleeping or blocked).
-        What a check is timed by: unlike the wall clock, other programs on the cores do not count."""
+    def tree(self, root: int) -> set[int]:
+        """``root`` and its descendants among the submission's processes (empty if ``root`` is not
+        one of them, or is this process or init)."""
         if root in (os.getpid(), 1) or root not in self.members():
-            return None, False
+            return set()
         tree, changed = {root}, True
         while changed:
             changed = False
@@ -386,22 +384,23 @@ class Template:
                 if pid not in tree and _stat(pid, 3) in tree:
                     tree.add(pid)
                     changed = True
+        return tree
+
+    def cpu_seconds(self, root: int) -> tuple[float | None, bool]:
+        """User and system CPU seconds of ``root`` and its descendants among the submission's
+        processes, children it already waited for included (``None`` if ``root`` is not one of
+        them), and whether one of them is running or ready to run now (not sleeping or blocked).
+        What a check is timed by: unlike the wall clock, other programs on the cores do not count."""
+        tree = self.tree(root)
+        if not tree:
+            return None, False
         # fields 14 to 17 of /proc/PID/stat: utime, stime, cutime, cstime (clock ticks)
         ticks = sum(_stat(pid, field) or 0 for pid in tree for field in (13, 14, 15, 16))
         return ticks / os.sysconf("SC_CLK_TCK"), any(_state(pid) == "R" for pid in tree)
 
     def kill_tree(self, root: int) -> set[int]:
         """Kill ``root`` and its descendants among the submission's processes; return their pids."""
-        if root in (os.getpid(), 1) or root not in self.members():
-            return set()
-        doomed = {root}
-        changed = True
-        while changed:
-            changed = False
-            for pid in self.members():
-                if pid not in doomed and _stat(pid, 3) in doomed:
-                    doomed.add(pid)
-                    changed = True
+        doomed = self.tree(root)
         for pid in doomed:
             _kill(pid)
         _reap()
