@@ -208,7 +208,7 @@ class Template:
         self.shell = _preload(preload)
         self.preload_seconds = time.monotonic() - started
         # what every process forked from here starts with; the memory limit comes on top of it
-        self.baseline = _memory(os.getpid())
+        self.baseline = _memory([os.getpid()], 0)[os.getpid()]
         _set_not_dumpable()
 
     def serve(self) -> None:
@@ -268,6 +268,11 @@ class Template:
             try:
                 ours.close()
                 self.ctrl.close()
+                # The template stays unreadable to student code; the processes it forks for
+                # that code are made readable again, so that the watch (the template) can read
+                # their share of memory in /proc/PID/smaps_rollup, not just their RSS, which
+                # would count the torch they share with the template once per process.
+                _set_dumpable(True)
                 NotebookProcess(
                     theirs, self.shell, workdir, self.limits, msg.get("seed", 0), msg.get("watch")
                 ).serve()
@@ -313,8 +318,8 @@ class Template:
         if now - self.last_memory_check < 0.1:
             return
         self.last_memory_check = now
-        memory = {pid: _memory(pid) for pid in pids}
         allowed = self.limits["memory"] + self.baseline
+        memory = _memory(pids, allowed)
         used = sum(memory.values())
         if used <= allowed:
             return
@@ -335,7 +340,7 @@ class Template:
             used -= sum(memory.get(p, 0) for p in doomed)
             for p in doomed:
                 self.checks_killed[p] = f"its processes used more than {limit}"
-        if sum(_memory(pid) for pid in self.members()) > allowed:
+        if sum(_memory(self.members(), allowed).values()) > allowed:
             self.killed_because = f"its processes used more than {limit}"
             self.kill_all()
 
@@ -850,9 +855,13 @@ def _reseed(seed: int) -> None:
 
 def _set_not_dumpable() -> None:
     """Keep other processes of the sandbox from reading or tracing this one."""
+    _set_dumpable(False)
+
+
+def _set_dumpable(on: bool) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        libc.prctl(4, int(on), 0, 0, 0)  # PR_SET_DUMPABLE = 4
     except OSError:
         pass
 
@@ -919,21 +928,45 @@ def _state(pid: int) -> str | None:
         return None
 
 
-def _memory(pid: int) -> int:
-    """Bytes of memory the process really uses: its proportional share (PSS), so that
-    pages a forked process still shares with its parent are not counted twice."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+#: the most processes whose proportional share of memory the watch reads (see :func:`_memory`)
+PSS_PROCESSES = 8
+
+
+def _memory(pids: list[int], allowed: int, budget: float = 0.05) -> dict[int, int]:
+    """Bytes of memory each process really uses, as far as a limit of ``allowed`` bytes needs.
+
+    Their resident sizes (RSS, ``/proc/PID/statm``: cheap) first; when those add up to more than
+    ``allowed``, the processes' proportional shares (PSS, ``/proc/PID/smaps_rollup``) instead, the
+    largest first, so that pages a forked process still shares with its parent (the torch every
+    process inherits from the template) are not counted once per process. Reading a PSS walks the
+    process's memory map under a lock that a process busy forking holds, and waits for it: so PSS
+    is read only while there are at most :data:`PSS_PROCESSES` processes (a notebook, a check and
+    what they started, not a fork bomb), and for ``budget`` seconds at most; the rest keep their
+    RSS, so that forking processes cannot keep the watch from counting and killing them."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    rss = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                rss[pid] = int(f.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            rss[pid] = 0
+    if sum(rss.values()) <= allowed or len(pids) > PSS_PROCESSES:
+        return rss
+    memory = dict(rss)
+    end = time.monotonic() + budget
+    for pid in sorted(pids, key=rss.get, reverse=True):
+        if time.monotonic() > end:
+            break
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        memory[pid] = int(line.split()[1]) * 1024
+                        break
+        except (OSError, ValueError, IndexError):
+            pass
+    return memory
 
 
 def _vmsize() -> int:
