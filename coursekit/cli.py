@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             "--cell-timeout",
             type=float,
             default=Limits.cell_seconds,
-            help="seconds per notebook cell (default %(default)s)",
+            help="CPU seconds per notebook cell, the cell's process and what it starts (default %(default)s; "
+            "its wall clock is capped at 5 times that)",
         )
         p.add_argument(
             "--check-timeout",

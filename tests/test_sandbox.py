@@ -539,6 +539,39 @@ def test_a_check_over_the_memory_limit_is_killed_and_the_notebook_kept():
         session.close()
 
 
+@pytest.mark.slow  # starts a sandbox
+@pytest.mark.parametrize("kind", KINDS)
+def test_memory_shared_by_a_submissions_processes_counts_once(kind):
+    """The memory watch counts each process's proportional share (PSS) of the pages it shares. The
+    notebook and each check are forked from the template and share its imported torch (a few
+    hundred MiB): counted per process (RSS), a notebook with a check open would go over a 150 MiB
+    limit without allocating anything. The watch must be able to read that share: processes forked
+    from the template, which no student code may read (checked here too), are readable again."""
+    with Worker(kind, Limits(cell_seconds=20, check_seconds=20, memory=150 << 20)) as worker:
+        session = worker.session()
+        session.run_cell(
+            "import time\ndef wait():\n    time.sleep(1.5)\n    return 7", "setup", time.monotonic() + 60
+        )
+        peek = session.run_cell(
+            "import os\nfor name in ('mem', 'smaps_rollup', 'environ'):\n"
+            "    try:\n        open(f'/proc/{os.getppid()}/{name}', 'rb').read(1)\n        print('read', name)\n"
+            "    except OSError as e:\n        print(type(e).__name__, name)",
+            "peek at the template",
+            time.monotonic() + 60,
+        )
+        assert peek["outputs"][0]["text"].split("\n")[:3] == [
+            "PermissionError mem",
+            "PermissionError smaps_rollup",
+            "PermissionError environ",
+        ]
+        for name in ("first", "second"):
+            session.begin_check(name)
+            assert session.remote("wait")() == 7
+            session.end_check()
+        assert worker.command({"op": "status"})[0]["killed_because"] is None
+        session.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_exited_processes_not_yet_reaped_do_not_count_against_the_process_limit(kind):
@@ -560,3 +593,30 @@ def test_exited_processes_not_yet_reaped_do_not_count_against_the_process_limit(
         )
         assert "still here" in str(out)
         session.close()
+
+
+@pytest.mark.slow  # starts a sandbox
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cell_is_timed_by_the_cpu_time_of_its_process(kind):
+    """A cell that spins through its CPU budget is "an endless loop?"; one that sleeps as long is
+    told it waited, never that it looped; a cell that computes before it sleeps is timed from its
+    own start, not by what earlier cells computed."""
+    from coursekit.sandbox import CellFailed
+
+    with Worker(kind, Limits(cell_seconds=1, check_seconds=1)) as worker:
+        deadline = time.monotonic() + 60
+        session = worker.session()
+        work = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}:\n    pass\n"
+        for _ in range(3):  # 3 cells of 0.6 s of CPU: 1.8 s in all, within 1 s each
+            assert session.run_cell(work.format(0.6), "work", deadline)["ok"]
+        started = time.monotonic()
+        with pytest.raises(CellFailed, match=r"did not finish within 1 s of CPU time \(an endless loop\?\)"):
+            session.run_cell("while True:\n    pass", "spin", deadline)
+        assert time.monotonic() - started < 5
+        session = worker.session()
+        with pytest.raises(
+            CellFailed, match=r"did not finish within 1 s: it waited \d+ s while computing"
+        ) as e:
+            session.run_cell("import time\ntime.sleep(1000)", "sleep", deadline)
+        assert "endless loop" not in str(e.value)
+        assert worker.session().run_cell("print(6 * 7)", "after", deadline)["outputs"][0]["text"] == "42\n"

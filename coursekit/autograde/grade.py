@@ -67,6 +67,9 @@ def grade_notebook(
             if c.cell_type == "code" and not is_test_cell(c)
         ]
         session = run_notebook(worker, cells, files, deadline, verdict, watched_references(plan))
+    busy = verdict.pop("busy", None)  # a busy machine kept a cell from running, twice: not graded now
+    if busy:
+        verdict["notes"].append(f"your notebook is not graded yet: {busy}; your instructor grades it again")
     for gid, calls in plan.tests.items():
         verdict["tests"][gid] = _grade_cell(
             session,
@@ -78,6 +81,8 @@ def grade_notebook(
             secret,
             credit,
         )
+        if busy:
+            verdict["tests"][gid].update(passed=False, score=0.0, busy=True, failure=f"not graded: {busy}")
     _name_earlier_parts(plan, norm.notebook, verdict["tests"])
     changed = prediction_changes(plan, raw, verdict["tests"]) if norm.readable else []
     if changed:

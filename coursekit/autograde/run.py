@@ -10,15 +10,21 @@ from __future__ import annotations
 import time
 
 from coursekit import inert
-from coursekit.sandbox import CellFailed, Worker
+from coursekit.sandbox import BUSY, CellFailed, Worker
+from coursekit.sandbox.host import CellBusy
 
 __all__ = ["run_notebook"]
 
 
 def run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict, watch=()):
     """Run the code cells; skip (and note) any that hang or kill the process. Returns the session.
-    ``watch``: the references whose calls the sandbox records (see :meth:`Worker.session`)."""
+    ``watch``: the references whose calls the sandbox records (see :meth:`Worker.session`).
+
+    A cell that a busy machine kept from running in time (:class:`CellBusy`) is not the student's
+    doing: the notebook runs again with it; busy twice, the notebook is not graded now
+    (``verdict["busy"]`` says why, and ``None`` is returned): the instructor runs it again."""
     skipped: dict[str, str] = {}
+    busy: set[str] = set()  # cells a busy machine stopped once
     noted: set[str] = set()  # cells whose dropped outputs were noted (once, whatever the attempts)
     for _attempt in range(4):
         if worker.broken or not worker.alive():  # the student's code stopped or killed the sandbox's template
@@ -31,6 +37,14 @@ def run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict, w
                 continue
             try:
                 reply = session.run_cell(source, label, deadline)
+            except CellBusy as e:
+                if cid in busy:
+                    session.close()
+                    verdict["busy"] = f"{BUSY} to run the cell {label!r}, twice ({e})"
+                    return None
+                busy.add(cid)
+                failed = (cid, label, None)
+                break
             except CellFailed as e:
                 failed = (cid, label, str(e))
                 break
@@ -50,6 +64,8 @@ def run_notebook(worker: Worker, cells, files, deadline: float, verdict: dict, w
             return session
         cid, label, why = failed
         session.close()
+        if why is None:  # stopped by a busy machine: run the notebook again, with this cell
+            continue
         skipped[cid] = why
         where = f"the cell {label!r}" if not label.startswith("added cell") else "a cell you added"
         verdict["notes"].append(f"{where} was stopped: {why}; the rest of the notebook ran without it")

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 class Limits:
     """Resource limits for one submission (wall-clock caps are enforced here, the rest inside)."""
 
-    cell_seconds: float = 60.0  # wall clock per notebook cell
+    cell_seconds: float = 60.0  # CPU seconds per notebook cell (its wall clock: WALL_FACTOR times that)
     check_seconds: float = 20.0  # CPU seconds per grading check (its wall clock: WALL_FACTOR times that)
     submission_seconds: float = 600.0  # wall clock for the whole submission
     memory: int = 3 << 30  # bytes of memory, per process and for all of them together
@@ -79,6 +79,77 @@ WALL_FACTOR = 5.0
 CPU_POLL = 0.25
 #: the start of every message of a check stopped by a busy machine (see :class:`MachineBusy`)
 BUSY = "could not be timed: the grading machine was too busy"
+
+
+class _Clock:
+    """Times one computation in the sandbox (a check, or a cell) by the CPU time of its process
+    ``pid`` and what that process starts, as the sandbox reads them from /proc: other programs on
+    the cores do not count. :meth:`wait` says why it must stop, if it must:
+
+    * ``"loop"``: it computed for its whole CPU budget (an endless loop?);
+    * ``"idle"``: it slept or blocked for as long (sampled each :data:`CPU_POLL`: neither running
+      nor ready to run);
+    * ``"busy"``: the wall-clock cap (:data:`WALL_FACTOR` times the budget, a safety net) came
+      first: it was ready to run but kept waiting for a core, the busy machine's doing;
+    * ``"wall"``: its CPU time cannot be read (the sandbox does not answer): the wall clock decides;
+    * ``"deadline"``: ``until`` (the submission's time budget) came first.
+
+    ``base``: the CPU seconds the process had used when the computation began (0 for a check
+    process, forked for it: the kernel starts a child's times at 0). ``None`` for a notebook's
+    process, which has computed before: then the first reading is the base (a cell that answers
+    within :data:`CPU_POLL` costs no reading at all; what it computed before that is not counted).
+    ``started`` and ``cap``: when the computation began, and its wall-clock cap (a check's process
+    answers several requests, all within one budget and one cap)."""
+
+    def __init__(
+        self,
+        worker,
+        pid: int,
+        budget: float,
+        until: float | None = None,
+        base: float | None = 0.0,
+        started: float | None = None,
+        cap: float | None = None,
+    ):
+        self.worker, self.pid, self.budget, self.base = worker, pid, budget, base
+        self.started = time.monotonic() if started is None else started
+        self.cap = self.started + budget * WALL_FACTOR if cap is None else cap
+        self.until = self.cap if until is None else min(until, self.cap)
+        self.used: float | None = 0.0  # CPU seconds since the start (None: they cannot be read)
+        self.wall = 0.0
+        self.idle, self._last = 0.0, time.monotonic()  # idle: while waiting here, not between requests
+
+    def _usage(self) -> tuple[float | None, bool]:
+        """(CPU seconds, running or ready to run now) of the process and what it started;
+        ``(None, True)`` where the sandbox cannot tell."""
+        try:
+            reply = self.worker.command({"op": "cpu", "pid": self.pid})[0]
+        except SandboxError:
+            return None, True
+        used = reply.get("seconds")
+        return (float(used) if isinstance(used, (int, float)) else None), reply.get("runnable") is not False
+
+    def wait(self, sock) -> str | None:
+        """Wait until ``sock`` has something to read (``None``), or the computation must stop (why)."""
+        while True:
+            left = self.until - time.monotonic()
+            if left > 0 and select.select([sock], [], [], min(CPU_POLL, left))[0]:
+                return None
+            total, runnable = self._usage()
+            now = time.monotonic()
+            self.idle, self._last = self.idle + (0.0 if runnable else now - self._last), now
+            self.wall = now - self.started
+            if total is not None and self.base is None:
+                self.base = total
+            self.used = None if total is None else max(0.0, total - self.base)
+            if self.used is not None and self.used >= self.budget:
+                return "loop"
+            if self.used is None and self.wall >= self.budget:
+                return "wall"
+            if self.idle >= self.budget:
+                return "idle"
+            if now >= self.until:
+                return "busy" if now >= self.cap else "deadline"
 
 
 #: What a student is told when the sandbox's own process (the template every notebook process is
@@ -647,6 +718,12 @@ class CellFailed(Exception):
     """A cell could not finish: it ran out of time, or its process died."""
 
 
+class CellBusy(CellFailed):
+    """A cell that the wall-clock safety net stopped while its process was kept waiting for a core:
+    the grading machine was too busy to run it in time. Not the student's doing: the notebook is run
+    again (``coursekit.autograde.run``), and the cell is never reported as an endless loop."""
+
+
 class Session:
     """One submission's notebook process, and the check processes forked from it."""
 
@@ -671,21 +748,27 @@ class Session:
             self.reference_calls.update(str(r)[:200] for r in refs[:50] if isinstance(r, str))
 
     def run_cell(self, source: str, label: str, deadline: float) -> dict:
-        """Run one cell; return its outputs. Raises :class:`CellFailed` with a plain reason."""
+        """Run one cell; return its outputs. Raises :class:`CellFailed` with a plain reason
+        (:class:`CellBusy` where a busy machine kept it from running in time).
+
+        Like a check, a cell is timed by the CPU time of the notebook's process and what it starts
+        (``cell_seconds``, see :class:`_Clock`), with a wall-clock cap of :data:`WALL_FACTOR` times
+        that only as a safety net; ``deadline`` (the submission's budget) still holds."""
         limit = self.worker.limits.cell_seconds
-        until = min(deadline, time.monotonic() + limit)
         self._drop_spare()  # forked before this cell: it would not see what the cell does
+        clock = _Clock(self.worker, self.pid, limit, until=deadline, base=None)
         try:
             protocol.send(self.sock, {"op": "cell", "source": source, "label": label})
-            reply, _, _ = protocol.recv(self.sock, until, max_blob=0, max_header=protocol.REPLY_HEADER)
+            why = clock.wait(self.sock)
+            if why is None:
+                reply, _, _ = protocol.recv(
+                    self.sock,
+                    max(clock.until, time.monotonic() + CPU_POLL),  # the answer has started to arrive
+                    max_blob=0,
+                    max_header=protocol.REPLY_HEADER,
+                )
         except protocol.TimedOut:
-            budget = (
-                "the submission used up its time budget"
-                if until == deadline
-                else f"did not finish within {limit:g} s"
-            )
-            self.dead_because = self.worker.reset_after_student() or budget
-            raise CellFailed(self.dead_because) from None
+            why = "sending"
         except (protocol.Closed, OSError):
             why = self.worker.reset_after_student()
             self.dead_because = why or "its process ended (os._exit, a crash, or a resource limit)"
@@ -693,6 +776,20 @@ class Session:
         except protocol.ProtocolError as e:
             self.dead_because = self.worker.reset_after_student() or f"its output could not be read ({e})"
             raise CellFailed(self.dead_because) from None
+        if why is not None:
+            used, wall = clock.used or 0.0, clock.wall
+            budget = {
+                "loop": f"did not finish within {limit:g} s of CPU time (an endless loop?)",
+                "idle": f"did not finish within {limit:g} s: it waited {wall:.0f} s while computing for "
+                f"{used:.1f} s (a sleep, or waiting for something that never comes?)",
+                "wall": f"did not finish within {limit:g} s",
+                "deadline": "the submission used up its time budget",
+                "busy": f"{BUSY} to run it (it computed for {used:.1f} s in {wall:.0f} s)",
+                "sending": "did not finish sending its outputs in time",
+            }[why]
+            killed = self.worker.reset_after_student()  # the sandbox's own reason comes first
+            self.dead_because = killed or budget
+            raise (CellBusy if why == "busy" and not killed else CellFailed)(self.dead_because)
         if not isinstance(reply, dict):
             raise CellFailed("its process sent a malformed answer")
         if reply.get("sandbox_harmed") is True:  # the cell stopped or killed the template
@@ -724,6 +821,8 @@ class Session:
         self.revivals += 1
         try:
             fresh = self.revive()
+        except CellBusy:  # the machine's doing, not the student's: the test cell is graded again
+            raise MachineBusy(f"this check {BUSY} to run your notebook again") from None
         except (CellFailed, SandboxError):
             return False
         self.sock.close()
@@ -807,49 +906,31 @@ class _Channel:
         self.started = time.monotonic()
         self.broken: str | None = None
 
-    def _usage(self) -> tuple[float | None, bool]:
-        """(CPU seconds, running or ready to run now) of the check process and what it started, as
-        the sandbox reads them; ``(None, True)`` where it cannot tell."""
-        try:
-            reply = self.session.worker.command({"op": "cpu", "pid": self.pid})[0]
-        except SandboxError:
-            return None, True
-        used = reply.get("seconds")
-        return (float(used) if isinstance(used, (int, float)) else None), reply.get("runnable") is not False
-
     def _await_answer(self) -> None:
-        """Wait until the check process answers, timing it by its CPU time. It is stopped once it has
-        computed for its CPU budget (``check_seconds``: "an endless loop?"), or has slept or blocked
-        for as long (sampled each :data:`CPU_POLL`: neither running nor ready to run), or, as a
-        safety net, at the wall-clock cap: then it was ready to run but kept waiting for a core, the
-        busy machine's doing (:class:`MachineBusy`), never the student's."""
+        """Wait until the check process answers, timing it by its CPU time (:class:`_Clock`). It is
+        stopped once it has computed for its CPU budget (``check_seconds``: "an endless loop?"), or
+        has slept or blocked for as long, or, as a safety net, at the wall-clock cap: then it was
+        ready to run but kept waiting for a core, the busy machine's doing (:class:`MachineBusy`),
+        never the student's."""
         budget = self.session.worker.limits.check_seconds
-        idle, last = 0.0, time.monotonic()
-        while True:
-            left = self.deadline - time.monotonic()
-            if left > 0 and select.select([self.sock], [], [], min(CPU_POLL, left))[0]:
-                return
-            used, runnable = self._usage()
-            now = time.monotonic()
-            idle, last = idle + (0.0 if runnable else now - last), now
-            wall = now - self.started
-            if used is not None and used >= budget:
-                self._stop(
-                    f"did not finish within {budget:g} s of CPU time (an endless loop?)", RemoteTimeout
-                )
-            if used is None and wall >= budget:  # nothing to time it by: the wall clock decides, as it did
-                self._stop(f"did not finish within {budget:g} s (an endless loop?)", RemoteTimeout)
-            if idle >= budget:  # neither computing nor waiting for a core: sleeping, or blocked
-                self._stop(
-                    f"waited {wall:.0f} s while computing for {used or 0:.1f} s (a sleep, or waiting for "
-                    "something that never comes?)",
-                    RemoteTimeout,
-                )
-            if now >= self.deadline:  # computing, slowly: kept waiting for a core
-                self._stop(
-                    f"{BUSY} (your code ran {used or 0:.1f} s of CPU in {wall:.0f} s; it is graded again)",
-                    MachineBusy,
-                )
+        clock = _Clock(self.session.worker, self.pid, budget, started=self.started, cap=self.deadline)
+        why = clock.wait(self.sock)
+        used, wall = clock.used, clock.wall
+        if why == "loop":
+            self._stop(f"did not finish within {budget:g} s of CPU time (an endless loop?)", RemoteTimeout)
+        if why == "wall":  # its CPU time cannot be read: the wall clock decides, and claims no loop
+            self._stop(f"did not finish within {budget:g} s", RemoteTimeout)
+        if why == "idle":  # neither computing nor waiting for a core: sleeping, or blocked
+            self._stop(
+                f"waited {wall:.0f} s while computing for {used or 0:.1f} s (a sleep, or waiting for "
+                "something that never comes?)",
+                RemoteTimeout,
+            )
+        if why is not None:  # computing, slowly: kept waiting for a core
+            self._stop(
+                f"{BUSY} (your code ran {used or 0:.1f} s of CPU in {wall:.0f} s; it is graded again)",
+                MachineBusy,
+            )
 
     def _stop(self, why: str, kind: type) -> None:
         self._kill()
