@@ -12,6 +12,13 @@ Two questions are asked of every page:
   (``mystnb: figure: caption``) and alt text (``mystnb: image: alt``), and its smallest label is at
   least :data:`MIN_TEXT_PX` CSS pixels when the figure is shrunk to a phone's text column.
 
+Two more keep the notation and the build honest: a page writes no form the notation page retires,
+and labels sizes in bytes with the prefix of its divisor (GB for powers of ten, GiB for powers of
+two, :func:`unit_problems`); and a built page holds no MyST left unparsed (:func:`raw_markup`).
+
+Over 500 lines: the checks share one reading of a MyST page (its prose blocks, captions and code
+cells), which splitting them into modules would have to export.
+
 ``python -m coursekit.booklint book/ch01_attention.md`` lists a page's unaccounted numbers;
 ``--execute`` also runs the page (as the book build does, from ``book/``) and checks its figures
 and that every glued key exists. The book's browser test measures the same text sizes on the
@@ -38,8 +45,10 @@ __all__ = [
     "notation_problems",
     "number_problems",
     "prose_numbers",
+    "raw_markup",
     "retired_forms",
     "svg_text_sizes",
+    "unit_problems",
 ]
 
 #: the smallest text a figure may show, in CSS pixels as rendered
@@ -88,6 +97,7 @@ def _prose_blocks(lines: list[str]):
     front: list[tuple[int, str]] | None = None
     cell_start = -1
     in_math = False
+    prose_fences: list[str] = []  # the fences of the open directives whose body is prose
     block: list[tuple[int, str]] = []
 
     def flush():
@@ -117,13 +127,19 @@ def _prose_blocks(lines: list[str]):
             prose_directive = re.match(
                 r"^\{(note|tip|warning|important|admonition|caution|attention|hint|seealso|dropdown|"
                 r"exercise|solution|div|grid|grid-item|grid-item-card|card|tab-set|tab-item|margin|sidebar|"
-                r"epigraph|topic)\}",
+                r"epigraph|topic|table|list-table|figure)\}(.*)$",
                 info,
             )
-            if prose_directive:
-                continue  # its body is prose; its closing fence is skipped as an opening without info
-            if info == "" and opened.group(1)[0] == ":":
-                continue  # closing a colon fence
+            if prose_directive:  # its body is prose (a figure's body is its caption)
+                title = prose_directive.group(2).strip()
+                if title and prose_directive.group(1) in ("table", "list-table"):
+                    yield [(i + 1, title)]  # a table's caption
+                prose_fences.append(opened.group(1))
+                continue
+            if info == "" and (opened.group(1) in prose_fences or opened.group(1)[0] == ":"):
+                if opened.group(1) in prose_fences:  # closing a directive whose body is prose
+                    del prose_fences[len(prose_fences) - 1 - prose_fences[::-1].index(opened.group(1))]
+                continue
             fence = opened.group(1)
             front, cell_start = None, (i + 1 if info.startswith("{code-cell") else -1)
             continue
@@ -266,10 +282,78 @@ def retired_forms(notation: Path) -> dict[str, str]:
     section = text.split("(notation-retired)=", 1)
     if len(section) != 2:
         raise ValueError(f"{notation} has no (notation-retired)= section")
-    rows = re.findall(r"^\|\s*`([^`]+)`\s*\|\s*([^|]+?)\s*\|", section[1], flags=re.M)
+    # a pipe inside a table's cell is written \| (else it would end the cell)
+    row = re.compile(r"^\|\s*`((?:\\\||[^`])+)`\s*\|\s*((?:\\\||[^|])+?)\s*\|", flags=re.M)
+    rows = [(form.replace("\\|", "|"), instead) for form, instead in row.findall(section[1])]
     if not rows:
         raise ValueError(f"{notation}: the retired-forms table is empty")
     return dict(rows)
+
+
+_UNIT = re.compile(r"(?<![\w-])(?:[kKMGT]B|[KMGT]iB)(?![\w-])")  # of bytes
+#: a formatted value followed by its unit, as in f"{x / 2**30:.1f} GiB"
+_FORMATTED = re.compile(r"\{([^{}]*)\}\s*([kKMGT]B|[KMGT]iB)(?![\w-])")
+#: a line that draws: its strings are a figure's labels
+_FIGURE_CALL = re.compile(r"\b(?:ax|axes|plt|fig)\.\w+\(|\b(?:x|y)?label\s*=|\btitle\s*=")
+_BINARY_SCALE = re.compile(
+    r"/\s*\(?\s*(?:2\s*\*\*\s*[1-4]0|1\s*<<\s*[1-4]0|1024(?:\s*\*\*\s*[2-4])?|(?:[A-Z]+_)?[KMGT]IB\b)"
+)
+_DECIMAL_SCALE = re.compile(r"/\s*\(?\s*(?:1e(?:3|6|9|12)\b|10\s*\*\*\s*(?:3|6|9|12)\b|1_?000(?:_?000)*\b)")
+#: a line's string literals
+_LABELS = re.compile(r"\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'")
+
+
+def _code_cells(text: str):
+    """The code cells of a MyST page as (number of their first line, their lines)."""
+    for m in re.finditer(r"^(`{3,}|~{3,})\{code-cell\}[^\n]*\n(.*?)^\1\s*$", text, flags=re.M | re.S):
+        yield text.count("\n", 0, m.start(2)) + 1, m.group(2).splitlines()
+
+
+def unit_problems(pages: list[Path], notation: Path) -> list[str]:
+    """Sizes in bytes written with the wrong prefix, as the notation page defines them (a GB is
+    10^9 bytes, a GiB 2^30). In a page's code, a value divided by a power of two is printed with a
+    binary unit (MiB, GiB) and one divided by a power of ten with a decimal one (MB, GB): in an
+    f-string (``{x / 2**30:.1f} GiB``) and in a line's comment (``x = n / 1e9  # GB``). A figure's
+    labels (axis, legend, title, text) name one kind of unit, unless one label names both."""
+    problems = []
+    defined = notation.read_text(encoding="utf-8") if notation.exists() else ""
+    for unit in ("GB", "GiB"):
+        if f"**{unit}**" not in defined:
+            problems.append(f"{notation.name}: the notation page does not define **{unit}** (in bytes)")
+
+    def kind(text: str) -> str | None:
+        two, ten = _BINARY_SCALE.search(text), _DECIMAL_SCALE.search(text)
+        return "binary" if two and not ten else "decimal" if ten and not two else None
+
+    for page in pages:
+        for first, lines in _code_cells(page.read_text(encoding="utf-8")):
+            figure: dict[str, int] = {}  # "decimal"/"binary" -> the first figure label naming such a unit
+            for k, line in enumerate(lines):
+                where = f"{page.stem}:{first + k}"
+                checked = [(m.group(1), m.group(2)) for m in _FORMATTED.finditer(line)]
+                code, _, comment = line.partition("  #")
+                if comment:
+                    checked += [(code, m.group()) for m in _UNIT.finditer(comment)]
+                for value, unit in checked:
+                    expected = kind(value)
+                    if expected and expected != ("binary" if "i" in unit else "decimal"):
+                        problems.append(
+                            f"{where}: a value divided by a power of {'two' if expected == 'binary' else 'ten'} "
+                            f"is labelled {unit}: {line.strip()[:80]}"
+                        )
+                if _FIGURE_CALL.search(code):
+                    for m in _LABELS.finditer(code):
+                        units = {
+                            "binary" if "i" in u.group() else "decimal" for u in _UNIT.finditer(m.group())
+                        }
+                        if len(units) == 1:
+                            figure.setdefault(units.pop(), first + k)
+            if len(figure) == 2:
+                problems.append(
+                    f"{page.stem}:{min(figure.values())}: one figure labels sizes in GB or MB (line "
+                    f"{figure['decimal']}) and in GiB or MiB (line {figure['binary']}): use one unit"
+                )
+    return problems
 
 
 def math_spans(text: str) -> list[tuple[int, str]]:
@@ -384,6 +468,55 @@ def figure_problems(notebook, page: str, column_px: float = PHONE_COLUMN_PX) -> 
     return problems
 
 
+#: MyST that the build left as text: a fence, a directive or role name, a label (``(name)=``)
+_RAW_MYST = re.compile(
+    r"(?:`{3,}|~{3,}|:{3,})\s*\{[\w:-]+\}"
+    r"|\{(?:glue|glue:text|glue:figure|glue:any|glue:math|numref|ref|doc|cite|cite:p|cite:t|eq|math|term|"
+    r"download|abbr|sub|sup|code-cell|table|list-table|figure|admonition|note|tip|warning|important|dropdown|"
+    r"margin|sidebar|toggle|bibliography|tableofcontents|index|prf:\w+)\}"
+    r"|^\([\w-]+\)=$",
+    flags=re.M,
+)
+
+
+def raw_markup(html: str) -> list[str]:
+    """MyST left unparsed in a built page: its text holding a fence with a directive, a role or
+    directive name in braces, or a target label. Code and outputs (``<pre>``, ``<code>``, where a
+    page may show MyST on purpose), scripts and styles are not read. Each finding is returned
+    with the text around it."""
+    from html.parser import HTMLParser
+
+    class Text(HTMLParser):
+        skip = ("pre", "code", "script", "style", "textarea")  # code: syntax shown on purpose
+
+        def __init__(self):
+            super().__init__(convert_charrefs=True)
+            self.depth, self.parts = 0, []
+
+        def handle_starttag(self, tag, attrs):
+            if tag in self.skip:
+                self.depth += 1
+            elif tag in ("p", "div", "li", "td", "th", "br", "h1", "h2", "h3", "h4", "figcaption", "caption"):
+                self.parts.append("\n")
+
+        def handle_endtag(self, tag):
+            if tag in self.skip:
+                self.depth = max(0, self.depth - 1)
+
+        def handle_data(self, data):
+            if not self.depth:
+                self.parts.append(data)
+
+    parser = Text()
+    parser.feed(html)
+    text = "".join(parser.parts)
+    found = []
+    for m in _RAW_MYST.finditer(text):
+        around = " ".join(text[max(0, m.start() - 40) : m.end() + 60].split())
+        found.append(f"{m.group().strip()!r} in: {around}")
+    return found
+
+
 def execute(page: Path, timeout: int = 600):
     """Run a MyST page as the book build does (kernel started in the page's folder)."""
     import nbclient
@@ -433,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = number_problems(args.pages, args.numbers)
     notation = args.pages[0].parent / "notation.md"
     if notation.exists():
-        problems += notation_problems(args.pages, notation)
+        problems += notation_problems(args.pages, notation) + unit_problems(args.pages, notation)
     if args.all:
         allowed = allowlist(args.numbers)
         for page in args.pages:

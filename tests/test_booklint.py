@@ -53,6 +53,25 @@ x = 99
 $$
 y = 42 x
 $$
+
+```{note}
+A note's body is prose: 23 counts.
+```
+
+:::{table} A table's caption is prose too: 31 counts.
+:name: tab-one
+
+| a | b |
+|---|---|
+:::
+
+```{figure} figures/curve.svg
+:alt: A curve.
+
+A figure's caption: 47 counts.
+```
+
+The text after the directives is still read: 53 counts.
 """
 
 
@@ -73,7 +92,8 @@ def flagged(problems):
 def test_numbers_in_prose_must_be_glued_cited_or_allowed(tmp_path):
     # glued, math, inline code, "Chapter 3", names (GPT-2, float32, H100), the cited sentence's 8 and
     # the code cell's 99 and the display math's 42 pass; the rest are reported, captions included
-    assert flagged(numbers(tmp_path)) == ["0.37", "17", "20", "2x2", "300", "80"]
+    # (a code cell's, a table's and a figure's), and the prose after a closed directive
+    assert flagged(numbers(tmp_path)) == ["0.37", "17", "20", "23", "2x2", "300", "31", "47", "53", "80"]
 
 
 def test_an_allowlist_entry_accounts_for_its_number_and_a_stale_one_is_reported(tmp_path):
@@ -113,15 +133,19 @@ def test_retired_notation_is_found_in_math_but_not_in_code(tmp_path):
     notation = tmp_path / "notation.md"
     notation.write_text(
         "(notation-retired)=\n## Retired\n\n| Not | Instead |\n|---|---|\n"
-        "| `L_{\\max}` | $T_{\\max}$ |\n| `VC` | $|V| C$ |\n"
+        "| `L_{\\max}` | $T_{\\max}$ |\n| `VC` | $\\lvert\\mathcal{V}\\rvert C$ |\n"
+        "| `\\|V\\|` | $\\lvert\\mathcal{V}\\rvert$ (a pipe in a table's cell is written \\|) |\n"
     )
     page = tmp_path / "page.md"
     page.write_text(
         "It costs $L_{\\max} \\times C$, and $N = 12LC^2 + V C$.\n\n"
         "```{code-cell} ipython3\nL_{\\max} = VC\n```\n\n`L_{\\max}` in code is fine; so is $\\text{DVC}$.\n"
+        "A vocabulary of $|V|$ tokens.\n"
     )
     problems = booklint.notation_problems([page, notation], notation)
-    assert len(problems) == 1 and "L_{\\\\max}" in problems[0] and problems[0].startswith("page:1")
+    assert len(problems) == 2, problems
+    assert "L_{\\\\max}" in problems[0] and problems[0].startswith("page:1")
+    assert "'|V|'" in problems[1] and problems[1].startswith("page:8")
 
 
 def svg_of(fig) -> str:
@@ -204,3 +228,64 @@ def test_every_page_accounts_for_the_numbers_in_its_prose():
 def test_every_page_follows_the_notation_page():
     problems = booklint.notation_problems(PAGES, BOOK / "notation.md")
     assert not problems, "\n".join(problems)
+
+
+UNITS_PAGE = """# Sizes
+
+```{code-cell} ipython3
+n = 3 * 2**30
+print(f"{n / 2**30:.1f} GiB, {n / 1e9:.1f} GB, {n / 2**20:,.0f} MB")
+print(f"{n / 1e9:.1f} GiB")
+per_head = n / 2**20  # MB
+fine = n / 1e6  # MB
+print(f"{n / 2**30:.1f} GiB is {2**30 / 1e9 - 1:.1%} more than a GB")
+```
+
+```{code-cell} ipython3
+ax.axhline(80, label="80 GB GPU")
+ax.set_ylabel("memory (GiB)")
+```
+
+```{code-cell} ipython3
+H200_GB = 141  # in GB, as the data sheet says
+print(f"{n / 2**30:.1f} GiB")
+ax.set(xlabel=f"GiB for {n / 1e9:.0f}B parameters")
+```
+"""
+
+
+def test_sizes_are_labelled_with_the_prefix_of_their_divisor(tmp_path):
+    """A value divided by 2**20 printed as MB, one divided by 1e9 printed as GiB, a comment that
+    says MB after a division by 2**20, and a figure whose line says GB on a GiB axis are reported;
+    the right labels, a string that compares both units, a printout that mixes them outside a
+    figure and a count of billions on a GiB axis are not. The notation page must define both."""
+    page = tmp_path / "page.md"
+    page.write_text(UNITS_PAGE)
+    notation = tmp_path / "notation.md"
+    notation.write_text("A **GB** is 10^9 bytes, a **GiB** 2^30.\n")
+    problems = booklint.unit_problems([page], notation)
+    assert [p.split(": ")[0] for p in problems] == ["page:5", "page:6", "page:7", "page:13"], problems
+    assert "power of two is labelled MB" in problems[0]
+    assert "power of ten is labelled GiB" in problems[1]
+    assert "one figure labels sizes in GB or MB (line 13) and in GiB or MiB (line 14)" in problems[3]
+    notation.write_text("Sizes are in bytes.\n")
+    assert sum("does not define" in p for p in booklint.unit_problems([page], notation)) == 2
+
+
+def test_every_page_labels_sizes_as_the_notation_page_defines_them():
+    assert booklint.unit_problems(PAGES, BOOK / "notation.md") == []
+
+
+def test_myst_left_unparsed_in_a_built_page_is_found():
+    """A fence whose caption holds a role (not parsed: the page prints it), a role the build did
+    not know, a target label printed as text; code, outputs and scripts may hold them."""
+    html = (
+        "<html><body><p>```{table} Wrong translations (seeds <code class='literal'>{glue:text}</code>)</p>"
+        "<p>The loss is {glue:text}<code>loss:.2f</code>.</p><p>(sec-heads)=</p>"
+        "<pre>```{code-cell} ipython3\nx = {1, 2}\n```</pre><script>var s = '{ref}';</script>"
+        "<p>A set {1, 2} and a dict {'a': 1} are not MyST; nor is {dim}.</p></body></html>"
+    )
+    found = booklint.raw_markup(html)
+    assert [f.split(" in: ")[0] for f in found] == ["'```{table}'", "'{glue:text}'", "'(sec-heads)='"]
+    shown = "<p>Link a term with <code>{term}`KV cache`</code>; {x} and ``code``.</p><pre>:::{note}</pre>"
+    assert booklint.raw_markup(shown) == []  # MyST shown on purpose, in code
