@@ -12,6 +12,9 @@ Everything here is a closed form, checked against something real in the tests:
   (Rajbhandari et al., 2020): mixed-precision Adam is ``2 + 2 + 12 = 16`` bytes.
 - **Activations** per layer (:func:`activation_bytes`), the formula of Korthikanti et al.
   (2022), and :func:`saved_tensor_bytes`, which measures what autograd keeps.
+- **Parallelism**: :func:`zero_memory_gib` (ZeRO's stages), :func:`pipeline_bubble` (plain and
+  interleaved schedules) and :func:`ring_allreduce_seconds` (the alpha-beta cost of a ring
+  all-reduce, Patarasuk and Yuan, 2009).
 - **KV cache** (:func:`kv_cache_gib`), for multi-, grouped- and multi-query attention.
 - **FLOPs**: :func:`forward_flops` counts every matrix product of a :class:`~coursekit.gpt.GPT`
   exactly (the tests compare it with ``torch.utils.flop_counter.FlopCounterMode``, which
@@ -73,6 +76,7 @@ __all__ = [
     "training_memory_gib",
     "zero_memory_gib",
     "pipeline_bubble",
+    "ring_allreduce_seconds",
     "activation_bytes",
     "saved_tensor_bytes",
     "kv_cache_gib",
@@ -336,15 +340,60 @@ def zero_memory_gib(
     return training_memory_gib(n_params, precision, optimizer) * per_param / sum(b.values())
 
 
-def pipeline_bubble(n_stages: int, n_microbatches: int) -> float:
-    """Fraction of time a GPipe-style pipeline stands idle: ``(p - 1) / (m + p - 1)``.
+def pipeline_bubble(n_stages: int, n_microbatches: int, n_chunks: int = 1) -> float:
+    """Fraction of time a pipeline stands idle: ``(p - 1) / (v m + p - 1)``.
 
     With ``p`` stages and ``m`` micro-batches per batch, a step takes ``m + p - 1`` slots of
-    one micro-batch's stage time, of which each stage is busy for ``m`` (Huang et al., 2019).
-    Example: 4 stages and 4 micro-batches idle 3/7 = 43% of the time; 32 micro-batches, 8.6%.
+    one micro-batch's stage time, of which each stage is busy for ``m`` (Huang et al., 2019);
+    1F1B schedules (Narayanan et al., 2019) idle as long. The interleaved schedule (Narayanan
+    et al., 2021) gives each GPU ``v`` chunks of layers: a slot is then ``1/v`` as long, so
+    the fill and drain cost ``p - 1`` short slots out of ``v m + p - 1``.
+
+    Args:
+        n_stages: the pipeline degree ``p`` (GPUs in the pipeline).
+        n_microbatches: ``m``; the interleaved schedule wants a multiple of ``p``.
+        n_chunks: ``v``, chunks of layers per GPU (1: the plain schedule).
+
+    Returns:
+        The idle fraction of a step; the bubble relative to the ideal time is
+        ``(p - 1) / (v m)``.
+
+    Example: 4 stages and 4 micro-batches idle 3/7 = 43% of the time; 32 micro-batches, 8.6%;
+    4 micro-batches with 2 chunks per GPU, 3/11 = 27%.
     """
-    require_positive(integer=True, n_stages=n_stages, n_microbatches=n_microbatches)
-    return (n_stages - 1) / (n_microbatches + n_stages - 1)
+    require_positive(integer=True, n_stages=n_stages, n_microbatches=n_microbatches, n_chunks=n_chunks)
+    return (n_stages - 1) / (n_chunks * n_microbatches + n_stages - 1)
+
+
+def ring_allreduce_seconds(
+    n_bytes: float, n_workers: int, bandwidth_gb_s: float, latency_s: float = 0.0
+) -> float:
+    """Seconds a ring all-reduce of ``n_bytes`` takes on ``W`` workers (Patarasuk and Yuan, 2009).
+
+    The buffer is cut into ``W`` chunks. In the reduce-scatter half, ``W - 1`` steps pass
+    chunks around the ring, each worker adding what it receives, until each worker holds the
+    sum of one chunk; the all-gather half passes the summed chunks around in ``W - 1`` more
+    steps. Each worker sends (and receives) ``2 (W - 1) / W`` times ``n_bytes``:
+
+        time = 2 (W - 1) / W * n_bytes / bandwidth + 2 (W - 1) * latency
+
+    Args:
+        n_bytes: size of the buffer every worker holds (e.g. the gradients), in bytes.
+        n_workers: ``W``; one worker needs no communication (0 s).
+        bandwidth_gb_s: each worker's link, per direction, in GB/s (``10**9`` bytes/s).
+        latency_s: the fixed cost of one step, in seconds.
+
+    Returns:
+        Seconds, in the alpha-beta model (no congestion, no overlap with computation).
+
+    Example: 1 GB over 4 workers at 100 GB/s without latency: 1.5 GB each way, 0.015 s.
+    """
+    require_positive(n_bytes=n_bytes, bandwidth_gb_s=bandwidth_gb_s)
+    require_positive(integer=True, n_workers=n_workers)
+    if latency_s < 0:
+        raise ValueError(f"latency_s must be zero or positive, got {latency_s!r}")
+    steps = 2 * (n_workers - 1)
+    return steps / n_workers * n_bytes / (bandwidth_gb_s * 1e9) + steps * latency_s
 
 
 def activation_bytes(

@@ -569,6 +569,64 @@ def test_pipeline_bubble_by_simulation():
         A.pipeline_bubble(4, 0)
 
 
+def test_interleaved_pipeline_bubble_by_simulation():
+    """Greedy forward schedule of Narayanan et al. (2021): GPU d holds chunks d, d + p, ...
+
+    Each chunk takes one short slot; a GPU runs the ready task of lowest (group of p
+    micro-batches, chunk, micro-batch), as Megatron-LM orders them; count the idle slots.
+    """
+    for p, m, v in [(2, 2, 2), (4, 4, 2), (4, 8, 3), (8, 16, 4), (3, 6, 1)]:
+        done, t = {}, 0  # (micro-batch, virtual stage) -> slot at which it finished
+        while len(done) < m * p * v:
+            for d in range(p):
+                ready = [
+                    (j // p, k // p, j, k)
+                    for j in range(m)
+                    for k in range(d, p * v, p)
+                    if (j, k) not in done and (k == 0 or done.get((j, k - 1), t + 1) <= t)
+                ]
+                if ready:
+                    _, _, j, k = min(ready)
+                    done[(j, k)] = t + 1
+            t += 1
+        idle = p * t - m * p * v
+        assert t == v * m + p - 1
+        assert A.pipeline_bubble(p, m, n_chunks=v) == pytest.approx(idle / (p * t))
+    assert A.pipeline_bubble(8, 16, n_chunks=1) == A.pipeline_bubble(8, 16)
+    with pytest.raises(ValueError, match="n_chunks must be a positive integer, got 0"):
+        A.pipeline_bubble(4, 8, n_chunks=0)
+
+
+def test_ring_allreduce_by_simulation():
+    """Run a ring all-reduce on numpy buffers, count the bytes each worker sends and the steps."""
+    rng = np.random.default_rng(0)
+    bandwidth, latency = 10.0, 2e-6  # GB/s, s
+    for w in (1, 2, 3, 8):
+        buffers = [rng.standard_normal(4 * w) for _ in range(w)]
+        total = sum(buffers)
+        chunks = [list(np.split(b.copy(), w)) for b in buffers]
+        sent, steps = [0] * w, 0
+        for phase in ("reduce-scatter", "all-gather"):
+            for s in range(w - 1):
+                offset = -s if phase == "reduce-scatter" else 1 - s
+                messages = [(i, (i + offset) % w, chunks[i][(i + offset) % w].copy()) for i in range(w)]
+                for i, c, data in messages:  # all sends of a step happen at once
+                    sent[i] += data.nbytes
+                    receiver = chunks[(i + 1) % w]
+                    receiver[c] = receiver[c] + data if phase == "reduce-scatter" else data
+                steps += 1
+        for worker in chunks:
+            np.testing.assert_allclose(np.concatenate(worker), total, rtol=1e-12)
+        n_bytes = buffers[0].nbytes
+        assert sent == [2 * (w - 1) / w * n_bytes] * w
+        expected = sent[0] / (bandwidth * 1e9) + steps * latency
+        assert A.ring_allreduce_seconds(n_bytes, w, bandwidth, latency) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="n_workers must be a positive integer, got 0"):
+        A.ring_allreduce_seconds(1e9, 0, 10.0)
+    with pytest.raises(ValueError, match="latency_s must be zero or positive"):
+        A.ring_allreduce_seconds(1e9, 4, 10.0, -1.0)
+
+
 # =========================================================================== inference
 
 #: V=10, T_max=8, L=1, H=1, C=2, d_ff=8: the hand computations below use it.
