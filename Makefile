@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup mathjax book book-instructor test quick release clean system-book system-test
+.PHONY: setup mathjax axe book book-instructor test quick release clean system-book system-test
 
 $(BIN)/coursekit: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ system-book system-test: system-%:
 mathjax:
 	scripts/install_mathjax.sh
 
+# the accessibility engine of the browser tests (tests/test_accessibility.py)
+axe:
+	scripts/install_axe.sh
+
 book: system-book setup mathjax
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter-book build . -W -n --keep-going
 
@@ -34,7 +38,7 @@ book-instructor: system-book setup mathjax
 	COURSEKIT_EDITION=instructor PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/jupyter-book build . -W -n --keep-going \
 		--path-output _build/instructor
 
-test: system-test setup mathjax
+test: system-test setup mathjax axe
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
 
 quick: setup

@@ -1,6 +1,6 @@
 """Sphinx extension for the course book, loaded by `_config.yml` (`sphinx.local_extensions`).
 
-Five things Jupyter Book 1 does not do by configuration alone:
+Six things Jupyter Book 1 does not do by configuration alone:
 
 1. **Launch buttons only with a real repository.** `launch_buttons` in `_config.yml` names Binder
    and Colab, but a launch link needs the public repository (`repository.url`). Without one,
@@ -25,6 +25,9 @@ Five things Jupyter Book 1 does not do by configuration alone:
    body a student writes in an exercise, recognised by its syntax tree: `coursekit/graded.py`)
    shows its contract, the signature and docstring, with the body replaced by a line naming the
    exercise part; the instructor edition shows the code as it is.
+6. **Glue stays backstage.** A page puts a number its code computed into its prose with
+   `glue(...)`; the page shows its code cells without those calls (a cell that only glues shows no
+   code), while the executed notebook offered for download keeps them.
 """
 
 from __future__ import annotations
@@ -188,6 +191,63 @@ class AuthorYearStyle(UnsrtStyle):
     default_sorting_style = "author_year_title"
 
 
+def without_glue(source: str) -> str | None:
+    """A code cell's source as the page shows it: without its ``glue(...)`` calls (the page's
+    bookkeeping, which puts a computed number into the prose) and the import of ``glue``.
+    ``None`` if the source cannot be parsed (then it is shown as it is); ``""`` if nothing is left."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    drop: set[int] = set()
+    for stmt in tree.body:
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "glue":
+            drop.update(range(stmt.lineno, stmt.end_lineno + 1))
+        elif isinstance(stmt, ast.ImportFrom) and [a.name for a in stmt.names] == ["glue"]:
+            drop.update(range(stmt.lineno, stmt.end_lineno + 1))
+    if not drop:
+        return source
+    lines = [line for n, line in enumerate(source.splitlines(), start=1) if n not in drop]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return "\n".join(lines)
+
+
+def hide_glue(app: Sphinx, doctree: nodes.document) -> None:
+    """Show code cells without their ``glue(...)`` calls; a cell that only glues shows no code
+    (its outputs, if any, stay). The executed notebook offered for download keeps them."""
+    for block in list(doctree.findall(nodes.literal_block)):
+        cell_input = block.parent
+        if not (isinstance(cell_input, nodes.container) and "cell_input" in cell_input.get("classes", [])):
+            continue
+        shown = without_glue(block.astext())
+        if shown is None or shown == block.astext():
+            continue
+        if shown:
+            block.children = [nodes.Text(shown)]
+            block.rawsource = shown
+        else:
+            cell_input.parent.remove(cell_input)
+
+
+def accessible_citation(self, node) -> None:
+    """docutils writes each bibliography entry as ``role="doc-biblioentry"`` in a ``role="list"``
+    box; ARIA 1.3 retires that role, so axe-core sees a list whose children are not list items
+    (a critical violation of WCAG 1.3.1). The entry is written as a ``listitem`` instead."""
+    if not isinstance(node.previous_sibling(), type(node)):
+        self.body.append('<div role="list" class="citation-list">\n')
+    self.body.append(self.starttag(node, "div", classes=[node.tagname], role="listitem"))
+
+
+def use_accessible_citations(app: Sphinx) -> None:
+    translator = app.builder.get_translator_class() if hasattr(app, "builder") else None
+    if translator is not None:
+        translator.visit_citation = accessible_citation
+
+
 def add_static_path(app: Sphinx) -> None:
     app.config.html_static_path.append(str(STATIC))
 
@@ -202,6 +262,8 @@ def setup(app: Sphinx) -> dict:
     pybtex.plugin.register_plugin("pybtex.style.formatting", "course", AuthorYearStyle)
     app.connect("config-inited", launch_providers_without_repository)
     app.connect("builder-inited", add_static_path)
+    app.connect("builder-inited", use_accessible_citations)
+    app.connect("doctree-read", hide_glue)
     app.add_css_file("course.css")
     # sphinx-book-theme builds its header buttons at priority 501: copy the notebook before,
     # prune the launch menu after

@@ -94,3 +94,31 @@ def visit(driver, listener: Listener, path: Path, settle: float = 1.5) -> dict:
     )
     stray = [r for r in listener.received[before:] if not re.match(rb"GET /\d+", r)]
     return {**state, "title_before": title, "requested": requested, "stray": stray, "risky_links": links}
+
+
+AXE = Path(__file__).resolve().parents[1] / ".cache" / "axe" / "axe.min.js"
+#: the rules run: WCAG 2.0 and 2.1, levels A and AA (what the ADA Title II rule asks of course material)
+WCAG_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
+
+
+def axe_violations(driver, impacts=("serious", "critical")) -> list[str]:
+    """Run axe-core (``scripts/install_axe.sh``) on the page the driver shows, with the WCAG 2.1 A
+    and AA rules; one line per violation of those ``impacts``: rule, impact, what it asks, how many
+    elements, and the first of them."""
+    if not AXE.is_file():
+        pytest.fail("axe-core is needed: run scripts/install_axe.sh (make axe)")
+    driver.execute_script(AXE.read_text(encoding="utf-8"))
+    driver.set_script_timeout(120)
+    result = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "axe.run(document, {runOnly: {type: 'tag', values: arguments[0]}, resultTypes: ['violations']})"
+        ".then(r => done(r.violations.map(v => [v.id, v.impact, v.help, v.nodes.length,"
+        " v.nodes.length ? v.nodes[0].target.join(' ') + ' ' + (v.nodes[0].failureSummary || '').slice(0, 200) : ''])))"
+        ".catch(e => done([['axe failed', 'critical', String(e), 0, '']]));",
+        WCAG_AA,
+    )
+    return [
+        f"{rule} ({impact}): {what}; {count} elements, e.g. {first}"
+        for rule, impact, what, count, first in result
+        if impact in impacts
+    ]

@@ -157,6 +157,11 @@ def test_page_renders(page, server, browser):
         "return [...document.querySelectorAll('.math')].map(e => !!e.querySelector('mjx-container'))"
     )
     assert all(math), f"{page}: {math.count(False)} math expressions were not typeset"
+    spoken = browser.execute_script(
+        "return [...document.querySelectorAll('.math mjx-container')]"
+        ".map(e => !!e.querySelector('mjx-assistive-mml math'))"
+    )
+    assert all(spoken), f"{page}: {spoken.count(False)} equations have no MathML for screen readers"
     assert len(math) >= min_math, f"{page}: expected at least {min_math} math expressions, found {len(math)}"
 
     images = browser.execute_script(
@@ -323,6 +328,67 @@ def test_page_fits_a_phone(page, server, browser):
         assert not figure_problems(browser, page), f"{page} on a phone: {figure_problems(browser, page)}"
     finally:
         browser.set_window_size(*DESKTOP)
+
+
+#: per kind of block, those that only fit by scrolling sideways in their own box (or any box
+#: around them): [kind, the text it starts with, its width, the width it is shown in]
+SIDEWAYS = """
+const kinds = {
+  equation: 'main mjx-container[display="true"]',
+  table: 'main table',
+  output: 'main .cell_output pre, main div.output pre',
+};
+const out = [];
+for (const [kind, selector] of Object.entries(kinds)) {
+  for (const e of document.querySelectorAll(selector)) {
+    for (let p = e; p && p.tagName !== 'MAIN'; p = p.parentElement) {
+      if (p.scrollWidth > p.clientWidth + 1 && getComputedStyle(p).overflowX !== 'visible') {
+        out.push([kind, (e.textContent || '').trim().slice(0, 50), p.scrollWidth, p.clientWidth]);
+        break;
+      }
+    }
+  }
+}
+return out;
+"""
+
+
+def sideways(server, browser, size, kinds) -> dict[str, list[str]]:
+    """Over every page at window ``size``: for each of ``kinds``, the blocks that scroll sideways."""
+    found: dict[str, list[str]] = {kind: [] for kind in kinds}
+    browser.set_window_size(*size)
+    try:
+        for page in sorted(PAGES):
+            assert load(browser, urljoin(server, page)) == "ok", page
+            for kind, text, wide, shown in browser.execute_script(SIDEWAYS):
+                if kind in found:
+                    found[kind].append(f"{page}: {wide} px in {shown}: {text!r}")
+    finally:
+        browser.set_window_size(*DESKTOP)
+    return found
+
+
+def test_no_equation_or_table_scrolls_sideways_on_a_desktop(server, browser):
+    """A block that only fits by scrolling sideways reads as cut off (no scroll bar shows until
+    one scrolls): at 1280 px, no display equation or table of any page does (break a long
+    equation into lines with ``gathered`` or ``aligned``; shorten a table's columns)."""
+    found = sideways(server, browser, DESKTOP, ("equation", "table"))
+    assert found == {"equation": [], "table": []}, found
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 30, not yet met: printed tables wider than the column at 1280 px (79 of them) "
+    "and equations wider than a phone's column (28); a pass here means the target is met: drop this mark",
+)
+def test_printed_outputs_and_equations_fit_without_scrolling(server, browser):
+    """The rest of the target: at 1280 px at most 5 printed outputs scroll sideways, and at
+    390 px at most 5 display equations."""
+    outputs = sideways(server, browser, DESKTOP, ("output",))["output"]
+    equations = sideways(server, browser, PHONE, ("equation",))["equation"]
+    print(f"{len(outputs)} outputs scroll at {DESKTOP[0]} px, {len(equations)} equations at {PHONE[0]} px")
+    assert len(outputs) <= 5, "\n".join(outputs)
+    assert len(equations) <= 5, "\n".join(equations)
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -552,6 +618,42 @@ def test_internal_links_resolve(page, book):
         if parsed.fragment and target.suffix == ".html":
             ids = set(re.findall(r'id="([^"]+)"', target.read_text()))
             assert unquote(parsed.fragment) in ids, f"{page}: link {href} points to a missing anchor"
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_no_myst_is_left_unparsed(page, book):
+    """A fence, role or label the build did not parse prints as text and passes ``-W`` (a table
+    whose caption held a role did, and the cell after it never ran): the built page holds none."""
+    from coursekit.booklint import raw_markup
+
+    assert raw_markup((book / page).read_text()) == []
+
+
+def test_pages_show_their_code_without_glue_calls(tmp_path):
+    """``glue(...)`` is the page's bookkeeping: a code cell is shown without it (and without the
+    import of ``glue``), a cell that only glues shows no code, and the glued number is in the prose."""
+    shutil.copy(ROOT / "_config.yml", tmp_path)
+    shutil.copy(ROOT / "references.bib", tmp_path)
+    shutil.copytree(ROOT / "_ext", tmp_path / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "_vendor").mkdir()
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: page\n")
+    (tmp_path / "page.md").write_text(
+        "---\njupytext:\n  text_representation:\n    format_name: myst\n"
+        "kernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n# A page\n\n"
+        "```{code-cell} ipython3\nfrom myst_nb import glue\n\nanswer = 6 * 7\n"
+        'glue("answer", answer,\n     display=False)\nprint("the answer is", answer)\n```\n\n'
+        '```{code-cell} ipython3\nglue("half", answer / 2, display=False)\n```\n\n'
+        "The answer is {glue:text}`answer` and half of it {glue:text}`half:.1f`.\n"
+    )
+    run = jupyter_book(tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:]
+    html = (tmp_path / "_build" / "html" / "page.html").read_text()
+    inputs = re.findall(r'<div class="cell_input[^"]*"[^>]*>(.*?)</div>\s*</div>', html, re.S)
+    shown = re.sub(r"<[^>]+>", "", "".join(inputs))
+    assert "answer" in shown and "print" in shown, shown
+    assert "glue" not in shown, shown
+    assert len(inputs) == 1  # the cell that only glued shows no code
+    assert "The answer is 42 and half of it 21.0." in re.sub(r"<[^>]+>", "", html)
 
 
 @pytest.mark.parametrize(

@@ -256,3 +256,23 @@ def test_the_grading_page_works_offline_with_the_courses_mathjax(term, grader, t
         assert not any("cdnjs" in s for s in scripts), scripts
     finally:
         driver.quit()
+
+
+@pytest.mark.browser
+def test_the_feedback_page_and_the_class_report_pass_axe(term, tmp_path):
+    """A student's feedback page (with hints, comments and partial credit) and the class report
+    have no serious or critical violation of axe-core's WCAG 2.1 A and AA rules."""
+    from tests.browser import axe_violations, chromium
+
+    root, _, _ = term
+    assert cli.main(["--course", str(root), "report", "--assignment", ASSIGNMENT]) == 0
+    driver = chromium(tmp_path / "profile")
+    try:
+        for page in (
+            root / "feedback" / "buggy" / ASSIGNMENT / f"{ASSIGNMENT}.html",
+            root / "reports" / ASSIGNMENT / "report.html",
+        ):
+            driver.get(page.as_uri())
+            assert axe_violations(driver) == [], page.name
+    finally:
+        driver.quit()

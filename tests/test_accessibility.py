@@ -1,0 +1,68 @@
+"""Accessibility: axe-core's WCAG 2.1 A and AA rules in headless Chromium, on every page of the
+built book. The checker is first shown to fail on a page with the faults it must find. (A
+feedback page and the class report are checked in tests/test_term.py, where a term made them.)"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+
+import pytest
+
+from tests import book_build
+from tests.browser import axe_violations, chromium
+from tests.test_book import HTML, PAGES
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    d = chromium(tmp_path_factory.mktemp("profile"))
+    yield d
+    d.quit()
+
+
+def test_axe_finds_an_image_without_alt_text_low_contrast_and_an_unlabelled_field(driver, tmp_path):
+    page = tmp_path / "bad.html"
+    page.write_text(
+        "<!doctype html><html lang='en'><head><title>Bad</title></head><body><main>"
+        "<h1>A page</h1><img src='data:image/gif;base64,R0lGODlhAQABAAAAACw='>"
+        "<p style='color:#bbb;background:#fff'>Pale grey text on white.</p>"
+        "<input type='text'></main></body></html>"
+    )
+    driver.get(page.as_uri())
+    found = {v.split(" ")[0] for v in axe_violations(driver)}
+    assert {"image-alt", "color-contrast", "label"} <= found, found
+    page.write_text(
+        "<!doctype html><html lang='en'><head><title>Good</title></head><body><main>"
+        "<h1>A page</h1><img alt='A one-pixel test image' src='data:image/gif;base64,R0lGODlhAQABAAAAACw='>"
+        "<p>Black text on white.</p><label>Name <input type='text'></label></main></body></html>"
+    )
+    driver.get(page.as_uri())
+    assert axe_violations(driver) == []
+
+
+@pytest.fixture(scope="module")
+def server():
+    code, output = book_build.start().wait()
+    assert code == 0, f"book build failed:\n{output}"
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
+    handler.log_message = lambda *args: None
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_book_page_has_no_serious_accessibility_violation(page, server, driver):
+    driver.get(server + page)
+    driver.execute_script("return document.fonts.ready")
+    # MathJax typesets after load; axe then sees the equations as readers get them
+    driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "(window.MathJax && MathJax.startup) ? MathJax.startup.promise.then(() => done(1), () => done(0)) : done(1);"
+    )
+    assert axe_violations(driver) == []
