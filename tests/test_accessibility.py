@@ -4,15 +4,10 @@ feedback page and the class report are checked in tests/test_term.py, where a te
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
-
 import pytest
 
-from tests import book_build
 from tests.browser import axe_violations, chromium
-from tests.test_book import HTML, PAGES
+from tests.test_book import PAGES, book, server  # noqa: F401 (the built book, served: fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -44,20 +39,8 @@ def test_axe_finds_an_image_without_alt_text_low_contrast_and_an_unlabelled_fiel
     assert axe_violations(driver) == []
 
 
-@pytest.fixture(scope="module")
-def server():
-    code, output = book_build.start().wait()
-    assert code == 0, f"book build failed:\n{output}"
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
-    handler.log_message = lambda *args: None
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-
-
 @pytest.mark.parametrize("page", sorted(PAGES))
-def test_book_page_has_no_serious_accessibility_violation(page, server, driver):
+def test_book_page_has_no_serious_accessibility_violation(page, server, driver):  # noqa: F811 (a fixture)
     driver.get(server + page)
     driver.execute_script("return document.fonts.ready")
     # MathJax typesets after load; axe then sees the equations as readers get them

@@ -629,23 +629,31 @@ def test_no_myst_is_left_unparsed(page, book):
     assert raw_markup((book / page).read_text()) == []
 
 
+def one_page_book(folder: Path, body: str):
+    """Build, with the book's own configuration and extension, a book of one page whose MyST
+    source after its heading is ``body``."""
+    shutil.copy(ROOT / "_config.yml", folder)
+    shutil.copy(ROOT / "references.bib", folder)
+    shutil.copytree(ROOT / "_ext", folder / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
+    (folder / "_vendor").mkdir()
+    (folder / "_toc.yml").write_text("format: jb-book\nroot: page\n")
+    (folder / "page.md").write_text(
+        "---\njupytext:\n  text_representation:\n    format_name: myst\n"
+        "kernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n# A page\n\n" + body
+    )
+    return jupyter_book(folder, timeout=600)
+
+
 def test_pages_show_their_code_without_glue_calls(tmp_path):
     """``glue(...)`` is the page's bookkeeping: a code cell is shown without it (and without the
     import of ``glue``), a cell that only glues shows no code, and the glued number is in the prose."""
-    shutil.copy(ROOT / "_config.yml", tmp_path)
-    shutil.copy(ROOT / "references.bib", tmp_path)
-    shutil.copytree(ROOT / "_ext", tmp_path / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "_vendor").mkdir()
-    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: page\n")
-    (tmp_path / "page.md").write_text(
-        "---\njupytext:\n  text_representation:\n    format_name: myst\n"
-        "kernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n# A page\n\n"
+    run = one_page_book(
+        tmp_path,
         "```{code-cell} ipython3\nfrom myst_nb import glue\n\nanswer = 6 * 7\n"
         'glue("answer", answer,\n     display=False)\nprint("the answer is", answer)\n```\n\n'
         '```{code-cell} ipython3\nglue("half", answer / 2, display=False)\n```\n\n'
-        "The answer is {glue:text}`answer` and half of it {glue:text}`half:.1f`.\n"
+        "The answer is {glue:text}`answer` and half of it {glue:text}`half:.1f`.\n",
     )
-    run = jupyter_book(tmp_path, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:]
     html = (tmp_path / "_build" / "html" / "page.html").read_text()
     inputs = re.findall(r'<div class="cell_input[^"]*"[^>]*>(.*?)</div>\s*</div>', html, re.S)
@@ -662,16 +670,6 @@ def test_pages_show_their_code_without_glue_calls(tmp_path):
 def test_a_failing_cell_fails_the_build(tmp_path, code, fails):
     """With the book's own _config.yml, an exception in a page's code is an error, not a warning
     (and the same page without it builds, so the failure is the cell's)."""
-    shutil.copy(ROOT / "_config.yml", tmp_path)
-    shutil.copy(ROOT / "references.bib", tmp_path)
-    shutil.copytree(ROOT / "_ext", tmp_path / "_ext", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "_vendor").mkdir()
-    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: page\n")
-    (tmp_path / "page.md").write_text(
-        "---\njupytext:\n  text_representation:\n    format_name: myst\n"
-        "kernelspec:\n  name: python3\n  display_name: Python 3\n---\n\n# A page\n\n"
-        f"```{{code-cell}} ipython3\n{code}\n```\n"
-    )
-    run = jupyter_book(tmp_path, timeout=600)
+    run = one_page_book(tmp_path, f"```{{code-cell}} ipython3\n{code}\n```\n")
     assert (run.returncode != 0) == fails, run.stdout[-3000:]
     assert ("this cell fails" in run.stdout + run.stderr) == fails
