@@ -378,8 +378,8 @@ def test_no_equation_or_table_scrolls_sideways_on_a_desktop(server, browser):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 30, not yet met: printed tables wider than the column at 1280 px (79 of them) "
-    "and equations wider than a phone's column (28); a pass here means the target is met: drop this mark",
+    reason="issue 30, not yet met: printed tables wider than the column at 1280 px (80 of them, measured 2026-12-05) "
+    "and equations wider than a phone's column (41); a pass here means the target is met: drop this mark",
 )
 def test_printed_outputs_and_equations_fit_without_scrolling(server, browser):
     """The rest of the target: at 1280 px at most 5 printed outputs scroll sideways, and at
