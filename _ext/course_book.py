@@ -192,8 +192,9 @@ class AuthorYearStyle(UnsrtStyle):
 
 
 def without_glue(source: str) -> str | None:
-    """A code cell's source as the page shows it: without its ``glue(...)`` calls (the page's
-    bookkeeping, which puts a computed number into the prose) and the import of ``glue``.
+    """A code cell's source as the page shows it: without its ``glue(...)`` calls and the loops
+    that only glue (the page's bookkeeping, which puts computed numbers into the prose) and the
+    import of ``glue``.
     ``None`` if the source cannot be parsed (then it is shown as it is); ``""`` if nothing is left."""
     import ast
 
@@ -201,12 +202,17 @@ def without_glue(source: str) -> str | None:
         tree = ast.parse(source)
     except SyntaxError:
         return None
-    drop: set[int] = set()
-    for stmt in tree.body:
+
+    def glues(stmt) -> bool:
+        """A ``glue(...)`` call, or a loop that only glues."""
         call = stmt.value if isinstance(stmt, ast.Expr) else None
         if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "glue":
-            drop.update(range(stmt.lineno, stmt.end_lineno + 1))
-        elif isinstance(stmt, ast.ImportFrom) and [a.name for a in stmt.names] == ["glue"]:
+            return True
+        return isinstance(stmt, ast.For) and not stmt.orelse and all(glues(s) for s in stmt.body)
+
+    drop: set[int] = set()
+    for stmt in tree.body:
+        if glues(stmt) or (isinstance(stmt, ast.ImportFrom) and [a.name for a in stmt.names] == ["glue"]):
             drop.update(range(stmt.lineno, stmt.end_lineno + 1))
     if not drop:
         return source

@@ -646,13 +646,16 @@ def one_page_book(folder: Path, body: str):
 
 def test_pages_show_their_code_without_glue_calls(tmp_path):
     """``glue(...)`` is the page's bookkeeping: a code cell is shown without it (and without the
-    import of ``glue``), a cell that only glues shows no code, and the glued number is in the prose."""
+    import of ``glue``), a cell that only glues (a loop of glue calls included) shows no code, and
+    the glued numbers are in the prose."""
     run = one_page_book(
         tmp_path,
         "```{code-cell} ipython3\nfrom myst_nb import glue\n\nanswer = 6 * 7\n"
         'glue("answer", answer,\n     display=False)\nprint("the answer is", answer)\n```\n\n'
-        '```{code-cell} ipython3\nglue("half", answer / 2, display=False)\n```\n\n'
-        "The answer is {glue:text}`answer` and half of it {glue:text}`half:.1f`.\n",
+        '```{code-cell} ipython3\nglue("half", answer / 2, display=False)\n'
+        'for k in (2, 3):\n    glue(f"times{k}", k * answer, display=False)\n```\n\n'
+        "The answer is {glue:text}`answer` and half of it {glue:text}`half:.1f`; thrice, "
+        "{glue:text}`times3`.\n",
     )
     assert run.returncode == 0, run.stdout[-3000:]
     html = (tmp_path / "_build" / "html" / "page.html").read_text()
@@ -661,7 +664,7 @@ def test_pages_show_their_code_without_glue_calls(tmp_path):
     assert "answer" in shown and "print" in shown, shown
     assert "glue" not in shown, shown
     assert len(inputs) == 1  # the cell that only glued shows no code
-    assert "The answer is 42 and half of it 21.0." in re.sub(r"<[^>]+>", "", html)
+    assert "The answer is 42 and half of it 21.0; thrice, 126." in re.sub(r"<[^>]+>", "", html)
 
 
 @pytest.mark.parametrize(
