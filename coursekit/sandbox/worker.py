@@ -204,6 +204,8 @@ class Template:
         #: check processes the memory watch killed (and the notebook kept): pid -> reason
         self.checks_killed: dict[int, str] = {}
         self.last_memory_check = 0.0
+        self.last_pids: set[int] = set()  # the submission's processes at the last memory reading
+        self.deferred = False  # the last reading was over by RSS while processes started
         started = time.monotonic()
         self.shell = _preload(preload)
         self.preload_seconds = time.monotonic() - started
@@ -319,10 +321,20 @@ class Template:
             return
         self.last_memory_check = now
         allowed = self.limits["memory"] + self.baseline
-        memory = _memory(pids, allowed)
+        # PSS only for a set of processes that did not change since the last reading: a process
+        # busy forking holds the lock that reading its PSS waits on (see _memory)
+        stable, self.last_pids = set(pids) == self.last_pids, set(pids)
+        memory = _memory(pids, allowed if stable else None)
         used = sum(memory.values())
         if used <= allowed:
+            self.deferred = False
             return
+        if not stable and len(pids) <= PSS_PROCESSES and not self.deferred:
+            # over by RSS just as a process started (a check): read its share at the next
+            # reading, once the set is stable, but only once in a row
+            self.deferred = True
+            return
+        self.deferred = False
         limit = f"{self.limits['memory'] / 2**30:.1f} GiB of memory"
         # Over the limit: end the largest trees of processes below the notebook's first (each
         # check with whatever it started; anything the cells started), before the notebook itself.
@@ -333,6 +345,12 @@ class Template:
             root = self.tree_root(pid, alive)
             if root is not None:
                 trees[root] = trees.get(root, 0) + memory[pid]
+        if len(trees) > PSS_PROCESSES:
+            # many trees at once (a fork bomb, a pool of workers) are not one check's doing, and
+            # killing them one by one, each waited for, would keep the watch busy while they fork
+            self.killed_because = f"its processes used more than {limit}"
+            self.kill_all()
+            return
         for root in sorted(trees, key=trees.get, reverse=True):
             if used <= allowed:
                 return
@@ -932,8 +950,9 @@ def _state(pid: int) -> str | None:
 PSS_PROCESSES = 8
 
 
-def _memory(pids: list[int], allowed: int, budget: float = 0.05) -> dict[int, int]:
-    """Bytes of memory each process really uses, as far as a limit of ``allowed`` bytes needs.
+def _memory(pids: list[int], allowed: int | None, budget: float = 0.05) -> dict[int, int]:
+    """Bytes of memory each process really uses, as far as a limit of ``allowed`` bytes needs
+    (``None``: their RSS only, for processes that may be forking).
 
     Their resident sizes (RSS, ``/proc/PID/statm``: cheap) first; when those add up to more than
     ``allowed``, the processes' proportional shares (PSS, ``/proc/PID/smaps_rollup``) instead, the
@@ -941,8 +960,9 @@ def _memory(pids: list[int], allowed: int, budget: float = 0.05) -> dict[int, in
     process inherits from the template) are not counted once per process. Reading a PSS walks the
     process's memory map under a lock that a process busy forking holds, and waits for it: so PSS
     is read only while there are at most :data:`PSS_PROCESSES` processes (a notebook, a check and
-    what they started, not a fork bomb), and for ``budget`` seconds at most; the rest keep their
-    RSS, so that forking processes cannot keep the watch from counting and killing them."""
+    what they started, not a fork bomb), the same ones as at the watch's last reading (the caller
+    passes ``None`` otherwise), and for ``budget`` seconds at most; the rest keep their RSS, so
+    that forking processes cannot keep the watch from counting and killing them."""
     page = os.sysconf("SC_PAGE_SIZE")
     rss = {}
     for pid in pids:
@@ -951,7 +971,7 @@ def _memory(pids: list[int], allowed: int, budget: float = 0.05) -> dict[int, in
                 rss[pid] = int(f.read().split()[1]) * page
         except (OSError, ValueError, IndexError):
             rss[pid] = 0
-    if sum(rss.values()) <= allowed or len(pids) > PSS_PROCESSES:
+    if allowed is None or sum(rss.values()) <= allowed or len(pids) > PSS_PROCESSES:
         return rss
     memory = dict(rss)
     end = time.monotonic() + budget
