@@ -36,7 +36,8 @@ MATHJAX = Path("_vendor") / "mathjax" / "tex-chtml.js"
 HOOK = "COURSEKIT_FORMGRADER_TEMPLATES"
 #: nbgrader's grading page loads MathJax 2 from a CDN (``{{ mathjax() }}``) and its script calls
 #: MathJax 2's ``MathJax.Hub``: offline, that call throws and the page never finishes setting up. In
-#: its place: the course's MathJax 3, and the three calls of MathJax 2's API that the page makes.
+#: its place: the course's MathJax (4, with its font from the same copy), and the three calls of
+#: MathJax 2's API that the page makes.
 LOCAL_MATHJAX = """<script>
 (function () {
   var listeners = [], done = false;
@@ -47,6 +48,7 @@ LOCAL_MATHJAX = """<script>
     Startup: {signal: {Interest: function (f) { if (done) { f("End"); } else { listeners.push(f); } }}}
   };
   window.MathJax = {
+    loader: {paths: {fonts: "[mathjax]/fonts"}},
     tex: {inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]], processEscapes: true},
     startup: {
       ready: function () {

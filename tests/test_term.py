@@ -221,7 +221,7 @@ def test_an_export_with_pending_hand_grades_needs_the_instructors_word(term, tmp
 def test_the_grading_page_works_offline_with_the_courses_mathjax(term, grader, tmp_path):
     """nbgrader's grading page loads MathJax 2 from a CDN and its script waits on MathJax 2's API;
     offline (no host name resolves in this browser) the page of ``coursekit formgrader`` loads the
-    course's MathJax 3 instead (which renders math) and finishes setting up (its script sets
+    course's MathJax instead (which renders math) and finishes setting up (its script sets
     ``MathJax.loaded``), so a hand grade can be entered."""
     from tests.browser import chromium
 
