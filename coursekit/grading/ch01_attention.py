@@ -10,8 +10,8 @@ compared with :mod:`coursekit.attention` in float64. A failed check names the sm
 input that shows the mistake. Both raise :class:`~coursekit.grading.core.GradingFailure`
 with a hint per failed check.
 
-Private helpers (candidates for the shared toolkit): :func:`_run` turns an exception of the
-student's code into a hint that names the input, :func:`_device_type` reads the device of a
+Shared helpers come from :mod:`coursekit.grading.core` (``call_student`` turns an exception of
+the student's code into a hint that names the input). Private ones: :func:`_device_type` reads the device of a
 result even under the autograder (a meta tensor cannot travel back from the sandbox as data,
 and the attempt says so), :func:`_show` prints a few values for a hint.
 
@@ -23,7 +23,6 @@ it would scatter one exercise's specification over several files.
 from __future__ import annotations
 
 import math
-import traceback
 
 import torch
 from hypothesis import strategies as st
@@ -31,8 +30,10 @@ from hypothesis import strategies as st
 from coursekit import attention as ref
 from coursekit.grading.core import (
     Grader,
+    call_student,
     close,
     describe,
+    dtype_name,
     expect_value_error,
     first_match,
     for_all,
@@ -42,6 +43,7 @@ from coursekit.grading.core import (
     magnitude,
     probe,
     raise_unless_student_error,
+    raised,
     random_weights,
     student_side,
     tensor,
@@ -81,32 +83,6 @@ SEEDS = st.integers(0, 2**31 - 1)
 # --------------------------------------------------------------------------- helpers
 
 
-def _raised(e: BaseException) -> str:
-    """What the student's code raised, as a hint: 'your code raised X: message (at line N ...)'."""
-    text = str(e)
-    if text.startswith("your code ") or type(e).__module__ == "coursekit.sandbox.host":
-        return text  # raised, timed out or crashed in the sandbox: the message already says so
-    where = ""
-    for frame in reversed(traceback.extract_tb(e.__traceback__)):
-        f = frame.filename
-        if "coursekit" not in f and "site-packages" not in f and "/torch/" not in f:
-            where = f" (at line {frame.lineno} of your code: {frame.line})"
-            break
-    return f"your code raised {type(e).__name__}: {text}{where}"
-
-
-def _run(g: Grader, where: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``; an exception of the student's code fails the check with a hint
-    that starts with ``where`` (the input), so that a shrunk example names the smallest input. Tensor
-    arguments are passed as copies: a change in place shows only in the check of that clause."""
-    copy = lambda a: a.clone() if type(a) is torch.Tensor else a  # noqa: E731
-    try:
-        return fn(*map(copy, args), **{key: copy(value) for key, value in kwargs.items()})
-    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-        raise_unless_student_error(e)
-        g.fail(f"{where}: {_raised(e)}")
-
-
 def _device_type(g: Grader, where: str, fn, *args, **kwargs) -> str:
     """The device type of the tensor ``fn`` returns ("cpu", "meta", ...), or a description of
     what it returned instead. Under the autograder a meta tensor cannot be copied back out of the
@@ -117,7 +93,7 @@ def _device_type(g: Grader, where: str, fn, *args, **kwargs) -> str:
         if "Cannot copy out of meta tensor" in str(e):
             return "meta"
         raise_unless_student_error(e)
-        g.fail(f"{where}: {_raised(e)}")
+        g.fail(f"{where}: {raised(e)}")
     return out.device.type if is_tensor(out) else describe(out)
 
 
@@ -135,7 +111,7 @@ def _first_difference(got, expected, advice: str = "") -> str:
     ``advice`` (how to fix a plain difference of values) follows only when no other cause shows: dtype,
     shape, or a tiny error."""
     if is_tensor(got) and got.shape == expected.shape and got.dtype != expected.dtype:  # the dtype alone
-        return f"expected dtype {_dt(expected.dtype)}, got {_dt(got.dtype)}"
+        return f"expected dtype {dtype_name(expected.dtype)}, got {dtype_name(got.dtype)}"
     if not (is_tensor(got) and got.shape == expected.shape):
         return f"expected {describe(expected)}, got {describe(got)}"
     g, e = got.detach().double(), expected.detach().double()
@@ -159,10 +135,6 @@ def _tiny_difference(got: torch.Tensor, relative: float) -> str:
     if torch.equal(got.detach().float().double(), got.detach()) or relative < 2e-6:
         return " (a tiny difference, the size of float32 rounding: is part of the computation in float32?)"
     return " (a small difference, larger than float32 rounding: is a small constant, an epsilon, added?)"
-
-
-def _dt(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _unpack(g: Grader, result, what: str):
@@ -217,10 +189,10 @@ def grade_softmax(softmax) -> None:
         def shape_dtype(case):
             (shape, dim), dtype, seed = case
             x = tensor(seed, *shape, dtype=dtype)
-            p = _run(g, f"softmax(x {shape} {_dt(dtype)}, dim={dim})", softmax, x, dim=dim)
+            p = call_student(g, f"softmax(x {shape} {dtype_name(dtype)}, dim={dim})", softmax, x, dim=dim)
             g.expect(
                 is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
-                f"softmax(x {shape} {_dt(dtype)}, dim={dim}) should be a tensor {_dt(dtype)} {shape}, "
+                f"softmax(x {shape} {dtype_name(dtype)}, dim={dim}) should be a tensor {dtype_name(dtype)} {shape}, "
                 f"got {describe(p)}",
             )
 
@@ -237,8 +209,8 @@ def grade_softmax(softmax) -> None:
         def values(case):
             shape, dtype, scale, seed = case
             x = tensor(seed, *shape, dtype=dtype, scale=scale)
-            where = f"softmax(x) for x {shape} {_dt(dtype)}"
-            p = _run(g, where, softmax, x)
+            where = f"softmax(x) for x {shape} {dtype_name(dtype)}"
+            p = call_student(g, where, softmax, x)
             expected = ref.softmax(x.double(), -1)
             first_match(
                 g,
@@ -265,8 +237,8 @@ def grade_softmax(softmax) -> None:
         def along(case):
             (shape, dim), dtype, seed = case
             x = tensor(seed, *shape, dtype=dtype, scale=2.0)
-            where = f"softmax(x, dim={dim}) for x {shape} {_dt(dtype)}"
-            p = _run(g, where, softmax, x, dim=dim)
+            where = f"softmax(x, dim={dim}) for x {shape} {dtype_name(dtype)}"
+            p = call_student(g, where, softmax, x, dim=dim)
             expected = ref.softmax(x.double(), dim)
             first_match(
                 g,
@@ -300,8 +272,8 @@ def grade_softmax(softmax) -> None:
                 others = [n for d, n in enumerate(shape) if d != dim % len(shape)]
                 x = x * sign.view(*others).unsqueeze(dim)
                 around = f"around {offset:g} in some slices and {-offset:g} in others"
-            where = f"softmax(x, dim={dim}) for x {shape} {_dt(dtype)} with values {around}"
-            p = _run(g, where, softmax, x, dim=dim)
+            where = f"softmax(x, dim={dim}) for x {shape} {dtype_name(dtype)} with values {around}"
+            p = call_student(g, where, softmax, x, dim=dim)
             expected = ref.softmax(x.double(), dim).to(dtype)
             if is_tensor(p) and p.shape == x.shape and not bool(torch.isfinite(p).all()):
                 g.fail(
@@ -338,8 +310,8 @@ def grade_softmax(softmax) -> None:
             drop = tensor(seed + 1, *shape) > 0.3  # about 38% of the entries become -inf
             x = x.masked_fill(drop, -math.inf)
             x.movedim(dim, -1)[(0,) * (x.dim() - 1)] = -math.inf  # and one whole slice along dim
-            where = f"softmax(x, dim={dim}) for x {shape} {_dt(dtype)} holding -inf ({_show(x)})"
-            p = _run(g, where, softmax, x, dim=dim)
+            where = f"softmax(x, dim={dim}) for x {shape} {dtype_name(dtype)} holding -inf ({_show(x)})"
+            p = call_student(g, where, softmax, x, dim=dim)
             expected = ref.softmax(x.double(), dim).to(dtype)
             if is_tensor(p) and bool(torch.isnan(p).any()):
                 g.fail(
@@ -356,7 +328,7 @@ def grade_softmax(softmax) -> None:
             first=(((2, 3), -1), torch.float64, 4),
         )
         x = torch.tensor([[0.0, -math.inf, 1.0], [-math.inf, -math.inf, -math.inf]], dtype=torch.float64)
-        p = _run(g, "softmax([[0, -inf, 1], [-inf, -inf, -inf]])", softmax, x)
+        p = call_student(g, "softmax([[0, -inf, 1], [-inf, -inf, -inf]])", softmax, x)
         g.expect(
             close(p, ref.softmax(x)),
             "softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be "
@@ -371,7 +343,7 @@ def grade_softmax(softmax) -> None:
             after = probe(softmax, x.clone(), dim=dim).args[0]
             g.expect(
                 is_tensor(after) and torch.equal(after, x),
-                f"softmax(x, dim={dim}) for x {shape} {_dt(dtype)}: softmax modified its input in place "
+                f"softmax(x, dim={dim}) for x {shape} {dtype_name(dtype)}: softmax modified its input in place "
                 "(x -= ..., "
                 f"x.exp_() or out=x): x was {_show(x)}, afterwards {_show(after)}; compute a new tensor",
             )
@@ -401,7 +373,7 @@ def grade_causal_mask(causal_mask) -> None:
             S = T + extra
             args = (T, S) if give_s else (T,)
             call = f"causal_mask({', '.join(map(str, args))})"
-            m = _run(g, call, causal_mask, *args)
+            m = call_student(g, call, causal_mask, *args)
             want = (T, S if give_s else T)
             g.expect(
                 is_tensor(m) and m.dtype == torch.bool and m.shape == want,
@@ -421,7 +393,7 @@ def grade_causal_mask(causal_mask) -> None:
         def square(case):
             T, give_s = case
             call = f"causal_mask({T}, {T})" if give_s else f"causal_mask({T})"
-            m = _run(g, call, causal_mask, *((T, T) if give_s else (T,)))
+            m = call_student(g, call, causal_mask, *((T, T) if give_s else (T,)))
             expected = ref.causal_mask(T)
             if is_tensor(m) and m.shape == expected.shape and m.dtype == torch.bool and T > 1:
                 if torch.equal(m, expected.T):
@@ -453,7 +425,7 @@ def grade_causal_mask(causal_mask) -> None:
             T, extra = case
             S = T + extra
             call = f"causal_mask({T}, {S})"
-            m = _run(g, call, causal_mask, T, S)
+            m = call_student(g, call, causal_mask, T, S)
             expected = ref.causal_mask(T, S)
             top_left = torch.ones(T, S, dtype=torch.bool).tril()
             if is_tensor(m) and m.shape == (T, S) and T > 0 and torch.equal(m, top_left):
@@ -542,7 +514,7 @@ def _qkv(case, scale: float = 1.0):
 
 
 def _sizes(q, k, v, mask=None, scale=None) -> str:
-    text = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} ({_dt(q.dtype)})"
+    text = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} ({dtype_name(q.dtype)})"
     if mask is not None:
         text += f", a {'boolean' if mask.dtype == torch.bool else 'floating'} mask {tuple(mask.shape)}"
     if scale is not None:
@@ -651,7 +623,7 @@ def grade_attention(attention) -> None:
     def compare(q, k, v, mask=None, scale=None, name="attention"):
         where = _sizes(q, k, v, mask, scale)
         kwargs = {} if mask is None and scale is None else {"mask": mask, "scale": scale}
-        out, w = _unpack(g, _run(g, where, attention, q, k, v, **kwargs), name)
+        out, w = _unpack(g, call_student(g, where, attention, q, k, v, **kwargs), name)
         exp_out, exp_w, mag = _expected(q, k, v, mask, scale)
         first_match(g, out, _mistakes_or_none(q, k, v, mask, scale, where), right=exp_out)
         for name, got in (("out", out), ("the weights", w)):
@@ -682,16 +654,16 @@ def grade_attention(attention) -> None:
         def shapes(case):
             q, k, v = _qkv(case)
             where = _sizes(q, k, v)
-            out, w = _unpack(g, _run(g, where, attention, q, k, v), "scaled_dot_product_attention")
+            out, w = _unpack(g, call_student(g, where, attention, q, k, v), "scaled_dot_product_attention")
             T, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
             lead = tuple(q.shape[:-2])
             g.expect(
                 is_tensor(out) and out.shape == (*lead, T, Dv) and out.dtype == q.dtype,
-                f"{where}: out should be {_dt(q.dtype)} {(*lead, T, Dv)} = (..., T, Dv), got {describe(out)}",
+                f"{where}: out should be {dtype_name(q.dtype)} {(*lead, T, Dv)} = (..., T, Dv), got {describe(out)}",
             )
             g.expect(
                 is_tensor(w) and w.shape == (*lead, T, S) and w.dtype == q.dtype,
-                f"{where}: weights should be {_dt(q.dtype)} {(*lead, T, S)} = (..., T, S), got {describe(w)}",
+                f"{where}: weights should be {dtype_name(q.dtype)} {(*lead, T, S)} = (..., T, S), got {describe(w)}",
             )
 
         for_all("att.shapes", ATTENTION, shapes, max_examples=12, first=((2,), 5, 6, 4, 3, torch.float64, 0))
@@ -793,7 +765,9 @@ def grade_attention(attention) -> None:
             mask[..., row, :] = False
             mask = mask if boolean else torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -math.inf)
             where = _sizes(q, k, v, mask) + f" that hides every key from query {row}"
-            out, w = _unpack(g, _run(g, where, attention, q, k, v, mask=mask), "scaled_dot_product_attention")
+            out, w = _unpack(
+                g, call_student(g, where, attention, q, k, v, mask=mask), "scaled_dot_product_attention"
+            )
             exp_out, exp_w, mag = _expected(q, k, v, mask)
             first_match(g, out, _mistakes_or_none(q, k, v, mask, None, where), right=exp_out)
             if is_tensor(out) and bool(torch.isnan(out).any()) or is_tensor(w) and bool(torch.isnan(w).any()):
@@ -875,7 +849,7 @@ def grade_attention(attention) -> None:
                 )
             except Exception as e:  # noqa: BLE001
                 raise_unless_student_error(e)
-                g.fail(f"{where}: {_raised(e)}")
+                g.fail(f"{where}: {raised(e)}")
             out, _ = _unpack(g, p.result, "scaled_dot_product_attention")
             g.expect(
                 is_tensor(out) and out.requires_grad,
@@ -926,7 +900,7 @@ def grade_attention(attention) -> None:
                 )
             except Exception as e:  # noqa: BLE001
                 raise_unless_student_error(e)
-                g.fail(f"{_sizes(q, k, v, mask, scale)}: {_raised(e)}")
+                g.fail(f"{_sizes(q, k, v, mask, scale)}: {raised(e)}")
             for name, a, b in zip(("q", "k", "v", "mask"), (*p.args, p.kwargs.get("mask")), (q, k, v, mask)):
                 if b is not None:
                     g.expect(
@@ -964,10 +938,10 @@ def _self_attention_pair(g: Grader, SelfAttention, C: int, D: int | None, bias: 
     that only works with its own initial weights, say zeros, must not pass)."""
     args = (C,) if D is None else (C, D)
     call = f"SelfAttention({', '.join(map(str, args))}{'' if bias else ', bias=False'})"
-    m = _run(g, call, SelfAttention, *args, **({} if bias else {"bias": False}))
+    m = call_student(g, call, SelfAttention, *args, **({} if bias else {"bias": False}))
     r = ref.SelfAttention(*args, bias=bias).to(dtype)
     weights = {key: value.to(dtype) for key, value in random_weights(r, name).items()}
-    m = _run(g, f"{call}.to({dtype})", m.to, dtype)
+    m = call_student(g, f"{call}.to({dtype})", m.to, dtype)
     load_weights(g, m, weights, call, bias)
     r.load_state_dict(weights)
     return m, r, call
@@ -994,7 +968,7 @@ def grade_self_attention(SelfAttention) -> None:
             C, D, bias = case
             args = (C,) if D is None else (C, D)
             call = f"SelfAttention({', '.join(map(str, args))}, bias={bias})"
-            m = _run(g, call, SelfAttention, *args, bias=bias)
+            m = call_student(g, call, SelfAttention, *args, bias=bias)
             width = C if D is None else D
             for name in ("q_proj", "k_proj", "v_proj"):
                 layer = getattr(m, name, None)
@@ -1020,7 +994,7 @@ def grade_self_attention(SelfAttention) -> None:
             for bias, expected in ((True, 3 * (C * width + width)), (False, 3 * C * width)):
                 args = (C,) if D is None else (C, D)
                 call = f"SelfAttention({', '.join(map(str, args))}, bias={bias})"
-                m = _run(g, call, SelfAttention, *args, bias=bias)
+                m = call_student(g, call, SelfAttention, *args, bias=bias)
                 sd = m.state_dict()
                 n = sum(p.numel() for p in sd.values()) if isinstance(sd, dict) else -1
                 g.expect(
@@ -1038,13 +1012,13 @@ def grade_self_attention(SelfAttention) -> None:
             B, T, C, D, bias, dtype, seed = case
             m, r, call = _self_attention_pair(g, SelfAttention, C, D, bias, dtype, f"sa.values.{seed}")
             x = tensor(seed, B, T, C, dtype=dtype)
-            where = f"{call} on x {(B, T, C)} {_dt(dtype)} with weights of ours"
-            out, w = _unpack(g, _run(g, where, m, x), "SelfAttention.forward")
+            where = f"{call} on x {(B, T, C)} {dtype_name(dtype)} with weights of ours"
+            out, w = _unpack(g, call_student(g, where, m, x), "SelfAttention.forward")
             out_r, w_r = r(x)
             width = C if D is None else D
             g.expect(
                 is_tensor(out) and out.shape == (B, T, width) and out.dtype == dtype,
-                f"{where}: out should be {_dt(dtype)} {(B, T, width)}, got {describe(out)}",
+                f"{where}: out should be {dtype_name(dtype)} {(B, T, width)}, got {describe(out)}",
             )
             g.expect(
                 is_tensor(w) and w.shape == (B, T, T),
@@ -1093,8 +1067,8 @@ def grade_self_attention(SelfAttention) -> None:
             mask = ref.causal_mask(T) if kind == "causal" else _bool_mask(seed + 1, shape, T)
             if kind == "float":
                 mask = tensor(seed + 2, *shape, dtype=dtype).masked_fill(~mask, -math.inf)
-            where = f"{call} on x {(B, T, C)} {_dt(dtype)} with a {kind} mask {tuple(mask.shape)}"
-            out, _ = _unpack(g, _run(g, where, m, x, mask=mask), "SelfAttention.forward")
+            where = f"{call} on x {(B, T, C)} {dtype_name(dtype)} with a {kind} mask {tuple(mask.shape)}"
+            out, _ = _unpack(g, call_student(g, where, m, x, mask=mask), "SelfAttention.forward")
             out_r = r(x, mask=mask)[0].detach()
             if close(out, r(x)[0].detach()) and not close(out_r, r(x)[0].detach()):
                 g.fail(
@@ -1127,7 +1101,7 @@ def grade_self_attention(SelfAttention) -> None:
         )
 
     with g.check("raises ValueError unless x is (B, T, C) with C = d_model"):
-        m = _run(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
+        m = call_student(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
         for shape in ((5, 8), (2, 5, 6), (1, 2, 5, 8), (2, 5, 9)):
             x = tensor(sum(shape), *shape, dtype=torch.float32)
             expect_value_error(
@@ -1154,7 +1128,7 @@ def check_softmax(softmax) -> None:
     with g.check(
         "softmax([[0, log 3], [1000, 1000], [-inf, 0]]) is [[0.25, 0.75], [0.5, 0.5], [0, 1]] (float32)"
     ):
-        p = _run(g, "softmax(x)", softmax, x)
+        p = call_student(g, "softmax(x)", softmax, x)
         g.expect(
             is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
             f"softmax must return a float32 tensor of shape {tuple(x.shape)}, got {describe(p)}",
@@ -1167,7 +1141,7 @@ def check_softmax(softmax) -> None:
         expected = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.0, 1.0]])
         g.expect(close(p, expected, magnitude=magnitude(x)), f"expected {_show(expected)}, got {_show(p)}")
     with g.check("dim=0 normalises the columns"):
-        p = _run(g, "softmax(x, dim=0)", softmax, x, dim=0)
+        p = call_student(g, "softmax(x, dim=0)", softmax, x, dim=0)
         expected = ref.softmax(x.double(), 0).float()
         g.expect(
             close(p, expected, magnitude=magnitude(x)),
@@ -1176,7 +1150,7 @@ def check_softmax(softmax) -> None:
         )
     with g.check("very negative inputs: softmax of a row of -1000 is uniform"):
         y = torch.full((2, 3), -1000.0)
-        p = _run(g, "softmax(full((2, 3), -1000))", softmax, y)
+        p = call_student(g, "softmax(full((2, 3), -1000))", softmax, y)
         g.expect(
             close(p, torch.full((2, 3), 1 / 3), magnitude=magnitude(y)),
             f"expected rows of 1/3, got {_show(p)}: exp(-1000) underflows "
@@ -1184,7 +1158,7 @@ def check_softmax(softmax) -> None:
         )
     with g.check("a slice of all -inf gives zeros, not NaN"):
         z = torch.tensor([[0.0, -math.inf, 1.0], [-math.inf, -math.inf, -math.inf]], dtype=torch.float64)
-        p = _run(g, "softmax([[0, -inf, 1], [-inf, -inf, -inf]])", softmax, z)
+        p = call_student(g, "softmax([[0, -inf, 1], [-inf, -inf, -inf]])", softmax, z)
         g.expect(
             close(p, ref.softmax(z)),
             f"softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be "
@@ -1203,7 +1177,7 @@ def check_causal_mask(causal_mask) -> None:
     """Public checks of ``causal_mask``: one small fixed example per clause the hidden checks grade."""
     g = Grader("causal_mask (public)")
     with g.check("causal_mask(3) is the lower-triangular (3, 3) boolean mask"):
-        m = _run(g, "causal_mask(3)", causal_mask, 3)
+        m = call_student(g, "causal_mask(3)", causal_mask, 3)
         g.expect(
             is_tensor(m) and m.dtype == torch.bool and m.shape == (3, 3),
             f"causal_mask(3) must be a (3, 3) boolean tensor, got {describe(m)}",
@@ -1224,7 +1198,7 @@ def check_causal_mask(causal_mask) -> None:
     with g.check(
         "with S > T keys, the last query sees every key: causal_mask(2, 4) is [[1, 1, 1, 0], [1, 1, 1, 1]]"
     ):
-        m = _run(g, "causal_mask(2, 4)", causal_mask, 2, 4)
+        m = call_student(g, "causal_mask(2, 4)", causal_mask, 2, 4)
         g.expect(
             is_tensor(m) and m.shape == (2, 4), f"causal_mask(2, 4) must have shape (2, 4), got {describe(m)}"
         )
@@ -1233,7 +1207,7 @@ def check_causal_mask(causal_mask) -> None:
             f"causal_mask(2, 4) is misaligned: query i sees keys j <= i + (S - T); got {_show(m, 8)}",
         )
     with g.check("causal_mask(0, 2) is an empty (0, 2) boolean mask"):
-        m = _run(g, "causal_mask(0, 2)", causal_mask, 0, 2)
+        m = call_student(g, "causal_mask(0, 2)", causal_mask, 0, 2)
         g.expect(
             is_tensor(m) and m.dtype == torch.bool and m.shape == (0, 2),
             f"causal_mask(0, 2) must be a (0, 2) boolean tensor, got {describe(m)}",
@@ -1256,7 +1230,9 @@ def check_attention(attention) -> None:
     q, k, v = (tensor(s, 2, n, d, dtype=torch.float32) for s, n, d in ((11, 3, 4), (12, 5, 4), (13, 5, 6)))
 
     def same_as_reference(what, q, k, v, **kwargs):
-        out, w = _unpack(g, _run(g, what, attention, q, k, v, **kwargs), "scaled_dot_product_attention")
+        out, w = _unpack(
+            g, call_student(g, what, attention, q, k, v, **kwargs), "scaled_dot_product_attention"
+        )
         exp_out, exp_w, mag = _expected(q, k, v, kwargs.get("mask"), kwargs.get("scale"))
         g.expect(
             is_tensor(out)
@@ -1330,7 +1306,9 @@ def check_self_attention(SelfAttention) -> None:
     x = tensor(21, 2, 5, 8, dtype=torch.float32)
     with g.check("SelfAttention(8, 4) maps (2, 5, 8) to out (2, 5, 4) and weights (2, 5, 5)"):
         out, weights = _unpack(
-            g, _run(g, "SelfAttention(8, 4)(x)", lambda: SelfAttention(8, 4)(x)), "SelfAttention.forward"
+            g,
+            call_student(g, "SelfAttention(8, 4)(x)", lambda: SelfAttention(8, 4)(x)),
+            "SelfAttention.forward",
         )
         g.expect(
             is_tensor(out) and is_tensor(weights) and out.shape == (2, 5, 4) and weights.shape == (2, 5, 5),
@@ -1341,7 +1319,7 @@ def check_self_attention(SelfAttention) -> None:
         "SelfAttention(8) 216"
     ):
         for args, kwargs, n_expected in (((8, 4), {}, 108), ((8, 4), {"bias": False}, 96), ((8,), {}, 216)):
-            sd = _run(g, f"SelfAttention{args}", SelfAttention, *args, **kwargs).state_dict()
+            sd = call_student(g, f"SelfAttention{args}", SelfAttention, *args, **kwargs).state_dict()
             n = sum(p.numel() for p in sd.values()) if isinstance(sd, dict) else -1
             g.expect(
                 n == n_expected,
@@ -1361,7 +1339,7 @@ def check_self_attention(SelfAttention) -> None:
             g, layer, weights, "SelfAttention(8, 4)", True
         )  # our weights, not only the module's own initial ones
         reference.load_state_dict(weights)
-        out, _ = _unpack(g, _run(g, "SelfAttention(8, 4)(x)", layer, x), "SelfAttention.forward")
+        out, _ = _unpack(g, call_student(g, "SelfAttention(8, 4)(x)", layer, x), "SelfAttention.forward")
         g.expect(
             close(out, reference(x)[0].detach()),
             "out differs from attention over q_proj(x), k_proj(x), v_proj(x)",
@@ -1374,7 +1352,7 @@ def check_self_attention(SelfAttention) -> None:
             what = f"a {'boolean' if mask.dtype == torch.bool else 'floating'} mask {tuple(mask.shape)}"
             out, _ = _unpack(
                 g,
-                _run(g, f"SelfAttention(8, 4)(x, mask) with {what}", layer, x, mask=mask),
+                call_student(g, f"SelfAttention(8, 4)(x, mask) with {what}", layer, x, mask=mask),
                 "SelfAttention.forward",
             )
             g.expect(
@@ -1382,7 +1360,7 @@ def check_self_attention(SelfAttention) -> None:
                 f"with {what}, out differs: pass the mask on to scaled_dot_product_attention",
             )
     with g.check("x of shape (5, 8) (no batch axis) raises ValueError"):
-        layer = _run(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
+        layer = call_student(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
         expect_value_error(g, lambda: layer(x[0]), "SelfAttention(8, 4) on x (5, 8)", "expected (B, T, 8)")
     g.finish()
 
@@ -1549,7 +1527,7 @@ def _seeded(seed: int):
 def _variance(g: Grader, score_variance, D: int, seed: int, scaled: bool | None = None):
     where = f"score_variance({D}, {VARIANCE_N}, generator{'' if scaled is None else f', scaled={scaled}'})"
     args = (D, VARIANCE_N, _seeded(seed)) + (() if scaled is None else (scaled,))
-    return where, _run(g, where, score_variance, *args)
+    return where, call_student(g, where, score_variance, *args)
 
 
 def grade_score_variance(score_variance) -> None:
@@ -1604,7 +1582,7 @@ def grade_score_variance(score_variance) -> None:
             "torch.randn(..., generator=generator), not from torch's global random state",
         )
     with g.check("raises ValueError for D < 1 or n < 2, and accepts D = 1 and n = 2"):
-        small = _run(g, "score_variance(1, 2, generator)", score_variance, 1, 2, _seeded(5))
+        small = call_student(g, "score_variance(1, 2, generator)", score_variance, 1, 2, _seeded(5))
         g.expect(
             type(small) is float and math.isfinite(small),
             f"score_variance(1, 2, generator) should return a float (two draws have a variance), got {describe(small)}",
@@ -1636,8 +1614,8 @@ def check_score_variance(score_variance) -> None:
 
 
 def _online(g: Grader, online_softmax, x: torch.Tensor, block: int):
-    where = f"online_softmax(x {tuple(x.shape)} {_dt(x.dtype)}, block={block})"
-    return where, _run(g, where, online_softmax, x, block)
+    where = f"online_softmax(x {tuple(x.shape)} {dtype_name(x.dtype)}, block={block})"
+    return where, call_student(g, where, online_softmax, x, block)
 
 
 def grade_online_softmax(online_softmax) -> None:
@@ -1651,7 +1629,7 @@ def grade_online_softmax(online_softmax) -> None:
         expected = ref.softmax(x.double(), -1).to(dtype)
         g.expect(
             is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
-            f"{where} should be a tensor {_dt(dtype)} {tuple(x.shape)}, got {describe(p)}",
+            f"{where} should be a tensor {dtype_name(dtype)} {tuple(x.shape)}, got {describe(p)}",
         )
         g.expect(close(p, expected, magnitude=1.0), f"{where}: {_first_difference(p, expected)}")
 
@@ -1705,7 +1683,7 @@ def grade_online_softmax(online_softmax) -> None:
             after = probe(online_softmax, x.clone(), 4).args[0]
         except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
             raise_unless_student_error(e)
-            g.fail(f"online_softmax(x (2, 6), block=4): {_raised(e)}")
+            g.fail(f"online_softmax(x (2, 6), block=4): {raised(e)}")
         g.expect(
             is_tensor(after) and torch.equal(after, x),
             f"online_softmax modified its input in place: x was {_show(x)}, afterwards {_show(after)}",

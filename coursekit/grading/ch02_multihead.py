@@ -18,9 +18,8 @@ checked deterministically: with ``need_weights=True`` in training mode every ret
 must be 0 or the reference's weight divided by ``1 - p``, and the output must be computed
 from exactly those weights.
 
-Private helpers (the same as Exercise 1's, candidates for the shared toolkit): :func:`_run`
-turns an exception of the student's code into a hint that names the input, :func:`_message`
-reads an error's message in-process and from the sandbox alike.
+Shared helpers come from :mod:`coursekit.grading.core` (``call_student`` turns an exception of
+the student's code into a hint that names the input); :func:`_message` reads an error's message in-process and from the sandbox alike.
 
 Over 500 lines: one named check per clause of the exercise text for each graded part, public and
 hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
@@ -31,7 +30,6 @@ from __future__ import annotations
 
 import math
 import re
-import traceback
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +39,11 @@ from coursekit import attention as att
 from coursekit import multihead as ref
 from coursekit.grading.core import (
     Grader,
+    call_student,
     close,
     default_device,
     describe,
+    dtype_name,
     expect_value_error,
     first_match,
     for_all,
@@ -55,6 +55,7 @@ from coursekit.grading.core import (
     names_hint,
     probe,
     raise_unless_student_error,
+    raised,
     random_weights,
     tensor,
 )
@@ -83,40 +84,8 @@ FLOATS = (torch.float64, torch.float32)
 LINEAR = "torch.nn.modules.linear.Linear"
 SEEDS = st.integers(0, 2**31 - 1)
 
-_VIEW_HINT = (
-    "view() failed because its input is not contiguous (the result of a transpose): "
-    "use .reshape(...) or .contiguous().view(...) after transposing"
-)
-
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _raised(e: BaseException) -> str:
-    """What the student's code raised, as a hint: 'your code raised X: message (at line N ...)'."""
-    text = str(e)
-    if "view size is not compatible" in text:
-        return _VIEW_HINT
-    if text.startswith("your code ") or type(e).__module__ == "coursekit.sandbox.host":
-        return text  # raised, timed out or crashed in the sandbox: the message already says so
-    where = ""
-    for frame in reversed(traceback.extract_tb(e.__traceback__)):
-        f = frame.filename
-        if "coursekit" not in f and "site-packages" not in f and "/torch/" not in f:
-            where = f" (at line {frame.lineno} of your code: {frame.line})"
-            break
-    return f"your code raised {type(e).__name__}: {text}{where}"
-
-
-def _run(g: Grader, where: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``; an exception of the student's code fails the check with a hint
-    that starts with ``where`` (the input). Tensor arguments are passed as copies."""
-    copy = lambda a: a.clone() if type(a) is torch.Tensor else a  # noqa: E731
-    try:
-        return fn(*map(copy, args), **{key: copy(value) for key, value in kwargs.items()})
-    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-        raise_unless_student_error(e)
-        g.fail(f"{where}: {_raised(e)}")
 
 
 def _message(e: BaseException) -> str:
@@ -167,7 +136,7 @@ def _first_difference(got, expected, advice: str = "") -> str:
     """'at index (i, j): expected a, got b' where two tensors first differ; ``advice`` (how to fix
     a plain difference of values) follows only when no other cause shows: dtype, shape, or a tiny error."""
     if is_tensor(got) and got.shape == expected.shape and got.dtype != expected.dtype:  # the dtype alone
-        return f"expected dtype {_dt(expected.dtype)}, got {_dt(got.dtype)}"
+        return f"expected dtype {dtype_name(expected.dtype)}, got {dtype_name(got.dtype)}"
     if not (is_tensor(got) and got.shape == expected.shape):
         return f"expected {describe(expected)}, got {describe(got)}"
     diff = (got.detach().double() - expected.detach().double()).abs() > 0
@@ -191,10 +160,6 @@ def _tiny_difference(got: torch.Tensor, relative: float) -> str:
     if torch.equal(got.detach().float().double(), got.detach()) or relative < 2e-6:
         return " (a tiny difference, the size of float32 rounding: is part of the computation in float32?)"
     return " (a small difference, larger than float32 rounding: is a small constant, an epsilon, added?)"
-
-
-def _dt(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _unpack(g: Grader, result, what: str):
@@ -231,8 +196,8 @@ def grade_split_heads(split_heads) -> None:
     def split(case):
         B, T, H, D, dtype, seed, contiguous = case
         x = _layout(tensor(seed, B, T, H * D, dtype=dtype), contiguous)
-        where = f"split_heads(x {(B, T, H * D)} {_dt(dtype)}, {H})"
-        return x, where, _run(g, where, split_heads, x, H)
+        where = f"split_heads(x {(B, T, H * D)} {dtype_name(dtype)}, {H})"
+        return x, where, call_student(g, where, split_heads, x, H)
 
     with g.check("returns (B, H, T, D) with D = C / H, in x's dtype"):
 
@@ -241,7 +206,7 @@ def grade_split_heads(split_heads) -> None:
             x, where, out = split(case)
             g.expect(
                 is_tensor(out) and out.shape == (B, H, T, D) and out.dtype == dtype,
-                f"{where} should be {_dt(dtype)} {(B, H, T, D)} = (B, H, T, D), got {describe(out)}",
+                f"{where} should be {dtype_name(dtype)} {(B, H, T, D)} = (B, H, T, D), got {describe(out)}",
             )
 
         for_all("split.shape", SPLIT, shape, max_examples=10, first=(2, 5, 3, 4, torch.float64, 0, True))
@@ -333,8 +298,8 @@ def grade_merge_heads(merge_heads) -> None:
     def merge(case):
         B, H, T, D, dtype, seed, contiguous = case
         x = _layout(tensor(seed, B, H, T, D, dtype=dtype), contiguous)
-        where = f"merge_heads(x {(B, H, T, D)} {_dt(dtype)}{'' if contiguous else ', not contiguous'})"
-        return x, where, _run(g, where, merge_heads, x)
+        where = f"merge_heads(x {(B, H, T, D)} {dtype_name(dtype)}{'' if contiguous else ', not contiguous'})"
+        return x, where, call_student(g, where, merge_heads, x)
 
     with g.check("returns (B, T, H * D) in x's dtype, whatever x's memory layout"):
 
@@ -343,7 +308,7 @@ def grade_merge_heads(merge_heads) -> None:
             x, where, out = merge(case)
             g.expect(
                 is_tensor(out) and out.shape == (B, T, H * D) and out.dtype == dtype,
-                f"{where} should be {_dt(dtype)} {(B, T, H * D)} = (B, T, H*D), got {describe(out)}",
+                f"{where} should be {dtype_name(dtype)} {(B, T, H * D)} = (B, T, H*D), got {describe(out)}",
             )
 
         for_all("merge.shape", MERGE, shape, max_examples=10, first=(2, 3, 5, 4, torch.float64, 0, True))
@@ -385,7 +350,7 @@ def grade_merge_heads(merge_heads) -> None:
             B, T, H, D, seed = case
             y = tensor(seed, B, T, H * D)
             where = f"merge_heads(split_heads(y {(B, T, H * D)}, {H}))"
-            out = _run(g, where, merge_heads, ref.split_heads(y, H))
+            out = call_student(g, where, merge_heads, ref.split_heads(y, H))
             g.expect(
                 is_tensor(out) and out.shape == y.shape and torch.equal(out, y),
                 f"{where} should give y back: {_first_difference(out, y)}",
@@ -434,8 +399,8 @@ def grade_repeat_kv(repeat_kv) -> None:
     def repeat(case):
         B, H_kv, S, D, n_rep, dtype, seed = case
         x = tensor(seed, B, H_kv, S, D, dtype=dtype)
-        where = f"repeat_kv(x {(B, H_kv, S, D)} {_dt(dtype)}, {n_rep})"
-        return x, where, _run(g, where, repeat_kv, x, n_rep)
+        where = f"repeat_kv(x {(B, H_kv, S, D)} {dtype_name(dtype)}, {n_rep})"
+        return x, where, call_student(g, where, repeat_kv, x, n_rep)
 
     with g.check("returns (B, H_kv * n_rep, S, D) in x's dtype"):
 
@@ -444,7 +409,7 @@ def grade_repeat_kv(repeat_kv) -> None:
             x, where, out = repeat(case)
             g.expect(
                 is_tensor(out) and out.shape == (B, H_kv * n_rep, S, D) and out.dtype == dtype,
-                f"{where} should be {_dt(dtype)} {(B, H_kv * n_rep, S, D)}, got {describe(out)}",
+                f"{where} should be {dtype_name(dtype)} {(B, H_kv * n_rep, S, D)}, got {describe(out)}",
             )
 
         for_all("repeat.shape", REPEAT, shape, max_examples=10, first=(2, 2, 5, 3, 3, torch.float64, 0))
@@ -478,7 +443,7 @@ def grade_repeat_kv(repeat_kv) -> None:
 
         for_all("repeat.values", REPEAT, values, max_examples=14, first=(2, 2, 5, 3, 2, torch.float64, 1))
         x = tensor(7, 2, 3, 4, 2)
-        out = _run(g, "repeat_kv(x (2, 3, 4, 2), 1)", repeat_kv, x, 1)
+        out = call_student(g, "repeat_kv(x (2, 3, 4, 2), 1)", repeat_kv, x, 1)
         g.expect(
             is_tensor(out) and out.shape == x.shape and torch.equal(out, x),
             f"repeat_kv(x, 1) must give x's values unchanged: {_first_difference(out, x)}",
@@ -493,7 +458,7 @@ def grade_repeat_kv(repeat_kv) -> None:
             q = tensor(seed, B, H_kv * n_rep, T, D)
             k, v = tensor(seed + 1, B, H_kv, S, D), tensor(seed + 2, B, H_kv, S, D)
             where = f"for q {tuple(q.shape)} and k, v {tuple(k.shape)}, n_rep={n_rep}"
-            rk, rv = _run(g, where, repeat_kv, k, n_rep), _run(g, where, repeat_kv, v, n_rep)
+            rk, rv = call_student(g, where, repeat_kv, k, n_rep), call_student(g, where, repeat_kv, v, n_rep)
             g.expect(
                 is_tensor(rk) and is_tensor(rv) and rk.shape == rv.shape == (B, H_kv * n_rep, S, D),
                 f"{where}: repeat_kv(k, {n_rep}) should be {(B, H_kv * n_rep, S, D)}, got {describe(rk)}",
@@ -533,7 +498,7 @@ def grade_repeat_kv(repeat_kv) -> None:
                 p = probe(repeat_kv, x.clone().requires_grad_(), n_rep, backward=(None, upstream))
             except Exception as e:  # noqa: BLE001
                 raise_unless_student_error(e)
-                g.fail(f"{where}: {_raised(e)}")
+                g.fail(f"{where}: {raised(e)}")
             g.expect(
                 is_tensor(p.result) and p.result.requires_grad,
                 f"{where}: the result does not depend on x through autograd: avoid .detach(), .numpy() or "
@@ -605,14 +570,14 @@ class _Pair:
         kwargs.update({} if bias else {"bias": False})
         kwargs.update({"dropout": dropout} if dropout else {})
         self.call = f"MultiHeadAttention({self.C}, {H}{''.join(f', {k}={v}' for k, v in kwargs.items())})"
-        m = _run(g, self.call, MultiHeadAttention, self.C, H, **kwargs)
+        m = call_student(g, self.call, MultiHeadAttention, self.C, H, **kwargs)
         self.r = ref.MultiHeadAttention(self.C, H, self.n_kv, bias=bias, dropout=dropout).to(dtype)
         weights = {k: v.to(dtype) for k, v in random_weights(self.r, f"mha.weights.{seed}").items()}
-        self.m = _run(g, f"{self.call}.to({dtype})", m.to, dtype)
+        self.m = call_student(g, f"{self.call}.to({dtype})", m.to, dtype)
         _check_state(g, self.m, self.r, self.call, bias)
         load_weights(g, self.m, weights, self.call, bias)
         self.r.load_state_dict(weights)
-        _run(g, f"{self.call}.{'train' if train else 'eval'}()", self.m.train, train)
+        call_student(g, f"{self.call}.{'train' if train else 'eval'}()", self.m.train, train)
         self.r.eval()
 
     def inputs(self, seed: int, B: int, T: int, S: int | None = None):
@@ -621,13 +586,13 @@ class _Pair:
         return x, kv
 
     def where(self, x, kv=None, **kwargs) -> str:
-        text = f"{self.call} ({_dt(self.dtype)}) on x {tuple(x.shape)}"
+        text = f"{self.call} ({dtype_name(self.dtype)}) on x {tuple(x.shape)}"
         text += "" if kv is None else f" and kv {tuple(kv.shape)}"
         for key, value in kwargs.items():
             if value is None:
                 continue
             text += f", {key}=" + (
-                f"{'boolean' if value.dtype == torch.bool else _dt(value.dtype)} {tuple(value.shape)}"
+                f"{'boolean' if value.dtype == torch.bool else dtype_name(value.dtype)} {tuple(value.shape)}"
                 if isinstance(value, torch.Tensor)
                 else repr(value)
             )
@@ -636,7 +601,7 @@ class _Pair:
     def forward(self, g: Grader, x, kv=None, **kwargs):
         where = self.where(x, kv, **kwargs)
         args = (x,) if kv is None else (x, kv)
-        out, w = _unpack(g, _run(g, where, self.m, *args, **kwargs), "forward")
+        out, w = _unpack(g, call_student(g, where, self.m, *args, **kwargs), "forward")
         return where, out, w
 
     def expected(self, x, kv=None, **kwargs):
@@ -660,7 +625,7 @@ def _causal_on_x_device(g: Grader, MultiHeadAttention, config, B: int, T: int, S
     except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
         if not meta_copy_refused(e):
             raise_unless_student_error(e)
-        g.fail(f"{where}: {_raised(e)}: {fix}")
+        g.fail(f"{where}: {raised(e)}: {fix}")
     out, _ = _unpack(g, result, "forward")
     g.expect(
         is_tensor(out) and out.device.type == "cpu",
@@ -829,7 +794,7 @@ def _expect_forward(g: Grader, p: _Pair, x, kv=None, **kwargs):
     B, T, S = x.shape[0], x.shape[1], (x if kv is None else kv).shape[1]
     g.expect(
         is_tensor(out) and out.shape == (B, T, p.C) and out.dtype == p.dtype,
-        f"{where}: out should be {_dt(p.dtype)} {(B, T, p.C)} = (B, T, C), got {describe(out)}",
+        f"{where}: out should be {dtype_name(p.dtype)} {(B, T, p.C)} = (B, T, C), got {describe(out)}",
     )
     if is_tensor(out) and bool(torch.isnan(out).any()):
         g.fail(
@@ -864,7 +829,7 @@ def _expect_forward(g: Grader, p: _Pair, x, kv=None, **kwargs):
             )
         g.expect(
             is_tensor(w) and w.shape == w_r.shape and w.dtype == p.dtype,
-            f"{where}: weights should be {_dt(p.dtype)} (B, H, T, S) = {tuple(w_r.shape)}, got {describe(w)}",
+            f"{where}: weights should be {dtype_name(p.dtype)} (B, H, T, S) = {tuple(w_r.shape)}, got {describe(w)}",
         )
         g.expect(
             close(w, w_r, magnitude=mag),
@@ -898,7 +863,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
             n_kv = None if kv == 0 else _divisors(H)[(kv - 1) % len(_divisors(H))]
             H_kv = H if n_kv is None else n_kv
             call = f"MultiHeadAttention({C}, {H}, n_kv_heads={n_kv}, bias={bias}, dropout={p})"
-            m = _run(g, call, MultiHeadAttention, C, H, n_kv_heads=n_kv, bias=bias, dropout=p)
+            m = call_student(g, call, MultiHeadAttention, C, H, n_kv_heads=n_kv, bias=bias, dropout=p)
             for name, value in (
                 ("d_model", C),
                 ("n_heads", H),
@@ -940,7 +905,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
             p = _Pair(g, MultiHeadAttention, config)
             x, kv = p.inputs(config[-1], B, T, S if cross else None)
             where = p.where(x, kv) + ": project"
-            got = _run(g, where, p.m.project, *((x,) if kv is None else (x, kv)))
+            got = call_student(g, where, p.m.project, *((x,) if kv is None else (x, kv)))
             with torch.no_grad():
                 expected = p.r.project(x, kv)
             g.expect(
@@ -1198,13 +1163,13 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                 "out = out_proj(merge_heads(dropout(weights) @ v)), with no other dropout",
             )
             out_r = pair.r(x)[0].detach()
-            again, _ = _unpack(g, _run(g, where, pair.m, x), "forward")
+            again, _ = _unpack(g, call_student(g, where, pair.m, x), "forward")
             g.expect(
                 not close(again, out_r, magnitude=mag),
                 f"{where} in training mode with need_weights=False: out is the output without dropout: apply "
                 "dropout whether or not the weights are returned",
             )
-            _run(g, f"{pair.call}.eval()", pair.m.eval)
+            call_student(g, f"{pair.call}.eval()", pair.m.eval)
             where, out, w = pair.forward(g, x, need_weights=True)
             if is_tensor(w) and w.shape == w_r.shape and bool((w == 0).any()):
                 g.fail(
@@ -1237,7 +1202,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                 pr = probe(p.m, *args, is_causal=True, backward=(0, upstream))
             except Exception as e:  # noqa: BLE001
                 raise_unless_student_error(e)
-                g.fail(f"{where}: {_raised(e)}")
+                g.fail(f"{where}: {raised(e)}")
             out, _ = _unpack(g, pr.result, "forward")
             g.expect(
                 is_tensor(out) and out.requires_grad,
@@ -1281,7 +1246,7 @@ def check_split_heads(split_heads) -> None:
     with g.check(
         "split_heads(x of shape (2, 3, 6), 2) is (2, 2, 3, 3): head 0 = features 0-2, head 1 = features 3-5"
     ):
-        out = _run(g, "split_heads(x (2, 3, 6), 2)", split_heads, x, 2)
+        out = call_student(g, "split_heads(x (2, 3, 6), 2)", split_heads, x, 2)
         g.expect(
             is_tensor(out) and out.shape == (2, 2, 3, 3) and out.dtype == x.dtype,
             f"expected float32 (B, H, T, D) = (2, 2, 3, 3), got {describe(out)}",
@@ -1330,7 +1295,7 @@ def check_merge_heads(merge_heads) -> None:
         "merge_heads(split_heads(x, 2)) gives x (2, 3, 6) back, for contiguous and transposed heads"
     ):
         for what, h in (("contiguous heads", heads.contiguous()), ("transposed heads", heads)):
-            out = _run(g, f"merge_heads({what})", merge_heads, h)
+            out = call_student(g, f"merge_heads({what})", merge_heads, h)
             g.expect(
                 is_tensor(out) and out.shape == (2, 3, 6) and out.dtype == x.dtype,
                 f"with {what}: expected float32 (B, T, H*D) = (2, 3, 6), got {describe(out)}",
@@ -1358,7 +1323,7 @@ def check_repeat_kv(repeat_kv) -> None:
         None
     ]  # (B=1, H_kv=2, S=3, D=2): head 0 zeros, head 1 ones
     with g.check("repeat_kv(x with heads [0, 1], 2) has heads [0, 0, 1, 1]; repeat_kv(x, 1) is x"):
-        out = _run(g, "repeat_kv(x, 2)", repeat_kv, x, 2)
+        out = call_student(g, "repeat_kv(x, 2)", repeat_kv, x, 2)
         g.expect(
             is_tensor(out) and out.shape == (1, 4, 3, 2),
             f"expected shape (B, H_kv * n_rep, S, D) = (1, 4, 3, 2), got {describe(out)}",
@@ -1368,7 +1333,7 @@ def check_repeat_kv(repeat_kv) -> None:
             got == [0, 0, 1, 1],
             f"heads should be [0, 0, 1, 1] (each key/value head repeated in place), got {got}",
         )
-        same = _run(g, "repeat_kv(x, 1)", repeat_kv, x, 1)
+        same = call_student(g, "repeat_kv(x, 1)", repeat_kv, x, 1)
         g.expect(
             is_tensor(same) and torch.equal(same, x), f"repeat_kv(x, 1) should be x, got {describe(same)}"
         )
@@ -1376,7 +1341,7 @@ def check_repeat_kv(repeat_kv) -> None:
         "attention over repeat_kv(k, 2) equals torch's enable_gqa=True; gradients sum over each group"
     ):
         q, k = tensor(1, 1, 4, 3, 2), tensor(2, 1, 2, 3, 2)
-        rk = _run(g, "repeat_kv(k, 2)", repeat_kv, k, 2)
+        rk = call_student(g, "repeat_kv(k, 2)", repeat_kv, k, 2)
         out, _ = att.scaled_dot_product_attention(q, rk, rk) if is_tensor(rk) else (None, None)
         g.expect(
             close(out, F.scaled_dot_product_attention(q, k, k, enable_gqa=True)),
@@ -1406,14 +1371,14 @@ def check_multihead_attention(MultiHeadAttention) -> None:
         "(256 with bias=False; qkv_proj 8 -> 16 with n_kv_heads=1)"
     ):
         for kwargs, n_expected in (({}, 288), ({"bias": False}, 256), ({"n_kv_heads": 1}, 216)):
-            m = _run(g, f"MultiHeadAttention(8, 2, **{kwargs})", MultiHeadAttention, 8, 2, **kwargs)
+            m = call_student(g, f"MultiHeadAttention(8, 2, **{kwargs})", MultiHeadAttention, 8, 2, **kwargs)
             sd = m.state_dict()
             n = sum(t.numel() for t in sd.values()) if isinstance(sd, dict) else -1
             g.expect(
                 n == n_expected,
                 f"MultiHeadAttention(8, 2, **{kwargs}) should have {n_expected} parameters, got {n}",
             )
-        m = _run(g, "MultiHeadAttention(8, 2)", MultiHeadAttention, 8, 2)
+        m = call_student(g, "MultiHeadAttention(8, 2)", MultiHeadAttention, 8, 2)
         for name, value in (
             ("d_model", 8),
             ("n_heads", 2),
@@ -1429,7 +1394,7 @@ def check_multihead_attention(MultiHeadAttention) -> None:
 
     with g.check("project: q (2, 2, 5, 4), k and v (2, 2, 3, 4) for x (2, 5, 8) and kv (2, 3, 8)"):
         p = pair((2, 4, 0, True, torch.float32, 41))
-        got = _run(g, "project(x, kv)", p.m.project, x, kv)
+        got = call_student(g, "project(x, kv)", p.m.project, x, kv)
         with torch.no_grad():
             expected = p.r.project(x, kv)
         g.expect(
@@ -1499,13 +1464,13 @@ def check_multihead_attention(MultiHeadAttention) -> None:
         with torch.no_grad():
             expected = p.r.out_proj(ref.merge_heads(w @ p.r.project(x64)[2]))
         g.expect(close(out, expected, magnitude=mag), "out must be computed from the weights after dropout")
-        again, _ = _unpack(g, _run(g, "forward(x) in training mode", p.m, x64), "forward")
+        again, _ = _unpack(g, call_student(g, "forward(x) in training mode", p.m, x64), "forward")
         g.expect(
             not close(again, p.r(x64)[0].detach(), magnitude=mag),
             "with need_weights=False in training mode, out is the output without dropout: apply dropout whether "
             "or not the weights are returned",
         )
-        _run(g, "eval()", p.m.eval)
+        call_student(g, "eval()", p.m.eval)
         where, _, w = p.forward(g, x64, need_weights=True)
         g.expect(
             not _dropout_shows(w, w_r, 0.25, mag),
@@ -1624,7 +1589,7 @@ POOL_CASES = ((8, 2, 101), (8, 1, 102), (8, 8, 103), (6, 3, 104), (6, 2, 105), (
 
 def _pool(g: Grader, kv_pooling_error, k: torch.Tensor, n_kv: int, what: str = ""):
     where = f"kv_pooling_error(k {tuple(k.shape)}{what}, n_kv_heads={n_kv})"
-    return where, _run(g, where, kv_pooling_error, k, n_kv)
+    return where, call_student(g, where, kv_pooling_error, k, n_kv)
 
 
 def grade_kv_pooling_error(kv_pooling_error) -> None:
@@ -1661,7 +1626,7 @@ def grade_kv_pooling_error(kv_pooling_error) -> None:
         for dtype, seed in ((torch.float64, 121), (torch.float32, 122)):
             base = tensor(seed, 3, 2, 8, 8, dtype=dtype)
             k = ref.repeat_kv(base, 4) + 0.5 * tensor(seed + 1, 3, 8, 8, 8, dtype=dtype)  # (B, H, S, D)
-            where, e = _pool(g, kv_pooling_error, k, 2, f" {_dt(dtype)}")
+            where, e = _pool(g, kv_pooling_error, k, 2, f" {dtype_name(dtype)}")
             expected = ref.kv_pooling_error(k.double(), 2)
             g.expect(
                 isinstance(e, float) and abs(e - expected) <= 1e-4 * max(expected, 1e-3),
@@ -1677,7 +1642,7 @@ def grade_kv_pooling_error(kv_pooling_error) -> None:
             after = probe(kv_pooling_error, k.clone(), 2).args[0]
         except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
             raise_unless_student_error(e)
-            g.fail(f"kv_pooling_error(k (2, 4, 5, 3), 2): {_raised(e)}")
+            g.fail(f"kv_pooling_error(k (2, 4, 5, 3), 2): {raised(e)}")
         g.expect(
             is_tensor(after) and torch.equal(after, k),
             f"kv_pooling_error modified k in place: k was {_show(k)}, afterwards {_show(after)}",
@@ -1733,8 +1698,9 @@ POOL_CONFIGS = (
 
 
 def _pool_weights(g: Grader, pool_kv_heads, w, b, H: int, n_kv: int):
-    where = f"pool_kv_heads(weight {tuple(w.shape)} {_dt(w.dtype)}, {'bias' if b is not None else 'None'}, {H}, {n_kv})"
-    out = _run(g, where, pool_kv_heads, w, b, H, n_kv)
+    bias = "bias" if b is not None else "None"
+    where = f"pool_kv_heads(weight {tuple(w.shape)} {dtype_name(w.dtype)}, {bias}, {H}, {n_kv})"
+    out = call_student(g, where, pool_kv_heads, w, b, H, n_kv)
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
         g.fail(f"{where} should return a pair (weight, bias), got {describe(out)}")
     return where, out[0], out[1]
@@ -1796,7 +1762,7 @@ def grade_pool_kv_heads(pool_kv_heads) -> None:
             after = probe(pool_kv_heads, w.clone(), b.clone(), 4, 2).args
         except Exception as e:  # noqa: BLE001
             raise_unless_student_error(e)
-            g.fail(f"pool_kv_heads(weight (24, 8), bias (24,), 4, 2): {_raised(e)}")
+            g.fail(f"pool_kv_heads(weight (24, 8), bias (24,), 4, 2): {raised(e)}")
         g.expect(
             torch.equal(after[0], w) and torch.equal(after[1], b),
             "pool_kv_heads modified its weight or bias in place",

@@ -27,6 +27,7 @@ from coursekit import positional as ref
 from coursekit.grading.core import (
     SESSION,
     Grader,
+    call_student,
     close,
     default_device,
     describe,
@@ -37,6 +38,7 @@ from coursekit.grading.core import (
     meta_copy_refused,
     probe,
     raise_unless_student_error,
+    raised,
     rand,
     tensor,
     tolerance,
@@ -68,33 +70,6 @@ F64, F32 = torch.float64, torch.float32
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _raised(e: Exception) -> str:
-    """'your code raised KeyError: ... (at line N ...)' for an exception of the student's code."""
-    text = str(e)
-    if text.startswith("your code"):  # raised, timed out or crashed in the sandbox: already a sentence
-        return text
-    import traceback
-
-    where = ""
-    for frame in reversed(traceback.extract_tb(e.__traceback__)):
-        f = frame.filename
-        if "coursekit" not in f and "site-packages" not in f and "/torch/" not in f:
-            where = f" (at line {frame.lineno} of your code: {frame.line})"
-            break
-    return f"your code raised {type(e).__name__.removeprefix('Student')}: {e}{where}"
-
-
-def _call(g: Grader, what: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``; an exception of the student's code fails the check with a hint that
-    starts with ``what`` (the example, e.g. ``"for x (1, 2, 4) and positions [0, 1]"``)."""
-    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]  # the grader's inputs stay intact
-    try:
-        return fn(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-        raise_unless_student_error(e)
-        g.fail(f"{what}: {_raised(e)}")
 
 
 def _diff(out: object, expected: torch.Tensor, mag: float = 1.0) -> str:
@@ -226,7 +201,7 @@ def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
             ({"dtype": torch.bfloat16}, torch.bfloat16),
         ):
             what = f"sinusoidal_encoding(5, 6{_args(**kwargs)})"
-            pe = _call(g, what, sinusoidal_encoding, 5, 6, **kwargs)
+            pe = call_student(g, what, sinusoidal_encoding, 5, 6, **kwargs)
             g.expect(
                 is_tensor(pe) and pe.shape == (5, 6) and pe.dtype == dtype,
                 f"{what} should be a {str(dtype).removeprefix('torch.')} (5, 6) tensor, got {describe(pe)}"
@@ -237,7 +212,7 @@ def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
     def values(case):
         T, C = case
         what = f"sinusoidal_encoding({T}, {C}, dtype=torch.float64)"
-        pe = _call(g, what, sinusoidal_encoding, T, C, dtype=F64)
+        pe = call_student(g, what, sinusoidal_encoding, T, C, dtype=F64)
         expected = ref.sinusoidal_encoding(T, C, dtype=F64)
         if not close(pe, expected):
             _diagnose_sinusoidal(g, what, pe, T, C, 10000.0)
@@ -251,7 +226,7 @@ def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
     def with_base(case):
         T, C, base = case
         what = f"sinusoidal_encoding({T}, {C}, base={base:g}, dtype=torch.float64)"
-        pe = _call(g, what, sinusoidal_encoding, T, C, base=base, dtype=F64)
+        pe = call_student(g, what, sinusoidal_encoding, T, C, base=base, dtype=F64)
         expected = ref.sinusoidal_encoding(T, C, base=base, dtype=F64)
         if not close(pe, expected):
             _diagnose_sinusoidal(g, what, pe, T, C, base)
@@ -269,7 +244,9 @@ def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
     with g.check("the angles are computed in float64 and only the table is cast to dtype"):
         for T, C, dtype in ((4096, 16, F32), (300, 8, torch.float16)):
             what = f"sinusoidal_encoding({T}, {C}{_args(dtype=None if dtype == F32 else dtype)})"
-            pe = _call(g, what, sinusoidal_encoding, T, C, **({} if dtype == F32 else {"dtype": dtype}))
+            pe = call_student(
+                g, what, sinusoidal_encoding, T, C, **({} if dtype == F32 else {"dtype": dtype})
+            )
             expected = ref.sinusoidal_encoding(T, C, dtype=F64).to(dtype)
             g.expect(
                 is_tensor(pe) and pe.shape == (T, C) and pe.dtype == dtype,
@@ -397,7 +374,7 @@ def _diagnose_rope(
 
 def _rope_case(g: Grader, apply_rope, x: torch.Tensor, positions: torch.Tensor, what: str, **kwargs) -> None:
     """Compare ``apply_rope(x, positions, **kwargs)`` with the reference, naming a known mistake if it matches."""
-    out = _call(g, what, apply_rope, x, positions, **kwargs)
+    out = call_student(g, what, apply_rope, x, positions, **kwargs)
     expected = ref.apply_rope(x, positions, **kwargs)
     if not close(out, expected, magnitude=magnitude(x)):
         _diagnose_rope(g, what, out, x, positions, **kwargs)
@@ -629,7 +606,7 @@ def grade_alibi_slopes(alibi_slopes) -> None:
             (6, {"dtype": torch.bfloat16}, torch.bfloat16),
         ):
             what = f"alibi_slopes({H}{_args(**kwargs)})"
-            s = _call(g, what, alibi_slopes, H, **kwargs)
+            s = call_student(g, what, alibi_slopes, H, **kwargs)
             g.expect(
                 is_tensor(s) and s.shape == (H,) and s.dtype == dtype,
                 f"{what} should be a {str(dtype).removeprefix('torch.')} tensor of shape ({H},), "
@@ -639,7 +616,7 @@ def grade_alibi_slopes(alibi_slopes) -> None:
             _expect_close(g, what, s, expected)
 
     def slopes_case(H):
-        s = _call(g, f"alibi_slopes({H}, torch.float64)", alibi_slopes, H, F64)
+        s = call_student(g, f"alibi_slopes({H}, torch.float64)", alibi_slopes, H, F64)
         expected = ref.alibi_slopes(H, F64)
         if not close(s, expected):
             _diagnose_slopes(g, s, H)
@@ -719,7 +696,11 @@ def _bias_case(g: Grader, alibi_bias, slopes: torch.Tensor, T: int, S: int | Non
         else describe(slopes)
     )
     what = f"alibi_bias(slopes {shown}, {T}" + ("" if S is None else f", {S}") + ")"
-    b = _call(g, what, alibi_bias, slopes, T) if S is None else _call(g, what, alibi_bias, slopes, T, S)
+    b = (
+        call_student(g, what, alibi_bias, slopes, T)
+        if S is None
+        else call_student(g, what, alibi_bias, slopes, T, S)
+    )
     S = T if S is None else S
     expected = ref.alibi_bias(slopes, T, S)
     mag = magnitude(expected)
@@ -745,7 +726,7 @@ def grade_alibi_bias(alibi_bias) -> None:
         for dtype in (F32, F64, torch.bfloat16):
             s = slopes.to(dtype)
             what = f"alibi_bias({describe(s)} slopes, 4, 6)"
-            b = _call(g, what, alibi_bias, s, 4, 6)
+            b = call_student(g, what, alibi_bias, s, 4, 6)
             g.expect(
                 is_tensor(b) and b.shape == (4, 4, 6) and b.dtype == dtype,
                 f"{what} should be a {str(dtype).removeprefix('torch.')} (4, 4, 6) tensor, got {describe(b)}",
@@ -759,7 +740,7 @@ def grade_alibi_bias(alibi_bias) -> None:
             except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
                 raise_unless_student_error(e)
                 g.fail(
-                    f"{what}: {_raised(e)}: the bias must be on the slopes' device, create the positions "
+                    f"{what}: {raised(e)}: the bias must be on the slopes' device, create the positions "
                     "with device=slopes.device"
                 )
             g.expect(
@@ -1009,7 +990,7 @@ def _bias_on_slopes_device(g: Grader, alibi_bias, slopes: torch.Tensor, T: int, 
     except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
         if not meta_copy_refused(e):
             raise_unless_student_error(e)
-        g.fail(f"{what}: {_raised(e)}: {fix}")
+        g.fail(f"{what}: {raised(e)}: {fix}")
     g.expect(
         is_tensor(b) and b.device.type == "cpu",
         f"{what}: got {describe(b)}{' on ' + b.device.type if is_tensor(b) else ''}, not a tensor on the "
@@ -1173,7 +1154,7 @@ def _similarity_theory(k: int, C: int, base: float = 10000.0) -> float:
 
 def _similarity(g: Grader, sinusoidal_similarity, k: int, C: int, **kwargs):
     where = f"sinusoidal_similarity({k}, {C}{_args(**kwargs)})"
-    return where, _call(g, where, sinusoidal_similarity, k, C, **kwargs)
+    return where, call_student(g, where, sinusoidal_similarity, k, C, **kwargs)
 
 
 def grade_sinusoidal_similarity(sinusoidal_similarity) -> None:
@@ -1267,12 +1248,12 @@ def grade_ntk_scaled_base(ntk_scaled_base) -> None:
     g = Grader("ntk_scaled_base")
     with g.check("returns a Python float"):
         where = "ntk_scaled_base(10000.0, 64, 4.0)"
-        v = _call(g, where, ntk_scaled_base, 10000.0, 64, 4.0)
+        v = call_student(g, where, ntk_scaled_base, 10000.0, 64, 4.0)
         g.expect(type(v) is float, f"{where} should return a Python float, got {describe(v)}")
     with g.check("the lowest frequency becomes factor times lower, the highest stays 1"):
         for base, D, factor in NTK_CASES:
             where = f"ntk_scaled_base({base}, {D}, {factor})"
-            v = _call(g, where, ntk_scaled_base, base, D, factor)
+            v = call_student(g, where, ntk_scaled_base, base, D, factor)
             g.expect(isinstance(v, (int, float)) and v > 1, f"{where} should be a base > 1, got {v!r}")
             lowest = float(ref.rope_frequencies(D, v)[-1])
             want = float(ref.rope_frequencies(D, base)[-1]) / factor
@@ -1282,7 +1263,7 @@ def grade_ntk_scaled_base(ntk_scaled_base) -> None:
                 f"{want:.6g} (factor times lower); solve base'^(-(D-2)/D) = base^(-(D-2)/D) / factor for base'",
             )
     with g.check("factor 1 keeps the base"):
-        v = _call(g, "ntk_scaled_base(10000.0, 32, 1.0)", ntk_scaled_base, 10000.0, 32, 1.0)
+        v = call_student(g, "ntk_scaled_base(10000.0, 32, 1.0)", ntk_scaled_base, 10000.0, 32, 1.0)
         g.expect(
             isinstance(v, (int, float)) and abs(v - 10000.0) <= 1e-9,
             f"ntk_scaled_base(10000.0, 32, 1.0) gave {v!r}, expected 10000.0",
@@ -1303,7 +1284,7 @@ def check_ntk_scaled_base(ntk_scaled_base) -> None:
     """Public checks of ``ntk_scaled_base``: the docstring's example."""
     g = Grader("ntk_scaled_base (public)")
     with g.check("ntk_scaled_base(10000.0, 4, 4.0) is 160000.0"):
-        v = _call(g, "ntk_scaled_base(10000.0, 4, 4.0)", ntk_scaled_base, 10000.0, 4, 4.0)
+        v = call_student(g, "ntk_scaled_base(10000.0, 4, 4.0)", ntk_scaled_base, 10000.0, 4, 4.0)
         g.expect(
             isinstance(v, float) and abs(v - 160000.0) <= 1e-6,
             f"ntk_scaled_base(10000.0, 4, 4.0) gave {v!r}, expected 160000.0 (frequencies [1, 0.01] -> [1, 0.0025])",

@@ -31,6 +31,7 @@ from coursekit import layers as ref
 from coursekit.attention import padding_mask
 from coursekit.grading.core import (
     Grader,
+    call_student,
     close,
     describe,
     expect_value_error,
@@ -42,7 +43,6 @@ from coursekit.grading.core import (
     magnitude,
     names_hint,
     probe,
-    raise_unless_student_error,
     rand,
     random_weights,
     set_attr,
@@ -79,34 +79,6 @@ LINEAR = "torch.nn.modules.linear.Linear"
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _raised(e: Exception) -> str:
-    """'your code raised KeyError: ... (at line N ...)' for an exception of the student's code."""
-    text = str(e)
-    if text.startswith("your code"):  # raised, timed out or crashed in the sandbox: already a sentence
-        return text
-    import traceback
-
-    where = ""
-    for frame in reversed(traceback.extract_tb(e.__traceback__)):
-        f = frame.filename
-        if "coursekit" not in f and "site-packages" not in f and "/torch/" not in f:
-            where = f" (at line {frame.lineno} of your code: {frame.line})"
-            break
-    return f"your code raised {type(e).__name__.removeprefix('Student')}: {e}{where}"
-
-
-def _call(g: Grader, what: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` on copies of the tensors; an exception of the student's code fails the
-    check with a hint that starts with ``what`` (the example)."""
-    args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    try:
-        return fn(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-        raise_unless_student_error(e)
-        g.fail(f"{what}: {_raised(e)}")
 
 
 def _diff(out: object, expected: torch.Tensor, mag: float = 1.0) -> str:
@@ -287,7 +259,7 @@ def grade_layer_norm(LayerNorm) -> None:
 
     def build(name, C, eps=None, bias=True, dtype=F64):
         what = f"LayerNorm({_args(C, eps=eps, bias=None if bias else False)})"
-        m = _call(
+        m = call_student(
             g,
             what,
             LayerNorm,
@@ -303,7 +275,7 @@ def grade_layer_norm(LayerNorm) -> None:
 
     with g.check("has parameters weight (ones) and bias (zeros) of shape (C,); bias=False registers no bias"):
         for C in (16, 3):
-            m = _call(g, f"LayerNorm({C})", LayerNorm, C)
+            m = call_student(g, f"LayerNorm({C})", LayerNorm, C)
             params = dict(m.named_parameters())
             g.expect(
                 set(params) == {"weight", "bias"},
@@ -317,7 +289,7 @@ def grade_layer_norm(LayerNorm) -> None:
                 close(params["bias"].detach(), torch.zeros(C)),
                 f"LayerNorm({C}).bias should start as zeros of shape ({C},), got {describe(params['bias'])}",
             )
-        m = _call(g, "LayerNorm(16, bias=False)", LayerNorm, 16, bias=False)
+        m = call_student(g, "LayerNorm(16, bias=False)", LayerNorm, 16, bias=False)
         params = dict(m.named_parameters())
         g.expect(
             set(params) == {"weight"} and m.bias is None,
@@ -330,7 +302,7 @@ def grade_layer_norm(LayerNorm) -> None:
         m, w, b, what = build(f"ln.{seed}", C, eps=eps, bias=bias)
         x = tensor(seed, *lead, C, scale=scale) + scale
         what = f"{what} on x {(*lead, C)}"
-        out = _call(g, what, m, x)
+        out = call_student(g, what, m, x)
         expected = _ln(x, w, b, 1e-5 if eps is None else eps)
         if not close(out, expected, magnitude=magnitude(x)):
             first_match(
@@ -357,7 +329,7 @@ def grade_layer_norm(LayerNorm) -> None:
     with g.check("float32 in, float32 out; accurate when the features share a large offset (1e4 + noise)"):
         m, w, b, what = build("ln.stable", 16, dtype=torch.float32)
         x = rand("ln.stable.x", 3, 5, 16, dtype=torch.float32) + 1e4
-        out = _call(g, f"{what} on float32 x = 1e4 + noise (3, 5, 16)", m, x)
+        out = call_student(g, f"{what} on float32 x = 1e4 + noise (3, 5, 16)", m, x)
         expected = _ln(x.double(), w.double(), b.double()).float()
         if is_tensor(out) and out.dtype == F64:
             g.fail(f"{what} on float32 x returned float64: return x's dtype")
@@ -375,19 +347,19 @@ def grade_layer_norm(LayerNorm) -> None:
         m, w, b, what = build("ln.modes", 6)
         x = rand("ln.modes.x", 4, 3, 6, scale=2.0)
         m.eval()
-        in_eval = _call(g, f"{what} in eval mode on x (4, 3, 6)", m, x)
+        in_eval = call_student(g, f"{what} in eval mode on x (4, 3, 6)", m, x)
         m.train()
         _expect_close(
             g,
             f"{what} in training mode on x (4, 3, 6), compared with its output in eval mode",
-            _call(g, f"{what} in training mode on x (4, 3, 6)", m, x),
+            call_student(g, f"{what} in training mode on x (4, 3, 6)", m, x),
             in_eval if is_tensor(in_eval) else x,
             advice=": layer norm uses each token's own statistics in both modes (no running averages, "
             "no dropout)",
         )
 
     with g.check("x whose last axis is not C raises a ValueError"):
-        m = _call(g, "LayerNorm(6)", LayerNorm, 6)
+        m = call_student(g, "LayerNorm(6)", LayerNorm, 6)
         for shape in ((2, 5), (2, 3, 1), (7,)):
             expect_value_error(
                 g,
@@ -447,7 +419,7 @@ def grade_feed_forward(FeedForward) -> None:
         if d_ff is None:
             what = what.replace(", None", "")
         extra = ({} if activation is None else {"activation": activation}) | ({} if bias else {"bias": False})
-        m = _call(g, what, FeedForward, C, d_ff, **extra, **kwargs).double().eval()
+        m = call_student(g, what, FeedForward, C, d_ff, **extra, **kwargs).double().eval()
         r = ref.FeedForward(C, d_ff, activation or "relu", bias=bias).double().eval()
         weights = random_weights(r, name)
         _load(g, m, weights, what, 4 * C if d_ff is None else None, bias)
@@ -457,7 +429,7 @@ def grade_feed_forward(FeedForward) -> None:
     with g.check("linear1 (C -> d_ff) and linear2 (d_ff -> C) are nn.Linear; d_ff defaults to 4 * d_model"):
         for C, d_ff in ((16, None), (6, 10), (8, 1)):
             what = f"FeedForward({C}{'' if d_ff is None else f', {d_ff}'})"
-            m = _call(g, what, FeedForward, C, d_ff)
+            m = call_student(g, what, FeedForward, C, d_ff)
             hidden = 4 * C if d_ff is None else d_ff
             for name, shape in (("linear1", (C, hidden)), ("linear2", (hidden, C))):
                 layer = getattr(m, name, None)
@@ -480,7 +452,7 @@ def grade_feed_forward(FeedForward) -> None:
         )
         x = tensor(seed, *lead, C)
         what = f"{what} on x {(*lead, C)}"
-        out = _call(g, what, m, x)
+        out = call_student(g, what, m, x)
         act = F.relu if activation == "relu" else F.gelu
         with torch.no_grad():
             expected = _ff_expected(r, x, act)
@@ -532,7 +504,7 @@ def grade_feed_forward(FeedForward) -> None:
         )
 
     with g.check("bias=False: neither linear layer has a bias"):
-        m = _call(g, "FeedForward(8, 12, bias=False)", FeedForward, 8, 12, bias=False)
+        m = call_student(g, "FeedForward(8, 12, bias=False)", FeedForward, 8, 12, bias=False)
         keys = set(m.state_dict())
         g.expect(
             keys == {"linear1.weight", "linear2.weight"},
@@ -553,12 +525,14 @@ def grade_feed_forward(FeedForward) -> None:
         "dropout (nn.Dropout named dropout, default p = 0.0) acts on act(linear1(x)), only in training mode"
     ):
         x = rand("ff.dropout.x", 2, 3, 6)
-        m = _call(g, "FeedForward(6, 10)", FeedForward, 6, 10)
+        m = call_student(g, "FeedForward(6, 10)", FeedForward, 6, 10)
         d = getattr(m, "dropout", None)
         g.expect(is_a(d, DROPOUT), f"FeedForward needs an nn.Dropout named dropout, got {describe(d)}")
         g.expect(d.p == 0.0, f"FeedForward(6, 10).dropout.p is {d.p}: dropout defaults to 0.0")
         d = getattr(
-            _call(g, "FeedForward(6, 10, dropout=0.3)", FeedForward, 6, 10, dropout=0.3), "dropout", None
+            call_student(g, "FeedForward(6, 10, dropout=0.3)", FeedForward, 6, 10, dropout=0.3),
+            "dropout",
+            None,
         )
         g.expect(
             is_a(d, DROPOUT) and d.p == 0.3,
@@ -575,7 +549,7 @@ def grade_feed_forward(FeedForward) -> None:
                 _expect_close(
                     g,
                     f"{what} in training mode with its dropout's p set to 1",
-                    _call(g, what, m, x),
+                    call_student(g, what, m, x),
                     expected,
                     advice=": dropout must act on the hidden activations, linear2(dropout(act(linear1(x)))), "
                     "so dropping all of them leaves linear2's bias",
@@ -584,7 +558,7 @@ def grade_feed_forward(FeedForward) -> None:
                 _expect_close(
                     g,
                     f"{what} in eval mode with its dropout's p set to 1",
-                    _call(g, what, m, x),
+                    call_student(g, what, m, x),
                     _ff_expected(r, x, act),
                     advice=": in eval mode dropout must do nothing (use nn.Dropout, which knows the mode)",
                 )
@@ -598,7 +572,7 @@ def grade_feed_forward(FeedForward) -> None:
                 _expect_close(
                     g,
                     f"{what} with self.dropout replaced by a fixed linear map M",
-                    _call(g, what, m, x),
+                    call_student(g, what, m, x),
                     expected,
                     advice=": self.dropout must be applied to the activations after act, "
                     "linear2(self.dropout(act(linear1(x))))",
@@ -666,7 +640,7 @@ def _build_layer(
             )
         return cache[key]
     what = f"{label}({_args(C, H, d_ff, **kwargs)})".replace(", None", "")
-    m = _call(g, what, cls, C, H, *(() if d_ff is None else (d_ff,)), **kwargs)
+    m = call_student(g, what, cls, C, H, *(() if d_ff is None else (d_ff,)), **kwargs)
     m = m.double().eval()
     opts = {"dropout": 0.0, **{k: v for k, v in kwargs.items() if k != "dropout"}}
     r = ref_cls(C, H, d_ff, **opts).double().eval()
@@ -681,7 +655,7 @@ def _names_check(g: Grader, cls, ref_cls, label: str) -> None:
     sub-modules."""
     for C, H, d_ff, kwargs in ((16, 4, 24, {}), (12, 3, None, {}), (8, 2, 5, {"bias": False})):
         what = f"{label}({_args(C, H, d_ff, **kwargs)})".replace(", None", "")
-        m = _call(g, what, cls, C, H, *(() if d_ff is None else (d_ff,)), **kwargs)
+        m = call_student(g, what, cls, C, H, *(() if d_ff is None else (d_ff,)), **kwargs)
         reference = ref_cls(C, H, d_ff, **kwargs)
         shapes = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
         sd = m.state_dict()
@@ -707,7 +681,7 @@ def _dropout_values_check(
     """The dropout argument (default 0.1) reaches every named nn.Dropout, ff.dropout and the attentions."""
     for kwargs, p in (({}, 0.1), ({"dropout": 0.3}, 0.3), ({"dropout": 0.0}, 0.0)):
         what = f"{label}({_args(8, 2, **kwargs)})"
-        m = _call(g, what, cls, 8, 2, **kwargs)
+        m = call_student(g, what, cls, 8, 2, **kwargs)
         for place in places + ("ff.dropout",):
             d = _get(m, place)
             g.expect(is_a(d, DROPOUT), f"{what} needs an nn.Dropout named {place}, got {describe(d)}")
@@ -833,7 +807,7 @@ def _encoder_case(
     x = tensor(seed, B, T, C)
     shown = ", ".join(f"{k} {describe(v) if torch.is_tensor(v) else v}" for k, v in masks.items())
     what = f"{what} on x ({B}, {T}, {C})" + (f" with {shown}" if shown else "")
-    out = _call(g, what, m, x, **masks)
+    out = call_student(g, what, m, x, **masks)
     with torch.no_grad():
         expected = r(x, **masks)
     if not close(out, expected):
@@ -972,7 +946,7 @@ def grade_encoder_layer(EncoderLayer) -> None:
                 _expect_close(
                     g,
                     f"{what} on x (2, 4, 8)",
-                    _call(g, what, m, x),
+                    call_student(g, what, m, x),
                     r(x),
                     advice=": pass eps and bias on to LayerNorm(d_model, eps, bias), and bias to "
                     "MultiHeadAttention and FeedForward",
@@ -1010,7 +984,7 @@ def grade_encoder_layer(EncoderLayer) -> None:
                     _expect_close(
                         g,
                         f"{what} in training mode with {on}.p = 1 and every other dropout off",
-                        _call(g, what, m, x),
+                        call_student(g, what, m, x),
                         r(x),
                         advice=f": {on} must drop the {'attention' if on == 'dropout1' else 'feed-forward'} "
                         "sub-layer's output just before its residual add, and nothing else",
@@ -1170,7 +1144,7 @@ def _decoder_case(
     x, memory = tensor(seed, B, T, C), tensor(seed + 1, B, S, C)
     shown = ", ".join(f"{k} {describe(v) if torch.is_tensor(v) else v}" for k, v in masks.items())
     what = f"{what} on x ({B}, {T}, {C}) and memory ({B}, {S}, {C})" + (f" with {shown}" if shown else "")
-    out = _call(g, what, m, x, memory, **masks)
+    out = call_student(g, what, m, x, memory, **masks)
     with torch.no_grad():
         expected = r(x, memory, **masks)
     if not close(out, expected):
@@ -1315,7 +1289,7 @@ def grade_decoder_layer(DecoderLayer) -> None:
                 _expect_close(
                     g,
                     f"{what} on x (2, 4, 8) and memory (2, 5, 8)",
-                    _call(g, what, m, x, memory),
+                    call_student(g, what, m, x, memory),
                     r(x, memory),
                     advice=": pass eps and bias on to LayerNorm(d_model, eps, bias), and bias to "
                     "both MultiHeadAttention and FeedForward",
@@ -1352,7 +1326,7 @@ def grade_decoder_layer(DecoderLayer) -> None:
                     _expect_close(
                         g,
                         f"{what} in training mode with {on}.p = 1 and every other dropout off",
-                        _call(g, what, m, x, memory),
+                        call_student(g, what, m, x, memory),
                         r(x, memory),
                         advice=f": {on} must drop the {subs[on]} sub-layer's output just before its residual "
                         "add, and nothing else",
@@ -1800,7 +1774,7 @@ def _seeded(seed: int):
 
 def _grad_norm(g: Grader, input_gradient_norm, n_layers: int, norm_first: bool, seed: int, C: int = GRAD_C):
     where = f"input_gradient_norm({n_layers}, {C}, norm_first={norm_first}, generator)"
-    return where, _call(g, where, input_gradient_norm, n_layers, C, norm_first, _seeded(seed))
+    return where, call_student(g, where, input_gradient_norm, n_layers, C, norm_first, _seeded(seed))
 
 
 def _is_float(v) -> bool:
@@ -1850,18 +1824,18 @@ def grade_input_gradient_norm(input_gradient_norm) -> None:
     with g.check("n_tokens at other values: the ratio does not depend on how many tokens"):
         for n_tokens, seed in ((1, 41), (200, 42)):
             where = f"input_gradient_norm(4, {GRAD_C}, norm_first=True, generator, n_tokens={n_tokens})"
-            v = _call(g, where, input_gradient_norm, 4, GRAD_C, True, _seeded(seed), n_tokens=n_tokens)
+            v = call_student(g, where, input_gradient_norm, 4, GRAD_C, True, _seeded(seed), n_tokens=n_tokens)
             _pre_band(g, where, v, 4)
     with g.check("n_tokens defaults to 64; the smallest allowed sizes (n_layers=1, C=2, n_tokens=1) work"):
         where = "input_gradient_norm(3, 32, norm_first=False, generator, n_tokens=64)"
-        a = _call(g, where, input_gradient_norm, 3, 32, False, _seeded(51), n_tokens=64)
+        a = call_student(g, where, input_gradient_norm, 3, 32, False, _seeded(51), n_tokens=64)
         _, b = _grad_norm(g, input_gradient_norm, 3, False, 51, C=32)
         g.expect(
             a == b,
             f"{where} gave {a!r} but the same call without n_tokens gave {b!r}: n_tokens defaults to 64",
         )
         where = "input_gradient_norm(1, 2, norm_first=True, generator, n_tokens=1)"
-        v = _call(g, where, input_gradient_norm, 1, 2, True, _seeded(52), n_tokens=1)
+        v = call_student(g, where, input_gradient_norm, 1, 2, True, _seeded(52), n_tokens=1)
         g.expect(
             _is_float(v),
             f"{where} should return a float, got {describe(v)}: C = 2 and n_tokens = 1 are allowed",
@@ -1911,7 +1885,7 @@ def grade_rms_norm(RMSNorm) -> None:
 
     def build(C, eps=None, dtype=F64, seed=0):
         what = f"RMSNorm({_args(C, eps=eps)})"
-        m = _call(g, what, RMSNorm, C, **({} if eps is None else {"eps": eps}))
+        m = call_student(g, what, RMSNorm, C, **({} if eps is None else {"eps": eps}))
         m = m.to(dtype)
         w = (rand(f"rms.w.{seed}", C) * 0.5 + 1).to(dtype)
         _load(g, m, {"weight": w}, what)  # a bias: "should have no ['bias']" (names_hint)
@@ -1919,7 +1893,7 @@ def grade_rms_norm(RMSNorm) -> None:
 
     with g.check("has exactly one parameter, weight, ones of shape (C,)"):
         for C in (16, 3):
-            m = _call(g, f"RMSNorm({C})", RMSNorm, C)
+            m = call_student(g, f"RMSNorm({C})", RMSNorm, C)
             params = dict(m.named_parameters())
             g.expect(
                 set(params) == {"weight"},
@@ -1935,7 +1909,7 @@ def grade_rms_norm(RMSNorm) -> None:
         m, w, what = build(C, eps=eps, seed=seed)
         x = tensor(seed, *lead, C, scale=scale) + scale  # an offset: RMSNorm must not subtract the mean
         what = f"{what} on x {(*lead, C)}"
-        out = _call(g, what, m, x)
+        out = call_student(g, what, m, x)
         e = 1e-6 if eps is None else eps
         expected = _rms(x, w, e)
         if not close(out, expected, magnitude=1.0):
@@ -1979,10 +1953,10 @@ def grade_rms_norm(RMSNorm) -> None:
     with g.check("float32 in, float32 out"):
         m, w, what = build(16, dtype=torch.float32)
         x = rand("rms.f32", 3, 16, dtype=torch.float32)
-        out = _call(g, f"{what} on float32 x (3, 16)", m, x)
+        out = call_student(g, f"{what} on float32 x (3, 16)", m, x)
         _expect_close(g, f"{what} on float32 x (3, 16)", out, _rms(x.double(), w.double()).float())
     with g.check("x whose last axis is not C raises a ValueError"):
-        m = _call(g, "RMSNorm(6)", RMSNorm, 6)
+        m = call_student(g, "RMSNorm(6)", RMSNorm, 6)
         for shape in ((2, 5), (7,)):
             expect_value_error(
                 g, lambda shape=shape: m(torch.zeros(*shape)), f"RMSNorm(6) on x {shape}", "name both shapes"

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from coursekit import bpe as ref
 from coursekit.grading.core import (
     Grader,
+    call_student,
     describe,
     expect_value_error,
     for_all,
@@ -73,15 +74,6 @@ def _short(x, n: int = 160) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _call(g: Grader, what: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``; an exception of the student's code fails the check with ``what`` (the call)."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-        raise_unless_student_error(e)
-        g.fail(f"{what} raised {type(e).__name__.removeprefix('Student')}: {e}")
-
-
 def _is_pair_dict(x) -> bool:
     """A dict (a Counter or defaultdict is fine) of (int, int) tuples -> int."""
     return isinstance(x, dict) and all(
@@ -115,9 +107,9 @@ _SHARED_DEFAULT = (
 
 def _expect_no_shared_default(g: Grader, get_pair_counts) -> None:
     """Fail with the shared-default hint if a second call without ``counts`` sees the first one's counts."""
-    first = _call(g, "get_pair_counts([11, 12])", get_pair_counts, [11, 12])
+    first = call_student(g, "get_pair_counts([11, 12])", get_pair_counts, [11, 12])
     first = dict(first) if isinstance(first, dict) else first  # a snapshot: the same dict may come back
-    second = _call(g, "get_pair_counts([11, 12]) (called again)", get_pair_counts, [11, 12])
+    second = call_student(g, "get_pair_counts([11, 12]) (called again)", get_pair_counts, [11, 12])
     g.expect(
         not isinstance(second, dict) or dict(second) == first,
         f"get_pair_counts([11, 12]) gave {_short(first)}, then {_short(dict(second))} when called again: "
@@ -135,7 +127,7 @@ def grade_get_pair_counts(get_pair_counts) -> None:
 
         def test(ids):
             what = f"get_pair_counts({ids})"
-            got = _call(g, what, get_pair_counts, list(ids))
+            got = call_student(g, what, get_pair_counts, list(ids))
             _expect_pair_dict(g, got, what)
             expected = ref.get_pair_counts(ids)
             if dict(got) != expected:
@@ -153,8 +145,8 @@ def grade_get_pair_counts(get_pair_counts) -> None:
 
     with g.check("counts=None (the default) starts a new dict on every call"):
         ids = [1, 2, 1, 2]
-        first = _call(g, "get_pair_counts([1, 2, 1, 2])", get_pair_counts, ids)
-        second = _call(g, "get_pair_counts([1, 2, 1, 2]) (called again)", get_pair_counts, ids)
+        first = call_student(g, "get_pair_counts([1, 2, 1, 2])", get_pair_counts, ids)
+        second = call_student(g, "get_pair_counts([1, 2, 1, 2]) (called again)", get_pair_counts, ids)
         expected = {(1, 2): 2, (2, 1): 1}
         g.expect(
             isinstance(first, dict) and dict(first) == expected,
@@ -176,16 +168,18 @@ def grade_get_pair_counts(get_pair_counts) -> None:
                 else f"get_pair_counts({ids}, None, {weight})"
             )
             got = (
-                _call(g, what, get_pair_counts, list(ids), weight=weight)
+                call_student(g, what, get_pair_counts, list(ids), weight=weight)
                 if keyword
-                else _call(g, what, get_pair_counts, list(ids), None, weight)
+                else call_student(g, what, get_pair_counts, list(ids), None, weight)
             )
             _expect_pair_dict(g, got, what)
             expected = ref.get_pair_counts(ids, None, weight)
             if dict(got) != expected and dict(got) == ref.get_pair_counts(ids):
                 # the unweighted counts, and the same with weight=1: the weight is ignored (not another mistake
                 # that happens to give the unweighted counts on this input, such as skipping overlaps)
-                once = _call(g, f"get_pair_counts({ids}, None, 1)", get_pair_counts, list(ids), None, 1)
+                once = call_student(
+                    g, f"get_pair_counts({ids}, None, 1)", get_pair_counts, list(ids), None, 1
+                )
                 g.expect(
                     not (isinstance(once, dict) and dict(once) == dict(got)),
                     f"{what} should be {expected}, got {dict(got)}: add {weight} (the weight) per occurrence, not 1",
@@ -247,11 +241,11 @@ def check_get_pair_counts(get_pair_counts) -> None:
     with g.check(
         "a dict of (left, right) tuple -> int count: [1, 2, 3, 1, 2] -> {(1, 2): 2, (2, 3): 1, (3, 1): 1}"
     ):
-        got = _call(g, "get_pair_counts([1, 2, 3, 1, 2])", get_pair_counts, [1, 2, 3, 1, 2])
+        got = call_student(g, "get_pair_counts([1, 2, 3, 1, 2])", get_pair_counts, [1, 2, 3, 1, 2])
         _expect_pair_dict(g, got, "get_pair_counts([1, 2, 3, 1, 2])")
         g.expect(dict(got) == {(1, 2): 2, (2, 3): 1, (3, 1): 1}, f"got {dict(got)!r}")
     with g.check("overlapping pairs count: [7, 7, 7] -> {(7, 7): 2}"):
-        got = _call(g, "get_pair_counts([7, 7, 7])", get_pair_counts, [7, 7, 7])
+        got = call_student(g, "get_pair_counts([7, 7, 7])", get_pair_counts, [7, 7, 7])
         g.expect(
             isinstance(got, dict) and dict(got) == {(7, 7): 2},
             f"got {_short(got)}: count every adjacent position, also overlapping ones",
@@ -308,7 +302,7 @@ def grade_merge(merge) -> None:
 
     def test(case):
         ids, pair, new_id = case
-        got = _call(g, f"merge({ids}, {pair}, {new_id})", merge, list(ids), pair, new_id)
+        got = call_student(g, f"merge({ids}, {pair}, {new_id})", merge, list(ids), pair, new_id)
         g.expect(
             type(got) is list, f"merge({ids}, {pair}, {new_id}) must return a new list, got {describe(got)}"
         )
@@ -342,7 +336,7 @@ def grade_merge(merge) -> None:
             ([5, 5, 5, 5], [9, 9]),
             ([6, 5, 5, 5, 6], [6, 9, 5, 6]),
         ):
-            got = _call(g, f"merge({ids}, (5, 5), 9)", merge, list(ids), (5, 5), 9)
+            got = call_student(g, f"merge({ids}, (5, 5), 9)", merge, list(ids), (5, 5), 9)
             g.expect(got == expected, _merge_hint(ids, (5, 5), 9, got, expected))
 
     with g.check("a pair in the other order, or absent, or cut at the end, is not merged"):
@@ -354,7 +348,7 @@ def grade_merge(merge) -> None:
             ([3, 1], (1, 2), [3, 1]),
             ([1, 3, 2], (1, 2), [1, 3, 2]),
         ):
-            got = _call(g, f"merge({ids}, {pair}, 7)", merge, list(ids), pair, 7)
+            got = call_student(g, f"merge({ids}, {pair}, 7)", merge, list(ids), pair, 7)
             g.expect(got == expected, f"merge({ids}, {pair}, 7) should be {expected}, got {_short(got)}")
 
     with g.check("leaves `ids` unchanged"):
@@ -378,7 +372,7 @@ def check_merge(merge) -> None:
     with g.check(
         "returns a new list, every occurrence replaced: merge([1, 2, 3, 1, 2], (1, 2), 256) == [256, 3, 256]"
     ):
-        got = _call(g, "merge([1, 2, 3, 1, 2], (1, 2), 256)", merge, [1, 2, 3, 1, 2], (1, 2), 256)
+        got = call_student(g, "merge([1, 2, 3, 1, 2], (1, 2), 256)", merge, [1, 2, 3, 1, 2], (1, 2), 256)
         g.expect(type(got) is list and got == [256, 3, 256], f"got {got!r}")
     with g.check("left to right without overlap: merge([5, 5, 5], (5, 5), 9) == [9, 5]"):
         got = merge([5, 5, 5], (5, 5), 9)
@@ -473,7 +467,7 @@ def _as_merges(g: Grader, got, what: str) -> list:
 def _expect_merges(g: Grader, train_naive, text: str, vocab_size: int, pattern: str | None) -> None:
     args = (text, vocab_size) if pattern is None else (text, vocab_size, pattern)
     what = f"train_naive({', '.join(_short(a, 60) for a in args)})"
-    got = _as_merges(g, _call(g, what, train_naive, *args), what)
+    got = _as_merges(g, call_student(g, what, train_naive, *args), what)
     expected = ref.train_naive(text, vocab_size, pattern or "gpt4")
     if got == expected:
         return
@@ -511,7 +505,7 @@ def grade_train(train_naive) -> None:
 
     with g.check("pairs never cross chunk boundaries"):
         text = "ab ab ab cd cd"
-        got = _call(g, f"train_naive({text!r}, 260)", train_naive, text, 256 + 4)
+        got = call_student(g, f"train_naive({text!r}, 260)", train_naive, text, 256 + 4)
         got = _as_merges(g, got, f"train_naive({text!r}, 260)")
         crossing = [t for t in _token_bytes(got) if regex.search(rb"\S ", t)]
         if crossing:
@@ -527,7 +521,9 @@ def grade_train(train_naive) -> None:
 
     with g.check("ties go to the smallest (left, right) pair"):
         text = "zy ab zy ab"  # (32, 97), (97, 98) and (122, 121) all occur twice
-        got = _as_merges(g, _call(g, f"train_naive({text!r}, 257)", train_naive, text, 257), "train_naive")
+        got = _as_merges(
+            g, call_student(g, f"train_naive({text!r}, 257)", train_naive, text, 257), "train_naive"
+        )
         g.expect(
             got == [(32, 97)],
             f"in {text!r} the pairs (32, 97), (97, 98) and (122, 121) all occur twice; the rule picks the smallest, "
@@ -558,12 +554,12 @@ def check_train(train_naive) -> None:
     with g.check(
         "the worked example: 'aaabdaaabac' learns [(97, 97), (97, 98), (256, 257)] (tuples, ids from 256)"
     ):
-        got = _call(g, "train_naive('aaabdaaabac', 259)", train_naive, "aaabdaaabac", 259)
+        got = call_student(g, "train_naive('aaabdaaabac', 259)", train_naive, "aaabdaaabac", 259)
         g.expect(
             got == [(97, 97), (97, 98), (256, 257)] and all(type(p) is tuple for p in got), f"got {got!r}"
         )
     with g.check("the pattern argument: 'ab ab ab ab' with '.+' learns 3 merges, with the default 2"):
-        got = _call(g, "train_naive('ab ab ab ab', 262, '.+')", train_naive, "ab ab ab ab", 262, ".+")
+        got = call_student(g, "train_naive('ab ab ab ab', 262, '.+')", train_naive, "ab ab ab ab", 262, ".+")
         g.expect(got == [(97, 98), (32, 256), (257, 257)], f"with pattern '.+' got {got!r}")
         got = train_naive("ab ab ab ab", 262)
         g.expect(
@@ -592,7 +588,7 @@ def _sample_ranks(size: int = 256 + 60) -> dict:
 
 def _expect_encoding(g: Grader, encode_chunk, chunk: str, ranks: dict, shown: str = "ranks") -> None:
     what = f"encode_chunk({chunk!r}, {shown})"
-    got = _call(g, what, encode_chunk, chunk, dict(ranks))
+    got = call_student(g, what, encode_chunk, chunk, dict(ranks))
     g.expect(
         type(got) is list and all(type(i) is int for i in got),
         f"{what} must return a list of int ids, got {_short(got)}",
@@ -635,7 +631,7 @@ def grade_encode_chunk(encode_chunk) -> None:
             (98, 99): 256,
             (97, 98): 257,
         }  # (b, c) first, then (a, b): "abc" must become [a, bc], not [ab, c]
-        got = _call(g, "encode_chunk('abc', {(98, 99): 256, (97, 98): 257})", encode_chunk, "abc", r)
+        got = call_student(g, "encode_chunk('abc', {(98, 99): 256, (97, 98): 257})", encode_chunk, "abc", r)
         if got == [257, 99]:
             g.fail(
                 "'abc' became [ab, c]: you merged the leftmost learnt pair; merge the pair with the lowest rank "
@@ -654,7 +650,7 @@ def grade_encode_chunk(encode_chunk) -> None:
 
     with g.check("keeps merging until no learnt pair is left"):
         r = {(97, 97): 256, (256, 256): 257, (257, 97): 258}
-        got = _call(g, f"encode_chunk('aaaaa', {r})", encode_chunk, "aaaaa", r)
+        got = call_student(g, f"encode_chunk('aaaaa', {r})", encode_chunk, "aaaaa", r)
         g.expect(
             got == [258],
             f"with ranks {r}, 'aaaaa' should become [258] after three merges, got {got}: "
@@ -832,7 +828,7 @@ def check_decode(decode) -> None:
     g = Grader("decode (public)")
     vocab = {i: bytes([i]) for i in range(256)} | {256: b"he", 257: b"hel"}
     with g.check("a str: decode([257, 108, 111], vocab) == 'hello'"):
-        got = _call(g, "decode([257, 108, 111], vocab)", decode, [257, 108, 111], vocab)
+        got = call_student(g, "decode([257, 108, 111], vocab)", decode, [257, 108, 111], vocab)
         g.expect(got == "hello", f"got {got!r}")
     with g.check("joins the bytes, then decodes once: decode([226, 130, 172], vocab) == '€'"):
         got = decode([226, 130, 172], vocab)
@@ -1009,7 +1005,7 @@ def _expect_bpt(
 ) -> None:
     args = (train_text, test_text, vocab_size) + (() if pattern is None else (pattern,))
     what = f"bytes_per_token({shown or _short(args, 120)})"
-    got = _call(g, what, bytes_per_token, *args)
+    got = call_student(g, what, bytes_per_token, *args)
     g.expect(type(got) is float, f"{what} should return a Python float, got {describe(got)}")
     pat = "gpt4" if pattern is None else pattern
     truth = ref.bytes_per_token(train_text, test_text, vocab_size, pat)
@@ -1034,7 +1030,9 @@ def grade_bytes_per_token(bytes_per_token) -> None:
     g = Grader("bytes_per_token")
     train_text, held = _docs(*TRAIN_SLICE), _docs(*HELD_SLICE)
     with g.check("returns a Python float; no merges (vocab_size=256) gives exactly 1.0"):
-        got = _call(g, "bytes_per_token(manual, held_out, 256)", bytes_per_token, train_text, held, 256)
+        got = call_student(
+            g, "bytes_per_token(manual, held_out, 256)", bytes_per_token, train_text, held, 256
+        )
         g.expect(
             type(got) is float, f"bytes_per_token(...) should return a Python float, got {describe(got)}"
         )
@@ -1096,7 +1094,9 @@ def check_bytes_per_token(bytes_per_token) -> None:
     """Public check of ``bytes_per_token``: no merges, and one measurement on the manual."""
     g = Grader("bytes_per_token (public)")
     with g.check("bytes_per_token('aaab aaab', 'ab', 256) == 1.0 (no merges: one token per byte)"):
-        got = _call(g, "bytes_per_token('aaab aaab', 'ab', 256)", bytes_per_token, "aaab aaab", "ab", 256)
+        got = call_student(
+            g, "bytes_per_token('aaab aaab', 'ab', 256)", bytes_per_token, "aaab aaab", "ab", 256
+        )
         g.expect(got == 1.0 and type(got) is float, f"got {describe(got)}")
     with g.check(
         "train on the manual's first 20,000 characters, vocab_size=300: about 1.41 on held-out text"
@@ -1119,7 +1119,7 @@ def _expect_special(
     g: Grader, encode_with_special, text: str, ranks: dict, special: dict, shown: str = "ranks"
 ):
     what = f"encode_with_special({_short(text)}, {shown}, {special})"
-    got = _call(g, what, encode_with_special, text, dict(ranks), dict(special))
+    got = call_student(g, what, encode_with_special, text, dict(ranks), dict(special))
     g.expect(
         type(got) is list and all(type(i) is int for i in got),
         f"{what} must return a list of int ids, got {_short(got)}",
@@ -1170,7 +1170,7 @@ def grade_encode_with_special(encode_with_special) -> None:
 
     with g.check("the longest special wins where several start at the same place; the leftmost first"):
         special = {"<|end|>": 300, "<|endoftext|>": 301}  # shorter first in the dict: order must not matter
-        got = _call(
+        got = call_student(
             g,
             "encode_with_special('<|endoftext|>', {}, ...)",
             encode_with_special,
@@ -1223,7 +1223,7 @@ def check_encode_with_special(encode_with_special) -> None:
     g = Grader("encode_with_special (public)")
     eot = {"<|endoftext|>": 300}
     with g.check("with ranks {(a, a): 256}: 'aa<|endoftext|>aa' -> [256, 300, 256]"):
-        got = _call(
+        got = call_student(
             g,
             "encode_with_special('aa<|endoftext|>aa', ...)",
             encode_with_special,
@@ -1236,7 +1236,7 @@ def check_encode_with_special(encode_with_special) -> None:
         "the longest special wins: with {'<|end|>': 300, '<|endoftext|>': 301}, '<|endoftext|>' -> [301]"
     ):
         special = {"<|end|>": 300, "<|endoftext|>": 301}
-        got = _call(
+        got = call_student(
             g,
             "encode_with_special('<|endoftext|>', {}, ...)",
             encode_with_special,

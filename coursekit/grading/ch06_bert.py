@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from coursekit import bert as ref
 from coursekit.grading.core import (
     Grader,
+    call_student,
     close,
     default_device,
     describe,
@@ -93,15 +94,6 @@ def _within(count: int, n: int, p: float) -> bool:
 
 def _ints(seed: int, high: int, *shape: int) -> torch.Tensor:
     return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(int(seed)))
-
-
-def _call(g: Grader, what: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``; an exception of the student's code fails the check naming the call."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-        raise_unless_student_error(e)
-        g.fail(f"{what} raised {type(e).__name__.removeprefix('Student')}: {e}")
 
 
 def _has_dropout(g: Grader, m, what: str, p: float) -> None:
@@ -177,7 +169,7 @@ class _Embeddings:
             what = (
                 f"BertEmbeddings({V}, {max_len}, {d_model}, n_segments={n_segments}, dropout=0.0, eps={eps})"
             )
-            m = _call(
+            m = call_student(
                 self.g, what, self.cls, V, max_len, d_model, n_segments=n_segments, dropout=0.0, eps=eps
             )
             m = m.double().eval()
@@ -213,7 +205,7 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
             ((V, 4, 6), {"n_segments": 1, "eps": 1e-5, "dropout": 0.0}, 1, 0.0, 1e-5),
         ):
             what = f"BertEmbeddings{args}" + (f" with {kwargs}" if kwargs else "")
-            m = _call(g, what, BertEmbeddings, *args, **kwargs)
+            m = call_student(g, what, BertEmbeddings, *args, **kwargs)
             max_len, d_model = args[1], args[2]
             shapes = (
                 ("token", (V, d_model)),
@@ -253,7 +245,7 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
             m, w, r, built = modules.get(n_seg, d_model)
             ids, seg = _ids_and_segments(seed, B, T, n_seg)
             what = f"{built}, input_ids {tuple(ids.shape)} and token_type_ids"
-            out = _call(g, what, m, ids, seg)
+            out = call_student(g, what, m, ids, seg)
             _expect_embedding(g, out, r(ids, seg), w, ids, seg, what, d_model)
 
         sizes = st.tuples(
@@ -273,11 +265,11 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
             m, w, r, built = modules.get(2, C)
             ids = _ids_and_segments(seed, B, T, 2)[0]
             what = f"{built} on input_ids {tuple(ids.shape)} without token_type_ids"
-            out = _call(g, what, m, ids)
+            out = call_student(g, what, m, ids)
             zeros = torch.zeros_like(ids)
             if is_tensor(out) and close(out, r(ids, zeros)):
                 return
-            explicit = _call(
+            explicit = call_student(
                 g, f"{built} on input_ids {tuple(ids.shape)} and token_type_ids of zeros", m, ids, zeros
             )
             if not (is_tensor(out) and is_tensor(explicit) and close(out, explicit)):
@@ -300,7 +292,7 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
         for eps in (0.5, 3.0):
             m, w, r, built = modules.get(2, C, eps)
             ids, seg = _ids_and_segments(7, 2, 6, 2)
-            out = _call(g, built, m, ids, seg)
+            out = call_student(g, built, m, ids, seg)
             if is_tensor(out) and not close(out, r(ids, seg)) and close(out, _emb_reference(w)(ids, seg)):
                 g.fail(
                     f"{built}: the output is the one with eps=1e-12: build the norm as LayerNorm(d_model, eps)"
@@ -311,7 +303,7 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
         modules = fresh()
         m, _, r, built = modules.get(2, C, 1e-12, 7)
         ids = _ids_and_segments(3, 2, 7, 2)[0]
-        out = _call(g, f"{built} on input_ids (2, 7)", m, ids)
+        out = call_student(g, f"{built} on input_ids (2, 7)", m, ids)
         g.expect(
             is_tensor(out) and out.shape == (2, 7, C),
             f"{built} on input_ids (2, 7) (max_len tokens) should give "
@@ -334,7 +326,7 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
                 )
 
     with g.check("dropout after the norm, only in training mode (checked with its p set to 1, and at 0.5)"):
-        m = _call(
+        m = call_student(
             g, f"BertEmbeddings({V}, {MAXLEN}, {C}, 2, 0.5)", BertEmbeddings, V, MAXLEN, C, 2, 0.5
         ).double()
         w = random_weights(ref.BertEmbeddings(V, MAXLEN, C), "emb.dropout")
@@ -401,7 +393,7 @@ def grade_bert_embeddings(BertEmbeddings) -> None:
                     f"{type(e).__name__.removeprefix('Student')}: {e}"
                 )
         else:
-            own = _call(g, f"{built} on input_ids (2, 6)", m, ids)
+            own = call_student(g, f"{built} on input_ids (2, 6)", m, ids)
             g.expect(
                 is_tensor(out) and is_tensor(own) and close(out, own),
                 "with torch's default device set elsewhere (torch.set_default_device('meta')) and input_ids on "
@@ -427,14 +419,14 @@ def check_bert_embeddings(BertEmbeddings) -> None:
     ids, seg = torch.tensor([[1, 2, 3], [4, 5, 0]]), torch.tensor([[0, 2, 1], [0, 1, 1]])
 
     def loaded():  # built in each check: under the autograder every check runs in a fresh process
-        m = _call(g, what, BertEmbeddings, 10, 6, 4, 3, 0.2, 1e-6).double().eval()
+        m = call_student(g, what, BertEmbeddings, 10, 6, 4, 3, 0.2, 1e-6).double().eval()
         load_weights(g, m, w, "BertEmbeddings")
         return m
 
     with g.check(
         "submodules token (10, 4), position (6, 4), segment (3, 4) embeddings, norm (eps) and dropout (p)"
     ):
-        m = _call(g, what, BertEmbeddings, 10, 6, 4, 3, 0.2, 1e-6)
+        m = call_student(g, what, BertEmbeddings, 10, 6, 4, 3, 0.2, 1e-6)
         sd = m.state_dict()
         g.expect(
             isinstance(sd, dict) and set(sd) == set(w),
@@ -446,7 +438,7 @@ def check_bert_embeddings(BertEmbeddings) -> None:
         )
         _has_dropout(g, m, what, 0.2)
     with g.check("with loaded weights, equals norm(token + position + segment) on input_ids (2, 3)"):
-        out = _call(g, "m(input_ids, token_type_ids)", loaded(), ids, seg)
+        out = call_student(g, "m(input_ids, token_type_ids)", loaded(), ids, seg)
         _expect_embedding(g, out, r(ids, seg), w, ids, seg, "on input_ids (2, 3)", 4, 1e-6)
     with g.check("token_type_ids=None means segment 0"):
         out = loaded()(ids)
@@ -682,9 +674,9 @@ def grade_mask_tokens(mask_tokens) -> None:
     with g.check("all randomness comes from the generator argument"):
         ids = _sentences((30, 31, 32, 33), 30, 16, 32, "mask.generator")
         special = _special(30, 31, 32, 33)
-        a = _call(g, "mask_tokens(...)", mask_tokens, ids, special, 34, _generator(3))
-        b = _call(g, "mask_tokens(...)", mask_tokens, ids, special, 34, _generator(3))
-        c = _call(g, "mask_tokens(...)", mask_tokens, ids, special, 34, _generator(4))
+        a = call_student(g, "mask_tokens(...)", mask_tokens, ids, special, 34, _generator(3))
+        b = call_student(g, "mask_tokens(...)", mask_tokens, ids, special, 34, _generator(3))
+        c = call_student(g, "mask_tokens(...)", mask_tokens, ids, special, 34, _generator(4))
         same = all(is_tensor(x) and is_tensor(y) and torch.equal(x, y) for x, y in zip(a, b))
         g.expect(
             same,
@@ -796,7 +788,7 @@ def _loss_mistakes(logits, labels):
 
 
 def _expect_loss(g: Grader, mlm_loss, logits, labels, what: str) -> None:
-    out = _call(g, what, mlm_loss, logits.clone(), labels.clone())
+    out = call_student(g, what, mlm_loss, logits.clone(), labels.clone())
     expected = _loss_reference(logits, labels)
     g.expect(
         is_tensor(out) and out.dim() == 0 and out.dtype == logits.dtype,
@@ -883,8 +875,8 @@ def grade_mlm_loss(mlm_loss) -> None:
         logits, labels = _loss_case(5, (3, 8), 11)
         other = logits.clone()
         other[labels == -100] = rand("loss.ignore.other", int((labels == -100).sum()), 11, scale=5.0)
-        a = _call(g, "mlm_loss(logits, labels)", mlm_loss, logits, labels)
-        b = _call(g, "mlm_loss(other_logits, labels)", mlm_loss, other, labels)
+        a = call_student(g, "mlm_loss(logits, labels)", mlm_loss, logits, labels)
+        b = call_student(g, "mlm_loss(other_logits, labels)", mlm_loss, other, labels)
         g.expect(
             is_tensor(a) and is_tensor(b) and close(a, b),
             "changing the logits at positions with label -100 changed the loss: only selected positions count",
@@ -962,7 +954,7 @@ def check_mlm_loss(mlm_loss) -> None:
         "a scalar of the logits' dtype: logits (1, 3, 2), labels [[-100, 1, 0]] -> (-log 3/4 - log 1/2) / 2"
     ):
         logits = torch.tensor([[[0.0, 0.0], [0.0, math.log(3.0)], [5.0, 5.0]]], dtype=torch.float64)
-        out = _call(g, "mlm_loss(logits, labels)", mlm_loss, logits, torch.tensor([[-100, 1, 0]]))
+        out = call_student(g, "mlm_loss(logits, labels)", mlm_loss, logits, torch.tensor([[-100, 1, 0]]))
         expected = torch.tensor((math.log(4 / 3) + math.log(2)) / 2, dtype=torch.float64)
         g.expect(is_tensor(out) and out.dim() == 0, f"return a scalar tensor, got {describe(out)}")
         g.expect(
@@ -982,7 +974,7 @@ def check_mlm_loss(mlm_loss) -> None:
         logits, labels = _loss_case(6, (2, 3), 5)
         other = logits.clone()
         other[labels == -100] = 7.0
-        a, b = _call(g, "mlm_loss(logits, labels)", mlm_loss, logits, labels), mlm_loss(other, labels)
+        a, b = call_student(g, "mlm_loss(logits, labels)", mlm_loss, logits, labels), mlm_loss(other, labels)
         g.expect(
             is_tensor(a) and is_tensor(b) and close(a, b),
             "the logits at positions with label -100 changed the loss",
@@ -1039,7 +1031,7 @@ def _cls_mistakes(w, h):
 
 def _cls_module(g: Grader, ClsHead, d_model: int, n_classes: int, name: str, dropout: float = 0.0):
     what = f"ClsHead({d_model}, {n_classes}, {dropout})"
-    m = _call(g, what, ClsHead, d_model, n_classes, dropout).double().eval()
+    m = call_student(g, what, ClsHead, d_model, n_classes, dropout).double().eval()
     w = random_weights(ref.ClsHead(d_model, n_classes), name)
     load_weights(g, m, w, "ClsHead")
     r = ref.ClsHead(d_model, n_classes, 0.0).double().eval()
@@ -1056,7 +1048,7 @@ def grade_cls_head(ClsHead) -> None:
     ):
         for args, p in (((C, K), 0.1), ((5, 2, 0.3), 0.3), ((3, 7, 0.0), 0.0)):
             what = f"ClsHead{args}"
-            m = _call(g, what, ClsHead, *args)
+            m = call_student(g, what, ClsHead, *args)
             d_model, n_classes = args[:2]
             for name, shape in (("pooler", (d_model, d_model)), ("classifier", (d_model, n_classes))):
                 layer = getattr(m, name, None)
@@ -1083,7 +1075,7 @@ def grade_cls_head(ClsHead) -> None:
                 )
             m, r, w, what = built[d_model, n_classes]
             h = tensor(seed, B, T, d_model)
-            out = _call(g, f"{what} on hidden {tuple(h.shape)}", m, h)
+            out = call_student(g, f"{what} on hidden {tuple(h.shape)}", m, h)
             expected = r(h)
             g.expect(
                 is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
@@ -1165,12 +1157,12 @@ def check_cls_head(ClsHead) -> None:
     r.load_state_dict(w)
 
     def loaded():  # built in each check: under the autograder every check runs in a fresh process
-        m = _call(g, "ClsHead(4, 2, 0.2)", ClsHead, 4, 2, 0.2).double().eval()
+        m = call_student(g, "ClsHead(4, 2, 0.2)", ClsHead, 4, 2, 0.2).double().eval()
         load_weights(g, m, w, "ClsHead")
         return m
 
     with g.check("nn.Linear pooler (4 -> 4), nn.Dropout dropout (p=0.2), nn.Linear classifier (4 -> 2)"):
-        m = _call(g, "ClsHead(4, 2, 0.2)", ClsHead, 4, 2, 0.2)
+        m = call_student(g, "ClsHead(4, 2, 0.2)", ClsHead, 4, 2, 0.2)
         sd = m.state_dict()
         g.expect(
             isinstance(sd, dict) and set(sd) == set(w),
@@ -1358,7 +1350,7 @@ def _fraction(g: Grader, corrupted_fraction, ids, special_ids, vocab_size, seed,
         + ")"
     )
     args = (ids, _special(*special_ids), vocab_size, _generator(seed)) + (() if p is None else (p,))
-    return where, _call(g, where, corrupted_fraction, *args)
+    return where, call_student(g, where, corrupted_fraction, *args)
 
 
 def _in_band(g: Grader, where: str, got, special_ids, vocab_size, p) -> None:
@@ -1667,9 +1659,9 @@ def grade_mask_whole_words(mask_whole_words) -> None:
     with g.check("all randomness comes from the generator argument"):
         ids, words, _ = _word_rows((30, 31, 32, 33), 30, 16, 32, "wwm.generator")
         special = _special(30, 31, 32, 33)
-        a = _call(g, "mask_whole_words(...)", mask_whole_words, ids, words, special, 34, _generator(3))
-        b = _call(g, "mask_whole_words(...)", mask_whole_words, ids, words, special, 34, _generator(3))
-        c = _call(g, "mask_whole_words(...)", mask_whole_words, ids, words, special, 34, _generator(4))
+        a = call_student(g, "mask_whole_words(...)", mask_whole_words, ids, words, special, 34, _generator(3))
+        b = call_student(g, "mask_whole_words(...)", mask_whole_words, ids, words, special, 34, _generator(3))
+        c = call_student(g, "mask_whole_words(...)", mask_whole_words, ids, words, special, 34, _generator(4))
         g.expect(
             all(is_tensor(x) and is_tensor(y) and torch.equal(x, y) for x, y in zip(a, b)),
             "two calls with generators seeded alike gave different results: draw every random number with "

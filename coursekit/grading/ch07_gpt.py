@@ -27,8 +27,8 @@ work out by hand. With a ``(V, V, V)`` table its next token depends on the last 
 which its cache remembers per row: a beam search that does not reorder the cache with its
 beams then reads the wrong rows, as it would with a GPT.
 
-Private helpers (candidates for the shared toolkit): :func:`_run` turns an exception of the
-student's code into a hint that names the input; :func:`_beam_margin` measures how close a beam
+Shared helpers come from :mod:`coursekit.grading.core` (``call_student`` turns an exception of
+the student's code into a hint that names the input). Private ones: :func:`_beam_margin` measures how close a beam
 search came to a tie, so that drawn cases whose answer hangs on float rounding are skipped;
 :func:`_dropout_subsets` decides whether an attention output is "dropout on the attention
 weights with probability p" whatever the random mask was.
@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import traceback
 from dataclasses import dataclass
 
 import torch
@@ -58,8 +57,10 @@ from coursekit import multihead as mh
 from coursekit import speculative
 from coursekit.grading.core import (
     Grader,
+    call_student,
     close,
     describe,
+    dtype_name,
     expect_value_error,
     first_match,
     for_all,
@@ -68,6 +69,7 @@ from coursekit.grading.core import (
     magnitude,
     probe,
     raise_unless_student_error,
+    raised,
     rand,
     random_weights,
     same,
@@ -107,34 +109,6 @@ SEEDS = st.integers(0, 2**31 - 1)
 
 
 # =========================================================================== helpers
-
-
-def _raised(e: BaseException) -> str:
-    """What the student's code raised, as a hint: 'your code raised X: message (at line N ...)'."""
-    text = str(e)
-    if text.startswith("your code ") or type(e).__module__ == "coursekit.sandbox.host":
-        return text  # raised, timed out or crashed in the sandbox: the message already says so
-    where = ""
-    for frame in reversed(traceback.extract_tb(e.__traceback__)):
-        f = frame.filename
-        if "coursekit" not in f and "site-packages" not in f and "/torch/" not in f:
-            where = f" (at line {frame.lineno} of your code: {frame.line})"
-            break
-    return f"your code raised {type(e).__name__.removeprefix('Student')}: {text}{where}"
-
-
-def _run(g: Grader, where: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``; an exception of the student's code fails the check with a hint
-    that starts with ``where`` (the input), so that a shrunk example names the smallest input."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-        raise_unless_student_error(e)
-        g.fail(f"{where}: {_raised(e)}")
-
-
-def _dt(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _num(x: object) -> str:
@@ -239,7 +213,7 @@ def _loss_mistakes(logits, ids, ignore_index=-100):
 def _scalar_loss(g: Grader, out, dtype, where: str) -> None:
     g.expect(
         is_tensor(out) and out.dim() == 0 and out.dtype == dtype,
-        f"{where}: the loss should be a scalar (0-dimensional) tensor of the logits' dtype {_dt(dtype)}, "
+        f"{where}: the loss should be a scalar (0-dimensional) tensor of the logits' dtype {dtype_name(dtype)}, "
         f"got {describe(out)}",
     )
 
@@ -256,7 +230,7 @@ def _with_ignored(ids: torch.Tensor, seed: int, ignore: int, V: int, rate: float
 
 def _loss_where(logits, ids, extra: str = "") -> str:
     return (
-        f"causal_lm_loss(logits {tuple(logits.shape)} {_dt(logits.dtype)}, input_ids "
+        f"causal_lm_loss(logits {tuple(logits.shape)} {dtype_name(logits.dtype)}, input_ids "
         f"{ids.tolist() if ids.numel() <= 12 else tuple(ids.shape)}"
         f"{extra})"
     )
@@ -266,15 +240,15 @@ def _loss_value(g: Grader, fn, logits, ids, ignore=None, positional=False, scale
     """Call the student's loss (ignore_index by default, by keyword, or positionally) and compare."""
     if ignore is None:
         where = _loss_where(logits, ids)
-        out = _run(g, where, fn, logits, ids)
+        out = call_student(g, where, fn, logits, ids)
         expected = _expected_loss(logits, ids)
         mistakes = _loss_mistakes(logits, ids)
     else:
         where = _loss_where(logits, ids, f", {ignore}" if positional else f", ignore_index={ignore}")
         if positional:
-            out = _run(g, where, fn, logits, ids, ignore)
+            out = call_student(g, where, fn, logits, ids, ignore)
         else:
-            out = _run(g, where, fn, logits, ids, ignore_index=ignore)
+            out = call_student(g, where, fn, logits, ids, ignore_index=ignore)
         expected = _expected_loss(logits, ids, ignore)
         mistakes = _loss_mistakes(logits, ids, ignore)
     _scalar_loss(g, out, logits.dtype, where)
@@ -301,7 +275,7 @@ def grade_causal_lm_loss(causal_lm_loss) -> None:
             (B, T, V), dtype, seed = case
             logits, ids = tensor(seed, B, T, V, dtype=dtype), _ids_from(seed, B, T, V=V)
             where = _loss_where(logits, ids)
-            _scalar_loss(g, _run(g, where, causal_lm_loss, logits, ids), dtype, where)
+            _scalar_loss(g, call_student(g, where, causal_lm_loss, logits, ids), dtype, where)
 
         for_all(
             "loss.scalar",
@@ -403,7 +377,7 @@ def grade_causal_lm_loss(causal_lm_loss) -> None:
             logits = tensor(seed, B, T, V)
             ids = _with_ignored(_ids_from(seed, B, T, V=V), seed, -100, V, rate=0.2)
             where = _loss_where(logits, ids)
-            p = _run(
+            p = call_student(
                 g,
                 where,
                 probe,
@@ -444,7 +418,9 @@ def grade_causal_lm_loss(causal_lm_loss) -> None:
             logits = tensor(seed, B, T, V)
             ids = _with_ignored(_ids_from(seed, B, T, V=V), seed, ignore, V)
             where = _loss_where(logits, ids, f", ignore_index={ignore}")
-            p = _run(g, where, probe, causal_lm_loss, logits.clone(), ids.clone(), ignore_index=ignore)
+            p = call_student(
+                g, where, probe, causal_lm_loss, logits.clone(), ids.clone(), ignore_index=ignore
+            )
             after = p.args
             g.expect(
                 len(after) >= 2 and is_tensor(after[0]) and torch.equal(after[0], logits),
@@ -536,7 +512,7 @@ def check_causal_lm_loss(causal_lm_loss) -> None:
         ids = torch.tensor([[2, 3, 1]])
         logits = torch.full((1, 3, 4), -20.0)
         logits[0, 0, 3] = logits[0, 1, 1] = logits[0, 2, 0] = 20.0  # position 2's prediction has no target
-        out = _run(g, "causal_lm_loss(logits (1, 3, 4), [[2, 3, 1]])", causal_lm_loss, logits, ids)
+        out = call_student(g, "causal_lm_loss(logits (1, 3, 4), [[2, 3, 1]])", causal_lm_loss, logits, ids)
         g.expect(
             is_tensor(out) and out.dim() == 0,
             f"the loss should be a scalar (0-dimensional) tensor, got {describe(out)}",
@@ -546,7 +522,9 @@ def check_causal_lm_loss(causal_lm_loss) -> None:
         for dtype in FLOATS:
             logits = rand("public.loss.dtype", 1, 3, 4, dtype=dtype)
             where = _loss_where(logits, torch.tensor([[0, 1, 2]]))
-            _scalar_loss(g, _run(g, where, causal_lm_loss, logits, torch.tensor([[0, 1, 2]])), dtype, where)
+            _scalar_loss(
+                g, call_student(g, where, causal_lm_loss, logits, torch.tensor([[0, 1, 2]])), dtype, where
+            )
     with g.check(
         "-100 targets are skipped: equals F.cross_entropy(logits[:, :-1], input_ids[:, 1:], "
         "ignore_index=-100)"
@@ -571,7 +549,7 @@ def check_causal_lm_loss(causal_lm_loss) -> None:
         )
     with g.check("the gradient reaches the logits, and the last position gets none"):
         logits = rand("public.loss.grad", 1, 3, 4)
-        p = _run(
+        p = call_student(
             g,
             "causal_lm_loss(logits (1, 3, 4), [[0, 3, 1]])",
             probe,
@@ -599,7 +577,7 @@ def check_causal_lm_loss(causal_lm_loss) -> None:
         )
     with g.check("logits and input_ids are left unchanged"):
         logits, ids = rand("public.loss.inplace", 1, 3, 4), torch.tensor([[0, -100, 1]])
-        p = _run(
+        p = call_student(
             g,
             "causal_lm_loss(logits (1, 3, 4), [[0, -100, 1]])",
             probe,
@@ -645,7 +623,7 @@ def _filter_call(
     g: Grader, fn, where: str, x: torch.Tensor, arg, expected: torch.Tensor, mistakes=(), what=""
 ):
     """Call ``fn(x, arg)`` and compare with ``expected``: type, shape, dtype, -inf exactly where dropped, values."""
-    out = _run(g, where, fn, x, arg)
+    out = call_student(g, where, fn, x, arg)
     g.expect(
         is_tensor(out) and out.shape == x.shape and out.dtype == x.dtype,
         f"{where} should return a tensor of the logits' shape and dtype, {describe(x)}, got {describe(out)}",
@@ -712,7 +690,7 @@ def _top_k_mistakes(x: torch.Tensor, k: int):
 
 
 def _top_k_where(x: torch.Tensor, k) -> str:
-    return f"top_k_filter(logits {tuple(x.shape)} {_dt(x.dtype)}, {k!r})"
+    return f"top_k_filter(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {k!r})"
 
 
 def grade_top_k_filter(top_k_filter) -> None:
@@ -725,10 +703,10 @@ def grade_top_k_filter(top_k_filter) -> None:
             lead, V, dtype, seed = case
             x = tensor(seed, *lead, V, dtype=dtype)
             where = _top_k_where(x, 1)
-            out = _run(g, where, top_k_filter, x, 1)
+            out = call_student(g, where, top_k_filter, x, 1)
             g.expect(
                 is_tensor(out) and out.shape == x.shape and out.dtype == x.dtype,
-                f"{where} should return a tensor {_dt(dtype)} {tuple(x.shape)}, got {describe(out)}",
+                f"{where} should return a tensor {dtype_name(dtype)} {tuple(x.shape)}, got {describe(out)}",
             )
 
         for_all(
@@ -865,7 +843,7 @@ def grade_top_k_filter(top_k_filter) -> None:
             lead, V, k, seed = case
             x = tensor(seed, *lead, V)
             where = _top_k_where(x, k)
-            p = _run(g, where, probe, top_k_filter, x.clone(), k)
+            p = call_student(g, where, probe, top_k_filter, x.clone(), k)
             g.expect(
                 not p.args or (is_tensor(p.args[0]) and torch.equal(p.args[0], x)), _in_place_hint(where)
             )
@@ -909,10 +887,10 @@ def check_top_k_filter(top_k_filter) -> None:
     with g.check("returns a tensor of the logits' shape and dtype"):
         for dtype in FLOATS:
             x = torch.tensor([[1.0, 3.0, 2.0]], dtype=dtype)
-            out = _run(g, _top_k_where(x, 2), top_k_filter, x, 2)
+            out = call_student(g, _top_k_where(x, 2), top_k_filter, x, 2)
             g.expect(
                 is_tensor(out) and out.shape == (1, 3) and out.dtype == dtype,
-                f"{_top_k_where(x, 2)} should be a tensor {_dt(dtype)} (1, 3), got {describe(out)}",
+                f"{_top_k_where(x, 2)} should be a tensor {dtype_name(dtype)} (1, 3), got {describe(out)}",
             )
     with g.check("top_k_filter([[1, 3, 2]], 2) is [[-inf, 3, 2]]"):
         x = torch.tensor([[1.0, 3.0, 2.0]])
@@ -965,7 +943,7 @@ def check_top_k_filter(top_k_filter) -> None:
         )
     with g.check("the logits are left unchanged"):
         x = torch.tensor([[1.0, 3.0, 2.0]])
-        p = _run(g, "top_k_filter([[1, 3, 2]], 1)", probe, top_k_filter, x.clone(), 1)
+        p = call_student(g, "top_k_filter([[1, 3, 2]], 1)", probe, top_k_filter, x.clone(), 1)
         g.expect(torch.equal(p.args[0], x), _in_place_hint("top_k_filter([[1, 3, 2]], 1)"))
     with g.check("k = 0 and k = 2.5 raise ValueError"):
         for k in (0, 2.5):
@@ -1033,7 +1011,7 @@ def _top_p_margin(x: torch.Tensor, p: float) -> float:
 
 
 def _top_p_where(x: torch.Tensor, p) -> str:
-    return f"top_p_filter(logits {tuple(x.shape)} {_dt(x.dtype)}, {p!r})"
+    return f"top_p_filter(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {p!r})"
 
 
 def _top_p_case(g: Grader, fn, x: torch.Tensor, p: float, where: str | None = None, what: str = ""):
@@ -1064,10 +1042,10 @@ def grade_top_p_filter(top_p_filter) -> None:
             lead, V, dtype, seed = case
             x = tensor(seed, *lead, V, dtype=dtype)
             where = _top_p_where(x, 0.5)
-            out = _run(g, where, top_p_filter, x, 0.5)
+            out = call_student(g, where, top_p_filter, x, 0.5)
             g.expect(
                 is_tensor(out) and out.shape == x.shape and out.dtype == x.dtype,
-                f"{where} should return a tensor {_dt(dtype)} {tuple(x.shape)}, got {describe(out)}",
+                f"{where} should return a tensor {dtype_name(dtype)} {tuple(x.shape)}, got {describe(out)}",
             )
 
         for_all(
@@ -1217,7 +1195,7 @@ def grade_top_p_filter(top_p_filter) -> None:
             lead, V, p, seed = case
             x = tensor(seed, *lead, V)
             where = _top_p_where(x, p)
-            q = _run(g, where, probe, top_p_filter, x.clone(), p)
+            q = call_student(g, where, probe, top_p_filter, x.clone(), p)
             g.expect(
                 not q.args or (is_tensor(q.args[0]) and torch.equal(q.args[0], x)), _in_place_hint(where)
             )
@@ -1258,10 +1236,10 @@ def check_top_p_filter(top_p_filter) -> None:
     with g.check("returns a tensor of the logits' shape and dtype"):
         for dtype in FLOATS:
             x = torch.tensor([[0.2, 0.5, 0.3]], dtype=dtype).log()
-            out = _run(g, _top_p_where(x, 0.6), top_p_filter, x, 0.6)
+            out = call_student(g, _top_p_where(x, 0.6), top_p_filter, x, 0.6)
             g.expect(
                 is_tensor(out) and out.shape == (1, 3) and out.dtype == dtype,
-                f"{_top_p_where(x, 0.6)} should be a tensor {_dt(dtype)} (1, 3), got {describe(out)}",
+                f"{_top_p_where(x, 0.6)} should be a tensor {dtype_name(dtype)} (1, 3), got {describe(out)}",
             )
     with g.check("probabilities [0.2, 0.5, 0.3] with p = 0.6 keep the 0.5 and the 0.3 that crosses 0.6"):
         _top_p_case(
@@ -1306,7 +1284,7 @@ def check_top_p_filter(top_p_filter) -> None:
         )
     with g.check("the logits are left unchanged"):
         x = _p_logits([0.2, 0.5, 0.3])
-        q = _run(g, "top_p_filter(log [[0.2, 0.5, 0.3]], 0.4)", probe, top_p_filter, x.clone(), 0.4)
+        q = call_student(g, "top_p_filter(log [[0.2, 0.5, 0.3]], 0.4)", probe, top_p_filter, x.clone(), 0.4)
         g.expect(torch.equal(q.args[0], x), _in_place_hint("top_p_filter(log [[0.2, 0.5, 0.3]], 0.4)"))
     with g.check("p = 0 and p = 1.5 raise ValueError"):
         for p in (0.0, 1.5):
@@ -1656,7 +1634,7 @@ def _beam_call(g: Grader, fn, model, prompt, max_new_tokens, *args, where: str =
         text = str(e)
         if "expected k and v of shape" in text or "reorder the cache" in text:
             g.fail(f"{where}: {_REORDER_HINT} (the model raised: {text[:200]})")
-        g.fail(f"{where}: {_raised(e)}")
+        g.fail(f"{where}: {raised(e)}")
     g.expect(
         isinstance(result, (tuple, list)) and len(result) == 2,
         f"{where}: beam_search must return a tuple (tokens, score), got {describe(result)}",
@@ -2478,7 +2456,7 @@ def _csa_call(g: Grader, fn, where: str, *args):
                 f"attn.project returns, (B, H_kv, T, D), and repeat them for the query heads only after reading the "
                 f"cache ({e})"
             )
-        g.fail(f"{where}: {_raised(e)}")
+        g.fail(f"{where}: {raised(e)}")
 
 
 def _prefilled(LayerCache, r, x_past: torch.Tensor, max_len: int, dtype: torch.dtype = torch.float64):
@@ -2526,7 +2504,7 @@ def _csa_where(config, B: int, P: int, T: int, dtype=torch.float64, extra: str =
     cache = "no cache" if P < 0 else ("an empty cache" if P == 0 else f"a cache holding P={P} tokens")
     return (
         f"causal_self_attention(attn (C={Cc}, H={Hh}, n_kv_heads={kv}, bias={bias}{extra}), x ({B}, {T}, {Cc}) "
-        f"{_dt(dtype)}, {cache})"
+        f"{dtype_name(dtype)}, {cache})"
     )
 
 
@@ -2561,7 +2539,7 @@ def _csa_step(
         out = _csa_call(g, fn, where, m, x_new.to(dtype), cache)
     g.expect(
         is_tensor(out) and out.shape == (B, T, Cc) and out.dtype == dtype,
-        f"{where}: expected a tensor {_dt(dtype)} {(B, T, Cc)}, got {describe(out)}",
+        f"{where}: expected a tensor {dtype_name(dtype)} {(B, T, Cc)}, got {describe(out)}",
     )
     expected = full[:, Pn:].to(dtype)
     _, k_all, v_all = r.project(x_all)
@@ -2631,7 +2609,7 @@ def grade_causal_self_attention(causal_self_attention, MultiHeadAttention, Layer
             out = _csa_call(g, fn, where, m, x)
             g.expect(
                 is_tensor(out) and out.shape == x.shape and out.dtype == dtype,
-                f"{where}: expected a tensor {_dt(dtype)} {tuple(x.shape)}, got {describe(out)}",
+                f"{where}: expected a tensor {dtype_name(dtype)} {tuple(x.shape)}, got {describe(out)}",
             )
 
         for_all(
@@ -3094,7 +3072,7 @@ def _their_gpt_char(g: Grader):
 
 def _bits(g: Grader, bits_per_char, model, ids, block_size, what="a held-out piece"):
     where = f"bits_per_char(gpt-char, ids ({ids.numel()},) of {what}, {block_size})"
-    return where, _run(g, where, bits_per_char, model, ids, block_size)
+    return where, call_student(g, where, bits_per_char, model, ids, block_size)
 
 
 def _bpc_in_band(g: Grader, where: str, got, ids, block_size) -> None:
@@ -3210,7 +3188,7 @@ def _min_p_margin(x: torch.Tensor, p: float) -> float:
 
 
 def _min_p_where(x: torch.Tensor, p) -> str:
-    return f"min_p_filter(logits {tuple(x.shape)} {_dt(x.dtype)}, {p!r})"
+    return f"min_p_filter(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {p!r})"
 
 
 def _min_p_case(g: Grader, fn, x: torch.Tensor, p: float, where: str | None = None, what: str = ""):
@@ -3239,10 +3217,10 @@ def grade_min_p_filter(min_p_filter) -> None:
             lead, V, dtype, seed = case
             x = tensor(seed, *lead, V, dtype=dtype)
             where = _min_p_where(x, 0.1)
-            out = _run(g, where, min_p_filter, x, 0.1)
+            out = call_student(g, where, min_p_filter, x, 0.1)
             g.expect(
                 is_tensor(out) and out.shape == x.shape and out.dtype == x.dtype,
-                f"{where} should return a tensor {_dt(dtype)} {tuple(x.shape)}, got {describe(out)}",
+                f"{where} should return a tensor {dtype_name(dtype)} {tuple(x.shape)}, got {describe(out)}",
             )
 
         for_all(
@@ -3352,7 +3330,7 @@ def grade_min_p_filter(min_p_filter) -> None:
             lead, V, p, seed = case
             x = tensor(seed, *lead, V, scale=2.0)
             where = _min_p_where(x, p)
-            q = _run(g, where, probe, min_p_filter, x.clone(), p)
+            q = call_student(g, where, probe, min_p_filter, x.clone(), p)
             g.expect(
                 not q.args or (is_tensor(q.args[0]) and torch.equal(q.args[0], x)), _in_place_hint(where)
             )
@@ -3381,10 +3359,10 @@ def check_min_p_filter(min_p_filter) -> None:
     with g.check("returns a tensor of the logits' shape and dtype"):
         for dtype in FLOATS:
             x = torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=dtype).log()
-            out = _run(g, _min_p_where(x, 0.2), min_p_filter, x, 0.2)
+            out = call_student(g, _min_p_where(x, 0.2), min_p_filter, x, 0.2)
             g.expect(
                 is_tensor(out) and out.shape == (1, 4) and out.dtype == dtype,
-                f"{_min_p_where(x, 0.2)} should be a tensor {_dt(dtype)} (1, 4), got {describe(out)}",
+                f"{_min_p_where(x, 0.2)} should be a tensor {dtype_name(dtype)} (1, 4), got {describe(out)}",
             )
     with g.check(
         "probabilities [0.5, 0.3, 0.15, 0.05] with p_base = 0.2 keep the first three (threshold 0.1)"
@@ -3423,7 +3401,7 @@ def check_min_p_filter(min_p_filter) -> None:
         )
     with g.check("the logits are left unchanged"):
         x = _p_logits([0.2, 0.5, 0.3])
-        q = _run(g, "min_p_filter(log [[0.2, 0.5, 0.3]], 0.5)", probe, min_p_filter, x.clone(), 0.5)
+        q = call_student(g, "min_p_filter(log [[0.2, 0.5, 0.3]], 0.5)", probe, min_p_filter, x.clone(), 0.5)
         g.expect(torch.equal(q.args[0], x), _in_place_hint("min_p_filter(log [[0.2, 0.5, 0.3]], 0.5)"))
     with g.check("p_base = -0.1 and p_base = 1.5 raise ValueError"):
         for p in (-0.1, 1.5):

@@ -21,8 +21,8 @@ the graders of parts 2 and 3 receive *classes* (the notebook's ``MultiHeadAttent
 student's ``PreNormDecoderLayer``), build the modules with them in the student's process and
 push weights with ``load_state_dict``.
 
-Private helpers (candidates for the shared toolkit): :func:`_run` turns an exception of the
-student's code into a hint that names the input (shared with Exercise 7's grader).
+Shared helpers come from :mod:`coursekit.grading.core` (``call_student`` turns an exception of
+the student's code into a hint that names the input).
 
 Over 500 lines: one named check per clause of the exercise text for each graded part, public and
 hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
@@ -44,15 +44,15 @@ from coursekit import seq2seq as ref
 from coursekit.attention import causal_mask, softmax
 from coursekit.experiments import number_words
 from coursekit.grading.ch07_gpt import (
-    _dt,
     _num,
-    _run,
     attention_pair,
 )  # Exercise 7's helpers and attention pair
 from coursekit.grading.core import (
     Grader,
+    call_student,
     close,
     describe,
+    dtype_name,
     expect_value_error,
     first_match,
     for_all,
@@ -182,7 +182,7 @@ def _shift_call(g: Grader, shift_right, labels, bos_id, pad_id, keywords=False):
     where = _shift_where(labels, bos_id, pad_id, keywords)
     kwargs = {"bos_id": bos_id, "pad_id": pad_id} if keywords else {}
     args = () if keywords else (bos_id, pad_id)
-    p = _run(g, where, probe, shift_right, labels.clone(), *args, **kwargs)
+    p = call_student(g, where, probe, shift_right, labels.clone(), *args, **kwargs)
     out = p.result
     B, T = labels.shape
     if is_tensor(out) and out.shape == (B, T + 1):
@@ -425,13 +425,13 @@ def _cross_where(config, B, T, S, keep=None, dtype=torch.float64, extra="") -> s
     mask = "" if keep is None else f", memory_key_padding_mask {_mask_text(keep)}"
     return (
         f"cross_attention(attn (C={Cc}, H={Hh}, n_kv_heads={kv}, bias={bias}{extra}), x ({B}, {T}, {Cc}) "
-        f"{_dt(dtype)}, memory ({B}, {S}, {Cc}){mask})"
+        f"{dtype_name(dtype)}, memory ({B}, {S}, {Cc}){mask})"
     )
 
 
 def _cross_call(g: Grader, fn, where: str, m, x, memory, keep=None, n_heads: int | None = None):
     args = (m, x, memory) if keep is None else (m, x, memory, keep)
-    result = _run(g, where, fn, *args)
+    result = call_student(g, where, fn, *args)
     B, T, S, Cc = x.shape[0], x.shape[1], memory.shape[1], x.shape[2]
     Hh = n_heads or H
     g.expect(
@@ -445,7 +445,8 @@ def _cross_call(g: Grader, fn, where: str, m, x, memory, keep=None, n_heads: int
         g.fail(f"{where}: {_KV_FROM_X}")
     g.expect(
         is_tensor(out) and out.shape == (B, T, Cc) and out.dtype == x.dtype,
-        f"{where}: the output should be (B, T, C) = {(B, T, Cc)} of x's dtype {_dt(x.dtype)}, got {describe(out)}",
+        f"{where}: the output should be (B, T, C) = {(B, T, Cc)} of x's dtype {dtype_name(x.dtype)}, "
+        f"got {describe(out)}",
     )
     g.expect(
         is_tensor(w) and w.shape == (B, Hh, T, S),
@@ -623,7 +624,7 @@ def grade_cross_attention(cross_attention, MultiHeadAttention) -> None:
             keep = _keep_mask(seed, B, S)
             up = tensor(seed + 2, B, T, Cc)
             where = _cross_where(config, B, T, S, keep)
-            p = _run(
+            p = call_student(
                 g,
                 where,
                 probe,
@@ -808,7 +809,7 @@ def check_cross_attention(cross_attention, MultiHeadAttention) -> None:
     with g.check("the gradient reaches x and memory"):
         m, r = attention_pair(MHA, "public.cross.grad")
         x, memory = rand("public.cross.grad.x", 1, 2, C), rand("public.cross.grad.m", 1, 3, C)
-        p = _run(
+        p = call_student(
             g,
             "cross_attention(attn, x (1, 2, C), memory (1, 3, C))",
             probe,
@@ -1034,13 +1035,13 @@ def _layer_where(config, B, T, S, keep=None, dtype=torch.float64, extra="") -> s
     mask = "" if keep is None else f", memory_key_padding_mask {_mask_text(keep)}"
     return (
         f"PreNormDecoderLayer({Cc}, {Hh}, {dff}, activation={act!r}, bias={bias}{extra})(x ({B}, {T}, {Cc}) "
-        f"{_dt(dtype)}, memory ({B}, {S}, {Cc}){mask})"
+        f"{dtype_name(dtype)}, memory ({B}, {S}, {Cc}){mask})"
     )
 
 
 def _layer_call(g: Grader, where: str, m, x, memory, keep=None, n_heads: int = H):
     args = (x, memory) if keep is None else (x, memory, keep)
-    result = _run(g, where, m, *args)
+    result = call_student(g, where, m, *args)
     B, T, S = x.shape[0], x.shape[1], memory.shape[1]
     g.expect(
         isinstance(result, tuple) and len(result) == 2,
@@ -1276,7 +1277,7 @@ def grade_pre_norm_decoder_layer(PreNormDecoderLayer) -> None:
             keep = _keep_mask(seed, B, S)
             up = tensor(seed + 2, B, T, config[0])
             where = _layer_where(config, B, T, S, keep)
-            p = _run(
+            p = call_student(
                 g,
                 where,
                 probe,
@@ -1411,7 +1412,7 @@ def check_pre_norm_decoder_layer(PreNormDecoderLayer) -> None:
     with g.check("the gradient reaches x and memory"):
         m, r, t = _layer_triple(g, cls, "public.dec.grad", with_torch=True)
         x, memory = rand("public.dec.grad.x", 1, 2, C), rand("public.dec.grad.m", 1, 3, C)
-        p = _run(
+        p = call_student(
             g,
             "layer(x (1, 2, C), memory (1, 3, C))",
             probe,
@@ -1514,15 +1515,13 @@ def _ls_where(logits, targets, eps, pad_id, extra="") -> str:
     shown = targets.tolist() if targets.numel() <= 12 else tuple(targets.shape)
     args = "" if eps is None else f", smoothing={eps}"
     args += "" if pad_id is None else f", pad_id={pad_id}"
-    return (
-        f"label_smoothed_loss(logits {tuple(logits.shape)} {_dt(logits.dtype)}, targets {shown}{args}){extra}"
-    )
+    return f"label_smoothed_loss(logits {tuple(logits.shape)} {dtype_name(logits.dtype)}, targets {shown}{args}){extra}"
 
 
 def _scalar(g: Grader, out, dtype, where: str) -> None:
     g.expect(
         is_tensor(out) and out.dim() == 0 and out.dtype == dtype,
-        f"{where}: the loss should be a scalar (0-dimensional) tensor of the logits' dtype {_dt(dtype)}, "
+        f"{where}: the loss should be a scalar (0-dimensional) tensor of the logits' dtype {dtype_name(dtype)}, "
         f"got {describe(out)}",
     )
 
@@ -1538,7 +1537,7 @@ def _ls_value(g: Grader, fn, logits, targets, eps=None, pad_id=None, positional=
             kwargs["smoothing"] = eps
         if pad_id is not None:
             kwargs["pad_id"] = pad_id
-    out = _run(g, where, fn, *args, **kwargs)
+    out = call_student(g, where, fn, *args, **kwargs)
     e, p = (0.1 if eps is None else eps), (PAD if pad_id is None else pad_id)
     expected = _smoothed_ref(logits.double(), targets, e, p).to(logits.dtype)
     _scalar(g, out, logits.dtype, where)
@@ -1590,7 +1589,7 @@ def grade_label_smoothed_loss(label_smoothed_loss) -> None:
             lead, V, dtype, seed = case
             logits, targets = _ls_case(seed, lead, V, PAD, 0.3, dtype)
             where = _ls_where(logits, targets, None, None)
-            _scalar(g, _run(g, where, fn, logits, targets), dtype, where)
+            _scalar(g, call_student(g, where, fn, logits, targets), dtype, where)
 
         for_all(
             "ls.dtype",
@@ -1693,7 +1692,7 @@ def grade_label_smoothed_loss(label_smoothed_loss) -> None:
             lead, V, eps, seed = case
             logits, targets = _ls_case(seed, lead, V, PAD, 0.4)
             where = _ls_where(logits, targets, eps, None)
-            p = _run(
+            p = call_student(
                 g,
                 where,
                 probe,
@@ -1735,7 +1734,7 @@ def grade_label_smoothed_loss(label_smoothed_loss) -> None:
             pad_id = min(pad_id, V - 1)
             logits, targets = _ls_case(seed, lead, V, pad_id, 0.4)
             where = _ls_where(logits, targets, 0.1, pad_id)
-            p = _run(g, where, probe, fn, logits.clone(), targets.clone(), 0.1, pad_id)
+            p = call_student(g, where, probe, fn, logits.clone(), targets.clone(), 0.1, pad_id)
             same_logits = len(p.args) >= 2 and is_tensor(p.args[0]) and torch.equal(p.args[0], logits)
             g.expect(
                 same_logits and is_tensor(p.args[1]) and torch.equal(p.args[1], targets),
@@ -1802,7 +1801,7 @@ def check_label_smoothed_loss(label_smoothed_loss) -> None:
     targets = torch.tensor([[1, 3, 2], [2, 0, 0]])
     with g.check("returns a scalar tensor of the logits' dtype"):
         where = _ls_where(logits, targets, 0.1, None)
-        _scalar(g, _run(g, where, fn, logits, targets, 0.1), torch.float32, where)
+        _scalar(g, call_student(g, where, fn, logits, targets, 0.1), torch.float32, where)
     with g.check(
         "smoothing=0.1 with 2 padded targets equals F.cross_entropy(label_smoothing=0.1, ignore_index=0); "
         "smoothing=0 is the plain cross-entropy, 0.1 the default"
@@ -1825,7 +1824,7 @@ def check_label_smoothed_loss(label_smoothed_loss) -> None:
     with g.check("the gradient reaches the logits, and padded positions get none"):
         x = rand("public.ls.grad", 1, 3, 4)
         t = torch.tensor([[1, 0, 2]])
-        p = _run(
+        p = call_student(
             g,
             "label_smoothed_loss(logits (1, 3, 4), [[1, 0, 2]], 0.1)",
             probe,
@@ -1843,7 +1842,7 @@ def check_label_smoothed_loss(label_smoothed_loss) -> None:
             "the gradient differs from F.cross_entropy's (padding gets none)",
         )
     with g.check("logits and targets are left unchanged"):
-        p = _run(
+        p = call_student(
             g,
             "label_smoothed_loss(logits (2, 3, 4), targets, 0.1)",
             probe,
@@ -2045,7 +2044,7 @@ def _heldout(g: Grader, heldout_loss, n: int, seed: int, smoothing: float | None
     where = f"heldout_loss(weights, {n}, generator{'' if smoothing is None else f', smoothing={smoothing}'})"
     _full_test_loss(0.1)  # loads the weights once
     args = (_FULL_TEST["weights"], n, _seeded(seed)) + (() if smoothing is None else (smoothing,))
-    return where, _run(g, where, heldout_loss, *args)
+    return where, call_student(g, where, heldout_loss, *args)
 
 
 _HELDOUT_WHY = (
@@ -2153,21 +2152,21 @@ def _lp_mistakes(logprob: torch.Tensor, length: torch.Tensor, alpha: float):
 
 def _lp_where(logprob: torch.Tensor, length: torch.Tensor, alpha) -> str:
     def show(t):
-        return str(t.tolist()) if t.numel() <= 6 else f"{_dt(t.dtype)} {tuple(t.shape)}"
+        return str(t.tolist()) if t.numel() <= 6 else f"{dtype_name(t.dtype)} {tuple(t.shape)}"
 
-    return f"length_penalty_score({show(logprob)} {_dt(logprob.dtype)}, lengths {show(length)}, {alpha!r})"
+    return f"length_penalty_score({show(logprob)} {dtype_name(logprob.dtype)}, lengths {show(length)}, {alpha!r})"
 
 
 def _lp_case(
     g: Grader, fn, logprob: torch.Tensor, length: torch.Tensor, alpha: float, what: str = ""
 ) -> None:
     where = _lp_where(logprob, length, alpha)
-    p = _run(g, where, probe, fn, logprob.clone(), length.clone(), alpha)
+    p = call_student(g, where, probe, fn, logprob.clone(), length.clone(), alpha)
     out = p.result
     expected = ref.length_penalty_score(logprob, length, alpha)
     g.expect(
         is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
-        f"{where} should return a tensor {_dt(expected.dtype)} {tuple(expected.shape)} (the broadcast shape, "
+        f"{where} should return a tensor {dtype_name(expected.dtype)} {tuple(expected.shape)} (the broadcast shape, "
         f"logprob's dtype), got {describe(out)}",
     )
     if len(p.args) >= 2 and not (torch.equal(p.args[0], logprob) and torch.equal(p.args[1], length)):
@@ -2202,10 +2201,10 @@ def grade_length_penalty_score(length_penalty_score) -> None:
             lead, K, dtype, broadcast, seed = case
             logprob, length = _lp_inputs(seed, lead, K, dtype, broadcast)
             where = _lp_where(logprob, length, 0.6)
-            out = _run(g, where, length_penalty_score, logprob, length, 0.6)
+            out = call_student(g, where, length_penalty_score, logprob, length, 0.6)
             g.expect(
                 is_tensor(out) and out.shape == logprob.shape and out.dtype == dtype,
-                f"{where} should return a tensor {_dt(dtype)} {tuple(logprob.shape)}, got {describe(out)}",
+                f"{where} should return a tensor {dtype_name(dtype)} {tuple(logprob.shape)}, got {describe(out)}",
             )
 
         for_all(

@@ -41,9 +41,11 @@ from hypothesis import strategies as st
 from coursekit import vit as ref
 from coursekit.grading.core import (
     Grader,
+    call_student,
     close,
     default_device,
     describe,
+    dtype_name,
     expect_value_error,
     first_match,
     for_all,
@@ -94,10 +96,6 @@ VIT_KWARGS = dict(
 )
 F64, F32 = torch.float64, torch.float32
 SEEDS = st.integers(0, 2**20)
-
-
-def _dt(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _raised(e: BaseException) -> str:
@@ -184,7 +182,7 @@ def _patch_mistakes(x: torch.Tensor, patch_size: int):
 
 
 def _patchify_call(g: Grader, patchify, x, patch_size):
-    where = f"for images {tuple(x.shape)} ({_dt(x.dtype)}) and patch_size={patch_size}"
+    where = f"for images {tuple(x.shape)} ({dtype_name(x.dtype)}) and patch_size={patch_size}"
     try:
         out = patchify(x.clone(), patch_size)
     except Exception as e:  # noqa: BLE001
@@ -194,7 +192,7 @@ def _patchify_call(g: Grader, patchify, x, patch_size):
     shape = (B, (H_img // patch_size) * (W_img // patch_size), C_in * patch_size**2)
     g.expect(
         is_tensor(out) and tuple(out.shape) == shape and out.dtype == x.dtype,
-        f"{where} expected a {_dt(x.dtype)} tensor of shape (B, N_p, C_in P^2) = {shape}, got {describe(out)}",
+        f"{where} expected a {dtype_name(x.dtype)} tensor of shape (B, N_p, C_in P^2) = {shape}, got {describe(out)}",
     )
     return out
 
@@ -429,7 +427,7 @@ class _Embedding:
 
     def __str__(self) -> str:
         return (
-            f"for PatchEmbedding({self.image_size}, {self.P}, {self.C_in}, {self.d_model}) in {_dt(self.dtype)} "
+            f"for PatchEmbedding({self.image_size}, {self.P}, {self.C_in}, {self.d_model}) in {dtype_name(self.dtype)} "
             f"on images ({self.B}, {self.C_in}, {self.image_size}, {self.image_size})"
         )
 
@@ -466,7 +464,8 @@ def _embedding_matches(g: Grader, PatchEmbedding, case: _Embedding) -> None:
     expected = _embed_reference(w, x, case.P)
     g.expect(
         is_tensor(out) and out.shape == expected.shape and out.dtype == case.dtype,
-        f"{case}: expected a {_dt(case.dtype)} tensor (B, N_p, C) = {tuple(expected.shape)}, got {describe(out)}",
+        f"{case}: expected a {dtype_name(case.dtype)} tensor (B, N_p, C) = {tuple(expected.shape)}, "
+        f"got {describe(out)}",
     )
     if close(out, expected.to(case.dtype)):
         return
@@ -680,10 +679,10 @@ def _cls_call(g: Grader, fn, x, cls, pos):
 def _cls_matches(g: Grader, fn, x, cls, pos) -> None:
     out = _cls_call(g, fn, x, cls, pos)
     B, N_p, C_ = x.shape
-    where = f"for patches {tuple(x.shape)} ({_dt(x.dtype)})"
+    where = f"for patches {tuple(x.shape)} ({dtype_name(x.dtype)})"
     g.expect(
         is_tensor(out) and tuple(out.shape) == (B, N_p + 1, C_) and out.dtype == x.dtype,
-        f"{where} expected a {_dt(x.dtype)} tensor of shape (B, N_p + 1, C) = {(B, N_p + 1, C_)}, got "
+        f"{where} expected a {dtype_name(x.dtype)} tensor of shape (B, N_p + 1, C) = {(B, N_p + 1, C_)}, got "
         f"{describe(out)}",
     )
     right = _cls_expected(x, cls, pos)
@@ -731,7 +730,8 @@ def grade_add_cls_and_positions(add_cls_and_positions) -> None:
             out = _cls_call(g, add_cls_and_positions, x, cls, pos)
             g.expect(
                 is_tensor(out) and tuple(out.shape) == (2, 5, 6) and out.dtype == dtype,
-                f"for {_dt(dtype)} patches (2, 4, 6) expected a {_dt(dtype)} tensor of shape (B, N_p + 1, C) = "
+                f"for {dtype_name(dtype)} patches (2, 4, 6) expected a {dtype_name(dtype)} tensor of shape "
+                "(B, N_p + 1, C) = "
                 f"(2, 5, 6), got {describe(out)}",
             )
 
@@ -1504,15 +1504,7 @@ def _sample(seed: int) -> torch.Tensor:
 
 def _blank(g: Grader, blank_patch_share, images: torch.Tensor, P: int, what: str):
     where = f"blank_patch_share({what} {tuple(images.shape)}, {P})"
-    return where, _run(g, where, blank_patch_share, images, P)
-
-
-def _run(g: Grader, where: str, fn, *args):
-    try:
-        return fn(*(a.clone() if type(a) is torch.Tensor else a for a in args))
-    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-        raise_unless_student_error(e)
-        g.fail(f"{where}: {_raised(e)}")
+    return where, call_student(g, where, blank_patch_share, images, P)
 
 
 def _expect_exact(g: Grader, where: str, v, images: torch.Tensor, P: int) -> None:
@@ -1706,7 +1698,7 @@ def _sincos_hint(p, grid_h: int, grid_w: int, dim: int, cls_token: bool) -> str:
 
 def _positions(g: Grader, sincos_2d_positions, grid_h: int, grid_w: int, dim: int, cls_token: bool = False):
     where = f"sincos_2d_positions({grid_h}, {grid_w}, {dim}, cls_token={cls_token})"
-    return where, _run(g, where, sincos_2d_positions, grid_h, grid_w, dim, cls_token)
+    return where, call_student(g, where, sincos_2d_positions, grid_h, grid_w, dim, cls_token)
 
 
 def _positions_match(
@@ -1751,7 +1743,7 @@ def grade_sincos_2d_positions(sincos_2d_positions) -> None:
         )
     with g.check("cls_token is False by default"):
         where = "sincos_2d_positions(2, 3, 8)"
-        p = _run(g, where, sincos_2d_positions, 2, 3, 8)
+        p = call_student(g, where, sincos_2d_positions, 2, 3, 8)
         g.expect(
             close(p, _sincos(2, 3, 8).float()),
             f"{where} (cls_token left out) should be the (6, 8) table without the [CLS] row, got {describe(p)}",

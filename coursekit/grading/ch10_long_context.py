@@ -53,6 +53,7 @@ from coursekit.grading.core import (
     close,
     default_device,
     describe,
+    dtype_name,
     expect_value_error,
     for_all,
     generator,
@@ -89,10 +90,6 @@ __all__ = [
 ]
 
 F64 = torch.float64
-
-
-def _dt(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _raised(e: BaseException) -> str:
@@ -284,7 +281,7 @@ class _Tiled:
             (*lead, n, d)
             for lead, n, d in zip(self.lead, (self.T, self.S, self.S), (self.D, self.D, self.Dv))
         )
-        args = [f"q {q}, k {k}, v {v} ({_dt(self.dtype)})"]
+        args = [f"q {q}, k {k}, v {v} ({dtype_name(self.dtype)})"]
         args += [
             f"{key}={val!r}"
             for key, val in (
@@ -392,7 +389,7 @@ def _tiled_output(g: Grader, tiled_attention, case: _Tiled, q, k, v, mask):
     shape = (*torch.broadcast_shapes(*case.lead), case.T, case.Dv)
     g.expect(
         is_tensor(out) and tuple(out.shape) == shape and out.dtype == case.dtype,
-        f"{case}: expected a {_dt(case.dtype)} tensor of shape (..., T, Dv) = {shape}, got {describe(out)}",
+        f"{case}: expected a {dtype_name(case.dtype)} tensor of shape (..., T, Dv) = {shape}, got {describe(out)}",
     )
     return out
 
@@ -1129,7 +1126,7 @@ class _Linear:
     def __str__(self) -> str:
         q, k, v = ((*lead, self.T, d) for lead, d in zip(self.lead, (self.D, self.D, self.Dv)))
         eps = "" if self.eps is None else f", eps={self.eps!r}"
-        return f"for q {q}, k {k}, v {v} ({_dt(self.dtype)}){eps}"
+        return f"for q {q}, k {k}, v {v} ({dtype_name(self.dtype)}){eps}"
 
 
 @st.composite
@@ -1155,7 +1152,7 @@ def _linear_output(g: Grader, causal_linear_attention, case: _Linear, q, k, v):
     shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), case.T, case.Dv)
     g.expect(
         is_tensor(out) and tuple(out.shape) == shape and out.dtype == case.dtype,
-        f"{case}: expected a {_dt(case.dtype)} tensor of shape (..., T, Dv) = {shape}, got {describe(out)}",
+        f"{case}: expected a {dtype_name(case.dtype)} tensor of shape (..., T, Dv) = {shape}, got {describe(out)}",
     )
     return out
 
@@ -1463,7 +1460,7 @@ def _kv_cases():
 
 
 def _kv_matches(g: Grader, kv_cache_size, kwargs: dict, expected: int, wrong) -> None:
-    call = ", ".join(f"{k}={_dt(v) if isinstance(v, torch.dtype) else v}" for k, v in kwargs.items())
+    call = ", ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in kwargs.items())
     out = kv_cache_size(**kwargs)
     g.expect(
         type(out) is int,

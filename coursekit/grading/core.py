@@ -34,8 +34,10 @@ __all__ = [
     "GradingFailure",
     "Grader",
     "Probe",
+    "call_student",
     "close",
     "describe",
+    "dtype_name",
     "expect_value_error",
     "first_match",
     "generator",
@@ -45,6 +47,7 @@ __all__ = [
     "names_hint",
     "probe",
     "raise_unless_student_error",
+    "raised",
     "rand",
     "random_weights",
     "for_all",
@@ -401,6 +404,11 @@ class Grader:
             raise GradingFailure(self.part, self.failures, len(self.results))
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as a hint names it: ``float32``, not ``torch.float32``."""
+    return str(dtype).removeprefix("torch.")
+
+
 def raise_unless_student_error(e: Exception) -> None:
     """Re-raise "not implemented yet" so that :meth:`Grader.check` reports it as such; return
     for any other exception, which the caller turns into a specific hint."""
@@ -597,9 +605,46 @@ _NOT_IMPLEMENTED = "not implemented yet (the cell still raises NotImplementedErr
 def _hint_for(e: Exception) -> str:
     if getattr(e, "type_name", None) == "NotImplementedError":  # raised in the sandbox
         return _NOT_IMPLEMENTED
-    if type(e).__module__ == "coursekit.sandbox.host":  # raised, timed out or crashed in the sandbox
-        return str(e)
-    return f"your code raised {type(e).__name__}: {e}{_student_frame(e)}"
+    return raised(e)
+
+
+#: the hint for torch's "view size is not compatible with input tensor's size and stride", whose
+#: cause students rarely guess
+VIEW_HINT = (
+    "view() failed because its input is not contiguous (the result of a transpose): "
+    "use .reshape(...) or .contiguous().view(...) after transposing"
+)
+
+
+def raised(e: BaseException) -> str:
+    """The hint for an exception of the student's code: ``your code raised KeyError: 'x' (at line 3
+    of your code: ...)``. A message the sandbox already phrased (raised, timed out or crashed in
+    the student's process: it starts with "your code") is returned as it is; ``view()`` on a
+    transposed tensor gets :data:`VIEW_HINT`, which names the cause."""
+    text = str(e)
+    if "view size is not compatible" in text:
+        return VIEW_HINT
+    if text.startswith("your code ") or type(e).__module__ == "coursekit.sandbox.host":
+        return text
+    return f"your code raised {type(e).__name__.removeprefix('Student')}: {text}{_student_frame(e)}"
+
+
+def call_student(g: Grader, where: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with a copy of every tensor argument, so the grader's inputs stay
+    intact (a change in place is the business of the clause that checks for it, which calls the
+    student itself). A tensor that requires a gradient is passed as it is: the clause reads its
+    ``.grad`` after the call, and autograd already refuses to change it in place. An exception of the student's code fails the check with the hint
+    ``"<where>: your code raised ..."`` (:func:`raised`); ``where`` names the input, so that a
+    shrunk example names the smallest one. "Not implemented yet" is reported as such."""
+
+    def copy(a):
+        return a.clone() if type(a) is torch.Tensor and not a.requires_grad else a
+
+    try:
+        return fn(*map(copy, args), **{key: copy(value) for key, value in kwargs.items()})
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        raise_unless_student_error(e)
+        g.fail(f"{where}: {raised(e)}")
 
 
 def _student_frame(e: BaseException) -> str:
