@@ -752,9 +752,8 @@ def input_gradient_norm(
     The input ``x0`` has ``n_tokens`` standard-normal rows; the loss is ``(x_out * r).sum()``
     for a standard-normal ``r`` of the output's shape, so the gradient at the output is ``r``.
     Everything is float64 and drawn from ``generator`` in this order: ``x0``, then each layer's
-    ``W``, then ``r``. In theory the result is about ``sqrt(n_layers + 1)`` for pre-norm (the
-    identity path plus each layer's own path) and about 1 for post-norm (each norm divides by
-    the size of what it normalises).
+    ``W``, then ``r``. The checks hold the result to a band for each placement, stated in the
+    exercise's text; the value itself is what the experiment measures.
 
     Args:
         n_layers: the depth of the stack, at least 1.
@@ -767,7 +766,8 @@ def input_gradient_norm(
         ``||d loss / d x0|| / ||r||`` (Frobenius norms) as a Python ``float``.
 
     Example:
-        ``input_gradient_norm(24, 256, True, torch.Generator().manual_seed(0))`` is about 5.
+        ``input_gradient_norm(24, 256, True, torch.Generator().manual_seed(0))`` returns a
+        positive ``float``, and exactly the same one again from a generator seeded the same way.
     """
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n_layers, C, n_tokens)) or (
         n_layers < 1 or C < 2 or n_tokens < 1

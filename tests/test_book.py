@@ -49,6 +49,7 @@ PAGES = {
     "book/ch02_multihead.html": (5, 10),
     "book/ch03_positional.html": (6, 10),
     "book/ch04_layers.html": (6, 10),
+    "book/ch04_modern_layers.html": (2, 10),
     "book/ch05_bpe.html": (2, 5),
     "book/ch06_bert.html": (2, 10),
     "book/ch07_gpt.html": (3, 5),
