@@ -11,6 +11,7 @@ from coursekit.grading.core import (
     GradingFailure,
     close,
     expect_value_error,
+    first_difference,
     first_match,
     generator,
     load_weights,
@@ -337,3 +338,19 @@ def test_describe_shows_the_number_a_student_gave():
 
     assert describe(0.375) == "float 0.375" and describe(3) == "int 3" and describe(None) == "None"
     assert describe(torch.zeros(2, 3)) == "tensor float32 (2, 3)" and describe([1]) == "list"
+
+
+def test_a_value_difference_names_one_cause():
+    """dtype alone says dtype; a tiny difference says float32 or an epsilon, never both; a difference
+    as large as values near 0 is no rounding; advice on the values follows only a plain difference."""
+    e = torch.tensor([0.25, 0.5, 0.25], dtype=torch.float64)
+    assert first_difference(e.float(), e, " (fix)") == "expected dtype float64, got float32"
+    through_float32 = (e + 1e-7).float().double()
+    said = first_difference(through_float32, e, " (fix)")
+    assert "is part of the computation in float32?" in said and "epsilon" not in said and "(fix)" not in said
+    plus_eps = e / (1 + 1e-5)
+    said = first_difference(plus_eps, e)
+    assert "an epsilon, added?" in said and "float32?" not in said
+    tiny = torch.tensor([-1.5e-6], dtype=torch.float64)
+    said = first_difference(torch.zeros(1, dtype=torch.float64), tiny, " (fix)")
+    assert "float32" not in said and "epsilon" not in said and said.endswith("(fix)")

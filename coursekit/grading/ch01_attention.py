@@ -35,6 +35,7 @@ from coursekit.grading.core import (
     describe,
     dtype_name,
     expect_value_error,
+    first_difference,
     first_match,
     for_all,
     is_a,
@@ -45,6 +46,7 @@ from coursekit.grading.core import (
     raise_unless_student_error,
     raised,
     random_weights,
+    show,
     student_side,
     tensor,
 )
@@ -95,46 +97,6 @@ def _device_type(g: Grader, where: str, fn, *args, **kwargs) -> str:
         raise_unless_student_error(e)
         g.fail(f"{where}: {raised(e)}")
     return out.device.type if is_tensor(out) else describe(out)
-
-
-def _show(t: object, n: int = 6) -> str:
-    """Up to ``n`` values of a tensor, for a hint: ``[0.25, 0.75, nan]``."""
-    if not is_tensor(t):
-        return describe(t)
-    flat = t.detach().reshape(-1)[:n].tolist()
-    text = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in flat)
-    return f"[{text}{', ...' if t.numel() > n else ''}]"
-
-
-def _first_difference(got, expected, advice: str = "") -> str:
-    """'at index (i, j): expected a, got b' for the first entry where two same-shaped tensors differ;
-    ``advice`` (how to fix a plain difference of values) follows only when no other cause shows: dtype,
-    shape, or a tiny error."""
-    if is_tensor(got) and got.shape == expected.shape and got.dtype != expected.dtype:  # the dtype alone
-        return f"expected dtype {dtype_name(expected.dtype)}, got {dtype_name(got.dtype)}"
-    if not (is_tensor(got) and got.shape == expected.shape):
-        return f"expected {describe(expected)}, got {describe(got)}"
-    g, e = got.detach().double(), expected.detach().double()
-    diff = ((g - e).abs() > 0) | (g.isnan() != e.isnan())
-    where = diff.nonzero()
-    if not where.numel():
-        return f"expected {_show(expected)}, got {_show(got)}{advice}"
-    i = tuple(where[0].tolist())
-    text = f"at index {i}: expected {e[i].item():.9g}, got {g[i].item():.9g}"
-    error = (got.detach().double() - expected.detach().double()).abs().max().item()
-    largest = expected.detach().abs().max().item()  # tiny next to the values themselves, not next to 1
-    if expected.dtype == torch.float64 and 0 < error < 1e-4 * largest:
-        return text + _tiny_difference(got, error / largest)
-    return text + advice
-
-
-def _tiny_difference(got: torch.Tensor, relative: float) -> str:
-    """The one likely cause of a float64 result off by ``relative`` (below 1e-4): every value a float32
-    number, or an error the size of float32 rounding (about 1e-7 per operation), means float32 on the
-    way; a larger one, a small constant added."""
-    if torch.equal(got.detach().float().double(), got.detach()) or relative < 2e-6:
-        return " (a tiny difference, the size of float32 rounding: is part of the computation in float32?)"
-    return " (a small difference, larger than float32 rounding: is a small constant, an epsilon, added?)"
 
 
 def _unpack(g: Grader, result, what: str):
@@ -220,7 +182,7 @@ def grade_softmax(softmax) -> None:
             )
             g.expect(
                 close(p, expected.to(dtype), magnitude=magnitude(x)),
-                f"{where}: {_first_difference(p, expected.to(dtype))}",
+                f"{where}: {first_difference(p, expected.to(dtype))}",
             )
 
         shapes = st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple)
@@ -248,7 +210,7 @@ def grade_softmax(softmax) -> None:
             )
             g.expect(
                 close(p, expected.to(dtype), magnitude=magnitude(x)),
-                f"{where}: {_first_difference(p, expected.to(dtype))}",
+                f"{where}: {first_difference(p, expected.to(dtype))}",
             )
 
         for_all(
@@ -277,13 +239,13 @@ def grade_softmax(softmax) -> None:
             expected = ref.softmax(x.double(), dim).to(dtype)
             if is_tensor(p) and p.shape == x.shape and not bool(torch.isfinite(p).all()):
                 g.fail(
-                    f"{where}: got inf or NaN ({_show(p)}): exp overflows above about 88 in float32 (709 in "
+                    f"{where}: got inf or NaN ({show(p)}): exp overflows above about 88 in float32 (709 in "
                     "float64) and every term underflows to 0 far below; subtract the maximum of each slice "
                     "(not of the whole tensor) before exponentiating"
                 )
             g.expect(
                 close(p, expected, magnitude=magnitude(x)),
-                f"{where}: {_first_difference(p, expected, ' (subtract the maximum of each slice first)')}",
+                f"{where}: {first_difference(p, expected, ' (subtract the maximum of each slice first)')}",
             )
 
         for_all(
@@ -310,15 +272,15 @@ def grade_softmax(softmax) -> None:
             drop = tensor(seed + 1, *shape) > 0.3  # about 38% of the entries become -inf
             x = x.masked_fill(drop, -math.inf)
             x.movedim(dim, -1)[(0,) * (x.dim() - 1)] = -math.inf  # and one whole slice along dim
-            where = f"softmax(x, dim={dim}) for x {shape} {dtype_name(dtype)} holding -inf ({_show(x)})"
+            where = f"softmax(x, dim={dim}) for x {shape} {dtype_name(dtype)} holding -inf ({show(x)})"
             p = call_student(g, where, softmax, x, dim=dim)
             expected = ref.softmax(x.double(), dim).to(dtype)
             if is_tensor(p) and bool(torch.isnan(p).any()):
                 g.fail(
-                    f"{where}: gave NaN ({_show(p)}): a slice of all -inf has maximum -inf and -inf - (-inf) is "
+                    f"{where}: gave NaN ({show(p)}): a slice of all -inf has maximum -inf and -inf - (-inf) is "
                     "NaN; replace an infinite maximum by 0 before subtracting, and divide by 1 where the sum is 0"
                 )
-            g.expect(close(p, expected, magnitude=magnitude(x)), f"{where}: {_first_difference(p, expected)}")
+            g.expect(close(p, expected, magnitude=magnitude(x)), f"{where}: {first_difference(p, expected)}")
 
         for_all(
             "softmax.masked",
@@ -332,7 +294,7 @@ def grade_softmax(softmax) -> None:
         g.expect(
             close(p, ref.softmax(x)),
             "softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be "
-            f"[[0.269, 0, 0.731], [0, 0, 0]], got {_show(p)}",
+            f"[[0.269, 0, 0.731], [0, 0, 0]], got {show(p)}",
         )
 
     with g.check("leaves x unchanged (no in-place changes)"):
@@ -345,7 +307,7 @@ def grade_softmax(softmax) -> None:
                 is_tensor(after) and torch.equal(after, x),
                 f"softmax(x, dim={dim}) for x {shape} {dtype_name(dtype)}: softmax modified its input in place "
                 "(x -= ..., "
-                f"x.exp_() or out=x): x was {_show(x)}, afterwards {_show(after)}; compute a new tensor",
+                f"x.exp_() or out=x): x was {show(x)}, afterwards {show(after)}; compute a new tensor",
             )
 
         for_all(
@@ -408,7 +370,7 @@ def grade_causal_mask(causal_mask) -> None:
                     g.fail(f"{call}: a query can see a future key: entries above the diagonal must be False")
             g.expect(
                 is_tensor(m) and m.dtype == torch.bool and torch.equal(m, expected),
-                f"{call} differs from the lower-triangular mask: {_first_difference(m, expected)}",
+                f"{call} differs from the lower-triangular mask: {first_difference(m, expected)}",
             )
 
         for_all(
@@ -436,7 +398,7 @@ def grade_causal_mask(causal_mask) -> None:
             g.expect(
                 is_tensor(m) and m.shape == (T, S) and m.dtype == torch.bool and torch.equal(m, expected),
                 f"{call} is misaligned: the queries are the last {T} of {S} positions, so query i may attend "
-                f"to keys j <= i + (S - T); {_first_difference(m, expected)}",
+                f"to keys j <= i + (S - T); {first_difference(m, expected)}",
             )
 
         for_all(
@@ -629,21 +591,19 @@ def grade_attention(attention) -> None:
         for name, got in (("out", out), ("the weights", w)):
             if is_tensor(got) and not bool(torch.isfinite(got).all()):
                 g.fail(
-                    f"{where}: {name} hold inf or NaN ({_show(got)}) where the reference is finite: use your "
+                    f"{where}: {name} hold inf or NaN ({show(got)}) where the reference is finite: use your "
                     "stable softmax (it subtracts each row's maximum before exponentiating)"
                 )
         if is_tensor(w) and w.shape == exp_w.shape:
             sums = w.sum(-1)
             g.expect(
                 close(sums, exp_w.double().sum(-1).round().to(q.dtype), magnitude=mag),
-                f"{where}: rows of the weights do not sum to 1 ({_show(sums)}): take the softmax over the keys "
+                f"{where}: rows of the weights do not sum to 1 ({show(sums)}): take the softmax over the keys "
                 "(last axis), after masking",
             )
+        g.expect(close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {first_difference(w, exp_w)}")
         g.expect(
-            close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {_first_difference(w, exp_w)}"
-        )
-        g.expect(
-            close(out, exp_out, magnitude=mag), f"{where}: out differs: {_first_difference(out, exp_out)}"
+            close(out, exp_out, magnitude=mag), f"{where}: out differs: {first_difference(out, exp_out)}"
         )
         return out, w
 
@@ -786,10 +746,10 @@ def grade_attention(attention) -> None:
                     "-inf; mask with -inf so that the softmax gives zeros"
                 )
             g.expect(
-                close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {_first_difference(w, exp_w)}"
+                close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {first_difference(w, exp_w)}"
             )
             g.expect(
-                close(out, exp_out, magnitude=mag), f"{where}: out differs: {_first_difference(out, exp_out)}"
+                close(out, exp_out, magnitude=mag), f"{where}: out differs: {first_difference(out, exp_out)}"
             )
 
         for_all(
@@ -862,7 +822,7 @@ def grade_attention(attention) -> None:
                 g.expect(
                     got is not None and close(got, want),
                     f"{where}: the gradient with respect to {name} differs from the reference "
-                    f"({_first_difference(got, want) if got is not None else 'none'})",
+                    f"({first_difference(got, want) if got is not None else 'none'})",
                 )
 
         for_all(
@@ -1047,12 +1007,12 @@ def grade_self_attention(SelfAttention) -> None:
             g.expect(
                 close(w, w_r.detach()),
                 f"{where}: the attention weights differ: "
-                + _first_difference(w, w_r, " (queries come from q_proj(x) and keys from k_proj(x))"),
+                + first_difference(w, w_r, " (queries come from q_proj(x) and keys from k_proj(x))"),
             )
             g.expect(
                 close(out, out_r.detach()),
                 f"{where}: out differs from the reference with the same weights "
-                f"({_first_difference(out, out_r)})",
+                f"({first_difference(out, out_r)})",
             )
 
         for_all("sa.values", SELF, values, max_examples=10, first=(2, 5, 8, 4, True, torch.float64, 0))
@@ -1076,7 +1036,7 @@ def grade_self_attention(SelfAttention) -> None:
                     "(is the mask passed on?)"
                 )
             g.expect(
-                close(out, out_r), f"{where}: out differs from the reference: {_first_difference(out, out_r)}"
+                close(out, out_r), f"{where}: out differs from the reference: {first_difference(out, out_r)}"
             )
 
         for_all(
@@ -1135,17 +1095,17 @@ def check_softmax(softmax) -> None:
         )
         g.expect(
             bool(torch.isfinite(p).all()),
-            f"got {_show(p)}: softmax gave inf or NaN for [1000, 1000]: subtract the maximum of each slice "
+            f"got {show(p)}: softmax gave inf or NaN for [1000, 1000]: subtract the maximum of each slice "
             "before exponentiating",
         )
         expected = torch.tensor([[0.25, 0.75], [0.5, 0.5], [0.0, 1.0]])
-        g.expect(close(p, expected, magnitude=magnitude(x)), f"expected {_show(expected)}, got {_show(p)}")
+        g.expect(close(p, expected, magnitude=magnitude(x)), f"expected {show(expected)}, got {show(p)}")
     with g.check("dim=0 normalises the columns"):
         p = call_student(g, "softmax(x, dim=0)", softmax, x, dim=0)
         expected = ref.softmax(x.double(), 0).float()
         g.expect(
             close(p, expected, magnitude=magnitude(x)),
-            f"softmax(x, dim=0) should be {_show(expected)}, got {_show(p)}: "
+            f"softmax(x, dim=0) should be {show(expected)}, got {show(p)}: "
             "use `dim` in both the max and the sum",
         )
     with g.check("very negative inputs: softmax of a row of -1000 is uniform"):
@@ -1153,8 +1113,7 @@ def check_softmax(softmax) -> None:
         p = call_student(g, "softmax(full((2, 3), -1000))", softmax, y)
         g.expect(
             close(p, torch.full((2, 3), 1 / 3), magnitude=magnitude(y)),
-            f"expected rows of 1/3, got {_show(p)}: exp(-1000) underflows "
-            "to 0, so subtract the maximum first",
+            f"expected rows of 1/3, got {show(p)}: exp(-1000) underflows to 0, so subtract the maximum first",
         )
     with g.check("a slice of all -inf gives zeros, not NaN"):
         z = torch.tensor([[0.0, -math.inf, 1.0], [-math.inf, -math.inf, -math.inf]], dtype=torch.float64)
@@ -1162,7 +1121,7 @@ def check_softmax(softmax) -> None:
         g.expect(
             close(p, ref.softmax(z)),
             f"softmax([[0, -inf, 1], [-inf, -inf, -inf]]) should be "
-            f"[[0.269, 0, 0.731], [0, 0, 0]], got {_show(p)}",
+            f"[[0.269, 0, 0.731], [0, 0, 0]], got {show(p)}",
         )
     with g.check("leaves x unchanged"):
         after = probe(softmax, x.clone()).args[0]
@@ -1204,7 +1163,7 @@ def check_causal_mask(causal_mask) -> None:
         )
         g.expect(
             torch.equal(m, ref.causal_mask(2, 4)),
-            f"causal_mask(2, 4) is misaligned: query i sees keys j <= i + (S - T); got {_show(m, 8)}",
+            f"causal_mask(2, 4) is misaligned: query i sees keys j <= i + (S - T); got {show(m, 8)}",
         )
     with g.check("causal_mask(0, 2) is an empty (0, 2) boolean mask"):
         m = call_student(g, "causal_mask(0, 2)", causal_mask, 0, 2)
@@ -1243,10 +1202,8 @@ def check_attention(attention) -> None:
             f"{what}: expected out {describe(exp_out)} and weights {describe(exp_w)}, "
             f"got {describe(out)} and {describe(w)}",
         )
-        g.expect(close(w, exp_w, magnitude=mag), f"{what}: the weights differ: {_first_difference(w, exp_w)}")
-        g.expect(
-            close(out, exp_out, magnitude=mag), f"{what}: out differs: {_first_difference(out, exp_out)}"
-        )
+        g.expect(close(w, exp_w, magnitude=mag), f"{what}: the weights differ: {first_difference(w, exp_w)}")
+        g.expect(close(out, exp_out, magnitude=mag), f"{what}: out differs: {first_difference(out, exp_out)}")
         return out, w
 
     with g.check(
@@ -1631,7 +1588,7 @@ def grade_online_softmax(online_softmax) -> None:
             is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
             f"{where} should be a tensor {dtype_name(dtype)} {tuple(x.shape)}, got {describe(p)}",
         )
-        g.expect(close(p, expected, magnitude=1.0), f"{where}: {_first_difference(p, expected)}")
+        g.expect(close(p, expected, magnitude=1.0), f"{where}: {first_difference(p, expected)}")
 
     with g.check("equals softmax over the last axis for every block size, the last block shorter"):
         for_all(
@@ -1655,7 +1612,7 @@ def grade_online_softmax(online_softmax) -> None:
             g.expect(
                 close(p, expected),
                 f"{where} for x = 0, 3, ..., 33: "
-                + _first_difference(
+                + first_difference(
                     p,
                     expected,
                     "; when a block raises the maximum from m to m', multiply the sum so far by exp(m - m') "
@@ -1666,7 +1623,7 @@ def grade_online_softmax(online_softmax) -> None:
         x = tensor(5, 3, 9, dtype=torch.float32, scale=1.0) * 1e4
         where, p = _online(g, online_softmax, x, 4)
         expected = ref.softmax(x.double(), -1).float()
-        g.expect(close(p, expected), f"{where} for entries near 1e4: {_first_difference(p, expected)}")
+        g.expect(close(p, expected), f"{where} for entries near 1e4: {first_difference(p, expected)}")
     with g.check("a row that is all -inf gives zeros, a block that is all -inf is skipped (no NaN)"):
         x = tensor(6, 3, 8, dtype=torch.float64)
         x[0] = -math.inf
@@ -1675,7 +1632,7 @@ def grade_online_softmax(online_softmax) -> None:
         expected = ref.softmax(x, -1)
         g.expect(
             close(p, expected),
-            f"{where} with row 0 all -inf and row 1's first block -inf: {_first_difference(p, expected)}",
+            f"{where} with row 0 all -inf and row 1's first block -inf: {first_difference(p, expected)}",
         )
     with g.check("does not modify x"):
         x = tensor(7, 2, 6, dtype=torch.float64)
@@ -1686,7 +1643,7 @@ def grade_online_softmax(online_softmax) -> None:
             g.fail(f"online_softmax(x (2, 6), block=4): {raised(e)}")
         g.expect(
             is_tensor(after) and torch.equal(after, x),
-            f"online_softmax modified its input in place: x was {_show(x)}, afterwards {_show(after)}",
+            f"online_softmax modified its input in place: x was {show(x)}, afterwards {show(after)}",
         )
     with g.check("raises ValueError for a block that is not a positive integer"):
         x = tensor(8, 2, 5, dtype=torch.float64)
@@ -1701,9 +1658,9 @@ def check_online_softmax(online_softmax) -> None:
     with g.check("online_softmax([0, log 3], 1) is [0.25, 0.75]"):
         x = torch.tensor([0.0, math.log(3.0)], dtype=torch.float64)
         where, p = _online(g, online_softmax, x, 1)
-        g.expect(close(p, torch.tensor([0.25, 0.75], dtype=torch.float64)), f"{where}: got {_show(p)}")
+        g.expect(close(p, torch.tensor([0.25, 0.75], dtype=torch.float64)), f"{where}: got {show(p)}")
     with g.check("online_softmax(x, 2) equals softmax(x) for x = 0, 3, ..., 15"):
         x = torch.arange(6, dtype=torch.float64).mul(3.0)
         where, p = _online(g, online_softmax, x, 2)
-        g.expect(close(p, ref.softmax(x, -1)), f"{where}: {_first_difference(p, ref.softmax(x, -1))}")
+        g.expect(close(p, ref.softmax(x, -1)), f"{where}: {first_difference(p, ref.softmax(x, -1))}")
     g.finish()

@@ -19,7 +19,8 @@ must be 0 or the reference's weight divided by ``1 - p``, and the output must be
 from exactly those weights.
 
 Shared helpers come from :mod:`coursekit.grading.core` (``call_student`` turns an exception of
-the student's code into a hint that names the input); :func:`_message` reads an error's message in-process and from the sandbox alike.
+the student's code into a hint that names the input); :func:`_message` reads an error's message
+in-process and from the sandbox alike.
 
 Over 500 lines: one named check per clause of the exercise text for each graded part, public and
 hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
@@ -45,6 +46,7 @@ from coursekit.grading.core import (
     describe,
     dtype_name,
     expect_value_error,
+    first_difference,
     first_match,
     for_all,
     is_a,
@@ -57,6 +59,7 @@ from coursekit.grading.core import (
     raise_unless_student_error,
     raised,
     random_weights,
+    show,
     tensor,
 )
 from coursekit.grading.questions import Prediction, expect_in_band
@@ -122,44 +125,6 @@ def _expect_error_naming(
             f"raise a ValueError instead ({fix})"
         )
     g.fail(f"with {what} your code returned {describe(out)}; raise a ValueError instead ({fix})")
-
-
-def _show(t: object, n: int = 6) -> str:
-    if not is_tensor(t):
-        return describe(t)
-    flat = t.detach().reshape(-1)[:n].tolist()
-    text = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in flat)
-    return f"[{text}{', ...' if t.numel() > n else ''}]"
-
-
-def _first_difference(got, expected, advice: str = "") -> str:
-    """'at index (i, j): expected a, got b' where two tensors first differ; ``advice`` (how to fix
-    a plain difference of values) follows only when no other cause shows: dtype, shape, or a tiny error."""
-    if is_tensor(got) and got.shape == expected.shape and got.dtype != expected.dtype:  # the dtype alone
-        return f"expected dtype {dtype_name(expected.dtype)}, got {dtype_name(got.dtype)}"
-    if not (is_tensor(got) and got.shape == expected.shape):
-        return f"expected {describe(expected)}, got {describe(got)}"
-    diff = (got.detach().double() - expected.detach().double()).abs() > 0
-    diff = diff | (got.detach().isnan() != expected.detach().isnan())
-    where = diff.nonzero()
-    if not where.numel():
-        return f"expected {_show(expected)}, got {_show(got)}{advice}"
-    i = tuple(where[0].tolist())
-    text = f"at index {i}: expected {expected[i].item():.9g}, got {got[i].item():.9g}"
-    error = (got.detach().double() - expected.detach().double()).abs().max().item()
-    largest = expected.detach().abs().max().item()  # tiny next to the values themselves, not next to 1
-    if expected.dtype == torch.float64 and 0 < error < 1e-4 * largest:
-        return text + _tiny_difference(got, error / largest)
-    return text + advice
-
-
-def _tiny_difference(got: torch.Tensor, relative: float) -> str:
-    """The one likely cause of a float64 result off by ``relative`` (below 1e-4): every value a float32
-    number, or an error the size of float32 rounding (about 1e-7 per operation), means float32 on the
-    way; a larger one, a small constant added."""
-    if torch.equal(got.detach().float().double(), got.detach()) or relative < 2e-6:
-        return " (a tiny difference, the size of float32 rounding: is part of the computation in float32?)"
-    return " (a small difference, larger than float32 rounding: is a small constant, an epsilon, added?)"
 
 
 def _unpack(g: Grader, result, what: str):
@@ -236,7 +201,7 @@ def grade_split_heads(split_heads) -> None:
             )
             g.expect(
                 is_tensor(out) and out.shape == expected.shape and torch.equal(out, expected),
-                f"{where}: head h must be x[..., h*D:(h+1)*D]; {_first_difference(out, expected)}",
+                f"{where}: head h must be x[..., h*D:(h+1)*D]; {first_difference(out, expected)}",
             )
 
         for_all("split.values", SPLIT, values, max_examples=14, first=(2, 5, 3, 4, torch.float64, 1, True))
@@ -339,7 +304,7 @@ def grade_merge_heads(merge_heads) -> None:
             g.expect(
                 is_tensor(out) and out.shape == expected.shape and torch.equal(out, expected),
                 f"{where}: merge_heads(x)[b, t] must be the concatenation x[b, 0, t], x[b, 1, t], ...; "
-                f"{_first_difference(out, expected)}",
+                f"{first_difference(out, expected)}",
             )
 
         for_all("merge.values", MERGE, values, max_examples=14, first=(2, 3, 5, 4, torch.float64, 1, False))
@@ -353,7 +318,7 @@ def grade_merge_heads(merge_heads) -> None:
             out = call_student(g, where, merge_heads, ref.split_heads(y, H))
             g.expect(
                 is_tensor(out) and out.shape == y.shape and torch.equal(out, y),
-                f"{where} should give y back: {_first_difference(out, y)}",
+                f"{where} should give y back: {first_difference(out, y)}",
             )
 
         for_all(
@@ -438,7 +403,7 @@ def grade_repeat_kv(repeat_kv) -> None:
             )
             g.expect(
                 is_tensor(out) and out.shape == expected.shape and torch.equal(out, expected),
-                f"{where}: output head h must be input head h // n_rep; {_first_difference(out, expected)}",
+                f"{where}: output head h must be input head h // n_rep; {first_difference(out, expected)}",
             )
 
         for_all("repeat.values", REPEAT, values, max_examples=14, first=(2, 2, 5, 3, 2, torch.float64, 1))
@@ -446,7 +411,7 @@ def grade_repeat_kv(repeat_kv) -> None:
         out = call_student(g, "repeat_kv(x (2, 3, 4, 2), 1)", repeat_kv, x, 1)
         g.expect(
             is_tensor(out) and out.shape == x.shape and torch.equal(out, x),
-            f"repeat_kv(x, 1) must give x's values unchanged: {_first_difference(out, x)}",
+            f"repeat_kv(x, 1) must give x's values unchanged: {first_difference(out, x)}",
         )
 
     with g.check(
@@ -509,7 +474,7 @@ def grade_repeat_kv(repeat_kv) -> None:
             g.expect(
                 got is not None and close(got, expected),
                 f"{where}: the gradient of x should be the sum of the upstream gradients over each group of "
-                f"n_rep query heads; {_first_difference(got, expected)}",
+                f"n_rep query heads; {first_difference(got, expected)}",
             )
 
         for_all(
@@ -636,7 +601,7 @@ def _causal_on_x_device(g: Grader, MultiHeadAttention, config, B: int, T: int, S
         0
     ]  # on the CPU: the device is right, the rest is its own clause
     g.expect(
-        close(out, expected), f"{where}: out differs from the reference: {_first_difference(out, expected)}"
+        close(out, expected), f"{where}: out differs from the reference: {first_difference(out, expected)}"
     )
 
 
@@ -798,7 +763,7 @@ def _expect_forward(g: Grader, p: _Pair, x, kv=None, **kwargs):
     )
     if is_tensor(out) and bool(torch.isnan(out).any()):
         g.fail(
-            f"{where}: out holds NaN ({_show(out)}): a query that sees no key must get zero weights (the given "
+            f"{where}: out holds NaN ({show(out)}): a query that sees no key must get zero weights (the given "
             "scaled_dot_product_attention does this; combine masks by adding -inf, never -inf - -inf)"
         )
     try:
@@ -833,7 +798,7 @@ def _expect_forward(g: Grader, p: _Pair, x, kv=None, **kwargs):
         )
         g.expect(
             close(w, w_r, magnitude=mag),
-            f"{where}: the attention weights differ from the reference: {_first_difference(w, w_r)}",
+            f"{where}: the attention weights differ from the reference: {first_difference(w, w_r)}",
         )
     else:
         g.expect(
@@ -843,7 +808,7 @@ def _expect_forward(g: Grader, p: _Pair, x, kv=None, **kwargs):
         )
     g.expect(
         close(out, out_r, magnitude=mag),
-        f"{where}: out differs from the reference: {_first_difference(out, out_r)}",
+        f"{where}: out differs from the reference: {first_difference(out, out_r)}",
     )
     return out, w
 
@@ -919,7 +884,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                 )
                 g.expect(
                     close(a, b, magnitude=magnitude(x, kv)),
-                    f"{where}: {name} differs from the reference: {_first_difference(a, b)}"
+                    f"{where}: {name} differs from the reference: {first_difference(a, b)}"
                     + (
                         " (queries come from x with the first C rows of qkv_proj, keys and values from kv with "
                         "the rest)"
@@ -1154,7 +1119,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
             g.expect(
                 close(w[kept], w_r[kept] / (1 - p_drop), magnitude=mag),
                 f"{where} in training mode: a weight must be 0 or the weight without dropout times "
-                f"1/(1-p) = {1 / (1 - p_drop):.4g}: {_first_difference(w[kept], w_r[kept] / (1 - p_drop))} "
+                f"1/(1-p) = {1 / (1 - p_drop):.4g}: {first_difference(w[kept], w_r[kept] / (1 - p_drop))} "
                 "(dropout belongs on the attention weights after the softmax, nowhere else)",
             )
             g.expect(
@@ -1214,7 +1179,7 @@ def grade_multihead_attention(MultiHeadAttention) -> None:
                 g.expect(
                     got is not None and close(got, want.grad, magnitude=magnitude(x, kv)),
                     f"{where}: the gradient with respect to {name} differs from the reference"
-                    + (f": {_first_difference(got, want.grad)}" if got is not None else ""),
+                    + (f": {first_difference(got, want.grad)}" if got is not None else ""),
                 )
 
         for_all(
@@ -1645,7 +1610,7 @@ def grade_kv_pooling_error(kv_pooling_error) -> None:
             g.fail(f"kv_pooling_error(k (2, 4, 5, 3), 2): {raised(e)}")
         g.expect(
             is_tensor(after) and torch.equal(after, k),
-            f"kv_pooling_error modified k in place: k was {_show(k)}, afterwards {_show(after)}",
+            f"kv_pooling_error modified k in place: k was {show(k)}, afterwards {show(after)}",
         )
     with g.check("raises ValueError for k that is not 4-D or n_kv_heads that does not divide H"):
         _expect_error_naming(
@@ -1719,11 +1684,11 @@ def grade_pool_kv_heads(pool_kv_heads) -> None:
             want_w, want_b = ref.pool_kv_heads(w, b, H, n_kv)
             g.expect(
                 close(got_w, want_w),
-                f"{where}: the weight {_first_difference(got_w, want_w)}; keep the C query rows, then for each "
+                f"{where}: the weight {first_difference(got_w, want_w)}; keep the C query rows, then for each "
                 "group the mean of its n_rep consecutive key heads' D rows, then the same for the values",
             )
             if bias:
-                g.expect(close(got_b, want_b), f"{where}: the bias {_first_difference(got_b, want_b)}")
+                g.expect(close(got_b, want_b), f"{where}: the bias {first_difference(got_b, want_b)}")
             else:
                 g.expect(
                     got_b is None,
@@ -1755,7 +1720,7 @@ def grade_pool_kv_heads(pool_kv_heads) -> None:
             gqa.out_proj.load_state_dict(mha.out_proj.state_dict())
             x = tensor(220, 2, 5, C)
             want, got = mha(x, is_causal=True)[0], gqa(x, is_causal=True)[0]
-        g.expect(close(got, want), f"{where}: the converted layer's output {_first_difference(got, want)}")
+        g.expect(close(got, want), f"{where}: the converted layer's output {first_difference(got, want)}")
     with g.check("does not modify its inputs"):
         w, b = tensor(230, 24, 8), tensor(231, 24)
         try:
@@ -1793,6 +1758,6 @@ def check_pool_kv_heads(pool_kv_heads) -> None:
         w = torch.arange(48, dtype=torch.float64).reshape(12, 4)
         where, got_w, got_b = _pool_weights(g, pool_kv_heads, w, None, 2, 1)
         want_w, _ = ref.pool_kv_heads(w, None, 2, 1)
-        g.expect(close(got_w, want_w), f"{where}: {_first_difference(got_w, want_w)}")
+        g.expect(close(got_w, want_w), f"{where}: {first_difference(got_w, want_w)}")
         g.expect(got_b is None, f"{where}: with qkv_bias None the bias should be None, got {describe(got_b)}")
     g.finish()

@@ -31,6 +31,7 @@ from coursekit.grading.core import (
     close,
     default_device,
     describe,
+    expect_close,
     expect_value_error,
     for_all,
     is_tensor,
@@ -41,7 +42,6 @@ from coursekit.grading.core import (
     raised,
     rand,
     tensor,
-    tolerance,
 )
 from coursekit.grading.questions import Prediction, expect_in_band
 
@@ -70,38 +70,6 @@ F64, F32 = torch.float64, torch.float32
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _diff(out: object, expected: torch.Tensor, mag: float = 1.0) -> str:
-    """Where ``out`` first leaves the tolerance around ``expected``: 'at [1, 2] expected 0.5403, got 0.8415'."""
-    if not is_tensor(out):
-        return f"got {describe(out)}"
-    if out.shape == expected.shape and out.dtype != expected.dtype:  # the dtype alone
-        dt = lambda d: str(d).removeprefix("torch.")  # noqa: E731
-        return f"expected dtype {dt(expected.dtype)}, got {dt(out.dtype)}"
-    if out.shape != expected.shape:
-        return f"expected {describe(expected)}, got {describe(out)}"
-    rtol, atol = tolerance(expected.dtype, mag)
-    a, e = out.detach().double(), expected.double()
-    finite = torch.isfinite(e)
-    bad = torch.where(finite, (a - e).abs() > atol + rtol * e.abs(), a != e) | a.isnan()
-    if not bool(bad.any()):
-        return "the values differ"
-    idx = tuple(int(i) for i in bad.nonzero()[0])
-    want, got = float(e[idx]), float(a[idx])
-    digits = next((d for d in (6, 9, 12, 17) if f"{want:.{d}g}" != f"{got:.{d}g}"), 17)
-    return f"at {list(idx)} expected {want:.{digits}g}, got {got:.{digits}g}"
-
-
-def _expect_close(
-    g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0, advice: str = ""
-) -> None:
-    """Fail with '<what>: at [i, j] expected ..., got ...<advice>' unless ``out`` is close to ``expected``;
-    ``advice`` (the fix of wrong values) only where the type, shape and dtype are right (else the hint
-    names that alone)."""
-    if not close(out, expected, magnitude=mag):
-        values_only = is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype
-        g.fail(f"{what}: {_diff(out, expected, mag)}{advice if values_only else ''}")
 
 
 def _args(**kwargs) -> str:
@@ -207,7 +175,7 @@ def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
                 f"{what} should be a {str(dtype).removeprefix('torch.')} (5, 6) tensor, got {describe(pe)}"
                 + ("" if kwargs else ": the default dtype is float32"),
             )
-            _expect_close(g, what, pe, expected.to(dtype))
+            expect_close(g, what, pe, expected.to(dtype))
 
     def values(case):
         T, C = case
@@ -216,7 +184,7 @@ def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
         expected = ref.sinusoidal_encoding(T, C, dtype=F64)
         if not close(pe, expected):
             _diagnose_sinusoidal(g, what, pe, T, C, 10000.0)
-            _expect_close(g, what, pe, expected)
+            expect_close(g, what, pe, expected)
 
     with g.check("PE[p, 2i] = sin(p w_i), PE[p, 2i + 1] = cos(p w_i), w_i = 10000^(-2i/C), p = 0 .. T-1"):
         evens = st.integers(1, 8).map(lambda k: 2 * k)
@@ -230,7 +198,7 @@ def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
         expected = ref.sinusoidal_encoding(T, C, base=base, dtype=F64)
         if not close(pe, expected):
             _diagnose_sinusoidal(g, what, pe, T, C, base)
-            _expect_close(g, what, pe, expected)
+            expect_close(g, what, pe, expected)
 
     with g.check("uses the base argument: w_i = base^(-2i/C)"):
         bases = st.sampled_from([100.0, 2.0, 0.5, 10.0, 777.5, 1e5, 1e6])
@@ -252,7 +220,7 @@ def grade_sinusoidal_encoding(sinusoidal_encoding) -> None:
                 is_tensor(pe) and pe.shape == (T, C) and pe.dtype == dtype,
                 f"{what} should be a {str(dtype).removeprefix('torch.')} ({T}, {C}) tensor, got {describe(pe)}",
             )
-            _expect_close(
+            expect_close(
                 g,
                 what,
                 pe,
@@ -378,7 +346,7 @@ def _rope_case(g: Grader, apply_rope, x: torch.Tensor, positions: torch.Tensor, 
     expected = ref.apply_rope(x, positions, **kwargs)
     if not close(out, expected, magnitude=magnitude(x)):
         _diagnose_rope(g, what, out, x, positions, **kwargs)
-        _expect_close(g, what, out, expected, magnitude(x))
+        expect_close(g, what, out, expected, magnitude(x))
 
 
 def _positions_text(p: torch.Tensor) -> str:
@@ -436,7 +404,7 @@ def grade_apply_rope(apply_rope) -> None:
             )
             if dtype == F32:
                 expected = ref.apply_rope(x.double(), positions).float()
-                _expect_close(g, what, p.result, expected, magnitude(x))
+                expect_close(g, what, p.result, expected, magnitude(x))
 
     def arange_case(case):
         shape, pos, seed = case
@@ -522,7 +490,7 @@ def grade_apply_rope(apply_rope) -> None:
             ".numpy() or .item()",
         )
         expected = ref.apply_rope(upstream, -positions)
-        _expect_close(
+        expect_close(
             g,
             "for x (2, 2, 4, 6) and positions [3, 1, 4, 1], the gradient with respect to x",
             p.grads[0] if p.grads else None,
@@ -613,14 +581,14 @@ def grade_alibi_slopes(alibi_slopes) -> None:
                 f"got {describe(s)}",
             )
             expected = ref.alibi_slopes(H, F64).to(dtype)
-            _expect_close(g, what, s, expected)
+            expect_close(g, what, s, expected)
 
     def slopes_case(H):
         s = call_student(g, f"alibi_slopes({H}, torch.float64)", alibi_slopes, H, F64)
         expected = ref.alibi_slopes(H, F64)
         if not close(s, expected):
             _diagnose_slopes(g, s, H)
-        _expect_close(g, f"alibi_slopes({H}, torch.float64)", s, expected)
+        expect_close(g, f"alibi_slopes({H}, torch.float64)", s, expected)
 
     with g.check("H a power of two: the geometric sequence 2^(-8i/H), i = 1 .. H"):
         for_all(
@@ -706,7 +674,7 @@ def _bias_case(g: Grader, alibi_bias, slopes: torch.Tensor, T: int, S: int | Non
     mag = magnitude(expected)
     if not close(b, expected, magnitude=mag):
         _diagnose_bias(g, what, b, slopes, T, S)
-        _expect_close(g, what, b, expected, mag)
+        expect_close(g, what, b, expected, mag)
 
 
 @st.composite
@@ -732,7 +700,7 @@ def grade_alibi_bias(alibi_bias) -> None:
                 f"{what} should be a {str(dtype).removeprefix('torch.')} (4, 4, 6) tensor, got {describe(b)}",
             )
             expected = ref.alibi_bias(s.double(), 4, 6).to(dtype)
-            _expect_close(g, what, b, expected, 5.0)
+            expect_close(g, what, b, expected, 5.0)
         if _in_process():  # tensors on the meta device cannot cross the autograder's sandbox
             what = "alibi_bias(slopes on the meta device, 3, 5)"
             try:
@@ -798,7 +766,7 @@ def _public_value(g: Grader, what: str, out: object, expected: torch.Tensor, mag
         is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
         f"{what} should be a {describe(expected)}, got {describe(out)}",
     )
-    _expect_close(g, what, out, expected, mag)
+    expect_close(g, what, out, expected, mag)
 
 
 def check_sinusoidal_encoding(sinusoidal_encoding) -> None:
@@ -873,7 +841,7 @@ def check_apply_rope(apply_rope) -> None:
             close(out.norm(dim=-1), y.norm(dim=-1), magnitude=magnitude(y)),
             "the norms changed: each pair must be rotated, not scaled",
         )
-        _expect_close(
+        expect_close(
             g,
             "apply_rope(x (2, 3, 5, 8), arange(5))",
             out,
@@ -1001,7 +969,7 @@ def _bias_on_slopes_device(g: Grader, alibi_bias, slopes: torch.Tensor, T: int, 
         b.dtype == expected.dtype,
         f"{what}: got {describe(b)}: the bias has the slopes' dtype, {str(expected.dtype).removeprefix('torch.')}",
     )
-    _expect_close(g, what, b, expected)
+    expect_close(g, what, b, expected)
 
 
 def check_alibi_bias(alibi_bias) -> None:

@@ -34,6 +34,7 @@ from coursekit.grading.core import (
     call_student,
     close,
     describe,
+    expect_close,
     expect_value_error,
     first_match,
     for_all,
@@ -48,7 +49,6 @@ from coursekit.grading.core import (
     set_attr,
     student_side,
     tensor,
-    tolerance,
 )
 from coursekit.grading.questions import Prediction, expect_in_band
 
@@ -79,38 +79,6 @@ LINEAR = "torch.nn.modules.linear.Linear"
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _diff(out: object, expected: torch.Tensor, mag: float = 1.0) -> str:
-    """Where ``out`` first leaves the tolerance around ``expected``: 'at [1, 2] expected 0.5403, got 0.8415'."""
-    if not is_tensor(out):
-        return f"expected {describe(expected)}, got {describe(out)}"
-    if out.shape == expected.shape and out.dtype != expected.dtype:  # the dtype alone
-        dt = lambda d: str(d).removeprefix("torch.")  # noqa: E731
-        return f"expected dtype {dt(expected.dtype)}, got {dt(out.dtype)}"
-    if out.shape != expected.shape:
-        return f"expected {describe(expected)}, got {describe(out)}"
-    rtol, atol = tolerance(expected.dtype, mag)
-    a, e = out.detach().double(), expected.detach().double()
-    finite = torch.isfinite(e)
-    bad = torch.where(finite, (a - e).abs() > atol + rtol * e.abs(), a != e) | a.isnan()
-    if not bool(bad.any()):
-        return "the values differ"
-    idx = tuple(int(i) for i in bad.nonzero()[0])
-    want, got = float(e[idx]), float(a[idx])
-    digits = next((d for d in (6, 9, 12, 17) if f"{want:.{d}g}" != f"{got:.{d}g}"), 17)
-    return f"at {list(idx)} expected {want:.{digits}g}, got {got:.{digits}g}"
-
-
-def _expect_close(
-    g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0, advice: str = ""
-) -> None:
-    """Fail with '<what>: at [i, j] expected ..., got ...<advice>' unless ``out`` is close to ``expected``;
-    ``advice`` (the fix of wrong values) only where the type, shape and dtype are right (else the hint
-    names that alone)."""
-    if not close(out, expected, magnitude=mag):
-        values_only = is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype
-        g.fail(f"{what}: {_diff(out, expected, mag)}{advice if values_only else ''}")
 
 
 def _args(*positional, **kwargs) -> str:
@@ -314,7 +282,7 @@ def grade_layer_norm(LayerNorm) -> None:
                 ],
                 expected,
             )
-            _expect_close(g, what, out, expected, magnitude(x))
+            expect_close(g, what, out, expected, magnitude(x))
 
     with g.check(
         "(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance), "
@@ -333,7 +301,7 @@ def grade_layer_norm(LayerNorm) -> None:
         expected = _ln(x.double(), w.double(), b.double()).float()
         if is_tensor(out) and out.dtype == F64:
             g.fail(f"{what} on float32 x returned float64: return x's dtype")
-        _expect_close(
+        expect_close(
             g,
             f"{what} on float32 x = 1e4 + noise (3, 5, 16)",
             out,
@@ -349,7 +317,7 @@ def grade_layer_norm(LayerNorm) -> None:
         m.eval()
         in_eval = call_student(g, f"{what} in eval mode on x (4, 3, 6)", m, x)
         m.train()
-        _expect_close(
+        expect_close(
             g,
             f"{what} in training mode on x (4, 3, 6), compared with its output in eval mode",
             call_student(g, f"{what} in training mode on x (4, 3, 6)", m, x),
@@ -385,7 +353,7 @@ def grade_layer_norm(LayerNorm) -> None:
         )
         xr = x.clone().requires_grad_()
         (_ln(xr, w, b) * up).sum().backward()
-        _expect_close(
+        expect_close(
             g,
             f"{what} on x (2, 3, 6), the gradient with respect to x",
             p.grads[0] if p.grads else None,
@@ -485,7 +453,7 @@ def grade_feed_forward(FeedForward) -> None:
                     ],
                     expected,
                 )
-                _expect_close(g, what, out, expected)
+                expect_close(g, what, out, expected)
 
     with g.check(
         "activation='relu' (the default): linear2(relu(linear1(x))), any leading dims, bias=True or False"
@@ -546,7 +514,7 @@ def grade_feed_forward(FeedForward) -> None:
             m.train()
             with torch.no_grad():
                 expected = r.linear2(torch.zeros(2, 3, 10, dtype=F64))  # every hidden activation dropped
-                _expect_close(
+                expect_close(
                     g,
                     f"{what} in training mode with its dropout's p set to 1",
                     call_student(g, what, m, x),
@@ -555,7 +523,7 @@ def grade_feed_forward(FeedForward) -> None:
                     "so dropping all of them leaves linear2's bias",
                 )
                 m.eval()
-                _expect_close(
+                expect_close(
                     g,
                     f"{what} in eval mode with its dropout's p set to 1",
                     call_student(g, what, m, x),
@@ -569,7 +537,7 @@ def grade_feed_forward(FeedForward) -> None:
                 stand_in.load_state_dict({"weight": W})
                 set_attr(m, "dropout", stand_in)
                 expected = r.linear2(F.linear(act(r.linear1(x)), W))
-                _expect_close(
+                expect_close(
                     g,
                     f"{what} with self.dropout replaced by a fixed linear map M",
                     call_student(g, what, m, x),
@@ -591,7 +559,7 @@ def grade_feed_forward(FeedForward) -> None:
         )
         xr = x.clone().requires_grad_()
         (_ff_expected(r, xr, F.gelu) * up).sum().backward()
-        _expect_close(
+        expect_close(
             g,
             f"{what} on x (2, 3, 6), the gradient with respect to x",
             p.grads[0] if p.grads else None,
@@ -822,7 +790,7 @@ def _encoder_case(
                 [(w, f"{what}: {h}") for w, h in _encoder_mistakes(r, x, bool(norm_first), **masks)],
                 expected,
             )
-        _expect_close(g, what, out, expected)
+        expect_close(g, what, out, expected)
 
 
 def grade_encoder_layer(EncoderLayer) -> None:
@@ -943,7 +911,7 @@ def grade_encoder_layer(EncoderLayer) -> None:
             )
             x = rand("enc.opts.x", 2, 4, 8, scale=0.5)
             with torch.no_grad():
-                _expect_close(
+                expect_close(
                     g,
                     f"{what} on x (2, 4, 8)",
                     call_student(g, what, m, x),
@@ -981,7 +949,7 @@ def grade_encoder_layer(EncoderLayer) -> None:
                 r.train()
                 x = rand(f"enc.drop.{on}.x", 2, 4, 8)
                 with torch.no_grad():
-                    _expect_close(
+                    expect_close(
                         g,
                         f"{what} in training mode with {on}.p = 1 and every other dropout off",
                         call_student(g, what, m, x),
@@ -1014,7 +982,7 @@ def grade_encoder_layer(EncoderLayer) -> None:
         )
         xr = x.clone().requires_grad_()
         (r(xr) * up).sum().backward()
-        _expect_close(
+        expect_close(
             g,
             f"{what} on x (2, 4, 8), the gradient with respect to x",
             p.grads[0] if p.grads else None,
@@ -1159,7 +1127,7 @@ def _decoder_case(
                 [(w, f"{what}: {h}") for w, h in _decoder_mistakes(r, x, memory, bool(norm_first), **masks)],
                 expected,
             )
-        _expect_close(g, what, out, expected)
+        expect_close(g, what, out, expected)
 
 
 def grade_decoder_layer(DecoderLayer) -> None:
@@ -1286,7 +1254,7 @@ def grade_decoder_layer(DecoderLayer) -> None:
             )
             x, memory = rand("dec.opts.x", 2, 4, 8, scale=0.5), rand("dec.opts.mem", 2, 5, 8, scale=0.5)
             with torch.no_grad():
-                _expect_close(
+                expect_close(
                     g,
                     f"{what} on x (2, 4, 8) and memory (2, 5, 8)",
                     call_student(g, what, m, x, memory),
@@ -1323,7 +1291,7 @@ def grade_decoder_layer(DecoderLayer) -> None:
                 r.train()
                 x, memory = rand(f"dec.drop.{on}.x", 2, 4, 8), rand(f"dec.drop.{on}.mem", 2, 3, 8)
                 with torch.no_grad():
-                    _expect_close(
+                    expect_close(
                         g,
                         f"{what} in training mode with {on}.p = 1 and every other dropout off",
                         call_student(g, what, m, x, memory),
@@ -1362,7 +1330,7 @@ def grade_decoder_layer(DecoderLayer) -> None:
         xr, mr = x.clone().requires_grad_(), memory.clone().requires_grad_()
         (r(xr, mr) * up).sum().backward()
         for i, (arg, want) in enumerate((("x", xr.grad), ("memory", mr.grad))):
-            _expect_close(
+            expect_close(
                 g,
                 f"{what} on x (2, 4, 8) and memory (2, 5, 8), the gradient with respect to {arg}",
                 p.grads[i] if p.grads else None,
@@ -1417,7 +1385,7 @@ def check_layer_norm(LayerNorm) -> None:
             not (is_tensor(out) and not bool(torch.isfinite(out).all())),
             "a constant row gave inf or NaN: add eps to the variance inside the square root",
         )
-        _expect_close(g, "LayerNorm(4) of [[1, 2, 3, 4], [2, 2, 2, 2]]", out, expected)
+        expect_close(g, "LayerNorm(4) of [[1, 2, 3, 4], [2, 2, 2, 2]]", out, expected)
     with g.check("with loaded weight and bias, eps=0.5, bias=False, x of shape (2, 3, 4) or (4,)"):
         for kwargs in ({}, {"eps": 0.5}, {"bias": False}):
             m = LayerNorm(4, **kwargs).double()
@@ -1431,7 +1399,7 @@ def check_layer_norm(LayerNorm) -> None:
             )
             for shape in ((2, 3, 4), (4,)):
                 xs = rand(f"public.ln.x{shape}", *shape)
-                _expect_close(
+                expect_close(
                     g,
                     f"LayerNorm(4{_args(**kwargs) and ', ' + _args(**kwargs)}) on x {shape}",
                     m(xs),
@@ -1439,7 +1407,7 @@ def check_layer_norm(LayerNorm) -> None:
                 )
     with g.check("float32 x = 1e4 + [1, 2, 3, 4]: float32 out, accurate (two-pass variance)"):
         xs = torch.tensor([1.0, 2.0, 3.0, 4.0]) + 1e4
-        _expect_close(
+        expect_close(
             g,
             "LayerNorm(4) of 1e4 + [1, 2, 3, 4] in float32",
             LayerNorm(4)(xs),
@@ -1448,7 +1416,7 @@ def check_layer_norm(LayerNorm) -> None:
         )
     with g.check("the same output in training and eval mode"):
         m = LayerNorm(4).double()
-        _expect_close(g, "LayerNorm(4) in training mode", m.train()(x), _ln(x, None, None))
+        expect_close(g, "LayerNorm(4) in training mode", m.train()(x), _ln(x, None, None))
     with g.check("LayerNorm(4) on x (2, 3) raises a ValueError"):
         expect_value_error(g, lambda: LayerNorm(4)(torch.zeros(2, 3)), "LayerNorm(4) on x (2, 3)")
     with g.check("x is left unchanged and gradients flow back to it"):
@@ -1486,7 +1454,7 @@ def check_feed_forward(FeedForward) -> None:
             load_weights(g, m, weights, f"FeedForward(8, 16, {activation!r})", True)
             r.load_state_dict(weights)
             with torch.no_grad():
-                _expect_close(g, f"FeedForward(8, 16, {activation!r})", m(x), r(x))
+                expect_close(g, f"FeedForward(8, 16, {activation!r})", m(x), r(x))
     with g.check("bias=False: only linear1.weight and linear2.weight"):
         keys = set(FeedForward(8, 16, bias=False).state_dict())
         expected = {"linear1.weight", "linear2.weight"}
@@ -1504,7 +1472,7 @@ def check_feed_forward(FeedForward) -> None:
         g.expect(FeedForward(8).dropout.p == 0.0, "dropout defaults to 0.0")
         set_attr(m.dropout, "p", 1.0)
         with torch.no_grad():
-            _expect_close(
+            expect_close(
                 g,
                 "FeedForward(8, 16) in training mode with dropout.p = 1",
                 m.train()(x),
@@ -1558,7 +1526,7 @@ def check_encoder_layer(EncoderLayer) -> None:
                 g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "public.enc", 8, 2, **kwargs
             )
             with torch.no_grad():
-                _expect_close(g, what, m(x), r(x))
+                expect_close(g, what, m(x), r(x))
     with g.check("mask (T, T), key_padding_mask (B, T) with True at real tokens, and is_causal=True"):
         m, r, what = _public_layer(
             g, EncoderLayer, ref.EncoderLayer, "EncoderLayer", "public.enc.masks", 8, 2
@@ -1570,7 +1538,7 @@ def check_encoder_layer(EncoderLayer) -> None:
         }
         for key, value in masks.items():
             with torch.no_grad():
-                _expect_close(g, f"{what} with {key}", m(x, **{key: value}), r(x, **{key: value}))
+                expect_close(g, f"{what} with {key}", m(x, **{key: value}), r(x, **{key: value}))
     with g.check("dropout defaults to 0.1 in dropout1, dropout2, ff.dropout and self_attn"):
         _public_dropout(g, EncoderLayer(8, 2), _ENC_DROPOUTS, ("self_attn",), 0.1)
     with g.check("dropout1 alone (p = 1, training mode) removes the attention sub-layer's output"):
@@ -1578,7 +1546,7 @@ def check_encoder_layer(EncoderLayer) -> None:
         _only(g, m, "dropout1", _ENC_DROPOUTS, ("self_attn",))
         with torch.no_grad():
             h = r.norm1(x)  # the attention's output dropped: x = norm1(x + 0)
-            _expect_close(
+            expect_close(
                 g, f"{what} with dropout1.p = 1 in training mode", m.train()(x), r.norm2(h + r.ff(h))
             )
     with g.check("x is left unchanged and gradients flow back to it"):
@@ -1621,7 +1589,7 @@ def check_decoder_layer(DecoderLayer) -> None:
                 g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "public.dec", 8, 2, **kwargs
             )
             with torch.no_grad():
-                _expect_close(g, what, m(x, memory), r(x, memory))
+                expect_close(g, what, m(x, memory), r(x, memory))
     with g.check("is_causal=False, mask, key_padding_mask, memory_mask and memory_key_padding_mask"):
         m, r, what = _public_layer(
             g, DecoderLayer, ref.DecoderLayer, "DecoderLayer", "public.dec.masks", 8, 2
@@ -1636,7 +1604,7 @@ def check_decoder_layer(DecoderLayer) -> None:
         masks["memory_mask"][:, 0] = True
         for key, value in masks.items():
             with torch.no_grad():
-                _expect_close(
+                expect_close(
                     g, f"{what} with {key}", m(x, memory, **{key: value}), r(x, memory, **{key: value})
                 )
     with g.check("dropout defaults to 0.1 in dropout1-3, ff.dropout, self_attn and cross_attn"):
@@ -1647,7 +1615,7 @@ def check_decoder_layer(DecoderLayer) -> None:
         with torch.no_grad():
             h = r.norm1(x + r.self_attn(x, is_causal=True)[0])
             h = r.norm2(h)
-            _expect_close(
+            expect_close(
                 g, f"{what} with dropout2.p = 1 in training mode", m.train()(x, memory), r.norm3(h + r.ff(h))
             )
     with g.check("x and memory are left unchanged and gradients flow back to both"):
@@ -1928,7 +1896,7 @@ def grade_rms_norm(RMSNorm) -> None:
                     (_rms(x, w, 1e-6), f"RMSNorm(C, eps={eps:g}) still used eps=1e-6: store eps, use it")
                 ]
             first_match(g, out, [(wrong, f"{what}: {hint}") for wrong, hint in mistakes], expected)
-            _expect_close(g, what, out, expected, 1.0)
+            expect_close(g, what, out, expected, 1.0)
 
     with g.check(
         "x / sqrt(mean(x^2) + eps) * weight over the last axis, no mean subtracted, any leading dims"
@@ -1954,7 +1922,7 @@ def grade_rms_norm(RMSNorm) -> None:
         m, w, what = build(16, dtype=torch.float32)
         x = rand("rms.f32", 3, 16, dtype=torch.float32)
         out = call_student(g, f"{what} on float32 x (3, 16)", m, x)
-        _expect_close(g, f"{what} on float32 x (3, 16)", out, _rms(x.double(), w.double()).float())
+        expect_close(g, f"{what} on float32 x (3, 16)", out, _rms(x.double(), w.double()).float())
     with g.check("x whose last axis is not C raises a ValueError"):
         m = call_student(g, "RMSNorm(6)", RMSNorm, 6)
         for shape in ((2, 5), (7,)):
@@ -1969,7 +1937,7 @@ def grade_rms_norm(RMSNorm) -> None:
         g.expect(is_tensor(p.args[0]) and torch.equal(p.args[0].detach(), x), f"{what} modified x in place")
         xr = x.clone().requires_grad_()
         (_rms(xr, w) * up).sum().backward()
-        _expect_close(
+        expect_close(
             g, f"{what} on x (2, 6), the gradient with respect to x", p.grads[0] if p.grads else None, xr.grad
         )
     g.finish()
@@ -1988,5 +1956,5 @@ def check_rms_norm(RMSNorm) -> None:
     ):
         x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [3.0, 3.0, 3.0, 3.0]], dtype=F64)
         out = RMSNorm(4).double()(x)
-        _expect_close(g, "RMSNorm(4) of [[1, 2, 3, 4], [3, 3, 3, 3]]", out, _rms(x, torch.ones(4, dtype=F64)))
+        expect_close(g, "RMSNorm(4) of [[1, 2, 3, 4], [3, 3, 3, 3]]", out, _rms(x, torch.ones(4, dtype=F64)))
     g.finish()

@@ -30,38 +30,43 @@ import torch
 
 __all__ = [
     "CLAUSES",
-    "TOLERANCES",
-    "GradingFailure",
     "Grader",
+    "GradingFailure",
     "Probe",
+    "TOLERANCES",
     "call_student",
     "close",
+    "default_device",
     "describe",
     "dtype_name",
+    "expect_close",
     "expect_value_error",
+    "first_difference",
     "first_match",
+    "for_all",
     "generator",
     "is_a",
     "is_tensor",
     "load_weights",
+    "magnitude",
+    "meta_copy_refused",
     "names_hint",
     "probe",
     "raise_unless_student_error",
     "raised",
     "rand",
     "random_weights",
-    "for_all",
-    "magnitude",
+    "said",
     "same",
     "seed",
     "seeded",
     "set_attr",
-    "tolerance",
+    "show",
     "student_side",
-    "said",
-    "default_device",
-    "meta_copy_refused",
     "tensor",
+    "tiny_difference",
+    "tolerance",
+    "value_diff",
 ]
 
 #: The sandbox session the student's objects live in while the autograder runs
@@ -404,6 +409,77 @@ class Grader:
             raise GradingFailure(self.part, self.failures, len(self.results))
 
 
+def show(t: object, n: int = 6) -> str:
+    """Up to ``n`` values of a tensor, for a hint: ``[0.25, 0.75, nan]``."""
+    if not is_tensor(t):
+        return describe(t)
+    flat = t.detach().reshape(-1)[:n].tolist()
+    text = ", ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in flat)
+    return f"[{text}{', ...' if t.numel() > n else ''}]"
+
+
+def first_difference(got, expected, advice: str = "") -> str:
+    """'at index (i, j): expected a, got b' for the first entry where two same-shaped tensors differ;
+    ``advice`` (how to fix a plain difference of values) follows only when no other cause shows: dtype,
+    shape, or a tiny error."""
+    if is_tensor(got) and got.shape == expected.shape and got.dtype != expected.dtype:  # the dtype alone
+        return f"expected dtype {dtype_name(expected.dtype)}, got {dtype_name(got.dtype)}"
+    if not (is_tensor(got) and got.shape == expected.shape):
+        return f"expected {describe(expected)}, got {describe(got)}"
+    g, e = got.detach().double(), expected.detach().double()
+    diff = ((g - e).abs() > 0) | (g.isnan() != e.isnan())
+    where = diff.nonzero()
+    if not where.numel():
+        return f"expected {show(expected)}, got {show(got)}{advice}"
+    i = tuple(where[0].tolist())
+    text = f"at index {i}: expected {e[i].item():.9g}, got {g[i].item():.9g}"
+    error = (got.detach().double() - expected.detach().double()).abs().max().item()
+    largest = expected.detach().abs().max().item()  # tiny next to the values themselves, not next to 1
+    if expected.dtype == torch.float64 and 0 < error < 1e-4 * largest:
+        return text + tiny_difference(got, error / largest)
+    return text + advice
+
+
+def tiny_difference(got: torch.Tensor, relative: float) -> str:
+    """The one likely cause of a float64 result off by ``relative`` (below 1e-4): every value a float32
+    number, or an error the size of float32 rounding (about 1e-7 per operation), means float32 on the
+    way; a larger one, a small constant added."""
+    if torch.equal(got.detach().float().double(), got.detach()) or relative < 2e-6:
+        return " (a tiny difference, the size of float32 rounding: is part of the computation in float32?)"
+    return " (a small difference, larger than float32 rounding: is a small constant, an epsilon, added?)"
+
+
+def value_diff(out: object, expected: torch.Tensor, mag: float = 1.0) -> str:
+    """Where ``out`` first leaves the tolerance around ``expected``: 'at [1, 2] expected 0.5403, got 0.8415'."""
+    if not is_tensor(out):
+        return f"got {describe(out)}"
+    if out.shape == expected.shape and out.dtype != expected.dtype:  # the dtype alone
+        return f"expected dtype {dtype_name(expected.dtype)}, got {dtype_name(out.dtype)}"
+    if out.shape != expected.shape:
+        return f"expected {describe(expected)}, got {describe(out)}"
+    rtol, atol = tolerance(expected.dtype, mag)
+    a, e = out.detach().double(), expected.double()
+    finite = torch.isfinite(e)
+    bad = torch.where(finite, (a - e).abs() > atol + rtol * e.abs(), a != e) | a.isnan()
+    if not bool(bad.any()):
+        return "the values differ"
+    idx = tuple(int(i) for i in bad.nonzero()[0])
+    want, got = float(e[idx]), float(a[idx])
+    digits = next((d for d in (6, 9, 12, 17) if f"{want:.{d}g}" != f"{got:.{d}g}"), 17)
+    return f"at {list(idx)} expected {want:.{digits}g}, got {got:.{digits}g}"
+
+
+def expect_close(
+    g: Grader, what: str, out: object, expected: torch.Tensor, mag: float = 1.0, advice: str = ""
+) -> None:
+    """Fail with '<what>: at [i, j] expected ..., got ...<advice>' unless ``out`` is close to ``expected``;
+    ``advice`` (the fix of wrong values) only where the type, shape and dtype are right (else the hint
+    names that alone)."""
+    if not close(out, expected, magnitude=mag):
+        values_only = is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype
+        g.fail(f"{what}: {value_diff(out, expected, mag)}{advice if values_only else ''}")
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """A dtype as a hint names it: ``float32``, not ``torch.float32``."""
     return str(dtype).removeprefix("torch.")
@@ -633,9 +709,10 @@ def call_student(g: Grader, where: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` with a copy of every tensor argument, so the grader's inputs stay
     intact (a change in place is the business of the clause that checks for it, which calls the
     student itself). A tensor that requires a gradient is passed as it is: the clause reads its
-    ``.grad`` after the call, and autograd already refuses to change it in place. An exception of the student's code fails the check with the hint
-    ``"<where>: your code raised ..."`` (:func:`raised`); ``where`` names the input, so that a
-    shrunk example names the smallest one. "Not implemented yet" is reported as such."""
+    ``.grad`` after the call, and autograd already refuses to change it in place. An exception of
+    the student's code fails the check with the hint ``"<where>: your code raised ..."``
+    (:func:`raised`); ``where`` names the input, so that a shrunk example names the smallest one.
+    "Not implemented yet" is reported as such."""
 
     def copy(a):
         return a.clone() if type(a) is torch.Tensor and not a.requires_grad else a
