@@ -6,10 +6,17 @@ needs the built book, so that the rest of the suite runs beside it on the other 
 ``book`` fixture of ``tests/test_book.py`` then waits for it (:func:`wait`). The build is the
 README's command (``jupyter-book build . -W -n --keep-going``) in its own process group, which
 the session kills if it ends first (``-x``, Ctrl-C): it touches no process it did not start.
+
+Under pytest-xdist every worker collects the same tests and asks for the build; the first one
+claims it (a claim file named after the run's ``testrunuid``, created exclusively), runs it and
+writes its outcome to a result file beside the claim as soon as it ends; the other workers wait for
+that file. The worker that runs the build waits for it before it exits (its own tests may end
+first), unless the session was interrupted; it removes the two files at the end.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,6 +24,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,20 +125,75 @@ def causes(log: str, reports: Path, limit: int = 40) -> str:
     return "\n".join(out)
 
 
-_build: Build | None = None
+class Shared:
+    """The build of this test run, as every process of the run sees it: the process that claims it
+    (:func:`start`) runs a :class:`Build` and a thread that writes its outcome to ``result`` when
+    it ends; the others wait for that file. Without xdist the run has one process, which claims."""
+
+    def __init__(self, run: str, make_build=Build, folder: Path | None = None) -> None:
+        folder = Path(folder or tempfile.gettempdir())
+        self.claim = folder / f"coursekit-book-build-{run}.claim"
+        self.result = folder / f"coursekit-book-build-{run}.json"
+        self.build: Build | None = None
+        try:
+            os.close(os.open(self.claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return  # another worker of this run builds
+        self.build = make_build()
+        threading.Thread(target=self._record, daemon=True).start()
+
+    def _record(self) -> None:
+        code, output = self.build.wait()
+        tmp = self.result.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"code": code, "output": output}))
+        tmp.replace(self.result)  # whole or absent: a reader never sees half of it
+
+    def wait(self, timeout: float = 1800) -> tuple[int, str]:
+        """The build's exit code and, if it failed, what to read (see :meth:`Build.wait`)."""
+        deadline = time.monotonic() + timeout
+        while not self.result.exists():
+            if time.monotonic() > deadline:
+                return (
+                    -1,
+                    f"no book build result after {timeout:.0f} s (the worker that built it: {self.claim})",
+                )
+            time.sleep(0.5)
+        outcome = json.loads(self.result.read_text())
+        return outcome["code"], outcome["output"]
+
+    def close(self, interrupted: bool) -> None:
+        """End of this process's session. The builder lets the build finish for the other workers
+        (unless the run was interrupted), then removes its log and the run's two files."""
+        if self.build is None:
+            return
+        if interrupted:
+            self.build.stop()
+        else:
+            self.wait()
+        self.build.close()
+        self.claim.unlink(missing_ok=True)
+        self.result.unlink(missing_ok=True)
 
 
-def start() -> Build:
-    """Start the build once per session (later calls return the same one)."""
-    global _build
-    if _build is None:
-        _build = Build()
-    return _build
+_shared: Shared | None = None
 
 
-def finish() -> None:
-    """End of the session: stop a build nobody waited for, and remove its log."""
-    global _build
-    if _build is not None:
-        _build.close()
-        _build = None
+def run_id() -> str:
+    """This test run's id: xdist's ``testrunuid``, the same in every worker, or one of our own."""
+    return os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def start() -> Shared:
+    """Start the build once per test run (later calls, and other workers, get the same one)."""
+    global _shared
+    if _shared is None:
+        _shared = Shared(run_id())
+    return _shared
+
+
+def finish(interrupted: bool = False) -> None:
+    """End of the session: see :meth:`Shared.close`."""
+    global _shared
+    if _shared is not None:
+        _shared.close(interrupted)
+        _shared = None

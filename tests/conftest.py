@@ -88,10 +88,11 @@ def pytest_collection_finish(session):
         book_build.start()
 
 
-def pytest_sessionfinish(session):
+def pytest_sessionfinish(session, exitstatus):
     from tests import book_build
 
-    book_build.finish()
+    stopped = bool(session.shouldstop or session.shouldfail) or exitstatus == pytest.ExitCode.INTERRUPTED
+    book_build.finish(interrupted=stopped)
 
 
 @pytest.fixture(scope="module")

@@ -35,3 +35,52 @@ def test_causes_are_capped(tmp_path):
     text = book_build.causes(log, tmp_path, limit=5)
     assert "WARNING: number 4" in text and "WARNING: number 5" not in text
     assert "and 95 more" in text
+
+
+class FakeBuild:
+    """Stands in for a Build: "builds" for ``seconds`` and ends with ``code``."""
+
+    made = 0
+
+    def __init__(self, seconds: float = 0.3, code: int = 3) -> None:
+        import threading
+
+        FakeBuild.made += 1
+        self.done, self.code, self.stopped, self.closed = threading.Event(), code, False, False
+        threading.Timer(seconds, self.done.set).start()
+
+    def wait(self, timeout: float = 1800):
+        self.done.wait(timeout)
+        return self.code, "" if self.code == 0 else f"failed with {self.code}"
+
+    def stop(self):
+        self.stopped = True
+        self.done.set()
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_workers_of_one_run_share_one_build(tmp_path):
+    """Under xdist every worker asks for the build: one runs it, the others read its outcome; the
+    builder waits for it at the end (another worker may still need it) and removes the run's files."""
+    FakeBuild.made = 0
+    first = book_build.Shared("run-a", FakeBuild, tmp_path)
+    second = book_build.Shared("run-a", FakeBuild, tmp_path)
+    other_run = book_build.Shared("run-b", FakeBuild, tmp_path)
+    assert FakeBuild.made == 2 and first.build is not None and second.build is None and other_run.build
+    assert second.wait(timeout=10) == (3, "failed with 3") == first.wait(timeout=10)
+    second.close(interrupted=False)  # not the builder: nothing to do
+    assert first.claim.exists() and first.result.exists()
+    first.close(interrupted=False)
+    assert first.build.closed and not first.build.stopped
+    assert not first.claim.exists() and not first.result.exists()
+    other_run.close(interrupted=True)
+    assert other_run.build.stopped and other_run.build.closed
+
+
+def test_a_worker_waiting_for_a_build_nobody_finishes_gives_up_with_a_reason(tmp_path):
+    (tmp_path / "coursekit-book-build-run-c.claim").touch()  # claimed by a worker that died
+    waiting = book_build.Shared("run-c", FakeBuild, tmp_path)
+    code, output = waiting.wait(timeout=1)
+    assert code == -1 and "no book build result after 1 s" in output
