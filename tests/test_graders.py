@@ -170,3 +170,25 @@ def test_a_part_that_calls_a_failing_earlier_part_is_told_to_fix_that_part_first
     assert (
         harness.fix_first(order, answers, {"softmax", "scaled_dot_product_attention"}) == {}
     )  # it does not call it
+
+
+def test_a_test_cell_calling_another_chapters_grader_is_refused():
+    """The plan refuses a test cell of ch01 that calls ch02's grader (a thin call into
+    ``coursekit.grading`` is not enough: it must be the assignment's own grader), names both, and
+    accepts the same cell for an assignment the course does not list."""
+    from coursekit.autograde.plan import _grader_of, plan_notebook
+
+    nb = load(ROOT / "solutions" / "ch01_attention" / "ch01_attention.ipynb")
+    test = next(c for c in nb.cells if nbgrader_meta(c).get("grade") and "import ch01_attention" in c.source)
+    test.source = (
+        test.source.replace("import ch01_attention", "import ch02_multihead")
+        .replace(".check_softmax(", ".check_split_heads(")
+        .replace(".grade_softmax(", ".grade_split_heads(")
+    )
+    with pytest.raises(
+        ValueError,
+        match="ch02_multihead.* is another chapter's grader: .* call coursekit.grading.ch01_attention only",
+    ):
+        plan_notebook(nb, nb, "ch01_attention", _grader_of("ch01_attention"))
+    assert _grader_of("my_own_assignment") is None
+    plan_notebook(nb, nb, "my_own_assignment", _grader_of("my_own_assignment"))

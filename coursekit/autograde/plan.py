@@ -81,9 +81,12 @@ class Plan:
     credit: Credit = Credit()  # how a test cell's points follow its clauses (nbgrader_config.py's CourseKit)
 
 
-def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode, name: str) -> NotebookPlan:
+def plan_notebook(
+    source: nbformat.NotebookNode, release: nbformat.NotebookNode, name: str, grader: str | None = None
+) -> NotebookPlan:
     """Read the test cells of the instructor's notebook ``source`` (raises ``ValueError``
-    if one is not a thin call into ``coursekit.grading``)."""
+    if one is not a thin call into ``coursekit.grading``, or, with ``grader`` (the chapter's grader
+    module, :attr:`coursekit.chapters.Chapter.grader`), into another module than that one)."""
     tests, points, hidden, parts, part_of, titles, manual = {}, {}, set(), [], {}, {}, set()
     released = {nbgrader_meta(c).get("grade_id"): c for c in release.cells}
     heading = None
@@ -108,16 +111,24 @@ def plan_notebook(source: nbformat.NotebookNode, release: nbformat.NotebookNode,
                 part_of[gid] = parts[-1][0]
             tests[gid] = thin_calls(cell.source, f"test cell {gid!r} of {name}")
             for call in tests[gid]:
-                resolve(call)  # fail now, not while grading
+                resolve(call, grader)  # fail now, not while grading
             if gid in released and "coursekit.grading" not in released[gid].source:
                 hidden.add(gid)
     labels = {gid: label for gid, title in titles.items() if (label := part_label(title))}
     return NotebookPlan(name, release, tests, points, hidden, parts, part_of, titles, manual, labels)
 
 
-def resolve(call: Call):
+def resolve(call: Call, grader: str | None = None):
+    """The grading function ``call`` names. ``ValueError`` if its module is not in
+    ``coursekit.grading``, or is not ``grader`` where one is given (an assignment's test cells
+    call its own chapter's grader only), or has no such function."""
     if not call.module.startswith("coursekit.grading."):
         raise ValueError(f"{call.module} is not a coursekit.grading module")
+    if grader is not None and call.module != grader:
+        raise ValueError(
+            f"{call.module}.{call.function} is another chapter's grader: this assignment's test cells "
+            f"call {grader} only"
+        )
     module = importlib.import_module(call.module)
     fn = getattr(module, call.function, None)
     if not callable(fn):
@@ -162,6 +173,17 @@ def staged_plan(root: Path, assignment: str) -> Plan:
         return load_plan(root, assignment, Path(tmp))
 
 
+def _grader_of(assignment: str) -> str | None:
+    """The grader module of a chapter of the course; ``None`` for an assignment the course does
+    not list (an instructor's own), whose test cells may call any ``coursekit.grading`` module."""
+    from coursekit.chapters import chapter
+
+    try:
+        return chapter(assignment).grader
+    except ValueError:
+        return None
+
+
 def load_plan(root: Path, assignment: str, release_dir: Path) -> Plan:
     """The plan of ``assignment``, whose release nbgrader's ``generate_assignment`` wrote into
     ``release_dir``; the release is finished as ``coursekit release`` finishes it (links to the
@@ -178,7 +200,7 @@ def load_plan(root: Path, assignment: str, release_dir: Path) -> Plan:
         source = nbformat.read(path, as_version=4)
         release = nbformat.read(release_dir / assignment / path.name, as_version=4)
         finish(release)
-        notebooks.append(plan_notebook(source, release, path.stem))
+        notebooks.append(plan_notebook(source, release, path.stem, _grader_of(assignment)))
     for path in sorted(source_dir.rglob("*")):
         if path.is_file() and path.suffix != ".ipynb" and ".ipynb_checkpoints" not in path.parts:
             files[str(path.relative_to(source_dir))] = path.read_bytes()
