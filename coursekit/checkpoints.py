@@ -33,6 +33,7 @@ opt-in slow test.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -47,7 +48,6 @@ from torch import nn
 from coursekit import bpe, data
 from coursekit._files import atomic_write, read_json
 from coursekit.bert import BertConfig, BertForMaskedLM, SpecialTokens
-from coursekit.experiments import bert_mlm, gpt_char, number_words
 from coursekit.gpt import GPT, GPTConfig
 from coursekit.seq2seq import Seq2Seq, Seq2SeqConfig
 
@@ -76,9 +76,12 @@ class Entry:
         name: the file stem in ``checkpoints/`` and the argument of ``coursekit pretrain``.
         chapter: the assignment id of the chapter whose page loads it (:mod:`coursekit.chapters`).
         model, config: the model class and its config dataclass (``model(config(**record["config"]))``).
-        recipe: trains it: ``recipe(default_recipe, progress=...) -> (model, tokenizer, recipe run, metrics)``.
-        default: the recipe of the committed checkpoint (a frozen dataclass with ``shortened(steps)``).
-        metrics: the names of the metrics ``recipe`` records.
+        experiment: the module of :mod:`coursekit.experiments` that trains it, named, not imported:
+            the experiments import this registry (to save what they train), so the registry reads
+            their recipes only when asked (:attr:`recipe`, :attr:`default`, :attr:`metrics`).
+        recipe_name, default_name: the names, in that module, of the recipe function
+            (``recipe(default_recipe, progress=...) -> (model, tokenizer, recipe run, metrics)``)
+            and of the committed checkpoint's recipe (a frozen dataclass with ``shortened(steps)``).
         tokenizer: ``"char"``, ``"bpe"`` (BERT's four special tokens follow its vocabulary) or
             ``"words"`` (the closed vocabularies of :mod:`coursekit.experiments.number_words`).
         tied: ``(weight, the weight it is)`` pairs that are not stored twice.
@@ -89,12 +92,30 @@ class Entry:
     chapter: str
     model: type[nn.Module]
     config: type
-    recipe: Callable[..., tuple]
-    default: Any
-    metrics: tuple[str, ...]
+    experiment: str
+    recipe_name: str
+    default_name: str
     tokenizer: str
     tied: tuple[tuple[str, str], ...] = ()
     about: str = ""
+
+    def _module(self):
+        return importlib.import_module(f"coursekit.experiments.{self.experiment}")
+
+    @property
+    def recipe(self) -> Callable[..., tuple]:
+        """Trains the checkpoint (see the class's attributes)."""
+        return getattr(self._module(), self.recipe_name)
+
+    @property
+    def default(self) -> Any:
+        """The recipe of the committed checkpoint."""
+        return getattr(self._module(), self.default_name)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The names of the metrics :attr:`recipe` records (its module's ``METRICS``)."""
+        return tuple(self._module().METRICS)
 
 
 #: Checkpoint name -> :class:`Entry`.
@@ -106,9 +127,9 @@ REGISTRY: dict[str, Entry] = {
             "ch06_bert",
             BertForMaskedLM,
             BertConfig,
-            bert_mlm.pretrain_bert_small,
-            bert_mlm.BERT_SMALL,
-            bert_mlm.METRICS,
+            "bert_mlm",
+            "pretrain_bert_small",
+            "BERT_SMALL",
             tokenizer="bpe",
             about="Chapter 6: BERT pretrained by MLM on python-docs, then fine-tuned on topics (about 7 minutes)",
         ),
@@ -117,9 +138,9 @@ REGISTRY: dict[str, Entry] = {
             "ch07_gpt",
             GPT,
             GPTConfig,
-            gpt_char.pretrain_gpt_char,
-            gpt_char.GPT_CHAR,
-            gpt_char.METRICS,
+            "gpt_char",
+            "pretrain_gpt_char",
+            "GPT_CHAR",
             tokenizer="char",
             tied=(("lm_head.weight", "tok_emb.weight"),),
             about="Chapter 7: a character-level GPT on python-docs (at most 10 minutes, time-budgeted)",
@@ -129,9 +150,9 @@ REGISTRY: dict[str, Entry] = {
             "ch08_seq2seq",
             Seq2Seq,
             Seq2SeqConfig,
-            number_words.pretrain_seq2seq_numbers,
-            number_words.SEQ2SEQ_NUMBERS,
-            number_words.METRICS,
+            "number_words",
+            "pretrain_seq2seq_numbers",
+            "SEQ2SEQ_NUMBERS",
             tokenizer="words",
             tied=(("lm_head.weight", "tgt_emb.weight"),),
             about="Chapter 8: English to German number words (500 steps, a few minutes)",
@@ -186,8 +207,10 @@ def files(name: str, directory: str | os.PathLike | None = None) -> list[Path]:
     return out + ([folder / f"{name}.tokenizer.json"] if e.tokenizer in ("char", "bpe") else [])
 
 
-def _words() -> dict:
-    return {"en": list(number_words.EN_VOCAB.itos), "de": list(number_words.DE_VOCAB.itos)}
+def _words(e: Entry) -> dict:
+    """The two closed vocabularies of a ``"words"`` checkpoint, as its record stores them."""
+    vocabularies = e._module()
+    return {"en": list(vocabularies.EN_VOCAB.itos), "de": list(vocabularies.DE_VOCAB.itos)}
 
 
 def load(name: str, directory: str | os.PathLike | None = None) -> Checkpoint:
@@ -213,9 +236,10 @@ def load(name: str, directory: str | os.PathLike | None = None) -> Checkpoint:
     elif e.tokenizer == "bpe":
         tokenizer = bpe.Tokenizer.load(paths[2])
     else:
-        if {k: v for k, v in record["tokenizer"].items() if k != "kind"} != _words():
+        if {k: v for k, v in record["tokenizer"].items() if k != "kind"} != _words(e):
             raise ValueError(f"{paths[1]} was trained with other vocabularies than this coursekit's")
-        tokenizer = (number_words.EN_VOCAB, number_words.DE_VOCAB)
+        vocabularies = e._module()
+        tokenizer = (vocabularies.EN_VOCAB, vocabularies.DE_VOCAB)
     model = e.model(e.config(**record["config"]))
     weights = torch.load(paths[0], map_location="cpu", weights_only=True)
     for tied, source in e.tied:
@@ -264,7 +288,7 @@ def save(
     weights = {k: v.detach().to(torch.float16) for k, v in model.state_dict().items() if k not in tied}
     atomic_write(paths[0], lambda tmp: torch.save(weights, tmp))
     if e.tokenizer == "words":
-        tok_record = {"kind": "words", **_words()}
+        tok_record = {"kind": "words", **_words(e)}
     else:
         tokenizer.save(paths[2])
         tok_record = {"kind": e.tokenizer, "file": paths[2].name}

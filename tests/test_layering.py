@@ -134,3 +134,16 @@ def test_a_long_module_says_why(module):
         f"{path.relative_to(ROOT)} has {lines} lines: split it, or say why in its docstring ('Over {MAX_LINES} "
         "lines: ...')"
     )
+
+
+def test_the_checkpoint_registry_names_its_recipes_without_importing_them():
+    """The experiments save what they train through ``coursekit.checkpoints``; the registry names
+    their recipes by module (``Entry.experiment``) and imports them only when asked, so the two
+    never import each other."""
+    assert not {m for m in GRAPH["coursekit.checkpoints"] if m.startswith("coursekit.experiments")}
+    from coursekit import checkpoints
+    from coursekit.experiments import number_words
+
+    entry = checkpoints.REGISTRY["seq2seq-numbers"]
+    assert entry.recipe is number_words.pretrain_seq2seq_numbers
+    assert entry.default is number_words.SEQ2SEQ_NUMBERS and entry.metrics == tuple(number_words.METRICS)
