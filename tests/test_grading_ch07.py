@@ -19,13 +19,15 @@ from coursekit import decoding, gpt, multihead, speculative
 from coursekit.grading import GradingFailure, harness
 from coursekit.grading import ch07_gpt as grader
 from coursekit.grading.core import tensor
+from coursekit.toys import TableLM, table_logp
 from tests.mutants.ch07_gpt import MUTANTS
+from tests.submissions import ROOT
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors run on one thread
 
 A = "ch07_gpt"
 PUBLIC_EXTRA = {
-    "beam_search": (grader.TableLM,),
+    "beam_search": (TableLM,),
     "causal_self_attention": (multihead.MultiHeadAttention, gpt.LayerCache),
 }
 PUBLIC = {
@@ -367,10 +369,10 @@ def brute_force(logp: torch.Tensor, eos: int | None, n: int, alpha: float) -> tu
     ],
 )
 def test_toy_tables_have_the_best_hypotheses_the_grader_expects(table, eos, n, W, alpha, expected):
-    logp = grader._table_logp(table())
+    logp = table_logp(table())
     assert brute_force(logp, eos, n, alpha)[0] == expected
     tokens, score = decoding.beam_search(
-        grader.TableLM(logp), torch.tensor([[0]]), n, W, eos_id=eos, length_penalty=alpha
+        TableLM(logp), torch.tensor([[0]]), n, W, eos_id=eos, length_penalty=alpha
     )
     assert tokens[0].tolist() == expected
     assert score == pytest.approx(brute_force(logp, eos, n, alpha)[1], abs=1e-5)
@@ -378,44 +380,38 @@ def test_toy_tables_have_the_best_hypotheses_the_grader_expects(table, eos, n, W
 
 def test_the_early_stop_and_crowded_tables_catch_what_they_claim():
     """A search that stops once W hypotheses have finished, or ranks only the best W + 2 candidates, loses."""
-    logp = grader._table_logp(grader._early_stop_table())
+    logp = table_logp(grader._early_stop_table())
     e = grader._EOS_EARLY
-    stop_at_w = decoding.beam_search(
-        grader.TableLM(logp), torch.tensor([[0]]), 1, 1, eos_id=e
-    )  # stopping at step 1
+    stop_at_w = decoding.beam_search(TableLM(logp), torch.tensor([[0]]), 1, 1, eos_id=e)  # stopping at step 1
     assert stop_at_w[0][0].tolist() == [0, e]
-    logp = grader._table_logp(grader._crowded_table())
+    logp = table_logp(grader._crowded_table())
     ns = harness.namespace(A)
     exec(compile(next(m for m in MUTANTS if m.name == "beam_too_few_candidates").source, "m", "exec"), ns)
-    assert ns["beam_search"](grader.TableLM(logp), torch.tensor([[0]]), 4, 3, eos_id=grader._EOS_CROWD)[0][
+    assert ns["beam_search"](TableLM(logp), torch.tensor([[0]]), 4, 3, eos_id=grader._EOS_CROWD)[0][
         0
     ].tolist() == [0, 1, 4, 7]
 
 
 def test_the_eos_rank_table_drops_an_eos_ranked_below_the_beam_width():
-    logp = grader._table_logp(grader._eos_rank_table())
+    logp = table_logp(grader._eos_rank_table())
     e = grader._EOS_RANK
     assert brute_force(logp, e, 2, 0.0)[0] == [0, e]  # the best hypothesis overall ...
-    tokens, _ = decoding.beam_search(
-        grader.TableLM(logp), torch.tensor([[0]]), 2, 1, eos_id=e, length_penalty=0.0
-    )
+    tokens, _ = decoding.beam_search(TableLM(logp), torch.tensor([[0]]), 2, 1, eos_id=e, length_penalty=0.0)
     assert tokens[0].tolist() == [0, 1, 3]  # ... is not the one a search of width 1 may keep
-    assert decoding.generate(grader.TableLM(logp), torch.tensor([[0]]), 2, eos_id=e)[0].tolist() == [0, 1, 3]
+    assert decoding.generate(TableLM(logp), torch.tensor([[0]]), 2, eos_id=e)[0].tolist() == [0, 1, 3]
 
 
 def test_each_width_finds_its_own_answer_on_the_ladder_table():
-    logp = grader._table_logp(grader._ladder_table())
+    logp = table_logp(grader._ladder_table())
     for W in range(1, 6):
-        tokens, score = decoding.beam_search(grader.TableLM(logp), torch.tensor([[0]]), 2, W)
+        tokens, score = decoding.beam_search(TableLM(logp), torch.tensor([[0]]), 2, W)
         assert tokens[0].tolist() == [0, W, grader._LADDER_TARGET]
         assert score == pytest.approx(grader._path_logprob(logp, tokens[0].tolist()) / 2, abs=1e-5)
-    assert (
-        decoding.beam_search(grader.TableLM(logp), torch.tensor([[0]]), 2)[0][0, 1] == 4
-    )  # the default width
+    assert decoding.beam_search(TableLM(logp), torch.tensor([[0]]), 2)[0][0, 1] == 4  # the default width
 
 
 def test_greedy_trap_fools_greedy_decoding():
-    model = grader.TableLM(grader._table_logp(grader._greedy_trap()))
+    model = TableLM(table_logp(grader._greedy_trap()))
     assert decoding.generate(model, torch.tensor([[0]]), 2)[0].tolist() == [0, 1, 3]
     assert decoding.beam_search(model, torch.tensor([[0]]), 2, 2, length_penalty=0.0)[0][0].tolist() == [
         0,
@@ -426,7 +422,7 @@ def test_greedy_trap_fools_greedy_decoding():
 
 def test_table_lm_follows_the_decoding_protocol_and_checks_its_cache():
     p = torch.rand(6, 6, generator=torch.Generator().manual_seed(0))
-    model = grader.TableLM.from_probs(p)
+    model = TableLM.from_probs(p)
     assert torch.allclose(model.logp.exp().sum(-1), torch.ones(6))
     idx = torch.tensor([[0, 3, 5], [2, 2, 1]])
     assert torch.equal(model(idx), model.logp[idx])
@@ -450,7 +446,7 @@ def test_table_lm_follows_the_decoding_protocol_and_checks_its_cache():
 
 def test_a_second_order_table_reads_the_two_last_tokens_through_its_cache():
     p = torch.rand(4, 4, 4, generator=torch.Generator().manual_seed(1))
-    model = grader.TableLM.from_probs(p)
+    model = TableLM.from_probs(p)
     idx = torch.tensor([[0, 3, 1, 2], [2, 2, 0, 1]])
     whole = model(idx)
     assert torch.equal(whole[:, 0], model.logp[idx[:, 0], idx[:, 0]])  # a first token: a = b
@@ -475,16 +471,14 @@ def test_beam_margin_follows_the_reference_and_sees_ties():
         logp = grader._random_table(seed, V, order, eos, 2.5)
         prompt = torch.tensor([[seed % V]])
         W, n, alpha = 1 + seed % 4, 1 + seed % 5, (1.0, 0.0, 0.5, 2.0, -0.5)[seed % 5]
-        margin = grader._beam_margin(grader.TableLM(logp), prompt, n, W, eos, alpha)
+        margin = grader._beam_margin(TableLM(logp), prompt, n, W, eos, alpha)
         assert margin >= 0
         if margin > 1e-4:
-            a = decoding.beam_search(grader.TableLM(logp), prompt, n, W, eos_id=eos, length_penalty=alpha)
-            b = decoding.beam_search(
-                grader.TableLM(logp.double()), prompt, n, W, eos_id=eos, length_penalty=alpha
-            )
+            a = decoding.beam_search(TableLM(logp), prompt, n, W, eos_id=eos, length_penalty=alpha)
+            b = decoding.beam_search(TableLM(logp.double()), prompt, n, W, eos_id=eos, length_penalty=alpha)
             assert torch.equal(a[0], b[0])
     flat = torch.full((3, 3), math.log(1 / 3))
-    assert grader._beam_margin(grader.TableLM(flat), torch.tensor([[0]]), 2, 2) == 0.0
+    assert grader._beam_margin(TableLM(flat), torch.tensor([[0]]), 2, 2) == 0.0
 
 
 def _beam_search_float64():
@@ -521,11 +515,9 @@ def test_hand_tables_do_not_hang_on_rounding():
     ]
     cases += [(grader._ladder_table, None, 2, W, 1.0) for W in range(1, 6)]
     for table, eos, n, W, alpha in cases:
-        logp = grader._table_logp(table())
-        a = decoding.beam_search(
-            grader.TableLM(logp), torch.tensor([[0]]), n, W, eos_id=eos, length_penalty=alpha
-        )
-        b = beam64(grader.TableLM(logp.double()), torch.tensor([[0]]), n, W, eos_id=eos, length_penalty=alpha)
+        logp = table_logp(table())
+        a = decoding.beam_search(TableLM(logp), torch.tensor([[0]]), n, W, eos_id=eos, length_penalty=alpha)
+        b = beam64(TableLM(logp.double()), torch.tensor([[0]]), n, W, eos_id=eos, length_penalty=alpha)
         assert torch.equal(a[0], b[0]) and a[1] == pytest.approx(b[1], abs=1e-4), (table.__name__, alpha)
 
 
@@ -589,7 +581,7 @@ def test_beam_search_gets_a_hint_for_a_wrong_return_type():
         )[0]
 
     with pytest.raises(GradingFailure, match=r"must return a tuple \(tokens, score\)"):
-        grader.grade_beam_search(no_score, grader.TableLM, gpt.GPT, gpt.GPTConfig)
+        grader.grade_beam_search(no_score, TableLM, gpt.GPT, gpt.GPTConfig)
 
 
 # --------------------------------------------------------------------------- predict, then check
@@ -615,3 +607,12 @@ def test_an_unshifted_loss_is_told_about_the_last_position_not_about_autograd():
 
     said = failures("ch07_gpt", "loss_not_shifted", hidden=False)
     assert "the last position's logits got a gradient" in said and "avoid .item()" not in said
+
+
+def test_table_lm_lives_in_toys_and_old_notebooks_still_import_it_from_the_grader():
+    """Notebooks released before TableLM moved to coursekit.toys import it from the grader."""
+    from coursekit import toys
+
+    assert grader.TableLM is toys.TableLM is TableLM
+    nb = (ROOT / "exercises" / "ch07_gpt" / "ch07_gpt.ipynb").read_text()
+    assert "from coursekit.toys import TableLM" in nb and "grading.ch07_gpt import TableLM" not in nb

@@ -21,8 +21,9 @@ student's process, push weights with ``load_state_dict``, and build the same obj
 coursekit here to compute the expected answers. Called in-process (a notebook, the tests) the
 classes are simply local.
 
-:class:`TableLM`, the toy language model of part 4, lives here so that the notebook (and so
-the sandbox) can import it: students get it to test their beam search on examples they can
+:class:`TableLM`, the toy language model of part 4, lives in :mod:`coursekit.toys` (and is
+re-exported here, where notebooks released before it moved import it from), so that the notebook
+(and so the sandbox) can import it: students get it to test their beam search on examples they can
 work out by hand. With a ``(V, V, V)`` table its next token depends on the last *two* tokens,
 which its cache remembers per row: a beam search that does not reorder the cache with its
 beams then reads the wrong rows, as it would with a GPT.
@@ -42,13 +43,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from hypothesis import assume
 from hypothesis import strategies as st
-from torch import nn
 
 from coursekit import attention as att
 from coursekit import decoding as dec
@@ -79,6 +78,7 @@ from coursekit.grading.core import (
     tensor,
 )
 from coursekit.grading.questions import Prediction, expect_in_band
+from coursekit.toys import TableLM, table_logp
 
 __all__ = [
     "TableLM",
@@ -1297,111 +1297,9 @@ def check_top_p_filter(top_p_filter) -> None:
 # =========================================================================== the toy model
 
 
-@dataclass(frozen=True)
-class TableLMConfig:
-    vocab_size: int
-    block_size: int
-
-
-class TableCache:
-    """The cache of a :class:`TableLM`: it keeps the last token of each cached sequence (all a
-    ``(V, V, V)`` table needs), and checks that it is used as a KV cache must be: each call feeds
-    one row per cached sequence (``reorder`` changes which and how many), and at most ``max_len``
-    positions fit."""
-
-    def __init__(self, batch_size: int, max_len: int):
-        self.batch_size, self.max_len, self.length = batch_size, max_len, 0
-        self.last: torch.Tensor | None = None  # (N,): each row's last token, once something is cached
-
-    def reorder(self, index) -> None:
-        """Keep rows ``index`` (a 1-D integer tensor or list), as :meth:`coursekit.gpt.KVCache.reorder`."""
-        index = torch.as_tensor(index)
-        if index.dim() != 1 or index.dtype not in (torch.int64, torch.int32) or index.numel() == 0:
-            raise ValueError(
-                f"reorder takes a non-empty 1-D tensor of row indices, got {index.dtype} {tuple(index.shape)}"
-            )
-        if int(index.min()) < 0 or int(index.max()) >= self.batch_size:
-            raise ValueError(
-                f"reorder index {index.tolist()} is out of range for a cache of {self.batch_size} rows"
-            )
-        self.batch_size = index.numel()
-        if self.last is not None:
-            self.last = self.last[index.long()]
-
-    def check(self, batch_size: int, T: int) -> None:
-        if batch_size != self.batch_size:
-            raise ValueError(
-                f"the cache holds {self.batch_size} sequences but the model got {batch_size}: "
-                "reorder the cache (cache.reorder(index)) whenever the beams change"
-            )
-        if self.length + T > self.max_len:
-            raise ValueError(
-                f"the cache holds {self.max_len} positions; {self.length} are used and {T} more do not fit"
-            )
-
-    def extend(self, idx: torch.Tensor) -> None:
-        self.length += idx.shape[1]
-        self.last = idx[:, -1].clone()
-
-
-class TableLM(nn.Module):
-    """A toy language model for testing decoders: the next token depends on the last token (or two) only.
-
-    With a ``(V, V)`` table, row ``a`` of ``logp`` holds ``log p(next token | last token = a)``,
-    so a sequence's probability is a product of table entries and the best continuation
-    can be worked out by hand. With a ``(V, V, V)`` table, ``logp[a, b]`` holds
-    ``log p(next token | the two last tokens are a, b)`` (for a sequence's first token, ``a = b``):
-    its cache then remembers each row's last token, so it must follow the beams as a GPT's does.
-    It follows the language-model protocol of :mod:`coursekit.decoding`, like
-    :class:`~coursekit.gpt.GPT`: ``model(idx, cache=cache)`` returns ``(B, T, V)`` log-probabilities
-    used as logits, and ``init_cache(batch_size, max_len)`` an empty cache with ``length`` and
-    ``reorder(index)``. The cache complains as a KV cache would: the number of rows fed must follow
-    ``reorder``, and at most ``max_len`` positions fit.
-
-    Args:
-        logp: ``(V, V)`` or ``(V, V, V)`` log-probabilities (each row's ``exp`` sums to 1).
-        block_size: the longest sequence, ``cfg.block_size``.
-
-    Example: ``TableLM.from_probs(p)`` with ``p[0, 1] = 0.6, p[0, 2] = 0.4, p[1, 3] = 0.4,
-    p[2, 3] = 0.9`` (and small numbers elsewhere): from token 0 greedy decoding picks
-    ``1, 3`` (probability 0.24) but ``2, 3`` (0.36) is likelier.
-    """
-
-    def __init__(self, logp: torch.Tensor, block_size: int = 64):
-        super().__init__()
-        if logp.dim() not in (2, 3) or any(n != logp.shape[0] for n in logp.shape):
-            raise ValueError(f"logp must be a (V, V) or (V, V, V) table, got {tuple(logp.shape)}")
-        self.cfg = TableLMConfig(vocab_size=logp.shape[0], block_size=block_size)
-        self.register_buffer("logp", logp.clone())  # (V, V) or (V, V, V): the last token (two) -> the next
-
-    @classmethod
-    def from_probs(cls, probs: torch.Tensor, block_size: int = 64) -> TableLM:
-        """A table model from ``(V, V)`` or ``(V, V, V)`` probabilities (zeros become 1e-9; rows are renormalised)."""
-        return cls(_table_logp(probs), block_size)
-
-    def init_cache(self, batch_size: int, max_len: int | None = None) -> TableCache:
-        return TableCache(batch_size, self.cfg.block_size if max_len is None else max_len)
-
-    def forward(self, idx: torch.Tensor, cache: TableCache | None = None) -> torch.Tensor:
-        """``(B, T)`` token ids -> ``(B, T, V)`` next-token logits (the table's rows)."""
-        if idx.dim() != 2 or idx.dtype != torch.long:
-            raise ValueError(f"idx must be (B, T) torch.long token ids, got {idx.dtype} {tuple(idx.shape)}")
-        if cache is not None:
-            cache.check(idx.shape[0], idx.shape[1])
-        if self.logp.dim() == 2:
-            out = self.logp[idx]  # (B, T, V)
-        else:
-            prev = torch.cat([idx[:, :1], idx[:, :-1]], dim=1)  # (B, T): the token before each one
-            if cache is not None and cache.last is not None:
-                prev[:, 0] = cache.last
-            out = self.logp[prev, idx]  # (B, T, V)
-        if cache is not None:
-            cache.extend(idx)
-        return out
-
-
 def _table(V: int, entries: dict[tuple[int, int], float]) -> torch.Tensor:
-    """``(V, V)`` probabilities: the given entries, 0 elsewhere (1e-9 in the model, see :func:`_table_logp`)."""
+    """``(V, V)`` probabilities: the given entries, 0 elsewhere (1e-9 in the model: see
+    :func:`coursekit.toys.table_logp`)."""
     p = torch.full((V, V), 0.0, dtype=torch.float64)
     for (a, b), value in entries.items():
         p[a, b] = value
@@ -1559,12 +1457,6 @@ def _ladder_table() -> torch.Tensor:
         p[w, target] = then
         p[w, target + 1 :] = (1 - then) / (V - target - 1)
     return p
-
-
-def _table_logp(p: torch.Tensor) -> torch.Tensor:
-    """Float32 log-probabilities of ``(V, V)`` or ``(V, V, V)`` probabilities (zeros become 1e-9, rows renormalised)."""
-    q = p.double().clamp_min(1e-9)
-    return (q / q.sum(-1, keepdim=True)).log().float()
 
 
 def _path_logprob(logp: torch.Tensor, tokens: list[int]) -> float:
@@ -1747,7 +1639,7 @@ def _beam_margin(
 
 
 def _greedy_trap_check(g: Grader, beam_search, TableLM) -> None:
-    logp = _table_logp(_greedy_trap())
+    logp = table_logp(_greedy_trap())
     prompt = torch.tensor([[0]])
     where = "beam_search(<greedy-trap table>, [[0]], 2, 2, length_penalty=0.0)"
     got, score = _beam_call(g, beam_search, TableLM(logp), prompt, 2, 2, length_penalty=0.0, where=where)
@@ -1763,7 +1655,7 @@ def _greedy_trap_check(g: Grader, beam_search, TableLM) -> None:
 
 def _length_check(g: Grader, beam_search, TableLM) -> None:
     """The length-normalisation case, at the default length_penalty (1) and at 0, 0.5, 2 and -1."""
-    logp = _table_logp(_length_table())
+    logp = table_logp(_length_table())
     model, e, prompt = TableLM(logp), _EOS_LEN, torch.tensor([[0]])
     short, long = [0, e], [0, 1, 2, e]
     where = f"beam_search(<length table>, [[0]], 6, 2, eos_id={e})"
@@ -1807,7 +1699,7 @@ def _length_check(g: Grader, beam_search, TableLM) -> None:
 
 def _ladder_check(g: Grader, beam_search, TableLM, widths=(None, 1, 2, 3, 5)) -> None:
     """Each beam width W finds 0, W, 6 on the ladder table; without beam_width the default W = 4."""
-    logp = _table_logp(_ladder_table())
+    logp = table_logp(_ladder_table())
     prompt = torch.tensor([[0]])
     for W in widths:
         args = () if W is None else (W,)
@@ -1885,7 +1777,7 @@ def grade_beam_search(beam_search, TableLM, GPT, GPTConfig) -> None:
         _length_check(g, beam_search, TableLM)
 
     with g.check("a hypothesis ends at its EOS, which finishes it only if it is among the best W candidates"):
-        logp, e = _table_logp(_stop_table()), _EOS_STOP
+        logp, e = table_logp(_stop_table()), _EOS_STOP
         for alpha in (1.0, 0.0):
             where = f"beam_search(<stop table>, [[0]], 6, 2, eos_id={e}, length_penalty={alpha})"
             got, score = _beam_call(
@@ -1911,7 +1803,7 @@ def grade_beam_search(beam_search, TableLM, GPT, GPTConfig) -> None:
                 alpha,
                 "the best hypothesis is 0, 1, EOS",
             )
-        logp, e = _table_logp(_eos_rank_table()), _EOS_RANK
+        logp, e = table_logp(_eos_rank_table()), _EOS_RANK
         where = f"beam_search(<EOS-rank table>, [[0]], 2, 1, eos_id={e}, length_penalty=0.0)"
         got, score = _beam_call(
             g,
@@ -1941,7 +1833,7 @@ def grade_beam_search(beam_search, TableLM, GPT, GPTConfig) -> None:
     with g.check(
         "an EOS candidate does not take the place of a live beam (the best 2W candidates are ranked)"
     ):
-        logp, e = _table_logp(_eos_beam_table()), _EOS_KEEP
+        logp, e = table_logp(_eos_beam_table()), _EOS_KEEP
         where = f"beam_search(<EOS-beam table>, [[0]], 5, 2, eos_id={e}, length_penalty=1.0)"
         got, score = _beam_call(
             g,
@@ -1967,7 +1859,7 @@ def grade_beam_search(beam_search, TableLM, GPT, GPTConfig) -> None:
             "with beam_width=2: after 0, EOS finishes at step 1, both 0, 1 and 0, 2 must stay live; "
             "0, 2, 3, EOS is the best hypothesis",
         )
-        logp, e = _table_logp(_crowded_table()), _EOS_CROWD
+        logp, e = table_logp(_crowded_table()), _EOS_CROWD
         where = f"beam_search(<crowded table>, [[0]], 4, 3, eos_id={e})"
         got, score = _beam_call(
             g, beam_search, TableLM(logp), torch.tensor([[0]]), 4, 3, eos_id=e, where=where
@@ -1988,7 +1880,7 @@ def grade_beam_search(beam_search, TableLM, GPT, GPTConfig) -> None:
     with g.check(
         "stops before max_new_tokens only when no live beam can still beat the W best finished hypotheses"
     ):
-        logp, e = _table_logp(_early_stop_table()), _EOS_EARLY
+        logp, e = table_logp(_early_stop_table()), _EOS_EARLY
         for alpha in (1.0, 2.0):
             where = f"beam_search(<early-stop table>, [[0]], 4, 1, eos_id={e}, length_penalty={alpha})"
             got, score = _beam_call(
@@ -2018,7 +1910,7 @@ def grade_beam_search(beam_search, TableLM, GPT, GPTConfig) -> None:
     with g.check(
         "after max_new_tokens steps the live beams count as finished; the search ends when no beam is live"
     ):
-        logp, e = _table_logp(_live_table()), _EOS_LIVE
+        logp, e = table_logp(_live_table()), _EOS_LIVE
         where = f"beam_search(<live table>, [[0]], 2, 2, eos_id={e})"
         got, score = _beam_call(
             g, beam_search, TableLM(logp), torch.tensor([[0]]), 2, 2, eos_id=e, where=where
@@ -2161,7 +2053,7 @@ def grade_beam_search(beam_search, TableLM, GPT, GPTConfig) -> None:
             "model.training and restore it with model.train(was_training) in a finally "
             "block",
         )
-        table = TableLM(_table_logp(_greedy_trap()))
+        table = TableLM(table_logp(_greedy_trap()))
         table.eval()
         _beam_call(
             g,
@@ -2194,7 +2086,7 @@ def grade_beam_search(beam_search, TableLM, GPT, GPTConfig) -> None:
         "bad arguments raise ValueError: a prompt that is not (1, T0) torch.long, beam_width < 1, "
         "max_new_tokens < 1"
     ):
-        model = TableLM(_table_logp(_greedy_trap()))
+        model = TableLM(table_logp(_greedy_trap()))
         bad = [
             (
                 (torch.zeros(2, 3, dtype=torch.long), 4, 2),
@@ -2227,7 +2119,7 @@ def check_beam_search(beam_search, TableLM) -> None:
     """Public checks of ``beam_search`` on table models worked out by hand: one example per clause."""
     g = Grader("beam_search (public)")
     with g.check("returns (tokens (1, T0 + n) torch.long starting with the prompt, score a float)"):
-        _beam_call(g, beam_search, TableLM(_table_logp(_greedy_trap())), torch.tensor([[0]]), 2, 2)
+        _beam_call(g, beam_search, TableLM(table_logp(_greedy_trap())), torch.tensor([[0]]), 2, 2)
     with g.check(
         "finds 0, 2, 3 (probability 0.36) where greedy decoding finds 0, 1, 3 (0.24); beam_width 2 and 3 and "
         "the default 4 keep that many beams"
@@ -2237,7 +2129,7 @@ def check_beam_search(beam_search, TableLM) -> None:
     with g.check(
         "with EOS: the default length_penalty=1 picks 0, 1, 2, EOS and length_penalty=0 picks 0, EOS"
     ):
-        logp = _table_logp(_length_table())
+        logp = table_logp(_length_table())
         e = _EOS_LEN
         where = f"beam_search(<length table>, [[0]], 6, 2, eos_id={e})"
         got, score = _beam_call(
@@ -2260,7 +2152,7 @@ def check_beam_search(beam_search, TableLM) -> None:
         )
         _expect_path(g, where, got, score, [0, e], _path_logprob(logp, [0, e]), 0.0, _RAW_HINT)
     with g.check("an EOS among the best W candidates finishes a hypothesis; one ranked below W is dropped"):
-        logp, e = _table_logp(_eos_rank_table()), _EOS_RANK
+        logp, e = table_logp(_eos_rank_table()), _EOS_RANK
         where = f"beam_search(<EOS-rank table>, [[0]], 2, 1, eos_id={e}, length_penalty=0.0)"
         got, score = _beam_call(
             g,
@@ -2275,7 +2167,7 @@ def check_beam_search(beam_search, TableLM) -> None:
         )
         _expect_path(g, where, got, score, [0, 1, 3], _path_logprob(logp, [0, 1, 3]), 0.0, _EOS_RANK_HINT)
     with g.check("an EOS candidate does not take the place of a live beam"):
-        logp, e = _table_logp(_eos_beam_table()), _EOS_KEEP
+        logp, e = table_logp(_eos_beam_table()), _EOS_KEEP
         where = f"beam_search(<EOS-beam table>, [[0]], 5, 2, eos_id={e})"
         got, score = _beam_call(
             g, beam_search, TableLM(logp), torch.tensor([[0]]), 5, 2, eos_id=e, where=where
@@ -2284,7 +2176,7 @@ def check_beam_search(beam_search, TableLM) -> None:
             g, where, got, score, [0, 2, 3, e], _path_logprob(logp, [0, 2, 3, e]) / 3, 1.0, _EOS_BEAM_HINT
         )
     with g.check("the live beams count as finished when max_new_tokens steps have run"):
-        logp, e = _table_logp(_live_table()), _EOS_LIVE
+        logp, e = table_logp(_live_table()), _EOS_LIVE
         where = f"beam_search(<live table>, [[0]], 2, 2, eos_id={e})"
         got, score = _beam_call(
             g, beam_search, TableLM(logp), torch.tensor([[0]]), 2, 2, eos_id=e, where=where
@@ -2298,7 +2190,7 @@ def check_beam_search(beam_search, TableLM) -> None:
         got, score = _beam_call(g, beam_search, TableLM(logp), prompt, 4, 3, where=where)
         _expect_path(g, where, got, score, tokens[0].tolist(), expected_score, 1.0, _REORDER_HINT)
     with g.check("restores the model's mode (here: training mode)"):
-        table = TableLM(_table_logp(_greedy_trap()))
+        table = TableLM(table_logp(_greedy_trap()))
         table.train()
         _beam_call(g, beam_search, table, torch.tensor([[0]]), 2, 2)
         g.expect(
@@ -2306,7 +2198,7 @@ def check_beam_search(beam_search, TableLM) -> None:
             "the model was left in eval mode: restore it with model.train(was_training)",
         )
     with g.check("beam_width=0, max_new_tokens=0 and two prompts raise ValueError"):
-        model = TableLM(_table_logp(_greedy_trap()))
+        model = TableLM(table_logp(_greedy_trap()))
         expect_value_error(
             g,
             lambda: beam_search(model, torch.tensor([[0]]), 2, 0),
