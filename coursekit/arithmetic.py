@@ -980,8 +980,9 @@ class KaplanFit:
     """``L(N, D) = ((N_c / N)^(alpha_N / alpha_D) + D_c / D)^alpha_D`` (Kaplan et al., 2020, eq. 1.5).
 
     ``N`` counts non-embedding parameters, ``D`` tokens, the loss is in nats per token on
-    their WebText2 test set. With ``D`` infinite it is ``(N_c / N)^alpha_N`` (eq. 1.1), with
-    ``N`` infinite ``(D_c / D)^alpha_D`` (eq. 1.2).
+    their WebText2 test set. With ``D`` infinite it is ``(N_c / N)^alpha_N``, with ``N``
+    infinite ``(D_c / D)^alpha_D``: the forms of eqs. 1.1 and 1.2, with the constants of this
+    joint fit, which differ from those of the paper's separate fits of ``L(N)`` and ``L(D)``.
     """
 
     alpha_N: float
@@ -1033,8 +1034,10 @@ class ChinchillaFit:
         return G * (c / 6) ** (self.beta / s), (c / 6) ** (self.alpha / s) / G
 
 
-#: Kaplan et al. (2020), eqs. 1.1, 1.2 and 1.5.
-KAPLAN = KaplanFit(alpha_N=0.076, N_c=8.8e13, alpha_D=0.095, D_c=5.4e13)
+#: Kaplan et al. (2020), eq. 1.5 with its fitted constants (their Table 2, "Fits to L(N, D)").
+#: The separate fits of L(N) and L(D) alone (eqs. 1.1 and 1.2) give N_c = 8.8e13, alpha_D = 0.095
+#: and D_c = 5.4e13 instead; they are not the constants of eq. 1.5.
+KAPLAN = KaplanFit(alpha_N=0.076, N_c=6.4e13, alpha_D=0.103, D_c=1.8e13)
 #: Hoffmann et al. (2022), the published constants of approach 3.
 CHINCHILLA = ChinchillaFit(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
 #: Besiroglu et al. (2024), approach 3 refitted to data read off Hoffmann et al.'s figures.

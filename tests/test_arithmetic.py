@@ -504,10 +504,14 @@ def test_twenty_tokens_rule_recovers_chinchilla():
     assert N == pytest.approx(70e9, rel=0.02) and D == pytest.approx(1.4e12, rel=0.02)
 
 
-def test_kaplan_limits_and_monotonicity():
+def test_kaplan_holds_the_joint_fit_and_its_limits():
     k = A.KAPLAN
-    assert k.loss(1e9) == pytest.approx((8.8e13 / 1e9) ** 0.076, rel=1e-12)
-    assert k.loss(n_tokens=1e10) == pytest.approx((5.4e13 / 1e10) ** 0.095, rel=1e-12)
+    # Kaplan et al. (2020), Table 2, the fit of eq. 1.5 (not the single-variable fits of eqs. 1.1-1.2)
+    assert (k.alpha_N, k.alpha_D, k.N_c, k.D_c) == (0.076, 0.103, 6.4e13, 1.8e13)
+    assert k.loss(1e9) == pytest.approx((6.4e13 / 1e9) ** 0.076, rel=1e-12)
+    assert k.loss(n_tokens=1e10) == pytest.approx((1.8e13 / 1e10) ** 0.103, rel=1e-12)
+    n, d = 1e9, 1e10  # eq. 1.5 written out
+    assert k.loss(n, d) == pytest.approx(((6.4e13 / n) ** (0.076 / 0.103) + 1.8e13 / d) ** 0.103, rel=1e-12)
     N = np.logspace(6, 11, 6)
     assert np.all(np.diff(k.loss(N, 1e10)) < 0) and np.all(k.loss(N, 1e10) > k.loss(N))
 
