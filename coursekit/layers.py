@@ -4,7 +4,7 @@ A transformer layer is two (encoder) or three (decoder) *sub-layers*, each wrapp
 residual connection and a layer normalisation (Vaswani et al., 2017):
 
 - **post-norm** (``norm_first=False``, the original paper): ``x = norm(x + dropout(sublayer(x)))``;
-- **pre-norm** (``norm_first=True``, GPT-2 and most models since; Xiong et al., 2020):
+- **pre-norm** (``norm_first=True``, GPT-2 and most models since; analysed by Xiong et al., 2020):
   ``x = x + dropout(sublayer(norm(x)))``, and a pre-norm *stack* ends with one final norm.
 
 Dropout sits where Vaswani et al. (2017, section 5.4) put it, on each sub-layer's output
@@ -237,7 +237,7 @@ class EncoderLayer(nn.Module):
         x = norm1(x + dropout1(self_attn(x)))
         x = norm2(x + dropout2(ff(x)))
 
-    Pre-norm (``norm_first=True``, Xiong et al., 2020)::
+    Pre-norm (``norm_first=True``; used by GPT-2, analysed by Xiong et al., 2020)::
 
         x = x + dropout1(self_attn(norm1(x)))
         x = x + dropout2(ff(norm2(x)))

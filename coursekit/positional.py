@@ -138,7 +138,8 @@ class LearnedPositionalEmbedding(nn.Module):
     Args:
         max_len: number of positions in the table, ``0 .. max_len-1``.
         d_model: width ``C`` of each vector.
-        init_std: standard deviation of the initial values (0.02, as in GPT-2).
+        init_std: standard deviation of the initial values (0.02, as in Hugging Face's
+            GPT-2 and BERT).
     """
 
     def __init__(self, max_len: int, d_model: int, init_std: float = 0.02):

@@ -1,6 +1,6 @@
 """Chapter 8: an encoder-decoder transformer that translates English number words into German.
 
-The model of Vaswani et al. (2017), pre-norm (Xiong et al., 2020), built from Chapter 4:
+The model of Vaswani et al. (2017), pre-norm (as analysed by Xiong et al., 2020), built from Chapter 4:
 an :class:`~coursekit.layers.Encoder` reads the source once and hands its output, the
 *memory* ``(B, S, C)``, to a stack of :class:`PreNormDecoderLayer` s. Each decoder layer has
 three sub-layers: causal self-attention over the target prefix, **cross-attention** whose
