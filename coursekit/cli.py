@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sqlite3
 import sys
 import time
@@ -138,8 +137,6 @@ def cmd_export(args) -> int:
 
 def cmd_formgrader(args) -> int:
     """nbgrader's formgrader for the course on 127.0.0.1, until Ctrl-C."""
-    import signal
-
     from coursekit import formgrader
 
     server = formgrader.serve(_root(args), args.port)
@@ -152,8 +149,7 @@ def cmd_formgrader(args) -> int:
     try:
         return server.wait()
     except KeyboardInterrupt:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait()
+        formgrader.stop(server)
         return 0
 
 

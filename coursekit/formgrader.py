@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["FEEDBACK", "HOOK", "REFUSED", "command", "feedback", "grading_page", "serve", "url"]
+__all__ = ["FEEDBACK", "HOOK", "REFUSED", "command", "feedback", "grading_page", "serve", "stop", "url"]
 
 #: where the course's MathJax lives (scripts/install_mathjax.sh), relative to the course folder
 MATHJAX = Path("_vendor") / "mathjax" / "tex-chtml.js"
@@ -149,6 +149,24 @@ def serve(root: Path, port: int | None = None, *, env: dict | None = None) -> su
     proc = subprocess.Popen(command(root, port, token), cwd=root, env=env, start_new_session=True)
     proc.url = url(port, token)  # type: ignore[attr-defined]
     return proc
+
+
+def stop(proc: subprocess.Popen, grace: float = 10.0) -> int:
+    """Stop the server ``proc`` started by :func:`serve` and every process of its session: SIGTERM,
+    then SIGKILL if it has not exited after ``grace`` seconds (a Jupyter server shutting down
+    can wait on its kernels and open connections; Ctrl-C must not hang). Returns its exit code."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.wait()
 
 
 # --------------------------------------------------------------------------- the server extension

@@ -220,3 +220,26 @@ def test_a_hand_grade_and_comment_reach_the_feedback_and_survive_a_fresh_rerun(c
     assert html.escape(COMMENT, quote=False) in text and "graded by hand" in text
     report = (root / "reports" / ASSIGNMENT / "report.html").read_text()
     assert "wait for a hand grade" not in report
+
+
+def test_stopping_the_formgrader_never_hangs_on_a_server_that_ignores_sigterm():
+    """Ctrl-C stops `coursekit formgrader` even when the server does not go on SIGTERM: after the
+    grace period its whole session is killed (the test's own child, in a session of its own)."""
+    from coursekit import formgrader
+
+    ignores = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('up', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ignores], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "up"  # SIGTERM is ignored from here on
+        start = time.monotonic()
+        code = formgrader.stop(proc, grace=1.0)
+        assert code == -signal.SIGKILL and time.monotonic() - start < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
