@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from coursekit.sandbox.protocol import shares_memory
+
 __all__ = [
     "CLAUSES",
     "Grader",
@@ -61,6 +63,7 @@ __all__ = [
     "seed",
     "seeded",
     "set_attr",
+    "shares_memory",
     "show",
     "student_side",
     "tensor",
@@ -290,6 +293,7 @@ class Probe:
     args: list
     kwargs: dict
     grads: list | None = None
+    aliased: bool = False  # a result tensor shares memory with a tensor argument
 
 
 def probe(fn, *args, backward: tuple[int | None, torch.Tensor] | None = None, **kwargs) -> Probe:
@@ -308,8 +312,10 @@ def probe(fn, *args, backward: tuple[int | None, torch.Tensor] | None = None, **
             answer.get("args", list(args)),
             answer.get("kwargs", kwargs),
             answer.get("grads"),
+            bool(answer.get("aliased", False)),
         )
     result = fn(*args, **kwargs)
+    aliased = shares_memory(result, args, kwargs)
     grads = None
     if backward is not None:
         index, upstream = backward
@@ -317,7 +323,7 @@ def probe(fn, *args, backward: tuple[int | None, torch.Tensor] | None = None, **
         if isinstance(out, torch.Tensor) and out.requires_grad:
             (out * upstream).sum().backward()
         grads = [a.grad if isinstance(a, torch.Tensor) and a.requires_grad else None for a in args]
-    return Probe(result, list(args), kwargs, grads)
+    return Probe(result, list(args), kwargs, grads, aliased)
 
 
 class Grader:

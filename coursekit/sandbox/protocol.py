@@ -417,3 +417,20 @@ def _array(arrays, key) -> np.ndarray:
     if not isinstance(key, str) or key not in arrays:
         raise ProtocolError(f"missing array {str(key)[:40]!r}")
     return arrays[key]
+
+
+def shares_memory(result: object, args: list | tuple, kwargs: dict) -> bool:
+    """A tensor of ``result`` (or of a tuple or list of results) shares memory with a tensor in
+    ``args`` or ``kwargs``: it is an argument, or a view of one. Empty tensors share nothing."""
+
+    import torch  # not at import: this module also serves processes that never load torch
+
+    def storages(values) -> set[int]:
+        return {
+            v.untyped_storage().data_ptr()
+            for v in values
+            if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.untyped_storage().nbytes()
+        }
+
+    outs = result if isinstance(result, (tuple, list)) else (result,)
+    return bool(storages(outs) & storages([*args, *kwargs.values()]))

@@ -795,6 +795,7 @@ class CheckProcess:
             if msg.get("return_args"):
                 extra["args"] = list(args)
                 extra["kwargs"] = kwargs
+                extra["aliased"] = protocol.shares_memory(result, args, kwargs)
             if msg.get("backward") is not None:
                 index, upstream = decode(msg["backward"])
                 out = result if index is None else result[index]
