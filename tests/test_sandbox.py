@@ -388,6 +388,26 @@ def test_a_grader_can_set_an_attribute_of_a_student_object():
         session.close()
 
 
+def test_a_probe_tells_from_the_sandbox_whether_a_result_shares_an_arguments_memory():
+    from coursekit.grading.core import SESSION, probe
+
+    with Worker(KINDS[-1], Limits(cell_seconds=5, check_seconds=5)) as worker:
+        session = worker.session()
+        code = "def same(x):\n    return x\n\ndef view(x):\n    return x[1:]\n\ndef fresh(x):\n    return x * 1\n"
+        session.run_cell(code, "setup", time.monotonic() + 30)
+        token = SESSION.set(session)
+        try:
+            session.begin_check("aliasing")
+            shared = {
+                name: probe(session.remote(name), torch.ones(3)).aliased for name in ("same", "view", "fresh")
+            }
+        finally:
+            SESSION.reset(token)
+            session.end_check()
+        session.close()
+    assert shared == {"same": True, "view": True, "fresh": False}
+
+
 @pytest.mark.slow
 def test_the_sandbox_records_calls_of_watched_references_by_student_code_only():
     """A student's call of a watched reference is reported, in a cell as in a check; coursekit calling

@@ -1673,6 +1673,12 @@ KV_CACHE_GIB = Prediction(
     "since it is both deeper and wider (more heads): past about 32k tokens one sequence's cache outweighs its "
     "26 GB of float16 weights (Touvron et al., 2023).",
     rel=0.05,
+    mistakes=(
+        ("GB instead of GiB", lambda gib: gib * 2**30 / 1e9),
+        ("keys only, no values", lambda gib: gib / 2),
+        ("one layer's cache", lambda gib: gib / 40),
+        ("4 bytes per value", lambda gib: 2 * gib),
+    ),
 )
 
 #: the shape of SAVED_PER_ROW: q, k and v are (B, H, T, D) in float32

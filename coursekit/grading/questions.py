@@ -60,6 +60,10 @@ class Prediction:
             prediction was right. ``{truth}`` is replaced by the measured answer.
         choices: for a multiple-choice question, letter -> choice; ``None`` for a number.
         rel, abs: a number is right when ``|answer - truth| <= rel * |truth| + abs``.
+        mistakes: for a number, the named mistakes the band must separate from the truth, as
+            ``(what, wrong_answer(truth))`` pairs (a unit confused, a factor forgotten): each must lie
+            outside the band (:meth:`unseparated`, which the suite checks for every prediction), and an
+            answer close to one is told which mistake it looks like.
     """
 
     name: str
@@ -70,6 +74,7 @@ class Prediction:
     choices: dict[str, str] | None = None
     rel: float = 0.0
     abs: float = 0.0
+    mistakes: tuple[tuple[str, Callable[[float], float]], ...] = ()
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def truth(self) -> object:
@@ -84,6 +89,22 @@ class Prediction:
                 raise RuntimeError(f"{self.name}: the experiment answered {measured!r}, not a number")
             self._cache["truth"] = measured
         return self._cache["truth"]
+
+    def _within(self, answer: float, truth: float) -> bool:
+        return abs(answer - truth) <= self.rel * abs(truth) + self.abs
+
+    def unseparated(self) -> list[str]:
+        """The named mistakes whose answer the band accepts (empty when the band separates them all)."""
+        truth = self.truth()
+        return [what for what, wrong in self.mistakes if self._within(wrong(truth), truth)]
+
+    def _looks_like(self, answer: float, truth: float) -> str:
+        """`` (what <mistake> gives)`` when ``answer`` is within the band of a named mistake's answer."""
+        for what, wrong in self.mistakes:
+            value = wrong(truth)
+            if abs(answer - value) <= self.rel * abs(value) + self.abs:
+                return f" (what {what} gives)"
+        return ""
 
     def band(self) -> str:
         """How close a number must be, in words (empty for an exact answer or a choice)."""
@@ -124,13 +145,15 @@ class Prediction:
                 if self.choices is not None:
                     right = given == truth
                 else:
-                    right = abs(given - truth) <= self.rel * abs(truth) + self.abs
+                    right = self._within(given, truth)
                 g.note(
                     f"{self.question} You predicted {self._shown(given)}; the experiment gives "
                     f"{self._shown(truth)}. {self.explanation.format(truth=self._shown(truth))}"
                 )
+                looks = "" if right or self.choices is not None else self._looks_like(given, truth)
                 g.expect(
-                    right, f"you predicted {self._shown(given)}; the experiment gives {self._shown(truth)}"
+                    right,
+                    f"you predicted {self._shown(given)}{looks}; the experiment gives {self._shown(truth)}",
                 )
         g.finish()
 

@@ -484,8 +484,14 @@ def dtype_kept(
             f"{c.where}: inf or NaN ({show(out)}) at large magnitudes: an intermediate overflowed "
             f"{dtype_name(expected.dtype)}; rescale before the operation that grows (or compute in float32)",
         )
-        mag = magnitude(*[t for _, t in _tensors(c.args, c.kwargs)])
-        g.expect(close(out, expected, magnitude=mag), f"{c.where}: {first_difference(out, expected)}")
+        # relative to the result, not the inputs: a large input must not widen the tolerance that
+        # tells a result ruined by an overflow on the way from the right one
+        g.expect(
+            close(out, expected, magnitude=magnitude(expected)),
+            f"{c.where}: {first_difference(out, expected)}: at large magnitudes an intermediate overflowed "
+            f"{dtype_name(expected.dtype)} (or lost its precision); rescale before the operation that grows "
+            "(or compute in float32)",
+        )
 
     return Clause(text, test, inputs, examples, key, budget, weight, also)
 
