@@ -1,28 +1,26 @@
 """Checks for Exercise 1 (attention).
 
-Each part has two entry points, both called from the notebook with the student's
-object. ``check_*`` holds the *public* checks: one small, fixed example per clause of
-the part's text, which a student runs while working (and ``coursekit check`` runs).
-``grade_*`` holds the *hidden* checks: one named check per clause, each on inputs drawn
-across what the text allows (:func:`~coursekit.grading.core.for_all`: ranks, sizes
-including 1, T != S, both float dtypes, large magnitudes where stability is promised),
-compared with :mod:`coursekit.attention` in float64. A failed check names the smallest
-input that shows the mistake. Both raise :class:`~coursekit.grading.core.GradingFailure`
-with a hint per failed check.
+Each graded part is a :class:`~coursekit.grading.spec.Spec`: one clause per promise of the part's text,
+stated once. ``Spec.graders()`` gives the entry points the notebook calls with the student's object:
+``check_*``, the *public* checks (each clause on its small fixed examples; ``coursekit check`` runs them
+too), and ``grade_*``, the *hidden* checks (each clause on inputs :func:`~coursekit.grading.core.for_all`
+draws from its key across what the text allows: ranks, sizes including 1, T != S, both float dtypes,
+large magnitudes where stability is promised; then its fixed ``also`` inputs), compared with
+:mod:`coursekit.attention` in float64. A failed check names the smallest input that shows the mistake.
+Generic clauses come from :mod:`coursekit.grading.spec`; the others are module-level tests
+``_<part>_<clause>(g, student, case)``. Private helpers: :func:`_device_type` reads the device of a result
+even under the autograder (a meta tensor cannot travel back from the sandbox as data, and the attempt
+says so); :func:`_compare` checks an attention against the reference, the named mistakes' hints first.
 
-Shared helpers come from :mod:`coursekit.grading.core` (``call_student`` turns an exception of
-the student's code into a hint that names the input). Private ones: :func:`_device_type` reads the device of a
-result even under the autograder (a meta tensor cannot travel back from the sandbox as data,
-and the attempt says so), :func:`_show` prints a few values for a hint.
-
-Over 500 lines: one named check per clause of the exercise text for each graded part, public and
-hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
-it would scatter one exercise's specification over several files.
+Over 500 lines: one clause per promise of the exercise text for each graded part, with the inputs that
+provoke each clause and the common mistakes each hint names; splitting it would scatter one exercise's
+specification over several files.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from hypothesis import strategies as st
@@ -37,7 +35,6 @@ from coursekit.grading.core import (
     expect_value_error,
     first_difference,
     first_match,
-    for_all,
     is_a,
     is_tensor,
     load_weights,
@@ -51,30 +48,25 @@ from coursekit.grading.core import (
     tensor,
 )
 from coursekit.grading.questions import Prediction, expect_in_band
-from coursekit.grading.spec import Call, Clause, Spec, unchanged
+from coursekit.grading.spec import (
+    Call,
+    Clause,
+    Spec,
+    dtype_kept,
+    matches,
+    procedure,
+    raises,
+    returns,
+    unchanged,
+)
 
-__all__ = [
-    "check_softmax",
-    "check_causal_mask",
-    "check_attention",
-    "check_self_attention",
-    "grade_softmax",
-    "grade_causal_mask",
-    "grade_attention",
-    "grade_self_attention",
-    "check_predict_leaked_pairs",
-    "grade_predict_leaked_pairs",
-    "check_predict_score_variance",
-    "grade_predict_score_variance",
-    "check_predict_sequential_steps",
-    "grade_predict_sequential_steps",
-    "check_score_variance",
-    "grade_score_variance",
-    "check_online_softmax",
-    "grade_online_softmax",
-]
+#: the graded parts, by the names of their entry points ``check_<part>`` and ``grade_<part>``
+_PARTS = ("softmax", "causal_mask", "attention", "self_attention", "predict_leaked_pairs")
+_PARTS += ("predict_score_variance", "predict_sequential_steps", "score_variance", "online_softmax")
+__all__ = [f"{verb}_{part}" for part in _PARTS for verb in ("check", "grade")]
 
-FLOATS = (torch.float64, torch.float32)
+F64, F32 = torch.float64, torch.float32
+FLOATS = (F64, F32)
 #: what the exercise's text rules out in every answer (``torch.softmax``, ``F.softmax``,
 #: ``x.softmax(...)``, ``F.scaled_dot_product_attention``): calls of these attributes are listed
 #: among the class report's integrity signals (:mod:`coursekit.integrity`), not deducted
@@ -311,570 +303,429 @@ check_softmax, grade_softmax = SOFTMAX.graders()
 # --------------------------------------------------------------------------- causal mask
 
 
-def grade_causal_mask(causal_mask) -> None:
-    """Grade a student's ``causal_mask(T, S=None, device=None)``."""
-    g = Grader("causal_mask")
+def _causal_call(case) -> Call:
+    """``(T, S)``: ``causal_mask(T, S)``, or ``causal_mask(T)`` where ``S`` is None."""
+    args = tuple(case[:1] if case[1] is None else case[:2])
+    return Call(f"causal_mask({', '.join(map(str, args))})", args)
 
-    with g.check("returns a boolean (T, S) tensor; S defaults to T"):
 
-        def kind(case):
-            T, extra, give_s = case
-            S = T + extra
-            args = (T, S) if give_s else (T,)
-            call = f"causal_mask({', '.join(map(str, args))})"
-            m = call_student(g, call, causal_mask, *args)
-            want = (T, S if give_s else T)
-            g.expect(
-                is_tensor(m) and m.dtype == torch.bool and m.shape == want,
-                f"{call} should be a bool tensor of shape {want}, got {describe(m)}",
+def _causal_square(g: Grader, causal_mask, case) -> None:
+    T, give_s = case
+    call = _causal_call((T, T if give_s else None))
+    m, expected = call_student(g, call.where, causal_mask, *call.args), ref.causal_mask(T)
+    if is_tensor(m) and m.shape == expected.shape and m.dtype == torch.bool and T > 1:
+        if torch.equal(m, expected.T):
+            g.fail(f"{call.where} is transposed: query i (row) may attend to keys j <= i (columns)")
+        if torch.equal(m, ~expected):
+            g.fail(f"{call.where} is inverted: True means *may attend*")
+        if not bool(m.diagonal().all()):
+            g.fail(
+                f"{call.where}: a position may not attend to itself: the diagonal must be True (off by one?)"
             )
+        if bool((m & ~expected).any()):
+            g.fail(f"{call.where}: a query can see a future key: entries above the diagonal must be False")
+    g.expect(
+        is_tensor(m) and m.dtype == torch.bool and torch.equal(m, expected),
+        f"{call.where} differs from the lower-triangular mask: {first_difference(m, expected)}",
+    )
 
-        for_all(
-            "causal.kind",
-            st.tuples(st.integers(0, 9), st.integers(0, 5), st.booleans()),
-            kind,
-            max_examples=10,
-            first=(4, 0, False),
-        )
 
-    with g.check("S = T: query i sees keys 0..i (the lower triangle with its diagonal), T = 0 included"):
+def _causal_rectangle(g: Grader, causal_mask, case) -> None:
+    T, S = case[0], sum(case)
+    call = f"causal_mask({T}, {S})"
+    m, expected = call_student(g, call, causal_mask, T, S), ref.causal_mask(T, S)
+    aligned = f"the queries are the last {T} of {S} positions, so query i may attend to keys j <= i + (S - T)"
+    top_left = torch.ones(T, S, dtype=torch.bool).tril()
+    if is_tensor(m) and m.shape == (T, S) and T > 0 and torch.equal(m, top_left):
+        g.fail(f"{call} is misaligned (top-left, like torch's is_causal): {aligned}")
+    g.expect(
+        is_tensor(m) and m.shape == (T, S) and m.dtype == torch.bool and torch.equal(m, expected),
+        f"{call} is misaligned: {aligned}; {first_difference(m, expected)}",
+    )
 
-        def square(case):
-            T, give_s = case
-            call = f"causal_mask({T}, {T})" if give_s else f"causal_mask({T})"
-            m = call_student(g, call, causal_mask, *((T, T) if give_s else (T,)))
-            expected = ref.causal_mask(T)
-            if is_tensor(m) and m.shape == expected.shape and m.dtype == torch.bool and T > 1:
-                if torch.equal(m, expected.T):
-                    g.fail(f"{call} is transposed: query i (row) may attend to keys j <= i (columns)")
-                if torch.equal(m, ~expected):
-                    g.fail(f"{call} is inverted: True means *may attend*")
-                if not bool(m.diagonal().all()):
-                    g.fail(
-                        f"{call}: a position may not attend to itself: the diagonal must be True (off by one?)"
-                    )
-                if bool((m & ~expected).any()):
-                    g.fail(f"{call}: a query can see a future key: entries above the diagonal must be False")
-            g.expect(
-                is_tensor(m) and m.dtype == torch.bool and torch.equal(m, expected),
-                f"{call} differs from the lower-triangular mask: {first_difference(m, expected)}",
-            )
 
-        for_all(
-            "causal.square",
+def _causal_device(g: Grader, causal_mask, case) -> None:
+    """``(T, S, device)``: the mask is made on ``device`` (``None``: on the CPU, by default)."""
+    call = _causal_call(case)
+    where = call.where if case[2] is None else f"{call.where[:-1]}, device={case[2]!r})"
+    got = _device_type(g, where, causal_mask, *call.args, **({} if case[2] is None else {"device": case[2]}))
+    if case[2] is None:
+        g.expect(got == "cpu", f"{where} should be on the CPU, got {got}")
+    g.expect(
+        case[2] in (None, got),
+        f"{where} should be created on the {case[2]} device, got {got}: pass device=device "
+        "to every tensor you create (torch.arange(..., device=device))",
+    )
+
+
+CAUSAL_MASK = Spec(
+    "causal_mask",
+    [
+        returns(
+            lambda case: _causal_call((case[0], sum(case[:2]) if case[2] else None)),
+            lambda case: torch.empty(case[0], sum(case[:2]) if case[2] else case[0], dtype=torch.bool),
+            st.tuples(st.integers(0, 9), st.integers(0, 5), st.booleans()),  # T, S - T, whether S is given
+            text="returns a boolean (T, S) tensor; S defaults to T",
+            key="causal.kind",
+            examples=[(4, 0, False), (0, 2, True)],
+        ),
+        Clause(
+            "S = T: query i sees keys 0..i (the lower triangle with its diagonal), T = 0 included",
+            _causal_square,
             st.tuples(st.integers(0, 12), st.booleans()),
-            square,
-            max_examples=14,
+            key="causal.square",
+            budget="many",
+            examples=[(3, False)],  # causal_mask(3) is [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
             first=(5, False),
-        )
-
-    with g.check("S > T keys: bottom-right aligned, query i sees keys j <= i + (S - T)"):
-
-        def rectangle(case):
-            T, extra = case
-            S = T + extra
-            call = f"causal_mask({T}, {S})"
-            m = call_student(g, call, causal_mask, T, S)
-            expected = ref.causal_mask(T, S)
-            top_left = torch.ones(T, S, dtype=torch.bool).tril()
-            if is_tensor(m) and m.shape == (T, S) and T > 0 and torch.equal(m, top_left):
-                g.fail(
-                    f"{call} is misaligned (top-left, like torch's is_causal): the queries are the last {T} of "
-                    f"{S} positions, so query i may attend to keys j <= i + (S - T)"
-                )
-            g.expect(
-                is_tensor(m) and m.shape == (T, S) and m.dtype == torch.bool and torch.equal(m, expected),
-                f"{call} is misaligned: the queries are the last {T} of {S} positions, so query i may attend "
-                f"to keys j <= i + (S - T); {first_difference(m, expected)}",
-            )
-
-        for_all(
-            "causal.rectangle",
-            st.tuples(st.integers(0, 9), st.integers(1, 8)),
-            rectangle,
-            max_examples=14,
+        ),
+        Clause(
+            "S > T keys: bottom-right aligned, query i sees keys j <= i + (S - T)",
+            _causal_rectangle,
+            st.tuples(st.integers(0, 9), st.integers(1, 8)),  # T, S - T
+            key="causal.rectangle",
+            budget="many",
+            examples=[(2, 2)],  # causal_mask(2, 4) is [[1, 1, 1, 0], [1, 1, 1, 1]]
             first=(3, 2),
-        )
-
-    with g.check("raises ValueError unless 0 <= T <= S"):
-
-        def invalid(case):
-            T, S = case
-            args = (T,) if S is None else (T, S)
-            call = f"causal_mask({', '.join(map(str, args))})"
-            expect_value_error(
-                g, lambda: causal_mask(*args), call, "a ValueError that names T and S: 0 <= T <= S"
-            )
-
-        bad = st.one_of(
-            st.tuples(st.integers(1, 8), st.integers(0, 7)).map(lambda ts: (ts[0] + ts[1], ts[1])),
-            st.tuples(st.integers(-5, -1), st.one_of(st.none(), st.integers(0, 5))),
-        )
-        for_all("causal.invalid", bad, invalid, max_examples=10, first=(3, 2))
-        for args in ((-1,), (-1, 0), (1, 0)):
-            expect_value_error(
-                g,
-                lambda args=args: causal_mask(*args),
-                f"causal_mask{args}".replace(",)", ")"),
-                "a ValueError that names T and S: 0 <= T <= S",
-            )
-
-    with g.check("creates the mask on `device` (the CPU by default)"):
-        for T, S in ((3, None), (2, 5)):
-            call = f"causal_mask({T}, {S}, device='meta')" if S else f"causal_mask({T}, device='meta')"
-            got = (
-                _device_type(g, call, causal_mask, T, S, device="meta")
-                if S
-                else _device_type(g, call, causal_mask, T, device="meta")
-            )
-            g.expect(
-                got == "meta",
-                f"{call} should be created on the meta device, got {got}: pass device=device "
-                "to every tensor you create (torch.arange(..., device=device))",
-            )
-        got = _device_type(g, "causal_mask(3)", causal_mask, 3)
-        g.expect(got == "cpu", f"causal_mask(3) should be on the CPU, got {got}")
-
-    g.finish()
+        ),
+        raises(
+            _causal_call,
+            st.one_of(
+                st.tuples(st.integers(1, 8), st.integers(0, 7)).map(lambda ts: (ts[0] + ts[1], ts[1])),
+                st.tuples(st.integers(-5, -1), st.one_of(st.none(), st.integers(0, 5))),
+            ),
+            fix="a ValueError that names T and S: 0 <= T <= S",
+            text="raises ValueError unless 0 <= T <= S",
+            key="causal.invalid",
+            examples=[(3, 2), (1, 0), (-1, None)],
+            also=[(-1, None), (-1, 0), (1, 0)],
+        ),
+        Clause(
+            "creates the mask on `device` (the CPU by default)",
+            _causal_device,
+            examples=[(3, None, "meta"), (2, 5, "meta")],
+            also=[(3, None, None)],
+        ),
+    ],
+)
+check_causal_mask, grade_causal_mask = CAUSAL_MASK.graders()
 
 
 # --------------------------------------------------------------------------- attention
 
 
 LEAD = st.lists(st.integers(1, 3), max_size=2).map(tuple)  # no leading dims, (B,), or (A, B)
+_FS = (st.sampled_from(FLOATS), SEEDS)  # a dtype and a seed
+
+
+def _sized(T: int, S: int | tuple, D: int, Dv: int, *extra):
+    """Leading dims and T, S, D, Dv from 1 (or the low end of a pair) up to the given sizes, then
+    ``extra``: the inputs of an attention."""
+    return st.tuples(
+        LEAD, *(st.integers(*n) if isinstance(n, tuple) else st.integers(1, n) for n in (T, S, D, Dv)), *extra
+    )
+
+
 #: leading dims, T, S, D, Dv, dtype, seed
-ATTENTION = st.tuples(
-    LEAD,
-    st.integers(1, 6),
-    st.integers(1, 7),
-    st.integers(1, 8),
-    st.integers(1, 5),
-    st.sampled_from(FLOATS),
-    SEEDS,
-)
+ATTENTION = _sized(6, 7, 8, 5, *_FS)
+#: then which axes of the mask are full (the others 1) and how many leading axes it leaves out
+_MASKED = _sized(6, 7, 6, 4, *_FS, st.lists(st.booleans(), min_size=4, max_size=4), st.integers(0, 3))
 
 
 def _qkv(case, scale: float = 1.0):
     lead, T, S, D, Dv, dtype, seed = case[:7]
     q = tensor(seed, *lead, T, D, dtype=dtype, scale=scale)
     k = tensor(seed + 1, *lead, S, D, dtype=dtype, scale=scale)
-    v = tensor(seed + 2, *lead, S, Dv, dtype=dtype)
-    return q, k, v
+    return q, k, tensor(seed + 2, *lead, S, Dv, dtype=dtype)
 
 
 def _sizes(q, k, v, mask=None, scale=None) -> str:
-    text = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} ({dtype_name(q.dtype)})"
+    text = f"for q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} ({dtype_name(q.dtype)})"
     if mask is not None:
         text += f", a {'boolean' if mask.dtype == torch.bool else 'floating'} mask {tuple(mask.shape)}"
-    if scale is not None:
-        text += f", scale={scale:g}"
-    return "for " + text
+    return text if scale is None else f"{text}, scale={scale:g}"
+
+
+def _double(t):
+    return t if t is None or t.dtype == torch.bool else t.double()
 
 
 def _expected(q, k, v, mask=None, scale=None):
     """coursekit's (out, weights) in float64, cast to q's dtype, and the magnitude of the scores."""
-    d = lambda t: None if t is None else (t if t.dtype == torch.bool else t.double())  # noqa: E731
-    out, w = ref.scaled_dot_product_attention(d(q), d(k), d(v), mask=d(mask), scale=scale)
+    out, w = ref.scaled_dot_product_attention(*map(_double, (q, k, v)), mask=_double(mask), scale=scale)
     s = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q.double() @ k.double().transpose(-2, -1)) * s
-    return out.to(q.dtype), w.to(q.dtype), magnitude(scores, v)
+    return out.to(q.dtype), w.to(q.dtype), magnitude((q.double() @ k.double().transpose(-2, -1)) * s, v)
 
 
 def _mask_shape(full: tuple, keep: list[bool], drop: int) -> tuple:
     """A shape that broadcasts to ``full``: some axes of size 1, some leading axes left out."""
-    shape = tuple(n if k else 1 for n, k in zip(full, keep))
-    return shape[min(drop, len(full) - 1) :]
+    return tuple(n if k else 1 for n, k in zip(full, keep))[min(drop, len(full) - 1) :]
 
 
-def _bool_mask(seed: int, shape: tuple, S: int) -> torch.Tensor:
+def _bool_mask(seed: int, shape: tuple) -> torch.Tensor:
     """About 60% True, and one key visible to every query (so no row is fully masked)."""
     mask = tensor(seed, *shape) > -0.25
     mask[..., seed % shape[-1]] = True
     return mask
 
 
-def _attention_mistakes(q, k, v, mask, scale, where):
-    """Classic wrong attentions (float64), each with its hint."""
-    dq = lambda t: t if t is None or t.dtype == torch.bool else t.double()  # noqa: E731
-    q, k, v, mask = dq(q), dq(k), dq(v), dq(mask)
-    D = q.shape[-1]
+#: the hints of classic wrong attentions (see :func:`_attention_mistakes`)
+_UNSCALED = "the scores are not scaled: divide q k^T by sqrt(D)"
+_BY_D = "the scores are divided by D: divide by sqrt(D) instead"
+_UNUSED = (
+    "was not used: multiply the scores by `scale` when it is given "
+    "(test `scale is None`, since 0 is a valid scale)"
+)
+_INVERTED = "the mask is inverted: True means the query *may attend* to the key"
+_AFTER = "masked keys still count in the softmax: set their scores to -inf before the softmax"
+_IGNORED = "the floating mask was ignored: add it to the scaled scores"
+_BEFORE = "the floating mask was added before scaling: add it to the *scaled* scores"
+_AS_BOOL = "a floating mask was used as a boolean one: a floating mask is *added* to the scores"
+_QUERIES = "softmax over the queries: take the softmax over the keys (last axis)"
+
+
+def _attention_mistakes(q, k, v, mask, scale, where) -> list:
+    """Classic wrong attentions in q's dtype, each with its hint: the reference with another mask or
+    scale, the mask applied after the softmax, the softmax over the queries."""
+    dtype, D = q.dtype, q.shape[-1]
+    q, k, v, mask = map(_double, (q, k, v, mask))
     s = 1 / math.sqrt(D) if scale is None else scale
-    out = []
-    if scale is None:
-        out += [
-            (
-                ref.scaled_dot_product_attention(q, k, v, mask, scale=1.0)[0],
-                f"{where}: the scores are not scaled: divide q k^T by sqrt(D)",
-            ),
-            (
-                ref.scaled_dot_product_attention(q, k, v, mask, scale=1.0 / D)[0],
-                f"{where}: the scores are divided by D: divide by sqrt(D) instead",
-            ),
-        ]
-    else:
-        out += [
-            (
-                ref.scaled_dot_product_attention(q, k, v, mask)[0],
-                f"{where}: scale={scale:g} was not used: multiply the scores by `scale` when it is given "
-                "(test `scale is None`, since 0 is a valid scale)",
-            )
-        ]
-    scores = (q @ k.transpose(-2, -1)) * s
+    wrong = (
+        [(mask, 1.0, _UNSCALED), (mask, 1.0 / D, _BY_D)]
+        if scale is None
+        else [(mask, None, f"scale={scale:g} {_UNUSED}")]
+    )
+    scores, after = (q @ k.transpose(-2, -1)) * s, []
     if mask is not None and mask.dtype == torch.bool:
+        wrong.append((~mask, scale, _INVERTED))
+        after = [((ref.softmax(scores, -1) * mask) @ v, _AFTER)]
         scores = scores.masked_fill(~mask, -math.inf)
-        out += [
-            (
-                ref.scaled_dot_product_attention(q, k, v, ~mask, scale)[0],
-                f"{where}: the mask is inverted: True means the query *may attend* to the key",
-            ),
-            (
-                (ref.softmax((q @ k.transpose(-2, -1)) * s, -1) * mask) @ v,
-                f"{where}: masked keys still count in the softmax: set their scores to -inf before the softmax",
-            ),
-        ]
     elif mask is not None:
-        out += [
-            (
-                ref.scaled_dot_product_attention(q, k, v, None, scale)[0],
-                f"{where}: the floating mask was ignored: add it to the scaled scores",
-            ),
-            (
-                ref.scaled_dot_product_attention(q, k, v, mask * s, scale)[0],
-                f"{where}: the floating mask was added before scaling: add it to the *scaled* scores",
-            ),
-            (
-                ref.scaled_dot_product_attention(q, k, v, mask != 0, scale)[0],
-                f"{where}: a floating mask was used as a boolean one: a floating mask is *added* to the scores",
-            ),
-        ]
+        wrong += [(None, scale, _IGNORED), (mask * s, scale, _BEFORE), (mask != 0, scale, _AS_BOOL)]
         scores = scores + mask
-    out += [
-        (
-            ref.softmax(scores, -2) @ v,
-            f"{where}: softmax over the queries: take the softmax over the keys (last axis)",
-        )
-    ]
-    return out
+    out = [(ref.scaled_dot_product_attention(q, k, v, m, sc)[0], h) for m, sc, h in wrong]
+    out += [*after, (ref.softmax(scores, -2) @ v, _QUERIES)]
+    return [(m.to(dtype), f"{where}: {h}") for m, h in out]
 
 
-def _mistakes_or_none(q, k, v, mask, scale, where) -> list:
-    """:func:`_attention_mistakes` in q's dtype, or none if they cannot be computed on this input."""
+def _attend(g: Grader, attention, q, k, v, mask=None, scale=None, where: str | None = None):
+    """The student's ``(out, weights)`` (mask and scale passed only when given) after the named mistakes'
+    hints, and the reference's ``(out, weights, magnitude)``."""
+    where = where or _sizes(q, k, v, mask, scale)
+    kwargs = {} if mask is None and scale is None else {"mask": mask, "scale": scale}
+    out, w = _unpack(g, call_student(g, where, attention, q, k, v, **kwargs), "scaled_dot_product_attention")
+    expected = _expected(q, k, v, mask, scale)
     try:
-        return [(m.to(q.dtype), h) for m, h in _attention_mistakes(q, k, v, mask, scale, where)]
-    except Exception:  # noqa: BLE001
-        return []
+        mistakes = _attention_mistakes(q, k, v, mask, scale, where)
+    except Exception:  # noqa: BLE001 (no named mistake on an input where one cannot be computed)
+        mistakes = []
+    first_match(g, out, mistakes, right=expected[0])
+    return where, out, w, *expected
 
 
-def grade_attention(attention) -> None:
-    """Grade a student's ``scaled_dot_product_attention(q, k, v, mask=None, scale=None)``."""
-    g = Grader("scaled_dot_product_attention")
+def _same_attention(g: Grader, where: str, out, w, exp_out, exp_w, mag: float) -> None:
+    g.expect(close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {first_difference(w, exp_w)}")
+    g.expect(close(out, exp_out, magnitude=mag), f"{where}: out differs: {first_difference(out, exp_out)}")
 
-    def compare(q, k, v, mask=None, scale=None, name="attention"):
-        where = _sizes(q, k, v, mask, scale)
-        kwargs = {} if mask is None and scale is None else {"mask": mask, "scale": scale}
-        out, w = _unpack(g, call_student(g, where, attention, q, k, v, **kwargs), name)
-        exp_out, exp_w, mag = _expected(q, k, v, mask, scale)
-        first_match(g, out, _mistakes_or_none(q, k, v, mask, scale, where), right=exp_out)
-        for name, got in (("out", out), ("the weights", w)):
-            if is_tensor(got) and not bool(torch.isfinite(got).all()):
-                g.fail(
-                    f"{where}: {name} hold inf or NaN ({show(got)}) where the reference is finite: use your "
-                    "stable softmax (it subtracts each row's maximum before exponentiating)"
-                )
-        if is_tensor(w) and w.shape == exp_w.shape:
-            sums = w.sum(-1)
-            g.expect(
-                close(sums, exp_w.double().sum(-1).round().to(q.dtype), magnitude=mag),
-                f"{where}: rows of the weights do not sum to 1 ({show(sums)}): take the softmax over the keys "
-                "(last axis), after masking",
+
+def _compare(g: Grader, attention, q, k, v, mask=None, scale=None) -> None:
+    """The student's attention against the reference: the named mistakes first, then finiteness, rows
+    that sum to 1, the weights and out."""
+    where, out, w, exp_out, exp_w, mag = _attend(g, attention, q, k, v, mask, scale)
+    for name, got in (("out", out), ("the weights", w)):
+        if is_tensor(got) and not bool(torch.isfinite(got).all()):
+            g.fail(
+                f"{where}: {name} hold inf or NaN ({show(got)}) where the reference is finite: use your "
+                "stable softmax (it subtracts each row's maximum before exponentiating)"
             )
-        g.expect(close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {first_difference(w, exp_w)}")
+    if is_tensor(w) and w.shape == exp_w.shape:
         g.expect(
-            close(out, exp_out, magnitude=mag), f"{where}: out differs: {first_difference(out, exp_out)}"
+            close(w.sum(-1), exp_w.double().sum(-1).round().to(q.dtype), magnitude=mag),
+            f"{where}: rows of the weights do not sum to 1 ({show(w.sum(-1))}): take the softmax over the "
+            "keys (last axis), after masking",
         )
-        return out, w
+    _same_attention(g, where, out, w, exp_out, exp_w, mag)
 
-    with g.check(
-        "returns (out, weights) of shapes (..., T, Dv) and (..., T, S) in q's dtype, any leading dims"
-    ):
 
-        def shapes(case):
-            q, k, v = _qkv(case)
-            where = _sizes(q, k, v)
-            out, w = _unpack(g, call_student(g, where, attention, q, k, v), "scaled_dot_product_attention")
-            T, S, Dv = q.shape[-2], k.shape[-2], v.shape[-1]
-            lead = tuple(q.shape[:-2])
-            g.expect(
-                is_tensor(out) and out.shape == (*lead, T, Dv) and out.dtype == q.dtype,
-                f"{where}: out should be {dtype_name(q.dtype)} {(*lead, T, Dv)} = (..., T, Dv), got {describe(out)}",
-            )
-            g.expect(
-                is_tensor(w) and w.shape == (*lead, T, S) and w.dtype == q.dtype,
-                f"{where}: weights should be {dtype_name(q.dtype)} {(*lead, T, S)} = (..., T, S), got {describe(w)}",
-            )
+def _att_shapes(case) -> Call:
+    q, k, v = _qkv(case)
+    return Call(f"scaled_dot_product_attention(q, k, v) {_sizes(q, k, v)}", (q, k, v))
 
-        for_all("att.shapes", ATTENTION, shapes, max_examples=12, first=((2,), 5, 6, 4, 3, torch.float64, 0))
 
-    with g.check("without a mask: weights = softmax(q k^T / sqrt(D)) over the keys, out = weights v"):
-        for_all(
-            "att.values",
+def _att_promised(case) -> tuple:
+    lead, T, S, _, Dv, dtype = case[:6]
+    return torch.empty(*lead, T, Dv, dtype=dtype), torch.empty(*lead, T, S, dtype=dtype)
+
+
+def _att_values(g: Grader, attention, case) -> None:
+    """Without a mask; ``case[7]``, where drawn: the scale."""
+    _compare(g, attention, *_qkv(case), scale=case[7] if len(case) > 7 else None)
+
+
+def _att_large(g: Grader, attention, case) -> None:
+    _compare(g, attention, *_qkv(case, scale=case[7]))
+
+
+def _att_bool(g: Grader, attention, case) -> None:
+    """``case[7] == "causal"``: a (T, S) causal mask broadcast over the batch."""
+    q, k, v = _qkv(case)
+    full = (*q.shape[:-1], k.shape[-2])
+    causal = case[7] == "causal"
+    mask = ref.causal_mask(*full[-2:]) if causal else _bool_mask(case[6] + 3, _mask_shape(full, *case[7:9]))
+    _compare(g, attention, q, k, v, mask=mask)
+
+
+def _att_additive(g: Grader, attention, case) -> None:
+    q, k, v = _qkv(case)
+    shape = _mask_shape((*q.shape[:-1], k.shape[-2]), case[7], case[8])
+    bias = tensor(case[6] + 4, *shape, dtype=q.dtype, scale=2.0)
+    bias = bias.masked_fill(tensor(case[6] + 5, *shape) > 0.8, -math.inf)
+    bias[..., case[6] % shape[-1]] = 0.5  # one finite entry per row
+    _compare(g, attention, q, k, v, mask=bias)
+
+
+def _att_empty(g: Grader, attention, case) -> None:
+    lead, T, S, D, Dv, dtype, seed, boolean = case
+    q, k, v = _qkv(case)
+    mask, row = tensor(seed + 6, *lead, T, S) > -0.5, seed % T
+    mask[..., row, :] = False
+    mask = mask if boolean else torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -math.inf)
+    where = _sizes(q, k, v, mask) + f" that hides every key from query {row}"
+    where, out, w, exp_out, exp_w, mag = _attend(g, attention, q, k, v, mask, where=where)
+    if any(is_tensor(t) and bool(torch.isnan(t).any()) for t in (out, w)):
+        g.fail(
+            f"{where}: gave NaN: query {row}'s weights must be all zero (see the softmax part: a row of "
+            "all -inf gives zeros)"
+        )
+    w_row = w[..., row, :] if is_tensor(w) and w.shape == exp_w.shape else None
+    if w_row is not None and close(w_row, torch.full_like(w_row, 1 / S)):
+        g.fail(
+            f"{where}: query {row} got uniform weights 1/S: a large finite number such as -1e9 is not "
+            "-inf; mask with -inf so that the softmax gives zeros"
+        )
+    _same_attention(g, where, out, w, exp_out, exp_w, mag)
+
+
+def _att_grads(g: Grader, attention, case) -> None:
+    lead, T, S, D, Dv, seed, use_mask = case
+    q, k, v = _qkv((lead, T, S, D, Dv, torch.float64, seed))
+    mask = _bool_mask(seed + 7, (T, S)) if use_mask else None
+    upstream, where = tensor(seed + 8, *lead, T, Dv), _sizes(q, k, v, mask)
+    try:
+        leaves = (t.clone().requires_grad_() for t in (q, k, v))
+        p = probe(attention, *leaves, mask=mask, backward=(0, upstream))
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{where}: {raised(e)}")
+    out, _ = _unpack(g, p.result, "scaled_dot_product_attention")
+    g.expect(
+        is_tensor(out) and out.requires_grad,
+        f"{where}: out does not depend on q, k, v through autograd: avoid .detach(), .numpy(), "
+        ".item() or building new tensors from values",
+    )
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    (ref.scaled_dot_product_attention(qr, kr, vr, mask)[0] * upstream).sum().backward()
+    for name, got, want in zip("qkv", p.grads or [None] * 3, (qr.grad, kr.grad, vr.grad)):
+        g.expect(
+            got is not None and close(got, want),
+            f"{where}: the gradient with respect to {name} differs from the reference "
+            f"({first_difference(got, want) if got is not None else 'none'})",
+        )
+
+
+def _att_call(case) -> Call:
+    """q, k, v and a boolean, floating or no (T, S) mask, with a scale or none."""
+    lead, T, S, D, Dv, dtype, seed, kind, scale = case
+    mask = None if kind == "none" else _bool_mask(seed + 9, (T, S))
+    if kind == "float":
+        mask = torch.zeros(T, S, dtype=dtype).masked_fill(~mask, -math.inf)
+    q, k, v = _qkv(case)
+    return Call(_sizes(q, k, v, mask, scale), (q, k, v), {"mask": mask, "scale": scale})
+
+
+ATTENTION_SPEC = Spec(
+    "scaled_dot_product_attention",
+    [
+        returns(
+            _att_shapes,
+            _att_promised,
             ATTENTION,
-            lambda case: compare(*_qkv(case)),
-            max_examples=12,
-            first=((3,), 5, 7, 8, 3, torch.float64, 1),
-        )
-
-    with g.check("`scale` multiplies the scores when given (0 and negative values included)"):
-
-        def scaled(case):
-            q, k, v = _qkv(case[:7])
-            compare(q, k, v, scale=case[7])
-
-        for_all(
-            "att.scale",
-            st.tuples(
-                LEAD,
-                st.integers(1, 6),
-                st.integers(2, 7),
-                st.integers(1, 8),
-                st.integers(1, 5),
-                st.sampled_from(FLOATS),
-                SEEDS,
-                st.sampled_from([0.0, 0.3, 2.0, -1.0, 1.0]),
+            text="returns (out, weights) of shapes (..., T, Dv) and (..., T, S) in q's dtype, any leading dims",
+            key="att.shapes",
+            budget="more",
+            # one leading dim, none, two
+            examples=[((2,), 5, 6, 4, 3, F64, 0), ((), 3, 5, 4, 6, F32, 11), ((2, 2), 3, 5, 4, 6, F64, 12)],
+        ),
+        Clause(
+            "without a mask: weights = softmax(q k^T / sqrt(D)) over the keys, out = weights v",
+            _att_values,
+            ATTENTION,
+            key="att.values",
+            budget="more",
+            examples=[((3,), 5, 7, 8, 3, F64, 1)],
+        ),
+        Clause(
+            "`scale` multiplies the scores when given (0 and negative values included)",
+            _att_values,
+            _sized(6, (2, 7), 8, 5, *_FS, st.sampled_from([0.0, 0.3, 2.0, -1.0, 1.0])),  # S >= 2
+            key="att.scale",
+            budget="more",
+            examples=[((2,), 4, 5, 4, 3, F64, 2, 0.0), ((2,), 3, 5, 4, 6, F32, 13, 0.5)],
+        ),
+        Clause(
+            "a boolean mask, broadcastable to (..., T, S): True means may attend, False removes the key",
+            _att_bool,
+            _MASKED,
+            key="att.bool",
+            budget="more",
+            examples=[((2,), 4, 5, 4, 3, F64, 3, [True] * 4, 0), ((2,), 3, 5, 4, 6, F32, 11, "causal", 0)],
+            also=[((3,), 6, 6, 4, 3, F64, 7, "causal", 0)],  # a (T, S) causal mask broadcast over the batch
+        ),
+        Clause(
+            "a floating mask, broadcastable to (..., T, S), is added to the scaled scores (-inf removes a key)",
+            _att_additive,
+            _MASKED,
+            key="att.additive",
+            budget="more",
+            examples=[((2,), 4, 5, 4, 3, F64, 4, [True] * 4, 0)],
+        ),
+        Clause(
+            "a query with no visible key gets zero weights and a zero output, not NaN",
+            _att_empty,
+            _sized(5, 6, 6, 4, *_FS, st.booleans()),
+            key="att.empty",
+            budget="more",
+            examples=[((2,), 3, 4, 4, 3, F64, 1, True)],
+        ),
+        Clause(
+            "stable for large scores (|q k^T| in the thousands, float32 and float64)",
+            _att_large,
+            _sized(5, 6, 6, 4, *_FS, st.sampled_from([10.0, 30.0, 60.0])),
+            key="att.large",
+            examples=[((2,), 3, 4, 4, 3, F32, 5, 30.0)],
+        ),
+        Clause(
+            "gradients with respect to q, k and v match the reference",
+            _att_grads,
+            _sized(4, 5, 4, 3, SEEDS, st.booleans()),
+            key="att.grad",
+            budget="handful",
+            examples=[((2,), 3, 4, 4, 3, 6, False)],
+        ),
+        unchanged(
+            _att_call,
+            _sized(
+                5, 6, 6, 4, *_FS, st.sampled_from(["bool", "float", "none"]), st.sampled_from([None, 0.5])
             ),
-            scaled,
-            max_examples=12,
-            first=((2,), 4, 5, 4, 3, torch.float64, 2, 0.0),
-        )
-
-    def masked_case(extra):
-        return st.tuples(
-            LEAD,
-            st.integers(1, 6),
-            st.integers(1, 7),
-            st.integers(1, 6),
-            st.integers(1, 4),
-            st.sampled_from(FLOATS),
-            SEEDS,
-            st.lists(st.booleans(), min_size=4, max_size=4),
-            st.integers(0, 3),
-            *extra,
-        )
-
-    with g.check(
-        "a boolean mask, broadcastable to (..., T, S): True means may attend, False removes the key"
-    ):
-
-        def boolean(case):
-            q, k, v = _qkv(case)
-            full = (*q.shape[:-1], k.shape[-2])
-            mask = _bool_mask(case[6] + 3, _mask_shape(full, case[7], case[8]), k.shape[-2])
-            out, w = compare(q, k, v, mask=mask)
-
-        for_all(
-            "att.bool",
-            masked_case(()),
-            boolean,
-            max_examples=12,
-            first=((2,), 4, 5, 4, 3, torch.float64, 3, [True] * 4, 0),
-        )
-        q, k, v = _qkv(((3,), 6, 6, 4, 3, torch.float64, 7))
-        compare(q, k, v, mask=ref.causal_mask(6))  # a (T, S) causal mask broadcast over the batch
-
-    with g.check(
-        "a floating mask, broadcastable to (..., T, S), is added to the scaled scores (-inf removes a key)"
-    ):
-
-        def additive(case):
-            q, k, v = _qkv(case)
-            full = (*q.shape[:-1], k.shape[-2])
-            shape = _mask_shape(full, case[7], case[8])
-            bias = tensor(case[6] + 4, *shape, dtype=q.dtype, scale=2.0)
-            bias = bias.masked_fill(tensor(case[6] + 5, *shape) > 0.8, -math.inf)
-            bias[..., case[6] % shape[-1]] = 0.5  # one finite entry per row
-            compare(q, k, v, mask=bias)
-
-        for_all(
-            "att.additive",
-            masked_case(()),
-            additive,
-            max_examples=12,
-            first=((2,), 4, 5, 4, 3, torch.float64, 4, [True] * 4, 0),
-        )
-
-    with g.check("a query with no visible key gets zero weights and a zero output, not NaN"):
-
-        def empty(case):
-            lead, T, S, D, Dv, dtype, seed, boolean = case
-            q, k, v = _qkv((lead, T, S, D, Dv, dtype, seed))
-            mask = tensor(seed + 6, *lead, T, S) > -0.5
-            row = seed % T
-            mask[..., row, :] = False
-            mask = mask if boolean else torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -math.inf)
-            where = _sizes(q, k, v, mask) + f" that hides every key from query {row}"
-            out, w = _unpack(
-                g, call_student(g, where, attention, q, k, v, mask=mask), "scaled_dot_product_attention"
-            )
-            exp_out, exp_w, mag = _expected(q, k, v, mask)
-            first_match(g, out, _mistakes_or_none(q, k, v, mask, None, where), right=exp_out)
-            if is_tensor(out) and bool(torch.isnan(out).any()) or is_tensor(w) and bool(torch.isnan(w).any()):
-                g.fail(
-                    f"{where}: gave NaN: query {row}'s weights must be all zero (see the softmax part: a row of "
-                    "all -inf gives zeros)"
-                )
-            uniform = (
-                is_tensor(w)
-                and w.shape == exp_w.shape
-                and close(w[..., row, :], torch.full_like(w[..., row, :], 1 / S))
-            )
-            if uniform:
-                g.fail(
-                    f"{where}: query {row} got uniform weights 1/S: a large finite number such as -1e9 is not "
-                    "-inf; mask with -inf so that the softmax gives zeros"
-                )
-            g.expect(
-                close(w, exp_w, magnitude=mag), f"{where}: the weights differ: {first_difference(w, exp_w)}"
-            )
-            g.expect(
-                close(out, exp_out, magnitude=mag), f"{where}: out differs: {first_difference(out, exp_out)}"
-            )
-
-        for_all(
-            "att.empty",
-            st.tuples(
-                LEAD,
-                st.integers(1, 5),
-                st.integers(1, 6),
-                st.integers(1, 6),
-                st.integers(1, 4),
-                st.sampled_from(FLOATS),
-                SEEDS,
-                st.booleans(),
-            ),
-            empty,
-            max_examples=12,
-            first=((2,), 3, 4, 4, 3, torch.float64, 1, True),
-        )
-
-    with g.check("stable for large scores (|q k^T| in the thousands, float32 and float64)"):
-
-        def large(case):
-            q, k, v = _qkv(case[:7], scale=case[7])
-            out, w = compare(q, k, v)
-
-        for_all(
-            "att.large",
-            st.tuples(
-                LEAD,
-                st.integers(1, 5),
-                st.integers(1, 6),
-                st.integers(1, 6),
-                st.integers(1, 4),
-                st.sampled_from(FLOATS),
-                SEEDS,
-                st.sampled_from([10.0, 30.0, 60.0]),
-            ),
-            large,
-            max_examples=10,
-            first=((2,), 3, 4, 4, 3, torch.float32, 5, 30.0),
-        )
-
-    with g.check("gradients with respect to q, k and v match the reference"):
-
-        def grads(case):
-            lead, T, S, D, Dv, seed, use_mask = case
-            q, k, v = _qkv((lead, T, S, D, Dv, torch.float64, seed))
-            mask = _bool_mask(seed + 7, (T, S), S) if use_mask else None
-            upstream = tensor(seed + 8, *lead, T, Dv)
-            where = _sizes(q, k, v, mask)
-            try:
-                p = probe(
-                    attention,
-                    *(t.clone().requires_grad_() for t in (q, k, v)),
-                    mask=mask,
-                    backward=(0, upstream),
-                )
-            except Exception as e:  # noqa: BLE001
-                raise_unless_student_error(e)
-                g.fail(f"{where}: {raised(e)}")
-            out, _ = _unpack(g, p.result, "scaled_dot_product_attention")
-            g.expect(
-                is_tensor(out) and out.requires_grad,
-                f"{where}: out does not depend on q, k, v through autograd: avoid .detach(), .numpy(), "
-                ".item() or building new tensors from values",
-            )
-            qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
-            (ref.scaled_dot_product_attention(qr, kr, vr, mask)[0] * upstream).sum().backward()
-            for name, got, want in zip("qkv", p.grads or [None] * 3, (qr.grad, kr.grad, vr.grad)):
-                g.expect(
-                    got is not None and close(got, want),
-                    f"{where}: the gradient with respect to {name} differs from the reference "
-                    f"({first_difference(got, want) if got is not None else 'none'})",
-                )
-
-        for_all(
-            "att.grad",
-            st.tuples(
-                LEAD,
-                st.integers(1, 4),
-                st.integers(1, 5),
-                st.integers(1, 4),
-                st.integers(1, 3),
-                SEEDS,
-                st.booleans(),
-            ),
-            grads,
-            max_examples=5,
-            first=((2,), 3, 4, 4, 3, 6, False),
-        )
-
-    with g.check("leaves q, k, v and the mask unchanged (no in-place changes)"):
-
-        def untouched(case):
-            lead, T, S, D, Dv, dtype, seed, kind, scale = case
-            q, k, v = _qkv((lead, T, S, D, Dv, dtype, seed))
-            mask = None if kind == "none" else _bool_mask(seed + 9, (T, S), S)
-            if kind == "float":
-                mask = torch.zeros(T, S, dtype=dtype).masked_fill(~mask, -math.inf)
-            try:
-                p = probe(
-                    attention,
-                    q.clone(),
-                    k.clone(),
-                    v.clone(),
-                    mask=None if mask is None else mask.clone(),
-                    scale=scale,
-                )
-            except Exception as e:  # noqa: BLE001
-                raise_unless_student_error(e)
-                g.fail(f"{_sizes(q, k, v, mask, scale)}: {raised(e)}")
-            for name, a, b in zip(("q", "k", "v", "mask"), (*p.args, p.kwargs.get("mask")), (q, k, v, mask)):
-                if b is not None:
-                    g.expect(
-                        is_tensor(a) and a.dtype == b.dtype and torch.equal(a, b),
-                        f"{_sizes(q, k, v, mask, scale)}: {name} was modified in place (q *= scale, "
-                        "masked_fill_ ...): compute new tensors",
-                    )
-
-        for_all(
-            "att.inplace",
-            st.tuples(
-                LEAD,
-                st.integers(1, 5),
-                st.integers(1, 6),
-                st.integers(1, 6),
-                st.integers(1, 4),
-                st.sampled_from(FLOATS),
-                SEEDS,
-                st.sampled_from(["bool", "float", "none"]),
-                st.sampled_from([None, 0.5]),
-            ),
-            untouched,
-            max_examples=8,
-            first=((2,), 5, 6, 4, 3, torch.float64, 8, "bool", None),
-        )
-
-    g.finish()
+            key="att.inplace",
+            budget="some",
+            examples=[((2,), 5, 6, 4, 3, F64, 8, "bool", None)],
+            text="leaves q, k, v and the mask unchanged (no in-place changes)",
+            advice="q, k, v are arguments 1 to 3; a tensor that was modified in place (q *= scale, "
+            "masked_fill_ ...) changes the caller's: compute new tensors",
+        ),
+    ],
+)
+check_attention, grade_attention = ATTENTION_SPEC.graders("attention")
 
 
 # --------------------------------------------------------------------------- self-attention module
@@ -894,365 +745,174 @@ def _self_attention_pair(g: Grader, SelfAttention, C: int, D: int | None, bias: 
     return m, r, call
 
 
-SELF = st.tuples(
+def _build(g: Grader, SelfAttention, C: int, D: int | None, bias: bool):
+    """``SelfAttention(C, D, bias=bias)`` (``D = None``: no d_head), and the call that made it."""
+    args = (C,) if D is None else (C, D)
+    call = f"SelfAttention({', '.join(map(str, args))}, bias={bias})"
+    return call_student(g, call, SelfAttention, *args, bias=bias), call
+
+
+#: batch, T, C, D (None: the default), bias, dtype, seed
+_SELF = (
     st.integers(1, 3),
     st.integers(1, 6),
     st.integers(1, 8),
     st.one_of(st.none(), st.integers(1, 6)),
     st.booleans(),
-    st.sampled_from(FLOATS),
-    SEEDS,
+    *_FS,
 )
 
 
-def grade_self_attention(SelfAttention) -> None:
-    """Grade a student's ``SelfAttention(d_model, d_head=None, bias=True)`` module class."""
-    g = Grader("SelfAttention")
-
-    with g.check("has nn.Linear layers q_proj, k_proj and v_proj, each C -> D (d_head defaults to d_model)"):
-
-        def layers(case):
-            C, D, bias = case
-            args = (C,) if D is None else (C, D)
-            call = f"SelfAttention({', '.join(map(str, args))}, bias={bias})"
-            m = call_student(g, call, SelfAttention, *args, bias=bias)
-            width = C if D is None else D
-            for name in ("q_proj", "k_proj", "v_proj"):
-                layer = getattr(m, name, None)
-                g.expect(is_a(layer, LINEAR), f"{call} needs an nn.Linear called {name}")
-                g.expect(
-                    (layer.in_features, layer.out_features) == (C, width),
-                    f"{call}: {name} should map C={C} to D={width} features"
-                    f"{' (d_head defaults to d_model)' if D is None else ''}, "
-                    f"got {layer.in_features} -> {layer.out_features}",
-                )
-
-        for_all(
-            "sa.layers",
-            st.tuples(st.integers(1, 9), st.one_of(st.none(), st.integers(1, 7)), st.booleans()),
-            layers,
-            max_examples=8,
-            first=(8, 4, True),
+def _sa_layers(g: Grader, SelfAttention, case) -> None:
+    C, D, bias = case
+    m, call = _build(g, SelfAttention, C, D, bias)
+    width = C if D is None else D
+    for name in ("q_proj", "k_proj", "v_proj"):
+        layer = getattr(m, name, None)
+        g.expect(is_a(layer, LINEAR), f"{call} needs an nn.Linear called {name}")
+        g.expect(
+            (layer.in_features, layer.out_features) == (C, width),
+            f"{call}: {name} should map C={C} to D={width} features"
+            f"{' (d_head defaults to d_model)' if D is None else ''}, "
+            f"got {layer.in_features} -> {layer.out_features}",
         )
 
-    with g.check("bias=False: no biases (3 C D parameters; 3 (C D + D) with bias=True)"):
-        for C, D in ((8, 4), (5, 3), (6, None)):
-            width = C if D is None else D
-            for bias, expected in ((True, 3 * (C * width + width)), (False, 3 * C * width)):
-                args = (C,) if D is None else (C, D)
-                call = f"SelfAttention({', '.join(map(str, args))}, bias={bias})"
-                m = call_student(g, call, SelfAttention, *args, bias=bias)
-                sd = m.state_dict()
-                n = sum(p.numel() for p in sd.values()) if isinstance(sd, dict) else -1
-                g.expect(
-                    n == expected,
-                    f"{call} should have {expected} parameters, got {n}"
-                    + ("" if bias else ": pass bias=bias to the three nn.Linear layers"),
-                )
 
-    with g.check(
-        "forward(x) returns (out (B, T, D), weights (B, T, T)) of attention over q_proj(x), k_proj(x), "
-        "v_proj(x)"
-    ):
+def _sa_parameters(g: Grader, SelfAttention, case) -> None:
+    C, D, bias = case
+    width = C if D is None else D
+    expected = 3 * (C * width + width) if bias else 3 * C * width
+    m, call = _build(g, SelfAttention, C, D, bias)
+    sd = m.state_dict()
+    n = sum(p.numel() for p in sd.values()) if isinstance(sd, dict) else -1
+    fix = "" if bias else ": pass bias=bias to the three nn.Linear layers"
+    g.expect(n == expected, f"{call} should have {expected} parameters, got {n}{fix}")
 
-        def values(case):
-            B, T, C, D, bias, dtype, seed = case
-            m, r, call = _self_attention_pair(g, SelfAttention, C, D, bias, dtype, f"sa.values.{seed}")
-            x = tensor(seed, B, T, C, dtype=dtype)
-            where = f"{call} on x {(B, T, C)} {dtype_name(dtype)} with weights of ours"
-            out, w = _unpack(g, call_student(g, where, m, x), "SelfAttention.forward")
-            out_r, w_r = r(x)
-            width = C if D is None else D
-            g.expect(
-                is_tensor(out) and out.shape == (B, T, width) and out.dtype == dtype,
-                f"{where}: out should be {dtype_name(dtype)} {(B, T, width)}, got {describe(out)}",
-            )
-            g.expect(
-                is_tensor(w) and w.shape == (B, T, T),
-                f"{where}: weights should be {(B, T, T)}, got {describe(w)}",
-            )
-            with torch.no_grad():
-                q, k, v = r.q_proj(x), r.k_proj(x), r.v_proj(x)
-                mistakes = [
-                    (
-                        ref.scaled_dot_product_attention(q, q, v)[0],
-                        f"{where}: the keys are q_proj(x): queries come from q_proj(x), keys from k_proj(x)",
-                    ),
-                    (
-                        ref.scaled_dot_product_attention(k, k, v)[0],
-                        f"{where}: the queries are k_proj(x): queries come from q_proj(x), keys from k_proj(x)",
-                    ),
-                    (ref.scaled_dot_product_attention(k, q, v)[0], f"{where}: queries and keys are swapped"),
-                    (
-                        ref.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(C))[0],
-                        f"{where}: the scores are scaled by 1/sqrt(C): the given attention scales by 1/sqrt(D)",
-                    ),
-                ]
-            if close(w, w_r) and not close(out, out_r):
-                g.fail(f"{where}: the weights match but the output does not: the values must be v_proj(x)")
-            first_match(g, out, mistakes, right=out_r.detach())
-            g.expect(
-                close(w, w_r.detach()),
-                f"{where}: the attention weights differ: "
-                + first_difference(w, w_r, " (queries come from q_proj(x) and keys from k_proj(x))"),
-            )
-            g.expect(
-                close(out, out_r.detach()),
-                f"{where}: out differs from the reference with the same weights "
-                f"({first_difference(out, out_r)})",
-            )
 
-        for_all("sa.values", SELF, values, max_examples=10, first=(2, 5, 8, 4, True, torch.float64, 0))
-
-    with g.check("forward(x, mask) passes the mask on: boolean or floating, broadcastable to (B, T, T)"):
-
-        def masked(case):
-            B, T, C, D, bias, dtype, seed, kind, keep, drop = case
-            m, r, call = _self_attention_pair(g, SelfAttention, C, D, bias, dtype, f"sa.mask.{seed}")
-            x = tensor(seed, B, T, C, dtype=dtype)
-            shape = _mask_shape((B, T, T), keep, drop)
-            mask = ref.causal_mask(T) if kind == "causal" else _bool_mask(seed + 1, shape, T)
-            if kind == "float":
-                mask = tensor(seed + 2, *shape, dtype=dtype).masked_fill(~mask, -math.inf)
-            where = f"{call} on x {(B, T, C)} {dtype_name(dtype)} with a {kind} mask {tuple(mask.shape)}"
-            out, _ = _unpack(g, call_student(g, where, m, x, mask=mask), "SelfAttention.forward")
-            out_r = r(x, mask=mask)[0].detach()
-            if close(out, r(x)[0].detach()) and not close(out_r, r(x)[0].detach()):
-                g.fail(
-                    f"{where}: the output is the unmasked one: pass mask on to scaled_dot_product_attention "
-                    "(is the mask passed on?)"
-                )
-            g.expect(
-                close(out, out_r), f"{where}: out differs from the reference: {first_difference(out, out_r)}"
-            )
-
-        for_all(
-            "sa.mask",
-            st.tuples(
-                *[
-                    st.integers(1, 3),
-                    st.integers(1, 6),
-                    st.integers(1, 8),
-                    st.one_of(st.none(), st.integers(1, 6)),
-                    st.booleans(),
-                    st.sampled_from(FLOATS),
-                    SEEDS,
-                    st.sampled_from(["causal", "bool", "float"]),
-                    st.lists(st.booleans(), min_size=3, max_size=3),
-                    st.integers(0, 2),
-                ]
+def _sa_values(g: Grader, SelfAttention, case) -> None:
+    B, T, C, D, bias, dtype, seed = case
+    m, r, call = _self_attention_pair(g, SelfAttention, C, D, bias, dtype, f"sa.values.{seed}")
+    x = tensor(seed, B, T, C, dtype=dtype)
+    where = f"{call} on x {(B, T, C)} {dtype_name(dtype)} with weights of ours"
+    out, w = _unpack(g, call_student(g, where, m, x), "SelfAttention.forward")
+    out_r, w_r = (t.detach() for t in r(x))
+    width = C if D is None else D
+    g.expect(
+        is_tensor(out) and out.shape == (B, T, width) and out.dtype == dtype,
+        f"{where}: out should be {dtype_name(dtype)} {(B, T, width)}, got {describe(out)}",
+    )
+    g.expect(
+        is_tensor(w) and w.shape == (B, T, T), f"{where}: weights should be {(B, T, T)}, got {describe(w)}"
+    )
+    with torch.no_grad():
+        q, k, v = r.q_proj(x), r.k_proj(x), r.v_proj(x)
+        qk = "queries come from q_proj(x), keys from k_proj(x)"
+        mistakes = [
+            (q, q, None, f"the keys are q_proj(x): {qk}"),
+            (k, k, None, f"the queries are k_proj(x): {qk}"),
+            (k, q, None, "queries and keys are swapped"),
+            (
+                q,
+                k,
+                1 / math.sqrt(C),
+                "the scores are scaled by 1/sqrt(C): the given attention scales by 1/sqrt(D)",
             ),
-            masked,
-            max_examples=10,
-            first=(2, 5, 8, 4, True, torch.float64, 1, "causal", [True] * 3, 0),
-        )
-
-    with g.check("raises ValueError unless x is (B, T, C) with C = d_model"):
-        m = call_student(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
-        for shape in ((5, 8), (2, 5, 6), (1, 2, 5, 8), (2, 5, 9)):
-            x = tensor(sum(shape), *shape, dtype=torch.float32)
-            expect_value_error(
-                g,
-                lambda x=x: m(x),
-                f"SelfAttention(8, 4) on x {shape}",
-                "a ValueError naming the shape expected, (B, T, 8), and the one received",
-            )
-
-    g.finish()
-
-
-# --------------------------------------------------------------------------- public checks
+        ]
+        mistakes = [
+            (ref.scaled_dot_product_attention(a, b, v, scale=s)[0], f"{where}: {h}")
+            for a, b, s, h in mistakes
+        ]
+    if close(w, w_r) and not close(out, out_r):
+        g.fail(f"{where}: the weights match but the output does not: the values must be v_proj(x)")
+    first_match(g, out, mistakes, right=out_r)
+    g.expect(
+        close(w, w_r),
+        f"{where}: the attention weights differ: "
+        + first_difference(w, w_r, " (queries come from q_proj(x) and keys from k_proj(x))"),
+    )
+    g.expect(
+        close(out, out_r),
+        f"{where}: out differs from the reference with the same weights ({first_difference(out, out_r)})",
+    )
 
 
-#: softmax's public example: finite, large and -inf entries (the adversarial catalogue knows it by heart)
-def check_causal_mask(causal_mask) -> None:
-    """Public checks of ``causal_mask``: one small fixed example per clause the hidden checks grade."""
-    g = Grader("causal_mask (public)")
-    with g.check("causal_mask(3) is the lower-triangular (3, 3) boolean mask"):
-        m = call_student(g, "causal_mask(3)", causal_mask, 3)
-        g.expect(
-            is_tensor(m) and m.dtype == torch.bool and m.shape == (3, 3),
-            f"causal_mask(3) must be a (3, 3) boolean tensor, got {describe(m)}",
+def _sa_masked(g: Grader, SelfAttention, case) -> None:
+    B, T, C, D, bias, dtype, seed, kind, keep, drop = case
+    m, r, call = _self_attention_pair(g, SelfAttention, C, D, bias, dtype, f"sa.mask.{seed}")
+    x, shape = tensor(seed, B, T, C, dtype=dtype), _mask_shape((B, T, T), keep, drop)
+    mask = ref.causal_mask(T) if kind == "causal" else _bool_mask(seed + 1, shape)
+    if kind == "float":
+        mask = tensor(seed + 2, *shape, dtype=dtype).masked_fill(~mask, -math.inf)
+    where = f"{call} on x {(B, T, C)} {dtype_name(dtype)} with a {kind} mask {tuple(mask.shape)}"
+    out, _ = _unpack(g, call_student(g, where, m, x, mask=mask), "SelfAttention.forward")
+    out_r, unmasked = r(x, mask=mask)[0].detach(), r(x)[0].detach()
+    if close(out, unmasked) and not close(out_r, unmasked):
+        g.fail(
+            f"{where}: the output is the unmasked one: pass mask on to scaled_dot_product_attention "
+            "(is the mask passed on?)"
         )
-        g.expect(
-            bool(m.diagonal().all()),
-            "a position may not attend to itself: the diagonal must be True (off by one?)",
-        )
-        g.expect(
-            not bool(m[0, 1]),
-            "query 0 can see key 1, a future key: entries above the diagonal must be False "
-            "(is the mask transposed?)",
-        )
-        g.expect(
-            torch.equal(m, torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)),
-            f"causal_mask(3) is\n{m}",
-        )
-    with g.check(
-        "with S > T keys, the last query sees every key: causal_mask(2, 4) is [[1, 1, 1, 0], [1, 1, 1, 1]]"
-    ):
-        m = call_student(g, "causal_mask(2, 4)", causal_mask, 2, 4)
-        g.expect(
-            is_tensor(m) and m.shape == (2, 4), f"causal_mask(2, 4) must have shape (2, 4), got {describe(m)}"
-        )
-        g.expect(
-            torch.equal(m, ref.causal_mask(2, 4)),
-            f"causal_mask(2, 4) is misaligned: query i sees keys j <= i + (S - T); got {show(m, 8)}",
-        )
-    with g.check("causal_mask(0, 2) is an empty (0, 2) boolean mask"):
-        m = call_student(g, "causal_mask(0, 2)", causal_mask, 0, 2)
-        g.expect(
-            is_tensor(m) and m.dtype == torch.bool and m.shape == (0, 2),
-            f"causal_mask(0, 2) must be a (0, 2) boolean tensor, got {describe(m)}",
-        )
-    with g.check("causal_mask(3, 2), causal_mask(1, 0) and causal_mask(-1) raise ValueError"):
-        expect_value_error(g, lambda: causal_mask(3, 2), "causal_mask(3, 2)", "0 <= T <= S")
-        expect_value_error(g, lambda: causal_mask(1, 0), "causal_mask(1, 0)", "0 <= T <= S")
-        expect_value_error(g, lambda: causal_mask(-1), "causal_mask(-1)", "0 <= T <= S")
-    with g.check("causal_mask(2, 3, device='meta') is created on the meta device"):
-        got = _device_type(g, "causal_mask(2, 3, device='meta')", causal_mask, 2, 3, device="meta")
-        g.expect(
-            got == "meta", f"causal_mask(2, 3, device='meta') is on {got}: pass device=device to torch.arange"
-        )
-    g.finish()
+    g.expect(close(out, out_r), f"{where}: out differs from the reference: {first_difference(out, out_r)}")
 
 
-def check_attention(attention) -> None:
-    """Public checks of ``scaled_dot_product_attention``: one small fixed example per clause."""
-    g = Grader("scaled_dot_product_attention (public)")
-    q, k, v = (tensor(s, 2, n, d, dtype=torch.float32) for s, n, d in ((11, 3, 4), (12, 5, 4), (13, 5, 6)))
-
-    def same_as_reference(what, q, k, v, **kwargs):
-        out, w = _unpack(
-            g, call_student(g, what, attention, q, k, v, **kwargs), "scaled_dot_product_attention"
-        )
-        exp_out, exp_w, mag = _expected(q, k, v, kwargs.get("mask"), kwargs.get("scale"))
-        g.expect(
-            is_tensor(out)
-            and is_tensor(w)
-            and out.shape == exp_out.shape
-            and w.shape == exp_w.shape
-            and out.dtype == q.dtype,
-            f"{what}: expected out {describe(exp_out)} and weights {describe(exp_w)}, "
-            f"got {describe(out)} and {describe(w)}",
-        )
-        g.expect(close(w, exp_w, magnitude=mag), f"{what}: the weights differ: {first_difference(w, exp_w)}")
-        g.expect(close(out, exp_out, magnitude=mag), f"{what}: out differs: {first_difference(out, exp_out)}")
-        return out, w
-
-    with g.check(
-        "q (2, 3, 4), k (2, 5, 4), v (2, 5, 6) give out (2, 3, 6) and weights (2, 3, 5), as torch's"
-    ):
-        out, w = same_as_reference("q (2, 3, 4), k (2, 5, 4), v (2, 5, 6)", q, k, v)
-    with g.check("no batch dims (q (3, 4)) and two (q (2, 2, 3, 4)); float64"):
-        same_as_reference("q (3, 4), k (5, 4), v (5, 6)", q[0].double(), k[0].double(), v[0].double())
-        q4, k4, v4 = (t[None].expand(2, *t.shape).contiguous().double() for t in (q, k, v))
-        same_as_reference("q (2, 2, 3, 4), k (2, 2, 5, 4), v (2, 2, 5, 6)", q4, k4, v4)
-    with g.check("scale=0.5 and scale=0 (uniform weights) are used as given"):
-        same_as_reference("scale=0.5", q, k, v, scale=0.5)
-        same_as_reference("scale=0", q, k, v, scale=0.0)
-    with g.check("a boolean causal mask (3, 5): masked keys get zero weight"):
-        mask = ref.causal_mask(3, 5)
-        _, w = same_as_reference("a boolean mask (3, 5)", q, k, v, mask=mask)
-        g.expect(
-            bool((w[:, ~mask] == 0).all()),
-            "masked keys got non-zero weight: set their scores to -inf before the softmax",
-        )
-    with g.check("a floating mask (3, 5) is added to the scaled scores"):
-        bias = tensor(14, 3, 5, dtype=torch.float32)
-        bias[0, 1] = -math.inf
-        same_as_reference("a floating mask (3, 5)", q, k, v, mask=bias)
-    with g.check("a query with no visible key gets zero weights and a zero output"):
-        mask = torch.ones(3, 5, dtype=torch.bool)
-        mask[1] = False
-        out, w = same_as_reference("a mask hiding every key from query 1", q, k, v, mask=mask)
-    with g.check("large scores (q and k times 30, float32) stay finite and accurate"):
-        same_as_reference("q and k times 30", q * 30, k * 30, v)
-    with g.check("gradients reach q, k and v; q, k, v and the mask are left unchanged"):
-        q64, k64, v64 = q.double(), k.double(), v.double()
-        mask = ref.causal_mask(3, 5)
-        p = probe(
-            attention,
-            *(t.clone().requires_grad_() for t in (q64, k64, v64)),
-            mask=mask.clone(),
-            backward=(0, torch.ones(2, 3, 6, dtype=torch.float64)),
-        )
-        qr, kr, vr = (t.clone().requires_grad_() for t in (q64, k64, v64))
-        ref.scaled_dot_product_attention(qr, kr, vr, mask)[0].sum().backward()
-        for name, got, want in zip("qkv", p.grads or [None] * 3, (qr.grad, kr.grad, vr.grad)):
-            g.expect(got is not None and close(got, want), f"the gradient with respect to {name} differs")
-        for name, a, b in zip(
-            ("q", "k", "v", "mask"), (*p.args, p.kwargs.get("mask")), (q64, k64, v64, mask)
-        ):
-            g.expect(
-                is_tensor(a) and torch.equal(a.detach(), b),
-                f"{name} was modified in place: compute new tensors",
-            )
-    g.finish()
+def _sa_8_4(g: Grader, SelfAttention):
+    return call_student(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
 
 
-def check_self_attention(SelfAttention) -> None:
-    """Public checks of ``SelfAttention``: one small fixed example per clause the hidden checks grade."""
-    g = Grader("SelfAttention (public)")
-    x = tensor(21, 2, 5, 8, dtype=torch.float32)
-    with g.check("SelfAttention(8, 4) maps (2, 5, 8) to out (2, 5, 4) and weights (2, 5, 5)"):
-        out, weights = _unpack(
-            g,
-            call_student(g, "SelfAttention(8, 4)(x)", lambda: SelfAttention(8, 4)(x)),
-            "SelfAttention.forward",
-        )
-        g.expect(
-            is_tensor(out) and is_tensor(weights) and out.shape == (2, 5, 4) and weights.shape == (2, 5, 5),
-            f"expected out (2, 5, 4) and weights (2, 5, 5), got {describe(out)} and {describe(weights)}",
-        )
-    with g.check(
-        "SelfAttention(8, 4) has 3 * (8*4 + 4) = 108 parameters, SelfAttention(8, 4, bias=False) 96, "
-        "SelfAttention(8) 216"
-    ):
-        for args, kwargs, n_expected in (((8, 4), {}, 108), ((8, 4), {"bias": False}, 96), ((8,), {}, 216)):
-            sd = call_student(g, f"SelfAttention{args}", SelfAttention, *args, **kwargs).state_dict()
-            n = sum(p.numel() for p in sd.values()) if isinstance(sd, dict) else -1
-            g.expect(
-                n == n_expected,
-                f"SelfAttention(*{args}, **{kwargs}) should have {n_expected} parameters, got {n}",
-            )
-    with g.check("out is attention over q_proj(x), k_proj(x), v_proj(x)"):
-        layer = SelfAttention(8, 4)
-        names = ("q_proj", "k_proj", "v_proj")
-        sd = layer.state_dict()
-        g.expect(
-            isinstance(sd, dict) and all(f"{n}.weight" in sd for n in names),
-            "SelfAttention needs three nn.Linear layers called q_proj, k_proj and v_proj",
-        )
-        reference = ref.SelfAttention(8, 4)
-        weights = {k: v.float() for k, v in random_weights(reference, "public.weights").items()}
-        load_weights(
-            g, layer, weights, "SelfAttention(8, 4)", True
-        )  # our weights, not only the module's own initial ones
-        reference.load_state_dict(weights)
-        out, _ = _unpack(g, call_student(g, "SelfAttention(8, 4)(x)", layer, x), "SelfAttention.forward")
-        g.expect(
-            close(out, reference(x)[0].detach()),
-            "out differs from attention over q_proj(x), k_proj(x), v_proj(x)",
-        )
-    with g.check("a mask is passed on: a causal (5, 5) mask and a floating (2, 5, 5) one"):
-        layer, reference, _ = _self_attention_pair(
-            g, SelfAttention, 8, 4, True, torch.float32, "public.mask.weights"
-        )
-        for mask in (ref.causal_mask(5), tensor(22, 2, 5, 5, dtype=torch.float32)):
-            what = f"a {'boolean' if mask.dtype == torch.bool else 'floating'} mask {tuple(mask.shape)}"
-            out, _ = _unpack(
-                g,
-                call_student(g, f"SelfAttention(8, 4)(x, mask) with {what}", layer, x, mask=mask),
-                "SelfAttention.forward",
-            )
-            g.expect(
-                close(out, reference(x, mask=mask)[0].detach()),
-                f"with {what}, out differs: pass the mask on to scaled_dot_product_attention",
-            )
-    with g.check("x of shape (5, 8) (no batch axis) raises ValueError"):
-        layer = call_student(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
-        expect_value_error(g, lambda: layer(x[0]), "SelfAttention(8, 4) on x (5, 8)", "expected (B, T, 8)")
-    g.finish()
+def _sa_forward(shape: tuple) -> Call:
+    """``SelfAttention(8, 4)`` on an x of ``shape``."""
+    return Call(f"SelfAttention(8, 4) on x {shape}", (tensor(sum(shape), *shape, dtype=F32),), build=_sa_8_4)
+
+
+SELF_ATTENTION = Spec(
+    "SelfAttention",
+    [
+        Clause(
+            "has nn.Linear layers q_proj, k_proj and v_proj, each C -> D (d_head defaults to d_model)",
+            _sa_layers,
+            st.tuples(st.integers(1, 9), st.one_of(st.none(), st.integers(1, 7)), st.booleans()),
+            key="sa.layers",
+            budget="some",
+            examples=[(8, 4, True)],
+        ),
+        Clause(
+            "bias=False: no biases (3 C D parameters; 3 (C D + D) with bias=True)",
+            _sa_parameters,
+            examples=[(8, 4, True), (8, 4, False)],  # 108 and 96 parameters
+            also=[(5, 3, True), (5, 3, False), (6, None, True), (6, None, False)],
+        ),
+        Clause(
+            "forward(x) returns (out (B, T, D), weights (B, T, T)) of attention over q_proj(x), k_proj(x), "
+            "v_proj(x)",
+            _sa_values,
+            st.tuples(*_SELF),
+            key="sa.values",
+            examples=[(2, 5, 8, 4, True, F64, 0)],
+        ),
+        Clause(
+            "forward(x, mask) passes the mask on: boolean or floating, broadcastable to (B, T, T)",
+            _sa_masked,
+            st.tuples(
+                *_SELF,
+                st.sampled_from(["causal", "bool", "float"]),  # the mask's kind
+                st.lists(st.booleans(), min_size=3, max_size=3),  # its full axes (the others 1)
+                st.integers(0, 2),  # how many leading axes it leaves out
+            ),
+            key="sa.mask",
+            examples=[
+                (2, 5, 8, 4, True, F64, 1, "causal", [True] * 3, 0),
+                (2, 5, 8, 4, True, F32, 22, "float", [True] * 3, 0),
+            ],
+        ),
+        raises(
+            _sa_forward,
+            fix="a ValueError naming the shape expected, (B, T, 8), and the one received",
+            text="raises ValueError unless x is (B, T, C) with C = d_model",
+            examples=[(5, 8)],
+            also=[(2, 5, 6), (1, 2, 5, 8), (2, 5, 9)],
+        ),
+    ],
+)
+check_self_attention, grade_self_attention = SELF_ATTENTION.graders("self_attention")
 
 
 # --------------------------------------------------------------------------- predict, then check
@@ -1414,118 +1074,151 @@ def _seeded(seed: int):
     return student_side("torch", torch).Generator().manual_seed(seed)
 
 
-def _variance(g: Grader, score_variance, D: int, seed: int, scaled: bool | None = None):
-    where = f"score_variance({D}, {VARIANCE_N}, generator{'' if scaled is None else f', scaled={scaled}'})"
-    args = (D, VARIANCE_N, _seeded(seed)) + (() if scaled is None else (scaled,))
-    return where, call_student(g, where, score_variance, *args)
+def _variance_call(case, about: str = "") -> Call:
+    """``(D, seed, scaled)``: one measurement on a generator seeded ``seed`` (``scaled=None``: the default)."""
+    D, seed, scaled = case
+    where = (
+        f"score_variance({D}, {VARIANCE_N}, generator{'' if scaled is None else f', scaled={scaled}'}){about}"
+    )
+    return Call(where, (D, VARIANCE_N, _seeded(seed)) + (() if scaled is None else (scaled,)))
 
 
-def grade_score_variance(score_variance) -> None:
-    """Grade the experiment ``score_variance(D, n, generator, scaled=False)``: its measurements must
-    fall in the stated band around the theory (D unscaled, 1 scaled)."""
-    g = Grader("score_variance")
-    with g.check("returns a Python float"):
-        where, v = _variance(g, score_variance, 16, 3)
-        g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
-    with g.check(
-        f"unscaled, the variance is D within {VARIANCE_BAND:.0%} (D = 1, 8, 64, 256; scaled=False by default)"
-    ):
-        for D, seed in ((1, 11), (8, 12), (64, 13), (256, 14)):
-            where, v = _variance(g, score_variance, D, seed)
-            expect_in_band(
-                g,
-                where,
-                v,
-                D * (1 - VARIANCE_BAND),
-                D * (1 + VARIANCE_BAND),
-                "each product q_i k_i has variance 1 and the D products add up; check that you sum over the "
-                "D entries (not average them) and that scaled defaults to False",
-            )
-    with g.check(f"scaled by 1/sqrt(D), the variance is 1 within {VARIANCE_BAND:.0%} for every D"):
-        for D, seed in ((1, 21), (8, 22), (64, 23), (256, 24)):
-            where, v = _variance(g, score_variance, D, seed, scaled=True)
-            expect_in_band(
-                g,
-                where,
-                v,
-                1 - VARIANCE_BAND,
-                1 + VARIANCE_BAND,
-                "divide each score by sqrt(D) (dividing by D gives 1/D), then take the variance",
-            )
-    with g.check("draws q then k, float64, from its generator: the reference's result for the same seed"):
-        for D, seed, scaled in ((1, 41, False), (8, 42, True), (64, 43, False)):
-            where, v = _variance(g, score_variance, D, seed, scaled)
-            expected = ref.score_variance(D, VARIANCE_N, torch.Generator().manual_seed(seed), scaled)
-            g.expect(
-                type(v) is float and math.isclose(v, expected, rel_tol=1e-9),
-                f"{where} with a generator seeded {seed} gave {v!r}, the stated procedure gives {expected!r}: draw "
-                "all of q, then all of k, with torch.randn(n, D, generator=generator, dtype=torch.float64), and "
-                "take the unbiased variance (n - 1 in the denominator)",
-            )
-    with g.check("draws from its generator: the same seed gives the same result, another seed another"):
-        _, a = _variance(g, score_variance, 8, 31)
-        _, b = _variance(g, score_variance, 8, 31)
-        _, c = _variance(g, score_variance, 8, 32)
-        g.expect(
-            a == b and a != c,
-            f"two generators seeded alike gave {a!r} and {b!r}, and another seed gave {c!r}: draw q and k with "
-            "torch.randn(..., generator=generator), not from torch's global random state",
-        )
-    with g.check("raises ValueError for D < 1 or n < 2, and accepts D = 1 and n = 2"):
-        small = call_student(g, "score_variance(1, 2, generator)", score_variance, 1, 2, _seeded(5))
-        g.expect(
-            type(small) is float and math.isfinite(small),
-            f"score_variance(1, 2, generator) should return a float (two draws have a variance), got {describe(small)}",
-        )
-        for D, n in ((0, 100), (4, 1)):
-            expect_value_error(
-                g,
-                lambda D=D, n=n: score_variance(D, n, _seeded(0)),
-                f"D={D}, n={n}",
-                "say which argument is out of range",
-            )
-    g.finish()
+def _variance(g: Grader, score_variance, case):
+    call = _variance_call(case)
+    return call.where, call_student(g, call.where, score_variance, *call.args)
 
 
-def check_score_variance(score_variance) -> None:
-    """Public checks of ``score_variance``: one measurement each way, against the theory."""
-    g = Grader("score_variance (public)")
-    with g.check("score_variance(64, 20000, generator) is about 64, and about 1 with scaled=True"):
-        where, v = _variance(g, score_variance, 64, 0)
-        expect_in_band(
-            g, where, v, 64 * (1 - VARIANCE_BAND), 64 * (1 + VARIANCE_BAND), "sum the D products q_i k_i"
-        )
-        where, v = _variance(g, score_variance, 64, 1, scaled=True)
-        expect_in_band(g, where, v, 1 - VARIANCE_BAND, 1 + VARIANCE_BAND, "divide each score by sqrt(D)")
-    g.finish()
+def _variance_band(case) -> tuple[float, float]:
+    """The band around the theory: D unscaled, 1 scaled."""
+    theory = 1 if case[2] else case[0]
+    return theory * (1 - VARIANCE_BAND), theory * (1 + VARIANCE_BAND)
+
+
+def _variance_float(g: Grader, score_variance, case) -> None:
+    where, v = _variance(g, score_variance, case)
+    g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
+
+
+def _variance_in_band(g: Grader, score_variance, case) -> None:
+    where, v = _variance(g, score_variance, case)
+    why = (
+        "divide each score by sqrt(D) (dividing by D gives 1/D), then take the variance"
+        if case[2]
+        else "each product q_i k_i has variance 1 and the D products add up; check that you sum over the "
+        "D entries (not average them) and that scaled defaults to False"
+    )
+    expect_in_band(g, where, v, *_variance_band(case), why)
+
+
+def _variance_seeded(g: Grader, score_variance, case) -> None:
+    """``(D, seed, other)``: twice on ``seed``, once on ``other``."""
+    a, b, c = (_variance(g, score_variance, (case[0], s, None))[1] for s in (case[1], case[1], case[2]))
+    g.expect(
+        a == b and a != c,
+        f"two generators seeded alike gave {a!r} and {b!r}, and another seed gave {c!r}: draw q and k with "
+        "torch.randn(..., generator=generator), not from torch's global random state",
+    )
+
+
+def _variance_range(g: Grader, score_variance, case) -> None:
+    """``(D, n)``: a float where ``D >= 1`` and ``n >= 2``, else a ValueError."""
+    D, n = case
+    if D < 1 or n < 2:
+        call = lambda: score_variance(D, n, _seeded(0))  # noqa: E731
+        return expect_value_error(g, call, f"D={D}, n={n}", "say which argument is out of range")
+    v = call_student(g, f"score_variance({D}, {n}, generator)", score_variance, D, n, _seeded(5))
+    g.expect(
+        type(v) is float and math.isfinite(v),
+        f"score_variance({D}, {n}, generator) should return a float (two draws have a variance), got {describe(v)}",
+    )
+
+
+SCORE_VARIANCE_SPEC = Spec(
+    "score_variance",
+    [
+        Clause("returns a Python float", _variance_float, examples=[(16, 3, None)]),
+        Clause(
+            f"unscaled, the variance is D within {VARIANCE_BAND:.0%} (D = 1, 8, 64, 256; scaled=False by default)",
+            _variance_in_band,
+            examples=[(1, 11, None), (8, 12, None), (64, 13, None), (256, 14, None)],
+        ),
+        Clause(
+            f"scaled by 1/sqrt(D), the variance is 1 within {VARIANCE_BAND:.0%} for every D",
+            _variance_in_band,
+            examples=[(1, 21, True), (8, 22, True), (64, 23, True), (256, 24, True)],
+        ),
+        procedure(
+            lambda case: _variance_call(case, f" with a generator seeded {case[1]}"),
+            lambda case: ref.score_variance(
+                case[0], VARIANCE_N, torch.Generator().manual_seed(case[1]), case[2]
+            ),
+            text="draws q then k, float64, from its generator: the reference's result for the same seed",
+            steps="draw all of q, then all of k, with torch.randn(n, D, generator=generator, dtype=torch.float64), "
+            "and take the unbiased variance (n - 1 in the denominator)",
+            examples=[(1, 41, False), (8, 42, True), (64, 43, False)],
+            band=_variance_band,
+        ),
+        Clause(
+            "draws from its generator: the same seed gives the same result, another seed another",
+            _variance_seeded,
+            examples=[(8, 31, 32)],
+        ),
+        Clause(
+            "raises ValueError for D < 1 or n < 2, and accepts D = 1 and n = 2",
+            _variance_range,
+            examples=[(1, 2), (0, 100), (4, 1)],
+        ),
+    ],
+)
+check_score_variance, grade_score_variance = SCORE_VARIANCE_SPEC.graders()
 
 
 # --------------------------------------------------------------------------- stretch
 
 
-def _online(g: Grader, online_softmax, x: torch.Tensor, block: int):
-    where = f"online_softmax(x {tuple(x.shape)} {dtype_name(x.dtype)}, block={block})"
-    return where, call_student(g, where, online_softmax, x, block)
+def _online(x: torch.Tensor, block: int, about: str = "") -> Call:
+    return Call(f"online_softmax(x {tuple(x.shape)} {dtype_name(x.dtype)}, block={block}){about}", (x, block))
 
 
-def grade_online_softmax(online_softmax) -> None:
-    """Grade the stretch part ``online_softmax(x, block)``."""
-    g = Grader("online_softmax")
+def _softmax_of(call: Callable[[object], Call]) -> Callable[[object], torch.Tensor]:
+    """The reference of ``call``'s inputs: the softmax over the last axis of its ``x``, in x's dtype."""
 
-    def compare(case):
-        (lead, S), block, dtype, scale, seed = case
-        x = tensor(seed, *lead, S, dtype=dtype, scale=scale)
-        where, p = _online(g, online_softmax, x, block)
-        expected = ref.softmax(x.double(), -1).to(dtype)
-        g.expect(
-            is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
-            f"{where} should be a tensor {dtype_name(dtype)} {tuple(x.shape)}, got {describe(p)}",
-        )
-        g.expect(close(p, expected, magnitude=1.0), f"{where}: {first_difference(p, expected)}")
+    def reference(case) -> torch.Tensor:
+        x = call(case).args[0]
+        return ref.softmax(x.double(), -1).to(x.dtype)
 
-    with g.check("equals softmax over the last axis for every block size, the last block shorter"):
-        for_all(
-            "online_softmax.values",
+    return reference
+
+
+def _online_values(case) -> Call:
+    """A drawn ``((lead, S), block, dtype, scale, seed)``, or the docstring's example ``(values, block)``."""
+    if len(case) == 2:
+        return _online(torch.tensor(case[0], dtype=F64), case[1], " for x = [0, log 3]")
+    (lead, S), block, dtype, scale, seed = case
+    return _online(tensor(seed, *lead, S, dtype=dtype, scale=scale), block)
+
+
+def _online_rising(block: int) -> Call:
+    """Rows that increase: every block raises the maximum."""
+    return _online(torch.arange(12, dtype=F64).mul(3.0).reshape(1, 12), block, " for x = 0, 3, ..., 33")
+
+
+def _online_large(block: int) -> Call:
+    return _online(tensor(5, 3, 9, dtype=F32, scale=1.0) * 1e4, block, " for entries near 1e4")
+
+
+def _online_masked(block: int) -> Call:
+    x = tensor(6, 3, 8, dtype=F64)
+    x[0], x[1, :4] = -math.inf, -math.inf
+    return _online(x, block, " with row 0 all -inf and row 1's first block -inf")
+
+
+ONLINE_SOFTMAX = Spec(
+    "online_softmax",
+    [
+        matches(
+            _online_values,
+            _softmax_of(_online_values),
             st.tuples(
                 st.tuples(st.lists(st.integers(1, 3), max_size=2).map(tuple), st.integers(1, 12)),
                 st.integers(1, 13),
@@ -1533,67 +1226,48 @@ def grade_online_softmax(online_softmax) -> None:
                 st.just(3.0),
                 SEEDS,
             ),
-            compare,
-            max_examples=15,
-            first=(((2,), 7), 3, torch.float64, 3.0, 0),
-        )
-    with g.check("rescales the running sum when a later block raises the maximum (increasing rows)"):
-        x = torch.arange(12, dtype=torch.float64).mul(3.0).reshape(1, 12)
-        for block in (1, 4, 5):
-            where, p = _online(g, online_softmax, x, block)
-            expected = ref.softmax(x, -1)
-            g.expect(
-                close(p, expected),
-                f"{where} for x = 0, 3, ..., 33: "
-                + first_difference(
-                    p,
-                    expected,
-                    "; when a block raises the maximum from m to m', multiply the sum so far by exp(m - m') "
-                    "before adding the block",
-                ),
-            )
-    with g.check("stays finite for entries around 1e4 (float32)"):
-        x = tensor(5, 3, 9, dtype=torch.float32, scale=1.0) * 1e4
-        where, p = _online(g, online_softmax, x, 4)
-        expected = ref.softmax(x.double(), -1).float()
-        g.expect(close(p, expected), f"{where} for entries near 1e4: {first_difference(p, expected)}")
-    with g.check("a row that is all -inf gives zeros, a block that is all -inf is skipped (no NaN)"):
-        x = tensor(6, 3, 8, dtype=torch.float64)
-        x[0] = -math.inf
-        x[1, :4] = -math.inf
-        where, p = _online(g, online_softmax, x, 4)
-        expected = ref.softmax(x, -1)
-        g.expect(
-            close(p, expected),
-            f"{where} with row 0 all -inf and row 1's first block -inf: {first_difference(p, expected)}",
-        )
-    with g.check("does not modify x"):
-        x = tensor(7, 2, 6, dtype=torch.float64)
-        try:
-            after = probe(online_softmax, x.clone(), 4).args[0]
-        except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-            raise_unless_student_error(e)
-            g.fail(f"online_softmax(x (2, 6), block=4): {raised(e)}")
-        g.expect(
-            is_tensor(after) and torch.equal(after, x),
-            f"online_softmax modified its input in place: x was {show(x)}, afterwards {show(after)}",
-        )
-    with g.check("raises ValueError for a block that is not a positive integer"):
-        x = tensor(8, 2, 5, dtype=torch.float64)
-        for bad in (0, -1, -2):
-            expect_value_error(g, lambda bad=bad: online_softmax(x, bad), f"block={bad}")
-    g.finish()
-
-
-def check_online_softmax(online_softmax) -> None:
-    """Public checks of ``online_softmax``: the example of its docstring and one rescaling case."""
-    g = Grader("online_softmax (public)")
-    with g.check("online_softmax([0, log 3], 1) is [0.25, 0.75]"):
-        x = torch.tensor([0.0, math.log(3.0)], dtype=torch.float64)
-        where, p = _online(g, online_softmax, x, 1)
-        g.expect(close(p, torch.tensor([0.25, 0.75], dtype=torch.float64)), f"{where}: got {show(p)}")
-    with g.check("online_softmax(x, 2) equals softmax(x) for x = 0, 3, ..., 15"):
-        x = torch.arange(6, dtype=torch.float64).mul(3.0)
-        where, p = _online(g, online_softmax, x, 2)
-        g.expect(close(p, ref.softmax(x, -1)), f"{where}: {first_difference(p, ref.softmax(x, -1))}")
-    g.finish()
+            text="equals softmax over the last axis for every block size, the last block shorter",
+            key="online_softmax.values",
+            budget="plenty",
+            # the docstring's example: online_softmax([0, log 3], 1) is [0.25, 0.75]
+            examples=[(((2,), 7), 3, F64, 3.0, 0), ((0.0, math.log(3.0)), 1)],
+        ),
+        matches(
+            _online_rising,
+            _softmax_of(_online_rising),
+            text="rescales the running sum when a later block raises the maximum (increasing rows)",
+            examples=[1],
+            also=[4, 5],
+            advice="; when a block raises the maximum from m to m', multiply the sum so far by exp(m - m') "
+            "before adding the block",
+        ),
+        dtype_kept(
+            _online_large,
+            _softmax_of(_online_large),
+            None,
+            key=None,
+            examples=[4],
+            text="stays finite for entries around 1e4 (float32)",
+        ),
+        matches(
+            _online_masked,
+            _softmax_of(_online_masked),
+            text="a row that is all -inf gives zeros, a block that is all -inf is skipped (no NaN)",
+            examples=[4],
+        ),
+        unchanged(
+            lambda block: _online(tensor(7, 2, 6, dtype=F64), block),
+            examples=[4],
+            text="does not modify x",
+            advice="compute new tensors (no x -= m or x.exp_())",
+        ),
+        raises(
+            lambda block: _online(tensor(8, 2, 5, dtype=F64), block),
+            fix="say that block must be a positive integer, and what came",
+            text="raises ValueError for a block that is not a positive integer",
+            examples=[0],
+            also=[-1, -2],
+        ),
+    ],
+)
+check_online_softmax, grade_online_softmax = ONLINE_SOFTMAX.graders()

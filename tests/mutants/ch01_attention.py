@@ -570,6 +570,12 @@ class SelfAttention(nn.Module):
         ("if not isinstance(D, int) or D < 1 or not isinstance(n, int) or n < 2:", "if False:"),
     ),
     mutant(
+        "variance_biased_estimate",
+        attention.score_variance,
+        "the stated procedure gives",
+        ("return scores.var().item()", "return scores.var(correction=0).item()"),
+    ),
+    mutant(
         "online_no_rescale",
         attention.online_softmax,
         "multiply the sum so far by exp(m - m')",
