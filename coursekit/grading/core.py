@@ -544,6 +544,31 @@ def set_attr(obj: object, name: str, value: object) -> None:
         setattr(obj, name, value)
 
 
+def _no_local_constants() -> None:
+    """Draw hidden inputs from the strategy and the seed only.
+
+    Hypothesis (from 6.131) now and then draws a constant it found in the source of the "local"
+    modules loaded in the process. Which modules those are depends on what the process imported and
+    on whether coursekit is installed editable, so one seed gave other hidden inputs in the
+    autograder, in ``coursekit check``, in the tests and on another install. Its cache of those
+    constants goes too, in case a draw happened before this module was imported.
+    """
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+    except ImportError:  # another Hypothesis: nothing of the kind to turn off
+        return
+    if hasattr(providers, "_get_local_constants"):
+        empty = Constants()
+        providers._get_local_constants = lambda: empty
+        cache = getattr(getattr(providers, "CONSTANTS_CACHE", None), "cache", None)
+        if cache is not None:  # as Hypothesis itself empties it when new local constants appear
+            cache.clear()
+
+
+_no_local_constants()
+
+
 #: The examples of ``for_all`` runs that passed, by everything that determines them: replayed
 #: without Hypothesis's machinery (see :func:`for_all`).
 _PASSED: dict[tuple, list] = {}
