@@ -348,6 +348,13 @@ def repeat_kv(x, n_rep):
         ),
     ),
     Mutant(
+        "mha_float_mask_not_cast",
+        "MultiHeadAttention",
+        "MultiHeadAttention",
+        "convert it to x's dtype",
+        _module(("parts.append(mask.to(x.dtype))", "parts.append(mask)")),
+    ),
+    Mutant(
         "mha_key_padding_mask_unchecked",
         "MultiHeadAttention",
         "MultiHeadAttention",
