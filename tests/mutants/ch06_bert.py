@@ -354,6 +354,16 @@ class ClsHead(nn.Module):
         ),
     ),
     mutant(
+        "mask_returns_its_input_when_nothing_is_selected",
+        ref.mask_tokens,
+        "shares memory with an input",
+        (
+            "    labels = torch.where(selected, input_ids, -100)  # (B, T)\n",
+            "    if not selected.any():\n        return input_ids, torch.full_like(input_ids, -100)\n"
+            "    labels = torch.where(selected, input_ids, -100)  # (B, T)\n",
+        ),
+    ),
+    mutant(
         "loss_unstable",
         ref.mlm_loss,
         "compute the log-softmax stably",
@@ -516,6 +526,18 @@ class ClsHead(nn.Module):
         ("    if not ordinary.any():\n", "    if False:\n"),
     ),
     mutant(
+        "corrupted_averages_two_runs",
+        ref.corrupted_fraction,
+        "inside the band, so the procedure differs",
+        (
+            "    changed = (inputs != input_ids) & ordinary  # (B, T)\n"
+            "    return (changed.sum() / ordinary.sum()).item()",
+            "    again, _ = mask_tokens(input_ids, special, vocab_size, generator, mlm_probability)\n"
+            "    changed = ((inputs != input_ids) & ordinary).sum() + ((again != input_ids) & ordinary).sum()\n"
+            "    return (changed / (2 * ordinary.sum())).item()",
+        ),
+    ),
+    mutant(
         "wwm_token_selection",
         ref.mask_whole_words,
         "selected only in part",
@@ -567,6 +589,16 @@ class ClsHead(nn.Module):
         ref.mask_whole_words,
         "with mlm_probability=-0.1",
         ("    if not 0 <= mlm_probability <= 1:\n", "    if False:\n"),
+    ),
+    mutant(
+        "wwm_returns_its_input_when_nothing_is_selected",
+        ref.mask_whole_words,
+        "shares memory with an input",
+        (
+            "    labels = torch.where(selected, input_ids, -100)  # (B, T)\n",
+            "    if not selected.any():\n        return input_ids, torch.full_like(input_ids, -100)\n"
+            "    labels = torch.where(selected, input_ids, -100)  # (B, T)\n",
+        ),
     ),
     mutant(
         "wwm_no_word_id_check",
