@@ -1,37 +1,35 @@
 """Checks for Exercise 8 (cross-attention and the decoder of an encoder-decoder).
 
-Each part has two entry points, both called from the notebook with the student's object.
-``check_*`` holds the *public* checks: one small, fixed example per clause of the part's text.
-``grade_*`` holds the *hidden* checks: one named check per clause, on inputs drawn across what
-the text allows (:func:`~coursekit.grading.core.for_all`: batch sizes and lengths including 1,
-T != S, padded and fully padded sources, every grouping of key/value heads, layers with and
-without biases, both float dtypes, large logits where stability is promised, any smoothing and
-padding id), compared with independent references (Hugging Face's BART ``shift_tokens_right``
-in the tests, ``nn.MultiheadAttention``, ``nn.TransformerDecoderLayer``,
-``F.cross_entropy(label_smoothing=...)``) and with :mod:`coursekit.seq2seq` in float64, plus
-properties (a future target does not change earlier outputs, padded source tokens get no
-attention). Each dropout is checked in isolation and deterministically: with probability 1 in
-training mode (everything it acts on is dropped), and for cross-attention's weights, which are
-returned, by checking that each weight is either dropped or scaled by ``1 / (1 - p)`` and that
-the output is computed from them. Before the generic "differs" hint, each check tries the common
-mistakes and names the one that matches.
+Each graded part is a :class:`~coursekit.grading.spec.Spec`: one ``Clause`` per rule of the part's text,
+its test written once. ``check_*`` (public) runs each clause on its small fixed examples; ``grade_*``
+(hidden) runs it on inputs drawn across what the text allows (batch sizes and lengths including 1,
+T != S, padded and fully padded sources, every grouping of key/value heads, layers with and without
+biases, both float dtypes, large logits, any smoothing and padding id), then on fixed edge inputs.
+Results are compared with independent references (Hugging Face's BART ``shift_tokens_right`` in the
+tests, ``nn.MultiheadAttention``, ``nn.TransformerDecoderLayer``, ``F.cross_entropy(label_smoothing=...)``)
+and with :mod:`coursekit.seq2seq` in float64, plus properties (a future target does not change earlier
+outputs, padded source tokens get no attention). Each dropout is checked alone and deterministically:
+at probability 1 in training mode, and for cross-attention's returned weights, each either dropped or
+scaled by ``1 / (1 - p)`` with the output computed from them. Before the generic "differs" hint, a
+check names the common mistake that matches. The generic kinds of clause (a ValueError, no change in
+place, the promised kind of result, a new tensor, an order-free mapping, an experiment's stated
+procedure) come from :mod:`coursekit.grading.spec`.
 
-Modules cross no wire: under the autograder the student's code runs in a sandboxed process, so
-the graders of parts 2 and 3 receive *classes* (the notebook's ``MultiHeadAttention``, the
-student's ``PreNormDecoderLayer``), build the modules with them in the student's process and
-push weights with ``load_state_dict``.
+Modules cross no wire: under the autograder the student's code runs in a sandboxed process, so the
+graders of parts 2 and 3 receive *classes* (the notebook's ``MultiHeadAttention``, the student's
+``PreNormDecoderLayer``), build the modules with them in the student's process and push weights with
+``load_state_dict``.
 
-Shared helpers come from :mod:`coursekit.grading.core` (``call_student`` turns an exception of
-the student's code into a hint that names the input).
-
-Over 500 lines: one named check per clause of the exercise text for each graded part, public and
-hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
-it would scatter one exercise's specification over several files.
+Over 500 lines: one clause per rule of the exercise text for each graded part, with the inputs that
+provoke it and the common mistakes its hints name; splitting it would scatter one exercise's
+specification over several files.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -43,10 +41,7 @@ from coursekit import multihead as mh
 from coursekit import seq2seq as ref
 from coursekit.attention import causal_mask, softmax
 from coursekit.experiments import number_words
-from coursekit.grading.ch07_gpt import (
-    _num,
-    attention_pair,
-)  # Exercise 7's helpers and attention pair
+from coursekit.grading.ch07_gpt import _num, attention_pair  # Exercise 7's helpers and attention pair
 from coursekit.grading.core import (
     Grader,
     call_student,
@@ -55,7 +50,6 @@ from coursekit.grading.core import (
     dtype_name,
     expect_value_error,
     first_match,
-    for_all,
     is_tensor,
     magnitude,
     probe,
@@ -66,6 +60,17 @@ from coursekit.grading.core import (
     tensor,
 )
 from coursekit.grading.questions import Prediction, expect_in_band
+from coursekit.grading.spec import (
+    Call,
+    Clause,
+    Spec,
+    new_tensor,
+    order_free,
+    procedure,
+    raises,
+    returns,
+    unchanged,
+)
 
 __all__ = [
     "check_shift_right",
@@ -126,6 +131,11 @@ def _keep_mask(seed: int, B: int, S: int, empty_rows: bool = False) -> torch.Ten
     low = 0 if empty_rows else 1
     lengths = torch.randint(low, S + 1, (B,), generator=_gen(seed, 13))
     return torch.arange(S)[None, :] < lengths[:, None]
+
+
+def ref_padding(lengths: list[int], S: int) -> torch.Tensor:
+    """A (B, S) padding mask, True at the first ``lengths[b]`` positions of row b."""
+    return torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]
 
 
 # =========================================================================== part 1: shift_right
@@ -214,141 +224,144 @@ def _shift_value(g: Grader, shift_right, labels, bos_id, pad_id, keywords=False,
 _SHIFT_SIZES = st.tuples(st.integers(1, 4), st.integers(1, 9))
 
 
-def grade_shift_right(shift_right) -> None:
-    """Grade a student's ``shift_right(labels, bos_id, pad_id)``."""
-    g = Grader("shift_right")
+@dataclass(frozen=True)
+class _Given:
+    """A worked example written out: the labels as rows, and the ids (by keyword or positionally)."""
 
-    with g.check("returns a (B, T) torch.long tensor (any B, T >= 1)"):
+    labels: tuple
+    bos_id: int = BOS
+    pad_id: int = PAD
+    keywords: bool = False
 
-        def shape(case):
-            (B, T), seed = case
-            _shift_call(g, shift_right, _ids_from(seed, B, T), BOS, PAD)
 
-        for_all("shift.shape", st.tuples(_SHIFT_SIZES, SEEDS), shape, max_examples=6, first=((1, 1), 0))
+def _shift_given(g: Grader, shift_right, case: _Given) -> None:
+    _shift_value(g, shift_right, torch.tensor(case.labels), case.bos_id, case.pad_id, case.keywords)
 
-    with g.check("position 0 holds bos_id and position t label t - 1 (the last label is dropped)"):
 
-        def shifted(case):
-            (B, T), seed = case
-            _shift_value(g, shift_right, _ids_from(seed, B, T), BOS, PAD)
+def _shift_shape(g: Grader, shift_right, case) -> None:
+    (B, T), seed = case
+    _shift_call(g, shift_right, _ids_from(seed, B, T), BOS, PAD)
 
-        for_all("shift.values", st.tuples(_SHIFT_SIZES, SEEDS), shifted, max_examples=12, first=((2, 4), 1))
 
-    with g.check("bos_id and pad_id are the arguments (any ids, positionally or by keyword)"):
+def _shift_values(g: Grader, shift_right, case) -> None:
+    if isinstance(case, _Given):
+        return _shift_given(g, shift_right, case)
+    (B, T), seed = case
+    _shift_value(g, shift_right, _ids_from(seed, B, T), BOS, PAD)
 
-        def arguments(case):
-            (B, T), bos_id, pad_id, keywords, seed = case
-            labels = _ids_from(seed, B, T)
-            labels = labels.masked_fill(torch.rand(B, T, generator=_gen(seed, 3)) < 0.3, -100)
-            _shift_value(g, shift_right, labels, bos_id, pad_id, keywords, what=f" ({_FIXED_IDS})")
 
-        for_all(
-            "shift.args",
-            st.tuples(_SHIFT_SIZES, st.integers(0, 40), st.integers(0, 40), st.booleans(), SEEDS),
-            arguments,
-            max_examples=12,
-            first=((2, 5), 5, 9, False, 2),
-        )
+def _shift_arguments(g: Grader, shift_right, case) -> None:
+    if isinstance(case, _Given):
+        return _shift_given(g, shift_right, case)
+    (B, T), bos_id, pad_id, keywords, seed = case
+    labels = _ids_from(seed, B, T)
+    labels = labels.masked_fill(torch.rand(B, T, generator=_gen(seed, 3)) < 0.3, -100)
+    _shift_value(g, shift_right, labels, bos_id, pad_id, keywords, what=f" ({_FIXED_IDS})")
 
-    with g.check("a label of -100 becomes pad_id (anywhere, and padding is shifted along)"):
 
-        def minus_100(case):
-            (B, T), rate, seed = case
-            labels = _ids_from(seed, B, T)
-            labels = labels.masked_fill(torch.rand(B, T, generator=_gen(seed, 5)) < rate, -100)
-            _shift_value(g, shift_right, labels, BOS, PAD)
-
-        for_all(
-            "shift.ignore",
-            st.tuples(_SHIFT_SIZES, st.sampled_from([0.3, 0.7, 1.0]), SEEDS),
-            minus_100,
-            max_examples=10,
-            first=((2, 5), 0.7, 3),
-        )
+def _shift_minus_100(g: Grader, shift_right, case) -> None:
+    if isinstance(case, _Given):
+        return _shift_given(g, shift_right, case)
+    if case == "mixed":  # padding, a tail of -100 and a lone -100
         labels = _ids_from(4, 3, 7)
         labels[0, 5:] = PAD
         labels[1, 2:] = -100
         labels[2, 6] = -100
-        _shift_value(g, shift_right, labels, BOS, PAD)
-
-    with g.check("leaves labels unchanged"):
-
-        def untouched(case):
-            (B, T), seed = case
-            labels = _ids_from(seed, B, T).masked_fill(torch.rand(B, T, generator=_gen(seed, 5)) < 0.3, -100)
-            _shift_call(g, shift_right, labels, BOS, PAD)
-
-        for_all("shift.inplace", st.tuples(_SHIFT_SIZES, SEEDS), untouched, max_examples=5, first=((2, 4), 5))
-
-    with g.check("raises ValueError unless labels is a 2-D torch.long tensor with T >= 1"):
-
-        def errors(case):
-            (B, T), which, seed = case
-            labels = _ids_from(seed, B, T)
-            bad = {
-                "1-D": (
-                    labels[0],
-                    f"1-D labels {tuple(labels[0].shape)}",
-                    "labels must be (B, T); one sequence is labels[None]",
-                ),
-                "3-D": (labels[..., None], f"3-D labels {(B, T, 1)}", "labels must be (B, T)"),
-                "T = 0": (labels[:, :0], f"labels {(B, 0)} (T = 0)", "a target sequence needs T >= 1"),
-                "int32": (labels.int(), f"int32 labels {(B, T)}", "token ids are torch.long"),
-                "float": (labels.float(), f"float32 labels {(B, T)}", "token ids are torch.long"),
-            }
-            x, what, fix = bad[which]
-            expect_value_error(g, lambda: shift_right(x, BOS, PAD), what, fix)
-
-        kinds = ["1-D", "3-D", "T = 0", "int32", "float"]
-        for_all(
-            "shift.errors",
-            st.tuples(_SHIFT_SIZES, st.sampled_from(kinds), SEEDS),
-            errors,
-            max_examples=10,
-            first=((2, 3), "1-D", 6),
-        )
-        for kind in kinds:
-            errors(((2, 3), kind, 7))
-
-    g.finish()
+    else:
+        (B, T), rate, seed = case
+        labels = _ids_from(seed, B, T)
+        labels = labels.masked_fill(torch.rand(B, T, generator=_gen(seed, 5)) < rate, -100)
+    _shift_value(g, shift_right, labels, BOS, PAD)
 
 
-def check_shift_right(shift_right) -> None:
-    """Public checks of ``shift_right``: one small example per clause the hidden checks grade."""
-    g = Grader("shift_right (public)")
-    labels = torch.tensor([[5, 6, 7, 2], [8, 2, 0, 0]])
-    with g.check("returns a (B, T) torch.long tensor"):
-        _shift_call(g, shift_right, labels, 1, 0)
-    with g.check("[[5, 6, 7, EOS=2], [8, 2, PAD, PAD]] -> [[BOS=1, 5, 6, 7], [1, 8, 2, 0]]"):
-        _shift_value(g, shift_right, labels, 1, 0)
-    with g.check("bos_id=4 and pad_id=9 by keyword: [[5, -100]] -> [[4, 5]], [[-100, 6]] -> [[4, 9]]"):
-        _shift_value(g, shift_right, torch.tensor([[5, -100], [-100, 6]]), 4, 9, keywords=True)
-    with g.check("-100 becomes pad_id"):
-        _shift_value(g, shift_right, torch.tensor([[5, 6, -100, -100]]), 1, 0)
-    with g.check("labels are left unchanged"):
-        _shift_call(g, shift_right, torch.tensor([[5, -100, 7]]), 1, 0)
-    with g.check("1-D labels and float labels raise ValueError"):
-        expect_value_error(
-            g,
-            lambda: shift_right(torch.tensor([4, 5, 6]), BOS, PAD),
-            "1-D labels",
-            "labels must be (B, T); a single sequence is labels[None]",
-        )
-        expect_value_error(
-            g,
-            lambda: shift_right(torch.tensor([[4.0, 5.0]]), BOS, PAD),
-            "float labels",
-            "token ids are torch.long",
-        )
-    g.finish()
+def _shift_untouched(case) -> Call:
+    (B, T), seed = case
+    labels = _ids_from(seed, B, T).masked_fill(torch.rand(B, T, generator=_gen(seed, 5)) < 0.3, -100)
+    return Call(_shift_where(labels, BOS, PAD), (labels, BOS, PAD))
+
+
+def _shift_bad(case) -> Call:
+    (B, T), which, seed = case
+    labels = _ids_from(seed, B, T)
+    x, what = {
+        "1-D": (labels[0], f"1-D labels {tuple(labels[0].shape)}"),
+        "3-D": (labels[..., None], f"3-D labels {(B, T, 1)}"),
+        "T = 0": (labels[:, :0], f"labels {(B, 0)} (T = 0)"),
+        "int32": (labels.int(), f"int32 labels {(B, T)}"),
+        "float": (labels.float(), f"float32 labels {(B, T)}"),
+    }[which]
+    return Call(what, (x, BOS, PAD))
+
+
+_SHIFT_CASES = st.tuples(_SHIFT_SIZES, SEEDS)
+_SHIFT_ERRORS = ["1-D", "3-D", "T = 0", "int32", "float"]
+
+SHIFT_RIGHT = Spec(
+    "shift_right",
+    [
+        Clause(
+            "returns a (B, T) torch.long tensor (any B, T >= 1)",
+            _shift_shape,
+            _SHIFT_CASES,
+            key="shift.shape",
+            budget="small",
+            examples=[((1, 1), 0)],
+        ),
+        Clause(
+            "position 0 holds bos_id and position t label t - 1 (the last label is dropped)",
+            _shift_values,
+            _SHIFT_CASES,
+            key="shift.values",
+            budget="more",
+            examples=[((2, 4), 1), _Given(((5, 6, 7, 2), (8, 2, 0, 0)))],  # [[1, 5, 6, 7], [1, 8, 2, 0]]
+        ),
+        Clause(
+            "bos_id and pad_id are the arguments (any ids, positionally or by keyword)",
+            _shift_arguments,
+            st.tuples(_SHIFT_SIZES, st.integers(0, 40), st.integers(0, 40), st.booleans(), SEEDS),
+            key="shift.args",
+            budget="more",
+            examples=[((2, 5), 5, 9, False, 2), _Given(((5, -100), (-100, 6)), 4, 9, keywords=True)],
+        ),
+        Clause(
+            "a label of -100 becomes pad_id (anywhere, and padding is shifted along)",
+            _shift_minus_100,
+            st.tuples(_SHIFT_SIZES, st.sampled_from([0.3, 0.7, 1.0]), SEEDS),
+            key="shift.ignore",
+            budget="normal",
+            examples=[((2, 5), 0.7, 3), _Given(((5, 6, -100, -100),))],
+            also=["mixed"],
+        ),
+        unchanged(
+            _shift_untouched,
+            _SHIFT_CASES,
+            key="shift.inplace",
+            budget="handful",
+            examples=[((2, 4), 5)],
+            text="leaves labels unchanged",
+            advice="the caller still needs them as the targets; build a new tensor (torch.cat, masked_fill "
+            "rather than masked_fill_)",
+        ),
+        raises(
+            _shift_bad,
+            st.tuples(_SHIFT_SIZES, st.sampled_from(_SHIFT_ERRORS), SEEDS),
+            key="shift.errors",
+            examples=[((2, 3), "1-D", 6), ((2, 3), "float", 7)],
+            also=[((2, 3), kind, 7) for kind in _SHIFT_ERRORS],
+            fix="labels must be a 2-D (B, T) tensor of torch.long token ids with T >= 1; one sequence is "
+            "labels[None]",
+            text="raises ValueError unless labels is a 2-D torch.long tensor with T >= 1",
+        ),
+    ],
+)
+check_shift_right, grade_shift_right = SHIFT_RIGHT.graders()
 
 
 # =========================================================================== part 2: cross_attention
 
 _KV_FROM_X = (
     "the keys and values come from x: in cross-attention only the queries come from the decoder's x, the "
-    "keys "
-    "and values from the encoder's memory (attn.project(x, memory))"
+    "keys and values from the encoder's memory (attn.project(x, memory))"
 )
 _Q_FROM_MEMORY = (
     "the queries come from memory: the output must have one row per decoder position, (B, T, C); "
@@ -456,28 +469,22 @@ def _cross_call(g: Grader, fn, where: str, m, x, memory, keep=None, n_heads: int
     return out, w
 
 
-def _cross_case(
-    g: Grader,
-    fn,
-    MultiHeadAttention,
-    name: str,
-    config,
-    B: int,
-    T: int,
-    S: int,
-    keep=None,
-    dtype=torch.float64,
-    seed: int = 0,
-) -> None:
-    """The student's cross-attention against Chapter 2's ``attn(x, kv=memory, key_padding_mask=...)``."""
+def _cross_pair(student, name: str, config, dropout: float = 0.0):
+    """The student's attention module (built with their class) and coursekit's, with ``config``."""
     Cc, Hh, kv, bias = config
-    m, r = attention_pair(MultiHeadAttention, name, kv, d_model=Cc, n_heads=Hh, bias=bias)
+    return attention_pair(student[1], name, kv, dropout, d_model=Cc, n_heads=Hh, bias=bias)
+
+
+def _cross_case(g: Grader, student, name: str, config, sizes, keep=None, dtype=torch.float64, seed=0) -> None:
+    """The student's cross-attention against Chapter 2's ``attn(x, kv=memory, key_padding_mask=...)``."""
+    (B, T, S), Cc, Hh = sizes, config[0], config[1]
+    m, r = _cross_pair(student, name, config)
     x, memory = tensor(seed, B, T, Cc), tensor(seed + 1, B, S, Cc)
     expected, expected_w = r(x, kv=memory, key_padding_mask=keep, need_weights=True)
     where = _cross_where(config, B, T, S, keep, dtype)
     if dtype != torch.float64:
         m.to(dtype)
-    out, w = _cross_call(g, fn, where, m, x.to(dtype), memory.to(dtype), keep, Hh)
+    out, w = _cross_call(g, student[0], where, m, x.to(dtype), memory.to(dtype), keep, Hh)
     if keep is not None and is_tensor(w) and w.dtype.is_floating_point:
         padded = ~keep[:, None, None, :].expand_as(w)
         if bool((w[padded] != 0).any()):
@@ -502,219 +509,204 @@ def _cross_case(
     )
 
 
+def _cross_shape(g: Grader, student, case) -> None:
+    config, (B, T, S), dtype, seed = case
+    m, _ = _cross_pair(student, f"cross.shape.{seed}", config)
+    m.to(dtype)
+    x, memory = tensor(seed, B, T, config[0], dtype=dtype), tensor(seed + 1, B, S, config[0], dtype=dtype)
+    _cross_call(g, student[0], _cross_where(config, B, T, S, None, dtype), m, x, memory, None, config[1])
+
+
+def _cross_plain(g: Grader, student, case) -> None:
+    if case[0] != "torch":
+        config, sizes, dtype, seed = case
+        return _cross_case(g, student, f"cross.plain.{seed}", config, sizes, None, dtype, seed)
+    _, T, S = case  # against torch's own module
+    m, r = attention_pair(student[1], f"cross.torch.{T}.{S}")
+    x, memory = rand(f"cross.torch.{T}.x", 2, T, C), rand(f"cross.torch.{S}.m", 2, S, C)
+    where = _cross_where(CONFIGS[0], 2, T, S)
+    out, w = _cross_call(g, student[0], where, m, x, memory)
+    t = nn.MultiheadAttention(C, H, batch_first=True).double().eval()
+    t.load_state_dict(L.to_torch_state_dict(r.state_dict()))
+    t_out, t_w = t(x, memory, memory, average_attn_weights=False)
+    first_match(g, out, [(mm, f"{where}: {h}") for mm, h in _cross_mistakes(r, x, memory, None)], t_out)
+    g.expect(close(out, t_out), f"{where}: the output differs from nn.MultiheadAttention(x, memory, memory)")
+    g.expect(close(w, t_w), f"{where}: the weights differ from nn.MultiheadAttention's, per head")
+
+
+def _cross_masked(g: Grader, student, case) -> None:
+    if case == "fixed":
+        return _cross_case(
+            g, student, "cross.mask.fixed", CONFIGS[0], (3, 4, 6), ref_padding([5, 3, 2], 6), seed=3
+        )
+    config, (B, T, S), seed = case
+    _cross_case(g, student, f"cross.mask.{seed}", config, (B, T, S), _keep_mask(seed, B, S), seed=seed)
+
+
+def _cross_empty(g: Grader, student, case) -> None:
+    config, (B, T, S), seed = case
+    keep = _keep_mask(seed, B, S, empty_rows=True)
+    keep[0] = False  # at least one row with no real token
+    _cross_case(g, student, f"cross.empty.{seed}", config, (B, T, S), keep, seed=seed)
+
+
+def _cross_grouped(g: Grader, student, case) -> None:
+    config, (B, T, S), masked, seed = case
+    keep = _keep_mask(seed, B, S) if masked else None
+    _cross_case(g, student, f"cross.gqa.{seed}", config, (B, T, S), keep, seed=seed)
+
+
+def _cross_gradients(g: Grader, student, case) -> None:
+    config, (B, T, S), seed = case
+    m, r = _cross_pair(student, f"cross.grad.{seed}", config)
+    x, memory = tensor(seed, B, T, config[0]), tensor(seed + 1, B, S, config[0])
+    keep, up = _keep_mask(seed, B, S), tensor(seed + 2, B, T, config[0])
+    where = _cross_where(config, B, T, S, keep)
+    xs, ms = x.clone().requires_grad_(), memory.clone().requires_grad_()
+    p = call_student(g, where, probe, student[0], m, xs, ms, keep, backward=(0, up))
+    xr, mr = x.clone().requires_grad_(), memory.clone().requires_grad_()
+    (r(xr, kv=mr, key_padding_mask=keep)[0] * up).sum().backward()
+    grads = p.grads or [None, None, None, None]
+    for i, name, want in ((1, "x", xr.grad), (2, "memory", mr.grad)):
+        g.expect(
+            grads[i] is not None,
+            f"{where}: no gradient reached {name}: avoid .detach(), .item() or in-place changes",
+        )
+        g.expect(
+            close(grads[i], want), f"{where}: the gradient with respect to {name} differs from the reference"
+        )
+
+
+def _cross_dropout(g: Grader, student, case) -> None:
+    config, (B, T, S), p, training, seed = case
+    fn, Hh = student[0], config[1]
+    m, r = _cross_pair(student, f"cross.dropout.{seed}", config, dropout=0.5)
+    if p != 0.5:
+        set_attr(m, "dropout", p)
+    if training:
+        m.train()
+    x, memory = tensor(seed, B, T, config[0]), tensor(seed + 1, B, S, config[0])
+    keep = _keep_mask(seed, B, S)
+    mode = f", attn.dropout={p}, {'training' if training else 'eval'} mode"
+    where = _cross_where(config, B, T, S, keep, extra=mode)
+    out, w = _cross_call(g, fn, where, m, x, memory, keep, Hh)
+    expected, expected_w = r(x, kv=memory, key_padding_mask=keep, need_weights=True)
+    if not training:
+        if not (close(out, expected) and close(w, expected_w)):
+            # the same call with attn.dropout = 0: right then, the dropout acted in eval mode (weights that
+            # only look dropped, say all zero, can have another cause: an inverted mask)
+            set_attr(m, "dropout", 0.0)
+            without, w_without = _cross_call(g, fn, where, m, x, memory, keep, Hh)
+            g.expect(
+                not (close(without, expected) and close(w_without, expected_w)),
+                f"{where}: dropout was applied in eval mode (with attn.dropout = 0 the result is right); "
+                "apply dropout only when attn.training",
+            )
+            g.expect(
+                close(w, expected_w),
+                f"{where}: the weights differ from the reference's, which drops nothing in eval mode",
+            )
+            g.fail(f"{where}: out differs from the reference's, which drops nothing in eval mode")
+        return
+    kept = w != 0
+    scaled = expected_w / (1 - p) if p < 1 else torch.zeros_like(expected_w)
+    g.expect(
+        close(torch.where(kept, w, scaled), scaled),
+        f"{where}: each returned weight must be 0 (dropped) or the softmax weight times 1 / (1 - p): apply "
+        "F.dropout(weights, attn.dropout) when attn.training, and return the dropped weights",
+    )
+    v = mh.repeat_kv(r.project(x, memory)[2], r.n_heads // r.n_kv_heads)
+    g.expect(
+        close(out, r.out_proj(mh.merge_heads(w @ v))),
+        f"{where}: out must be computed from the dropped weights: out = out_proj(merge_heads(weights @ v)) "
+        "after the dropout",
+    )
+
+
+def _with_attn(name: str, g: Grader, student):
+    """The student's cross_attention with an attention module built with their class as its first argument."""
+    return functools.partial(student[0], attention_pair(student[1], name)[0])
+
+
+def _cross_bad(case) -> Call:
+    (B, T, S), which, seed = case
+    x, memory = tensor(seed, B, T, C), tensor(seed + 1, B, S, C)
+    keep = _keep_mask(seed, B, S)
+    mask, what = {
+        "float": (keep.double(), f"a float64 mask {(B, S)}"),
+        "long": (keep.long(), f"an int64 mask {(B, S)}"),
+        "S + 1": (torch.cat([keep, keep[:, :1]], 1), f"a mask {(B, S + 1)} for memory {(B, S, C)}"),
+        "1-D": (keep[0], f"a 1-D mask {(S,)} for memory {(B, S, C)}"),
+        "3-D": (keep[:, None, :], f"a mask {(B, 1, S)} for memory {(B, S, C)}"),
+        "B + 1": (torch.cat([keep, keep[:1]], 0), f"a mask {(B + 1, S)} for memory {(B, S, C)}"),
+    }[which]
+    return Call(what, (x, memory, mask), build=functools.partial(_with_attn, f"cross.bad.{seed}"))
+
+
 _CROSS_SIZES = st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 6))
+_CROSS_CASES = st.tuples(st.sampled_from(CONFIGS), _CROSS_SIZES, SEEDS)
+_CROSS_DTYPED = st.tuples(st.sampled_from(CONFIGS), _CROSS_SIZES, st.sampled_from(FLOATS), SEEDS)
+_BAD_MASKS = ["float", "long", "S + 1", "1-D", "3-D", "B + 1"]
 
-
-def grade_cross_attention(cross_attention, MultiHeadAttention) -> None:
-    """Grade a student's ``cross_attention(attn, x, memory, memory_key_padding_mask=None)``.
-
-    ``MultiHeadAttention`` is the notebook's name for Chapter 2's class: the module is built
-    with it, where the student's code runs.
-    """
-    g = Grader("cross_attention")
-    fn, MHA = cross_attention, MultiHeadAttention
-
-    with g.check("returns (out (B, T, C) of x's dtype, weights (B, H, T, S)) (float32 and float64)"):
-
-        def shapes(case):
-            config, (B, T, S), dtype, seed = case
-            Cc, Hh, kv, bias = config
-            m, _ = attention_pair(MHA, f"cross.shape.{seed}", kv, d_model=Cc, n_heads=Hh, bias=bias)
-            m.to(dtype)
-            x, memory = tensor(seed, B, T, Cc, dtype=dtype), tensor(seed + 1, B, S, Cc, dtype=dtype)
-            _cross_call(g, fn, _cross_where(config, B, T, S, None, dtype), m, x, memory, None, Hh)
-
-        for_all(
-            "cross.shape",
-            st.tuples(st.sampled_from(CONFIGS), _CROSS_SIZES, st.sampled_from(FLOATS), SEEDS),
-            shapes,
-            max_examples=5,
-            first=(CONFIGS[0], (2, 3, 5), torch.float32, 0),
-        )
-
-    with g.check(
-        "queries from x, keys and values from memory, no causal mask: equals Chapter 2's attention and "
-        "nn.MultiheadAttention (any B, T, S, heads, with or without biases)"
-    ):
-
-        def plain(case):
-            config, (B, T, S), dtype, seed = case
-            _cross_case(g, fn, MHA, f"cross.plain.{seed}", config, B, T, S, None, dtype, seed)
-
-        for_all(
-            "cross.plain",
-            st.tuples(st.sampled_from(CONFIGS), _CROSS_SIZES, st.sampled_from(FLOATS), SEEDS),
-            plain,
-            max_examples=12,
-            first=(CONFIGS[0], (2, 4, 6), torch.float64, 1),
-        )
-        for T, S in ((4, 6), (5, 5), (1, 3)):  # against torch's own module
-            m, r = attention_pair(MHA, f"cross.torch.{T}.{S}")
-            x, memory = rand(f"cross.torch.{T}.x", 2, T, C), rand(f"cross.torch.{S}.m", 2, S, C)
-            where = _cross_where(CONFIGS[0], 2, T, S)
-            out, w = _cross_call(g, fn, where, m, x, memory)
-            t = nn.MultiheadAttention(C, H, batch_first=True).double().eval()
-            t.load_state_dict(L.to_torch_state_dict(r.state_dict()))
-            t_out, t_w = t(x, memory, memory, average_attn_weights=False)
-            first_match(
-                g, out, [(mm, f"{where}: {h}") for mm, h in _cross_mistakes(r, x, memory, None)], t_out
-            )
-            g.expect(
-                close(out, t_out),
-                f"{where}: the output differs from nn.MultiheadAttention(x, memory, memory)",
-            )
-            g.expect(close(w, t_w), f"{where}: the weights differ from nn.MultiheadAttention's, per head")
-
-    with g.check(
-        "memory_key_padding_mask (B, S), True at real source tokens: padded tokens get no attention"
-    ):
-
-        def masked(case):
-            config, (B, T, S), seed = case
-            _cross_case(g, fn, MHA, f"cross.mask.{seed}", config, B, T, S, _keep_mask(seed, B, S), seed=seed)
-
-        for_all(
-            "cross.mask",
-            st.tuples(st.sampled_from(CONFIGS), _CROSS_SIZES, SEEDS),
-            masked,
-            max_examples=12,
-            first=(CONFIGS[0], (3, 4, 6), 2),
-        )
-        _cross_case(g, fn, MHA, "cross.mask.fixed", CONFIGS[0], 3, 4, 6, ref_padding([5, 3, 2], 6), seed=3)
-
-    with g.check("a source row with no real token gets all-zero weights, and its output is out_proj's bias"):
-
-        def empty(case):
-            config, (B, T, S), seed = case
-            keep = _keep_mask(seed, B, S, empty_rows=True)
-            keep[0] = False  # at least one row with no real token
-            _cross_case(g, fn, MHA, f"cross.empty.{seed}", config, B, T, S, keep, seed=seed)
-
-        for_all(
-            "cross.empty",
-            st.tuples(st.sampled_from(CONFIGS), _CROSS_SIZES, SEEDS),
-            empty,
-            max_examples=6,
-            first=(CONFIGS[0], (2, 3, 4), 4),
-        )
-
-    with g.check("grouped key/value heads (attn.n_kv_heads < attn.n_heads) are repeated for the query heads"):
-
-        def grouped(case):
-            config, (B, T, S), masked_, seed = case
-            keep = _keep_mask(seed, B, S) if masked_ else None
-            _cross_case(g, fn, MHA, f"cross.gqa.{seed}", config, B, T, S, keep, seed=seed)
-
-        for_all(
-            "cross.gqa",
+CROSS_ATTENTION = Spec(
+    "cross_attention",
+    [
+        Clause(
+            "returns (out (B, T, C) of x's dtype, weights (B, H, T, S)) (float32 and float64)",
+            _cross_shape,
+            _CROSS_DTYPED,
+            key="cross.shape",
+            budget="handful",
+            examples=[(CONFIGS[0], (2, 3, 5), torch.float32, 0)],
+        ),
+        Clause(
+            "queries from x, keys and values from memory, no causal mask: equals Chapter 2's attention and "
+            "nn.MultiheadAttention (any B, T, S, heads, with or without biases)",
+            _cross_plain,
+            _CROSS_DTYPED,
+            key="cross.plain",
+            budget="more",
+            examples=[(CONFIGS[0], (2, 4, 6), torch.float64, 1)],
+            also=[("torch", 4, 6), ("torch", 5, 5), ("torch", 1, 3)],
+        ),
+        Clause(
+            "memory_key_padding_mask (B, S), True at real source tokens: padded tokens get no attention",
+            _cross_masked,
+            _CROSS_CASES,
+            key="cross.mask",
+            budget="more",
+            examples=[(CONFIGS[0], (3, 4, 6), 2)],
+            also=["fixed"],
+        ),
+        Clause(
+            "a source row with no real token gets all-zero weights, and its output is out_proj's bias",
+            _cross_empty,
+            _CROSS_CASES,
+            key="cross.empty",
+            budget="small",
+            examples=[(CONFIGS[0], (2, 3, 4), 4)],
+        ),
+        Clause(
+            "grouped key/value heads (attn.n_kv_heads < attn.n_heads) are repeated for the query heads",
+            _cross_grouped,
             st.tuples(st.sampled_from(GQA_CONFIGS), _CROSS_SIZES, st.booleans(), SEEDS),
-            grouped,
-            max_examples=8,
-            first=(CONFIGS[1], (2, 3, 5), True, 5),
-        )
-        grouped((CONFIGS[1], (2, 3, 5), False, 6))
-
-    with g.check("gradients reach x and memory as in Chapter 2's attention"):
-
-        def gradients(case):
-            config, (B, T, S), seed = case
-            Cc, Hh, kv, bias = config
-            m, r = attention_pair(MHA, f"cross.grad.{seed}", kv, d_model=Cc, n_heads=Hh, bias=bias)
-            x, memory = tensor(seed, B, T, Cc), tensor(seed + 1, B, S, Cc)
-            keep = _keep_mask(seed, B, S)
-            up = tensor(seed + 2, B, T, Cc)
-            where = _cross_where(config, B, T, S, keep)
-            p = call_student(
-                g,
-                where,
-                probe,
-                fn,
-                m,
-                x.clone().requires_grad_(),
-                memory.clone().requires_grad_(),
-                keep,
-                backward=(0, up),
-            )
-            xr, mr = x.clone().requires_grad_(), memory.clone().requires_grad_()
-            (r(xr, kv=mr, key_padding_mask=keep)[0] * up).sum().backward()
-            grads = p.grads or [None, None, None, None]
-            for i, name, want in ((1, "x", xr.grad), (2, "memory", mr.grad)):
-                g.expect(
-                    grads[i] is not None,
-                    f"{where}: no gradient reached {name}: avoid .detach(), .item() or in-place changes",
-                )
-                g.expect(
-                    close(grads[i], want),
-                    f"{where}: the gradient with respect to {name} differs from the reference",
-                )
-
-        for_all(
-            "cross.grad",
-            st.tuples(st.sampled_from(CONFIGS), _CROSS_SIZES, SEEDS),
-            gradients,
-            max_examples=4,
-            first=(CONFIGS[0], (2, 3, 4), 7),
-        )
-
-    with g.check(
-        "no dropout in eval mode; in training mode each weight is dropped with probability attn.dropout "
-        "(or scaled by 1 / (1 - p)) and out is computed from the dropped weights"
-    ):
-
-        def dropout(case):
-            config, (B, T, S), p, training, seed = case
-            Cc, Hh, kv, bias = config
-            m, r = attention_pair(
-                MHA, f"cross.dropout.{seed}", kv, dropout=0.5, d_model=Cc, n_heads=Hh, bias=bias
-            )
-            if p != 0.5:
-                set_attr(m, "dropout", p)
-            if training:
-                m.train()
-            x, memory = tensor(seed, B, T, Cc), tensor(seed + 1, B, S, Cc)
-            keep = _keep_mask(seed, B, S)
-            where = _cross_where(
-                config, B, T, S, keep, extra=f", attn.dropout={p}, {'training' if training else 'eval'} mode"
-            )
-            out, w = _cross_call(g, fn, where, m, x, memory, keep, Hh)
-            expected, expected_w = r(x, kv=memory, key_padding_mask=keep, need_weights=True)
-            if not training:
-                if not (close(out, expected) and close(w, expected_w)):
-                    # the same call with attn.dropout = 0: right then, the dropout acted in eval mode (weights
-                    # that only look dropped, say all zero, can have another cause: an inverted mask)
-                    set_attr(m, "dropout", 0.0)
-                    without, w_without = _cross_call(g, fn, where, m, x, memory, keep, Hh)
-                    g.expect(
-                        not (close(without, expected) and close(w_without, expected_w)),
-                        f"{where}: dropout was applied in eval mode (with attn.dropout = 0 the result is right); "
-                        "apply dropout only when attn.training",
-                    )
-                    g.expect(
-                        close(w, expected_w),
-                        f"{where}: the weights differ from the reference's, which drops nothing in eval mode",
-                    )
-                    g.fail(f"{where}: out differs from the reference's, which drops nothing in eval mode")
-                return
-            kept = w != 0
-            scaled = expected_w / (1 - p) if p < 1 else torch.zeros_like(expected_w)
-            g.expect(
-                close(torch.where(kept, w, scaled), scaled),
-                f"{where}: each returned weight must be 0 (dropped) or the softmax weight times 1 / (1 - p): "
-                "apply "
-                "F.dropout(weights, attn.dropout) when attn.training, and return the dropped weights",
-            )
-            q, k, v = r.project(x, memory)
-            v = mh.repeat_kv(v, r.n_heads // r.n_kv_heads)
-            recomputed = r.out_proj(mh.merge_heads(w @ v))
-            g.expect(
-                close(out, recomputed),
-                f"{where}: out must be computed from the dropped weights: out = out_proj(merge_heads(weights @ "
-                "v)) "
-                "after the dropout",
-            )
-
-        for_all(
-            "cross.dropout",
+            key="cross.gqa",
+            budget="some",
+            examples=[(CONFIGS[1], (2, 3, 5), True, 5)],
+            also=[(CONFIGS[1], (2, 3, 5), False, 6)],
+        ),
+        Clause(
+            "gradients reach x and memory as in Chapter 2's attention",
+            _cross_gradients,
+            _CROSS_CASES,
+            key="cross.grad",
+            budget="few",
+            examples=[(CONFIGS[0], (2, 3, 4), 7)],
+        ),
+        Clause(
+            "no dropout in eval mode; in training mode each weight is dropped with probability attn.dropout "
+            "(or scaled by 1 / (1 - p)) and out is computed from the dropped weights",
+            _cross_dropout,
             st.tuples(
                 st.sampled_from(CONFIGS),
                 _CROSS_SIZES,
@@ -722,145 +714,27 @@ def grade_cross_attention(cross_attention, MultiHeadAttention) -> None:
                 st.booleans(),
                 SEEDS,
             ),
-            dropout,
-            max_examples=12,
-            first=(CONFIGS[0], (2, 3, 4), 1.0, True, 8),
-        )
-        for p, training in ((0.25, True), (1.0, True), (0.5, False)):
-            dropout((CONFIGS[0], (2, 4, 5), p, training, 9))
-
-    with g.check("a memory_key_padding_mask that is not a boolean (B, S) tensor raises ValueError"):
-
-        def bad_mask(case):
-            (B, T, S), which, seed = case
-            m, _ = attention_pair(MHA, f"cross.bad.{seed}")
-            x, memory = tensor(seed, B, T, C), tensor(seed + 1, B, S, C)
-            keep = _keep_mask(seed, B, S)
-            bad = {
-                "float": (
-                    keep.double(),
-                    f"a float64 mask {(B, S)}",
-                    "the mask must be boolean, True at real tokens",
-                ),
-                "long": (
-                    keep.long(),
-                    f"an int64 mask {(B, S)}",
-                    "the mask must be boolean, True at real tokens",
-                ),
-                "S + 1": (
-                    torch.cat([keep, keep[:, :1]], 1),
-                    f"a mask {(B, S + 1)} for memory {(B, S, C)}",
-                    "the mask must be (B, S)",
-                ),
-                "1-D": (keep[0], f"a 1-D mask {(S,)} for memory {(B, S, C)}", "the mask must be (B, S)"),
-                "3-D": (
-                    keep[:, None, :],
-                    f"a mask {(B, 1, S)} for memory {(B, S, C)}",
-                    "the mask must be (B, S)",
-                ),
-                "B + 1": (
-                    torch.cat([keep, keep[:1]], 0),
-                    f"a mask {(B + 1, S)} for memory {(B, S, C)}",
-                    "the mask must be (B, S)",
-                ),
-            }
-            mask, what, fix = bad[which]
-            expect_value_error(g, lambda: fn(m, x, memory, mask), what, fix)
-
-        kinds = ["float", "long", "S + 1", "1-D", "3-D", "B + 1"]
-        for_all(
-            "cross.bad",
-            st.tuples(_CROSS_SIZES, st.sampled_from(kinds), SEEDS),
-            bad_mask,
-            max_examples=8,
-            first=((2, 3, 4), "float", 10),
-        )
-        for kind in kinds:
-            bad_mask(((2, 3, 4), kind, 11))
-
-    g.finish()
-
-
-def ref_padding(lengths: list[int], S: int) -> torch.Tensor:
-    """A (B, S) padding mask, True at the first ``lengths[b]`` positions of row b."""
-    return torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]
-
-
-def check_cross_attention(cross_attention, MultiHeadAttention) -> None:
-    """Public checks of ``cross_attention``: one small example per clause the hidden checks grade."""
-    g = Grader("cross_attention (public)")
-    fn, MHA = cross_attention, MultiHeadAttention
-    with g.check("x (2, 3, C) and memory (2, 5, C) give out (2, 3, C) of x's dtype and weights (2, H, 3, 5)"):
-        m, _ = attention_pair(MHA, "public.cross")
-        m.float()
-        x = rand("public.cross.x", 2, 3, C, dtype=torch.float32)
-        memory = rand("public.cross.m", 2, 5, C, dtype=torch.float32)
-        _cross_call(g, fn, _cross_where(CONFIGS[0], 2, 3, 5, None, torch.float32), m, x, memory)
-    with g.check(
-        "equals attn(x, kv=memory, need_weights=True) (queries from x, keys and values from memory)"
-    ):
-        _cross_case(g, fn, MHA, "public.cross.plain", CONFIGS[0], 2, 3, 5, seed=1)
-    with g.check("the second source padded after 2 tokens: padded tokens get weight 0"):
-        _cross_case(g, fn, MHA, "public.cross.mask", CONFIGS[0], 2, 3, 5, ref_padding([5, 2], 5), seed=2)
-    with g.check("a source with no real token: zero weights, output = out_proj's bias"):
-        _cross_case(g, fn, MHA, "public.cross.empty", CONFIGS[0], 2, 3, 4, ref_padding([4, 0], 4), seed=3)
-    with g.check("n_kv_heads = 2 of 4 heads: key/value heads repeated for the query heads"):
-        _cross_case(g, fn, MHA, "public.cross.gqa", CONFIGS[1], 2, 3, 5, ref_padding([5, 3], 5), seed=4)
-    with g.check("the gradient reaches x and memory"):
-        m, r = attention_pair(MHA, "public.cross.grad")
-        x, memory = rand("public.cross.grad.x", 1, 2, C), rand("public.cross.grad.m", 1, 3, C)
-        p = call_student(
-            g,
-            "cross_attention(attn, x (1, 2, C), memory (1, 3, C))",
-            probe,
-            fn,
-            m,
-            x.clone().requires_grad_(),
-            memory.clone().requires_grad_(),
-            backward=(0, torch.ones(1, 2, C, dtype=torch.float64)),
-        )
-        xr, mr = x.clone().requires_grad_(), memory.clone().requires_grad_()
-        r(xr, kv=mr)[0].sum().backward()
-        grads = p.grads or [None] * 3
-        g.expect(
-            grads[1] is not None
-            and grads[2] is not None
-            and close(grads[1], xr.grad)
-            and close(grads[2], mr.grad),
-            "the gradients with respect to x and memory differ from Chapter 2's attention",
-        )
-    with g.check(
-        "attn.dropout = 0.5: nothing dropped in eval mode; attn.dropout = 1 in training mode drops every "
-        "weight"
-    ):
-        m, r = attention_pair(MHA, "public.cross.dropout", dropout=0.5)
-        x, memory = rand("public.cross.dropout.x", 2, 3, C), rand("public.cross.dropout.m", 2, 4, C)
-        out, w = _cross_call(g, fn, "eval mode", m, x, memory)
-        g.expect(
-            close(out, r(x, kv=memory)[0]),
-            "in eval mode with attn.dropout=0.5 the output differs from the "
-            "reference: apply dropout only when attn.training",
-        )
-        m.train()
-        set_attr(m, "dropout", 1.0)
-        out, w = _cross_call(g, fn, "training mode, attn.dropout=1.0", m, x, memory)
-        bias_only = torch.zeros(2, 3, C, dtype=torch.float64) + r.out_proj.bias
-        g.expect(
-            close(w, torch.zeros(2, H, 3, 4, dtype=torch.float64)) and close(out, bias_only),
-            "in training mode with attn.dropout=1.0 every weight is dropped (the returned weights are 0) and out, "
-            "recomputed from them, is out_proj's bias: weights = F.dropout(weights, attn.dropout); out = weights "
-            "@ v",
-        )
-    with g.check("a float mask raises ValueError"):
-        m, _ = attention_pair(MHA, "public.cross.bad")
-        x, memory = rand("public.cross.bad.x", 2, 3, C), rand("public.cross.bad.m", 2, 4, C)
-        expect_value_error(
-            g,
-            lambda: fn(m, x, memory, torch.ones(2, 4)),
-            "a float mask (2, 4)",
-            "the mask must be boolean, True at real tokens",
-        )
-    g.finish()
+            key="cross.dropout",
+            budget="more",
+            examples=[(CONFIGS[0], (2, 3, 4), 1.0, True, 8), (CONFIGS[0], (2, 4, 5), 0.5, False, 9)],
+            also=[
+                (CONFIGS[0], (2, 4, 5), p, training, 9)
+                for p, training in ((0.25, True), (1.0, True), (0.5, False))
+            ],
+        ),
+        raises(
+            _cross_bad,
+            st.tuples(_CROSS_SIZES, st.sampled_from(_BAD_MASKS), SEEDS),
+            key="cross.bad",
+            budget="some",
+            examples=[((2, 3, 4), "float", 10)],
+            also=[((2, 3, 4), kind, 11) for kind in _BAD_MASKS],
+            fix="the mask must be a boolean (B, S) tensor, True at real tokens",
+            text="a memory_key_padding_mask that is not a boolean (B, S) tensor raises ValueError",
+        ),
+    ],
+)
+check_cross_attention, grade_cross_attention = CROSS_ATTENTION.graders()
 
 
 # =========================================================================== part 3: PreNormDecoderLayer
@@ -943,77 +817,51 @@ def _layer_triple(
     got, expected = set(sd) if isinstance(sd, dict) else set(), set(weights)
     g.expect(
         got == expected,
-        "the layer's parameters must be those of Chapter 4's DecoderLayer (keep the given "
-        "__init__); "
+        "the layer's parameters must be those of Chapter 4's DecoderLayer (keep the given __init__); "
         f"missing {sorted(expected - got)[:4]}, unexpected {sorted(got - expected)[:4]}",
     )
     m.load_state_dict(weights)
     m.eval()
     if not with_torch:
         return m, r, None
-    t = (
-        nn.TransformerDecoderLayer(
-            Cc, Hh, dff, dropout=0.0, activation=activation, batch_first=True, norm_first=True, bias=bias
-        )
-        .double()
-        .eval()
+    t = nn.TransformerDecoderLayer(
+        Cc, Hh, dff, dropout=0.0, activation=activation, batch_first=True, norm_first=True, bias=bias
     )
+    t.double().eval()
     t.load_state_dict(L.to_torch_state_dict(weights))
     return m, r, t
 
 
 def _torch_layer(t, x, memory, keep=None):
-    return t(
-        x,
-        memory,
-        tgt_mask=~causal_mask(x.shape[1]),
-        tgt_is_causal=True,
-        memory_key_padding_mask=None if keep is None else ~keep,
-    )
+    mask = None if keep is None else ~keep
+    return t(x, memory, tgt_mask=~causal_mask(x.shape[1]), tgt_is_causal=True, memory_key_padding_mask=mask)
 
 
 def _layer_mistakes(r, x, memory, keep):
     """Outputs of the common wrong layers, computed with the reference layer's submodules."""
 
-    def ca(h, kv, mask=keep):
-        return r.cross_attn(h, kv=kv, key_padding_mask=mask)[0]
+    def layer(self_causal=True, kv=None, mask=keep, res=(True, True, True), stream=False):
+        h = r.norm1(x) if stream else x
+        a = r.self_attn(r.norm1(x) if not stream else h, is_causal=self_causal)[0]
+        h = h + a if res[0] else a
+        n = r.norm2(h)
+        h2 = n if stream else h
+        kv = n if kv == "x" else (r.norm2(memory) if kv == "normed" else memory)
+        c = r.cross_attn(n, kv=kv, key_padding_mask=mask)[0]
+        h = h2 + c if res[1] else c
+        n3 = r.norm3(h)
+        h3 = n3 if stream else h
+        f = r.ff(n3)
+        return h3 + f if res[2] else f
 
-    def sa(h, causal=True):
-        return r.self_attn(h, is_causal=causal)[0]
-
-    out = []
     with torch.no_grad():
-        Cc, Hh = r.self_attn.d_model, r.self_attn.n_heads
-        post = (
-            L.DecoderLayer(
-                Cc,
-                Hh,
-                r.ff.linear1.out_features,
-                dropout=0.0,
-                activation="relu" if isinstance(r.ff.act, nn.ReLU) else "gelu",
-                norm_first=False,
-                bias=r.ff.linear1.bias is not None,
-            )
-            .double()
-            .eval()
-        )
+        Cc, Hh, dff = r.self_attn.d_model, r.self_attn.n_heads, r.ff.linear1.out_features
+        act = "relu" if isinstance(r.ff.act, nn.ReLU) else "gelu"
+        post = L.DecoderLayer(Cc, Hh, dff, 0.0, act, norm_first=False, bias=r.ff.linear1.bias is not None)
+        post.double().eval()
         post.load_state_dict(r.state_dict())
-        out.append((post(x, memory, memory_key_padding_mask=keep), _POST_NORM))
-
-        def layer(self_causal=True, kv=None, mask=keep, res=(True, True, True), stream=False):
-            h = r.norm1(x) if stream else x
-            a = sa(r.norm1(x) if not stream else h, self_causal)
-            h = h + a if res[0] else a
-            n = r.norm2(h)
-            h2 = n if stream else h
-            c = ca(n, n if kv == "x" else (r.norm2(memory) if kv == "normed" else memory), mask)
-            h = h2 + c if res[1] else c
-            n3 = r.norm3(h)
-            h3 = n3 if stream else h
-            f = r.ff(n3)
-            return h3 + f if res[2] else f
-
-        out += [
+        out = [
+            (post(x, memory, memory_key_padding_mask=keep), _POST_NORM),
             (layer(self_causal=False), _NOT_CAUSAL),
             (layer(kv="normed"), _NORMED_MEMORY),
             (layer(res=(False, True, True)), _NO_RESIDUAL),
@@ -1022,9 +870,8 @@ def _layer_mistakes(r, x, memory, keep):
             (layer(stream=True), _NORMED_STREAM),
         ]
         if x.shape[1] == memory.shape[1] or keep is None:
-            out.insert(
-                2, (layer(kv="x", mask=None if x.shape[1] != memory.shape[1] else keep), _LAYER_KV_FROM_X)
-            )
+            mask = None if x.shape[1] != memory.shape[1] else keep
+            out.insert(2, (layer(kv="x", mask=mask), _LAYER_KV_FROM_X))
         if keep is not None:
             out.insert(1, (layer(mask=None), _LAYER_MASK_IGNORED))
     return out
@@ -1051,8 +898,7 @@ def _layer_call(g: Grader, where: str, m, x, memory, keep=None, n_heads: int = H
     if is_tensor(w) and w.shape == (B, n_heads, T, T) and T != S:
         g.fail(
             f"{where}: the weights are (B, H, T, T) = {tuple(w.shape)}, not (B, H, T, S): return the "
-            "cross-attention "
-            "weights, and take the cross-attention's keys and values from memory: "
+            "cross-attention weights, and take the cross-attention's keys and values from memory: "
             "c, weights = cross_attention(self.cross_attn, self.norm2(x), memory, memory_key_padding_mask)"
         )
     g.expect(
@@ -1066,20 +912,10 @@ def _layer_call(g: Grader, where: str, m, x, memory, keep=None, n_heads: int = H
     return out, w
 
 
-def _layer_case(
-    g: Grader,
-    PreNormDecoderLayer,
-    name: str,
-    config,
-    B: int,
-    T: int,
-    S: int,
-    keep=None,
-    seed: int = 0,
-    torch_reference: bool = False,
-) -> None:
-    m, r, t = _layer_triple(g, PreNormDecoderLayer, name, config, with_torch=torch_reference)
-    x, memory = tensor(seed, B, T, config[0]), tensor(seed + 1, B, S, config[0])
+def _layer_case(g: Grader, cls, name: str, config, sizes, keep=None, seed=0, torch_reference=False) -> None:
+    (B, T, S), M = sizes, config[0]
+    m, r, t = _layer_triple(g, cls, name, config, with_torch=torch_reference)
+    x, memory = tensor(seed, B, T, M), tensor(seed + 1, B, S, M)
     where = _layer_where(config, B, T, S, keep)
     out, w = _layer_call(g, where, m, x, memory, keep, config[1])
     expected, expected_w = r(x, memory, keep)
@@ -1101,343 +937,227 @@ def _layer_case(
     )
 
 
-_LAYER_SIZES = st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 6))
+def _layer_inputs(config, B: int, T: int, S: int, seed: int, dtype=torch.float64):
+    return tensor(seed, B, T, config[0], dtype=dtype), tensor(seed + 1, B, S, config[0], dtype=dtype)
 
 
-def grade_pre_norm_decoder_layer(PreNormDecoderLayer) -> None:
-    """Grade a student's ``PreNormDecoderLayer`` class (Chapter 4's ``DecoderLayer`` with a pre-norm ``forward``)."""
-    g = Grader("PreNormDecoderLayer")
-    cls = PreNormDecoderLayer
+def _dec_shape(g: Grader, cls, case) -> None:
+    config, (B, T, S), dtype, seed = case
+    m, _, _ = _layer_triple(g, cls, f"dec.shape.{seed}", config)
+    m.to(dtype)
+    x, memory = _layer_inputs(config, B, T, S, seed, dtype)
+    _layer_call(g, _layer_where(config, B, T, S, None, dtype), m, x, memory, None, config[1])
 
-    with g.check(
-        "returns (out of x's shape and dtype, cross-attention weights (B, H, T, S)) (float32 and float64)"
-    ):
 
-        def shapes(case):
-            config, (B, T, S), dtype, seed = case
-            m, _, _ = _layer_triple(g, cls, f"dec.shape.{seed}", config)
-            m.to(dtype)
-            x, memory = (
-                tensor(seed, B, T, config[0], dtype=dtype),
-                tensor(seed + 1, B, S, config[0], dtype=dtype),
-            )
-            _layer_call(g, _layer_where(config, B, T, S, None, dtype), m, x, memory, None, config[1])
+def _dec_values(g: Grader, cls, case) -> None:
+    if case[0] == "torch":  # against torch's own layer
+        _, config, (T, S) = case
+        return _layer_case(g, cls, f"dec.torch.{config[4]}", config, (2, T, S), seed=2, torch_reference=True)
+    config, sizes, seed = case
+    _layer_case(g, cls, f"dec.values.{seed}", config, sizes, seed=seed)
 
-        for_all(
-            "dec.shape",
-            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, st.sampled_from(FLOATS), SEEDS),
-            shapes,
-            max_examples=4,
-            first=(LAYERS[0], (2, 3, 4), torch.float32, 0),
-        )
 
-    with g.check(
-        "equals nn.TransformerDecoderLayer(norm_first=True) with a causal mask (relu and gelu, with and "
-        "without biases, any B, T, S)"
-    ):
+def _dec_masked(g: Grader, cls, case) -> None:
+    if case == "torch":
+        keep = ref_padding([6, 3, 1], 6)
+        return _layer_case(g, cls, "dec.mask.torch", LAYERS[0], (3, 4, 6), keep, seed=4, torch_reference=True)
+    config, (B, T, S), seed = case
+    _layer_case(g, cls, f"dec.mask.{seed}", config, (B, T, S), _keep_mask(seed, B, S), seed=seed)
 
-        def values(case):
-            config, (B, T, S), seed = case
-            _layer_case(g, cls, f"dec.values.{seed}", config, B, T, S, seed=seed)
 
-        for_all(
-            "dec.values",
-            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, SEEDS),
-            values,
-            max_examples=8,
-            first=(LAYERS[0], (2, 5, 7), 1),
-        )
-        for config, (T, S) in ((LAYERS[0], (5, 7)), (LAYERS[1], (4, 4)), (LAYERS[2], (3, 2))):
-            _layer_case(g, cls, f"dec.torch.{config[4]}", config, 2, T, S, seed=2, torch_reference=True)
+def _dec_causal(g: Grader, cls, case) -> None:
+    config, (B, T, S), cut, seed = case
+    T = T + 1
+    cut = 1 + cut % (T - 1)
+    m, _, _ = _layer_triple(g, cls, f"dec.future.{seed}", config)
+    x, memory = _layer_inputs(config, B, T, S, seed)
+    y = x.clone()
+    y[:, cut:] = tensor(seed + 2, B, T - cut, config[0])
+    where = _layer_where(config, B, T, S)
+    a, _ = _layer_call(g, where, m, x, memory, None, config[1])
+    b, _ = _layer_call(g, where, m, y, memory, None, config[1])
+    g.expect(
+        close(a[:, :cut], b[:, :cut]),
+        f"{where}: outputs at positions 0 .. {cut - 1} changed when only positions {cut} .. {T - 1} of x "
+        "changed: information leaks from the future (" + _NOT_CAUSAL + ")",
+    )
 
-    with g.check(
-        "memory_key_padding_mask reaches cross-attention, and the weights returned are cross-attention's"
-    ):
 
-        def masked(case):
-            config, (B, T, S), seed = case
-            _layer_case(g, cls, f"dec.mask.{seed}", config, B, T, S, _keep_mask(seed, B, S), seed=seed)
+def _dec_dropout(g: Grader, cls, case) -> None:
+    which, config, (B, T, S), seed = case
+    path, attr, what = _DROPOUTS[which]
+    m, r, _ = _layer_triple(g, cls, f"dec.dropout.{seed}", config)
+    set_attr(_sub(m, path), attr, 1.0)
+    setattr(_sub(r, path), attr, 1.0)
+    m.train()
+    r.train()
+    x, memory = _layer_inputs(config, B, T, S, seed)
+    keep = _keep_mask(seed, B, S)
+    where = _layer_where(config, B, T, S, keep, extra=f", {which}=1.0, training mode")
+    out, w = _layer_call(g, where, m, x, memory, keep, config[1])
+    expected, expected_w = r(x, memory, keep)
+    g.expect(
+        close(out, expected, magnitude=magnitude(x, memory)) and close(w, expected_w),
+        f"{where}: with only {which} at p = 1 the output differs from the reference, which drops {what} "
+        "and nothing else: apply each dropout exactly where the text puts it, once",
+    )
 
-        for_all(
-            "dec.mask",
-            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, SEEDS),
-            masked,
-            max_examples=6,
-            first=(LAYERS[0], (3, 4, 6), 3),
-        )
-        _layer_case(
-            g,
-            cls,
-            "dec.mask.torch",
-            LAYERS[0],
-            3,
-            4,
-            6,
-            ref_padding([6, 3, 1], 6),
-            seed=4,
-            torch_reference=True,
-        )
 
-    with g.check("the self-attention is causal: changing later targets does not change earlier outputs"):
-
-        def causal(case):
-            config, (B, T, S), cut, seed = case
-            T = T + 1
-            cut = 1 + cut % (T - 1)
-            m, _, _ = _layer_triple(g, cls, f"dec.future.{seed}", config)
-            x, memory = tensor(seed, B, T, config[0]), tensor(seed + 1, B, S, config[0])
-            y = x.clone()
-            y[:, cut:] = tensor(seed + 2, B, T - cut, config[0])
-            where = _layer_where(config, B, T, S)
-            a, _ = _layer_call(g, where, m, x, memory, None, config[1])
-            b, _ = _layer_call(g, where, m, y, memory, None, config[1])
-            g.expect(
-                close(a[:, :cut], b[:, :cut]),
-                f"{where}: outputs at positions 0 .. {cut - 1} changed when only positions {cut} .. {T - 1} of x "
-                "changed: information leaks from the future (" + _NOT_CAUSAL + ")",
-            )
-
-        for_all(
-            "dec.future",
-            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, st.integers(0, 4), SEEDS),
-            causal,
-            max_examples=6,
-            first=(LAYERS[0], (2, 5, 5), 3, 5),
-        )
-
-    with g.check(
-        "each dropout alone, with probability 1 in training mode, drops what the text says: dropout1, "
-        "dropout2, dropout3 (the sub-layers' outputs), self_attn's and cross_attn's weights, ff's hidden "
-        "units"
-    ):
-
-        def isolated(case):
-            which, config, (B, T, S), seed = case
-            path, attr, what = _DROPOUTS[which]
-            m, r, _ = _layer_triple(g, cls, f"dec.dropout.{seed}", config)
-            set_attr(_sub(m, path), attr, 1.0)
-            setattr(_sub(r, path), attr, 1.0)
-            m.train()
-            r.train()
-            x, memory = tensor(seed, B, T, config[0]), tensor(seed + 1, B, S, config[0])
-            keep = _keep_mask(seed, B, S)
-            where = _layer_where(config, B, T, S, keep, extra=f", {which}=1.0, training mode")
-            out, w = _layer_call(g, where, m, x, memory, keep, config[1])
-            expected, expected_w = r(x, memory, keep)
-            g.expect(
-                close(out, expected, magnitude=magnitude(x, memory)) and close(w, expected_w),
-                f"{where}: with only {which} at p = 1 the output differs from the reference, which drops {what} "
-                "and nothing else: apply each dropout exactly where the text puts it, once",
-            )
-
-        configs = [c for c in LAYERS if c[3]]  # with biases: a sub-layer of zeros still outputs something
-        for_all(
-            "dec.dropout",
-            st.tuples(st.sampled_from(sorted(_DROPOUTS)), st.sampled_from(configs), _LAYER_SIZES, SEEDS),
-            isolated,
-            max_examples=6,
-            first=("dropout1", LAYERS[0], (2, 3, 4), 6),
-        )
-        for which in _DROPOUTS:
-            isolated((which, LAYERS[0], (2, 3, 4), 7))
-
-    with g.check("no dropout in eval mode (dropout=0.5, and every dropout at p = 1)"):
-
-        def eval_mode(case):
-            config, (B, T, S), everything, seed = case
-            m, r, _ = _layer_triple(g, cls, f"dec.eval.{seed}", config, dropout=0.5)
-            if everything:
-                for path, attr, _ in _DROPOUTS.values():
-                    set_attr(_sub(m, path), attr, 1.0)
-            x, memory = tensor(seed, B, T, config[0]), tensor(seed + 1, B, S, config[0])
-            where = _layer_where(
-                config, B, T, S, None, extra=f", every dropout at {'1.0' if everything else '0.5'}, eval mode"
-            )
-            out, _ = _layer_call(g, where, m, x, memory, None, config[1])
-            g.expect(
-                close(out, r(x, memory)[0]),
-                f"{where}: the output differs from the reference: dropout applies only in training mode (use the "
-                "nn.Dropout modules self.dropout1/2/3, not F.dropout without training=self.training)",
-            )
-
-        for_all(
-            "dec.eval",
-            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, st.booleans(), SEEDS),
-            eval_mode,
-            max_examples=4,
-            first=(LAYERS[0], (2, 3, 4), True, 8),
-        )
-
-    with g.check("gradients reach x and memory as in nn.TransformerDecoderLayer"):
-
-        def gradients(case):
-            config, (B, T, S), seed = case
-            m, r, t = _layer_triple(g, cls, f"dec.grad.{seed}", config, with_torch=True)
-            x, memory = tensor(seed, B, T, config[0]), tensor(seed + 1, B, S, config[0])
-            keep = _keep_mask(seed, B, S)
-            up = tensor(seed + 2, B, T, config[0])
-            where = _layer_where(config, B, T, S, keep)
-            p = call_student(
-                g,
-                where,
-                probe,
-                m,
-                x.clone().requires_grad_(),
-                memory.clone().requires_grad_(),
-                keep,
-                backward=(0, up),
-            )
-            xr, mr = x.clone().requires_grad_(), memory.clone().requires_grad_()
-            (_torch_layer(t, xr, mr, keep) * up).sum().backward()
-            for label, got, want in zip(("x", "memory"), (p.grads or [None, None])[:2], (xr.grad, mr.grad)):
-                g.expect(
-                    got is not None and close(got, want, magnitude=magnitude(x, memory, up)),
-                    f"{where}: the gradient with respect to {label} differs from the reference",
-                )
-
-        for_all(
-            "dec.grad",
-            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, SEEDS),
-            gradients,
-            max_examples=3,
-            first=(LAYERS[1], (2, 4, 5), 9),
-        )
-
-    with g.check(
-        "keeps the given __init__: DecoderLayer's parameters and defaults (d_ff = 4 C, dropout 0.1, relu, "
-        "eps 1e-5, biases)"
-    ):
-        m = cls(8, 2)
-        r = ref.PreNormDecoderLayer(8, 2)
-        sd, rd = m.state_dict(), r.state_dict()
-        shapes = {k: tuple(v.shape) for k, v in sd.items()} if isinstance(sd, dict) else {}
-        g.expect(
-            shapes == {k: tuple(v.shape) for k, v in rd.items()},
-            "PreNormDecoderLayer(8, 2) should have the parameters of DecoderLayer(8, 2, norm_first=True) (d_ff = "
-            "32, "
-            "with biases): keep the given __init__ and its defaults",
-        )
+def _dec_eval(g: Grader, cls, case) -> None:
+    config, (B, T, S), everything, seed = case
+    m, r, _ = _layer_triple(g, cls, f"dec.eval.{seed}", config, dropout=0.5)
+    if everything:
         for path, attr, _ in _DROPOUTS.values():
-            got = getattr(_sub(m, path), attr)
-            g.expect(
-                got == 0.1,
-                f"PreNormDecoderLayer(8, 2).{path}.{attr} is {got!r}: the default dropout is 0.1 "
-                "(keep the given __init__)",
-            )
-        g.expect(
-            m.norm1.eps == 1e-5 and m.norm3.eps == 1e-5,
-            f"PreNormDecoderLayer(8, 2).norm1.eps is {m.norm1.eps!r}: the default eps is 1e-5 (keep the given "
-            "__init__)",
-        )
-        x, memory = rand("dec.defaults.x", 1, 3, 8), rand("dec.defaults.m", 1, 2, 8)
-        m.double()
-        m.load_state_dict({k: v.double() for k, v in rd.items()})
-        m.eval()
-        r.double().eval()
-        out, _ = _layer_call(
-            g, "PreNormDecoderLayer(8, 2)(x (1, 3, 8), memory (1, 2, 8))", m, x, memory, None, 2
-        )
-        g.expect(
-            close(out, r(x, memory)[0]),
-            "PreNormDecoderLayer(8, 2) differs from the reference with the same "
-            "weights: the default activation is relu (keep the given __init__)",
-        )
-
-    g.finish()
+            set_attr(_sub(m, path), attr, 1.0)
+    x, memory = _layer_inputs(config, B, T, S, seed)
+    extra = f", every dropout at {'1.0' if everything else '0.5'}, eval mode"
+    where = _layer_where(config, B, T, S, None, extra=extra)
+    out, _ = _layer_call(g, where, m, x, memory, None, config[1])
+    g.expect(
+        close(out, r(x, memory)[0]),
+        f"{where}: the output differs from the reference: dropout applies only in training mode (use the "
+        "nn.Dropout modules self.dropout1/2/3, not F.dropout without training=self.training)",
+    )
 
 
-def check_pre_norm_decoder_layer(PreNormDecoderLayer) -> None:
-    """Public checks of ``PreNormDecoderLayer``: one small example per clause the hidden checks grade."""
-    g = Grader("PreNormDecoderLayer (public)")
-    cls = PreNormDecoderLayer
-    with g.check(
-        "PreNormDecoderLayer(8, 2, dropout=0.0) returns (out (2, 4, 8) float32, weights (2, 2, 4, 6)) and "
-        "equals "
-        "torch's pre-norm layer with its weights"
-    ):
-        layer = cls(8, 2, dropout=0.0)
-        layer.eval()
-        sd = layer.state_dict()
-        t = nn.TransformerDecoderLayer(8, 2, 32, dropout=0.0, batch_first=True, norm_first=True).eval()
-        t.load_state_dict(L.to_torch_state_dict(sd))
-        x = rand("public.dec.x", 2, 4, 8, dtype=torch.float32)
-        memory = rand("public.dec.m", 2, 6, 8, dtype=torch.float32)
-        keep = ref_padding([6, 3], 6)
-        out, w = _layer_call(
-            g, "PreNormDecoderLayer(8, 2)(x (2, 4, 8), memory (2, 6, 8), mask)", layer, x, memory, keep, 2
-        )
-        expected = t(x, memory, tgt_mask=~causal_mask(4), tgt_is_causal=True, memory_key_padding_mask=~keep)
+def _dec_gradients(g: Grader, cls, case) -> None:
+    config, (B, T, S), seed = case
+    m, r, t = _layer_triple(g, cls, f"dec.grad.{seed}", config, with_torch=True)
+    x, memory = _layer_inputs(config, B, T, S, seed)
+    keep, up = _keep_mask(seed, B, S), tensor(seed + 2, B, T, config[0])
+    where = _layer_where(config, B, T, S, keep)
+    xs, ms = x.clone().requires_grad_(), memory.clone().requires_grad_()
+    p = call_student(g, where, probe, m, xs, ms, keep, backward=(0, up))
+    xr, mr = x.clone().requires_grad_(), memory.clone().requires_grad_()
+    (_torch_layer(t, xr, mr, keep) * up).sum().backward()
+    for label, got, want in zip(("x", "memory"), (p.grads or [None, None])[:2], (xr.grad, mr.grad)):
         g.expect(
-            close(out, expected, magnitude=magnitude(x, memory)),
-            "the output differs from nn.TransformerDecoderLayer(norm_first=True) with a causal mask: "
-            "x = x + self_attn(norm1(x)); x = x + cross(norm2(x), memory); x = x + ff(norm3(x))",
+            got is not None and close(got, want, magnitude=magnitude(x, memory, up)),
+            f"{where}: the gradient with respect to {label} differs from the reference",
         )
-    with g.check("gelu, no biases, T = 3, S = 2: equals the reference with random weights"):
-        _layer_case(g, cls, "public.dec.values", LAYERS[2], 2, 3, 2, seed=1)
-    with g.check("a padded source: the mask reaches cross-attention, whose weights are returned"):
-        _layer_case(g, cls, "public.dec.mask", LAYERS[0], 2, 3, 4, ref_padding([4, 2], 4), seed=2)
-    with g.check("changing the last target does not change the earlier outputs (causal self-attention)"):
-        m, _, _ = _layer_triple(g, cls, "public.dec.future")
-        x, memory = rand("public.dec.future.x", 1, 4, C), rand("public.dec.future.m", 1, 3, C)
-        y = x.clone()
-        y[:, 3] = 0.0
-        a, _ = _layer_call(g, "x", m, x, memory)
-        b, _ = _layer_call(g, "x with its last position changed", m, y, memory)
+
+
+def _dec_defaults(g: Grader, cls, case) -> None:
+    d, h = case
+    m, r = cls(d, h), ref.PreNormDecoderLayer(d, h)
+    sd, rd = m.state_dict(), r.state_dict()
+    shapes = {k: tuple(v.shape) for k, v in sd.items()} if isinstance(sd, dict) else {}
+    g.expect(
+        shapes == {k: tuple(v.shape) for k, v in rd.items()},
+        f"PreNormDecoderLayer({d}, {h}) should have the parameters of DecoderLayer({d}, {h}, norm_first=True) "
+        f"(d_ff = {4 * d}, with biases): keep the given __init__ and its defaults",
+    )
+    for path, attr, _ in _DROPOUTS.values():
+        got = getattr(_sub(m, path), attr)
         g.expect(
-            close(a[:, :3], b[:, :3]),
-            "outputs at positions 0 .. 2 changed when only position 3 changed: " + _NOT_CAUSAL,
+            got == 0.1,
+            f"PreNormDecoderLayer({d}, {h}).{path}.{attr} is {got!r}: the default dropout is 0.1 "
+            "(keep the given __init__)",
         )
-    with g.check(
-        "each dropout alone at p = 1 in training mode (here dropout2: the cross-attention sub-layer's output)"
-    ):
-        m, r, _ = _layer_triple(g, cls, "public.dec.dropout")
-        set_attr(m.dropout2, "p", 1.0)
-        r.dropout2.p = 1.0
-        m.train()
-        r.train()
-        x, memory = rand("public.dec.dropout.x", 2, 3, C), rand("public.dec.dropout.m", 2, 4, C)
-        out, _ = _layer_call(g, "dropout2 = 1.0, training mode", m, x, memory)
-        g.expect(
-            close(out, r(x, memory)[0]),
-            "with only dropout2 at p = 1 the cross-attention sub-layer adds nothing: "
-            "x = x + dropout2(c), and the other dropouts are off",
-        )
-    with g.check("no dropout in eval mode (dropout=0.5)"):
-        m, r, _ = _layer_triple(g, cls, "public.dec.eval", dropout=0.5)
-        x, memory = rand("public.dec.eval.x", 2, 3, C), rand("public.dec.eval.m", 2, 4, C)
-        out, _ = _layer_call(g, "dropout=0.5, eval mode", m, x, memory)
-        g.expect(
-            close(out, r(x, memory)[0]), "in eval mode with dropout=0.5 the output differs from the reference"
-        )
-    with g.check("the gradient reaches x and memory"):
-        m, r, t = _layer_triple(g, cls, "public.dec.grad", with_torch=True)
-        x, memory = rand("public.dec.grad.x", 1, 2, C), rand("public.dec.grad.m", 1, 3, C)
-        p = call_student(
-            g,
-            "layer(x (1, 2, C), memory (1, 3, C))",
-            probe,
-            m,
-            x.clone().requires_grad_(),
-            memory.clone().requires_grad_(),
-            backward=(0, torch.ones(1, 2, C, dtype=torch.float64)),
-        )
-        xr, mr = x.clone().requires_grad_(), memory.clone().requires_grad_()
-        _torch_layer(t, xr, mr).sum().backward()
-        grads = p.grads or [None, None]
-        g.expect(
-            grads[0] is not None
-            and grads[1] is not None
-            and close(grads[0], xr.grad)
-            and close(grads[1], mr.grad),
-            "the gradients with respect to x and memory differ from nn.TransformerDecoderLayer's",
-        )
-    with g.check("the given __init__ and its defaults are kept (dropout 0.1)"):
-        m = cls(8, 2)
-        g.expect(
-            m.dropout1.p == 0.1 and m.cross_attn.dropout == 0.1,
-            "PreNormDecoderLayer(8, 2) should have dropout 0.1 everywhere: keep the given __init__",
-        )
-    g.finish()
+    g.expect(
+        m.norm1.eps == 1e-5 and m.norm3.eps == 1e-5,
+        f"PreNormDecoderLayer({d}, {h}).norm1.eps is {m.norm1.eps!r}: the default eps is 1e-5 (keep the given "
+        "__init__)",
+    )
+    x, memory = rand("dec.defaults.x", 1, 3, d), rand("dec.defaults.m", 1, 2, d)
+    m.double()
+    m.load_state_dict({k: v.double() for k, v in rd.items()})
+    m.eval()
+    r.double().eval()
+    where = f"PreNormDecoderLayer({d}, {h})(x (1, 3, {d}), memory (1, 2, {d}))"
+    out, _ = _layer_call(g, where, m, x, memory, None, h)
+    g.expect(
+        close(out, r(x, memory)[0]),
+        f"PreNormDecoderLayer({d}, {h}) differs from the reference with the same weights: the default "
+        "activation is relu (keep the given __init__)",
+    )
+
+
+_LAYER_SIZES = st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 6))
+_LAYER_CASES = st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, SEEDS)
+
+PRE_NORM_DECODER_LAYER = Spec(
+    "PreNormDecoderLayer",
+    [
+        Clause(
+            "returns (out of x's shape and dtype, cross-attention weights (B, H, T, S)) (float32 and float64)",
+            _dec_shape,
+            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, st.sampled_from(FLOATS), SEEDS),
+            key="dec.shape",
+            budget="few",
+            examples=[(LAYERS[0], (2, 3, 4), torch.float32, 0)],
+        ),
+        Clause(
+            "equals nn.TransformerDecoderLayer(norm_first=True) with a causal mask (relu and gelu, with and "
+            "without biases, any B, T, S)",
+            _dec_values,
+            _LAYER_CASES,
+            key="dec.values",
+            budget="some",
+            examples=[(LAYERS[0], (2, 5, 7), 1)],
+            also=[("torch", LAYERS[0], (5, 7)), ("torch", LAYERS[1], (4, 4)), ("torch", LAYERS[2], (3, 2))],
+        ),
+        Clause(
+            "memory_key_padding_mask reaches cross-attention, and the weights returned are cross-attention's",
+            _dec_masked,
+            _LAYER_CASES,
+            key="dec.mask",
+            budget="small",
+            examples=[(LAYERS[0], (3, 4, 6), 3)],
+            also=["torch"],
+        ),
+        Clause(
+            "the self-attention is causal: changing later targets does not change earlier outputs",
+            _dec_causal,
+            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, st.integers(0, 4), SEEDS),
+            key="dec.future",
+            budget="small",
+            examples=[(LAYERS[0], (2, 5, 5), 3, 5)],
+        ),
+        Clause(
+            "each dropout alone, with probability 1 in training mode, drops what the text says: dropout1, "
+            "dropout2, dropout3 (the sub-layers' outputs), self_attn's and cross_attn's weights, ff's hidden "
+            "units",
+            _dec_dropout,
+            # with biases: a sub-layer of zeros still outputs something
+            st.tuples(
+                st.sampled_from(sorted(_DROPOUTS)),
+                st.sampled_from([c for c in LAYERS if c[3]]),
+                _LAYER_SIZES,
+                SEEDS,
+            ),
+            key="dec.dropout",
+            budget="small",
+            examples=[("dropout1", LAYERS[0], (2, 3, 4), 6), ("dropout2", LAYERS[0], (2, 3, 4), 7)],
+            also=[(which, LAYERS[0], (2, 3, 4), 7) for which in _DROPOUTS],
+        ),
+        Clause(
+            "no dropout in eval mode (dropout=0.5, and every dropout at p = 1)",
+            _dec_eval,
+            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, st.booleans(), SEEDS),
+            key="dec.eval",
+            budget="few",
+            examples=[(LAYERS[0], (2, 3, 4), True, 8)],
+        ),
+        Clause(
+            "gradients reach x and memory as in nn.TransformerDecoderLayer",
+            _dec_gradients,
+            _LAYER_CASES,
+            key="dec.grad",
+            budget="tiny",
+            examples=[(LAYERS[1], (2, 4, 5), 9)],
+        ),
+        Clause(
+            "keeps the given __init__: DecoderLayer's parameters and defaults (d_ff = 4 C, dropout 0.1, relu, "
+            "eps 1e-5, biases)",
+            _dec_defaults,
+            examples=[(8, 2)],
+        ),
+    ],
+)
+check_pre_norm_decoder_layer, grade_pre_norm_decoder_layer = PRE_NORM_DECODER_LAYER.graders(
+    "pre_norm_decoder_layer"
+)
 
 
 # =========================================================================== part 4: label_smoothed_loss
@@ -1446,8 +1166,7 @@ _NO_SMOOTHING = (
     "smoothing was not applied: the loss is (1 - smoothing) * (-log p_y) + smoothing * mean_v(-log p_v)"
 )
 _OTHER_CLASSES = (
-    "the smoothing mass went to the V - 1 wrong classes only: spread it uniformly over all V classes, "
-    "the right "
+    "the smoothing mass went to the V - 1 wrong classes only: spread it uniformly over all V classes, the right "
     "one included (the convention of Szegedy et al. and of F.cross_entropy(label_smoothing=...)), i.e. "
     "smoothing * mean over all V of -log p_v"
 )
@@ -1464,8 +1183,7 @@ _DIVIDED_BY_ALL = (
 _SUMMED = "the loss is summed over positions: return the mean over the non-padding targets"
 _CLASS_SUM = "the uniform part sums -log p_v over the V classes: take the mean over the classes (divide by V)"
 _LS_UNSTABLE = (
-    "the loss is inf or NaN for large logits: log(softmax(x)) underflows to log(0); use F.log_softmax, "
-    "which "
+    "the loss is inf or NaN for large logits: log(softmax(x)) underflows to log(0); use F.log_softmax, which "
     "subtracts the maximum first"
 )
 
@@ -1497,13 +1215,8 @@ def _loss_mistakes(logits, targets, eps, pad_id=PAD):
         (((1 - eps) * nll - eps * lp.sum(-1))[keep].mean(), _CLASS_SUM),
     ]
     if pad_id != PAD:
-        out.append(
-            (
-                (per[t != PAD]).mean(),
-                "the pad_id argument was not used (padding 0 was skipped instead): ignore "
-                "the targets equal to pad_id",
-            )
-        )
+        unused = "the pad_id argument was not used (padding 0 was skipped instead): ignore the targets equal to pad_id"
+        out.append(((per[t != PAD]).mean(), unused))
     if eps != 0.1:
         out.append(
             (((0.9 * nll + 0.1 * uniform)[keep]).mean(), "the smoothing argument was not used (0.1 was)")
@@ -1545,14 +1258,12 @@ def _ls_value(g: Grader, fn, logits, targets, eps=None, pad_id=None, positional=
         g.fail(f"{where}: got {_num(out)}; " + _LS_UNSTABLE)
     mistakes = _loss_mistakes(logits, targets, e, p)
     if eps is None:
-        mistakes.insert(
-            0,
-            (
-                _smoothed_ref(logits.double(), targets, 0.0, p).to(logits.dtype),
-                "without a smoothing argument the loss must use the default smoothing=0.1 (the signature's "
-                "default), not 0",
-            ),
+        zero = _smoothed_ref(logits.double(), targets, 0.0, p).to(logits.dtype)
+        default = (
+            "without a smoothing argument the loss must use the default smoothing=0.1 (the signature's default), "
+            "not 0"
         )
+        mistakes.insert(0, (zero, default))
     first_match(g, out, [(m, f"{where}: {h}") for m, h in mistakes], expected)
     g.expect(
         close(out, expected, magnitude=magnitude(logits)),
@@ -1574,67 +1285,125 @@ def _ls_case(
     return logits, targets.masked_fill(drop, pad_id)
 
 
+def _ls_kind(case) -> Call:
+    lead, V, dtype, seed = case
+    logits, targets = _ls_case(seed, lead, V, PAD, 0.3, dtype)
+    return Call(_ls_where(logits, targets, None, None), (logits, targets))
+
+
+def _ls_values(g: Grader, fn, case) -> None:
+    if case == "uniform":  # closed form: uniform logits give log V whatever the smoothing
+        targets = torch.randint(1, 6, (2, 5), generator=_gen(2, 0))
+        targets[1, 3:] = PAD
+        return _ls_value(g, fn, torch.zeros(2, 5, 6, dtype=torch.float64), targets, 0.2)
+    lead, V, eps, dtype, positional, seed = case
+    logits, targets = _ls_case(seed, lead, V, PAD, 0.3, dtype)
+    _ls_value(g, fn, logits, targets, eps, None, positional and eps is not None)
+
+
+def _ls_padding(g: Grader, fn, case) -> None:
+    lead, V, which, rate, positional, seed = case
+    pad_id = {"default": None, "zero": 0, "three": 3 % V, "last": V - 1}[which]
+    logits, targets = _ls_case(seed, lead, V, PAD if pad_id is None else pad_id, rate)
+    _ls_value(g, fn, logits, targets, None if positional else 0.1, pad_id, positional and pad_id is not None)
+
+
+def _ls_shapes(g: Grader, fn, case) -> None:
+    lead, V, seed = case
+    logits, targets = _ls_case(seed, lead, V, PAD, 0.3)
+    _ls_value(g, fn, logits, targets, 0.1)
+
+
+def _ls_stable(g: Grader, fn, case) -> None:
+    lead, V, scale, eps, seed = case
+    logits, targets = _ls_case(seed, lead, V, PAD, 0.3, torch.float32, scale)
+    _ls_value(g, fn, logits, targets, eps, extra=f" (logits of scale {scale:g})")
+
+
+def _ls_gradients(g: Grader, fn, case) -> None:
+    lead, V, eps, seed = case
+    logits, targets = _ls_case(seed, lead, V, PAD, 0.4)
+    where = _ls_where(logits, targets, eps, None)
+    one = torch.tensor(1.0, dtype=torch.float64)
+    p = call_student(g, where, probe, fn, logits.clone().requires_grad_(), targets, eps, backward=(None, one))
+    g.expect(
+        is_tensor(p.result) and p.result.requires_grad,
+        f"{where}: the loss does not depend on the logits through autograd: avoid .item(), .detach() or "
+        "torch.tensor(...)",
+    )
+    lr = logits.clone().requires_grad_()
+    _smoothed_ref(lr, targets, eps).backward()
+    grad = p.grads[0] if p.grads else None
+    g.expect(
+        is_tensor(grad) and grad.shape == logits.shape and bool((grad[targets == PAD] == 0).all()),
+        f"{where}: padded positions got a gradient: " + _PADDING_COUNTED,
+    )
+    g.expect(
+        close(grad, lr.grad), f"{where}: the gradient with respect to the logits differs from the reference"
+    )
+
+
+def _ls_untouched(case) -> Call:
+    lead, V, pad_id, seed = case
+    pad_id = min(pad_id, V - 1)
+    logits, targets = _ls_case(seed, lead, V, pad_id, 0.4)
+    return Call(_ls_where(logits, targets, 0.1, pad_id), (logits, targets, 0.1, pad_id))
+
+
+def _ls_bad(case) -> Call:
+    lead, V, which, seed = case
+    logits, targets = _ls_case(seed, lead, V, PAD, 0.3)
+    bad = {
+        "longer": (
+            targets.reshape(-1)[None].expand(2, -1)
+            if len(lead) == 1
+            else torch.cat([targets, targets[..., :1]], -1)
+        ),
+        "flat": targets.reshape(-1) if len(lead) > 1 else targets[:, None],
+        "with V": torch.zeros(*lead, V, dtype=torch.long) + 1,
+        "padding": torch.zeros(lead, dtype=torch.long),
+    }[which]
+    what = (
+        f"logits {tuple(logits.shape)} and targets {tuple(bad.shape)}"
+        if which != "padding"
+        else f"every target equal to pad_id (logits {tuple(logits.shape)})"
+    )
+    return Call(what, (logits, bad, 0.1))
+
+
 _LEAD = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
 _SMOOTHING = st.sampled_from([None, 0.0, 0.3, 0.75, 1.0, 0.1])
+_LS_ERRORS = ["longer", "flat", "with V", "padding"]
 
-
-def grade_label_smoothed_loss(label_smoothed_loss) -> None:
-    """Grade a student's ``label_smoothed_loss(logits, targets, smoothing=0.1, pad_id=0)``."""
-    g = Grader("label_smoothed_loss")
-    fn = label_smoothed_loss
-
-    with g.check("returns a scalar tensor of the logits' dtype (float32 and float64)"):
-
-        def scalar(case):
-            lead, V, dtype, seed = case
-            logits, targets = _ls_case(seed, lead, V, PAD, 0.3, dtype)
-            where = _ls_where(logits, targets, None, None)
-            _scalar(g, call_student(g, where, fn, logits, targets), dtype, where)
-
-        for_all(
-            "ls.dtype",
+LABEL_SMOOTHED_LOSS = Spec(
+    "label_smoothed_loss",
+    [
+        returns(
+            _ls_kind,
+            lambda case: torch.empty((), dtype=case[2]),
             st.tuples(_LEAD, st.integers(2, 9), st.sampled_from(FLOATS), SEEDS),
-            scalar,
-            max_examples=5,
-            first=((2, 3), 7, torch.float32, 0),
-        )
-
-    with g.check(
-        "equals (1 - smoothing) * (-log p_y) + smoothing * mean_v(-log p_v), averaged over the non-padding "
-        "targets, for any smoothing in [0, 1] (0.1 by default)"
-    ):
-
-        def values(case):
-            lead, V, eps, dtype, positional, seed = case
-            logits, targets = _ls_case(seed, lead, V, PAD, 0.3, dtype)
-            _ls_value(g, fn, logits, targets, eps, None, positional and eps is not None)
-
-        for_all(
-            "ls.values",
+            key="ls.dtype",
+            budget="handful",
+            examples=[((2, 3), 7, torch.float32, 0)],
+            text="returns a scalar tensor of the logits' dtype (float32 and float64)",
+        ),
+        Clause(
+            "equals (1 - smoothing) * (-log p_y) + smoothing * mean_v(-log p_v), averaged over the non-padding "
+            "targets, for any smoothing in [0, 1] (0.1 by default)",
+            _ls_values,
             st.tuples(_LEAD, st.integers(2, 11), _SMOOTHING, st.sampled_from(FLOATS), st.booleans(), SEEDS),
-            values,
-            max_examples=20,
-            first=((2, 3), 5, 0.3, torch.float64, False, 1),
-        )
-        V = 6  # closed form: uniform logits give log V whatever the smoothing
-        targets = torch.randint(1, V, (2, 5), generator=_gen(2, 0))
-        targets[1, 3:] = PAD
-        _ls_value(g, fn, torch.zeros(2, 5, V, dtype=torch.float64), targets, 0.2)
-
-    with g.check(
-        "targets equal to pad_id (0 by default, or any other id) count neither in the sum nor in the mean"
-    ):
-
-        def padding(case):
-            lead, V, which, rate, positional, seed = case
-            pad_id = {"default": None, "zero": 0, "three": 3 % V, "last": V - 1}[which]
-            logits, targets = _ls_case(seed, lead, V, PAD if pad_id is None else pad_id, rate)
-            _ls_value(
-                g, fn, logits, targets, None if positional else 0.1, pad_id, positional and pad_id is not None
-            )
-
-        for_all(
-            "ls.pad",
+            key="ls.values",
+            budget="wide",
+            examples=[
+                ((2, 3), 5, 0.3, torch.float64, False, 1),
+                ((2, 3), 4, None, torch.float32, False, 1),
+                "uniform",
+            ],
+            also=["uniform"],
+        ),
+        Clause(
+            "targets equal to pad_id (0 by default, or any other id) count neither in the sum nor in the mean",
+            _ls_padding,
             st.tuples(
                 _LEAD,
                 st.integers(2, 9),
@@ -1643,37 +1412,22 @@ def grade_label_smoothed_loss(label_smoothed_loss) -> None:
                 st.booleans(),
                 SEEDS,
             ),
-            padding,
-            max_examples=15,
-            first=((2, 4), 5, "three", 0.3, False, 2),
-        )
-
-    with g.check("any leading shape: (N, V) with (N,), (B, T, V) with (B, T), (B, T, U, V) with (B, T, U)"):
-
-        def shapes(case):
-            lead, V, seed = case
-            logits, targets = _ls_case(seed, lead, V, PAD, 0.3)
-            _ls_value(g, fn, logits, targets, 0.1)
-
-        for_all(
-            "ls.shapes",
+            key="ls.pad",
+            budget="plenty",
+            examples=[((2, 4), 5, "three", 0.3, False, 2)],
+        ),
+        Clause(
+            "any leading shape: (N, V) with (N,), (B, T, V) with (B, T), (B, T, U, V) with (B, T, U)",
+            _ls_shapes,
             st.tuples(_LEAD, st.integers(2, 8), SEEDS),
-            shapes,
-            max_examples=8,
-            first=((7,), 5, 3),
-        )
-        for lead in ((1,), (3, 2, 2)):
-            shapes((lead, 5, 4))
-
-    with g.check("stable: float32 logits of magnitude 100 to 10^4 give a finite, accurate loss"):
-
-        def stable(case):
-            lead, V, scale, eps, seed = case
-            logits, targets = _ls_case(seed, lead, V, PAD, 0.3, torch.float32, scale)
-            _ls_value(g, fn, logits, targets, eps, extra=f" (logits of scale {scale:g})")
-
-        for_all(
-            "ls.stable",
+            key="ls.shapes",
+            budget="some",
+            examples=[((7,), 5, 3)],
+            also=[((1,), 5, 4), ((3, 2, 2), 5, 4)],
+        ),
+        Clause(
+            "stable: float32 logits of magnitude 100 to 10^4 give a finite, accurate loss",
+            _ls_stable,
             st.tuples(
                 _LEAD,
                 st.integers(2, 9),
@@ -1681,194 +1435,42 @@ def grade_label_smoothed_loss(label_smoothed_loss) -> None:
                 st.sampled_from([0.0, 0.1, 0.5]),
                 SEEDS,
             ),
-            stable,
-            max_examples=8,
-            first=((1, 3), 4, 1e3, 0.1, 5),
-        )
-
-    with g.check("differentiable: the gradient is F.cross_entropy's, and padded positions get none"):
-
-        def gradients(case):
-            lead, V, eps, seed = case
-            logits, targets = _ls_case(seed, lead, V, PAD, 0.4)
-            where = _ls_where(logits, targets, eps, None)
-            p = call_student(
-                g,
-                where,
-                probe,
-                fn,
-                logits.clone().requires_grad_(),
-                targets,
-                eps,
-                backward=(None, torch.tensor(1.0, dtype=torch.float64)),
-            )
-            g.expect(
-                is_tensor(p.result) and p.result.requires_grad,
-                f"{where}: the loss does not depend on the logits through autograd: avoid .item(), .detach() or "
-                "torch.tensor(...)",
-            )
-            lr = logits.clone().requires_grad_()
-            _smoothed_ref(lr, targets, eps).backward()
-            grad = p.grads[0] if p.grads else None
-            g.expect(
-                is_tensor(grad) and grad.shape == logits.shape and bool((grad[targets == PAD] == 0).all()),
-                f"{where}: padded positions got a gradient: " + _PADDING_COUNTED,
-            )
-            g.expect(
-                close(grad, lr.grad),
-                f"{where}: the gradient with respect to the logits differs from the reference",
-            )
-
-        for_all(
-            "ls.grad",
+            key="ls.stable",
+            budget="some",
+            examples=[((1, 3), 4, 1e3, 0.1, 5)],
+        ),
+        Clause(
+            "differentiable: the gradient is F.cross_entropy's, and padded positions get none",
+            _ls_gradients,
             st.tuples(_LEAD, st.integers(2, 8), st.sampled_from([0.0, 0.1, 0.6]), SEEDS),
-            gradients,
-            max_examples=6,
-            first=((2, 4), 6, 0.1, 6),
-        )
-
-    with g.check("leaves logits and targets unchanged"):
-
-        def untouched(case):
-            lead, V, pad_id, seed = case
-            pad_id = min(pad_id, V - 1)
-            logits, targets = _ls_case(seed, lead, V, pad_id, 0.4)
-            where = _ls_where(logits, targets, 0.1, pad_id)
-            p = call_student(g, where, probe, fn, logits.clone(), targets.clone(), 0.1, pad_id)
-            same_logits = len(p.args) >= 2 and is_tensor(p.args[0]) and torch.equal(p.args[0], logits)
-            g.expect(
-                same_logits and is_tensor(p.args[1]) and torch.equal(p.args[1], targets),
-                f"{where} changed its inputs in place: compute new tensors (no masked_fill_ or item assignment on "
-                "logits or targets)",
-            )
-
-        for_all(
-            "ls.inplace",
+            key="ls.grad",
+            budget="small",
+            examples=[((2, 4), 6, 0.1, 6)],
+        ),
+        unchanged(
+            _ls_untouched,
             st.tuples(_LEAD, st.integers(2, 8), st.sampled_from([PAD, 1, 4]), SEEDS),
-            untouched,
-            max_examples=4,
-            first=((2, 3), 5, 2, 7),
-        )
-
-    with g.check(
-        "raises ValueError for targets not of shape logits.shape[:-1], and when every target is padding"
-    ):
-
-        def errors(case):
-            lead, V, which, seed = case
-            logits, targets = _ls_case(seed, lead, V, PAD, 0.3)
-            bad = {
-                "longer": (
-                    targets.reshape(-1)[None].expand(2, -1)
-                    if len(lead) == 1
-                    else torch.cat([targets, targets[..., :1]], -1)
-                ),
-                "flat": targets.reshape(-1) if len(lead) > 1 else targets[:, None],
-                "with V": torch.zeros(*lead, V, dtype=torch.long) + 1,
-                "padding": torch.zeros(lead, dtype=torch.long),
-            }[which]
-            what = (
-                f"logits {tuple(logits.shape)} and targets {tuple(bad.shape)}"
-                if which != "padding"
-                else f"every target equal to pad_id (logits {tuple(logits.shape)})"
-            )
-            fix = (
-                "there is nothing to average; a mean over nothing is NaN"
-                if which == "padding"
-                else "targets must have the shape logits.shape[:-1]"
-            )
-            expect_value_error(g, lambda: fn(logits, bad, 0.1), what, fix)
-
-        kinds = ["longer", "flat", "with V", "padding"]
-        for_all(
-            "ls.errors",
-            st.tuples(_LEAD, st.integers(2, 8), st.sampled_from(kinds), SEEDS),
-            errors,
-            max_examples=8,
-            first=((2, 3), 5, "padding", 8),
-        )
-        for kind in kinds:
-            errors(((2, 3), 5, kind, 9))
-
-    g.finish()
-
-
-def check_label_smoothed_loss(label_smoothed_loss) -> None:
-    """Public checks of ``label_smoothed_loss``: one small example per clause the hidden checks grade."""
-    g = Grader("label_smoothed_loss (public)")
-    fn = label_smoothed_loss
-    logits = rand("public.ls", 2, 3, 4, dtype=torch.float32)
-    targets = torch.tensor([[1, 3, 2], [2, 0, 0]])
-    with g.check("returns a scalar tensor of the logits' dtype"):
-        where = _ls_where(logits, targets, 0.1, None)
-        _scalar(g, call_student(g, where, fn, logits, targets, 0.1), torch.float32, where)
-    with g.check(
-        "smoothing=0.1 with 2 padded targets equals F.cross_entropy(label_smoothing=0.1, ignore_index=0); "
-        "smoothing=0 is the plain cross-entropy, 0.1 the default"
-    ):
-        _ls_value(g, fn, logits, targets, 0.1)
-        _ls_value(g, fn, logits, targets, 0.0)
-        _ls_value(g, fn, logits, targets)
-    with g.check("pad_id=2 skips the targets equal to 2"):
-        _ls_value(g, fn, logits.double(), targets, 0.1, 2)
-    with g.check("(N, V) logits with (N,) targets"):
-        _ls_value(g, fn, logits.reshape(6, 4), targets.reshape(6), 0.2)
-    with g.check("float32 logits of magnitude 1000 give a finite, accurate loss"):
-        _ls_value(
-            g,
-            fn,
-            rand("public.ls.big", 1, 3, 4, dtype=torch.float32, scale=1000.0),
-            torch.tensor([[1, 3, 2]]),
-            0.1,
-        )
-    with g.check("the gradient reaches the logits, and padded positions get none"):
-        x = rand("public.ls.grad", 1, 3, 4)
-        t = torch.tensor([[1, 0, 2]])
-        p = call_student(
-            g,
-            "label_smoothed_loss(logits (1, 3, 4), [[1, 0, 2]], 0.1)",
-            probe,
-            fn,
-            x.clone().requires_grad_(),
-            t,
-            0.1,
-            backward=(None, torch.tensor(1.0, dtype=torch.float64)),
-        )
-        lr = x.clone().requires_grad_()
-        _smoothed_ref(lr, t, 0.1).backward()
-        grad = p.grads[0] if p.grads else None
-        g.expect(
-            is_tensor(grad) and close(grad, lr.grad),
-            "the gradient differs from F.cross_entropy's (padding gets none)",
-        )
-    with g.check("logits and targets are left unchanged"):
-        p = call_student(
-            g,
-            "label_smoothed_loss(logits (2, 3, 4), targets, 0.1)",
-            probe,
-            fn,
-            logits.clone(),
-            targets.clone(),
-            0.1,
-        )
-        g.expect(
-            torch.equal(p.args[0], logits) and torch.equal(p.args[1], targets),
-            "label_smoothed_loss changed its inputs in place: compute new tensors",
-        )
-    with g.check("only padding, or targets of the wrong shape, raise a ValueError"):
-        expect_value_error(
-            g,
-            lambda: fn(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), 0.1),
-            "every target equal to pad_id",
-            "there is nothing to average; a mean over nothing is NaN",
-        )
-        expect_value_error(
-            g,
-            lambda: fn(torch.zeros(2, 3, 5), torch.ones(2, 4, dtype=torch.long), 0.1),
-            "logits (2, 3, 5) and targets (2, 4)",
-            "targets must have the shape logits.shape[:-1]",
-        )
-    g.finish()
+            key="ls.inplace",
+            budget="few",
+            examples=[((2, 3), 5, 2, 7)],
+            text="leaves logits and targets unchanged",
+            advice="a loss that changed its inputs in place corrupts the caller's batch: compute new tensors (no "
+            "masked_fill_ or item assignment on logits or targets)",
+        ),
+        raises(
+            _ls_bad,
+            st.tuples(_LEAD, st.integers(2, 8), st.sampled_from(_LS_ERRORS), SEEDS),
+            key="ls.errors",
+            budget="some",
+            examples=[((2, 3), 5, "padding", 8), ((2, 3), 5, "longer", 9)],
+            also=[((2, 3), 5, kind, 9) for kind in _LS_ERRORS],
+            fix="targets must have the shape logits.shape[:-1], and some target must not be pad_id: with only "
+            "padding there is nothing to average (a mean over nothing is NaN)",
+            text="raises ValueError for targets not of shape logits.shape[:-1], and when every target is padding",
+        ),
+    ],
+)
+check_label_smoothed_loss, grade_label_smoothed_loss = LABEL_SMOOTHED_LOSS.graders()
 
 
 # --------------------------------------------------------------------------- predict, then check
@@ -2040,11 +1642,18 @@ def _seeded(seed: int):
     return student_side("torch", torch).Generator().manual_seed(seed)
 
 
-def _heldout(g: Grader, heldout_loss, n: int, seed: int, smoothing: float | None = None):
-    where = f"heldout_loss(weights, {n}, generator{'' if smoothing is None else f', smoothing={smoothing}'})"
+def _heldout_call(n, seed: int, smoothing: float | None = None) -> Call:
+    """``heldout_loss(weights, n, generator seeded seed[, smoothing])`` with the committed weights."""
     _full_test_loss(0.1)  # loads the weights once
-    args = (_FULL_TEST["weights"], n, _seeded(seed)) + (() if smoothing is None else (smoothing,))
-    return where, call_student(g, where, heldout_loss, *args)
+    where = f"heldout_loss(weights, {n}, generator{'' if smoothing is None else f', smoothing={smoothing}'})"
+    return Call(
+        where, (_FULL_TEST["weights"], n, _seeded(seed)) + (() if smoothing is None else (smoothing,))
+    )
+
+
+def _heldout(g: Grader, heldout_loss, n: int, seed: int, smoothing: float | None = None):
+    c = _heldout_call(n, seed, smoothing)
+    return c.where, call_student(g, c.where, heldout_loss, *c.args)
 
 
 _HELDOUT_WHY = (
@@ -2054,63 +1663,109 @@ _HELDOUT_WHY = (
 )
 
 
-def _heldout_band(g: Grader, heldout_loss, n: int, seed: int, smoothing: float | None) -> None:
-    where, v = _heldout(g, heldout_loss, n, seed, smoothing)
+def _heldout_interval(smoothing: float | None) -> tuple[float, float]:
     truth = _full_test_loss(0.1 if smoothing is None else smoothing)
-    expect_in_band(g, where, v, truth * (1 - HELDOUT_BAND), truth * (1 + HELDOUT_BAND), _HELDOUT_WHY)
+    return truth * (1 - HELDOUT_BAND), truth * (1 + HELDOUT_BAND)
 
 
-def grade_heldout_loss(heldout_loss) -> None:
-    """Grade the experiment ``heldout_loss(weights, n, generator, smoothing=0.1)``: its measurements must fall
-    within the stated band around the reference's loss on the test split."""
-    g = Grader("heldout_loss")
-    with g.check("returns a Python float, for n = 1 as for more numbers"):
-        for n in (32, 1):
-            where, v = _heldout(g, heldout_loss, n, 3)
-            g.expect(
-                type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}"
-            )
-    with g.check(
-        f"smoothing 0.1 by default: within {HELDOUT_BAND:.0%} of the reference's loss on the test split"
-    ):
-        for n, seed in ((64, 11), (100, 12)):
-            _heldout_band(g, heldout_loss, n, seed, None)
-    with g.check(
-        f"at smoothing 0, 0.3 and 1: within {HELDOUT_BAND:.0%} of the reference's loss on the test split"
-    ):
-        for smoothing, seed in ((0.0, 21), (0.3, 22), (1.0, 23)):
-            _heldout_band(g, heldout_loss, 48, seed, smoothing)
-    with g.check("draws from its generator: the same seed gives the same result, another seed another"):
-        _, a = _heldout(g, heldout_loss, 16, 31)
-        _, b = _heldout(g, heldout_loss, 16, 31)
-        _, c = _heldout(g, heldout_loss, 16, 32)
-        g.expect(
-            a == b and a != c,
-            f"two generators seeded alike gave {a!r} and {b!r}, and another seed gave {c!r}: draw the numbers with "
-            "torch.randint(..., generator=generator), not from torch's global random state",
-        )
-    with g.check(
-        "raises ValueError for an n that is not a positive integer (0, -1, True) or a smoothing outside [0, 1]"
-    ):
-        for n, smoothing in ((0, 0.1), (-1, 0.1), (True, 0.1), (8, 1.5), (8, -0.1)):
-            expect_value_error(
-                g,
-                lambda n=n, smoothing=smoothing: heldout_loss(
-                    _FULL_TEST["weights"], n, _seeded(0), smoothing
-                ),
-                f"n={n}, smoothing={smoothing}",
-                "say which argument is out of range",
-            )
-    g.finish()
+def _heldout_float(g: Grader, heldout_loss, case) -> None:
+    where, v = _heldout(g, heldout_loss, *case)
+    g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
 
 
-def check_heldout_loss(heldout_loss) -> None:
-    """Public checks of ``heldout_loss``: one measurement at the default smoothing and one without smoothing."""
-    g = Grader("heldout_loss (public)")
-    with g.check("heldout_loss(weights, 128, generator) and (..., 0.0) match the reference's loss"):
-        _heldout_band(g, heldout_loss, 128, 0, None)
-        _heldout_band(g, heldout_loss, 128, 1, 0.0)
-    g.finish()
+def _heldout_band(g: Grader, heldout_loss, case) -> None:
+    n, seed, smoothing = case
+    where, v = _heldout(g, heldout_loss, n, seed, smoothing)
+    expect_in_band(g, where, v, *_heldout_interval(smoothing), _HELDOUT_WHY)
+
+
+def _heldout_seeded(g: Grader, heldout_loss, case) -> None:
+    n, seed, other = case
+    (_, a), (_, b), (_, c) = (_heldout(g, heldout_loss, n, s) for s in (seed, seed, other))
+    g.expect(
+        a == b and a != c,
+        f"two generators seeded alike gave {a!r} and {b!r}, and another seed gave {c!r}: draw the numbers with "
+        "torch.randint(..., generator=generator), not from torch's global random state",
+    )
+
+
+def _heldout_bad(case) -> Call:
+    n, smoothing = case
+    return Call(f"n={n}, smoothing={smoothing}", _heldout_call(n, 0, smoothing).args)
+
+
+def _heldout_reordered(case, backwards: bool) -> Call:
+    c = _heldout_call(*case)
+    if not backwards:
+        return c
+    weights = dict(reversed(list(c.args[0].items())))
+    return Call(
+        c.where.replace("weights", "weights with its items in reversed order", 1), (weights, *c.args[1:])
+    )
+
+
+def _heldout_stated(case) -> float:
+    """The stated procedure, run by coursekit on a generator seeded alike."""
+    n, seed, smoothing = case
+    _full_test_loss(0.1)
+    return number_words.heldout_loss(_FULL_TEST["weights"], n, torch.Generator().manual_seed(seed), smoothing)
+
+
+HELDOUT_LOSS = Spec(
+    "heldout_loss",
+    [
+        Clause(
+            "returns a Python float, for n = 1 as for more numbers",
+            _heldout_float,
+            examples=[(32, 3)],
+            also=[(1, 3)],
+        ),
+        Clause(
+            f"smoothing 0.1 by default: within {HELDOUT_BAND:.0%} of the reference's loss on the test split",
+            _heldout_band,
+            examples=[(64, 11, None)],
+            also=[(100, 12, None)],
+        ),
+        Clause(
+            f"at smoothing 0, 0.3 and 1: within {HELDOUT_BAND:.0%} of the reference's loss on the test split",
+            _heldout_band,
+            examples=[(48, 21, 0.0)],
+            also=[(48, 22, 0.3), (48, 23, 1.0)],
+        ),
+        Clause(
+            "draws from its generator: the same seed gives the same result, another seed another",
+            _heldout_seeded,
+            examples=[(16, 31, 32)],
+        ),
+        raises(
+            _heldout_bad,
+            examples=[(0, 0.1)],
+            also=[(-1, 0.1), (True, 0.1), (8, 1.5), (8, -0.1)],
+            fix="say which argument is out of range",
+            text="raises ValueError for an n that is not a positive integer (0, -1, True) or a smoothing outside "
+            "[0, 1]",
+        ),
+        order_free(
+            _heldout_reordered,
+            text="loads weights by name: the order of the state dict's items does not change the result",
+            examples=[(16, 33)],
+        ),
+        procedure(
+            lambda case: _heldout_call(*case),
+            _heldout_stated,
+            text="computes exactly the stated procedure: n indices from torch.randint(len(test), (n,), "
+            "generator=generator), the teacher-forced loss of those test numbers",
+            steps="draw the indices with torch.randint(len(test), (n,), generator=generator) (uniformly, with "
+            "replacement; not randperm, not the global generator), take those numbers of number_splits().test, "
+            "build them with make_batch, feed the decoder shift_right(tgt, BOS, PAD) and score the logits with "
+            "your label_smoothed_loss at the given smoothing",
+            examples=[(16, 41, 0.0)],
+            band=lambda case: _heldout_interval(case[2]),
+            rel=1e-5,
+        ),
+    ],
+)
+check_heldout_loss, grade_heldout_loss = HELDOUT_LOSS.graders()
 
 
 # =========================================================================== stretch: the length penalty
@@ -2124,27 +1779,25 @@ _LP_ALPHA_HINT = (
 )
 _LP_DIVIDE_HINT = "divide the log-probability by the penalty (logprob / lp(n)), do not multiply"
 _LP_INT_HINT = (
-    "(5 + n) // 6 is integer division: convert the lengths to logprob's dtype and divide with /, so "
-    "lp(2) = 7/6"
+    "(5 + n) // 6 is integer division: convert the lengths to logprob's dtype and divide with /, "
+    "so lp(2) = 7/6"
 )
 _LP_PRECEDENCE_HINT = "mind the brackets: ((5 + n) / 6) ** alpha, not (5 + n) / 6 ** alpha"
 _LP_DTYPE_HINT = (
-    "compute the penalty in logprob's dtype (length.to(logprob.dtype)): a float32 penalty rounds float64 "
-    "scores"
+    "compute the penalty in logprob's dtype (length.to(logprob.dtype)): a float32 penalty rounds "
+    "float64 scores"
 )
 
 
 def _lp_mistakes(logprob: torch.Tensor, length: torch.Tensor, alpha: float):
     n = length.to(logprob.dtype)
     lp = ((5 + n) / 6) ** alpha
+    floor = torch.div(5 + length, 6, rounding_mode="floor").to(logprob.dtype)
     return [
         (logprob / n**alpha, _LP_POWER_HINT),
         (logprob / ((5 + n) / 6), _LP_ALPHA_HINT),
         (logprob * lp, _LP_DIVIDE_HINT),
-        (
-            logprob / (torch.div(5 + length, 6, rounding_mode="floor").to(logprob.dtype) ** alpha),
-            _LP_INT_HINT,
-        ),
+        (logprob / (floor**alpha), _LP_INT_HINT),
         (logprob / ((5 + n) / 6**alpha), _LP_PRECEDENCE_HINT),
         (logprob / ((5 + length.float()) / 6) ** alpha, _LP_DTYPE_HINT),
     ]
@@ -2191,110 +1844,99 @@ _ALPHAS = st.sampled_from([0.0, 0.3, 0.6, 0.7, 1.0, 1.5, 2.0])
 _LP_LEAD = st.sampled_from([(), (1,), (2,), (3,), (2, 2)])
 
 
-def grade_length_penalty_score(length_penalty_score) -> None:
-    """Grade the stretch part ``length_penalty_score(logprob, length, alpha)``."""
-    g = Grader("length_penalty_score")
+def _lp_kind(case) -> Call:
+    lead, K, dtype, broadcast, seed = case
+    logprob, length = _lp_inputs(seed, lead, K, dtype, broadcast)
+    return Call(_lp_where(logprob, length, 0.6), (logprob, length, 0.6))
 
-    with g.check("returns a tensor of the broadcast shape and logprob's dtype (float32 and float64)"):
 
-        def shape_dtype(case):
-            lead, K, dtype, broadcast, seed = case
-            logprob, length = _lp_inputs(seed, lead, K, dtype, broadcast)
-            where = _lp_where(logprob, length, 0.6)
-            out = call_student(g, where, length_penalty_score, logprob, length, 0.6)
-            g.expect(
-                is_tensor(out) and out.shape == logprob.shape and out.dtype == dtype,
-                f"{where} should return a tensor {dtype_name(dtype)} {tuple(logprob.shape)}, got {describe(out)}",
-            )
+def _lp_values(g: Grader, fn, case) -> None:
+    lead, K, alpha, dtype, broadcast, seed = case
+    logprob, length = _lp_inputs(seed, lead, K, dtype, broadcast)
+    _lp_case(g, fn, logprob, length, alpha)
 
-        for_all(
-            "lp.shape",
+
+def _lp_ends(g: Grader, fn, case) -> None:
+    K, alpha, seed = case
+    logprob, length = _lp_inputs(seed, (), K, torch.float64, False)
+    _lp_case(g, fn, logprob, length, 0.0, ": with alpha = 0, lp(n) = 1")
+    _lp_case(g, fn, logprob, torch.ones_like(length), alpha, ": lp(1) = (6 / 6) ** alpha = 1")
+
+
+def _lp_reranks(g: Grader, fn, alpha) -> None:
+    _lp_case(g, fn, torch.tensor([-3.0, -4.0], dtype=torch.float64), torch.tensor([2, 6]), alpha)
+
+
+def _lp_errors(g: Grader, fn, case) -> None:
+    which, value = case
+    logprob = torch.tensor([-1.0, -2.0], dtype=torch.float64)
+    if which == "alpha":
+        what, fix = f"alpha={value!r}", "alpha must be >= 0"
+        expect_value_error(g, lambda: fn(logprob, torch.tensor([1, 2]), value), what, fix)
+    elif which == "lengths":
+        what, fix = f"lengths {list(value)}", "every length must be at least 1"
+        expect_value_error(g, lambda: fn(logprob, torch.tensor(value), 0.6), what, fix)
+    else:  # alpha = 0 and length 1: the edges the text allows
+        _lp_case(g, fn, logprob, torch.tensor([1, 1]), 0.0)
+
+
+def _lp_fresh(case) -> Call:
+    alpha, dtype = case
+    logprob, length = _lp_inputs(4, (2,), 3, dtype, False)
+    return Call(_lp_where(logprob, length, alpha), (logprob, length, alpha))
+
+
+LENGTH_PENALTY_SCORE = Spec(
+    "length_penalty_score",
+    [
+        returns(
+            _lp_kind,
+            lambda case: torch.empty((*case[0], case[1]), dtype=case[2]),
             st.tuples(_LP_LEAD, st.integers(1, 6), st.sampled_from(FLOATS), st.booleans(), SEEDS),
-            shape_dtype,
-            max_examples=6,
-            first=((), 3, torch.float64, False, 0),
-        )
-
-    with g.check("score = logprob / ((5 + n) / 6) ** alpha, for any alpha >= 0, shape and lengths"):
-
-        def values(case):
-            lead, K, alpha, dtype, broadcast, seed = case
-            logprob, length = _lp_inputs(seed, lead, K, dtype, broadcast)
-            _lp_case(g, length_penalty_score, logprob, length, alpha)
-
-        for_all(
-            "lp.values",
+            key="lp.shape",
+            budget="small",
+            examples=[((), 3, torch.float64, False, 0)],
+            text="returns a tensor of the broadcast shape and logprob's dtype (float32 and float64)",
+        ),
+        Clause(
+            "score = logprob / ((5 + n) / 6) ** alpha, for any alpha >= 0, shape and lengths",
+            _lp_values,
             st.tuples(_LP_LEAD, st.integers(1, 8), _ALPHAS, st.sampled_from(FLOATS), st.booleans(), SEEDS),
-            values,
-            max_examples=25,
-            first=((2,), 4, 1.0, torch.float64, False, 1),
-        )
-
-    with g.check("alpha = 0 gives the raw log-probability, and lp(1) = 1 for every alpha"):
-
-        def ends(case):
-            K, alpha, seed = case
-            logprob, length = _lp_inputs(seed, (), K, torch.float64, False)
-            _lp_case(g, length_penalty_score, logprob, length, 0.0, ": with alpha = 0, lp(n) = 1")
-            _lp_case(
-                g,
-                length_penalty_score,
-                logprob,
-                torch.ones_like(length),
-                alpha,
-                ": lp(1) = (6 / 6) ** alpha = 1",
-            )
-
-        for_all(
-            "lp.ends", st.tuples(st.integers(1, 8), _ALPHAS, SEEDS), ends, max_examples=6, first=(3, 0.6, 2)
-        )
-
-    with g.check("re-ranks: a longer hypothesis can overtake a shorter one as alpha grows"):
-        logprob = torch.tensor([-3.0, -4.0], dtype=torch.float64)
-        length = torch.tensor([2, 6])
-        for alpha in (0.0, 0.6, 1.0, 2.0):
-            _lp_case(g, length_penalty_score, logprob, length, alpha)
-
-    with g.check("an alpha below 0 or a length below 1 raises ValueError; alpha = 0 and length 1 are fine"):
-        logprob = torch.tensor([-1.0, -2.0], dtype=torch.float64)
-        for alpha in (-0.1, -1.0):
-            expect_value_error(
-                g,
-                lambda alpha=alpha: length_penalty_score(logprob, torch.tensor([1, 2]), alpha),
-                f"alpha={alpha!r}",
-                "alpha must be >= 0",
-            )
-        for bad in ([0, 2], [3, -1], [0, 0]):
-            expect_value_error(
-                g,
-                lambda bad=bad: length_penalty_score(logprob, torch.tensor(bad), 0.6),
-                f"lengths {bad}",
-                "every length must be at least 1",
-            )
-        _lp_case(g, length_penalty_score, logprob, torch.tensor([1, 1]), 0.0)
-
-    g.finish()
-
-
-def check_length_penalty_score(length_penalty_score) -> None:
-    """Public checks of ``length_penalty_score``: the docstring's example and one small case per clause."""
-    g = Grader("length_penalty_score (public)")
-    logprob, length = torch.tensor([-3.0, -4.0], dtype=torch.float64), torch.tensor([2, 6])
-    with g.check(
-        "logprob [-3.0, -4.0], lengths [2, 6], alpha 1 score [-2.571, -2.182] (float64 and float32)"
-    ):
-        for dtype in FLOATS:
-            _lp_case(g, length_penalty_score, logprob.to(dtype), length, 1.0)
-    with g.check("alpha = 0 gives the raw log-probability; alpha = 0.6 as in Wu et al."):
-        _lp_case(g, length_penalty_score, logprob, length, 0.0)
-        _lp_case(g, length_penalty_score, logprob, length, 0.6)
-    with g.check("lengths (2,) broadcast over logprob (3, 2)"):
-        _lp_case(
-            g, length_penalty_score, torch.tensor([[-1.0, -2.0], [-3.0, -4.0], [-0.5, -9.0]]), length, 0.7
-        )
-    with g.check("alpha = -0.5 and a length 0 raise ValueError"):
-        expect_value_error(g, lambda: length_penalty_score(logprob, length, -0.5), "alpha=-0.5")
-        expect_value_error(
-            g, lambda: length_penalty_score(logprob, torch.tensor([0, 6]), 1.0), "lengths [0, 6]"
-        )
-    g.finish()
+            key="lp.values",
+            budget="wider",
+            examples=[((2,), 4, 1.0, torch.float64, False, 1), ((3,), 2, 0.7, torch.float32, True, 1)],
+        ),
+        Clause(
+            "alpha = 0 gives the raw log-probability, and lp(1) = 1 for every alpha",
+            _lp_ends,
+            st.tuples(st.integers(1, 8), _ALPHAS, SEEDS),
+            key="lp.ends",
+            budget="small",
+            examples=[(3, 0.6, 2)],
+        ),
+        # the docstring's example: [-3.0, -4.0] with lengths [2, 6] and alpha 1 score [-2.571, -2.182]
+        Clause(
+            "re-ranks: a longer hypothesis can overtake a shorter one as alpha grows",
+            _lp_reranks,
+            examples=[0.0, 0.6, 1.0, 2.0],
+        ),
+        Clause(
+            "an alpha below 0 or a length below 1 raises ValueError; alpha = 0 and length 1 are fine",
+            _lp_errors,
+            examples=[
+                ("alpha", -0.1),
+                ("alpha", -1.0),
+                ("lengths", [0, 2]),
+                ("lengths", [3, -1]),
+                ("lengths", [0, 0]),
+                ("fine", None),
+            ],
+        ),
+        new_tensor(
+            _lp_fresh,
+            examples=[(0.0, torch.float64), (0.0, torch.float32), (1.0, torch.float64)],
+            text="returns a new tensor, never logprob itself, at every alpha (alpha = 0 included)",
+        ),
+    ],
+)
+check_length_penalty_score, grade_length_penalty_score = LENGTH_PENALTY_SCORE.graders()

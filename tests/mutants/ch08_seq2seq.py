@@ -492,6 +492,24 @@ MUTANTS = [
             "return label_smoothed_loss(logits, tgt, smoothing)",
         ),
     ),
+    mutant(
+        "heldout_loads_by_position",
+        number_words.heldout_loss,
+        "in reversed order",
+        (
+            "model.load_state_dict(weights)",
+            "model.load_state_dict(dict(zip(model.state_dict(), weights.values())))",
+        ),
+    ),
+    mutant(
+        "heldout_draws_without_replacement",
+        number_words.heldout_loss,
+        "the stated procedure gives",
+        (
+            "torch.randint(len(test), (n,), generator=generator)",
+            "torch.randperm(len(test), generator=generator)[:n]",
+        ),
+    ),
     # ------------------------------------------------------------------ stretch: length_penalty_score
     mutant(
         "lp_power_of_n",
@@ -552,6 +570,16 @@ MUTANTS = [
         ref.length_penalty_score,
         "raise a ValueError",
         ("    if bool((length < 1).any()):\n", "    if False:\n"),
+    ),
+    mutant(
+        "lp_alpha_0_returns_logprob",
+        ref.length_penalty_score,
+        "shares memory with an input",
+        (
+            "    penalty = ((5 + length.to(logprob.dtype)) / 6) ** alpha",
+            "    if alpha == 0:\n        return logprob  # nothing to divide by\n"
+            "    penalty = ((5 + length.to(logprob.dtype)) / 6) ** alpha",
+        ),
     ),
 ]
 
