@@ -1,59 +1,33 @@
-"""Checks for Exercise 5 (byte-level BPE).
+"""Checks for Exercise 5 (byte-level BPE): each graded part is a :class:`~coursekit.grading.spec.Spec`.
 
-``check_*`` are the public checks: every clause the hidden checks grade, each on one small fixed
-example. ``grade_*`` are the hidden ones: one named check per clause of the part's text and
-docstring, on examples drawn across the allowed inputs (:func:`~coursekit.grading.core.for_all`:
-short id lists from small alphabets, so that runs, overlaps and ties are common; texts with spaces,
-digits, newlines and multi-byte characters; every split pattern the text names), compared with
-:mod:`coursekit.bpe`, plus the fixed cases of the classic mistakes with their specific hints
-(overlaps, tie-break, merge order, cut UTF-8 characters). A failed example is shrunk to the
-smallest one that still fails, and the hint quotes it.
+A part lists its clauses, one per rule of its text and docstring, each stated once: the check's name,
+its test ``test(g, student, case)``, the hidden inputs (a Hypothesis strategy drawn from the seed of ``key``:
+short id lists from small alphabets, so that runs, overlaps and ties are common; texts with spaces, digits,
+newlines and multi-byte characters; every split pattern the text names) and fixed examples (the classic
+mistakes' cases: overlaps, tie-break, merge order, cut UTF-8 characters). ``check_<part>`` (public) runs
+every clause on its examples; ``grade_<part>`` (hidden) tries the first example, then the drawn inputs and
+the fixed ``also`` ones, against :mod:`coursekit.bpe`. A failed drawn example is shrunk to the smallest
+one that still fails, and the hint quotes it, naming the common mistake it matches.
 
-Over 500 lines: one named check per clause of the exercise text for each graded part, public and
-hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
-it would scatter one exercise's specification over several files.
+Over 500 lines: every clause of the exercise text for each graded part, with the inputs that provoke it
+and the common mistakes each hint names; splitting it would scatter one exercise's specification.
 """
 
 from __future__ import annotations
+
+import functools
 
 import regex
 from hypothesis import strategies as st
 
 from coursekit import bpe as ref
-from coursekit.grading.core import (
-    Grader,
-    call_student,
-    describe,
-    expect_value_error,
-    for_all,
-    probe,
-    raise_unless_student_error,
-    said,
-)
+from coursekit.grading.core import Grader, call_student, describe, probe, raise_unless_student_error, said
 from coursekit.grading.questions import Prediction, expect_in_band
+from coursekit.grading.spec import Call, Clause, Spec, order_free, raises
 
-__all__ = [
-    "check_get_pair_counts",
-    "check_merge",
-    "check_train",
-    "check_encode_chunk",
-    "check_decode",
-    "grade_get_pair_counts",
-    "grade_merge",
-    "grade_train",
-    "grade_encode_chunk",
-    "grade_decode",
-    "check_predict_word_end_merges",
-    "grade_predict_word_end_merges",
-    "check_predict_shared_merges",
-    "grade_predict_shared_merges",
-    "check_predict_digit_groups",
-    "grade_predict_digit_groups",
-    "check_bytes_per_token",
-    "grade_bytes_per_token",
-    "check_encode_with_special",
-    "grade_encode_with_special",
-]
+_PARTS = ("get_pair_counts", "merge", "train", "encode_chunk", "decode", "predict_word_end_merges")
+_PARTS += ("predict_shared_merges", "predict_digit_groups", "bytes_per_token", "encode_with_special")
+__all__ = [f"{verb}_{part}" for part in _PARTS for verb in ("check", "grade")]
 
 #: Text the hidden checks train and encode on: English, code, digits and non-Latin scripts.
 _SAMPLE = (
@@ -74,27 +48,21 @@ def _short(x, n: int = 160) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _is_pair_dict(x) -> bool:
-    """A dict (a Counter or defaultdict is fine) of (int, int) tuples -> int."""
-    return isinstance(x, dict) and all(
-        type(k) is tuple and len(k) == 2 and all(type(i) is int for i in k) and type(v) is int
-        for k, v in x.items()
-    )
-
-
-def _expect_pair_dict(g: Grader, got, what: str) -> None:
-    g.expect(
-        _is_pair_dict(got),
-        f"{what} returned {_short(got)}: return a dict whose keys are (left, right) tuples "
-        "of ints and whose values are int counts",
-    )
-
-
 def _id_lists(max_size: int = 12):
     """Short id lists from a small alphabet (runs and overlaps are common), at an offset (bytes, or ids of merges)."""
     return st.tuples(st.lists(st.integers(0, 3), max_size=max_size), st.sampled_from((0, 97, 256))).map(
         lambda t: [t[1] + i for i in t[0]]
     )
+
+
+@functools.cache
+def _sample_merges(size: int = 256 + 60) -> tuple:
+    return tuple(ref.train_naive(_SAMPLE, size))
+
+
+def _sample_ranks() -> dict:
+    """The ranks learnt on :data:`_SAMPLE` with vocab_size 316 (32 merges: no pair is left twice), a new dict."""
+    return {pair: 256 + i for i, pair in enumerate(_sample_merges())}
 
 
 # --------------------------------------------------------------------------- pair counts
@@ -105,285 +73,226 @@ _SHARED_DEFAULT = (
 )
 
 
-def _expect_no_shared_default(g: Grader, get_pair_counts) -> None:
-    """Fail with the shared-default hint if a second call without ``counts`` sees the first one's counts."""
-    first = call_student(g, "get_pair_counts([11, 12])", get_pair_counts, [11, 12])
-    first = dict(first) if isinstance(first, dict) else first  # a snapshot: the same dict may come back
-    second = call_student(g, "get_pair_counts([11, 12]) (called again)", get_pair_counts, [11, 12])
+def _expect_pair_dict(g: Grader, got, what: str) -> None:
+    """A dict (a Counter or defaultdict is fine) of (int, int) tuples -> int."""
+    ok = isinstance(got, dict) and all(
+        type(k) is tuple and len(k) == 2 and all(type(i) is int for i in k) and type(v) is int
+        for k, v in got.items()
+    )
     g.expect(
-        not isinstance(second, dict) or dict(second) == first,
-        f"get_pair_counts([11, 12]) gave {_short(first)}, then {_short(dict(second))} when called again: "
+        ok,
+        f"{what} returned {_short(got)}: return a dict whose keys are (left, right) tuples of ints and whose "
+        "values are int counts",
+    )
+
+
+def _pairs_values(g: Grader, get_pair_counts, ids: list) -> None:
+    what = f"get_pair_counts({ids})"
+    got = call_student(g, what, get_pair_counts, list(ids))
+    _expect_pair_dict(g, got, what)
+    expected = ref.get_pair_counts(ids)
+    if dict(got) != expected:  # a second call without counts must not see the first one's counts
+        first = call_student(g, "get_pair_counts([11, 12])", get_pair_counts, [11, 12])
+        first = dict(first) if isinstance(first, dict) else first  # a snapshot: the same dict may come back
+        second = call_student(g, "get_pair_counts([11, 12]) (called again)", get_pair_counts, [11, 12])
+        g.expect(
+            not isinstance(second, dict) or dict(second) == first,
+            f"get_pair_counts([11, 12]) gave {_short(first)}, then {_short(dict(second))} when called again: "
+            f"{_SHARED_DEFAULT}",
+        )
+    if dict(got) != expected and any(a == b == c for a, b, c in zip(ids, ids[1:], ids[2:])):
+        g.fail(
+            f"{what} should be {expected}, got {dict(got)}: count every adjacent position "
+            "(zip(ids, ids[1:])), also where pairs overlap"
+        )
+    g.expect(dict(got) == expected, f"{what} should be {expected}, got {dict(got)}")
+
+
+def _pairs_fresh(g: Grader, get_pair_counts, ids: list) -> None:
+    first = call_student(g, f"get_pair_counts({ids})", get_pair_counts, list(ids))
+    second = call_student(g, f"get_pair_counts({ids}) (called again)", get_pair_counts, list(ids))
+    expected = ref.get_pair_counts(ids)
+    g.expect(
+        isinstance(first, dict) and dict(first) == expected,
+        f"get_pair_counts({ids}) should be {expected}, got {_short(first)}",
+    )
+    g.expect(
+        isinstance(second, dict) and dict(second) == expected,
+        f"called a second time, get_pair_counts({ids}) gave {_short(second)} instead of {expected}: "
         f"{_SHARED_DEFAULT}",
     )
 
 
-def grade_get_pair_counts(get_pair_counts) -> None:
-    """Grade ``get_pair_counts(ids, counts=None, weight=1)``."""
-    g = Grader("get_pair_counts")
-
-    with g.check(
-        "returns a dict of every adjacent (left, right) tuple -> int count, overlapping pairs included"
-    ):
-
-        def test(ids):
-            what = f"get_pair_counts({ids})"
-            got = call_student(g, what, get_pair_counts, list(ids))
-            _expect_pair_dict(g, got, what)
-            expected = ref.get_pair_counts(ids)
-            if dict(got) != expected:
-                _expect_no_shared_default(g, get_pair_counts)
-            if dict(got) != expected and any(a == b == c for a, b, c in zip(ids, ids[1:], ids[2:])):
-                g.fail(
-                    f"{what} should be {expected}, got {dict(got)}: count every adjacent position "
-                    "(zip(ids, ids[1:])), also where pairs overlap"
-                )
-            g.expect(dict(got) == expected, f"{what} should be {expected}, got {dict(got)}")
-
-        for ids in ([7, 7, 7, 7, 1], [], [5], [1, 2]):
-            test(ids)
-        for_all("pairs.values", _id_lists(), test, first=[1, 2, 3, 1, 2])
-
-    with g.check("counts=None (the default) starts a new dict on every call"):
-        ids = [1, 2, 1, 2]
-        first = call_student(g, "get_pair_counts([1, 2, 1, 2])", get_pair_counts, ids)
-        second = call_student(g, "get_pair_counts([1, 2, 1, 2]) (called again)", get_pair_counts, ids)
-        expected = {(1, 2): 2, (2, 1): 1}
+def _pairs_weight(g: Grader, get_pair_counts, case) -> None:
+    ids, weight, keyword = case
+    what = (
+        f"get_pair_counts({ids}, weight={weight})" if keyword else f"get_pair_counts({ids}, None, {weight})"
+    )
+    args, kwargs = ((list(ids),), {"weight": weight}) if keyword else ((list(ids), None, weight), {})
+    got = call_student(g, what, get_pair_counts, *args, **kwargs)
+    _expect_pair_dict(g, got, what)
+    expected = ref.get_pair_counts(ids, None, weight)
+    if dict(got) != expected and dict(got) == ref.get_pair_counts(ids):
+        # the unweighted counts, and the same with weight=1: the weight is ignored (not another mistake
+        # that happens to give the unweighted counts on this input, such as skipping overlaps)
+        once = call_student(g, f"get_pair_counts({ids}, None, 1)", get_pair_counts, list(ids), None, 1)
         g.expect(
-            isinstance(first, dict) and dict(first) == expected,
-            f"get_pair_counts([1, 2, 1, 2]) should be {expected}, got {_short(first)}",
+            not (isinstance(once, dict) and dict(once) == dict(got)),
+            f"{what} should be {expected}, got {dict(got)}: add {weight} (the weight) per occurrence, not 1",
         )
-        g.expect(
-            isinstance(second, dict) and dict(second) == expected,
-            f"called a second time, get_pair_counts([1, 2, 1, 2]) gave {_short(second)} instead of {expected}: "
-            f"{_SHARED_DEFAULT}",
-        )
+    g.expect(dict(got) == expected, f"{what} should be {expected}, got {dict(got)}")
 
-    with g.check("adds `weight` per occurrence (counts=None or a dict given)"):
 
-        def test(case):
-            ids, weight, keyword = case
-            what = (
-                f"get_pair_counts({ids}, weight={weight})"
-                if keyword
-                else f"get_pair_counts({ids}, None, {weight})"
-            )
-            got = (
-                call_student(g, what, get_pair_counts, list(ids), weight=weight)
-                if keyword
-                else call_student(g, what, get_pair_counts, list(ids), None, weight)
-            )
-            _expect_pair_dict(g, got, what)
-            expected = ref.get_pair_counts(ids, None, weight)
-            if dict(got) != expected and dict(got) == ref.get_pair_counts(ids):
-                # the unweighted counts, and the same with weight=1: the weight is ignored (not another mistake
-                # that happens to give the unweighted counts on this input, such as skipping overlaps)
-                once = call_student(
-                    g, f"get_pair_counts({ids}, None, 1)", get_pair_counts, list(ids), None, 1
-                )
-                g.expect(
-                    not (isinstance(once, dict) and dict(once) == dict(got)),
-                    f"{what} should be {expected}, got {dict(got)}: add {weight} (the weight) per occurrence, not 1",
-                )
-            g.expect(dict(got) == expected, f"{what} should be {expected}, got {dict(got)}")
+def _pairs_into(g: Grader, get_pair_counts, case) -> None:
+    ids, counts, weight = case
+    what = f"get_pair_counts({ids}, {counts}, {weight})"
+    p = probe(get_pair_counts, list(ids), dict(counts), weight)
+    expected = ref.get_pair_counts(ids, dict(counts), weight)
+    _expect_pair_dict(g, p.result, what)
+    g.expect(
+        dict(p.result) == expected,
+        f"{what} should add {weight} per occurrence to the given dict and return it: expected {expected}, "
+        f"got {dict(p.result)}",
+    )
+    g.expect(
+        isinstance(p.args[1], dict) and dict(p.args[1]) == expected,
+        f"after {what} the counts dict passed in holds {_short(p.args[1])}, expected {expected}: add into "
+        "that dict (training shares one counts dict across chunks) and return it, not a copy",
+    )
 
-        test(([1, 2, 1, 2], 5, False))
-        for_all(
-            "pairs.weight",
+
+def _pairs_unchanged(g: Grader, get_pair_counts, ids: list) -> None:
+    after = probe(get_pair_counts, list(ids)).args[0]
+    g.expect(after == ids, f"get_pair_counts({ids}) changed its input list to {after}: only read it")
+
+
+_PAIR_DICTS = st.dictionaries(st.tuples(st.integers(0, 3), st.integers(0, 3)), st.integers(1, 9), max_size=4)
+
+PAIR_COUNTS = Spec(
+    "get_pair_counts",
+    [
+        Clause(
+            "returns a dict of every adjacent (left, right) tuple -> int count, overlapping pairs included",
+            _pairs_values,
+            _id_lists(),
+            examples=[[1, 2, 3, 1, 2], [7, 7, 7]],  # {(1, 2): 2, (2, 3): 1, (3, 1): 1}; {(7, 7): 2}
+            key="pairs.values",
+            budget="wide",
+            also=[[7, 7, 7, 7, 1], [], [5], [1, 2]],
+        ),
+        Clause(
+            "counts=None (the default) starts a new dict on every call", _pairs_fresh, examples=[[1, 2, 1, 2]]
+        ),
+        Clause(
+            "adds `weight` per occurrence (counts=None or a dict given)",
+            _pairs_weight,
             st.tuples(_id_lists(), st.integers(2, 9), st.booleans()),
-            test,
-            first=([1, 2], 3, True),
-        )
-
-    with g.check("adds into the `counts` dict given, in place, and returns that dict"):
-
-        def test(case):
-            ids, counts, weight = case
-            what = f"get_pair_counts({ids}, {counts}, {weight})"
-            p = probe(get_pair_counts, list(ids), dict(counts), weight)
-            expected = ref.get_pair_counts(ids, dict(counts), weight)
-            _expect_pair_dict(g, p.result, what)
-            g.expect(
-                dict(p.result) == expected,
-                f"{what} should add {weight} per occurrence to the given dict and return it: expected {expected}, "
-                f"got {dict(p.result)}",
-            )
-            after = p.args[1]
-            g.expect(
-                isinstance(after, dict) and dict(after) == expected,
-                f"after {what} the counts dict passed in holds {_short(after)}, expected {expected}: add into "
-                "that dict (training shares one counts dict across chunks) and return it, not a copy",
-            )
-
-        test(([1, 2, 1, 2], {(1, 2): 10, (9, 9): 1}, 5))
-        pairs = st.dictionaries(
-            st.tuples(st.integers(0, 3), st.integers(0, 3)), st.integers(1, 9), max_size=4
-        )
-        for_all(
-            "pairs.into",
-            st.tuples(st.lists(st.integers(0, 3), max_size=10), pairs, st.integers(1, 5)),
-            test,
-            first=([1, 2], {(1, 2): 1}, 1),
-        )
-
-    with g.check("leaves `ids` unchanged"):
-
-        def test(ids):
-            after = probe(get_pair_counts, list(ids)).args[0]
-            g.expect(after == ids, f"get_pair_counts({ids}) changed its input list to {after}: only read it")
-
-        for_all("pairs.unchanged", _id_lists(), test, max_examples=8, first=[3, 4, 3, 4])
-
-    g.finish()
-
-
-def check_get_pair_counts(get_pair_counts) -> None:
-    g = Grader("get_pair_counts (public)")
-    with g.check(
-        "a dict of (left, right) tuple -> int count: [1, 2, 3, 1, 2] -> {(1, 2): 2, (2, 3): 1, (3, 1): 1}"
-    ):
-        got = call_student(g, "get_pair_counts([1, 2, 3, 1, 2])", get_pair_counts, [1, 2, 3, 1, 2])
-        _expect_pair_dict(g, got, "get_pair_counts([1, 2, 3, 1, 2])")
-        g.expect(dict(got) == {(1, 2): 2, (2, 3): 1, (3, 1): 1}, f"got {dict(got)!r}")
-    with g.check("overlapping pairs count: [7, 7, 7] -> {(7, 7): 2}"):
-        got = call_student(g, "get_pair_counts([7, 7, 7])", get_pair_counts, [7, 7, 7])
-        g.expect(
-            isinstance(got, dict) and dict(got) == {(7, 7): 2},
-            f"got {_short(got)}: count every adjacent position, also overlapping ones",
-        )
-    with g.check("counts=None starts a new dict on every call"):
-        a = get_pair_counts([1, 2])
-        a = dict(a) if isinstance(a, dict) else a  # a snapshot: a shared default dict would change under us
-        b = get_pair_counts([1, 2])
-        g.expect(
-            isinstance(b, dict) and dict(b) == {(1, 2): 1},
-            f"calling get_pair_counts([1, 2]) twice gave {_short(a)}, then {_short(b)}: use counts=None, "
-            "not counts={} (one dict shared by every call)",
-        )
-    with g.check("weight: get_pair_counts([1, 2, 1, 2], weight=3) -> {(1, 2): 6, (2, 1): 3}"):
-        got = get_pair_counts([1, 2, 1, 2], weight=3)
-        g.expect(isinstance(got, dict) and dict(got) == {(1, 2): 6, (2, 1): 3}, f"got {_short(got)}")
-    with g.check(
-        "adds into the given dict and returns it: get_pair_counts([1, 2], c, 5) with c = {(1, 2): 1}"
-    ):
-        p = probe(get_pair_counts, [1, 2], {(1, 2): 1}, 5)
-        g.expect(isinstance(p.result, dict) and dict(p.result) == {(1, 2): 6}, f"returned {_short(p.result)}")
-        g.expect(
-            isinstance(p.args[1], dict) and dict(p.args[1]) == {(1, 2): 6},
-            f"c became {_short(p.args[1])}, expected {{(1, 2): 6}}: add into c itself",
-        )
-    with g.check("leaves ids unchanged"):
-        g.expect(
-            probe(get_pair_counts, [3, 4, 3]).args[0] == [3, 4, 3], "your code changed ids: only read it"
-        )
-    g.finish()
+            examples=[([1, 2], 3, True), ([1, 2, 1, 2], 3, True)],  # {(1, 2): 6, (2, 1): 3}
+            key="pairs.weight",
+            budget="wide",
+            also=[([1, 2, 1, 2], 5, False)],
+        ),
+        Clause(
+            "adds into the `counts` dict given, in place, and returns that dict",
+            _pairs_into,
+            st.tuples(st.lists(st.integers(0, 3), max_size=10), _PAIR_DICTS, st.integers(1, 5)),
+            examples=[([1, 2], {(1, 2): 1}, 5)],
+            key="pairs.into",
+            budget="wide",
+            # the fixed case first, as before the spec form: its weight of 5 names an ignored weight
+            first=([1, 2, 1, 2], {(1, 2): 10, (9, 9): 1}, 5),
+            also=[([1, 2], {(1, 2): 1}, 1)],
+        ),
+        Clause(
+            "leaves `ids` unchanged",
+            _pairs_unchanged,
+            _id_lists(),
+            examples=[[3, 4, 3, 4]],
+            key="pairs.unchanged",
+            budget="some",
+        ),
+    ],
+)
+check_get_pair_counts, grade_get_pair_counts = PAIR_COUNTS.graders()
 
 
 # --------------------------------------------------------------------------- merge
 
 
-def _merge_hint(ids, pair, new_id, got, expected) -> str:
+def _merge_values(g: Grader, merge, case) -> None:
+    ids, pair, new_id = case
     what = f"merge({ids}, {pair}, {new_id})"
-    if type(got) is list and got.count(new_id) == 1 < expected.count(new_id):
-        return (
+    got = call_student(g, what, merge, list(ids), pair, new_id)
+    g.expect(type(got) is list, f"{what} must return a new list, got {describe(got)}")
+    expected = ref.merge(ids, pair, new_id)
+    if got.count(new_id) == 1 < expected.count(new_id):
+        g.fail(
             f"{what} gave {got}: only the first occurrence was merged; replace every occurrence, scanning the "
             "whole list"
         )
-    if type(got) is list and pair[0] == pair[1] and got.count(new_id) > expected.count(new_id):
-        return (
+    if pair[0] == pair[1] and got.count(new_id) > expected.count(new_id):
+        g.fail(
             f"{what} gave {got}, expected {expected}: a token was used in two merges (the middle 5 was used twice "
             "in [5, 5, 5]); after a merge, skip both tokens (i += 2)"
         )
-    return f"{what} should be {expected}, got {_short(got)}"
+    g.expect(got == expected, f"{what} should be {expected}, got {_short(got)}")
 
 
-def grade_merge(merge) -> None:
-    """Grade ``merge(ids, pair, new_id)``."""
-    g = Grader("merge")
-
-    def test(case):
-        ids, pair, new_id = case
-        got = call_student(g, f"merge({ids}, {pair}, {new_id})", merge, list(ids), pair, new_id)
-        g.expect(
-            type(got) is list, f"merge({ids}, {pair}, {new_id}) must return a new list, got {describe(got)}"
-        )
-        expected = ref.merge(ids, pair, new_id)
-        g.expect(got == expected, _merge_hint(ids, pair, new_id, got, expected))
-
-    def build(c):
-        base, offset, (a, b), new_id = c
-        return [offset + i for i in base], (offset + a, offset + b), new_id
-
-    cases = st.tuples(
-        st.lists(st.integers(0, 3), max_size=14),
-        st.sampled_from((0, 97, 256)),
-        st.tuples(st.integers(0, 3), st.integers(0, 3)),
-        st.integers(300, 400),
-    ).map(build)
-
-    with g.check("returns a new list with every occurrence of the pair replaced, left to right"):
-        for case in (
-            ([1, 2, 3, 1, 2], (1, 2), 99),
-            ([1, 2, 1, 2, 1, 2, 7], (1, 2), 256),
-            ([300, 301, 300, 301], (300, 301), 302),
-        ):
-            test(case)
-        for_all("merge.values", cases, test, first=([1, 2, 3, 1, 2], (1, 2), 256))
-
-    with g.check("overlapping occurrences merge left to right without overlap: [5, 5, 5] -> [9, 5]"):
-        for ids, expected in (
-            ([5, 5, 5], [9, 5]),
-            ([5, 5, 5, 5, 5], [9, 9, 5]),
-            ([5, 5, 5, 5], [9, 9]),
-            ([6, 5, 5, 5, 6], [6, 9, 5, 6]),
-        ):
-            got = call_student(g, f"merge({ids}, (5, 5), 9)", merge, list(ids), (5, 5), 9)
-            g.expect(got == expected, _merge_hint(ids, (5, 5), 9, got, expected))
-
-    with g.check("a pair in the other order, or absent, or cut at the end, is not merged"):
-        for ids, pair, expected in (
-            ([2, 1, 2], (1, 2), [2, 7]),
-            ([2, 1], (1, 2), [2, 1]),
-            ([], (1, 2), []),
-            ([1], (1, 2), [1]),
-            ([3, 1], (1, 2), [3, 1]),
-            ([1, 3, 2], (1, 2), [1, 3, 2]),
-        ):
-            got = call_student(g, f"merge({ids}, {pair}, 7)", merge, list(ids), pair, 7)
-            g.expect(got == expected, f"merge({ids}, {pair}, 7) should be {expected}, got {_short(got)}")
-
-    with g.check("leaves `ids` unchanged"):
-
-        def unchanged(case):
-            ids, pair, new_id = case
-            after = probe(merge, list(ids), pair, new_id).args[0]
-            g.expect(
-                after == ids,
-                f"merge({ids}, {pair}, {new_id}) changed its input list to {after}: build a new "
-                "list and leave ids as it was",
-            )
-
-        for_all("merge.unchanged", cases, unchanged, max_examples=10, first=([1, 2, 3, 1, 2], (1, 2), 256))
-
-    g.finish()
+def _merge_unchanged(g: Grader, merge, case) -> None:
+    ids, pair, new_id = case
+    after = probe(merge, list(ids), pair, new_id).args[0]
+    g.expect(
+        after == ids,
+        f"merge({ids}, {pair}, {new_id}) changed its input list to {after}: build a new list and leave ids as it was",
+    )
 
 
-def check_merge(merge) -> None:
-    g = Grader("merge (public)")
-    with g.check(
-        "returns a new list, every occurrence replaced: merge([1, 2, 3, 1, 2], (1, 2), 256) == [256, 3, 256]"
-    ):
-        got = call_student(g, "merge([1, 2, 3, 1, 2], (1, 2), 256)", merge, [1, 2, 3, 1, 2], (1, 2), 256)
-        g.expect(type(got) is list and got == [256, 3, 256], f"got {got!r}")
-    with g.check("left to right without overlap: merge([5, 5, 5], (5, 5), 9) == [9, 5]"):
-        got = merge([5, 5, 5], (5, 5), 9)
-        g.expect(got == [9, 5], f"got {got!r}: after merging two tokens, continue after both")
-    with g.check("other order or absent: merge([2, 1], (1, 2), 7) == [2, 1]"):
-        got = merge([2, 1], (1, 2), 7)
-        g.expect(got == [2, 1], f"got {got!r}")
-    with g.check("leaves ids unchanged"):
-        after = probe(merge, [1, 2, 3], (1, 2), 9).args[0]
-        g.expect(after == [1, 2, 3], f"ids became {after}: build a new list")
-    g.finish()
+#: merge's drawn cases: ids and a pair from a small alphabet at an offset, and a new id
+_MERGE_CASES = st.tuples(
+    st.lists(st.integers(0, 3), max_size=14),
+    st.sampled_from((0, 97, 256)),
+    st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    st.integers(300, 400),
+).map(lambda c: ([c[1] + i for i in c[0]], (c[1] + c[2][0], c[1] + c[2][1]), c[3]))
+
+MERGE = Spec(
+    "merge",
+    [
+        Clause(
+            "returns a new list with every occurrence of the pair replaced, left to right",
+            _merge_values,
+            _MERGE_CASES,
+            examples=[([1, 2, 3, 1, 2], (1, 2), 256)],  # [256, 3, 256]
+            key="merge.values",
+            budget="wide",
+            also=[
+                ([1, 2, 3, 1, 2], (1, 2), 99),
+                ([1, 2, 1, 2, 1, 2, 7], (1, 2), 256),
+                ([300, 301, 300, 301], (300, 301), 302),
+            ],
+        ),
+        Clause(
+            "overlapping occurrences merge left to right without overlap: [5, 5, 5] -> [9, 5]",
+            _merge_values,
+            examples=[
+                (ids, (5, 5), 9) for ids in ([5, 5, 5], [5, 5, 5, 5, 5], [5, 5, 5, 5], [6, 5, 5, 5, 6])
+            ],
+        ),
+        Clause(
+            "a pair in the other order, or absent, or cut at the end, is not merged",
+            _merge_values,
+            examples=[(ids, (1, 2), 7) for ids in ([2, 1, 2], [2, 1], [], [1], [3, 1], [1, 3, 2])],
+        ),
+        Clause(
+            "leaves `ids` unchanged",
+            _merge_unchanged,
+            _MERGE_CASES,
+            examples=[([1, 2, 3, 1, 2], (1, 2), 256)],
+            key="merge.unchanged",
+        ),
+    ],
+)
+check_merge, grade_merge = MERGE.graders()
 
 
 # --------------------------------------------------------------------------- training
@@ -453,7 +362,22 @@ def _train_mistakes(text: str, vocab_size: int, pattern: str) -> list[tuple[list
     ]
 
 
-def _as_merges(g: Grader, got, what: str) -> list:
+def _token_bytes(merges: list) -> list[bytes]:
+    """The bytes of the tokens that ``merges`` create (skipping merges that use unknown ids)."""
+    vocab = {i: bytes([i]) for i in range(256)}
+    for i, pair in enumerate(merges):
+        if len(pair) == 2 and all(x in vocab for x in pair):
+            vocab[256 + i] = vocab[pair[0]] + vocab[pair[1]]
+    return [vocab[i] for i in range(256, 256 + len(merges)) if i in vocab]
+
+
+def _learnt(
+    g: Grader, train_naive, text: str, vocab_size: int, pattern: str | None = None
+) -> tuple[str, list]:
+    """The call's name in a hint, and the merges it learnt, each checked to be a (left, right) tuple of ints."""
+    args = (text, vocab_size) if pattern is None else (text, vocab_size, pattern)
+    what = f"train_naive({', '.join(_short(a, 60) for a in args)})"
+    got = call_student(g, what, train_naive, *args)
     g.expect(type(got) is list, f"{what} must return the list of merges, got {describe(got)}")
     bad = [p for p in got if not (type(p) is tuple and len(p) == 2 and all(type(i) is int for i in p))]
     g.expect(
@@ -461,13 +385,13 @@ def _as_merges(g: Grader, got, what: str) -> list:
         f"{what} returned {_short(got)}: each merge must be a (left, right) tuple of two ints, got "
         f"{_short(bad[0]) if bad else ''}",
     )
-    return got
+    return what, got
 
 
-def _expect_merges(g: Grader, train_naive, text: str, vocab_size: int, pattern: str | None) -> None:
-    args = (text, vocab_size) if pattern is None else (text, vocab_size, pattern)
-    what = f"train_naive({', '.join(_short(a, 60) for a in args)})"
-    got = _as_merges(g, call_student(g, what, train_naive, *args), what)
+def _train_values(g: Grader, train_naive, case) -> None:
+    """``(text, vocab_size, pattern)`` (pattern None: left out): the reference's merges, a known mistake named."""
+    text, vocab_size, pattern = case
+    what, got = _learnt(g, train_naive, text, vocab_size, pattern)
     expected = ref.train_naive(text, vocab_size, pattern or "gpt4")
     if got == expected:
         return
@@ -480,113 +404,116 @@ def _expect_merges(g: Grader, train_naive, text: str, vocab_size: int, pattern: 
     g.fail(f"{what} should learn {len(expected)} merges {_short(expected)}, got {len(got)}: {_short(got)}")
 
 
-def grade_train(train_naive) -> None:
-    """Grade ``train_naive(text, vocab_size, pattern="gpt4")``, the training loop."""
-    g = Grader("train_naive")
-
-    with g.check("returns the reference merges as (left, right) tuples, merge i creating id 256 + i"):
-        for size in (256 + 40, 256 + 5):
-            _expect_merges(g, train_naive, _SAMPLE, size, None)
-
-    with g.check("learns the reference merges on drawn texts, sizes and patterns"):
-        texts = st.text(alphabet=_ALPHABET, max_size=28)
-        for_all(
-            "train.values",
-            st.tuples(texts, st.integers(256, 272), st.sampled_from(_PATTERNS)),
-            lambda c: _expect_merges(g, train_naive, *c),
-            max_examples=25,
-            first=("ab ab ab ab", 262, ".+"),
+def _train_in_chunks(g: Grader, train_naive, case) -> None:
+    text, vocab_size, _ = case
+    what, got = _learnt(g, train_naive, text, vocab_size)
+    crossing = [t for t in _token_bytes(got) if regex.search(rb"\S ", t)]
+    if crossing:
+        g.fail(
+            f"you learnt the token {crossing[0]!r}, which joins a word and the space after it, which are in "
+            "different chunks: split the text with chunk_counts(text, pattern) and count pairs inside each chunk"
         )
+    _train_values(g, train_naive, case)
 
-    with g.check("splits with the `pattern` argument ('gpt4' by default, 'gpt2' or a regex)"):
-        text = "it'S 12345 it'S 12345 ab ab ab ab"
-        for pattern in ("gpt2", r"\S+|\s+", ".+", None):
-            _expect_merges(g, train_naive, text, 256 + 8, pattern)
 
-    with g.check("pairs never cross chunk boundaries"):
-        text = "ab ab ab cd cd"
-        got = call_student(g, f"train_naive({text!r}, 260)", train_naive, text, 256 + 4)
-        got = _as_merges(g, got, f"train_naive({text!r}, 260)")
-        crossing = [t for t in _token_bytes(got) if regex.search(rb"\S ", t)]
-        if crossing:
-            g.fail(
-                f"you learnt the token {crossing[0]!r}, which joins a word and the space after it, which are in "
-                "different chunks: split the text with chunk_counts(text, pattern) and count pairs inside each "
-                "chunk"
-            )
-        _expect_merges(g, train_naive, text, 256 + 4, None)
+def _train_tie(g: Grader, train_naive, case) -> None:
+    text, vocab_size, _ = case  # "zy ab zy ab": (32, 97), (97, 98) and (122, 121) all occur twice
+    what, got = _learnt(g, train_naive, text, vocab_size)
+    g.expect(
+        got == [(32, 97)],
+        f"in {text!r} the pairs (32, 97), (97, 98) and (122, 121) all occur twice; the rule picks the smallest, "
+        f"(32, 97), but you merged {got}: choose max count, then the smallest pair "
+        "(for example min(counts, key=lambda p: (-counts[p], p)))",
+    )
 
-    with g.check("each chunk counts as often as it occurs"):
-        _expect_merges(g, train_naive, "xy zw zw zw", 258, None)
 
-    with g.check("ties go to the smallest (left, right) pair"):
-        text = "zy ab zy ab"  # (32, 97), (97, 98) and (122, 121) all occur twice
-        got = _as_merges(
-            g, call_student(g, f"train_naive({text!r}, 257)", train_naive, text, 257), "train_naive"
+TRAIN = Spec(
+    "train_naive",
+    [
+        Clause(
+            "returns the reference merges as (left, right) tuples, merge i creating id 256 + i",
+            _train_values,
+            examples=[(_SAMPLE, 256 + 40, None), (_SAMPLE, 256 + 5, None)],
+        ),
+        Clause(
+            "learns the reference merges on drawn texts, sizes and patterns",
+            _train_values,
+            st.tuples(
+                st.text(alphabet=_ALPHABET, max_size=28), st.integers(256, 272), st.sampled_from(_PATTERNS)
+            ),
+            examples=[("ab ab ab ab", 262, ".+")],
+            key="train.values",
+            budget="wider",
+        ),
+        Clause(
+            "splits with the `pattern` argument ('gpt4' by default, 'gpt2' or a regex)",
+            _train_values,
+            examples=[
+                ("it'S 12345 it'S 12345 ab ab ab ab", 264, p) for p in ("gpt2", r"\S+|\s+", ".+", None)
+            ],
+        ),
+        Clause(
+            "pairs never cross chunk boundaries", _train_in_chunks, examples=[("ab ab ab cd cd", 260, None)]
+        ),
+        Clause(
+            "each chunk counts as often as it occurs", _train_values, examples=[("xy zw zw zw", 258, None)]
+        ),
+        Clause(
+            "ties go to the smallest (left, right) pair", _train_tie, examples=[("zy ab zy ab", 257, None)]
+        ),
+        Clause(
+            "stops early when no pair occurs twice (or none is left), and learns nothing for vocab_size=256",
+            _train_values,
+            examples=[
+                (t, n, None)
+                for t, n in (("abcabc xyz", 306), ("", 300), ("a", 300), ("a b c d", 300), ("aaaa", 256))
+            ],
+        ),
+    ],
+    extra_public=[
+        Clause(
+            "the worked example: 'aaabdaaabac' learns [(97, 97), (97, 98), (256, 257)] (tuples, ids from 256)",
+            _train_values,
+            examples=[("aaabdaaabac", 259, None)],
         )
-        g.expect(
-            got == [(32, 97)],
-            f"in {text!r} the pairs (32, 97), (97, 98) and (122, 121) all occur twice; the rule picks the smallest, "
-            f"(32, 97), but you merged {got}: choose max count, then the smallest pair "
-            "(for example min(counts, key=lambda p: (-counts[p], p)))",
-        )
-
-    with g.check(
-        "stops early when no pair occurs twice (or none is left), and learns nothing for vocab_size=256"
-    ):
-        for text, size in (("abcabc xyz", 256 + 50), ("", 300), ("a", 300), ("a b c d", 300), ("aaaa", 256)):
-            _expect_merges(g, train_naive, text, size, None)
-
-    g.finish()
-
-
-def _token_bytes(merges: list) -> list[bytes]:
-    """The bytes of the tokens that ``merges`` create (skipping merges that use unknown ids)."""
-    vocab = {i: bytes([i]) for i in range(256)}
-    for i, pair in enumerate(merges):
-        if len(pair) == 2 and all(x in vocab for x in pair):
-            vocab[256 + i] = vocab[pair[0]] + vocab[pair[1]]
-    return [vocab[i] for i in range(256, 256 + len(merges)) if i in vocab]
-
-
-def check_train(train_naive) -> None:
-    g = Grader("train_naive (public)")
-    with g.check(
-        "the worked example: 'aaabdaaabac' learns [(97, 97), (97, 98), (256, 257)] (tuples, ids from 256)"
-    ):
-        got = call_student(g, "train_naive('aaabdaaabac', 259)", train_naive, "aaabdaaabac", 259)
-        g.expect(
-            got == [(97, 97), (97, 98), (256, 257)] and all(type(p) is tuple for p in got), f"got {got!r}"
-        )
-    with g.check("the pattern argument: 'ab ab ab ab' with '.+' learns 3 merges, with the default 2"):
-        got = call_student(g, "train_naive('ab ab ab ab', 262, '.+')", train_naive, "ab ab ab ab", 262, ".+")
-        g.expect(got == [(97, 98), (32, 256), (257, 257)], f"with pattern '.+' got {got!r}")
-        got = train_naive("ab ab ab ab", 262)
-        g.expect(
-            got == [(97, 98), (32, 256)], f"with the default pattern got {got!r}: pairs never cross chunks"
-        )
-    with g.check("each chunk counts as often as it occurs: 'xy zw zw zw' learns [(32, 122)]"):
-        got = train_naive("xy zw zw zw", 257)
-        g.expect(got == [(32, 122)], f"got {got!r}")
-    with g.check("ties go to the smallest pair: 'zy ab zy ab' learns [(32, 97)]"):
-        got = train_naive("zy ab zy ab", 257)
-        g.expect(got == [(32, 97)], f"got {got!r}")
-    with g.check(
-        "stops early: 'abcabc xyz' learns 2 merges of the 50 allowed, '' none, and vocab_size=256 none"
-    ):
-        got = train_naive("abcabc xyz", 306), train_naive("", 300), train_naive("aaaa", 256)
-        g.expect(got == ([(97, 98), (256, 99)], [], []), f"got {got!r}")
-    g.finish()
+    ],
+)
+check_train, grade_train = TRAIN.graders("train")
 
 
 # --------------------------------------------------------------------------- encoding
 
 
-def _sample_ranks(size: int = 256 + 60) -> dict:
-    return {pair: 256 + i for i, pair in enumerate(ref.train_naive(_SAMPLE, size))}
+def _leftmost(chunk: str, ranks: dict) -> list[int]:
+    """A mistake: merge the leftmost learnt pair at each step, not the one learnt first."""
+    ids = list(chunk.encode("utf-8"))
+    while pair := next((p for p in zip(ids, ids[1:]) if p in ranks), None):
+        ids = ref.merge(ids, pair, ranks[pair])
+    return ids
 
 
-def _expect_encoding(g: Grader, encode_chunk, chunk: str, ranks: dict, shown: str = "ranks") -> None:
+def _encode_mistakes(chunk: str, ranks: dict) -> list[tuple[list | None, str]]:
+    """What the common mistakes give on ``chunk`` (None where one cannot show), each with its hint."""
+    data, chars = list(chunk.encode("utf-8")), [ord(c) for c in chunk]
+    first = min((p for p in zip(data, data[1:]) if p in ranks), key=ranks.get, default=None)
+    return [
+        (
+            chars if chars != data else None,
+            "start from the UTF-8 bytes (list(chunk.encode('utf-8'))), not the characters",
+        ),
+        (
+            _leftmost(chunk, ranks),
+            "you merged the leftmost learnt pair; merge the pair with the lowest rank (the one learnt first) at "
+            "each step",
+        ),
+        (
+            None if first is None else ref.merge(data, first, ranks[first]),
+            "repeat until no adjacent pair is in ranks",
+        ),
+    ]
+
+
+def _expect_encoding(g: Grader, encode_chunk, chunk: str, ranks: dict, shown: str) -> None:
     what = f"encode_chunk({chunk!r}, {shown})"
     got = call_student(g, what, encode_chunk, chunk, dict(ranks))
     g.expect(
@@ -594,96 +521,97 @@ def _expect_encoding(g: Grader, encode_chunk, chunk: str, ranks: dict, shown: st
         f"{what} must return a list of int ids, got {_short(got)}",
     )
     expected = ref.encode_chunk(chunk, ranks)
-    if got != expected and got == [ord(c) for c in chunk] != list(chunk.encode("utf-8")):
-        g.fail(
-            f"{what} gave {got}: start from the UTF-8 bytes (list(chunk.encode('utf-8'))), not the characters"
-        )
+    for wrong, hint in _encode_mistakes(chunk, ranks) if got != expected else ():
+        if wrong is not None and wrong != expected and got == wrong:
+            g.fail(f"{what} gave {got}, expected {expected}: {hint}")
     g.expect(got == expected, f"{what} should be {expected}, got {got}")
 
 
-def grade_encode_chunk(encode_chunk) -> None:
-    """Grade ``encode_chunk(chunk, ranks)``."""
-    g = Grader("encode_chunk")
+def _encode_sample(g: Grader, encode_chunk, chunk: str) -> None:
+    _expect_encoding(g, encode_chunk, chunk, _sample_ranks(), "the ranks learnt on a mixed text")
 
-    with g.check("returns a list of int ids, as the reference, on the chunks of a mixed text"):
-        ranks = _sample_ranks()
-        for chunk in ref.chunk_counts(_SAMPLE):
-            _expect_encoding(g, encode_chunk, chunk, ranks, "the ranks of 60 merges learnt on a mixed text")
 
-    with g.check("encodes drawn chunks with the ranks learnt on drawn texts"):
+def _encode_drawn(g: Grader, encode_chunk, case) -> None:
+    text, n_merges, chunk = case
+    ranks = {p: 256 + i for i, p in enumerate(ref.train_naive(text, 256 + n_merges, ".+"))}
+    _expect_encoding(g, encode_chunk, chunk, ranks, _short(ranks, 300))
 
-        def test(case):
-            text, n_merges, chunk = case
-            ranks = {p: 256 + i for i, p in enumerate(ref.train_naive(text, 256 + n_merges, ".+"))}
-            _expect_encoding(g, encode_chunk, chunk, ranks, _short(ranks, 300))
 
-        texts = st.text(alphabet=_ALPHABET, max_size=24)
-        for_all(
-            "encode.values",
-            st.tuples(texts, st.integers(0, 12), st.text(alphabet=_ALPHABET, max_size=10)),
-            test,
-            max_examples=25,
-            first=("aaab aaab", 3, "aaab"),
+def _encode_given(g: Grader, encode_chunk, case) -> None:
+    chunk, ranks = case
+    _expect_encoding(g, encode_chunk, chunk, ranks, str(ranks))
+
+
+def _encode_reordered(case, backwards: bool) -> Call:
+    chunk, ranks = case
+    items = list(ranks.items())[:: -1 if backwards else 1]
+    return Call(f"encode_chunk({chunk!r}, {dict(items)})", (chunk, dict(items)))
+
+
+#: ranks (a) a then aa, (b, c) before (a, b), and one that needs every step
+_DOCSTRING_RANKS = {(97, 97): 256, (256, 97): 257}
+_BC_FIRST = {(98, 99): 256, (97, 98): 257}
+_AAAAA = {(97, 97): 256, (256, 256): 257, (257, 97): 258}
+
+ENCODE = Spec(
+    "encode_chunk",
+    [
+        Clause(
+            "returns a list of int ids, as the reference, on the chunks of a mixed text",
+            _encode_sample,
+            examples=list(ref.chunk_counts(_SAMPLE)),
+        ),
+        Clause(
+            "encodes drawn chunks with the ranks learnt on drawn texts",
+            _encode_drawn,
+            st.tuples(
+                st.text(alphabet=_ALPHABET, max_size=24),
+                st.integers(0, 12),
+                st.text(alphabet=_ALPHABET, max_size=10),
+            ),
+            examples=[("aaab aaab", 3, "aaab")],
+            key="encode.values",
+            budget="wider",
+        ),
+        Clause(
+            "merges by rank (the pair learnt first), not left to right",
+            _encode_given,  # (b, c) first, then (a, b): "abc" must become [a, bc], not [ab, c]
+            examples=[
+                ("abc", _BC_FIRST),
+                ("xabcabc", {(98, 99): 256, (120, 97): 257, (97, 256): 258, (257, 256): 259}),
+            ],
+        ),
+        Clause("keeps merging until no learnt pair is left", _encode_given, examples=[("aaaaa", _AAAAA)]),
+        Clause(
+            "starts from the UTF-8 bytes (non-ASCII text, the empty chunk)",
+            _encode_given,
+            examples=[(c, {}) for c in ("é", "日本", "🙂", "", "a")]
+            + [("€€", {(226, 130): 256, (256, 172): 257})],
+        ),
+        order_free(
+            _encode_reordered,
+            text="does not depend on the order of `ranks`: a pair's rank is its new id, not its place in the dict",
+            examples=[("aaa", _DOCSTRING_RANKS), ("abcabc", _BC_FIRST), ("aaaaa", _AAAAA)],
+        ),
+    ],
+    extra_public=[
+        Clause(
+            "the docstring's example: with ranks {(a, a): 256, (aa, a): 257}, 'aaa' -> [257], 'aaaa' -> [256, 256]",
+            _encode_given,
+            examples=[("aaa", _DOCSTRING_RANKS), ("aaaa", _DOCSTRING_RANKS)],
         )
-
-    with g.check("merges by rank (the pair learnt first), not left to right"):
-        r = {
-            (98, 99): 256,
-            (97, 98): 257,
-        }  # (b, c) first, then (a, b): "abc" must become [a, bc], not [ab, c]
-        got = call_student(g, "encode_chunk('abc', {(98, 99): 256, (97, 98): 257})", encode_chunk, "abc", r)
-        if got == [257, 99]:
-            g.fail(
-                "'abc' became [ab, c]: you merged the leftmost learnt pair; merge the pair with the lowest rank "
-                "(the one learnt first) at each step"
-            )
-        g.expect(
-            got == [97, 256], f"with ranks {{(b, c): 256, (a, b): 257}}, 'abc' should be [97, 256], got {got}"
-        )
-        _expect_encoding(
-            g,
-            encode_chunk,
-            "xabcabc",
-            {(98, 99): 256, (120, 97): 257, (97, 256): 258, (257, 256): 259},
-            "{(98, 99): 256, (120, 97): 257, (97, 256): 258, (257, 256): 259}",
-        )
-
-    with g.check("keeps merging until no learnt pair is left"):
-        r = {(97, 97): 256, (256, 256): 257, (257, 97): 258}
-        got = call_student(g, f"encode_chunk('aaaaa', {r})", encode_chunk, "aaaaa", r)
-        g.expect(
-            got == [258],
-            f"with ranks {r}, 'aaaaa' should become [258] after three merges, got {got}: "
-            "repeat until no adjacent pair is in ranks",
-        )
-
-    with g.check("starts from the UTF-8 bytes (non-ASCII text, the empty chunk)"):
-        for chunk in ("é", "日本", "🙂", "", "a"):
-            _expect_encoding(g, encode_chunk, chunk, {}, "{}")
-        euro = {(226, 130): 256, (256, 172): 257}
-        _expect_encoding(g, encode_chunk, "€€", euro, str(euro))
-
-    g.finish()
-
-
-def check_encode_chunk(encode_chunk) -> None:
-    g = Grader("encode_chunk (public)")
-    ranks = {(97, 97): 256, (256, 97): 257}
-    with g.check(
-        "a list of ids; with ranks {(a, a): 256, (aa, a): 257}: 'aaa' -> [257], 'aaaa' -> [256, 256]"
-    ):
-        got = (encode_chunk("aaa", ranks), encode_chunk("aaaa", ranks))
-        g.expect(got == ([257], [256, 256]), f"got {got!r}")
-    with g.check("by rank, not left to right: with {(b, c): 256, (a, b): 257}, 'abc' -> [97, 256]"):
-        got = encode_chunk("abc", {(98, 99): 256, (97, 98): 257})
-        g.expect(got == [97, 256], f"got {got!r}: merge the pair learnt first")
-    with g.check("UTF-8 bytes: encode_chunk('é', {}) == [195, 169], encode_chunk('', {}) == []"):
-        got = encode_chunk("é", {}), encode_chunk("", {})
-        g.expect(got == ([195, 169], []), f"got {got!r}")
-    g.finish()
+    ],
+)
+check_encode_chunk, grade_encode_chunk = ENCODE.graders()
 
 
 # --------------------------------------------------------------------------- decoding
+
+
+@functools.cache
+def _tokenizer() -> ref.Tokenizer:
+    """The tokenizer of :func:`_sample_merges`, built once; hand its ``vocab`` out as a copy."""
+    return ref.Tokenizer(list(_sample_merges()), "gpt4")
 
 
 def _vocabs():
@@ -709,19 +637,35 @@ def _vocabs():
 def _expect_decoded(g: Grader, decode, ids, vocab, errors: str | None = None, shown: str = "vocab") -> None:
     kwargs = {} if errors is None else {"errors": errors}
     what = f"decode({ids}, {shown}{'' if errors is None else f', errors={errors!r}'})"
-    expected = b"".join(vocab[i] for i in ids).decode("utf-8", errors=errors or "replace")
+    data = b"".join(vocab[i] for i in ids)
+    try:
+        expected = data.decode("utf-8", errors=errors or "replace")
+    except UnicodeDecodeError:  # errors="strict" on invalid bytes: the student's code must raise it too
+        expected = None
     try:
         got = decode(list(ids), vocab, **kwargs)
     except UnicodeDecodeError as e:
+        if expected is None:
+            return
         g.fail(
             f"{what} raised UnicodeDecodeError ({e}): generated text can end in the middle of a character; "
             f"decode with .decode('utf-8', errors=errors), errors={errors or 'replace'!r} here"
         )
     except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
         raise_unless_student_error(e)
-        g.fail(f"{what} raised {type(e).__name__.removeprefix('Student')}: {e}")
+        name = type(e).__name__.removeprefix("Student")
+        if expected is None:
+            g.fail(
+                f"{what} raised {name} ({e}); with errors='strict' bytes.decode raises UnicodeDecodeError: pass "
+                "errors on"
+            )
+        g.fail(f"{what} raised {name}: {e}")
+    if expected is None:
+        g.fail(
+            f"{what} returned {got!r}: with errors='strict' invalid bytes raise UnicodeDecodeError; pass errors "
+            "on to .decode('utf-8', errors=errors)"
+        )
     g.expect(type(got) is str, f"{what} must return a str, got {describe(got)}")
-    data = b"".join(vocab[i] for i in ids)
     if errors not in (None, "replace") and got != expected and got == data.decode("utf-8", errors="replace"):
         g.fail(
             f"{what} gave {got!r}, expected {expected!r}: the errors argument was ignored; pass it on, "
@@ -735,118 +679,110 @@ def _expect_decoded(g: Grader, decode, ids, vocab, errors: str | None = None, sh
     g.expect(got == expected, f"{what} should be {expected!r}, got {got!r}")
 
 
-def grade_decode(decode) -> None:
-    """Grade ``decode(ids, vocab, errors="replace")``."""
-    g = Grader("decode")
-    tok = ref.Tokenizer(list(_sample_ranks()), "gpt4")
+def _decode_text(g: Grader, decode, text: str) -> None:
+    tok = _tokenizer()
+    _expect_decoded(
+        g, decode, tok.encode(text), dict(tok.vocab), shown="the vocabulary learnt on a mixed text"
+    )
 
-    with g.check("decode(encode(text)) gives the text back, as a str"):
-        for text in (_SAMPLE, "", " ", "🙂🚀 ελληνικά"):
-            _expect_decoded(g, decode, tok.encode(text), tok.vocab, shown="the vocabulary of 60 merges")
 
-    with g.check("joins the bytes of all tokens, then decodes once (drawn vocabularies and ids)"):
+def _decode_drawn(g: Grader, decode, case) -> None:
+    vocab, ids = case
+    _expect_decoded(g, decode, ids, vocab, shown=_short({i: vocab[i] for i in sorted(set(ids))}, 200))
 
-        def test(case):
-            vocab, ids = case
-            _expect_decoded(g, decode, ids, vocab, shown=_short({i: vocab[i] for i in sorted(set(ids))}, 200))
 
-        for_all(
-            "decode.values",
-            _vocabs(),
-            test,
-            max_examples=25,
-            first=({i: bytes([i]) for i in range(256)}, [104, 105]),
+def _decode_given(g: Grader, decode, case) -> None:
+    """``(ids, errors)`` (errors None: left out), or ``(ids, errors, tokens)``: the vocabulary learnt on a mixed text,
+    with the given tokens added."""
+    ids, errors, *extra = case
+    vocab = dict(_tokenizer().vocab) | (extra[0] if extra else {})
+    shown = "{" + ", ".join(f"{i}: {t!r}" for i, t in extra[0].items()) + ", ...}" if extra else "vocab"
+    _expect_decoded(g, decode, ids, vocab, errors, shown)
+
+
+def _decode_unknown(g: Grader, decode, ids: list) -> None:
+    vocab = dict(_tokenizer().vocab)
+    bad = next(i for i in ids if i not in vocab)
+    try:
+        got = decode(ids, vocab)
+    except ValueError as e:
+        g.expect(
+            str(bad) in said(e),
+            f"the ValueError of decode({ids}, vocab) should name the unknown id {bad}, it says: {e}",
         )
-
-    with g.check("a character split across two tokens survives"):
-        vocab = dict(tok.vocab)
-        euro = "€".encode()  # three bytes
-        vocab[1000], vocab[1001] = euro[:2], euro[2:] + b"!"
-        _expect_decoded(g, decode, [1000, 1001], vocab, shown="{1000: b'\\xe2\\x82', 1001: b'\\xac!', ...}")
-
-    with g.check(
-        "bytes that are not valid UTF-8 become U+FFFD by default (errors='replace') instead of an error"
-    ):
-        for ids in ([0xE2, 0x82], [104, 0xFF, 105], [0xAC, 0xE2, 0x82, 0xAC, 0xE2]):
-            _expect_decoded(g, decode, ids, tok.vocab)
-
-    with g.check(
-        "passes `errors` to bytes.decode: 'strict' raises UnicodeDecodeError, 'ignore' drops bad bytes"
-    ):
-        for ids in ([104, 0xE2, 0x82, 105], [0xFF], [226, 130, 172]):
-            _expect_decoded(g, decode, ids, tok.vocab, "ignore")
-            _expect_decoded(g, decode, ids, tok.vocab, "backslashreplace")
-        _expect_decoded(g, decode, [104, 105], tok.vocab, "strict")
-        try:
-            got = decode([104, 0xE2, 0x82], tok.vocab, errors="strict")
-        except UnicodeDecodeError:
-            pass
-        except Exception as e:  # noqa: BLE001
-            raise_unless_student_error(e)
-            g.fail(
-                f"decode([104, 0xE2, 0x82], vocab, errors='strict') raised "
-                f"{type(e).__name__.removeprefix('Student')} ({e}); with errors='strict' bytes.decode raises "
-                "UnicodeDecodeError: pass errors on"
-            )
-        else:
-            g.fail(
-                f"decode([104, 0xE2, 0x82], vocab, errors='strict') returned {got!r}: with errors='strict' invalid "
-                "bytes raise UnicodeDecodeError; pass errors on to .decode('utf-8', errors=errors)"
-            )
-
-    with g.check("an unknown id raises a ValueError that names it"):
-        for ids in ([104, 99999], [7000], [1, 2, 256 + 60 + 3, 4], [-1]):
-            bad = next(i for i in ids if i not in tok.vocab)
-            try:
-                got = decode(ids, tok.vocab)
-            except ValueError as e:
-                g.expect(
-                    str(bad) in said(e),
-                    f"the ValueError of decode({ids}, vocab) should name the unknown id {bad}, it says: {e}",
-                )
-            except KeyError:
-                g.fail(
-                    f"decode({ids}, vocab) raised a bare KeyError: catch it and raise "
-                    "ValueError(f'unknown token id {i}') so the user learns which id is wrong"
-                )
-            except Exception as e:  # noqa: BLE001
-                raise_unless_student_error(e)
-                g.fail(
-                    f"decode({ids}, vocab) raised {type(e).__name__.removeprefix('Student')} ({e}): an id that is "
-                    "not in vocab must raise a ValueError that names it"
-                )
-            else:
-                g.fail(
-                    f"decode({ids}, vocab) returned {got!r}: an id that is not in vocab ({bad}) must raise a "
-                    "ValueError that names it"
-                )
-
-    g.finish()
+        return
+    except KeyError:
+        g.fail(
+            f"decode({ids}, vocab) raised a bare KeyError: catch it and raise ValueError(f'unknown token id {{i}}') "
+            "so the user learns which id is wrong"
+        )
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        raise_unless_student_error(e)
+        g.fail(
+            f"decode({ids}, vocab) raised {type(e).__name__.removeprefix('Student')} ({e}): an id that is not in "
+            "vocab must raise a ValueError that names it"
+        )
+    g.fail(
+        f"decode({ids}, vocab) returned {got!r}: an id that is not in vocab ({bad}) must raise a ValueError that "
+        "names it"
+    )
 
 
-def check_decode(decode) -> None:
-    g = Grader("decode (public)")
-    vocab = {i: bytes([i]) for i in range(256)} | {256: b"he", 257: b"hel"}
-    with g.check("a str: decode([257, 108, 111], vocab) == 'hello'"):
-        got = call_student(g, "decode([257, 108, 111], vocab)", decode, [257, 108, 111], vocab)
-        g.expect(got == "hello", f"got {got!r}")
-    with g.check("joins the bytes, then decodes once: decode([226, 130, 172], vocab) == '€'"):
-        got = decode([226, 130, 172], vocab)
-        g.expect(got == "€", f"got {got!r}: join the bytes first, then decode once")
-    with g.check("invalid bytes become U+FFFD by default: decode([226, 130], vocab) == '\\ufffd'"):
-        got = decode([226, 130], vocab)
-        g.expect(got == "\ufffd", f"got {got!r}: use .decode('utf-8', errors=errors) with errors='replace'")
-    with g.check("errors is passed on: decode([104, 226, 130], vocab, errors='ignore') == 'h'"):
-        got = decode([104, 226, 130], vocab, errors="ignore")
-        g.expect(got == "h", f"got {got!r}")
-    with g.check("an unknown id raises a ValueError that names it: decode([104, 999], vocab)"):
-        try:
-            got = decode([104, 999], vocab)
-        except ValueError as e:
-            g.expect("999" in said(e), f"the message should name the id 999, it says: {e}")
-        else:
-            g.fail(f"returned {got!r}: raise a ValueError naming the unknown id")
-    g.finish()
+_EURO = "€".encode()  # three bytes
+
+DECODE = Spec(
+    "decode",
+    [
+        Clause(
+            "decode(encode(text)) gives the text back, as a str",
+            _decode_text,
+            examples=[_SAMPLE, "", " ", "🙂🚀 ελληνικά"],
+        ),
+        Clause(
+            "joins the bytes of all tokens, then decodes once (drawn vocabularies and ids)",
+            _decode_drawn,
+            _vocabs(),
+            examples=[({i: bytes([i]) for i in range(256)}, [104, 105])],
+            key="decode.values",
+            budget="wider",
+        ),
+        Clause(
+            "a character split across two tokens survives",
+            _decode_given,
+            examples=[([1000, 1001], None, {1000: _EURO[:2], 1001: _EURO[2:] + b"!"})],
+        ),
+        Clause(
+            "bytes that are not valid UTF-8 become U+FFFD by default (errors='replace') instead of an error",
+            _decode_given,
+            examples=[
+                (ids, None) for ids in ([0xE2, 0x82], [104, 0xFF, 105], [0xAC, 0xE2, 0x82, 0xAC, 0xE2])
+            ],
+        ),
+        Clause(
+            "passes `errors` to bytes.decode: 'strict' raises UnicodeDecodeError, 'ignore' drops bad bytes",
+            _decode_given,
+            examples=[
+                (ids, errors)
+                for ids in ([104, 0xE2, 0x82, 105], [0xFF], [226, 130, 172])
+                for errors in ("ignore", "backslashreplace")
+            ]
+            + [([104, 105], "strict"), ([104, 0xE2, 0x82], "strict")],
+        ),
+        Clause(
+            "an unknown id raises a ValueError that names it",
+            _decode_unknown,
+            examples=[[104, 99999], [7000], [1, 2, 256 + 60 + 3, 4], [-1]],
+        ),
+    ],
+    extra_public=[
+        Clause(
+            "the docstring's example: decode([226, 130, 172], vocab) == '€' although no single byte is a character",
+            _decode_given,
+            examples=[([226, 130, 172], None)],
+        )
+    ],
+)
+check_decode, grade_decode = DECODE.graders()
 
 
 # --------------------------------------------------------------------------- predict, then check
@@ -1025,86 +961,101 @@ def _expect_bpt(
     )
 
 
-def grade_bytes_per_token(bytes_per_token) -> None:
-    """Grade the experiment ``bytes_per_token(train_text, test_text, vocab_size, pattern="gpt4")``."""
-    g = Grader("bytes_per_token")
-    train_text, held = _docs(*TRAIN_SLICE), _docs(*HELD_SLICE)
-    with g.check("returns a Python float; no merges (vocab_size=256) gives exactly 1.0"):
-        got = call_student(
-            g, "bytes_per_token(manual, held_out, 256)", bytes_per_token, train_text, held, 256
-        )
-        g.expect(
-            type(got) is float, f"bytes_per_token(...) should return a Python float, got {describe(got)}"
-        )
-        g.expect(got == 1.0, f"with vocab_size=256 (no merges) every byte is a token: 1.0, got {got!r}")
-    with g.check("held-out manual, GPT-4 pattern: vocab_size 300 and 400, within 0.05% of the reference"):
-        for vocab_size in (300, 400):
-            _expect_bpt(
-                g, bytes_per_token, train_text, held, vocab_size, shown=f"manual, held_out, {vocab_size}"
-            )
-    with g.check("the pattern argument is used for training and encoding: 'gpt2' and r'\\S+|\\s+'"):
-        _expect_bpt(g, bytes_per_token, train_text, held, 350, "gpt2", shown="manual, held_out, 350, 'gpt2'")
-        _expect_bpt(
-            g,
-            bytes_per_token,
-            train_text[:8000],
-            held,
-            320,
-            r"\S+|\s+",
-            shown=r"manual[:8000], held_out, 320, r'\S+|\s+'",
-        )
-    with g.check("counts UTF-8 bytes, not characters (a test text with non-ASCII characters)"):
-        _expect_bpt(g, bytes_per_token, _SAMPLE * 3, _SAMPLE, 300, shown="sample * 3, sample, 300")
-    with g.check("another domain (Python source) and drawn short texts"):
-        source = ref.stdlib_source_text(30_000)[20_000:30_000]
-        _expect_bpt(g, bytes_per_token, train_text, source, 300, shown="manual, python_source, 300")
+#: the fixed measurements, by their names in a hint: (train_text, test_text, vocab_size, pattern)
+_BPT_CASES = {
+    "manual, held_out, 300": lambda: (_docs(*TRAIN_SLICE), _docs(*HELD_SLICE), 300, None),
+    "manual, held_out, 400": lambda: (_docs(*TRAIN_SLICE), _docs(*HELD_SLICE), 400, None),
+    "manual, held_out, 350, 'gpt2'": lambda: (_docs(*TRAIN_SLICE), _docs(*HELD_SLICE), 350, "gpt2"),
+    r"manual[:8000], held_out, 320, r'\S+|\s+'": lambda: (
+        _docs(0, 8000),
+        _docs(*HELD_SLICE),
+        320,
+        r"\S+|\s+",
+    ),
+    "sample * 3, sample, 300": lambda: (_SAMPLE * 3, _SAMPLE, 300, None),
+    "manual, python_source, 300": lambda: (
+        _docs(*TRAIN_SLICE),
+        ref.stdlib_source_text(30_000)[20_000:30_000],
+        300,
+        None,
+    ),
+}
 
-        def test(case):
-            train, test_text, n_merges, pattern = case
-            _expect_bpt(g, bytes_per_token, train, test_text, 256 + n_merges, pattern)
 
-        for_all(
-            "bpt.values",
+def _bpt(g: Grader, bytes_per_token, case) -> None:
+    """A fixed measurement (its name in :data:`_BPT_CASES`), or a drawn ``(train, test, n_merges, pattern)``."""
+    if isinstance(case, str):
+        return _expect_bpt(g, bytes_per_token, *_BPT_CASES[case](), shown=case)
+    train, test_text, n_merges, pattern = case
+    _expect_bpt(g, bytes_per_token, train, test_text, 256 + n_merges, pattern)
+
+
+def _bpt_unit(g: Grader, bytes_per_token, vocab_size: int) -> None:
+    what = f"bytes_per_token(manual, held_out, {vocab_size})"
+    got = call_student(g, what, bytes_per_token, _docs(*TRAIN_SLICE), _docs(*HELD_SLICE), vocab_size)
+    g.expect(type(got) is float, f"bytes_per_token(...) should return a Python float, got {describe(got)}")
+    g.expect(got == 1.0, f"with vocab_size=256 (no merges) every byte is a token: 1.0, got {got!r}")
+
+
+def _bpt_bad(case) -> Call:
+    test_text, vocab_size = case
+    return Call(
+        f"bytes_per_token(text, {test_text!r}, {vocab_size!r})", (_docs(0, 100), test_text, vocab_size)
+    )
+
+
+BPT = Spec(
+    "bytes_per_token",
+    [
+        Clause(
+            "returns a Python float; no merges (vocab_size=256) gives exactly 1.0", _bpt_unit, examples=[256]
+        ),
+        Clause(
+            "held-out manual, GPT-4 pattern: vocab_size 300 and 400, within 0.05% of the reference",
+            _bpt,
+            examples=["manual, held_out, 300"],  # about 1.41
+            also=["manual, held_out, 400"],
+        ),
+        Clause(
+            "the pattern argument is used for training and encoding: 'gpt2' and r'\\S+|\\s+'",
+            _bpt,
+            examples=[r"manual[:8000], held_out, 320, r'\S+|\s+'"],  # the smaller training text, in public
+            also=["manual, held_out, 350, 'gpt2'"],
+        ),
+        Clause(
+            "counts UTF-8 bytes, not characters (a test text with non-ASCII characters)",
+            _bpt,
+            examples=["sample * 3, sample, 300"],
+        ),
+        Clause(
+            "another domain (Python source) and drawn short texts",
+            _bpt,
             st.tuples(
                 st.text(alphabet=_ALPHABET, max_size=30),
                 st.text(alphabet=_ALPHABET, min_size=1, max_size=20),
                 st.integers(0, 8),
                 st.sampled_from(("gpt4", "gpt2")),
             ),
-            test,
-            max_examples=15,
-            first=("aaab aaab", "aaab ab", 3, "gpt4"),
-        )
-    with g.check("raises ValueError for vocab_size < 256 and an empty test_text"):
-        for args in (
-            (train_text[:100], "abc", 255),
-            (train_text[:100], "abc", 0),
-            (train_text[:100], "", 300),
-        ):
-            expect_value_error(
-                g,
-                lambda args=args: bytes_per_token(*args),
-                f"bytes_per_token(text, {args[1]!r}, {args[2]})",
-                "say which argument is out of range and what came",
-            )
-    g.finish()
-
-
-def check_bytes_per_token(bytes_per_token) -> None:
-    """Public check of ``bytes_per_token``: no merges, and one measurement on the manual."""
-    g = Grader("bytes_per_token (public)")
-    with g.check("bytes_per_token('aaab aaab', 'ab', 256) == 1.0 (no merges: one token per byte)"):
-        got = call_student(
-            g, "bytes_per_token('aaab aaab', 'ab', 256)", bytes_per_token, "aaab aaab", "ab", 256
-        )
-        g.expect(got == 1.0 and type(got) is float, f"got {describe(got)}")
-    with g.check(
-        "train on the manual's first 20,000 characters, vocab_size=300: about 1.41 on held-out text"
-    ):
-        _expect_bpt(
-            g, bytes_per_token, _docs(*TRAIN_SLICE), _docs(*HELD_SLICE), 300, shown="manual, held_out, 300"
-        )
-    g.finish()
+            examples=[("aaab aaab", "aaab ab", 3, "gpt4")],
+            key="bpt.values",
+            budget="plenty",
+            also=["manual, python_source, 300"],
+        ),
+        raises(
+            _bpt_bad,
+            text="raises ValueError for vocab_size < 256 and an empty test_text",
+            fix="say which argument is out of range and what came",
+            examples=[("abc", 255), ("abc", 0), ("", 300)],
+        ),
+        raises(
+            _bpt_bad,
+            text="raises ValueError for a vocab_size that is not an int (a float, a string)",
+            fix="check that vocab_size is an int before using it",
+            examples=[("abc", 300.0), ("abc", "300")],
+        ),
+    ],
+)
+check_bytes_per_token, grade_bytes_per_token = BPT.graders()
 
 
 # --------------------------------------------------------------------------- the stretch part: special tokens
@@ -1115,9 +1066,19 @@ _SPECIALS = ("<|endoftext|>", "<|end|>", "<|endoftext|>!", "ab")
 _EOT_RANKS = {(97, 97): 256}
 
 
+def _special_in_dict_order(text: str, ranks: dict, special: dict) -> list[int]:
+    """A mistake: the special strings tried in the dict's order, not the longest first."""
+    pieces = regex.split("(" + "|".join(regex.escape(s) for s in special) + ")", text) if special else [text]
+    return [
+        i
+        for k, piece in enumerate(pieces)
+        for i in ([special[piece]] if k % 2 else ref.encode_with_special(piece, ranks, {}))
+    ]
+
+
 def _expect_special(
-    g: Grader, encode_with_special, text: str, ranks: dict, special: dict, shown: str = "ranks"
-):
+    g: Grader, encode_with_special, text: str, ranks: dict, special: dict, shown: str
+) -> None:
     what = f"encode_with_special({_short(text)}, {shown}, {special})"
     got = call_student(g, what, encode_with_special, text, dict(ranks), dict(special))
     g.expect(
@@ -1125,126 +1086,109 @@ def _expect_special(
         f"{what} must return a list of int ids, got {_short(got)}",
     )
     expected = ref.encode_with_special(text, ranks, special)
-    if got != expected and got == ref.encode_with_special(text, ranks, {}):
-        g.fail(
-            f"{what} gave {got}: the special strings were encoded as ordinary text; split the text at them first"
-        )
+    mistakes = [
+        (
+            ref.encode_with_special(text, ranks, {}),
+            "the special strings were encoded as ordinary text; split the text at them first",
+        ),
+        (
+            _special_in_dict_order(text, ranks, special),
+            "where several special strings start at the same place, "
+            "take the longest (try them longest first)",
+        ),
+    ]
+    for wrong, hint in mistakes if got != expected else ():
+        if got == wrong:
+            g.fail(f"{what} should be {expected}, got {got}: {hint}")
     g.expect(got == expected, f"{what} should be {expected}, got {got}")
 
 
-def grade_encode_with_special(encode_with_special) -> None:
-    """Grade the stretch part ``encode_with_special(text, ranks, special)``."""
-    g = Grader("encode_with_special")
+def _special_drawn(g: Grader, encode_with_special, case) -> None:
+    parts, names, n_merges, corpus = case
+    ranks = {p: 256 + i for i, p in enumerate(ref.train_naive(corpus, 256 + n_merges, ".+"))}
+    start = 256 + len(ranks)
+    special = {s: start + 3 * k for k, s in enumerate(names)}  # ids need not be consecutive
+    _expect_special(g, encode_with_special, "".join(parts), ranks, special, _short(ranks, 200))
 
-    with g.check("keeps each special token whole, between the encoded pieces, on drawn texts and specials"):
 
-        def test(case):
-            parts, names, n_merges, corpus = case
-            ranks = {p: 256 + i for i, p in enumerate(ref.train_naive(corpus, 256 + n_merges, ".+"))}
-            start = 256 + len(ranks)
-            special = {s: start + 3 * k for k, s in enumerate(names)}  # ids need not be consecutive
-            _expect_special(g, encode_with_special, "".join(parts), ranks, special, _short(ranks, 200))
+def _special_given(g: Grader, encode_with_special, case) -> None:
+    """``(text, ranks, special)``; ranks None: the ranks learnt on a mixed text, special None:
+    ``<|endoftext|>`` with the next free id."""
+    text, ranks, special = case
+    shown = "sample ranks" if ranks is None else str(ranks)
+    ranks = _sample_ranks() if ranks is None else ranks
+    special = {"<|endoftext|>": 256 + len(ranks)} if special is None else special
+    _expect_special(g, encode_with_special, text, ranks, special, shown)
 
-        ordinary = st.text(alphabet=_ALPHABET + "<|>", max_size=8)
-        for_all(
-            "special.values",
+
+#: encode_with_special's special dicts that the text rules out (with ranks {(97, 97): 256}), by their names
+_SPECIAL_BAD = {
+    "special {'': 300}": {"": 300},
+    "special {'<|e|>': 97} (97 is the byte 'a')": {"<|e|>": 97},
+    "special {'<|e|>': 255} (255 is the last byte)": {"<|e|>": 255},
+    "special {'<|e|>': 256} and ranks {(97, 97): 256} (256 is a merge)": {"<|e|>": 256},
+    "special {'<|e|>': 300, '<|f|>': -1}": {"<|e|>": 300, "<|f|>": -1},
+    "special {'<|e|>': 300.0} (a float)": {"<|e|>": 300.0},
+}
+_LONGEST = {"<|end|>": 300, "<|endoftext|>": 301}  # shorter first in the dict: the order must not matter
+_ORDINARY = _ALPHABET + "<|>"
+
+SPECIAL = Spec(
+    "encode_with_special",
+    [
+        Clause(
+            "keeps each special token whole, between the encoded pieces, on drawn texts and specials",
+            _special_drawn,
             st.tuples(
-                st.lists(st.one_of(ordinary, st.sampled_from(_SPECIALS)), max_size=6),
+                st.lists(
+                    st.one_of(st.text(alphabet=_ORDINARY, max_size=8), st.sampled_from(_SPECIALS)), max_size=6
+                ),
                 st.lists(st.sampled_from(_SPECIALS), unique=True, max_size=4),
                 st.integers(0, 10),
                 st.text(alphabet=_ALPHABET, max_size=24),
             ),
-            test,
-            max_examples=25,
-            first=(["aa", "<|endoftext|>", "aa"], ["<|endoftext|>"], 1, "aa aa"),
-        )
-
-    with g.check("splits the ordinary pieces into chunks with the GPT-4 pattern (no pair crosses a chunk)"):
-        ranks = _sample_ranks()
-        text = _SAMPLE[:120] + "<|endoftext|>" + _SAMPLE[120:240]
-        _expect_special(
-            g, encode_with_special, text, ranks, {"<|endoftext|>": 256 + len(ranks)}, "sample ranks"
-        )
-        crossing = {(97, 32): 256, (256, 98): 257}  # "a b" is the chunks "a", " b": (a, space) never meets
-        _expect_special(g, encode_with_special, "a b<|e|>a b", crossing, {"<|e|>": 300}, str(crossing))
-
-    with g.check("the longest special wins where several start at the same place; the leftmost first"):
-        special = {"<|end|>": 300, "<|endoftext|>": 301}  # shorter first in the dict: order must not matter
-        got = call_student(
-            g,
-            "encode_with_special('<|endoftext|>', {}, ...)",
-            encode_with_special,
-            "<|endoftext|>",
-            {},
-            special,
-        )
-        g.expect(
-            got == [301],
-            f"with special {special}, '<|endoftext|>' should be [301], got {got}: where several special strings "
-            "start at the same place, take the longest (try them longest first)",
-        )
-        for text in ("x<|end|><|endoftext|><|end|>y", "<|endoftext|><|end|>", "<|en<|end|>d|>"):
-            _expect_special(g, encode_with_special, text, {}, special, "{}")
-        _expect_special(g, encode_with_special, "bab", {}, {"ab": 300, "ba": 301}, "{}")
-
-    with g.check("special strings not in special, and an empty special dict, are ordinary text"):
-        ranks = _sample_ranks()
-        for text, special in (
-            ("<|endoftext|> the fox", {}),
-            ("<|endoftext|> the fox<|end|>", {"<|end|>": 400}),
-            ("", {"<|end|>": 400}),
-            ("é€🙂 <|x|>", {}),
-        ):
-            _expect_special(g, encode_with_special, text, ranks, special, "sample ranks")
-
-    with g.check(
-        "ValueError for an empty special string, an id that is a byte or a merge's id, or not an int"
-    ):
-        for special, what in (
-            ({"": 300}, "special {'': 300}"),
-            ({"<|e|>": 97}, "special {'<|e|>': 97} (97 is the byte 'a')"),
-            ({"<|e|>": 255}, "special {'<|e|>': 255} (255 is the last byte)"),
-            ({"<|e|>": 256}, "special {'<|e|>': 256} and ranks {(97, 97): 256} (256 is a merge)"),
-            ({"<|e|>": 300, "<|f|>": -1}, "special {'<|e|>': 300, '<|f|>': -1}"),
-            ({"<|e|>": 300.0}, "special {'<|e|>': 300.0} (a float)"),
-        ):
-            expect_value_error(
-                g,
-                lambda special=special: encode_with_special("a<|e|>a", dict(_EOT_RANKS), special),
-                what,
-                "name the special token and its id",
-            )
-
-    g.finish()
-
-
-def check_encode_with_special(encode_with_special) -> None:
-    """Public checks of ``encode_with_special``: the docstring's example, the longest match, one error."""
-    g = Grader("encode_with_special (public)")
-    eot = {"<|endoftext|>": 300}
-    with g.check("with ranks {(a, a): 256}: 'aa<|endoftext|>aa' -> [256, 300, 256]"):
-        got = call_student(
-            g,
-            "encode_with_special('aa<|endoftext|>aa', ...)",
-            encode_with_special,
-            "aa<|endoftext|>aa",
-            dict(_EOT_RANKS),
-            eot,
-        )
-        g.expect(got == [256, 300, 256], f"got {got!r}")
-    with g.check(
-        "the longest special wins: with {'<|end|>': 300, '<|endoftext|>': 301}, '<|endoftext|>' -> [301]"
-    ):
-        special = {"<|end|>": 300, "<|endoftext|>": 301}
-        got = call_student(
-            g,
-            "encode_with_special('<|endoftext|>', {}, ...)",
-            encode_with_special,
-            "<|endoftext|>",
-            {},
-            special,
-        )
-        g.expect(got == [301], f"got {got!r}")
-    with g.check("ValueError for a special id that is a byte: special = {'<|e|>': 97}"):
-        expect_value_error(g, lambda: encode_with_special("a", {}, {"<|e|>": 97}), "special {'<|e|>': 97}")
-    g.finish()
+            examples=[(["aa", "<|endoftext|>", "aa"], ["<|endoftext|>"], 1, "aa aa")],
+            key="special.values",
+            budget="wider",
+        ),
+        Clause(
+            "splits the ordinary pieces into chunks with the GPT-4 pattern (no pair crosses a chunk)",
+            _special_given,
+            examples=[
+                (_SAMPLE[:120] + "<|endoftext|>" + _SAMPLE[120:240], None, None),  # the next free id
+                ("a b<|e|>a b", {(97, 32): 256, (256, 98): 257}, {"<|e|>": 300}),  # (a, space) never meets
+            ],
+        ),
+        Clause(
+            "the longest special wins where several start at the same place; the leftmost first",
+            _special_given,
+            examples=[
+                (t, {}, _LONGEST)
+                for t in (
+                    "<|endoftext|>",
+                    "x<|end|><|endoftext|><|end|>y",
+                    "<|endoftext|><|end|>",
+                    "<|en<|end|>d|>",
+                )
+            ]
+            + [("bab", {}, {"ab": 300, "ba": 301})],
+        ),
+        Clause(
+            "special strings not in special, and an empty special dict, are ordinary text",
+            _special_given,
+            examples=[
+                ("<|endoftext|> the fox", None, {}),
+                ("<|endoftext|> the fox<|end|>", None, {"<|end|>": 400}),
+                ("", None, {"<|end|>": 400}),
+                ("é€🙂 <|x|>", None, {}),
+            ],
+        ),
+        raises(
+            lambda what: Call(what, ("a<|e|>a", dict(_EOT_RANKS), dict(_SPECIAL_BAD[what]))),
+            text="ValueError for an empty special string, an id that is a byte or a merge's id, or not an int",
+            fix="name the special token and its id",
+            examples=list(_SPECIAL_BAD),
+        ),
+    ],
+)
+check_encode_with_special, grade_encode_with_special = SPECIAL.graders()

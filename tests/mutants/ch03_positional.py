@@ -192,6 +192,22 @@ MUTANTS = [
         (_ROPE_OUT, "return (x * cos + partner * sin).detach()"),
     ),
     mutant(
+        "rope_returns_x_where_nothing_turns",
+        ref.apply_rope,
+        "shares memory with an input",
+        (
+            "    D = x.shape[-1]\n",
+            "    if not bool(positions.any()):\n        return x  # nothing to rotate\n    D = x.shape[-1]\n",
+        ),
+    ),
+    mutant(
+        "rope_angles_in_x_dtype",
+        ref.apply_rope,
+        "take cos and sin of the float64 angles",
+        (_ROPE_COS, "cos = torch.cat([angles.to(x.dtype).cos(), angles.to(x.dtype).cos()], dim=-1)"),
+        (_ROPE_SIN, "sin = torch.cat([angles.to(x.dtype).sin(), angles.to(x.dtype).sin()], dim=-1)"),
+    ),
+    mutant(
         "rope_drops_argument_checks",
         ref.apply_rope,
         "raise a ValueError",

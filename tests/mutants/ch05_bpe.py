@@ -310,6 +310,19 @@ def merge(ids, pair, new_id):
         "raised ValueError",
         ("while len(ids) >= 2:", "while True:"),
     ),
+    Mutant(
+        "encode_ranks_in_dict_order",
+        "encode_chunk",
+        "encode_chunk",
+        "not in the mapping's insertion order",
+        """
+def encode_chunk(chunk, ranks):
+    ids = list(chunk.encode("utf-8"))
+    for pair, new_id in ranks.items():  # the dict's order taken for the order the pairs were learnt in
+        ids = merge(ids, pair, new_id)
+    return ids
+""",
+    ),
     mutant(
         "decode_ignores_errors",
         ref.decode,
@@ -452,6 +465,15 @@ def merge(ids, pair, new_id):
         ref.bytes_per_token,
         "outside the expected band",
         ("chunk_counts(test_text, pattern).items()", "chunk_counts(train_text, pattern).items()"),
+    ),
+    mutant(
+        "bpt_vocab_size_not_checked_as_int",
+        ref.bytes_per_token,
+        "300.0) your code raised TypeError",
+        (
+            "if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 256:",
+            "if vocab_size < 256:",
+        ),
     ),
     mutant(
         "bpt_no_validation",
