@@ -1,23 +1,25 @@
 """Checks for the appendix exercise (transformer arithmetic).
 
-Each part has two entry points, both called from the notebook with the student's
-function(s). ``check_*`` holds the *public* checks: every clause the hidden checks grade, each on
-one worked example. ``grade_*`` holds the *hidden* checks: one named check per clause of the
-part's text and docstring, on published shapes and on shapes drawn across the allowed inputs
-(:func:`~coursekit.grading.core.for_all`: one to several layers and heads, grouped-query
-attention with one or more key/value heads, explicit and default widths, every precision and
-optimizer, any number of bits), against :mod:`coursekit.arithmetic` (whose formulas the course's
+Each graded part is a :class:`~coursekit.grading.spec.Spec`: one :class:`~coursekit.grading.spec.Clause`
+per promise of its text and docstring, stated once. ``check_*`` (public) runs each clause's fixed
+examples (a worked example of the text where there is one); ``grade_*`` (hidden) runs the same clauses
+on published shapes and on shapes drawn across the allowed inputs (one to several layers and heads,
+grouped-query attention with one or more key/value heads, explicit and default widths, every precision
+and optimizer, any number of bits), against :mod:`coursekit.arithmetic` (whose formulas the course's
 tests compare with real modules, real caches, real optimizer states and torch's FLOP counter).
 Parameter counts must be exact integers; the other answers are compared at float64 precision
-(:func:`~coursekit.grading.core.close`). Every promised ``ValueError`` is provoked: each argument
-at zero, negative and (where a whole number is needed) fractional values, and the divisibility
-and range rules. Before the generic "expected ..." hint, each check computes the answers of the
-usual mistakes (the factor 2 of keys and values, bits for bytes, GB for GiB, biases and norms
-forgotten, ``2 N D`` for ``6 N D`` ...) and names the one the student's number equals.
+(:func:`~coursekit.grading.core.close`). Every promised ``ValueError`` is provoked: each argument at
+zero, negative and (where a whole number is needed) fractional values, and the divisibility and range
+rules; its message must name the argument or give the values (so these clauses test more than
+:func:`~coursekit.grading.spec.raises`, which checks the type alone). Before the generic "expected ..."
+hint, each check computes the answers of the usual mistakes (the factor 2 of keys and values, bits for
+bytes, GB for GiB, biases and norms forgotten, ``2 N D`` for ``6 N D`` ...) and names the one the
+student's number equals. The experiment is graded in its band and, as a
+:func:`~coursekit.grading.spec.procedure`, exactly.
 
-Over 500 lines: one named check per clause of the exercise text for each graded part, public and
-hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
-it would scatter one exercise's specification over several files.
+Over 500 lines: one clause per promise of the exercise text for each graded part, with the inputs that
+provoke it and the common mistakes each hint names, and three predictions; splitting it would scatter
+one exercise's specification over several files.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ from coursekit.grading.core import (
     Grader,
     close,
     describe,
-    for_all,
     is_tensor,
     raise_unless_student_error,
     said,
 )
 from coursekit.grading.questions import Prediction, expect_in_band
+from coursekit.grading.spec import Call, Clause, Spec, procedure
 from coursekit.multihead import MultiHeadAttention
 
 __all__ = [
@@ -143,16 +145,48 @@ def _expect_error(
     g.fail(f"{call} returned {got!r}; raise a ValueError instead ({why})")
 
 
-def _bad_values(
-    g: Grader, fn, name: str, good: dict, integers: tuple[str, ...], numbers_: tuple[str, ...] = ()
-):
-    """Each argument in turn at 0 and -1 (and 2.5 where a whole number is needed) must raise a ValueError naming it."""
-    for arg in integers + numbers_:
-        for bad in (0, -1) + ((2.5,) if arg in integers else ()):
-            kind = "a positive integer" if arg in integers else "a positive number"
-            _expect_error(
-                g, fn, (), good | {arg: bad}, name, (arg,), f"{arg} must be {kind}: use require_positive"
-            )
+def _student(g: Grader, call: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``; an exception of the student's code fails the check: "<call> raised X: msg"."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001
+        raise_unless_student_error(e)
+        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+
+
+def _split(case: tuple) -> tuple[tuple, dict]:
+    """A fixed input: the positional arguments alone, or ``(arguments, keyword arguments)``."""
+    return case if len(case) == 2 and isinstance(case[0], tuple) and isinstance(case[1], dict) else (case, {})
+
+
+def _divide_cases(name: str, *cases: tuple[tuple, tuple[str, ...]]) -> list:
+    """The inputs of :func:`_divides`: ``(args, the values the message must give)`` for ``name``."""
+    return [(name, args, shown, _DIVIDE) for args, shown in cases]
+
+
+def _bad_cases(name: str, good: dict, integers: tuple[str, ...], numbers_: tuple[str, ...] = ()) -> list:
+    """Each argument in turn at 0 and -1 (and 2.5 where a whole number is needed): the inputs of
+    :func:`_bad_value`."""
+    return [
+        (name, good, arg, bad, "a positive integer" if arg in integers else "a positive number")
+        for arg in integers + numbers_
+        for bad in (0, -1) + ((2.5,) if arg in integers else ())
+    ]
+
+
+def _bad_value(g: Grader, fn, case: tuple) -> None:
+    """``fn(**good)`` with one argument at a bad value must raise a ValueError naming it."""
+    name, good, arg, bad, kind = case
+    _expect_error(g, fn, (), good | {arg: bad}, name, (arg,), f"{arg} must be {kind}: use require_positive")
+
+
+def _divides(g: Grader, fn, case: tuple) -> None:
+    """``fn(*args)`` must raise a ValueError giving the values that do not divide."""
+    name, args, shown, why = case
+    _expect_error(g, fn, args, {}, name, shown, why)
+
+
+_DIVIDE = "say which of d_model, n_heads and n_kv_heads do not divide, with their values"
 
 
 def _gqa_shapes():
@@ -236,28 +270,15 @@ def _decoder_mistakes(V, T, C, L, H, H_kv=None, d_ff=None, tied=True) -> list[tu
 _DECODER_ARGS = ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "tied")
 
 
-def _check_decoder(g: Grader, decoder_params, args: tuple, kwargs: dict | None = None) -> None:
-    kwargs = kwargs or {}
+def _check_decoder(g: Grader, decoder_params, case: tuple) -> None:
+    """``decoder_params(*args, **kwargs)`` (:func:`_split`): the exact count, an int."""
+    args, kwargs = _split(case)
     full = dict(zip(_DECODER_ARGS, args)) | kwargs
     call = _call("decoder_params", *args, **kwargs)
-    try:
-        got = decoder_params(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001
-        raise_unless_student_error(e)
-        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
-    _expect_value(
-        g,
-        got,
-        ref.decoder_params(**full),
-        call,
-        _decoder_mistakes(
-            *(full.get(n) for n in _DECODER_ARGS[:5]),
-            full.get("n_kv_heads"),
-            full.get("d_ff"),
-            full.get("tied", True),
-        ),
-        exact=True,
-    )
+    got = _student(g, call, decoder_params, *args, **kwargs)
+    sizes = [full.get(n) for n in _DECODER_ARGS[:7]]
+    mistakes = _decoder_mistakes(*sizes, full.get("tied", True))
+    _expect_value(g, got, ref.decoder_params(**full), call, mistakes, exact=True)
 
 
 def _decoder_cases():
@@ -280,100 +301,71 @@ def _decoder_cases():
     ).map(build)
 
 
-def grade_decoder_params(decoder_params) -> None:
-    """Grade ``decoder_params(vocab_size, n_positions, d_model, n_layers, n_heads, n_kv_heads, d_ff, tied)``."""
-    g = Grader("decoder_params")
+_GPT2 = [ref.PUBLISHED[n] for n in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")]
 
-    with g.check("the exact count, an int, of the GPT-2 family (multi-head attention, tied output layer)"):
-        for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"):
-            c = ref.PUBLISHED[name]
-            _check_decoder(g, decoder_params, (c.vocab_size, c.block_size, c.d_model, c.n_layers, c.n_heads))
-
-    with g.check(
-        "grouped-query attention: k and v have n_kv_heads * d_head outputs (one or several kv heads)"
-    ):
-        for args in ((50257, 1024, 768, 12, 12, 4), (32000, 4096, 4096, 32, 32, 8), (1000, 64, 96, 3, 6, 1)):
-            _check_decoder(g, decoder_params, args)
-
-    with g.check("an explicit feed-forward width d_ff"):
-        _check_decoder(g, decoder_params, (32000, 2048, 2048, 16, 16, 4, 5504))
-        _check_decoder(g, decoder_params, (500, 32, 64, 2, 4, 2, 100))
-
-    with g.check("tied=False adds a bias-free vocab_size x d_model output layer"):
-        _check_decoder(g, decoder_params, (32000, 4096, 4096, 32, 32, 8, 11008, False))
-        _check_decoder(g, decoder_params, (50257, 1024, 768, 12, 12), {"tied": False})
-
-    with g.check("defaults: n_kv_heads=None is multi-head attention, d_ff=None is 4 * d_model, tied=True"):
-        _check_decoder(g, decoder_params, (1000, 128, 256, 4, 8))
-        _check_decoder(g, decoder_params, (1000, 128, 256, 4, 8), {"n_kv_heads": None, "d_ff": None})
-
-    with g.check(
-        "the exact count of small decoders of every kind (drawn shapes, optional arguments by position or "
-        "by name)"
-    ):
-        for_all(
-            "params.values",
+DECODER_PARAMS = Spec(
+    "decoder_params",
+    [
+        Clause(
+            "the exact count, an int, of the GPT-2 family (multi-head attention, tied output layer)",
+            _check_decoder,
+            examples=[(c.vocab_size, c.block_size, c.d_model, c.n_layers, c.n_heads) for c in _GPT2],
+        ),
+        Clause(
+            "grouped-query attention: k and v have n_kv_heads * d_head outputs (one or several kv heads)",
+            _check_decoder,
+            examples=[(50257, 1024, 768, 12, 12, 4), (32000, 4096, 4096, 32, 32, 8), (1000, 64, 96, 3, 6, 1)],
+        ),
+        Clause(
+            "an explicit feed-forward width d_ff",
+            _check_decoder,
+            examples=[(32000, 2048, 2048, 16, 16, 4, 5504), (500, 32, 64, 2, 4, 2, 100)],
+        ),
+        Clause(
+            "tied=False adds a bias-free vocab_size x d_model output layer",
+            _check_decoder,
+            examples=[
+                (32000, 4096, 4096, 32, 32, 8, 11008, False),
+                ((50257, 1024, 768, 12, 12), {"tied": False}),
+            ],
+        ),
+        Clause(
+            "defaults: n_kv_heads=None is multi-head attention, d_ff=None is 4 * d_model, tied=True",
+            _check_decoder,
+            examples=[(1000, 128, 256, 4, 8), ((1000, 128, 256, 4, 8), {"n_kv_heads": None, "d_ff": None})],
+        ),
+        Clause(
+            "the exact count of small decoders of every kind (drawn shapes, optional arguments by position or "
+            "by name)",
+            _check_decoder,
             _decoder_cases(),
-            lambda c: _check_decoder(g, decoder_params, *c),
-            max_examples=30,
-            first=((10, 4, 6, 1, 2), {}),
-        )
-
-    with g.check(
-        "a ValueError naming the values when n_heads does not divide d_model or n_kv_heads does not "
-        "divide n_heads"
-    ):
-        for args, shown in (
-            ((1000, 64, 100, 2, 12), ("100", "12")),
-            ((1000, 64, 96, 2, 12, 5), ("12", "5")),
-            ((1000, 64, 96, 2, 8, 3), ("8", "3")),
-        ):
-            _expect_error(
-                g,
-                decoder_params,
-                args,
-                {},
+            key="params.values",
+            budget="widest",
+            examples=[((10, 4, 6, 1, 2), {})],
+        ),
+        Clause(
+            "a ValueError naming the values when n_heads does not divide d_model or n_kv_heads does not "
+            "divide n_heads",
+            _divides,
+            examples=_divide_cases(
                 "decoder_params",
-                shown,
-                "say which of d_model, n_heads and n_kv_heads do not divide, with their values",
-            )
-
-    with g.check("a ValueError naming the argument for a size that is not a positive whole number"):
-        good = dict(zip(_DECODER_ARGS[:7], (1000, 64, 96, 2, 12, 4, 300)))
-        _bad_values(g, decoder_params, "decoder_params", good, _DECODER_ARGS[:7])
-
-    g.finish()
-
-
-def check_decoder_params(decoder_params) -> None:
-    g = Grader("decoder_params (public)")
-    with g.check("GPT-2 small, an int: decoder_params(50257, 1024, 768, 12, 12) == 124,439,808"):
-        _check_decoder(g, decoder_params, (50257, 1024, 768, 12, 12))
-    with g.check("with 4 key/value heads: decoder_params(50257, 1024, 768, 12, 12, 4) == 114,990,336"):
-        _check_decoder(g, decoder_params, (50257, 1024, 768, 12, 12, 4))
-    with g.check("d_ff and tied=False: decoder_params(100, 8, 16, 2, 4, 2, 40, False)"):
-        _check_decoder(g, decoder_params, (100, 8, 16, 2, 4, 2, 40, False))
-    with g.check("n_heads must divide d_model: decoder_params(100, 8, 18, 2, 4) raises a ValueError"):
-        _expect_error(
-            g,
-            decoder_params,
-            (100, 8, 18, 2, 4),
-            {},
-            "decoder_params",
-            ("18", "4"),
-            "say that n_heads=4 does not divide d_model=18",
-        )
-    with g.check("sizes are positive whole numbers: n_layers=0 raises a ValueError naming n_layers"):
-        _expect_error(
-            g,
-            decoder_params,
-            (100, 8, 16, 0, 4),
-            {},
-            "decoder_params",
-            ("n_layers",),
-            "n_layers must be a positive integer: use require_positive",
-        )
-    g.finish()
+                ((1000, 64, 100, 2, 12), ("100", "12")),
+                ((1000, 64, 96, 2, 12, 5), ("12", "5")),
+                ((1000, 64, 96, 2, 8, 3), ("8", "3")),
+            ),
+        ),
+        Clause(
+            "a ValueError naming the argument for a size that is not a positive whole number",
+            _bad_value,
+            examples=_bad_cases(
+                "decoder_params",
+                dict(zip(_DECODER_ARGS[:7], (1000, 64, 96, 2, 12, 4, 300))),
+                _DECODER_ARGS[:7],
+            ),
+        ),
+    ],
+)
+check_decoder_params, grade_decoder_params = DECODER_PARAMS.graders()
 
 
 # =========================================================================== part 2: training_memory_gib
@@ -433,24 +425,20 @@ def _memory_mistakes(n: float, precision: str, optimizer: str) -> list[tuple[flo
     return out
 
 
-def _check_memory(g: Grader, training_memory_gib, n: float, *names: str) -> None:
+def _check_memory(g: Grader, functions: tuple, case: tuple) -> None:
+    """``training_memory_gib(*case)``, ``case = (n_params, *names)``."""
+    n, *names = case
     call = _call("training_memory_gib", n, *names)
-    try:
-        got = training_memory_gib(n, *names)
-    except Exception as e:  # noqa: BLE001
-        raise_unless_student_error(e)
-        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
-    precision, optimizer = (names + ("fp32", "adam")[len(names) :])[:2]
+    got = _student(g, call, functions[0], n, *names)
+    precision, optimizer = (tuple(names) + ("fp32", "adam")[len(names) :])[:2]
     _expect_value(g, got, ref.training_memory_gib(n, *names), call, _memory_mistakes(n, precision, optimizer))
 
 
-def _check_bytes(g: Grader, memory_per_param, *args, **kwargs) -> None:
+def _check_bytes(g: Grader, functions: tuple, case: tuple) -> None:
+    """``memory_per_param(*args, **kwargs)`` (:func:`_split`): the bytes per parameter under the four keys."""
+    args, kwargs = _split(case)
     call = _call("memory_per_param", *args, **kwargs)
-    try:
-        got = memory_per_param(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001
-        raise_unless_student_error(e)
-        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    got = _student(g, call, functions[1], *args, **kwargs)
     expected = ref.memory_per_param(*args, **kwargs)
     g.expect(
         isinstance(got, dict) and set(got) == set(KEYS),
@@ -462,122 +450,104 @@ def _check_bytes(g: Grader, memory_per_param, *args, **kwargs) -> None:
     g.expect(not wrong, f"{call} should be {expected}, got {got!r} (wrong: {', '.join(wrong)})")
 
 
-def grade_training_memory(training_memory_gib, memory_per_param=None) -> None:
-    """Grade ``training_memory_gib(n_params, precision, optimizer)`` and, when the test cell passes it,
-    ``memory_per_param(precision, optimizer, fp32_grads)``."""
-    g = Grader("training_memory_gib")
+def _memory_errors(g: Grader, functions: tuple, case: tuple) -> None:
+    """A ValueError from ``training_memory_gib`` (``which`` 0) or ``memory_per_param`` (1, when the test cell
+    passes it) for ``args``, naming ``shown``."""
+    which, args, shown, why = case
+    if functions[which] is not None:
+        _expect_error(g, functions[which], args, {}, _MEMORY_NAMES[which], shown, why)
 
-    with g.check("the result is in GiB (2**30 bytes); the defaults are fp32 and Adam"):
-        _check_memory(g, training_memory_gib, 2**30, "fp32", "sgd")
-        _check_memory(g, training_memory_gib, 1e9, "fp32", "adam")
-        _check_memory(g, training_memory_gib, 1e9)
-        _check_memory(g, training_memory_gib, 3e8, "bf16")
 
-    with g.check("weights and gradients: plain SGD, fp32 and mixed precision"):
-        for precision in PRECISIONS:
-            _check_memory(g, training_memory_gib, 3e9, precision, "sgd")
+_MEMORY_NAMES = ("training_memory_gib", "memory_per_param")
+_BAD_NAMES = [
+    (which, lead + names, accepted, f"list the accepted {what}")
+    for which, lead in ((0, (1e9,)), (1, ()))
+    for names, accepted, what in (
+        (("fp8", "adam"), PRECISIONS, "precisions"),
+        (("fp32", "adagrad"), OPTIMIZERS, "optimizers"),
+    )
+]
+_N_PARAMS = "n_params must be a positive number: use require_positive"
 
-    with g.check("SGD with momentum keeps one float32 buffer"):
-        for precision in PRECISIONS:
-            _check_memory(g, training_memory_gib, 1.3e8, precision, "momentum")
-
-    with g.check("Adam keeps two float32 moments: 16 bytes per parameter in mixed precision and in fp32"):
-        for precision in ("bf16", "fp16", "fp32"):
-            _check_memory(g, training_memory_gib, 7e9, precision, "adam")
-
-    with g.check("8-bit Adam keeps two 1-byte moments"):
-        for precision in PRECISIONS:
-            _check_memory(g, training_memory_gib, 7e9, precision, "adam8bit")
-
-    with g.check("any positive number of parameters, every precision and optimizer (drawn)"):
-        cases = st.tuples(
-            st.one_of(st.integers(1, 10**12), st.floats(0.5, 1e12)),
-            st.sampled_from(PRECISIONS),
-            st.sampled_from(OPTIMIZERS),
-        )
-        for_all(
-            "memory.values",
-            cases,
-            lambda c: _check_memory(g, training_memory_gib, *c),
+TRAINING_MEMORY = Spec(
+    "training_memory_gib",
+    [
+        Clause(
+            "the result is in GiB (2**30 bytes); the defaults are fp32 and Adam",
+            _check_memory,
+            examples=[(2**30, "fp32", "sgd"), (1e9, "fp32", "adam"), (1e9,), (3e8, "bf16")],
+        ),
+        Clause(
+            "weights and gradients: plain SGD, fp32 and mixed precision",
+            _check_memory,
+            examples=[(3e9, p, "sgd") for p in PRECISIONS],
+        ),
+        Clause(
+            "SGD with momentum keeps one float32 buffer",
+            _check_memory,
+            examples=[(1.3e8, p, "momentum") for p in PRECISIONS],
+        ),
+        Clause(
+            "Adam keeps two float32 moments: 16 bytes per parameter in mixed precision and in fp32",
+            _check_memory,
+            examples=[(7e9, p, "adam") for p in ("bf16", "fp16", "fp32")],
+        ),
+        Clause(
+            "8-bit Adam keeps two 1-byte moments",
+            _check_memory,
+            examples=[(7e9, p, "adam8bit") for p in PRECISIONS],
+        ),
+        Clause(
+            "any positive number of parameters, every precision and optimizer (drawn)",
+            _check_memory,
+            st.tuples(
+                st.one_of(st.integers(1, 10**12), st.floats(0.5, 1e12)),
+                st.sampled_from(PRECISIONS),
+                st.sampled_from(OPTIMIZERS),
+            ),
+            key="memory.values",
+            budget="wide",
             first=(1, "fp32", "sgd"),
-        )
-
-    with g.check(
-        "unknown precision or optimizer names raise a ValueError that lists the accepted names; "
-        "n_params must be a positive number"
-    ):
-        for fn, name in ((training_memory_gib, "training_memory_gib"),) + (
-            (memory_per_param, "memory_per_param"),
-        ) * (memory_per_param is not None):
-            lead = (1e9,) if fn is training_memory_gib else ()
-            _expect_error(g, fn, lead + ("fp8", "adam"), {}, name, PRECISIONS, "list the accepted precisions")
-            _expect_error(
-                g, fn, lead + ("fp32", "adagrad"), {}, name, OPTIMIZERS, "list the accepted optimizers"
-            )
-        for bad in (0, -1e9):
-            _expect_error(
-                g,
-                training_memory_gib,
-                (bad, "fp32", "adam"),
-                {},
-                "training_memory_gib",
-                ("n_params",),
-                "n_params must be a positive number: use require_positive",
-            )
-
-    if memory_per_param is not None:
-        with g.check(
+            examples=[(1e9, "fp32", "adam"), (1e9, "bf16", "adam")],  # the text's: 16 bytes, 14.90 GiB
+        ),
+        Clause(
+            "unknown precision or optimizer names raise a ValueError that lists the accepted names; "
+            "n_params must be a positive number",
+            _memory_errors,
+            examples=_BAD_NAMES + [(0, (bad, "fp32", "adam"), ("n_params",), _N_PARAMS) for bad in (0, -1e9)],
+        ),
+        Clause(
             "memory_per_param: bytes per parameter by what they hold, for every precision and optimizer, "
-            "with and without fp32_grads (default False), and its defaults (fp32, Adam)"
-        ):
-            _check_bytes(g, memory_per_param)
-            _check_bytes(g, memory_per_param, "bf16")
-            for precision in PRECISIONS:
-                for optimizer in OPTIMIZERS:
-                    _check_bytes(g, memory_per_param, precision, optimizer)
-                    _check_bytes(g, memory_per_param, precision, optimizer, fp32_grads=True)
-                    _check_bytes(g, memory_per_param, precision, optimizer, False)
-
-    g.finish()
+            "with and without fp32_grads (default False), and its defaults (fp32, Adam)",
+            _check_bytes,
+            examples=[(), ("bf16",)]
+            + [
+                case
+                for p in PRECISIONS
+                for o in OPTIMIZERS
+                for case in ((p, o), ((p, o), {"fp32_grads": True}), (p, o, False))
+            ],
+        ),
+    ],
+)
+#: the same part when the test cell passes training_memory_gib alone: memory_per_param is not graded
+_TRAINING_MEMORY_ALONE = Spec("training_memory_gib", TRAINING_MEMORY.clauses[:-1])
 
 
 def check_training_memory(training_memory_gib, memory_per_param=None) -> None:
-    g = Grader("training_memory_gib (public)")
-    with g.check("1e9 parameters, fp32 Adam: 16e9 bytes = 14.90 GiB"):
-        _check_memory(g, training_memory_gib, 1e9, "fp32", "adam")
-    with g.check("1e9 parameters, bf16 Adam: 2 + 2 + 4 + 8 = 16 bytes, 14.90 GiB too"):
-        _check_memory(g, training_memory_gib, 1e9, "bf16", "adam")
-    with g.check(
-        "the defaults, SGD, momentum and 8-bit Adam: training_memory_gib(1e9), (1e9, 'fp16', 'sgd'), ..."
-    ):
-        for names in ((), ("fp16", "sgd"), ("fp32", "momentum"), ("bf16", "adam8bit")):
-            _check_memory(g, training_memory_gib, 1e9, *names)
-    with g.check(
-        "unknown names raise a ValueError listing the accepted ones; n_params=0 raises a ValueError"
-    ):
-        _expect_error(
-            g,
-            training_memory_gib,
-            (1e9, "fp8", "adam"),
-            {},
-            "training_memory_gib",
-            PRECISIONS,
-            "list the accepted precisions",
-        )
-        _expect_error(
-            g,
-            training_memory_gib,
-            (0, "fp32", "adam"),
-            {},
-            "training_memory_gib",
-            ("n_params",),
-            "n_params must be a positive number",
-        )
-    if memory_per_param is not None:
-        with g.check("memory_per_param('bf16', 'adam') and with fp32_grads=True"):
-            _check_bytes(g, memory_per_param, "bf16", "adam")
-            _check_bytes(g, memory_per_param, "bf16", "adam", fp32_grads=True)
-    g.finish()
+    """Public checks of ``training_memory_gib`` and, when the test cell passes it, ``memory_per_param``."""
+    spec = _TRAINING_MEMORY_ALONE if memory_per_param is None else TRAINING_MEMORY
+    spec.check((training_memory_gib, memory_per_param))
+
+
+def grade_training_memory(training_memory_gib, memory_per_param=None) -> None:
+    """Hidden checks of ``training_memory_gib(n_params, precision, optimizer)`` and, when the test cell passes
+    it, ``memory_per_param(precision, optimizer, fp32_grads)``."""
+    spec = _TRAINING_MEMORY_ALONE if memory_per_param is None else TRAINING_MEMORY
+    spec.grade((training_memory_gib, memory_per_param))
+
+
+check_training_memory.spec = grade_training_memory.spec = TRAINING_MEMORY  # type: ignore[attr-defined]
 
 
 # =========================================================================== part 3: kv_cache_gib
@@ -621,120 +591,89 @@ def _kv_mistakes(L, H, H_kv, C, T, B=1, bits=16) -> list[tuple[float, str]]:
     return out
 
 
-def _check_kv(g: Grader, kv_cache_gib, *args, **kwargs) -> None:
+def _check_kv(g: Grader, kv_cache_gib, case: tuple) -> None:
+    """``kv_cache_gib(*args, **kwargs)`` (:func:`_split`)."""
+    args, kwargs = _split(case)
     call = _call("kv_cache_gib", *args, **kwargs)
-    try:
-        got = kv_cache_gib(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001
-        raise_unless_student_error(e)
-        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    got = _student(g, call, kv_cache_gib, *args, **kwargs)
     full = dict(zip(_KV_ARGS, args)) | kwargs
-    _expect_value(
-        g,
-        got,
-        ref.kv_cache_gib(**full),
-        call,
-        _kv_mistakes(*(full.get(n) for n in _KV_ARGS[:5]), full.get("batch", 1), full.get("bits", 16)),
-    )
+    mistakes = _kv_mistakes(*(full.get(n) for n in _KV_ARGS[:5]), full.get("batch", 1), full.get("bits", 16))
+    _expect_value(g, got, ref.kv_cache_gib(**full), call, mistakes)
 
 
-def grade_kv_cache(kv_cache_gib) -> None:
-    """Grade ``kv_cache_gib(n_layers, n_heads, n_kv_heads, d_model, seq_len, batch, bits)``."""
-    g = Grader("kv_cache_gib")
+def _check_kv_drawn(g: Grader, kv_cache_gib, case: tuple) -> None:
+    (H, H_kv, D), L, T, B, bits = case
+    _check_kv(g, kv_cache_gib, (L, H, H_kv, H * D, T, B, bits))
 
-    with g.check("multi-head attention (n_kv_heads = n_heads), 16 bits"):
-        _check_kv(g, kv_cache_gib, 12, 12, 12, 768, 1024, 1, 16)
-        _check_kv(g, kv_cache_gib, 48, 25, 25, 1600, 1024, 1, 16)
 
-    with g.check("grouped-query attention caches n_kv_heads heads of width d_model // n_heads"):
-        _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 8192, 1, 16)
-        _check_kv(g, kv_cache_gib, 80, 64, 8, 8192, 4096, 1, 16)
-        _check_kv(g, kv_cache_gib, 28, 28, 4, 3584, 32768, 1, 16)
-
-    with g.check("the batch multiplies the cache"):
-        _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 2048, 16, 16)
-
-    with g.check("bits per value: a quantized cache (8 and 4 bits), and any whole number of bits"):
-        _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 8192, 1, 8)
-        _check_kv(g, kv_cache_gib, 32, 32, 4, 4096, 100000, 2, 4)
-        _check_kv(g, kv_cache_gib, 1, 1, 1, 1, 1, 1, 3)
-        _check_kv(g, kv_cache_gib, 3, 4, 2, 12, 7, 1, 1)
-
-    with g.check("multi-query attention (n_kv_heads = 1) and the defaults batch=1, bits=16"):
-        _check_kv(g, kv_cache_gib, 24, 16, 1, 2048, 2048)
-        _check_kv(g, kv_cache_gib, 24, 16, 2, 2048, 2048, batch=3)
-        _check_kv(g, kv_cache_gib, 24, 16, 4, 2048, 2048, bits=8)
-
-    with g.check("drawn shapes: layers, heads, key/value heads, widths, lengths, batches and bits"):
-
-        def test(case):
-            (H, H_kv, D), L, T, B, bits = case
-            _check_kv(g, kv_cache_gib, L, H, H_kv, H * D, T, B, bits)
-
-        cases = st.tuples(
-            _gqa_shapes(), st.integers(1, 6), st.integers(1, 5000), st.integers(1, 8), st.integers(1, 32)
-        )
-        for_all("kv.values", cases, test, max_examples=30, first=((2, 1, 4), 1, 1, 1, 16))
-
-    with g.check(
-        "a ValueError naming the values when n_heads does not divide d_model or n_kv_heads does not "
-        "divide n_heads"
-    ):
-        for args, shown in (
-            ((2, 12, 12, 100, 64), ("100", "12")),
-            ((2, 12, 5, 96, 64), ("12", "5")),
-            ((2, 8, 3, 96, 64), ("8", "3")),
-        ):
-            _expect_error(
-                g,
-                kv_cache_gib,
-                args,
-                {},
+KV_CACHE = Spec(
+    "kv_cache_gib",
+    [
+        Clause(
+            "multi-head attention (n_kv_heads = n_heads), 16 bits",
+            _check_kv,
+            examples=[(12, 12, 12, 768, 1024, 1, 16), (48, 25, 25, 1600, 1024, 1, 16)],
+        ),
+        Clause(
+            "grouped-query attention caches n_kv_heads heads of width d_model // n_heads",
+            _check_kv,
+            examples=[
+                (32, 32, 8, 4096, 8192, 1, 16),
+                (80, 64, 8, 8192, 4096, 1, 16),
+                (28, 28, 4, 3584, 32768, 1, 16),
+            ],
+        ),
+        Clause("the batch multiplies the cache", _check_kv, examples=[(32, 32, 8, 4096, 2048, 16, 16)]),
+        Clause(
+            "bits per value: a quantized cache (8 and 4 bits), and any whole number of bits",
+            _check_kv,
+            examples=[
+                (32, 32, 8, 4096, 8192, 1, 8),
+                (32, 32, 4, 4096, 100000, 2, 4),
+                (1, 1, 1, 1, 1, 1, 3),
+                (3, 4, 2, 12, 7, 1, 1),
+            ],
+        ),
+        Clause(
+            "multi-query attention (n_kv_heads = 1) and the defaults batch=1, bits=16",
+            _check_kv,
+            examples=[
+                (24, 16, 1, 2048, 2048),
+                ((24, 16, 2, 2048, 2048), {"batch": 3}),
+                ((24, 16, 4, 2048, 2048), {"bits": 8}),
+            ],
+        ),
+        Clause(
+            "drawn shapes: layers, heads, key/value heads, widths, lengths, batches and bits",
+            _check_kv_drawn,
+            st.tuples(
+                _gqa_shapes(), st.integers(1, 6), st.integers(1, 5000), st.integers(1, 8), st.integers(1, 32)
+            ),
+            key="kv.values",
+            budget="widest",
+            first=((2, 1, 4), 1, 1, 1, 16),
+            # the text's check: a Llama-3-8B shape holds 1 GiB for 8192 tokens in 16 bits
+            examples=[((32, 8, 128), 32, 8192, 1, 16), ((2, 1, 4), 1, 1, 1, 16)],
+        ),
+        Clause(
+            "a ValueError naming the values when n_heads does not divide d_model or n_kv_heads does not "
+            "divide n_heads",
+            _divides,
+            examples=_divide_cases(
                 "kv_cache_gib",
-                shown,
-                "say which of d_model, n_heads and n_kv_heads do not divide, with their values",
-            )
-
-    with g.check("a ValueError naming the argument for a value that is not a positive whole number"):
-        good = dict(zip(_KV_ARGS, (2, 12, 4, 96, 64, 2, 8)))
-        _bad_values(g, kv_cache_gib, "kv_cache_gib", good, _KV_ARGS)
-
-    g.finish()
-
-
-def check_kv_cache(kv_cache_gib) -> None:
-    g = Grader("kv_cache_gib (public)")
-    with g.check(
-        "a Llama-3-8B shape at 8192 tokens (defaults batch=1, bits=16): kv_cache_gib(32, 32, 8, 4096, 8192) "
-        "== 1.0"
-    ):
-        _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 8192)
-    with g.check(
-        "batch and bits, not rounded: kv_cache_gib(32, 32, 8, 4096, 8192, batch=4, bits=4) == 1.0, and 3 bits"
-    ):
-        _check_kv(g, kv_cache_gib, 32, 32, 8, 4096, 8192, batch=4, bits=4)
-        _check_kv(g, kv_cache_gib, 1, 1, 1, 1, 1, 1, 3)
-    with g.check("n_kv_heads must divide n_heads: kv_cache_gib(2, 12, 5, 96, 64) raises a ValueError"):
-        _expect_error(
-            g,
-            kv_cache_gib,
-            (2, 12, 5, 96, 64),
-            {},
-            "kv_cache_gib",
-            ("12", "5"),
-            "say that n_kv_heads=5 does not divide n_heads=12",
-        )
-    with g.check("positive whole numbers: seq_len=0 raises a ValueError naming seq_len"):
-        _expect_error(
-            g,
-            kv_cache_gib,
-            (2, 12, 4, 96, 0),
-            {},
-            "kv_cache_gib",
-            ("seq_len",),
-            "seq_len must be a positive integer: use require_positive",
-        )
-    g.finish()
+                ((2, 12, 12, 100, 64), ("100", "12")),
+                ((2, 12, 5, 96, 64), ("12", "5")),
+                ((2, 8, 3, 96, 64), ("8", "3")),
+            ),
+        ),
+        Clause(
+            "a ValueError naming the argument for a value that is not a positive whole number",
+            _bad_value,
+            examples=_bad_cases("kv_cache_gib", dict(zip(_KV_ARGS, (2, 12, 4, 96, 64, 2, 8))), _KV_ARGS),
+        ),
+    ],
+)
+check_kv_cache, grade_kv_cache = KV_CACHE.graders()
 
 
 # =========================================================================== part 4: training_days
@@ -769,109 +708,85 @@ def _days_mistakes(N, D, n_gpus, tflops, mfu) -> list[tuple[float, str]]:
     ]
 
 
-def _check_days(g: Grader, training_days, *args) -> None:
+def _check_days(g: Grader, training_days, args: tuple) -> None:
     call = _call("training_days", *args)
-    try:
-        got = training_days(*args)
-    except Exception as e:  # noqa: BLE001
-        raise_unless_student_error(e)
-        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    got = _student(g, call, training_days, *args)
     _expect_value(g, got, ref.training_days(*args), call, _days_mistakes(*args))
 
 
-def grade_training_days(training_days) -> None:
-    """Grade ``training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu)``."""
-    g = Grader("training_days")
-
-    with g.check(
-        "published runs: GPT-3 (175B parameters, 300B tokens, 1024 A100s at 40% MFU) and Chinchilla"
-    ):
-        _check_days(g, training_days, 175e9, 300e9, 1024, 312.0, 0.4)
-        _check_days(g, training_days, 70e9, 1.4e12, 2048, 989.0, 0.35)
-
-    with g.check("small runs: the units (TFLOP/s, seconds to days)"):
-        _check_days(g, training_days, 1.24e8, 1e10, 1, 125.0, 0.3)
-        _check_days(g, training_days, 1e9, 2e10, 8, 312.0, 0.45)
-
-    with g.check("twice the GPUs take half the time; mfu=1 (the peak) is allowed"):
-        one = _number(training_days(7e9, 2e12, 256, 989.0, 0.4))
-        two = _number(training_days(7e9, 2e12, 512, 989.0, 0.4))
-        g.expect(
-            one is not None and two is not None and _close(one, 2 * two),
-            f"256 GPUs gave {one} days and 512 GPUs {two}: the time must halve when the GPUs double "
-            "(" + _NO_GPUS + ")",
-        )
-        _check_days(g, training_days, 1e9, 2e10, 8, 312.0, 1.0)
-        _check_days(g, training_days, 3e9, 1e11, 64, 400.0, 1)
-
-    with g.check("drawn runs: any positive sizes, GPU counts, peaks and 0 < mfu <= 1"):
-        cases = st.tuples(
-            st.floats(1e3, 1e12),
-            st.floats(1e3, 1e13),
-            st.integers(1, 4096),
-            st.floats(1.0, 2000.0),
-            st.one_of(st.floats(0.01, 1.0), st.just(1.0)),
-        )
-        for_all(
-            "days.values",
-            cases,
-            lambda c: _check_days(g, training_days, *c),
-            first=(1e9, 2e10, 8, 312.0, 0.5),
-        )
-
-    with g.check("a ValueError unless 0 < mfu <= 1, and for a size, GPU count or peak that is not positive"):
-        good = dict(zip(_DAYS_ARGS, (1e9, 2e10, 8, 312.0, 0.5)))
-        for mfu in (1.5, 2.0, 1.0001):
-            _expect_error(
-                g,
-                training_days,
-                (),
-                good | {"mfu": mfu},
-                "training_days",
-                (str(mfu),),
-                "mfu is a fraction of the peak, in (0, 1]: say so and give the value",
-            )
-        _bad_values(g, training_days, "training_days", good, (), _DAYS_ARGS)
-
-    g.finish()
+def _days_halve(g: Grader, training_days, case: tuple) -> None:
+    """Twice the GPUs (``case[2]`` and twice that) take half the time."""
+    one = _number(training_days(*case))
+    two = _number(training_days(*case[:2], 2 * case[2], *case[3:]))
+    g.expect(
+        one is not None and two is not None and _close(one, 2 * two),
+        f"{case[2]} GPUs gave {one} days and {2 * case[2]} GPUs {two}: the time must halve when the GPUs double "
+        "(" + _NO_GPUS + ")",
+    )
 
 
-def check_training_days(training_days) -> None:
-    g = Grader("training_days (public)")
-    with g.check("1e9 parameters, 2e10 tokens, 8 GPUs of 312 TFLOP/s at 50% MFU: 1.113 days"):
-        _check_days(g, training_days, 1e9, 2e10, 8, 312.0, 0.5)
-    with g.check("mfu=1 is allowed: training_days(1e9, 2e10, 8, 312.0, 1.0)"):
-        _check_days(g, training_days, 1e9, 2e10, 8, 312.0, 1.0)
-    with g.check("mfu=1.5 and mfu=0 raise a ValueError"):
+def _days_scaling(g: Grader, training_days, case: tuple) -> None:
+    (_days_halve if case[0] == "halve" else _check_days)(g, training_days, case[1])
+
+
+def _days_errors(g: Grader, training_days, case: tuple) -> None:
+    """mfu above 1 (a ValueError giving the value), or a bad value of one argument (:func:`_bad_value`)."""
+    if len(case) == 2:
+        why = "mfu is a fraction of the peak, in (0, 1]: say so and give the value"
         _expect_error(
-            g,
-            training_days,
-            (1e9, 2e10, 8, 312.0, 1.5),
-            {},
-            "training_days",
-            (),
-            "mfu is a fraction of the peak, in (0, 1]",
+            g, training_days, (), _DAYS_GOOD | {"mfu": case[1]}, "training_days", (str(case[1]),), why
         )
-        _expect_error(
-            g,
-            training_days,
-            (1e9, 2e10, 8, 312.0, 0),
-            {},
-            "training_days",
-            ("mfu",),
-            "mfu must be a positive number",
-        )
-    with g.check("n_gpus=0 raises a ValueError naming n_gpus"):
-        _expect_error(
-            g,
-            training_days,
-            (1e9, 2e10, 0, 312.0, 0.5),
-            {},
-            "training_days",
-            ("n_gpus",),
-            "n_gpus must be a positive number: use require_positive",
-        )
-    g.finish()
+    else:
+        _bad_value(g, training_days, case)
+
+
+_DAYS_GOOD = dict(zip(_DAYS_ARGS, (1e9, 2e10, 8, 312.0, 0.5)))
+
+TRAINING_DAYS = Spec(
+    "training_days",
+    [
+        Clause(
+            "published runs: GPT-3 (175B parameters, 300B tokens, 1024 A100s at 40% MFU) and Chinchilla",
+            _check_days,
+            examples=[(175e9, 300e9, 1024, 312.0, 0.4), (70e9, 1.4e12, 2048, 989.0, 0.35)],
+        ),
+        Clause(
+            "small runs: the units (TFLOP/s, seconds to days)",
+            _check_days,
+            examples=[(1.24e8, 1e10, 1, 125.0, 0.3), (1e9, 2e10, 8, 312.0, 0.45)],
+        ),
+        Clause(
+            "twice the GPUs take half the time; mfu=1 (the peak) is allowed",
+            _days_scaling,
+            examples=[
+                ("halve", (7e9, 2e12, 256, 989.0, 0.4)),
+                ("value", (1e9, 2e10, 8, 312.0, 1.0)),
+                ("value", (3e9, 1e11, 64, 400.0, 1)),
+            ],
+        ),
+        Clause(
+            "drawn runs: any positive sizes, GPU counts, peaks and 0 < mfu <= 1",
+            _check_days,
+            st.tuples(
+                st.floats(1e3, 1e12),
+                st.floats(1e3, 1e13),
+                st.integers(1, 4096),
+                st.floats(1.0, 2000.0),
+                st.one_of(st.floats(0.01, 1.0), st.just(1.0)),
+            ),
+            key="days.values",
+            budget="wide",
+            examples=[(1e9, 2e10, 8, 312.0, 0.5)],  # the text's check: 1.11 days
+        ),
+        Clause(
+            "a ValueError unless 0 < mfu <= 1, and for a size, GPU count or peak that is not positive",
+            _days_errors,
+            examples=[("mfu", mfu) for mfu in (1.5, 2.0, 1.0001)]
+            + _bad_cases("training_days", _DAYS_GOOD, (), _DAYS_ARGS),
+        ),
+    ],
+)
+check_training_days, grade_training_days = TRAINING_DAYS.graders()
 
 
 # =========================================================================== predict, then check
@@ -1064,27 +979,19 @@ def _near(a: float, b: float) -> bool:
     return abs(a - b) <= FLOPS_BAND * abs(b)
 
 
-def _check_ratio(g: Grader, flops_ratio, *shape, pass_batch: bool = True) -> float | None:
+def _check_ratio(g: Grader, flops_ratio, shape: tuple, pass_batch: bool = True) -> float | None:
     V, C, L, H, T, B = shape
     args = shape if pass_batch else shape[:5]
     call = _call("flops_ratio", *args)
-    try:
-        got = flops_ratio(*args)
-    except Exception as e:  # noqa: BLE001
-        raise_unless_student_error(e)
-        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    got = _student(g, call, flops_ratio, *args)
     flops, n, _ = _flops_parts(*shape)
     right = flops / (2 * n * B * T)
     value = _number(got)
     if value is not None and not _near(value, right):
-        hints = list(
-            dict.fromkeys(h for w, h in _flops_mistakes(*shape) if not _near(w, right) and _near(value, w))
-        )
-        if hints:
-            g.fail(
-                f"{call} gave {value:.4g}, expected {right:.4f} (within {FLOPS_BAND:.0%}): "
-                + "; or: ".join(hints)
-            )
+        mistakes = [h for w, h in _flops_mistakes(*shape) if not _near(w, right) and _near(value, w)]
+        if mistakes:
+            hints = "; or: ".join(dict.fromkeys(mistakes))
+            g.fail(f"{call} gave {value:.4g}, expected {right:.4f} (within {FLOPS_BAND:.0%}): {hints}")
     expect_in_band(
         g,
         call,
@@ -1097,68 +1004,85 @@ def _check_ratio(g: Grader, flops_ratio, *shape, pass_batch: bool = True) -> flo
     return value
 
 
-def grade_flops_ratio(flops_ratio) -> None:
-    """Grade the experiment ``flops_ratio(vocab_size, d_model, n_layers, n_heads, seq_len, batch=1)``: the
-    measured ratio of a forward pass's FLOPs to 2 N per token must fall within 1% of the exact count's."""
-    g = Grader("flops_ratio")
-    with g.check("returns a Python float"):
-        got = flops_ratio(97, 48, 3, 4, 64, 2)
-        g.expect(
-            type(got) is float,
-            f"flops_ratio(97, 48, 3, 4, 64, 2) should return a Python float, got {describe(got)}",
-        )
-    with g.check(
-        f"the measured ratio, within {FLOPS_BAND:.0%}, on four shapes from little attention to a lot"
-    ):
-        for shape in FLOPS_SHAPES:
-            _check_ratio(g, flops_ratio, *shape)
-    with g.check("one layer, one head, eight tokens: the smallest shapes work"):
-        _check_ratio(g, flops_ratio, 10, 4, 1, 1, 8, 1)
-        _check_ratio(g, flops_ratio, 50, 6, 2, 3, 1, 2)
-    with g.check("batch defaults to 1 and does not change the ratio (FLOPs and tokens both scale with it)"):
-        one = _check_ratio(g, flops_ratio, 512, 64, 2, 4, 128, 1, pass_batch=False)
-        four = _check_ratio(g, flops_ratio, 512, 64, 2, 4, 128, 4)
-        g.expect(
-            one is not None and four is not None and _near(four, one),
-            f"batch=1 (the default) gave {one} and batch=4 gave {four}: the ratio is per token, " + _BATCH,
-        )
-    with g.check("a ValueError naming the values when n_heads does not divide d_model"):
-        for args in ((97, 48, 3, 5, 64), (97, 10, 1, 4, 8)):
-            _expect_error(
-                g,
-                flops_ratio,
-                args,
-                {},
-                "flops_ratio",
-                (str(args[1]), str(args[3])),
-                "say that n_heads does not divide d_model, with both values",
-            )
-    with g.check("a ValueError naming the argument for a size that is not a positive whole number"):
-        good = dict(vocab_size=97, d_model=48, n_layers=3, n_heads=4, seq_len=64, batch=2)
-        _bad_values(g, flops_ratio, "flops_ratio", good, tuple(good))
-    g.finish()
+def _ratio_float(g: Grader, flops_ratio, args: tuple) -> None:
+    got = flops_ratio(*args)
+    g.expect(
+        type(got) is float, f"{_call('flops_ratio', *args)} should return a Python float, got {describe(got)}"
+    )
 
 
-def check_flops_ratio(flops_ratio) -> None:
-    """Public checks of ``flops_ratio``: one measurement and one error."""
-    g = Grader("flops_ratio (public)")
-    with g.check(f"flops_ratio(97, 48, 3, 4, 64, 2): about 1.1446 (within {FLOPS_BAND:.0%}), a Python float"):
-        v = _check_ratio(g, flops_ratio, 97, 48, 3, 4, 64, 2)
-        g.expect(
-            type(v) is float,
-            f"flops_ratio(97, 48, 3, 4, 64, 2) should return a Python float, got {describe(v)}",
-        )
-    with g.check("n_heads must divide d_model: flops_ratio(97, 48, 3, 5, 64) raises a ValueError"):
-        _expect_error(
-            g,
-            flops_ratio,
-            (97, 48, 3, 5, 64),
-            {},
-            "flops_ratio",
-            ("48", "5"),
-            "say that n_heads=5 does not divide d_model=48",
-        )
-    g.finish()
+def _ratio_per_token(g: Grader, flops_ratio, shape: tuple) -> None:
+    """The default batch=1, and batch ``shape[5]``: the same ratio."""
+    one = _check_ratio(g, flops_ratio, (*shape[:5], 1), pass_batch=False)
+    more = _check_ratio(g, flops_ratio, shape)
+    g.expect(
+        one is not None and more is not None and _near(more, one),
+        f"batch=1 (the default) gave {one} and batch={shape[5]} gave {more}: the ratio is per token, "
+        + _BATCH,
+    )
+
+
+def _exact_ratio(shape: tuple) -> float:
+    flops, n, _ = _flops_parts(*shape)
+    return flops / (2 * n * shape[5] * shape[4])
+
+
+_FLOPS_GOOD = dict(vocab_size=97, d_model=48, n_layers=3, n_heads=4, seq_len=64, batch=2)
+
+FLOPS_RATIO = Spec(
+    "flops_ratio",
+    [
+        Clause("returns a Python float", _ratio_float, examples=[FLOPS_SHAPES[0]]),
+        Clause(
+            f"the measured ratio, within {FLOPS_BAND:.0%}, on four shapes from little attention to a lot",
+            _check_ratio,
+            examples=FLOPS_SHAPES[:1],
+            also=FLOPS_SHAPES[1:],
+        ),
+        procedure(
+            lambda shape: Call(_call("flops_ratio", *shape), shape),
+            _exact_ratio,
+            text="exactly the stated count, not only within the band: counted_flops of one forward pass over "
+            "2 N B T, N all the parameters",
+            steps="count one forward pass with counted_flops and return counted / (2 N B T) as it is (no rounding), "
+            "N = sum(p.numel() for p in model.parameters()): every parameter, embeddings, biases and norms included",
+            examples=[FLOPS_SHAPES[0], FLOPS_SHAPES[-1]],
+            band=lambda shape: (
+                _exact_ratio(shape) * (1 - FLOPS_BAND),
+                _exact_ratio(shape) * (1 + FLOPS_BAND),
+            ),
+        ),
+        Clause(
+            "one layer, one head, eight tokens: the smallest shapes work",
+            _check_ratio,
+            examples=[(10, 4, 1, 1, 8, 1), (50, 6, 2, 3, 1, 2)],
+        ),
+        Clause(
+            "batch defaults to 1 and does not change the ratio (FLOPs and tokens both scale with it)",
+            _ratio_per_token,
+            examples=[(512, 64, 2, 4, 128, 4)],
+        ),
+        Clause(
+            "a ValueError naming the values when n_heads does not divide d_model",
+            _divides,
+            examples=[
+                (
+                    "flops_ratio",
+                    args,
+                    (str(args[1]), str(args[3])),
+                    "say that n_heads does not divide d_model, with both values",
+                )
+                for args in ((97, 48, 3, 5, 64), (97, 10, 1, 4, 8))
+            ],
+        ),
+        Clause(
+            "a ValueError naming the argument for a size that is not a positive whole number",
+            _bad_value,
+            examples=_bad_cases("flops_ratio", _FLOPS_GOOD, tuple(_FLOPS_GOOD)),
+        ),
+    ],
+)
+check_flops_ratio, grade_flops_ratio = FLOPS_RATIO.graders()
 
 
 # =========================================================================== stretch: chinchilla_optimal
@@ -1194,13 +1118,11 @@ def _chinchilla_mistakes(flops, A, B, alpha, beta) -> list[tuple[tuple[float, fl
     ]
 
 
-def _check_chinchilla(g: Grader, chinchilla_optimal, flops, **constants) -> None:
+def _check_chinchilla(g: Grader, chinchilla_optimal, case: tuple[float, dict]) -> None:
+    """``chinchilla_optimal(flops, **constants)``: ``(N, D)``, two Python floats, at float64 precision."""
+    flops, constants = case
     call = _call("chinchilla_optimal", flops, **constants)
-    try:
-        got = chinchilla_optimal(flops, **constants)
-    except Exception as e:  # noqa: BLE001
-        raise_unless_student_error(e)
-        g.fail(f"{call} raised {type(e).__name__.removeprefix('Student')}: {e}")
+    got = _student(g, call, chinchilla_optimal, flops, **constants)
     if not (isinstance(got, tuple) and len(got) == 2):
         g.fail(f"{call} should return a tuple (N, D) of two floats, got {describe(got)}")
     n, d = (_number(x) for x in got)
@@ -1224,65 +1146,51 @@ def _check_chinchilla(g: Grader, chinchilla_optimal, flops, **constants) -> None
     )
 
 
-def grade_chinchilla_optimal(chinchilla_optimal) -> None:
-    """Grade the stretch ``chinchilla_optimal(flops, A=406.4, B=410.7, alpha=0.34, beta=0.28)``."""
-    g = Grader("chinchilla_optimal")
-    with g.check("Hoffmann et al.'s published constants (the defaults), budgets from 1e18 to 1e25 FLOPs"):
-        for flops in (1e18, 5.76e23, 3.14e23, 1e25):
-            _check_chinchilla(g, chinchilla_optimal, flops)
-    with g.check("any positive budget, even a tiny one that is not a multiple of 6 (7 and 100 FLOPs)"):
-        for flops in (7.0, 100.0):
-            _check_chinchilla(g, chinchilla_optimal, flops)
-    with g.check("the budget is spent: 6 N D == flops"):
-        for flops in (2e19, 7.5e24):
-            n, d = chinchilla_optimal(flops)
-            g.expect(
-                _close(6 * float(n) * float(d), flops),
-                f"chinchilla_optimal({flops:g}) gave N = {float(n):.4g}, D = {float(d):.4g}: 6 N D = "
-                f"{6 * float(n) * float(d):.4g}, not the budget {flops:g} ({_NO_SIX})",
-            )
-    with g.check(
-        "other constants: Besiroglu et al.'s refit (2024), equal exponents, and A, B, alpha, beta by name"
-    ):
-        refit = {"A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658}
-        _check_chinchilla(g, chinchilla_optimal, 1e22, **refit)
-        _check_chinchilla(g, chinchilla_optimal, 6e20, A=100.0, B=100.0, alpha=0.5, beta=0.5)
-        _check_chinchilla(g, chinchilla_optimal, 1e21, B=1000.0)
-        _check_chinchilla(g, chinchilla_optimal, 1e21, alpha=0.4)
-        _check_chinchilla(g, chinchilla_optimal, 1e21, A=50.0, beta=0.2)
-    with g.check("a ValueError naming the argument for a budget or constant that is not positive"):
-        good = {"flops": 1e21, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
-        for arg in good:
-            for bad in (0, -1.0):
-                _expect_error(
-                    g,
-                    chinchilla_optimal,
-                    (),
-                    good | {arg: bad},
-                    "chinchilla_optimal",
-                    (arg,),
-                    f"{arg} must be a positive number: use require_positive",
-                )
-    g.finish()
+def _budget_spent(g: Grader, chinchilla_optimal, flops: float) -> None:
+    n, d = chinchilla_optimal(flops)
+    g.expect(
+        _close(6 * float(n) * float(d), flops),
+        f"chinchilla_optimal({flops:g}) gave N = {float(n):.4g}, D = {float(d):.4g}: 6 N D = "
+        f"{6 * float(n) * float(d):.4g}, not the budget {flops:g} ({_NO_SIX})",
+    )
 
 
-def check_chinchilla_optimal(chinchilla_optimal) -> None:
-    """Public checks of ``chinchilla_optimal``."""
-    g = Grader("chinchilla_optimal (public)")
-    with g.check("Gopher's budget, 5.76e23 FLOPs: about 32.2B parameters on 2.98T tokens"):
-        _check_chinchilla(g, chinchilla_optimal, 5.76e23)
-    with g.check(
-        "other constants by name: chinchilla_optimal(1e22, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658)"
-    ):
-        _check_chinchilla(g, chinchilla_optimal, 1e22, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658)
-    with g.check("flops=0 raises a ValueError naming flops"):
-        _expect_error(
-            g,
-            chinchilla_optimal,
-            (0,),
-            {},
-            "chinchilla_optimal",
-            ("flops",),
-            "flops must be a positive number: use require_positive",
-        )
-    g.finish()
+_CHINCHILLA_GOOD = {"flops": 1e21, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
+
+CHINCHILLA_OPTIMAL = Spec(
+    "chinchilla_optimal",
+    [
+        Clause(
+            "Hoffmann et al.'s published constants (the defaults), budgets from 1e18 to 1e25 FLOPs",
+            _check_chinchilla,
+            examples=[(flops, {}) for flops in (1e18, 5.76e23, 3.14e23, 1e25)],
+        ),
+        Clause(
+            "any positive budget, even a tiny one that is not a multiple of 6 (7 and 100 FLOPs)",
+            _check_chinchilla,
+            examples=[(7.0, {}), (100.0, {})],
+        ),
+        Clause("the budget is spent: 6 N D == flops", _budget_spent, examples=[2e19, 7.5e24]),
+        Clause(
+            "other constants: Besiroglu et al.'s refit (2024), equal exponents, and A, B, alpha, beta by name",
+            _check_chinchilla,
+            examples=[
+                (1e22, {"A": 482.01, "B": 2085.43, "alpha": 0.3478, "beta": 0.3658}),
+                (6e20, {"A": 100.0, "B": 100.0, "alpha": 0.5, "beta": 0.5}),
+                (1e21, {"B": 1000.0}),
+                (1e21, {"alpha": 0.4}),
+                (1e21, {"A": 50.0, "beta": 0.2}),
+            ],
+        ),
+        Clause(
+            "a ValueError naming the argument for a budget or constant that is not positive",
+            _bad_value,
+            examples=[
+                ("chinchilla_optimal", _CHINCHILLA_GOOD, arg, bad, "a positive number")
+                for arg in _CHINCHILLA_GOOD
+                for bad in (0, -1.0)
+            ],
+        ),
+    ],
+)
+check_chinchilla_optimal, grade_chinchilla_optimal = CHINCHILLA_OPTIMAL.graders()

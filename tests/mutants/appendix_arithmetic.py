@@ -560,6 +560,16 @@ def training_days(n_params, n_tokens, n_gpus, gpu_tflops, mfu):
         "block_size=seq_len",
         ("vocab_size=vocab_size, block_size=seq_len", "vocab_size=vocab_size, block_size=max(seq_len, 1024)"),
     ),
+    # a procedure whose ratio lands inside the band: only the exact count tells it
+    mutant(
+        "flops_rounded",
+        ref.flops_ratio,
+        "no rounding",
+        (
+            "return flops / (2 * n_params * batch * seq_len)",
+            "return round(flops / (2 * n_params * batch * seq_len), 3)  # three decimals, as the table prints",
+        ),
+    ),
     # ----------------------------------------------------------------- part 8: chinchilla_optimal (stretch)
     mutant(
         "chinchilla_swapped_exponents",

@@ -531,6 +531,36 @@ MUTANTS = [
             vit.blank_patch_share, ("return blank.double().mean().item()", "return blank.double().mean()")
         ),
     ),
+    # a procedure whose share lands in the band, and the errors of patchify
+    Mutant(
+        "blank_share_mean_of_chunks",
+        "blank_patch_share",
+        "blank_patch_share",
+        "a mean of the shares of chunks",
+        mutate(
+            vit.blank_patch_share,
+            (
+                "return blank.double().mean().item()",
+                "shares = [chunk.double().mean() for chunk in blank.split(128)]  # chunks of 128 images\n"
+                "    return float(sum(shares) / len(shares))",
+            ),
+        ),
+    ),
+    Mutant(
+        "blank_share_divides_before_patchify",
+        "blank_patch_share",
+        "blank_patch_share",
+        "P=0 for 8x8 images",
+        mutate(
+            vit.blank_patch_share,
+            (
+                "    patches = patchify(images, patch_size)",
+                "    if images.dim() == 4 and (images.shape[2] % patch_size or images.shape[3] % patch_size):\n"
+                '        raise ValueError(f"patch_size={patch_size} does not divide {tuple(images.shape[2:])}")\n'
+                "    patches = patchify(images, patch_size)",
+            ),
+        ),
+    ),
     # ----------------------------------------------------------------- stretch: sincos_2d_positions
     Mutant(
         "sincos_halves_swapped",
