@@ -309,3 +309,16 @@ def test_a_prediction_names_the_mistake_an_answer_looks_like():
     assert failure is not None and "(what MB instead of MiB gives)" in failure
     wide = questions.Prediction(**{**p.__dict__, "rel": 0.05, "_cache": {}})
     assert wide.unseparated() == ["MB instead of MiB"]
+
+
+def test_unchanged_names_the_argument_and_sees_lists_and_dicts_too():
+    clause = unchanged(
+        lambda case: Call(f"count({case})", (list(case), {}), names=("ids", "counts")),
+        examples=[[3, 1, 2]],
+        advice="count into a new list",
+    )
+    assert _one(clause, lambda ids, counts: {i: ids.count(i) for i in ids}) is None
+    failure = _one(clause, lambda ids, counts: ids.sort())
+    assert failure is not None and "(ids was [3, 1, 2], afterwards [1, 2, 3])" in failure
+    failure = _one(clause, lambda ids, counts: counts.update(a=1))
+    assert failure is not None and "(counts was {}" in failure

@@ -416,7 +416,16 @@ class Grader:
 
 
 def show(t: object, n: int = 6) -> str:
-    """Up to ``n`` values of a tensor, for a hint: ``[0.25, 0.75, nan]``."""
+    """Up to ``n`` values of a tensor (or of a list or tuple of numbers or strings, or a small dict),
+    for a hint: ``[0.25, 0.75, nan]``."""
+    if isinstance(t, (list, tuple)) and all(type(v) in (int, float, bool, str) for v in t[: n + 1]):
+        shown = ", ".join(
+            repr(v) if isinstance(v, str) else f"{v:.4g}" if isinstance(v, float) else str(v) for v in t[:n]
+        )
+        return f"[{shown}{', ...' if len(t) > n else ''}]"
+    if type(t) is dict:
+        text = repr(dict(list(t.items())[:n]))
+        return text if len(t) <= n and len(text) <= 80 else f"a dict of {len(t)} entries"
     if not is_tensor(t):
         return describe(t)
     flat = t.detach().reshape(-1)[:n].tolist()

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -271,21 +272,41 @@ class Spec:
 class Call:
     """One call of the student's code: ``where`` names it in a hint (``softmax(x (2, 3), dim=0)``).
     ``method``: call that attribute of the student's object instead of the object itself (a module's
-    ``forward``, say); ``build``: make the object to call from the student's (a class -> an instance)."""
+    ``forward``, say); ``build``: make the object to call from the student's (a class -> an instance);
+    ``names``: what hints call the positional arguments (default: "argument 1", ...)."""
 
     where: str
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     build: Callable | None = None
+    names: tuple[str, ...] = ()  # the positional arguments' names, as hints name them ("x", "patches")
 
     def target(self, g: Grader, student: object):
         return student if self.build is None else self.build(g, student)
 
 
+def _data(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> list[tuple[str, object]]:
+    """The arguments a call could change in place (tensors, lists, dicts, sets), by name."""
+    named = [(names[i] if i < len(names) else f"argument {i + 1}", a) for i, a in enumerate(args)]
+    named += [(k, v) for k, v in kwargs.items()]
+    return [(n, v) for n, v in named if isinstance(v, (torch.Tensor, list, dict, set, bytearray))]
+
+
 def _tensors(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
-    named = [(f"argument {i + 1}", a) for i, a in enumerate(args)]
-    named += [(f"argument {k}", v) for k, v in kwargs.items()]
-    return [(n, t) for n, t in named if isinstance(t, torch.Tensor)]
+    return [(n, t) for n, t in _data(args, kwargs) if isinstance(t, torch.Tensor)]
+
+
+def _copy(value: object) -> object:
+    """A copy of an argument for one call: the grader's own stays as it was."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    return copy.deepcopy(value) if isinstance(value, (list, dict, set, bytearray)) else value
+
+
+def _equal(now: object, was: object) -> bool:
+    if isinstance(was, torch.Tensor):
+        return is_tensor(now) and now.shape == was.shape and now.dtype == was.dtype and torch.equal(now, was)
+    return type(now) is type(was) and now == was
 
 
 def raises(
@@ -334,21 +355,18 @@ def unchanged(
     text: str = "leaves its inputs unchanged (no in-place changes)",
     advice: str = "compute a new tensor",
 ) -> Clause:
-    """No tensor argument changes in place (``x -= m``, ``x.exp_()``, ``out=x``)."""
+    """No argument changes in place: a tensor (``x -= m``, ``x.exp_()``, ``out=x``), or a list, dict or
+    set the call receives (``ids.pop()``, ``counts[pair] += 1``)."""
 
     def test(g: Grader, student: object, case: object) -> None:
         c = call(case)
-        before = _tensors(c.args, c.kwargs)
-        p = probe(
-            c.target(g, student),
-            *[a.clone() if isinstance(a, torch.Tensor) else a for a in c.args],
-            **{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in c.kwargs.items()},
-        )
-        after = dict(_tensors(tuple(p.args), p.kwargs))
+        before = _data(c.args, c.kwargs, c.names)
+        p = probe(c.target(g, student), *map(_copy, c.args), **{k: _copy(v) for k, v in c.kwargs.items()})
+        after = dict(_data(tuple(p.args), p.kwargs, c.names))
         for name, was in before:
             now = after.get(name)
             g.expect(
-                is_tensor(now) and now.shape == was.shape and torch.equal(now, was),
+                _equal(now, was),
                 f"{c.where}: your code modified its input in place ({name} was {show(was)}, afterwards "
                 f"{show(now)}); {advice}",
             )
