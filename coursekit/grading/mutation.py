@@ -566,7 +566,8 @@ def _stop(pid: int) -> None:
 
 def fingerprint(assignment: str, part: harness.Part, equivalent: dict[str, str]) -> str:
     """Changes when anything that decides this part's mutation results changes: the answer, its
-    test cells, the grader module, the grading toolkit, this module, and the equivalent list."""
+    test cells, the grader module, the grading toolkit (core, spec, questions, harness), this module,
+    and the equivalent list."""
     from coursekit.chapters import chapter
 
     package = Path(__file__).resolve().parent
@@ -576,6 +577,7 @@ def fingerprint(assignment: str, part: harness.Part, equivalent: dict[str, str])
     for path in (
         package / f"{chapter(assignment).assignment}.py",
         package / "core.py",
+        package / "spec.py",
         package / "questions.py",
         package / "harness.py",
         Path(__file__).resolve(),
