@@ -1,53 +1,53 @@
 """Checks for Exercise 7 (GPT decoding).
 
-Each part has two entry points, both called from the notebook with the student's object.
-``check_*`` holds the *public* checks: one small, fixed example per clause of the part's text.
-``grade_*`` holds the *hidden* checks: one named check per clause, on inputs drawn across what
-the text allows (:func:`~coursekit.grading.core.for_all`: batch sizes and lengths including 1,
-any leading shape, both float dtypes, large logits where stability is promised, random toy
-language models for beam search, every grouping of key/value heads), compared with
-:mod:`coursekit.decoding` / :mod:`coursekit.gpt` (and with independent facts: the loss on
-explicitly shifted tensors, toy models whose best sequences are worked out by hand, greedy
-decoding, the log-probability of the returned sequence, Chapter 2's attention over the whole
-sequence). A failed check names the smallest input that shows the mistake; the common mistakes
-get their own hints (:func:`~coursekit.grading.core.first_match`).
+Each graded part is a :class:`~coursekit.grading.spec.Spec`: one
+:class:`~coursekit.grading.spec.Clause` per rule of the part's text, its test written once.
+``SPEC.graders()`` gives the two entry points the notebook calls with the student's object(s):
+``check_*`` (public) runs every clause on its small fixed examples, the part's worked examples
+among them; ``grade_*`` (hidden) runs every clause on inputs drawn across what the text allows
+(:func:`~coursekit.grading.core.for_all`: batch sizes and lengths including 1, any leading shape,
+both float dtypes, large logits where stability is promised, random toy language models for beam
+search, every grouping of key/value heads), then on fixed hidden inputs (``also``). Answers are
+compared with :mod:`coursekit.decoding` / :mod:`coursekit.gpt` and with independent facts (the loss
+on explicitly shifted tensors, toy models whose best sequences are worked out by hand, greedy
+decoding, the log-probability of the returned sequence, attention over the whole sequence). The
+generic kinds of clause (a ValueError, inputs left unchanged, the promised shape and dtype, a new
+tensor at an argument's edge) come from :mod:`coursekit.grading.spec`; the common mistakes get
+their own hints (:func:`~coursekit.grading.core.first_match`).
 
-**Models cross no wire.** Under the autograder the student's functions run in a sandboxed
-process and only data (tensors, numbers, containers) crosses to it; a model, an attention
-module or a KV cache built here could not be passed in. So the graders of parts 4 and 5 also
-take the *classes* they need, from the names the notebook imports (``TableLM``, ``GPT``,
-``GPTConfig``, ``MultiHeadAttention``, ``LayerCache``): they build the objects with them in the
-student's process, push weights with ``load_state_dict``, and build the same objects from
-coursekit here to compute the expected answers. Called in-process (a notebook, the tests) the
-classes are simply local.
+**Models cross no wire.** Under the autograder the student's functions run in a sandboxed process
+and only data crosses to it. So the graders of parts 4 and 5 also take the *classes* they need, from
+the names the notebook imports (``TableLM``, ``GPT``, ``GPTConfig``, ``MultiHeadAttention``,
+``LayerCache``; the tests receive them with the function as one tuple): they build the objects with
+them in the student's process, push weights with ``load_state_dict``, and build the same objects
+from coursekit here for the expected answers. The public check of part 4 gets no ``GPT`` and
+``GPTConfig``: it takes the notebook's (:func:`~coursekit.grading.core.student_side`).
 
-:class:`TableLM`, the toy language model of part 4, lives in :mod:`coursekit.toys` (and is
-re-exported here, where notebooks released before it moved import it from), so that the notebook
-(and so the sandbox) can import it: students get it to test their beam search on examples they can
-work out by hand. With a ``(V, V, V)`` table its next token depends on the last *two* tokens,
-which its cache remembers per row: a beam search that does not reorder the cache with its
-beams then reads the wrong rows, as it would with a GPT.
+:class:`TableLM`, part 4's toy language model, lives in :mod:`coursekit.toys` (re-exported here,
+where notebooks released before it moved import it from), so that the notebook (and so the sandbox)
+can import it. With a ``(V, V, V)`` table its next token depends on the last *two* tokens, which its
+cache remembers per row: a beam search that does not reorder the cache reads the wrong rows, as it
+would with a GPT. :func:`_beam_margin` measures how close a beam search came to a tie (drawn cases
+that hang on rounding are skipped); :func:`_dropout_subsets` decides whether an attention output is
+"dropout on the attention weights with probability p" whatever the random mask was.
 
-Shared helpers come from :mod:`coursekit.grading.core` (``call_student`` turns an exception of
-the student's code into a hint that names the input). Private ones: :func:`_beam_margin` measures how close a beam
-search came to a tie, so that drawn cases whose answer hangs on float rounding are skipped;
-:func:`_dropout_subsets` decides whether an attention output is "dropout on the attention
-weights with probability p" whatever the random mask was.
-
-Over 500 lines: one named check per clause of the exercise text for each graded part, public and
-hidden, with the inputs that provoke each clause and the common mistakes each hint names; splitting
-it would scatter one exercise's specification over several files.
+Over 500 lines: one clause per rule of the exercise text for each graded part, with the inputs that
+provoke each clause, the toy models of beam search and the common mistakes each hint names;
+splitting it would scatter one exercise's specification over several files.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
 from hypothesis import assume
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 from coursekit import attention as att
 from coursekit import decoding as dec
@@ -60,9 +60,7 @@ from coursekit.grading.core import (
     close,
     describe,
     dtype_name,
-    expect_value_error,
     first_match,
-    for_all,
     generator,
     is_tensor,
     magnitude,
@@ -78,6 +76,7 @@ from coursekit.grading.core import (
     tensor,
 )
 from coursekit.grading.questions import Prediction, expect_in_band
+from coursekit.grading.spec import Call, Clause, Spec, new_tensor, raises, returns, unchanged
 from coursekit.toys import TableLM, table_logp
 
 __all__ = [
@@ -132,6 +131,33 @@ def _ids_from(seed: int, *shape: int, V: int) -> torch.Tensor:
     return torch.randint(0, V, shape, generator=torch.Generator().manual_seed(int(seed) + 7))
 
 
+def _fmt(rows) -> str:
+    """Nested numbers as a hint writes them: ``[[1, 3, 2]]``, ``[0.2, 0.5, -inf]``."""
+    if isinstance(rows, (tuple, list)):
+        return "[" + ", ".join(_fmt(r) for r in rows) + "]"
+    return f"{rows:g}"
+
+
+def _worked(kind: str, rows) -> tuple[torch.Tensor, str]:
+    """A worked example written as a literal, and how a hint names it: ``kind`` "x32" and "x64" are
+    the logits themselves (float32, float64), "log" the logarithms of probabilities (float64)."""
+    if kind == "log":
+        return torch.tensor(rows, dtype=torch.float64).log(), f"log {_fmt(rows)}"
+    return torch.tensor(rows, dtype=torch.float32 if kind == "x32" else torch.float64), _fmt(rows)
+
+
+def _clear(condition: bool) -> None:
+    """Skip a drawn input whose answer hangs on rounding (Hypothesis's ``assume``). Outside a drawn run (a
+    public example, a replay of inputs that passed) the input is known to be clear."""
+    if currently_in_test_context():
+        assume(condition)
+
+
+def _is_worked(case) -> bool:
+    """A worked example (a tuple starting with its kind, see :func:`_worked`), not a drawn input."""
+    return isinstance(case, tuple) and bool(case) and isinstance(case[0], str)
+
+
 # =========================================================================== part 1: causal_lm_loss
 
 
@@ -157,6 +183,9 @@ _UNSTABLE = (
     "the loss is inf or NaN for large logits: log(softmax(x)) underflows to log(0); use F.log_softmax or "
     "F.cross_entropy, which subtract the maximum first"
 )
+_IGNORED_MEAN = (
+    "the loss averages over ignored positions: an ignored position must not count in the mean either"
+)
 
 
 def _loss_mistakes(logits, ids, ignore_index=-100):
@@ -170,7 +199,6 @@ def _loss_mistakes(logits, ids, ignore_index=-100):
         except Exception:  # e.g. a target of -100 without ignore_index
             return None
 
-    scored = ids[:, 1:] != ignore_index
     out = [
         (ce(logits, ids, ignore_index=ignore_index), _NOT_SHIFTED),
         (
@@ -184,21 +212,15 @@ def _loss_mistakes(logits, ids, ignore_index=-100):
         ),
     ]
     per = ce(logits[:, :-1], ids[:, 1:], ignore_index=ignore_index, reduction="none")
-    if bool((~scored).any()) and per is not None:
+    if bool((ids[:, 1:] == ignore_index).any()) and per is not None:
         out.append(
             (
                 per.mean(),
-                "the loss averages over ignored positions: an ignored position must not count in the mean either, "
-                "divide by the number of scored positions (F.cross_entropy(..., ignore_index=ignore_index) does "
-                "this)",
+                _IGNORED_MEAN + ", divide by the number of scored positions (F.cross_entropy(..., "
+                "ignore_index=ignore_index) does this)",
             )
         )
-        out.append(
-            (
-                per.sum() / per.numel(),
-                "the loss averages over ignored positions: an ignored position must not count in the mean either",
-            )
-        )
+        out.append((per.sum() / per.numel(), _IGNORED_MEAN))
     if ignore_index != -100:
         out.append(
             (
@@ -241,20 +263,18 @@ def _loss_value(g: Grader, fn, logits, ids, ignore=None, positional=False, scale
     if ignore is None:
         where = _loss_where(logits, ids)
         out = call_student(g, where, fn, logits, ids)
-        expected = _expected_loss(logits, ids)
-        mistakes = _loss_mistakes(logits, ids)
     else:
         where = _loss_where(logits, ids, f", {ignore}" if positional else f", ignore_index={ignore}")
         if positional:
             out = call_student(g, where, fn, logits, ids, ignore)
         else:
             out = call_student(g, where, fn, logits, ids, ignore_index=ignore)
-        expected = _expected_loss(logits, ids, ignore)
-        mistakes = _loss_mistakes(logits, ids, ignore)
+    index = -100 if ignore is None else ignore
+    expected = _expected_loss(logits, ids, index)
     _scalar_loss(g, out, logits.dtype, where)
     if not bool(torch.isfinite(out)):
         g.fail(f"{where}{scale_hint}: got {_num(out)}; " + _UNSTABLE)
-    first_match(g, out, [(m, f"{where}: {h}") for m, h in mistakes], expected)
+    first_match(g, out, [(m, f"{where}: {h}") for m, h in _loss_mistakes(logits, ids, index)], expected)
     g.expect(
         close(out, expected, magnitude=magnitude(logits)),
         f"{where}{scale_hint}: expected {float(expected):.6g} (F.cross_entropy of logits[:, :-1] against "
@@ -265,358 +285,225 @@ def _loss_value(g: Grader, fn, logits, ids, ignore=None, positional=False, scale
 _LOSS_SIZES = st.tuples(st.integers(1, 4), st.integers(2, 8), st.integers(2, 11))
 
 
-def grade_causal_lm_loss(causal_lm_loss) -> None:
-    """Grade a student's ``causal_lm_loss(logits, input_ids, ignore_index=-100)``."""
-    g = Grader("causal_lm_loss")
+def _loss_worked(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed ``(logits, input_ids)`` of the loss's clauses, by name."""
+    if name == "tokens [2, 3, 1]":  # logits_0 scores 3, logits_1 scores 1; position 2's has no target
+        logits = torch.full((1, 3, 4), -20.0)
+        logits[0, 0, 3] = logits[0, 1, 1] = logits[0, 2, 0] = 20.0
+        return logits, torch.tensor([[2, 3, 1]])
+    if name == "-100 padding":
+        ids = torch.tensor([[1, 4, 0, 2], [3, 3, -100, -100]])
+        return rand("public.loss", 2, 4, 5, dtype=torch.float32), ids
+    if name == "0 padding":
+        return rand("public.loss.pad", 2, 4, 5), torch.tensor([[1, 4, 2, 0], [3, 0, 0, 0]])
+    if name == "gradient":
+        return rand("public.loss.grad", 1, 3, 4), torch.tensor([[0, 3, 1]])
+    ids = _ids(
+        "loss.closed.ids", 2, 5, V=6
+    )  # closed forms: uniform logits give log V, confident right ones 0
+    if name == "uniform":
+        return torch.zeros(2, 5, 6, dtype=torch.float64), ids
+    logits = torch.full((2, 5, 6), -20.0, dtype=torch.float64)  # "confident": position t favours token t + 1
+    return logits.scatter(-1, torch.cat([ids[:, 1:], ids[:, :1]], 1)[..., None], 20.0), ids
 
-    with g.check("returns a scalar tensor of the logits' dtype (float32 and float64)"):
 
-        def scalar(case):
-            (B, T, V), dtype, seed = case
-            logits, ids = tensor(seed, B, T, V, dtype=dtype), _ids_from(seed, B, T, V=V)
-            where = _loss_where(logits, ids)
-            _scalar_loss(g, call_student(g, where, causal_lm_loss, logits, ids), dtype, where)
+def _loss_scalar(g: Grader, fn, case) -> None:
+    (B, T, V), dtype, seed = case
+    logits, ids = tensor(seed, B, T, V, dtype=dtype), _ids_from(seed, B, T, V=V)
+    where = _loss_where(logits, ids)
+    _scalar_loss(g, call_student(g, where, fn, logits, ids), dtype, where)
 
-        for_all(
-            "loss.scalar",
-            st.tuples(_LOSS_SIZES, st.sampled_from(FLOATS), SEEDS),
-            scalar,
-            max_examples=6,
-            first=((1, 2, 3), torch.float64, 0),
+
+def _loss_shift(g: Grader, fn, case) -> None:
+    if isinstance(case, str):
+        _loss_value(g, fn, *_loss_worked(case))
+        return
+    (B, T, V), dtype, scale, seed = case
+    _loss_value(g, fn, tensor(seed, B, T, V, dtype=dtype, scale=scale), _ids_from(seed, B, T, V=V))
+
+
+def _loss_ignored(g: Grader, fn, case) -> None:
+    if isinstance(case, str):
+        _loss_value(g, fn, *_loss_worked(case))
+        return
+    (B, T, V), dtype, seed = case
+    logits = tensor(seed, B, T, V, dtype=dtype, scale=2.0)
+    _loss_value(g, fn, logits, _with_ignored(_ids_from(seed, B, T, V=V), seed, -100, V))
+
+
+def _loss_custom(g: Grader, fn, case) -> None:
+    if _is_worked(case):  # (name, positional): ignore_index=0
+        _loss_value(g, fn, *_loss_worked(case[0]), 0, case[1])
+        return
+    (B, T, V), which, positional, seed = case
+    ignore = {"zero": 0, "last": V - 1, "minus one": -1, "large": V + 5}[which]
+    logits = tensor(seed, B, T, V, scale=2.0)
+    _loss_value(g, fn, logits, _with_ignored(_ids_from(seed, B, T, V=V), seed, ignore, V), ignore, positional)
+
+
+def _loss_stable(g: Grader, fn, case) -> None:
+    (B, T, V), scale, seed = case
+    logits = tensor(seed, B, T, V, dtype=torch.float32, scale=scale)
+    _loss_value(g, fn, logits, _ids_from(seed, B, T, V=V), scale_hint=f" (logits of scale {scale:g})")
+
+
+def _loss_gradient(g: Grader, fn, case) -> None:
+    if isinstance(case, str):
+        logits, ids = _loss_worked(case)
+    else:
+        (B, T, V), seed = case
+        logits = tensor(seed, B, T, V)
+        ids = _with_ignored(_ids_from(seed, B, T, V=V), seed, -100, V, rate=0.2)
+    where = _loss_where(logits, ids)
+    backward = (None, torch.tensor(1.0, dtype=torch.float64))
+    p = call_student(g, where, probe, fn, logits.clone().requires_grad_(), ids, backward=backward)
+    g.expect(
+        is_tensor(p.result) and p.result.requires_grad,
+        f"{where}: the loss does not depend on the logits through autograd: avoid .item(), .detach(), "
+        ".numpy() or torch.tensor(...)",
+    )
+    grad = p.grads[0] if p.grads else None
+    lr = logits.clone().requires_grad_()
+    _shifted_ce(lr, ids).backward()
+    g.expect(
+        is_tensor(grad) and grad.shape == logits.shape,
+        f"{where}: expected a gradient of shape {tuple(logits.shape)}, got {describe(grad)}",
+    )
+    if bool(grad[:, -1].abs().max() > 0):
+        g.fail(
+            f"{where}: the last position's logits got a gradient: they predict a token after the end of the "
+            "sequence and must not be scored (use logits[:, :-1] against input_ids[:, 1:])"
         )
+    g.expect(
+        close(grad, lr.grad),
+        f"{where}: the gradient with respect to the logits differs from that of "
+        "the mean cross-entropy of the shifted tensors",
+    )
 
-    with g.check("the logits at position t are scored against token t + 1 (any B, T >= 2, V)"):
 
-        def shifted(case):
-            (B, T, V), dtype, scale, seed = case
-            logits, ids = tensor(seed, B, T, V, dtype=dtype, scale=scale), _ids_from(seed, B, T, V=V)
-            _loss_value(g, causal_lm_loss, logits, ids)
+def _loss_inplace_call(case) -> Call:
+    (B, T, V), ignore, seed = case
+    logits = tensor(seed, B, T, V)
+    ids = _with_ignored(_ids_from(seed, B, T, V=V), seed, ignore, V)
+    where = _loss_where(logits, ids, f", ignore_index={ignore}")
+    return Call(where, (logits, ids), {"ignore_index": ignore}, names=("logits", "input_ids"))
 
-        for_all(
-            "loss.shift",
+
+_LOSS_ERRORS = ["T = 1", "2-D logits", "4-D logits", "longer ids", "more rows", "flat ids"]
+
+
+def _loss_error_call(case) -> Call:
+    (B, T, V), which, seed = case
+    logits, ids = tensor(seed, B, T, V), _ids_from(seed, B, T, V=V)
+    shapes = "logits must be (B, T, V) and input_ids (B, T), the logits' first two sizes"
+    lg, ii, what = {
+        "T = 1": (
+            logits[:, :1],
+            ids[:, :1],
+            f"logits {(B, 1, V)} and input_ids {(B, 1)} (T = 1: a sequence of one token has no next-token target)",
+        ),
+        "2-D logits": (logits[..., 0], ids, f"logits {(B, T)} (2-D) and input_ids {(B, T)}"),
+        "4-D logits": (logits[..., None], ids, f"logits {(B, T, V, 1)} (4-D) and input_ids {(B, T)}"),
+        "longer ids": (
+            logits,
+            torch.cat([ids, ids[:, :1]], 1),
+            f"logits {(B, T, V)} and input_ids {(B, T + 1)}",
+        ),
+        "more rows": (logits, torch.cat([ids, ids[:1]], 0), f"logits {(B, T, V)} and input_ids {(B + 1, T)}"),
+        "flat ids": (logits, ids.reshape(-1), f"logits {(B, T, V)} and input_ids {(B * T,)} (1-D)"),
+    }[which]
+    return Call(what if which == "T = 1" else f"{what} ({shapes})", (lg, ii))
+
+
+LOSS = Spec(
+    "causal_lm_loss",
+    [
+        Clause(
+            "returns a scalar tensor of the logits' dtype (float32 and float64)",
+            _loss_scalar,
+            st.tuples(_LOSS_SIZES, st.sampled_from(FLOATS), SEEDS),
+            key="loss.scalar",
+            budget="small",
+            examples=[((1, 2, 3), torch.float64, 0), ((1, 3, 4), torch.float32, 0)],
+        ),
+        Clause(
+            "the logits at position t are scored against token t + 1 (any B, T >= 2, V)",
+            _loss_shift,
             st.tuples(_LOSS_SIZES, st.sampled_from(FLOATS), st.sampled_from([1.0, 3.0, 0.1]), SEEDS),
-            shifted,
-            max_examples=15,
-            first=((1, 2, 3), torch.float64, 1.0, 1),
-        )
-        B, T, V = 2, 5, 6  # closed forms: uniform logits give log V; confident right ones about 0
-        ids = _ids("loss.closed.ids", B, T, V=V)
-        _loss_value(g, causal_lm_loss, torch.zeros(B, T, V, dtype=torch.float64), ids)
-        logits = torch.full((B, T, V), -20.0, dtype=torch.float64)
-        logits.scatter_(
-            -1, torch.cat([ids[:, 1:], ids[:, :1]], 1)[..., None], 20.0
-        )  # position t favours token t + 1
-        _loss_value(g, causal_lm_loss, logits, ids)
-
-    with g.check("targets equal to ignore_index (default -100) count neither in the sum nor in the mean"):
-
-        def ignored(case):
-            (B, T, V), dtype, seed = case
-            logits = tensor(seed, B, T, V, dtype=dtype, scale=2.0)
-            ids = _with_ignored(_ids_from(seed, B, T, V=V), seed, -100, V)
-            _loss_value(g, causal_lm_loss, logits, ids)
-
-        for_all(
-            "loss.ignore",
+            key="loss.shift",
+            budget="plenty",
+            examples=[((1, 2, 3), torch.float64, 1.0, 1), "tokens [2, 3, 1]"],
+            also=["uniform", "confident"],
+        ),
+        Clause(
+            "targets equal to ignore_index (default -100) count neither in the sum nor in the mean",
+            _loss_ignored,
             st.tuples(_LOSS_SIZES, st.sampled_from(FLOATS), SEEDS),
-            ignored,
-            max_examples=15,
-            first=((2, 4, 5), torch.float64, 2),
-        )
-
-    with g.check(
-        "a custom ignore_index (a padding id such as 0, or any other number) is honoured, "
-        "by keyword or positionally"
-    ):
-
-        def custom(case):
-            (B, T, V), which, positional, seed = case
-            ignore = {"zero": 0, "last": V - 1, "minus one": -1, "large": V + 5}[which]
-            logits = tensor(seed, B, T, V, scale=2.0)
-            ids = _with_ignored(_ids_from(seed, B, T, V=V), seed, ignore, V)
-            _loss_value(g, causal_lm_loss, logits, ids, ignore, positional)
-
-        for_all(
-            "loss.custom",
+            key="loss.ignore",
+            budget="plenty",
+            examples=[((2, 4, 5), torch.float64, 2), "-100 padding"],
+        ),
+        Clause(
+            "a custom ignore_index (a padding id such as 0, or any other number) is honoured, "
+            "by keyword or positionally",
+            _loss_custom,
             st.tuples(
                 _LOSS_SIZES, st.sampled_from(["zero", "last", "minus one", "large"]), st.booleans(), SEEDS
             ),
-            custom,
-            max_examples=12,
-            first=((2, 4, 5), "zero", False, 3),
-        )
-
-    with g.check("stable: float32 logits of magnitude 100 to 10^4 give a finite, accurate loss"):
-
-        def stable(case):
-            (B, T, V), scale, seed = case
-            logits = tensor(seed, B, T, V, dtype=torch.float32, scale=scale)
-            _loss_value(
-                g,
-                causal_lm_loss,
-                logits,
-                _ids_from(seed, B, T, V=V),
-                scale_hint=f" (logits of scale {scale:g})",
-            )
-
-        for_all(
-            "loss.stable",
+            key="loss.custom",
+            budget="more",
+            examples=[((2, 4, 5), "zero", False, 3), ("0 padding", False), ("0 padding", True)],
+        ),
+        Clause(
+            "stable: float32 logits of magnitude 100 to 10^4 give a finite, accurate loss",
+            _loss_stable,
             st.tuples(_LOSS_SIZES, st.sampled_from([100.0, 1e3, 1e4]), SEEDS),
-            stable,
-            max_examples=8,
-            first=((1, 3, 4), 1e3, 4),
-        )
-
-    with g.check(
-        "differentiable: the gradient with respect to the logits is F.cross_entropy's (none at the last "
-        "position)"
-    ):
-
-        def gradient(case):
-            (B, T, V), seed = case
-            logits = tensor(seed, B, T, V)
-            ids = _with_ignored(_ids_from(seed, B, T, V=V), seed, -100, V, rate=0.2)
-            where = _loss_where(logits, ids)
-            p = call_student(
-                g,
-                where,
-                probe,
-                causal_lm_loss,
-                logits.clone().requires_grad_(),
-                ids,
-                backward=(None, torch.tensor(1.0, dtype=torch.float64)),
-            )
-            g.expect(
-                is_tensor(p.result) and p.result.requires_grad,
-                f"{where}: the loss does not depend on the logits through autograd: avoid .item(), .detach(), "
-                ".numpy() or torch.tensor(...)",
-            )
-            grad = p.grads[0] if p.grads else None
-            lr = logits.clone().requires_grad_()
-            _shifted_ce(lr, ids).backward()
-            g.expect(
-                is_tensor(grad) and grad.shape == logits.shape,
-                f"{where}: expected a gradient of shape {tuple(logits.shape)}, got {describe(grad)}",
-            )
-            if bool(grad[:, -1].abs().max() > 0):
-                g.fail(
-                    f"{where}: the last position's logits got a gradient: they predict a token after the end of the "
-                    "sequence and must not be scored (use logits[:, :-1] against input_ids[:, 1:])"
-                )
-            g.expect(
-                close(grad, lr.grad),
-                f"{where}: the gradient with respect to the logits differs from that of "
-                "the mean cross-entropy of the shifted tensors",
-            )
-
-        for_all("loss.grad", st.tuples(_LOSS_SIZES, SEEDS), gradient, max_examples=6, first=((1, 3, 4), 5))
-
-    with g.check("leaves logits and input_ids unchanged"):
-
-        def untouched(case):
-            (B, T, V), ignore, seed = case
-            logits = tensor(seed, B, T, V)
-            ids = _with_ignored(_ids_from(seed, B, T, V=V), seed, ignore, V)
-            where = _loss_where(logits, ids, f", ignore_index={ignore}")
-            p = call_student(
-                g, where, probe, causal_lm_loss, logits.clone(), ids.clone(), ignore_index=ignore
-            )
-            after = p.args
-            g.expect(
-                len(after) >= 2 and is_tensor(after[0]) and torch.equal(after[0], logits),
-                f"{where} changed the logits in place: compute a new tensor (no in-place ops on the inputs)",
-            )
-            g.expect(
-                is_tensor(after[1]) and torch.equal(after[1], ids),
-                f"{where} changed input_ids in place: the caller still needs them; compute new tensors "
-                "(no item assignment or masked_fill_ on input_ids)",
-            )
-
-        for_all(
-            "loss.inplace",
+            key="loss.stable",
+            budget="some",
+            examples=[((1, 3, 4), 1e3, 4)],
+        ),
+        Clause(
+            "differentiable: the gradient with respect to the logits is F.cross_entropy's (none at the last "
+            "position)",
+            _loss_gradient,
+            st.tuples(_LOSS_SIZES, SEEDS),
+            key="loss.grad",
+            budget="small",
+            examples=[((1, 3, 4), 5), "gradient"],
+        ),
+        unchanged(
+            _loss_inplace_call,
             st.tuples(_LOSS_SIZES, st.sampled_from([-100, 0]), SEEDS),
-            untouched,
-            max_examples=5,
-            first=((2, 3, 4), -100, 6),
-        )
-
-    with g.check(
-        "raises ValueError for logits that are not (B, T, V), input_ids that are not (B, T), or T < 2"
-    ):
-
-        def errors(case):
-            (B, T, V), which, seed = case
-            logits, ids = tensor(seed, B, T, V), _ids_from(seed, B, T, V=V)
-            bad = {
-                "T = 1": (
-                    logits[:, :1],
-                    ids[:, :1],
-                    f"logits {(B, 1, V)} and input_ids {(B, 1)} (T = 1)",
-                    "a sequence of one token has no next-token target",
-                ),
-                "2-D logits": (
-                    logits[..., 0],
-                    ids,
-                    f"logits {(B, T)} (2-D) and input_ids {(B, T)}",
-                    "logits must be (B, T, V)",
-                ),
-                "4-D logits": (
-                    logits[..., None],
-                    ids,
-                    f"logits {(B, T, V, 1)} (4-D) and input_ids {(B, T)}",
-                    "logits must be (B, T, V)",
-                ),
-                "longer ids": (
-                    logits,
-                    torch.cat([ids, ids[:, :1]], 1),
-                    f"logits {(B, T, V)} and input_ids {(B, T + 1)}",
-                    "input_ids must be (B, T), the logits' first two sizes",
-                ),
-                "more rows": (
-                    logits,
-                    torch.cat([ids, ids[:1]], 0),
-                    f"logits {(B, T, V)} and input_ids {(B + 1, T)}",
-                    "input_ids must be (B, T), the logits' first two sizes",
-                ),
-                "flat ids": (
-                    logits,
-                    ids.reshape(-1),
-                    f"logits {(B, T, V)} and input_ids {(B * T,)} (1-D)",
-                    "input_ids must be (B, T)",
-                ),
-            }
-            lg, ii, what, fix = bad[which]
-            expect_value_error(g, lambda: causal_lm_loss(lg, ii), what, fix)
-
-        kinds = ["T = 1", "2-D logits", "4-D logits", "longer ids", "more rows", "flat ids"]
-        for_all(
-            "loss.errors",
-            st.tuples(_LOSS_SIZES, st.sampled_from(kinds), SEEDS),
-            errors,
-            max_examples=12,
-            first=((1, 2, 3), "T = 1", 7),
-        )
-        for kind in kinds:
-            errors(((2, 3, 4), kind, 8))
-
-    g.finish()
-
-
-def check_causal_lm_loss(causal_lm_loss) -> None:
-    """Public checks of ``causal_lm_loss``: one small example per clause the hidden checks grade."""
-    g = Grader("causal_lm_loss (public)")
-    with g.check(
-        "tokens [2, 3, 1]: logits_0 scores token 3 and logits_1 token 1; confident right logits give a loss "
-        "near 0"
-    ):
-        ids = torch.tensor([[2, 3, 1]])
-        logits = torch.full((1, 3, 4), -20.0)
-        logits[0, 0, 3] = logits[0, 1, 1] = logits[0, 2, 0] = 20.0  # position 2's prediction has no target
-        out = call_student(g, "causal_lm_loss(logits (1, 3, 4), [[2, 3, 1]])", causal_lm_loss, logits, ids)
-        g.expect(
-            is_tensor(out) and out.dim() == 0,
-            f"the loss should be a scalar (0-dimensional) tensor, got {describe(out)}",
-        )
-        g.expect(float(out) < 1e-6, _NOT_SHIFTED + f" (got a loss of {_num(out)}, expected about 0)")
-    with g.check("returns a scalar tensor of the logits' dtype"):
-        for dtype in FLOATS:
-            logits = rand("public.loss.dtype", 1, 3, 4, dtype=dtype)
-            where = _loss_where(logits, torch.tensor([[0, 1, 2]]))
-            _scalar_loss(
-                g, call_student(g, where, causal_lm_loss, logits, torch.tensor([[0, 1, 2]])), dtype, where
-            )
-    with g.check(
-        "-100 targets are skipped: equals F.cross_entropy(logits[:, :-1], input_ids[:, 1:], "
-        "ignore_index=-100)"
-    ):
-        _loss_value(
-            g,
-            causal_lm_loss,
-            rand("public.loss", 2, 4, 5, dtype=torch.float32),
-            torch.tensor([[1, 4, 0, 2], [3, 3, -100, -100]]),
-        )
-    with g.check("ignore_index=0 skips the padding id 0 (by keyword and positionally)"):
-        ids = torch.tensor([[1, 4, 2, 0], [3, 0, 0, 0]])
-        _loss_value(g, causal_lm_loss, rand("public.loss.pad", 2, 4, 5), ids, 0)
-        _loss_value(g, causal_lm_loss, rand("public.loss.pad", 2, 4, 5), ids, 0, positional=True)
-    with g.check("float32 logits of magnitude 1000 give a finite, accurate loss"):
-        _loss_value(
-            g,
-            causal_lm_loss,
-            rand("public.loss.big", 1, 3, 4, dtype=torch.float32, scale=1000.0),
-            torch.tensor([[0, 3, 1]]),
-            scale_hint=" (logits of scale 1000)",
-        )
-    with g.check("the gradient reaches the logits, and the last position gets none"):
-        logits = rand("public.loss.grad", 1, 3, 4)
-        p = call_student(
-            g,
-            "causal_lm_loss(logits (1, 3, 4), [[0, 3, 1]])",
-            probe,
-            causal_lm_loss,
-            logits.clone().requires_grad_(),
-            torch.tensor([[0, 3, 1]]),
-            backward=(None, torch.tensor(1.0, dtype=torch.float64)),
-        )
-        grad = p.grads[0] if p.grads else None
-        lr = logits.clone().requires_grad_()
-        _shifted_ce(lr, torch.tensor([[0, 3, 1]])).backward()
-        g.expect(
-            is_tensor(p.result) and p.result.requires_grad and is_tensor(grad) and grad.shape == logits.shape,
-            "the loss does not depend on the logits through autograd: avoid .item(), .detach() or "
-            "torch.tensor(...)",
-        )
-        g.expect(
-            not bool(grad[:, -1].abs().max() > 0),
-            "the last position's logits got a gradient: they predict a token after the end of the sequence and "
-            "must not be scored (use logits[:, :-1] against input_ids[:, 1:])",
-        )
-        g.expect(
-            close(grad, lr.grad),
-            "the gradient with respect to the logits differs from F.cross_entropy's on the shifted tensors",
-        )
-    with g.check("logits and input_ids are left unchanged"):
-        logits, ids = rand("public.loss.inplace", 1, 3, 4), torch.tensor([[0, -100, 1]])
-        p = call_student(
-            g,
-            "causal_lm_loss(logits (1, 3, 4), [[0, -100, 1]])",
-            probe,
-            causal_lm_loss,
-            logits.clone(),
-            ids.clone(),
-        )
-        g.expect(
-            torch.equal(p.args[0], logits) and torch.equal(p.args[1], ids),
-            "causal_lm_loss changed its inputs in place: compute new tensors instead",
-        )
-    with g.check("T = 1 and input_ids of the wrong shape raise ValueError"):
-        expect_value_error(
-            g,
-            lambda: causal_lm_loss(torch.zeros(2, 1, 5), torch.zeros(2, 1, dtype=torch.long)),
-            "logits (2, 1, 5) and input_ids (2, 1)",
-            "a sequence of one token has no next-token target",
-        )
-        expect_value_error(
-            g,
-            lambda: causal_lm_loss(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long)),
-            "logits (2, 3, 5) and input_ids (2, 4)",
-            "input_ids must be (B, T), the logits' first two sizes",
-        )
-    g.finish()
+            key="loss.inplace",
+            budget="handful",
+            examples=[((2, 3, 4), -100, 6)],
+            text="leaves logits and input_ids unchanged",
+            advice="compute new tensors: no in-place ops on the logits, and no item assignment or masked_fill_ "
+            "on input_ids (a loss that changed input_ids in place breaks the caller, who still needs them)",
+        ),
+        raises(
+            _loss_error_call,
+            st.tuples(_LOSS_SIZES, st.sampled_from(_LOSS_ERRORS), SEEDS),
+            key="loss.errors",
+            budget="more",
+            examples=[((1, 2, 3), "T = 1", 7), ((2, 3, 5), "longer ids", 8)],
+            also=[((2, 3, 4), kind, 8) for kind in _LOSS_ERRORS],
+            fix="say which shape came and that logits (B, T, V) and input_ids (B, T) with T >= 2 were expected",
+            text="raises ValueError for logits that are not (B, T, V), input_ids that are not (B, T), or T < 2",
+        ),
+    ],
+)
+check_causal_lm_loss, grade_causal_lm_loss = LOSS.graders()
 
 
 # =========================================================================== parts 2 and 3: the filters
 
-_LEADING = st.lists(st.integers(1, 3), min_size=0, max_size=3).map(
-    tuple
-)  # the (...) of (..., V): rank 1 to 4
-
-
-def _in_place_hint(where: str) -> str:
-    return (
-        f"{where} changed its input in place: return a new tensor (logits.masked_fill(...), not masked_fill_ "
-        "or item assignment), the caller may still need the original logits"
-    )
+#: the (...) of (..., V): rank 1 to 4
+_LEADING = st.lists(st.integers(1, 3), min_size=0, max_size=3).map(tuple)
+_IN_PLACE = (
+    "return a new tensor (logits.masked_fill(...), not masked_fill_ or item assignment): a filter that "
+    "changed its input in place breaks a caller that still needs the original logits"
+)
 
 
 def _filter_call(
@@ -640,10 +527,53 @@ def _filter_call(
     return out
 
 
-def _count_hint(name: str, out: torch.Tensor, expected: torch.Tensor, arg) -> str:
-    got = out.isfinite().sum(-1).tolist()
-    want = expected.isfinite().sum(-1).tolist()
-    return f"{name}(logits, {arg}) kept {got} tokens per row, expected {want}"
+def _filter_input(name: str, case, scale: float = 1.0) -> tuple[torch.Tensor, object, str]:
+    """``(logits, arg, where)`` of a filter's case: a worked example ``(kind, rows, arg)`` (see
+    :func:`_worked`) or a drawn ``(leading shape, V, arg, dtype, seed)``."""
+    if _is_worked(case):
+        x, text = _worked(case[0], case[1])
+        return x, case[2], f"{name}({text}, {case[2]!r})"
+    lead, V, arg, dtype, seed = case
+    x = tensor(seed, *lead, V, dtype=dtype, scale=scale)
+    return x, arg, f"{name}(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {arg!r})"
+
+
+def _filter_shape_call(name: str, arg: object, case) -> Call:
+    lead, V, dtype, seed = case
+    x = tensor(seed, *lead, V, dtype=dtype)
+    return Call(f"{name}(logits {tuple(x.shape)} {dtype_name(dtype)}, {arg!r})", (x, arg))
+
+
+def _filter_promised(case) -> torch.Tensor:
+    lead, V, dtype, _ = case
+    return torch.empty(*lead, V, dtype=dtype)
+
+
+def _filter_arg_call(name: str, scale: float, case) -> Call:
+    """``name(logits, arg)`` for ``(leading shape, V, arg, seed)``, float64 logits of ``scale``."""
+    lead, V, arg, seed = case
+    x = tensor(seed, *lead, V, scale=scale)
+    return Call(
+        f"{name}(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {arg!r})", (x, arg), names=("logits",)
+    )
+
+
+def _filter_bad_call(what: str, case) -> Call:
+    V, arg, seed = case
+    return Call(f"{what}={arg!r} (logits (2, {V}))", (tensor(seed, 2, V), arg))
+
+
+def _filter_shape(name: str, key: str, arg: object) -> Clause:
+    """The result has the logits' shape and dtype (the filter at ``arg``)."""
+    return returns(
+        functools.partial(_filter_shape_call, name, arg),
+        _filter_promised,
+        st.tuples(_LEADING, st.integers(1, 8), st.sampled_from(FLOATS), SEEDS),
+        key=key,
+        budget="small",
+        examples=[((2,), 3, torch.float64, 0), ((1,), 3, torch.float32, 0)],
+        text="returns a tensor of the logits' shape and dtype (float32 and float64)",
+    )
 
 
 # --------------------------------------------------------------------------- top-k
@@ -689,48 +619,57 @@ def _top_k_mistakes(x: torch.Tensor, k: int):
     return out
 
 
-def _top_k_where(x: torch.Tensor, k) -> str:
-    return f"top_k_filter(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {k!r})"
+def _top_k_case(g: Grader, fn, x: torch.Tensor, k: int, where: str, what: str = "") -> None:
+    _filter_call(g, fn, where, x, k, dec.top_k_filter(x, k), _top_k_mistakes(x, k), what)
 
 
-def grade_top_k_filter(top_k_filter) -> None:
-    """Grade a student's ``top_k_filter(logits, k)``."""
-    g = Grader("top_k_filter")
+def _top_k_values(g: Grader, fn, case) -> None:
+    if not _is_worked(case):
+        lead, V, k, dtype, seed = case
+        case = (lead, V, min(k, V), dtype, seed)
+    x, k, where = _filter_input("top_k_filter", case, scale=2.0)
+    _top_k_case(g, fn, x, k, where)
 
-    with g.check("returns a tensor of the logits' shape and dtype (float32 and float64)"):
 
-        def shape_dtype(case):
-            lead, V, dtype, seed = case
-            x = tensor(seed, *lead, V, dtype=dtype)
-            where = _top_k_where(x, 1)
-            out = call_student(g, where, top_k_filter, x, 1)
-            g.expect(
-                is_tensor(out) and out.shape == x.shape and out.dtype == x.dtype,
-                f"{where} should return a tensor {dtype_name(dtype)} {tuple(x.shape)}, got {describe(out)}",
-            )
+def _top_k_ties(g: Grader, fn, case) -> None:
+    if _is_worked(case):
+        x, k, where = _filter_input("top_k_filter", case)
+    else:
+        lead, V, k, dtype, seed = case
+        k = min(k, V)
+        x = torch.randint(0, 4, (*lead, V), generator=torch.Generator().manual_seed(seed)).to(dtype)
+        where = f"top_k_filter(logits {tuple(x.shape)} {dtype_name(dtype)}, {k!r})"
+    _top_k_case(g, fn, x, k, where, " (" + _TIES_HINT + ")")
 
-        for_all(
-            "topk.shape",
-            st.tuples(_LEADING, st.integers(1, 8), st.sampled_from(FLOATS), SEEDS),
-            shape_dtype,
-            max_examples=6,
-            first=((2,), 3, torch.float64, 0),
-        )
 
-    with g.check(
-        "keeps the k largest logits of each row unchanged and sets the others to -inf (1 <= k <= V)"
-    ):
+def _top_k_all(g: Grader, fn, case) -> None:
+    if _is_worked(case):
+        x, k, where = _filter_input("top_k_filter", case)
+    else:
+        lead, V, extra, seed = case
+        x, k, where = _filter_input("top_k_filter", (lead, V, V + extra, torch.float64, seed))
+    what = ": with k >= V every token is kept (clamp k to min(k, V) before torch.topk)"
+    _filter_call(g, fn, where, x, k, x.clone(), what=what)
 
-        def values(case):
-            lead, V, k, dtype, seed = case
-            k = min(k, V)
-            x = tensor(seed, *lead, V, dtype=dtype, scale=2.0)
-            _filter_call(
-                g, top_k_filter, _top_k_where(x, k), x, k, dec.top_k_filter(x, k), _top_k_mistakes(x, k)
-            )
 
-        for_all(
-            "topk.values",
+def _top_k_ranks(g: Grader, fn, case) -> None:
+    if not _is_worked(case):
+        lead, V, k, seed = case
+        case = (lead, V, min(k, V), torch.float64, seed)
+    x, k, where = _filter_input("top_k_filter", case, scale=2.0)
+    what = ": filter along the last axis only (torch.topk(..., dim=-1), keepdim-style [..., -1:] indexing)"
+    _top_k_case(g, fn, x, k, where, what)
+
+
+_TIES_X = ((1.0, 3.0, 3.0, 2.0), (0.0, 5.0, 1.0, 1.0))
+
+TOP_K = Spec(
+    "top_k_filter",
+    [
+        _filter_shape("top_k_filter", "topk.shape", 1),
+        Clause(
+            "keeps the k largest logits of each row unchanged and sets the others to -inf (1 <= k <= V)",
+            _top_k_values,
             st.tuples(
                 st.lists(st.integers(1, 4), min_size=1, max_size=2).map(tuple),
                 st.integers(1, 12),
@@ -738,30 +677,13 @@ def grade_top_k_filter(top_k_filter) -> None:
                 st.sampled_from(FLOATS),
                 SEEDS,
             ),
-            values,
-            max_examples=20,
-            first=((2,), 5, 2, torch.float64, 1),
-        )
-
-    with g.check("values tied with the k-th largest are all kept"):
-
-        def ties(case):
-            lead, V, k, dtype, seed = case
-            k = min(k, V)
-            x = torch.randint(0, 4, (*lead, V), generator=torch.Generator().manual_seed(seed)).to(dtype)
-            _filter_call(
-                g,
-                top_k_filter,
-                _top_k_where(x, k),
-                x,
-                k,
-                dec.top_k_filter(x, k),
-                _top_k_mistakes(x, k),
-                what=" (" + _TIES_HINT + ")",
-            )
-
-        for_all(
-            "topk.ties",
+            key="topk.values",
+            budget="wide",
+            examples=[((2,), 5, 2, torch.float64, 1), ("x32", ((1.0, 3.0, 2.0),), 2)],
+        ),
+        Clause(
+            "values tied with the k-th largest are all kept",
+            _top_k_ties,
             st.tuples(
                 st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
                 st.integers(2, 10),
@@ -769,191 +691,59 @@ def grade_top_k_filter(top_k_filter) -> None:
                 st.sampled_from(FLOATS),
                 SEEDS,
             ),
-            ties,
-            max_examples=15,
-            first=((1,), 4, 1, torch.float64, 2),
-        )
-        x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [0.0, 5.0, 1.0, 1.0]], dtype=torch.float64)
-        for k in (1, 2):
-            _filter_call(
-                g,
-                top_k_filter,
-                f"top_k_filter({x.tolist()}, {k})",
-                x,
-                k,
-                dec.top_k_filter(x, k),
-                _top_k_mistakes(x, k),
-                what=" (" + _TIES_HINT + ")",
-            )
-
-    with g.check("k >= V keeps every logit"):
-
-        def everything(case):
-            lead, V, extra, seed = case
-            x = tensor(seed, *lead, V)
-            _filter_call(
-                g,
-                top_k_filter,
-                _top_k_where(x, V + extra),
-                x,
-                V + extra,
-                x.clone(),
-                what=": with k >= V every token is kept (clamp k to min(k, V) before torch.topk)",
-            )
-
-        for_all(
-            "topk.all",
+            key="topk.ties",
+            budget="plenty",
+            examples=[((1,), 4, 1, torch.float64, 2), ("x32", ((1.0, 3.0, 3.0, 2.0),), 1)],
+            also=[("x64", _TIES_X, 1), ("x64", _TIES_X, 2)],
+        ),
+        Clause(
+            "k >= V keeps every logit",
+            _top_k_all,
             st.tuples(_LEADING, st.integers(1, 8), st.integers(0, 5), SEEDS),
-            everything,
-            max_examples=8,
-            first=((2,), 3, 1, 3),
-        )
-
-    with g.check("works on logits of any shape (..., V): 1-D, 2-D, 3-D and 4-D"):
-
-        def shapes(case):
-            lead, V, k, seed = case
-            k = min(k, V)
-            x = tensor(seed, *lead, V, scale=2.0)
-            _filter_call(
-                g,
-                top_k_filter,
-                _top_k_where(x, k),
-                x,
-                k,
-                dec.top_k_filter(x, k),
-                _top_k_mistakes(x, k),
-                what=": filter along the last axis only (torch.topk(..., dim=-1), keepdim-style [..., -1:] "
-                "indexing)",
-            )
-
-        for_all(
-            "topk.ranks",
+            key="topk.all",
+            budget="some",
+            examples=[((2,), 3, 1, 3), ("x32", ((1.0, 3.0, 2.0),), 5)],
+        ),
+        Clause(
+            "works on logits of any shape (..., V): 1-D, 2-D, 3-D and 4-D",
+            _top_k_ranks,
             st.tuples(_LEADING, st.integers(1, 9), st.integers(1, 5), SEEDS),
-            shapes,
-            max_examples=12,
-            first=((), 6, 2, 4),
-        )
-        for lead in ((), (2, 3), (2, 1, 2)):
-            shapes((lead, 7, 3, 5))
-
-    with g.check("leaves the logits unchanged"):
-
-        def untouched(case):
-            lead, V, k, seed = case
-            x = tensor(seed, *lead, V)
-            where = _top_k_where(x, k)
-            p = call_student(g, where, probe, top_k_filter, x.clone(), k)
-            g.expect(
-                not p.args or (is_tensor(p.args[0]) and torch.equal(p.args[0], x)), _in_place_hint(where)
-            )
-
-        for_all(
-            "topk.inplace",
+            key="topk.ranks",
+            budget="more",
+            examples=[
+                ((), 6, 2, 4),
+                ("x32", (1.0, 3.0, 2.0), 2),
+                ("x32", (((1.0, 3.0, 2.0),), ((4.0, 0.0, 5.0),)), 1),
+            ],
+            also=[(lead, 7, 3, 5) for lead in ((), (2, 3), (2, 1, 2))],
+        ),
+        unchanged(
+            functools.partial(_filter_arg_call, "top_k_filter", 1.0),
             st.tuples(_LEADING, st.integers(2, 8), st.integers(1, 3), SEEDS),
-            untouched,
-            max_examples=5,
-            first=((2,), 5, 2, 6),
-        )
-
-    with g.check("k that is not a positive integer (0, negative, 2.5) raises ValueError"):
-
-        def bad_k(case):
-            V, k, seed = case
-            x = tensor(seed, 2, V)
-            expect_value_error(
-                g,
-                lambda: top_k_filter(x, k),
-                f"k={k!r} (logits (2, {V}))",
-                "k must be a positive integer; say which k came",
-            )
-
-        for_all(
-            "topk.bad",
+            key="topk.inplace",
+            budget="handful",
+            examples=[((2,), 5, 2, 6)],
+            text="leaves the logits unchanged",
+            advice=_IN_PLACE,
+        ),
+        new_tensor(
+            functools.partial(_filter_arg_call, "top_k_filter", 1.0),
+            examples=[((2,), 3, 3, 0), ((), 4, 9, 1), ((2, 2), 5, 2, 2)],
+            text="returns a new tensor, never the logits themselves, also when k >= V keeps every logit",
+        ),
+        raises(
+            functools.partial(_filter_bad_call, "k"),
             st.tuples(st.integers(1, 8), st.sampled_from([0, -1, -3, 2.5, 0.5]), SEEDS),
-            bad_k,
-            max_examples=8,
-            first=(5, 0, 7),
-        )
-        for k in (0, -2, 2.5):
-            bad_k((5, k, 8))
-
-    g.finish()
-
-
-def check_top_k_filter(top_k_filter) -> None:
-    """Public checks of ``top_k_filter``: one small example per clause the hidden checks grade."""
-    g = Grader("top_k_filter (public)")
-    with g.check("returns a tensor of the logits' shape and dtype"):
-        for dtype in FLOATS:
-            x = torch.tensor([[1.0, 3.0, 2.0]], dtype=dtype)
-            out = call_student(g, _top_k_where(x, 2), top_k_filter, x, 2)
-            g.expect(
-                is_tensor(out) and out.shape == (1, 3) and out.dtype == dtype,
-                f"{_top_k_where(x, 2)} should be a tensor {dtype_name(dtype)} (1, 3), got {describe(out)}",
-            )
-    with g.check("top_k_filter([[1, 3, 2]], 2) is [[-inf, 3, 2]]"):
-        x = torch.tensor([[1.0, 3.0, 2.0]])
-        _filter_call(
-            g,
-            top_k_filter,
-            "top_k_filter([[1, 3, 2]], 2)",
-            x,
-            2,
-            dec.top_k_filter(x, 2),
-            _top_k_mistakes(x, 2),
-        )
-    with g.check("top_k_filter([[1, 3, 3, 2]], 1) keeps both 3s (ties with the k-th are kept)"):
-        x = torch.tensor([[1.0, 3.0, 3.0, 2.0]])
-        _filter_call(
-            g,
-            top_k_filter,
-            "top_k_filter([[1, 3, 3, 2]], 1)",
-            x,
-            1,
-            dec.top_k_filter(x, 1),
-            _top_k_mistakes(x, 1),
-            what=" (" + _TIES_HINT + ")",
-        )
-    with g.check("k >= V keeps every logit: top_k_filter([[1, 3, 2]], 5)"):
-        x = torch.tensor([[1.0, 3.0, 2.0]])
-        _filter_call(
-            g,
-            top_k_filter,
-            "top_k_filter([[1, 3, 2]], 5)",
-            x,
-            5,
-            x.clone(),
-            what=": with k >= V every token is kept (clamp k to min(k, V))",
-        )
-    with g.check("any shape (..., V): 1-D logits [1, 3, 2] and a (2, 1, 3) batch"):
-        x = torch.tensor([1.0, 3.0, 2.0])
-        _filter_call(
-            g, top_k_filter, "top_k_filter([1, 3, 2], 2)", x, 2, dec.top_k_filter(x, 2), _top_k_mistakes(x, 2)
-        )
-        x = torch.tensor([[[1.0, 3.0, 2.0]], [[4.0, 0.0, 5.0]]])
-        _filter_call(
-            g,
-            top_k_filter,
-            "top_k_filter(logits (2, 1, 3), 1)",
-            x,
-            1,
-            dec.top_k_filter(x, 1),
-            _top_k_mistakes(x, 1),
-        )
-    with g.check("the logits are left unchanged"):
-        x = torch.tensor([[1.0, 3.0, 2.0]])
-        p = call_student(g, "top_k_filter([[1, 3, 2]], 1)", probe, top_k_filter, x.clone(), 1)
-        g.expect(torch.equal(p.args[0], x), _in_place_hint("top_k_filter([[1, 3, 2]], 1)"))
-    with g.check("k = 0 and k = 2.5 raise ValueError"):
-        for k in (0, 2.5):
-            expect_value_error(
-                g,
-                lambda: top_k_filter(torch.tensor([[1.0, 3.0, 2.0]]), k),
-                f"k={k}",
-                "k must be a positive integer",
-            )
-    g.finish()
+            key="topk.bad",
+            budget="some",
+            examples=[(5, 0, 7), (5, 2.5, 8)],
+            also=[(5, k, 8) for k in (0, -2, 2.5)],
+            fix="k must be a positive integer; say which k came",
+            text="k that is not a positive integer (0, negative, 2.5) raises ValueError",
+        ),
+    ],
+)
+check_top_k_filter, grade_top_k_filter = TOP_K.graders()
 
 
 # --------------------------------------------------------------------------- top-p
@@ -978,28 +768,18 @@ def _top_p_mistakes(x: torch.Tensor, p: float):
     s, order = torch.sort(x, dim=-1, descending=True)
     probs = F.softmax(s, dim=-1)
     cum = probs.cumsum(-1)
-    before = cum - probs
-    out = []
-    for drop in (cum > p, cum >= p):
-        out.append((x.masked_fill(drop.scatter(-1, order, drop), inf), _CROSS_HINT))
+    out = [(x.masked_fill(drop.scatter(-1, order, drop), inf), _CROSS_HINT) for drop in (cum > p, cum >= p)]
     vocab = F.softmax(x, dim=-1)
     out.append((x.masked_fill(vocab.cumsum(-1) - vocab >= p, inf), _SORT_HINT))
     out.append((x.masked_fill(vocab.cumsum(-1) > p, inf), _SORT_HINT))
-    sorted_result = s.masked_fill(before >= p, inf)
+    sorted_result = s.masked_fill(cum - probs >= p, inf)
     if not torch.equal(sorted_result, dec.top_p_filter(x, p)):
         out.append((sorted_result, _ORDER_HINT))
-    ascending = torch.sort(
-        x, dim=-1
-    ).values  # a sort in increasing order, accumulated from the least likely token
-    up = F.softmax(ascending, dim=-1)
+    up, order_up = torch.sort(x, dim=-1)  # increasing order: accumulated from the least likely token
+    up = F.softmax(up, dim=-1)
     asc_drop = (up.cumsum(-1) - up) >= p
-    order_up = torch.sort(x, dim=-1).indices
     out.append((x.masked_fill(asc_drop.scatter(-1, order_up, asc_drop), inf), _SORT_HINT))
     return out
-
-
-def _p_logits(*rows: list[float]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.float64).log()
 
 
 def _top_p_margin(x: torch.Tensor, p: float) -> float:
@@ -1010,62 +790,82 @@ def _top_p_margin(x: torch.Tensor, p: float) -> float:
     return float((before - p).abs().min())
 
 
-def _top_p_where(x: torch.Tensor, p) -> str:
-    return f"top_p_filter(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {p!r})"
-
-
-def _top_p_case(g: Grader, fn, x: torch.Tensor, p: float, where: str | None = None, what: str = ""):
-    expected = dec.top_p_filter(x, p)
-    where = where or _top_p_where(x, p)
-    return _filter_call(
-        g,
-        fn,
-        where,
-        x,
-        p,
-        expected,
-        _top_p_mistakes(x, p),
-        what=what or " (the smallest set of most likely tokens whose probabilities sum to at least p)",
-    )
+def _top_p_case(g: Grader, fn, case, what: str = "", scale: float = 1.0) -> None:
+    """The filter on a worked or drawn case (see :func:`_filter_input`); a drawn one that hangs on rounding is
+    skipped."""
+    x, p, where = _filter_input("top_p_filter", case, scale)
+    if not _is_worked(case):
+        _clear(_top_p_margin(x, p) > 1e-5)
+    what = what or " (the smallest set of most likely tokens whose probabilities sum to at least p)"
+    _filter_call(g, fn, where, x, p, dec.top_p_filter(x, p), _top_p_mistakes(x, p), what)
 
 
 _P_VALUES = st.sampled_from([0.05, 0.2, 0.35, 0.5, 0.62, 0.75, 0.9, 0.97])
 
 
-def grade_top_p_filter(top_p_filter) -> None:
-    """Grade a student's ``top_p_filter(logits, p)``."""
-    g = Grader("top_p_filter")
+def _top_p_values(g: Grader, fn, case) -> None:
+    if _is_worked(case):
+        _top_p_case(g, fn, case)
+        return
+    lead, V, p, dtype, scale, seed = case
+    _top_p_case(g, fn, (lead, V, p, dtype, seed), scale=scale)
 
-    with g.check("returns a tensor of the logits' shape and dtype (float32 and float64)"):
 
-        def shape_dtype(case):
-            lead, V, dtype, seed = case
-            x = tensor(seed, *lead, V, dtype=dtype)
-            where = _top_p_where(x, 0.5)
-            out = call_student(g, where, top_p_filter, x, 0.5)
-            g.expect(
-                is_tensor(out) and out.shape == x.shape and out.dtype == x.dtype,
-                f"{where} should return a tensor {dtype_name(dtype)} {tuple(x.shape)}, got {describe(out)}",
-            )
+def _top_p_crossing(g: Grader, fn, case) -> None:
+    _top_p_case(g, fn, case, f" ({_CROSS_HINT})")
 
-        for_all(
-            "topp.shape",
-            st.tuples(_LEADING, st.integers(1, 8), st.sampled_from(FLOATS), SEEDS),
-            shape_dtype,
-            max_examples=6,
-            first=((2,), 3, torch.float64, 0),
-        )
 
-    with g.check("keeps the smallest set of most likely tokens whose probabilities sum to at least p"):
+def _top_p_order(g: Grader, fn, case) -> None:
+    if _is_worked(case):
+        _top_p_case(g, fn, case, f" ({_SORT_HINT})")
+        return
+    V, p, seed = case
+    what = ": kept logits must stay at their vocabulary positions, unchanged"
+    _top_p_case(g, fn, ((2,), V, p, torch.float64, seed), what, scale=2.0)
 
-        def values(case):
-            lead, V, p, dtype, scale, seed = case
-            x = tensor(seed, *lead, V, dtype=dtype, scale=scale)
-            assume(_top_p_margin(x, p) > 1e-5)
-            _top_p_case(g, top_p_filter, x, p)
 
-        for_all(
-            "topp.values",
+def _top_p_one(g: Grader, fn, case) -> None:
+    if not _is_worked(case):
+        lead, V, seed = case
+        case = (lead, V, 1.0, torch.float64, seed)
+    x, p, where = _filter_input("top_p_filter", case)
+    _filter_call(
+        g, fn, where, x, p, x.clone(), what=": with p = 1 every token (of non-zero probability) is kept"
+    )
+
+
+def _top_p_composed(g: Grader, fn, case) -> None:
+    if _is_worked(case):
+        _top_p_case(g, fn, case)
+        return
+    V, k, p, seed = case
+    x = dec.top_k_filter(tensor(seed, 3, V, scale=2.0), min(k, V))
+    _clear(_top_p_margin(x, p) > 1e-5)
+    where = f"top_p_filter(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {p!r})"
+    what = ": the softmax of the filtered logits gives the removed tokens probability 0, they stay -inf"
+    _filter_call(g, fn, where, x, p, dec.top_p_filter(x, p), _top_p_mistakes(x, p), what)
+
+
+def _top_p_ranks(g: Grader, fn, case) -> None:
+    if _is_worked(case):
+        _top_p_case(g, fn, case)
+        return
+    lead, V, p, seed = case
+    what = ": sort, softmax and cumsum along the last axis (dim=-1), and scatter back along it"
+    _top_p_case(g, fn, (lead, V, p, torch.float64, seed), what, scale=2.0)
+
+
+#: probabilities in vocabulary order and p: the token that crosses p survives, and the most likely one always
+_CROSSING = [((0.2, 0.5, 0.3), 0.6), ((0.05, 0.9, 0.05), 0.5), ((0.2, 0.5, 0.3), 0.45)]
+_CROSSING += [((0.1, 0.25, 0.15, 0.5), 0.7), ((0.1, 0.25, 0.15, 0.5), 0.8), ((0.3, 0.3, 0.4), 0.01)]
+
+TOP_P = Spec(
+    "top_p_filter",
+    [
+        _filter_shape("top_p_filter", "topp.shape", 0.5),
+        Clause(
+            "keeps the smallest set of most likely tokens whose probabilities sum to at least p",
+            _top_p_values,
             st.tuples(
                 st.lists(st.integers(1, 4), min_size=1, max_size=2).map(tuple),
                 st.integers(1, 12),
@@ -1074,224 +874,76 @@ def grade_top_p_filter(top_p_filter) -> None:
                 st.sampled_from([1.0, 2.0, 4.0]),
                 SEEDS,
             ),
-            values,
-            max_examples=25,
-            first=((2,), 6, 0.5, torch.float64, 2.0, 1),
-        )
-
-    with g.check("the token whose probability crosses p is kept, and the most likely token always is"):
-        cases = [  # probabilities in vocabulary order, p, which tokens survive
-            ([0.2, 0.5, 0.3], 0.6, [False, True, True]),
-            ([0.2, 0.5, 0.3], 0.45, [False, True, False]),
-            ([0.1, 0.25, 0.15, 0.5], 0.7, [False, True, False, True]),
-            ([0.1, 0.25, 0.15, 0.5], 0.8, [False, True, True, True]),
-            ([0.05, 0.9, 0.05], 0.5, [False, True, False]),
-            ([0.3, 0.3, 0.4], 0.01, [False, False, True]),
-        ]
-        for probs, p, _kept in cases:
-            x = _p_logits(probs)
-            _top_p_case(g, top_p_filter, x, p, f"top_p_filter(log {probs}, {p})", what=f" ({_CROSS_HINT})")
-
-    with g.check(
-        "probabilities are accumulated from the most likely token down, and the result is in vocabulary order"
-    ):
-        x = _p_logits([0.05, 0.1, 0.15, 0.7], [0.3, 0.05, 0.45, 0.2])
-        _top_p_case(
-            g,
-            top_p_filter,
-            x,
-            0.5,
-            "top_p_filter(log [[0.05, 0.1, 0.15, 0.7], [0.3, 0.05, 0.45, 0.2]], 0.5)",
-            what=f" ({_SORT_HINT})",
-        )
-
-        def order(case):
-            V, p, seed = case
-            x = tensor(seed, 2, V, scale=2.0)
-            assume(_top_p_margin(x, p) > 1e-5)
-            _top_p_case(
-                g, top_p_filter, x, p, what=": kept logits must stay at their vocabulary positions, unchanged"
-            )
-
-        for_all(
-            "topp.order",
+            key="topp.values",
+            budget="wider",
+            examples=[((2,), 6, 0.5, torch.float64, 2.0, 1), ("log", ((0.5, 0.3, 0.2),), 0.6)],
+        ),
+        Clause(
+            "the token whose probability crosses p is kept, and the most likely token always is",
+            _top_p_crossing,
+            examples=[("log", (probs,), p) for probs, p in _CROSSING[:2]],
+            also=[("log", (probs,), p) for probs, p in _CROSSING[2:]],
+        ),
+        Clause(
+            "probabilities are accumulated from the most likely token down, and the result is in vocabulary order",
+            _top_p_order,
             st.tuples(st.integers(3, 12), _P_VALUES, SEEDS),
-            order,
-            max_examples=10,
-            first=(6, 0.62, 2),
-        )
-
-    with g.check("p = 1 keeps every token"):
-
-        def everything(case):
-            lead, V, seed = case
-            x = tensor(seed, *lead, V)
-            _filter_call(
-                g,
-                top_p_filter,
-                _top_p_where(x, 1.0),
-                x,
-                1.0,
-                x.clone(),
-                what=": with p = 1 every token (of non-zero probability) is kept",
-            )
-
-        for_all(
-            "topp.one",
+            key="topp.order",
+            budget="normal",
+            examples=[(6, 0.62, 2), ("log", ((0.3, 0.05, 0.45, 0.2),), 0.5)],
+            also=[("log", ((0.05, 0.1, 0.15, 0.7), (0.3, 0.05, 0.45, 0.2)), 0.5)],
+        ),
+        Clause(
+            "p = 1 keeps every token",
+            _top_p_one,
             st.tuples(_LEADING, st.integers(1, 10), SEEDS),
-            everything,
-            max_examples=6,
-            first=((2,), 5, 3),
-        )
-
-    with g.check("logits already at -inf (after top-k) stay -inf: they have probability 0"):
-
-        def composed(case):
-            V, k, p, seed = case
-            x = dec.top_k_filter(tensor(seed, 3, V, scale=2.0), min(k, V))
-            assume(_top_p_margin(x, p) > 1e-5)
-            _top_p_case(
-                g,
-                top_p_filter,
-                x,
-                p,
-                what=": the softmax of the filtered logits gives the removed tokens probability 0, they stay "
-                "-inf",
-            )
-
-        for_all(
-            "topp.compose",
+            key="topp.one",
+            budget="small",
+            examples=[((2,), 5, 3), ("log", ((0.2, 0.5, 0.3),), 1.0)],
+        ),
+        Clause(
+            "logits already at -inf (after top-k) stay -inf: they have probability 0",
+            _top_p_composed,
             st.tuples(st.integers(3, 12), st.integers(1, 6), _P_VALUES, SEEDS),
-            composed,
-            max_examples=8,
-            first=(8, 3, 0.9, 4),
-        )
-
-    with g.check("works on logits of any shape (..., V): 1-D, 2-D, 3-D and 4-D"):
-
-        def shapes(case):
-            lead, V, p, seed = case
-            x = tensor(seed, *lead, V, scale=2.0)
-            assume(_top_p_margin(x, p) > 1e-5)
-            _top_p_case(
-                g,
-                top_p_filter,
-                x,
-                p,
-                what=": sort, softmax and cumsum along the last axis (dim=-1), and scatter back along it",
-            )
-
-        for_all(
-            "topp.ranks",
+            key="topp.compose",
+            budget="some",
+            examples=[(8, 3, 0.9, 4), ("x64", ((0.0, -math.inf, 1.0, -1.0),), 0.95)],
+        ),
+        Clause(
+            "works on logits of any shape (..., V): 1-D, 2-D, 3-D and 4-D",
+            _top_p_ranks,
             st.tuples(_LEADING, st.integers(2, 9), _P_VALUES, SEEDS),
-            shapes,
-            max_examples=12,
-            first=((), 6, 0.62, 5),
-        )
-
-    with g.check("leaves the logits unchanged"):
-
-        def untouched(case):
-            lead, V, p, seed = case
-            x = tensor(seed, *lead, V)
-            where = _top_p_where(x, p)
-            q = call_student(g, where, probe, top_p_filter, x.clone(), p)
-            g.expect(
-                not q.args or (is_tensor(q.args[0]) and torch.equal(q.args[0], x)), _in_place_hint(where)
-            )
-
-        for_all(
-            "topp.inplace",
+            key="topp.ranks",
+            budget="more",
+            examples=[((), 6, 0.62, 5), ("log", (0.2, 0.5, 0.3), 0.6)],
+        ),
+        unchanged(
+            functools.partial(_filter_arg_call, "top_p_filter", 1.0),
             st.tuples(_LEADING, st.integers(2, 8), _P_VALUES, SEEDS),
-            untouched,
-            max_examples=5,
-            first=((2,), 5, 0.5, 6),
-        )
-
-    with g.check("p outside (0, 1] raises ValueError"):
-
-        def bad_p(case):
-            V, p, seed = case
-            x = tensor(seed, 2, V)
-            expect_value_error(
-                g, lambda: top_p_filter(x, p), f"p={p!r} (logits (2, {V}))", "p must be in (0, 1]"
-            )
-
-        for_all(
-            "topp.bad",
+            key="topp.inplace",
+            budget="handful",
+            examples=[((2,), 5, 0.5, 6)],
+            text="leaves the logits unchanged",
+            advice=_IN_PLACE,
+        ),
+        new_tensor(
+            functools.partial(_filter_arg_call, "top_p_filter", 1.0),
+            examples=[((2,), 5, 1.0, 0), ((), 3, 1.0, 1), ((2, 2), 6, 0.5, 2)],
+            text="returns a new tensor, never the logits themselves, also when p = 1 keeps every token",
+        ),
+        raises(
+            functools.partial(_filter_bad_call, "p"),
             st.tuples(st.integers(1, 8), st.sampled_from([0.0, -0.1, -1.0, 1.5, 1.0001, 2.0]), SEEDS),
-            bad_p,
-            max_examples=8,
-            first=(5, 0.0, 7),
-        )
-        for p in (0.0, 1.5, -0.1):
-            bad_p((5, p, 8))
-
-    g.finish()
-
-
-def check_top_p_filter(top_p_filter) -> None:
-    """Public checks of ``top_p_filter``: one small example per clause the hidden checks grade."""
-    g = Grader("top_p_filter (public)")
-    with g.check("returns a tensor of the logits' shape and dtype"):
-        for dtype in FLOATS:
-            x = torch.tensor([[0.2, 0.5, 0.3]], dtype=dtype).log()
-            out = call_student(g, _top_p_where(x, 0.6), top_p_filter, x, 0.6)
-            g.expect(
-                is_tensor(out) and out.shape == (1, 3) and out.dtype == dtype,
-                f"{_top_p_where(x, 0.6)} should be a tensor {dtype_name(dtype)} (1, 3), got {describe(out)}",
-            )
-    with g.check("probabilities [0.2, 0.5, 0.3] with p = 0.6 keep the 0.5 and the 0.3 that crosses 0.6"):
-        _top_p_case(
-            g,
-            top_p_filter,
-            _p_logits([0.2, 0.5, 0.3]),
-            0.6,
-            "top_p_filter(log [[0.2, 0.5, 0.3]], 0.6)",
-            what=f" ({_CROSS_HINT})",
-        )
-    with g.check("probabilities [0.05, 0.9, 0.05] with p = 0.5 keep the 0.9 alone"):
-        _top_p_case(
-            g,
-            top_p_filter,
-            _p_logits([0.05, 0.9, 0.05]),
-            0.5,
-            "top_p_filter(log [[0.05, 0.9, 0.05]], 0.5)",
-            what=f" ({_CROSS_HINT})",
-        )
-    with g.check("accumulated from the most likely token down, result in vocabulary order"):
-        _top_p_case(
-            g,
-            top_p_filter,
-            _p_logits([0.3, 0.05, 0.45, 0.2]),
-            0.5,
-            "top_p_filter(log [[0.3, 0.05, 0.45, 0.2]], 0.5)",
-            what=f" ({_SORT_HINT})",
-        )
-    with g.check("p = 1 keeps every token"):
-        x = _p_logits([0.2, 0.5, 0.3])
-        _filter_call(g, top_p_filter, "top_p_filter(log [[0.2, 0.5, 0.3]], 1.0)", x, 1.0, x.clone())
-    with g.check("-inf logits stay -inf"):
-        x = torch.tensor([[0.0, float("-inf"), 1.0, -1.0]], dtype=torch.float64)
-        _top_p_case(g, top_p_filter, x, 0.95, "top_p_filter([[0, -inf, 1, -1]], 0.95)")
-    with g.check("any shape (..., V): 1-D logits log [0.2, 0.5, 0.3]"):
-        _top_p_case(
-            g,
-            top_p_filter,
-            torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64).log(),
-            0.6,
-            "top_p_filter(log [0.2, 0.5, 0.3], 0.6)",
-        )
-    with g.check("the logits are left unchanged"):
-        x = _p_logits([0.2, 0.5, 0.3])
-        q = call_student(g, "top_p_filter(log [[0.2, 0.5, 0.3]], 0.4)", probe, top_p_filter, x.clone(), 0.4)
-        g.expect(torch.equal(q.args[0], x), _in_place_hint("top_p_filter(log [[0.2, 0.5, 0.3]], 0.4)"))
-    with g.check("p = 0 and p = 1.5 raise ValueError"):
-        for p in (0.0, 1.5):
-            expect_value_error(
-                g, lambda: top_p_filter(_p_logits([0.2, 0.5, 0.3]), p), f"p={p}", "p must be in (0, 1]"
-            )
-    g.finish()
+            key="topp.bad",
+            budget="some",
+            examples=[(5, 0.0, 7), (5, 1.5, 8)],
+            also=[(5, p, 8) for p in (0.0, 1.5, -0.1)],
+            fix="p must be in (0, 1]",
+            text="p outside (0, 1] raises ValueError",
+        ),
+    ],
+)
+check_top_p_filter, grade_top_p_filter = TOP_P.graders()
 
 
 # =========================================================================== the toy model
@@ -1309,20 +961,8 @@ def _table(V: int, entries: dict[tuple[int, int], float]) -> torch.Tensor:
 def _greedy_trap() -> torch.Tensor:
     """From 0: token 1 (0.6) beats 2 (0.4), but then the best is 0.4 after 1 and 0.9 after 2:
     greedy gives 1, 3 (0.24), the likeliest pair is 2, 3 (0.36)."""
-    return _table(
-        5,
-        {
-            (0, 1): 0.6,
-            (0, 2): 0.4,
-            (1, 3): 0.4,
-            (1, 4): 0.3,
-            (1, 0): 0.3,
-            (2, 3): 0.9,
-            (2, 4): 0.1,
-            (3, 4): 1.0,
-            (4, 4): 1.0,
-        },
-    )
+    entries = {(0, 1): 0.6, (0, 2): 0.4, (1, 3): 0.4, (1, 4): 0.3, (1, 0): 0.3, (2, 3): 0.9, (2, 4): 0.1}
+    return _table(5, entries | {(3, 4): 1.0, (4, 4): 1.0})
 
 
 #: the EOS token of the tables below
@@ -1335,21 +975,8 @@ def _length_table() -> torch.Tensor:
     """EOS right away has 0.4; the path 1, 2, EOS has 0.6 at each step: a lower total (0.216)
     but a higher mean log-probability. Raw sums pick the short one, normalised scores the long one."""
     e = _EOS_LEN
-    return _table(
-        4,
-        {
-            (0, e): 0.4,
-            (0, 1): 0.6,
-            (1, 2): 0.6,
-            (1, e): 0.4,
-            (2, 2): 0.4,
-            (2, e): 0.6,
-            (e, 0): 0.25,
-            (e, 1): 0.25,
-            (e, 2): 0.25,
-            (e, e): 0.25,
-        },
-    )
+    entries = {(0, e): 0.4, (0, 1): 0.6, (1, 2): 0.6, (1, e): 0.4, (2, 2): 0.4, (2, e): 0.6}
+    return _table(4, entries | {(e, x): 0.25 for x in (0, 1, 2, e)})
 
 
 def _stop_table() -> torch.Tensor:
@@ -1381,19 +1008,8 @@ def _eos_rank_table() -> torch.Tensor:
     is dropped, and the answer is 0, A, B (0.3, the live beam when the steps run out). A search that
     finishes an EOS candidate ranked below W returns 0, EOS (0.4)."""
     e = _EOS_RANK
-    return _table(
-        5,
-        {
-            (0, 1): 0.6,
-            (0, e): 0.4,
-            (1, 3): 0.5,
-            (1, e): 0.3,
-            (1, 4): 0.2,
-            (3, 3): 1.0,
-            (4, 4): 1.0,
-            (e, e): 1.0,
-        },
-    )
+    entries = {(0, 1): 0.6, (0, e): 0.4, (1, 3): 0.5, (1, e): 0.3, (1, 4): 0.2}
+    return _table(5, entries | {(3, 3): 1.0, (4, 4): 1.0, (e, e): 1.0})
 
 
 def _live_table() -> torch.Tensor:
@@ -1422,25 +1038,9 @@ def _crowded_table() -> torch.Tensor:
     to c, d=8, EOS (certain), the best hypothesis at length_penalty 1 (log 0.12 / 4 = -0.53). A search that
     ranks fewer than the best 2W candidates loses it."""
     e = _EOS_CROWD
-    return _table(
-        9,
-        {
-            (0, 1): 0.4,
-            (0, 2): 0.35,
-            (0, 3): 0.25,
-            (1, e): 0.6,
-            (1, 4): 0.4,
-            (2, e): 0.6,
-            (2, 5): 0.4,
-            (3, e): 0.52,
-            (3, 6): 0.48,
-            (4, e): 1.0,
-            (5, e): 1.0,
-            (6, 8): 1.0,
-            (8, e): 1.0,
-            (e, e): 1.0,
-        },
-    )
+    entries = {(0, 1): 0.4, (0, 2): 0.35, (0, 3): 0.25, (1, e): 0.6, (1, 4): 0.4, (2, e): 0.6, (2, 5): 0.4}
+    entries |= {(3, e): 0.52, (3, 6): 0.48, (6, 8): 1.0}
+    return _table(9, entries | {(x, e): 1.0 for x in (4, 5, 8, e)})
 
 
 def _ladder_table() -> torch.Tensor:
@@ -1502,8 +1102,7 @@ _LIVE_HINT = (
 _EARLY_HINT = (
     "the search stopped too early: stop before max_new_tokens only when W hypotheses have finished and no "
     "live beam can still beat the worst of them, even at its best possible final length (a live beam's "
-    "total only "
-    "falls, so its best rank is total / n ** length_penalty at n = t + 1 or n = max_new_tokens)"
+    "total only falls, so its best rank is total / n ** length_penalty at n = t + 1 or n = max_new_tokens)"
 )
 _GREEDY_HINT = (
     "your beam search returned the greedy sequence: at each step rank the candidates of all beams together "
@@ -1516,9 +1115,8 @@ _WIDTH_HINT = (
 )
 
 
-def _beam_call(g: Grader, fn, model, prompt, max_new_tokens, *args, where: str = "", **kwargs):
+def _beam_call(g: Grader, fn, model, prompt, max_new_tokens, *args, where: str, **kwargs):
     """Call the student's beam search; returns ``(tokens list, score)`` after checking the return types."""
-    where = where or _beam_where(prompt, max_new_tokens, *args, **kwargs)
     try:
         result = fn(model, prompt, max_new_tokens, *args, **kwargs)
     except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
@@ -1550,11 +1148,6 @@ def _beam_call(g: Grader, fn, model, prompt, max_new_tokens, *args, where: str =
     return tokens[0].tolist(), score
 
 
-def _beam_where(prompt, max_new_tokens, *args, **kwargs) -> str:
-    extra = "".join(f", {a!r}" for a in args) + "".join(f", {k}={v!r}" for k, v in kwargs.items())
-    return f"beam_search(model, {prompt.tolist()}, {max_new_tokens}{extra})"
-
-
 def _score_ok(score: float, expected: float, n: int, alpha: float) -> bool:
     """The score agrees with ``expected`` within float32 rounding of a total of ``n`` log-probabilities."""
     total = abs(expected) * n**alpha
@@ -1573,8 +1166,7 @@ def _expect_path(
     g.expect(
         _score_ok(score, expected_score, n, alpha),
         f"{where}: the tokens are right but the score is {score:.6f}, expected {expected_score:.6f}: return the "
-        "best "
-        "hypothesis's total log-probability of its new tokens divided by n ** length_penalty",
+        "best hypothesis's total log-probability of its new tokens divided by n ** length_penalty",
     )
 
 
@@ -1638,92 +1230,6 @@ def _beam_margin(
         model.train(was_training)
 
 
-def _greedy_trap_check(g: Grader, beam_search, TableLM) -> None:
-    logp = table_logp(_greedy_trap())
-    prompt = torch.tensor([[0]])
-    where = "beam_search(<greedy-trap table>, [[0]], 2, 2, length_penalty=0.0)"
-    got, score = _beam_call(g, beam_search, TableLM(logp), prompt, 2, 2, length_penalty=0.0, where=where)
-    best = max(
-        ([0, a, b] for a in range(5) for b in range(5)), key=lambda s: _path_logprob(logp, s)
-    )  # brute force
-    if got == [0, 1, 3]:
-        g.fail(f"{where}: {_GREEDY_HINT}")
-    _expect_path(
-        g, where, got, score, best, _path_logprob(logp, best), 0.0, "the likeliest pair of new tokens"
-    )
-
-
-def _length_check(g: Grader, beam_search, TableLM) -> None:
-    """The length-normalisation case, at the default length_penalty (1) and at 0, 0.5, 2 and -1."""
-    logp = table_logp(_length_table())
-    model, e, prompt = TableLM(logp), _EOS_LEN, torch.tensor([[0]])
-    short, long = [0, e], [0, 1, 2, e]
-    where = f"beam_search(<length table>, [[0]], 6, 2, eos_id={e})"
-    got, score = _beam_call(
-        g, beam_search, model, prompt, 6, 2, eos_id=e, where=where + " (default length_penalty)"
-    )
-    if got == short:
-        g.fail(f"{where}: {_NORM_HINT} (the default length_penalty is 1.0)")
-    if got == long and abs(score - _path_logprob(logp, long) / 4) < 1e-4:
-        g.fail(
-            f"{where}: n counts the generated tokens (EOS included), not the prompt: divide by (T - T0) ** "
-            "length_penalty"
-        )
-    if got == long and abs(score - _path_logprob(logp, long)) < 1e-4:
-        g.fail(f"{where}: {_NORM_HINT} (the returned score is the raw total)")
-    _expect_path(
-        g,
-        where,
-        got,
-        score,
-        long,
-        _path_logprob(logp, long) / 3,
-        1.0,
-        "with the default length_penalty=1 the hypothesis 0, 1, 2, EOS (mean log-probability log 0.6) beats "
-        "0, EOS (log 0.4)",
-    )
-    for alpha in (0.0, 0.5, 2.0, -1.0):
-        tokens, expected_score = dec.beam_search(TableLM(logp), prompt, 6, 2, eos_id=e, length_penalty=alpha)
-        expected = tokens[0].tolist()
-        here = f"beam_search(<length table>, [[0]], 6, 2, eos_id={e}, length_penalty={alpha})"
-        got, score = _beam_call(
-            g, beam_search, model, prompt, 6, 2, eos_id=e, length_penalty=alpha, where=here
-        )
-        hint = (
-            _RAW_HINT + ": 0, EOS (probability 0.4) beats 0, 1, 2, EOS (0.216)"
-            if alpha == 0
-            else f"rank finished hypotheses by logprob / n ** {alpha}"
-        )
-        _expect_path(g, here, got, score, expected, expected_score, alpha, hint)
-
-
-def _ladder_check(g: Grader, beam_search, TableLM, widths=(None, 1, 2, 3, 5)) -> None:
-    """Each beam width W finds 0, W, 6 on the ladder table; without beam_width the default W = 4."""
-    logp = table_logp(_ladder_table())
-    prompt = torch.tensor([[0]])
-    for W in widths:
-        args = () if W is None else (W,)
-        width = 4 if W is None else W
-        expected = [0, width, _LADDER_TARGET]
-        where = f"beam_search(<ladder table>, [[0]], 2{'' if W is None else f', {W}'})"
-        got, score = _beam_call(g, beam_search, TableLM(logp), prompt, 2, *args, where=where)
-        default = " (the default beam_width is 4)" if W is None else ""
-        if (
-            got != expected
-            and len(got) == 3
-            and got[0] == 0
-            and got[1] in range(1, 6)
-            and got[2] == _LADDER_TARGET
-        ):
-            g.fail(
-                f"{where}: a search of width {width} keeps the first tokens 1 .. {width} and ends with 0, {width}, "
-                f"{_LADDER_TARGET}; got {got}, the answer of width {got[1]}{default}: {_WIDTH_HINT}"
-            )
-        _expect_path(
-            g, where, got, score, expected, _path_logprob(logp, expected) / 2, 1.0, _WIDTH_HINT + default
-        )
-
-
 def _gpt_pair(GPT, GPTConfig, seed: int, dropout: float = 0.0):
     """The same small GPT twice: built with the student's classes (in their process) and with coursekit's."""
     kwargs = dict(vocab_size=23, block_size=48, n_layers=2, n_heads=2, d_model=16, dropout=dropout)
@@ -1754,470 +1260,380 @@ def _clear_prompt(local, name: str, T0: int, n: int, W: int, eos_at=None, alpha:
     return prompt, eos
 
 
-def grade_beam_search(beam_search, TableLM, GPT, GPTConfig) -> None:
-    """Grade a student's ``beam_search(model, prompt, max_new_tokens, beam_width=4, *, eos_id=None,
-    length_penalty=1.0)``.
+def _expect_best(g: Grader, where: str, got, score, logp, expected, alpha: float, hint: str) -> None:
+    """The tokens are ``expected`` (from the prompt [[0]]) and the score its total over n ** alpha."""
+    n = len(expected) - 1
+    _expect_path(g, where, got, score, expected, _path_logprob(logp, expected) / n**alpha, alpha, hint)
 
-    ``TableLM``, ``GPT`` and ``GPTConfig`` are the notebook's names for the toy model and
-    coursekit's GPT: the models are built with them, where the student's code runs.
-    """
-    g = Grader("beam_search")
 
-    with g.check(
-        "returns (tokens, score): tokens (1, T0 + n) torch.long starting with the prompt, score a float"
+def _on_table(g: Grader, student, label: str, logp, n: int, W=None, *, eos=None, alpha=None):
+    """The student's beam search on the table model ``logp`` (built with their ``TableLM``) from the prompt
+    [[0]], ``W`` and ``alpha`` left to their defaults when ``None``: ``(where, tokens, score)``."""
+    fn, Table = student[0], student[1]
+    args = () if W is None else (W,)
+    kwargs = {} if eos is None else {"eos_id": eos}
+    if alpha is not None:
+        kwargs["length_penalty"] = alpha
+    extra = "".join(f", {a!r}" for a in args) + "".join(f", {k}={v!r}" for k, v in kwargs.items())
+    where = f"beam_search(<{label}>, [[0]], {n}{extra})"
+    got, score = _beam_call(g, fn, Table(logp), torch.tensor([[0]]), n, *args, where=where, **kwargs)
+    return where, got, score
+
+
+def _beam_returns(g: Grader, student, case) -> None:
+    model_logp = _random_table(seed=1, V=5, order=1, eos=None, sharp=2.0)
+    where = "beam_search(<random (5, 5) table>, [[0, 3]], 3, 2)"
+    _beam_call(g, student[0], student[1](model_logp), torch.tensor([[0, 3]]), 3, 2, where=where)
+
+
+def _beam_width(g: Grader, student, case) -> None:
+    """``"greedy trap"``: the likeliest pair, which greedy decoding misses; ``W``: the ladder table, where
+    each width W (``None``: the default 4) finds 0, W, 6."""
+    if case == "greedy trap":
+        logp = table_logp(_greedy_trap())
+        where, got, score = _on_table(g, student, "greedy-trap table", logp, 2, 2, alpha=0.0)
+        best = max(([0, a, b] for a in range(5) for b in range(5)), key=lambda s: _path_logprob(logp, s))
+        if got == [0, 1, 3]:
+            g.fail(f"{where}: {_GREEDY_HINT}")
+        _expect_best(g, where, got, score, logp, best, 0.0, "the likeliest pair of new tokens")
+        return
+    logp, width = table_logp(_ladder_table()), 4 if case is None else case
+    expected = [0, width, _LADDER_TARGET]
+    where, got, score = _on_table(g, student, "ladder table", logp, 2, case)
+    default = " (the default beam_width is 4)" if case is None else ""
+    if (
+        got != expected
+        and len(got) == 3
+        and got[0] == 0
+        and got[1] in range(1, 6)
+        and got[2] == _LADDER_TARGET
     ):
-        model_logp = _random_table(seed=1, V=5, order=1, eos=None, sharp=2.0)
-        _beam_call(g, beam_search, TableLM(model_logp), torch.tensor([[0, 3]]), 3, 2)
-
-    with g.check("keeps the best beam_width candidates of all beams together (W = 1 .. 5; 4 by default)"):
-        _greedy_trap_check(g, beam_search, TableLM)
-        _ladder_check(g, beam_search, TableLM)
-
-    with g.check("ranks hypotheses by logprob / n ** length_penalty (1 by default; 0, 0.5, 2 and -1)"):
-        _length_check(g, beam_search, TableLM)
-
-    with g.check("a hypothesis ends at its EOS, which finishes it only if it is among the best W candidates"):
-        logp, e = table_logp(_stop_table()), _EOS_STOP
-        for alpha in (1.0, 0.0):
-            where = f"beam_search(<stop table>, [[0]], 6, 2, eos_id={e}, length_penalty={alpha})"
-            got, score = _beam_call(
-                g,
-                beam_search,
-                TableLM(logp),
-                torch.tensor([[0]]),
-                6,
-                2,
-                eos_id=e,
-                length_penalty=alpha,
-                where=where,
-            )
-            if e in got[1:-1]:
-                g.fail(f"{where}: {_EOS_HINT} (got {got})")
-            _expect_path(
-                g,
-                where,
-                got,
-                score,
-                [0, 1, e],
-                _path_logprob(logp, [0, 1, e]) / 2**alpha,
-                alpha,
-                "the best hypothesis is 0, 1, EOS",
-            )
-        logp, e = table_logp(_eos_rank_table()), _EOS_RANK
-        where = f"beam_search(<EOS-rank table>, [[0]], 2, 1, eos_id={e}, length_penalty=0.0)"
-        got, score = _beam_call(
-            g,
-            beam_search,
-            TableLM(logp),
-            torch.tensor([[0]]),
-            2,
-            1,
-            eos_id=e,
-            length_penalty=0.0,
-            where=where,
+        g.fail(
+            f"{where}: a search of width {width} keeps the first tokens 1 .. {width} and ends with 0, {width}, "
+            f"{_LADDER_TARGET}; got {got}, the answer of width {got[1]}{default}: {_WIDTH_HINT}"
         )
+    _expect_best(g, where, got, score, logp, expected, 1.0, _WIDTH_HINT + default)
+
+
+def _beam_length(g: Grader, student, alpha) -> None:
+    """The length table at the default length_penalty (``None``: 1) and at ``alpha``."""
+    logp, e = table_logp(_length_table()), _EOS_LEN
+    where, got, score = _on_table(g, student, "length table", logp, 6, 2, eos=e, alpha=alpha)
+    long = [0, 1, 2, e]
+    if alpha is None:
         if got == [0, e]:
-            g.fail(f"{where}: {_EOS_RANK_HINT}")
-        _expect_path(
-            g,
-            where,
-            got,
-            score,
-            [0, 1, 3],
-            _path_logprob(logp, [0, 1, 3]),
-            0.0,
-            "with beam_width=1 the EOS after 0 is the second-best candidate and is dropped; 0, 1, 3 is the "
-            "answer",
+            g.fail(f"{where} (default length_penalty): {_NORM_HINT} (the default length_penalty is 1.0)")
+        if got == long and abs(score - _path_logprob(logp, long) / 4) < 1e-4:
+            g.fail(
+                f"{where}: n counts the generated tokens (EOS included), not the prompt: divide by (T - T0) ** "
+                "length_penalty"
+            )
+        if got == long and abs(score - _path_logprob(logp, long)) < 1e-4:
+            g.fail(f"{where}: {_NORM_HINT} (the returned score is the raw total)")
+        hint = "with the default length_penalty=1 the hypothesis 0, 1, 2, EOS (mean log-probability log 0.6) beats "
+        _expect_best(g, where, got, score, logp, long, 1.0, hint + "0, EOS (log 0.4)")
+        return
+    tokens, expected_score = dec.beam_search(
+        TableLM(logp), torch.tensor([[0]]), 6, 2, eos_id=e, length_penalty=alpha
+    )
+    hint = (
+        _RAW_HINT + ": 0, EOS (probability 0.4) beats 0, 1, 2, EOS (0.216)"
+        if alpha == 0
+        else f"rank finished hypotheses by logprob / n ** {alpha}"
+    )
+    _expect_path(g, where, got, score, tokens[0].tolist(), expected_score, alpha, hint)
+
+
+_RANK_NOTE = (
+    "with beam_width=1 the EOS after 0 is the second-best candidate and is dropped; 0, 1, 3 is the answer"
+)
+_KEEP_NOTE = (
+    "with beam_width=2: after 0, EOS finishes at step 1, both 0, 1 and 0, 2 must stay live; 0, 2, 3, EOS is "
+    "the best hypothesis"
+)
+_CROWD_NOTE = (
+    "with beam_width=3, three EOS candidates are among the best 6 at step 2: the third (ranked 5th) is "
+    "dropped and 0, 3, 6 (ranked 6th) stays live; " + _EOS_BEAM_HINT
+)
+_STOP_NOTE = "the best hypothesis is 0, 1, EOS"
+_ONE_NOTE = "the only candidate is EOS: it finishes a hypothesis and no beam is live, so the search ends"
+#: the cases with an EOS worked out by hand: the table (None: one token, EOS = 0), EOS, max_new_tokens, W,
+#: length_penalty (None: the default), the answer, the hint for the answer 0, EOS (None: none), the hint
+#: (None: that one)
+_HAND = {
+    "EOS rank": (_eos_rank_table, _EOS_RANK, 2, 1, 0.0, [0, 1, 3], _EOS_RANK_HINT, _RANK_NOTE),
+    "stop 1": (_stop_table, _EOS_STOP, 6, 2, 1.0, [0, 1, 3], None, _STOP_NOTE),  # EOS = 3
+    "stop 0": (_stop_table, _EOS_STOP, 6, 2, 0.0, [0, 1, 3], None, _STOP_NOTE),
+    "EOS-beam": (_eos_beam_table, _EOS_KEEP, 5, 2, 1.0, [0, 2, 3, _EOS_KEEP], _EOS_BEAM_HINT, _KEEP_NOTE),
+    "crowded": (_crowded_table, _EOS_CROWD, 4, 3, None, [0, 3, 6, 8, _EOS_CROWD], None, _CROWD_NOTE),
+    "early-stop 1": (_early_stop_table, _EOS_EARLY, 4, 1, 1.0, [0, 1, 2, 3], _EARLY_HINT, None),  # EOS = 3
+    "early-stop 2": (_early_stop_table, _EOS_EARLY, 4, 1, 2.0, [0, 1, 2, 3], _EARLY_HINT, None),
+    "live": (_live_table, _EOS_LIVE, 2, 2, None, [0, 1, 2], _LIVE_HINT, None),
+    "one-token 1": (None, 0, 3, 1, None, [0, 0], None, _ONE_NOTE),
+    "one-token 2": (None, 0, 1, 2, None, [0, 0], None, _ONE_NOTE),
+}
+
+
+def _beam_hand(g: Grader, student, name: str) -> None:
+    """The case ``name`` of :data:`_HAND` (its table's name is the case's, without the length_penalty)."""
+    table, e, n, W, alpha, answer, wrong, hint = _HAND[name]
+    label = "one-token table, EOS = 0" if table is None else f"{name.split()[0]} table"
+    logp = torch.zeros(1, 1) if table is None else table_logp(table())
+    where, got, score = _on_table(g, student, label, logp, n, W, eos=e, alpha=alpha)
+    if e in got[1:-1]:
+        g.fail(f"{where}: {_EOS_HINT} (got {got})")
+    if wrong is not None and got == [0, e]:
+        g.fail(f"{where}: {wrong}")
+    _expect_best(g, where, got, score, logp, answer, 1.0 if alpha is None else alpha, hint or wrong)
+
+
+def _beam_random(g: Grader, student, case) -> None:
+    if case == "order 2":  # the cache follows the beams: the next token depends on the last two tokens
+        logp, prompt = _random_table(seed=5, V=4, order=2, eos=None, sharp=2.5), torch.tensor([[1, 2]])
+        tokens, expected_score = dec.beam_search(TableLM(logp), prompt, 4, 3)
+        where = "beam_search(<random (4, 4, 4) table>, [[1, 2]], 4, 3)"
+        got, score = _beam_call(g, student[0], student[1](logp), prompt, 4, 3, where=where)
+        _expect_path(g, where, got, score, tokens[0].tolist(), expected_score, 1.0, _REORDER_HINT)
+        return
+    order, V, W, n, T0, alpha, with_eos, sharp, seed = case
+    eos = (seed % V) if with_eos else None
+    logp = _random_table(seed, V, order, eos, sharp)
+    prompt = _ids_from(seed, 1, T0, V=V)
+    _clear(_beam_margin(TableLM(logp), prompt, n, W, eos, alpha) > 1e-4)
+    tokens, expected_score = dec.beam_search(TableLM(logp), prompt, n, W, eos_id=eos, length_penalty=alpha)
+    where = (
+        f"beam_search(<random {'(V, V, V)' if order == 2 else '(V, V)'} table, V={V}>, {prompt.tolist()}, "
+        f"{n}, {W}, eos_id={eos}, length_penalty={alpha})"
+    )
+    got, score = _beam_call(
+        g, student[0], student[1](logp), prompt, n, W, eos_id=eos, length_penalty=alpha, where=where
+    )
+    hint = "the sequence differs from the reference's"
+    if order == 2:
+        hint += (
+            " (this model's next token depends on the last two tokens, which its cache keeps per row: "
+            "reorder the cache with cache.reorder(parents) whenever the beams change)"
         )
+    _expect_path(g, where, got, score, tokens[0].tolist(), expected_score, alpha, hint)
 
-    with g.check(
-        "an EOS candidate does not take the place of a live beam (the best 2W candidates are ranked)"
-    ):
-        logp, e = table_logp(_eos_beam_table()), _EOS_KEEP
-        where = f"beam_search(<EOS-beam table>, [[0]], 5, 2, eos_id={e}, length_penalty=1.0)"
-        got, score = _beam_call(
-            g,
-            beam_search,
-            TableLM(logp),
-            torch.tensor([[0]]),
-            5,
-            2,
-            eos_id=e,
-            length_penalty=1.0,
-            where=where,
-        )
-        if got == [0, e]:
-            g.fail(f"{where}: {_EOS_BEAM_HINT}")
-        _expect_path(
-            g,
-            where,
-            got,
-            score,
-            [0, 2, 3, e],
-            _path_logprob(logp, [0, 2, 3, e]) / 3,
-            1.0,
-            "with beam_width=2: after 0, EOS finishes at step 1, both 0, 1 and 0, 2 must stay live; "
-            "0, 2, 3, EOS is the best hypothesis",
-        )
-        logp, e = table_logp(_crowded_table()), _EOS_CROWD
-        where = f"beam_search(<crowded table>, [[0]], 4, 3, eos_id={e})"
-        got, score = _beam_call(
-            g, beam_search, TableLM(logp), torch.tensor([[0]]), 4, 3, eos_id=e, where=where
-        )
-        _expect_path(
-            g,
-            where,
-            got,
-            score,
-            [0, 3, 6, 8, e],
-            _path_logprob(logp, [0, 3, 6, 8, e]) / 4,
-            1.0,
-            "with beam_width=3, three EOS candidates are among the best 6 at step 2: the third (ranked 5th) "
-            "is "
-            "dropped and 0, 3, 6 (ranked 6th) stays live; " + _EOS_BEAM_HINT,
-        )
 
-    with g.check(
-        "stops before max_new_tokens only when no live beam can still beat the W best finished hypotheses"
-    ):
-        logp, e = table_logp(_early_stop_table()), _EOS_EARLY
-        for alpha in (1.0, 2.0):
-            where = f"beam_search(<early-stop table>, [[0]], 4, 1, eos_id={e}, length_penalty={alpha})"
-            got, score = _beam_call(
-                g,
-                beam_search,
-                TableLM(logp),
-                torch.tensor([[0]]),
-                4,
-                1,
-                eos_id=e,
-                length_penalty=alpha,
-                where=where,
-            )
-            if got == [0, e]:
-                g.fail(f"{where}: {_EARLY_HINT}")
-            _expect_path(
-                g,
-                where,
-                got,
-                score,
-                [0, 1, 2, e],
-                _path_logprob(logp, [0, 1, 2, e]) / 3**alpha,
-                alpha,
-                _EARLY_HINT,
-            )
+def _gpt_classes(student) -> tuple:
+    """The notebook's ``GPT`` and ``GPTConfig``: passed to the hidden grader, taken by the public one."""
+    if len(student) >= 4:
+        return student[2], student[3]
+    return student_side("GPT", ref.GPT), student_side("GPTConfig", ref.GPTConfig)
 
-    with g.check(
-        "after max_new_tokens steps the live beams count as finished; the search ends when no beam is live"
-    ):
-        logp, e = table_logp(_live_table()), _EOS_LIVE
-        where = f"beam_search(<live table>, [[0]], 2, 2, eos_id={e})"
-        got, score = _beam_call(
-            g, beam_search, TableLM(logp), torch.tensor([[0]]), 2, 2, eos_id=e, where=where
-        )
-        if got == [0, e]:
-            g.fail(f"{where}: {_LIVE_HINT}")
-        _expect_path(g, where, got, score, [0, 1, 2], _path_logprob(logp, [0, 1, 2]) / 2, 1.0, _LIVE_HINT)
-        only_eos = torch.zeros(
-            1, 1
-        )  # a one-token vocabulary: every candidate ends in EOS, no beam stays live
-        for W, n in ((1, 3), (2, 1)):
-            where = f"beam_search(<one-token table, EOS = 0>, [[0]], {n}, {W}, eos_id=0)"
-            got, score = _beam_call(
-                g, beam_search, TableLM(only_eos), torch.tensor([[0]]), n, W, eos_id=0, where=where
-            )
-            _expect_path(
-                g,
-                where,
-                got,
-                score,
-                [0, 0],
-                0.0,
-                1.0,
-                "the only candidate is EOS: it finishes a hypothesis and no beam is live, so the search ends",
-            )
 
-    with g.check(
-        "matches the reference on random models (any beam_width, max_new_tokens, length_penalty, eos_id), "
-        "reordering the cache with the beams"
-    ):
+#: the GPT cases of beam search: (W, max_new_tokens, length_penalty, the step of the EOS or None)
+_GPT_BEAMS = ((3, 8, 1.0, None), (4, 7, 0.7, 3), (2, 6, 0.0, 2))
 
-        def random_models(case):
-            order, V, W, n, T0, alpha, with_eos, sharp, seed = case
-            eos = (seed % V) if with_eos else None
-            logp = _random_table(seed, V, order, eos, sharp)
-            prompt = _ids_from(seed, 1, T0, V=V)
-            local = TableLM(logp)
-            assume(_beam_margin(local, prompt, n, W, eos, alpha) > 1e-4)
-            tokens, expected_score = dec.beam_search(local, prompt, n, W, eos_id=eos, length_penalty=alpha)
-            where = (
-                f"beam_search(<random {'(V, V, V)' if order == 2 else '(V, V)'} table, V={V}>, {prompt.tolist()}, "
-                f"{n}, {W}, eos_id={eos}, length_penalty={alpha})"
-            )
-            got, score = _beam_call(
-                g, beam_search, TableLM(logp), prompt, n, W, eos_id=eos, length_penalty=alpha, where=where
-            )
-            hint = "the sequence differs from the reference's"
-            if order == 2:
-                hint += (
-                    " (this model's next token depends on the last two tokens, which its cache keeps per row: "
-                    "reorder the cache with cache.reorder(parents) whenever the beams change)"
-                )
-            _expect_path(g, where, got, score, tokens[0].tolist(), expected_score, alpha, hint)
 
-        strategy = st.tuples(
-            st.sampled_from([1, 2]),
-            st.integers(3, 7),
-            st.integers(1, 5),
-            st.integers(1, 6),
-            st.integers(1, 3),
-            st.sampled_from([1.0, 0.0, 0.5, 2.0, -0.5]),
-            st.booleans(),
-            st.sampled_from([1.0, 2.5]),
-            SEEDS,
-        )
-        for_all(
-            "beam.random", strategy, random_models, max_examples=30, first=(2, 4, 2, 3, 1, 1.0, True, 2.5, 11)
-        )
+def _beam_gpt(g: Grader, student, i: int) -> None:
+    model, local = _gpt_pair(*_gpt_classes(student), seed=4)
+    W, n, alpha, eos_at = _GPT_BEAMS[i]
+    prompt, eos = _clear_prompt(local, f"beam.gpt.{i}", 4, n, W, eos_at, alpha)
+    tokens, expected_score = dec.beam_search(local, prompt, n, W, eos_id=eos, length_penalty=alpha)
+    where = f"beam_search(gpt, {prompt.tolist()}, {n}, {W}, eos_id={eos}, length_penalty={alpha})"
+    got, score = _beam_call(g, student[0], model, prompt, n, W, eos_id=eos, length_penalty=alpha, where=where)
+    g.expect(
+        got == tokens[0].tolist(),
+        f"{where} should give {tokens[0, 4:].tolist()} after the prompt, got {got[4:]}. If the table-model "
+        "checks pass, look at the cache: reorder it with cache.reorder(index) whenever the beams change, "
+        "and feed only the new tokens (N, 1) with it",
+    )
+    lp = float(dec.sequence_logprob(local, prompt, torch.tensor([got[4:]])))
+    m = len(got) - 4
+    g.expect(
+        _score_ok(score, lp / m**alpha, m, alpha),
+        f"{where}: for {got[4:]} (n = {m}) the score should be log p / n ** {alpha} = {lp / m**alpha:.6f}, "
+        f"got {score:.6f}",
+    )
 
-    with g.check(
-        "matches the reference on a GPT (the beams' KV cache follows them) and scores the returned sequence"
-    ):
-        model, local = _gpt_pair(GPT, GPTConfig, seed=4)
-        for i, (W, n, alpha, eos_at) in enumerate(((3, 8, 1.0, None), (4, 7, 0.7, 3), (2, 6, 0.0, 2))):
-            prompt, eos = _clear_prompt(local, f"beam.gpt.{i}", 4, n, W, eos_at, alpha)
-            tokens, expected_score = dec.beam_search(local, prompt, n, W, eos_id=eos, length_penalty=alpha)
-            where = f"beam_search(gpt, {prompt.tolist()}, {n}, {W}, eos_id={eos}, length_penalty={alpha})"
-            got, score = _beam_call(
-                g, beam_search, model, prompt, n, W, eos_id=eos, length_penalty=alpha, where=where
-            )
-            g.expect(
-                got == tokens[0].tolist(),
-                f"{where} should give {tokens[0, 4:].tolist()} after the prompt, got {got[4:]}. If the "
-                "table-model "
-                "checks pass, look at the cache: reorder it with cache.reorder(index) whenever the beams change, "
-                "and feed only the new tokens (N, 1) with it",
-            )
-            lp = float(dec.sequence_logprob(local, prompt, torch.tensor([got[4:]])))
-            m = len(got) - 4
-            g.expect(
-                _score_ok(score, lp / m**alpha, m, alpha),
-                f"{where}: for {got[4:]} (n = {m}) the score should be log p / n ** {alpha} = "
-                f"{lp / m**alpha:.6f}, "
-                f"got {score:.6f}",
-            )
 
-    with g.check("beam_width=1 is greedy decoding (a GPT; with an EOS at length_penalty=0)"):
-        model, local = _gpt_pair(GPT, GPTConfig, seed=3)
-        for i in range(2):
-            prompt = _prompt(f"beam.greedy.{i}")
-            greedy = dec.generate(local, prompt, 12)
-            where = f"beam_search(gpt, {prompt.tolist()}, 12, 1)"
-            got, _ = _beam_call(g, beam_search, model, prompt, 12, 1, where=where)
-            g.expect(
-                got == greedy[0].tolist(),
-                f"{where}: with beam_width=1 and no EOS the new tokens must be the greedy ones "
-                f"{greedy[0, 5:].tolist()}, got {got[5:]}",
-            )
-            eos = int(greedy[0, 10])
-            expected = dec.generate(local, prompt, 12, eos_id=eos)[0].tolist()
-            where = f"beam_search(gpt, {prompt.tolist()}, 12, 1, eos_id={eos}, length_penalty=0.0)"
-            got, _ = _beam_call(
-                g, beam_search, model, prompt, 12, 1, eos_id=eos, length_penalty=0.0, where=where
-            )
-            if len(got) > len(expected) and got[: len(expected)] == expected:
-                g.fail(f"{where}: {_EOS_HINT}")
-            g.expect(
-                got == expected,
-                f"{where}: the result must be greedy decoding up to its first EOS, "
-                f"{expected[5:]}, got {got[5:]}",
-            )
+def _beam_greedy(g: Grader, student, i: int) -> None:
+    model, local = _gpt_pair(*_gpt_classes(student), seed=3)
+    prompt = _prompt(f"beam.greedy.{i}")
+    greedy = dec.generate(local, prompt, 12)
+    where = f"beam_search(gpt, {prompt.tolist()}, 12, 1)"
+    got, _ = _beam_call(g, student[0], model, prompt, 12, 1, where=where)
+    g.expect(
+        got == greedy[0].tolist(),
+        f"{where}: with beam_width=1 and no EOS the new tokens must be the greedy ones "
+        f"{greedy[0, 5:].tolist()}, got {got[5:]}",
+    )
+    eos = int(greedy[0, 10])
+    expected = dec.generate(local, prompt, 12, eos_id=eos)[0].tolist()
+    where = f"beam_search(gpt, {prompt.tolist()}, 12, 1, eos_id={eos}, length_penalty=0.0)"
+    got, _ = _beam_call(g, student[0], model, prompt, 12, 1, eos_id=eos, length_penalty=0.0, where=where)
+    if len(got) > len(expected) and got[: len(expected)] == expected:
+        g.fail(f"{where}: {_EOS_HINT}")
+    g.expect(
+        got == expected,
+        f"{where}: the result must be greedy decoding up to its first EOS, {expected[5:]}, got {got[5:]}",
+    )
 
-    with g.check(
-        "decodes in eval mode and restores the model's mode (training or eval), even when the model raises"
-    ):
-        model, local = _gpt_pair(GPT, GPTConfig, seed=6, dropout=0.3)
+
+def _beam_mode(g: Grader, student, case: str) -> None:
+    """``"GPT"``: a GPT in training mode with dropout decodes as in eval mode and stays in training mode;
+    ``"eval"``: a table model in eval mode stays so; ``"raises"``: the model raises, its mode is restored."""
+    fn = student[0]
+    if case == "GPT":
+        model, local = _gpt_pair(*_gpt_classes(student), seed=6, dropout=0.3)
         model.train()
         prompt, _ = _clear_prompt(local, "beam.mode", 4, 6, 3)
         tokens, _ = dec.beam_search(local, prompt, 6, 3)
         where = f"beam_search(gpt in training mode, dropout=0.3, {prompt.tolist()}, 6, 3)"
-        got, _ = _beam_call(g, beam_search, model, prompt, 6, 3, where=where)
+        got, _ = _beam_call(g, fn, model, prompt, 6, 3, where=where)
         g.expect(
             got == tokens[0].tolist(),
-            f"{where}: the result differs from the reference: call model.eval() before "
-            "decoding (dropout off)",
+            f"{where}: the result differs from the reference: call model.eval() before decoding (dropout off)",
         )
         g.expect(
             model.training is True,
-            f"{where}: the model was left in eval mode: remember was_training = "
-            "model.training and restore it with model.train(was_training) in a finally "
-            "block",
+            f"{where}: the model was left in eval mode: remember was_training = model.training and restore it "
+            "with model.train(was_training) in a finally block",
         )
-        table = TableLM(table_logp(_greedy_trap()))
+        return
+    table = student[1](table_logp(_greedy_trap()))
+    if case == "eval":
         table.eval()
-        _beam_call(
-            g,
-            beam_search,
-            table,
-            torch.tensor([[0]]),
-            2,
-            2,
-            where="beam_search(<table in eval mode>, [[0]], 2, 2)",
-        )
+        where = "beam_search(<table in eval mode>, [[0]], 2, 2)"
+        _beam_call(g, fn, table, torch.tensor([[0]]), 2, 2, where=where)
         g.expect(
             table.training is False,
-            "beam_search(<table in eval mode>, [[0]], 2, 2) left the model in training "
-            "mode: restore the mode it had (model.train(was_training)), not "
-            "training mode",
+            f"{where} left the model in training mode: restore the mode it had (model.train(was_training)), "
+            "not training mode",
         )
-        table.train()
-        where = "beam_search(<table in training mode>, [[7]], 2, 2) (token 7 is not in the model's 5-token vocabulary)"
-        try:
-            beam_search(table, torch.tensor([[7]]), 2, 2)
-        except Exception as e:  # noqa: BLE001 (the model raises; so may the student's code)
-            raise_unless_student_error(e)
-        g.expect(
-            table.training is True,
-            f"{where}: the model raised and was left in eval mode: restore its mode in "
-            "a finally block (try: ... finally: model.train(was_training))",
-        )
+        return
+    table.train()
+    where = "beam_search(<table in training mode>, [[7]], 2, 2) (token 7 is not in the model's 5-token vocabulary)"
+    try:
+        fn(table, torch.tensor([[7]]), 2, 2)
+    except Exception as e:  # noqa: BLE001 (the model raises; so may the student's code)
+        raise_unless_student_error(e)
+    g.expect(
+        table.training is True,
+        f"{where}: the model raised and was left in eval mode: restore its mode in "
+        "a finally block (try: ... finally: model.train(was_training))",
+    )
 
-    with g.check(
-        "bad arguments raise ValueError: a prompt that is not (1, T0) torch.long, beam_width < 1, "
-        "max_new_tokens < 1"
-    ):
-        model = TableLM(table_logp(_greedy_trap()))
-        bad = [
-            (
-                (torch.zeros(2, 3, dtype=torch.long), 4, 2),
-                "two prompts at once, shape (2, 3)",
-                "beam_search takes one (1, T0) prompt",
+
+#: bad arguments of beam_search (after the model, a table): the prompt's shape and dtype, max_new_tokens,
+#: beam_width, and what they are
+_BEAM_BAD = [
+    ((2, 3), torch.long, 4, 2, "two prompts at once, shape (2, 3) (it takes one (1, T0) prompt)"),
+    ((3,), torch.long, 4, 2, "a 1-D prompt (3,) (the prompt must be (1, T0))"),
+    ((1, 3), torch.float32, 4, 2, "a float32 prompt (1, 3) (token ids are torch.long)"),
+    ((1, 2), torch.int32, 4, 2, "an int32 prompt (1, 2) (token ids are torch.long)"),
+    ((1, 3), torch.long, 4, 0, "beam_width=0"),
+    ((1, 3), torch.long, 4, -1, "beam_width=-1"),
+    ((1, 3), torch.long, 0, 2, "max_new_tokens=0"),
+    ((1, 3), torch.long, -2, 2, "max_new_tokens=-2"),
+]
+
+
+def _on_trap(g: Grader, student):
+    """The student's beam search bound to a table model built with their ``TableLM``."""
+    return functools.partial(student[0], student[1](table_logp(_greedy_trap())))
+
+
+def _beam_bad_call(i: int) -> Call:
+    shape, dtype, n, W, what = _BEAM_BAD[i]
+    return Call(what, (torch.zeros(shape, dtype=dtype), n, W), build=_on_trap)
+
+
+BEAM = Spec(
+    "beam_search",
+    [
+        Clause(
+            "returns (tokens, score): tokens (1, T0 + n) torch.long starting with the prompt, score a float",
+            _beam_returns,
+            examples=["random table"],
+        ),
+        Clause(
+            "keeps the best beam_width candidates of all beams together (W = 1 .. 5; 4 by default)",
+            _beam_width,
+            examples=["greedy trap", 2, 3, None],
+            also=[1, 5],
+        ),
+        Clause(
+            "ranks hypotheses by logprob / n ** length_penalty (1 by default; 0, 0.5, 2 and -1)",
+            _beam_length,
+            examples=[None, 0.0],
+            also=[0.5, 2.0, -1.0],
+        ),
+        Clause(
+            "a hypothesis ends at its EOS, which finishes it only if it is among the best W candidates",
+            _beam_hand,
+            examples=["EOS rank", "stop 1"],
+            also=["stop 0"],
+        ),
+        Clause(
+            "an EOS candidate does not take the place of a live beam (the best 2W candidates are ranked)",
+            _beam_hand,
+            examples=["EOS-beam"],
+            also=["crowded"],
+        ),
+        Clause(
+            "stops before max_new_tokens only when no live beam can still beat the W best finished hypotheses",
+            _beam_hand,
+            examples=["early-stop 1"],
+            also=["early-stop 2"],
+        ),
+        Clause(
+            "after max_new_tokens steps the live beams count as finished; the search ends when no beam is live",
+            _beam_hand,
+            examples=["live"],
+            also=["one-token 1", "one-token 2"],
+        ),
+        Clause(
+            "matches the reference on random models (any beam_width, max_new_tokens, length_penalty, eos_id), "
+            "reordering the cache with the beams",
+            _beam_random,
+            st.tuples(
+                st.sampled_from([1, 2]),
+                st.integers(3, 7),
+                st.integers(1, 5),
+                st.integers(1, 6),
+                st.integers(1, 3),
+                st.sampled_from([1.0, 0.0, 0.5, 2.0, -0.5]),
+                st.booleans(),
+                st.sampled_from([1.0, 2.5]),
+                SEEDS,
             ),
-            ((torch.zeros(3, dtype=torch.long), 4, 2), "a 1-D prompt (3,)", "the prompt must be (1, T0)"),
-            ((torch.zeros(1, 3), 4, 2), "a float32 prompt (1, 3)", "token ids are torch.long"),
-            (
-                (torch.zeros(1, 2, dtype=torch.int32), 4, 2),
-                "an int32 prompt (1, 2)",
-                "token ids are torch.long",
-            ),
-            ((torch.zeros(1, 3, dtype=torch.long), 4, 0), "beam_width=0", "beam_width must be >= 1"),
-            ((torch.zeros(1, 3, dtype=torch.long), 4, -1), "beam_width=-1", "beam_width must be >= 1"),
-            ((torch.zeros(1, 3, dtype=torch.long), 0, 2), "max_new_tokens=0", "max_new_tokens must be >= 1"),
-            (
-                (torch.zeros(1, 3, dtype=torch.long), -2, 2),
-                "max_new_tokens=-2",
-                "max_new_tokens must be >= 1",
-            ),
-        ]
-        for args, what, fix in bad:
-            expect_value_error(g, lambda: beam_search(model, *args), what, fix)
-
-    g.finish()
-
-
-def check_beam_search(beam_search, TableLM) -> None:
-    """Public checks of ``beam_search`` on table models worked out by hand: one example per clause."""
-    g = Grader("beam_search (public)")
-    with g.check("returns (tokens (1, T0 + n) torch.long starting with the prompt, score a float)"):
-        _beam_call(g, beam_search, TableLM(table_logp(_greedy_trap())), torch.tensor([[0]]), 2, 2)
-    with g.check(
-        "finds 0, 2, 3 (probability 0.36) where greedy decoding finds 0, 1, 3 (0.24); beam_width 2 and 3 and "
-        "the default 4 keep that many beams"
-    ):
-        _greedy_trap_check(g, beam_search, TableLM)
-        _ladder_check(g, beam_search, TableLM, widths=(2, 3, None))
-    with g.check(
-        "with EOS: the default length_penalty=1 picks 0, 1, 2, EOS and length_penalty=0 picks 0, EOS"
-    ):
-        logp = table_logp(_length_table())
-        e = _EOS_LEN
-        where = f"beam_search(<length table>, [[0]], 6, 2, eos_id={e})"
-        got, score = _beam_call(
-            g, beam_search, TableLM(logp), torch.tensor([[0]]), 6, 2, eos_id=e, where=where
-        )
-        _expect_path(
-            g, where, got, score, [0, 1, 2, e], _path_logprob(logp, [0, 1, 2, e]) / 3, 1.0, _NORM_HINT
-        )
-        where += ", length_penalty=0.0"
-        got, score = _beam_call(
-            g,
-            beam_search,
-            TableLM(logp),
-            torch.tensor([[0]]),
-            6,
-            2,
-            eos_id=e,
-            length_penalty=0.0,
-            where=where,
-        )
-        _expect_path(g, where, got, score, [0, e], _path_logprob(logp, [0, e]), 0.0, _RAW_HINT)
-    with g.check("an EOS among the best W candidates finishes a hypothesis; one ranked below W is dropped"):
-        logp, e = table_logp(_eos_rank_table()), _EOS_RANK
-        where = f"beam_search(<EOS-rank table>, [[0]], 2, 1, eos_id={e}, length_penalty=0.0)"
-        got, score = _beam_call(
-            g,
-            beam_search,
-            TableLM(logp),
-            torch.tensor([[0]]),
-            2,
-            1,
-            eos_id=e,
-            length_penalty=0.0,
-            where=where,
-        )
-        _expect_path(g, where, got, score, [0, 1, 3], _path_logprob(logp, [0, 1, 3]), 0.0, _EOS_RANK_HINT)
-    with g.check("an EOS candidate does not take the place of a live beam"):
-        logp, e = table_logp(_eos_beam_table()), _EOS_KEEP
-        where = f"beam_search(<EOS-beam table>, [[0]], 5, 2, eos_id={e})"
-        got, score = _beam_call(
-            g, beam_search, TableLM(logp), torch.tensor([[0]]), 5, 2, eos_id=e, where=where
-        )
-        _expect_path(
-            g, where, got, score, [0, 2, 3, e], _path_logprob(logp, [0, 2, 3, e]) / 3, 1.0, _EOS_BEAM_HINT
-        )
-    with g.check("the live beams count as finished when max_new_tokens steps have run"):
-        logp, e = table_logp(_live_table()), _EOS_LIVE
-        where = f"beam_search(<live table>, [[0]], 2, 2, eos_id={e})"
-        got, score = _beam_call(
-            g, beam_search, TableLM(logp), torch.tensor([[0]]), 2, 2, eos_id=e, where=where
-        )
-        _expect_path(g, where, got, score, [0, 1, 2], _path_logprob(logp, [0, 1, 2]) / 2, 1.0, _LIVE_HINT)
-    with g.check("the cache follows the beams: a table whose next token depends on the last two tokens"):
-        logp = _random_table(seed=5, V=4, order=2, eos=None, sharp=2.5)
-        prompt = torch.tensor([[1, 2]])
-        tokens, expected_score = dec.beam_search(TableLM(logp), prompt, 4, 3)
-        where = "beam_search(<random (4, 4, 4) table>, [[1, 2]], 4, 3)"
-        got, score = _beam_call(g, beam_search, TableLM(logp), prompt, 4, 3, where=where)
-        _expect_path(g, where, got, score, tokens[0].tolist(), expected_score, 1.0, _REORDER_HINT)
-    with g.check("restores the model's mode (here: training mode)"):
-        table = TableLM(table_logp(_greedy_trap()))
-        table.train()
-        _beam_call(g, beam_search, table, torch.tensor([[0]]), 2, 2)
-        g.expect(
-            table.training is True,
-            "the model was left in eval mode: restore it with model.train(was_training)",
-        )
-    with g.check("beam_width=0, max_new_tokens=0 and two prompts raise ValueError"):
-        model = TableLM(table_logp(_greedy_trap()))
-        expect_value_error(
-            g,
-            lambda: beam_search(model, torch.tensor([[0]]), 2, 0),
-            "beam_width=0",
-            "beam_width must be >= 1",
-        )
-        expect_value_error(
-            g,
-            lambda: beam_search(model, torch.tensor([[0]]), 0, 2),
-            "max_new_tokens=0",
-            "max_new_tokens must be >= 1",
-        )
-        expect_value_error(
-            g,
-            lambda: beam_search(model, torch.tensor([[0], [1]]), 2, 2),
-            "two prompts (2, 1)",
-            "beam_search takes one (1, T0) prompt",
-        )
-    g.finish()
+            key="beam.random",
+            budget="widest",
+            examples=[(2, 4, 2, 3, 1, 1.0, True, 2.5, 11), "order 2"],
+        ),
+        Clause(
+            "matches the reference on a GPT (the beams' KV cache follows them) and scores the returned sequence",
+            _beam_gpt,
+            examples=[0],
+            also=[1, 2],
+        ),
+        Clause(
+            "beam_width=1 is greedy decoding (a GPT; with an EOS at length_penalty=0)",
+            _beam_greedy,
+            examples=[0],
+            also=[1],
+        ),
+        Clause(
+            "decodes in eval mode and restores the model's mode (training or eval), even when the model raises",
+            _beam_mode,
+            examples=["eval", "raises"],
+            also=["GPT"],
+        ),
+        raises(
+            _beam_bad_call,
+            examples=[4, 6, 0],
+            also=[1, 2, 3, 5, 7],
+            fix="beam_search takes one (1, T0) torch.long prompt, beam_width >= 1 and max_new_tokens >= 1",
+            text="bad arguments raise ValueError: a prompt that is not (1, T0) torch.long, beam_width < 1, "
+            "max_new_tokens < 1",
+        ),
+    ],
+)
+check_beam_search, grade_beam_search = BEAM.graders()
 
 
 # =========================================================================== part 5: causal_self_attention
@@ -2225,28 +1641,17 @@ def check_beam_search(beam_search, TableLM) -> None:
 C, H = 12, 4  # D = 3: scaling by sqrt(C) and by sqrt(D) differ
 D = C // H
 #: (C, H, H_kv, bias) of the attention modules the checks draw: one head, D = 1, every grouping, no biases
-CONFIGS = [
-    (12, 4, 4, True),
-    (12, 4, 2, True),
-    (12, 4, 1, False),
-    (6, 1, 1, True),
-    (6, 6, 3, True),
-    (8, 2, 1, False),
-    (10, 5, 5, False),
-    (12, 6, 3, True),
-    (12, 6, 2, False),
-]
+CONFIGS = [(12, 4, 4, True), (12, 4, 2, True), (12, 4, 1, False), (6, 1, 1, True), (6, 6, 3, True)]
+CONFIGS += [(8, 2, 1, False), (10, 5, 5, False), (12, 6, 3, True), (12, 6, 2, False)]
 GQA_CONFIGS = [c for c in CONFIGS if 1 < c[2] < c[1]]
 
 _TOP_LEFT_HINT = (
     "the causal mask is aligned top-left: new tokens after a cache must see all cached keys, new token i "
     "(at position P + i) sees keys 0 .. P + i: use the bottom-right aligned causal_mask(T, S), not "
-    "is_causal=True "
-    "(which is only right when T == S)"
+    "is_causal=True (which is only right when T == S)"
 )
 _NOT_EXTENDED_HINT = (
-    "the cache was not extended: the new tokens attend only to themselves; call k, v = "
-    "cache.update(k, v) "
+    "the cache was not extended: the new tokens attend only to themselves; call k, v = cache.update(k, v) "
     "and attend to all the keys and values it returns"
 )
 _GROUPS_HINT = (
@@ -2255,8 +1660,7 @@ _GROUPS_HINT = (
 )
 _AT_ZERO_HINT = (
     "the cache is written at position 0 instead of after the cached tokens: new keys and values go to "
-    "positions "
-    "P .. P + T - 1 (cache.update(k, v) does this and advances cache.length)"
+    "positions P .. P + T - 1 (cache.update(k, v) does this and advances cache.length)"
 )
 
 
@@ -2344,9 +1748,8 @@ def _csa_call(g: Grader, fn, where: str, *args):
         if "expected k and v of shape" in str(e):
             g.fail(
                 f"{where}: cache.update received keys/values of the wrong shape: store the H_kv key/value heads "
-                "that "
-                f"attn.project returns, (B, H_kv, T, D), and repeat them for the query heads only after reading the "
-                f"cache ({e})"
+                f"that attn.project returns, (B, H_kv, T, D), and repeat them for the query heads only after reading "
+                f"the cache ({e})"
             )
         g.fail(f"{where}: {raised(e)}")
 
@@ -2401,19 +1804,10 @@ def _csa_where(config, B: int, P: int, T: int, dtype=torch.float64, extra: str =
 
 
 def _csa_step(
-    g: Grader,
-    fn,
-    MultiHeadAttention,
-    LayerCache,
-    name: str,
-    config,
-    B: int,
-    P: int | None,
-    T: int,
-    dtype=torch.float64,
-    check_cache: bool = True,
+    g: Grader, student, name: str, config, B: int, P: int | None, T: int, dtype=torch.float64
 ) -> None:
     """One call after ``P`` cached tokens (``None``: without a cache) against attention over the whole sequence."""
+    fn, MultiHeadAttention, LayerCache = student
     Cc, Hh, kv, bias = config
     m, r = attention_pair(MultiHeadAttention, name, kv, d_model=Cc, n_heads=Hh, bias=bias)
     Pn = P or 0
@@ -2436,16 +1830,14 @@ def _csa_step(
     expected = full[:, Pn:].to(dtype)
     _, k_all, v_all = r.project(x_all)
     if dtype == torch.float64:
-        first_match(
-            g, out, [(mm, f"{where}: {h}") for mm, h in _csa_mistakes(r, x_new, k_all, v_all, Pn)], expected
-        )
+        mistakes = _csa_mistakes(r, x_new, k_all, v_all, Pn)
+        first_match(g, out, [(mm, f"{where}: {h}") for mm, h in mistakes], expected)
     g.expect(
         close(out, expected, magnitude=magnitude(x_all)),
         f"{where}: the output differs from attn(x_all, is_causal=True)[0] at the new positions (x_all = the "
-        "cached "
-        "tokens followed by x)",
+        "cached tokens followed by x)",
     )
-    if cache is not None and check_cache and dtype == torch.float64:
+    if cache is not None and dtype == torch.float64:
         _cache_contents(g, where, cache, k_all, v_all, Pn)
 
 
@@ -2479,341 +1871,239 @@ def _dropout_subsets(out, r, x_all: torch.Tensor, P: int, p: float):
     return None
 
 
-def grade_causal_self_attention(causal_self_attention, MultiHeadAttention, LayerCache) -> None:
-    """Grade a student's ``causal_self_attention(attn, x, cache=None)``.
+def _csa_module(name: str, config, dtype, g: Grader, student):
+    """The student's attention step bound to a module of ``config`` built with their class."""
+    m, _ = attention_pair(student[1], name, config[2], d_model=config[0], n_heads=config[1], bias=config[3])
+    m.to(dtype)
+    return functools.partial(student[0], m)
 
-    ``MultiHeadAttention`` and ``LayerCache`` are the notebook's names for the coursekit
-    classes: the module and the cache are built with them, where the student's code runs.
-    """
-    g = Grader("causal_self_attention")
-    fn, MHA, LC = causal_self_attention, MultiHeadAttention, LayerCache
 
-    with g.check("returns (B, T, C) of x's dtype (float32 and float64)"):
+def _csa_shape_call(case) -> Call:
+    config, (B, T), dtype, seed = case
+    x = tensor(seed, B, T, config[0], dtype=dtype)
+    build = functools.partial(_csa_module, f"csa.shape.{seed}", config, dtype)
+    return Call(_csa_where(config, B, -1, T, dtype), (x,), build=build)
 
-        def shape_dtype(case):
-            config, (B, T), dtype, seed = case
-            m, _ = attention_pair(
-                MHA, f"csa.shape.{seed}", config[2], d_model=config[0], n_heads=config[1], bias=config[3]
-            )
-            m.to(dtype)
-            x = tensor(seed, B, T, config[0], dtype=dtype)
-            where = _csa_where(config, B, -1, T, dtype)
-            out = _csa_call(g, fn, where, m, x)
-            g.expect(
-                is_tensor(out) and out.shape == x.shape and out.dtype == dtype,
-                f"{where}: expected a tensor {dtype_name(dtype)} {tuple(x.shape)}, got {describe(out)}",
-            )
 
-        for_all(
-            "csa.shape",
-            st.tuples(st.sampled_from(CONFIGS), _BT, st.sampled_from(FLOATS), SEEDS),
-            shape_dtype,
-            max_examples=4,
-            first=(CONFIGS[0], (1, 2), torch.float32, 0),
+def _csa_promised(case) -> torch.Tensor:
+    config, (B, T), dtype, _ = case
+    return torch.empty(B, T, config[0], dtype=dtype)
+
+
+def _csa_no_cache(g: Grader, student, case) -> None:
+    config, (B, T), dtype, seed = case
+    _csa_step(g, student, f"csa.nocache.{seed}", config, B, None, T, dtype)
+
+
+def _csa_one_token(g: Grader, student, case) -> None:
+    config, B, P, seed = case
+    _csa_step(g, student, f"csa.step.{seed}", config, B, P, 1)
+
+
+def _csa_chunk(g: Grader, student, case) -> None:
+    config, B, P, T, seed = case
+    _csa_step(g, student, f"csa.chunk.{seed}", config, B, P, T)
+
+
+def _csa_grouped(g: Grader, student, case) -> None:
+    config, B, P, T, seed = case
+    _csa_step(g, student, f"csa.gqa.{seed}", config, B, P, T)
+
+
+def _csa_extended(g: Grader, student, case) -> None:
+    (fn, MHA, LC), (config, B, P, T, seed) = student, case
+    Cc, Hh, kv, bias = config
+    m, r = attention_pair(MHA, f"csa.cache.{seed}", kv, d_model=Cc, n_heads=Hh, bias=bias)
+    x_all = tensor(seed, B, P + T, Cc)
+    cache, _, _ = _prefilled(LC, r, x_all[:, :P], P + T + 2)
+    where = _csa_where(config, B, P, T)
+    _csa_call(g, fn, where, m, x_all[:, P:], cache)
+    _, k_all, v_all = r.project(x_all)
+    _cache_contents(g, where, cache, k_all, v_all, P)
+
+
+def _csa_pieces(g: Grader, student, case) -> None:
+    (fn, MHA, LC), (config, B, sizes, seed) = student, case
+    Cc, Hh, kv, bias = config
+    m, r = attention_pair(MHA, f"csa.chain.{seed}", kv, d_model=Cc, n_heads=Hh, bias=bias)
+    S = sum(sizes)
+    x = tensor(seed, B, S, Cc)
+    cache = LC(B, r.n_kv_heads, S, r.d_head, torch.float64)
+    full = r(x, is_causal=True)[0]
+    start = 0
+    for n in sizes:
+        where = (
+            f"{_csa_where(config, B, start, n)} (feeding pieces of {list(sizes)} tokens through one cache, "
+            f"this is the piece at {start} .. {start + n - 1})"
         )
-
-    with g.check(
-        "without a cache: equals attn(x, is_causal=True)[0] (any B, T, heads, key/value heads, with or "
-        "without "
-        "biases, float32 and float64)"
-    ):
-
-        def no_cache(case):
-            config, (B, T), dtype, seed = case
-            _csa_step(g, fn, MHA, LC, f"csa.nocache.{seed}", config, B, None, T, dtype)
-
-        for_all(
-            "csa.nocache",
-            st.tuples(st.sampled_from(CONFIGS), _BT, st.sampled_from(FLOATS), SEEDS),
-            no_cache,
-            max_examples=10,
-            first=(CONFIGS[0], (2, 5), torch.float64, 1),
+        out = _csa_call(g, fn, where, m, x[:, start : start + n], cache)
+        g.expect(
+            is_tensor(out) and out.shape == (B, n, Cc), f"{where}: expected {(B, n, Cc)}, got {describe(out)}"
         )
-
-    with g.check("one new token after P cached ones sees every cached key"):
-
-        def one_token(case):
-            config, B, P, seed = case
-            _csa_step(g, fn, MHA, LC, f"csa.step.{seed}", config, B, P, 1)
-
-        for_all(
-            "csa.step",
-            st.tuples(st.sampled_from(CONFIGS), st.integers(1, 3), st.integers(1, 7), SEEDS),
-            one_token,
-            max_examples=8,
-            first=(CONFIGS[0], 2, 5, 2),
+        g.expect(
+            close(out, full[:, start : start + n]),
+            f"{where}: differs from attention over the whole sequence: later pieces must see all earlier "
+            "tokens through the cache",
         )
+        start += n
+    _, k, v = r.project(x)
+    _cache_contents(g, _csa_where(config, B, S - sizes[-1], sizes[-1]), cache, k, v, S - sizes[-1])
 
-    with g.check(
-        "T new tokens after P cached ones: the causal mask is aligned bottom-right (T < P, T = P, T > P)"
-    ):
 
-        def chunk(case):
-            config, B, P, T, seed = case
-            _csa_step(g, fn, MHA, LC, f"csa.chunk.{seed}", config, B, P, T)
+def _csa_eval(g: Grader, student, case) -> None:
+    (fn, MHA, LC), (config, B, P, T, seed) = student, case
+    Cc, Hh, kv, bias = config
+    m, r = attention_pair(MHA, f"csa.eval.{seed}", kv, dropout=0.5, d_model=Cc, n_heads=Hh, bias=bias)
+    x_all = tensor(seed, B, P + T, Cc)
+    cache, _, _ = _prefilled(LC, r, x_all[:, :P], P + T)
+    where = _csa_where(config, B, P, T, extra=", dropout=0.5, eval mode")
+    out = _csa_call(g, fn, where, m, x_all[:, P:], cache)
+    g.expect(
+        close(out, r(x_all, is_causal=True)[0][:, P:]),
+        f"{where}: the output differs from the reference: apply dropout only when attn.training",
+    )
 
-        for_all(
-            "csa.chunk",
-            st.tuples(
-                st.sampled_from(CONFIGS), st.integers(1, 3), st.integers(1, 6), st.integers(2, 5), SEEDS
+
+def _csa_dropout(g: Grader, student, case) -> None:
+    (fn, MHA, LC), (config, B, P, T, p, seed) = student, case
+    Cc, Hh, kv, bias = config
+    m, r = attention_pair(MHA, f"csa.dropout.{seed}", kv, dropout=0.5, d_model=Cc, n_heads=Hh, bias=bias)
+    m.train()
+    if p != 0.5:
+        set_attr(m, "dropout", p)
+    x_all = tensor(seed, B, P + T, Cc)
+    cache, _, _ = _prefilled(LC, r, x_all[:, :P], P + T) if P else (None, None, None)
+    where = _csa_where(config, B, P if P else -1, T, extra=f", attn.dropout={p}, training mode")
+    out = _csa_call(g, fn, where, m, x_all[:, P:], *(() if cache is None else (cache,)))
+    g.expect(
+        is_tensor(out) and out.shape == (B, T, Cc), f"{where}: expected {(B, T, Cc)}, got {describe(out)}"
+    )
+    if p == 1.0:
+        bias_only = torch.zeros(B, T, Cc, dtype=torch.float64) + (
+            0 if r.out_proj.bias is None else r.out_proj.bias
+        )
+        g.expect(
+            close(out, bias_only),
+            f"{where}: with every attention weight dropped the output is out_proj of zeros (its bias): apply "
+            "dropout with probability attn.dropout to the attention weights (dropout_p=attn.dropout when "
+            "attn.training)",
+        )
+        return
+    if close(out, r(x_all, is_causal=True)[0][:, P:]):
+        g.fail(
+            f"{where}: nothing was dropped: in training mode pass dropout_p=attn.dropout to "
+            "F.scaled_dot_product_attention (or F.dropout the weights)"
+        )
+    bad = _dropout_subsets(out, r, x_all, P, p)
+    g.expect(
+        bad is None,
+        f"{where}: at batch {bad and bad[0]}, head {bad and bad[1]}, new token {bad and bad[2]} the output "
+        "is not 2 x a sum of w_s v_s over some of the visible keys: dropout belongs on the attention "
+        "weights (each weight kept with probability 1 - p and scaled by 1 / (1 - p)), not on q, k, v or "
+        "the output",
+    )
+
+
+def _configs_and(*rest) -> st.SearchStrategy:
+    return st.tuples(st.sampled_from(CONFIGS), *rest)
+
+
+CSA = Spec(
+    "causal_self_attention",
+    [
+        returns(
+            _csa_shape_call,
+            _csa_promised,
+            _configs_and(_BT, st.sampled_from(FLOATS), SEEDS),
+            key="csa.shape",
+            budget="few",
+            examples=[(CONFIGS[0], (1, 2), torch.float32, 0)],
+            text="returns (B, T, C) of x's dtype (float32 and float64)",
+        ),
+        Clause(
+            "without a cache: equals attn(x, is_causal=True)[0] (any B, T, heads, key/value heads, with or "
+            "without biases, float32 and float64)",
+            _csa_no_cache,
+            _configs_and(_BT, st.sampled_from(FLOATS), SEEDS),
+            key="csa.nocache",
+            budget="normal",
+            examples=[(CONFIGS[0], (2, 5), torch.float64, 1)],
+        ),
+        Clause(
+            "one new token after P cached ones sees every cached key",
+            _csa_one_token,
+            _configs_and(st.integers(1, 3), st.integers(1, 7), SEEDS),
+            key="csa.step",
+            budget="some",
+            examples=[(CONFIGS[0], 2, 5, 2)],
+        ),
+        Clause(
+            "T new tokens after P cached ones: the causal mask is aligned bottom-right (T < P, T = P, T > P)",
+            _csa_chunk,
+            _configs_and(st.integers(1, 3), st.integers(1, 6), st.integers(2, 5), SEEDS),
+            key="csa.chunk",
+            budget="normal",
+            examples=[(CONFIGS[0], 2, 4, 3, 3)],
+            also=[(CONFIGS[1], 2, P, T, 4) for P, T in ((2, 4), (3, 3), (5, 2))],
+        ),
+        Clause(
+            "the cache is extended: cache.length = P + T, and it holds every key and value in order",
+            _csa_extended,
+            _configs_and(st.integers(1, 2), st.integers(0, 5), st.integers(1, 4), SEEDS),
+            key="csa.cache",
+            budget="some",
+            examples=[(CONFIGS[0], 2, 3, 2, 5)],
+        ),
+        Clause(
+            "decoding piece by piece with one cache equals attention over the whole sequence",
+            _csa_pieces,
+            _configs_and(
+                st.integers(1, 2), st.lists(st.integers(1, 4), min_size=2, max_size=4).map(tuple), SEEDS
             ),
-            chunk,
-            max_examples=10,
-            first=(CONFIGS[0], 2, 4, 3, 3),
-        )
-        for P, T in ((2, 4), (3, 3), (5, 2)):
-            chunk((CONFIGS[1], 2, P, T, 4))
-
-    with g.check("the cache is extended: cache.length = P + T, and it holds every key and value in order"):
-
-        def extended(case):
-            config, B, P, T, seed = case
-            Cc, Hh, kv, bias = config
-            m, r = attention_pair(MHA, f"csa.cache.{seed}", kv, d_model=Cc, n_heads=Hh, bias=bias)
-            x_all = tensor(seed, B, P + T, Cc)
-            cache, _, _ = _prefilled(LC, r, x_all[:, :P], P + T + 2)
-            where = _csa_where(config, B, P, T)
-            _csa_call(g, fn, where, m, x_all[:, P:], cache)
-            _, k_all, v_all = r.project(x_all)
-            _cache_contents(g, where, cache, k_all, v_all, P)
-
-        for_all(
-            "csa.cache",
-            st.tuples(
-                st.sampled_from(CONFIGS), st.integers(1, 2), st.integers(0, 5), st.integers(1, 4), SEEDS
-            ),
-            extended,
-            max_examples=8,
-            first=(CONFIGS[0], 2, 3, 2, 5),
-        )
-
-    with g.check("decoding piece by piece with one cache equals attention over the whole sequence"):
-
-        def pieces(case):
-            config, B, sizes, seed = case
-            Cc, Hh, kv, bias = config
-            m, r = attention_pair(MHA, f"csa.chain.{seed}", kv, d_model=Cc, n_heads=Hh, bias=bias)
-            S = sum(sizes)
-            x = tensor(seed, B, S, Cc)
-            cache = LC(B, r.n_kv_heads, S, r.d_head, torch.float64)
-            full = r(x, is_causal=True)[0]
-            start = 0
-            for n in sizes:
-                where = (
-                    f"{_csa_where(config, B, start, n)} (feeding pieces of {list(sizes)} tokens through one "
-                    "cache, "
-                    f"this is the piece at {start} .. {start + n - 1})"
-                )
-                out = _csa_call(g, fn, where, m, x[:, start : start + n], cache)
-                g.expect(
-                    is_tensor(out) and out.shape == (B, n, Cc),
-                    f"{where}: expected {(B, n, Cc)}, got {describe(out)}",
-                )
-                g.expect(
-                    close(out, full[:, start : start + n]),
-                    f"{where}: differs from attention over the whole sequence: later pieces must see all earlier "
-                    "tokens through the cache",
-                )
-                start += n
-            _, k, v = r.project(x)
-            _cache_contents(g, _csa_where(config, B, S - sizes[-1], sizes[-1]), cache, k, v, S - sizes[-1])
-
-        for_all(
-            "csa.chain",
-            st.tuples(
-                st.sampled_from(CONFIGS),
-                st.integers(1, 2),
-                st.lists(st.integers(1, 4), min_size=2, max_size=4).map(tuple),
-                SEEDS,
-            ),
-            pieces,
-            max_examples=6,
-            first=(CONFIGS[0], 2, (4, 1, 3, 1), 6),
-        )
-
-    with g.check(
-        "grouped-query attention: the cache holds H_kv heads, query head h reads key/value head h // (H / "
-        "H_kv)"
-    ):
-
-        def grouped(case):
-            config, B, P, T, seed = case
-            _csa_step(g, fn, MHA, LC, f"csa.gqa.{seed}", config, B, P, T)
-
-        for_all(
-            "csa.gqa",
+            key="csa.chain",
+            budget="small",
+            examples=[(CONFIGS[0], 2, (4, 1, 3, 1), 6), (CONFIGS[0], 2, (3, 1), 0)],
+        ),
+        Clause(
+            "grouped-query attention: the cache holds H_kv heads, query head h reads key/value head h // (H / "
+            "H_kv)",
+            _csa_grouped,
             st.tuples(
                 st.sampled_from(GQA_CONFIGS), st.integers(1, 2), st.integers(0, 4), st.integers(1, 3), SEEDS
             ),
-            grouped,
-            max_examples=8,
-            first=(GQA_CONFIGS[0], 2, 3, 2, 7),
-        )
-        for P, T in ((0, 3), (3, 1), (2, 2)):
-            grouped((GQA_CONFIGS[0], 2, P, T, 8))
-
-    with g.check("no dropout in eval mode, even with attn.dropout = 0.5"):
-
-        def eval_mode(case):
-            config, B, P, T, seed = case
-            Cc, Hh, kv, bias = config
-            m, r = attention_pair(MHA, f"csa.eval.{seed}", kv, dropout=0.5, d_model=Cc, n_heads=Hh, bias=bias)
-            x_all = tensor(seed, B, P + T, Cc)
-            cache, _, _ = _prefilled(LC, r, x_all[:, :P], P + T)
-            where = _csa_where(config, B, P, T, extra=", dropout=0.5, eval mode")
-            out = _csa_call(g, fn, where, m, x_all[:, P:], cache)
-            g.expect(
-                close(out, r(x_all, is_causal=True)[0][:, P:]),
-                f"{where}: the output differs from the reference: apply dropout only when attn.training",
-            )
-
-        for_all(
-            "csa.eval",
+            key="csa.gqa",
+            budget="some",
+            examples=[(GQA_CONFIGS[0], 2, 3, 2, 7)],
+            also=[(GQA_CONFIGS[0], 2, P, T, 8) for P, T in ((0, 3), (3, 1), (2, 2))],
+        ),
+        Clause(
+            "no dropout in eval mode, even with attn.dropout = 0.5",
+            _csa_eval,
+            _configs_and(st.integers(1, 2), st.integers(0, 3), st.integers(1, 3), SEEDS),
+            key="csa.eval",
+            budget="few",
+            examples=[(CONFIGS[0], 2, 0, 3, 8)],
+        ),
+        Clause(
+            "in training mode, dropout with probability attn.dropout on the attention weights "
+            "(p = 1 drops them all; p = 0.5 keeps a subset, scaled by 2)",
+            _csa_dropout,
             st.tuples(
-                st.sampled_from(CONFIGS), st.integers(1, 2), st.integers(0, 3), st.integers(1, 3), SEEDS
-            ),
-            eval_mode,
-            max_examples=4,
-            first=(CONFIGS[0], 2, 0, 3, 8),
-        )
-
-    with g.check(
-        "in training mode, dropout with probability attn.dropout on the attention weights "
-        "(p = 1 drops them all; p = 0.5 keeps a subset, scaled by 2)"
-    ):
-
-        def train_mode(case):
-            config, B, P, T, p, seed = case
-            Cc, Hh, kv, bias = config
-            m, r = attention_pair(
-                MHA, f"csa.dropout.{seed}", kv, dropout=0.5, d_model=Cc, n_heads=Hh, bias=bias
-            )
-            m.train()
-            if p != 0.5:
-                set_attr(m, "dropout", p)
-            x_all = tensor(seed, B, P + T, Cc)
-            cache, _, _ = _prefilled(LC, r, x_all[:, :P], P + T) if P else (None, None, None)
-            where = _csa_where(config, B, P if P else -1, T, extra=f", attn.dropout={p}, training mode")
-            out = _csa_call(g, fn, where, m, x_all[:, P:], *(() if cache is None else (cache,)))
-            g.expect(
-                is_tensor(out) and out.shape == (B, T, Cc),
-                f"{where}: expected {(B, T, Cc)}, got {describe(out)}",
-            )
-            if p == 1.0:
-                bias = 0 if r.out_proj.bias is None else r.out_proj.bias
-                bias_only = torch.zeros(B, T, Cc, dtype=torch.float64) + bias
-                g.expect(
-                    close(out, bias_only),
-                    f"{where}: with every attention weight dropped the output is out_proj "
-                    "of zeros (its bias): apply dropout with probability attn.dropout to "
-                    "the "
-                    "attention weights (dropout_p=attn.dropout when attn.training)",
-                )
-                return
-            if close(out, r(x_all, is_causal=True)[0][:, P:]):
-                g.fail(
-                    f"{where}: nothing was dropped: in training mode pass dropout_p=attn.dropout to "
-                    "F.scaled_dot_product_attention (or F.dropout the weights)"
-                )
-            bad = _dropout_subsets(out, r, x_all, P, p)
-            g.expect(
-                bad is None,
-                f"{where}: at batch {bad and bad[0]}, head {bad and bad[1]}, new token {bad and bad[2]} the "
-                "output "
-                "is not 2 x a sum of w_s v_s over some of the visible keys: dropout belongs on the attention "
-                "weights (each weight kept with probability 1 - p and scaled by 1 / (1 - p)), not on q, k, v or "
-                "the output",
-            )
-
-        configs = [c for c in CONFIGS if c[0] // c[1] > 1] + [CONFIGS[3]]
-        for_all(
-            "csa.dropout",
-            st.tuples(
-                st.sampled_from(configs),
+                st.sampled_from([c for c in CONFIGS if c[0] // c[1] > 1] + [CONFIGS[3]]),
                 st.integers(1, 2),
                 st.integers(0, 3),
                 st.integers(1, 3),
                 st.sampled_from([0.5, 1.0]),
                 SEEDS,
             ),
-            train_mode,
-            max_examples=10,
-            first=(CONFIGS[0], 2, 0, 3, 1.0, 9),
-        )
-        for P, T in ((0, 3), (3, 1), (2, 3)):  # the three ways to attend: no cache, one token, a chunk
-            for p in (1.0, 0.5):
-                train_mode((CONFIGS[1], 2, P, T, p, 10))
-
-    g.finish()
-
-
-def check_causal_self_attention(causal_self_attention, MultiHeadAttention, LayerCache) -> None:
-    """Public checks of ``causal_self_attention``: one small example per clause the hidden checks grade."""
-    g = Grader("causal_self_attention (public)")
-    fn, MHA, LC = causal_self_attention, MultiHeadAttention, LayerCache
-    cfg = CONFIGS[0]
-    with g.check("returns (B, T, C) of x's dtype"):
-        m, _ = attention_pair(MHA, "public.csa")
-        m.float()
-        x = rand("public.csa.x", 2, 4, C, dtype=torch.float32)
-        out = _csa_call(g, fn, _csa_where(cfg, 2, -1, 4, torch.float32), m, x)
-        g.expect(
-            is_tensor(out) and out.shape == (2, 4, C) and out.dtype == torch.float32,
-            f"expected a tensor float32 (2, 4, {C}), got {describe(out)}",
-        )
-    with g.check("without a cache it equals attn(x, is_causal=True)[0]"):
-        _csa_step(g, fn, MHA, LC, "public.csa.nocache", cfg, 2, None, 4)
-    with g.check("one new token after 3 cached ones sees every cached key"):
-        _csa_step(g, fn, MHA, LC, "public.csa.step", cfg, 2, 3, 1)
-    with g.check("2 new tokens after 3 cached ones: bottom-right causal mask"):
-        _csa_step(g, fn, MHA, LC, "public.csa.chunk", cfg, 2, 3, 2)
-    with g.check(
-        "3 tokens into an empty cache, then 1 more: cache.length is 4 and the outputs equal those without a "
-        "cache"
-    ):
-        m, r = attention_pair(MHA, "public.csa")
-        x = rand("public.csa.x", 2, 4, C)
-        cache = LC(2, H, 4, D, torch.float64)
-        first = _csa_call(g, fn, "the first 3 tokens", m, x[:, :3], cache)
-        last = _csa_call(g, fn, "the 4th token", m, x[:, 3:], cache)
-        full = r(x, is_causal=True)[0]
-        g.expect(
-            cache.length == 4,
-            f"after 3 + 1 tokens cache.length should be 4, got {cache.length!r}: extend the "
-            "cache with cache.update(k, v)",
-        )
-        g.expect(
-            close(first, full[:, :3]),
-            "with an empty cache the output differs from causal attention over the same tokens",
-        )
-        g.expect(
-            close(last, full[:, 3:]),
-            "the 4th token's output differs from attention over all 4 tokens: it must see the 3 cached keys",
-        )
-    with g.check("grouped-query attention (H = 4, n_kv_heads = 2) with a cache of 2 tokens"):
-        _csa_step(g, fn, MHA, LC, "public.csa.gqa", CONFIGS[1], 2, 2, 2)
-    with g.check(
-        "attn.dropout = 0.5: nothing dropped in eval mode; in training mode attn.dropout = 1 drops every "
-        "weight"
-    ):
-        m, r = attention_pair(MHA, "public.csa.dropout", dropout=0.5)
-        x = rand("public.csa.dropout.x", 2, 3, C)
-        out = _csa_call(g, fn, "eval mode", m, x)
-        g.expect(
-            close(out, r(x, is_causal=True)[0]),
-            "in eval mode with attn.dropout=0.5 the output differs from the "
-            "reference: apply dropout only when attn.training",
-        )
-        m.train()
-        set_attr(m, "dropout", 1.0)
-        out = _csa_call(g, fn, "training mode, attn.dropout=1.0", m, x)
-        g.expect(
-            close(out, torch.zeros(2, 3, C, dtype=torch.float64) + r.out_proj.bias),
-            "in training mode with attn.dropout=1.0 every attention weight is dropped, so the output is "
-            "out_proj's "
-            "bias: pass dropout_p=attn.dropout (when attn.training) to F.scaled_dot_product_attention",
-        )
-    g.finish()
+            key="csa.dropout",
+            budget="normal",
+            examples=[(CONFIGS[0], 2, 0, 3, 1.0, 9)],
+            also=[(CONFIGS[1], 2, P, T, p, 10) for P, T in ((0, 3), (3, 1), (2, 3)) for p in (1.0, 0.5)],
+        ),
+    ],
+)
+check_causal_self_attention, grade_causal_self_attention = CSA.graders()
 
 
 # --------------------------------------------------------------------------- predict, then check
@@ -2951,24 +2241,42 @@ check_predict_speculative_tokens, grade_predict_speculative_tokens = SPECULATIVE
 #: and the classic mistakes land far outside: nats instead of bits (+44%), log10 (-70%), the unshifted loss.
 BPC_BAND = 0.001
 
+#: the student's gpt-char of each check in progress, by grader: a check's cases share it (as they share the
+#: student's process under the autograder)
+_THEIR_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
 
 def _their_gpt_char(g: Grader):
-    """``gpt-char`` built with the notebook's ``GPT`` and ``GPTConfig`` (where the student's code runs)."""
-    ck = _gpt_char()["ck"]
-    GPT, GPTConfig = student_side("GPT", ref.GPT), student_side("GPTConfig", ref.GPTConfig)
-    model = GPT(GPTConfig(**ck.record["config"]))
-    model.load_state_dict(ck.model.state_dict())
-    model.eval()
-    return model
+    """``gpt-char`` built with the notebook's ``GPT`` and ``GPTConfig`` (where the student's code runs), once
+    per check."""
+    models = _THEIR_MODELS.setdefault(g, {})
+    if len(g.results) not in models:
+        ck = _gpt_char()["ck"]
+        GPT, GPTConfig = student_side("GPT", ref.GPT), student_side("GPTConfig", ref.GPTConfig)
+        model = GPT(GPTConfig(**ck.record["config"]))
+        model.load_state_dict(ck.model.state_dict())
+        model.eval()
+        models.clear()
+        models[len(g.results)] = model
+    return models[len(g.results)]
 
 
-def _bits(g: Grader, bits_per_char, model, ids, block_size, what="a held-out piece"):
+def _bits(g: Grader, bits_per_char, case):
+    """The student's measurement on ``case``, ``(piece, tokens, block_size, what)``: ``(where, ids, result)``."""
+    piece, n, block_size, what = case
+    ids = _gpt_char()["ids"][piece][:n]
     where = f"bits_per_char(gpt-char, ids ({ids.numel()},) of {what}, {block_size})"
-    return where, call_student(g, where, bits_per_char, model, ids, block_size)
+    return where, ids, call_student(g, where, bits_per_char, _their_gpt_char(g), ids, block_size)
 
 
-def _bpc_in_band(g: Grader, where: str, got, ids, block_size) -> None:
-    expected = ref.bits_per_char(_gpt_char()["ck"].model, ids, block_size)
+def _bpc_float(g: Grader, bits_per_char, case) -> None:
+    where, _, v = _bits(g, bits_per_char, case)
+    g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
+
+
+def _bpc_in_band(g: Grader, bits_per_char, case) -> None:
+    where, ids, got = _bits(g, bits_per_char, case)
+    expected = ref.bits_per_char(_gpt_char()["ck"].model, ids, case[2])
     expect_in_band(
         g,
         where,
@@ -2981,58 +2289,52 @@ def _bpc_in_band(g: Grader, where: str, got, ids, block_size) -> None:
     )
 
 
-def grade_bits_per_char(bits_per_char) -> None:
-    """Grade the experiment ``bits_per_char(model, ids, block_size)`` on ``gpt-char`` and held-out text."""
-    g = Grader("bits_per_char")
-    c = _gpt_char()
-    with g.check("returns a Python float"):
-        model = _their_gpt_char(g)
-        where, v = _bits(g, bits_per_char, model, c["ids"][0][:200], 128)
-        g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
-    with g.check(f"within {BPC_BAND:.1%} of the measured loss on three held-out pieces (block_size 128)"):
-        model = _their_gpt_char(g)
-        for i, ids in enumerate(c["ids"][:3]):
-            ids = ids[:300]  # (300,): kept short, a check has 20 s in the sandbox on a busy machine
-            where, v = _bits(g, bits_per_char, model, ids, 128, f"held-out piece {i + 1}")
-            _bpc_in_band(g, where, v, ids, 128)
-    with g.check(
-        f"respects block_size: 16 and 1 (more, shorter windows), 128 on 201 tokens (a short last window), and the "
-        f"smallest text, 2 tokens (within {BPC_BAND:.1%})"
-    ):
-        model = _their_gpt_char(g)
-        for ids, block_size in (
-            (c["ids"][3][:160], 16),
-            (c["ids"][1][:40], 1),
-            (c["ids"][2][:201], 128),
-            (c["ids"][2][:2], 128),
-            (c["ids"][1][:2], 1),
-        ):
-            where, v = _bits(g, bits_per_char, model, ids, block_size)
-            _bpc_in_band(g, where, v, ids, block_size)
-    with g.check("raises ValueError for ids of fewer than 2 tokens, ids that are not 1-D, or block_size < 1"):
-        model = _their_gpt_char(g)
-        ids = c["ids"][0]
-        for bad, what in (
-            ((ids[:1], 128), "ids of 1 token"),
-            ((ids[:20].view(2, 10), 128), "ids of shape (2, 10)"),
-            ((ids[:20], 0), "block_size=0"),
-            ((ids[:20], -1), "block_size=-1"),
-            ((ids[:20], True), "block_size=True"),
-        ):
-            expect_value_error(g, lambda bad=bad: bits_per_char(model, *bad), what)
-    g.finish()
+def _bpc_bad_call(case) -> Call:
+    n, shape, block_size, what = case
+    ids = _gpt_char()["ids"][0][:n]
+    return Call(what, (ids if shape is None else ids.view(shape), block_size), build=_bpc_bound)
 
 
-def check_bits_per_char(bits_per_char) -> None:
-    """Public checks of ``bits_per_char``: one held-out piece."""
-    g = Grader("bits_per_char (public)")
-    c = _gpt_char()
-    with g.check(f"within {BPC_BAND:.1%} of the measured loss on a held-out piece of 300 characters"):
-        model = _their_gpt_char(g)
-        ids = c["ids"][3][:300]
-        where, v = _bits(g, bits_per_char, model, ids, 128)
-        _bpc_in_band(g, where, v, ids, 128)
-    g.finish()
+def _bpc_bound(g: Grader, bits_per_char):
+    return functools.partial(bits_per_char, _their_gpt_char(g))
+
+
+_HELD_OUT = [
+    (i, 300, 128, f"held-out piece {i + 1}") for i in range(3)
+]  # kept short: 20 s a check in the sandbox
+_WINDOWS = [(3, 160, 16), (1, 40, 1), (2, 201, 128), (2, 2, 128), (1, 2, 1)]
+
+BITS_PER_CHAR = Spec(
+    "bits_per_char",
+    [
+        Clause("returns a Python float", _bpc_float, examples=[(0, 200, 128, "a held-out piece")]),
+        Clause(
+            f"within {BPC_BAND:.1%} of the measured loss on three held-out pieces (block_size 128)",
+            _bpc_in_band,
+            examples=_HELD_OUT[:1],
+            also=_HELD_OUT[1:],
+        ),
+        Clause(
+            f"respects block_size: 16 and 1 (more, shorter windows), 128 on 201 tokens (a short last window), and "
+            f"the smallest text, 2 tokens (within {BPC_BAND:.1%})",
+            _bpc_in_band,
+            examples=[(*_WINDOWS[3], "a held-out piece")],
+            also=[(*w, "a held-out piece") for i, w in enumerate(_WINDOWS) if i != 3],
+        ),
+        raises(
+            _bpc_bad_call,
+            examples=[(1, None, 128, "ids of 1 token"), (20, None, 0, "block_size=0")],
+            also=[
+                (20, (2, 10), 128, "ids of shape (2, 10)"),
+                (20, None, -1, "block_size=-1"),
+                (20, None, True, "block_size=True"),
+            ],
+            fix="say what was expected and what came",
+            text="raises ValueError for ids of fewer than 2 tokens, ids that are not 1-D, or block_size < 1",
+        ),
+    ],
+)
+check_bits_per_char, grade_bits_per_char = BITS_PER_CHAR.graders()
 
 
 # =========================================================================== stretch: min-p
@@ -3079,62 +2381,65 @@ def _min_p_margin(x: torch.Tensor, p: float) -> float:
     return float(near.masked_fill(probs == probs.amax(dim=-1, keepdim=True), math.inf).min())
 
 
+def _min_p_case(g: Grader, fn, x: torch.Tensor, p: float, where: str, what: str = "") -> None:
+    what = what or " (the tokens whose probability is at least p_base times the top probability)"
+    _filter_call(g, fn, where, x, p, dec.min_p_filter(x, p), _min_p_mistakes(x, p), what)
+
+
 def _min_p_where(x: torch.Tensor, p) -> str:
     return f"min_p_filter(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {p!r})"
-
-
-def _min_p_case(g: Grader, fn, x: torch.Tensor, p: float, where: str | None = None, what: str = ""):
-    return _filter_call(
-        g,
-        fn,
-        where or _min_p_where(x, p),
-        x,
-        p,
-        dec.min_p_filter(x, p),
-        _min_p_mistakes(x, p),
-        what=what or " (the tokens whose probability is at least p_base times the top probability)",
-    )
 
 
 _P_BASES = st.sampled_from([0.01, 0.05, 0.1, 0.2, 0.35, 0.5, 0.8])
 
 
-def grade_min_p_filter(min_p_filter) -> None:
-    """Grade the stretch part ``min_p_filter(logits, p_base)``."""
-    g = Grader("min_p_filter")
+def _min_p_values(g: Grader, fn, case) -> None:
+    """A worked example (see :func:`_filter_input`) or a drawn one; one that hangs on rounding is skipped."""
+    if _is_worked(case):
+        _min_p_case(g, fn, *_filter_input("min_p_filter", case))
+        return
+    lead, V, p, dtype, scale, seed = case
+    x, p, where = _filter_input("min_p_filter", (lead, V, p, dtype, seed), scale)
+    _clear(_min_p_margin(x, p) > 1e-4)
+    _min_p_case(g, fn, x, p, where)
 
-    with g.check("returns a tensor of the logits' shape and dtype (float32 and float64)"):
 
-        def shape_dtype(case):
-            lead, V, dtype, seed = case
-            x = tensor(seed, *lead, V, dtype=dtype)
-            where = _min_p_where(x, 0.1)
-            out = call_student(g, where, min_p_filter, x, 0.1)
-            g.expect(
-                is_tensor(out) and out.shape == x.shape and out.dtype == x.dtype,
-                f"{where} should return a tensor {dtype_name(dtype)} {tuple(x.shape)}, got {describe(out)}",
-            )
+def _min_p_rows(g: Grader, fn, case) -> None:
+    x, p, where = _filter_input("min_p_filter", case)
+    _min_p_case(g, fn, x, p, where, f" ({_ROW_HINT})" if x.dim() > 1 and x.shape[0] > 1 else "")
 
-        for_all(
-            "minp.shape",
-            st.tuples(_LEADING, st.integers(1, 8), st.sampled_from(FLOATS), SEEDS),
-            shape_dtype,
-            max_examples=6,
-            first=((2,), 3, torch.float64, 0),
-        )
 
-    with g.check(
-        "keeps the tokens whose probability is at least p_base times the top probability, any shape"
-    ):
+def _min_p_logits(g: Grader, fn, shift: float) -> None:
+    x = torch.tensor([[0.1, 0.4, 0.3, 0.2]], dtype=torch.float64).log() + shift
+    _min_p_case(g, fn, x, 0.6, f"min_p_filter(log [0.1, 0.4, 0.3, 0.2] + {shift}, 0.6)")
 
-        def values(case):
-            lead, V, p, dtype, scale, seed = case
-            x = tensor(seed, *lead, V, dtype=dtype, scale=scale)
-            assume(_min_p_margin(x, p) > 1e-4)
-            _min_p_case(g, min_p_filter, x, p)
 
-        for_all(
-            "minp.values",
+def _min_p_ends(g: Grader, fn, case) -> None:
+    if _is_worked(case):
+        x, p, where = _filter_input("min_p_filter", case)
+        _min_p_case(g, fn, x, p, where, f" ({_TIED_HINT})" if p == 1.0 else "")
+        return
+    lead, V, seed = case
+    x = tensor(seed, *lead, V)
+    what = ": with p_base = 0 every token is kept"
+    _filter_call(g, fn, _min_p_where(x, 0.0), x, 0.0, x.clone(), _min_p_mistakes(x, 0.0), what)
+    _min_p_case(g, fn, x, 1.0, _min_p_where(x, 1.0), f" ({_TIED_HINT})")
+
+
+def _min_p_composed(g: Grader, fn, case) -> None:
+    V, k, p, seed = case
+    x = dec.top_k_filter(tensor(seed, 3, V, scale=2.0), min(k, V))
+    _clear(_min_p_margin(x, p) > 1e-4)
+    _min_p_case(g, fn, x, p, _min_p_where(x, p))
+
+
+MIN_P = Spec(
+    "min_p_filter",
+    [
+        _filter_shape("min_p_filter", "minp.shape", 0.1),
+        Clause(
+            "keeps the tokens whose probability is at least p_base times the top probability, any shape",
+            _min_p_values,
             st.tuples(
                 _LEADING,
                 st.integers(1, 12),
@@ -3143,164 +2448,70 @@ def grade_min_p_filter(min_p_filter) -> None:
                 st.sampled_from([1.0, 2.0, 4.0]),
                 SEEDS,
             ),
-            values,
-            max_examples=25,
-            first=((3,), 8, 0.2, torch.float64, 2.0, 1),
-        )
-
-    with g.check("the threshold follows the top probability: a flat row keeps many tokens, a peaked row few"):
-        cases = [  # probabilities in vocabulary order, p_base: threshold p_base * top
-            ([0.3, 0.25, 0.25, 0.2], 0.5),  # flat: threshold 0.15 keeps all four (absolute 0.5 keeps none)
-            ([0.02, 0.9, 0.05, 0.03], 0.05),  # peaked: threshold 0.045 keeps 0.9 and 0.05
-            ([0.1, 0.4, 0.3, 0.2], 0.6),  # threshold 0.24 keeps 0.4 and 0.3
-        ]
-        for probs, p in cases:
-            _min_p_case(g, min_p_filter, _p_logits(probs), p, f"min_p_filter(log {probs}, {p})")
-        x = _p_logits([0.3, 0.25, 0.25, 0.2], [0.02, 0.9, 0.05, 0.03])
-        _min_p_case(
-            g,
-            min_p_filter,
-            x,
-            0.2,
-            "min_p_filter(log [[0.3, 0.25, 0.25, 0.2], [0.02, 0.9, 0.05, 0.03]], 0.2)",
-            what=f" ({_ROW_HINT})",
-        )
-
-    with g.check("compares probabilities, not logits (logits of either sign, shifted by a constant)"):
-        for shift in (-5.0, 0.0, 3.0):
-            x = _p_logits([0.1, 0.4, 0.3, 0.2]) + shift
-            _min_p_case(g, min_p_filter, x, 0.6, f"min_p_filter(log [0.1, 0.4, 0.3, 0.2] + {shift}, 0.6)")
-
-    with g.check(
-        "p_base = 0 keeps every token; p_base = 1 keeps the most likely token and those tied with it"
-    ):
-
-        def ends(case):
-            lead, V, seed = case
-            x = tensor(seed, *lead, V)
-            _filter_call(
-                g,
-                min_p_filter,
-                _min_p_where(x, 0.0),
-                x,
-                0.0,
-                x.clone(),
-                _min_p_mistakes(x, 0.0),
-                what=": with p_base = 0 every token is kept",
-            )
-            _min_p_case(g, min_p_filter, x, 1.0, what=f" ({_TIED_HINT})")
-
-        for_all(
-            "minp.ends",
+            key="minp.values",
+            budget="wider",
+            examples=[((3,), 8, 0.2, torch.float64, 2.0, 1), ("log", ((0.5, 0.3, 0.15, 0.05),), 0.2)],
+        ),
+        Clause(
+            "the threshold follows the top probability: a flat row keeps many tokens, a peaked row few",
+            _min_p_rows,
+            examples=[
+                (
+                    "log",
+                    ((0.3, 0.25, 0.25, 0.2),),
+                    0.5,
+                ),  # flat: threshold 0.15 keeps all four (0.5 keeps none)
+                ("log", ((0.3, 0.25, 0.25, 0.2), (0.02, 0.9, 0.05, 0.03)), 0.2),  # a threshold per row
+            ],
+            also=[
+                ("log", ((0.02, 0.9, 0.05, 0.03),), 0.05),  # peaked: threshold 0.045 keeps 0.9 and 0.05
+                ("log", ((0.1, 0.4, 0.3, 0.2),), 0.6),  # threshold 0.24 keeps 0.4 and 0.3
+            ],
+        ),
+        Clause(
+            "compares probabilities, not logits (logits of either sign, shifted by a constant)",
+            _min_p_logits,
+            examples=[-5.0],
+            also=[0.0, 3.0],
+        ),
+        Clause(
+            "p_base = 0 keeps every token; p_base = 1 keeps the most likely token and those tied with it",
+            _min_p_ends,
             st.tuples(_LEADING, st.integers(1, 10), SEEDS),
-            ends,
-            max_examples=6,
-            first=((2,), 5, 3),
-        )
-        x = torch.tensor([[1.0, 2.0, 2.0, 0.0]], dtype=torch.float64)
-        _min_p_case(g, min_p_filter, x, 1.0, "min_p_filter([[1, 2, 2, 0]], 1.0)", what=f" ({_TIED_HINT})")
-
-    with g.check("logits already at -inf (after top-k) stay -inf: they have probability 0"):
-
-        def composed(case):
-            V, k, p, seed = case
-            x = dec.top_k_filter(tensor(seed, 3, V, scale=2.0), min(k, V))
-            assume(_min_p_margin(x, p) > 1e-4)
-            _min_p_case(g, min_p_filter, x, p)
-
-        for_all(
-            "minp.compose",
+            key="minp.ends",
+            budget="small",
+            examples=[((2,), 5, 3), ("log", ((0.2, 0.5, 0.3),), 0.0), ("log", ((0.2, 0.5, 0.3),), 1.0)],
+            also=[("x64", ((1.0, 2.0, 2.0, 0.0),), 1.0)],
+        ),
+        Clause(
+            "logits already at -inf (after top-k) stay -inf: they have probability 0",
+            _min_p_composed,
             st.tuples(st.integers(3, 12), st.integers(1, 6), _P_BASES, SEEDS),
-            composed,
-            max_examples=8,
-            first=(8, 3, 0.1, 4),
-        )
-
-    with g.check("leaves the logits unchanged"):
-
-        def untouched(case):
-            lead, V, p, seed = case
-            x = tensor(seed, *lead, V, scale=2.0)
-            where = _min_p_where(x, p)
-            q = call_student(g, where, probe, min_p_filter, x.clone(), p)
-            g.expect(
-                not q.args or (is_tensor(q.args[0]) and torch.equal(q.args[0], x)), _in_place_hint(where)
-            )
-
-        for_all(
-            "minp.inplace",
+            key="minp.compose",
+            budget="some",
+            examples=[(8, 3, 0.1, 4)],
+        ),
+        unchanged(
+            functools.partial(_filter_arg_call, "min_p_filter", 2.0),
             st.tuples(_LEADING, st.integers(2, 8), _P_BASES, SEEDS),
-            untouched,
-            max_examples=5,
-            first=((2,), 5, 0.5, 6),
-        )
-
-    with g.check("p_base outside [0, 1] raises ValueError"):
-        for p in (-0.1, -1.0, 1.5, 1.0001, 2.0):
-            x = tensor(7, 2, 5)
-            expect_value_error(
-                g, lambda p=p: min_p_filter(x, p), f"p_base={p!r} (logits (2, 5))", "p_base must be in [0, 1]"
-            )
-
-    g.finish()
-
-
-def check_min_p_filter(min_p_filter) -> None:
-    """Public checks of ``min_p_filter``: the example of its docstring and one small case per clause."""
-    g = Grader("min_p_filter (public)")
-    with g.check("returns a tensor of the logits' shape and dtype"):
-        for dtype in FLOATS:
-            x = torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=dtype).log()
-            out = call_student(g, _min_p_where(x, 0.2), min_p_filter, x, 0.2)
-            g.expect(
-                is_tensor(out) and out.shape == (1, 4) and out.dtype == dtype,
-                f"{_min_p_where(x, 0.2)} should be a tensor {dtype_name(dtype)} (1, 4), got {describe(out)}",
-            )
-    with g.check(
-        "probabilities [0.5, 0.3, 0.15, 0.05] with p_base = 0.2 keep the first three (threshold 0.1)"
-    ):
-        _min_p_case(
-            g,
-            min_p_filter,
-            _p_logits([0.5, 0.3, 0.15, 0.05]),
-            0.2,
-            "min_p_filter(log [[0.5, 0.3, 0.15, 0.05]], 0.2)",
-        )
-    with g.check("a flat row [0.3, 0.25, 0.25, 0.2] with p_base = 0.5 keeps all four (threshold 0.15)"):
-        _min_p_case(
-            g,
-            min_p_filter,
-            _p_logits([0.3, 0.25, 0.25, 0.2]),
-            0.5,
-            "min_p_filter(log [[0.3, 0.25, 0.25, 0.2]], 0.5)",
-        )
-    with g.check(
-        "each row has its own threshold: rows [0.3, 0.25, 0.25, 0.2] and [0.02, 0.9, 0.05, 0.03], p_base 0.2"
-    ):
-        _min_p_case(
-            g,
-            min_p_filter,
-            _p_logits([0.3, 0.25, 0.25, 0.2], [0.02, 0.9, 0.05, 0.03]),
-            0.2,
-            "min_p_filter(log [[0.3, 0.25, 0.25, 0.2], [0.02, 0.9, 0.05, 0.03]], 0.2)",
-            what=f" ({_ROW_HINT})",
-        )
-    with g.check("p_base = 0 keeps every token, p_base = 1 keeps the top token"):
-        x = _p_logits([0.2, 0.5, 0.3])
-        _min_p_case(g, min_p_filter, x, 0.0, "min_p_filter(log [[0.2, 0.5, 0.3]], 0.0)")
-        _min_p_case(
-            g, min_p_filter, x, 1.0, "min_p_filter(log [[0.2, 0.5, 0.3]], 1.0)", what=f" ({_TIED_HINT})"
-        )
-    with g.check("the logits are left unchanged"):
-        x = _p_logits([0.2, 0.5, 0.3])
-        q = call_student(g, "min_p_filter(log [[0.2, 0.5, 0.3]], 0.5)", probe, min_p_filter, x.clone(), 0.5)
-        g.expect(torch.equal(q.args[0], x), _in_place_hint("min_p_filter(log [[0.2, 0.5, 0.3]], 0.5)"))
-    with g.check("p_base = -0.1 and p_base = 1.5 raise ValueError"):
-        for p in (-0.1, 1.5):
-            expect_value_error(
-                g,
-                lambda p=p: min_p_filter(_p_logits([0.2, 0.5, 0.3]), p),
-                f"p_base={p}",
-                "p_base must be in [0, 1]",
-            )
-    g.finish()
+            key="minp.inplace",
+            budget="handful",
+            examples=[((2,), 5, 0.5, 6)],
+            text="leaves the logits unchanged",
+            advice=_IN_PLACE,
+        ),
+        new_tensor(
+            functools.partial(_filter_arg_call, "min_p_filter", 2.0),
+            examples=[((2,), 5, 0.0, 0), ((), 3, 0.0, 1), ((2, 2), 6, 0.3, 2)],
+            text="returns a new tensor, never the logits themselves, also when p_base = 0 keeps every token",
+        ),
+        raises(
+            functools.partial(_filter_bad_call, "p_base"),
+            examples=[(5, -0.1, 7), (5, 1.5, 7)],
+            also=[(5, p, 7) for p in (-1.0, 1.0001, 2.0)],
+            fix="p_base must be in [0, 1]",
+            text="p_base outside [0, 1] raises ValueError",
+        ),
+    ],
+)
+check_min_p_filter, grade_min_p_filter = MIN_P.graders()

@@ -236,6 +236,21 @@ def top_k_filter(logits, k):
     return logits.masked_fill(logits < kth, float("-inf"))
 """,
     ),
+    Mutant(
+        "top_k_returns_the_input_when_k_covers_v",
+        "top_k_filter",
+        "top_k_filter",
+        "your result shares memory with an input",
+        """
+def top_k_filter(logits, k):
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    if k >= logits.shape[-1]:
+        return logits  # nothing to drop: the caller's tensor itself
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+""",
+    ),
     # ------------------------------------------------------------------ part 3: top_p_filter
     Mutant(
         "top_p_drops_the_crossing_token",
@@ -323,6 +338,23 @@ def top_p_filter(logits, p):
     probs = F.softmax(sorted_logits, dim=1)
     drop_sorted = probs.cumsum(dim=1) - probs >= p
     return logits.masked_fill(drop_sorted.scatter(1, order, drop_sorted), float("-inf"))
+""",
+    ),
+    Mutant(
+        "top_p_returns_the_input_at_p_1",
+        "top_p_filter",
+        "top_p_filter",
+        "your result shares memory with an input",
+        """
+def top_p_filter(logits, p):
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    if p == 1.0:
+        return logits  # every token kept: the caller's tensor itself
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = F.softmax(sorted_logits, dim=-1)
+    drop_sorted = probs.cumsum(dim=-1) - probs >= p
+    return logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
 """,
     ),
     # ------------------------------------------------------------------ part 4: beam_search
@@ -743,6 +775,16 @@ def causal_self_attention(attn, x, cache=None):
         decoding.min_p_filter,
         "in place",
         ("return logits.masked_fill(probs < threshold", "return logits.masked_fill_(probs < threshold"),
+    ),
+    mutant(
+        "min_p_returns_the_input_at_zero",
+        decoding.min_p_filter,
+        "your result shares memory with an input",
+        (
+            "    probs = F.softmax(logits, dim=-1)  # (..., V)\n",
+            "    if p_base == 0.0:\n        return logits  # every token kept: the caller's tensor itself\n"
+            "    probs = F.softmax(logits, dim=-1)  # (..., V)\n",
+        ),
     ),
     mutant(
         "min_p_no_validation",
