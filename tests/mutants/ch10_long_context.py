@@ -528,6 +528,20 @@ def causal_linear_attention(q, k, v, eps=1e-6):
             )
         ),
     ),
+    # a float on the way: exact below 2**53 bytes, rounded above (the text promises the size in bytes, an int)
+    Mutant(
+        "kv_float_rounding",
+        "kv_cache_size",
+        "kv_cache_size",
+        "the size went through a float",
+        _kv(
+            (
+                "return 2 * n_layers * batch * tokens * n_kv_heads * d_head * bytes_per_value",
+                "bits = torch.finfo(dtype).bits if dtype.is_floating_point else torch.iinfo(dtype).bits\n"
+                "    return int(2 * n_layers * batch * tokens * n_kv_heads * d_head * bits / 8)",
+            )
+        ),
+    ),
     Mutant(
         "kv_zero_window_accepted",
         "kv_cache_size",
@@ -665,6 +679,18 @@ def causal_linear_attention(q, k, v, eps=1e-6):
         ("q = torch.randn(n, D, generator", "q = torch.randn(n, 16, generator"),
         ("k = torch.randn(n, T, D, generator", "k = torch.randn(n, T, 16, generator"),
         ("/ math.sqrt(D)", "/ 4.0"),
+    ),
+    # another procedure, still a correct measurement inside the band: only the seeded result tells
+    mutant(
+        "mass_keys_drawn_first",
+        long_context.window_mass,
+        "draw all queries (n, D) first",
+        (
+            "    q = torch.randn(n, D, generator=generator, dtype=torch.float64)  # (n, D)\n"
+            "    k = torch.randn(n, T, D, generator=generator, dtype=torch.float64)  # (n, T, D)\n",
+            "    k = torch.randn(n, T, D, generator=generator, dtype=torch.float64)  # (n, T, D)\n"
+            "    q = torch.randn(n, D, generator=generator, dtype=torch.float64)  # (n, D)\n",
+        ),
     ),
     mutant(
         "mass_returns_tensor",
