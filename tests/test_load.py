@@ -150,7 +150,7 @@ def test_the_reference_and_correct_alternatives_keep_full_marks_on_a_busy_machin
     spinning processes per core run beside the grader: full marks, as on a quiet machine."""
     from coursekit import autograde
     from tests.submissions import course_folder, filled, points
-    from tests.test_grading_ch01 import ALTERNATIVES
+    from tests.test_grading_ch01_attention import ALTERNATIVES
 
     assignment = "ch01_attention"
     root, inbox = course_folder(tmp_path)

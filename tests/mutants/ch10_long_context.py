@@ -1,7 +1,7 @@
 """Wrong implementations for Exercise 10, each a mistake students really make.
 
 Each part has a correct implementation written by hand, in a student's style rather than the
-reference's (``*_BY_HAND``, scored in ``tests/test_grading_ch10.py``), and every mutant is that
+reference's (``*_BY_HAND``, scored in ``tests/test_grading_ch10_long_context.py``), and every mutant is that
 code with one edit, so it differs from a correct answer in exactly the way its name says. The
 sources may use the names the notebook's imports cell defines (``torch``, ``F``, ``math``,
 ``elu_feature_map``, ``check_attention_inputs``, ...). ``EQUIVALENT`` holds the automatically

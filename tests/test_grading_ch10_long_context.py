@@ -12,26 +12,29 @@ import torch
 import torch.nn.functional as F
 
 from coursekit import attention, long_context
-from coursekit.grading import GradingFailure, harness
+from coursekit.grading import GradingFailure
 from coursekit.grading import ch10_long_context as grader
 from coursekit.grading.core import rand
+from tests.grading_support import full_marks, namespace, public_checks
 from tests.mutants import edit
 from tests.mutants.ch10_long_context import BY_HAND, MUTANTS, TILED_BY_HAND
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors run on one thread
 
-GRADERS = {
-    "tiled_attention": grader.grade_tiled_attention,
-    "sliding_window_mask": grader.grade_sliding_window_mask,
-    "causal_linear_attention": grader.grade_causal_linear_attention,
-    "kv_cache_size": grader.grade_kv_cache_size,
-}
+#: the parts whose public checks must catch every catalogued mutant, and whose reference the notebook holds
+PUBLIC = public_checks(
+    grader, only=["tiled_attention", "sliding_window_mask", "causal_linear_attention", "kv_cache_size"]
+)
 
-PUBLIC = {
-    "tiled_attention": grader.check_tiled_attention,
-    "sliding_window_mask": grader.check_sliding_window_mask,
-    "causal_linear_attention": grader.check_causal_linear_attention,
-    "kv_cache_size": grader.check_kv_cache_size,
+#: the imports cell of a student's notebook (the reference definitions of PUBLIC's parts come after it)
+IMPORTS = {
+    "torch": torch,
+    "math": math,
+    "F": F,
+    "check_attention_inputs": attention.check_attention_inputs,
+    "causal_mask": attention.causal_mask,
+    "scaled_dot_product_attention": attention.scaled_dot_product_attention,
+    "elu_feature_map": long_context.elu_feature_map,
 }
 
 #: a (T, T) allocation is refused at once only if the kernel does not overcommit blindly
@@ -41,24 +44,8 @@ OVERCOMMIT_ALWAYS = (
 )
 
 
-def namespace(**overrides):
-    """What a student's notebook holds: the imports cell plus the reference definitions."""
-    ns = {
-        "torch": torch,
-        "math": math,
-        "F": F,
-        "check_attention_inputs": attention.check_attention_inputs,
-        "causal_mask": attention.causal_mask,
-        "scaled_dot_product_attention": attention.scaled_dot_product_attention,
-        "elu_feature_map": long_context.elu_feature_map,
-    }
-    ns.update({part: getattr(long_context, part) for part in GRADERS})
-    ns.update(overrides)
-    return ns
-
-
 def compiled(source: str, target: str):
-    ns = namespace()
+    ns = namespace(IMPORTS, long_context, PUBLIC)
     exec(compile(source, f"<{target}>", "exec"), ns)
     return ns[target]
 
@@ -188,10 +175,7 @@ def kv_cache_size(n_layers, n_heads, d_head, seq_len, n_kv_heads=None, batch=1, 
 )
 def test_a_correct_implementation_written_differently_gets_full_marks(part, source):
     """Correct code in other styles (the mutants' base among them), graded as a notebook is: public and hidden cells."""
-    parts = {p.name: p for p in harness.parts("ch10_long_context")}
-    ns = harness.namespace("ch10_long_context", {parts[part].grade_id: source})
-    outcomes = harness.run_tests(parts[part], ns)
-    assert len(outcomes) == 2 and all(o.failure is None for o in outcomes), [o.failure for o in outcomes]
+    assert len(full_marks("ch10_long_context", part, source)) == 2
 
 
 @pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.part in PUBLIC], ids=lambda m: m.name)

@@ -14,26 +14,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from coursekit import layers as ref
-from coursekit.grading import GradingFailure, harness
+from coursekit.grading import GradingFailure
 from coursekit.grading import ch04_layers as grader
 from coursekit.multihead import MultiHeadAttention
+from tests.grading_support import full_marks, namespace, public_checks
 from tests.mutants.ch04_layers import MUTANTS
 
 ASSIGNMENT = "ch04_layers"
-PUBLIC = {
-    "LayerNorm": grader.check_layer_norm,
-    "FeedForward": grader.check_feed_forward,
-    "EncoderLayer": grader.check_encoder_layer,
-    "DecoderLayer": grader.check_decoder_layer,
-}
-
-
-def namespace(**overrides):
-    """What a student's notebook holds: the imports cell plus the reference definitions."""
-    ns = {"torch": torch, "math": math, "nn": nn, "F": F, "MultiHeadAttention": MultiHeadAttention}
-    ns.update({name: getattr(ref, name) for name in PUBLIC})
-    ns.update(overrides)
-    return ns
+PUBLIC = public_checks(grader, only=["LayerNorm", "FeedForward", "EncoderLayer", "DecoderLayer"])
+#: the imports cell of a student's notebook (the reference definitions of PUBLIC's parts come after it)
+IMPORTS = {"torch": torch, "math": math, "nn": nn, "F": F, "MultiHeadAttention": MultiHeadAttention}
 
 
 # --------------------------------------------------------------------------- correct alternatives
@@ -212,10 +202,7 @@ CASES = [(part, name, src) for part, alts in ALTERNATIVES.items() for name, src 
 
 @pytest.mark.parametrize("part, name, source", CASES, ids=[f"{p}-{n}" for p, n, _ in CASES])
 def test_a_correct_answer_written_differently_keeps_full_marks(part, name, source):
-    (p,) = [q for q in harness.parts(ASSIGNMENT) if q.name == part]
-    ns = harness.namespace(ASSIGNMENT, {p.grade_id: textwrap.dedent(source)})
-    for o in harness.run_tests(p, ns):
-        assert o.failure is None, f"{name}: {o.test.grade_id}:\n{o.failure}"
+    full_marks(ASSIGNMENT, part, textwrap.dedent(source))
 
 
 # --------------------------------------------------------------------------- the graders themselves
@@ -224,7 +211,7 @@ def test_a_correct_answer_written_differently_keeps_full_marks(part, name, sourc
 def test_a_student_layer_built_on_the_students_layer_norm_is_graded_with_it():
     """EncoderLayer uses whatever LayerNorm the notebook defines: a broken one fails it too."""
     bad = next(m for m in MUTANTS if m.name == "ln_unbiased_variance")
-    ns = namespace()
+    ns = namespace(IMPORTS, ref, PUBLIC)
     exec(compile(bad.source, "<bad>", "exec"), ns)
     exec(compile(textwrap.dedent(inspect.getsource(ref.EncoderLayer)), "<enc>", "exec"), ns)
     with pytest.raises(GradingFailure, match=r"post-norm by default .*: EncoderLayer\(\d+, \d+"):
@@ -233,7 +220,7 @@ def test_a_student_layer_built_on_the_students_layer_norm_is_graded_with_it():
 
 def test_renamed_submodules_get_a_names_hint():
     source = textwrap.dedent(inspect.getsource(ref.EncoderLayer)).replace("self.ff", "self.mlp")
-    ns = namespace()
+    ns = namespace(IMPORTS, ref, PUBLIC)
     exec(compile(source, "<renamed>", "exec"), ns)
     with pytest.raises(
         GradingFailure, match=r"must be named as in the instructions \(missing \['ff\.linear1\.bias'"
@@ -271,7 +258,7 @@ def test_grading_is_deterministic():
 )
 def test_public_checks_catch_a_plain_mistake_per_clause(name, part):
     mutant = next(m for m in MUTANTS if m.name == name)
-    ns = namespace()
+    ns = namespace(IMPORTS, ref, PUBLIC)
     exec(compile(mutant.source, f"<mutant {name}>", "exec"), ns)
     with pytest.raises(GradingFailure):
         PUBLIC[part](ns[part])

@@ -12,26 +12,16 @@ import torch
 from torch import nn
 
 from coursekit import positional as ref
-from coursekit.grading import GradingFailure, harness
+from coursekit.grading import GradingFailure
 from coursekit.grading import ch03_positional as grader
+from tests.grading_support import full_marks, namespace, public_checks
 from tests.mutants.ch03_positional import MUTANTS
 
 ASSIGNMENT = "ch03_positional"
 
-PUBLIC = {
-    "sinusoidal_encoding": grader.check_sinusoidal_encoding,
-    "apply_rope": grader.check_apply_rope,
-    "alibi_slopes": grader.check_alibi_slopes,
-    "alibi_bias": grader.check_alibi_bias,
-}
-
-
-def namespace(**overrides):
-    """What a student's notebook holds: imports plus the reference definitions."""
-    ns = {"torch": torch, "math": math, "nn": nn, "rope_angles": ref.rope_angles}
-    ns.update({name: getattr(ref, name) for name in PUBLIC})
-    ns.update(overrides)
-    return ns
+PUBLIC = public_checks(grader, only=["sinusoidal_encoding", "apply_rope", "alibi_slopes", "alibi_bias"])
+#: the imports cell of a student's notebook (the reference definitions of PUBLIC's parts come after it)
+IMPORTS = {"torch": torch, "math": math, "nn": nn, "rope_angles": ref.rope_angles}
 
 
 # --------------------------------------------------------------------------- correct alternatives
@@ -222,10 +212,7 @@ CASES = [(part, name, src) for part, alts in ALTERNATIVES.items() for name, src 
 
 @pytest.mark.parametrize("part, name, source", CASES, ids=[f"{p}-{n}" for p, n, _ in CASES])
 def test_a_correct_answer_written_differently_keeps_full_marks(part, name, source):
-    (p,) = [q for q in harness.parts(ASSIGNMENT) if q.name == part]
-    ns = harness.namespace(ASSIGNMENT, {p.grade_id: textwrap.dedent(source)})
-    for o in harness.run_tests(p, ns):
-        assert o.failure is None, f"{name}: {o.test.grade_id}:\n{o.failure}"
+    full_marks(ASSIGNMENT, part, textwrap.dedent(source))
 
 
 # --------------------------------------------------------------------------- the graders themselves
@@ -246,7 +233,7 @@ def test_a_correct_answer_written_differently_keeps_full_marks(part, name, sourc
 )
 def test_public_checks_catch_the_commonest_mistakes(name, part):
     mutant = next(m for m in MUTANTS if m.name == name)
-    ns = namespace()
+    ns = namespace(IMPORTS, ref, PUBLIC)
     exec(compile(mutant.source, f"<mutant {name}>", "exec"), ns)
     with pytest.raises(GradingFailure):
         PUBLIC[part](ns[mutant.target])
@@ -254,7 +241,7 @@ def test_public_checks_catch_the_commonest_mistakes(name, part):
 
 def test_a_failing_example_is_shrunk_and_named_in_the_hint():
     mutant = next(m for m in MUTANTS if m.name == "rope_rotates_backwards")
-    ns = namespace()
+    ns = namespace(IMPORTS, ref, PUBLIC)
     exec(compile(mutant.source, "<mutant>", "exec"), ns)
     with pytest.raises(
         GradingFailure, match=r"for x \(1, 1, 2, 4\) and positions \[0, 1\]: the rotation goes"

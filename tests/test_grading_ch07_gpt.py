@@ -20,6 +20,7 @@ from coursekit.grading import GradingFailure, harness
 from coursekit.grading import ch07_gpt as grader
 from coursekit.grading.core import tensor
 from coursekit.toys import TableLM, table_logp
+from tests.grading_support import full_marks, public_checks
 from tests.mutants.ch07_gpt import MUTANTS
 from tests.submissions import ROOT
 
@@ -30,25 +31,7 @@ PUBLIC_EXTRA = {
     "beam_search": (TableLM,),
     "causal_self_attention": (multihead.MultiHeadAttention, gpt.LayerCache),
 }
-PUBLIC = {
-    "causal_lm_loss": grader.check_causal_lm_loss,
-    "top_k_filter": grader.check_top_k_filter,
-    "top_p_filter": grader.check_top_p_filter,
-    "beam_search": grader.check_beam_search,
-    "causal_self_attention": grader.check_causal_self_attention,
-}
-
-
-def _part(name: str) -> harness.Part:
-    return next(p for p in harness.parts(A) if p.name == name)
-
-
-def full_marks(part_name: str, source: str) -> None:
-    """``source`` replaces the part's answer in the instructor's notebook and passes every test cell."""
-    part = _part(part_name)
-    outcomes = harness.run_tests(part, harness.namespace(A, {part.grade_id: source}))
-    failed = [(o.test.grade_id, o.failure) for o in outcomes if o.failure is not None]
-    assert not failed, failed
+PUBLIC = public_checks(grader)
 
 
 # --------------------------------------------------------------------------- correct alternatives
@@ -273,7 +256,7 @@ def causal_self_attention(attn, x, cache=None):
 
 @pytest.mark.parametrize("part, label", [(p, label) for p, alts in CORRECT.items() for label in alts])
 def test_correct_alternatives_get_full_marks(part, label):
-    full_marks(part, CORRECT[part][label])
+    full_marks(A, part, CORRECT[part][label])
 
 
 # --------------------------------------------------------------------------- the public checks

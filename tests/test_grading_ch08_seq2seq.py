@@ -16,6 +16,7 @@ from coursekit import seq2seq as ref
 from coursekit.grading import GradingFailure, harness
 from coursekit.grading import ch08_seq2seq as grader
 from coursekit.grading.core import tensor
+from tests.grading_support import full_marks, public_checks
 from tests.mutants.ch08_seq2seq import MUTANTS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny tensors run on one thread
@@ -23,24 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny te
 A = "ch08_seq2seq"
 #: the classes the notebook passes to a grader besides the student's object
 EXTRA = {"cross_attention": (multihead.MultiHeadAttention,)}
-PUBLIC = {
-    "shift_right": grader.check_shift_right,
-    "cross_attention": grader.check_cross_attention,
-    "PreNormDecoderLayer": grader.check_pre_norm_decoder_layer,
-    "label_smoothed_loss": grader.check_label_smoothed_loss,
-}
-
-
-def _part(name: str) -> harness.Part:
-    return next(p for p in harness.parts(A) if p.name == name)
-
-
-def full_marks(part_name: str, source: str) -> None:
-    """``source`` replaces the part's answer in the instructor's notebook and passes every test cell."""
-    part = _part(part_name)
-    outcomes = harness.run_tests(part, harness.namespace(A, {part.grade_id: source}))
-    failed = [(o.test.grade_id, o.failure) for o in outcomes if o.failure is not None]
-    assert not failed, failed
+PUBLIC = public_checks(grader)
 
 
 # --------------------------------------------------------------------------- correct alternatives
@@ -189,7 +173,7 @@ def label_smoothed_loss(logits, targets, smoothing=0.1, pad_id=0):
 
 @pytest.mark.parametrize("part, label", [(p, label) for p, alts in CORRECT.items() for label in alts])
 def test_correct_alternatives_get_full_marks(part, label):
-    full_marks(part, CORRECT[part][label])
+    full_marks(A, part, CORRECT[part][label])
 
 
 # --------------------------------------------------------------------------- the public checks
