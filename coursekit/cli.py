@@ -1,7 +1,9 @@
 """The ``coursekit`` command: release exercises, autograde submissions, check the setup.
 
 coursekit release [ASSIGNMENT ...] [--check]
-coursekit autograde SUBMISSIONS --assignment ch01_attention [--jobs 2] [--csv grades.csv] [--times times.csv]
+coursekit autograde SUBMISSIONS --assignment ch01_attention [--jobs 2 | --scheduler tcp://HOST:8786]
+                    [--csv grades.csv] [--times times.csv]
+coursekit worker tcp://HOST:8786 [--nworkers N]   (a Dask worker that grades for --scheduler runs)
 coursekit report --assignment ch01_attention
 coursekit export [--format csv|canvas|moodle] [--out FILE]
 coursekit formgrader [--port N]  (grade written answers by hand, in nbgrader's formgrader)
@@ -73,6 +75,7 @@ def cmd_autograde(args) -> int:
         fresh=args.fresh,
         feedback=not args.no_feedback,
         progress=sys.stderr.isatty(),
+        scheduler=args.scheduler,
     )
     elapsed = time.monotonic() - started
     p = inbox.printable
@@ -133,6 +136,17 @@ def cmd_export(args) -> int:
     if waiting:  # (only with --allow-pending: without it, export refused)
         print(exports.pending_warning(waiting), file=sys.stderr)
     return 0
+
+
+def cmd_worker(args) -> int:
+    """A Dask worker for ``coursekit autograde --scheduler``: ``--nworkers`` processes of one thread."""
+    from coursekit.autograde import cluster
+
+    if args.nworkers < 1:
+        raise ValueError(f"--nworkers must be at least 1, got {args.nworkers}")
+    import shlex
+
+    return cluster.start_worker(args.scheduler, args.nworkers, shlex.split(args.dask_args))
 
 
 def cmd_formgrader(args) -> int:
@@ -298,7 +312,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--csv", help="where to write every grade of the course (default: grades.csv in the course folder)"
     )
-    p.add_argument("--jobs", type=int, default=1, help="sandboxes grading in parallel (default 1)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="students graded at once, each in a process of its own (default 1)",
+    )
+    p.add_argument(
+        "--scheduler",
+        help="grade on the workers of this Dask scheduler (tcp://HOST:8786) instead of this machine's "
+        "processes; every worker sees the course folder at the same path (README: Large classes)",
+    )
     p.add_argument(
         "--fresh", action="store_true", help="regrade everyone, even submissions unchanged since the last run"
     )
@@ -335,6 +359,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--port", type=int, help="port on 127.0.0.1 (default: a free one)")
     p.set_defaults(func=cmd_formgrader)
+
+    p = sub.add_parser(
+        "worker",
+        help="grade for `autograde --scheduler`: a Dask worker with the course's sandbox (README: Large classes)",
+    )
+    p.add_argument("scheduler", help="the Dask scheduler's address, tcp://HOST:8786")
+    p.add_argument("--nworkers", type=int, default=1, help="grading processes (default 1; up to the cores)")
+    p.add_argument(
+        "--dask-args",
+        default="",
+        help='more options of `dask worker`, in one string: --dask-args="--host 10.0.0.5 --memory-limit 8GB"',
+    )
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("report", help="(re)write the class report of an assignment")
     p.add_argument("--assignment", required=True)

@@ -1,10 +1,12 @@
-"""A class's submissions: collected, graded in parallel sandboxes, recorded by one writer.
+"""A class's submissions: collected, then each student graded, recorded and given feedback by one task.
 
-Sandboxing and grading run in ``jobs`` worker threads, each with a sandbox of its own; one
-thread writes the gradebook (nbgrader's), under the locks of :mod:`coursekit.autograde.gradebook`,
-after a backup. Verdicts are cached by the content of what was graded (a :class:`Snapshot`), the
-assignment and the grading code, so an interrupted run resumes where it stopped, and a re-run
-gives identical scores.
+A task (:func:`grade_and_record`) grades one student in a sandbox of its process, records the
+verdicts in the gradebook (nbgrader's, in its own short transactions) and writes the feedback page.
+Tasks run in this process (``jobs=1``), in ``jobs`` processes of this machine, or on the workers of a
+Dask cluster (:mod:`coursekit.autograde.cluster`); no stage runs once for the whole class but the
+plan and the backup, under the locks of :mod:`coursekit.autograde.gradebook`. Verdicts are cached
+by the content of what was graded (a :class:`Snapshot`), the assignment and the grading code, so an
+interrupted run resumes where it stopped, and a re-run gives identical scores.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import hashlib
 import json
 import logging
 import os
-import queue
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -22,12 +24,12 @@ from pathlib import Path
 from coursekit.autograde.grade import grade_notebook
 from coursekit.autograde.gradebook import backup_gradebook, gradebook_setup, locked
 from coursekit.autograde.plan import Plan, preload_modules, staged_plan
-from coursekit.autograde.record import Result, record_all
+from coursekit.autograde.record import Result, not_graded, record_api, record_student, timed
 from coursekit.sandbox import Limits, Worker, choose_kind
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Snapshot", "autograde", "grade_inbox", "snapshot"]
+__all__ = ["Run", "Snapshot", "autograde", "concurrent_url", "grade_and_record", "grade_inbox", "snapshot"]
 
 
 def grade_inbox(root: Path, assignment: str, inbox: Path, *, times: dict | None = None, **options):
@@ -53,9 +55,11 @@ def grade_inbox(root: Path, assignment: str, inbox: Path, *, times: dict | None 
     return collected, results
 
 
-def _check_options(jobs: int = 1, sandbox: str = "auto", **_) -> None:
+def _check_options(jobs: int = 1, sandbox: str = "auto", scheduler: str | None = None, **_) -> None:
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
+    if scheduler is not None and not re.fullmatch(r"(tcp|tls)://[^\s/]+:\d+", scheduler):
+        raise ValueError(f"scheduler must be an address like tcp://HOST:8786, got {scheduler!r}")
     choose_kind(sandbox)  # no bubblewrap, or an rlimit sandbox that could write here: stop before anything
 
 
@@ -70,9 +74,10 @@ def autograde(
     fresh: bool = False,
     feedback: bool = True,
     progress: bool = False,
+    scheduler: str | None = None,
 ) -> list[Result]:
     """Grade ``students``' submissions of ``assignment`` (already in ``submitted/``)."""
-    _check_options(jobs, sandbox)
+    _check_options(jobs, sandbox, scheduler)
     with locked(root, assignment) as api:
         return _autograde(
             root,
@@ -85,6 +90,7 @@ def autograde(
             fresh=fresh,
             feedback=feedback,
             progress=progress,
+            scheduler=scheduler,
         )
 
 
@@ -100,38 +106,150 @@ def _autograde(
     fresh: bool = False,
     feedback: bool = True,
     progress: bool = False,
+    scheduler: str | None = None,
 ) -> list[Result]:
-    """Grade ``students`` while :func:`locked` holds the locks."""
+    """Grade ``students`` while :func:`locked` holds the locks: each student is one task (grade in
+    the sandbox, record in the gradebook, write the feedback page), run in this process
+    (``jobs=1``), in ``jobs`` processes of this machine, or on the workers of the Dask ``scheduler``."""
     db_url = api.coursedir.db_url
     backup_gradebook(root, db_url)
     # registers the assignment; keeps the release for the plan
     with gradebook_setup(db_url, api.coursedir.course_id, students):
         plan = staged_plan(root, assignment)
-    verdicts = root / ".coursekit" / "verdicts" / assignment
-    todo: list[tuple[str, str]] = []  # (student, cache key) still to grade
-    done: queue.Queue = queue.Queue()
+    run = Run(Path(root), plan, limits, sandbox, feedback, concurrent_url(db_url))
+    verdicts = run.verdicts
+    tasks = []  # (student, cache key, whether the verdicts are cached)
     for student in students:
         key = _key(root, assignment, student, plan, limits)
-        if not fresh and _cached(verdicts / student, plan, key):
-            done.put((student, key, None, True))
-        else:
-            todo.append((student, key))
-    threads = []
-    if todo:
-        serialise_ast_parsing()
-        work: queue.Queue = queue.Queue()
-        for item in todo:
-            work.put(item)
-        for _ in range(min(jobs, len(todo))):
-            t = threading.Thread(
-                target=_worker_loop, args=(root, plan, work, done, limits, sandbox, verdicts), daemon=True
-            )
-            t.start()
-            threads.append(t)
-    results = record_all(root, assignment, plan, students, done, feedback, progress, verdicts)
-    for t in threads:
-        t.join()
-    return results
+        tasks.append((student, key, not fresh and _cached(verdicts / student, plan, key)))
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(tasks), desc=f"grading {assignment}", unit="notebook", disable=not progress)
+    results: dict[str, Result] = {}
+    for result in _run_tasks(run, tasks, jobs, scheduler):
+        results[result.student] = result
+        bar.update(1)
+    bar.close()
+    return [results[s] for s in students]
+
+
+@dataclass(frozen=True)
+class Run:
+    """What a grading process needs to grade and record any student of one run. Picklable: it travels
+    to this machine's processes and to Dask workers, which find the course folder at ``root`` (one
+    machine, or a folder every machine mounts) and the gradebook at ``db_url``."""
+
+    root: Path
+    plan: Plan
+    limits: Limits
+    sandbox: str
+    feedback: bool
+    db_url: str
+
+    @property
+    def verdicts(self) -> Path:
+        return self.root / ".coursekit" / "verdicts" / self.plan.assignment
+
+
+def concurrent_url(db_url: str) -> str:
+    """``db_url`` for a writer that shares the gradebook with others: a SQLite writer waits up to
+    60 s for another's short transaction instead of failing after pysqlite's default 5 s."""
+    if db_url.startswith("sqlite:///") and "?" not in db_url:
+        return db_url + "?timeout=60"
+    return db_url
+
+
+def _run_tasks(run: Run, tasks: list, jobs: int, scheduler: str | None):
+    """Each task's :class:`Result`, in the order they finish."""
+    if scheduler is not None:
+        from coursekit.autograde import cluster
+
+        yield from cluster.run_tasks(scheduler, run, tasks, grade_and_record)
+        return
+    if jobs == 1 or len(tasks) <= 1:
+        try:
+            for student, key, cached in tasks:
+                yield grade_and_record(run, student, key, cached)
+        finally:
+            _close_state()
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # spawn: a fork of this process would copy its threads' locks and torch's thread pool mid-use
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=context) as pool:
+        futures = {pool.submit(grade_and_record, run, *task): task for task in tasks}
+        for future in as_completed(futures):
+            student, key, cached = futures[future]
+            try:
+                yield future.result()
+            except Exception as e:  # the grading process itself died: that student is not graded
+                log.exception("grading %s failed", student)
+                yield not_graded(run.plan, student, f"{type(e).__name__}: {e}")
+
+
+#: each grading thread's sandbox and nbgrader API (thread id -> state), kept from one student to the
+#: next of the same run: a process of the pool has one thread, a Dask worker as many as it is given
+_STATES: dict[int, dict] = {}
+_STATES_LOCK = threading.Lock()
+
+
+def _close_state(ident: int | None = None) -> None:
+    with _STATES_LOCK:
+        state = _STATES.pop(threading.get_ident() if ident is None else ident, None)
+    if state is not None and state.get("worker") is not None:
+        state["worker"].close()
+
+
+def _close_all() -> None:
+    for ident in list(_STATES):
+        _close_state(ident)
+
+
+def _state(run: Run) -> dict:
+    """The sandbox and the recording API of this thread for ``run`` (made on first use; a thread
+    that served another run closes that run's sandbox first)."""
+    ident = threading.get_ident()
+    state = _STATES.get(ident)
+    if state is None or state["run"] != run:
+        _close_state(ident)
+        import multiprocessing.util
+
+        state = {"run": run, "worker": None, "api": record_api(run.root, run.verdicts, run.db_url)}
+        with _STATES_LOCK:
+            if not _STATES:  # a pool's process (or a Dask worker) closes its sandboxes when it exits
+                multiprocessing.util.Finalize(None, _close_all, exitpriority=10)
+            _STATES[ident] = state
+    return state
+
+
+def grade_and_record(run: Run, student: str, key: str, cached: bool) -> Result:
+    """One student, whole: grade the submission in the sandbox (unless ``cached``), record the
+    verdicts in the gradebook in nbgrader's own transactions, write the feedback page. Runs in
+    whichever process or machine the run gives it; grading the same student again replaces what an
+    earlier, interrupted attempt recorded."""
+    state = _state(run)
+    error, stages = None, {}
+    if not cached:
+        try:
+            worker = state["worker"]
+            # never hand a sandbox whose template the last student stopped or killed to the next one
+            if worker is None or not worker.healthy():
+                if worker is not None:
+                    worker.close()
+                worker = state["worker"] = Worker(run.sandbox, run.limits, preload=preload_modules(run.plan))
+            with timed(stages, "grade"):
+                _grade_student(worker, run.root, run.plan, student, run.limits, run.verdicts)
+        except Exception as e:  # the sandbox itself failed: record nothing, start a fresh one, go on
+            log.exception("grading %s failed", student)
+            if state["worker"] is not None:
+                state["worker"].close()
+                state["worker"] = None
+            error = f"{type(e).__name__}: {e}"
+    return record_student(
+        run.root, state["api"], run.plan, student, error, cached, run.feedback, run.verdicts, stages
+    )
 
 
 @dataclass(frozen=True)
@@ -214,35 +332,6 @@ def serialise_ast_parsing() -> None:
 
     locked_parse.serialised = True
     ast.parse = locked_parse
-
-
-def _worker_loop(
-    root, plan: Plan, work: queue.Queue, done: queue.Queue, limits, sandbox, verdicts: Path
-) -> None:
-    worker = None
-    try:
-        while True:
-            try:
-                student, key = work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                # never hand a sandbox whose template the last student stopped or killed to the next one
-                if worker is None or not worker.healthy():
-                    if worker is not None:
-                        worker.close()
-                    worker = Worker(sandbox, limits, preload=preload_modules(plan))
-                _grade_student(worker, root, plan, student, limits, verdicts)
-                done.put((student, key, None, False))
-            except Exception as e:  # the sandbox itself failed: record it, start a fresh one, go on
-                log.exception("grading %s failed", student)
-                if worker is not None:
-                    worker.close()
-                    worker = None
-                done.put((student, key, f"{type(e).__name__}: {e}", False))
-    finally:
-        if worker is not None:
-            worker.close()
 
 
 def _grade_student(

@@ -7,11 +7,13 @@ penalties and feedback stay nbgrader's. Feedback pages get a Content-Security-Po
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import queue
 import re
+import resource
 import shutil
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +35,10 @@ __all__ = [
     "HideHiddenTests",
     "Result",
     "feedback_settings",
-    "record_all",
+    "not_graded",
+    "record_api",
+    "record_student",
+    "timed",
     "regenerate_feedback",
     "write_feedback",
 ]
@@ -50,6 +55,25 @@ class Result:
     error: str | None = None  # nbgrader could not record this student (should not happen)
     cached: bool = False
     seconds: float = 0.0
+    #: stage ("grade", "record", "feedback") -> [wall seconds, CPU seconds of the process and of the
+    #: children it reaped]: what the class benchmark adds up (benchmarks/class_scale.py)
+    stages: dict = field(default_factory=dict)
+
+
+def _cpu_seconds() -> float:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+@contextlib.contextmanager
+def timed(stages: dict, name: str):
+    """Add the wall and CPU seconds of the block to ``stages[name]``."""
+    wall, cpu = time.perf_counter(), _cpu_seconds()
+    try:
+        yield
+    finally:
+        was = stages.get(name, [0.0, 0.0])
+        stages[name] = [was[0] + time.perf_counter() - wall, was[1] + _cpu_seconds() - cpu]
 
 
 class ApplyVerdicts(NbGraderPreprocessor):
@@ -302,12 +326,11 @@ def regenerate_feedback(root: Path, assignment: str, student: str | None = None)
     return {s: write_feedback(root, api, assignment, s) for s in students}
 
 
-def record_all(
-    root, assignment, plan: Plan, students, done: queue.Queue, feedback, progress, verdicts: Path
-) -> list[Result]:
-    """The single writer: for each finished student, run nbgrader on the rebuilt notebook."""
-    from tqdm import tqdm
-
+def record_api(root: Path, verdicts: Path, db_url: str | None = None):
+    """The nbgrader API a grading process records with: nbgrader's autograder with
+    :class:`ApplyVerdicts` in place of its ``Execute``, and our feedback settings; ``db_url``
+    overrides the course's gradebook URL (a writer that shares it waits for the others)."""
+    overrides = {"CourseDirectory.db_url": db_url} if db_url else {}
     api = course.nbgrader_api(
         root,
         **{
@@ -316,6 +339,7 @@ def record_all(
             "ApplyVerdicts.verdict_dir": str(verdicts),
             **feedback_settings(),
             "NbGraderAPI.log_level": "ERROR",  # "removing existing assignment" on every re-run is expected
+            **overrides,
         },
     )
     try:  # nbgrader's own database code warns about its session handling; not ours to fix
@@ -324,14 +348,14 @@ def record_all(
         warnings.filterwarnings("ignore", category=SAWarning)
     except ImportError:
         pass
-    results: dict[str, Result] = {}
-    bar = tqdm(total=len(students), desc=f"grading {assignment}", unit="notebook", disable=not progress)
-    while len(results) < len(students):
-        student, key, error, cached = done.get()
-        results[student] = _record(root, api, plan, student, error, cached, feedback, verdicts)
-        bar.update(1)
-    bar.close()
-    return [results[s] for s in students]
+    return api
+
+
+def not_graded(plan: Plan, student: str, error: str) -> Result:
+    """The result of a student whom the sandbox (not the student's code) failed: nothing recorded."""
+    return Result(
+        student, 0.0, sum(sum(nb.points.values()) for nb in plan.notebooks), [], f"not graded: {error}"
+    )
 
 
 def _autograde_preprocessors() -> list:
@@ -415,16 +439,24 @@ def _keep_hand_grading_status(root: Path, db_url: str, plan: Plan, student: str,
             gb.db.commit()
 
 
-def _record(
-    root: Path, api, plan: Plan, student: str, error: str | None, cached: bool, feedback: bool, verdicts: Path
+def record_student(
+    root: Path,
+    api,
+    plan: Plan,
+    student: str,
+    error: str | None,
+    cached: bool,
+    feedback: bool,
+    verdicts: Path,
+    stages: dict | None = None,
 ) -> Result:
+    """Record ``student``'s verdicts through nbgrader's autograder (``api``: :func:`record_api`) and
+    write the feedback page; ``error``: the sandbox failed on this student, so nothing is recorded."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    if error is not None:
-        # the sandbox failed on this student (not their code's fault): record nothing, say so
-        return Result(
-            student, 0.0, sum(sum(nb.points.values()) for nb in plan.notebooks), [], f"not graded: {error}"
-        )
+    stages = {} if stages is None else stages
+    if error is not None:  # not the student's code's fault: record nothing, say so
+        return not_graded(plan, student, error)
     notes, seconds, busy = [], 0.0, False
     staged = root / ".coursekit" / "normalized" / student / plan.assignment
     if staged.exists():
@@ -438,16 +470,18 @@ def _record(
         seconds += verdict.get("seconds", 0.0)
         busy |= any(t.get("busy") for t in verdict.get("tests", {}).values())
         nbformat.write(nbformat.from_dict(verdict["normalized"]), staged / f"{nb.name}.ipynb")
-    by_hand = _hand_graded(root, api.coursedir.db_url, plan, student)
-    outcome = api.autograde(plan.assignment, student, force=True, create=True)
-    if outcome.get("success"):
-        _keep_hand_grading_status(root, api.coursedir.db_url, plan, student, by_hand)
+    with timed(stages, "record"):
+        by_hand = _hand_graded(root, api.coursedir.db_url, plan, student)
+        outcome = api.autograde(plan.assignment, student, force=True, create=True)
+        if outcome.get("success"):
+            _keep_hand_grading_status(root, api.coursedir.db_url, plan, student, by_hand)
     error = None
     if not outcome.get("success"):
         error = course.last_line(outcome.get("error") or outcome.get("log") or "unknown error")
         log.warning("nbgrader could not record %s: %s", student, error)
     elif feedback:
-        failed = write_feedback(root, api, plan.assignment, student)
+        with timed(stages, "feedback"):
+            failed = write_feedback(root, api, plan.assignment, student)
         if failed:
             log.warning("feedback for %s failed: %s", student, failed)
     with Gradebook(api.coursedir.db_url) as gb:
@@ -458,4 +492,4 @@ def _record(
             score = 0.0
     if busy and error is None:  # recorded, but some part is not graded yet: the instructor runs it again
         error = "the grading machine was too busy to time some checks; run coursekit autograde again"
-    return Result(student, float(score), float(max_score), notes, error, cached, seconds)
+    return Result(student, float(score), float(max_score), notes, error, cached, seconds, stages)

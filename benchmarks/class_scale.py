@@ -1,0 +1,347 @@
+"""A whole class graded end to end at every ``--jobs``: is every grade right, and what does not scale?
+
+    .venv/bin/python benchmarks/class_scale.py                 # 200 students of Exercise 1, --jobs 1..cores
+    .venv/bin/python benchmarks/class_scale.py --quick         # 20 students
+    .venv/bin/python benchmarks/class_scale.py --students 500 --jobs 1 2 4 --json out.json
+
+The class is drawn with a fixed seed (:func:`draw_class`) from what students really hand in: full
+marks, one or two of the catalogued mistakes (``tests/mutants/``), half-finished, untouched, broken
+JSON, a notebook under another name in a folder, and hostile cases of ``tests/adversarial.py``. The
+expected grade of each student follows from the catalogue: the same graders run in this process, with
+the course's secret, on the student's answers (:func:`expected_score`); a hostile case's is written
+beside it in ``tests/adversarial.py``.
+
+Each ``--jobs`` runs the whole cycle in a process of its own, on a fresh copy of the course (the same
+secret): collect, grade, record, feedback (one task per student, ``coursekit.autograde.batch``), the
+class report and the export. It reports per stage the wall and CPU seconds per student, the serial
+fraction (Amdahl's, fitted to the wall times of the runs), the projected time for 1,000 and 10,000
+students on 16 and 64 cores, and, last,
+``class of N: graded as expected K/N; serial fraction F; cores busy U at --jobs C``
+(U: the CPU seconds of every process of the run over cores x wall seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ASSIGNMENT = "ch01_attention"
+#: hostile cases of tests/adversarial.py that need nothing but the course folder (no listener) and
+#: finish quickly (a case that runs into a time limit measures the limit, not the grader)
+HOSTILE = (
+    "invalid_json",
+    "not_a_notebook",
+    "os_exit_in_answer",
+    "patch_torch_checkers",
+    "lying_tensor_subclass",
+    "nan_output",
+    "hard_coded_public_answers",
+    "answer_deleted",
+)
+#: how the class is drawn: kind -> share of the students
+KINDS = {
+    "full": 0.30,
+    "one_mistake": 0.25,
+    "two_mistakes": 0.12,
+    "half_finished": 0.10,
+    "untouched": 0.05,
+    "broken_json": 0.05,
+    "renamed": 0.08,
+    "hostile": 0.05,
+}
+STAGES = ("collect", "grade", "record", "feedback", "report", "export")
+
+
+@dataclass(frozen=True)
+class Student:
+    name: str
+    kind: str
+    detail: str  # the mistakes, the parts answered, the hostile case
+    expected: float
+    data: bytes  # the notebook file's bytes
+    filename: str | None = None  # a folder's notebook under this name; None: inbox/<name>.ipynb
+
+
+def expected_score(assignment: str, nb, secret: bytes) -> float:
+    """The autograded points ``nb`` earns, graded in this process by the same graders (no sandbox, no
+    nbgrader) with the course's ``secret`` and credit policy: what the class run must give."""
+    from coursekit.autograde.credit import Credit
+    from coursekit.course import nbgrader_api
+    from coursekit.grading import core, harness
+
+    answers = {
+        c.metadata["nbgrader"]["grade_id"]: c.source
+        for c in nb.cells
+        if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"
+    }
+    credit = Credit.from_config(nbgrader_api(ROOT).config)
+    token = core.SECRET.set(secret)
+    try:
+        ns = harness.namespace(assignment, answers, release=True)
+        total = 0.0
+        for part in harness.parts(assignment):
+            for outcome in harness.run_tests(part, ns):
+                points = outcome.test.points
+                total += points if outcome.failure is None else credit.score(points, list(outcome.clauses))
+        return total
+    finally:
+        core.SECRET.reset(token)
+
+
+def draw_class(
+    n: int, seed: int, course: Path, assignment: str = ASSIGNMENT, *, scored: bool = True
+) -> list[Student]:
+    """``n`` students drawn with ``seed`` (see the module's docstring), graded in advance by
+    :func:`expected_score` with the secret of ``course`` (unless not ``scored``: their expected
+    scores are then NaN)."""
+    import importlib
+
+    import nbformat
+
+    from coursekit.autograde.plan import course_secret
+    from coursekit.grading import harness
+    from tests import adversarial
+    from tests.submissions import ROOT as REPO
+    from tests.submissions import filled, load, replace_definition
+
+    rng = random.Random(seed)
+    secret = course_secret(course)
+    reference = filled(assignment)
+    release = load(REPO / "exercises" / assignment / f"{assignment}.ipynb")
+    mutants = importlib.import_module(f"tests.mutants.{assignment}").MUTANTS
+    parts = harness.parts(assignment)
+    hostile = {c.name: c for c in adversarial.CASES if c.name in HOSTILE}
+    ctx = adversarial.Context(course=str(course), port=9, secret="not-a-secret")
+    kinds = rng.choices(list(KINDS), weights=list(KINDS.values()), k=n)
+    cache: dict[str, float] = {}  # a notebook's text -> its expected score (many students coincide)
+
+    def scored(nb) -> tuple[float, bytes]:
+        text = nbformat.writes(nb)
+        if text not in cache:
+            cache[text] = expected_score(assignment, nb, secret) if scored else float("nan")
+        return cache[text], text.encode()
+
+    students = []
+    for i, kind in enumerate(kinds):
+        name = f"s{i:04d}_{kind}"
+        filename = None
+        if kind in ("full", "renamed"):
+            nb, detail = reference, "the instructor's answers"
+            filename = "my attempt.ipynb" if kind == "renamed" else None
+        elif kind in ("one_mistake", "two_mistakes"):
+            chosen = []
+            for m in rng.sample(mutants, len(mutants)):
+                if all(m.part != c.part and m.target != c.target for c in chosen):
+                    chosen.append(m)
+                if len(chosen) == (1 if kind == "one_mistake" else 2):
+                    break
+            nb = reference
+            for m in chosen:
+                nb = replace_definition(nb, m.target, m.source)
+            detail = " + ".join(m.name for m in chosen)
+        elif kind == "half_finished":
+            k = rng.randrange(1, len(parts))
+            nb = release
+            for part in parts[:k]:
+                try:
+                    nb = replace_definition(nb, part.name, part.source)
+                except KeyError:  # a written answer: no definition to fill in
+                    pass
+            detail = f"the first {k} of {len(parts)} parts answered"
+        elif kind == "untouched":
+            nb, detail = release, "the release as it was handed out"
+        if kind == "broken_json":
+            data, expected, detail = (
+                nbformat.writes(reference).encode()[: rng.randrange(100, 5000)],
+                0.0,
+                "cut",
+            )
+        elif kind == "hostile":
+            case = hostile[rng.choice(sorted(hostile))]
+            made = case.make(ctx)
+            data = made if isinstance(made, bytes) else nbformat.writes(made).encode()
+            expected, detail = float(case.expected), case.name
+        else:
+            expected, data = scored(nb)
+        students.append(Student(name, kind, detail, expected, data, filename))
+    return students
+
+
+def write_inbox(students: list[Student], inbox: Path) -> None:
+    for s in students:
+        if s.filename is None:
+            (inbox / f"{s.name}.ipynb").write_bytes(s.data)
+        else:
+            (inbox / s.name).mkdir()
+            (inbox / s.name / s.filename).write_bytes(s.data)
+
+
+def _cpu_of_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def one_run(course: Path, jobs: int, assignment: str) -> dict:
+    """The whole cycle on ``course`` at ``jobs`` (in this process and its children): per stage, the
+    total wall and CPU seconds; per student, the score."""
+    from coursekit import exports, report
+    from coursekit.autograde import batch
+    from coursekit.autograde.record import timed
+    from coursekit.sandbox import Limits
+
+    totals: dict[str, list[float]] = {}
+    started = time.perf_counter()
+    collected = {}
+
+    def collect_timed(*args, **kwargs):
+        with timed(totals, "collect"):
+            found = collect(*args, **kwargs)
+        collected["n"] = len(found.students)
+        return found
+
+    from coursekit import inbox as inbox_module
+
+    collect, inbox_module.collect = inbox_module.collect, collect_timed
+    try:
+        _, results = batch.grade_inbox(course, assignment, course / "inbox", jobs=jobs, limits=Limits())
+    finally:
+        inbox_module.collect = collect
+    grading_wall = time.perf_counter() - started - totals["collect"][0]
+    with timed(totals, "report"):
+        report.write_report(course, assignment)
+    with timed(totals, "export"):
+        exports.export(course, course / "grades.csv")
+    for r in results:
+        for stage, (wall, cpu) in r.stages.items():
+            was = totals.get(stage, [0.0, 0.0])
+            totals[stage] = [was[0] + wall, was[1] + cpu]
+    return {
+        "jobs": jobs,
+        "wall": time.perf_counter() - started,
+        "grading_wall": grading_wall,
+        "stages": totals,
+        "scores": {r.student: r.score for r in results},
+        "errors": {r.student: r.error for r in results if r.error},
+    }
+
+
+def measure(template: Path, jobs: int, assignment: str, work: Path) -> dict:
+    """:func:`one_run` in a fresh process on a fresh copy of ``template``, with the CPU seconds of
+    that process and every process under it (all reaped when it exits)."""
+    course = work / f"jobs{jobs}"
+    shutil.copytree(template, course)
+    out = work / f"jobs{jobs}.json"
+    before = _cpu_of_children()
+    wall = time.perf_counter()
+    subprocess.run(
+        [sys.executable, __file__, "--one-run", str(course), "--jobs", str(jobs), "--assignment", assignment],
+        check=True,
+        stdout=open(out, "w"),  # noqa: SIM115 (closed when the process exits)
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"},
+    )
+    result = json.loads(out.read_text())
+    result["process_wall"] = time.perf_counter() - wall
+    result["cpu"] = _cpu_of_children() - before
+    return result
+
+
+def serial_fraction(runs: list[dict]) -> float:
+    """Amdahl's serial fraction s, fitted by least squares to T(j) = T(1) (s + (1 - s) / j) over the
+    runs' wall times (exact for two runs)."""
+    t1 = next(r["process_wall"] for r in runs if r["jobs"] == 1)
+    xs = [(1 - 1 / r["jobs"], r["process_wall"] / t1 - 1 / r["jobs"]) for r in runs if r["jobs"] > 1]
+    if not xs:
+        return float("nan")
+    return max(0.0, min(1.0, sum(x * y for x, y in xs) / sum(x * x for x, _ in xs)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--students", type=int, default=200)
+    ap.add_argument("--quick", action="store_true", help="20 students")
+    ap.add_argument("--jobs", type=int, nargs="+", help="default: 1 .. the machine's cores")
+    ap.add_argument("--assignment", default=ASSIGNMENT)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="also write the result as JSON to this file")
+    ap.add_argument("--one-run", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one_run:
+        print(json.dumps(one_run(Path(args.one_run), args.jobs[0], args.assignment)))
+        return 0
+    n = 20 if args.quick else args.students
+    cores = os.cpu_count() or 1
+    jobs = sorted(set(args.jobs or range(1, cores + 1)))
+    if 1 not in jobs:
+        jobs = [1, *jobs]
+    from tests.submissions import course_folder
+
+    with tempfile.TemporaryDirectory(prefix="coursekit-class-") as tmp:
+        work = Path(tmp)
+        template, inbox = course_folder(work, "template")
+        drawn = time.perf_counter()
+        students = draw_class(n, args.seed, template, args.assignment)
+        drawn = time.perf_counter() - drawn
+        write_inbox(students, inbox)
+        runs = [measure(template, j, args.assignment, work) for j in jobs]
+    expected = {s.name: s.expected for s in students}
+    for r in runs:
+        r["as_expected"] = sum(abs(r["scores"].get(s, -1) - e) < 1e-6 for s, e in expected.items())
+        r["wrong"] = {
+            s: [r["scores"].get(s), e] for s, e in expected.items() if abs(r["scores"].get(s, -1) - e) >= 1e-6
+        }
+        r["busy"] = r["cpu"] / (cores * r["process_wall"]) if r["process_wall"] else 0.0
+    s = serial_fraction(runs)
+    t1 = runs[0]["process_wall"] / n
+    projections = {
+        f"{students_} students on {c} cores": students_ * t1 * (s + (1 - s) / c)
+        for students_ in (1_000, 10_000)
+        for c in (16, 64)
+    }
+    result = {
+        "assignment": args.assignment,
+        "students": n,
+        "kinds": {k: sum(st.kind == k for st in students) for k in KINDS},
+        "seconds_to_draw_and_grade_in_process": drawn,
+        "runs": runs,
+        "serial_fraction": s,
+        "projected_seconds": projections,
+    }
+    last = runs[-1]
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{n} students of {args.assignment}: {result['kinds']}")
+    for r in runs:
+        print(
+            f"\n--jobs {r['jobs']}: {r['process_wall']:.1f} s wall, {r['cpu']:.1f} s CPU, busy {r['busy']:.0%}"
+        )
+        print(f"  {'stage':<9} {'wall s/student':>15} {'CPU s/student':>14}")
+        for stage in STAGES:
+            wall, cpu = r["stages"].get(stage, [0.0, 0.0])
+            print(f"  {stage:<9} {wall / n:>15.3f} {cpu / n:>14.3f}")
+        for student, (got, want) in list(r["wrong"].items())[:10]:
+            print(f"  NOT AS EXPECTED {student}: {got} (expected {want})")
+    print(f"\nserial fraction (Amdahl, fitted to the wall times): {s:.3f}")
+    for what, seconds in projections.items():
+        print(f"projected: {what}: {seconds / 60:.0f} min")
+    print(
+        f"class of {n}: graded as expected {last['as_expected']}/{n}; serial fraction {s:.3f}; "
+        f"cores busy {last['busy']:.0%} at --jobs {last['jobs']}"
+    )
+    return 0 if all(r["as_expected"] == n for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
