@@ -49,6 +49,7 @@ LATE = {
     "test_autograde_chapters.py": 1,
     "test_load.py": 1,  # loads both cores on purpose: not beside the book build's page cells
     "test_term.py": 1,
+    "test_cluster.py": 1,  # a Dask scheduler, two workers and a one-process run: both cores
     "test_book.py": 2,
     "test_accessibility.py": 2,  # reads the built book too: first in file order, it waited 5 min for the build
 }
