@@ -267,7 +267,9 @@ def write_report(root: Path, assignment: str) -> Path:
         f"src='data:image/png;base64,{per_part}'><figcaption>Each part: passed (full points), failed, or not "
         "answered (still as released).</figcaption></figure>",
         "<h2>Most common failed checks</h2><p>Counted among the students who answered the part; the last column says "
-        "how many left it unanswered.</p><div class='wide'><table><tr><th>part</th><th>check</th><th>hint shown</th>"
+        "how many left it unanswered.</p>"
+        "<div class='wide' tabindex='0' role='region' aria-label='Most common failed checks'>"
+        "<table><tr><th>part</th><th>check</th><th>hint shown</th>"
         "<th>failed / answered</th><th>unanswered</th></tr>",
         *(
             f"<tr><td>{e(titles[i])}</td><td>{e(check)}</td><td>{e(hint)}</td><td class='num'>{n} / {answered[i]}</td>"
@@ -281,7 +283,8 @@ def write_report(root: Path, assignment: str) -> Path:
         "rules out; <em>near-identical</em>: two students' answers with the same tokens once "
         "comments, layout and local names are set aside.</p>",
         (
-            "<div class='wide'><table><tr><th>signal</th><th>students</th><th>part</th><th>seen</th></tr>"
+            "<div class='wide' tabindex='0' role='region' aria-label='Integrity signals'>"
+            "<table><tr><th>signal</th><th>students</th><th>part</th><th>seen</th></tr>"
             + "".join(
                 f"<tr><td>{e(f.kind)}</td><td>{e(', '.join(f.students))}</td><td>{e(f.part)}</td>"
                 f"<td>{e(f.detail)}</td></tr>"
@@ -292,8 +295,8 @@ def write_report(root: Path, assignment: str) -> Path:
             else "<p>None.</p>"
         ),
         (
-            "<h2>Students</h2><div "
-            f"class='wide'><table><tr><th>student</th><th>score</th>{part_cells}<th>waiting for a hand "
+            "<h2>Students</h2><div class='wide' tabindex='0' role='region' aria-label='Students' "
+            f"><table><tr><th>student</th><th>score</th>{part_cells}<th>waiting for a hand "
             "grade</th><th>autograder notes</th></tr>"
         ),
         *(
