@@ -213,6 +213,7 @@ def _state(run: Run) -> dict:
     ident = threading.get_ident()
     state = _STATES.get(ident)
     if state is None or state["run"] != run:
+        serialise_ast_parsing()  # a Dask worker given several threads grades in them at once
         _close_state(ident)
         import multiprocessing.util
 
