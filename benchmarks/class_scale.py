@@ -11,13 +11,16 @@ expected grade of each student follows from the catalogue: the same graders run 
 the course's secret, on the student's answers (:func:`expected_score`); a hostile case's is written
 beside it in ``tests/adversarial.py``.
 
-Each ``--jobs`` runs the whole cycle in a process of its own, on a fresh copy of the course (the same
-secret): collect, grade, record, feedback (one task per student, ``coursekit.autograde.batch``), the
-class report and the export. It reports per stage the wall and CPU seconds per student, the serial
-fraction (Amdahl's, fitted to the wall times of the runs), the projected time for 1,000 and 10,000
-students on 16 and 64 cores, and, last,
+Each ``--jobs C`` runs the whole cycle in a process of its own, confined to C cores of this machine
+(``--jobs 1``: one core, sandbox included), on a fresh copy of the course (the same secret):
+collect, grade, record, feedback (one task per student, ``coursekit.autograde.batch``), the class
+report and the export. It reports per stage the wall and CPU seconds per student (``sandbox``: what
+ran in the sandbox while the student was graded, the student's code and the checks), the serial
+fraction (Amdahl's, fitted to the wall times of the runs on 1, 2, ... cores), the projected time for
+1,000 and 10,000 students on 16 and 64 cores, and, last,
 ``class of N: graded as expected K/N; serial fraction F; cores busy U at --jobs C``
-(U: the CPU seconds of every process of the run over cores x wall seconds).
+(U: the CPU seconds of every process of the run, sandboxes included, over C x wall seconds; the
+cores' own counters, printed beside, check that sum on a quiet machine).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ KINDS = {
     "renamed": 0.08,
     "hostile": 0.05,
 }
-STAGES = ("collect", "grade", "record", "feedback", "report", "export")
+STAGES = ("collect", "grade", "sandbox", "record", "feedback", "report", "export")
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,19 @@ def write_inbox(students: list[Student], inbox: Path) -> None:
             (inbox / s.name / s.filename).write_bytes(s.data)
 
 
+def _cores_busy(cores: list[int]) -> float:
+    """Seconds the CPUs ``cores`` have spent on anything but idling, from the kernel's counters
+    (``/proc/stat``): every process on them, the run's and any other."""
+    ticks = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+                user, nice, system, idle, iowait = (int(x) for x in fields[:5])
+                ticks += sum(int(x) for x in fields[:8]) - idle - iowait
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_of_children() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -239,30 +255,37 @@ def one_run(course: Path, jobs: int, assignment: str) -> dict:
 
 
 def measure(template: Path, jobs: int, assignment: str, work: Path) -> dict:
-    """:func:`one_run` in a fresh process on a fresh copy of ``template``, with the CPU seconds of
-    that process and every process under it (all reaped when it exits)."""
+    """:func:`one_run` in a fresh process on a fresh copy of ``template``, confined to ``jobs`` of
+    this machine's cores (it and every process it starts), with the CPU seconds of every process of
+    the run: those the run's processes report when they are reaped, plus those of the sandboxes,
+    which bubblewrap's PID namespace hides from them (each task reads them, see
+    :meth:`coursekit.sandbox.Worker.cpu_seconds`). The cores' own counters check the sum."""
     course = work / f"jobs{jobs}"
     shutil.copytree(template, course)
     out = work / f"jobs{jobs}.json"
-    before = _cpu_of_children()
+    cores = sorted(os.sched_getaffinity(0))[:jobs]
+    before, busy = _cpu_of_children(), _cores_busy(cores)
     wall = time.perf_counter()
     subprocess.run(
         [sys.executable, __file__, "--one-run", str(course), "--jobs", str(jobs), "--assignment", assignment],
         check=True,
         stdout=open(out, "w"),  # noqa: SIM115 (closed when the process exits)
         env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"},
+        preexec_fn=lambda: os.sched_setaffinity(0, cores),
     )
     result = json.loads(out.read_text())
     result["process_wall"] = time.perf_counter() - wall
-    result["cpu"] = _cpu_of_children() - before
+    result["cores"] = len(cores)
+    result["cpu"] = _cpu_of_children() - before + result["stages"].get("sandbox", [0.0, 0.0])[1]
+    result["cores_counted_cpu"] = _cores_busy(cores) - busy
     return result
 
 
 def serial_fraction(runs: list[dict]) -> float:
-    """Amdahl's serial fraction s, fitted by least squares to T(j) = T(1) (s + (1 - s) / j) over the
-    runs' wall times (exact for two runs)."""
-    t1 = next(r["process_wall"] for r in runs if r["jobs"] == 1)
-    xs = [(1 - 1 / r["jobs"], r["process_wall"] / t1 - 1 / r["jobs"]) for r in runs if r["jobs"] > 1]
+    """Amdahl's serial fraction s, fitted by least squares to T(c) = T(1) (s + (1 - s) / c) over the
+    runs' wall times, each run on c cores (exact for two runs)."""
+    t1 = next(r["process_wall"] for r in runs if r["cores"] == 1)
+    xs = [(1 - 1 / r["cores"], r["process_wall"] / t1 - 1 / r["cores"]) for r in runs if r["cores"] > 1]
     if not xs:
         return float("nan")
     return max(0.0, min(1.0, sum(x * y for x, y in xs) / sum(x * x for x, _ in xs)))
@@ -272,7 +295,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--students", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="20 students")
-    ap.add_argument("--jobs", type=int, nargs="+", help="default: 1 .. the machine's cores")
+    ap.add_argument(
+        "--jobs", type=int, nargs="+", help="default: 1 .. the machine's cores (each run on as many)"
+    )
     ap.add_argument("--assignment", default=ASSIGNMENT)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the result as JSON to this file")
@@ -282,7 +307,7 @@ def main() -> int:
         print(json.dumps(one_run(Path(args.one_run), args.jobs[0], args.assignment)))
         return 0
     n = 20 if args.quick else args.students
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))
     jobs = sorted(set(args.jobs or range(1, cores + 1)))
     if 1 not in jobs:
         jobs = [1, *jobs]
@@ -302,7 +327,7 @@ def main() -> int:
         r["wrong"] = {
             s: [r["scores"].get(s), e] for s, e in expected.items() if abs(r["scores"].get(s, -1) - e) >= 1e-6
         }
-        r["busy"] = r["cpu"] / (cores * r["process_wall"]) if r["process_wall"] else 0.0
+        r["busy"] = r["cpu"] / (r["cores"] * r["process_wall"]) if r["process_wall"] else 0.0
     s = serial_fraction(runs)
     t1 = runs[0]["process_wall"] / n
     projections = {
@@ -325,12 +350,14 @@ def main() -> int:
     print(f"{n} students of {args.assignment}: {result['kinds']}")
     for r in runs:
         print(
-            f"\n--jobs {r['jobs']}: {r['process_wall']:.1f} s wall, {r['cpu']:.1f} s CPU, busy {r['busy']:.0%}"
+            f"\n--jobs {r['jobs']} on {r['cores']} core(s): {r['process_wall']:.1f} s wall, {r['cpu']:.1f} s CPU "
+            f"(the cores' counters: {r['cores_counted_cpu']:.1f} s), busy {r['busy']:.0%}"
         )
         print(f"  {'stage':<9} {'wall s/student':>15} {'CPU s/student':>14}")
         for stage in STAGES:
             wall, cpu = r["stages"].get(stage, [0.0, 0.0])
-            print(f"  {stage:<9} {wall / n:>15.3f} {cpu / n:>14.3f}")
+            shown = f"{wall / n:>15.3f}" if stage != "sandbox" else f"{'(in grade)':>15}"
+            print(f"  {stage:<9} {shown} {cpu / n:>14.3f}")
         for student, (got, want) in list(r["wrong"].items())[:10]:
             print(f"  NOT AS EXPECTED {student}: {got} (expected {want})")
     print(f"\nserial fraction (Amdahl, fitted to the wall times): {s:.3f}")

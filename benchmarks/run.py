@@ -145,6 +145,23 @@ def _book(r: dict) -> list[tuple[str, str]]:
     ]
 
 
+def _class_scale(r: dict) -> list[tuple[str, str]]:
+    n, last = r["students"], r["runs"][-1]
+    first = r["runs"][0]
+    rows = [
+        (f"class of {n}: graded as expected", f"{last['as_expected']}/{n} at --jobs {last['jobs']}"),
+        (
+            f"class of {n}: wall time on 1 core / on {last['cores']} (--jobs {last['jobs']})",
+            f"{first['process_wall']:.0f} s / {last['process_wall']:.0f} s = "
+            f"{first['process_wall'] / last['process_wall']:.2f}x",
+        ),
+        ("class: serial fraction (Amdahl, fitted)", f"{r['serial_fraction']:.3f}"),
+        (f"class: cores busy at --jobs {last['jobs']} (sandboxes included)", f"{last['busy']:.0%}"),
+    ]
+    rows += [(f"class: projected, {what}", f"{s / 60:.0f} min") for what, s in r["projected_seconds"].items()]
+    return rows
+
+
 #: name -> (script, extra arguments of the full mode, summary of its JSON)
 BENCHMARKS = {
     "attention": ("attention.py", [], _attention),
@@ -154,6 +171,7 @@ BENCHMARKS = {
     "training": ("gpt_char.py", ["--threads", "1"], _training),
     "grading": ("grading.py", [], _grading),
     "book": ("book.py", [], _book),
+    "class_scale": ("class_scale.py", [], _class_scale),
 }
 
 

@@ -175,6 +175,40 @@ def test_worker_runs_cells_and_checks(kind):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_worker_counts_the_cpu_seconds_of_its_processes(kind):
+    """What the class benchmark adds to its own CPU time: a notebook's cell and a check process
+    forked from it, both computing. Where bubblewrap hides them (a PID namespace), the host's usage
+    of its children never sees those seconds."""
+    import resource
+
+    def children() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    spin = (
+        "import time\ndef spin(s):\n    t = time.process_time()\n"
+        "    while time.process_time() - t < s:\n        pass"
+    )
+    reaped = children()
+    with Worker(kind, Limits(cell_seconds=5, check_seconds=5)) as worker:
+        session = worker.session()
+        before = worker.cpu_seconds()
+        session.run_cell(spin + "\nspin(0.6)", "spin", time.monotonic() + 30)
+        session.begin_check("spin")
+        session.remote("spin")(0.6)
+        session.end_check()
+        used = worker.cpu_seconds() - before
+        assert 1.1 <= used < 3.0, used  # 1.2 s, in clock ticks
+        session.close()
+    assert worker.cpu_seconds() == 0.0  # stopped: nothing left to read
+    if kind == "bwrap":  # stopped and reaped, and still none of it reached this process
+        assert children() - reaped < 0.5
+    else:  # the template was this process's own child: its seconds arrive when it is reaped
+        assert children() - reaped >= 1.2
+
+
+@pytest.mark.slow
 def test_bubblewrap_hides_the_course_and_the_network():
     if not bubblewrap_works():
         pytest.skip("bubblewrap is not available here")

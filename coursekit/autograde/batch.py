@@ -240,8 +240,14 @@ def grade_and_record(run: Run, student: str, key: str, cached: bool) -> Result:
                 if worker is not None:
                     worker.close()
                 worker = state["worker"] = Worker(run.sandbox, run.limits, preload=preload_modules(run.plan))
+                state["sandbox_cpu"] = 0.0  # its start (Python, torch, the preloaded modules) counts too
             with timed(stages, "grade"):
                 _grade_student(worker, run.root, run.plan, student, run.limits, run.verdicts)
+            # what the student's code and the checks computed in the sandbox, which the grade stage's
+            # own CPU seconds cannot see (wall seconds: none of its own, they are the grade stage's)
+            used = worker.cpu_seconds()
+            stages["sandbox"] = [0.0, max(0.0, used - state["sandbox_cpu"])]
+            state["sandbox_cpu"] = used
         except Exception as e:  # the sandbox itself failed: record nothing, start a fresh one, go on
             log.exception("grading %s failed", student)
             if state["worker"] is not None:

@@ -56,7 +56,8 @@ class Result:
     cached: bool = False
     seconds: float = 0.0
     #: stage ("grade", "record", "feedback") -> [wall seconds, CPU seconds of the process and of the
-    #: children it reaped]: what the class benchmark adds up (benchmarks/class_scale.py)
+    #: children it reaped], and "sandbox" -> [0, CPU seconds of the sandbox's processes while this
+    #: student was graded]: what the class benchmark adds up (benchmarks/class_scale.py)
     stages: dict = field(default_factory=dict)
 
 

@@ -474,6 +474,24 @@ def _process_start(pid: int) -> str | None:
     return stat[stat.rindex(")") + 2 :].split()[19]  # the name may hold spaces and brackets
 
 
+def _process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, CPU clock ticks of the process and of the children it waited for), for
+    every process this side can see."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                data = f.read()
+            fields = data[data.rindex(b")") + 2 :].split()
+            # fields 4 and 14 to 17 of /proc/PID/stat: ppid; utime, stime, cutime, cstime
+            table[int(entry.name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+    return table
+
+
 def sweep_stale_host_dirs(parent: str | None = None) -> list[str]:
     """Remove the host folders of workers whose owning process has ended without closing them (a run
     killed with SIGKILL leaves one behind in the temporary folder). A folder is removed only when its
@@ -606,6 +624,21 @@ class Worker:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU seconds used so far by the processes of this sandbox that are still
+        running, and by every process they waited for (read from this side, in ``/proc``).
+
+        Resource usage of children does not see them: bubblewrap's PID namespace keeps the CPU time
+        of everything inside from reaching this process, however long it computed. A benchmark adds
+        this to its own. ``0.0`` once the sandbox has stopped."""
+        stats = _process_table()
+        tree, grew = {self.proc.pid}, True
+        while grew:
+            more = {pid for pid, (parent, _) in stats.items() if parent in tree} - tree
+            tree |= more
+            grew = bool(more)
+        return sum(stats[pid][1] for pid in tree if pid in stats) / os.sysconf("SC_CLK_TCK")
 
     def healthy(self, timeout: float = 5.0) -> bool:
         """True when the template is running and answers a status request within ``timeout`` s."""
