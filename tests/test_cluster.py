@@ -16,8 +16,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ from nbgrader.api import Gradebook
 
 from benchmarks.class_scale import draw_class, write_inbox
 from coursekit import cli
+from tests.dask_cluster import dask_cluster
 from tests.postgres import postgres_course, postgres_server
 from tests.submissions import course_folder
 
@@ -34,29 +33,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.bubblewrap]
 
 ASSIGNMENT = "ch01_attention"
 STUDENTS = 40
-BIN = Path(sys.executable).parent
-
-
-def _start(command: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.Popen(
-        command,
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,  # noqa: SIM115
-    )
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """End the process and everything it started (its own session)."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def _grades(url: str) -> dict:
@@ -93,63 +69,36 @@ def test_a_class_graded_on_dask_with_a_worker_killed_equals_a_one_process_run(tm
         (local_root / ".coursekit").mkdir()
         shutil.copy(cluster_root / ".coursekit" / "secret", local_root / ".coursekit" / "secret")
 
-        scheduler_file = tmp_path / "scheduler.json"
-        scheduler = _start(
-            ["dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-             "--scheduler-file", str(scheduler_file)],
-            tmp_path / "scheduler.log",
-        )  # fmt: skip
-        workers = []
-        try:
-            deadline = time.monotonic() + 60
-            while not scheduler_file.exists() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            import json
+        from distributed import Client
 
-            address = json.loads(scheduler_file.read_text())["address"]
-            assert address.startswith("tcp://127.0.0.1:"), address
-            for i in range(2):
-                workers.append(
-                    _start(
-                        ["coursekit", "worker", address, "--nworkers", "1",
-                         f"--dask-args=--host 127.0.0.1 --no-dashboard --name w{i}"],
-                        tmp_path / f"worker{i}.log",
-                    )
-                )  # fmt: skip
-            from distributed import Client
+        with dask_cluster(tmp_path, workers=2) as (address, _), Client(address, timeout="30s") as client:
+            pids = client.run(os.getpid)  # worker address -> the pid of its process
+            killed = {}
 
-            with Client(address, timeout="30s") as client:
-                client.wait_for_workers(2, timeout=120)
-                pids = client.run(os.getpid)  # worker address -> the pid of its process
-                killed = {}
+            def kill_one_mid_student():
+                """Once a few students are graded, SIGKILL a worker process busy with a student (an
+                exception here fails the test below: nothing was killed)."""
+                verdicts = cluster_root / ".coursekit" / "verdicts" / ASSIGNMENT
+                end = time.monotonic() + 600
+                while time.monotonic() < end and "pid" not in killed:
+                    done = len(list(verdicts.glob("*/*.json"))) if verdicts.exists() else 0
+                    busy = {w: tasks for w, tasks in client.processing().items() if tasks}
+                    if done >= 4 and busy:
+                        worker, tasks = next(iter(busy.items()))
+                        pid = pids[worker]
+                        os.kill(pid, signal.SIGKILL)
+                        killed.update(pid=pid, worker=worker, task=tasks[0])
+                    time.sleep(0.2)
 
-                def kill_one_mid_student():
-                    """Once a few students are graded, SIGKILL a worker process busy with a student (an
-                    exception here fails the test below: nothing was killed)."""
-                    verdicts = cluster_root / ".coursekit" / "verdicts" / ASSIGNMENT
-                    end = time.monotonic() + 600
-                    while time.monotonic() < end and "pid" not in killed:
-                        done = len(list(verdicts.glob("*/*.json"))) if verdicts.exists() else 0
-                        busy = {w: tasks for w, tasks in client.processing().items() if tasks}
-                        if done >= 4 and busy:
-                            worker, tasks = next(iter(busy.items()))
-                            pid = pids[worker]
-                            os.kill(pid, signal.SIGKILL)
-                            killed.update(pid=pid, worker=worker, task=tasks[0])
-                        time.sleep(0.2)
-
-                killer = threading.Thread(target=kill_one_mid_student, daemon=True)
-                killer.start()
-                argv = ["--course", str(cluster_root), "autograde", str(inbox), "--assignment", ASSIGNMENT,
-                        "--scheduler", address]  # fmt: skip
-                assert cli.main(argv) == 0
-                killer.join(timeout=5)
-                assert "pid" in killed, "no worker was killed mid-student: the test did not test recovery"
-                client.wait_for_workers(2, timeout=120)  # the nanny replaced the killed worker
-                assert killed["worker"] not in client.scheduler_info()["workers"]
-        finally:
-            for process in [*workers, scheduler]:
-                _stop(process)
+            killer = threading.Thread(target=kill_one_mid_student, daemon=True)
+            killer.start()
+            argv = ["--course", str(cluster_root), "autograde", str(inbox), "--assignment", ASSIGNMENT,
+                    "--scheduler", address]  # fmt: skip
+            assert cli.main(argv) == 0
+            killer.join(timeout=5)
+            assert "pid" in killed, "no worker was killed mid-student: the test did not test recovery"
+            client.wait_for_workers(2, timeout=120)  # the nanny replaced the killed worker
+            assert killed["worker"] not in client.scheduler_info()["workers"]
 
         for entry in inbox.iterdir():
             (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, local_inbox / entry.name)

@@ -1,11 +1,13 @@
 """One week of a term, scripted end to end as an instructor lives it.
 
 Release -> five students (full marks; one catalogued mistake in each kind of part; half-finished;
-the untouched release; one who hands in nothing) -> ``coursekit autograde`` -> hand grades and
-comments through the formgrader's HTTP interface (``coursekit formgrader``) -> the LMS export
-refused while a hand grade is pending, written with a warning when the instructor insists -> a
-``--fresh`` re-run -> feedback pages, the class report, ``grades.csv`` and the Canvas and Moodle
-files checked for every student: scores, statuses, comments, warnings, and no spurious note.
+the untouched release; one who hands in nothing) -> ``coursekit autograde`` on a Dask cluster of
+two ``coursekit worker`` processes (README: "Large classes"; ``--jobs`` is tested elsewhere) ->
+hand grades and comments through the formgrader's HTTP interface (``coursekit formgrader``) -> the
+LMS export refused while a hand grade is pending, written with a warning when the instructor
+insists -> a ``--fresh`` re-run on the cluster -> feedback pages, the class report, ``grades.csv``
+and the Canvas and Moodle files checked for every student: scores, statuses, comments, warnings,
+and no spurious note.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from nbgrader.api import Gradebook
 
 from coursekit import cli
 from coursekit.grading import harness
+from tests.dask_cluster import dask_cluster
+from tests.postgres import postgres_course, postgres_server
 from tests.submissions import (
     ROOT,
-    course_folder,
     filled,
     load,
     points,
@@ -73,8 +76,17 @@ def half_finished(reference):
 
 
 @pytest.fixture(scope="module")
-def term(tmp_path_factory):
-    root, inbox = course_folder(tmp_path_factory.mktemp("term"))
+def cluster(tmp_path_factory):
+    """``(the Dask scheduler's address, the gradebook's URL)``: every autograde run of the term grades
+    on the cluster's two workers, into a throwaway PostgreSQL gradebook they all write to."""
+    with postgres_server() as pg, dask_cluster(tmp_path_factory.mktemp("dask"), workers=2) as (address, _):
+        yield address, pg.create_database("term")
+
+
+@pytest.fixture(scope="module")
+def term(tmp_path_factory, cluster):
+    address, url = cluster
+    root, inbox = postgres_course(tmp_path_factory.mktemp("term"), url)
     shutil.copy(ROOT / "_config.yml", root)
     shutil.copytree(ROOT / "_vendor" / "mathjax", root / "_vendor" / "mathjax")  # make mathjax
     reference = filled(ASSIGNMENT)
@@ -83,13 +95,13 @@ def term(tmp_path_factory):
     nbformat.write(buggy, inbox / "buggy.ipynb")
     nbformat.write(half_finished(reference), inbox / "half.ipynb")
     nbformat.write(load(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"), inbox / "untouched.ipynb")
-    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:  # the roster, "absent" hands in nothing
+    with Gradebook(url) as gb:  # the roster, "absent" hands in nothing
         for student in ("full", "buggy", "half", "untouched", "absent"):
             gb.add_student(
                 student, first_name=FORMULA if student == "buggy" else student.title(), last_name="Doe"
             )
-    argv = ["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--jobs", "2"]
-    assert cli.main(argv) == 0
+    argv = ["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT]
+    assert cli.main([*argv, "--scheduler", address]) == 0
     return root, inbox, mistakes
 
 
@@ -132,9 +144,10 @@ def hand_grade(session, base, student, score, comment):
     assert reply.status_code == 200, reply.text
 
 
-def test_a_term(term, grader):
+def test_a_term(term, grader, cluster):
     root, inbox, mistakes = term
     session, base, _ = grader
+    address, url = cluster
 
     # 1. autograded: scores, statuses, no spurious note
     rows = grades_csv(root)
@@ -154,13 +167,12 @@ def test_a_term(term, grader):
     hand_grade(session, base, "buggy", MANUAL / 2, "Half right: <b>heads</b> share the width.")
 
     # 3. a fresh re-run keeps the hand grades, their comments and their status
-    assert (
-        cli.main(["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--fresh"]) == 0
-    )
+    argv = ["--course", str(root), "autograde", str(inbox), "--assignment", ASSIGNMENT, "--fresh"]
+    assert cli.main([*argv, "--scheduler", address]) == 0
     rows = grades_csv(root)
     assert float(rows["full"]["score"]) == AUTO + MANUAL and rows["full"]["status"] == "graded"
     assert rows["buggy"]["status"] == "graded" and rows["buggy"]["pending_hand_grades"] == "0"
-    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
+    with Gradebook(url) as gb:
         written = gb.find_grade(WRITTEN, ASSIGNMENT, ASSIGNMENT, "full")
         assert (written.manual_score, written.needs_manual_grade) == (MANUAL, False)
         comment = gb.find_comment(WRITTEN, ASSIGNMENT, ASSIGNMENT, "full")
@@ -200,11 +212,11 @@ def test_a_term(term, grader):
     assert not any(cell.startswith(("=", "+", "@")) for line in lines for cell in line)
 
 
-def test_an_export_with_pending_hand_grades_needs_the_instructors_word(term, tmp_path, capsys):
+def test_an_export_with_pending_hand_grades_needs_the_instructors_word(term, cluster, tmp_path, capsys):
     """While a hand grade is pending, ``export`` refuses and writes nothing; ``--allow-pending``
     writes and warns, naming who waits."""
     root, _, _ = term
-    with Gradebook(f"sqlite:///{root}/gradebook.db") as gb:
+    with Gradebook(cluster[1]) as gb:
         if not gb.find_submission(ASSIGNMENT, "half").needs_manual_grade:
             grade = gb.find_grade(WRITTEN, ASSIGNMENT, ASSIGNMENT, "half")
             grade.needs_manual_grade = True  # as nbgrader leaves a written answer nobody graded yet
