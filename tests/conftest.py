@@ -89,6 +89,21 @@ def pytest_collection_finish(session):
         book_build.start()
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The files that took longest (setup, call and teardown of their tests added up; with xdist,
+    each file runs whole in one process): what to split or trim when the suite grows."""
+    seconds: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                path = report.nodeid.split("::", 1)[0]
+                seconds[path] = seconds.get(path, 0.0) + report.duration
+    if seconds:
+        terminalreporter.write_sep("=", "slowest 12 files")
+        for path, total in sorted(seconds.items(), key=lambda kv: -kv[1])[:12]:
+            terminalreporter.write_line(f"{total:8.1f}s {path}")
+
+
 def pytest_sessionfinish(session, exitstatus):
     from tests import book_build
 
