@@ -269,3 +269,37 @@ def test_a_busy_machine_that_stops_a_notebook_run_again_for_a_check_is_the_machi
     session.dead_because, session.revive = "it used more than 1 GiB of memory", busy_revival
     with pytest.raises(MachineBusy, match=f"this check {BUSY}"):
         session.begin_check("after the notebook's process ended")
+
+
+def test_the_trusted_side_grades_on_one_torch_thread_and_gives_the_callers_back(monkeypatch):
+    """Several grading processes of one machine must not each spin a pool as wide as the machine.
+    torch's setting belongs to a thread: a grading thread's is its own, and the caller's comes back."""
+    import threading
+
+    import torch
+
+    from coursekit.autograde import grade
+
+    seen = {}
+
+    def fake(name, *_):
+        seen[name] = torch.get_num_threads()
+        if name == "first":  # while another thread grades, this one's setting is untouched
+            torch.set_num_threads(2)
+            grade.grade_notebook("second", None, None, {}, 0.0)
+            seen["first, after the second"] = torch.get_num_threads()
+        return {}
+
+    monkeypatch.setattr(grade, "_grade_notebook", fake)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grade.grade_notebook("first", None, None, {}, 0.0)
+        assert torch.get_num_threads() == 2  # the caller's setting is back
+        thread = threading.Thread(target=grade.grade_notebook, args=("in a thread", None, None, {}, 0.0))
+        thread.start()
+        thread.join(timeout=10)
+        assert seen == {"first": 1, "second": 1, "first, after the second": 2, "in a thread": 1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

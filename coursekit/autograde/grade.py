@@ -8,6 +8,7 @@ with its lines and hints, and the notes the student will read.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -32,6 +33,26 @@ __all__ = ["VERDICT_VERSION", "grade_notebook"]
 VERDICT_VERSION = 2  # 2: test results carry their clauses and partial scores
 
 
+@contextlib.contextmanager
+def one_torch_thread():
+    """Run the trusted side's torch on one thread while this thread grades a notebook.
+
+    The references a grader computes are tiny; more threads only spin, and several grading
+    processes of one machine (``--jobs``, Dask workers), each with a pool as wide as the machine,
+    fought over its cores: the trusted side of a student cost 17% more CPU on 2 cores than on 1
+    (benchmarks/class_scale.py). One thread also makes the references' rounding the same on every
+    machine, as it is in the sandbox. torch's setting (OpenMP's) belongs to the calling thread:
+    other grading threads of the process keep theirs, and the caller gets its own back."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 def grade_notebook(
     worker: Worker,
     plan: NotebookPlan,
@@ -43,7 +64,21 @@ def grade_notebook(
 ) -> dict:
     """Grade one notebook (``raw`` is ``None`` when it was not submitted); return its verdict.
     ``secret`` is mixed into the seed of every check (see :func:`course_secret`); ``credit`` says
-    how a test cell's points follow the checks it passed (see :mod:`coursekit.autograde.credit`)."""
+    how a test cell's points follow the checks it passed (see :mod:`coursekit.autograde.credit`).
+    The trusted side's torch runs on one thread meanwhile (:func:`one_torch_thread`)."""
+    with one_torch_thread():
+        return _grade_notebook(worker, plan, raw, files, deadline, secret, credit)
+
+
+def _grade_notebook(
+    worker: Worker,
+    plan: NotebookPlan,
+    raw: bytes | None,
+    files: dict[str, bytes],
+    deadline: float,
+    secret: bytes,
+    credit: Credit,
+) -> dict:
     started = time.monotonic()
     if raw is None:
         norm = normalize(b"", plan.release)
