@@ -155,7 +155,10 @@ def _class_scale(r: dict) -> list[tuple[str, str]]:
             f"{first['process_wall']:.0f} s / {last['process_wall']:.0f} s = "
             f"{first['process_wall'] / last['process_wall']:.2f}x",
         ),
-        ("class: serial fraction (Amdahl, fitted)", f"{r['serial_fraction']:.3f}"),
+        (
+            "class: serial fraction (Amdahl; fitted to the wall times / from the busy cores; the larger)",
+            f"{r['serial_fraction_walls']:.3f} / {r['serial_fraction_busy']:.3f}; {r['serial_fraction']:.3f}",
+        ),
         (f"class: cores busy at --jobs {last['jobs']} (sandboxes included)", f"{last['busy']:.0%}"),
     ]
     rows += [(f"class: projected, {what}", f"{s / 60:.0f} min") for what, s in r["projected_seconds"].items()]
