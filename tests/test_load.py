@@ -81,8 +81,8 @@ def test_a_check_is_timed_by_its_cpu_not_by_the_load_beside_it(kind):
         # A spin gets its 1.5 s of CPU before the 7.5 s cap where it gets a fifth of a core: 4
         # spinning processes per core are about that, and other programs on the machine (a book
         # build) can make it less: then the cap stops it, and the machine takes the blame.
-        if isinstance(spun.value, MachineBusy):
-            assert float(re.search(r"ran (\d+\.\d) s of CPU", str(spun.value))[1]) < 1.5
+        if isinstance(spun.value, MachineBusy):  # it had used less than its 1.5 s (printed to 0.1 s)
+            assert float(re.search(r"ran (\d+\.\d) s of CPU", str(spun.value))[1]) <= 1.5
         else:
             assert "did not finish within 1.5 s of CPU time (an endless loop?)" in str(spun.value)
         session.end_check()
