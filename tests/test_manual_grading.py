@@ -58,17 +58,12 @@ def test_generating_feedback_from_the_formgrader_takes_names_never_paths(tmp_pat
     assert not (root / "feedback").exists()
 
 
-def _kill_server_on(port: int) -> None:
-    """Kill the Jupyter server this test started on ``port`` (its command line names the port), if
-    it still runs."""
-    for entry in Path("/proc").iterdir():
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"jupyter_server" in b" ".join(args) and f"--ServerApp.port={port}".encode() in args:
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(entry.name), signal.SIGKILL)
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started that still run (its own ``/proc`` entry, no other process's)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
 
 
 @pytest.mark.slow  # starts a Jupyter server (seconds)
@@ -90,6 +85,7 @@ def test_the_command_serves_the_formgrader_on_loopback_with_a_token_until_ctrl_c
         text=True,
         env=jupyter_env(tmp_path / "jupyter"),
     )
+    servers: list[int] = []
     try:
         first = proc.stdout.readline()
         prefix = f"http://127.0.0.1:{port}/formgrader?token="
@@ -115,6 +111,7 @@ def test_the_command_serves_the_formgrader_on_loopback_with_a_token_until_ctrl_c
             status, headers={"Authorization": "token " + "0" * 32}, timeout=5, allow_redirects=False
         )
         assert wrong.status_code in (302, 403), wrong.status_code
+        servers = _children(proc.pid)  # the Jupyter server, a session of its own
         proc.send_signal(signal.SIGINT)
         # the command gives the server 10 s to shut down, then kills it; a loaded machine adds to that
         assert proc.wait(60) == 0
@@ -124,7 +121,9 @@ def test_the_command_serves_the_formgrader_on_loopback_with_a_token_until_ctrl_c
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        _kill_server_on(port)  # a command killed here never stopped its server (a session of its own)
+            for pid in servers:  # a command killed here never stopped its server
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

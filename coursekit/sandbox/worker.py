@@ -265,7 +265,10 @@ class Template:
             with open(os.path.join(workdir, os.path.basename(name)), "wb") as f:
                 f.write(bytes.fromhex(data))
         ours, theirs = socket.socketpair()
-        gc.freeze()  # the modules preloaded here: no collection of the notebook's visits them
+        # the modules preloaded here: no collection of the notebook's visits them. Collect first: this
+        # process serves a whole class, and garbage frozen with them would never be freed
+        gc.collect()
+        gc.freeze()
         pid = os.fork()
         if pid == 0:  # the notebook process
             try:
