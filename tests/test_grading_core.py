@@ -165,6 +165,37 @@ def test_a_course_secret_changes_every_input_and_keeps_runs_identical():
     assert torch.equal(core.rand("softmax.values", 4, 7), plain)  # outside the autograder: as before
 
 
+def test_a_second_process_starting_while_the_first_writes_the_secret_reads_the_same_one(
+    tmp_path, monkeypatch
+):
+    """Two test workers (or two terminals) create the course secret at once: the second never reads
+    a half-written file, and both grade with the secret that won."""
+    import secrets
+    import subprocess
+    import sys
+
+    from coursekit.autograde import plan
+
+    other = []
+    draw = secrets.token_hex
+
+    def slow_draw(n):
+        # The other process starts while this one is between creating its secret and writing it.
+        code = "import sys; from pathlib import Path; from coursekit.autograde.plan import course_secret; "
+        code += "sys.stdout.write(course_secret(Path(sys.argv[1])).decode())"
+        done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+        other.append(done)
+        return draw(n)
+
+    monkeypatch.setattr(plan.secrets, "token_hex", slow_draw)
+    mine = plan.course_secret(tmp_path).decode()
+    assert other[0].returncode == 0, other[0].stderr
+    assert other[0].stdout == mine
+    assert len(mine) == 64
+    assert (tmp_path / ".coursekit" / "secret").stat().st_mode & 0o077 == 0  # its owner's only
+    assert [p.name for p in (tmp_path / ".coursekit").iterdir()] == ["secret"]  # no drafts left
+
+
 def test_for_all_shrinks_to_the_smallest_failing_example_and_repeats_itself():
     from hypothesis import strategies as st
 

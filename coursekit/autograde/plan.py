@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import secrets
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -142,13 +143,22 @@ def course_secret(root: Path) -> bytes:
     re-runs see the same inputs while nobody can compute them from the grading source."""
     path = root / ".coursekit" / "secret"
     path.parent.mkdir(exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
+    if not path.exists():
+        # Written in full to a private file, then linked into place: two processes starting at
+        # once (two test workers, two terminals) never read a half-written secret, and the first
+        # link wins for both.
+        fd, draft = tempfile.mkstemp(dir=path.parent, prefix=".secret-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(draft, path)
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(draft)
     secret = path.read_text().strip()
     if len(secret) < 32:
         raise RuntimeError(
@@ -161,8 +171,6 @@ def staged_plan(root: Path, assignment: str) -> Plan:
     """The plan of ``assignment`` as ``coursekit autograde`` makes it: nbgrader's
     ``generate_assignment`` (which also registers the assignment in the course's gradebook) into a
     throwaway folder, then :func:`load_plan` on that release."""
-    import tempfile
-
     from coursekit import course
 
     with tempfile.TemporaryDirectory() as tmp:
