@@ -1,7 +1,7 @@
 """A whole class graded end to end at every ``--jobs``: is every grade right, and what does not scale?
 
     .venv/bin/python benchmarks/class_scale.py                 # 200 students of Exercise 1, --jobs 1..cores
-    .venv/bin/python benchmarks/class_scale.py --quick         # 20 students
+    .venv/bin/python benchmarks/class_scale.py --quick         # 8 students: one of each kind
     .venv/bin/python benchmarks/class_scale.py --students 500 --jobs 1 2 4 --json out.json
 
 The class is drawn with a fixed seed (:func:`draw_class`) from what students really hand in: full
@@ -106,11 +106,17 @@ def expected_score(assignment: str, nb, secret: bytes) -> float:
 
 
 def draw_class(
-    n: int, seed: int, course: Path, assignment: str = ASSIGNMENT, *, scored: bool = True
+    n: int,
+    seed: int,
+    course: Path,
+    assignment: str = ASSIGNMENT,
+    *,
+    scored: bool = True,
+    every_kind: bool = False,
 ) -> list[Student]:
     """``n`` students drawn with ``seed`` (see the module's docstring), graded in advance by
     :func:`expected_score` with the secret of ``course`` (unless not ``scored``: their expected
-    scores are then NaN)."""
+    scores are then NaN). ``every_kind``: the kinds in turn, one of each first, not drawn."""
     import importlib
 
     import nbformat
@@ -129,7 +135,10 @@ def draw_class(
     parts = harness.parts(assignment)
     hostile = {c.name: c for c in adversarial.CASES if c.name in HOSTILE}
     ctx = adversarial.Context(course=str(course), port=9, secret="not-a-secret")
-    kinds = rng.choices(list(KINDS), weights=list(KINDS.values()), k=n)
+    if every_kind:
+        kinds = [list(KINDS)[i % len(KINDS)] for i in range(n)]
+    else:
+        kinds = rng.choices(list(KINDS), weights=list(KINDS.values()), k=n)
     cache: dict[str, float] = {}  # a notebook's text -> its expected score (many students coincide)
 
     def scored(nb) -> tuple[float, bytes]:
@@ -331,7 +340,7 @@ def summarise(runs: list[dict], n: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--students", type=int, default=200)
-    ap.add_argument("--quick", action="store_true", help="20 students")
+    ap.add_argument("--quick", action="store_true", help="one student of each kind")
     ap.add_argument(
         "--jobs", type=int, nargs="+", help="default: 1 .. the machine's cores (each run on as many)"
     )
@@ -343,7 +352,7 @@ def main() -> int:
     if args.one_run:
         print(json.dumps(one_run(Path(args.one_run), args.jobs[0], args.assignment)))
         return 0
-    n = 20 if args.quick else args.students
+    n = len(KINDS) if args.quick else args.students
     cores = len(os.sched_getaffinity(0))
     jobs = sorted(set(args.jobs or range(1, cores + 1)))
     if 1 not in jobs:
@@ -354,7 +363,7 @@ def main() -> int:
         work = Path(tmp)
         template, inbox = course_folder(work, "template")
         drawn = time.perf_counter()
-        students = draw_class(n, args.seed, template, args.assignment)
+        students = draw_class(n, args.seed, template, args.assignment, every_kind=args.quick)
         drawn = time.perf_counter() - drawn
         write_inbox(students, inbox)
         runs = [measure(template, j, args.assignment, work) for j in jobs]

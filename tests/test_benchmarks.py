@@ -46,7 +46,7 @@ def test_quick_mode_runs_every_benchmark_into_one_report(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=1200,  # a hang guard: about 2 min on a quiet 2-core machine, 7 beside other grading and builds
+        timeout=1200,  # a hang guard: about 3 min on a quiet 2-core machine, 6 beside other grading and builds
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
@@ -55,6 +55,9 @@ def test_quick_mode_runs_every_benchmark_into_one_report(tmp_path):
     for name, b in report["benchmarks"].items():
         assert b["summary"], f"{name} has no summary rows"
         assert (tmp_path / f"{name}.json").is_file()
+    scale = report["benchmarks"]["class_scale"]["results"]
+    assert set(scale["kinds"].values()) == {1}, "the quick class has one student of each kind"
+    assert all(r["as_expected"] == scale["students"] for r in scale["runs"])
     md = (tmp_path / "report.md").read_text()
     assert report["machine"]["cpu"] in md and "quick mode" in md
     assert md.count("\n| ") == 1 + sum(len(b["summary"]) for b in report["benchmarks"].values())
