@@ -148,6 +148,7 @@ def test_page_renders(page, server, browser):
     url = urljoin(server, page)
     state = load(browser, url)  # waits until MathJax has typeset the page
     assert state == "ok", f"{page}: MathJax did not run ({state})"
+    record_sideways(browser, DESKTOP, page)
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SHOTS / (page.replace("/", "_").removesuffix(".html") + ".png")))
 
@@ -314,6 +315,7 @@ def test_page_fits_a_phone(page, server, browser):
     try:
         state = load(browser, urljoin(server, page))
         assert state == "ok", f"{page}: MathJax did not run ({state})"
+        record_sideways(browser, PHONE, page)
         (SHOTS / "phone").mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(
             str(SHOTS / "phone" / (page.replace("/", "_").removesuffix(".html") + ".png"))
@@ -354,19 +356,57 @@ return out;
 """
 
 
+#: what :data:`SIDEWAYS` found on a page at a window size, (size, page) -> its rows: the tests that
+#: load every page at the desktop's and the phone's size record it, so that the checks over all
+#: pages below load a page again only where no test has (run alone, or after a failed load)
+_SIDEWAYS_SEEN: dict[tuple[tuple[int, int], str], list] = {}
+
+
+def record_sideways(browser, size: tuple[int, int], page: str) -> None:
+    """Run :data:`SIDEWAYS` on ``page``, loaded and typeset at window ``size``, and keep its rows."""
+    _SIDEWAYS_SEEN[size, page] = browser.execute_script(SIDEWAYS)
+
+
 def sideways(server, browser, size, kinds) -> dict[str, list[str]]:
     """Over every page at window ``size``: for each of ``kinds``, the blocks that scroll sideways."""
     found: dict[str, list[str]] = {kind: [] for kind in kinds}
     browser.set_window_size(*size)
     try:
         for page in sorted(PAGES):
-            assert load(browser, urljoin(server, page)) == "ok", page
-            for kind, text, wide, shown in browser.execute_script(SIDEWAYS):
+            if (size, page) not in _SIDEWAYS_SEEN:
+                assert load(browser, urljoin(server, page)) == "ok", page
+                record_sideways(browser, size, page)
+            for kind, text, wide, shown in _SIDEWAYS_SEEN[size, page]:
                 if kind in found:
                     found[kind].append(f"{page}: {wide} px in {shown}: {text!r}")
     finally:
         browser.set_window_size(*DESKTOP)
     return found
+
+
+def test_the_sideways_check_finds_a_wide_output_and_a_wide_table_and_passes_a_narrow_one(server, browser):
+    """:data:`SIDEWAYS` on a page made for the purpose: the blocks that only fit by scrolling in
+    their box are reported with their kind, a block that fits is not."""
+    folder = HTML / "_sideways_check"
+    folder.mkdir(exist_ok=True)
+    try:
+        (folder / "page.html").write_text(
+            "<html><body><main>"
+            f"<div class='cell_output'><pre style='overflow-x:auto'>wide {'x' * 400}</pre></div>"
+            "<div style='overflow-x:auto'><table><tr>"
+            f"<td style='white-space:nowrap'>long {'column ' * 300}</td></tr></table></div>"
+            "<div class='cell_output'><pre style='overflow-x:auto'>short</pre></div>"
+            "</main></body></html>"
+        )
+        browser.get(urljoin(server, "_sideways_check/page.html"))
+        rows = browser.execute_script(SIDEWAYS)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert sorted((kind, text.split()[0]) for kind, text, _, _ in rows) == [
+        ("output", "wide"),
+        ("table", "long"),
+    ]
+    assert all(wide > shown for _, _, wide, shown in rows)
 
 
 def test_no_equation_or_table_scrolls_sideways_on_a_desktop(server, browser):
