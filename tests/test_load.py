@@ -1,10 +1,11 @@
 """Fair under load: a check is timed by the CPU time of the student's process, not the wall clock.
 
-A grading machine is often busy (another course grading, a book build). These tests load the
-machine themselves with spinning processes they start and stop (4 per core, each ending on its
-own within two minutes), and check that correct code keeps its points, that code which spins or
-sleeps is still stopped and told which, and that a check a busy machine kept from running is
-graded again rather than blamed on the student.
+A grading machine is often busy (another course grading, a book build). These tests load a core
+themselves with spinning processes they start and stop (4, each ending on its own within two
+minutes), grade on that core, and check that correct code keeps its points, that code which spins
+or sleeps is still stopped and told which, and that a check a busy machine kept from running is
+graded again rather than blamed on the student. The load stays on the test's core: the machine's
+other cores go on with whatever runs beside the test (another test of the suite, another grader).
 """
 
 from __future__ import annotations
@@ -30,15 +31,29 @@ SPIN = "import time\nend = time.monotonic() + 120\nwhile time.monotonic() < end:
 
 
 @contextmanager
-def busy_machine(per_core: int = 4):
-    """``per_core`` spinning processes per core beside the test, killed when the block ends."""
+def on_one_core():
+    """Run the block, and every process it starts (they inherit it), on one core of those this
+    process may use; yields that core. The calling thread's own setting, restored at the end."""
+    allowed = os.sched_getaffinity(0)
+    core = max(allowed)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield core
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+@contextmanager
+def busy_machine(core: int, spinning: int = 4):
+    """``spinning`` processes spinning on ``core`` beside the test, killed when the block ends."""
     # each in a session of its own, as another course's processes would be: with the kernel's
     # autogroup scheduling, processes of one session share one slice of the cores
     spinners = [
-        subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True)
-        for _ in range(per_core * (os.cpu_count() or 1))
+        subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(spinning)
     ]
     try:
+        for p in spinners:
+            os.sched_setaffinity(p.pid, {core})
         time.sleep(0.5)
         yield
     finally:
@@ -50,13 +65,13 @@ def busy_machine(per_core: int = 4):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_check_is_timed_by_its_cpu_not_by_the_load_beside_it(kind):
-    """On a machine with 4 spinning processes per core, a check that needs about 0.6 s of CPU takes
+    """On a core with 4 spinning processes, a check that needs about 0.6 s of CPU takes
     several times that on the wall clock: it is within its 1.5 s CPU budget and passes. A check that
     spins is still stopped, as an endless loop once it used its budget (or, kept from a core until
     the wall cap, as the machine's doing); one that sleeps is stopped and told it waited, not that
     it looped. A cell is timed the same way: 0.6 s of CPU within a 1.5 s budget."""
     limits = Limits(cell_seconds=1.5, check_seconds=1.5)
-    with Worker(kind, limits) as worker, busy_machine():
+    with on_one_core() as core, Worker(kind, limits) as worker, busy_machine(core):
         session = worker.session()
         deadline = time.monotonic() + 300
         code = (
@@ -79,7 +94,7 @@ def test_a_check_is_timed_by_its_cpu_not_by_the_load_beside_it(kind):
         with pytest.raises(RemoteTimeout) as spun:
             session.remote("spin")(1)
         # A spin gets its 1.5 s of CPU before the 7.5 s cap where it gets a fifth of a core: 4
-        # spinning processes per core are about that, and other programs on the machine (a book
+        # spinning processes on its core are about that, and other programs on the machine (a book
         # build) can make it less: then the cap stops it, and the machine takes the blame.
         if isinstance(spun.value, MachineBusy):  # it had used less than its 1.5 s (printed to 0.1 s)
             assert float(re.search(r"ran (\d+\.\d) s of CPU", str(spun.value))[1]) <= 1.5
@@ -103,7 +118,7 @@ def test_a_check_kept_waiting_by_a_busy_machine_is_not_the_students(kind):
     busy, and it says so (``MachineBusy``), never "an endless loop". A starved cell likewise
     (``CellBusy``: the notebook runs again)."""
     limits = Limits(cell_seconds=1.0, check_seconds=1.0)
-    with Worker(kind, limits) as worker, busy_machine():
+    with on_one_core() as core, Worker(kind, limits) as worker, busy_machine(core):
         session = worker.session()
         deadline = time.monotonic() + 300
         code = (
@@ -146,8 +161,8 @@ def test_a_cell_stopped_by_load_is_graded_again_and_never_scored_as_the_students
 @pytest.mark.bubblewrap
 def test_the_reference_and_correct_alternatives_keep_full_marks_on_a_busy_machine(tmp_path):
     """Exercise 1's reference, and two notebooks holding every correct alternative of its catalogue
-    (the first and the second of each part), autograded with a 2 s CPU budget per check while 4
-    spinning processes per core run beside the grader: full marks, as on a quiet machine."""
+    (the first and the second of each part), autograded (two at a time) with a 2 s CPU budget per
+    check on a core where 4 spinning processes run: full marks, as on a quiet machine."""
     from coursekit import autograde
     from tests.submissions import course_folder, filled, points
     from tests.test_grading_ch01_attention import ALTERNATIVES
@@ -167,7 +182,7 @@ def test_the_reference_and_correct_alternatives_keep_full_marks_on_a_busy_machin
                 cell.source = choices[min(i, len(choices) - 1)]
         nbformat.write(nb, inbox / f"alternatives{i + 1}.ipynb")
     auto, _ = points(assignment)
-    with busy_machine():
+    with on_one_core() as core, busy_machine(core):
         _, results = autograde.grade_inbox(
             root, assignment, inbox, limits=Limits(check_seconds=2.0), feedback=False, jobs=2
         )
