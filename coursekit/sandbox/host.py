@@ -681,7 +681,7 @@ class Worker:
 
     def reset(self) -> str | None:
         """Kill every process of the current submission; return why the sandbox killed them, if it did."""
-        reply, _, _ = self.command({"op": "reset"})
+        reply, _, _ = self.command({"op": "reset"}, timeout=protocol.KILL_SECONDS + self.COMMAND_SECONDS)
         return reply.get("killed_because")
 
     def kill(self, pid: int) -> None:
@@ -692,6 +692,7 @@ class Worker:
     ) -> Session:
         """A fresh notebook process. ``watch``: ``(module, name)`` of references whose calls by the
         student's code are recorded in :attr:`Session.reference_calls`."""
+        # the template ends the last submission's processes first: it may take as long as a reset
         reply, _, fds = self.command(
             {
                 "op": "session",
@@ -701,6 +702,7 @@ class Worker:
                 "watch": [[str(m), str(n)] for m, n in watch],
             },
             want_fds=True,
+            timeout=protocol.KILL_SECONDS + self.COMMAND_SECONDS,
         )
         if not reply.get("ok") or len(fds) != 1:
             for fd in fds:

@@ -53,6 +53,11 @@ _MEMBER_OVERHEAD = 1024  # at least the bytes one array adds to an archive beyon
 REPLY_HEADER = 8 << 20
 REPLY_BLOB = 128 << 20
 
+#: How long the template waits for a submission's processes to go once it has killed them. On a busy
+#: machine a killed process that lowered its own priority takes seconds of wall time to end; the host
+#: waits this long more for an answer to a command that kills (a reset, a new session).
+KILL_SECONDS = 10.0
+
 #: dtypes that cross as themselves; bfloat16 and float16 cross as float32 and are cast back
 _DTYPES = {
     "float64",

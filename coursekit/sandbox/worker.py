@@ -378,7 +378,7 @@ class Template:
             pid = parent
         return None
 
-    def kill_all(self, seconds: float = 10.0) -> None:
+    def kill_all(self, seconds: float = protocol.KILL_SECONDS) -> None:
         """Kill every process of the submission, and return once none runs (or after ``seconds``).
         A fork bomb's processes, killed on a loaded machine, can take longer to go than a fixed
         number of rounds: the notebook started next must not find them and be blamed for them."""
