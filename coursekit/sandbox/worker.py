@@ -205,7 +205,7 @@ class Template:
         self.checks_killed: dict[int, str] = {}
         self.last_memory_check = 0.0
         self.last_pids: set[int] = set()  # the submission's processes at the last memory reading
-        self.deferred = False  # the last reading was over by RSS while processes started
+        self.deferrals = 0  # readings in a row over by RSS while processes started
         started = time.monotonic()
         self.shell = _preload(preload)
         self.preload_seconds = time.monotonic() - started
@@ -331,14 +331,15 @@ class Template:
         memory = _memory(pids, allowed if stable else None)
         used = sum(memory.values())
         if used <= allowed:
-            self.deferred = False
+            self.deferrals = 0
             return
-        if not stable and len(pids) <= PSS_PROCESSES and not self.deferred:
-            # over by RSS just as a process started (a check): read its share at the next
-            # reading, once the set is stable, but only once in a row
-            self.deferred = True
+        if not stable and len(pids) <= PSS_PROCESSES and self.deferrals < DEFERRALS:
+            # over by RSS just as a process started (a check, then the spare the next check will
+            # use: on a busy machine they start readings apart): read their shares once the set is
+            # stable, for a few readings at most (each process's address space has its own limit)
+            self.deferrals += 1
             return
-        self.deferred = False
+        self.deferrals = 0
         limit = f"{self.limits['memory'] / 2**30:.1f} GiB of memory"
         # Over the limit: end the largest trees of processes below the notebook's first (each
         # check with whatever it started; anything the cells started), before the notebook itself.
@@ -956,9 +957,12 @@ def _state(pid: int) -> str | None:
 
 #: the most processes whose proportional share of memory the watch reads (see :func:`_memory`)
 PSS_PROCESSES = 8
+#: readings in a row (0.1 s apart) that the watch waits for starting processes to settle before
+#: it counts them by RSS (see :meth:`Template.watch`)
+DEFERRALS = 5
 
 
-def _memory(pids: list[int], allowed: int | None, budget: float = 0.05) -> dict[int, int]:
+def _memory(pids: list[int], allowed: int | None, budget: float = 0.05, cap: float = 1.0) -> dict[int, int]:
     """Bytes of memory each process really uses, as far as a limit of ``allowed`` bytes needs
     (``None``: their RSS only, for processes that may be forking).
 
@@ -969,8 +973,10 @@ def _memory(pids: list[int], allowed: int | None, budget: float = 0.05) -> dict[
     process's memory map under a lock that a process busy forking holds, and waits for it: so PSS
     is read only while there are at most :data:`PSS_PROCESSES` processes (a notebook, a check and
     what they started, not a fork bomb), the same ones as at the watch's last reading (the caller
-    passes ``None`` otherwise), and for ``budget`` seconds at most; the rest keep their RSS, so
-    that forking processes cannot keep the watch from counting and killing them."""
+    passes ``None`` otherwise), and for ``budget`` seconds of this thread's CPU time and ``cap``
+    seconds of wall time at most; the rest keep their RSS, so that forking processes cannot keep
+    the watch from counting and killing them. (CPU time: on a busy machine the readings wait for a
+    core, and a wall-clock budget alone would leave processes counted by RSS, over the limit.)"""
     page = os.sysconf("SC_PAGE_SIZE")
     rss = {}
     for pid in pids:
@@ -982,9 +988,9 @@ def _memory(pids: list[int], allowed: int | None, budget: float = 0.05) -> dict[
     if allowed is None or sum(rss.values()) <= allowed or len(pids) > PSS_PROCESSES:
         return rss
     memory = dict(rss)
-    end = time.monotonic() + budget
+    spent, end = time.thread_time() + budget, time.monotonic() + cap
     for pid in sorted(pids, key=rss.get, reverse=True):
-        if time.monotonic() > end:
+        if time.thread_time() > spent or time.monotonic() > end:
             break
         try:
             with open(f"/proc/{pid}/smaps_rollup") as f:
