@@ -161,7 +161,11 @@ def cmd_formgrader(args) -> int:
         flush=True,
     )
     try:
-        return server.wait()
+        # poll, not one blocking wait: Ctrl-C is then handled within a second whatever the process
+        # was blocked in when it came
+        while server.poll() is None:
+            time.sleep(0.5)
+        return server.returncode
     except KeyboardInterrupt:
         formgrader.stop(server)
         return 0

@@ -67,6 +67,20 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.slow  # starts a Jupyter server (seconds)
+def _state(pid: int) -> str:
+    """What a process is doing, for a failure message: its state, where it sleeps in the kernel, the
+    signals it has pending, blocks and catches, and the same for each of its threads."""
+    rows = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()) if Path(f"/proc/{pid}").exists() else []:
+        status = dict(
+            line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line
+        )
+        wchan = (task / "wchan").read_text() if (task / "wchan").exists() else "?"
+        keys = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigCgt")
+        rows.append(f"{task.name} {wchan} " + " ".join(f"{k}={status.get(k, '?').strip()}" for k in keys))
+    return f"pid {pid}: " + ("; ".join(rows) or "gone")
+
+
 def test_the_command_serves_the_formgrader_on_loopback_with_a_token_until_ctrl_c(tmp_path):
     """``coursekit formgrader --port N`` prints the address with its token, on 127.0.0.1 and that port;
     the API answers with the token only; Ctrl-C stops the server and the command exits 0."""
@@ -114,7 +128,12 @@ def test_the_command_serves_the_formgrader_on_loopback_with_a_token_until_ctrl_c
         servers = _children(proc.pid)  # the Jupyter server, a session of its own
         proc.send_signal(signal.SIGINT)
         # the command gives the server 10 s to shut down, then kills it; a loaded machine adds to that
-        assert proc.wait(60) == 0
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"Ctrl-C did not stop the command in 60 s: {_state(proc.pid)}; its server: "
+                        f"{[_state(pid) for pid in servers]}")  # fmt: skip
+        assert code == 0
         with pytest.raises(requests.ConnectionError):  # the server went with it
             requests.get(status, timeout=2)
     finally:
