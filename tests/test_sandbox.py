@@ -593,6 +593,41 @@ def test_a_check_over_the_memory_limit_is_killed_and_the_notebook_kept():
         session.close()
 
 
+def _watch_over(sets: list[list[int]], monkeypatch) -> list:
+    """Run the memory watch of a template (none started: its state only) over readings of the
+    submission's processes ``sets``, 100 bytes allowed: while a set is new, each process counts 80
+    bytes (its RSS, the pages it shares counted once per process), once a set is the same as at
+    the last reading, 20 (its share). Returns what the watch killed."""
+    from coursekit.sandbox import worker
+
+    t = worker.Template.__new__(worker.Template)
+    t.limits, t.baseline, t.killed_because, t.checks_killed = {"processes": 16, "memory": 100}, 0, None, {}
+    t.last_pids, t.deferrals = set(), 0
+    readings, killed = iter(sets), []
+    monkeypatch.setattr(t, "members", lambda: next(readings), raising=False)
+    monkeypatch.setattr(
+        worker, "_memory", lambda pids, allowed: {p: 80 if allowed is None else 20 for p in pids}
+    )
+    monkeypatch.setattr(t, "tree_root", lambda pid, alive: pid, raising=False)
+    monkeypatch.setattr(t, "kill_tree", lambda root: killed.append(root) or {root}, raising=False)
+    monkeypatch.setattr(t, "kill_all", lambda: killed.append("all"), raising=False)
+    for _ in sets:
+        t.last_memory_check = 0.0  # the next reading is due
+        t.watch()
+    return killed
+
+
+def test_the_memory_watch_waits_for_starting_processes_to_settle_before_counting_them_by_rss(monkeypatch):
+    """A check starts, then the spare process of the next one, a reading apart (a busy machine):
+    their shares are read once the set settles, and nothing is killed. Processes that keep
+    starting are counted by RSS after a few readings, and killed over the limit."""
+    from coursekit.sandbox.worker import DEFERRALS
+
+    assert _watch_over([[1, 2], [1, 2, 3], [1, 2, 3], [1, 2, 3]], monkeypatch) == []
+    churning = [list(range(1, n + 3)) for n in range(DEFERRALS + 1)]  # one more process each reading
+    assert _watch_over(churning, monkeypatch) != []
+
+
 @pytest.mark.slow  # starts a sandbox
 @pytest.mark.parametrize("kind", KINDS)
 def test_memory_shared_by_a_submissions_processes_counts_once(kind):
