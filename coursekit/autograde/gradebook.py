@@ -249,6 +249,15 @@ def _advisory_lock(db_url: str, name: str, *, wait: bool):
         engine.dispose()
 
 
+def _quick_check(db: Path, mode: str) -> str:
+    """SQLite's ``quick_check`` of ``db`` opened in ``mode`` (``ro``, ``rw``): "ok", or what is wrong."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode={mode}", uri=True)) as conn:
+            return conn.execute("PRAGMA quick_check").fetchone()[0]
+    except sqlite3.Error as e:
+        return str(e)
+
+
 def check_gradebook_readable(db_url: str, backups: Path) -> None:
     """Raise ``RuntimeError`` with one line if the SQLite gradebook at ``db_url`` exists but is
     not a sound database (before a run backs it up, collects or grades anything); the message
@@ -258,11 +267,12 @@ def check_gradebook_readable(db_url: str, backups: Path) -> None:
     db = Path(db_url.removeprefix("sqlite:///"))
     if not db.exists():
         return  # nbgrader creates it
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-            verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
-    except sqlite3.Error as e:
-        verdict = str(e)
+    verdict = _quick_check(db, "ro")
+    if verdict != "ok" and any(db.with_name(db.name + end).exists() for end in ("-journal", "-wal")):
+        # a run killed in the middle of a write leaves its journal ("hot"): a read-only connection
+        # cannot roll it back and reports a read-only database; a read-write one rolls it back, as
+        # SQLite does on any open, and leaves the gradebook as the last finished write left it
+        verdict = _quick_check(db, "rw")
     if verdict != "ok":
         raise RuntimeError(
             f"the gradebook {db} is damaged ({verdict}); nothing was changed: restore the newest copy "
