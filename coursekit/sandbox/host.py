@@ -662,7 +662,9 @@ class Worker:
             protocol.send(self.ctrl, header)
             return protocol.recv(
                 self.ctrl,
-                time.monotonic() + (timeout or self.COMMAND_SECONDS),
+                # the template answers between readings of its watch, which may be ending a
+                # submission's processes (up to KILL_SECONDS): a command waits that long more
+                time.monotonic() + (timeout or protocol.KILL_SECONDS + self.COMMAND_SECONDS),
                 max_blob=0,
                 max_header=protocol.REPLY_HEADER,
                 want_fds=want_fds,
@@ -681,7 +683,7 @@ class Worker:
 
     def reset(self) -> str | None:
         """Kill every process of the current submission; return why the sandbox killed them, if it did."""
-        reply, _, _ = self.command({"op": "reset"}, timeout=protocol.KILL_SECONDS + self.COMMAND_SECONDS)
+        reply, _, _ = self.command({"op": "reset"})
         return reply.get("killed_because")
 
     def kill(self, pid: int) -> None:
@@ -692,7 +694,6 @@ class Worker:
     ) -> Session:
         """A fresh notebook process. ``watch``: ``(module, name)`` of references whose calls by the
         student's code are recorded in :attr:`Session.reference_calls`."""
-        # the template ends the last submission's processes first: it may take as long as a reset
         reply, _, fds = self.command(
             {
                 "op": "session",
@@ -702,7 +703,6 @@ class Worker:
                 "watch": [[str(m), str(n)] for m, n in watch],
             },
             want_fds=True,
-            timeout=protocol.KILL_SECONDS + self.COMMAND_SECONDS,
         )
         if not reply.get("ok") or len(fds) != 1:
             for fd in fds:

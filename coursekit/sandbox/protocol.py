@@ -55,7 +55,7 @@ REPLY_BLOB = 128 << 20
 
 #: How long the template waits for a submission's processes to go once it has killed them. On a busy
 #: machine a killed process that lowered its own priority takes seconds of wall time to end; the host
-#: waits this long more for an answer to a command that kills (a reset, a new session).
+#: waits this long more for the template's answer to any command (its watch may be killing).
 KILL_SECONDS = 10.0
 
 #: dtypes that cross as themselves; bfloat16 and float16 cross as float32 and are cast back
