@@ -76,7 +76,7 @@ def _state(pid: int) -> str:
             line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line
         )
         wchan = (task / "wchan").read_text() if (task / "wchan").exists() else "?"
-        keys = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigCgt")
+        keys = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
         rows.append(f"{task.name} {wchan} " + " ".join(f"{k}={status.get(k, '?').strip()}" for k in keys))
     return f"pid {pid}: " + ("; ".join(rows) or "gone")
 
@@ -93,12 +93,18 @@ def test_the_command_serves_the_formgrader_on_loopback_with_a_token_until_ctrl_c
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen(  # the `coursekit` command, as a process of its own that Ctrl-C can reach
-        [sys.executable, "-m", "coursekit.cli", "--course", str(root), "formgrader", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=jupyter_env(tmp_path / "jupyter"),
-    )
+    # As from a terminal, where Ctrl-C is not ignored: a suite started as a background job of a
+    # script ignores SIGINT, and a child inherits that; one whose handler is caught gets the default
+    caught = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(  # the `coursekit` command, as a process of its own that Ctrl-C can reach
+            [sys.executable, "-m", "coursekit.cli", "--course", str(root), "formgrader", "--port", str(port)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=jupyter_env(tmp_path / "jupyter"),
+        )
+    finally:
+        signal.signal(signal.SIGINT, caught)
     servers: list[int] = []
     try:
         first = proc.stdout.readline()
