@@ -523,7 +523,7 @@ class Worker:
     replaces the whole sandbox.
     """
 
-    COMMAND_SECONDS = 10.0  # a command the template should answer at once (it polls every 20 ms)
+    COMMAND_SECONDS = 10.0  # to answer a command (it polls every 20 ms), on top of KILL_SECONDS (see command)
 
     def __init__(
         self,
