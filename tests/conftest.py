@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-from torch import nn
+# Every process of the suite computes on one intra-op thread: two test workers, the background book
+# build, notebook kernels and sandboxes already share the machine's cores, where a second thread only
+# spins (the ch07 solution notebook ran 8x slower beside two busy processes on two threads than on
+# one). Set before torch is imported here, so the workers and every subprocess inherit it; a test
+# that needs more threads sets them itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 # Hugging Face models in tests are built from tiny random configs; never reach the Hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -38,21 +45,39 @@ def randomise(module: nn.Module, seed: int = 0, scale: float = 0.3, offset_1d: f
     return module
 
 
-#: Modules that grade classes with ``--jobs 2`` (both cores), run after the rest of the suite; the
-#: book's own tests last. The book build starts in the background at collection and takes one core
-#: for about ten minutes: the single-threaded tests run beside it, the two-job batches after it,
-#: so that neither core waits (in file order the batches came first, and the unit tests later ran
-#: on one core while the other idled).
-LATE = {
-    "test_adversarial.py": 1,
-    "test_autograde.py": 1,
-    "test_autograde_chapters.py": 1,
-    "test_load.py": 1,  # loads both cores on purpose: not beside the book build's page cells
-    "test_term.py": 1,
-    "test_cluster.py": 1,  # a Dask scheduler, two workers and a one-process run: both cores
-    "test_book.py": 2,
-    "test_accessibility.py": 2,  # reads the built book too: first in file order, it waited 5 min for the build
-}
+#: The longest files first, longest first (their seconds in a fresh-clone run, 2 workers), then the rest
+#: by their number of tests, as pytest-xdist orders files by default: each worker takes whole files
+#: (``--dist loadfile``) and the next file when it is nearly done, so a long file that started last
+#: was the run's tail (in xdist's own order by number of tests, the one-test Dask class of
+#: ``test_cluster.py``, 7 minutes, started after 30 and ran alone). The book's tests wait for the
+#: background build (about 8 minutes): a worker that takes them early sits beside it. Only the order
+#: depends on this list; a stale entry costs time, never a result.
+FIRST = [
+    "test_adversarial.py",  # 556 s, batches with --jobs 2
+    "test_cluster.py",  # 411 s, one test: a Dask scheduler, two workers, a one-process run
+    "test_graders.py",  # 508 s
+    "test_benchmarks.py",  # 364 s, one test
+    "test_autograde_chapters.py",  # 424 s
+    "test_book.py",  # 546 s, 325 of them waiting for the build
+    "test_load.py",  # 198 s
+    "test_exercises.py",  # 193 s
+    "test_autograde.py",  # 158 s
+    "test_sandbox.py",  # 138 s
+    "test_accessibility.py",  # 136 s, reads the built book
+    "test_postgres_gradebook.py",  # 108 s
+]
+
+
+def _order(items: list) -> None:
+    """Sort ``items`` in place by :data:`FIRST`, then by their file's number of tests (stable: each
+    file's tests keep their order)."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.path.name] = counts.get(item.path.name, 0) + 1
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(
+        key=lambda item: (rank.get(item.path.name, len(FIRST)), -counts[item.path.name], str(item.path))
+    )
 
 
 def pytest_configure(config):
@@ -64,7 +89,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: LATE.get(item.path.name, 0))  # stable: file order within each group
+    _order(items)
     needs = [item for item in items if item.get_closest_marker("bubblewrap")]
     if needs:
         from coursekit.sandbox import bubblewrap_works

@@ -902,16 +902,20 @@ def test_measured_decode_counts_decode_step_flops(one_second_per_reading):
 def test_measurements_run_and_restore_the_thread_count():
     from coursekit.experiments import roofline
 
-    before = torch.get_num_threads()
-    with roofline.num_threads(1):
-        assert torch.get_num_threads() == 1
-    with pytest.raises(RuntimeError), roofline.num_threads(1):
-        raise RuntimeError("the setting is restored on the way out")
-    assert torch.get_num_threads() == before
-    assert (
-        math.isfinite(roofline.measure_peak_flops(sizes=(64,), repeats=2))
-        and torch.get_num_threads() == before
-    )
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)  # not the one thread the suite runs on, so that a restore shows
+    try:
+        with roofline.num_threads(1):
+            assert torch.get_num_threads() == 1
+        with pytest.raises(RuntimeError), roofline.num_threads(1):
+            raise RuntimeError("the setting is restored on the way out")
+        assert torch.get_num_threads() == 2
+        assert (
+            math.isfinite(roofline.measure_peak_flops(sizes=(64,), repeats=2))
+            and torch.get_num_threads() == 2
+        )
+    finally:
+        torch.set_num_threads(saved)
     assert roofline.measure_bandwidth(n_bytes=2**20, repeats=2) > 0
     torch.manual_seed(0)
     assert roofline.decode_flops_per_second(gpt.GPT(gpt.GPT_PRESETS["nano"]), batch=1, steps=2) > 0

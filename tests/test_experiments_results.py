@@ -31,6 +31,7 @@ def test_every_experiment_with_committed_results_is_listed():
 
 def test_run_and_write_puts_the_header_and_timings_before_what_the_run_returns(tmp_path, capsys):
     threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # not the suite's one thread: run_and_write must set it
     seen = {}
 
     def run():
