@@ -24,8 +24,10 @@ one exercise's specification over several files.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
+from functools import partial
 
 import numpy as np
 import torch
@@ -34,38 +36,15 @@ from torch import nn
 
 from coursekit import arithmetic as ref
 from coursekit import gpt
-from coursekit.grading.core import (
-    Grader,
-    close,
-    describe,
-    is_tensor,
-    raise_unless_student_error,
-    said,
-)
+from coursekit.grading.core import Grader, close, describe, is_tensor, raise_unless_student_error, said
 from coursekit.grading.questions import Prediction, expect_in_band
 from coursekit.grading.spec import Call, Clause, Spec, procedure
 from coursekit.multihead import MultiHeadAttention
 
-__all__ = [
-    "check_decoder_params",
-    "check_training_memory",
-    "check_kv_cache",
-    "check_training_days",
-    "grade_decoder_params",
-    "grade_training_memory",
-    "grade_kv_cache",
-    "grade_training_days",
-    "check_predict_adam_bytes",
-    "grade_predict_adam_bytes",
-    "check_predict_gpt2_xl_kv_mib",
-    "grade_predict_gpt2_xl_kv_mib",
-    "check_predict_batched_decode",
-    "grade_predict_batched_decode",
-    "check_flops_ratio",
-    "grade_flops_ratio",
-    "check_chinchilla_optimal",
-    "grade_chinchilla_optimal",
-]
+#: the graded parts, by the names of their entry points ``check_<part>`` and ``grade_<part>``
+_PARTS = ("decoder_params", "training_memory", "kv_cache", "training_days", "predict_adam_bytes")
+_PARTS += ("predict_gpt2_xl_kv_mib", "predict_batched_decode", "flops_ratio", "chinchilla_optimal")
+__all__ = [f"{verb}_{part}" for part in _PARTS for verb in ("check", "grade")]
 
 
 def _number(x) -> float | None:
@@ -159,9 +138,21 @@ def _split(case: tuple) -> tuple[tuple, dict]:
     return case if len(case) == 2 and isinstance(case[0], tuple) and isinstance(case[1], dict) else (case, {})
 
 
-def _divide_cases(name: str, *cases: tuple[tuple, tuple[str, ...]]) -> list:
-    """The inputs of :func:`_divides`: ``(args, the values the message must give)`` for ``name``."""
-    return [(name, args, shown, _DIVIDE) for args, shown in cases]
+def _check_value(g: Grader, fn, case: tuple, reference, mistakes, exact: bool = False) -> None:
+    """``fn(*args, **kwargs)`` (:func:`_split`) gives ``reference``'s answer (:func:`_expect_value`);
+    ``mistakes`` takes every argument of ``reference`` (its defaults filled in) by position."""
+    args, kwargs = _split(case)
+    call = _call(reference.__name__, *args, **kwargs)
+    got = _student(g, call, fn, *args, **kwargs)
+    full = inspect.signature(reference).bind(*args, **kwargs)
+    full.apply_defaults()
+    _expect_value(g, got, reference(*args, **kwargs), call, mistakes(*full.args), exact)
+
+
+def _divide_cases(name: str, *cases: tuple[tuple, tuple[str, ...]], why: str | None = None) -> list:
+    """The inputs of :func:`_divides`: ``(args, the values the message must give)`` for ``name``; ``why``
+    what the message must say (by default :data:`_DIVIDE`)."""
+    return [(name, args, shown, why or _DIVIDE) for args, shown in cases]
 
 
 def _bad_cases(name: str, good: dict, integers: tuple[str, ...], numbers_: tuple[str, ...] = ()) -> list:
@@ -220,8 +211,6 @@ _NO_BIASES_NORMS = (
 _ONE_VECTOR_NORMS = (
     "a layer norm has two vectors of d_model values, a scale and a shift: 2 d_model, not d_model"
 )
-_NO_FINAL_NORM = "the final layer norm (2 d_model, after the last layer) is missing"
-_NO_POSITIONS = "the learned position embeddings (n_positions x d_model) are missing"
 _IGNORED_GQA = (
     "the key and value projections have n_kv_heads * d_head outputs each (d_head = d_model // n_heads), "
     "not d_model: with grouped-query attention only the query and output projections are d_model x d_model"
@@ -255,8 +244,8 @@ def _decoder_mistakes(V, T, C, L, H, H_kv=None, d_ff=None, tied=True) -> list[tu
         (exact - L * biases, _NO_BIASES),
         (exact - norms, _NO_NORMS),
         (exact - norms // 2, _ONE_VECTOR_NORMS),
-        (exact - 2 * C, _NO_FINAL_NORM),
-        (exact - T * C, _NO_POSITIONS),
+        (exact - 2 * C, "the final layer norm (2 d_model, after the last layer) is missing"),
+        (exact - T * C, "the learned position embeddings (n_positions x d_model) are missing"),
         (ref.decoder_params(V, T, C, L, H, H, f, tied), _IGNORED_GQA),
         (wide_kv, _KV_WIDTH),
         (exact - L * (C + 1) * kv, _ONE_KV),
@@ -270,15 +259,8 @@ def _decoder_mistakes(V, T, C, L, H, H_kv=None, d_ff=None, tied=True) -> list[tu
 _DECODER_ARGS = ("vocab_size", "n_positions", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "tied")
 
 
-def _check_decoder(g: Grader, decoder_params, case: tuple) -> None:
-    """``decoder_params(*args, **kwargs)`` (:func:`_split`): the exact count, an int."""
-    args, kwargs = _split(case)
-    full = dict(zip(_DECODER_ARGS, args)) | kwargs
-    call = _call("decoder_params", *args, **kwargs)
-    got = _student(g, call, decoder_params, *args, **kwargs)
-    sizes = [full.get(n) for n in _DECODER_ARGS[:7]]
-    mistakes = _decoder_mistakes(*sizes, full.get("tied", True))
-    _expect_value(g, got, ref.decoder_params(**full), call, mistakes, exact=True)
+#: ``decoder_params(*args, **kwargs)`` (:func:`_split`): the exact count, an int
+_check_decoder = partial(_check_value, reference=ref.decoder_params, mistakes=_decoder_mistakes, exact=True)
 
 
 def _decoder_cases():
@@ -402,9 +384,8 @@ KEYS = ("weights", "gradients", "master weights", "optimizer states")
 
 def _memory_mistakes(n: float, precision: str, optimizer: str) -> list[tuple[float, str]]:
     comp = ref.memory_per_param(precision, optimizer)
-    mixed = precision != "fp32"
     variants = [({"gradients": 0}, _NO_GRADS)]
-    if mixed:
+    if precision != "fp32":  # mixed precision
         variants += [
             ({"master weights": 0}, _NO_MASTER),
             ({"gradients": 4}, _FP32_GRADS),
@@ -417,9 +398,7 @@ def _memory_mistakes(n: float, precision: str, optimizer: str) -> list[tuple[flo
         "adam8bit": [(16, _ADAM8_BYTES), (8, _ADAM8_FP32), (1, _ADAM8_ONE)],
     }
     variants += [({"optimizer states": s}, hint) for s, hint in states[optimizer]]
-    out = []
-    for change, hint in variants:
-        out.append((n * sum((comp | change).values()) / 2**30, hint))
+    out = [(n * sum((comp | change).values()) / 2**30, hint) for change, hint in variants]
     total = sum(comp.values())
     out += [(n * total / 1e9, _GB), (n * total * 8 / 2**30, _BITS), (n * total * 8 / 1e9, _BITS)]
     return out
@@ -427,11 +406,7 @@ def _memory_mistakes(n: float, precision: str, optimizer: str) -> list[tuple[flo
 
 def _check_memory(g: Grader, functions: tuple, case: tuple) -> None:
     """``training_memory_gib(*case)``, ``case = (n_params, *names)``."""
-    n, *names = case
-    call = _call("training_memory_gib", n, *names)
-    got = _student(g, call, functions[0], n, *names)
-    precision, optimizer = (tuple(names) + ("fp32", "adam")[len(names) :])[:2]
-    _expect_value(g, got, ref.training_memory_gib(n, *names), call, _memory_mistakes(n, precision, optimizer))
+    _check_value(g, functions[0], case, ref.training_memory_gib, _memory_mistakes)
 
 
 def _check_bytes(g: Grader, functions: tuple, case: tuple) -> None:
@@ -559,11 +534,6 @@ _N_HEADS = (
     "with grouped-query attention only the n_kv_heads key/value heads are cached, not the n_heads query heads"
 )
 _D_MODEL = "each cached head has width d_head = d_model // n_heads, not d_model"
-_KV_BITS = "bits is the number of bits per cached value: divide by 8 to get bytes"
-_IGNORED_BITS = "use the bits argument (bits / 8 bytes per value), not always 2 bytes"
-_KV_GB = "a GiB is 2**30 bytes; you divided by 10**9, which is a GB"
-_MIB = "a GiB is 2**30 bytes; you divided by 2**20 (a MiB)"
-_NO_BATCH = "multiply by the batch: every sequence has its own cache"
 _WHOLE_BYTES = (
     "do not round: with bits / 8 bytes per value the cache is a fraction of a byte per value (use /, not //)"
 )
@@ -578,11 +548,11 @@ def _kv_mistakes(L, H, H_kv, C, T, B=1, bits=16) -> list[tuple[float, str]]:
         (right / 2, _NO_FACTOR_2),
         (right * H / H_kv, _N_HEADS),
         (right * H, _D_MODEL),
-        (right * 8, _KV_BITS),
-        (right * 16 / bits, _IGNORED_BITS),
-        (n_bytes / 1e9, _KV_GB),
-        (n_bytes / 2**20, _MIB),
-        (right / B, _NO_BATCH),
+        (right * 8, "bits is the number of bits per cached value: divide by 8 to get bytes"),
+        (right * 16 / bits, "use the bits argument (bits / 8 bytes per value), not always 2 bytes"),
+        (n_bytes / 1e9, _GB),
+        (n_bytes / 2**20, "a GiB is 2**30 bytes; you divided by 2**20 (a MiB)"),
+        (right / B, "multiply by the batch: every sequence has its own cache"),
         ((2 * L * H_kv * (C // H) * T * B * bits // 8) / 2**30, _WHOLE_BYTES),
         (float(int(n_bytes) // 2**30), _WHOLE_BYTES),
     ]
@@ -591,14 +561,8 @@ def _kv_mistakes(L, H, H_kv, C, T, B=1, bits=16) -> list[tuple[float, str]]:
     return out
 
 
-def _check_kv(g: Grader, kv_cache_gib, case: tuple) -> None:
-    """``kv_cache_gib(*args, **kwargs)`` (:func:`_split`)."""
-    args, kwargs = _split(case)
-    call = _call("kv_cache_gib", *args, **kwargs)
-    got = _student(g, call, kv_cache_gib, *args, **kwargs)
-    full = dict(zip(_KV_ARGS, args)) | kwargs
-    mistakes = _kv_mistakes(*(full.get(n) for n in _KV_ARGS[:5]), full.get("batch", 1), full.get("bits", 16))
-    _expect_value(g, got, ref.kv_cache_gib(**full), call, mistakes)
+#: ``kv_cache_gib(*args, **kwargs)`` (:func:`_split`)
+_check_kv = partial(_check_value, reference=ref.kv_cache_gib, mistakes=_kv_mistakes)
 
 
 def _check_kv_drawn(g: Grader, kv_cache_gib, case: tuple) -> None:
@@ -684,10 +648,6 @@ _2ND = (
 )
 _NO_MFU = "divide by the MFU as well: the GPUs deliver only mfu x their peak"
 _MFU_TIMES = "the achieved throughput is n_gpus * peak * mfu: divide the FLOPs by it (you multiplied by mfu)"
-_HOURS = "return days: divide the seconds by 86400 (24 * 3600); you returned hours"
-_SECONDS = "return days: divide the seconds by 86400 (24 * 3600)"
-_MINUTES = "return days: divide the seconds by 86400 (24 * 3600); you returned minutes"
-_TERA = "gpu_tflops is in TFLOP/s: multiply by 10**12 to get FLOP/s"
 _NO_GPUS = "divide by the number of GPUs: they share the work"
 
 _DAYS_ARGS = ("n_params", "n_tokens", "n_gpus", "gpu_tflops", "mfu")
@@ -699,19 +659,16 @@ def _days_mistakes(N, D, n_gpus, tflops, mfu) -> list[tuple[float, str]]:
         (right / 3, _2ND),
         (right * mfu, _NO_MFU),
         (right * mfu * mfu, _MFU_TIMES),
-        (right * 24, _HOURS),
-        (right * 86400, _SECONDS),
-        (right * 1440, _MINUTES),
-        (right * 1e12, _TERA),
+        (right * 24, "return days: divide the seconds by 86400 (24 * 3600); you returned hours"),
+        (right * 86400, "return days: divide the seconds by 86400 (24 * 3600)"),
+        (right * 1440, "return days: divide the seconds by 86400 (24 * 3600); you returned minutes"),
+        (right * 1e12, "gpu_tflops is in TFLOP/s: multiply by 10**12 to get FLOP/s"),
         (right * n_gpus, _NO_GPUS),
         (right / 3 * mfu, _2ND + "; and " + _NO_MFU),
     ]
 
 
-def _check_days(g: Grader, training_days, args: tuple) -> None:
-    call = _call("training_days", *args)
-    got = _student(g, call, training_days, *args)
-    _expect_value(g, got, ref.training_days(*args), call, _days_mistakes(*args))
+_check_days = partial(_check_value, reference=ref.training_days, mistakes=_days_mistakes)
 
 
 def _days_halve(g: Grader, training_days, case: tuple) -> None:
@@ -942,13 +899,8 @@ _FUSED = (
 _NON_EMBEDDING = (
     "N counts all the parameters, embeddings included: sum(p.numel() for p in model.parameters())"
 )
-_FLOPS_NO_POSITIONS = "N counts all the parameters, the position embedding included"
-_BACKWARD = "count the forward pass alone, under torch.no_grad(): a backward pass triples the FLOPs"
-_SIX_N = "divide by 2 N FLOPs per token (the forward pass), not 6 N (training)"
 _BATCH = "divide by all the tokens, batch * seq_len, not seq_len alone"
 _PER_SEQUENCE = "divide by the tokens: 2 N per token, times batch * seq_len"
-_INVERTED = "return counted / (2 N B T), not its inverse"
-_TWO = "2 N FLOPs per token: a multiply-add is 2 FLOPs"
 
 
 def _flops_parts(V, C, L, H, T, B) -> tuple[int, int, int]:
@@ -963,14 +915,14 @@ def _flops_mistakes(V, C, L, H, T, B) -> list[tuple[float, str]]:
     return [
         ((flops - attention) / (2 * n * B * T), _FUSED),
         (flops / (2 * (n - (V + T) * C) * B * T), _NON_EMBEDDING),
-        (flops / (2 * (n - T * C) * B * T), _FLOPS_NO_POSITIONS),
-        (3 * right, _BACKWARD),
-        (right / 3, _SIX_N),
+        (flops / (2 * (n - T * C) * B * T), "N counts all the parameters, the position embedding included"),
+        (3 * right, "count the forward pass alone, under torch.no_grad(): a backward pass triples the FLOPs"),
+        (right / 3, "divide by 2 N FLOPs per token (the forward pass), not 6 N (training)"),
         (right * B, _BATCH),
         (right * T, _PER_SEQUENCE),
         (right * B * T, _PER_SEQUENCE),
-        (1 / right, _INVERTED),
-        (right * 2, _TWO),
+        (1 / right, "return counted / (2 N B T), not its inverse"),
+        (right * 2, "2 N FLOPs per token: a multiply-add is 2 FLOPs"),
         ((flops - attention) / (2 * (n - (V + T) * C) * B * T), _FUSED + "; and " + _NON_EMBEDDING),
     ]
 
@@ -992,15 +944,11 @@ def _check_ratio(g: Grader, flops_ratio, shape: tuple, pass_batch: bool = True) 
         if mistakes:
             hints = "; or: ".join(dict.fromkeys(mistakes))
             g.fail(f"{call} gave {value:.4g}, expected {right:.4f} (within {FLOPS_BAND:.0%}): {hints}")
-    expect_in_band(
-        g,
-        call,
-        got,
-        right * (1 - FLOPS_BAND),
-        right * (1 + FLOPS_BAND),
+    how = (
         f"the forward pass counts {flops:,} FLOPs for {n:,} parameters and {B * T} tokens: count one forward "
-        "pass of GPT(GPTConfig(vocab_size, block_size=seq_len, ...)) with counted_flops and divide by 2 N B T",
+        "pass of GPT(GPTConfig(vocab_size, block_size=seq_len, ...)) with counted_flops and divide by 2 N B T"
     )
+    expect_in_band(g, call, got, right * (1 - FLOPS_BAND), right * (1 + FLOPS_BAND), how)
     return value
 
 
@@ -1065,15 +1013,12 @@ FLOPS_RATIO = Spec(
         Clause(
             "a ValueError naming the values when n_heads does not divide d_model",
             _divides,
-            examples=[
-                (
-                    "flops_ratio",
-                    args,
-                    (str(args[1]), str(args[3])),
-                    "say that n_heads does not divide d_model, with both values",
-                )
-                for args in ((97, 48, 3, 5, 64), (97, 10, 1, 4, 8))
-            ],
+            examples=_divide_cases(
+                "flops_ratio",
+                ((97, 48, 3, 5, 64), ("48", "5")),
+                ((97, 10, 1, 4, 8), ("10", "4")),
+                why="say that n_heads does not divide d_model, with both values",
+            ),
         ),
         Clause(
             "a ValueError naming the argument for a size that is not a positive whole number",
@@ -1096,7 +1041,6 @@ _G_INVERTED = (
     "N = G (C / 6)^a and D = (C / 6)^b / G with G = (alpha A / (beta B))^(1 / (alpha + beta)): G is inverted"
 )
 _G_POWER = "G = (alpha A / (beta B)) to the power 1 / (alpha + beta), not G = alpha A / (beta B)"
-_ORDER = "return (N, D): the parameters first, then the tokens"
 
 
 def _chinchilla_ref(flops, A=406.4, B=410.7, alpha=0.34, beta=0.28) -> tuple[float, float]:
@@ -1114,7 +1058,7 @@ def _chinchilla_mistakes(flops, A, B, alpha, beta) -> list[tuple[tuple[float, fl
         ((G * flops ** (beta / s), flops ** (alpha / s) / G), _NO_SIX),
         ((c ** (beta / s) / G, G * c ** (alpha / s)), _G_INVERTED),
         ((G**s * c ** (beta / s), c ** (alpha / s) / G**s), _G_POWER),
-        ((d, n), _ORDER),
+        ((d, n), "return (N, D): the parameters first, then the tokens"),
     ]
 
 

@@ -143,16 +143,18 @@ def _emb_reference(weights, n_segments=2, d_model=C, eps=1e-12, max_len=MAXLEN):
     return _loaded(ref.BertEmbeddings(V, max_len, d_model, n_segments, 0.0, eps), weights)
 
 
-def _layer_norm(x, weight, bias, eps):
-    """Layer norm over the last axis, written out (``F.layer_norm`` spins up threads: slow on tiny inputs)."""
-    mean = x.mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + eps) * weight + bias
+_EMB = "norm(token + position + segment)"  # what BertEmbeddings returns (before dropout)
 
 
 def _emb_mistakes(w, ids, seg, eps=1e-12):
     T = ids.shape[1]
     tok, pos, sg = w["token.weight"][ids], w["position.weight"][:T], w["segment.weight"][seg]
-    norm = lambda x: _layer_norm(x, w["norm.weight"], w["norm.bias"], eps)  # noqa: E731
+
+    def norm(x):
+        """Layer norm over the last axis, written out (F.layer_norm spins up threads: slow on tiny inputs)."""
+        x = x - x.mean(-1, keepdim=True)
+        return x / torch.sqrt((x**2).mean(-1, keepdim=True) + eps) * w["norm.weight"] + w["norm.bias"]
+
     out = [
         (
             norm(tok + pos),
@@ -194,13 +196,14 @@ def _ids_and_segments(seed: int, B: int, T: int, n_segments: int) -> tuple[torch
     return _ints(seed, V, B, T), _ints(seed + 1, n_segments, B, T)
 
 
-def _expect_embedding(g: Grader, out, expected, w, ids, seg, what: str, eps=1e-12) -> None:
+def _expect_output(g: Grader, out, expected, mistakes, what: str, formula: str) -> None:
+    """A module's float64 output against the reference's: its shape, the mistakes' hints, then its values."""
     g.expect(
         is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
         f"{what}: expected a float64 tensor of shape {tuple(expected.shape)}, got {describe(out)}",
     )
-    first_match(g, out, [(x, f"{what}: {hint}") for x, hint in _emb_mistakes(w, ids, seg, eps)], expected)
-    g.expect(close(out, expected), f"{what}: the output differs from norm(token + position + segment)")
+    first_match(g, out, [(x, f"{what}: {hint}") for x, hint in mistakes], expected)
+    g.expect(close(out, expected), f"{what}: the output differs from {formula}")
 
 
 def _emb_parts(g: Grader, BertEmbeddings, case) -> None:
@@ -229,7 +232,7 @@ def _emb_values(g: Grader, BertEmbeddings, case) -> None:
     m, w, r, built = _embeddings(g, BertEmbeddings, n_seg, d_model)
     ids, seg = _ids_and_segments(seed, B, T, n_seg)
     what = f"{built}, input_ids {tuple(ids.shape)} and token_type_ids"
-    _expect_embedding(g, call_student(g, what, m, ids, seg), r(ids, seg), w, ids, seg, what)
+    _expect_output(g, call_student(g, what, m, ids, seg), r(ids, seg), _emb_mistakes(w, ids, seg), what, _EMB)
 
 
 def _emb_default_segment(g: Grader, BertEmbeddings, case) -> None:
@@ -248,7 +251,7 @@ def _emb_default_segment(g: Grader, BertEmbeddings, case) -> None:
             f"{what}: the output differs from the one with token_type_ids=torch.zeros_like(input_ids) "
             f"(got {describe(out)}): when token_type_ids is None, every token is in segment 0"
         )
-    _expect_embedding(g, out, r(ids, zeros), w, ids, zeros, what)
+    _expect_output(g, out, r(ids, zeros), _emb_mistakes(w, ids, zeros), what, _EMB)
 
 
 def _emb_eps(g: Grader, BertEmbeddings, eps: float) -> None:
@@ -257,7 +260,7 @@ def _emb_eps(g: Grader, BertEmbeddings, eps: float) -> None:
     out = call_student(g, built, m, ids, seg)
     if is_tensor(out) and not close(out, r(ids, seg)) and close(out, _emb_reference(w)(ids, seg)):
         g.fail(f"{built}: the output is the one with eps=1e-12: build the norm as LayerNorm(d_model, eps)")
-    _expect_embedding(g, out, r(ids, seg), w, ids, seg, f"{built}, input_ids (2, 6)", eps=eps)
+    _expect_output(g, out, r(ids, seg), _emb_mistakes(w, ids, seg, eps), f"{built}, input_ids (2, 6)", _EMB)
 
 
 def _emb_length(g: Grader, BertEmbeddings, T: int) -> None:
@@ -419,10 +422,13 @@ def _sentences(special_ids, n_ordinary: int, B: int, T: int, name: str) -> torch
     return ids
 
 
-def _word_rows(special_ids, n_ordinary: int, B: int, T: int, name: str, longest: int = 4, gap: int = 1):
-    """``[CLS] words [SEP] [PAD]...`` rows, their word ids (words of 1 to ``longest`` tokens, numbered
-    ``0, gap, 2 * gap, ...`` in each row, ``-1`` at the special tokens) and each token's word length."""
+def _rows(special_ids, B: int, T: int, name: str, words: bool, n_ordinary: int = 40, gap: int = 1, longest=4):
+    """``(ids, word ids or None, word lengths or None)``: :func:`_sentences`, for ``mask_whole_words`` cut
+    into words of 1 to ``longest`` tokens (numbered ``0, gap, 2 * gap, ...`` in each row, ``-1`` at the
+    special tokens), with each token's word length."""
     ids = _sentences(special_ids, n_ordinary, B, T, name)
+    if not words:
+        return ids, None, None
     starts = torch.rand(B, T, generator=generator(name + ".words")) < 2 / (longest + 1)  # a new word begins
     words = torch.full((B, T), -1)
     for b in range(B):
@@ -436,13 +442,6 @@ def _word_rows(special_ids, n_ordinary: int, B: int, T: int, name: str, longest:
             words[b, t], n = w * gap, n + 1
     lengths = torch.where(words >= 0, (words.unsqueeze(2) == words.unsqueeze(1)).sum(2), 0)
     return ids, words, lengths
-
-
-def _rows(special_ids, B: int, T: int, name: str, words: bool, n_ordinary: int = 40, gap: int = 1):
-    """``(ids, word ids or None, word lengths or None)``: sentences, cut into words for ``mask_whole_words``."""
-    if words:
-        return _word_rows(special_ids, n_ordinary, B, T, name, gap=gap)
-    return _sentences(special_ids, n_ordinary, B, T, name), None, None
 
 
 def _masking(g: Grader, fn, ids, special_ids, vocab_size, seed, p=None, words=None):
@@ -763,11 +762,23 @@ def _loss_mistakes(logits, labels):
     ]
 
 
-def _expect_loss(g: Grader, mlm_loss, logits, labels, what: str) -> None:
+#: a worked example: position 0 is not selected; -log(3/4) at position 1 and -log(1/2) at position 2
+_WORKED = (((0.0, 0.0), (0.0, math.log(3.0)), (5.0, 5.0)), (-100, 1, 0))
+
+
+def _loss_values(g: Grader, mlm_loss, case) -> None:
+    """``case``: ((leading axes, V, seed), dtype[, magnitude of the logits]), or the worked example."""
+    if case == _WORKED:
+        logits, labels = torch.tensor([_WORKED[0]], dtype=torch.float64), torch.tensor([_WORKED[1]])
+        what = "for logits [[[0, 0], [0, log 3], [5, 5]]] and labels [[-100, 1, 0]] (the loss is (log 4/3 + log 2) / 2)"
+    else:
+        (lead, V_, seed), dtype, *scale = case
+        logits, labels = _loss_case(seed, lead, V_, dtype, *scale)
+        what = f"for {str(dtype).removeprefix('torch.')} logits {tuple(logits.shape)}"
+        what += f" of magnitude {scale[0]:g}" if scale else f" and labels {labels.tolist()}"
     out = call_student(g, what, mlm_loss, logits.clone(), labels.clone())
-    expected = F.cross_entropy(logits.double().flatten(0, -2), labels.flatten()).to(
-        logits.dtype
-    )  # ignores -100
+    # cross_entropy ignores the label -100
+    expected = F.cross_entropy(logits.double().flatten(0, -2), labels.flatten()).to(logits.dtype)
     g.expect(
         is_tensor(out) and out.dim() == 0 and out.dtype == logits.dtype,
         f"{what}: return a scalar (0-dimensional) tensor of the logits' dtype "
@@ -785,23 +796,6 @@ def _expect_loss(g: Grader, mlm_loss, logits, labels, what: str) -> None:
         f"{what}: the loss should be {float(expected):.6g} (the mean cross-entropy over the positions with "
         f"labels != -100), got {float(out):.6g}",
     )
-
-
-#: a worked example: position 0 is not selected; -log(3/4) at position 1 and -log(1/2) at position 2
-_WORKED = (((0.0, 0.0), (0.0, math.log(3.0)), (5.0, 5.0)), (-100, 1, 0))
-
-
-def _loss_values(g: Grader, mlm_loss, case) -> None:
-    """``case``: ((leading axes, V, seed), dtype[, magnitude of the logits]), or the worked example."""
-    if case == _WORKED:
-        logits, labels = torch.tensor([_WORKED[0]], dtype=torch.float64), torch.tensor([_WORKED[1]])
-        what = "for logits [[[0, 0], [0, log 3], [5, 5]]] and labels [[-100, 1, 0]] (the loss is (log 4/3 + log 2) / 2)"
-        return _expect_loss(g, mlm_loss, logits, labels, what)
-    (lead, V_, seed), dtype, *scale = case
-    logits, labels = _loss_case(seed, lead, V_, dtype, *scale)
-    what = f"for {str(dtype).removeprefix('torch.')} logits {tuple(logits.shape)}"
-    what += f" of magnitude {scale[0]:g}" if scale else f" and labels {labels.tolist()}"
-    _expect_loss(g, mlm_loss, logits, labels, what)
 
 
 def _loss_ignores(g: Grader, mlm_loss, _case) -> None:
@@ -969,15 +963,8 @@ def _cls_values(g: Grader, ClsHead, case) -> None:
     m, r, w, what = _cls_module(g, ClsHead, d_model, n_classes, f"cls.values.{d_model}.{n_classes}")
     h = tensor(seed, B, T, d_model)
     what = f"{what} on hidden {tuple(h.shape)}"
-    out, expected = call_student(g, what, m, h), r(h)
-    g.expect(
-        is_tensor(out) and out.shape == expected.shape and out.dtype == expected.dtype,
-        f"{what}: expected a float64 tensor of shape {tuple(expected.shape)}, got {describe(out)}",
-    )
-    first_match(g, out, [(x, f"{what}: {hint}") for x, hint in _cls_mistakes(w, h)], expected)
-    g.expect(
-        close(out, expected), f"{what}: the output differs from classifier(dropout(tanh(pooler(h[:, 0]))))"
-    )
+    formula = "classifier(dropout(tanh(pooler(h[:, 0]))))"
+    _expect_output(g, call_student(g, what, m, h), r(h), _cls_mistakes(w, h), what, formula)
 
 
 def _cls_position(g: Grader, ClsHead, _case) -> None:
@@ -1173,20 +1160,15 @@ CORRUPTED_BAND = 0.07
 APPENDED, FIRST = (1024, 1025, 1026, 1027), (0, 1, 2, 3)  # special ids after 1,024 ordinary ones, or first
 
 
-def _corruption_ids(special_ids: tuple, vocab_size: int, seed: int, B: int, T: int) -> torch.Tensor:
-    """``(B, T)`` ordinary ids framed as ``[CLS] ... [SEP] [PAD] ...``: a quarter of the positions are special."""
-    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special_ids])
-    ids = ordinary[torch.randint(len(ordinary), (B, T), generator=torch.Generator().manual_seed(seed))]
-    pad, cls, sep, _ = special_ids
-    ids[:, 0], ids[:, T - T // 4 :], ids[:, T - T // 4 - 1] = cls, pad, sep
-    return ids
-
-
 def _fraction(g: Grader, corrupted_fraction, case, *, mask_tokens=None):
     """``case``: (special ids, vocab size, mlm_probability (None: the default), seed of the ids, seed of the
     generator, B, T). Returns the call's text, its result (or ``mask_tokens``'s), the ids and the band."""
     special_ids, vocab_size, p, seed, gen_seed, B, T = case
-    ids = _corruption_ids(special_ids, vocab_size, seed, B, T)
+    # (B, T) ordinary ids framed as [CLS] ... [SEP] [PAD] ...: a quarter of the positions are special
+    ordinary = torch.tensor([i for i in range(vocab_size) if i not in special_ids])
+    ids = ordinary[torch.randint(len(ordinary), (B, T), generator=torch.Generator().manual_seed(seed))]
+    pad, cls, sep, _ = special_ids
+    ids[:, 0], ids[:, T - T // 4 :], ids[:, T - T // 4 - 1] = cls, pad, sep
     where = f"corrupted_fraction(input_ids {tuple(ids.shape)}, special {special_ids}, {vocab_size}, generator"
     where += ")" if p is None else f", mlm_probability={p})"
     args = (ids, _special(*special_ids), vocab_size, _generator(gen_seed)) + (() if p is None else (p,))
@@ -1320,11 +1302,6 @@ def _wwm_rows_apart(g: Grader, mask_whole_words, _case) -> None:
     )
 
 
-def _wwm_refused(case) -> Call:
-    ids, words, p, what = case
-    return Call(what, (torch.tensor(ids), torch.tensor(words), _special(*SPECIAL), 44, _generator(0), p))
-
-
 _ROW, _WORDS = ((41, 7, 8, 9, 42),), ((-1, 0, 0, 1, -1),)
 
 MASK_WHOLE_WORDS = Spec(
@@ -1366,7 +1343,9 @@ MASK_WHOLE_WORDS = Spec(
         ),
         _fixed("all randomness comes from the generator argument", _seeded, True),
         raises(
-            _wwm_refused,
+            lambda c: Call(
+                c[3], (torch.tensor(c[0]), torch.tensor(c[1]), _special(*SPECIAL), 44, _generator(0), c[2])
+            ),
             fix="say what was expected and what came",
             text="raises ValueError for mismatched shapes, 1-D input, a bad rate, or word ids that miss the specials",
             examples=[(_ROW, ((-1, 0, 0, 1),), 0.15, "word_ids (1, 4) for input_ids (1, 5)")],
