@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,26 +55,10 @@ from coursekit.grading.core import (
 from coursekit.grading.questions import Prediction, expect_in_band
 from coursekit.grading.spec import Call, Clause, Spec, budget, matches, procedure, raises
 
-__all__ = [
-    "check_layer_norm",
-    "check_feed_forward",
-    "check_encoder_layer",
-    "check_decoder_layer",
-    "grade_layer_norm",
-    "grade_feed_forward",
-    "grade_encoder_layer",
-    "grade_decoder_layer",
-    "check_predict_layer_norm_params",
-    "grade_predict_layer_norm_params",
-    "check_predict_input_gradient",
-    "grade_predict_input_gradient",
-    "check_predict_swiglu_params",
-    "grade_predict_swiglu_params",
-    "check_input_gradient_norm",
-    "grade_input_gradient_norm",
-    "check_rms_norm",
-    "grade_rms_norm",
-]
+#: the graded parts, by the names of their entry points ``check_<part>`` and ``grade_<part>``
+_PARTS = ("layer_norm", "feed_forward", "encoder_layer", "decoder_layer", "predict_layer_norm_params")
+_PARTS += ("predict_input_gradient", "predict_swiglu_params", "input_gradient_norm", "rms_norm")
+__all__ = [f"{verb}_{part}" for part in _PARTS for verb in ("check", "grade")]
 
 F64 = torch.float64
 DROPOUT = "torch.nn.modules.dropout.Dropout"
@@ -344,9 +329,8 @@ def _norm_values(label: str, text: str, inputs=None, **kwargs) -> Clause:
         return _named(where, _rms_mistakes(x, w["weight"], eps, default)) if x.dtype == F64 else []
 
     advice = ": normalise each row over the last axis, (x - mean) / sqrt(var + eps) with eps inside the "
-    advice = (
-        advice + "square root (a constant row then gives 0, not 0 / 0 = NaN)" if label == "LayerNorm" else ""
-    )
+    advice += "square root (a constant row then gives 0, not 0 / 0 = NaN)"
+    advice = advice if label == "LayerNorm" else ""
     return matches(call, expected, inputs, text=text, mistakes=mistakes, advice=advice, **kwargs)
 
 
@@ -683,7 +667,7 @@ def _names(g: Grader, cls, case) -> None:
         g.expect(heads == H, f"{what}.{attn} has {heads} heads: pass n_heads on to MultiHeadAttention")
 
 
-def _forward(g: Grader, cls, kind: _Kind, case, name: str, norm_first: bool | None, **masks) -> None:
+def _forward(g: Grader, cls, case, kind: _Kind, name: str, norm_first: bool | None, **masks) -> None:
     """The student's layer on the inputs of ``case`` (with ``masks``) against the reference; in a
     :class:`_Diagnosed` run, with the known mistakes where the run says so."""
     C, H, d_ff, B, T, S, activation, seed = case
@@ -736,6 +720,16 @@ def _mask_mistakes(r, inputs: tuple, masks: dict, left_out: Callable[[str], str 
     ]
 
 
+def _swapped(r, inputs: tuple, masks: dict, norm_first: bool, norm: str, sublayer: str) -> tuple:
+    """What the reference gives on ``inputs`` with pre-norm and post-norm swapped, and the hint (which names
+    the layer's ``norm`` and ``sublayer``)."""
+    r.norm_first = not norm_first
+    wrong = r(*inputs, **masks)
+    r.norm_first = norm_first
+    hint = f"pre-norm and post-norm are swapped: norm_first=False (the default) is post-norm, x = {norm}(x + "
+    return wrong, hint + f"{sublayer}(x)); norm_first=True is pre-norm, x = x + {sublayer}({norm}(x))"
+
+
 def _inputs(kind: _Kind, name: str, B: int, T: int, S: int, C: int, scale: float = 1.0) -> dict:
     """``x`` (B, T, C) and, for the decoder, ``memory`` (B, S, C), seeded from ``name``."""
     out = {"x": rand(f"{name}.x", B, T, C, scale=scale)}
@@ -762,10 +756,8 @@ def _dropout_values(g: Grader, cls, case) -> None:
     for place in (*kind.subs, "ff.dropout"):
         d = _get(m, place)
         g.expect(is_a(d, DROPOUT), f"{what} needs an nn.Dropout named {place}, got {describe(d)}")
-        hint = (
-            f"{what}.{place}.p is {d.p}, expected {p}: pass dropout on to every dropout (its default is 0.1)"
-        )
-        g.expect(d.p == p, hint)
+        hint = f"{what}.{place}.p is {d.p}, expected {p}: pass dropout on to every dropout (its default is "
+        g.expect(d.p == p, hint + "0.1)")
     for attn in kind.attentions:
         got = _get(m, f"{attn}.dropout")
         g.expect(
@@ -792,13 +784,8 @@ def _dropout_places(g: Grader, cls, case) -> None:
     advice = f": {on} must drop the {kind.subs[on]} sub-layer's output just before its residual add, and nothing else"
     with torch.no_grad():
         out, expected = call_student(g, what, m, *inputs), r(*inputs)
-    expect_close(
-        g,
-        f"{what} in training mode with {on}.p = 1 and every other dropout off",
-        out,
-        expected,
-        advice=advice,
-    )
+    where = f"{what} in training mode with {on}.p = 1 and every other dropout off"
+    expect_close(g, where, out, expected, advice=advice)
 
 
 def _layer_grads(g: Grader, cls, kind: _Kind) -> None:
@@ -807,20 +794,23 @@ def _layer_grads(g: Grader, cls, kind: _Kind) -> None:
     _grads(g, m, r, what, _inputs(kind, name, 2, 4, 5, 8), rand(f"{name}.up", 2, 4, 8))
 
 
-def _layer_spec(kind: _Kind, fixed: tuple, texts: dict, tests: tuple, masked: list) -> Spec:
-    """A layer's Spec: the names clause; post-norm and pre-norm (``tests``, on the ``fixed`` inputs then 8
-    drawn ones); the ``masked`` clauses; then the options, the dropouts and the gradients. ``texts``: the
-    clauses' texts, by clause."""
+def _layer_spec(kind: _Kind, fixed: tuple, texts: dict, masked: list) -> Spec:
+    """A layer's Spec: the names clause; post-norm and pre-norm (on the ``fixed`` inputs then 8 drawn ones);
+    the ``masked`` clauses; then the options, the dropouts and the gradients. ``texts``: the clauses' texts,
+    by clause."""
     named, drawn = ((16, 4, 24, {}), (12, 3, None, {}), (8, 2, 5, {"bias": False})), _layer_case(kind.cross)
     places = [(kind, norm_first, on) for norm_first in (False, True) for on in kind.subs]
+
+    def forward(p: str, norm_first: bool | None) -> _Diagnosed:
+        test = functools.partial(_forward, kind=kind, name=f"{kind.prefix}.{p}", norm_first=norm_first)
+        return _Diagnosed(texts[p], test, drawn, key=f"{kind.prefix}.{p}", budget="some", examples=fixed)
+
     return Spec(
         kind.label,
         [
             Clause(texts["names"], _names, examples=[(kind, *c) for c in named]),
-            *(
-                _Diagnosed(texts[p], test, drawn, key=f"{kind.prefix}.{p}", budget="some", examples=fixed)
-                for p, test in zip(("post", "pre"), tests)
-            ),
+            forward("post", None),
+            forward("pre", True),
             *masked,
             Clause(texts["options"], _options, examples=[(kind, kw) for kw in _OPTIONS]),
             Clause(texts["dropouts"], _dropout_values, examples=[(kind, kw, p) for kw, p in _DROPOUT_ARGS]),
@@ -844,14 +834,7 @@ def _encoder_mistakes(r: ref.EncoderLayer, x, norm_first, **masks):
     n1, n2, f = r.norm1, r.norm2, r.ff
     out = []
     with torch.no_grad():
-        r.norm_first = not norm_first
-        hint = (
-            "pre-norm and post-norm are swapped: norm_first=False (the default) is post-norm, x = norm1(x + "
-        )
-        out.append(
-            (r(x, **masks), hint + "self_attn(x)); norm_first=True is pre-norm, x = x + self_attn(norm1(x))")
-        )
-        r.norm_first = norm_first
+        out.append(_swapped(r, (x,), masks, norm_first, "norm1", "self_attn"))
         missing = "the residual connection around {} is missing: {}"
         if norm_first:
             h, s, n = a(n1(x)), x + a(n1(x)), n1(x) + a(n1(x))
@@ -871,23 +854,15 @@ _ENC_SUBS = {"dropout1": "attention", "dropout2": "feed-forward"}
 _ENC = _Kind("EncoderLayer", ref.EncoderLayer, "enc", _ENC_SUBS, ("self_attn",), _encoder_mistakes)
 
 
-def _enc_post(g: Grader, cls, case) -> None:
-    _forward(g, cls, _ENC, case, "enc.post", None)
-
-
-def _enc_pre(g: Grader, cls, case) -> None:
-    _forward(g, cls, _ENC, case, "enc.pre", True)
-
-
 def _enc_mask(g: Grader, cls, c) -> None:
     case, kind, shape, norm_first = c
     C, H, d_ff, B, T, _, activation, seed = case
-    _forward(g, cls, _ENC, case, "enc.mask", norm_first, mask=_masks(seed, B, H, T, T, kind, shape))
+    _forward(g, cls, case, _ENC, "enc.mask", norm_first, mask=_masks(seed, B, H, T, T, kind, shape))
 
 
 def _enc_padding(g: Grader, cls, c) -> None:
     case, norm_first, lengths = c
-    _forward(g, cls, _ENC, case, "enc.pad", norm_first, key_padding_mask=_padding(lengths, case[3], case[4]))
+    _forward(g, cls, case, _ENC, "enc.pad", norm_first, key_padding_mask=_padding(lengths, case[3], case[4]))
 
 
 def _enc_causal(g: Grader, cls, c) -> None:
@@ -898,7 +873,7 @@ def _enc_causal(g: Grader, cls, c) -> None:
         masks["mask"] = _masks(seed, B, H, T, T, kind, "TS")
     if padded:
         masks["key_padding_mask"] = padding_mask([max(1, T - b) for b in range(B)], S=T)
-    _forward(g, cls, _ENC, case, "enc.causal", norm_first, **masks)
+    _forward(g, cls, case, _ENC, "enc.causal", norm_first, **masks)
 
 
 _ENC_POST, _ENC_PRE = (8, 2, None, 2, 3, 3, "relu", 0), (12, 3, 16, 3, 4, 4, "gelu", 1)
@@ -919,7 +894,6 @@ ENCODER_LAYER = _layer_spec(
         "residual add (each alone with p = 1, in training mode)",
         "grads": "leaves x unchanged; gradients with respect to x match the reference",
     },
-    (_enc_post, _enc_pre),
     [
         _Diagnosed(
             "mask (boolean, True = may attend, or additive floats), broadcastable to (B, H, T, T), "
@@ -979,17 +953,7 @@ def _decoder_mistakes(r: ref.DecoderLayer, x, memory, norm_first, **masks):
         if causal:
             hint = "self-attention must be causal by default: pass is_causal=is_causal (default True) to self_attn"
             out.append((r(x, memory, **{**masks, "is_causal": False}), hint))
-        r.norm_first = not norm_first
-        hint = (
-            "pre-norm and post-norm are swapped: norm_first=False (the default) is post-norm, x = norm(x + "
-        )
-        out.append(
-            (
-                r(x, memory, **masks),
-                hint + "sublayer(x)); norm_first=True is pre-norm, x = x + sublayer(norm(x))",
-            )
-        )
-        r.norm_first = norm_first
+        out.append(_swapped(r, (x, memory), masks, norm_first, "norm", "sublayer"))
         if norm_first:
             h = x + sa(r.norm1(x))
             n = r.norm2(h)
@@ -1015,35 +979,23 @@ _DEC = _Kind(
 )
 
 
-def _dec_post(g: Grader, cls, case) -> None:
-    _forward(g, cls, _DEC, case, "dec.post", None)
-
-
-def _dec_pre(g: Grader, cls, case) -> None:
-    _forward(g, cls, _DEC, case, "dec.pre", True)
-
-
 def _dec_noncausal(g: Grader, cls, c) -> None:
-    _forward(g, cls, _DEC, c[0], "dec.noncausal", c[1], is_causal=False)
+    _forward(g, cls, c[0], _DEC, "dec.noncausal", c[1], is_causal=False)
 
 
-def _dec_self_masks(g: Grader, cls, c) -> None:
-    case, kind, shape, norm_first, lengths = c
-    C, H, d_ff, B, T, S, activation, seed = case
-    masks = {"mask": _masks(seed, B, H, T, T, kind, shape), "key_padding_mask": _padding(lengths, B, T)}
-    _forward(g, cls, _DEC, case, "dec.selfmask", norm_first, **masks)
+def _dec_masks(text: str, memory: bool, key: str, *examples) -> _Diagnosed:
+    """A decoder clause of a mask and a padding mask (of drawn lengths up to S = 7, or T = 6) reaching
+    cross-attention (``memory``) or self-attention."""
 
+    def test(g: Grader, cls, c) -> None:
+        case, kind, shape, norm_first, lengths = c
+        C, H, d_ff, B, T, S, activation, seed = case
+        S = S if memory else T
+        names = ("memory_mask", "memory_key_padding_mask") if memory else ("mask", "key_padding_mask")
+        masks = _masks(seed + 2 * memory, B, H, T, S, kind, shape), _padding(lengths, B, S)
+        _forward(g, cls, case, _DEC, key, norm_first, **dict(zip(names, masks)))
 
-def _dec_memory_masks(g: Grader, cls, c) -> None:
-    case, kind, shape, norm_first, lengths = c
-    C, H, d_ff, B, T, S, activation, seed = case
-    mask, padding = _masks(seed + 2, B, H, T, S, kind, shape), _padding(lengths, B, S)
-    _forward(g, cls, _DEC, case, "dec.memmask", norm_first, memory_mask=mask, memory_key_padding_mask=padding)
-
-
-def _dec_masks(text: str, test, max_length: int, key: str, *examples) -> _Diagnosed:
-    """A decoder clause of a mask and a padding mask (of drawn lengths up to ``max_length``)."""
-    lengths = st.lists(st.integers(1, max_length), max_size=3)
+    lengths = st.lists(st.integers(1, 7 if memory else 6), max_size=3)
     inputs = st.tuples(_layer_case(cross=True), _MASK_KINDS, _MASK_SHAPES, _NORM_FIRST, lengths)
     return _Diagnosed(text, test, inputs, key=key, budget="small", examples=examples)
 
@@ -1065,7 +1017,6 @@ DECODER_LAYER = _layer_spec(
         "feed-forward, before each residual add (each alone with p = 1, in training mode)",
         "grads": "leaves x and memory unchanged; gradients reach x and memory as in the reference",
     },
-    (_dec_post, _dec_pre),
     [
         _Diagnosed(
             "is_causal=False: self-attention sees every position of x",
@@ -1078,8 +1029,7 @@ DECODER_LAYER = _layer_spec(
         _dec_masks(
             "mask (boolean or additive, broadcastable to (B, H, T, T)) and key_padding_mask (B, T) "
             "reach self-attention, on top of the causal mask",
-            _dec_self_masks,
-            6,
+            False,
             "dec.selfmask",
             ((8, 2, None, 3, 5, 4, "relu", 0), "bool", "TS", None, [5, 4, 3]),
             (_DEC_PRE, "float", "BHTS", True, [4, 2, 3]),
@@ -1087,8 +1037,7 @@ DECODER_LAYER = _layer_spec(
         _dec_masks(
             "memory_mask (boolean or additive, broadcastable to (B, H, T, S)) and memory_key_padding_mask "
             "(B, S), True at real tokens, reach cross-attention",
-            _dec_memory_masks,
-            7,
+            True,
             "dec.memmask",
             ((8, 2, None, 3, 4, 6, "relu", 0), "bool", "TS", None, [5, 3, 1]),
             (_DEC_PRE, "float", "B1TS", True, [2, 1, 2]),
@@ -1135,25 +1084,14 @@ INPUT_GRADIENT = Prediction(
 _SWIGLU_CHOICES = {"a": 2 / 3, "b": 1.0, "c": 1.5, "d": 2.0}
 
 
-class _GEGLU(nn.Module):
-    """The gated GELU feed-forward of Shazeer (2020), ``down(gelu(gate(x)) * up(x))``, without biases."""
-
-    def __init__(self, d_model: int, d_ff: int):
-        super().__init__()
-        self.gate = nn.Linear(d_model, d_ff, bias=False)
-        self.up = nn.Linear(d_model, d_ff, bias=False)
-        self.down = nn.Linear(d_ff, d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.gate(x)) * self.up(x))
-
-
 def _swiglu_params() -> str:
     """Which choice a GEGLU of hidden width 4C over a GELU MLP of width 4C is nearest to, at C = 1024, both
     built on the meta device."""
     C = 1024
     with torch.device("meta"):  # shapes only: no weights to draw
-        geglu = _GEGLU(C, 4 * C)
+        # the gated GELU feed-forward of Shazeer (2020), down(gelu(gate(x)) * up(x)), without biases
+        gate, up, down = (nn.Linear(*shape, bias=False) for shape in ((C, 4 * C), (C, 4 * C), (4 * C, C)))
+        geglu = nn.ModuleDict(dict(gate=gate, up=up, down=down))
         mlp = ref.FeedForward(C, 4 * C, activation="gelu", bias=False)
     ratio = ref.count_params(geglu) / ref.count_params(mlp)
     return min(_SWIGLU_CHOICES, key=lambda c: abs(math.log(ratio / _SWIGLU_CHOICES[c])))
@@ -1219,23 +1157,17 @@ def _band(n_layers: int, norm_first: bool) -> tuple[float, float]:
 
 def _in_band(g: Grader, input_gradient_norm, case) -> None:
     """A measurement at C = 256 in its band: ``case`` is n_layers, norm_first, the seed and n_tokens, if given."""
-    n_layers, norm_first, seed, *tokens = case
-    where, v = _grad_norm(
-        g, input_gradient_norm, n_layers, norm_first, seed, **dict(zip(["n_tokens"], tokens))
-    )
+    n_layers, norm_first = case[:2]
+    where, v = _grad_norm(g, input_gradient_norm, *case[:3], **dict(zip(["n_tokens"], case[3:])))
     if norm_first:
-        hint = (
-            f"pre-norm should give about sqrt(n_layers + 1) = {math.sqrt(n_layers + 1):.3g}: x = x + norm(x) "
-        )
-        hint += (
-            "W^T keeps the identity path (the residual), W has entries randn / sqrt(C), and the result is "
-        )
-        hint += "||d loss / d x0|| "
+        hint = f"pre-norm should give about sqrt(n_layers + 1) = {math.sqrt(n_layers + 1):.3g}: x = x + "
+        hint += "norm(x) W^T keeps the identity path (the residual), W has entries randn / sqrt(C), and the "
+        hint += "result is "
     else:
         hint = "post-norm should give about 1: x = norm(x + x W^T), the norm after the residual add (without scale "
-        hint += "and shift), W with entries randn / sqrt(C), and ||d loss / d x0|| "
-    low, high = _band(n_layers, norm_first)
-    expect_in_band(g, where, v, low, high, hint + "divided by ||r|| for a random r (torch.randn, not ones)")
+        hint += "and shift), W with entries randn / sqrt(C), and "
+    hint += "||d loss / d x0|| divided by ||r|| for a random r (torch.randn, not ones)"
+    expect_in_band(g, where, v, *_band(n_layers, norm_first), hint)
 
 
 def _ig_float(g: Grader, input_gradient_norm, case) -> None:
