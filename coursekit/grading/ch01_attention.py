@@ -19,6 +19,7 @@ specification over several files.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -115,61 +116,34 @@ def _shape_and_dim(max_rank: int = 4, max_size: int = 6):
 def _softmax_mistakes(x: torch.Tensor, dim: int, where: str) -> list:
     """The classic wrong softmaxes of ``x`` (float64) along ``dim``, with their hints."""
     others = [d for d in range(x.dim()) if d != dim % x.dim()]
-    out = [
-        (torch.exp(x), f"{where}: your slices do not sum to 1: divide by the sum over `dim` (keepdim=True)")
-    ]
-    out += [
-        (
-            ref.softmax(x, d),
-            f"{where}: softmax over the wrong axis (dim {d} instead of {dim}): use `dim` "
-            "in both the max and the sum",
-        )
-        for d in others
-    ]
-    out += [
+    axis = "{}: softmax over the wrong axis (dim {} instead of {}): use `dim` in both the max and the sum"
+    return [
+        (torch.exp(x), f"{where}: your slices do not sum to 1: divide by the sum over `dim` (keepdim=True)"),
+        *((ref.softmax(x, d), axis.format(where, d, dim)) for d in others),
         (
             ref.softmax(x.float(), dim).double(),
             f"{where}: your result has only float32 precision: compute in x's dtype (no .float() on the way)",
-        )
+        ),
     ]
-    return out
 
 
-def _softmax_kind(g: Grader, softmax, case) -> None:
-    (shape, dim), dtype, seed = case
-    x = tensor(seed, *shape, dtype=dtype)
-    where = f"softmax(x {shape} {dtype_name(dtype)}, dim={dim})"
-    p = call_student(g, where, softmax, x, dim=dim)
-    g.expect(
-        is_tensor(p) and p.shape == x.shape and p.dtype == x.dtype,
-        f"{where} should be a tensor {dtype_name(dtype)} {shape}, got {describe(p)}",
-    )
-
-
-def _softmax_matches(
-    g: Grader, softmax, x: torch.Tensor, dim: int | None, where: str, advice: str = ""
-) -> None:
-    """The student's softmax of ``x`` along ``dim`` (``None``: the default) against the reference,
-    with the classic mistakes' hints first."""
+def _softmax_matches(g: Grader, softmax, case) -> None:
+    """The student's softmax against the reference, with the classic mistakes' hints first: along the default
+    axis for ``(shape, dtype, scale, seed)``, along ``dim`` for ``((shape, dim), dtype, seed)``."""
+    if len(case) == 4:
+        shape, dtype, scale, seed = case
+        dim, where = None, f"softmax(x) for x {shape} {dtype_name(dtype)}"
+    else:
+        (shape, dim), dtype, seed = case
+        scale, where = 2.0, f"softmax(x, dim={dim}) for x {shape} {dtype_name(dtype)}"
+    x = tensor(seed, *shape, dtype=dtype, scale=scale)
     p = call_student(g, where, softmax, x) if dim is None else call_student(g, where, softmax, x, dim=dim)
     dim = -1 if dim is None else dim
     expected = ref.softmax(x.double(), dim).to(x.dtype)
     first_match(
         g, p, [(m.to(x.dtype), h) for m, h in _softmax_mistakes(x.double(), dim, where)], right=expected
     )
-    g.expect(close(p, expected, magnitude=magnitude(x)), f"{where}: {first_difference(p, expected, advice)}")
-
-
-def _softmax_values(g: Grader, softmax, case) -> None:
-    shape, dtype, scale, seed = case
-    x = tensor(seed, *shape, dtype=dtype, scale=scale)
-    _softmax_matches(g, softmax, x, None, f"softmax(x) for x {shape} {dtype_name(dtype)}")
-
-
-def _softmax_along(g: Grader, softmax, case) -> None:
-    (shape, dim), dtype, seed = case
-    x = tensor(seed, *shape, dtype=dtype, scale=2.0)
-    _softmax_matches(g, softmax, x, dim, f"softmax(x, dim={dim}) for x {shape} {dtype_name(dtype)}")
+    g.expect(close(p, expected, magnitude=magnitude(x)), f"{where}: {first_difference(p, expected)}")
 
 
 def _softmax_stable(g: Grader, softmax, case) -> None:
@@ -221,10 +195,12 @@ def _softmax_masked(g: Grader, softmax, case) -> None:
     g.expect(close(p, expected, magnitude=magnitude(x)), f"{where}: {first_difference(p, expected)}")
 
 
-def _softmax_call(case) -> Call:
+def _softmax_call(case, where: str = "softmax(x, dim={2}) for x {0} {1}", scale: float = 3.0) -> Call:
+    """``((shape, dim), dtype, seed)``: ``softmax(x, dim=dim)``, named by ``where`` (formatted with the shape,
+    the dtype and dim), for an ``x`` of ``scale``."""
     (shape, dim), dtype, seed = case
-    x = tensor(seed, *shape, dtype=dtype, scale=3.0)
-    return Call(f"softmax(x, dim={dim}) for x {shape} {dtype_name(dtype)}", (x,), {"dim": dim})
+    x = tensor(seed, *shape, dtype=dtype, scale=scale)
+    return Call(where.format(shape, dtype_name(dtype), dim), (x,), {"dim": dim})
 
 
 _SOFTMAX_CASES = st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS), SEEDS)
@@ -232,17 +208,18 @@ _SOFTMAX_CASES = st.tuples(_shape_and_dim(3), st.sampled_from(FLOATS), SEEDS)
 SOFTMAX = Spec(
     "softmax",
     [
-        Clause(
-            "returns a new tensor of x's shape and dtype (float32 or float64, any rank)",
-            _softmax_kind,
+        returns(
+            lambda case: _softmax_call(case, "softmax(x {} {}, dim={})", 1.0),
+            lambda case: torch.empty(case[0][0], dtype=case[1]),
             st.tuples(_shape_and_dim(), st.sampled_from(FLOATS), SEEDS),
+            text="returns a new tensor of x's shape and dtype (float32 or float64, any rank)",
             key="softmax.shape",
             budget="more",
             examples=[(((2, 3), -1), torch.float64, 0)],
         ),
         Clause(
             "equals exp(x) / sum(exp(x)) along the last axis by default",
-            _softmax_values,
+            _softmax_matches,
             st.tuples(
                 st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple),
                 st.sampled_from(FLOATS),
@@ -255,7 +232,7 @@ SOFTMAX = Spec(
         ),
         Clause(
             "normalises along `dim`: any axis, positive or negative",
-            _softmax_along,
+            _softmax_matches,
             st.tuples(_shape_and_dim(), st.sampled_from(FLOATS), SEEDS),
             key="softmax.dim",
             budget="many",
@@ -449,13 +426,6 @@ def _double(t):
     return t if t is None or t.dtype == torch.bool else t.double()
 
 
-def _expected(q, k, v, mask=None, scale=None):
-    """coursekit's (out, weights) in float64, cast to q's dtype, and the magnitude of the scores."""
-    out, w = ref.scaled_dot_product_attention(*map(_double, (q, k, v)), mask=_double(mask), scale=scale)
-    s = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return out.to(q.dtype), w.to(q.dtype), magnitude((q.double() @ k.double().transpose(-2, -1)) * s, v)
-
-
 def _mask_shape(full: tuple, keep: list[bool], drop: int) -> tuple:
     """A shape that broadcasts to ``full``: some axes of size 1, some leading axes left out."""
     return tuple(n if k else 1 for n, k in zip(full, keep))[min(drop, len(full) - 1) :]
@@ -513,13 +483,18 @@ def _attend(g: Grader, attention, q, k, v, mask=None, scale=None, where: str | N
     where = where or _sizes(q, k, v, mask, scale)
     kwargs = {} if mask is None and scale is None else {"mask": mask, "scale": scale}
     out, w = _unpack(g, call_student(g, where, attention, q, k, v, **kwargs), "scaled_dot_product_attention")
-    expected = _expected(q, k, v, mask, scale)
+    # coursekit's (out, weights) in float64, cast to q's dtype, and the magnitude of the scores
+    exp_out, exp_w = ref.scaled_dot_product_attention(
+        *map(_double, (q, k, v)), mask=_double(mask), scale=scale
+    )
+    s = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    mag = magnitude((q.double() @ k.double().transpose(-2, -1)) * s, v)
     try:
         mistakes = _attention_mistakes(q, k, v, mask, scale, where)
     except Exception:  # noqa: BLE001 (no named mistake on an input where one cannot be computed)
         mistakes = []
-    first_match(g, out, mistakes, right=expected[0])
-    return where, out, w, *expected
+    first_match(g, out, mistakes, right=exp_out.to(q.dtype))
+    return where, out, w, exp_out.to(q.dtype), exp_w.to(q.dtype), mag
 
 
 def _same_attention(g: Grader, where: str, out, w, exp_out, exp_w, mag: float) -> None:
@@ -546,41 +521,27 @@ def _compare(g: Grader, attention, q, k, v, mask=None, scale=None) -> None:
     _same_attention(g, where, out, w, exp_out, exp_w, mag)
 
 
-def _att_shapes(case) -> Call:
-    q, k, v = _qkv(case)
-    return Call(f"scaled_dot_product_attention(q, k, v) {_sizes(q, k, v)}", (q, k, v))
+def _att_values(g: Grader, attention, case, large: bool = False) -> None:
+    """Without a mask; ``case[7]``, where drawn: the scale, or with ``large`` the size of q and k."""
+    drawn = case[7] if len(case) > 7 else None
+    _compare(g, attention, *_qkv(case, scale=drawn if large else 1.0), scale=None if large else drawn)
 
 
-def _att_promised(case) -> tuple:
-    lead, T, S, _, Dv, dtype = case[:6]
-    return torch.empty(*lead, T, Dv, dtype=dtype), torch.empty(*lead, T, S, dtype=dtype)
-
-
-def _att_values(g: Grader, attention, case) -> None:
-    """Without a mask; ``case[7]``, where drawn: the scale."""
-    _compare(g, attention, *_qkv(case), scale=case[7] if len(case) > 7 else None)
-
-
-def _att_large(g: Grader, attention, case) -> None:
-    _compare(g, attention, *_qkv(case, scale=case[7]))
-
-
-def _att_bool(g: Grader, attention, case) -> None:
-    """``case[7] == "causal"``: a (T, S) causal mask broadcast over the batch."""
+def _att_masked(g: Grader, attention, case, additive: bool = False) -> None:
+    """A boolean mask (``case[7] == "causal"``: a (T, S) causal mask broadcast over the batch), or with
+    ``additive`` a floating one."""
     q, k, v = _qkv(case)
     full = (*q.shape[:-1], k.shape[-2])
-    causal = case[7] == "causal"
-    mask = ref.causal_mask(*full[-2:]) if causal else _bool_mask(case[6] + 3, _mask_shape(full, *case[7:9]))
+    if case[7] == "causal":
+        mask = ref.causal_mask(*full[-2:])
+    elif not additive:
+        mask = _bool_mask(case[6] + 3, _mask_shape(full, *case[7:9]))
+    else:
+        shape = _mask_shape(full, case[7], case[8])
+        mask = tensor(case[6] + 4, *shape, dtype=q.dtype, scale=2.0)
+        mask = mask.masked_fill(tensor(case[6] + 5, *shape) > 0.8, -math.inf)
+        mask[..., case[6] % shape[-1]] = 0.5  # one finite entry per row
     _compare(g, attention, q, k, v, mask=mask)
-
-
-def _att_additive(g: Grader, attention, case) -> None:
-    q, k, v = _qkv(case)
-    shape = _mask_shape((*q.shape[:-1], k.shape[-2]), case[7], case[8])
-    bias = tensor(case[6] + 4, *shape, dtype=q.dtype, scale=2.0)
-    bias = bias.masked_fill(tensor(case[6] + 5, *shape) > 0.8, -math.inf)
-    bias[..., case[6] % shape[-1]] = 0.5  # one finite entry per row
-    _compare(g, attention, q, k, v, mask=bias)
 
 
 def _att_empty(g: Grader, attention, case) -> None:
@@ -610,12 +571,8 @@ def _att_grads(g: Grader, attention, case) -> None:
     q, k, v = _qkv((lead, T, S, D, Dv, torch.float64, seed))
     mask = _bool_mask(seed + 7, (T, S)) if use_mask else None
     upstream, where = tensor(seed + 8, *lead, T, Dv), _sizes(q, k, v, mask)
-    try:
-        leaves = (t.clone().requires_grad_() for t in (q, k, v))
-        p = probe(attention, *leaves, mask=mask, backward=(0, upstream))
-    except Exception as e:  # noqa: BLE001
-        raise_unless_student_error(e)
-        g.fail(f"{where}: {raised(e)}")
+    leaves = (t.clone().requires_grad_() for t in (q, k, v))
+    p = call_student(g, where, probe, attention, *leaves, mask=mask, backward=(0, upstream))
     out, _ = _unpack(g, p.result, "scaled_dot_product_attention")
     g.expect(
         is_tensor(out) and out.requires_grad,
@@ -646,8 +603,11 @@ ATTENTION_SPEC = Spec(
     "scaled_dot_product_attention",
     [
         returns(
-            _att_shapes,
-            _att_promised,
+            lambda case: Call(f"scaled_dot_product_attention(q, k, v) {_sizes(*_qkv(case))}", _qkv(case)),
+            lambda c: (
+                torch.empty(*c[0], c[1], c[4], dtype=c[5]),
+                torch.empty(*c[0], c[1], c[2], dtype=c[5]),
+            ),
             ATTENTION,
             text="returns (out, weights) of shapes (..., T, Dv) and (..., T, S) in q's dtype, any leading dims",
             key="att.shapes",
@@ -673,7 +633,7 @@ ATTENTION_SPEC = Spec(
         ),
         Clause(
             "a boolean mask, broadcastable to (..., T, S): True means may attend, False removes the key",
-            _att_bool,
+            _att_masked,
             _MASKED,
             key="att.bool",
             budget="more",
@@ -682,7 +642,7 @@ ATTENTION_SPEC = Spec(
         ),
         Clause(
             "a floating mask, broadcastable to (..., T, S), is added to the scaled scores (-inf removes a key)",
-            _att_additive,
+            functools.partial(_att_masked, additive=True),
             _MASKED,
             key="att.additive",
             budget="more",
@@ -698,7 +658,7 @@ ATTENTION_SPEC = Spec(
         ),
         Clause(
             "stable for large scores (|q k^T| in the thousands, float32 and float64)",
-            _att_large,
+            functools.partial(_att_values, large=True),
             _sized(5, 6, 6, 4, *_FS, st.sampled_from([10.0, 30.0, 60.0])),
             key="att.large",
             examples=[((2,), 3, 4, 4, 3, F32, 5, 30.0)],
@@ -753,14 +713,7 @@ def _build(g: Grader, SelfAttention, C: int, D: int | None, bias: bool):
 
 
 #: batch, T, C, D (None: the default), bias, dtype, seed
-_SELF = (
-    st.integers(1, 3),
-    st.integers(1, 6),
-    st.integers(1, 8),
-    st.one_of(st.none(), st.integers(1, 6)),
-    st.booleans(),
-    *_FS,
-)
+_SELF = (*(st.integers(1, n) for n in (3, 6, 8)), st.none() | st.integers(1, 6), st.booleans(), *_FS)
 
 
 def _sa_layers(g: Grader, SelfAttention, case) -> None:
@@ -854,13 +807,11 @@ def _sa_masked(g: Grader, SelfAttention, case) -> None:
     g.expect(close(out, out_r), f"{where}: out differs from the reference: {first_difference(out, out_r)}")
 
 
-def _sa_8_4(g: Grader, SelfAttention):
-    return call_student(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
-
-
 def _sa_forward(shape: tuple) -> Call:
     """``SelfAttention(8, 4)`` on an x of ``shape``."""
-    return Call(f"SelfAttention(8, 4) on x {shape}", (tensor(sum(shape), *shape, dtype=F32),), build=_sa_8_4)
+    x = tensor(sum(shape), *shape, dtype=F32)
+    build = lambda g, SelfAttention: call_student(g, "SelfAttention(8, 4)", SelfAttention, 8, 4)
+    return Call(f"SelfAttention(8, 4) on x {shape}", (x,), build=build)
 
 
 SELF_ATTENTION = Spec(
@@ -1077,9 +1028,7 @@ def _seeded(seed: int):
 def _variance_call(case, about: str = "") -> Call:
     """``(D, seed, scaled)``: one measurement on a generator seeded ``seed`` (``scaled=None``: the default)."""
     D, seed, scaled = case
-    where = (
-        f"score_variance({D}, {VARIANCE_N}, generator{'' if scaled is None else f', scaled={scaled}'}){about}"
-    )
+    where = f"score_variance({D}, {VARIANCE_N}, generator{'' if scaled is None else f', {scaled=}'}){about}"
     return Call(where, (D, VARIANCE_N, _seeded(seed)) + (() if scaled is None else (scaled,)))
 
 

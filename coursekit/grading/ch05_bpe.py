@@ -15,6 +15,7 @@ and the common mistakes each hint names; splitting it would scatter one exercise
 
 from __future__ import annotations
 
+import ast
 import functools
 
 import regex
@@ -41,6 +42,8 @@ _SAMPLE = (
 _ALPHABET = "ab c\n1'é€"
 #: The split patterns of the drawn examples: both named ones and two regexes of one's own.
 _PATTERNS = ("gpt4", "gpt2", r"\S+|\s+", ".+")
+#: Drawn texts of :data:`_ALPHABET`'s characters.
+_TEXT = functools.partial(st.text, alphabet=_ALPHABET)
 
 
 def _short(x, n: int = 160) -> str:
@@ -60,9 +63,14 @@ def _sample_merges(size: int = 256 + 60) -> tuple:
     return tuple(ref.train_naive(_SAMPLE, size))
 
 
+def _ranks(merges) -> dict:
+    """The ranks of ``merges``, a new dict: merge i creates id 256 + i."""
+    return {pair: 256 + i for i, pair in enumerate(merges)}
+
+
 def _sample_ranks() -> dict:
     """The ranks learnt on :data:`_SAMPLE` with vocab_size 316 (32 merges: no pair is left twice), a new dict."""
-    return {pair: 256 + i for i, pair in enumerate(_sample_merges())}
+    return _ranks(_sample_merges())
 
 
 # --------------------------------------------------------------------------- pair counts
@@ -299,15 +307,7 @@ check_merge, grade_merge = MERGE.graders()
 
 
 def _train_variant(
-    text: str,
-    vocab_size: int,
-    pattern: str = "gpt4",
-    *,
-    chunks: bool = True,
-    weighted: bool = True,
-    tie: str = "smallest",
-    stop: bool = True,
-    first_id: int = 256,
+    text, vocab_size, pattern="gpt4", *, chunks=True, weighted=True, tie="smallest", stop=True, first_id=256
 ) -> list[tuple[int, int]]:
     """The training loop with one rule changed: what a known mistake learns (for its hint)."""
     freq = ref.chunk_counts(text, pattern) if chunks else {text: 1}
@@ -371,9 +371,7 @@ def _token_bytes(merges: list) -> list[bytes]:
     return [vocab[i] for i in range(256, 256 + len(merges)) if i in vocab]
 
 
-def _learnt(
-    g: Grader, train_naive, text: str, vocab_size: int, pattern: str | None = None
-) -> tuple[str, list]:
+def _learnt(g: Grader, train_naive, text: str, vocab_size: int, pattern: str | None = None):
     """The call's name in a hint, and the merges it learnt, each checked to be a (left, right) tuple of ints."""
     args = (text, vocab_size) if pattern is None else (text, vocab_size, pattern)
     what = f"train_naive({', '.join(_short(a, 60) for a in args)})"
@@ -438,9 +436,7 @@ TRAIN = Spec(
         Clause(
             "learns the reference merges on drawn texts, sizes and patterns",
             _train_values,
-            st.tuples(
-                st.text(alphabet=_ALPHABET, max_size=28), st.integers(256, 272), st.sampled_from(_PATTERNS)
-            ),
+            st.tuples(_TEXT(max_size=28), st.integers(256, 272), st.sampled_from(_PATTERNS)),
             examples=[("ab ab ab ab", 262, ".+")],
             key="train.values",
             budget="wider",
@@ -513,7 +509,17 @@ def _encode_mistakes(chunk: str, ranks: dict) -> list[tuple[list | None, str]]:
     ]
 
 
-def _expect_encoding(g: Grader, encode_chunk, chunk: str, ranks: dict, shown: str) -> None:
+def _encode(g: Grader, encode_chunk, case) -> None:
+    """A chunk of the mixed text (with the ranks learnt on it), ``(chunk, ranks)``, or ``(text, n_merges, chunk)``
+    (with the ranks of ``n_merges`` merges learnt on ``text``): the reference's ids, a known mistake named."""
+    if isinstance(case, str):
+        chunk, ranks, shown = case, _sample_ranks(), "the ranks learnt on a mixed text"
+    elif len(case) == 2:
+        chunk, ranks, shown = *case, str(case[1])
+    else:
+        text, n_merges, chunk = case
+        ranks = _ranks(ref.train_naive(text, 256 + n_merges, ".+"))
+        shown = _short(ranks, 300)
     what = f"encode_chunk({chunk!r}, {shown})"
     got = call_student(g, what, encode_chunk, chunk, dict(ranks))
     g.expect(
@@ -525,21 +531,6 @@ def _expect_encoding(g: Grader, encode_chunk, chunk: str, ranks: dict, shown: st
         if wrong is not None and wrong != expected and got == wrong:
             g.fail(f"{what} gave {got}, expected {expected}: {hint}")
     g.expect(got == expected, f"{what} should be {expected}, got {got}")
-
-
-def _encode_sample(g: Grader, encode_chunk, chunk: str) -> None:
-    _expect_encoding(g, encode_chunk, chunk, _sample_ranks(), "the ranks learnt on a mixed text")
-
-
-def _encode_drawn(g: Grader, encode_chunk, case) -> None:
-    text, n_merges, chunk = case
-    ranks = {p: 256 + i for i, p in enumerate(ref.train_naive(text, 256 + n_merges, ".+"))}
-    _expect_encoding(g, encode_chunk, chunk, ranks, _short(ranks, 300))
-
-
-def _encode_given(g: Grader, encode_chunk, case) -> None:
-    chunk, ranks = case
-    _expect_encoding(g, encode_chunk, chunk, ranks, str(ranks))
 
 
 def _encode_reordered(case, backwards: bool) -> Call:
@@ -558,33 +549,29 @@ ENCODE = Spec(
     [
         Clause(
             "returns a list of int ids, as the reference, on the chunks of a mixed text",
-            _encode_sample,
+            _encode,
             examples=list(ref.chunk_counts(_SAMPLE)),
         ),
         Clause(
             "encodes drawn chunks with the ranks learnt on drawn texts",
-            _encode_drawn,
-            st.tuples(
-                st.text(alphabet=_ALPHABET, max_size=24),
-                st.integers(0, 12),
-                st.text(alphabet=_ALPHABET, max_size=10),
-            ),
+            _encode,
+            st.tuples(_TEXT(max_size=24), st.integers(0, 12), _TEXT(max_size=10)),
             examples=[("aaab aaab", 3, "aaab")],
             key="encode.values",
             budget="wider",
         ),
         Clause(
             "merges by rank (the pair learnt first), not left to right",
-            _encode_given,  # (b, c) first, then (a, b): "abc" must become [a, bc], not [ab, c]
+            _encode,  # (b, c) first, then (a, b): "abc" must become [a, bc], not [ab, c]
             examples=[
                 ("abc", _BC_FIRST),
                 ("xabcabc", {(98, 99): 256, (120, 97): 257, (97, 256): 258, (257, 256): 259}),
             ],
         ),
-        Clause("keeps merging until no learnt pair is left", _encode_given, examples=[("aaaaa", _AAAAA)]),
+        Clause("keeps merging until no learnt pair is left", _encode, examples=[("aaaaa", _AAAAA)]),
         Clause(
             "starts from the UTF-8 bytes (non-ASCII text, the empty chunk)",
-            _encode_given,
+            _encode,
             examples=[(c, {}) for c in ("é", "日本", "🙂", "", "a")]
             + [("€€", {(226, 130): 256, (256, 172): 257})],
         ),
@@ -597,7 +584,7 @@ ENCODE = Spec(
     extra_public=[
         Clause(
             "the docstring's example: with ranks {(a, a): 256, (aa, a): 257}, 'aaa' -> [257], 'aaaa' -> [256, 256]",
-            _encode_given,
+            _encode,
             examples=[("aaa", _DOCSTRING_RANKS), ("aaaa", _DOCSTRING_RANKS)],
         )
     ],
@@ -634,7 +621,20 @@ def _vocabs():
     ).map(build)
 
 
-def _expect_decoded(g: Grader, decode, ids, vocab, errors: str | None = None, shown: str = "vocab") -> None:
+def _decode(g: Grader, decode, case) -> None:
+    """A text (encoded with the tokenizer learnt on a mixed text), a drawn ``(vocab, ids)``, ``(ids, errors)``
+    (errors None: left out) or ``(ids, errors, tokens)``: the vocabulary learnt on a mixed text, with the given
+    tokens added."""
+    if isinstance(case, str):
+        tok, errors, shown = _tokenizer(), None, "the vocabulary learnt on a mixed text"
+        ids, vocab = tok.encode(case), dict(tok.vocab)
+    elif isinstance(case[0], dict):
+        (vocab, ids), errors = case, None
+        shown = _short({i: vocab[i] for i in sorted(set(ids))}, 200)
+    else:
+        ids, errors, *extra = case
+        vocab = dict(_tokenizer().vocab) | (extra[0] if extra else {})
+        shown = "{" + ", ".join(f"{i}: {t!r}" for i, t in extra[0].items()) + ", ...}" if extra else "vocab"
     kwargs = {} if errors is None else {"errors": errors}
     what = f"decode({ids}, {shown}{'' if errors is None else f', errors={errors!r}'})"
     data = b"".join(vocab[i] for i in ids)
@@ -679,27 +679,6 @@ def _expect_decoded(g: Grader, decode, ids, vocab, errors: str | None = None, sh
     g.expect(got == expected, f"{what} should be {expected!r}, got {got!r}")
 
 
-def _decode_text(g: Grader, decode, text: str) -> None:
-    tok = _tokenizer()
-    _expect_decoded(
-        g, decode, tok.encode(text), dict(tok.vocab), shown="the vocabulary learnt on a mixed text"
-    )
-
-
-def _decode_drawn(g: Grader, decode, case) -> None:
-    vocab, ids = case
-    _expect_decoded(g, decode, ids, vocab, shown=_short({i: vocab[i] for i in sorted(set(ids))}, 200))
-
-
-def _decode_given(g: Grader, decode, case) -> None:
-    """``(ids, errors)`` (errors None: left out), or ``(ids, errors, tokens)``: the vocabulary learnt on a mixed text,
-    with the given tokens added."""
-    ids, errors, *extra = case
-    vocab = dict(_tokenizer().vocab) | (extra[0] if extra else {})
-    shown = "{" + ", ".join(f"{i}: {t!r}" for i, t in extra[0].items()) + ", ...}" if extra else "vocab"
-    _expect_decoded(g, decode, ids, vocab, errors, shown)
-
-
 def _decode_unknown(g: Grader, decode, ids: list) -> None:
     vocab = dict(_tokenizer().vocab)
     bad = next(i for i in ids if i not in vocab)
@@ -735,12 +714,12 @@ DECODE = Spec(
     [
         Clause(
             "decode(encode(text)) gives the text back, as a str",
-            _decode_text,
+            _decode,
             examples=[_SAMPLE, "", " ", "🙂🚀 ελληνικά"],
         ),
         Clause(
             "joins the bytes of all tokens, then decodes once (drawn vocabularies and ids)",
-            _decode_drawn,
+            _decode,
             _vocabs(),
             examples=[({i: bytes([i]) for i in range(256)}, [104, 105])],
             key="decode.values",
@@ -748,19 +727,19 @@ DECODE = Spec(
         ),
         Clause(
             "a character split across two tokens survives",
-            _decode_given,
+            _decode,
             examples=[([1000, 1001], None, {1000: _EURO[:2], 1001: _EURO[2:] + b"!"})],
         ),
         Clause(
             "bytes that are not valid UTF-8 become U+FFFD by default (errors='replace') instead of an error",
-            _decode_given,
+            _decode,
             examples=[
                 (ids, None) for ids in ([0xE2, 0x82], [104, 0xFF, 105], [0xAC, 0xE2, 0x82, 0xAC, 0xE2])
             ],
         ),
         Clause(
             "passes `errors` to bytes.decode: 'strict' raises UnicodeDecodeError, 'ignore' drops bad bytes",
-            _decode_given,
+            _decode,
             examples=[
                 (ids, errors)
                 for ids in ([104, 0xE2, 0x82, 105], [0xFF], [226, 130, 172])
@@ -777,7 +756,7 @@ DECODE = Spec(
     extra_public=[
         Clause(
             "the docstring's example: decode([226, 130, 172], vocab) == '€' although no single byte is a character",
-            _decode_given,
+            _decode,
             examples=[([226, 130, 172], None)],
         )
     ],
@@ -902,92 +881,74 @@ TRAIN_SLICE, HELD_SLICE = (0, 20_000), (200_000, 210_000)
 
 def _bpt_mistakes(train_text: str, test_text: str, vocab_size: int, pattern: str) -> list[tuple[float, str]]:
     """What the classic mistakes measure, each with its hint."""
+
+    def n_tokens(merges, counts, weighted=True) -> int:
+        ranks = _ranks(merges)
+        return sum((c if weighted else 1) * len(ref.encode_chunk(ch, ranks)) for ch, c in counts.items())
+
     merges = ref.train_naive(train_text, vocab_size, pattern)
-    ranks = {p: 256 + i for i, p in enumerate(merges)}
     counts = ref.chunk_counts(test_text, pattern)
-    n_tokens = sum(c * len(ref.encode_chunk(ch, ranks)) for ch, c in counts.items())
-    n_bytes = len(test_text.encode("utf-8"))
+    n, n_bytes = n_tokens(merges, counts), len(test_text.encode("utf-8"))
     out = [
         (
-            len(test_text) / n_tokens,
+            len(test_text) / n,
             "count the UTF-8 bytes of test_text (len(test_text.encode('utf-8'))), not characters",
         ),
-        (n_tokens / n_bytes, "return bytes per token (bytes divided by tokens), not tokens per byte"),
+        (n / n_bytes, "return bytes per token (bytes divided by tokens), not tokens per byte"),
         (
-            n_bytes / sum(len(ref.encode_chunk(ch, ranks)) for ch in counts),
+            n_bytes / n_tokens(merges, counts, weighted=False),
             "chunk_counts gives each distinct chunk once with its count: multiply each chunk's tokens by its count",
         ),
     ]
     if vocab_size > 256:
-        big = {p: 256 + i for i, p in enumerate(ref.train_naive(train_text, vocab_size + 256, pattern))}
-        n_big = sum(c * len(ref.encode_chunk(ch, big)) for ch, c in counts.items())
+        n_big = n_tokens(ref.train_naive(train_text, vocab_size + 256, pattern), counts)
         out.append((n_bytes / n_big, "vocab_size counts the 256 bytes: learn vocab_size - 256 merges"))
         if pattern != "gpt4":
-            other = {p: 256 + i for i, p in enumerate(ref.train_naive(train_text, vocab_size))}
-            n_other = sum(c * len(ref.encode_chunk(ch, other)) for ch, c in counts.items())
-            n_enc = sum(c * len(ref.encode_chunk(ch, ranks)) for ch, c in ref.chunk_counts(test_text).items())
+            other = n_tokens(ref.train_naive(train_text, vocab_size), counts)
             out += [
-                (n_bytes / n_other, f"train with the given pattern ({pattern!r}), not the default"),
+                (n_bytes / other, f"train with the given pattern ({pattern!r}), not the default"),
                 (
-                    n_bytes / n_enc,
+                    n_bytes / n_tokens(merges, ref.chunk_counts(test_text)),
                     f"split test_text with the given pattern ({pattern!r}) too, not the default",
                 ),
             ]
     return out
 
 
-def _expect_bpt(
-    g: Grader, bytes_per_token, train_text, test_text, vocab_size, pattern=None, shown=""
-) -> None:
-    args = (train_text, test_text, vocab_size) + (() if pattern is None else (pattern,))
-    what = f"bytes_per_token({shown or _short(args, 120)})"
+_BPT_WHY = (
+    "the measurement is deterministic: train with your train_naive (vocab_size - 256 merges), encode each "
+    "chunk of test_text with encode_chunk, and divide the UTF-8 bytes of test_text by the number of tokens "
+    "(if Parts 3 and 4 fail their checks, fix them first)"
+)
+#: the texts of the fixed measurements, by their names in a hint
+_TEXTS = {
+    "manual": lambda: _docs(*TRAIN_SLICE),
+    "manual[:8000]": lambda: _docs(0, 8000),
+    "held_out": lambda: _docs(*HELD_SLICE),
+    "sample * 3": lambda: _SAMPLE * 3,
+    "sample": lambda: _SAMPLE,
+    "python_source": lambda: ref.stdlib_source_text(30_000)[20_000:30_000],
+}
+
+
+def _bpt(g: Grader, bytes_per_token, case) -> None:
+    """A fixed measurement, named as a hint shows it: ``"train, test, vocab_size[, pattern]"`` (texts of
+    :data:`_TEXTS`, the pattern a Python literal), or a drawn ``(train, test, n_merges, pattern)``."""
+    if isinstance(case, str):
+        train, test, vocab_size, *pattern = case.split(", ")
+        args = (_TEXTS[train](), _TEXTS[test](), int(vocab_size), *map(ast.literal_eval, pattern))
+    else:
+        args = (case[0], case[1], 256 + case[2], case[3])
+    what = f"bytes_per_token({case if isinstance(case, str) else _short(args, 120)})"
     got = call_student(g, what, bytes_per_token, *args)
     g.expect(type(got) is float, f"{what} should return a Python float, got {describe(got)}")
-    pat = "gpt4" if pattern is None else pattern
+    train_text, test_text, vocab_size, pat = (*args, "gpt4")[:4]
     truth = ref.bytes_per_token(train_text, test_text, vocab_size, pat)
     if abs(got - truth) > BPT_BAND * truth:
         for wrong, hint in _bpt_mistakes(train_text, test_text, vocab_size, pat):
             if abs(got - wrong) <= 1e-9 * abs(wrong) and abs(wrong - truth) > BPT_BAND * truth:
                 g.fail(f"{what} gave {got:.5g}, expected {truth:.5g}: {hint}")
-    expect_in_band(
-        g,
-        what,
-        got,
-        truth * (1 - BPT_BAND),
-        truth * (1 + BPT_BAND),
-        "the measurement is deterministic: train with your train_naive (vocab_size - 256 merges), encode each "
-        "chunk of test_text with encode_chunk, and divide the UTF-8 bytes of test_text by the number of tokens "
-        "(if Parts 3 and 4 fail their checks, fix them first)",
-    )
-
-
-#: the fixed measurements, by their names in a hint: (train_text, test_text, vocab_size, pattern)
-_BPT_CASES = {
-    "manual, held_out, 300": lambda: (_docs(*TRAIN_SLICE), _docs(*HELD_SLICE), 300, None),
-    "manual, held_out, 400": lambda: (_docs(*TRAIN_SLICE), _docs(*HELD_SLICE), 400, None),
-    "manual, held_out, 350, 'gpt2'": lambda: (_docs(*TRAIN_SLICE), _docs(*HELD_SLICE), 350, "gpt2"),
-    r"manual[:8000], held_out, 320, r'\S+|\s+'": lambda: (
-        _docs(0, 8000),
-        _docs(*HELD_SLICE),
-        320,
-        r"\S+|\s+",
-    ),
-    "sample * 3, sample, 300": lambda: (_SAMPLE * 3, _SAMPLE, 300, None),
-    "manual, python_source, 300": lambda: (
-        _docs(*TRAIN_SLICE),
-        ref.stdlib_source_text(30_000)[20_000:30_000],
-        300,
-        None,
-    ),
-}
-
-
-def _bpt(g: Grader, bytes_per_token, case) -> None:
-    """A fixed measurement (its name in :data:`_BPT_CASES`), or a drawn ``(train, test, n_merges, pattern)``."""
-    if isinstance(case, str):
-        return _expect_bpt(g, bytes_per_token, *_BPT_CASES[case](), shown=case)
-    train, test_text, n_merges, pattern = case
-    _expect_bpt(g, bytes_per_token, train, test_text, 256 + n_merges, pattern)
+    expect_in_band(g, what, got, truth * (1 - BPT_BAND), truth * (1 + BPT_BAND), _BPT_WHY)
 
 
 def _bpt_unit(g: Grader, bytes_per_token, vocab_size: int) -> None:
@@ -1031,8 +992,8 @@ BPT = Spec(
             "another domain (Python source) and drawn short texts",
             _bpt,
             st.tuples(
-                st.text(alphabet=_ALPHABET, max_size=30),
-                st.text(alphabet=_ALPHABET, min_size=1, max_size=20),
+                _TEXT(max_size=30),
+                _TEXT(min_size=1, max_size=20),
                 st.integers(0, 8),
                 st.sampled_from(("gpt4", "gpt2")),
             ),
@@ -1076,9 +1037,21 @@ def _special_in_dict_order(text: str, ranks: dict, special: dict) -> list[int]:
     ]
 
 
-def _expect_special(
-    g: Grader, encode_with_special, text: str, ranks: dict, special: dict, shown: str
-) -> None:
+def _special(g: Grader, encode_with_special, case) -> None:
+    """``(text, ranks, special)``: ranks None, the ranks learnt on a mixed text, special None, ``<|endoftext|>``
+    with the next free id; or a drawn ``(parts, names, n_merges, corpus)``: the text joined from ``parts``, the
+    ranks of ``n_merges`` merges learnt on ``corpus``, the special strings ``names``."""
+    if len(case) == 4:
+        parts, names, n_merges, corpus = case
+        text, ranks = "".join(parts), _ranks(ref.train_naive(corpus, 256 + n_merges, ".+"))
+        start = 256 + len(ranks)
+        special = {s: start + 3 * k for k, s in enumerate(names)}  # ids need not be consecutive
+        shown = _short(ranks, 200)
+    else:
+        text, ranks, special = case
+        shown = "sample ranks" if ranks is None else str(ranks)
+        ranks = _sample_ranks() if ranks is None else ranks
+        special = {"<|endoftext|>": 256 + len(ranks)} if special is None else special
     what = f"encode_with_special({_short(text)}, {shown}, {special})"
     got = call_student(g, what, encode_with_special, text, dict(ranks), dict(special))
     g.expect(
@@ -1093,32 +1066,13 @@ def _expect_special(
         ),
         (
             _special_in_dict_order(text, ranks, special),
-            "where several special strings start at the same place, "
-            "take the longest (try them longest first)",
+            "where several special strings start at the same place, take the longest (try them longest first)",
         ),
     ]
     for wrong, hint in mistakes if got != expected else ():
         if got == wrong:
             g.fail(f"{what} should be {expected}, got {got}: {hint}")
     g.expect(got == expected, f"{what} should be {expected}, got {got}")
-
-
-def _special_drawn(g: Grader, encode_with_special, case) -> None:
-    parts, names, n_merges, corpus = case
-    ranks = {p: 256 + i for i, p in enumerate(ref.train_naive(corpus, 256 + n_merges, ".+"))}
-    start = 256 + len(ranks)
-    special = {s: start + 3 * k for k, s in enumerate(names)}  # ids need not be consecutive
-    _expect_special(g, encode_with_special, "".join(parts), ranks, special, _short(ranks, 200))
-
-
-def _special_given(g: Grader, encode_with_special, case) -> None:
-    """``(text, ranks, special)``; ranks None: the ranks learnt on a mixed text, special None:
-    ``<|endoftext|>`` with the next free id."""
-    text, ranks, special = case
-    shown = "sample ranks" if ranks is None else str(ranks)
-    ranks = _sample_ranks() if ranks is None else ranks
-    special = {"<|endoftext|>": 256 + len(ranks)} if special is None else special
-    _expect_special(g, encode_with_special, text, ranks, special, shown)
 
 
 #: encode_with_special's special dicts that the text rules out (with ranks {(97, 97): 256}), by their names
@@ -1138,14 +1092,14 @@ SPECIAL = Spec(
     [
         Clause(
             "keeps each special token whole, between the encoded pieces, on drawn texts and specials",
-            _special_drawn,
+            _special,
             st.tuples(
                 st.lists(
                     st.one_of(st.text(alphabet=_ORDINARY, max_size=8), st.sampled_from(_SPECIALS)), max_size=6
                 ),
                 st.lists(st.sampled_from(_SPECIALS), unique=True, max_size=4),
                 st.integers(0, 10),
-                st.text(alphabet=_ALPHABET, max_size=24),
+                _TEXT(max_size=24),
             ),
             examples=[(["aa", "<|endoftext|>", "aa"], ["<|endoftext|>"], 1, "aa aa")],
             key="special.values",
@@ -1153,7 +1107,7 @@ SPECIAL = Spec(
         ),
         Clause(
             "splits the ordinary pieces into chunks with the GPT-4 pattern (no pair crosses a chunk)",
-            _special_given,
+            _special,
             examples=[
                 (_SAMPLE[:120] + "<|endoftext|>" + _SAMPLE[120:240], None, None),  # the next free id
                 ("a b<|e|>a b", {(97, 32): 256, (256, 98): 257}, {"<|e|>": 300}),  # (a, space) never meets
@@ -1161,7 +1115,7 @@ SPECIAL = Spec(
         ),
         Clause(
             "the longest special wins where several start at the same place; the leftmost first",
-            _special_given,
+            _special,
             examples=[
                 (t, {}, _LONGEST)
                 for t in (
@@ -1175,7 +1129,7 @@ SPECIAL = Spec(
         ),
         Clause(
             "special strings not in special, and an empty special dict, are ordinary text",
-            _special_given,
+            _special,
             examples=[
                 ("<|endoftext|> the fox", None, {}),
                 ("<|endoftext|> the fox<|end|>", None, {"<|end|>": 400}),

@@ -72,29 +72,12 @@ from coursekit.grading.spec import (
     unchanged,
 )
 
-__all__ = [
-    "check_shift_right",
-    "check_cross_attention",
-    "check_pre_norm_decoder_layer",
-    "check_label_smoothed_loss",
-    "grade_shift_right",
-    "grade_cross_attention",
-    "grade_pre_norm_decoder_layer",
-    "grade_label_smoothed_loss",
-    "check_predict_smoothing_floor",
-    "grade_predict_smoothing_floor",
-    "check_predict_encoder_passes",
-    "grade_predict_encoder_passes",
-    "check_predict_bleu_one_word",
-    "grade_predict_bleu_one_word",
-    "check_heldout_loss",
-    "grade_heldout_loss",
-    "check_length_penalty_score",
-    "grade_length_penalty_score",
-]
+_PARTS = ("shift_right", "cross_attention", "pre_norm_decoder_layer", "label_smoothed_loss", "heldout_loss")
+_PARTS += ("predict_smoothing_floor", "predict_encoder_passes", "predict_bleu_one_word")
+_PARTS += ("length_penalty_score",)
+__all__ = [f"{verb}_{part}" for part in _PARTS for verb in ("check", "grade")]
 
 C, H, DFF = 12, 4, 20  # D = 3: scaling by sqrt(C) and by sqrt(D) differ; C and H as ch07's attention_pair
-D = C // H
 BOS, PAD = 1, 0
 FLOATS = (torch.float64, torch.float32)
 SEEDS = st.integers(0, 2**31 - 1)
@@ -121,15 +104,16 @@ def _ids_from(seed: int, *shape: int, low: int = 3, high: int = 30) -> torch.Ten
     return torch.randint(low, high, shape, generator=_gen(seed, 7))
 
 
-def _mask_text(keep: torch.Tensor) -> str:
-    """A padding mask for a hint: its 0/1 rows when small, else its shape."""
-    return str(keep.int().tolist()) if keep.numel() <= 16 else str(tuple(keep.shape))
+def _inputs_text(B: int, T: int, S: int, Cc: int, keep=None, dtype=torch.float64) -> str:
+    """x, memory and the padding mask (its 0/1 rows when small, else its shape) of a call, for a hint."""
+    shown = "" if keep is None else keep.int().tolist() if keep.numel() <= 16 else tuple(keep.shape)
+    mask = "" if keep is None else f", memory_key_padding_mask {shown}"
+    return f"x ({B}, {T}, {Cc}) {dtype_name(dtype)}, memory ({B}, {S}, {Cc}){mask})"
 
 
 def _keep_mask(seed: int, B: int, S: int, empty_rows: bool = False) -> torch.Tensor:
     """A (B, S) padding mask: a random length per row (at least 1 unless ``empty_rows``), True first."""
-    low = 0 if empty_rows else 1
-    lengths = torch.randint(low, S + 1, (B,), generator=_gen(seed, 13))
+    lengths = torch.randint(0 if empty_rows else 1, S + 1, (B,), generator=_gen(seed, 13))
     return torch.arange(S)[None, :] < lengths[:, None]
 
 
@@ -188,7 +172,10 @@ def _shift_where(labels, bos_id, pad_id, keywords=False) -> str:
     return f"shift_right({shown}, {args})"
 
 
-def _shift_call(g: Grader, shift_right, labels, bos_id, pad_id, keywords=False):
+def _shift_test(g: Grader, shift_right, case, values: bool = True) -> None:
+    """One shift_right case (see :func:`_shift_labels`): the kind of result, no change in place, and (with
+    ``values``) the reference's values, a known mistake named first."""
+    labels, bos_id, pad_id, keywords, what = _shift_labels(case)
     where = _shift_where(labels, bos_id, pad_id, keywords)
     kwargs = {"bos_id": bos_id, "pad_id": pad_id} if keywords else {}
     args = () if keywords else (bos_id, pad_id)
@@ -209,11 +196,8 @@ def _shift_call(g: Grader, shift_right, labels, bos_id, pad_id, keywords=False):
             f"{where} changed labels in place: the caller still needs them as the targets; build a new tensor "
             "(torch.cat, masked_fill rather than masked_fill_)"
         )
-    return out, where
-
-
-def _shift_value(g: Grader, shift_right, labels, bos_id, pad_id, keywords=False, what: str = "") -> None:
-    out, where = _shift_call(g, shift_right, labels, bos_id, pad_id, keywords)
+    if not values:
+        return
     expected = ref.shift_right(labels, bos_id, pad_id)
     first_match(g, out, [(m, f"{where}: {h}") for m, h in _shift_mistakes(labels, bos_id, pad_id)], expected)
     if bool((out == -100).any()):
@@ -234,49 +218,30 @@ class _Given:
     keywords: bool = False
 
 
-def _shift_given(g: Grader, shift_right, case: _Given) -> None:
-    _shift_value(g, shift_right, torch.tensor(case.labels), case.bos_id, case.pad_id, case.keywords)
-
-
-def _shift_shape(g: Grader, shift_right, case) -> None:
-    (B, T), seed = case
-    _shift_call(g, shift_right, _ids_from(seed, B, T), BOS, PAD)
-
-
-def _shift_values(g: Grader, shift_right, case) -> None:
+def _shift_labels(case):
+    """``(labels, bos_id, pad_id, keywords, hint suffix)`` of a case: a :class:`_Given`, ``"mixed"`` (padding, a
+    tail of -100 and a lone -100), ``((B, T), seed)``, ``((B, T), rate, seed)`` (about ``rate`` of the labels
+    -100) or ``((B, T), bos_id, pad_id, keywords, seed)`` (30% of them -100)."""
     if isinstance(case, _Given):
-        return _shift_given(g, shift_right, case)
-    (B, T), seed = case
-    _shift_value(g, shift_right, _ids_from(seed, B, T), BOS, PAD)
-
-
-def _shift_arguments(g: Grader, shift_right, case) -> None:
-    if isinstance(case, _Given):
-        return _shift_given(g, shift_right, case)
-    (B, T), bos_id, pad_id, keywords, seed = case
-    labels = _ids_from(seed, B, T)
-    labels = labels.masked_fill(torch.rand(B, T, generator=_gen(seed, 3)) < 0.3, -100)
-    _shift_value(g, shift_right, labels, bos_id, pad_id, keywords, what=f" ({_FIXED_IDS})")
-
-
-def _shift_minus_100(g: Grader, shift_right, case) -> None:
-    if isinstance(case, _Given):
-        return _shift_given(g, shift_right, case)
-    if case == "mixed":  # padding, a tail of -100 and a lone -100
+        return torch.tensor(case.labels), case.bos_id, case.pad_id, case.keywords, ""
+    if case == "mixed":
         labels = _ids_from(4, 3, 7)
         labels[0, 5:] = PAD
         labels[1, 2:] = -100
         labels[2, 6] = -100
-    else:
-        (B, T), rate, seed = case
-        labels = _ids_from(seed, B, T)
-        labels = labels.masked_fill(torch.rand(B, T, generator=_gen(seed, 5)) < rate, -100)
-    _shift_value(g, shift_right, labels, BOS, PAD)
+        return labels, BOS, PAD, False, ""
+    (B, T), *rest, seed = case
+    labels = _ids_from(seed, B, T)
+    if len(rest) == 3:
+        labels = labels.masked_fill(torch.rand(B, T, generator=_gen(seed, 3)) < 0.3, -100)
+        return labels, *rest, f" ({_FIXED_IDS})"
+    if rest:
+        labels = labels.masked_fill(torch.rand(B, T, generator=_gen(seed, 5)) < rest[0], -100)
+    return labels, BOS, PAD, False, ""
 
 
 def _shift_untouched(case) -> Call:
-    (B, T), seed = case
-    labels = _ids_from(seed, B, T).masked_fill(torch.rand(B, T, generator=_gen(seed, 5)) < 0.3, -100)
+    labels = _shift_labels((case[0], 0.3, case[1]))[0]
     return Call(_shift_where(labels, BOS, PAD), (labels, BOS, PAD))
 
 
@@ -301,7 +266,7 @@ SHIFT_RIGHT = Spec(
     [
         Clause(
             "returns a (B, T) torch.long tensor (any B, T >= 1)",
-            _shift_shape,
+            functools.partial(_shift_test, values=False),
             _SHIFT_CASES,
             key="shift.shape",
             budget="small",
@@ -309,7 +274,7 @@ SHIFT_RIGHT = Spec(
         ),
         Clause(
             "position 0 holds bos_id and position t label t - 1 (the last label is dropped)",
-            _shift_values,
+            _shift_test,
             _SHIFT_CASES,
             key="shift.values",
             budget="more",
@@ -317,7 +282,7 @@ SHIFT_RIGHT = Spec(
         ),
         Clause(
             "bos_id and pad_id are the arguments (any ids, positionally or by keyword)",
-            _shift_arguments,
+            _shift_test,
             st.tuples(_SHIFT_SIZES, st.integers(0, 40), st.integers(0, 40), st.booleans(), SEEDS),
             key="shift.args",
             budget="more",
@@ -325,7 +290,7 @@ SHIFT_RIGHT = Spec(
         ),
         Clause(
             "a label of -100 becomes pad_id (anywhere, and padding is shifted along)",
-            _shift_minus_100,
+            _shift_test,
             st.tuples(_SHIFT_SIZES, st.sampled_from([0.3, 0.7, 1.0]), SEEDS),
             key="shift.ignore",
             budget="normal",
@@ -392,7 +357,7 @@ _GROUPS = (
 
 
 def _manual(r, q_src, kv_src, mask=None, scale=None, dim=-1, out_proj=True, tiled=False):
-    """``r``'s attention from ``q_src`` to ``kv_src`` computed by hand, with a mistake's knobs."""
+    """``r``'s attention output from ``q_src`` to ``kv_src`` computed by hand, with a mistake's knobs."""
     q, k, v = r.project(q_src, kv_src)  # (B, H, Tq, D), (B, H_kv, S, D) x 2
     n_rep = r.n_heads // r.n_kv_heads
     if tiled:
@@ -402,32 +367,32 @@ def _manual(r, q_src, kv_src, mask=None, scale=None, dim=-1, out_proj=True, tile
     scores = q @ k.transpose(-2, -1) * (1 / math.sqrt(r.d_head) if scale is None else scale)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    w = softmax(scores, dim=dim)  # a fully masked row gives zeros, as in the reference
-    out = mh.merge_heads(w @ v)
-    return (r.out_proj(out) if out_proj else out), w
+    out = mh.merge_heads(softmax(scores, dim=dim) @ v)  # a fully masked row gives zeros, as in the reference
+    return r.out_proj(out) if out_proj else out
 
 
 def _cross_mistakes(r, x, memory, keep):
     m4 = None if keep is None else keep[:, None, None, :]
     T, S = x.shape[1], memory.shape[1]
+    attend = functools.partial(_manual, r, x, memory)
+    by_width = (
+        f"the scores are scaled by 1/sqrt(C): divide by sqrt(D), the head width D = attn.d_head = {r.d_head}, not "
+        "the model width"
+    )
     out = [
-        (_manual(r, x, memory, m4, scale=1.0)[0], _NOT_SCALED),
-        (
-            _manual(r, x, memory, m4, scale=1 / math.sqrt(r.d_model))[0],
-            f"the scores are scaled by 1/sqrt(C): divide by sqrt(D), the head width D = attn.d_head = {r.d_head}, not "
-            "the model width",
-        ),
-        (_manual(r, x, memory, m4, out_proj=False)[0], _NO_OUT_PROJ),
-        (_manual(r, x, memory, m4, dim=-2)[0], _WRONG_AXIS),
+        (attend(m4, scale=1.0), _NOT_SCALED),
+        (attend(m4, scale=1 / math.sqrt(r.d_model)), by_width),
+        (attend(m4, out_proj=False), _NO_OUT_PROJ),
+        (attend(m4, dim=-2), _WRONG_AXIS),
     ]
     if 1 < r.n_kv_heads < r.n_heads:
-        out.append((_manual(r, x, memory, m4, tiled=True)[0], _GROUPS))
+        out.append((attend(m4, tiled=True), _GROUPS))
     if T > 1:
         causal = torch.ones(T, S, dtype=torch.bool).tril()  # (T, S), as a student would write it
-        out.append((_manual(r, x, memory, causal if m4 is None else causal & m4)[0], _CAUSAL))
+        out.append((attend(causal if m4 is None else causal & m4), _CAUSAL))
     if keep is not None:
-        out.insert(0, (_manual(r, x, memory)[0], _MASK_IGNORED))
-        out.insert(1, (_manual(r, x, memory, ~m4)[0], _MASK_INVERTED))
+        out.insert(0, (attend(), _MASK_IGNORED))
+        out.insert(1, (attend(~m4), _MASK_INVERTED))
     if T == S:
         out.insert(0, (r(x)[0], _KV_FROM_X))
     return out
@@ -435,11 +400,8 @@ def _cross_mistakes(r, x, memory, keep):
 
 def _cross_where(config, B, T, S, keep=None, dtype=torch.float64, extra="") -> str:
     Cc, Hh, kv, bias = config
-    mask = "" if keep is None else f", memory_key_padding_mask {_mask_text(keep)}"
-    return (
-        f"cross_attention(attn (C={Cc}, H={Hh}, n_kv_heads={kv}, bias={bias}{extra}), x ({B}, {T}, {Cc}) "
-        f"{dtype_name(dtype)}, memory ({B}, {S}, {Cc}){mask})"
-    )
+    inputs = _inputs_text(B, T, S, Cc, keep, dtype)
+    return f"cross_attention(attn (C={Cc}, H={Hh}, n_kv_heads={kv}, bias={bias}{extra}), {inputs}"
 
 
 def _cross_call(g: Grader, fn, where: str, m, x, memory, keep=None, n_heads: int | None = None):
@@ -534,26 +496,17 @@ def _cross_plain(g: Grader, student, case) -> None:
     g.expect(close(w, t_w), f"{where}: the weights differ from nn.MultiheadAttention's, per head")
 
 
-def _cross_masked(g: Grader, student, case) -> None:
+def _cross_masked(g: Grader, student, case, kind: str = "mask") -> None:
+    """A drawn padding mask (``kind`` "mask"); one with rows of no real token, the first at least ("empty"); a
+    mask or none, as ``case[2]`` says ("gqa"); or the fixed mask ("fixed")."""
     if case == "fixed":
-        return _cross_case(
-            g, student, "cross.mask.fixed", CONFIGS[0], (3, 4, 6), ref_padding([5, 3, 2], 6), seed=3
-        )
-    config, (B, T, S), seed = case
-    _cross_case(g, student, f"cross.mask.{seed}", config, (B, T, S), _keep_mask(seed, B, S), seed=seed)
-
-
-def _cross_empty(g: Grader, student, case) -> None:
-    config, (B, T, S), seed = case
-    keep = _keep_mask(seed, B, S, empty_rows=True)
-    keep[0] = False  # at least one row with no real token
-    _cross_case(g, student, f"cross.empty.{seed}", config, (B, T, S), keep, seed=seed)
-
-
-def _cross_grouped(g: Grader, student, case) -> None:
-    config, (B, T, S), masked, seed = case
-    keep = _keep_mask(seed, B, S) if masked else None
-    _cross_case(g, student, f"cross.gqa.{seed}", config, (B, T, S), keep, seed=seed)
+        keep = ref_padding([5, 3, 2], 6)
+        return _cross_case(g, student, "cross.mask.fixed", CONFIGS[0], (3, 4, 6), keep, seed=3)
+    config, (B, T, S), *masked, seed = case
+    keep = _keep_mask(seed, B, S, empty_rows=kind == "empty") if masked != [False] else None
+    if kind == "empty":
+        keep[0] = False  # at least one row with no real token
+    _cross_case(g, student, f"cross.{kind}.{seed}", config, (B, T, S), keep, seed=seed)
 
 
 def _cross_gradients(g: Grader, student, case) -> None:
@@ -623,11 +576,6 @@ def _cross_dropout(g: Grader, student, case) -> None:
     )
 
 
-def _with_attn(name: str, g: Grader, student):
-    """The student's cross_attention with an attention module built with their class as its first argument."""
-    return functools.partial(student[0], attention_pair(student[1], name)[0])
-
-
 def _cross_bad(case) -> Call:
     (B, T, S), which, seed = case
     x, memory = tensor(seed, B, T, C), tensor(seed + 1, B, S, C)
@@ -640,12 +588,19 @@ def _cross_bad(case) -> Call:
         "3-D": (keep[:, None, :], f"a mask {(B, 1, S)} for memory {(B, S, C)}"),
         "B + 1": (torch.cat([keep, keep[:1]], 0), f"a mask {(B + 1, S)} for memory {(B, S, C)}"),
     }[which]
-    return Call(what, (x, memory, mask), build=functools.partial(_with_attn, f"cross.bad.{seed}"))
+
+    def attn(g: Grader, student):
+        """The student's cross_attention with an attention module built with their class as its first argument."""
+        return functools.partial(student[0], attention_pair(student[1], f"cross.bad.{seed}")[0])
+
+    return Call(what, (x, memory, mask), build=attn)
 
 
-_CROSS_SIZES = st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 6))
-_CROSS_CASES = st.tuples(st.sampled_from(CONFIGS), _CROSS_SIZES, SEEDS)
-_CROSS_DTYPED = st.tuples(st.sampled_from(CONFIGS), _CROSS_SIZES, st.sampled_from(FLOATS), SEEDS)
+_SIZES = st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 6))  # (B, T, S)
+_DTYPES = st.sampled_from(FLOATS)
+_CONFIGS = st.sampled_from(CONFIGS)
+_CROSS_CASES = st.tuples(_CONFIGS, _SIZES, SEEDS)
+_CROSS_DTYPED = st.tuples(_CONFIGS, _SIZES, _DTYPES, SEEDS)
 _BAD_MASKS = ["float", "long", "S + 1", "1-D", "3-D", "B + 1"]
 
 CROSS_ATTENTION = Spec(
@@ -680,7 +635,7 @@ CROSS_ATTENTION = Spec(
         ),
         Clause(
             "a source row with no real token gets all-zero weights, and its output is out_proj's bias",
-            _cross_empty,
+            functools.partial(_cross_masked, kind="empty"),
             _CROSS_CASES,
             key="cross.empty",
             budget="small",
@@ -688,8 +643,8 @@ CROSS_ATTENTION = Spec(
         ),
         Clause(
             "grouped key/value heads (attn.n_kv_heads < attn.n_heads) are repeated for the query heads",
-            _cross_grouped,
-            st.tuples(st.sampled_from(GQA_CONFIGS), _CROSS_SIZES, st.booleans(), SEEDS),
+            functools.partial(_cross_masked, kind="gqa"),
+            st.tuples(st.sampled_from(GQA_CONFIGS), _SIZES, st.booleans(), SEEDS),
             key="cross.gqa",
             budget="some",
             examples=[(CONFIGS[1], (2, 3, 5), True, 5)],
@@ -707,13 +662,7 @@ CROSS_ATTENTION = Spec(
             "no dropout in eval mode; in training mode each weight is dropped with probability attn.dropout "
             "(or scaled by 1 / (1 - p)) and out is computed from the dropped weights",
             _cross_dropout,
-            st.tuples(
-                st.sampled_from(CONFIGS),
-                _CROSS_SIZES,
-                st.sampled_from([0.5, 0.25, 1.0]),
-                st.booleans(),
-                SEEDS,
-            ),
+            st.tuples(_CONFIGS, _SIZES, st.sampled_from([0.5, 0.25, 1.0]), st.booleans(), SEEDS),
             key="cross.dropout",
             budget="more",
             examples=[(CONFIGS[0], (2, 3, 4), 1.0, True, 8), (CONFIGS[0], (2, 4, 5), 0.5, False, 9)],
@@ -724,7 +673,7 @@ CROSS_ATTENTION = Spec(
         ),
         raises(
             _cross_bad,
-            st.tuples(_CROSS_SIZES, st.sampled_from(_BAD_MASKS), SEEDS),
+            st.tuples(_SIZES, st.sampled_from(_BAD_MASKS), SEEDS),
             key="cross.bad",
             budget="some",
             examples=[((2, 3, 4), "float", 10)],
@@ -764,26 +713,15 @@ _WRONG_WEIGHTS = (
     "the second returned value should be the cross-attention weights (B, H, T, S) that cross_attention "
     "returns, not the self-attention's"
 )
-#: the dropouts of the layer, each checked alone: (where it lives, its attribute, what it drops)
+#: the dropouts of the layer, each checked alone: what it drops, by its name
 _DROPOUTS = {
-    "dropout1": (
-        "dropout1",
-        "p",
-        "the self-attention sub-layer's output: x = x + dropout1(self_attn(norm1(x)))",
-    ),
-    "dropout2": ("dropout2", "p", "the cross-attention sub-layer's output: x = x + dropout2(c)"),
-    "dropout3": ("dropout3", "p", "the feed-forward sub-layer's output: x = x + dropout3(ff(norm3(x)))"),
-    "self_attn.dropout": (
-        "self_attn",
-        "dropout",
-        "the self-attention weights, inside self.self_attn(...) (Chapter 2's module applies its own dropout)",
-    ),
-    "cross_attn.dropout": (
-        "cross_attn",
-        "dropout",
-        "the cross-attention weights, inside your cross_attention(self.cross_attn, ...)",
-    ),
-    "ff.dropout": ("ff.dropout", "p", "the feed-forward's hidden activations, inside self.ff(...)"),
+    "dropout1": "the self-attention sub-layer's output: x = x + dropout1(self_attn(norm1(x)))",
+    "dropout2": "the cross-attention sub-layer's output: x = x + dropout2(c)",
+    "dropout3": "the feed-forward sub-layer's output: x = x + dropout3(ff(norm3(x)))",
+    "self_attn.dropout": "the self-attention weights, inside self.self_attn(...) (Chapter 2's module applies its "
+    "own dropout)",
+    "cross_attn.dropout": "the cross-attention weights, inside your cross_attention(self.cross_attn, ...)",
+    "ff.dropout": "the feed-forward's hidden activations, inside self.ff(...)",
 }
 #: (C, H, d_ff, bias, activation) of the layers the checks draw
 LAYERS = [
@@ -795,16 +733,16 @@ LAYERS = [
 ]
 
 
-def _sub(m, path: str):
-    """``m.a.b`` for ``path`` ``"a.b"`` (works through the sandbox too)."""
+def _dropout(m, which: str):
+    """``(owner, attribute, its name)`` of the dropout ``which`` of the layer ``m``: an attention module's float
+    ``dropout``, else an nn.Dropout's ``p`` (works through the sandbox too)."""
+    path, attr = (which.split(".")[0], "dropout") if "attn" in which else (which, "p")
     for name in path.split("."):
         m = getattr(m, name)
-    return m
+    return m, attr, f"{path}.{attr}"
 
 
-def _layer_triple(
-    g: Grader, PreNormDecoderLayer, name: str, config=None, dropout: float = 0.0, with_torch: bool = False
-):
+def _layer_triple(g: Grader, PreNormDecoderLayer, name: str, config=None, dropout=0.0, with_torch=False):
     """The student's layer (built with their class), coursekit's, and (with ``with_torch``, else ``None``) torch's,
     with the same random weights."""
     Cc, Hh, dff, bias, activation = config or (C, H, DFF, True, "relu")
@@ -824,9 +762,7 @@ def _layer_triple(
     m.eval()
     if not with_torch:
         return m, r, None
-    t = nn.TransformerDecoderLayer(
-        Cc, Hh, dff, dropout=0.0, activation=activation, batch_first=True, norm_first=True, bias=bias
-    )
+    t = nn.TransformerDecoderLayer(Cc, Hh, dff, 0.0, activation, batch_first=True, norm_first=True, bias=bias)
     t.double().eval()
     t.load_state_dict(L.to_torch_state_dict(weights))
     return m, r, t
@@ -879,11 +815,8 @@ def _layer_mistakes(r, x, memory, keep):
 
 def _layer_where(config, B, T, S, keep=None, dtype=torch.float64, extra="") -> str:
     Cc, Hh, dff, bias, act = config
-    mask = "" if keep is None else f", memory_key_padding_mask {_mask_text(keep)}"
-    return (
-        f"PreNormDecoderLayer({Cc}, {Hh}, {dff}, activation={act!r}, bias={bias}{extra})(x ({B}, {T}, {Cc}) "
-        f"{dtype_name(dtype)}, memory ({B}, {S}, {Cc}){mask})"
-    )
+    inputs = _inputs_text(B, T, S, Cc, keep, dtype)
+    return f"PreNormDecoderLayer({Cc}, {Hh}, {dff}, activation={act!r}, bias={bias}{extra})({inputs}"
 
 
 def _layer_call(g: Grader, where: str, m, x, memory, keep=None, n_heads: int = H):
@@ -949,20 +882,18 @@ def _dec_shape(g: Grader, cls, case) -> None:
     _layer_call(g, _layer_where(config, B, T, S, None, dtype), m, x, memory, None, config[1])
 
 
-def _dec_values(g: Grader, cls, case) -> None:
-    if case[0] == "torch":  # against torch's own layer
-        _, config, (T, S) = case
-        return _layer_case(g, cls, f"dec.torch.{config[4]}", config, (2, T, S), seed=2, torch_reference=True)
-    config, sizes, seed = case
-    _layer_case(g, cls, f"dec.values.{seed}", config, sizes, seed=seed)
-
-
-def _dec_masked(g: Grader, cls, case) -> None:
+def _dec_values(g: Grader, cls, case, masked: bool = False) -> None:
+    """``(config, sizes, seed)``, with a drawn padding mask when ``masked``; or against torch's own layer:
+    ``("torch", config, (T, S))``, or ``"torch"`` (a fixed mask)."""
     if case == "torch":
         keep = ref_padding([6, 3, 1], 6)
         return _layer_case(g, cls, "dec.mask.torch", LAYERS[0], (3, 4, 6), keep, seed=4, torch_reference=True)
+    if case[0] == "torch":
+        _, config, (T, S) = case
+        return _layer_case(g, cls, f"dec.torch.{config[4]}", config, (2, T, S), seed=2, torch_reference=True)
     config, (B, T, S), seed = case
-    _layer_case(g, cls, f"dec.mask.{seed}", config, (B, T, S), _keep_mask(seed, B, S), seed=seed)
+    keep = _keep_mask(seed, B, S) if masked else None
+    _layer_case(g, cls, f"dec.{'mask' if masked else 'values'}.{seed}", config, (B, T, S), keep, seed=seed)
 
 
 def _dec_causal(g: Grader, cls, case) -> None:
@@ -985,10 +916,9 @@ def _dec_causal(g: Grader, cls, case) -> None:
 
 def _dec_dropout(g: Grader, cls, case) -> None:
     which, config, (B, T, S), seed = case
-    path, attr, what = _DROPOUTS[which]
     m, r, _ = _layer_triple(g, cls, f"dec.dropout.{seed}", config)
-    set_attr(_sub(m, path), attr, 1.0)
-    setattr(_sub(r, path), attr, 1.0)
+    set_attr(*_dropout(m, which)[:2], 1.0)
+    setattr(*_dropout(r, which)[:2], 1.0)
     m.train()
     r.train()
     x, memory = _layer_inputs(config, B, T, S, seed)
@@ -998,7 +928,7 @@ def _dec_dropout(g: Grader, cls, case) -> None:
     expected, expected_w = r(x, memory, keep)
     g.expect(
         close(out, expected, magnitude=magnitude(x, memory)) and close(w, expected_w),
-        f"{where}: with only {which} at p = 1 the output differs from the reference, which drops {what} "
+        f"{where}: with only {which} at p = 1 the output differs from the reference, which drops {_DROPOUTS[which]} "
         "and nothing else: apply each dropout exactly where the text puts it, once",
     )
 
@@ -1007,8 +937,8 @@ def _dec_eval(g: Grader, cls, case) -> None:
     config, (B, T, S), everything, seed = case
     m, r, _ = _layer_triple(g, cls, f"dec.eval.{seed}", config, dropout=0.5)
     if everything:
-        for path, attr, _ in _DROPOUTS.values():
-            set_attr(_sub(m, path), attr, 1.0)
+        for which in _DROPOUTS:
+            set_attr(*_dropout(m, which)[:2], 1.0)
     x, memory = _layer_inputs(config, B, T, S, seed)
     extra = f", every dropout at {'1.0' if everything else '0.5'}, eval mode"
     where = _layer_where(config, B, T, S, None, extra=extra)
@@ -1047,11 +977,11 @@ def _dec_defaults(g: Grader, cls, case) -> None:
         f"PreNormDecoderLayer({d}, {h}) should have the parameters of DecoderLayer({d}, {h}, norm_first=True) "
         f"(d_ff = {4 * d}, with biases): keep the given __init__ and its defaults",
     )
-    for path, attr, _ in _DROPOUTS.values():
-        got = getattr(_sub(m, path), attr)
+    for owner, attr, name in map(functools.partial(_dropout, m), _DROPOUTS):
+        got = getattr(owner, attr)
         g.expect(
             got == 0.1,
-            f"PreNormDecoderLayer({d}, {h}).{path}.{attr} is {got!r}: the default dropout is 0.1 "
+            f"PreNormDecoderLayer({d}, {h}).{name} is {got!r}: the default dropout is 0.1 "
             "(keep the given __init__)",
         )
     g.expect(
@@ -1073,8 +1003,7 @@ def _dec_defaults(g: Grader, cls, case) -> None:
     )
 
 
-_LAYER_SIZES = st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(1, 6))
-_LAYER_CASES = st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, SEEDS)
+_LAYER_CASES = st.tuples(st.sampled_from(LAYERS), _SIZES, SEEDS)
 
 PRE_NORM_DECODER_LAYER = Spec(
     "PreNormDecoderLayer",
@@ -1082,7 +1011,7 @@ PRE_NORM_DECODER_LAYER = Spec(
         Clause(
             "returns (out of x's shape and dtype, cross-attention weights (B, H, T, S)) (float32 and float64)",
             _dec_shape,
-            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, st.sampled_from(FLOATS), SEEDS),
+            st.tuples(st.sampled_from(LAYERS), _SIZES, _DTYPES, SEEDS),
             key="dec.shape",
             budget="few",
             examples=[(LAYERS[0], (2, 3, 4), torch.float32, 0)],
@@ -1099,7 +1028,7 @@ PRE_NORM_DECODER_LAYER = Spec(
         ),
         Clause(
             "memory_key_padding_mask reaches cross-attention, and the weights returned are cross-attention's",
-            _dec_masked,
+            functools.partial(_dec_values, masked=True),
             _LAYER_CASES,
             key="dec.mask",
             budget="small",
@@ -1109,7 +1038,7 @@ PRE_NORM_DECODER_LAYER = Spec(
         Clause(
             "the self-attention is causal: changing later targets does not change earlier outputs",
             _dec_causal,
-            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, st.integers(0, 4), SEEDS),
+            st.tuples(st.sampled_from(LAYERS), _SIZES, st.integers(0, 4), SEEDS),
             key="dec.future",
             budget="small",
             examples=[(LAYERS[0], (2, 5, 5), 3, 5)],
@@ -1119,12 +1048,9 @@ PRE_NORM_DECODER_LAYER = Spec(
             "dropout2, dropout3 (the sub-layers' outputs), self_attn's and cross_attn's weights, ff's hidden "
             "units",
             _dec_dropout,
-            # with biases: a sub-layer of zeros still outputs something
+            # the layers with biases (LAYERS 0, 1 and 3): a sub-layer of zeros still outputs something
             st.tuples(
-                st.sampled_from(sorted(_DROPOUTS)),
-                st.sampled_from([c for c in LAYERS if c[3]]),
-                _LAYER_SIZES,
-                SEEDS,
+                st.sampled_from(sorted(_DROPOUTS)), st.sampled_from(LAYERS[:2] + LAYERS[3:4]), _SIZES, SEEDS
             ),
             key="dec.dropout",
             budget="small",
@@ -1134,7 +1060,7 @@ PRE_NORM_DECODER_LAYER = Spec(
         Clause(
             "no dropout in eval mode (dropout=0.5, and every dropout at p = 1)",
             _dec_eval,
-            st.tuples(st.sampled_from(LAYERS), _LAYER_SIZES, st.booleans(), SEEDS),
+            st.tuples(st.sampled_from(LAYERS), _SIZES, st.booleans(), SEEDS),
             key="dec.eval",
             budget="few",
             examples=[(LAYERS[0], (2, 3, 4), True, 8)],
@@ -1231,29 +1157,19 @@ def _ls_where(logits, targets, eps, pad_id, extra="") -> str:
     return f"label_smoothed_loss(logits {tuple(logits.shape)} {dtype_name(logits.dtype)}, targets {shown}{args}){extra}"
 
 
-def _scalar(g: Grader, out, dtype, where: str) -> None:
-    g.expect(
-        is_tensor(out) and out.dim() == 0 and out.dtype == dtype,
-        f"{where}: the loss should be a scalar (0-dimensional) tensor of the logits' dtype {dtype_name(dtype)}, "
-        f"got {describe(out)}",
-    )
-
-
 def _ls_value(g: Grader, fn, logits, targets, eps=None, pad_id=None, positional=False, extra="") -> None:
     """Call the student's loss (smoothing and pad_id by default, by keyword or positionally) and compare."""
     where = _ls_where(logits, targets, eps, pad_id, extra)
-    if positional:
-        args, kwargs = (logits, targets, 0.1 if eps is None else eps, PAD if pad_id is None else pad_id), {}
-    else:
-        args, kwargs = (logits, targets), {}
-        if eps is not None:
-            kwargs["smoothing"] = eps
-        if pad_id is not None:
-            kwargs["pad_id"] = pad_id
-    out = call_student(g, where, fn, *args, **kwargs)
     e, p = (0.1 if eps is None else eps), (PAD if pad_id is None else pad_id)
+    given = {k: v for k, v in (("smoothing", eps), ("pad_id", pad_id)) if v is not None}
+    args, kwargs = ((logits, targets, e, p), {}) if positional else ((logits, targets), given)
+    out = call_student(g, where, fn, *args, **kwargs)
     expected = _smoothed_ref(logits.double(), targets, e, p).to(logits.dtype)
-    _scalar(g, out, logits.dtype, where)
+    g.expect(
+        is_tensor(out) and out.dim() == 0 and out.dtype == logits.dtype,
+        f"{where}: the loss should be a scalar (0-dimensional) tensor of the logits' dtype "
+        f"{dtype_name(logits.dtype)}, got {describe(out)}",
+    )
     if not bool(torch.isfinite(out)):
         g.fail(f"{where}: got {_num(out)}; " + _LS_UNSTABLE)
     mistakes = _loss_mistakes(logits, targets, e, p)
@@ -1272,9 +1188,7 @@ def _ls_value(g: Grader, fn, logits, targets, eps=None, pad_id=None, positional=
     )
 
 
-def _ls_case(
-    seed: int, lead: tuple, V: int, pad_id: int, rate: float, dtype=torch.float64, scale: float = 2.0
-):
+def _ls_case(seed: int, lead: tuple, V: int, pad_id: int, rate: float, dtype=torch.float64, scale=2.0):
     """Logits ``(*lead, V)`` and targets ``lead`` in ``[0, V)`` but ``pad_id``, about ``rate`` of them set to
     ``pad_id`` (the first one never)."""
     logits = tensor(seed, *lead, V, dtype=dtype, scale=scale)
@@ -1292,11 +1206,14 @@ def _ls_kind(case) -> Call:
 
 
 def _ls_values(g: Grader, fn, case) -> None:
+    """``(lead, V, eps, dtype, positional, seed)``, or ``(lead, V, seed)`` (the default smoothing by keyword, float64),
+    or "uniform"."""
     if case == "uniform":  # closed form: uniform logits give log V whatever the smoothing
         targets = torch.randint(1, 6, (2, 5), generator=_gen(2, 0))
         targets[1, 3:] = PAD
         return _ls_value(g, fn, torch.zeros(2, 5, 6, dtype=torch.float64), targets, 0.2)
-    lead, V, eps, dtype, positional, seed = case
+    lead, V, *rest, seed = case
+    eps, dtype, positional = rest or (0.1, torch.float64, False)
     logits, targets = _ls_case(seed, lead, V, PAD, 0.3, dtype)
     _ls_value(g, fn, logits, targets, eps, None, positional and eps is not None)
 
@@ -1306,12 +1223,6 @@ def _ls_padding(g: Grader, fn, case) -> None:
     pad_id = {"default": None, "zero": 0, "three": 3 % V, "last": V - 1}[which]
     logits, targets = _ls_case(seed, lead, V, PAD if pad_id is None else pad_id, rate)
     _ls_value(g, fn, logits, targets, None if positional else 0.1, pad_id, positional and pad_id is not None)
-
-
-def _ls_shapes(g: Grader, fn, case) -> None:
-    lead, V, seed = case
-    logits, targets = _ls_case(seed, lead, V, PAD, 0.3)
-    _ls_value(g, fn, logits, targets, 0.1)
 
 
 def _ls_stable(g: Grader, fn, case) -> None:
@@ -1363,16 +1274,16 @@ def _ls_bad(case) -> Call:
         "with V": torch.zeros(*lead, V, dtype=torch.long) + 1,
         "padding": torch.zeros(lead, dtype=torch.long),
     }[which]
-    what = (
-        f"logits {tuple(logits.shape)} and targets {tuple(bad.shape)}"
-        if which != "padding"
-        else f"every target equal to pad_id (logits {tuple(logits.shape)})"
-    )
+    what = f"logits {tuple(logits.shape)} and targets {tuple(bad.shape)}"
+    if which == "padding":
+        what = f"every target equal to pad_id (logits {tuple(logits.shape)})"
     return Call(what, (logits, bad, 0.1))
 
 
 _LEAD = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
 _SMOOTHING = st.sampled_from([None, 0.0, 0.3, 0.75, 1.0, 0.1])
+_PAD_IDS = st.sampled_from(["default", "zero", "three", "last"])  # pad_id None (left out), 0, 3 % V, V - 1
+_LARGE = st.sampled_from([100.0, 1e3, 1e4])  # the scale of float32 logits
 _LS_ERRORS = ["longer", "flat", "with V", "padding"]
 
 LABEL_SMOOTHED_LOSS = Spec(
@@ -1381,7 +1292,7 @@ LABEL_SMOOTHED_LOSS = Spec(
         returns(
             _ls_kind,
             lambda case: torch.empty((), dtype=case[2]),
-            st.tuples(_LEAD, st.integers(2, 9), st.sampled_from(FLOATS), SEEDS),
+            st.tuples(_LEAD, st.integers(2, 9), _DTYPES, SEEDS),
             key="ls.dtype",
             budget="handful",
             examples=[((2, 3), 7, torch.float32, 0)],
@@ -1391,7 +1302,7 @@ LABEL_SMOOTHED_LOSS = Spec(
             "equals (1 - smoothing) * (-log p_y) + smoothing * mean_v(-log p_v), averaged over the non-padding "
             "targets, for any smoothing in [0, 1] (0.1 by default)",
             _ls_values,
-            st.tuples(_LEAD, st.integers(2, 11), _SMOOTHING, st.sampled_from(FLOATS), st.booleans(), SEEDS),
+            st.tuples(_LEAD, st.integers(2, 11), _SMOOTHING, _DTYPES, st.booleans(), SEEDS),
             key="ls.values",
             budget="wide",
             examples=[
@@ -1404,21 +1315,14 @@ LABEL_SMOOTHED_LOSS = Spec(
         Clause(
             "targets equal to pad_id (0 by default, or any other id) count neither in the sum nor in the mean",
             _ls_padding,
-            st.tuples(
-                _LEAD,
-                st.integers(2, 9),
-                st.sampled_from(["default", "zero", "three", "last"]),
-                st.sampled_from([0.3, 0.7]),
-                st.booleans(),
-                SEEDS,
-            ),
+            st.tuples(_LEAD, st.integers(2, 9), _PAD_IDS, st.sampled_from([0.3, 0.7]), st.booleans(), SEEDS),
             key="ls.pad",
             budget="plenty",
             examples=[((2, 4), 5, "three", 0.3, False, 2)],
         ),
         Clause(
             "any leading shape: (N, V) with (N,), (B, T, V) with (B, T), (B, T, U, V) with (B, T, U)",
-            _ls_shapes,
+            _ls_values,
             st.tuples(_LEAD, st.integers(2, 8), SEEDS),
             key="ls.shapes",
             budget="some",
@@ -1428,13 +1332,7 @@ LABEL_SMOOTHED_LOSS = Spec(
         Clause(
             "stable: float32 logits of magnitude 100 to 10^4 give a finite, accurate loss",
             _ls_stable,
-            st.tuples(
-                _LEAD,
-                st.integers(2, 9),
-                st.sampled_from([100.0, 1e3, 1e4]),
-                st.sampled_from([0.0, 0.1, 0.5]),
-                SEEDS,
-            ),
+            st.tuples(_LEAD, st.integers(2, 9), _LARGE, st.sampled_from([0.0, 0.1, 0.5]), SEEDS),
             key="ls.stable",
             budget="some",
             examples=[((1, 3), 4, 1e3, 0.1, 5)],
@@ -1483,11 +1381,12 @@ def _weights() -> dict[str, torch.Tensor]:
     return checkpoints.load("seq2seq-numbers")[0].state_dict()
 
 
+def _nearest(choices: dict[str, str], measured: float) -> str:
+    """The letter of the choice nearest to ``measured`` (a choice's number is its first word)."""
+    return min(choices, key=lambda c: abs(float(choices[c].split()[0]) - measured))
+
+
 _FLOOR_CHOICES = {"a": "0", "b": "0.10", "c": "0.66", "d": "3.56 (ln 35)"}
-
-
-def _closest_choice(measured: float) -> str:
-    return min(_FLOOR_CHOICES, key=lambda c: abs(float(_FLOOR_CHOICES[c].split()[0]) - measured))
 
 
 SMOOTHING_FLOOR = Prediction(
@@ -1496,8 +1395,8 @@ SMOOTHING_FLOOR = Prediction(
     "label-smoothed loss reached the floor H(q), and it translates every test number right. Its plain cross-entropy "
     "(smoothing 0: the mean -log p of the right token) on held-out numbers is about?",
     tests="what a model at the label-smoothing floor predicts: p = q, so 1 - eps + eps/V on the right token, not 1",
-    measure=lambda: _closest_choice(
-        number_words.heldout_loss(_weights(), 256, torch.Generator().manual_seed(0), 0.0)
+    measure=lambda: _nearest(
+        _FLOOR_CHOICES, number_words.heldout_loss(_weights(), 256, torch.Generator().manual_seed(0), 0.0)
     ),
     explanation="Answer {truth} (coursekit's heldout_loss at smoothing 0 on 256 held-out numbers). The smoothed loss "
     "is the cross-entropy H(q, p) = H(q) + KL(q || p) against the smoothed target q, so it reaches its floor H(q) "
@@ -1571,7 +1470,7 @@ ENCODER_PASSES = Prediction(
 BLEU_ONE_WORD_NUMBERS = (5, 7, 9, 11, 13, 15, 17)
 BLEU_LONG_NUMBER = 2100
 #: its choices: letter -> BLEU
-_BLEU_CHOICES = {"a": 0.0, "b": 12.5, "c": 36.0, "d": 78.0}
+_BLEU_CHOICES = {"a": "0", "b": "12.5", "c": "36", "d": "78"}
 
 
 def _bleu_one_word() -> str:
@@ -1579,8 +1478,7 @@ def _bleu_one_word() -> str:
     english = number_words.english
     refs = [english(n) for n in BLEU_ONE_WORD_NUMBERS] + [english(BLEU_LONG_NUMBER)]
     hyps = [english(n + 1) for n in BLEU_ONE_WORD_NUMBERS] + [english(BLEU_LONG_NUMBER)]
-    score = ref.bleu(hyps, refs)
-    return min(_BLEU_CHOICES, key=lambda c: abs(_BLEU_CHOICES[c] - score))
+    return _nearest(_BLEU_CHOICES, ref.bleu(hyps, refs))
 
 
 BLEU_ONE_WORD = Prediction(
@@ -1602,7 +1500,7 @@ BLEU_ONE_WORD = Prediction(
     "corpus BLEU is not an average of sentence scores, and it weights each sentence by its n-grams, so long "
     "sentences dominate it. 36 is p_1 alone, or the product of the four precisions without the fourth root of "
     "the geometric mean.",
-    choices={"a": "0", "b": "12.5", "c": "36", "d": "78"},
+    choices=_BLEU_CHOICES,
 )
 
 check_predict_smoothing_floor, grade_predict_smoothing_floor = SMOOTHING_FLOOR.graders()
@@ -1628,27 +1526,23 @@ def _full_test_loss(smoothing: float) -> float:
         from coursekit.experiments.number_words import make_batch, number_splits
 
         model = ref.Seq2Seq(ref.SEQ2SEQ_PRESETS["small"])
-        model.load_state_dict(_weights())
+        weights = _weights()
+        model.load_state_dict(weights)
         model.eval()
         src, tgt = make_batch(number_splits().test[::10])  # (500, S), (500, T)
         with torch.no_grad():
             _FULL_TEST["logits"] = model(src, ref.shift_right(tgt, ref.BOS, ref.PAD))  # (500, T, V)
-        _FULL_TEST["targets"] = tgt
-        _FULL_TEST["weights"] = _weights()
+        _FULL_TEST["targets"], _FULL_TEST["weights"] = tgt, weights
     return ref.label_smoothed_loss(_FULL_TEST["logits"], _FULL_TEST["targets"], smoothing).item()
 
 
-def _seeded(seed: int):
-    return student_side("torch", torch).Generator().manual_seed(seed)
-
-
 def _heldout_call(n, seed: int, smoothing: float | None = None) -> Call:
-    """``heldout_loss(weights, n, generator seeded seed[, smoothing])`` with the committed weights."""
+    """``heldout_loss(weights, n, generator seeded seed[, smoothing])`` with the committed weights (the generator
+    made in the student's process)."""
     _full_test_loss(0.1)  # loads the weights once
     where = f"heldout_loss(weights, {n}, generator{'' if smoothing is None else f', smoothing={smoothing}'})"
-    return Call(
-        where, (_FULL_TEST["weights"], n, _seeded(seed)) + (() if smoothing is None else (smoothing,))
-    )
+    generator = student_side("torch", torch).Generator().manual_seed(seed)
+    return Call(where, (_FULL_TEST["weights"], n, generator) + (() if smoothing is None else (smoothing,)))
 
 
 def _heldout(g: Grader, heldout_loss, n: int, seed: int, smoothing: float | None = None):
@@ -1668,15 +1562,14 @@ def _heldout_interval(smoothing: float | None) -> tuple[float, float]:
     return truth * (1 - HELDOUT_BAND), truth * (1 + HELDOUT_BAND)
 
 
-def _heldout_float(g: Grader, heldout_loss, case) -> None:
+def _heldout_value(g: Grader, heldout_loss, case) -> None:
+    """``(n, seed)``: a Python float; ``(n, seed, smoothing)``: within the band."""
     where, v = _heldout(g, heldout_loss, *case)
-    g.expect(type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}")
-
-
-def _heldout_band(g: Grader, heldout_loss, case) -> None:
-    n, seed, smoothing = case
-    where, v = _heldout(g, heldout_loss, n, seed, smoothing)
-    expect_in_band(g, where, v, *_heldout_interval(smoothing), _HELDOUT_WHY)
+    if len(case) == 2:
+        return g.expect(
+            type(v) is float, f"{where} should return a Python float (use .item()), got {describe(v)}"
+        )
+    expect_in_band(g, where, v, *_heldout_interval(case[2]), _HELDOUT_WHY)
 
 
 def _heldout_seeded(g: Grader, heldout_loss, case) -> None:
@@ -1716,19 +1609,19 @@ HELDOUT_LOSS = Spec(
     [
         Clause(
             "returns a Python float, for n = 1 as for more numbers",
-            _heldout_float,
+            _heldout_value,
             examples=[(32, 3)],
             also=[(1, 3)],
         ),
         Clause(
             f"smoothing 0.1 by default: within {HELDOUT_BAND:.0%} of the reference's loss on the test split",
-            _heldout_band,
+            _heldout_value,
             examples=[(64, 11, None)],
             also=[(100, 12, None)],
         ),
         Clause(
             f"at smoothing 0, 0.3 and 1: within {HELDOUT_BAND:.0%} of the reference's loss on the test split",
-            _heldout_band,
+            _heldout_value,
             examples=[(48, 21, 0.0)],
             also=[(48, 22, 0.3), (48, 23, 1.0)],
         ),
@@ -1810,9 +1703,7 @@ def _lp_where(logprob: torch.Tensor, length: torch.Tensor, alpha) -> str:
     return f"length_penalty_score({show(logprob)} {dtype_name(logprob.dtype)}, lengths {show(length)}, {alpha!r})"
 
 
-def _lp_case(
-    g: Grader, fn, logprob: torch.Tensor, length: torch.Tensor, alpha: float, what: str = ""
-) -> None:
+def _lp_case(g: Grader, fn, logprob: torch.Tensor, length: torch.Tensor, alpha: float, what="") -> None:
     where = _lp_where(logprob, length, alpha)
     p = call_student(g, where, probe, fn, logprob.clone(), length.clone(), alpha)
     out = p.result
@@ -1892,7 +1783,7 @@ LENGTH_PENALTY_SCORE = Spec(
         returns(
             _lp_kind,
             lambda case: torch.empty((*case[0], case[1]), dtype=case[2]),
-            st.tuples(_LP_LEAD, st.integers(1, 6), st.sampled_from(FLOATS), st.booleans(), SEEDS),
+            st.tuples(_LP_LEAD, st.integers(1, 6), _DTYPES, st.booleans(), SEEDS),
             key="lp.shape",
             budget="small",
             examples=[((), 3, torch.float64, False, 0)],
@@ -1901,7 +1792,7 @@ LENGTH_PENALTY_SCORE = Spec(
         Clause(
             "score = logprob / ((5 + n) / 6) ** alpha, for any alpha >= 0, shape and lengths",
             _lp_values,
-            st.tuples(_LP_LEAD, st.integers(1, 8), _ALPHAS, st.sampled_from(FLOATS), st.booleans(), SEEDS),
+            st.tuples(_LP_LEAD, st.integers(1, 8), _ALPHAS, _DTYPES, st.booleans(), SEEDS),
             key="lp.values",
             budget="wider",
             examples=[((2,), 4, 1.0, torch.float64, False, 1), ((3,), 2, 0.7, torch.float32, True, 1)],

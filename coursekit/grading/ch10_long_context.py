@@ -107,32 +107,11 @@ def _one_hint(hints: list[str], what: str) -> str:
 # =========================================================================== devices (private helpers)
 
 
-def _device_call(g: Grader, call, what: str, fix: str):
-    """``call()`` with torch's default device set to ``meta`` in the student's process (inputs on the
-    CPU): fail with ``fix`` when a tensor was made on the default device instead of the inputs' one."""
-    try:
-        with default_device():
-            out = call()
-    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
-        if not meta_copy_refused(e):
-            raise_unless_student_error(e)
-        g.fail(
-            f"{what}, with torch's default device set to another device than the inputs' (meta), your code "
-            f"raised {type(e).__name__.removeprefix('Student')} ({str(e)[:150]}): {fix}"
-        )
-    if is_tensor(out) and out.device.type != "cpu":
-        g.fail(
-            f"{what}, with torch's default device set to meta, your result is on {out.device.type}, not on the "
-            f"inputs' device (cpu): {fix}"
-        )
-    return out
-
-
-def _built_on_meta(g: Grader, fn, name: str, args: tuple) -> None:
-    """``fn(*args, device="meta")`` must build its mask on the meta device. Under the autograder a result
-    on ``meta`` cannot be sent back: torch refuses to copy its data outside the student's code (the refusal
-    names no line of theirs), which reads as ``"meta"``; a refusal inside their code (``.item()`` or
-    ``.cpu()`` on a meta tensor) means they read the values."""
+def _built_on_meta(name: str, g: Grader, fn, args: tuple) -> None:
+    """``fn(*args, device="meta")`` (``fn`` the student's ``name``) must build its mask on the meta device.
+    Under the autograder a result on ``meta`` cannot be sent back: torch refuses to copy its data outside the
+    student's code (the refusal names no line of theirs), which reads as ``"meta"``; a refusal inside their
+    code (``.item()`` or ``.cpu()`` on a meta tensor) means they read the values."""
     call = f"{name}({', '.join(map(str, args))}, device='meta')"
     try:
         out = fn(*args, device="meta")
@@ -243,12 +222,6 @@ def _naive(q, k, v, causal=False, mask=None, scale=None):
     return att.scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)[0]
 
 
-def _attention_magnitude(q, k, v, scale=None) -> float:
-    """What a sound attention's rounding scales with: the largest score times the largest value."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return magnitude((q.double() @ k.double().transpose(-2, -1)) * scale) * magnitude(v)
-
-
 @dataclass(frozen=True)
 class _Tiled:
     """One call of ``tiled_attention``: the shapes and arguments, and a seed for the values."""
@@ -277,17 +250,15 @@ class _Tiled:
         return q, k, v, mask
 
     def kwargs(self, mask) -> dict:
-        kw = ({"causal": True} if self.causal else {}) | ({} if mask is None else {"mask": mask})
-        return kw | {
-            n: getattr(self, n) for n in ("block_q", "block_k", "scale") if getattr(self, n) is not None
-        }
+        given = dict(causal=self.causal or None, mask=mask, block_q=self.block_q, block_k=self.block_k)
+        given["scale"] = self.scale
+        return {n: a for n, a in given.items() if a is not None}
 
     def __str__(self) -> str:
         lengths, widths = (self.T, self.S, self.S), (self.D, self.D, self.Dv)
         q, k, v = ((*lead, n, d) for lead, n, d in zip(self.lead, lengths, widths))
-        named = dict(causal=self.causal or None, block_q=self.block_q, block_k=self.block_k, scale=self.scale)
         args = [f"q {q}, k {k}, v {v} ({dtype_name(self.dtype)})"]
-        args += [f"{key}={val!r}" for key, val in named.items() if val is not None]
+        args += [f"{key}={val!r}" for key, val in self.kwargs(None).items()]
         return "for " + ", ".join(args + ([] if self.mask is None else [f"a boolean mask {self.mask}"]))
 
 
@@ -299,26 +270,18 @@ _TWO = ((2,), (2,), (2,))
 _NONE = ((), (), ())
 
 
-def _mask_shapes(T: int, S: int, batch: tuple) -> list[tuple]:
-    """Boolean mask shapes broadcastable to ``(*batch, T, S)``: keys only, queries only, whole, batched."""
-    shapes = [(S,), (1, S), (T, 1), (T, S), (*batch, T, S)]
-    if batch:
-        shapes.append((*batch[:-1], 1, T, S))
-    return shapes
-
-
 @st.composite
 def _tiled_cases(draw, causal=False, masked=False, scales=(None,), sizes=(0.5, 1.0, 2.0), dtypes=(F64,)):
     lead = draw(st.sampled_from(_LEADS))
     T = draw(st.integers(1, 9))
     S = T + draw(st.integers(0, 5)) if causal else draw(st.integers(1, 11))
-    mask = draw(st.sampled_from(_mask_shapes(T, S, tuple(torch.broadcast_shapes(*lead))))) if masked else None
-    blocks = st.sampled_from([None, 1, 2, 3, 4, 5, 7, 64])
+    batch = tuple(torch.broadcast_shapes(*lead))
+    # boolean mask shapes broadcastable to (*batch, T, S): keys only, queries only, whole, batched
+    shapes = [(S,), (1, S), (T, 1), (T, S), (*batch, T, S)] + ([(*batch[:-1], 1, T, S)] if batch else [])
+    mask = draw(st.sampled_from(shapes)) if masked else None
+    blocks = [None, 1, 2, 3, 4, 5, 7, 64]
     seed, D, Dv = draw(st.integers(0, 2**20)), draw(st.integers(1, 6)), draw(st.integers(1, 4))
-    rest = [
-        draw(s)
-        for s in (blocks, blocks, st.sampled_from(scales), st.sampled_from(sizes), st.sampled_from(dtypes))
-    ]
+    rest = [draw(st.sampled_from(c)) for c in (blocks, blocks, scales, sizes, dtypes)]
     return _Tiled(seed, lead, T, S, D, Dv, causal, mask, *rest)
 
 
@@ -333,10 +296,7 @@ def _tiled_mistakes(case: _Tiled, q, k, v, mask):
         (_tiled_with(_RESCALE_ACC)(q, k, v, **kw), _NO_RESCALE_ACC),
         (_tiled_with(_RESCALE_ACC, _RESCALE_L)(q, k, v, **kw), _NO_RESCALE),
         (_tiled_with(_TILE_SOFTMAX)(q, k, v, **kw), _DIVIDE_EARLY),
-        (
-            _naive(q, k, v, mask=top_left, scale=scale) if case.causal else None,
-            _TOP_LEFT,
-        ),
+        (_naive(q, k, v, mask=top_left, scale=scale) if case.causal else None, _TOP_LEFT),
         (_naive(q, k, v, case.causal, mask, scale=1.0), _SCALE_IGNORED if scale is not None else _NO_SCALE),
         (_naive(q, k, v, case.causal, mask) if scale is not None else None, _SCALE_IGNORED),
         (_naive(q, k, v, False, mask, scale) if case.causal else None, _NO_CAUSAL),
@@ -345,9 +305,10 @@ def _tiled_mistakes(case: _Tiled, q, k, v, mask):
     ]
 
 
-def _tiled_output(g: Grader, tiled_attention, case: _Tiled, q, k, v, mask):
-    """Call the student's function on ``case`` and check the result's type, shape and dtype."""
-    out = call_student(g, str(case), tiled_attention, q, k, v, **case.kwargs(mask))
+def _output(g: Grader, attention, case, q, k, v, kwargs: dict):
+    """Call the student's attention on ``case`` (a ``_Tiled`` or a ``_Linear``) and check the result's type,
+    shape and dtype."""
+    out = call_student(g, str(case), attention, q, k, v, **kwargs)
     shape = (*torch.broadcast_shapes(*case.lead), case.T, case.Dv)
     g.expect(
         is_tensor(out) and tuple(out.shape) == shape and out.dtype == case.dtype,
@@ -356,28 +317,22 @@ def _tiled_output(g: Grader, tiled_attention, case: _Tiled, q, k, v, mask):
     return out
 
 
-def _has_empty_rows(case: _Tiled, mask) -> bool:
-    """Some query of ``case`` may attend to no key."""
-    if mask is None:
-        return False
-    allowed = mask.expand(case.T, case.S) if mask.dim() <= 2 else mask
-    if case.causal:
-        allowed = allowed & att.causal_mask(case.T, case.S)
-    return not bool(allowed.any(-1).all())
-
-
 def _tiled_compare(g: Grader, tiled_attention, case: _Tiled, out, q, k, v, mask, large: bool = False) -> None:
     """``out`` must equal attention with the whole score matrix on ``case``; else name the mistake. A result
     that looks like a causal or mask mistake but is right with one tile (the student's call again, with
     block_q = T and block_k = S) is a tile offset: the hint names that instead."""
     expected = _naive(q, k, v, case.causal, mask, case.scale)
-    M = _attention_magnitude(q, k, v, case.scale)
+    s = 1.0 / math.sqrt(q.shape[-1]) if case.scale is None else case.scale
+    # what a sound attention's rounding scales with: the largest score times the largest value
+    M = magnitude((q.double() @ k.double().transpose(-2, -1)) * s) * magnitude(v)
     if close(out, expected.to(case.dtype), magnitude=M):
         return
     if not bool(out.isfinite().all()):
         if large:
             g.fail(f"{case} (scores up to {M / magnitude(v):.0f}): {_MAX_OVERFLOW}")
-        g.fail(f"{case}: {_MASKED_NAN if _has_empty_rows(case, mask) else _NAN_TILES}")
+        allowed = mask & att.causal_mask(case.T, case.S) if case.causal and mask is not None else mask
+        every_query_sees = allowed is None or bool(allowed.any(-1).all())  # else some query may see no key
+        g.fail(f"{case}: {_NAN_TILES if every_query_sees else _MASKED_NAN}")
     for wrong, hint in _tiled_mistakes(case, q, k, v, mask):
         if wrong is None or close(wrong.to(case.dtype), expected.to(case.dtype), magnitude=M):
             continue  # this mistake is harmless on this input
@@ -400,14 +355,13 @@ def _tiled_compare(g: Grader, tiled_attention, case: _Tiled, out, q, k, v, mask,
     )
 
 
-def _tiled_matches(g: Grader, tiled_attention, case: _Tiled, large: bool = False) -> None:
-    q, k, v, mask = case.inputs()
-    out = _tiled_output(g, tiled_attention, case, q, k, v, mask)
+def _tiled_matches(g: Grader, tiled_attention, case, large: bool = False) -> None:
+    """A ``_Tiled``, or a fixed input of :data:`_LARGE` by name."""
+    case, q, k, v, mask = (case, *case.inputs()) if isinstance(case, _Tiled) else _LARGE[case]()
+    out = _output(g, tiled_attention, case, q, k, v, case.kwargs(mask))
     _tiled_compare(g, tiled_attention, case, out, q, k, v, mask, large)
 
 
-#: the simplest call: one head, four queries and keys, the default tiles
-_FIRST = _Tiled(seed=1, lead=_NONE, T=4, S=4, D=3, Dv=2)
 #: one call in each dtype, causal every other time
 _DTYPES = [
     _Tiled(70 + i, _TWO, 5, 7, 4, 3, causal=i % 2 == 1, block_q=2, block_k=3, dtype=dtype)
@@ -415,10 +369,11 @@ _DTYPES = [
 ]
 
 
-def _batched_mask(i: int, lead: tuple) -> _Tiled:
-    """A batched mask ``(*batch, 3, 5)`` where one of q, k, v holds the batch."""
-    batch = tuple(torch.broadcast_shapes(*lead))
-    return _Tiled(40 + i, lead, 3, 5, 2, 2, causal=i % 2 == 0, mask=(*batch, 3, 5), block_q=2, block_k=2)
+#: batched masks ``(*batch, 3, 5)`` where one of q, k, v holds the batch
+_BATCHED_MASKS = [
+    _Tiled(40 + i, lead, 3, 5, 2, 2, i % 2 == 0, (*torch.broadcast_shapes(*lead), 3, 5), 2, 2)
+    for i, lead in enumerate((((2,), (), ()), ((), (2,), ()), ((), (), (2,)), ((3, 2), (2,), (1, 2))))
+]
 
 
 def _ramp(T: int, S: int, D: int, Dv: int, top: float, name: str, block_q: int, block_k: int):
@@ -427,14 +382,14 @@ def _ramp(T: int, S: int, D: int, Dv: int, top: float, name: str, block_q: int, 
     q = torch.full((1, T, D), 10.0, dtype=F64)
     k = torch.linspace(0, top, S, dtype=F64)[None, :, None].expand(1, S, D).contiguous()
     case = _Tiled(0, _ONE, T, S, D, Dv, block_q=block_q, block_k=block_k, scale=1.0)
-    return case, q, k, rand(name, 1, S, Dv)
+    return case, q, k, rand(name, 1, S, Dv), None
 
 
 def _rows_apart():
     """Rows of very different sizes: one maximum for all the rows underflows the small ones."""
     q = rand("tiled.rows.q", 2, 6, 4) * torch.tensor([60.0, 1.0, -40.0, 0.01, 30.0, 1.0], dtype=F64)[:, None]
     k, v = rand("tiled.rows.k", 2, 9, 4, scale=3.0), rand("tiled.rows.v", 2, 9, 3)
-    return _Tiled(0, _TWO, 6, 9, 4, 3, block_q=3, block_k=4), q, k, v
+    return _Tiled(0, _TWO, 6, 9, 4, 3, block_q=3, block_k=4), q, k, v, None
 
 
 #: the fixed inputs of the stability clause, by name: scores up to 2400 in float64, rows of very different sizes
@@ -445,33 +400,20 @@ _LARGE = {
 }
 
 
-def _tiled_stable(g: Grader, tiled_attention, case) -> None:
-    """A drawn ``_Tiled`` of large values, or a fixed input of :data:`_LARGE` by name."""
-    if isinstance(case, _Tiled):
-        return _tiled_matches(g, tiled_attention, case, large=True)
-    case, q, k, v = _LARGE[case]()
-    out = _tiled_output(g, tiled_attention, case, q, k, v, None)
-    _tiled_compare(g, tiled_attention, case, out, q, k, v, None, large=True)
-
-
-def _empty_rows(case):
-    """Inputs where some queries may attend to no key: ``(call, q, k, v, mask, those queries)``."""
+def _tiled_empty(g: Grader, tiled_attention, case) -> None:
+    """Inputs where some queries (``rows``) may attend to no key."""
     if case == "public":
         q, k, v = (rand(f"public.tiled.empty.{n}", 1, T, 2) for n, T in zip("qkv", (3, 4, 4)))
         mask = torch.tensor([[True, False, True, False], [False] * 4, [False, False, False, True]])
-        return _Tiled(0, _ONE, 3, 4, 2, 2, mask=(3, 4), block_q=2, block_k=2), q, k, v, mask, [1]
-    causal, block_q, block_k = case
-    q, k, v = rand("tiled.empty.q", 2, 6, 3), rand("tiled.empty.k", 2, 8, 3), rand("tiled.empty.v", 2, 8, 2)
-    mask = torch.rand(6, 8, generator=generator("tiled.empty")) < 0.6
-    mask[[1, 4]] = False  # these queries see nothing
-    mask[2, :4] = False  # this one sees keys only in the later tiles
-    call = _Tiled(0, _TWO, 6, 8, 3, 2, causal=causal, mask=(6, 8), block_q=block_q, block_k=block_k)
-    return call, q, k, v, mask, [1, 4]
-
-
-def _tiled_empty(g: Grader, tiled_attention, case) -> None:
-    call, q, k, v, mask, rows = _empty_rows(case)
-    out = _tiled_output(g, tiled_attention, call, q, k, v, mask)
+        call, rows = _Tiled(0, _ONE, 3, 4, 2, 2, mask=(3, 4), block_q=2, block_k=2), [1]
+    else:
+        causal, block_q, block_k = case
+        q, k, v = (rand(f"tiled.empty.{n}", 2, T, d) for n, T, d in zip("qkv", (6, 8, 8), (3, 3, 2)))
+        mask = torch.rand(6, 8, generator=generator("tiled.empty")) < 0.6
+        mask[[1, 4]] = False  # these queries see nothing
+        mask[2, :4] = False  # this one sees keys only in the later tiles
+        call, rows = _Tiled(0, _TWO, 6, 8, 3, 2, causal, (6, 8), block_q, block_k), [1, 4]
+    out = _output(g, tiled_attention, call, q, k, v, call.kwargs(mask))
     who = f"quer{'ies' if len(rows) > 1 else 'y'} {' and '.join(map(str, rows))}"
     g.expect(bool(out.isfinite().all()), f"{call} where {who} may attend to no key: {_MASKED_NAN}")
     empty = out[..., rows, :]
@@ -529,15 +471,29 @@ def _tiled_inplace(g: Grader, tiled_attention, case: str) -> None:
 
 
 def _tiled_device(g: Grader, tiled_attention, case: _Tiled) -> None:
+    """The call with torch's default device set to ``meta`` in the student's process (inputs on the CPU):
+    a tensor made on the default device instead of q's fails."""
     q, k, v, mask = case.inputs()
     args, kwargs = (q.clone(), k.clone(), v.clone()), case.kwargs(None if mask is None else mask.clone())
-    out = _device_call(
-        g,
-        lambda: tiled_attention(*args, **kwargs),
-        str(case),
+    fix = (
         "make every tensor on q's device: torch.full(..., device=q.device), torch.zeros(..., device=q.device), "
-        "torch.arange(..., device=q.device), or new_full / zeros_like",
+        "torch.arange(..., device=q.device), or new_full / zeros_like"
     )
+    try:
+        with default_device():
+            out = tiled_attention(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
+        if not meta_copy_refused(e):
+            raise_unless_student_error(e)
+        g.fail(
+            f"{case}, with torch's default device set to another device than the inputs' (meta), your code "
+            f"raised {type(e).__name__.removeprefix('Student')} ({str(e)[:150]}): {fix}"
+        )
+    if is_tensor(out) and out.device.type != "cpu":
+        g.fail(
+            f"{case}, with torch's default device set to meta, your result is on {out.device.type}, not on the "
+            f"inputs' device (cpu): {fix}"
+        )
     g.expect(is_tensor(out), f"{case}: expected a tensor, got {describe(out)}")
     _tiled_compare(g, tiled_attention, case, out, q, k, v, mask)
 
@@ -592,7 +548,7 @@ TILED = Spec(
             budget="many",
             # 6 queries and keys in tiles of 2 and 4; the default tiles with q (2, 3, 4) and k, v (3, 6, 4)
             examples=[
-                _FIRST,
+                _Tiled(seed=1, lead=_NONE, T=4, S=4, D=3, Dv=2),  # one head, four queries and keys
                 _Tiled(11, _ONE, 6, 6, 4, 2, block_q=2, block_k=4, size=2.0),
                 _Tiled(12, ((2, 3), (3,), (3,)), 4, 6, 4, 2),
             ],
@@ -628,12 +584,7 @@ TILED = Spec(
                     _Tiled(4, _TWO, 3, 5, 2, 2, True, (5,), 2, 2),
                 )
             ],
-            also=[
-                _batched_mask(i, lead)
-                for i, lead in enumerate(
-                    (((2,), (), ()), ((), (2,), ()), ((), (), (2,)), ((3, 2), (2,), (1, 2)))
-                )
-            ],
+            also=_BATCHED_MASKS,
         ),
         Clause(
             "a query that may attend to no key gets a zero output, not NaN",
@@ -655,7 +606,7 @@ TILED = Spec(
         _Steps(
             "stable for large scores: the running maximum follows the scores (float64 and float32, rows of very "
             "different sizes)",
-            _tiled_stable,
+            functools.partial(_tiled_matches, large=True),
             _tiled_cases(causal=True, sizes=(12.0, 25.0), dtypes=(F64, F32)),
             key="tiled.large",
             budget="small",
@@ -745,12 +696,11 @@ def _window_mistakes(T, S, W):
                 lambda p, j: j <= p,
                 "the window is ignored: query p sees only keys p - W < j <= p, not all earlier keys",
             ),
+            (
+                lambda p, j: (j > p) | (j <= p - W),
+                "the mask is inverted: True means the query MAY attend to the key",
+            ),
         ]
-    ] + [
-        (
-            ~ref.sliding_window_mask(T, W, S),
-            "the mask is inverted: True means the query MAY attend to the key",
-        )
     ]
 
 
@@ -778,55 +728,32 @@ def _mask_verdict(g: Grader, call: str, out, expected: torch.Tensor, mistakes, d
     )
 
 
-def _call(T, W, S):
-    return f"sliding_window_mask({T}, {W}{'' if S is None else f', {S}'})"
-
-
-def _window_matches(g: Grader, sliding_window_mask, T, W, S=None) -> None:
-    out = call_student(g, _call(T, W, S), sliding_window_mask, *((T, W) if S is None else (T, W, S)))
-    S_ = T if S is None else S
-    expected = _window(T, S_, lambda p, j: (j <= p) & (j > p - W))
-    definition = "query p = i + S - T sees keys p - W < j <= p"
-    _mask_verdict(g, _call(T, W, S), out, expected, _window_mistakes(T, S_, W), definition)
-
-
 def _window_request(case) -> Call:
-    return Call(_call(*case), case[:2] if case[2] is None else case)
+    """``(T, W, S)``: ``sliding_window_mask(T, W, S)``, or ``sliding_window_mask(T, W)`` where ``S`` is None."""
+    args = case[:2] if case[2] is None else case
+    return Call(f"sliding_window_mask({', '.join(map(str, args))})", args)
+
+
+def _window_matches(g: Grader, sliding_window_mask, case, edges: bool = False) -> None:
+    """``(T, W, S)`` (``S`` None: left out), or a drawn ``(T, S - T, W, whether S is left out)``: the mask of the
+    definition, or the named mistake's hint. With ``edges``, the definition the hint states is the edge's: a
+    window of at least S keys is the causal mask, a window of 1 the diagonal."""
+    if len(case) == 4:
+        T, extra, W, default_S = case
+        case = (T, W, None if default_S and not extra else T + extra)
+    (T, W, S), c = case, _window_request(case)
+    out = call_student(g, c.where, sliding_window_mask, *c.args)
+    expected = _window(T, S or T, lambda p, j: (j <= p) & (j > p - W))
+    definition = "query p = i + S - T sees keys p - W < j <= p"
+    if edges:
+        definition = f"a window of {W} >= S keys is the causal mask causal_mask(T, S)"
+        definition = "with window 1 a query sees only itself" if W == 1 else definition
+    _mask_verdict(g, c.where, out, expected, _window_mistakes(T, S or T, W), definition)
 
 
 def _window_bad(case) -> Call:
     why = ": more queries than keys" if len(case) == 3 and case[0] > case[2] else ""
     return Call(f"sliding_window_mask{case}{why}", case)
-
-
-def _window_values(g: Grader, sliding_window_mask, case) -> None:
-    T, extra, W, default_S = case
-    _window_matches(g, sliding_window_mask, T, W, None if default_S and not extra else T + extra)
-
-
-def _window_edges(g: Grader, sliding_window_mask, case) -> None:
-    """A window of at least S keys is the causal mask; a window of 1 the diagonal."""
-    T, W, S = case
-    out = call_student(g, _call(T, W, S), sliding_window_mask, *((T, W) if S is None else case))
-    if W == 1:
-        expected, definition = (
-            _window(T, S or T, lambda p, j: j == p),
-            "with window 1 a query sees only itself",
-        )
-    else:
-        expected, definition = (
-            att.causal_mask(T, S),
-            f"a window of {W} >= S keys is the causal mask causal_mask(T, S)",
-        )
-    _mask_verdict(g, _call(T, W, S), out, expected, _window_mistakes(T, S or T, W), definition)
-
-
-def _window_at(g: Grader, sliding_window_mask, case) -> None:
-    _window_matches(g, sliding_window_mask, *case)
-
-
-def _window_device(g: Grader, sliding_window_mask, case) -> None:
-    _built_on_meta(g, sliding_window_mask, "sliding_window_mask", case)
 
 
 WINDOW = Spec(
@@ -841,7 +768,7 @@ WINDOW = Spec(
         ),
         Clause(
             "query p = i + S - T sees the keys p - window < j <= p (itself and the window - 1 before it)",
-            _window_values,
+            _window_matches,
             st.tuples(st.integers(0, 12), st.integers(0, 5), st.integers(1, 14), st.booleans()),
             key="window.values",
             budget="widest",
@@ -851,19 +778,19 @@ WINDOW = Spec(
         ),
         Clause(
             "a window as long as the keys (or longer) is the causal mask; window 1 is the diagonal",
-            _window_edges,
+            functools.partial(_window_matches, edges=True),
             examples=[(3, 5, None), (3, 1, 7)],
             also=[(7, 7, None), (7, 50, None), (3, 6, 6), (4, 9, 6), (5, 1, None)],
         ),
         Clause(
             "with S > T keys the queries are the last T positions (bottom-right)",
-            _window_at,
+            _window_matches,
             examples=[(2, 3, 5)],  # the two queries are positions 3 and 4
             also=[(3, 2, 8), (4, 3, 5), (1, 4, 9), (5, 10, 12)],
         ),
         Clause(
             "builds the mask on the device asked for (device='meta')",
-            _window_device,
+            functools.partial(_built_on_meta, "sliding_window_mask"),
             examples=[(3, 2, 7)],
             also=[(4, 2, 4)],
         ),
@@ -980,19 +907,13 @@ class _Linear:
 def _linear_cases(draw, eps=(None,), dtypes=(F64,)):
     sizes = (st.integers(1, 12), st.integers(1, 5), st.integers(1, 4), st.sampled_from(eps))
     seed, lead = draw(st.integers(0, 2**20)), draw(st.sampled_from(_LEADS))
-    return _Linear(
-        seed, lead, *(draw(s) for s in (*sizes, st.sampled_from((0.5, 1.0, 2.5)), st.sampled_from(dtypes)))
-    )
+    rest = (*sizes, st.sampled_from((0.5, 1.0, 2.5)), st.sampled_from(dtypes))
+    return _Linear(seed, lead, *(draw(s) for s in rest))
 
 
 def _linear_matches(g: Grader, causal_linear_attention, case: _Linear) -> None:
     q, k, v = case.inputs()
-    out = call_student(g, str(case), causal_linear_attention, q, k, v, **case.kwargs)
-    shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), case.T, case.Dv)
-    g.expect(
-        is_tensor(out) and tuple(out.shape) == shape and out.dtype == case.dtype,
-        f"{case}: expected a {dtype_name(case.dtype)} tensor of shape (..., T, Dv) = {shape}, got {describe(out)}",
-    )
+    out = _output(g, causal_linear_attention, case, q, k, v, case.kwargs)
     eps = 1e-6 if case.eps is None else case.eps
     expected = _recurrence(q, k, v, eps)
     M = magnitude(ref.elu_feature_map(q.double()), ref.elu_feature_map(k.double()), v)
@@ -1005,10 +926,6 @@ def _linear_matches(g: Grader, causal_linear_attention, case: _Linear) -> None:
         f"{case}: the result differs from the token-by-token recurrence of linear attention "
         f"(largest difference {(out.double() - expected).abs().max().item():.3g})"
     )
-
-
-def _linear_request(case: _Linear) -> Call:
-    return Call(str(case), case.inputs(), case.kwargs)
 
 
 def _linear_future(g: Grader, causal_linear_attention, case: str) -> None:
@@ -1090,7 +1007,7 @@ LINEAR = Spec(
     "causal_linear_attention",
     [
         returns(
-            _linear_request,
+            lambda c: Call(str(c), c.inputs(), c.kwargs),
             lambda c: torch.empty((*torch.broadcast_shapes(*c.lead), c.T, c.Dv), dtype=c.dtype),
             text="returns (..., T, Dv) in q's dtype (float64, float32), with no, one or several leading dimensions",
             examples=[_Linear(31, ((2, 3), (2, 3), (2, 3)), 5, 4, 3, dtype=F32)],
@@ -1228,16 +1145,8 @@ def _kv_calls(draw):
     H = draw(st.sampled_from((1, 2, 3, 4, 6, 8, 12)))
     H_kv = draw(st.sampled_from([None] + [d for d in range(1, H + 1) if H % d == 0]))
     L, D, T, B = (draw(st.integers(*bounds)) for bounds in ((1, 40), (1, 160), (0, 5000), (1, 6)))
-    return (
-        L,
-        H,
-        D,
-        T,
-        H_kv,
-        B,
-        draw(st.sampled_from(list(_BYTES))),
-        draw(st.sampled_from((None, 1, 7, 64, 4096))),
-    )
+    dtype, W = draw(st.sampled_from(list(_BYTES))), draw(st.sampled_from((None, 1, 7, 64, 4096)))
+    return L, H, D, T, H_kv, B, dtype, W
 
 
 def _kv_int(g: Grader, kv_cache_size, args: tuple) -> None:
@@ -1245,15 +1154,11 @@ def _kv_int(g: Grader, kv_cache_size, args: tuple) -> None:
     g.expect(type(out) is int, f"kv_cache_size{args} should return an int (bytes), got {describe(out)}")
 
 
-def _kv_case(g: Grader, kv_cache_size, args: tuple) -> None:
-    """``args`` of :func:`_kv_expected`: the size, with the named mistakes' hints."""
-    _kv_matches(g, kv_cache_size, *_kv_expected(*args))
-
-
-def _kv_exact(g: Grader, kv_cache_size, args: tuple) -> None:
-    """Sizes past 2**53 bytes, where a float cannot hold every integer: the hint names the rounding."""
+def _kv_case(g: Grader, kv_cache_size, args: tuple, exact: bool = False) -> None:
+    """``args`` of :func:`_kv_expected`: the size, with the named mistakes' hints; ``exact``: sizes past 2**53
+    bytes, where a float cannot hold every integer, and the hint names the rounding."""
     kwargs, expected, wrong = _kv_expected(*args)
-    _kv_matches(g, kv_cache_size, kwargs, expected, [(int(float(expected)), _ROUNDED), *wrong])
+    _kv_matches(g, kv_cache_size, kwargs, expected, [(int(float(expected)), _ROUNDED)] * exact + wrong)
 
 
 def _kv_bad(case: tuple) -> Call:
@@ -1314,7 +1219,7 @@ KV = Spec(
         ),
         Clause(
             "exact at any size, past 2**53 bytes too: an int computed with ints, never through a float",
-            _kv_exact,
+            functools.partial(_kv_case, exact=True),
             examples=[(95, 127, 129, 2**31 - 1, None, 4095, F64)],
             also=[(126, 96, 255, 10**12 + 1, 3, 999, torch.int8, 2**45 + 1)],
         ),
@@ -1343,14 +1248,12 @@ WINDOW_PAIRS = Prediction(
     "136 pairs of the full causal mask). For T much larger than W the count is about T W: linear in T.",
 )
 
-#: the shape of KV_CACHE_GIB: Llama 2 13B (Touvron et al., 2023): layers, heads (multi-head attention), head width
-_KV_13B = dict(n_layers=40, n_heads=40, d_head=128)
-
 
 def _kv_cache_13b_gib() -> float:
     """GiB of the KV cache of one 4,096-token float16 sequence of the 13B shape: the buffers of Chapter 7's
     ``KVCache`` allocated on the ``meta`` device (shapes and dtypes, no data) and their bytes added up."""
-    L, H, D = _KV_13B["n_layers"], _KV_13B["n_heads"], _KV_13B["d_head"]
+    # the shape of KV_CACHE_GIB: Llama 2 13B (Touvron et al., 2023): layers, heads (multi-head attention), head width
+    L, H, D = 40, 40, 128
     cache = gpt.KVCache([gpt.LayerCache(1, H, 4096, D, torch.float16, "meta") for _ in range(L)])
     return cache.nbytes() / 2**30
 
@@ -1454,16 +1357,11 @@ def _seeded(seed: int):
     return student_side("torch", torch).Generator().manual_seed(seed)
 
 
-def _mass_request(case) -> Call:
+def _mass_request(case, about: str = "") -> Call:
     """``(T, W, seed, D)``: one measurement with a generator seeded ``seed`` (``D=None``: the default)."""
     T, W, seed, D = case
-    where = f"window_mass({T}, {W}, {MASS_N}, generator{'' if D is None else f', D={D}'})"
+    where = f"window_mass({T}, {W}, {MASS_N}, generator{'' if D is None else f', D={D}'}){about}"
     return Call(where, (T, W, MASS_N, _seeded(seed)) + (() if D is None else (D,)))
-
-
-def _mass_seed_request(case) -> Call:
-    c = _mass_request(case)
-    return dataclasses.replace(c, where=f"{c.where} with a generator seeded {case[2]}")
 
 
 def _mass(g: Grader, window_mass, case):
@@ -1484,21 +1382,19 @@ def _mass_float(g: Grader, window_mass, case) -> None:
 
 
 def _mass_band(g: Grader, window_mass, case) -> None:
+    """Within the band around ``W / T``; with a window of all T keys, 1 up to rounding."""
     where, v = _mass(g, window_mass, case)
-    expect_in_band(g, where, v, *_mass_around(case), _MASS_WHY)
+    if case[0] != case[1]:
+        return expect_in_band(g, where, v, *_mass_around(case), _MASS_WHY)
+    g.expect(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v - 1.0) <= 1e-9,
+        f"{where} should be 1 (the softmax weights of all T keys sum to 1), got {describe(v)}",
+    )
 
 
 def _mass_around(case) -> tuple[float, float]:
     """The band around the theory ``W / T``."""
     return case[1] / case[0] * (1 - MASS_BAND), case[1] / case[0] * (1 + MASS_BAND)
-
-
-def _mass_full(g: Grader, window_mass, case) -> None:
-    where, v = _mass(g, window_mass, case)
-    g.expect(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v - 1.0) <= 1e-9,
-        f"{where} should be 1 (the softmax weights of all T keys sum to 1), got {describe(v)}",
-    )
 
 
 def _mass_seeded(g: Grader, window_mass, case) -> None:
@@ -1543,12 +1439,12 @@ MASS = Spec(
         ),
         Clause(
             "a window of all T keys keeps all the weight (1 up to rounding)",
-            _mass_full,
+            _mass_band,
             examples=[(1, 1, 31, None)],
             also=[(12, 12, 31, None)],
         ),
         procedure(
-            _mass_seed_request,
+            lambda c: _mass_request(c, f" with a generator seeded {c[2]}"),
             lambda c: ref.window_mass(
                 *c[:2], MASS_N, torch.Generator().manual_seed(c[2]), *(c[3:] if c[3] else ())
             ),
@@ -1578,18 +1474,22 @@ check_window_mass, grade_window_mass = MASS.graders()
 # =========================================================================== stretch: sink_window_mask
 
 
-_SINK_NOT_CAUSAL = (
-    "a sink is a key like any other: a query may not see a sink token after its own position (keep j <= p for "
-    "the sinks too)"
-)
-
-
-def _sink_matches(g: Grader, sink_window_mask, T, W, n, S=None) -> None:
-    call = f"sink_window_mask({T}, {W}, {n}{'' if S is None else f', {S}'})"
-    out = call_student(g, call, sink_window_mask, *((T, W, n) if S is None else (T, W, n, S)))
+def _sink_matches(g: Grader, sink_window_mask, case) -> None:
+    """``(T, W, n_sink, S)`` (``S`` None: left out), or a drawn ``(T, S - T, W, n_sink, whether S is left out)``."""
+    if len(case) == 5:
+        T, extra, W, n, default_S = case
+        case = (T, W, n, None if default_S and not extra else T + extra)
+    T, W, n, S = case
+    args = case[:3] if S is None else case
+    call = f"sink_window_mask({', '.join(map(str, args))})"
+    out = call_student(g, call, sink_window_mask, *args)
     S_, top = (T, 0) if S is None else (S, S - T)
     mistakes = [
-        (lambda p, j: ((j <= p) & (j > p - W)) | (j < n), _SINK_NOT_CAUSAL),
+        (
+            lambda p, j: ((j <= p) & (j > p - W)) | (j < n),
+            "a sink is a key like any other: a query may not see a sink token after its own position (keep j <= p "
+            "for the sinks too)",
+        ),
         (
             lambda p, j: (j <= p) & (j > p - W),
             "the sink tokens are missing: every query also sees keys j < n_sink",
@@ -1608,25 +1508,12 @@ def _sink_matches(g: Grader, sink_window_mask, T, W, n, S=None) -> None:
     _mask_verdict(g, call, out, expected, [(_window(T, S_, f), hint) for f, hint in mistakes], definition)
 
 
-def _sink_values(g: Grader, sink_window_mask, case) -> None:
-    T, extra, W, n, default_S = case
-    _sink_matches(g, sink_window_mask, T, W, n, None if default_S and not extra else T + extra)
-
-
-def _sink_at(g: Grader, sink_window_mask, case) -> None:
-    _sink_matches(g, sink_window_mask, *case)
-
-
-def _sink_device(g: Grader, sink_window_mask, case) -> None:
-    _built_on_meta(g, sink_window_mask, "sink_window_mask", case)
-
-
 SINK = Spec(
     "sink_window_mask",
     [
         Clause(
             "query p = i + S - T sees keys j <= p with p - window < j or j < n_sink",
-            _sink_values,
+            _sink_matches,
             st.tuples(
                 st.integers(0, 12), st.integers(0, 5), st.integers(1, 8), st.integers(0, 6), st.booleans()
             ),
@@ -1636,13 +1523,13 @@ SINK = Spec(
         ),
         Clause(
             "n_sink = 0 is the sliding window; sinks inside the window change nothing",
-            _sink_at,
+            _sink_matches,
             examples=[(6, 2, 0, None)],
             also=[(3, 3, 0, 7), (5, 9, 3, None)],
         ),
         Clause(
             "with S > T keys the queries are the last T positions, the sinks the first keys",
-            _sink_at,
+            _sink_matches,
             examples=[(2, 2, 1, 6)],
             also=[(3, 3, 2, 10), (1, 1, 4, 9)],
         ),
@@ -1654,7 +1541,9 @@ SINK = Spec(
             also=[(4, 2.5, 1), (4, 2, 1.5), (5, 2, 1, 3)],
         ),
         Clause(
-            "builds the mask on the device asked for (device='meta')", _sink_device, examples=[(3, 2, 1, 5)]
+            "builds the mask on the device asked for (device='meta')",
+            functools.partial(_built_on_meta, "sink_window_mask"),
+            examples=[(3, 2, 1, 5)],
         ),
     ],
 )
