@@ -134,11 +134,10 @@ def _sinusoidal_kind(g: Grader, sinusoidal_encoding, case) -> None:
 def _sinusoidal_values(g: Grader, sinusoidal_encoding, case) -> None:
     """``(T, C)`` at the default base, or ``(T, C, base)``: the float64 table, a known mistake named."""
     T, C, base = case if len(case) == 3 else (*case, None)
+    kwargs = {} if base is None else {"base": base}
     what = f"sinusoidal_encoding({T}, {C}{'' if base is None else f', base={base:g}'}, dtype=torch.float64)"
-    pe = call_student(
-        g, what, sinusoidal_encoding, T, C, **({} if base is None else {"base": base}), dtype=F64
-    )
-    base = 10000.0 if base is None else base
+    pe = call_student(g, what, sinusoidal_encoding, T, C, **kwargs, dtype=F64)
+    base = kwargs.get("base", 10000.0)
     expected = ref.sinusoidal_encoding(T, C, base=base, dtype=F64)
     _against(g, what, pe, expected, lambda: _sinusoidal_mistakes(T, C, base))
 
@@ -390,6 +389,12 @@ _ROPE_OPTIONS = st.tuples(
 )
 _ROPE_FIXED = ((1, 2, 5, 8), [0, 10, 20, 30, 40], "rope.options.fixed")
 
+
+def _rope_clause(text: str, key: str, inputs, examples, also=()) -> Clause:
+    """A clause of :func:`_rope_values` on drawn ``inputs`` (a wide budget, seeded by ``key``)."""
+    return Clause(text, _rope_values, inputs, examples, key=key, budget="wide", also=also)
+
+
 ROPE = Spec(
     "apply_rope",
     [
@@ -398,51 +403,41 @@ ROPE = Spec(
             _rope_kind,
             examples=[F32, F64, BF16],
         ),
-        Clause(
+        _rope_clause(
             "x (B, H, T, D) at positions 0 .. T-1: channels i and i + D/2 turn by p theta_i, "
             "(a, b) -> (a cos - b sin, a sin + b cos)",
-            _rope_values,
+            "rope.arange",
             _rope_shapes(),
             # and the docstring's example: [1, 0, 0, 0] at position 1 becomes [cos 1, 0, sin 1, 0]
-            examples=[((1, 1, 2, 4), [0, 1], 0), ((1, 1, 2, 4), [0, 1], (1.0, 0.0, 0.0, 0.0))],
-            key="rope.arange",
-            budget="wide",
+            [((1, 1, 2, 4), [0, 1], 0), ((1, 1, 2, 4), [0, 1], (1.0, 0.0, 0.0, 0.0))],
         ),
-        Clause(
+        _rope_clause(
             "x may also be (B, T, D) or (T, D), positions (T,) shared by the batch",
-            _rope_values,
+            "rope.ranks",
             _rope_shapes(ranks=(2, 3)),
-            examples=[((2, 4), [0, 1], 1)],
-            key="rope.ranks",
-            budget="wide",
+            [((2, 4), [0, 1], 1)],
         ),
-        Clause(
+        _rope_clause(
             "explicit positions (T,): any order, integers or floats, up to thousands",
-            _rope_values,
+            "rope.explicit",
             _rope_shapes(ranks=(2, 3, 4), positions="explicit"),
-            examples=[((1, 2, 6, 8), [5, 0, 17, 3, 100, 42], 2), ((1, 3, 4), [2.0, 0.5, 1.0], 5)],
-            key="rope.explicit",
-            budget="wide",
+            [((1, 2, 6, 8), [5, 0, 17, 3, 100, 42], 2), ((1, 3, 4), [2.0, 0.5, 1.0], 5)],
         ),
-        Clause(
+        _rope_clause(
             "positions (B, T): every head of sequence b uses row b, for x (B, T, D) or (B, H, T, D)",
-            _rope_values,
+            "rope.batched",
             _rope_shapes(ranks=(3, 4), positions="batched"),
-            examples=[((2, 2, 4, 6), [[0, 1, 2, 3], [9, 4, 20, 7]], 3), ((2, 2, 4), [[0, 1], [1, 0]], 4)],
-            key="rope.batched",
-            budget="wide",
+            [((2, 2, 4, 6), [[0, 1, 2, 3], [9, 4, 20, 7]], 3), ((2, 2, 4), [[0, 1], [1, 0]], 4)],
         ),
-        Clause(
+        _rope_clause(
             "passes base, scaling ('linear' or 'ntk') and factor on (factor defaults to 1.0)",
-            _rope_values,
+            "rope.options",
             st.tuples(_rope_shapes(ranks=(2, 4), positions="explicit"), _ROPE_OPTIONS),
-            examples=[
+            [
                 (((1, 2, 5, 8), [0, 10, 20, 30, 40], 4), (500.0, None, None)),
                 (((2, 4), [3, 8], 5), (None, "linear", 2.0)),
                 (((2, 4), [3, 8], 5), (None, "ntk", 4.0)),
             ],
-            key="rope.options",
-            budget="wide",
             also=[(_ROPE_FIXED, (None, s, f)) for s, f in (("linear", 4.0), ("ntk", 8.0), ("linear", None))]
             + [(_ROPE_FIXED, (None, None, 3.0))],
         ),

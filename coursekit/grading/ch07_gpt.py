@@ -79,31 +79,13 @@ from coursekit.grading.questions import Prediction, expect_in_band
 from coursekit.grading.spec import Call, Clause, Spec, new_tensor, raises, returns, unchanged
 from coursekit.toys import TableLM, table_logp
 
-__all__ = [
-    "TableLM",
-    "check_causal_lm_loss",
-    "check_top_k_filter",
-    "check_top_p_filter",
-    "check_beam_search",
-    "check_causal_self_attention",
-    "grade_causal_lm_loss",
-    "grade_top_k_filter",
-    "grade_top_p_filter",
-    "grade_beam_search",
-    "grade_causal_self_attention",
-    "check_predict_nucleus_size",
-    "grade_predict_nucleus_size",
-    "check_predict_perplexity",
-    "grade_predict_perplexity",
-    "check_predict_speculative_tokens",
-    "grade_predict_speculative_tokens",
-    "check_bits_per_char",
-    "grade_bits_per_char",
-    "check_min_p_filter",
-    "grade_min_p_filter",
-]
+_PARTS = ("causal_lm_loss", "top_k_filter", "top_p_filter", "min_p_filter", "beam_search", "bits_per_char")
+_PARTS += ("causal_self_attention", "predict_nucleus_size", "predict_perplexity")
+_PARTS += ("predict_speculative_tokens",)
+__all__ = ["TableLM"] + [f"{verb}_{part}" for part in _PARTS for verb in ("check", "grade")]
 
 FLOATS = (torch.float64, torch.float32)
+_DTYPES = st.sampled_from(FLOATS)
 SEEDS = st.integers(0, 2**31 - 1)
 
 
@@ -112,9 +94,7 @@ SEEDS = st.integers(0, 2**31 - 1)
 
 def _num(x: object) -> str:
     """A scalar result for a hint: '2.3026', or a description of what came instead."""
-    if is_tensor(x) and x.numel() == 1:
-        return f"{float(x):.6g}"
-    return describe(x)
+    return f"{float(x):.6g}" if is_tensor(x) and x.numel() == 1 else describe(x)
 
 
 def _kept(x: object) -> object:
@@ -161,17 +141,10 @@ def _is_worked(case) -> bool:
 # =========================================================================== part 1: causal_lm_loss
 
 
-def _shifted_ce(logits, ids, ignore_index=-100, **kwargs):
+def _shifted_ce(logits, ids, ignore_index=-100):
     """The expected loss, by explicit shifting: logits 0 .. T-2 against tokens 1 .. T-1."""
     V = logits.shape[-1]
-    return F.cross_entropy(
-        logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1), ignore_index=ignore_index, **kwargs
-    )
-
-
-def _expected_loss(logits, ids, ignore_index=-100):
-    """The expected loss in float64, returned in the logits' dtype."""
-    return _shifted_ce(logits.double(), ids, ignore_index).to(logits.dtype)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1), ignore_index=ignore_index)
 
 
 _NOT_SHIFTED = (
@@ -193,38 +166,32 @@ def _loss_mistakes(logits, ids, ignore_index=-100):
     V, dtype = logits.shape[-1], logits.dtype
     logits = logits.double()
 
-    def ce(lg, t, **kw):
+    def ce(lg, t, ignore=ignore_index, reduction="mean"):
         try:
-            return F.cross_entropy(lg.reshape(-1, V), t.reshape(-1), **kw).to(dtype)
+            return F.cross_entropy(
+                lg.reshape(-1, V), t.reshape(-1), ignore_index=ignore, reduction=reduction
+            ).to(dtype)
         except Exception:  # e.g. a target of -100 without ignore_index
             return None
 
+    shifted = logits[:, :-1], ids[:, 1:]
+    per = ce(*shifted, reduction="none")
     out = [
-        (ce(logits, ids, ignore_index=ignore_index), _NOT_SHIFTED),
+        (ce(logits, ids), _NOT_SHIFTED),
         (
-            ce(logits[:, 1:], ids[:, :-1], ignore_index=ignore_index),
+            ce(logits[:, 1:], ids[:, :-1]),
             "the shift goes the wrong way: the logits at position t predict token t + 1, so drop the *last* logits and "
             "the *first* token (logits[:, :-1] against input_ids[:, 1:])",
         ),
-        (
-            ce(logits[:, :-1], ids[:, 1:], ignore_index=ignore_index, reduction="sum"),
-            "the loss is summed: return the mean over the scored positions",
-        ),
+        (ce(*shifted, reduction="sum"), "the loss is summed: return the mean over the scored positions"),
     ]
-    per = ce(logits[:, :-1], ids[:, 1:], ignore_index=ignore_index, reduction="none")
     if bool((ids[:, 1:] == ignore_index).any()) and per is not None:
-        out.append(
-            (
-                per.mean(),
-                _IGNORED_MEAN + ", divide by the number of scored positions (F.cross_entropy(..., "
-                "ignore_index=ignore_index) does this)",
-            )
-        )
-        out.append((per.sum() / per.numel(), _IGNORED_MEAN))
+        fix = ", divide by the number of scored positions (F.cross_entropy(..., ignore_index=ignore_index) does this)"
+        out += [(per.mean(), _IGNORED_MEAN + fix), (per.sum() / per.numel(), _IGNORED_MEAN)]
     if ignore_index != -100:
         out.append(
             (
-                ce(logits[:, :-1], ids[:, 1:]),
+                ce(*shifted, -100),
                 f"the ignore_index argument was not used (here ignore_index={ignore_index}, but -100 was skipped): "
                 "pass ignore_index=ignore_index to F.cross_entropy",
             )
@@ -240,37 +207,35 @@ def _scalar_loss(g: Grader, out, dtype, where: str) -> None:
     )
 
 
-def _with_ignored(ids: torch.Tensor, seed: int, ignore: int, V: int, rate: float = 0.35) -> torch.Tensor:
-    """``ids`` with about ``rate`` of the positions set to ``ignore`` (target 1 of row 0 always scored)."""
-    drop = torch.rand(ids.shape, generator=torch.Generator().manual_seed(int(seed) + 11)) < rate
-    drop[0, 1] = False
-    ids = ids.masked_fill(drop, ignore)
-    if int(ids[0, 1]) == ignore:
-        ids[0, 1] = (ignore + 1) % V
-    return ids
+def _loss_draw(size, seed: int, dtype=torch.float64, scale=1.0, ignore=None, rate=0.35):
+    """Drawn ``(logits, input_ids)`` of ``size`` ``(B, T, V)``; with ``ignore``, about ``rate`` of the ids set to
+    it (target 1 of row 0 always scored)."""
+    B, T, V = size
+    ids = _ids_from(seed, B, T, V=V)
+    if ignore is not None:
+        drop = torch.rand(ids.shape, generator=torch.Generator().manual_seed(int(seed) + 11)) < rate
+        drop[0, 1] = False
+        ids = ids.masked_fill(drop, ignore)
+        if int(ids[0, 1]) == ignore:
+            ids[0, 1] = (ignore + 1) % V
+    return tensor(seed, B, T, V, dtype=dtype, scale=scale), ids
 
 
 def _loss_where(logits, ids, extra: str = "") -> str:
+    shown = ids.tolist() if ids.numel() <= 12 else tuple(ids.shape)
     return (
-        f"causal_lm_loss(logits {tuple(logits.shape)} {dtype_name(logits.dtype)}, input_ids "
-        f"{ids.tolist() if ids.numel() <= 12 else tuple(ids.shape)}"
-        f"{extra})"
+        f"causal_lm_loss(logits {tuple(logits.shape)} {dtype_name(logits.dtype)}, input_ids {shown}{extra})"
     )
 
 
 def _loss_value(g: Grader, fn, logits, ids, ignore=None, positional=False, scale_hint="") -> None:
     """Call the student's loss (ignore_index by default, by keyword, or positionally) and compare."""
-    if ignore is None:
-        where = _loss_where(logits, ids)
-        out = call_student(g, where, fn, logits, ids)
-    else:
-        where = _loss_where(logits, ids, f", {ignore}" if positional else f", ignore_index={ignore}")
-        if positional:
-            out = call_student(g, where, fn, logits, ids, ignore)
-        else:
-            out = call_student(g, where, fn, logits, ids, ignore_index=ignore)
+    by = "" if ignore is None else (f", {ignore}" if positional else f", ignore_index={ignore}")
+    where = _loss_where(logits, ids, by)
+    kwargs = {} if ignore is None or positional else {"ignore_index": ignore}
+    out = call_student(g, where, fn, logits, ids, *((ignore,) if positional else ()), **kwargs)
     index = -100 if ignore is None else ignore
-    expected = _expected_loss(logits, ids, index)
+    expected = _shifted_ce(logits.double(), ids, index).to(logits.dtype)
     _scalar_loss(g, out, logits.dtype, where)
     if not bool(torch.isfinite(out)):
         g.fail(f"{where}{scale_hint}: got {_num(out)}; " + _UNSTABLE)
@@ -298,9 +263,8 @@ def _loss_worked(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         return rand("public.loss.pad", 2, 4, 5), torch.tensor([[1, 4, 2, 0], [3, 0, 0, 0]])
     if name == "gradient":
         return rand("public.loss.grad", 1, 3, 4), torch.tensor([[0, 3, 1]])
-    ids = _ids(
-        "loss.closed.ids", 2, 5, V=6
-    )  # closed forms: uniform logits give log V, confident right ones 0
+    # closed forms: uniform logits give log V, confident right ones 0
+    ids = _ids("loss.closed.ids", 2, 5, V=6)
     if name == "uniform":
         return torch.zeros(2, 5, 6, dtype=torch.float64), ids
     logits = torch.full((2, 5, 6), -20.0, dtype=torch.float64)  # "confident": position t favours token t + 1
@@ -308,52 +272,37 @@ def _loss_worked(name: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _loss_scalar(g: Grader, fn, case) -> None:
-    (B, T, V), dtype, seed = case
-    logits, ids = tensor(seed, B, T, V, dtype=dtype), _ids_from(seed, B, T, V=V)
+    size, dtype, seed = case
+    logits, ids = _loss_draw(size, seed, dtype)
     where = _loss_where(logits, ids)
     _scalar_loss(g, call_student(g, where, fn, logits, ids), dtype, where)
 
 
-def _loss_shift(g: Grader, fn, case) -> None:
+def _loss_values(scale: float, ignore, g: Grader, fn, case) -> None:
+    """A worked example by name, or a drawn ``(size, dtype, seed)`` of logits of ``scale`` (or ``(size, dtype,
+    scale, seed)``), about a third of the ids set to ``ignore`` (None: none)."""
     if isinstance(case, str):
-        _loss_value(g, fn, *_loss_worked(case))
-        return
-    (B, T, V), dtype, scale, seed = case
-    _loss_value(g, fn, tensor(seed, B, T, V, dtype=dtype, scale=scale), _ids_from(seed, B, T, V=V))
-
-
-def _loss_ignored(g: Grader, fn, case) -> None:
-    if isinstance(case, str):
-        _loss_value(g, fn, *_loss_worked(case))
-        return
-    (B, T, V), dtype, seed = case
-    logits = tensor(seed, B, T, V, dtype=dtype, scale=2.0)
-    _loss_value(g, fn, logits, _with_ignored(_ids_from(seed, B, T, V=V), seed, -100, V))
+        return _loss_value(g, fn, *_loss_worked(case))
+    size, dtype, *drawn, seed = case
+    _loss_value(g, fn, *_loss_draw(size, seed, dtype, drawn[0] if drawn else scale, ignore))
 
 
 def _loss_custom(g: Grader, fn, case) -> None:
     if _is_worked(case):  # (name, positional): ignore_index=0
-        _loss_value(g, fn, *_loss_worked(case[0]), 0, case[1])
-        return
-    (B, T, V), which, positional, seed = case
-    ignore = {"zero": 0, "last": V - 1, "minus one": -1, "large": V + 5}[which]
-    logits = tensor(seed, B, T, V, scale=2.0)
-    _loss_value(g, fn, logits, _with_ignored(_ids_from(seed, B, T, V=V), seed, ignore, V), ignore, positional)
+        return _loss_value(g, fn, *_loss_worked(case[0]), 0, case[1])
+    size, which, positional, seed = case
+    ignore = {"zero": 0, "last": size[2] - 1, "minus one": -1, "large": size[2] + 5}[which]
+    _loss_value(g, fn, *_loss_draw(size, seed, scale=2.0, ignore=ignore), ignore, positional)
 
 
 def _loss_stable(g: Grader, fn, case) -> None:
-    (B, T, V), scale, seed = case
-    logits = tensor(seed, B, T, V, dtype=torch.float32, scale=scale)
-    _loss_value(g, fn, logits, _ids_from(seed, B, T, V=V), scale_hint=f" (logits of scale {scale:g})")
+    size, scale, seed = case
+    logits, ids = _loss_draw(size, seed, torch.float32, scale)
+    _loss_value(g, fn, logits, ids, scale_hint=f" (logits of scale {scale:g})")
 
 
 def _loss_gradient(g: Grader, fn, case) -> None:
-    if isinstance(case, str):
-        logits, ids = _loss_worked(case)
-    else:
-        (B, T, V), seed = case
-        logits = tensor(seed, B, T, V)
-        ids = _with_ignored(_ids_from(seed, B, T, V=V), seed, -100, V, rate=0.2)
+    logits, ids = _loss_worked(case) if isinstance(case, str) else _loss_draw(*case, ignore=-100, rate=0.2)
     where = _loss_where(logits, ids)
     backward = (None, torch.tensor(1.0, dtype=torch.float64))
     p = call_student(g, where, probe, fn, logits.clone().requires_grad_(), ids, backward=backward)
@@ -382,9 +331,8 @@ def _loss_gradient(g: Grader, fn, case) -> None:
 
 
 def _loss_inplace_call(case) -> Call:
-    (B, T, V), ignore, seed = case
-    logits = tensor(seed, B, T, V)
-    ids = _with_ignored(_ids_from(seed, B, T, V=V), seed, ignore, V)
+    size, ignore, seed = case
+    logits, ids = _loss_draw(size, seed, ignore=ignore)
     where = _loss_where(logits, ids, f", ignore_index={ignore}")
     return Call(where, (logits, ids), {"ignore_index": ignore}, names=("logits", "input_ids"))
 
@@ -394,14 +342,11 @@ _LOSS_ERRORS = ["T = 1", "2-D logits", "4-D logits", "longer ids", "more rows", 
 
 def _loss_error_call(case) -> Call:
     (B, T, V), which, seed = case
-    logits, ids = tensor(seed, B, T, V), _ids_from(seed, B, T, V=V)
+    logits, ids = _loss_draw((B, T, V), seed)
     shapes = "logits must be (B, T, V) and input_ids (B, T), the logits' first two sizes"
+    one = "a sequence of one token has no next-token target"
     lg, ii, what = {
-        "T = 1": (
-            logits[:, :1],
-            ids[:, :1],
-            f"logits {(B, 1, V)} and input_ids {(B, 1)} (T = 1: a sequence of one token has no next-token target)",
-        ),
+        "T = 1": (logits[:, :1], ids[:, :1], f"logits {(B, 1, V)} and input_ids {(B, 1)} (T = 1: {one})"),
         "2-D logits": (logits[..., 0], ids, f"logits {(B, T)} (2-D) and input_ids {(B, T)}"),
         "4-D logits": (logits[..., None], ids, f"logits {(B, T, V, 1)} (4-D) and input_ids {(B, T)}"),
         "longer ids": (
@@ -421,15 +366,15 @@ LOSS = Spec(
         Clause(
             "returns a scalar tensor of the logits' dtype (float32 and float64)",
             _loss_scalar,
-            st.tuples(_LOSS_SIZES, st.sampled_from(FLOATS), SEEDS),
+            st.tuples(_LOSS_SIZES, _DTYPES, SEEDS),
             key="loss.scalar",
             budget="small",
             examples=[((1, 2, 3), torch.float64, 0), ((1, 3, 4), torch.float32, 0)],
         ),
         Clause(
             "the logits at position t are scored against token t + 1 (any B, T >= 2, V)",
-            _loss_shift,
-            st.tuples(_LOSS_SIZES, st.sampled_from(FLOATS), st.sampled_from([1.0, 3.0, 0.1]), SEEDS),
+            functools.partial(_loss_values, 1.0, None),
+            st.tuples(_LOSS_SIZES, _DTYPES, st.sampled_from([1.0, 3.0, 0.1]), SEEDS),
             key="loss.shift",
             budget="plenty",
             examples=[((1, 2, 3), torch.float64, 1.0, 1), "tokens [2, 3, 1]"],
@@ -437,8 +382,8 @@ LOSS = Spec(
         ),
         Clause(
             "targets equal to ignore_index (default -100) count neither in the sum nor in the mean",
-            _loss_ignored,
-            st.tuples(_LOSS_SIZES, st.sampled_from(FLOATS), SEEDS),
+            functools.partial(_loss_values, 2.0, -100),
+            st.tuples(_LOSS_SIZES, _DTYPES, SEEDS),
             key="loss.ignore",
             budget="plenty",
             examples=[((2, 4, 5), torch.float64, 2), "-100 padding"],
@@ -498,8 +443,10 @@ check_causal_lm_loss, grade_causal_lm_loss = LOSS.graders()
 
 # =========================================================================== parts 2 and 3: the filters
 
-#: the (...) of (..., V): rank 1 to 4
+#: the (...) of (..., V): rank 1 to 4; rank 2 or 3 (with longer rows); the logits' scales
 _LEADING = st.lists(st.integers(1, 3), min_size=0, max_size=3).map(tuple)
+_ROWS = st.lists(st.integers(1, 4), min_size=1, max_size=2).map(tuple)
+_SCALES = st.sampled_from([1.0, 2.0, 4.0])
 _IN_PLACE = (
     "return a new tensor (logits.masked_fill(...), not masked_fill_ or item assignment): a filter that "
     "changed its input in place breaks a caller that still needs the original logits"
@@ -524,38 +471,57 @@ def _filter_call(
                 "(not a large negative number), so that softmax gives them probability exactly 0"
             )
         g.fail(f"{where}: kept {_kept(out)}, expected {_kept(expected)}{what}")
-    return out
 
 
 def _filter_input(name: str, case, scale: float = 1.0) -> tuple[torch.Tensor, object, str]:
     """``(logits, arg, where)`` of a filter's case: a worked example ``(kind, rows, arg)`` (see
-    :func:`_worked`) or a drawn ``(leading shape, V, arg, dtype, seed)``."""
+    :func:`_worked`), a drawn ``(leading shape, V, arg, dtype, seed)`` (the logits' scale may come before the
+    seed), or ``(logits, arg)`` themselves."""
     if _is_worked(case):
         x, text = _worked(case[0], case[1])
         return x, case[2], f"{name}({text}, {case[2]!r})"
-    lead, V, arg, dtype, seed = case
-    x = tensor(seed, *lead, V, dtype=dtype, scale=scale)
+    if is_tensor(case[0]):
+        x, arg = case
+    else:
+        lead, V, arg, dtype, *scaled, seed = case
+        x = tensor(seed, *lead, V, dtype=dtype, scale=scaled[0] if scaled else scale)
     return x, arg, f"{name}(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {arg!r})"
+
+
+#: each filter's reference, its common mistakes, whether a drawn case is clear of rounding (None: always), and
+#: what its hint says is kept; filled in by each filter's section
+_FILTERS: dict = {}
+
+
+def _filtered(name: str, g: Grader, fn, case, what: str = "", scale: float = 1.0, where=None) -> None:
+    """The filter ``name`` on a case of :func:`_filter_input` against the reference, the common mistakes named;
+    a drawn case whose answer hangs on rounding is skipped."""
+    x, arg, named = _filter_input(name, case, scale)
+    reference, mistakes, clear, kept = _FILTERS[name]
+    if clear is not None and not _is_worked(case):
+        _clear(clear(x, arg))
+    _filter_call(g, fn, where or named, x, arg, reference(x, arg), mistakes(x, arg), what or kept)
+
+
+def _composed(name: str, what: str, g: Grader, fn, case) -> None:
+    """Logits already at -inf after top-k: a worked case, or a drawn ``(V, k, arg, seed)`` (3 rows)."""
+    if _is_worked(case):
+        return _filtered(name, g, fn, case)
+    V, k, arg, seed = case
+    _filtered(name, g, fn, (dec.top_k_filter(tensor(seed, 3, V, scale=2.0), min(k, V)), arg), what)
 
 
 def _filter_shape_call(name: str, arg: object, case) -> Call:
     lead, V, dtype, seed = case
-    x = tensor(seed, *lead, V, dtype=dtype)
-    return Call(f"{name}(logits {tuple(x.shape)} {dtype_name(dtype)}, {arg!r})", (x, arg))
-
-
-def _filter_promised(case) -> torch.Tensor:
-    lead, V, dtype, _ = case
-    return torch.empty(*lead, V, dtype=dtype)
+    x, arg, where = _filter_input(name, (lead, V, arg, dtype, seed))
+    return Call(where, (x, arg))
 
 
 def _filter_arg_call(name: str, scale: float, case) -> Call:
     """``name(logits, arg)`` for ``(leading shape, V, arg, seed)``, float64 logits of ``scale``."""
     lead, V, arg, seed = case
-    x = tensor(seed, *lead, V, scale=scale)
-    return Call(
-        f"{name}(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {arg!r})", (x, arg), names=("logits",)
-    )
+    x, arg, where = _filter_input(name, (lead, V, arg, torch.float64, seed), scale)
+    return Call(where, (x, arg), names=("logits",))
 
 
 def _filter_bad_call(what: str, case) -> Call:
@@ -567,12 +533,25 @@ def _filter_shape(name: str, key: str, arg: object) -> Clause:
     """The result has the logits' shape and dtype (the filter at ``arg``)."""
     return returns(
         functools.partial(_filter_shape_call, name, arg),
-        _filter_promised,
-        st.tuples(_LEADING, st.integers(1, 8), st.sampled_from(FLOATS), SEEDS),
+        lambda case: torch.empty(*case[0], case[1], dtype=case[2]),
+        st.tuples(_LEADING, st.integers(1, 8), _DTYPES, SEEDS),
         key=key,
         budget="small",
         examples=[((2,), 3, torch.float64, 0), ((1,), 3, torch.float32, 0)],
         text="returns a tensor of the logits' shape and dtype (float32 and float64)",
+    )
+
+
+def _filter_unchanged(name: str, scale: float, key: str, args, example) -> Clause:
+    """The logits stay unchanged (the filter at drawn ``args``, float64 logits of ``scale``)."""
+    return unchanged(
+        functools.partial(_filter_arg_call, name, scale),
+        st.tuples(_LEADING, st.integers(2, 8), args, SEEDS),
+        key=key,
+        budget="handful",
+        examples=[((2,), 5, example, 6)],
+        text="leaves the logits unchanged",
+        advice=_IN_PLACE,
     )
 
 
@@ -619,49 +598,36 @@ def _top_k_mistakes(x: torch.Tensor, k: int):
     return out
 
 
-def _top_k_case(g: Grader, fn, x: torch.Tensor, k: int, where: str, what: str = "") -> None:
-    _filter_call(g, fn, where, x, k, dec.top_k_filter(x, k), _top_k_mistakes(x, k), what)
+_FILTERS["top_k_filter"] = (dec.top_k_filter, _top_k_mistakes, None, "")
 
 
-def _top_k_values(g: Grader, fn, case) -> None:
+def _top_k_values(g: Grader, fn, case, what: str = "") -> None:
+    """A worked case, or a drawn one with k clamped to V (float64 when drawn without a dtype)."""
     if not _is_worked(case):
-        lead, V, k, dtype, seed = case
-        case = (lead, V, min(k, V), dtype, seed)
-    x, k, where = _filter_input("top_k_filter", case, scale=2.0)
-    _top_k_case(g, fn, x, k, where)
+        lead, V, k, *dtype, seed = case
+        case = (lead, V, min(k, V), *(dtype or [torch.float64]), seed)
+    _filtered("top_k_filter", g, fn, case, what, scale=2.0)
 
 
 def _top_k_ties(g: Grader, fn, case) -> None:
-    if _is_worked(case):
-        x, k, where = _filter_input("top_k_filter", case)
-    else:
+    if not _is_worked(case):
         lead, V, k, dtype, seed = case
-        k = min(k, V)
         x = torch.randint(0, 4, (*lead, V), generator=torch.Generator().manual_seed(seed)).to(dtype)
-        where = f"top_k_filter(logits {tuple(x.shape)} {dtype_name(dtype)}, {k!r})"
-    _top_k_case(g, fn, x, k, where, " (" + _TIES_HINT + ")")
+        case = x, min(k, V)
+    _filtered("top_k_filter", g, fn, case, " (" + _TIES_HINT + ")")
 
 
 def _top_k_all(g: Grader, fn, case) -> None:
-    if _is_worked(case):
-        x, k, where = _filter_input("top_k_filter", case)
-    else:
+    if not _is_worked(case):
         lead, V, extra, seed = case
-        x, k, where = _filter_input("top_k_filter", (lead, V, V + extra, torch.float64, seed))
+        case = (lead, V, V + extra, torch.float64, seed)
+    x, k, where = _filter_input("top_k_filter", case)
     what = ": with k >= V every token is kept (clamp k to min(k, V) before torch.topk)"
     _filter_call(g, fn, where, x, k, x.clone(), what=what)
 
 
-def _top_k_ranks(g: Grader, fn, case) -> None:
-    if not _is_worked(case):
-        lead, V, k, seed = case
-        case = (lead, V, min(k, V), torch.float64, seed)
-    x, k, where = _filter_input("top_k_filter", case, scale=2.0)
-    what = ": filter along the last axis only (torch.topk(..., dim=-1), keepdim-style [..., -1:] indexing)"
-    _top_k_case(g, fn, x, k, where, what)
-
-
 _TIES_X = ((1.0, 3.0, 3.0, 2.0), (0.0, 5.0, 1.0, 1.0))
+_K_AXIS = ": filter along the last axis only (torch.topk(..., dim=-1), keepdim-style [..., -1:] indexing)"
 
 TOP_K = Spec(
     "top_k_filter",
@@ -670,13 +636,7 @@ TOP_K = Spec(
         Clause(
             "keeps the k largest logits of each row unchanged and sets the others to -inf (1 <= k <= V)",
             _top_k_values,
-            st.tuples(
-                st.lists(st.integers(1, 4), min_size=1, max_size=2).map(tuple),
-                st.integers(1, 12),
-                st.integers(1, 12),
-                st.sampled_from(FLOATS),
-                SEEDS,
-            ),
+            st.tuples(_ROWS, st.integers(1, 12), st.integers(1, 12), _DTYPES, SEEDS),
             key="topk.values",
             budget="wide",
             examples=[((2,), 5, 2, torch.float64, 1), ("x32", ((1.0, 3.0, 2.0),), 2)],
@@ -688,7 +648,7 @@ TOP_K = Spec(
                 st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple),
                 st.integers(2, 10),
                 st.integers(1, 6),
-                st.sampled_from(FLOATS),
+                _DTYPES,
                 SEEDS,
             ),
             key="topk.ties",
@@ -706,7 +666,7 @@ TOP_K = Spec(
         ),
         Clause(
             "works on logits of any shape (..., V): 1-D, 2-D, 3-D and 4-D",
-            _top_k_ranks,
+            functools.partial(_top_k_values, what=_K_AXIS),
             st.tuples(_LEADING, st.integers(1, 9), st.integers(1, 5), SEEDS),
             key="topk.ranks",
             budget="more",
@@ -717,15 +677,7 @@ TOP_K = Spec(
             ],
             also=[(lead, 7, 3, 5) for lead in ((), (2, 3), (2, 1, 2))],
         ),
-        unchanged(
-            functools.partial(_filter_arg_call, "top_k_filter", 1.0),
-            st.tuples(_LEADING, st.integers(2, 8), st.integers(1, 3), SEEDS),
-            key="topk.inplace",
-            budget="handful",
-            examples=[((2,), 5, 2, 6)],
-            text="leaves the logits unchanged",
-            advice=_IN_PLACE,
-        ),
+        _filter_unchanged("top_k_filter", 1.0, "topk.inplace", st.integers(1, 3), 2),
         new_tensor(
             functools.partial(_filter_arg_call, "top_k_filter", 1.0),
             examples=[((2,), 3, 3, 0), ((), 4, 9, 1), ((2, 2), 5, 2, 2)],
@@ -790,38 +742,22 @@ def _top_p_margin(x: torch.Tensor, p: float) -> float:
     return float((before - p).abs().min())
 
 
-def _top_p_case(g: Grader, fn, case, what: str = "", scale: float = 1.0) -> None:
-    """The filter on a worked or drawn case (see :func:`_filter_input`); a drawn one that hangs on rounding is
-    skipped."""
-    x, p, where = _filter_input("top_p_filter", case, scale)
-    if not _is_worked(case):
-        _clear(_top_p_margin(x, p) > 1e-5)
-    what = what or " (the smallest set of most likely tokens whose probabilities sum to at least p)"
-    _filter_call(g, fn, where, x, p, dec.top_p_filter(x, p), _top_p_mistakes(x, p), what)
-
-
+_FILTERS["top_p_filter"] = (
+    dec.top_p_filter,
+    _top_p_mistakes,
+    lambda x, p: _top_p_margin(x, p) > 1e-5,
+    " (the smallest set of most likely tokens whose probabilities sum to at least p)",
+)
 _P_VALUES = st.sampled_from([0.05, 0.2, 0.35, 0.5, 0.62, 0.75, 0.9, 0.97])
 
 
-def _top_p_values(g: Grader, fn, case) -> None:
+def _top_p_axis(worked: str, what: str, g: Grader, fn, case) -> None:
+    """A worked case (its hint says ``worked``), or a drawn ``(leading shape, V, p, seed)`` (``(V, p, seed)``:
+    leading shape (2,)) of float64 logits of scale 2 (its hint says ``what``)."""
     if _is_worked(case):
-        _top_p_case(g, fn, case)
-        return
-    lead, V, p, dtype, scale, seed = case
-    _top_p_case(g, fn, (lead, V, p, dtype, seed), scale=scale)
-
-
-def _top_p_crossing(g: Grader, fn, case) -> None:
-    _top_p_case(g, fn, case, f" ({_CROSS_HINT})")
-
-
-def _top_p_order(g: Grader, fn, case) -> None:
-    if _is_worked(case):
-        _top_p_case(g, fn, case, f" ({_SORT_HINT})")
-        return
-    V, p, seed = case
-    what = ": kept logits must stay at their vocabulary positions, unchanged"
-    _top_p_case(g, fn, ((2,), V, p, torch.float64, seed), what, scale=2.0)
+        return _filtered("top_p_filter", g, fn, case, worked)
+    *lead, V, p, seed = case
+    _filtered("top_p_filter", g, fn, (*(lead or [(2,)]), V, p, torch.float64, seed), what, scale=2.0)
 
 
 def _top_p_one(g: Grader, fn, case) -> None:
@@ -834,27 +770,9 @@ def _top_p_one(g: Grader, fn, case) -> None:
     )
 
 
-def _top_p_composed(g: Grader, fn, case) -> None:
-    if _is_worked(case):
-        _top_p_case(g, fn, case)
-        return
-    V, k, p, seed = case
-    x = dec.top_k_filter(tensor(seed, 3, V, scale=2.0), min(k, V))
-    _clear(_top_p_margin(x, p) > 1e-5)
-    where = f"top_p_filter(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {p!r})"
-    what = ": the softmax of the filtered logits gives the removed tokens probability 0, they stay -inf"
-    _filter_call(g, fn, where, x, p, dec.top_p_filter(x, p), _top_p_mistakes(x, p), what)
-
-
-def _top_p_ranks(g: Grader, fn, case) -> None:
-    if _is_worked(case):
-        _top_p_case(g, fn, case)
-        return
-    lead, V, p, seed = case
-    what = ": sort, softmax and cumsum along the last axis (dim=-1), and scatter back along it"
-    _top_p_case(g, fn, (lead, V, p, torch.float64, seed), what, scale=2.0)
-
-
+_P_ORDER = ": kept logits must stay at their vocabulary positions, unchanged"
+_P_AXIS = ": sort, softmax and cumsum along the last axis (dim=-1), and scatter back along it"
+_P_ZERO = ": the softmax of the filtered logits gives the removed tokens probability 0, they stay -inf"
 #: probabilities in vocabulary order and p: the token that crosses p survives, and the most likely one always
 _CROSSING = [((0.2, 0.5, 0.3), 0.6), ((0.05, 0.9, 0.05), 0.5), ((0.2, 0.5, 0.3), 0.45)]
 _CROSSING += [((0.1, 0.25, 0.15, 0.5), 0.7), ((0.1, 0.25, 0.15, 0.5), 0.8), ((0.3, 0.3, 0.4), 0.01)]
@@ -865,28 +783,21 @@ TOP_P = Spec(
         _filter_shape("top_p_filter", "topp.shape", 0.5),
         Clause(
             "keeps the smallest set of most likely tokens whose probabilities sum to at least p",
-            _top_p_values,
-            st.tuples(
-                st.lists(st.integers(1, 4), min_size=1, max_size=2).map(tuple),
-                st.integers(1, 12),
-                _P_VALUES,
-                st.sampled_from(FLOATS),
-                st.sampled_from([1.0, 2.0, 4.0]),
-                SEEDS,
-            ),
+            functools.partial(_filtered, "top_p_filter"),
+            st.tuples(_ROWS, st.integers(1, 12), _P_VALUES, _DTYPES, _SCALES, SEEDS),
             key="topp.values",
             budget="wider",
             examples=[((2,), 6, 0.5, torch.float64, 2.0, 1), ("log", ((0.5, 0.3, 0.2),), 0.6)],
         ),
         Clause(
             "the token whose probability crosses p is kept, and the most likely token always is",
-            _top_p_crossing,
+            functools.partial(_filtered, "top_p_filter", what=f" ({_CROSS_HINT})"),
             examples=[("log", (probs,), p) for probs, p in _CROSSING[:2]],
             also=[("log", (probs,), p) for probs, p in _CROSSING[2:]],
         ),
         Clause(
             "probabilities are accumulated from the most likely token down, and the result is in vocabulary order",
-            _top_p_order,
+            functools.partial(_top_p_axis, f" ({_SORT_HINT})", _P_ORDER),
             st.tuples(st.integers(3, 12), _P_VALUES, SEEDS),
             key="topp.order",
             budget="normal",
@@ -903,7 +814,7 @@ TOP_P = Spec(
         ),
         Clause(
             "logits already at -inf (after top-k) stay -inf: they have probability 0",
-            _top_p_composed,
+            functools.partial(_composed, "top_p_filter", _P_ZERO),
             st.tuples(st.integers(3, 12), st.integers(1, 6), _P_VALUES, SEEDS),
             key="topp.compose",
             budget="some",
@@ -911,21 +822,13 @@ TOP_P = Spec(
         ),
         Clause(
             "works on logits of any shape (..., V): 1-D, 2-D, 3-D and 4-D",
-            _top_p_ranks,
+            functools.partial(_top_p_axis, "", _P_AXIS),
             st.tuples(_LEADING, st.integers(2, 9), _P_VALUES, SEEDS),
             key="topp.ranks",
             budget="more",
             examples=[((), 6, 0.62, 5), ("log", (0.2, 0.5, 0.3), 0.6)],
         ),
-        unchanged(
-            functools.partial(_filter_arg_call, "top_p_filter", 1.0),
-            st.tuples(_LEADING, st.integers(2, 8), _P_VALUES, SEEDS),
-            key="topp.inplace",
-            budget="handful",
-            examples=[((2,), 5, 0.5, 6)],
-            text="leaves the logits unchanged",
-            advice=_IN_PLACE,
-        ),
+        _filter_unchanged("top_p_filter", 1.0, "topp.inplace", _P_VALUES, 0.5),
         new_tensor(
             functools.partial(_filter_arg_call, "top_p_filter", 1.0),
             examples=[((2,), 5, 1.0, 0), ((), 3, 1.0, 1), ((2, 2), 6, 0.5, 2)],
@@ -1301,13 +1204,7 @@ def _beam_width(g: Grader, student, case) -> None:
     expected = [0, width, _LADDER_TARGET]
     where, got, score = _on_table(g, student, "ladder table", logp, 2, case)
     default = " (the default beam_width is 4)" if case is None else ""
-    if (
-        got != expected
-        and len(got) == 3
-        and got[0] == 0
-        and got[1] in range(1, 6)
-        and got[2] == _LADDER_TARGET
-    ):
+    if got != expected and got in [[0, w, _LADDER_TARGET] for w in range(1, 6)]:
         g.fail(
             f"{where}: a search of width {width} keeps the first tokens 1 .. {width} and ends with 0, {width}, "
             f"{_LADDER_TARGET}; got {got}, the answer of width {got[1]}{default}: {_WIDTH_HINT}"
@@ -1532,14 +1429,11 @@ _BEAM_BAD = [
 ]
 
 
-def _on_trap(g: Grader, student):
-    """The student's beam search bound to a table model built with their ``TableLM``."""
-    return functools.partial(student[0], student[1](table_logp(_greedy_trap())))
-
-
 def _beam_bad_call(i: int) -> Call:
+    """The student's beam search on a table model built with their ``TableLM``, with bad arguments."""
     shape, dtype, n, W, what = _BEAM_BAD[i]
-    return Call(what, (torch.zeros(shape, dtype=dtype), n, W), build=_on_trap)
+    on_trap = lambda g, student: functools.partial(student[0], student[1](table_logp(_greedy_trap())))
+    return Call(what, (torch.zeros(shape, dtype=dtype), n, W), build=on_trap)
 
 
 BEAM = Spec(
@@ -1639,7 +1533,6 @@ check_beam_search, grade_beam_search = BEAM.graders()
 # =========================================================================== part 5: causal_self_attention
 
 C, H = 12, 4  # D = 3: scaling by sqrt(C) and by sqrt(D) differ
-D = C // H
 #: (C, H, H_kv, bias) of the attention modules the checks draw: one head, D = 1, every grouping, no biases
 CONFIGS = [(12, 4, 4, True), (12, 4, 2, True), (12, 4, 1, False), (6, 1, 1, True), (6, 6, 3, True)]
 CONFIGS += [(8, 2, 1, False), (10, 5, 5, False), (12, 6, 3, True), (12, 6, 2, False)]
@@ -1685,6 +1578,12 @@ def attention_pair(
     theirs.load_state_dict(weights)
     theirs.eval()
     return theirs, local
+
+
+def _pair(MultiHeadAttention, name: str, config, dropout: float = 0.0):
+    """:func:`attention_pair` of one of :data:`CONFIGS`, ``(C, H, H_kv, bias)``."""
+    Cc, Hh, kv, bias = config
+    return attention_pair(MultiHeadAttention, name, kv, dropout, d_model=Cc, n_heads=Hh, bias=bias)
 
 
 def _attend(r, x_new, k, v, mask=None, scale=None):
@@ -1762,7 +1661,7 @@ def _prefilled(LayerCache, r, x_past: torch.Tensor, max_len: int, dtype: torch.d
     cache = LayerCache(B, r.n_kv_heads, max_len, r.d_head, dtype)
     if P:
         cache.update(k.to(dtype), v.to(dtype))
-    return cache, k, v
+    return cache
 
 
 def _cache_contents(g: Grader, where: str, cache, k_expected, v_expected, P: int) -> None:
@@ -1803,13 +1702,18 @@ def _csa_where(config, B: int, P: int, T: int, dtype=torch.float64, extra: str =
     )
 
 
-def _csa_step(
-    g: Grader, student, name: str, config, B: int, P: int | None, T: int, dtype=torch.float64
-) -> None:
-    """One call after ``P`` cached tokens (``None``: without a cache) against attention over the whole sequence."""
+def _csa_step(name: str, g: Grader, student, case) -> None:
+    """One call against attention over the whole sequence: a drawn ``(config, (B, T), dtype, seed)`` without a
+    cache, or ``(config, B, P, T, seed)`` after ``P`` cached tokens (``(config, B, P, seed)``: one new token)."""
     fn, MultiHeadAttention, LayerCache = student
-    Cc, Hh, kv, bias = config
-    m, r = attention_pair(MultiHeadAttention, name, kv, d_model=Cc, n_heads=Hh, bias=bias)
+    if isinstance(case[1], tuple):  # no cache
+        config, (B, T), dtype, seed = case
+        P = None
+    else:
+        config, B, P, *new, seed = case
+        T, dtype = new[0] if new else 1, torch.float64
+    Cc, name = config[0], f"{name}.{seed}"
+    m, r = _pair(MultiHeadAttention, name, config)
     Pn = P or 0
     x_all = rand(name + ".x", B, Pn + T, Cc)
     x_new = x_all[:, Pn:]
@@ -1817,12 +1721,8 @@ def _csa_step(
     where = _csa_where(config, B, -1 if P is None else Pn, T, dtype)
     if dtype != torch.float64:
         m.to(dtype)
-    if P is None:
-        out = _csa_call(g, fn, where, m, x_new.to(dtype))
-        cache = None
-    else:
-        cache, _, _ = _prefilled(LayerCache, r, x_all[:, :Pn], Pn + T + 1, dtype)
-        out = _csa_call(g, fn, where, m, x_new.to(dtype), cache)
+    cache = None if P is None else _prefilled(LayerCache, r, x_all[:, :Pn], Pn + T + 1, dtype)
+    out = _csa_call(g, fn, where, m, x_new.to(dtype), *(() if cache is None else (cache,)))
     g.expect(
         is_tensor(out) and out.shape == (B, T, Cc) and out.dtype == dtype,
         f"{where}: expected a tensor {dtype_name(dtype)} {(B, T, Cc)}, got {describe(out)}",
@@ -1873,7 +1773,7 @@ def _dropout_subsets(out, r, x_all: torch.Tensor, P: int, p: float):
 
 def _csa_module(name: str, config, dtype, g: Grader, student):
     """The student's attention step bound to a module of ``config`` built with their class."""
-    m, _ = attention_pair(student[1], name, config[2], d_model=config[0], n_heads=config[1], bias=config[3])
+    m, _ = _pair(student[1], name, config)
     m.to(dtype)
     return functools.partial(student[0], m)
 
@@ -1885,37 +1785,11 @@ def _csa_shape_call(case) -> Call:
     return Call(_csa_where(config, B, -1, T, dtype), (x,), build=build)
 
 
-def _csa_promised(case) -> torch.Tensor:
-    config, (B, T), dtype, _ = case
-    return torch.empty(B, T, config[0], dtype=dtype)
-
-
-def _csa_no_cache(g: Grader, student, case) -> None:
-    config, (B, T), dtype, seed = case
-    _csa_step(g, student, f"csa.nocache.{seed}", config, B, None, T, dtype)
-
-
-def _csa_one_token(g: Grader, student, case) -> None:
-    config, B, P, seed = case
-    _csa_step(g, student, f"csa.step.{seed}", config, B, P, 1)
-
-
-def _csa_chunk(g: Grader, student, case) -> None:
-    config, B, P, T, seed = case
-    _csa_step(g, student, f"csa.chunk.{seed}", config, B, P, T)
-
-
-def _csa_grouped(g: Grader, student, case) -> None:
-    config, B, P, T, seed = case
-    _csa_step(g, student, f"csa.gqa.{seed}", config, B, P, T)
-
-
 def _csa_extended(g: Grader, student, case) -> None:
     (fn, MHA, LC), (config, B, P, T, seed) = student, case
-    Cc, Hh, kv, bias = config
-    m, r = attention_pair(MHA, f"csa.cache.{seed}", kv, d_model=Cc, n_heads=Hh, bias=bias)
-    x_all = tensor(seed, B, P + T, Cc)
-    cache, _, _ = _prefilled(LC, r, x_all[:, :P], P + T + 2)
+    m, r = _pair(MHA, f"csa.cache.{seed}", config)
+    x_all = tensor(seed, B, P + T, config[0])
+    cache = _prefilled(LC, r, x_all[:, :P], P + T + 2)
     where = _csa_where(config, B, P, T)
     _csa_call(g, fn, where, m, x_all[:, P:], cache)
     _, k_all, v_all = r.project(x_all)
@@ -1924,9 +1798,8 @@ def _csa_extended(g: Grader, student, case) -> None:
 
 def _csa_pieces(g: Grader, student, case) -> None:
     (fn, MHA, LC), (config, B, sizes, seed) = student, case
-    Cc, Hh, kv, bias = config
-    m, r = attention_pair(MHA, f"csa.chain.{seed}", kv, d_model=Cc, n_heads=Hh, bias=bias)
-    S = sum(sizes)
+    m, r = _pair(MHA, f"csa.chain.{seed}", config)
+    S, Cc = sum(sizes), config[0]
     x = tensor(seed, B, S, Cc)
     cache = LC(B, r.n_kv_heads, S, r.d_head, torch.float64)
     full = r(x, is_causal=True)[0]
@@ -1952,10 +1825,9 @@ def _csa_pieces(g: Grader, student, case) -> None:
 
 def _csa_eval(g: Grader, student, case) -> None:
     (fn, MHA, LC), (config, B, P, T, seed) = student, case
-    Cc, Hh, kv, bias = config
-    m, r = attention_pair(MHA, f"csa.eval.{seed}", kv, dropout=0.5, d_model=Cc, n_heads=Hh, bias=bias)
-    x_all = tensor(seed, B, P + T, Cc)
-    cache, _, _ = _prefilled(LC, r, x_all[:, :P], P + T)
+    m, r = _pair(MHA, f"csa.eval.{seed}", config, dropout=0.5)
+    x_all = tensor(seed, B, P + T, config[0])
+    cache = _prefilled(LC, r, x_all[:, :P], P + T)
     where = _csa_where(config, B, P, T, extra=", dropout=0.5, eval mode")
     out = _csa_call(g, fn, where, m, x_all[:, P:], cache)
     g.expect(
@@ -1966,22 +1838,20 @@ def _csa_eval(g: Grader, student, case) -> None:
 
 def _csa_dropout(g: Grader, student, case) -> None:
     (fn, MHA, LC), (config, B, P, T, p, seed) = student, case
-    Cc, Hh, kv, bias = config
-    m, r = attention_pair(MHA, f"csa.dropout.{seed}", kv, dropout=0.5, d_model=Cc, n_heads=Hh, bias=bias)
+    m, r = _pair(MHA, f"csa.dropout.{seed}", config, dropout=0.5)
     m.train()
     if p != 0.5:
         set_attr(m, "dropout", p)
+    Cc = config[0]
     x_all = tensor(seed, B, P + T, Cc)
-    cache, _, _ = _prefilled(LC, r, x_all[:, :P], P + T) if P else (None, None, None)
+    cache = _prefilled(LC, r, x_all[:, :P], P + T) if P else None
     where = _csa_where(config, B, P if P else -1, T, extra=f", attn.dropout={p}, training mode")
     out = _csa_call(g, fn, where, m, x_all[:, P:], *(() if cache is None else (cache,)))
     g.expect(
         is_tensor(out) and out.shape == (B, T, Cc), f"{where}: expected {(B, T, Cc)}, got {describe(out)}"
     )
     if p == 1.0:
-        bias_only = torch.zeros(B, T, Cc, dtype=torch.float64) + (
-            0 if r.out_proj.bias is None else r.out_proj.bias
-        )
+        bias_only = r.out_proj(torch.zeros(B, T, Cc, dtype=torch.float64)).detach()  # its bias, or zeros
         g.expect(
             close(out, bias_only),
             f"{where}: with every attention weight dropped the output is out_proj of zeros (its bias): apply "
@@ -2013,8 +1883,8 @@ CSA = Spec(
     [
         returns(
             _csa_shape_call,
-            _csa_promised,
-            _configs_and(_BT, st.sampled_from(FLOATS), SEEDS),
+            lambda case: torch.empty(*case[1], case[0][0], dtype=case[2]),
+            _configs_and(_BT, _DTYPES, SEEDS),
             key="csa.shape",
             budget="few",
             examples=[(CONFIGS[0], (1, 2), torch.float32, 0)],
@@ -2023,15 +1893,15 @@ CSA = Spec(
         Clause(
             "without a cache: equals attn(x, is_causal=True)[0] (any B, T, heads, key/value heads, with or "
             "without biases, float32 and float64)",
-            _csa_no_cache,
-            _configs_and(_BT, st.sampled_from(FLOATS), SEEDS),
+            functools.partial(_csa_step, "csa.nocache"),
+            _configs_and(_BT, _DTYPES, SEEDS),
             key="csa.nocache",
             budget="normal",
             examples=[(CONFIGS[0], (2, 5), torch.float64, 1)],
         ),
         Clause(
             "one new token after P cached ones sees every cached key",
-            _csa_one_token,
+            functools.partial(_csa_step, "csa.step"),
             _configs_and(st.integers(1, 3), st.integers(1, 7), SEEDS),
             key="csa.step",
             budget="some",
@@ -2039,7 +1909,7 @@ CSA = Spec(
         ),
         Clause(
             "T new tokens after P cached ones: the causal mask is aligned bottom-right (T < P, T = P, T > P)",
-            _csa_chunk,
+            functools.partial(_csa_step, "csa.chunk"),
             _configs_and(st.integers(1, 3), st.integers(1, 6), st.integers(2, 5), SEEDS),
             key="csa.chunk",
             budget="normal",
@@ -2067,7 +1937,7 @@ CSA = Spec(
         Clause(
             "grouped-query attention: the cache holds H_kv heads, query head h reads key/value head h // (H / "
             "H_kv)",
-            _csa_grouped,
+            functools.partial(_csa_step, "csa.gqa"),
             st.tuples(
                 st.sampled_from(GQA_CONFIGS), st.integers(1, 2), st.integers(0, 4), st.integers(1, 3), SEEDS
             ),
@@ -2144,7 +2014,7 @@ def _gpt_char():
         ck = checkpoints.load("gpt-char")
         _, val = data.split_text(data.python_docs_text())
         pieces = [val[a : a + 600] for a in range(0, len(val) - 600, len(val) // 4)][:4]
-        _GPT_CHAR.update(ck=ck, pieces=pieces, ids=[data.encode_text(ck.tokenizer, t) for t in pieces])
+        _GPT_CHAR.update(ck=ck, ids=[data.encode_text(ck.tokenizer, t) for t in pieces])
     return _GPT_CHAR
 
 
@@ -2292,16 +2162,12 @@ def _bpc_in_band(g: Grader, bits_per_char, case) -> None:
 def _bpc_bad_call(case) -> Call:
     n, shape, block_size, what = case
     ids = _gpt_char()["ids"][0][:n]
-    return Call(what, (ids if shape is None else ids.view(shape), block_size), build=_bpc_bound)
+    bound = lambda g, bits_per_char: functools.partial(bits_per_char, _their_gpt_char(g))
+    return Call(what, (ids if shape is None else ids.view(shape), block_size), build=bound)
 
 
-def _bpc_bound(g: Grader, bits_per_char):
-    return functools.partial(bits_per_char, _their_gpt_char(g))
-
-
-_HELD_OUT = [
-    (i, 300, 128, f"held-out piece {i + 1}") for i in range(3)
-]  # kept short: 20 s a check in the sandbox
+# kept short: 20 s a check in the sandbox
+_HELD_OUT = [(i, 300, 128, f"held-out piece {i + 1}") for i in range(3)]
 _WINDOWS = [(3, 160, 16), (1, 40, 1), (2, 201, 128), (2, 2, 128), (1, 2, 1)]
 
 BITS_PER_CHAR = Spec(
@@ -2381,56 +2247,35 @@ def _min_p_margin(x: torch.Tensor, p: float) -> float:
     return float(near.masked_fill(probs == probs.amax(dim=-1, keepdim=True), math.inf).min())
 
 
-def _min_p_case(g: Grader, fn, x: torch.Tensor, p: float, where: str, what: str = "") -> None:
-    what = what or " (the tokens whose probability is at least p_base times the top probability)"
-    _filter_call(g, fn, where, x, p, dec.min_p_filter(x, p), _min_p_mistakes(x, p), what)
-
-
-def _min_p_where(x: torch.Tensor, p) -> str:
-    return f"min_p_filter(logits {tuple(x.shape)} {dtype_name(x.dtype)}, {p!r})"
-
-
+_FILTERS["min_p_filter"] = (
+    dec.min_p_filter,
+    _min_p_mistakes,
+    lambda x, p: _min_p_margin(x, p) > 1e-4,
+    " (the tokens whose probability is at least p_base times the top probability)",
+)
 _P_BASES = st.sampled_from([0.01, 0.05, 0.1, 0.2, 0.35, 0.5, 0.8])
 
 
-def _min_p_values(g: Grader, fn, case) -> None:
-    """A worked example (see :func:`_filter_input`) or a drawn one; one that hangs on rounding is skipped."""
-    if _is_worked(case):
-        _min_p_case(g, fn, *_filter_input("min_p_filter", case))
-        return
-    lead, V, p, dtype, scale, seed = case
-    x, p, where = _filter_input("min_p_filter", (lead, V, p, dtype, seed), scale)
-    _clear(_min_p_margin(x, p) > 1e-4)
-    _min_p_case(g, fn, x, p, where)
-
-
 def _min_p_rows(g: Grader, fn, case) -> None:
-    x, p, where = _filter_input("min_p_filter", case)
-    _min_p_case(g, fn, x, p, where, f" ({_ROW_HINT})" if x.dim() > 1 and x.shape[0] > 1 else "")
+    """A worked example of one row or of several (their hint says each row has its own threshold)."""
+    _filtered("min_p_filter", g, fn, case, f" ({_ROW_HINT})" if len(case[1]) > 1 else "")
 
 
 def _min_p_logits(g: Grader, fn, shift: float) -> None:
     x = torch.tensor([[0.1, 0.4, 0.3, 0.2]], dtype=torch.float64).log() + shift
-    _min_p_case(g, fn, x, 0.6, f"min_p_filter(log [0.1, 0.4, 0.3, 0.2] + {shift}, 0.6)")
+    _filtered("min_p_filter", g, fn, (x, 0.6), where=f"min_p_filter(log [0.1, 0.4, 0.3, 0.2] + {shift}, 0.6)")
 
 
 def _min_p_ends(g: Grader, fn, case) -> None:
+    """A worked example, or drawn logits at p_base = 0 (every token kept) and at 1 (no case skipped)."""
     if _is_worked(case):
-        x, p, where = _filter_input("min_p_filter", case)
-        _min_p_case(g, fn, x, p, where, f" ({_TIED_HINT})" if p == 1.0 else "")
-        return
+        return _filtered("min_p_filter", g, fn, case, f" ({_TIED_HINT})" if case[2] == 1.0 else "")
     lead, V, seed = case
     x = tensor(seed, *lead, V)
-    what = ": with p_base = 0 every token is kept"
-    _filter_call(g, fn, _min_p_where(x, 0.0), x, 0.0, x.clone(), _min_p_mistakes(x, 0.0), what)
-    _min_p_case(g, fn, x, 1.0, _min_p_where(x, 1.0), f" ({_TIED_HINT})")
-
-
-def _min_p_composed(g: Grader, fn, case) -> None:
-    V, k, p, seed = case
-    x = dec.top_k_filter(tensor(seed, 3, V, scale=2.0), min(k, V))
-    _clear(_min_p_margin(x, p) > 1e-4)
-    _min_p_case(g, fn, x, p, _min_p_where(x, p))
+    for p, expected in ((0.0, x.clone()), (1.0, dec.min_p_filter(x, 1.0))):
+        what = ": with p_base = 0 every token is kept" if p == 0.0 else f" ({_TIED_HINT})"
+        where = _filter_input("min_p_filter", (x, p))[2]
+        _filter_call(g, fn, where, x, p, expected, _min_p_mistakes(x, p), what)
 
 
 MIN_P = Spec(
@@ -2439,15 +2284,8 @@ MIN_P = Spec(
         _filter_shape("min_p_filter", "minp.shape", 0.1),
         Clause(
             "keeps the tokens whose probability is at least p_base times the top probability, any shape",
-            _min_p_values,
-            st.tuples(
-                _LEADING,
-                st.integers(1, 12),
-                _P_BASES,
-                st.sampled_from(FLOATS),
-                st.sampled_from([1.0, 2.0, 4.0]),
-                SEEDS,
-            ),
+            functools.partial(_filtered, "min_p_filter"),
+            st.tuples(_LEADING, st.integers(1, 12), _P_BASES, _DTYPES, _SCALES, SEEDS),
             key="minp.values",
             budget="wider",
             examples=[((3,), 8, 0.2, torch.float64, 2.0, 1), ("log", ((0.5, 0.3, 0.15, 0.05),), 0.2)],
@@ -2456,11 +2294,8 @@ MIN_P = Spec(
             "the threshold follows the top probability: a flat row keeps many tokens, a peaked row few",
             _min_p_rows,
             examples=[
-                (
-                    "log",
-                    ((0.3, 0.25, 0.25, 0.2),),
-                    0.5,
-                ),  # flat: threshold 0.15 keeps all four (0.5 keeps none)
+                # flat: threshold 0.15 keeps all four (0.5 keeps none)
+                ("log", ((0.3, 0.25, 0.25, 0.2),), 0.5),
                 ("log", ((0.3, 0.25, 0.25, 0.2), (0.02, 0.9, 0.05, 0.03)), 0.2),  # a threshold per row
             ],
             also=[
@@ -2485,21 +2320,13 @@ MIN_P = Spec(
         ),
         Clause(
             "logits already at -inf (after top-k) stay -inf: they have probability 0",
-            _min_p_composed,
+            functools.partial(_composed, "min_p_filter", ""),
             st.tuples(st.integers(3, 12), st.integers(1, 6), _P_BASES, SEEDS),
             key="minp.compose",
             budget="some",
             examples=[(8, 3, 0.1, 4)],
         ),
-        unchanged(
-            functools.partial(_filter_arg_call, "min_p_filter", 2.0),
-            st.tuples(_LEADING, st.integers(2, 8), _P_BASES, SEEDS),
-            key="minp.inplace",
-            budget="handful",
-            examples=[((2,), 5, 0.5, 6)],
-            text="leaves the logits unchanged",
-            advice=_IN_PLACE,
-        ),
+        _filter_unchanged("min_p_filter", 2.0, "minp.inplace", _P_BASES, 0.5),
         new_tensor(
             functools.partial(_filter_arg_call, "min_p_filter", 2.0),
             examples=[((2,), 5, 0.0, 0), ((), 3, 0.0, 1), ((2, 2), 6, 0.3, 2)],
