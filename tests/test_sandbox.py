@@ -298,10 +298,37 @@ def test_a_template_stopped_or_killed_by_student_code_is_detected_and_replaced(k
         with pytest.raises(CellFailed) as failed:
             session.run_cell(code, "attack", time.monotonic() + 60)
         assert str(failed.value) == TEMPLATE_GONE and worker.broken
+        assert worker.late_replies == 0  # a stopped template is not waited for longer
         assert not worker.healthy(timeout=1.0)
         assert worker.reset_after_student() == TEMPLATE_GONE
         session.close()
         worker.restart()
+        assert worker.healthy()
+        fresh = worker.session()
+        assert fresh.run_cell("print(6 * 7)", "after", time.monotonic() + 30)["outputs"][0]["text"] == "42\n"
+        fresh.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_template_late_to_end_a_fork_bomb_is_waited_for_not_blamed(kind, monkeypatch):
+    """With every core taken, the template can take longer than a command's deadline to end a fork
+    bomb's processes. It still runs, so it is waited for: the student reads the sandbox's reason (too
+    many processes), not that their code stopped the sandbox, and the late answer is read as the
+    reset's, so the next commands get their own. The load is made certain by a deadline of zero for
+    the reset (this side only): no template answers before it."""
+    from coursekit.sandbox import CellFailed
+
+    with Worker(kind, Limits(cell_seconds=10, processes=16)) as worker:
+        session = worker.session()
+        monkeypatch.setattr(protocol, "KILL_SECONDS", 0.0)
+        monkeypatch.setattr(worker, "COMMAND_SECONDS", 0.0)
+        bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+        with pytest.raises(CellFailed) as failed:
+            session.run_cell(bomb, "bomb", time.monotonic() + 60)
+        assert str(failed.value) == "it started more than 16 processes"
+        assert worker.late_replies >= 1 and not worker.broken  # the reset, and any command while it ran
+        monkeypatch.undo()
         assert worker.healthy()
         fresh = worker.session()
         assert fresh.run_cell("print(6 * 7)", "after", time.monotonic() + 30)["outputs"][0]["text"] == "42\n"

@@ -152,6 +152,9 @@ class _Clock:
                 return "busy" if now >= self.cap else "deadline"
 
 
+#: once an answer of the template has started to arrive, the rest of its few bytes come within this (s)
+ARRIVAL_SECONDS = 5.0
+
 #: What a student is told when the sandbox's own process (the template every notebook process is
 #: forked from) stopped answering while their code ran: only their code runs beside it.
 TEMPLATE_GONE = (
@@ -474,6 +477,33 @@ def _process_start(pid: int) -> str | None:
     return stat[stat.rindex(")") + 2 :].split()[19]  # the name may hold spaces and brackets
 
 
+def _process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (field 3 of /proc/<pid>/stat: R, S, D, T, Z...); None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def _find_template(root: int, inner_pid) -> tuple[int, str] | None:
+    """The pid and start time, as this side sees them, of the sandbox's template: the process among
+    ``root`` and its descendants whose innermost pid (the last of ``NSpid`` in /proc/<pid>/status: its
+    pid inside the sandbox's PID namespace, if it has one) is ``inner_pid``, the pid it reported."""
+    if not isinstance(inner_pid, int):
+        return None
+    for pid in sorted(_descendants(root, _process_table())):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if nspid and nspid[-1] == str(inner_pid):
+            started = _process_start(pid)
+            return (pid, started) if started else None
+    return None
+
+
 def _process_table() -> dict[int, tuple[int, int]]:
     """pid -> (parent pid, CPU clock ticks of the process and of the children it waited for), for
     every process this side can see."""
@@ -490,6 +520,16 @@ def _process_table() -> dict[int, tuple[int, int]]:
         except (OSError, ValueError, IndexError):  # gone meanwhile
             continue
     return table
+
+
+def _descendants(root: int, table: dict[int, tuple[int, int]]) -> set[int]:
+    """``root`` and every process below it in ``table`` (see :func:`_process_table`)."""
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, (parent, _) in table.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return tree
 
 
 def sweep_stale_host_dirs(parent: str | None = None) -> list[str]:
@@ -520,10 +560,14 @@ class Worker:
     The template only runs coursekit's code, but a student's process can signal it (stop or
     kill it). Every command therefore has a short deadline; a template that misses one is
     marked :attr:`broken` and never used again: :meth:`healthy` says so, and :meth:`restart`
-    replaces the whole sandbox.
+    replaces the whole sandbox. A template that missed its deadline while still running (not
+    stopped, not gone) is waited for once more (``BUSY_SECONDS``) before that: on a machine with
+    every core taken, ending a fork bomb's processes can take longer than the deadline, and that
+    is the machine's doing, not the student's.
     """
 
     COMMAND_SECONDS = 10.0  # to answer a command (it polls every 20 ms), on top of KILL_SECONDS (see command)
+    BUSY_SECONDS = 60.0  # more, for a template that missed its deadline but still runs (see _await_reply)
 
     def __init__(
         self,
@@ -593,6 +637,10 @@ class Worker:
             raise SandboxError(f"the sandbox sent {hello!r} instead of ready")
         self.preload_seconds = float(hello.get("preload_s", 0))
         self.pid_namespace = bool(hello.get("pid_namespace"))  # the template's kill_all may signal -1
+        #: the template's pid and start time as this side sees them (None: not found)
+        self._template = _find_template(self.proc.pid, hello.get("pid"))
+        #: commands answered only in the second wait, by a template that was busy, not stopped
+        self.late_replies = 0
 
     def _rlimit_command(self, python: list[str]) -> tuple[str, list[str], dict, dict]:
         """The scratch folder, the start of the command line, the environment and the user (``Popen``
@@ -633,11 +681,7 @@ class Worker:
         of everything inside from reaching this process, however long it computed. A benchmark adds
         this to its own. ``0.0`` once the sandbox has stopped."""
         stats = _process_table()
-        tree, grew = {self.proc.pid}, True
-        while grew:
-            more = {pid for pid, (parent, _) in stats.items() if parent in tree} - tree
-            tree |= more
-            grew = bool(more)
+        tree = _descendants(self.proc.pid, stats)
         return sum(stats[pid][1] for pid in tree if pid in stats) / os.sysconf("SC_CLK_TCK")
 
     def healthy(self, timeout: float = 5.0) -> bool:
@@ -660,11 +704,12 @@ class Worker:
             raise SandboxError(f"the sandbox stopped responding ({self.broken})")
         try:
             protocol.send(self.ctrl, header)
+            # the template answers between readings of its watch, which may be ending a
+            # submission's processes (up to KILL_SECONDS): a command waits that long more
+            self._await_reply(timeout or protocol.KILL_SECONDS + self.COMMAND_SECONDS)
             return protocol.recv(
                 self.ctrl,
-                # the template answers between readings of its watch, which may be ending a
-                # submission's processes (up to KILL_SECONDS): a command waits that long more
-                time.monotonic() + (timeout or protocol.KILL_SECONDS + self.COMMAND_SECONDS),
+                time.monotonic() + ARRIVAL_SECONDS,
                 max_blob=0,
                 max_header=protocol.REPLY_HEADER,
                 want_fds=want_fds,
@@ -672,6 +717,35 @@ class Worker:
         except (protocol.ProtocolError, OSError) as e:
             self.broken = str(e) or type(e).__name__
             raise SandboxError(f"the sandbox stopped responding ({e})") from None
+
+    def _await_reply(self, seconds: float) -> None:
+        """Wait until the template's answer starts to arrive. One that misses ``seconds`` is waited
+        for ``BUSY_SECONDS`` more if it still runs: it is busy (ending a submission's processes on a
+        loaded machine). A stopped or vanished one is not: a student's code stopped or killed it.
+        Nothing of the answer is read before it has started to arrive, so a late answer is read
+        whole, as the answer to this command, and the next command gets its own.
+
+        Raises:
+            protocol.TimedOut: no answer in time.
+        """
+        if select.select([self.ctrl], [], [], seconds)[0]:
+            return
+        if not self._template_runs():
+            raise protocol.TimedOut("no answer in time")
+        self.late_replies += 1
+        log.warning("the sandbox's template is %.0f s late to answer and still runs: waiting longer", seconds)
+        if not select.select([self.ctrl], [], [], self.BUSY_SECONDS)[0]:
+            raise protocol.TimedOut(f"no answer in {seconds + self.BUSY_SECONDS:.0f} s")
+
+    def _template_runs(self) -> bool:
+        """Whether the template process is there and not stopped (running, or sleeping between rounds
+        of its work): read in /proc on this side."""
+        if self._template is None or not self.alive():
+            return False
+        pid, started = self._template
+        if _process_start(pid) != started:
+            return False
+        return _process_state(pid) not in (None, "T", "t", "Z", "X")
 
     def reset_after_student(self) -> str | None:
         """:meth:`reset` for use while a student's code runs: if the template does not answer,
