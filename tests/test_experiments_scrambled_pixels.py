@@ -153,5 +153,9 @@ def test_the_committed_scrambled_runs_are_those_a_fresh_run_gives(model):
         torch.set_num_threads(threads)
     run = stored["runs"][model]["scrambled"][stored["seeds"].index(seed)]
     assert fresh["permutation"] == run["permutation"]
-    assert fresh["final_loss"] == pytest.approx(run["final_loss"], abs=1e-4)
+    # The ViT (matrix products) reproduces its loss to 1e-4 on another processor; the CNN does not:
+    # oneDNN picks its convolution kernels by processor, and they add up in another order. On an
+    # AVX-512 EPYC the committed CNN run's final loss 0.349323 came out as 0.349791 (0.13% apart);
+    # another seed or another number of updates moves it by several percent.
+    assert fresh["final_loss"] == pytest.approx(run["final_loss"], abs=1e-4 if model == "vit" else 2e-3)
     assert fresh["test_accuracy"] == pytest.approx(run["test_accuracy"], abs=1.01 / len(split.test_y))
