@@ -85,7 +85,7 @@ def test_exercises_are_current():
 def test_solution_notebook_passes_nbval(assignment):
     path = ROOT / "solutions" / assignment / f"{assignment}.ipynb"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", str(path)],
+        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", "-n", "0", str(path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
