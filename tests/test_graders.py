@@ -7,7 +7,9 @@ autograder does the same against the sandbox: ``test_autograde*.py``):
 * a part left as released (``raise NotImplementedError()``) fails its test cells with "not
   implemented yet", and the untouched release fails everywhere without crashing a grader;
 * every wrong implementation of the assignment's catalogue (``tests/mutants/<assignment>.py``)
-  loses its part's hidden points and shows its hint (the quick loop grades the first of each part);
+  loses its part's hidden points and shows its hint (the quick loop grades the first of each part).
+  The part stops at the check that shows the hint (``core.STOP_WHEN``): any failed check costs a
+  part points under either kind of credit, so the checks after it could change nothing asserted;
 * when an earlier part the answer calls is wrong, the hint says to fix that part first.
 
 What the automatically generated mutants do is checked by ``tests/test_mutation.py``; tests
@@ -24,7 +26,7 @@ import pytest
 from coursekit.autograde.credit import Credit
 from coursekit.cells import nbgrader_meta
 from coursekit.chapters import CHAPTERS
-from coursekit.grading import harness
+from coursekit.grading import core, harness
 from tests.submissions import ROOT, load
 
 ASSIGNMENTS = [c.assignment for c in CHAPTERS]
@@ -108,7 +110,13 @@ def test_a_catalogued_mistake_loses_its_points_with_its_hint(assignment, mutant)
         compile(mutant.source, f"<mutant {mutant.name}>", "exec"), ns
     )  # replaces one definition, as a student would
     part = part_named(assignment, mutant.part)
-    (hidden,) = harness.run_tests(part, ns, hidden=True)
+    # the part stops at the first check that fails with the hint: the checks after it would only
+    # draw their inputs and pass; without the hint, every check runs and the failure shows them all
+    token = core.STOP_WHEN.set(lambda hint: mutant.hint in hint)
+    try:
+        (hidden,) = harness.run_tests(part, ns, hidden=True)
+    finally:
+        core.STOP_WHEN.reset(token)
     assert hidden.failure is not None, f"{mutant.name} kept the hidden points of {part.name}"
     assert mutant.hint in hidden.failure, f"expected hint {mutant.hint!r}, got:\n{hidden.failure}"
     for credit in (PARTIAL, ALL_OR_NOTHING):  # loses points under either kind of credit

@@ -12,7 +12,7 @@ import torch
 from hypothesis import strategies as st
 
 from coursekit.chapters import CHAPTERS
-from coursekit.grading import GradingFailure, questions
+from coursekit.grading import GradingFailure, core, questions
 from coursekit.grading.core import REPORT, Grader, call_student, close, first_difference, tensor
 from coursekit.grading.spec import (
     BUDGETS,
@@ -112,6 +112,33 @@ def test_a_spec_fails_a_wrong_answer_with_the_clauses_hint_in_both_graders():
         _, failure = lines_of(grader, inplace_relu)
         assert failure is not None and "modified its input in place" in failure, failure
         assert "1 of 3 checks failed" in failure
+
+
+def test_a_part_stops_at_the_check_whose_hint_a_test_waits_for_and_only_then():
+    """``STOP_WHEN`` (the graders' tests only): the part ends at the first failed check whose hint it
+    accepts, reporting the checks so far; a hint it does not accept, or no predicate, runs them all."""
+    ran = []
+
+    def check(name: str, hint: str | None):
+        def test(g, student, case):
+            ran.append(name)
+            if hint:
+                g.fail(hint)
+
+        return Clause(name, test, examples=[0])
+
+    spec = Spec(
+        "stops", [check("a", None), check("b", "wrong sign"), check("c", "wrong shape"), check("d", None)]
+    )
+    for wanted, expected in (("shape", "abc"), ("sign", "ab"), ("size", "abcd"), (None, "abcd")):
+        ran.clear()
+        token = core.STOP_WHEN.set(None if wanted is None else lambda hint, w=wanted: w in hint)
+        try:
+            _, failure = lines_of(spec.graders()[1], None)
+        finally:
+            core.STOP_WHEN.reset(token)
+        assert "".join(ran) == expected and "wrong sign" in failure
+        assert f"{expected.count('b') + expected.count('c')} of {len(expected)} checks failed" in failure
 
 
 def test_the_hidden_grader_tries_the_first_example_then_draws_then_also():

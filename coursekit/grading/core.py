@@ -85,6 +85,11 @@ CLAUSES: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_clau
 #: Mixed into every seed, so that inputs stay the same from run to run of one course but cannot
 #: be computed from the grading source, which students can read.
 SECRET: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_secret", default=b"")
+#: For the graders' own tests only, never set while grading: a predicate on the hint of a failed
+#: check. Once a failed check's hint satisfies it, the part stops there, as if that check were its
+#: last (:meth:`Grader.check` finishes the part). A test that only asks whether a wrong answer fails
+#: with its hint need not run the checks after that one: what it reads is a prefix of the full run.
+STOP_WHEN: contextvars.ContextVar = contextvars.ContextVar("coursekit_grading_stop_when", default=None)
 
 #: One table of tolerances for every comparison a grader makes: ``(rtol, atol)`` per dtype for
 #: inputs of magnitude 1. A sound floating-point computation errs by a modest multiple of the
@@ -392,6 +397,9 @@ class Grader:
         finally:
             if session is not None:
                 session.end_check()
+        stop, hint = STOP_WHEN.get(), self.results[-1][1]
+        if stop is not None and hint is not None and stop(hint):
+            self.finish()  # raises GradingFailure: the checks after this one do not run
 
     @property
     def failures(self) -> list[tuple[str, str]]:
