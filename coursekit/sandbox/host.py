@@ -467,23 +467,21 @@ HOST_DIR_PREFIX = "coursekit-sandbox-"
 OWNER_FILE = "owner"
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat from the third on (the state letter: R, S, D, T, Z...), read at
+    once; None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces and brackets
+
+
 def _process_start(pid: int) -> str | None:
     """The start time of process ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat), which
     tells a process from a later one given the same pid; None if there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2 :].split()[19]  # the name may hold spaces and brackets
-
-
-def _process_state(pid: int) -> str | None:
-    """The state letter of process ``pid`` (field 3 of /proc/<pid>/stat: R, S, D, T, Z...); None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2]
+    fields = _stat_fields(pid)
+    return fields[19] if fields else None
 
 
 def _find_template(root: int, inner_pid) -> tuple[int, str] | None:
@@ -743,9 +741,8 @@ class Worker:
         if self._template is None or not self.alive():
             return False
         pid, started = self._template
-        if _process_start(pid) != started:
-            return False
-        return _process_state(pid) not in (None, "T", "t", "Z", "X")
+        fields = _stat_fields(pid)  # one reading: the state of the process that started then
+        return bool(fields) and fields[19] == started and fields[0] not in ("T", "t", "Z", "X")
 
     def reset_after_student(self) -> str | None:
         """:meth:`reset` for use while a student's code runs: if the template does not answer,
