@@ -12,7 +12,7 @@ import torch
 from hypothesis import strategies as st
 
 from coursekit.chapters import CHAPTERS
-from coursekit.grading import GradingFailure, core, questions
+from coursekit.grading import GradingFailure, core, harness, questions
 from coursekit.grading.core import REPORT, Grader, call_student, close, first_difference, tensor
 from coursekit.grading.spec import (
     BUDGETS,
@@ -309,6 +309,81 @@ def test_procedure_catches_another_procedure_that_lands_in_the_band():
         clause, lambda g: float(torch.randn(4000, generator=g, dtype=torch.float64).var(unbiased=False))
     )
     assert failure is not None and "inside the band, so the procedure differs" in failure
+
+
+def _fingerprint(x) -> object:
+    """What identifies one call's arguments: a generator by its seed, a tensor by its bytes."""
+    if isinstance(x, torch.Generator):
+        return ("generator", x.initial_seed())
+    if isinstance(x, torch.Tensor):
+        return ("tensor", tuple(x.shape), str(x.dtype), repr(x.detach().cpu().flatten().tolist()))
+    if isinstance(x, dict):
+        return ("dict", tuple(sorted((repr(k), _fingerprint(v)) for k, v in x.items())))
+    if isinstance(x, (list, tuple, set, frozenset)):
+        items = [_fingerprint(v) for v in x]
+        return (
+            type(x).__name__,
+            tuple(sorted(items, key=repr) if isinstance(x, (set, frozenset)) else items),
+        )
+    return ("value", repr(x))
+
+
+def test_a_procedure_clause_draws_hidden_inputs():
+    clause = procedure(
+        lambda case: Call(f"variance(generator seeded {case})", (torch.Generator().manual_seed(case),)),
+        lambda case: float(torch.randn(50, generator=torch.Generator().manual_seed(case)).var()),
+        text="the variance of 50 draws",
+        steps="draw 50 values, then .var()",
+        examples=[3, 4],
+        inputs=st.integers(100, 10**6),
+        key="spec.procedure.drawn",
+    )
+    assert (clause.budget, clause.also, clause.key) == ("tiny", (4,), "spec.procedure.drawn")
+    seeds = []
+
+    def answer(g):
+        seeds.append(g.initial_seed())
+        return float(torch.randn(50, generator=g).var())
+
+    assert _one(clause, answer) is None
+    assert seeds[0] == 3 and seeds[-1] == 4 and 1 <= len(set(seeds) - {3, 4}) <= BUDGETS["tiny"]
+
+
+#: every experiment checked against its stated procedure: (assignment, part)
+EXPERIMENTS = [
+    ("ch01_attention", "score_variance"),
+    ("ch02_multihead", "kv_pooling_error"),
+    ("ch04_layers", "input_gradient_norm"),
+    ("ch06_bert", "corrupted_fraction"),
+    ("ch08_seq2seq", "heldout_loss"),
+    ("ch09_vit", "blank_patch_share"),
+    ("ch10_long_context", "window_mass"),
+    ("appendix_arithmetic", "flops_ratio"),
+]
+
+
+@pytest.mark.parametrize("assignment, name", EXPERIMENTS)
+def test_an_experiment_right_only_on_the_public_examples_fails_its_hidden_procedure_check(assignment, name):
+    """A result looked up for the public examples' arguments, and off by 0.1% (inside every band) for
+    any other: the public check passes, the hidden one names the stated procedure."""
+    part = next(p for p in harness.parts(assignment) if p.name == name)
+    ns = harness.namespace(assignment)
+    right, public_calls = ns[name], set()
+
+    def recorded(*args, **kwargs):
+        public_calls.add(_fingerprint((args, kwargs)))
+        return right(*args, **kwargs)
+
+    def looked_up(*args, **kwargs):
+        out = right(*args, **kwargs)
+        return out if _fingerprint((args, kwargs)) in public_calls else out + 1e-3 * max(abs(out), 1e-3)
+
+    ns[name] = recorded
+    assert all(o.failure is None for o in harness.run_tests(part, ns, hidden=False)) and public_calls
+    ns[name] = looked_up
+    assert all(o.failure is None for o in harness.run_tests(part, ns, hidden=False))
+    (hidden,) = harness.run_tests(part, ns, hidden=True)
+    assert hidden.failure is not None and "the stated procedure gives" in hidden.failure, hidden.failure
 
 
 def test_every_prediction_band_separates_its_named_mistakes():

@@ -995,6 +995,15 @@ FLOPS_RATIO = Spec(
             steps="count one forward pass with counted_flops and return counted / (2 N B T) as it is (no rounding), "
             "N = sum(p.numel() for p in model.parameters()): every parameter, embeddings, biases and norms included",
             examples=[FLOPS_SHAPES[0], FLOPS_SHAPES[-1]],
+            inputs=st.tuples(
+                st.integers(2, 600),
+                st.sampled_from([16, 32, 48, 64]),
+                st.integers(1, 3),
+                st.sampled_from([1, 2, 4]),
+                st.sampled_from([8, 32, 64, 128]),
+                st.integers(1, 3),
+            ),  # fmt: skip
+            key="flops.procedure",
             band=lambda shape: (
                 _exact_ratio(shape) * (1 - FLOPS_BAND),
                 _exact_ratio(shape) * (1 + FLOPS_BAND),

@@ -1105,6 +1105,8 @@ SCORE_VARIANCE_SPEC = Spec(
             steps="draw all of q, then all of k, with torch.randn(n, D, generator=generator, dtype=torch.float64), "
             "and take the unbiased variance (n - 1 in the denominator)",
             examples=[(1, 41, False), (8, 42, True), (64, 43, False)],
+            inputs=st.tuples(st.sampled_from([1, 4, 16, 64]), st.integers(100, 2**31 - 1), st.booleans()),
+            key="variance.procedure",
             band=_variance_band,
         ),
         Clause(

@@ -1238,6 +1238,8 @@ KV_POOLING_ERROR = Spec(
             text="equals the reference on heads that partly agree (float32 and float64)",
             steps="the squared error summed over everything, divided by the sum of k's squares",
             examples=[(torch.float64, 121), (torch.float32, 122)],
+            inputs=st.tuples(FLOATS, st.integers(200, 2**31 - 2)),
+            key="pooling.procedure",
             rel=1e-4,
         ),
         Clause("all-zero keys give 0.0 (no division by zero)", _pooling_zeros, examples=[(1, 4, 3, 2)]),

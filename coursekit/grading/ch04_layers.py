@@ -1245,6 +1245,8 @@ INPUT_GRADIENT_NORM = Spec(
             "apply x = x + norm(x) @ W.T (pre-norm) or x = norm(x + x @ W.T) (post-norm), norm without scale "
             "and shift with eps = 1e-5, and return ||d loss / d x0|| / ||r||",
             examples=[(4, True, 61), (4, False, 62)],
+            inputs=st.tuples(st.sampled_from([1, 4, 12]), st.booleans(), st.integers(100, 2**31 - 1)),
+            key="gradnorm.procedure",
             band=lambda case: _band(case[0], case[1]),
         ),
     ],

@@ -1267,12 +1267,20 @@ CORRUPTED_FRACTION = Spec(
             text="raises ValueError when input_ids holds no ordinary token",
             examples=[None],
         ),
-        _fixed(
+        Clause(
             "is the stated procedure's result: one run of your mask_tokens on the generator given, the changed "
             "ordinary positions over all ordinary positions",
             _fraction_procedure,
-            (APPENDED, 1028, None, 51, 52, 128, 384),
-            (FIRST, 12, 0.5, 53, 54, 128, 384),
+            st.tuples(
+                st.sampled_from([(APPENDED, 1028), (FIRST, 12), (FIRST, 1028)]),
+                st.sampled_from([None, 0.3, 0.5, 1.0]),
+                st.integers(100, 2**31 - 1),
+                st.integers(100, 2**31 - 1),
+            ).map(lambda d: (*d[0], *d[1:], 32, 128)),
+            [(APPENDED, 1028, None, 51, 52, 128, 384)],
+            key="fraction.procedure",
+            budget="tiny",
+            also=[(FIRST, 12, 0.5, 53, 54, 128, 384)],
         ),
     ],
 )

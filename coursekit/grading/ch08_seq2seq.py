@@ -1653,6 +1653,10 @@ HELDOUT_LOSS = Spec(
             "build them with make_batch, feed the decoder shift_right(tgt, BOS, PAD) and score the logits with "
             "your label_smoothed_loss at the given smoothing",
             examples=[(16, 41, 0.0)],
+            inputs=st.tuples(
+                st.integers(1, 64), st.integers(100, 2**31 - 1), st.sampled_from([0.0, 0.1, 0.3, 1.0])
+            ),
+            key="heldout.procedure",
             band=lambda case: _heldout_interval(case[2]),
             rel=1e-5,
         ),

@@ -1272,7 +1272,15 @@ BLANK_PATCH_SHARE = Spec(
             _blank_band,
             examples=_SAMPLES,
         ),
-        Clause(_EXACT_ON_SAMPLES.text, _blank_procedure, examples=_SAMPLES),
+        Clause(
+            _EXACT_ON_SAMPLES.text,
+            _blank_procedure,
+            st.tuples(st.sampled_from([1, 2, 4, 8]), st.integers(100, 2**31 - 1)),
+            _SAMPLES,
+            key="blank.procedure",
+            budget="tiny",
+            also=_SAMPLES[1:],
+        ),
         Clause(
             "counts whole patches across every channel, and values of either sign (constructed images)",
             _blank_exact,

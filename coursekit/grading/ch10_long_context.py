@@ -1452,6 +1452,13 @@ MASS = Spec(
             steps="draw all queries (n, D) first, then all keys (n, T, D), with torch.randn(..., generator=generator, "
             "dtype=torch.float64), score q . k / sqrt(D) (D = 16 by default) and keep the last window keys",
             examples=[(16, 4, 51, None), (32, 8, 52, 3), (8, 1, 53, 16)],
+            inputs=st.tuples(
+                st.sampled_from([8, 16, 32, 64]),
+                st.sampled_from([1, 2, 4, 8]),
+                st.integers(100, 2**31 - 1),
+                st.sampled_from([None, 1, 3, 16, 32]),
+            ),  # fmt: skip
+            key="mass.procedure",
             band=_mass_around,
         ),
         Clause(

@@ -599,13 +599,18 @@ def procedure(
     text: str,
     steps: str,
     examples: Sequence,
+    inputs: Any = None,
+    key: str | None = None,
+    budget: str = "tiny",
     band: Callable[[Any], tuple[float, float]] | None = None,
     rel: float = 1e-9,
     weight: float = 1.0,
 ) -> Clause:
     """An experiment computes exactly what its stated procedure computes on the same seeded generator
     (``reference(case)``): another procedure whose result still lands inside the band fails. ``steps``
-    restates the procedure in the hint; ``band(case)`` only says how far off a wrong result is."""
+    restates the procedure in the hint; ``band(case)`` only says how far off a wrong result is.
+    The hidden check runs every example and, with ``inputs``, ``budget`` draws of seeds and settings the
+    examples do not use (from ``key``): a result right only on the public examples fails there."""
 
     def test(g: Grader, student: object, case: object) -> None:
         c = call(case)
@@ -628,4 +633,6 @@ def procedure(
             )
         g.fail(f"{c.where} gave {got!r}, the stated procedure gives {want!r}{where}: {steps}")
 
-    return Clause(text, test, None, examples, None, "normal", weight)
+    if inputs is None:
+        return Clause(text, test, None, examples, None, "normal", weight)
+    return Clause(text, test, inputs, examples, key, budget, weight, also=tuple(examples)[1:])
