@@ -1002,7 +1002,7 @@ FLOPS_RATIO = Spec(
                 st.sampled_from([1, 2, 4]),
                 st.sampled_from([8, 32, 64, 128]),
                 st.integers(1, 3),
-            ),  # fmt: skip
+            ),
             key="flops.procedure",
             band=lambda shape: (
                 _exact_ratio(shape) * (1 - FLOPS_BAND),

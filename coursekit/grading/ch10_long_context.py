@@ -1457,7 +1457,7 @@ MASS = Spec(
                 st.sampled_from([1, 2, 4, 8]),
                 st.integers(100, 2**31 - 1),
                 st.sampled_from([None, 1, 3, 16, 32]),
-            ),  # fmt: skip
+            ),
             key="mass.procedure",
             band=_mass_around,
         ),
