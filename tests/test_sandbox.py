@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import socket
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -736,3 +739,87 @@ def test_a_cell_is_timed_by_the_cpu_time_of_its_process(kind):
             session.run_cell("import time\ntime.sleep(1000)", "sleep", deadline)
         assert "endless loop" not in str(e.value)
         assert worker.session().run_cell("print(6 * 7)", "after", deadline)["outputs"][0]["text"] == "42\n"
+
+
+def _imports_inside_functions(path: Path, skip: set[str]) -> set[str]:
+    """The modules that the functions of ``path`` (but those named in ``skip``) import when they run."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in skip:
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Import):
+                    names.update(alias.name for alias in inner.names)
+                elif isinstance(inner, ast.ImportFrom) and inner.level == 0:
+                    names.add(inner.module)
+    return names
+
+
+def test_every_module_the_sandbox_imports_at_run_time_is_restored_before_a_check():
+    """A cell may swap a module in ``sys.modules``; before each check the notebook's process puts
+    back the ones its own code, the check process's and the wire format's import when they run
+    (``worker.RUNTIME_IMPORTS``). Only the template runs ``_preload`` and ``_make_shell``, before any
+    student code."""
+    from coursekit.sandbox import worker
+
+    folder = Path(worker.__file__).parent
+    imported = _imports_inside_functions(folder / "worker.py", {"_preload", "_make_shell"})
+    imported |= _imports_inside_functions(folder / "protocol.py", set())
+    assert imported and imported <= set(worker.RUNTIME_IMPORTS), sorted(
+        imported - set(worker.RUNTIME_IMPORTS)
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_check_works_after_a_cell_swapped_the_modules_the_sandbox_uses(kind):
+    swap = (
+        "import sys, types\n"
+        "for name in ('torch', 'numpy', 'io'):\n"
+        "    sys.modules[name] = types.ModuleType(name)\n"
+        "def double(x):\n"
+        "    return 2 * x"
+    )
+    with Worker(kind, Limits(cell_seconds=3, check_seconds=5)) as worker:
+        session = worker.session()
+        assert session.run_cell("import torch", "setup", time.monotonic() + 60)["ok"]
+        assert session.run_cell(swap, "swap", time.monotonic() + 60)["ok"]
+        for name in ("first", "second"):
+            session.begin_check(name)
+            assert torch.equal(session.remote("double")(torch.ones(3)), torch.full((3,), 2.0))
+        session.close()
+
+
+def _huge_pages_possible() -> bool:
+    """MADV_COLLAPSE came with Linux 6.1; transparent huge pages may also be switched off."""
+    import platform
+
+    release = tuple(int(x) for x in re.findall(r"\d+", platform.release())[:2])
+    try:
+        enabled = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    return release >= (6, 1) and "[never]" not in enabled
+
+
+@pytest.mark.skipif(not _huge_pages_possible(), reason="the kernel cannot collapse memory into huge pages")
+def test_the_template_holds_its_memory_in_huge_pages(tmp_path):
+    """The template's private memory in 2 MiB pages, where the kernel allows: forking it (every
+    notebook and every check) then copies one page-table entry per 512 pages."""
+    script = (
+        "import torch, coursekit.attention\n"
+        "from coursekit.sandbox import worker\n"
+        "def sizes():\n"
+        "    rows = dict(line.split(':') for line in open('/proc/self/smaps_rollup') if ':' in line)\n"
+        "    return int(rows['Anonymous'].split()[0]), int(rows['AnonHugePages'].split()[0])\n"
+        "before = sizes()\n"
+        "worker._collapse_to_huge_pages()\n"
+        "print(*before, *sizes())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    anon_before, huge_before, anon, huge = map(int, out.stdout.split())
+    assert huge_before < anon_before / 4, "the kernel already gave huge pages: this test would show nothing"
+    assert huge > anon / 2, f"{huge} of {anon} KiB of private memory in huge pages"
