@@ -1019,6 +1019,8 @@ check_predict_sequential_steps, grade_predict_sequential_steps = SEQUENTIAL_STEP
 #: the experiment's band: with n = 20,000 draws the sample variance strays from its expectation by
 #: about 2% (D = 1, where the products are heaviest-tailed) or less, so 12% is six standard deviations
 VARIANCE_N, VARIANCE_BAND = 20_000, 0.12
+# D = 256 is measured by the hidden check only (``also``): its two draws of 20,000 x 256 normals took
+# 0.5 s of the public check's 0.9, which a student runs each time they check the part
 
 
 def _seeded(seed: int):
@@ -1089,12 +1091,14 @@ SCORE_VARIANCE_SPEC = Spec(
         Clause(
             f"unscaled, the variance is D within {VARIANCE_BAND:.0%} (D = 1, 8, 64, 256; scaled=False by default)",
             _variance_in_band,
-            examples=[(1, 11, None), (8, 12, None), (64, 13, None), (256, 14, None)],
+            examples=[(1, 11, None), (8, 12, None), (64, 13, None)],
+            also=[(256, 14, None)],
         ),
         Clause(
             f"scaled by 1/sqrt(D), the variance is 1 within {VARIANCE_BAND:.0%} for every D",
             _variance_in_band,
-            examples=[(1, 21, True), (8, 22, True), (64, 23, True), (256, 24, True)],
+            examples=[(1, 21, True), (8, 22, True), (64, 23, True)],
+            also=[(256, 24, True)],
         ),
         procedure(
             lambda case: _variance_call(case, f" with a generator seeded {case[1]}"),
