@@ -233,8 +233,8 @@ def feedback(root: Path, assignment: str, student: str | None = None) -> dict:
     nbgrader's API returns: ``success``, and ``error`` (why not) and ``log``."""
     import re
 
+    from coursekit.autograde.feedback import regenerate_feedback
     from coursekit.autograde.gradebook import course_lock
-    from coursekit.autograde.record import regenerate_feedback
 
     for name in (assignment, student):  # from the address: a name of a folder, never a path
         if name is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):

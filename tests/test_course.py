@@ -37,3 +37,37 @@ def test_feedback_links_the_published_book_or_says_there_is_none(monkeypatch):
     monkeypatch.setattr(course, "book_url", lambda root: "")
     link = record._chapter_link("ch01_attention")
     assert link["url"] is None and link["title"]
+
+
+def test_feedback_templates_are_compiled_once_per_process_and_again_when_edited(tmp_path, monkeypatch):
+    """Each feedback page gets a new exporter from nbgrader; the compiled templates outlive it."""
+    import jinja2
+    import nbformat
+
+    from coursekit.autograde import feedback
+
+    folder = tmp_path / "templates" / "page"
+    folder.mkdir(parents=True)
+    (folder / "conf.json").write_text("{}")
+    (folder / "index.html.j2").write_text("first {{ nb.cells | length }}")
+    compiled = []
+    compile_template = jinja2.Environment.compile
+
+    def counted(self, *args, **kwargs):
+        compiled.append(args)
+        return compile_template(self, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counted)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("x")])
+
+    def page() -> str:
+        exporter = feedback._feedback_exporter()(
+            extra_template_basedirs=[str(tmp_path / "templates")], template_name="page"
+        )
+        return exporter.from_notebook_node(nb)[0]
+
+    assert page() == "first 1" and compiled
+    compiled.clear()
+    assert page() == "first 1" and not compiled, "a second exporter compiled the template again"
+    (folder / "index.html.j2").write_text("second")
+    assert page() == "second" and compiled

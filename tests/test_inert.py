@@ -730,7 +730,7 @@ def _template_ids() -> set[str]:
     import jupyter_core.paths
     import nbgrader.server_extensions.formgrader as formgrader
 
-    from coursekit.autograde.record import TEMPLATES
+    from coursekit.autograde.feedback import TEMPLATES
 
     nbgrader_pages = Path(formgrader.__file__).parent / "templates"  # the pages that show a notebook
     folders = [nbgrader_pages / "formgrade", nbgrader_pages / "feedback", TEMPLATES / "feedback"]

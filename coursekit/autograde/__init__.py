@@ -14,7 +14,8 @@ For every submission, the four steps of the README, one module each:
 4. **Record** (:mod:`~coursekit.autograde.record`) the result (a *verdict*) in
    ``.coursekit/verdicts/``; then nbgrader's own autograder runs on the rebuilt notebook with its
    ``Execute`` step replaced by :class:`~coursekit.autograde.record.ApplyVerdicts`, so the
-   gradebook, manual grades, late penalties and feedback stay nbgrader's.
+   gradebook, manual grades, late penalties and feedback stay nbgrader's (the feedback page's
+   template and preprocessors: :mod:`~coursekit.autograde.feedback`).
 
 Around them: :mod:`~coursekit.autograde.plan` (what grading an assignment needs, read once from
 trusted files), :mod:`~coursekit.autograde.batch` (a class graded in parallel sandboxes, verdicts

@@ -23,27 +23,20 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Unicode
 
 from coursekit import course, inert
+from coursekit.autograde.feedback import feedback_settings, write_feedback
 from coursekit.autograde.plan import Plan
 from coursekit.autograde.rebuild import is_test_cell, nbgrader_meta
-from coursekit.report import manual_status
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "HIDDEN_PLACEHOLDER",
     "ApplyVerdicts",
-    "HideHiddenTests",
     "Result",
-    "feedback_settings",
     "not_graded",
     "record_api",
     "record_student",
     "timed",
-    "regenerate_feedback",
-    "write_feedback",
 ]
-
-HIDDEN_PLACEHOLDER = "# Hidden checks ran here when your notebook was graded; their results are below."
 
 
 @dataclass
@@ -199,132 +192,6 @@ def _chapter_link(assignment: str) -> dict | None:
     base = course.book_url(course_root())
     url = f"{base}/{page}" if base else None
     return {"title": row.title, "url": url}
-
-
-class SummarizeParts(NbGraderPreprocessor):
-    """For the feedback page: each part's points (manual grades included, from nbgrader's
-    ``GetGrades``) and whether it passed, failed or is not answered yet."""
-
-    def preprocess(self, nb, resources):
-        ours = nb.metadata.get("coursekit") or {}
-        cells = {nbgrader_meta(c).get("grade_id"): c for c in nb.cells}
-        summary = []
-        for number, part in enumerate(ours.get("parts", []), start=1):
-            tests = [cells[t] for t in part["tests"] if t in cells]
-            score = sum(float(nbgrader_meta(c).get("score") or 0) for c in tests)
-            points = sum(float(nbgrader_meta(c).get("points") or 0) for c in tests)
-            results = [c.metadata.get("coursekit") or {} for c in tests]
-            if part.get("manual"):  # a written answer: graded by hand in the formgrader, or not yet
-                status = manual_status(
-                    [nbgrader_meta(c).get("needs_manual_grade") for c in tests],
-                    [nbgrader_meta(c).get("graded_by_hand") for c in tests],
-                )
-            elif points == 0:  # the stretch part (a bonus): its checks decide, not its 0 points
-                status = (
-                    "passed"
-                    if results and all(r.get("passed") for r in results)
-                    else "unanswered"
-                    if results and all(r.get("unanswered") for r in results if not r.get("passed"))
-                    else "failed"
-                )
-            else:
-                status = (
-                    "passed"
-                    if score >= points
-                    else "unanswered"
-                    if results and all(r.get("unanswered") for r in results if not r.get("passed"))
-                    else "failed"
-                )
-            summary.append(
-                {
-                    "number": part.get("number", number),  # the notebook's headings' numbering
-                    "title": part["title"],
-                    "anchor": part["tests"][0] if part["tests"] else "",
-                    "score": score,
-                    "points": points,
-                    "status": status,
-                }
-            )
-        resources.setdefault("coursekit", {}).update(
-            parts=summary, notes=ours.get("notes", []), chapter=ours.get("chapter")
-        )
-        return nb, resources
-
-
-class HideHiddenTests(NbGraderPreprocessor):
-    """For the students' feedback: a test cell holding hidden tests shows a placeholder
-    instead of its source (its results stay). The instructor's autograded copy is untouched."""
-
-    def preprocess_cell(self, cell, resources, index):
-        if cell.cell_type == "code" and "BEGIN HIDDEN TESTS" in cell.source:
-            cell.source = HIDDEN_PLACEHOLDER
-        return cell, resources
-
-
-def _feedback_preprocessors() -> list:
-    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-    from nbgrader.preprocessors import GetGrades
-
-    class GetGradesAndWhoGaveThem(GetGrades):
-        """nbgrader's ``GetGrades``, noting also whether a cell's grade was entered by hand (a written
-        answer waits for one; nbgrader's score of a cell nobody graded yet is 0)."""
-
-        def _get_score(self, cell, resources) -> None:
-            super()._get_score(cell, resources)
-            grade = self.gradebook.find_grade(
-                cell.metadata["nbgrader"]["grade_id"], self.notebook_id, self.assignment_id, self.student_id
-            )
-            cell.metadata.nbgrader["graded_by_hand"] = grade.manual_score is not None
-            cell.metadata.nbgrader["needs_manual_grade"] = bool(grade.needs_manual_grade)
-
-    return [HideHiddenTests, GetGradesAndWhoGaveThem, SummarizeParts, CSSHTMLHeaderPreprocessor]
-
-
-#: Our feedback page, made by nbgrader's feedback step: nbgrader asks for the template "feedback",
-#: and ``coursekit/templates/feedback`` is the one found (we replace nbgrader's template folders).
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
-
-
-def feedback_settings() -> dict:
-    """The nbgrader settings (``course.nbgrader_api`` overrides) under which nbgrader's feedback step
-    writes *our* feedback page: hidden tests hidden, each part's result, the instructor's comments."""
-    return {
-        "GenerateFeedback.preprocessors": _feedback_preprocessors(),
-        "HTMLExporter.extra_template_basedirs": [str(TEMPLATES)],
-    }
-
-
-def write_feedback(root: Path, api, assignment: str, student: str) -> str | None:
-    """Write the feedback page(s) of ``student`` on ``assignment`` from the autograded notebook and
-    the gradebook (hand grades and comments included), with their Content-Security-Policy, through
-    ``api`` (made with :func:`feedback_settings`); return ``None``, or the line saying why not."""
-    fb = api.generate_feedback(assignment, student, force=True)
-    for page in (Path(root) / "feedback" / student / assignment).glob("*.html"):
-        inert.harden_html_file(page)  # no script runs and nothing is fetched where the feedback is opened
-    if fb.get("success"):
-        return None
-    return course.last_line(fb.get("error") or fb.get("log") or "unknown error")
-
-
-def regenerate_feedback(root: Path, assignment: str, student: str | None = None) -> dict[str, str | None]:
-    """Write the feedback of ``student`` (default: every student with an autograded ``assignment``)
-    again from the gradebook as it is now: after grading by hand in the formgrader, the pages show the
-    hand grades and comments without grading anything again. Returns student -> ``None`` or why not.
-
-    Raises:
-        ValueError: ``student`` has no autograded ``assignment`` (``coursekit autograde`` first).
-    """
-    root = Path(root)
-    graded = root / "autograded"
-    students = (
-        [student]
-        if student is not None
-        else sorted(p.parent.name for p in graded.glob(f"*/{assignment}") if p.is_dir())
-    )
-    if student is not None and not (graded / student / assignment).is_dir():
-        raise ValueError(f"{student} has no autograded {assignment}: run coursekit autograde first")
-    api = course.nbgrader_api(root, **feedback_settings(), **{"NbGraderAPI.log_level": "ERROR"})
-    return {s: write_feedback(root, api, assignment, s) for s in students}
 
 
 def record_api(root: Path, verdicts: Path, db_url: str | None = None):
