@@ -823,3 +823,32 @@ def test_the_template_holds_its_memory_in_huge_pages(tmp_path):
     anon_before, huge_before, anon, huge = map(int, out.stdout.split())
     assert huge_before < anon_before / 4, "the kernel already gave huge pages: this test would show nothing"
     assert huge > anon / 2, f"{huge} of {anon} KiB of private memory in huge pages"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_check_starts_every_generator_from_its_seed(kind):
+    """Python's, numpy's and torch's global generators, seeded as ``random.seed``,
+    ``numpy.random.seed`` and ``torch.manual_seed`` seed them, whatever the notebook drew before."""
+    import random
+
+    cell = (
+        "import random, numpy, torch\n"
+        "torch.manual_seed(123); [torch.rand(5), numpy.random.rand(5), random.random()]\n"
+        "def draws():\n"
+        "    return [random.random(), float(numpy.random.rand()), float(torch.rand(()))]"
+    )
+    with Worker(kind, Limits(cell_seconds=5, check_seconds=5)) as worker:
+        session = worker.session()
+        assert session.run_cell(cell, "draws", time.monotonic() + 60)["ok"]
+        got = []
+        for seed in (7, 7, 8):
+            session.begin_check("draws", seed)
+            got.append(session.remote("draws")())
+        session.close()
+    expected = [
+        random.Random(7).random(),
+        float(np.random.RandomState(7).rand()),
+        float(torch.rand((), generator=torch.Generator().manual_seed(7))),
+    ]
+    assert got[0] == got[1] == expected and all(a != b for a, b in zip(got[2], expected))
