@@ -58,7 +58,7 @@ FIRST = [
     "test_benchmarks.py",  # 364 s, one test
     "test_autograde_chapters.py",  # 424 s
     "test_book.py",  # 546 s, 325 of them waiting for the build
-    # a Dask scheduler, two workers and a one-process run (411 s, one test): not beside the hostile
+    # a Dask scheduler, two workers and a one-process run (137 s alone, one test): not beside the hostile
     # batch, whose fork bomb the sandbox must end within its time while every core is taken (beside
     # both, once in two fresh-clone runs, the end took so long that the student was told the
     # sandbox's own process stopped answering; the score was right)
