@@ -804,7 +804,7 @@ def _huge_pages_possible() -> bool:
 
 
 @pytest.mark.skipif(not _huge_pages_possible(), reason="the kernel cannot collapse memory into huge pages")
-def test_the_template_holds_its_memory_in_huge_pages(tmp_path):
+def test_the_template_holds_its_memory_in_huge_pages():
     """The template's private memory in 2 MiB pages, where the kernel allows: forking it (every
     notebook and every check) then copies one page-table entry per 512 pages."""
     script = (
