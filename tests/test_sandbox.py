@@ -255,6 +255,32 @@ def test_bubblewrap_shows_the_committed_checkpoints_read_only():
         session.close()
 
 
+@pytest.mark.slow  # starts a bubblewrap sandbox
+def test_bubblewrap_reads_matplotlibs_font_list_instead_of_building_it(tmp_path, monkeypatch):
+    """matplotlib ignores a font list in a folder it cannot write and scans every font file again
+    (about 0.2 s of CPU in each sandbox): the host's list is read-only inside a writable folder."""
+    if not bubblewrap_works():
+        pytest.skip("bubblewrap is not available here")
+    import matplotlib
+    import matplotlib.font_manager  # noqa: F401  (writes the host's font list if it is missing)
+
+    fontlist = next(Path(matplotlib.get_cachedir()).glob("fontlist-v*.json"))
+    with Worker("bwrap", Limits(cell_seconds=30)) as worker:
+        session = worker.session()
+        code = (
+            "import matplotlib, pathlib\n"
+            f"path = pathlib.Path(matplotlib.get_cachedir(), {fontlist.name!r})\n"
+            "print(path, path.stat().st_size)\n"
+            "try:\n    open(path, 'ab')\nexcept OSError as e:\n    print('read-only', e.errno)"
+        )
+        out = session.run_cell(code, "probe", time.monotonic() + 60)["outputs"][0]["text"]
+        assert f"/tmp/matplotlib/{fontlist.name} {fontlist.stat().st_size}" in out
+        assert "read-only" in out
+        session.close()
+        log = Path(worker._host_dir, "worker.log").read_text()
+    assert "created a temporary cache directory" not in log, log[-2000:]
+
+
 def Path_root():
     from tests.submissions import ROOT
 

@@ -426,10 +426,10 @@ def _bwrap_command(limits: Limits) -> tuple[list[str], str]:
     if checkpoints is not None:
         args += ["--ro-bind", checkpoints, "/opt/coursekit/checkpoints"]
     env = {"PYTHONPATH": "/opt/coursekit", "HOME": "/scratch", "MPLCONFIGDIR": "/tmp/matplotlib"}
-    cache = _matplotlib_cache()
-    if cache:
-        args += ["--ro-bind", cache, "/opt/matplotlib-cache"]
-        env["MPLCONFIGDIR"] = "/opt/matplotlib-cache"
+    # matplotlib's font list, built once on this side, read-only inside a writable config folder: in
+    # a folder it cannot write matplotlib ignores the list and builds it again in every sandbox
+    for fontlist in _matplotlib_fontlists():
+        args += ["--ro-bind", str(fontlist), f"/tmp/matplotlib/{fontlist.name}"]
     args += ["--clearenv", "--chdir", "/scratch"]
     for key, value in env.items():
         args += ["--setenv", key, value]
@@ -452,14 +452,14 @@ def _sandbox_python() -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _matplotlib_cache() -> str | None:
+def _matplotlib_fontlists() -> list[Path]:
+    """matplotlib's font lists on this side (``fontlist-v*.json`` in its cache folder), if any."""
     try:
         import matplotlib
 
-        path = matplotlib.get_cachedir()
-        return path if any(Path(path).glob("fontlist*.json")) else None
+        return sorted(Path(matplotlib.get_cachedir()).glob("fontlist-v*.json"))
     except Exception:
-        return None
+        return []
 
 
 HOST_DIR_PREFIX = "coursekit-sandbox-"
