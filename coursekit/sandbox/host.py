@@ -453,9 +453,11 @@ def _sandbox_python() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _matplotlib_fontlists() -> list[Path]:
-    """matplotlib's font lists on this side (``fontlist-v*.json`` in its cache folder), if any."""
+    """matplotlib's font lists on this side (``fontlist-v*.json`` in its cache folder), if any.
+    Importing its font manager writes the list where it is missing: once per machine, not per sandbox."""
     try:
         import matplotlib
+        import matplotlib.font_manager  # noqa: F401
 
         return sorted(Path(matplotlib.get_cachedir()).glob("fontlist-v*.json"))
     except Exception:
