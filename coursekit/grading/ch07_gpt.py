@@ -511,16 +511,10 @@ def _composed(name: str, what: str, g: Grader, fn, case) -> None:
     _filtered(name, g, fn, (dec.top_k_filter(tensor(seed, 3, V, scale=2.0), min(k, V)), arg), what)
 
 
-def _filter_shape_call(name: str, arg: object, case) -> Call:
-    lead, V, dtype, seed = case
-    x, arg, where = _filter_input(name, (lead, V, arg, dtype, seed))
-    return Call(where, (x, arg))
-
-
-def _filter_arg_call(name: str, scale: float, case) -> Call:
-    """``name(logits, arg)`` for ``(leading shape, V, arg, seed)``, float64 logits of ``scale``."""
+def _filter_arg_call(name: str, scale: float, case, dtype=torch.float64) -> Call:
+    """``name(logits, arg)`` for ``(leading shape, V, arg, seed)``, logits of ``dtype`` and ``scale``."""
     lead, V, arg, seed = case
-    x, arg, where = _filter_input(name, (lead, V, arg, torch.float64, seed), scale)
+    x, arg, where = _filter_input(name, (lead, V, arg, dtype, seed), scale)
     return Call(where, (x, arg), names=("logits",))
 
 
@@ -529,10 +523,20 @@ def _filter_bad_call(what: str, case) -> Call:
     return Call(f"{what}={arg!r} (logits (2, {V}))", (tensor(seed, 2, V), arg))
 
 
+def _keeps_all(name: str, at, what: str, g: Grader, fn, case) -> None:
+    """At the argument that keeps every logit the result equals the logits: a worked case, or a drawn
+    ``(leading shape, V, ..., seed)`` of float64 logits, the argument ``at(V, ...)``."""
+    if not _is_worked(case):
+        lead, V, *more, seed = case
+        case = (lead, V, at(V, *more), torch.float64, seed)
+    x, arg, where = _filter_input(name, case)
+    _filter_call(g, fn, where, x, arg, x.clone(), what=what)
+
+
 def _filter_shape(name: str, key: str, arg: object) -> Clause:
     """The result has the logits' shape and dtype (the filter at ``arg``)."""
     return returns(
-        functools.partial(_filter_shape_call, name, arg),
+        lambda case: _filter_arg_call(name, 1.0, (case[0], case[1], arg, case[3]), case[2]),
         lambda case: torch.empty(*case[0], case[1], dtype=case[2]),
         st.tuples(_LEADING, st.integers(1, 8), _DTYPES, SEEDS),
         key=key,
@@ -617,16 +621,8 @@ def _top_k_ties(g: Grader, fn, case) -> None:
     _filtered("top_k_filter", g, fn, case, " (" + _TIES_HINT + ")")
 
 
-def _top_k_all(g: Grader, fn, case) -> None:
-    if not _is_worked(case):
-        lead, V, extra, seed = case
-        case = (lead, V, V + extra, torch.float64, seed)
-    x, k, where = _filter_input("top_k_filter", case)
-    what = ": with k >= V every token is kept (clamp k to min(k, V) before torch.topk)"
-    _filter_call(g, fn, where, x, k, x.clone(), what=what)
-
-
 _TIES_X = ((1.0, 3.0, 3.0, 2.0), (0.0, 5.0, 1.0, 1.0))
+_K_ALL = ": with k >= V every token is kept (clamp k to min(k, V) before torch.topk)"
 _K_AXIS = ": filter along the last axis only (torch.topk(..., dim=-1), keepdim-style [..., -1:] indexing)"
 
 TOP_K = Spec(
@@ -658,7 +654,7 @@ TOP_K = Spec(
         ),
         Clause(
             "k >= V keeps every logit",
-            _top_k_all,
+            functools.partial(_keeps_all, "top_k_filter", lambda V, extra: V + extra, _K_ALL),
             st.tuples(_LEADING, st.integers(1, 8), st.integers(0, 5), SEEDS),
             key="topk.all",
             budget="some",
@@ -760,16 +756,7 @@ def _top_p_axis(worked: str, what: str, g: Grader, fn, case) -> None:
     _filtered("top_p_filter", g, fn, (*(lead or [(2,)]), V, p, torch.float64, seed), what, scale=2.0)
 
 
-def _top_p_one(g: Grader, fn, case) -> None:
-    if not _is_worked(case):
-        lead, V, seed = case
-        case = (lead, V, 1.0, torch.float64, seed)
-    x, p, where = _filter_input("top_p_filter", case)
-    _filter_call(
-        g, fn, where, x, p, x.clone(), what=": with p = 1 every token (of non-zero probability) is kept"
-    )
-
-
+_P_ONE = ": with p = 1 every token (of non-zero probability) is kept"
 _P_ORDER = ": kept logits must stay at their vocabulary positions, unchanged"
 _P_AXIS = ": sort, softmax and cumsum along the last axis (dim=-1), and scatter back along it"
 _P_ZERO = ": the softmax of the filtered logits gives the removed tokens probability 0, they stay -inf"
@@ -806,7 +793,7 @@ TOP_P = Spec(
         ),
         Clause(
             "p = 1 keeps every token",
-            _top_p_one,
+            functools.partial(_keeps_all, "top_p_filter", lambda V: 1.0, _P_ONE),
             st.tuples(_LEADING, st.integers(1, 10), SEEDS),
             key="topp.one",
             budget="small",
@@ -1018,8 +1005,11 @@ _WIDTH_HINT = (
 )
 
 
-def _beam_call(g: Grader, fn, model, prompt, max_new_tokens, *args, where: str, **kwargs):
-    """Call the student's beam search; returns ``(tokens list, score)`` after checking the return types."""
+def _beam_call(g: Grader, fn, model, label: str, prompt, max_new_tokens, *args, **kwargs):
+    """Call the student's beam search on ``model`` (``label`` in the hint); returns ``(where, tokens list,
+    score)`` after checking the return types."""
+    extra = "".join(f", {a!r}" for a in args) + "".join(f", {k}={v!r}" for k, v in kwargs.items())
+    where = f"beam_search({label}, {prompt.tolist()}, {max_new_tokens}{extra})"
     try:
         result = fn(model, prompt, max_new_tokens, *args, **kwargs)
     except Exception as e:  # noqa: BLE001 (the student's code may raise anything)
@@ -1048,7 +1038,7 @@ def _beam_call(g: Grader, fn, model, prompt, max_new_tokens, *args, where: str, 
         f"{where}: score must be a finite Python float (the best hypothesis's normalised log-probability; "
         f"float(...) of a tensor), got {describe(score) if not isinstance(score, float) else score}",
     )
-    return tokens[0].tolist(), score
+    return where, tokens[0].tolist(), score
 
 
 def _score_ok(score: float, expected: float, n: int, alpha: float) -> bool:
@@ -1172,21 +1162,23 @@ def _expect_best(g: Grader, where: str, got, score, logp, expected, alpha: float
 def _on_table(g: Grader, student, label: str, logp, n: int, W=None, *, eos=None, alpha=None):
     """The student's beam search on the table model ``logp`` (built with their ``TableLM``) from the prompt
     [[0]], ``W`` and ``alpha`` left to their defaults when ``None``: ``(where, tokens, score)``."""
-    fn, Table = student[0], student[1]
     args = () if W is None else (W,)
-    kwargs = {} if eos is None else {"eos_id": eos}
-    if alpha is not None:
-        kwargs["length_penalty"] = alpha
-    extra = "".join(f", {a!r}" for a in args) + "".join(f", {k}={v!r}" for k, v in kwargs.items())
-    where = f"beam_search(<{label}>, [[0]], {n}{extra})"
-    got, score = _beam_call(g, fn, Table(logp), torch.tensor([[0]]), n, *args, where=where, **kwargs)
-    return where, got, score
+    kwargs = {k: v for k, v in (("eos_id", eos), ("length_penalty", alpha)) if v is not None}
+    return _beam_call(g, student[0], student[1](logp), f"<{label}>", torch.tensor([[0]]), n, *args, **kwargs)
+
+
+def _like_reference(g: Grader, student, logp, label: str, prompt, n: int, W: int, hint: str, **kwargs):
+    """The student's beam search on the table model ``logp`` (built with their ``TableLM``) against
+    coursekit's with the same arguments: the same tokens and score."""
+    tokens, expected_score = dec.beam_search(TableLM(logp), prompt, n, W, **kwargs)
+    where, got, score = _beam_call(g, student[0], student[1](logp), f"<{label}>", prompt, n, W, **kwargs)
+    alpha = kwargs.get("length_penalty", 1.0)
+    _expect_path(g, where, got, score, tokens[0].tolist(), expected_score, alpha, hint)
 
 
 def _beam_returns(g: Grader, student, case) -> None:
-    model_logp = _random_table(seed=1, V=5, order=1, eos=None, sharp=2.0)
-    where = "beam_search(<random (5, 5) table>, [[0, 3]], 3, 2)"
-    _beam_call(g, student[0], student[1](model_logp), torch.tensor([[0, 3]]), 3, 2, where=where)
+    model = student[1](_random_table(seed=1, V=5, order=1, eos=None, sharp=2.0))
+    _beam_call(g, student[0], model, "<random (5, 5) table>", torch.tensor([[0, 3]]), 3, 2)
 
 
 def _beam_width(g: Grader, student, case) -> None:
@@ -1215,9 +1207,9 @@ def _beam_width(g: Grader, student, case) -> None:
 def _beam_length(g: Grader, student, alpha) -> None:
     """The length table at the default length_penalty (``None``: 1) and at ``alpha``."""
     logp, e = table_logp(_length_table()), _EOS_LEN
-    where, got, score = _on_table(g, student, "length table", logp, 6, 2, eos=e, alpha=alpha)
-    long = [0, 1, 2, e]
     if alpha is None:
+        where, got, score = _on_table(g, student, "length table", logp, 6, 2, eos=e)
+        long = [0, 1, 2, e]
         if got == [0, e]:
             g.fail(f"{where} (default length_penalty): {_NORM_HINT} (the default length_penalty is 1.0)")
         if got == long and abs(score - _path_logprob(logp, long) / 4) < 1e-4:
@@ -1230,15 +1222,14 @@ def _beam_length(g: Grader, student, alpha) -> None:
         hint = "with the default length_penalty=1 the hypothesis 0, 1, 2, EOS (mean log-probability log 0.6) beats "
         _expect_best(g, where, got, score, logp, long, 1.0, hint + "0, EOS (log 0.4)")
         return
-    tokens, expected_score = dec.beam_search(
-        TableLM(logp), torch.tensor([[0]]), 6, 2, eos_id=e, length_penalty=alpha
-    )
     hint = (
         _RAW_HINT + ": 0, EOS (probability 0.4) beats 0, 1, 2, EOS (0.216)"
         if alpha == 0
         else f"rank finished hypotheses by logprob / n ** {alpha}"
     )
-    _expect_path(g, where, got, score, tokens[0].tolist(), expected_score, alpha, hint)
+    _like_reference(
+        g, student, logp, "length table", torch.tensor([[0]]), 6, 2, hint, eos_id=e, length_penalty=alpha
+    )
 
 
 _RANK_NOTE = (
@@ -1286,32 +1277,23 @@ def _beam_hand(g: Grader, student, name: str) -> None:
 
 def _beam_random(g: Grader, student, case) -> None:
     if case == "order 2":  # the cache follows the beams: the next token depends on the last two tokens
-        logp, prompt = _random_table(seed=5, V=4, order=2, eos=None, sharp=2.5), torch.tensor([[1, 2]])
-        tokens, expected_score = dec.beam_search(TableLM(logp), prompt, 4, 3)
-        where = "beam_search(<random (4, 4, 4) table>, [[1, 2]], 4, 3)"
-        got, score = _beam_call(g, student[0], student[1](logp), prompt, 4, 3, where=where)
-        _expect_path(g, where, got, score, tokens[0].tolist(), expected_score, 1.0, _REORDER_HINT)
-        return
+        logp = _random_table(seed=5, V=4, order=2, eos=None, sharp=2.5)
+        return _like_reference(
+            g, student, logp, "random (4, 4, 4) table", torch.tensor([[1, 2]]), 4, 3, _REORDER_HINT
+        )
     order, V, W, n, T0, alpha, with_eos, sharp, seed = case
     eos = (seed % V) if with_eos else None
     logp = _random_table(seed, V, order, eos, sharp)
     prompt = _ids_from(seed, 1, T0, V=V)
     _clear(_beam_margin(TableLM(logp), prompt, n, W, eos, alpha) > 1e-4)
-    tokens, expected_score = dec.beam_search(TableLM(logp), prompt, n, W, eos_id=eos, length_penalty=alpha)
-    where = (
-        f"beam_search(<random {'(V, V, V)' if order == 2 else '(V, V)'} table, V={V}>, {prompt.tolist()}, "
-        f"{n}, {W}, eos_id={eos}, length_penalty={alpha})"
-    )
-    got, score = _beam_call(
-        g, student[0], student[1](logp), prompt, n, W, eos_id=eos, length_penalty=alpha, where=where
-    )
     hint = "the sequence differs from the reference's"
     if order == 2:
         hint += (
             " (this model's next token depends on the last two tokens, which its cache keeps per row: "
             "reorder the cache with cache.reorder(parents) whenever the beams change)"
         )
-    _expect_path(g, where, got, score, tokens[0].tolist(), expected_score, alpha, hint)
+    label = f"random {'(V, V, V)' if order == 2 else '(V, V)'} table, V={V}"
+    _like_reference(g, student, logp, label, prompt, n, W, hint, eos_id=eos, length_penalty=alpha)
 
 
 def _gpt_classes(student) -> tuple:
@@ -1329,9 +1311,10 @@ def _beam_gpt(g: Grader, student, i: int) -> None:
     model, local = _gpt_pair(*_gpt_classes(student), seed=4)
     W, n, alpha, eos_at = _GPT_BEAMS[i]
     prompt, eos = _clear_prompt(local, f"beam.gpt.{i}", 4, n, W, eos_at, alpha)
-    tokens, expected_score = dec.beam_search(local, prompt, n, W, eos_id=eos, length_penalty=alpha)
-    where = f"beam_search(gpt, {prompt.tolist()}, {n}, {W}, eos_id={eos}, length_penalty={alpha})"
-    got, score = _beam_call(g, student[0], model, prompt, n, W, eos_id=eos, length_penalty=alpha, where=where)
+    tokens = dec.beam_search(local, prompt, n, W, eos_id=eos, length_penalty=alpha)[0]
+    where, got, score = _beam_call(
+        g, student[0], model, "gpt", prompt, n, W, eos_id=eos, length_penalty=alpha
+    )
     g.expect(
         got == tokens[0].tolist(),
         f"{where} should give {tokens[0, 4:].tolist()} after the prompt, got {got[4:]}. If the table-model "
@@ -1351,8 +1334,7 @@ def _beam_greedy(g: Grader, student, i: int) -> None:
     model, local = _gpt_pair(*_gpt_classes(student), seed=3)
     prompt = _prompt(f"beam.greedy.{i}")
     greedy = dec.generate(local, prompt, 12)
-    where = f"beam_search(gpt, {prompt.tolist()}, 12, 1)"
-    got, _ = _beam_call(g, student[0], model, prompt, 12, 1, where=where)
+    where, got, _ = _beam_call(g, student[0], model, "gpt", prompt, 12, 1)
     g.expect(
         got == greedy[0].tolist(),
         f"{where}: with beam_width=1 and no EOS the new tokens must be the greedy ones "
@@ -1360,8 +1342,7 @@ def _beam_greedy(g: Grader, student, i: int) -> None:
     )
     eos = int(greedy[0, 10])
     expected = dec.generate(local, prompt, 12, eos_id=eos)[0].tolist()
-    where = f"beam_search(gpt, {prompt.tolist()}, 12, 1, eos_id={eos}, length_penalty=0.0)"
-    got, _ = _beam_call(g, student[0], model, prompt, 12, 1, eos_id=eos, length_penalty=0.0, where=where)
+    where, got, _ = _beam_call(g, student[0], model, "gpt", prompt, 12, 1, eos_id=eos, length_penalty=0.0)
     if len(got) > len(expected) and got[: len(expected)] == expected:
         g.fail(f"{where}: {_EOS_HINT}")
     g.expect(
@@ -1379,8 +1360,7 @@ def _beam_mode(g: Grader, student, case: str) -> None:
         model.train()
         prompt, _ = _clear_prompt(local, "beam.mode", 4, 6, 3)
         tokens, _ = dec.beam_search(local, prompt, 6, 3)
-        where = f"beam_search(gpt in training mode, dropout=0.3, {prompt.tolist()}, 6, 3)"
-        got, _ = _beam_call(g, fn, model, prompt, 6, 3, where=where)
+        where, got, _ = _beam_call(g, fn, model, "gpt in training mode, dropout=0.3", prompt, 6, 3)
         g.expect(
             got == tokens[0].tolist(),
             f"{where}: the result differs from the reference: call model.eval() before decoding (dropout off)",
@@ -1394,8 +1374,7 @@ def _beam_mode(g: Grader, student, case: str) -> None:
     table = student[1](table_logp(_greedy_trap()))
     if case == "eval":
         table.eval()
-        where = "beam_search(<table in eval mode>, [[0]], 2, 2)"
-        _beam_call(g, fn, table, torch.tensor([[0]]), 2, 2, where=where)
+        where = _beam_call(g, fn, table, "<table in eval mode>", torch.tensor([[0]]), 2, 2)[0]
         g.expect(
             table.training is False,
             f"{where} left the model in training mode: restore the mode it had (model.train(was_training)), "
