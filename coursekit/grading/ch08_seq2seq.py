@@ -100,8 +100,8 @@ def _gen(seed: int, offset: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed) + offset)
 
 
-def _ids_from(seed: int, *shape: int, low: int = 3, high: int = 30) -> torch.Tensor:
-    return torch.randint(low, high, shape, generator=_gen(seed, 7))
+def _ids_from(seed: int, *shape: int) -> torch.Tensor:
+    return torch.randint(3, 30, shape, generator=_gen(seed, 7))
 
 
 def _inputs_text(B: int, T: int, S: int, Cc: int, keep=None, dtype=torch.float64) -> str:
@@ -109,6 +109,11 @@ def _inputs_text(B: int, T: int, S: int, Cc: int, keep=None, dtype=torch.float64
     shown = "" if keep is None else keep.int().tolist() if keep.numel() <= 16 else tuple(keep.shape)
     mask = "" if keep is None else f", memory_key_padding_mask {shown}"
     return f"x ({B}, {T}, {Cc}) {dtype_name(dtype)}, memory ({B}, {S}, {Cc}){mask})"
+
+
+def _pair_inputs(Cc: int, B: int, T: int, S: int, seed: int, dtype=torch.float64):
+    """x (B, T, C) and memory (B, S, C) of a cross-attention or decoder-layer check, from ``seed``."""
+    return tensor(seed, B, T, Cc, dtype=dtype), tensor(seed + 1, B, S, Cc, dtype=dtype)
 
 
 def _keep_mask(seed: int, B: int, S: int, empty_rows: bool = False) -> torch.Tensor:
@@ -124,50 +129,45 @@ def ref_padding(lengths: list[int], S: int) -> torch.Tensor:
 
 # =========================================================================== part 1: shift_right
 
-_DROPS_FIRST = (
-    "the first label was dropped instead of the last: the decoder input is bos_id followed by "
-    "labels[:, :-1] (position t holds target t - 1; the last target is never an input)"
-)
-_NO_BOS = "the decoder input must start with bos_id: torch.cat([a column of bos_id, labels[:, :-1]], dim=1)"
-_ROLLED = (
-    "torch.roll wraps the last label around to position 0: drop the last label and put bos_id at "
-    "position 0 instead"
-)
-_MINUS_100 = (
-    "a label of -100 (Hugging Face's 'not scored') is not a token id and would crash the embedding: "
-    "replace it with pad_id in the decoder input"
-)
-_SHIFTED_LEFT = (
-    "the labels were shifted left: the decoder input at position t must be target t - 1 "
-    "(shift right, with bos_id at position 0)"
-)
+#: the hints of shift_right's common mistakes, in the order :func:`_shift_mistakes` tries them
+_SHIFT_HINTS = {
+    "drops_first": "the first label was dropped instead of the last: the decoder input is bos_id followed by "
+    "labels[:, :-1] (position t holds target t - 1; the last target is never an input)",
+    "no_bos": "the decoder input must start with bos_id: torch.cat([a column of bos_id, labels[:, :-1]], "
+    "dim=1)",
+    "rolled": "torch.roll wraps the last label around to position 0: drop the last label and put bos_id at "
+    "position 0 instead",
+    "shifted_left": "the labels were shifted left: the decoder input at position t must be target t - 1 "
+    "(shift right, with bos_id at position 0)",
+    "minus_100": "a label of -100 (Hugging Face's 'not scored') is not a token id and would crash the "
+    "embedding: replace it with pad_id in the decoder input",
+}
 _FIXED_IDS = "bos_id and pad_id are arguments: use them, not fixed numbers"
+_KEEP_LABELS = "the caller still needs them as the targets; build a new tensor "
+_KEEP_LABELS += "(torch.cat, masked_fill rather than masked_fill_)"
 
 
 def _shift_mistakes(labels, bos_id, pad_id):
-    B = labels.shape[0]
-    bos = labels.new_full((B, 1), bos_id)
-    fill = labels.new_full((B, 1), pad_id)
-
-    def clean(t, pad=pad_id):
-        return t.masked_fill(t == -100, pad)
-
-    out = [
-        (clean(torch.cat([bos, labels[:, 1:]], 1)), _DROPS_FIRST),
-        (clean(torch.roll(labels, 1, dims=1)), _ROLLED),
-        (clean(torch.cat([labels[:, 1:], bos], 1)), _SHIFTED_LEFT),
-        (torch.cat([bos, labels[:, :-1]], 1), _MINUS_100),
-    ]
-    if bos_id != pad_id:
-        out.insert(1, (clean(torch.cat([fill, labels[:, :-1]], 1)), _NO_BOS))
+    """The decoder inputs of the common wrong shifts with their hints; those of a bos_id or pad_id fixed at the
+    chapter's values last."""
+    column = lambda value: labels.new_full((labels.shape[0], 1), value)  # (B, 1)
+    clean = lambda t, pad=pad_id: t.masked_fill(t == -100, pad)
+    wrong = {
+        "drops_first": clean(torch.cat([column(bos_id), labels[:, 1:]], 1)),
+        "no_bos": clean(torch.cat([column(pad_id), labels[:, :-1]], 1)) if bos_id != pad_id else None,
+        "rolled": clean(torch.roll(labels, 1, dims=1)),
+        "shifted_left": clean(torch.cat([labels[:, 1:], column(bos_id)], 1)),
+        "minus_100": torch.cat([column(bos_id), labels[:, :-1]], 1),
+    }
+    out = [(wrong[k], hint) for k, hint in _SHIFT_HINTS.items()]
     for b, p in ((BOS, PAD), (BOS, pad_id), (bos_id, PAD)):
         if (b, p) != (bos_id, pad_id):
-            out.append((clean(torch.cat([labels.new_full((B, 1), b), labels[:, :-1]], 1), p), _FIXED_IDS))
+            out.append((clean(torch.cat([column(b), labels[:, :-1]], 1), p), _FIXED_IDS))
     return out
 
 
 def _shift_where(labels, bos_id, pad_id, keywords=False) -> str:
-    shown = labels.tolist() if labels.numel() <= 12 else f"{describe(labels)}"
+    shown = labels.tolist() if labels.numel() <= 12 else describe(labels)
     args = f"bos_id={bos_id}, pad_id={pad_id}" if keywords else f"{bos_id}, {pad_id}"
     return f"shift_right({shown}, {args})"
 
@@ -177,8 +177,7 @@ def _shift_test(g: Grader, shift_right, case, values: bool = True) -> None:
     ``values``) the reference's values, a known mistake named first."""
     labels, bos_id, pad_id, keywords, what = _shift_labels(case)
     where = _shift_where(labels, bos_id, pad_id, keywords)
-    kwargs = {"bos_id": bos_id, "pad_id": pad_id} if keywords else {}
-    args = () if keywords else (bos_id, pad_id)
+    args, kwargs = ((), {"bos_id": bos_id, "pad_id": pad_id}) if keywords else ((bos_id, pad_id), {})
     p = call_student(g, where, probe, shift_right, labels.clone(), *args, **kwargs)
     out = p.result
     B, T = labels.shape
@@ -192,16 +191,13 @@ def _shift_test(g: Grader, shift_right, case, values: bool = True) -> None:
         f"{where}: expected a torch.long tensor of shape {(B, T)}, got {describe(out)}",
     )
     if p.args and is_tensor(p.args[0]) and not torch.equal(p.args[0], labels):
-        g.fail(
-            f"{where} changed labels in place: the caller still needs them as the targets; build a new tensor "
-            "(torch.cat, masked_fill rather than masked_fill_)"
-        )
+        g.fail(f"{where} changed labels in place: {_KEEP_LABELS}")
     if not values:
         return
     expected = ref.shift_right(labels, bos_id, pad_id)
     first_match(g, out, [(m, f"{where}: {h}") for m, h in _shift_mistakes(labels, bos_id, pad_id)], expected)
     if bool((out == -100).any()):
-        g.fail(f"{where}: {_MINUS_100}")
+        g.fail(f"{where}: {_SHIFT_HINTS['minus_100']}")
     g.expect(torch.equal(out, expected), f"{where}: expected {expected.tolist()}, got {out.tolist()}{what}")
 
 
@@ -293,7 +289,6 @@ SHIFT_RIGHT = Spec(
             _shift_test,
             st.tuples(_SHIFT_SIZES, st.sampled_from([0.3, 0.7, 1.0]), SEEDS),
             key="shift.ignore",
-            budget="normal",
             examples=[((2, 5), 0.7, 3), _Given(((5, 6, -100, -100),))],
             also=["mixed"],
         ),
@@ -304,8 +299,7 @@ SHIFT_RIGHT = Spec(
             budget="handful",
             examples=[((2, 4), 5)],
             text="leaves labels unchanged",
-            advice="the caller still needs them as the targets; build a new tensor (torch.cat, masked_fill "
-            "rather than masked_fill_)",
+            advice=_KEEP_LABELS,
         ),
         raises(
             _shift_bad,
@@ -324,36 +318,25 @@ check_shift_right, grade_shift_right = SHIFT_RIGHT.graders()
 
 # =========================================================================== part 2: cross_attention
 
-_KV_FROM_X = (
-    "the keys and values come from x: in cross-attention only the queries come from the decoder's x, the "
-    "keys and values from the encoder's memory (attn.project(x, memory))"
-)
-_Q_FROM_MEMORY = (
-    "the queries come from memory: the output must have one row per decoder position, (B, T, C); "
-    "queries from x, keys and values from memory"
-)
-_MASK_IGNORED = (
-    "memory_key_padding_mask was ignored: padded source tokens must get no attention; broadcast it to "
-    "(B, 1, 1, S) and mask the scores"
-)
-_MASK_INVERTED = (
-    "memory_key_padding_mask is inverted: in this course True marks a real source token (may attend) and "
-    "False padding"
-)
-_NOT_SCALED = "the scores are not scaled: divide q k^T by sqrt(D), D = attn.d_head"
-_NO_OUT_PROJ = "the output projection is missing: return attn.out_proj(merge_heads(out))"
-_WRONG_AXIS = (
-    "the softmax runs over the wrong axis: each query's weights must sum to 1 over the S source positions "
-    "(the last axis of the (B, H, T, S) scores)"
-)
-_CAUSAL = (
-    "cross-attention is not causal: every target position may read the whole source (mask only the padding), "
-    "the causal mask belongs to the decoder's self-attention"
-)
-_GROUPS = (
-    "the key/value heads are not repeated for the query heads: with attn.n_kv_heads < attn.n_heads use "
-    "repeat_kv(k, attn.n_heads // attn.n_kv_heads) (query head h reads key/value head h // (H / H_kv))"
-)
+#: the hints of cross-attention's common mistakes, in the order :func:`_cross_mistakes` tries them
+_CROSS_HINTS = {
+    "kv_from_x": "the keys and values come from x: in cross-attention only the queries come from the decoder's "
+    "x, the keys and values from the encoder's memory (attn.project(x, memory))",
+    "mask_ignored": "memory_key_padding_mask was ignored: padded source tokens must get no attention; broadcast "
+    "it to (B, 1, 1, S) and mask the scores",
+    "mask_inverted": "memory_key_padding_mask is inverted: in this course True marks a real source token (may "
+    "attend) and False padding",
+    "not_scaled": "the scores are not scaled: divide q k^T by sqrt(D), D = attn.d_head",
+    "by_width": "the scores are scaled by 1/sqrt(C): divide by sqrt(D), the head width D = attn.d_head = {d_head}, "
+    "not the model width",
+    "no_out_proj": "the output projection is missing: return attn.out_proj(merge_heads(out))",
+    "wrong_axis": "the softmax runs over the wrong axis: each query's weights must sum to 1 over the S source "
+    "positions (the last axis of the (B, H, T, S) scores)",
+    "groups": "the key/value heads are not repeated for the query heads: with attn.n_kv_heads < attn.n_heads use "
+    "repeat_kv(k, attn.n_heads // attn.n_kv_heads) (query head h reads key/value head h // (H / H_kv))",
+    "causal": "cross-attention is not causal: every target position may read the whole source (mask only the "
+    "padding), the causal mask belongs to the decoder's self-attention",
+}
 
 
 def _manual(r, q_src, kv_src, mask=None, scale=None, dim=-1, out_proj=True, tiled=False):
@@ -372,30 +355,23 @@ def _manual(r, q_src, kv_src, mask=None, scale=None, dim=-1, out_proj=True, tile
 
 
 def _cross_mistakes(r, x, memory, keep):
-    m4 = None if keep is None else keep[:, None, None, :]
+    """The outputs of the common wrong cross-attentions with ``r``'s weights, each with its hint."""
+    m4 = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, S)
     T, S = x.shape[1], memory.shape[1]
     attend = functools.partial(_manual, r, x, memory)
-    by_width = (
-        f"the scores are scaled by 1/sqrt(C): divide by sqrt(D), the head width D = attn.d_head = {r.d_head}, not "
-        "the model width"
-    )
-    out = [
-        (attend(m4, scale=1.0), _NOT_SCALED),
-        (attend(m4, scale=1 / math.sqrt(r.d_model)), by_width),
-        (attend(m4, out_proj=False), _NO_OUT_PROJ),
-        (attend(m4, dim=-2), _WRONG_AXIS),
-    ]
-    if 1 < r.n_kv_heads < r.n_heads:
-        out.append((attend(m4, tiled=True), _GROUPS))
-    if T > 1:
-        causal = torch.ones(T, S, dtype=torch.bool).tril()  # (T, S), as a student would write it
-        out.append((attend(causal if m4 is None else causal & m4), _CAUSAL))
-    if keep is not None:
-        out.insert(0, (attend(), _MASK_IGNORED))
-        out.insert(1, (attend(~m4), _MASK_INVERTED))
-    if T == S:
-        out.insert(0, (r(x)[0], _KV_FROM_X))
-    return out
+    causal = torch.ones(T, S, dtype=torch.bool).tril()  # (T, S), as a student would write it
+    wrong = {
+        "kv_from_x": r(x)[0] if T == S else None,
+        "mask_ignored": None if keep is None else attend(),
+        "mask_inverted": None if keep is None else attend(~m4),
+        "not_scaled": attend(m4, scale=1.0),
+        "by_width": attend(m4, scale=1 / math.sqrt(r.d_model)),
+        "no_out_proj": attend(m4, out_proj=False),
+        "wrong_axis": attend(m4, dim=-2),
+        "groups": attend(m4, tiled=True) if 1 < r.n_kv_heads < r.n_heads else None,
+        "causal": attend(causal if m4 is None else causal & m4) if T > 1 else None,
+    }
+    return [(wrong[k], hint.format(d_head=r.d_head)) for k, hint in _CROSS_HINTS.items()]
 
 
 def _cross_where(config, B, T, S, keep=None, dtype=torch.float64, extra="") -> str:
@@ -415,9 +391,12 @@ def _cross_call(g: Grader, fn, where: str, m, x, memory, keep=None, n_heads: int
     )
     out, w = result
     if is_tensor(out) and out.shape == (B, S, Cc) and S != T:
-        g.fail(f"{where}: {_Q_FROM_MEMORY}")
+        g.fail(
+            f"{where}: the queries come from memory: the output must have one row per decoder position, (B, T, "
+            "C); queries from x, keys and values from memory"
+        )
     if is_tensor(w) and w.shape == (B, Hh, T, T) and S != T:
-        g.fail(f"{where}: {_KV_FROM_X}")
+        g.fail(f"{where}: {_CROSS_HINTS['kv_from_x']}")
     g.expect(
         is_tensor(out) and out.shape == (B, T, Cc) and out.dtype == x.dtype,
         f"{where}: the output should be (B, T, C) = {(B, T, Cc)} of x's dtype {dtype_name(x.dtype)}, "
@@ -441,7 +420,7 @@ def _cross_case(g: Grader, student, name: str, config, sizes, keep=None, dtype=t
     """The student's cross-attention against Chapter 2's ``attn(x, kv=memory, key_padding_mask=...)``."""
     (B, T, S), Cc, Hh = sizes, config[0], config[1]
     m, r = _cross_pair(student, name, config)
-    x, memory = tensor(seed, B, T, Cc), tensor(seed + 1, B, S, Cc)
+    x, memory = _pair_inputs(Cc, B, T, S, seed)
     expected, expected_w = r(x, kv=memory, key_padding_mask=keep, need_weights=True)
     where = _cross_where(config, B, T, S, keep, dtype)
     if dtype != torch.float64:
@@ -475,7 +454,7 @@ def _cross_shape(g: Grader, student, case) -> None:
     config, (B, T, S), dtype, seed = case
     m, _ = _cross_pair(student, f"cross.shape.{seed}", config)
     m.to(dtype)
-    x, memory = tensor(seed, B, T, config[0], dtype=dtype), tensor(seed + 1, B, S, config[0], dtype=dtype)
+    x, memory = _pair_inputs(config[0], B, T, S, seed, dtype)
     _cross_call(g, student[0], _cross_where(config, B, T, S, None, dtype), m, x, memory, None, config[1])
 
 
@@ -512,7 +491,7 @@ def _cross_masked(g: Grader, student, case, kind: str = "mask") -> None:
 def _cross_gradients(g: Grader, student, case) -> None:
     config, (B, T, S), seed = case
     m, r = _cross_pair(student, f"cross.grad.{seed}", config)
-    x, memory = tensor(seed, B, T, config[0]), tensor(seed + 1, B, S, config[0])
+    x, memory = _pair_inputs(config[0], B, T, S, seed)
     keep, up = _keep_mask(seed, B, S), tensor(seed + 2, B, T, config[0])
     where = _cross_where(config, B, T, S, keep)
     xs, ms = x.clone().requires_grad_(), memory.clone().requires_grad_()
@@ -538,7 +517,7 @@ def _cross_dropout(g: Grader, student, case) -> None:
         set_attr(m, "dropout", p)
     if training:
         m.train()
-    x, memory = tensor(seed, B, T, config[0]), tensor(seed + 1, B, S, config[0])
+    x, memory = _pair_inputs(config[0], B, T, S, seed)
     keep = _keep_mask(seed, B, S)
     mode = f", attn.dropout={p}, {'training' if training else 'eval'} mode"
     where = _cross_where(config, B, T, S, keep, extra=mode)
@@ -578,7 +557,7 @@ def _cross_dropout(g: Grader, student, case) -> None:
 
 def _cross_bad(case) -> Call:
     (B, T, S), which, seed = case
-    x, memory = tensor(seed, B, T, C), tensor(seed + 1, B, S, C)
+    x, memory = _pair_inputs(C, B, T, S, seed)
     keep = _keep_mask(seed, B, S)
     mask, what = {
         "float": (keep.double(), f"a float64 mask {(B, S)}"),
@@ -688,30 +667,23 @@ check_cross_attention, grade_cross_attention = CROSS_ATTENTION.graders()
 
 # =========================================================================== part 3: PreNormDecoderLayer
 
-_POST_NORM = (
-    "this is post-norm (x = norm(x + sublayer(x))): a pre-norm layer normalises each sub-layer's input and "
-    "adds the result to the un-normalised stream, x = x + sublayer(norm(x))"
-)
 _NOT_CAUSAL = "the self-attention must be causal: self.self_attn(self.norm1(x), is_causal=True)"
-_LAYER_KV_FROM_X = (
+_NO_RESIDUAL = "a residual connection is missing: every sub-layer adds its output to the stream, "
+_NO_RESIDUAL += "x = x + dropout(sublayer(norm(x)))"
+#: the hints of the common wrong layers, in the order :func:`_layer_mistakes` computes them
+_LAYER_HINTS = (
+    "this is post-norm (x = norm(x + sublayer(x))): a pre-norm layer normalises each sub-layer's input and "
+    "adds the result to the un-normalised stream, x = x + sublayer(norm(x))",
+    "memory_key_padding_mask was ignored: pass it on to cross_attention",
+    _NOT_CAUSAL,
     "cross-attention must take its keys and values from memory: "
-    "cross_attention(self.cross_attn, self.norm2(x), memory, memory_key_padding_mask)"
-)
-_NORMED_MEMORY = (
-    "do not normalise memory in the decoder (the encoder stack already did): only the query side, norm2(x)"
-)
-_LAYER_MASK_IGNORED = "memory_key_padding_mask was ignored: pass it on to cross_attention"
-_NO_RESIDUAL = (
-    "a residual connection is missing: every sub-layer adds its output to the stream, "
-    "x = x + dropout(sublayer(norm(x)))"
-)
-_NORMED_STREAM = (
+    "cross_attention(self.cross_attn, self.norm2(x), memory, memory_key_padding_mask)",
+    "do not normalise memory in the decoder (the encoder stack already did): only the query side, norm2(x)",
+    _NO_RESIDUAL,
+    _NO_RESIDUAL,
+    _NO_RESIDUAL,
     "do not replace x by its normalised version: the residual adds the sub-layer's output to the "
-    "un-normalised x (x = x + f(norm(x)), not x = norm(x); x = x + f(x))"
-)
-_WRONG_WEIGHTS = (
-    "the second returned value should be the cross-attention weights (B, H, T, S) that cross_attention "
-    "returns, not the self-attention's"
+    "un-normalised x (x = x + f(norm(x)), not x = norm(x); x = x + f(x))",
 )
 #: the dropouts of the layer, each checked alone: what it drops, by its name
 _DROPOUTS = {
@@ -774,7 +746,7 @@ def _torch_layer(t, x, memory, keep=None):
 
 
 def _layer_mistakes(r, x, memory, keep):
-    """Outputs of the common wrong layers, computed with the reference layer's submodules."""
+    """Outputs of the common wrong layers, computed with the reference layer's submodules, with their hints."""
 
     def layer(self_causal=True, kv=None, mask=keep, res=(True, True, True), stream=False):
         h = r.norm1(x) if stream else x
@@ -790,27 +762,25 @@ def _layer_mistakes(r, x, memory, keep):
         f = r.ff(n3)
         return h3 + f if res[2] else f
 
+    T, S = x.shape[1], memory.shape[1]
     with torch.no_grad():
         Cc, Hh, dff = r.self_attn.d_model, r.self_attn.n_heads, r.ff.linear1.out_features
         act = "relu" if isinstance(r.ff.act, nn.ReLU) else "gelu"
         post = L.DecoderLayer(Cc, Hh, dff, 0.0, act, norm_first=False, bias=r.ff.linear1.bias is not None)
         post.double().eval()
         post.load_state_dict(r.state_dict())
-        out = [
-            (post(x, memory, memory_key_padding_mask=keep), _POST_NORM),
-            (layer(self_causal=False), _NOT_CAUSAL),
-            (layer(kv="normed"), _NORMED_MEMORY),
-            (layer(res=(False, True, True)), _NO_RESIDUAL),
-            (layer(res=(True, False, True)), _NO_RESIDUAL),
-            (layer(res=(True, True, False)), _NO_RESIDUAL),
-            (layer(stream=True), _NORMED_STREAM),
+        wrong = [
+            post(x, memory, memory_key_padding_mask=keep),
+            None if keep is None else layer(mask=None),
+            layer(self_causal=False),
+            layer(kv="x", mask=None if T != S else keep) if T == S or keep is None else None,
+            layer(kv="normed"),
+            layer(res=(False, True, True)),
+            layer(res=(True, False, True)),
+            layer(res=(True, True, False)),
+            layer(stream=True),
         ]
-        if x.shape[1] == memory.shape[1] or keep is None:
-            mask = None if x.shape[1] != memory.shape[1] else keep
-            out.insert(2, (layer(kv="x", mask=mask), _LAYER_KV_FROM_X))
-        if keep is not None:
-            out.insert(1, (layer(mask=None), _LAYER_MASK_IGNORED))
-    return out
+    return list(zip(wrong, _LAYER_HINTS))
 
 
 def _layer_where(config, B, T, S, keep=None, dtype=torch.float64, extra="") -> str:
@@ -848,7 +818,7 @@ def _layer_call(g: Grader, where: str, m, x, memory, keep=None, n_heads: int = H
 def _layer_case(g: Grader, cls, name: str, config, sizes, keep=None, seed=0, torch_reference=False) -> None:
     (B, T, S), M = sizes, config[0]
     m, r, t = _layer_triple(g, cls, name, config, with_torch=torch_reference)
-    x, memory = tensor(seed, B, T, M), tensor(seed + 1, B, S, M)
+    x, memory = _pair_inputs(M, B, T, S, seed)
     where = _layer_where(config, B, T, S, keep)
     out, w = _layer_call(g, where, m, x, memory, keep, config[1])
     expected, expected_w = r(x, memory, keep)
@@ -862,7 +832,10 @@ def _layer_case(g: Grader, cls, name: str, config, sizes, keep=None, seed=0, tor
     )
     self_w = r.self_attn(r.norm1(x), is_causal=True, need_weights=True)[1]
     if T > 1 and is_tensor(w) and w.shape == self_w.shape and close(w, self_w):
-        g.fail(f"{where}: {_WRONG_WEIGHTS}")
+        g.fail(
+            f"{where}: the second returned value should be the cross-attention weights (B, H, T, S) that "
+            "cross_attention returns, not the self-attention's"
+        )
     g.expect(
         close(w, expected_w, magnitude=magnitude(x, memory)),
         f"{where}: the weights differ from those of cross_attention(self.cross_attn, self.norm2(x), memory, "
@@ -870,15 +843,11 @@ def _layer_case(g: Grader, cls, name: str, config, sizes, keep=None, seed=0, tor
     )
 
 
-def _layer_inputs(config, B: int, T: int, S: int, seed: int, dtype=torch.float64):
-    return tensor(seed, B, T, config[0], dtype=dtype), tensor(seed + 1, B, S, config[0], dtype=dtype)
-
-
 def _dec_shape(g: Grader, cls, case) -> None:
     config, (B, T, S), dtype, seed = case
     m, _, _ = _layer_triple(g, cls, f"dec.shape.{seed}", config)
     m.to(dtype)
-    x, memory = _layer_inputs(config, B, T, S, seed, dtype)
+    x, memory = _pair_inputs(config[0], B, T, S, seed, dtype)
     _layer_call(g, _layer_where(config, B, T, S, None, dtype), m, x, memory, None, config[1])
 
 
@@ -901,7 +870,7 @@ def _dec_causal(g: Grader, cls, case) -> None:
     T = T + 1
     cut = 1 + cut % (T - 1)
     m, _, _ = _layer_triple(g, cls, f"dec.future.{seed}", config)
-    x, memory = _layer_inputs(config, B, T, S, seed)
+    x, memory = _pair_inputs(config[0], B, T, S, seed)
     y = x.clone()
     y[:, cut:] = tensor(seed + 2, B, T - cut, config[0])
     where = _layer_where(config, B, T, S)
@@ -921,7 +890,7 @@ def _dec_dropout(g: Grader, cls, case) -> None:
     setattr(*_dropout(r, which)[:2], 1.0)
     m.train()
     r.train()
-    x, memory = _layer_inputs(config, B, T, S, seed)
+    x, memory = _pair_inputs(config[0], B, T, S, seed)
     keep = _keep_mask(seed, B, S)
     where = _layer_where(config, B, T, S, keep, extra=f", {which}=1.0, training mode")
     out, w = _layer_call(g, where, m, x, memory, keep, config[1])
@@ -939,7 +908,7 @@ def _dec_eval(g: Grader, cls, case) -> None:
     if everything:
         for which in _DROPOUTS:
             set_attr(*_dropout(m, which)[:2], 1.0)
-    x, memory = _layer_inputs(config, B, T, S, seed)
+    x, memory = _pair_inputs(config[0], B, T, S, seed)
     extra = f", every dropout at {'1.0' if everything else '0.5'}, eval mode"
     where = _layer_where(config, B, T, S, None, extra=extra)
     out, _ = _layer_call(g, where, m, x, memory, None, config[1])
@@ -953,7 +922,7 @@ def _dec_eval(g: Grader, cls, case) -> None:
 def _dec_gradients(g: Grader, cls, case) -> None:
     config, (B, T, S), seed = case
     m, r, t = _layer_triple(g, cls, f"dec.grad.{seed}", config, with_torch=True)
-    x, memory = _layer_inputs(config, B, T, S, seed)
+    x, memory = _pair_inputs(config[0], B, T, S, seed)
     keep, up = _keep_mask(seed, B, S), tensor(seed + 2, B, T, config[0])
     where = _layer_where(config, B, T, S, keep)
     xs, ms = x.clone().requires_grad_(), memory.clone().requires_grad_()
@@ -1088,66 +1057,52 @@ check_pre_norm_decoder_layer, grade_pre_norm_decoder_layer = PRE_NORM_DECODER_LA
 
 # =========================================================================== part 4: label_smoothed_loss
 
-_NO_SMOOTHING = (
-    "smoothing was not applied: the loss is (1 - smoothing) * (-log p_y) + smoothing * mean_v(-log p_v)"
-)
-_OTHER_CLASSES = (
+_PADDING_COUNTED = "padding positions are scored: a target equal to pad_id must count neither in the sum "
+_PADDING_COUNTED += "nor in the number of positions the mean divides by"
+#: the hints of the common wrong losses, in the order :func:`_loss_mistakes` computes them
+_LOSS_HINTS = (
+    "smoothing was not applied: the loss is (1 - smoothing) * (-log p_y) + smoothing * mean_v(-log p_v)",
     "the smoothing mass went to the V - 1 wrong classes only: spread it uniformly over all V classes, the right "
     "one included (the convention of Szegedy et al. and of F.cross_entropy(label_smoothing=...)), i.e. "
-    "smoothing * mean over all V of -log p_v"
-)
-_SWAPPED = (
-    "the weights are swapped: (1 - smoothing) on -log p of the right token, smoothing on the uniform part"
-)
-_PADDING_COUNTED = (
-    "padding positions are scored: a target equal to pad_id must count neither in the sum nor in the "
-    "number of positions the mean divides by"
-)
-_DIVIDED_BY_ALL = (
-    "the mean divides by every position, padding included: divide by the number of non-padding targets"
-)
-_SUMMED = "the loss is summed over positions: return the mean over the non-padding targets"
-_CLASS_SUM = "the uniform part sums -log p_v over the V classes: take the mean over the classes (divide by V)"
-_LS_UNSTABLE = (
-    "the loss is inf or NaN for large logits: log(softmax(x)) underflows to log(0); use F.log_softmax, which "
-    "subtracts the maximum first"
+    "smoothing * mean over all V of -log p_v",
+    "the weights are swapped: (1 - smoothing) on -log p of the right token, smoothing on the uniform part",
+    _PADDING_COUNTED,
+    "the mean divides by every position, padding included: divide by the number of non-padding targets",
+    "the loss is summed over positions: return the mean over the non-padding targets",
+    "the uniform part sums -log p_v over the V classes: take the mean over the classes (divide by V)",
+    "the pad_id argument was not used (padding 0 was skipped instead): ignore the targets equal to pad_id",
+    "the smoothing argument was not used (0.1 was)",
 )
 
 
 def _smoothed_ref(logits, targets, eps, pad_id=PAD):
-    V = logits.shape[-1]
-    return F.cross_entropy(
-        logits.reshape(-1, V), targets.reshape(-1), ignore_index=pad_id, label_smoothing=eps
-    )
+    """F.cross_entropy with label smoothing ``eps`` over every position whose target is not ``pad_id``."""
+    flat = logits.reshape(-1, logits.shape[-1])  # (N, V)
+    return F.cross_entropy(flat, targets.reshape(-1), ignore_index=pad_id, label_smoothing=eps)
 
 
 def _loss_mistakes(logits, targets, eps, pad_id=PAD):
+    """The losses of the common wrong formulas (in float64, cast to the logits' dtype), with their hints."""
     V, dtype = logits.shape[-1], logits.dtype
     lp = F.log_softmax(logits.double().reshape(-1, V), -1)  # (N, V)
     t = targets.reshape(-1)
     keep = t != pad_id
-    safe = t.clamp(0, V - 1)
-    nll = -lp.gather(-1, safe[:, None]).squeeze(-1)  # (N,)
+    nll = -lp.gather(-1, t.clamp(0, V - 1)[:, None]).squeeze(-1)  # (N,)
     uniform = -lp.mean(-1)
     others = (-lp.sum(-1) - nll) / max(V - 1, 1)
     per = (1 - eps) * nll + eps * uniform
-    out = [
-        ((nll[keep]).mean(), _NO_SMOOTHING),
-        (((1 - eps) * nll + eps * others)[keep].mean(), _OTHER_CLASSES),
-        ((eps * nll + (1 - eps) * uniform)[keep].mean(), _SWAPPED),
-        (per.mean(), _PADDING_COUNTED),
-        (per[keep].sum() / t.numel(), _DIVIDED_BY_ALL),
-        (per[keep].sum(), _SUMMED),
-        (((1 - eps) * nll - eps * lp.sum(-1))[keep].mean(), _CLASS_SUM),
+    wrong = [
+        nll[keep].mean(),
+        ((1 - eps) * nll + eps * others)[keep].mean(),
+        (eps * nll + (1 - eps) * uniform)[keep].mean(),
+        per.mean(),
+        per[keep].sum() / t.numel(),
+        per[keep].sum(),
+        ((1 - eps) * nll - eps * lp.sum(-1))[keep].mean(),
+        per[t != PAD].mean() if pad_id != PAD else None,
+        (0.9 * nll + 0.1 * uniform)[keep].mean() if eps != 0.1 else None,
     ]
-    if pad_id != PAD:
-        unused = "the pad_id argument was not used (padding 0 was skipped instead): ignore the targets equal to pad_id"
-        out.append(((per[t != PAD]).mean(), unused))
-    if eps != 0.1:
-        out.append(
-            (((0.9 * nll + 0.1 * uniform)[keep]).mean(), "the smoothing argument was not used (0.1 was)")
-        )
-    return [(m.to(dtype), h) for m, h in out]
+    return [(None if w is None else w.to(dtype), hint) for w, hint in zip(wrong, _LOSS_HINTS)]
 
 
 def _ls_where(logits, targets, eps, pad_id, extra="") -> str:
@@ -1171,7 +1126,10 @@ def _ls_value(g: Grader, fn, logits, targets, eps=None, pad_id=None, positional=
         f"{dtype_name(logits.dtype)}, got {describe(out)}",
     )
     if not bool(torch.isfinite(out)):
-        g.fail(f"{where}: got {_num(out)}; " + _LS_UNSTABLE)
+        g.fail(
+            f"{where}: got {_num(out)}; the loss is inf or NaN for large logits: log(softmax(x)) underflows to "
+            "log(0); use F.log_softmax, which subtracts the maximum first"
+        )
     mistakes = _loss_mistakes(logits, targets, e, p)
     if eps is None:
         zero = _smoothed_ref(logits.double(), targets, 0.0, p).to(logits.dtype)
@@ -1667,48 +1625,43 @@ check_heldout_loss, grade_heldout_loss = HELDOUT_LOSS.graders()
 
 # =========================================================================== stretch: the length penalty
 
-_LP_POWER_HINT = (
+#: the hints of the common wrong scores, in the order :func:`_lp_mistakes` computes them
+_LP_HINTS = (
     "Wu et al.'s penalty is ((5 + n) / 6) ** alpha, not n ** alpha (the chapter's beam_search rule): the 5 "
-    "softens the penalty of short hypotheses and the 6 makes lp(1) = 1"
-)
-_LP_ALPHA_HINT = (
-    "raise the penalty to the power alpha: lp(n) = ((5 + n) / 6) ** alpha (alpha = 0 gives lp = 1)"
-)
-_LP_DIVIDE_HINT = "divide the log-probability by the penalty (logprob / lp(n)), do not multiply"
-_LP_INT_HINT = (
+    "softens the penalty of short hypotheses and the 6 makes lp(1) = 1",
+    "raise the penalty to the power alpha: lp(n) = ((5 + n) / 6) ** alpha (alpha = 0 gives lp = 1)",
+    "divide the log-probability by the penalty (logprob / lp(n)), do not multiply",
     "(5 + n) // 6 is integer division: convert the lengths to logprob's dtype and divide with /, "
-    "so lp(2) = 7/6"
-)
-_LP_PRECEDENCE_HINT = "mind the brackets: ((5 + n) / 6) ** alpha, not (5 + n) / 6 ** alpha"
-_LP_DTYPE_HINT = (
+    "so lp(2) = 7/6",
+    "mind the brackets: ((5 + n) / 6) ** alpha, not (5 + n) / 6 ** alpha",
     "compute the penalty in logprob's dtype (length.to(logprob.dtype)): a float32 penalty rounds "
-    "float64 scores"
+    "float64 scores",
 )
 
 
 def _lp_mistakes(logprob: torch.Tensor, length: torch.Tensor, alpha: float):
     n = length.to(logprob.dtype)
-    lp = ((5 + n) / 6) ** alpha
     floor = torch.div(5 + length, 6, rounding_mode="floor").to(logprob.dtype)
-    return [
-        (logprob / n**alpha, _LP_POWER_HINT),
-        (logprob / ((5 + n) / 6), _LP_ALPHA_HINT),
-        (logprob * lp, _LP_DIVIDE_HINT),
-        (logprob / (floor**alpha), _LP_INT_HINT),
-        (logprob / ((5 + n) / 6**alpha), _LP_PRECEDENCE_HINT),
-        (logprob / ((5 + length.float()) / 6) ** alpha, _LP_DTYPE_HINT),
+    wrong = [
+        logprob / n**alpha,
+        logprob / ((5 + n) / 6),
+        logprob * ((5 + n) / 6) ** alpha,
+        logprob / (floor**alpha),
+        logprob / ((5 + n) / 6**alpha),
+        logprob / ((5 + length.float()) / 6) ** alpha,
     ]
+    return list(zip(wrong, _LP_HINTS))
 
 
-def _lp_where(logprob: torch.Tensor, length: torch.Tensor, alpha) -> str:
-    def show(t):
-        return str(t.tolist()) if t.numel() <= 6 else f"{dtype_name(t.dtype)} {tuple(t.shape)}"
-
-    return f"length_penalty_score({show(logprob)} {dtype_name(logprob.dtype)}, lengths {show(length)}, {alpha!r})"
+def _lp_call(logprob: torch.Tensor, length: torch.Tensor, alpha) -> Call:
+    """The call ``length_penalty_score(logprob, length, alpha)``, its tensors shown by value when small."""
+    show = lambda t: str(t.tolist()) if t.numel() <= 6 else f"{dtype_name(t.dtype)} {tuple(t.shape)}"
+    where = f"length_penalty_score({show(logprob)} {dtype_name(logprob.dtype)}, lengths {show(length)}, {alpha!r})"
+    return Call(where, (logprob, length, alpha))
 
 
 def _lp_case(g: Grader, fn, logprob: torch.Tensor, length: torch.Tensor, alpha: float, what="") -> None:
-    where = _lp_where(logprob, length, alpha)
+    where = _lp_call(logprob, length, alpha).where
     p = call_student(g, where, probe, fn, logprob.clone(), length.clone(), alpha)
     out = p.result
     expected = ref.length_penalty_score(logprob, length, alpha)
@@ -1741,8 +1694,7 @@ _LP_LEAD = st.sampled_from([(), (1,), (2,), (3,), (2, 2)])
 
 def _lp_kind(case) -> Call:
     lead, K, dtype, broadcast, seed = case
-    logprob, length = _lp_inputs(seed, lead, K, dtype, broadcast)
-    return Call(_lp_where(logprob, length, 0.6), (logprob, length, 0.6))
+    return _lp_call(*_lp_inputs(seed, lead, K, dtype, broadcast), 0.6)
 
 
 def _lp_values(g: Grader, fn, case) -> None:
@@ -1777,8 +1729,7 @@ def _lp_errors(g: Grader, fn, case) -> None:
 
 def _lp_fresh(case) -> Call:
     alpha, dtype = case
-    logprob, length = _lp_inputs(4, (2,), 3, dtype, False)
-    return Call(_lp_where(logprob, length, alpha), (logprob, length, alpha))
+    return _lp_call(*_lp_inputs(4, (2,), 3, dtype, False), alpha)
 
 
 LENGTH_PENALTY_SCORE = Spec(
