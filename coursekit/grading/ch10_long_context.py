@@ -224,7 +224,8 @@ def _naive(q, k, v, causal=False, mask=None, scale=None):
 
 @dataclass(frozen=True)
 class _Tiled:
-    """One call of ``tiled_attention``: the shapes and arguments, and a seed for the values."""
+    """One call of ``tiled_attention`` (or, made by :func:`_Linear`, of ``causal_linear_attention``): the
+    shapes and arguments, and a seed for the values."""
 
     seed: int
     lead: tuple  # the leading dimensions of q, k and v (they broadcast)
@@ -239,6 +240,7 @@ class _Tiled:
     scale: float | None = None
     size: float = 1.0  # the values' scale
     dtype: torch.dtype = F64
+    eps: float | None = None  # causal_linear_attention's (None: the default)
 
     def inputs(self):
         q = tensor(self.seed, *self.lead[0], self.T, self.D, scale=self.size).to(self.dtype)
@@ -251,7 +253,7 @@ class _Tiled:
 
     def kwargs(self, mask) -> dict:
         given = dict(causal=self.causal or None, mask=mask, block_q=self.block_q, block_k=self.block_k)
-        given["scale"] = self.scale
+        given |= dict(scale=self.scale, eps=self.eps)
         return {n: a for n, a in given.items() if a is not None}
 
     def __str__(self) -> str:
@@ -306,8 +308,7 @@ def _tiled_mistakes(case: _Tiled, q, k, v, mask):
 
 
 def _output(g: Grader, attention, case, q, k, v, kwargs: dict):
-    """Call the student's attention on ``case`` (a ``_Tiled`` or a ``_Linear``) and check the result's type,
-    shape and dtype."""
+    """Call the student's attention on ``case`` (a ``_Tiled``) and check the result's type, shape and dtype."""
     out = call_student(g, str(case), attention, q, k, v, **kwargs)
     shape = (*torch.broadcast_shapes(*case.lead), case.T, case.Dv)
     g.expect(
@@ -704,51 +705,58 @@ def _window_mistakes(T, S, W):
     ]
 
 
-def _mask_verdict(g: Grader, call: str, out, expected: torch.Tensor, mistakes, definition: str) -> None:
-    """``out`` must be the boolean mask ``expected``; else the hint of the named mistake it equals, else its
-    first wrong row against ``definition``."""
+def _mask_call(name: str, case) -> Call:
+    """``name(*case)``, its last argument ``S`` left out where it is None."""
+    args = case[:-1] if case[-1] is None else case
+    return Call(f"{name}({', '.join(map(str, args))})", args)
+
+
+def _undrawn(case, n: int) -> tuple:
+    """A drawn ``(T, S - T, *rest, whether S is left out)`` of ``n`` entries as the call's ``(T, *rest, S)``
+    (``S`` None: left out); a fixed case as it is."""
+    if len(case) != n:
+        return case
+    T, extra, *rest, default_S = case
+    return (T, *rest, None if default_S and not extra else T + extra)
+
+
+def _mask_verdict(g: Grader, mask_fn, name: str, case, allowed, mistakes, definition: str) -> None:
+    """``name(*case)`` (see :func:`_mask_call`) must be the boolean (T, S) mask of ``allowed``, a predicate on
+    (query position p, key position j); else the hint of the named mistake (``(mask, hint)``) it equals, else
+    its first wrong row against ``definition``."""
+    c = _mask_call(name, case)
+    out = call_student(g, c.where, mask_fn, *c.args)
+    expected = _window(case[0], case[-1] or case[0], allowed)
     T, S = expected.shape
     g.expect(
         is_tensor(out) and tuple(out.shape) == (T, S) and out.dtype == torch.bool,
-        f"{call} should be a boolean tensor of shape ({T}, {S}), got {describe(out)}",
+        f"{c.where} should be a boolean tensor of shape ({T}, {S}), got {describe(out)}",
     )
     if torch.equal(out, expected):
         return
     hints = list(
-        dict.fromkeys(
-            h for wrong, h in mistakes if not torch.equal(wrong, expected) and torch.equal(out, wrong)
-        )
+        dict.fromkeys(h for m, h in mistakes if not torch.equal(m, expected) and torch.equal(out, m))
     )
     if hints:
-        g.fail(f"{call}: {_one_hint(hints, 'mask')}")
+        g.fail(f"{c.where}: {_one_hint(hints, 'mask')}")
     rows = [i for i in range(T) if not torch.equal(out[i], expected[i])]
     g.fail(
-        f"{call} differs from the definition ({definition}) in rows {rows[:5]}: row {rows[0]} should be "
+        f"{c.where} differs from the definition ({definition}) in rows {rows[:5]}: row {rows[0]} should be "
         f"{expected[rows[0]].int().tolist()}, got {out[rows[0]].int().tolist()}"
     )
-
-
-def _window_request(case) -> Call:
-    """``(T, W, S)``: ``sliding_window_mask(T, W, S)``, or ``sliding_window_mask(T, W)`` where ``S`` is None."""
-    args = case[:2] if case[2] is None else case
-    return Call(f"sliding_window_mask({', '.join(map(str, args))})", args)
 
 
 def _window_matches(g: Grader, sliding_window_mask, case, edges: bool = False) -> None:
     """``(T, W, S)`` (``S`` None: left out), or a drawn ``(T, S - T, W, whether S is left out)``: the mask of the
     definition, or the named mistake's hint. With ``edges``, the definition the hint states is the edge's: a
     window of at least S keys is the causal mask, a window of 1 the diagonal."""
-    if len(case) == 4:
-        T, extra, W, default_S = case
-        case = (T, W, None if default_S and not extra else T + extra)
-    (T, W, S), c = case, _window_request(case)
-    out = call_student(g, c.where, sliding_window_mask, *c.args)
-    expected = _window(T, S or T, lambda p, j: (j <= p) & (j > p - W))
+    T, W, S = case = _undrawn(case, 4)
     definition = "query p = i + S - T sees keys p - W < j <= p"
     if edges:
         definition = f"a window of {W} >= S keys is the causal mask causal_mask(T, S)"
         definition = "with window 1 a query sees only itself" if W == 1 else definition
-    _mask_verdict(g, c.where, out, expected, _window_mistakes(T, S or T, W), definition)
+    allowed, mistakes = (lambda p, j: (j <= p) & (j > p - W)), _window_mistakes(T, S or T, W)
+    _mask_verdict(g, sliding_window_mask, "sliding_window_mask", case, allowed, mistakes, definition)
 
 
 def _window_bad(case) -> Call:
@@ -760,7 +768,7 @@ WINDOW = Spec(
     "sliding_window_mask",
     [
         returns(
-            _window_request,
+            functools.partial(_mask_call, "sliding_window_mask"),
             lambda case: torch.empty(case[0], case[0] if case[2] is None else case[2], dtype=torch.bool),
             text="returns a (T, S) boolean tensor, S = T by default; T = 0 gives an empty mask",
             examples=[(5, 2, None), (0, 3, 4)],
@@ -876,31 +884,9 @@ def _linear_mistakes(q, k, v, eps):
     ]
 
 
-@dataclass(frozen=True)
-class _Linear:
-    seed: int
-    lead: tuple  # leading dimensions of (q, k, v)
-    T: int
-    D: int
-    Dv: int
-    eps: float | None = None  # None: the default
-    size: float = 1.0
-    dtype: torch.dtype = F64
-
-    def inputs(self):
-        q = tensor(self.seed, *self.lead[0], self.T, self.D, scale=self.size).to(self.dtype)
-        k = tensor(self.seed + 1, *self.lead[1], self.T, self.D, scale=self.size).to(self.dtype)
-        v = tensor(self.seed + 2, *self.lead[2], self.T, self.Dv).to(self.dtype)
-        return q, k, v
-
-    @property
-    def kwargs(self) -> dict:
-        return {} if self.eps is None else {"eps": self.eps}
-
-    def __str__(self) -> str:
-        q, k, v = ((*lead, self.T, d) for lead, d in zip(self.lead, (self.D, self.D, self.Dv)))
-        eps = "" if self.eps is None else f", eps={self.eps!r}"
-        return f"for q {q}, k {k}, v {v} ({dtype_name(self.dtype)}){eps}"
+def _Linear(seed, lead, T, D, Dv, eps=None, size=1.0, dtype=F64) -> _Tiled:
+    """One call of ``causal_linear_attention``: as many keys as queries, and ``eps`` (None: the default)."""
+    return _Tiled(seed, lead, T, T, D, Dv, size=size, dtype=dtype, eps=eps)
 
 
 @st.composite
@@ -911,9 +897,9 @@ def _linear_cases(draw, eps=(None,), dtypes=(F64,)):
     return _Linear(seed, lead, *(draw(s) for s in rest))
 
 
-def _linear_matches(g: Grader, causal_linear_attention, case: _Linear) -> None:
-    q, k, v = case.inputs()
-    out = _output(g, causal_linear_attention, case, q, k, v, case.kwargs)
+def _linear_matches(g: Grader, causal_linear_attention, case: _Tiled) -> None:
+    q, k, v, _ = case.inputs()
+    out = _output(g, causal_linear_attention, case, q, k, v, case.kwargs(None))
     eps = 1e-6 if case.eps is None else case.eps
     expected = _recurrence(q, k, v, eps)
     M = magnitude(ref.elu_feature_map(q.double()), ref.elu_feature_map(k.double()), v)
@@ -1007,7 +993,7 @@ LINEAR = Spec(
     "causal_linear_attention",
     [
         returns(
-            lambda c: Call(str(c), c.inputs(), c.kwargs),
+            lambda c: Call(str(c), c.inputs()[:3], c.kwargs(None)),
             lambda c: torch.empty((*torch.broadcast_shapes(*c.lead), c.T, c.Dv), dtype=c.dtype),
             text="returns (..., T, Dv) in q's dtype (float64, float32), with no, one or several leading dimensions",
             examples=[_Linear(31, ((2, 3), (2, 3), (2, 3)), 5, 4, 3, dtype=F32)],
@@ -1126,20 +1112,6 @@ def _kv_cases():
     return [_kv_expected(*args) for args in _KV_CASES]
 
 
-def _kv_matches(g: Grader, kv_cache_size, kwargs: dict, expected: int, wrong) -> None:
-    call = ", ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in kwargs.items())
-    out = call_student(g, f"kv_cache_size({call})", kv_cache_size, **kwargs)
-    g.expect(type(out) is int, f"kv_cache_size({call}) should return an int (bytes), got {describe(out)}")
-    # a value can fit two mistakes (float32 without the factor 2 = float32 counted as 2 bytes)
-    hints = list(dict.fromkeys(hint for value, hint in wrong if value != expected and out == value))
-    if out != expected and hints:
-        g.fail(f"{_one_hint(hints, 'value')} (kv_cache_size({call}) returned {out:,}, expected {expected:,})")
-    g.expect(
-        out == expected,
-        f"kv_cache_size({call}) returned {out:,}, expected 2 * L * B * tokens * H_kv * D * bytes = {expected:,}",
-    )
-
-
 @st.composite
 def _kv_calls(draw):
     H = draw(st.sampled_from((1, 2, 3, 4, 6, 8, 12)))
@@ -1158,7 +1130,18 @@ def _kv_case(g: Grader, kv_cache_size, args: tuple, exact: bool = False) -> None
     """``args`` of :func:`_kv_expected`: the size, with the named mistakes' hints; ``exact``: sizes past 2**53
     bytes, where a float cannot hold every integer, and the hint names the rounding."""
     kwargs, expected, wrong = _kv_expected(*args)
-    _kv_matches(g, kv_cache_size, kwargs, expected, [(int(float(expected)), _ROUNDED)] * exact + wrong)
+    wrong = [(int(float(expected)), _ROUNDED)] * exact + wrong
+    call = ", ".join(f"{k}={dtype_name(v) if isinstance(v, torch.dtype) else v}" for k, v in kwargs.items())
+    out = call_student(g, f"kv_cache_size({call})", kv_cache_size, **kwargs)
+    g.expect(type(out) is int, f"kv_cache_size({call}) should return an int (bytes), got {describe(out)}")
+    # a value can fit two mistakes (float32 without the factor 2 = float32 counted as 2 bytes)
+    hints = list(dict.fromkeys(hint for value, hint in wrong if value != expected and out == value))
+    if out != expected and hints:
+        g.fail(f"{_one_hint(hints, 'value')} (kv_cache_size({call}) returned {out:,}, expected {expected:,})")
+    g.expect(
+        out == expected,
+        f"kv_cache_size({call}) returned {out:,}, expected 2 * L * B * tokens * H_kv * D * bytes = {expected:,}",
+    )
 
 
 def _kv_bad(case: tuple) -> Call:
@@ -1483,14 +1466,8 @@ check_window_mass, grade_window_mass = MASS.graders()
 
 def _sink_matches(g: Grader, sink_window_mask, case) -> None:
     """``(T, W, n_sink, S)`` (``S`` None: left out), or a drawn ``(T, S - T, W, n_sink, whether S is left out)``."""
-    if len(case) == 5:
-        T, extra, W, n, default_S = case
-        case = (T, W, n, None if default_S and not extra else T + extra)
-    T, W, n, S = case
-    args = case[:3] if S is None else case
-    call = f"sink_window_mask({', '.join(map(str, args))})"
-    out = call_student(g, call, sink_window_mask, *args)
-    S_, top = (T, 0) if S is None else (S, S - T)
+    T, W, n, S = case = _undrawn(case, 5)
+    top = (S or T) - T
     mistakes = [
         (
             lambda p, j: ((j <= p) & (j > p - W)) | (j < n),
@@ -1510,9 +1487,10 @@ def _sink_matches(g: Grader, sink_window_mask, case) -> None:
             "the sinks are the first n_sink KEY positions 0 .. n_sink - 1, whatever S - T is",
         ),
     ]
-    expected = _window(T, S_, lambda p, j: (j <= p) & ((j > p - W) | (j < n)))
+    allowed = lambda p, j: (j <= p) & ((j > p - W) | (j < n))
     definition = "query p = i + S - T sees keys j <= p with p - window < j or j < n_sink"
-    _mask_verdict(g, call, out, expected, [(_window(T, S_, f), hint) for f, hint in mistakes], definition)
+    mistakes = [(_window(T, S or T, f), hint) for f, hint in mistakes]
+    _mask_verdict(g, sink_window_mask, "sink_window_mask", case, allowed, mistakes, definition)
 
 
 SINK = Spec(
