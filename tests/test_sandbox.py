@@ -241,22 +241,27 @@ def test_bubblewrap_shows_the_committed_checkpoints_read_only():
     name = sorted(checkpoints.REGISTRY)[0]
     (weights, *_) = checkpoints.files(name)
     with Worker("bwrap", Limits(cell_seconds=30)) as worker:
-        session = worker.session()
-        code = (
-            "from coursekit import checkpoints\n"
-            f"path = checkpoints.files({name!r})[0]\n"
-            "print(path, path.stat().st_size)\n"
-            "try:\n    open(path, 'ab')\nexcept OSError as e:\n    print('read-only', e.errno)"
-        )
-        reply = session.run_cell(code, "probe", time.monotonic() + 60)
-        out = reply["outputs"][0]["text"]
-        assert f"/opt/coursekit/checkpoints/{weights.name} {weights.stat().st_size}" in out, reply
-        assert "read-only" in out
-        session.close()
+        out = _probe_file(worker, f"from coursekit import checkpoints\npath = checkpoints.files({name!r})[0]")
+    assert f"/opt/coursekit/checkpoints/{weights.name} {weights.stat().st_size}" in out
+    assert "read-only" in out
+
+
+def _probe_file(worker: Worker, setup: str) -> str:
+    """What a cell prints that runs ``setup`` (which sets ``path``), then prints the path and the file's size
+    and tries to open it for appending ("read-only" and the error number where it cannot)."""
+    session = worker.session()
+    code = (
+        f"{setup}\n"
+        "print(path, path.stat().st_size)\n"
+        "try:\n    open(path, 'ab')\nexcept OSError as e:\n    print('read-only', e.errno)"
+    )
+    reply = session.run_cell(code, "probe", time.monotonic() + 60)
+    session.close()
+    return reply["outputs"][0]["text"]
 
 
 @pytest.mark.slow  # starts a bubblewrap sandbox
-def test_bubblewrap_reads_matplotlibs_font_list_instead_of_building_it(tmp_path, monkeypatch):
+def test_bubblewrap_reads_matplotlibs_font_list_instead_of_building_it():
     """matplotlib ignores a font list in a folder it cannot write and scans every font file again
     (about 0.2 s of CPU in each sandbox): the host's list is read-only inside a writable folder."""
     if not bubblewrap_works():
@@ -266,18 +271,13 @@ def test_bubblewrap_reads_matplotlibs_font_list_instead_of_building_it(tmp_path,
 
     fontlist = next(Path(matplotlib.get_cachedir()).glob("fontlist-v*.json"))
     with Worker("bwrap", Limits(cell_seconds=30)) as worker:
-        session = worker.session()
-        code = (
-            "import matplotlib, pathlib\n"
-            f"path = pathlib.Path(matplotlib.get_cachedir(), {fontlist.name!r})\n"
-            "print(path, path.stat().st_size)\n"
-            "try:\n    open(path, 'ab')\nexcept OSError as e:\n    print('read-only', e.errno)"
+        setup = (
+            f"import matplotlib, pathlib\npath = pathlib.Path(matplotlib.get_cachedir(), {fontlist.name!r})"
         )
-        out = session.run_cell(code, "probe", time.monotonic() + 60)["outputs"][0]["text"]
-        assert f"/tmp/matplotlib/{fontlist.name} {fontlist.stat().st_size}" in out
-        assert "read-only" in out
-        session.close()
+        out = _probe_file(worker, setup)
         log = Path(worker._host_dir, "worker.log").read_text()
+    assert f"/tmp/matplotlib/{fontlist.name} {fontlist.stat().st_size}" in out
+    assert "read-only" in out
     assert "created a temporary cache directory" not in log, log[-2000:]
 
 
