@@ -1,0 +1,86 @@
+"""A pytest plugin that writes the CPU seconds of every test: where the suite's time goes.
+
+    COURSEKIT_CPU_OUT=/tmp/cpu PYTHONPATH=scripts PYTEST_ADDOPTS="-p cpu_per_test" .ci/run
+    python scripts/cpu_per_test.py /tmp/cpu          # the files that used the most CPU
+
+Each test process (each pytest-xdist worker, or the one process without xdist) appends one line per
+test to ``<out>/<worker>.tsv``: the test's id, its wall seconds, the CPU seconds of its own process
+and of the child processes it waited for in that time (``getrusage``), and when it ended. The suite
+is bound by CPU on a 2-core machine, so CPU seconds, not wall seconds, say what a change saves.
+
+A lower bound: a process that was killed rather than waited for (a sandbox ended with its process
+group, a Dask worker) is counted nowhere, and a child's CPU counts for the test that was running when
+it was waited for (the background book build: the test that waits for it).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+_started: tuple[float, float, float] | None = None
+_out = None
+
+
+def _cpu() -> tuple[float, float]:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+_active = False
+
+
+def pytest_configure(config):
+    """Record in the processes that run the tests: not in pytest-xdist's controller (its workers run
+    them and report to it), and not in a pytest that a test starts (its CPU is that test's already)."""
+    global _active
+    controller = bool(config.getoption("numprocesses", None)) and not hasattr(config, "workerinput")
+    nested = os.environ.get("COURSEKIT_CPU_PID") not in (None, str(os.getpid()))
+    _active = not controller and not nested
+    if _active:
+        os.environ["COURSEKIT_CPU_PID"] = str(os.getpid())
+
+
+def pytest_runtest_logstart(nodeid, location):
+    global _started
+    _started = (time.perf_counter(), *_cpu())
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    global _out
+    if _started is None or not _active:
+        return
+    if _out is None:
+        folder = Path(os.environ.get("COURSEKIT_CPU_OUT", "cpu-per-test"))
+        folder.mkdir(parents=True, exist_ok=True)
+        _out = open(folder / f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.tsv", "a")
+    wall, own, children = _started
+    own_now, children_now = _cpu()
+    _out.write(
+        f"{nodeid}\t{time.perf_counter() - wall:.2f}\t{own_now - own:.2f}\t{children_now - children:.2f}"
+        f"\t{time.time():.1f}\n"
+    )
+    _out.flush()
+
+
+def summary(folder: Path, top: int = 25) -> str:
+    """The files whose tests used the most CPU seconds, from the ``.tsv`` files in ``folder``."""
+    cpu: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for path in folder.glob("*.tsv"):
+        for line in path.read_text().splitlines():
+            nodeid, _wall, own, children, _end = line.split("\t")
+            name = nodeid.split("::", 1)[0]
+            cpu[name] = cpu.get(name, 0.0) + float(own) + float(children)
+            count[name] = count.get(name, 0) + 1
+    rows = [f"{'CPU s':>8}  {'tests':>5}  file"]
+    rows += [f"{cpu[n]:8.1f}  {count[n]:5d}  {n}" for n in sorted(cpu, key=cpu.get, reverse=True)[:top]]
+    rows.append(f"{sum(cpu.values()):8.1f}  {sum(count.values()):5d}  (all)")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(summary(Path(sys.argv[1] if len(sys.argv) > 1 else "cpu-per-test")))
