@@ -148,33 +148,57 @@ def test_frames_are_checked_before_they_are_trusted():
 KINDS = ["rlimit"] + (["bwrap"] if bubblewrap_works() else [])
 
 
+@pytest.fixture(scope="module")
+def sandbox():
+    """``sandbox(kind)``: one sandbox of each kind for the tests of this file that neither harm its
+    template nor read totals of its whole life. Each test's notebook is a fresh process forked from the
+    template with the test's own limits, as each student of a class is (starting a sandbox costs about
+    3.5 CPU-seconds: the suite started 21 of them here). One a test left unhealthy is replaced."""
+    started: dict[str, Worker] = {}
+
+    def get(kind: str) -> Worker:
+        if kind == "bwrap" and not bubblewrap_works():
+            pytest.skip("bubblewrap is not available here")
+        worker = started.get(kind)
+        if worker is None:
+            worker = started[kind] = Worker(kind, Limits(), preload=("coursekit.attention",))
+        elif not worker.healthy():
+            worker.restart()
+        return worker
+
+    yield get
+    for worker in started.values():
+        worker.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_worker_runs_cells_and_checks(kind):
-    with Worker(kind, Limits(cell_seconds=3, check_seconds=2), preload=("coursekit.attention",)) as worker:
-        session = worker.session()
-        deadline = time.monotonic() + 60
-        reply = session.run_cell(
-            "import os, torch\nprint(sorted(os.environ))\ndef double(x):\n    return 2 * x", "setup", deadline
-        )
-        assert (
-            reply["ok"]
-            and "HOME" in reply["outputs"][0]["text"]
-            and "COURSEKIT" not in reply["outputs"][0]["text"]
-        )
-        session.begin_check("double")
-        assert torch.equal(session.remote("double")(torch.ones(3)), torch.full((3,), 2.0))
-        with pytest.raises(StudentRaised, match="NameError"):
-            session.remote("missing")(1)
-        session.end_check()
-        session.run_cell("def spin(x):\n    while True:\n        pass", "spin", deadline)
-        session.begin_check("spin")
-        with pytest.raises(RemoteTimeout, match="did not finish within 2 s"):
-            session.remote("spin")(1)
-        session.end_check()
-        session.begin_check("after a timeout, the next check still works")
-        assert session.remote("double")(21) == 42
-        session.close()
+def test_worker_runs_cells_and_checks(kind, sandbox):
+    worker = sandbox(kind)
+    limits = Limits(cell_seconds=3, check_seconds=2)
+    session = worker.session(limits=limits)
+    deadline = time.monotonic() + 60
+    reply = session.run_cell(
+        "import os, torch\nprint(sorted(os.environ))\ndef double(x):\n    return 2 * x", "setup", deadline
+    )
+    assert (
+        reply["ok"]
+        and "HOME" in reply["outputs"][0]["text"]
+        and "COURSEKIT" not in reply["outputs"][0]["text"]
+    )
+    session.begin_check("double")
+    assert torch.equal(session.remote("double")(torch.ones(3)), torch.full((3,), 2.0))
+    with pytest.raises(StudentRaised, match="NameError"):
+        session.remote("missing")(1)
+    session.end_check()
+    session.run_cell("def spin(x):\n    while True:\n        pass", "spin", deadline)
+    session.begin_check("spin")
+    with pytest.raises(RemoteTimeout, match="did not finish within 2 s"):
+        session.remote("spin")(1)
+    session.end_check()
+    session.begin_check("after a timeout, the next check still works")
+    assert session.remote("double")(21) == 42
+    session.close()
 
 
 @pytest.mark.slow
@@ -212,26 +236,25 @@ def test_a_worker_counts_the_cpu_seconds_of_its_processes(kind):
 
 
 @pytest.mark.slow
-def test_bubblewrap_hides_the_course_and_the_network():
+def test_bubblewrap_hides_the_course_and_the_network(sandbox):
     if not bubblewrap_works():
         pytest.skip("bubblewrap is not available here")
-    with Worker("bwrap", Limits(cell_seconds=5)) as worker:
-        session = worker.session()
-        code = (
-            "import os, socket, coursekit\n"
-            "print(sorted(os.listdir('/')), os.path.exists("
-            + repr(str(Path_root()))
-            + "), coursekit.__file__)\n"
-            "try:\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\nexcept OSError as e:\n    print('offline', e.errno)"  # noqa: E501
-        )
-        out = session.run_cell(code, "probe", time.monotonic() + 30)["outputs"][0]["text"]
-        assert "False" in out and "/opt/coursekit/coursekit" in out and "offline" in out
-        assert "work" not in out.split("]")[0]
-        session.close()
+    worker = sandbox("bwrap")
+    limits = Limits(cell_seconds=5)
+    session = worker.session(limits=limits)
+    code = (
+        "import os, socket, coursekit\n"
+        "print(sorted(os.listdir('/')), os.path.exists(" + repr(str(Path_root())) + "), coursekit.__file__)\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 80), timeout=1)\nexcept OSError as e:\n    print('offline', e.errno)"  # noqa: E501
+    )
+    out = session.run_cell(code, "probe", time.monotonic() + 30)["outputs"][0]["text"]
+    assert "False" in out and "/opt/coursekit/coursekit" in out and "offline" in out
+    assert "work" not in out.split("]")[0]
+    session.close()
 
 
 @pytest.mark.slow  # starts a bubblewrap sandbox
-def test_bubblewrap_shows_the_committed_checkpoints_read_only():
+def test_bubblewrap_shows_the_committed_checkpoints_read_only(sandbox):
     """The notebooks' experiment tables load the committed checkpoints (ch07's gpt-char, ch08's
     seq2seq-numbers) inside the sandbox: there, and only to read."""
     if not bubblewrap_works():
@@ -240,8 +263,8 @@ def test_bubblewrap_shows_the_committed_checkpoints_read_only():
 
     name = sorted(checkpoints.REGISTRY)[0]
     (weights, *_) = checkpoints.files(name)
-    with Worker("bwrap", Limits(cell_seconds=30)) as worker:
-        out = _probe_file(worker, f"from coursekit import checkpoints\npath = checkpoints.files({name!r})[0]")
+    worker = sandbox("bwrap")
+    out = _probe_file(worker, f"from coursekit import checkpoints\npath = checkpoints.files({name!r})[0]")
     assert f"/opt/coursekit/checkpoints/{weights.name} {weights.stat().st_size}" in out
     assert "read-only" in out
 
@@ -261,7 +284,7 @@ def _probe_file(worker: Worker, setup: str) -> str:
 
 
 @pytest.mark.slow  # starts a bubblewrap sandbox
-def test_bubblewrap_reads_matplotlibs_font_list_instead_of_building_it():
+def test_bubblewrap_reads_matplotlibs_font_list_instead_of_building_it(sandbox):
     """matplotlib ignores a font list in a folder it cannot write and scans every font file again
     (about 0.2 s of CPU in each sandbox): the host's list is read-only inside a writable folder."""
     if not bubblewrap_works():
@@ -270,12 +293,10 @@ def test_bubblewrap_reads_matplotlibs_font_list_instead_of_building_it():
     import matplotlib.font_manager  # noqa: F401  (writes the host's font list if it is missing)
 
     fontlist = next(Path(matplotlib.get_cachedir()).glob("fontlist-v*.json"))
-    with Worker("bwrap", Limits(cell_seconds=30)) as worker:
-        setup = (
-            f"import matplotlib, pathlib\npath = pathlib.Path(matplotlib.get_cachedir(), {fontlist.name!r})"
-        )
-        out = _probe_file(worker, setup)
-        log = Path(worker._host_dir, "worker.log").read_text()
+    worker = sandbox("bwrap")
+    setup = f"import matplotlib, pathlib\npath = pathlib.Path(matplotlib.get_cachedir(), {fontlist.name!r})"
+    out = _probe_file(worker, setup)
+    log = Path(worker._host_dir, "worker.log").read_text()
     assert f"/tmp/matplotlib/{fontlist.name} {fontlist.stat().st_size}" in out
     assert "read-only" in out
     assert "created a temporary cache directory" not in log, log[-2000:]
@@ -428,9 +449,9 @@ def test_a_worker_owns_its_host_folder_until_it_closes():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_template_knows_whether_it_has_a_pid_namespace(kind):
-    with Worker(kind, Limits(cell_seconds=5)) as worker:
-        assert worker.pid_namespace == (kind == "bwrap")
+def test_the_template_knows_whether_it_has_a_pid_namespace(kind, sandbox):
+    worker = sandbox(kind)
+    assert worker.pid_namespace == (kind == "bwrap")
 
 
 @pytest.mark.slow
@@ -458,77 +479,80 @@ def test_a_cell_that_kills_every_process_it_can_is_reported_as_the_students():
 
 
 @pytest.mark.slow
-def test_a_grader_can_set_an_attribute_of_a_student_object():
+def test_a_grader_can_set_an_attribute_of_a_student_object(sandbox):
     from coursekit.grading.core import SESSION, set_attr
 
-    with Worker(KINDS[-1], Limits(cell_seconds=5, check_seconds=5)) as worker:
-        session = worker.session()
-        session.run_cell("import torch\nlayer = torch.nn.Dropout(0.1)", "setup", time.monotonic() + 30)
-        token = SESSION.set(session)
-        try:
-            session.begin_check("p = 1 zeroes everything")
-            layer = session.remote("layer")
-            set_attr(layer, "p", 1.0)
-            assert layer.p == 1.0 and torch.equal(layer(torch.ones(4)), torch.zeros(4))
-        finally:
-            SESSION.reset(token)
-            session.end_check()
-        session.begin_check("each check starts from the notebook's state")
-        assert session.remote("layer").p == 0.1
-        session.close()
+    worker = sandbox(KINDS[-1])
+    limits = Limits(cell_seconds=5, check_seconds=5)
+    session = worker.session(limits=limits)
+    session.run_cell("import torch\nlayer = torch.nn.Dropout(0.1)", "setup", time.monotonic() + 30)
+    token = SESSION.set(session)
+    try:
+        session.begin_check("p = 1 zeroes everything")
+        layer = session.remote("layer")
+        set_attr(layer, "p", 1.0)
+        assert layer.p == 1.0 and torch.equal(layer(torch.ones(4)), torch.zeros(4))
+    finally:
+        SESSION.reset(token)
+        session.end_check()
+    session.begin_check("each check starts from the notebook's state")
+    assert session.remote("layer").p == 0.1
+    session.close()
 
 
-def test_a_probe_tells_from_the_sandbox_whether_a_result_shares_an_arguments_memory():
+def test_a_probe_tells_from_the_sandbox_whether_a_result_shares_an_arguments_memory(sandbox):
     from coursekit.grading.core import SESSION, probe
 
-    with Worker(KINDS[-1], Limits(cell_seconds=5, check_seconds=5)) as worker:
-        session = worker.session()
-        code = "def same(x):\n    return x\n\ndef view(x):\n    return x[1:]\n\ndef fresh(x):\n    return x * 1\n"
-        session.run_cell(code, "setup", time.monotonic() + 30)
-        token = SESSION.set(session)
-        try:
-            session.begin_check("aliasing")
-            shared = {
-                name: probe(session.remote(name), torch.ones(3)).aliased for name in ("same", "view", "fresh")
-            }
-        finally:
-            SESSION.reset(token)
-            session.end_check()
-        session.close()
+    worker = sandbox(KINDS[-1])
+    limits = Limits(cell_seconds=5, check_seconds=5)
+    session = worker.session(limits=limits)
+    code = "def same(x):\n    return x\n\ndef view(x):\n    return x[1:]\n\ndef fresh(x):\n    return x * 1\n"
+    session.run_cell(code, "setup", time.monotonic() + 30)
+    token = SESSION.set(session)
+    try:
+        session.begin_check("aliasing")
+        shared = {
+            name: probe(session.remote(name), torch.ones(3)).aliased for name in ("same", "view", "fresh")
+        }
+    finally:
+        SESSION.reset(token)
+        session.end_check()
+    session.close()
     assert shared == {"same": True, "view": True, "fresh": False}
 
 
 @pytest.mark.slow
-def test_the_sandbox_records_calls_of_watched_references_by_student_code_only():
+def test_the_sandbox_records_calls_of_watched_references_by_student_code_only(sandbox):
     """A student's call of a watched reference is reported, in a cell as in a check; coursekit calling
     its own code (attention calling the watched softmax) is not; a plain global reads back as data."""
     watch = [("coursekit.attention", "softmax"), ("coursekit.attention", "SelfAttention")]
-    with Worker(KINDS[-1], Limits(cell_seconds=10, check_seconds=5)) as worker:
-        session = worker.session(watch=watch)
-        deadline = time.monotonic() + 60
-        session.run_cell(
-            "import torch\nimport coursekit.attention as ca\nq = torch.ones(1, 2, 4)\n"
-            "out, w = ca.scaled_dot_product_attention(q, q, q)\nprediction = 7",
-            "setup",
-            deadline,
-        )
-        assert session.reference_calls == set()  # attention's own call of softmax is coursekit's
-        session.begin_check("read a global")
-        assert session.remote("prediction")._value() == 7
-        session.end_check()
-        session.run_cell("def mine(x):\n    return getattr(ca, 'soft' + 'max')(x)", "answer", deadline)
-        assert session.reference_calls == set()  # defined, not called yet
-        session.begin_check("the student's function calls the reference")
-        session.remote("mine")(torch.zeros(3))
-        session.end_check()
-        assert session.reference_calls == {"coursekit.attention.softmax"}
-        session.run_cell("layer = ca.SelfAttention(4)", "module", deadline)
-        assert session.reference_calls == {"coursekit.attention.softmax", "coursekit.attention.SelfAttention"}
-        session.close()
+    worker = sandbox(KINDS[-1])
+    limits = Limits(cell_seconds=10, check_seconds=5)
+    session = worker.session(watch=watch, limits=limits)
+    deadline = time.monotonic() + 60
+    session.run_cell(
+        "import torch\nimport coursekit.attention as ca\nq = torch.ones(1, 2, 4)\n"
+        "out, w = ca.scaled_dot_product_attention(q, q, q)\nprediction = 7",
+        "setup",
+        deadline,
+    )
+    assert session.reference_calls == set()  # attention's own call of softmax is coursekit's
+    session.begin_check("read a global")
+    assert session.remote("prediction")._value() == 7
+    session.end_check()
+    session.run_cell("def mine(x):\n    return getattr(ca, 'soft' + 'max')(x)", "answer", deadline)
+    assert session.reference_calls == set()  # defined, not called yet
+    session.begin_check("the student's function calls the reference")
+    session.remote("mine")(torch.zeros(3))
+    session.end_check()
+    assert session.reference_calls == {"coursekit.attention.softmax"}
+    session.run_cell("layer = ca.SelfAttention(4)", "module", deadline)
+    assert session.reference_calls == {"coursekit.attention.softmax", "coursekit.attention.SelfAttention"}
+    session.close()
 
 
 @pytest.mark.slow  # starts a sandbox
-def test_the_sandbox_sees_the_references_code_however_it_arrives():
+def test_the_sandbox_sees_the_references_code_however_it_arrives(sandbox):
     """The reference's code run through ``exec`` (of its source, or of a base64 string) is the
     reference's compiled code: reported as ``code:module.name``; a student's own softmax, or the
     reference with its docstring and local names changed is, a softmax of the student's own is not."""
@@ -542,26 +566,27 @@ def test_the_sandbox_sees_the_references_code_however_it_arrives():
     hidden = base64.b64encode(source.encode()).decode()
     renamed = re.sub(r"\bx\b", "inputs", source).replace('"""', '"""Mine. ', 1)  # locals, docstring changed
     watch = [("coursekit.attention", "softmax"), ("coursekit.attention", "SelfAttention")]
-    with Worker(KINDS[-1], Limits(cell_seconds=10, check_seconds=5)) as worker:
-        deadline = time.monotonic() + 60
-        own = worker.session(watch=watch)
-        own.run_cell(
-            "import torch\ndef softmax(x, dim=-1):\n    e = torch.exp(x - x.amax(dim, keepdim=True))\n"
-            "    return e / e.sum(dim, keepdim=True)",
-            "answer",
-            deadline,
-        )
-        assert own.reference_calls == set()
-        own.close()
-        for code in (
-            f"import base64, torch\nexec(base64.b64decode({hidden!r}))",
-            f"import torch\nexec({source!r})",
-            f"import torch\nexec({renamed!r})",
-        ):
-            session = worker.session(watch=watch)
-            assert session.run_cell(code, "answer", deadline)["ok"]
-            assert session.reference_calls == {"code:coursekit.attention.softmax"}, code
-            session.close()
+    worker = sandbox(KINDS[-1])
+    limits = Limits(cell_seconds=10, check_seconds=5)
+    deadline = time.monotonic() + 60
+    own = worker.session(watch=watch, limits=limits)
+    own.run_cell(
+        "import torch\ndef softmax(x, dim=-1):\n    e = torch.exp(x - x.amax(dim, keepdim=True))\n"
+        "    return e / e.sum(dim, keepdim=True)",
+        "answer",
+        deadline,
+    )
+    assert own.reference_calls == set()
+    own.close()
+    for code in (
+        f"import base64, torch\nexec(base64.b64decode({hidden!r}))",
+        f"import torch\nexec({source!r})",
+        f"import torch\nexec({renamed!r})",
+    ):
+        session = worker.session(watch=watch, limits=limits)
+        assert session.run_cell(code, "answer", deadline)["ok"]
+        assert session.reference_calls == {"code:coursekit.attention.softmax"}, code
+        session.close()
 
 
 @pytest.mark.slow
@@ -686,85 +711,89 @@ def test_the_memory_watch_waits_for_starting_processes_to_settle_before_counting
 
 @pytest.mark.slow  # starts a sandbox
 @pytest.mark.parametrize("kind", KINDS)
-def test_memory_shared_by_a_submissions_processes_counts_once(kind):
+def test_memory_shared_by_a_submissions_processes_counts_once(kind, sandbox):
     """The memory watch counts each process's proportional share (PSS) of the pages it shares. The
     notebook and each check are forked from the template and share its imported torch (a few
     hundred MiB): counted per process (RSS), a notebook with a check open would go over a 150 MiB
     limit without allocating anything. The watch must be able to read that share: processes forked
     from the template, which no student code may read (checked here too), are readable again."""
-    with Worker(kind, Limits(cell_seconds=20, check_seconds=20, memory=150 << 20)) as worker:
-        session = worker.session()
-        session.run_cell(
-            "import time\ndef wait():\n    time.sleep(1.5)\n    return 7", "setup", time.monotonic() + 60
-        )
-        peek = session.run_cell(
-            "import os\nfor name in ('mem', 'smaps_rollup', 'environ'):\n"
-            "    try:\n        open(f'/proc/{os.getppid()}/{name}', 'rb').read(1)\n        print('read', name)\n"
-            "    except OSError as e:\n        print(type(e).__name__, name)",
-            "peek at the template",
-            time.monotonic() + 60,
-        )
-        assert peek["outputs"][0]["text"].split("\n")[:3] == [
-            "PermissionError mem",
-            "PermissionError smaps_rollup",
-            "PermissionError environ",
-        ]
-        for name in ("first", "second"):
-            session.begin_check(name)
-            assert session.remote("wait")() == 7
-            session.end_check()
-        assert worker.command({"op": "status"})[0]["killed_because"] is None
-        session.close()
+    worker = sandbox(kind)
+    limits = Limits(cell_seconds=20, check_seconds=20, memory=150 << 20)
+    session = worker.session(limits=limits)
+    session.run_cell(
+        "import time\ndef wait():\n    time.sleep(1.5)\n    return 7", "setup", time.monotonic() + 60
+    )
+    peek = session.run_cell(
+        "import os\nfor name in ('mem', 'smaps_rollup', 'environ'):\n"
+        "    try:\n        open(f'/proc/{os.getppid()}/{name}', 'rb').read(1)\n        print('read', name)\n"
+        "    except OSError as e:\n        print(type(e).__name__, name)",
+        "peek at the template",
+        time.monotonic() + 60,
+    )
+    assert peek["outputs"][0]["text"].split("\n")[:3] == [
+        "PermissionError mem",
+        "PermissionError smaps_rollup",
+        "PermissionError environ",
+    ]
+    for name in ("first", "second"):
+        session.begin_check(name)
+        assert session.remote("wait")() == 7
+        session.end_check()
+    assert worker.command({"op": "status"})[0]["killed_because"] is None
+    session.close()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_exited_processes_not_yet_reaped_do_not_count_against_the_process_limit(kind):
+def test_exited_processes_not_yet_reaped_do_not_count_against_the_process_limit(kind, sandbox):
     """A zombie runs nothing: 80 children that exited (their parent has not reaped them yet) do not
     make a cell "start more than 64 processes". A fork bomb's killed processes linger as zombies on
     a loaded machine until the sandbox's init reaps them; counted, they cost the notebook started
     after the bomb its first cell."""
-    with Worker(kind, Limits(cell_seconds=20)) as worker:
-        session = worker.session()
-        out = session.run_cell(
-            "import os, time\n"
-            "for _ in range(80):\n"
-            "    if os.fork() == 0:\n"
-            "        os._exit(0)\n"
-            "time.sleep(1)  # the watch looks every 20 ms\n"
-            "print('still here')",
-            "zombies",
-            time.monotonic() + 60,
-        )
-        assert "still here" in str(out)
-        session.close()
+    worker = sandbox(kind)
+    limits = Limits(cell_seconds=20)
+    session = worker.session(limits=limits)
+    out = session.run_cell(
+        "import os, time\n"
+        "for _ in range(80):\n"
+        "    if os.fork() == 0:\n"
+        "        os._exit(0)\n"
+        "time.sleep(1)  # the watch looks every 20 ms\n"
+        "print('still here')",
+        "zombies",
+        time.monotonic() + 60,
+    )
+    assert "still here" in str(out)
+    session.close()
 
 
 @pytest.mark.slow  # starts a sandbox
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_cell_is_timed_by_the_cpu_time_of_its_process(kind):
+def test_a_cell_is_timed_by_the_cpu_time_of_its_process(kind, sandbox):
     """A cell that spins through its CPU budget is "an endless loop?"; one that sleeps as long is
     told it waited, never that it looped; a cell that computes before it sleeps is timed from its
     own start, not by what earlier cells computed."""
     from coursekit.sandbox import CellFailed
 
-    with Worker(kind, Limits(cell_seconds=1, check_seconds=1)) as worker:
-        deadline = time.monotonic() + 60
-        session = worker.session()
-        work = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}:\n    pass\n"
-        for _ in range(3):  # 3 cells of 0.6 s of CPU: 1.8 s in all, within 1 s each
-            assert session.run_cell(work.format(0.6), "work", deadline)["ok"]
-        started = time.monotonic()
-        with pytest.raises(CellFailed, match=r"did not finish within 1 s of CPU time \(an endless loop\?\)"):
-            session.run_cell("while True:\n    pass", "spin", deadline)
-        assert time.monotonic() - started < 5
-        session = worker.session()
-        with pytest.raises(
-            CellFailed, match=r"did not finish within 1 s: it waited \d+ s while computing"
-        ) as e:
-            session.run_cell("import time\ntime.sleep(1000)", "sleep", deadline)
-        assert "endless loop" not in str(e.value)
-        assert worker.session().run_cell("print(6 * 7)", "after", deadline)["outputs"][0]["text"] == "42\n"
+    worker = sandbox(kind)
+    limits = Limits(cell_seconds=1, check_seconds=1)
+    deadline = time.monotonic() + 60
+    session = worker.session(limits=limits)
+    work = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}:\n    pass\n"
+    for _ in range(3):  # 3 cells of 0.6 s of CPU: 1.8 s in all, within 1 s each
+        assert session.run_cell(work.format(0.6), "work", deadline)["ok"]
+    started = time.monotonic()
+    with pytest.raises(CellFailed, match=r"did not finish within 1 s of CPU time \(an endless loop\?\)"):
+        session.run_cell("while True:\n    pass", "spin", deadline)
+    assert time.monotonic() - started < 5
+    session = worker.session(limits=limits)
+    with pytest.raises(CellFailed, match=r"did not finish within 1 s: it waited \d+ s while computing") as e:
+        session.run_cell("import time\ntime.sleep(1000)", "sleep", deadline)
+    assert "endless loop" not in str(e.value)
+    assert (
+        worker.session(limits=limits).run_cell("print(6 * 7)", "after", deadline)["outputs"][0]["text"]
+        == "42\n"
+    )
 
 
 def _imports_inside_functions(path: Path, skip: set[str]) -> set[str]:
@@ -799,7 +828,7 @@ def test_every_module_the_sandbox_imports_at_run_time_is_restored_before_a_check
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_check_works_after_a_cell_swapped_the_modules_the_sandbox_uses(kind):
+def test_a_check_works_after_a_cell_swapped_the_modules_the_sandbox_uses(kind, sandbox):
     swap = (
         "import sys, types\n"
         "for name in ('torch', 'numpy', 'io'):\n"
@@ -807,14 +836,15 @@ def test_a_check_works_after_a_cell_swapped_the_modules_the_sandbox_uses(kind):
         "def double(x):\n"
         "    return 2 * x"
     )
-    with Worker(kind, Limits(cell_seconds=3, check_seconds=5)) as worker:
-        session = worker.session()
-        assert session.run_cell("import torch", "setup", time.monotonic() + 60)["ok"]
-        assert session.run_cell(swap, "swap", time.monotonic() + 60)["ok"]
-        for name in ("first", "second"):
-            session.begin_check(name)
-            assert torch.equal(session.remote("double")(torch.ones(3)), torch.full((3,), 2.0))
-        session.close()
+    worker = sandbox(kind)
+    limits = Limits(cell_seconds=3, check_seconds=5)
+    session = worker.session(limits=limits)
+    assert session.run_cell("import torch", "setup", time.monotonic() + 60)["ok"]
+    assert session.run_cell(swap, "swap", time.monotonic() + 60)["ok"]
+    for name in ("first", "second"):
+        session.begin_check(name)
+        assert torch.equal(session.remote("double")(torch.ones(3)), torch.full((3,), 2.0))
+    session.close()
 
 
 def _huge_pages_possible() -> bool:
@@ -853,7 +883,7 @@ def test_the_template_holds_its_memory_in_huge_pages():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
-def test_each_check_starts_every_generator_from_its_seed(kind):
+def test_each_check_starts_every_generator_from_its_seed(kind, sandbox):
     """Python's, numpy's and torch's global generators, seeded as ``random.seed``,
     ``numpy.random.seed`` and ``torch.manual_seed`` seed them, whatever the notebook drew before."""
     import random
@@ -864,14 +894,15 @@ def test_each_check_starts_every_generator_from_its_seed(kind):
         "def draws():\n"
         "    return [random.random(), float(numpy.random.rand()), float(torch.rand(()))]"
     )
-    with Worker(kind, Limits(cell_seconds=5, check_seconds=5)) as worker:
-        session = worker.session()
-        assert session.run_cell(cell, "draws", time.monotonic() + 60)["ok"]
-        got = []
-        for seed in (7, 7, 8):
-            session.begin_check("draws", seed)
-            got.append(session.remote("draws")())
-        session.close()
+    worker = sandbox(kind)
+    limits = Limits(cell_seconds=5, check_seconds=5)
+    session = worker.session(limits=limits)
+    assert session.run_cell(cell, "draws", time.monotonic() + 60)["ok"]
+    got = []
+    for seed in (7, 7, 8):
+        session.begin_check("draws", seed)
+        got.append(session.remote("draws")())
+    session.close()
     expected = [
         random.Random(7).random(),
         float(np.random.RandomState(7).rand()),

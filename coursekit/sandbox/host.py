@@ -763,14 +763,20 @@ class Worker:
         self.command({"op": "kill", "pid": int(pid)})
 
     def session(
-        self, files: dict[str, bytes] | None = None, seed: int = 0, watch: list[tuple[str, str]] = ()
+        self,
+        files: dict[str, bytes] | None = None,
+        seed: int = 0,
+        watch: list[tuple[str, str]] = (),
+        limits: Limits | None = None,
     ) -> Session:
         """A fresh notebook process. ``watch``: ``(module, name)`` of references whose calls by the
-        student's code are recorded in :attr:`Session.reference_calls`."""
+        student's code are recorded in :attr:`Session.reference_calls`. ``limits``: the notebook's
+        time, memory and process limits where they are not the sandbox's own (its disk is the
+        sandbox's, fixed when it started)."""
         reply, _, fds = self.command(
             {
                 "op": "session",
-                "limits": asdict(self.limits),
+                "limits": asdict(limits or self.limits),
                 "seed": seed,
                 "files": {k: v.hex() for k, v in (files or {}).items()},
                 "watch": [[str(m), str(n)] for m, n in watch],
@@ -783,7 +789,7 @@ class Worker:
             raise SandboxError(f"the sandbox could not start a notebook process: {str(reply)[:200]}")
         pid = int(reply["pid"])
         self._sessions.add(pid)
-        return Session(self, socket.socket(fileno=fds[0]), pid)
+        return Session(self, socket.socket(fileno=fds[0]), pid, limits or self.limits)
 
     def close(self) -> None:
         """Stop the sandbox and every process in it; a broken template is killed at once."""
@@ -835,10 +841,11 @@ class CellBusy(CellFailed):
 class Session:
     """One submission's notebook process, and the check processes forked from it."""
 
-    def __init__(self, worker: Worker, sock: socket.socket, pid: int):
+    def __init__(self, worker: Worker, sock: socket.socket, pid: int, limits: Limits | None = None):
         self.worker = worker
         self.sock = sock
         self.pid = pid
+        self.limits = limits or worker.limits  # this notebook's (see Worker.session)
         self.channel: _Channel | None = None
         self.dead_because: str | None = None
         #: called to get a fresh session in the same state when the sandbox killed this one
@@ -862,7 +869,7 @@ class Session:
         Like a check, a cell is timed by the CPU time of the notebook's process and what it starts
         (``cell_seconds``, see :class:`_Clock`), with a wall-clock cap of :data:`WALL_FACTOR` times
         that only as a safety net; ``deadline`` (the submission's budget) still holds."""
-        limit = self.worker.limits.cell_seconds
+        limit = self.limits.cell_seconds
         self._drop_spare()  # forked before this cell: it would not see what the cell does
         clock = _Clock(self.worker, self.pid, limit, until=deadline, base=None)
         try:
@@ -976,7 +983,7 @@ class Session:
             self,
             sock,
             int(reply.get("pid", -1)),
-            time.monotonic() + self.worker.limits.check_seconds * WALL_FACTOR,
+            time.monotonic() + self.limits.check_seconds * WALL_FACTOR,
         )
         try:
             protocol.send(self.sock, {"op": "fork"})
@@ -1020,7 +1027,7 @@ class _Channel:
         has slept or blocked for as long, or, as a safety net, at the wall-clock cap: then it was
         ready to run but kept waiting for a core, the busy machine's doing (:class:`MachineBusy`),
         never the student's."""
-        budget = self.session.worker.limits.check_seconds
+        budget = self.session.limits.check_seconds
         clock = _Clock(self.session.worker, self.pid, budget, started=self.started, cap=self.deadline)
         why = clock.wait(self.sock)
         used, wall = clock.used, clock.wall
