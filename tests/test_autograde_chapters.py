@@ -84,7 +84,8 @@ def graded(request, tmp_path_factory):
         "--csv",
         str(csv_path),
         "--jobs",
-        "2",
+        "1",  # the pool (--jobs 2) is tested by test_autograde and test_adversarial: here it cost two
+        # more processes and a second sandbox per batch, about 8 CPU-seconds each, and the suite is CPU-bound
         "--no-feedback",  # the hints are read from the autograded notebooks; feedback pages: test_autograde
     ]
     assert cli.main(argv) == 0
