@@ -1,6 +1,6 @@
 """Sphinx extension for the course book, loaded by `_config.yml` (`sphinx.local_extensions`).
 
-Six things Jupyter Book 1 does not do by configuration alone:
+Seven things Jupyter Book 1 does not do by configuration alone:
 
 1. **Launch buttons only with a real repository.** `launch_buttons` in `_config.yml` names Binder
    and Colab, but a launch link needs the public repository (`repository.url`). Without one,
@@ -28,6 +28,8 @@ Six things Jupyter Book 1 does not do by configuration alone:
 6. **Glue stays backstage.** A page puts a number its code computed into its prose with
    `glue(...)`; the page shows its code cells without those calls (a cell that only glues shows no
    code), while the executed notebook offered for download keeps them.
+7. **Named toggles in the sidebar.** The theme's buttons that show or hide a page's sections have
+   no name for a screen reader; each gets one (:func:`name_toggles`).
 """
 
 from __future__ import annotations
@@ -254,6 +256,41 @@ def use_accessible_citations(app: Sphinx) -> None:
         translator.visit_citation = accessible_citation
 
 
+def name_toggles(html: str) -> str:
+    """The sidebar's contents with a name for each button that shows or hides a page's sections.
+
+    pydata-sphinx-theme writes such a button as a ``<summary>`` holding only a decorative chevron, so
+    a screen reader announces a button without a name (axe-core's ``summary-name``, serious). Each
+    gets an ``aria-label`` naming the page whose sections it shows."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    for summary in soup.select("li.has-children > details > summary"):
+        if summary.get_text(strip=True) or summary.get("aria-label"):
+            continue  # a section heading's summary holds its text
+        link = summary.parent.parent.find("a", recursive=False)
+        title = link.get_text(" ", strip=True) if link else ""
+        summary["aria-label"] = (
+            f"Show or hide the sections of {title}" if title else "Show or hide the sections"
+        )
+    return str(soup)
+
+
+def named_toggles(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """Wrap the theme's ``generate_toctree_html`` (set on the page's context at the default priority)
+    so that the sidebar it writes names its toggles (:func:`name_toggles`)."""
+    generate = context.get("generate_toctree_html")
+    if generate is None or getattr(generate, "names_toggles", False):
+        return
+
+    def generate_named(kind: str, *args, **kwargs):
+        html = generate(kind, *args, **kwargs)
+        return name_toggles(html) if isinstance(html, str) else html
+
+    generate_named.names_toggles = True
+    context["generate_toctree_html"] = generate_named
+
+
 def add_static_path(app: Sphinx) -> None:
     app.config.html_static_path.append(str(STATIC))
 
@@ -275,4 +312,5 @@ def setup(app: Sphinx) -> dict:
     # prune the launch menu after
     app.connect("html-page-context", executed_notebook_download, priority=500)
     app.connect("html-page-context", no_colab_for_markdown, priority=502)
+    app.connect("html-page-context", named_toggles, priority=510)  # after the theme sets the function
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

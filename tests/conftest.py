@@ -67,7 +67,6 @@ FIRST = [
     "test_exercises.py",  # 193 s
     "test_autograde.py",  # 158 s
     "test_sandbox.py",  # 138 s
-    "test_accessibility.py",  # 136 s, reads the built book
     "test_postgres_gradebook.py",  # 108 s
 ]
 

@@ -1,13 +1,13 @@
-"""Accessibility: axe-core's WCAG 2.1 A and AA rules in headless Chromium, on every page of the
-built book. The checker is first shown to fail on a page with the faults it must find. (A
-feedback page and the class report are checked in tests/test_term.py, where a term made them.)"""
+"""Accessibility: axe-core's WCAG 2.1 A and AA rules in headless Chromium, shown here to find the
+faults it must on a page made to have them. The book's pages are checked in tests/test_book.py, on the
+load that checks how each renders (a load typesets every equation: about a CPU-second per page); a
+feedback page and the class report in tests/test_term.py, where a term made them."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.browser import axe_violations, chromium
-from tests.test_book import PAGES, book, server  # noqa: F401 (the built book, served: fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -36,16 +36,4 @@ def test_axe_finds_an_image_without_alt_text_low_contrast_and_an_unlabelled_fiel
         "<p>Black text on white.</p><label>Name <input type='text'></label></main></body></html>"
     )
     driver.get(page.as_uri())
-    assert axe_violations(driver) == []
-
-
-@pytest.mark.parametrize("page", sorted(PAGES))
-def test_book_page_has_no_serious_accessibility_violation(page, server, driver):  # noqa: F811 (a fixture)
-    driver.get(server + page)
-    driver.execute_script("return document.fonts.ready")
-    # MathJax typesets after load; axe then sees the equations as readers get them
-    driver.execute_async_script(
-        "const done = arguments[arguments.length - 1];"
-        "(window.MathJax && MathJax.startup) ? MathJax.startup.promise.then(() => done(1), () => done(0)) : done(1);"
-    )
     assert axe_violations(driver) == []

@@ -183,6 +183,56 @@ def test_page_renders(page, server, browser):
     ]
     assert not errors, f"{page}: console errors: {errors}"
     assert not figure_problems(browser, page), f"{page}: {figure_problems(browser, page)}"
+    record_axe(browser, page)  # last: what axe adds to the page is read by no check above
+
+
+#: axe-core's serious and critical violations on each page, page -> lines: test_page_renders runs axe
+#: on the page it loaded, so that test_page_has_no_serious_accessibility_violation loads a page again
+#: only where that test did not get that far (run alone, or after a failure); a load typesets every
+#: equation, about a CPU-second per page
+_AXE_SEEN: dict[str, list[str]] = {}
+
+
+def record_axe(browser, page: str) -> None:
+    """Run axe-core (WCAG 2.1 A and AA) on ``page``, loaded and typeset, once its fonts are in."""
+    from tests.browser import axe_violations
+
+    browser.execute_script("return document.fonts.ready")
+    _AXE_SEEN[page] = axe_violations(browser)
+
+
+def test_the_sidebars_toggles_get_a_name_and_headings_keep_theirs():
+    """What the theme writes for a page with sections (a link, then a summary holding only a chevron)
+    gets a label naming the page; a section heading's summary, which holds its text, is left alone."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "_ext"))
+    from course_book import name_toggles
+
+    chevron = (
+        '<span class="toctree-toggle" role="presentation"><i class="fa-solid fa-chevron-down"></i></span>'
+    )
+    html = (
+        '<ul><li class="toctree-l1 has-children"><a class="reference internal" href="ch04.html">4. Layers</a>'
+        f"<details><summary>{chevron}</summary><ul><li>4.1</li></ul></details></li>"
+        f'<li class="has-children"><details><summary><p class="caption">Part I</p>{chevron}</summary>'
+        "</details></li></ul>"
+    )
+    out = name_toggles(html)
+    assert out.count("aria-label") == 1
+    assert 'aria-label="Show or hide the sections of 4. Layers"' in out
+    assert name_toggles(out) == out
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_page_has_no_serious_accessibility_violation(page, server, browser):
+    """No serious or critical violation of axe-core's WCAG 2.1 A and AA rules, at the desktop's size
+    with every equation typeset (as readers and their screen readers get it). The checker is first
+    shown to find the faults it must on a page made to have them: tests/test_accessibility.py."""
+    if page not in _AXE_SEEN:
+        assert load(browser, urljoin(server, page)) == "ok", page
+        record_axe(browser, page)
+    assert _AXE_SEEN[page] == [], f"{page}: " + "\n".join(_AXE_SEEN[page])
 
 
 #: each image in the page: its address, alt text, figure caption (None outside a figure), shown width
