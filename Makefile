@@ -25,7 +25,7 @@ system-book system-test: system-%:
 mathjax:
 	scripts/install_mathjax.sh
 
-# the accessibility engine of the browser tests (tests/test_accessibility.py)
+# the accessibility engine of the browser tests (tests/test_book.py, test_term.py, test_accessibility.py)
 axe:
 	scripts/install_axe.sh
 
