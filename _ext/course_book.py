@@ -256,15 +256,16 @@ def use_accessible_citations(app: Sphinx) -> None:
         translator.visit_citation = accessible_citation
 
 
-def name_toggles(html: str) -> str:
+def name_toggles(toctree):
     """The sidebar's contents with a name for each button that shows or hides a page's sections.
 
     pydata-sphinx-theme writes such a button as a ``<summary>`` holding only a decorative chevron, so
     a screen reader announces a button without a name (axe-core's ``summary-name``, serious). Each
-    gets an ``aria-label`` naming the page whose sections it shows."""
+    gets an ``aria-label`` naming the page whose sections it shows. ``toctree``: HTML text, or the
+    theme's BeautifulSoup (labelled in place: the theme caches it, and labelling twice changes nothing)."""
     from bs4 import BeautifulSoup
 
-    soup = BeautifulSoup(html, "html.parser")
+    soup = BeautifulSoup(toctree, "html.parser") if isinstance(toctree, str) else toctree
     for summary in soup.select("li.has-children > details > summary"):
         if summary.get_text(strip=True) or summary.get("aria-label"):
             continue  # a section heading's summary holds its text
@@ -273,7 +274,7 @@ def name_toggles(html: str) -> str:
         summary["aria-label"] = (
             f"Show or hide the sections of {title}" if title else "Show or hide the sections"
         )
-    return str(soup)
+    return str(soup) if isinstance(toctree, str) else soup
 
 
 def named_toggles(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
@@ -283,9 +284,8 @@ def named_toggles(app: Sphinx, pagename: str, templatename: str, context: dict, 
     if generate is None or getattr(generate, "names_toggles", False):
         return
 
-    def generate_named(kind: str, *args, **kwargs):
-        html = generate(kind, *args, **kwargs)
-        return name_toggles(html) if isinstance(html, str) else html
+    def generate_named(*args, **kwargs):
+        return name_toggles(generate(*args, **kwargs))
 
     generate_named.names_toggles = True
     context["generate_toctree_html"] = generate_named

@@ -222,6 +222,10 @@ def test_the_sidebars_toggles_get_a_name_and_headings_keep_theirs():
     assert out.count("aria-label") == 1
     assert 'aria-label="Show or hide the sections of 4. Layers"' in out
     assert name_toggles(out) == out
+    from bs4 import BeautifulSoup  # what the theme hands its template: labelled in place
+
+    soup = BeautifulSoup(html, "html.parser")
+    assert name_toggles(soup) is soup and str(soup) == out
 
 
 @pytest.mark.parametrize("page", sorted(PAGES))
