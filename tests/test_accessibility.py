@@ -1,6 +1,6 @@
 """Accessibility: axe-core's WCAG 2.1 A and AA rules in headless Chromium, shown here to find the
 faults it must on a page made to have them. The book's pages are checked in tests/test_book.py, on the
-load that checks how each renders (a load typesets every equation: about a CPU-second per page); a
+load that checks how each renders (a load typesets every equation: about 3 CPU-seconds a page); a
 feedback page and the class report in tests/test_term.py, where a term made them."""
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ def test_page_renders(page, server, browser):
 #: axe-core's serious and critical violations on each page, page -> lines: test_page_renders runs axe
 #: on the page it loaded, so that test_page_has_no_serious_accessibility_violation loads a page again
 #: only where that test did not get that far (run alone, or after a failure); a load typesets every
-#: equation, about a CPU-second per page
+#: equation: Chromium took 55 CPU-seconds to load the 18 pages at 1280 px, and axe 77 to check them
 _AXE_SEEN: dict[str, list[str]] = {}
 
 
@@ -204,12 +204,10 @@ def record_axe(browser, page: str) -> None:
     browser.get_log("browser")
 
 
-def test_the_sidebars_toggles_get_a_name_and_headings_keep_theirs():
+def test_the_sidebars_toggles_get_a_name_and_headings_keep_theirs(monkeypatch):
     """What the theme writes for a page with sections (a link, then a summary holding only a chevron)
     gets a label naming the page; a section heading's summary, which holds its text, is left alone."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "_ext"))
+    monkeypatch.syspath_prepend(str(ROOT / "_ext"))
     from course_book import name_toggles
 
     chevron = (
