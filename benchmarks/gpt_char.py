@@ -172,7 +172,7 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads)
     d = data.prepare("python-docs")
     peak = matmul_peak()
-    iters = 50 if args.quick else NANO["iters"]
+    iters = 20 if args.quick else NANO["iters"]
 
     nano, nano_time, nano_tokens = train_nanogpt(d, iters)
     nano_loss = val_loss(nano, d, NANO["block_size"])
@@ -181,7 +181,7 @@ def run(args) -> dict:
     recipe = gpt_char.GPT_CHAR_FAST
     model_cfg = replace(recipe.model, vocab_size=d.vocab_size)
     budget = nano_time
-    calib = gpt_char.calibrate_steps(model_cfg, recipe.train, d, steps=10 if args.quick else 30)
+    calib = gpt_char.calibrate_steps(model_cfg, recipe.train, d, steps=5 if args.quick else 30)
     cfg = gpt_char.fit_to_budget(recipe.train, calib, budget)
     cfg = replace(cfg, eval_interval=cfg.max_steps)  # evaluate once, at the end
     steps = cfg.max_steps
@@ -229,7 +229,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--quick", action="store_true", help="50 baseline steps: checks that the benchmark runs"
+        "--quick", action="store_true", help="20 baseline steps: checks that the benchmark runs"
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the results here")

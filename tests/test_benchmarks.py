@@ -39,6 +39,32 @@ def test_committed_markdown_is_generated_from_the_json():
     )
 
 
+def test_the_class_benchmark_fits_amdahls_law_and_leaves_one_core_alone():
+    """Two runs give the serial fraction s of T(2) = T(1) (s + (1 - s) / 2) and projections made with
+    it; one run on one core (``--quick``) gives neither, and its summary rows say so."""
+    import class_scale
+
+    def run(cores: int, wall: float, busy: float) -> dict:
+        return {"cores": cores, "jobs": cores, "process_wall": wall, "busy": busy, "cpu": wall * cores * busy}
+
+    two = class_scale.summarise([run(1, 100.0, 1.0), run(2, 60.0, 0.9)], 10)
+    assert two["serial_fraction_walls"] == pytest.approx(0.2)  # 60 / 100 = 0.2 + 0.8 / 2
+    assert two["serial_fraction_busy"] == pytest.approx(1 / 0.9 - 1)
+    assert two["serial_fraction"] == pytest.approx(0.2)  # the larger of the two
+    assert two["projected_seconds"]["1000 students on 16 cores"] == pytest.approx(
+        1000 * 10 * (0.2 + 0.8 / 16)
+    )
+    one = class_scale.summarise([run(1, 100.0, 1.0)], 10)
+    assert one == {
+        "serial_fraction": None,
+        "serial_fraction_walls": None,
+        "serial_fraction_busy": None,
+        "projected_seconds": {},
+    }
+    rows = bench._class_scale({"students": 10, "runs": [{**run(1, 100.0, 1.0), "as_expected": 10}], **one})
+    assert [value for _, value in rows] == ["10/10 at --jobs 1", "10.00"]
+
+
 @pytest.mark.slow
 def test_quick_mode_runs_every_benchmark_into_one_report(tmp_path):
     proc = subprocess.run(
