@@ -93,9 +93,13 @@ def _finish_groups() -> None:
         out.write(f"(before the plugin started: conftest's imports)\t{_before:.2f}\n")
         for name, group in _tests:
             out.write(f"{name}\t{int((group / 'cpuacct.usage').read_text()) / 1e9:.2f}\n")
-            try:
-                group.rmdir()
-            except OSError:  # a process it started is still alive
+            for _ in range(50):  # a process it started may take a moment to exit
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            else:
                 left.append(f"{name}: {(group / 'cgroup.procs').read_text().split()}")
     if left:
         (folder / f"{worker}.left").write_text("\n".join(left) + "\n")
