@@ -161,10 +161,14 @@ def test_a_cell_stopped_by_load_is_graded_again_and_never_scored_as_the_students
 @pytest.mark.bubblewrap
 def test_correct_alternatives_keep_full_marks_on_a_busy_machine(tmp_path):
     """Two notebooks holding every correct alternative of Exercise 1's catalogue (the first and the
-    second of each part; a part without one keeps the reference's answer), autograded together with
-    a 2 s CPU budget per check on a core where 4 spinning processes run: full marks, as on a quiet
-    machine. (The reference itself is graded on a quiet machine by test_autograde.py: here a third
-    notebook cost a second round of grading, and the spinners' CPU with it, about a minute.)"""
+    second of each part; a part without one keeps the reference's answer), autograded one after the
+    other with a 2 s CPU budget per check on a core where 4 spinning processes run: full marks, as on
+    a quiet machine. (The reference itself is graded on a quiet machine by test_autograde.py: here a
+    third notebook cost a second round of grading, and the spinners' CPU with it, about a minute.
+    The pool of --jobs 2 is tested by test_autograde.py and test_adversarial.py: here its two
+    processes, each importing the course and starting a sandbox on the loaded core, kept the spinners
+    going for their whole two minutes: this test took 118 CPU-seconds so, 84 in one process, each
+    alone on a quiet machine.)"""
     from coursekit import autograde
     from tests.submissions import course_folder, filled, points
     from tests.test_grading_ch01_attention import ALTERNATIVES
@@ -185,7 +189,7 @@ def test_correct_alternatives_keep_full_marks_on_a_busy_machine(tmp_path):
     auto, _ = points(assignment)
     with on_one_core() as core, busy_machine(core):
         _, results = autograde.grade_inbox(
-            root, assignment, inbox, limits=Limits(check_seconds=2.0), feedback=False, jobs=2
+            root, assignment, inbox, limits=Limits(check_seconds=2.0), feedback=False, jobs=1
         )
     assert {r.student: (r.score, r.error) for r in results} == {
         s: (auto, None) for s in ("alternatives1", "alternatives2")
