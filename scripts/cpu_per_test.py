@@ -75,6 +75,13 @@ def _start_groups() -> None:
         return
     global _before
     _before = sum(_cpu())
+    for stale in Path(root).glob("coursekit-cpu-*"):  # an earlier run's, whose process is gone: remove
+        if not Path(f"/proc/{stale.name.rsplit('-', 1)[1]}").exists():  # what is empty of it
+            for group in [*stale.glob("[0-9]*"), stale]:
+                try:
+                    group.rmdir()
+                except OSError:
+                    pass
     _groups = Path(root) / f"coursekit-cpu-{os.getpid()}"
     _groups.mkdir()
     _enter("(session start)")
