@@ -479,10 +479,11 @@ def test_a_correct_beam_search_keeps_its_gpt_score_under_every_course_secret(sec
     from coursekit.grading.core import Grader
 
     answers = {"reference": decoding.beam_search}
-    for source in CORRECT["beam_search"].values():
+    for name, source in CORRECT["beam_search"].items():
         namespace = {"torch": torch, "F": F}
         exec(source, namespace)
-        answers[source.split("\n")[1][:40]] = namespace["beam_search"]
+        answers[name] = namespace["beam_search"]
+    assert len(answers) == 1 + len(CORRECT["beam_search"])
     token = core.SECRET.set(bytes.fromhex(secret))
     try:
         for name, beam_search in answers.items():
