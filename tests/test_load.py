@@ -1,11 +1,15 @@
 """Fair under load: a check is timed by the CPU time of the student's process, not the wall clock.
 
-A grading machine is often busy (another course grading, a book build). These tests load a core
-themselves with spinning processes they start and stop (4, each ending on its own within two
-minutes), grade on that core, and check that correct code keeps its points, that code which spins
-or sleeps is still stopped and told which, and that a check a busy machine kept from running is
-graded again rather than blamed on the student. The load stays on the test's core: the machine's
-other cores go on with whatever runs beside the test (another test of the suite, another grader).
+A grading machine is often busy (another course grading, a book build). These tests make it busy for
+the code they grade, check that correct code keeps its points, that code which spins or sleeps is
+still stopped and told which, and that a check a busy machine kept from running is graded again
+rather than blamed on the student. Busy means a fifth of a core: where the machine has cgroup v1's
+``cpu`` controller and lets the test make a group (:func:`a_fifth_of_a_core`), the test and everything
+it starts run in a group of their own whose CPU bandwidth is capped at 20 ms in every 100 ms, which is
+what a process sees on a core shared with 4 spinning processes, without the 4 spinning; elsewhere, 4
+spinning processes that the test starts and stops share its one core (:func:`spinning_beside`). The
+test of a check starved below its neighbours' priority always spins: it needs neighbours. The load
+stays on the test: the machine's other cores go on with whatever runs beside it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import re
 import subprocess
 import sys
 import time
+import uuid
 from contextlib import contextmanager
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -44,7 +50,7 @@ def on_one_core():
 
 
 @contextmanager
-def busy_machine(core: int, spinning: int = 4):
+def spinning_beside(core: int, spinning: int = 4):
     """``spinning`` processes spinning on ``core`` beside the test, killed when the block ends."""
     # each in a session of its own, as another course's processes would be: with the kernel's
     # autogroup scheduling, processes of one session share one slice of the cores
@@ -63,15 +69,102 @@ def busy_machine(core: int, spinning: int = 4):
             p.wait()
 
 
+#: where cgroup v1 mounts its ``cpu`` controller
+CPU_CONTROLLER = Path("/sys/fs/cgroup/cpu")
+#: the bandwidth of a busy machine: 20 ms of CPU in every 100 ms, a core shared five ways
+PERIOD_US, QUOTA_US = 100_000, 20_000
+
+
+def _cpu_group() -> Path | None:
+    """This process's group of cgroup v1's ``cpu`` controller, if this user may make groups in it."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            group = CPU_CONTROLLER / path.lstrip("/")
+            writable = os.access(group, os.W_OK) and (group / "cpu.cfs_quota_us").is_file()
+            return group if writable else None
+    return None
+
+
+@contextmanager
+def a_fifth_of_a_core():
+    """Run the block, and every process it starts (they inherit the group), in a cgroup of its own
+    capped at a fifth of a core; yields ``False`` without one (no cgroup v1 ``cpu``, or no right to
+    make a group), ``True`` otherwise. At the end this process, and what it started that still
+    runs, go back to the group they came from, and the group is removed."""
+    parent = _cpu_group()
+    if parent is None:
+        yield False
+        return
+    group = parent / f"coursekit-busy-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+        (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(QUOTA_US))
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError:
+        if group.is_dir():
+            group.rmdir()
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        (parent / "cgroup.procs").write_text(str(os.getpid()))
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (parent / "cgroup.procs").write_text(pid)
+            except ProcessLookupError:  # it ended meanwhile
+                pass
+        group.rmdir()
+
+
+@contextmanager
+def busy_machine():
+    """A fifth of a core for the block and what it starts: a capped group of its own, or else one
+    core shared with 4 spinning processes."""
+    with a_fifth_of_a_core() as capped:
+        if capped:
+            yield
+            return
+    with on_one_core() as core, spinning_beside(core):
+        yield
+
+
+def test_a_fifth_of_a_core_slows_what_runs_in_it_and_leaves_no_group_behind(monkeypatch):
+    """0.3 s of CPU take at least a second in the capped group (1.5 s at a fifth of a core); after
+    it this process is back in its group and the capped one is gone. Without a group to make, the
+    block runs uncapped and is told so (the tests then spin beside it)."""
+    parent = _cpu_group()
+    with a_fifth_of_a_core() as capped:
+        if not capped:
+            pytest.skip("no cgroup v1 cpu controller this user may make groups in: the tests spin instead")
+        inside = _cpu_group()
+        started, cpu = time.monotonic(), time.process_time()
+        while time.process_time() - cpu < 0.3:
+            pass
+        wall = time.monotonic() - started
+    assert inside.parent == parent and inside.name.startswith("coursekit-busy-")
+    assert wall > 1.0, f"0.3 s of CPU took {wall:.2f} s: the group did not cap it"
+    assert _cpu_group() == parent and not inside.exists()
+    monkeypatch.setattr(sys.modules[__name__], "_cpu_group", lambda: None)
+    with a_fifth_of_a_core() as capped:
+        assert capped is False
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_check_is_timed_by_its_cpu_not_by_the_load_beside_it(kind):
-    """On a core with 4 spinning processes, a check that needs about 0.6 s of CPU takes
+    """On a busy machine (a fifth of a core), a check that needs about 0.6 s of CPU takes
     several times that on the wall clock: it is within its 1.5 s CPU budget and passes. A check that
     spins is still stopped, as an endless loop once it used its budget (or, kept from a core until
     the wall cap, as the machine's doing); one that sleeps is stopped and told it waited, not that
     it looped. A cell is timed the same way: 0.6 s of CPU within a 1.5 s budget."""
     limits = Limits(cell_seconds=1.5, check_seconds=1.5)
-    with on_one_core() as core, Worker(kind, limits) as worker, busy_machine(core):
+    with busy_machine(), Worker(kind, limits) as worker:
         session = worker.session()
         deadline = time.monotonic() + 300
         code = (
@@ -93,9 +186,9 @@ def test_a_check_is_timed_by_its_cpu_not_by_the_load_beside_it(kind):
         session.begin_check("spins")
         with pytest.raises(RemoteTimeout) as spun:
             session.remote("spin")(1)
-        # A spin gets its 1.5 s of CPU before the 7.5 s cap where it gets a fifth of a core: 4
-        # spinning processes on its core are about that, and other programs on the machine (a book
-        # build) can make it less: then the cap stops it, and the machine takes the blame.
+        # A spin gets its 1.5 s of CPU before the 7.5 s cap where it gets a fifth of a core; it shares
+        # that fifth with the sandbox's own processes (and, spinning beside it, other programs on the
+        # machine, a book build, can take more): then the cap stops it, and the machine takes the blame.
         if isinstance(spun.value, MachineBusy):  # it had used less than its 1.5 s (printed to 0.1 s)
             assert float(re.search(r"ran (\d+\.\d) s of CPU", str(spun.value))[1]) <= 1.5
         else:
@@ -118,7 +211,7 @@ def test_a_check_kept_waiting_by_a_busy_machine_is_not_the_students(kind):
     busy, and it says so (``MachineBusy``), never "an endless loop". A starved cell likewise
     (``CellBusy``: the notebook runs again)."""
     limits = Limits(cell_seconds=1.0, check_seconds=1.0)
-    with on_one_core() as core, Worker(kind, limits) as worker, busy_machine(core):
+    with on_one_core() as core, Worker(kind, limits) as worker, spinning_beside(core):
         session = worker.session()
         deadline = time.monotonic() + 300
         code = (
@@ -162,13 +255,11 @@ def test_a_cell_stopped_by_load_is_graded_again_and_never_scored_as_the_students
 def test_correct_alternatives_keep_full_marks_on_a_busy_machine(tmp_path):
     """Two notebooks holding every correct alternative of Exercise 1's catalogue (the first and the
     second of each part; a part without one keeps the reference's answer), autograded one after the
-    other with a 2 s CPU budget per check on a core where 4 spinning processes run: full marks, as on
-    a quiet machine. (The reference itself is graded on a quiet machine by test_autograde.py: here a
-    third notebook cost a second round of grading, and the spinners' CPU with it, about a minute.
-    The pool of --jobs 2 is tested by test_autograde.py and test_adversarial.py: here its two
-    processes, each importing the course and starting a sandbox on the loaded core, kept the spinners
-    going for their whole two minutes: this test took 118 CPU-seconds so, 84 in one process, each
-    alone on a quiet machine.)"""
+    other with a 2 s CPU budget per check on a busy machine (a fifth of a core): full marks, as on a
+    quiet machine, after a grading that waited for a core most of its time. (The reference itself is
+    graded on a quiet machine by test_autograde.py; the pool of --jobs 2 by test_autograde.py and
+    test_adversarial.py. Alone on a quiet machine this test took 84 CPU-seconds with 4 spinning
+    processes, 27 in a capped group.)"""
     from coursekit import autograde
     from tests.submissions import course_folder, filled, points
     from tests.test_grading_ch01_attention import ALTERNATIVES
@@ -187,10 +278,16 @@ def test_correct_alternatives_keep_full_marks_on_a_busy_machine(tmp_path):
                 cell.source = choices[min(i, len(choices) - 1)]
         nbformat.write(nb, inbox / f"alternatives{i + 1}.ipynb")
     auto, _ = points(assignment)
-    with on_one_core() as core, busy_machine(core):
+    with busy_machine():
         _, results = autograde.grade_inbox(
             root, assignment, inbox, limits=Limits(check_seconds=2.0), feedback=False, jobs=1
         )
     assert {r.student: (r.score, r.error) for r in results} == {
         s: (auto, None) for s in ("alternatives1", "alternatives2")
     }
+    # and the machine was busy: wall seconds over CPU seconds were 0.6 on a quiet machine (the sandbox
+    # computes beside this process), 3.6 on a fifth of a core (not 5: the sandbox's start counts its
+    # CPU seconds, not its wall seconds)
+    wall = sum(r.stages[stage][0] for r in results for stage in ("grade", "record"))
+    cpu = sum(seconds for r in results for _, seconds in r.stages.values())
+    assert wall > 2 * cpu, [r.stages for r in results]
