@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 import shutil
 import subprocess
 import sys
@@ -80,19 +81,49 @@ def test_exercises_are_current():
     assert not problems, "exercises/ is stale, run `coursekit release`:\n" + "\n".join(problems)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("assignment", sorted(MODULES))
-def test_solution_notebook_passes_nbval(assignment):
-    path = ROOT / "solutions" / assignment / f"{assignment}.ipynb"
+@pytest.fixture(scope="module")
+def nbval_runs(request, tmp_path_factory):
+    """The solution notebooks of the session's nbval tests, run by ``pytest --nbval-lax`` in one
+    process (a process each cost about 2 CPU-seconds more a notebook: pytest's start and this
+    suite's conftest). Returns that run and, per assignment, its cells as nbval reported them:
+    ``(name, None)`` for a cell that passed, ``(name, what failed)`` for one that did not."""
+    import xml.etree.ElementTree as ET
+
+    chosen = sorted(
+        {
+            item.callspec.params["assignment"]
+            for item in request.session.items
+            if item.originalname == "test_solution_notebook_passes_nbval"
+        }
+    )
+    report = tmp_path_factory.mktemp("nbval") / "nbval.xml"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", "-n", "0", str(path)],
+        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", "-n", "0"]
+        + ["--junitxml", str(report)]
+        + [str(ROOT / "solutions" / a / f"{a}.ipynb") for a in chosen],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,
     )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout
+    cells: dict[str, list] = {a: [] for a in chosen}
+    for case in ET.parse(report).iter("testcase") if report.is_file() else ():
+        problem = next((e for e in case if e.tag in ("failure", "error")), None)
+        why = None if problem is None else f"{problem.get('message', '')}\n{(problem.text or '')[-2000:]}"
+        why = why and re.sub(r"#x1B\[[0-9;]*m", "", why)  # nbval's colours, as the report escapes them
+        for a in chosen:
+            if case.get("classname") == f"solutions.{a}.{a}.ipynb":
+                cells[a].append((case.get("name"), why))
+    return run, cells
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assignment", sorted(MODULES))
+def test_solution_notebook_passes_nbval(assignment, nbval_runs):
+    run, cells = nbval_runs
+    assert cells[assignment], f"nbval ran no cell of {assignment}:\n{run.stdout[-3000:]}{run.stderr[-2000:]}"
+    failed = [f"{name}: {why}" for name, why in cells[assignment] if why is not None]
+    assert not failed, "\n".join(failed)
 
 
 @pytest.mark.parametrize("assignment", sorted(MODULES))
@@ -100,8 +131,6 @@ def test_a_filled_release_uses_no_undefined_name(assignment, tmp_path):
     """The student's notebook with every answer filled in, read top to bottom (code cells, then the
     Python examples of the markdown cells where they stand), names nothing it never defined or
     imported (ruff's F821), the outro's "put it together" snippets included."""
-    import re
-
     from tests.submissions import filled
 
     pieces = []
