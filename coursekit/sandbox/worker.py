@@ -345,6 +345,16 @@ class Template:
             return
         self.deferrals = 0
         limit = f"{self.limits['memory'] / 2**30:.1f} GiB of memory"
+        if not stable and len(pids) > PSS_PROCESSES:
+            # more processes than the watch reads shares of, still multiplying (a fork bomb in its
+            # first trees): ending the trees one at a time, each waited for on cores the others keep
+            # busy, let them multiply for up to 40 s (both cores: 78 CPU-seconds); all at once, 0.2 s
+            self.killed_because = (
+                f"it started more than {PSS_PROCESSES} processes at once ({len(pids)}), still multiplying, "
+                f"too fast to measure their memory against the limit of {limit}"
+            )
+            self.kill_all()
+            return
         # Over the limit: end the largest trees of processes below the notebook's first (each
         # check with whatever it started; anything the cells started), before the notebook itself.
         # A check that took too much memory then fails on its own, and the later checks still run.
