@@ -1,13 +1,8 @@
 """Checks for Exercise 3 (positional encodings): each graded part is a :class:`~coursekit.grading.spec.Spec`.
 
-A part lists its clauses, one per promise of its text and docstring, each stated once: the check's name,
-its test ``test(g, student, case)``, the hidden inputs (a Hypothesis strategy drawn from the seed of ``key``,
-shrinking to the smallest failing input) and fixed examples. ``check_<part>`` (public) runs every clause on
-its examples; ``grade_<part>`` (hidden) tries the first example, then the drawn inputs and the fixed ``also``
-ones, against :mod:`coursekit.positional` in float64. Before the generic "differs" hint a test names the
-common mistake that matches (swapped sine and cosine, the wrong RoPE pairing or direction, the wrong ALiBi
-rule for head counts that are not powers of two, ...). The generic kinds (argument checks, no change in
-place, a new tensor where nothing turns, the dtype at the largest positions) are the spec's constructors.
+The clauses test against :mod:`coursekit.positional` in float64. Before the generic "differs" hint a test
+names the common mistake that matches (swapped sine and cosine, the wrong RoPE pairing or direction, the
+wrong ALiBi rule for head counts that are not powers of two, ...).
 
 Over 500 lines: every clause of the exercise text for each graded part, with the inputs that provoke it
 and the common mistakes each hint names; splitting it would scatter one exercise's specification.
@@ -310,14 +305,9 @@ def _rope_kind(g: Grader, apply_rope, dtype: torch.dtype) -> None:
     out, (x_after, positions_after) = p.result, p.args
     kind = f"expected a tensor of x's shape and dtype, got {describe(out)}: cast cos and sin to x.dtype"
     g.expect(is_tensor(out) and out.shape == x.shape and out.dtype == dtype, f"{what}: {kind}")
-    g.expect(
-        is_tensor(x_after) and torch.equal(x_after, x),
-        f"{what}: x was modified in place: compute a new tensor",
-    )
-    g.expect(
-        is_tensor(positions_after) and torch.equal(positions_after, positions),
-        f"{what}: positions was modified in place",
-    )
+    kept = lambda now, was: is_tensor(now) and torch.equal(now, was)
+    g.expect(kept(x_after, x), f"{what}: x was modified in place: compute a new tensor")
+    g.expect(kept(positions_after, positions), f"{what}: positions was modified in place")
     if dtype == F32:
         expect_close(g, what, out, ref.apply_rope(x.double(), positions).float(), magnitude(x))
 
@@ -332,10 +322,8 @@ def _rope_values(g: Grader, apply_rope, case) -> None:
     kwargs = {k: v for k, v in (("base", base), ("scaling", scaling), ("factor", factor)) if v is not None}
     shown = str(positions.tolist()) if positions.numel() <= 8 else f"of shape {tuple(positions.shape)}"
     what = f"for x {named}{',' if len(case) == 2 else ' and'} positions {shown}{_args(**kwargs)}"
-    out, expected = (
-        call_student(g, what, apply_rope, x, positions, **kwargs),
-        ref.apply_rope(x, positions, **kwargs),
-    )
+    out = call_student(g, what, apply_rope, x, positions, **kwargs)
+    expected = ref.apply_rope(x, positions, **kwargs)
     _against(g, what, out, expected, lambda: _rope_mistakes(x, positions, **kwargs), magnitude(x))
 
 
@@ -391,7 +379,6 @@ _ROPE_FIXED = ((1, 2, 5, 8), [0, 10, 20, 30, 40], "rope.options.fixed")
 
 
 def _rope_clause(text: str, key: str, inputs, examples, also=()) -> Clause:
-    """A clause of :func:`_rope_values` on drawn ``inputs`` (a wide budget, seeded by ``key``)."""
     return Clause(text, _rope_values, inputs, examples, key=key, budget="wide", also=also)
 
 
