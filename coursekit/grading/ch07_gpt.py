@@ -1,19 +1,11 @@
-"""Checks for Exercise 7 (GPT decoding).
+"""Checks for Exercise 7 (GPT decoding): a :class:`~coursekit.grading.spec.Spec` per graded part.
 
-Each graded part is a :class:`~coursekit.grading.spec.Spec`: one
-:class:`~coursekit.grading.spec.Clause` per rule of the part's text, its test written once.
-``SPEC.graders()`` gives the two entry points the notebook calls with the student's object(s):
-``check_*`` (public) runs every clause on its small fixed examples, the part's worked examples
-among them; ``grade_*`` (hidden) runs every clause on inputs drawn across what the text allows
-(:func:`~coursekit.grading.core.for_all`: batch sizes and lengths including 1, any leading shape,
-both float dtypes, large logits where stability is promised, random toy language models for beam
-search, every grouping of key/value heads), then on fixed hidden inputs (``also``). Answers are
-compared with :mod:`coursekit.decoding` / :mod:`coursekit.gpt` and with independent facts (the loss
-on explicitly shifted tensors, toy models whose best sequences are worked out by hand, greedy
-decoding, the log-probability of the returned sequence, attention over the whole sequence). The
-generic kinds of clause (a ValueError, inputs left unchanged, the promised shape and dtype, a new
-tensor at an argument's edge) come from :mod:`coursekit.grading.spec`; the common mistakes get
-their own hints (:func:`~coursekit.grading.core.first_match`).
+The hidden checks draw inputs across what the text allows (batch sizes and lengths including 1, any
+leading shape, both float dtypes, large logits where stability is promised, random toy language models
+for beam search, every grouping of key/value heads). Answers are compared with :mod:`coursekit.decoding` /
+:mod:`coursekit.gpt` and with independent facts (the loss on explicitly shifted tensors, toy models whose
+best sequences are worked out by hand, greedy decoding, the log-probability of the returned sequence,
+attention over the whole sequence); the common mistakes get their own hints.
 
 **Models cross no wire.** Under the autograder the student's functions run in a sandboxed process
 and only data crosses to it. So the graders of parts 4 and 5 also take the *classes* they need, from
@@ -447,10 +439,6 @@ check_causal_lm_loss, grade_causal_lm_loss = LOSS.graders()
 _LEADING = st.lists(st.integers(1, 3), min_size=0, max_size=3).map(tuple)
 _ROWS = st.lists(st.integers(1, 4), min_size=1, max_size=2).map(tuple)
 _SCALES = st.sampled_from([1.0, 2.0, 4.0])
-_IN_PLACE = (
-    "return a new tensor (logits.masked_fill(...), not masked_fill_ or item assignment): a filter that "
-    "changed its input in place breaks a caller that still needs the original logits"
-)
 
 
 def _filter_call(
@@ -555,7 +543,8 @@ def _filter_unchanged(name: str, scale: float, key: str, args, example) -> Claus
         budget="handful",
         examples=[((2,), 5, example, 6)],
         text="leaves the logits unchanged",
-        advice=_IN_PLACE,
+        advice="return a new tensor (logits.masked_fill(...), not masked_fill_ or item assignment): a filter "
+        "that changed its input in place breaks a caller that still needs the original logits",
     )
 
 
@@ -1577,25 +1566,21 @@ def _pair(MultiHeadAttention, name: str, config, dropout: float = 0.0):
     return attention_pair(MultiHeadAttention, name, kv, dropout, d_model=Cc, n_heads=Hh, bias=bias)
 
 
-def _attend(r, x_new, k, v, mask=None, scale=None):
+def _attend(r, x_new, k, v, mask=None, scale=None, out_proj=True):
     """``r``'s attention of the new tokens' queries to keys ``k`` and values ``v`` (the common mistakes use this)."""
     q = r.project(x_new)[0]  # (B, H, T, D)
     n_rep = r.n_heads // k.shape[1]  # 1 if k already has H heads
     out, _ = att.scaled_dot_product_attention(
         q, mh.repeat_kv(k, n_rep), mh.repeat_kv(v, n_rep), mask=mask, scale=scale
     )
-    return r.out_proj(mh.merge_heads(out))  # (B, T, C)
+    merged = mh.merge_heads(out)  # (B, T, C)
+    return r.out_proj(merged) if out_proj else merged
 
 
 def _csa_mistakes(r, x_new, k_all, v_all, P: int):
     T, S = x_new.shape[1], k_all.shape[2]
     top_left = torch.ones(T, S, dtype=torch.bool).tril()
     bottom_right = att.causal_mask(T, S)
-    q, _, _ = r.project(x_new)
-    n_rep = r.n_heads // r.n_kv_heads
-    heads = att.scaled_dot_product_attention(
-        q, mh.repeat_kv(k_all, n_rep), mh.repeat_kv(v_all, n_rep), mask=bottom_right
-    )[0]
     out = [
         (
             _attend(r, x_new, k_all, v_all, bottom_right, scale=1.0),
@@ -1607,13 +1592,17 @@ def _csa_mistakes(r, x_new, k_all, v_all, P: int):
             f"the scores are scaled by 1/sqrt(C): divide by sqrt(D), the head width D = attn.d_head = "
             f"{r.d_head}, not the model width",
         ),
-        (mh.merge_heads(heads), "the output projection is missing: return attn.out_proj(merge_heads(out))"),
+        (
+            _attend(r, x_new, k_all, v_all, bottom_right, out_proj=False),
+            "the output projection is missing: return attn.out_proj(merge_heads(out))",
+        ),
         (
             _attend(r, x_new, k_all, v_all),
             "the attention is not causal: new token i may only see keys up to its own position P + i",
         ),
     ]
     if 1 < r.n_kv_heads < r.n_heads:
+        n_rep = r.n_heads // r.n_kv_heads
         tiled = k_all.repeat(1, n_rep, 1, 1), v_all.repeat(1, n_rep, 1, 1)  # (B, H, S, D) in the wrong order
         out.append((_attend(r, x_new, *tiled, bottom_right), _GROUPS_HINT))
     if P > 0:
@@ -1762,17 +1751,16 @@ def _dropout_subsets(out, r, x_all: torch.Tensor, P: int, p: float):
     return None
 
 
-def _csa_module(name: str, config, dtype, g: Grader, student):
-    """The student's attention step bound to a module of ``config`` built with their class."""
-    m, _ = _pair(student[1], name, config)
-    m.to(dtype)
-    return functools.partial(student[0], m)
-
-
 def _csa_shape_call(case) -> Call:
     config, (B, T), dtype, seed = case
+
+    def build(g: Grader, student):
+        """The student's attention step bound to a module of ``config`` built with their class."""
+        m, _ = _pair(student[1], f"csa.shape.{seed}", config)
+        m.to(dtype)
+        return functools.partial(student[0], m)
+
     x = tensor(seed, B, T, config[0], dtype=dtype)
-    build = functools.partial(_csa_module, f"csa.shape.{seed}", config, dtype)
     return Call(_csa_where(config, B, -1, T, dtype), (x,), build=build)
 
 
@@ -1997,19 +1985,15 @@ PPL_CHARS_PER_TOKEN = 3
 _PPL_CHOICES = {"a": 3.3, "b": 10.0, "c": 36.0, "d": 103.0}
 
 
-def _gpt_char():
+@functools.cache
+def _gpt_char() -> dict:
     """``gpt-char`` and four held-out pieces of 600 characters of its validation split (loaded once)."""
-    if not _GPT_CHAR:
-        from coursekit import checkpoints, data
+    from coursekit import checkpoints, data
 
-        ck = checkpoints.load("gpt-char")
-        _, val = data.split_text(data.python_docs_text())
-        pieces = [val[a : a + 600] for a in range(0, len(val) - 600, len(val) // 4)][:4]
-        _GPT_CHAR.update(ck=ck, ids=[data.encode_text(ck.tokenizer, t) for t in pieces])
-    return _GPT_CHAR
-
-
-_GPT_CHAR: dict = {}
+    ck = checkpoints.load("gpt-char")
+    _, val = data.split_text(data.python_docs_text())
+    pieces = [val[a : a + 600] for a in range(0, len(val) - 600, len(val) // 4)][:4]
+    return {"ck": ck, "ids": [data.encode_text(ck.tokenizer, t) for t in pieces]}
 
 
 def _perplexity_choice() -> str:
