@@ -89,6 +89,10 @@ class ContractInclude(LiteralInclude):
         text = graded.contract(source, dotted, where.where())
         block = nodes.literal_block(text, text, language=self.options.get("language", "python"))
         self.set_source_info(block)
+        noted = self.env.temp_data.setdefault("graded_notes", set())  # this page's: one note each
+        if where.name in noted:
+            return [block]
+        noted.add(where.name)
         note = nodes.paragraph(
             "",
             "",
@@ -194,9 +198,9 @@ class AuthorYearStyle(UnsrtStyle):
 
 
 def without_glue(source: str) -> str | None:
-    """A code cell's source as the page shows it: without its ``glue(...)`` calls and the loops
-    that only glue (the page's bookkeeping, which puts computed numbers into the prose) and the
-    import of ``glue``.
+    """A code cell's source as the page shows it: without its ``glue(...)`` calls, at any depth,
+    the loops that only glue (with the names they compute for the glue calls alone), and the
+    import of ``glue``: the page's bookkeeping, which puts computed numbers into the prose.
     ``None`` if the source cannot be parsed (then it is shown as it is); ``""`` if nothing is left."""
     import ast
 
@@ -205,17 +209,59 @@ def without_glue(source: str) -> str | None:
     except SyntaxError:
         return None
 
-    def glues(stmt) -> bool:
-        """A ``glue(...)`` call, or a loop that only glues."""
+    def glue_call(stmt) -> bool:
         call = stmt.value if isinstance(stmt, ast.Expr) else None
-        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "glue":
+        return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "glue"
+
+    glue_calls = [node for node in ast.walk(tree) if isinstance(node, ast.stmt) and glue_call(node)]
+    inside_glue = {id(n) for call in glue_calls for n in ast.walk(call)}
+    # names read somewhere other than inside a glue(...) call: computing them is not bookkeeping
+    read_elsewhere = {
+        n.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in inside_glue
+    }
+
+    def bookkeeping(stmt) -> bool:
+        """A ``glue(...)`` call, or a loop whose body only glues and names values for the glue."""
+        if glue_call(stmt):
             return True
-        return isinstance(stmt, ast.For) and not stmt.orelse and all(glues(s) for s in stmt.body)
+        if isinstance(stmt, ast.Assign):
+            targets = [t for target in stmt.targets for t in ast.walk(target) if isinstance(t, ast.Name)]
+            return bool(targets) and not {t.id for t in targets} & read_elsewhere
+        return (
+            isinstance(stmt, ast.For)
+            and not stmt.orelse
+            and any(glue_call(s) or isinstance(s, ast.For) for s in stmt.body)
+            and all(bookkeeping(s) for s in stmt.body)
+        )
 
     drop: set[int] = set()
+
+    def prune(body) -> None:
+        """Drop the bookkeeping of one block and of the blocks inside it, never emptying a block."""
+        kept = [
+            stmt
+            for stmt in body
+            if not (glue_call(stmt) or (isinstance(stmt, ast.For) and bookkeeping(stmt)))
+        ]
+        if body is not tree.body and not kept:
+            return
+        for stmt in body:
+            if stmt not in kept:
+                drop.update(range(stmt.lineno, stmt.end_lineno + 1))
+        for stmt in kept:
+            for attr in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, attr, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    prune(inner)
+            for handler in getattr(stmt, "handlers", []):
+                prune(handler.body)
+
     for stmt in tree.body:
-        if glues(stmt) or (isinstance(stmt, ast.ImportFrom) and [a.name for a in stmt.names] == ["glue"]):
+        if isinstance(stmt, ast.ImportFrom) and [a.name for a in stmt.names] == ["glue"]:
             drop.update(range(stmt.lineno, stmt.end_lineno + 1))
+    prune(tree.body)
     if not drop:
         return source
     lines = [line for n, line in enumerate(source.splitlines(), start=1) if n not in drop]

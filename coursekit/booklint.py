@@ -477,13 +477,15 @@ _RAW_MYST = re.compile(
     r"|^\([\w-]+\)=$",
     flags=re.M,
 )
+_MATH = re.compile(r"\\\(.*?\\\)|\\\[.*?\\\]", flags=re.S)  # MathJax's delimiters in the built HTML
 
 
 def raw_markup(html: str) -> list[str]:
     """MyST left unparsed in a built page: its text holding a fence with a directive, a role or
     directive name in braces, or a target label. Code and outputs (``<pre>``, ``<code>``, where a
-    page may show MyST on purpose), scripts and styles are not read. Each finding is returned
-    with the text around it."""
+    page may show MyST on purpose), scripts, styles and math (between ``\\(`` and ``\\)`` or
+    ``\\[`` and ``\\]``, where ``\\pi_{\\text{ref}}`` is LaTeX) are not read. Each finding is
+    returned with the text around it."""
     from html.parser import HTMLParser
 
     class Text(HTMLParser):
@@ -509,7 +511,7 @@ def raw_markup(html: str) -> list[str]:
 
     parser = Text()
     parser.feed(html)
-    text = "".join(parser.parts)
+    text = _MATH.sub(" ", "".join(parser.parts))
     found = []
     for m in _RAW_MYST.finditer(text):
         around = " ".join(text[max(0, m.start() - 40) : m.end() + 60].split())

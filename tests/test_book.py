@@ -14,6 +14,7 @@ PNG of the size it would take now, and rewrites it when ``UPDATE_BOOK_SCREENSHOT
 
 from __future__ import annotations
 
+import collections
 import functools
 import http.server
 import os
@@ -674,6 +675,22 @@ def test_every_reference_is_cited():
     assert not keys - cited, f"in references.bib but cited by no page: {sorted(keys - cited)}"
 
 
+def test_no_two_references_read_alike_in_the_text(monkeypatch):
+    """The text cites by author and year, so two papers by the same authors in one year carry
+    "2023a" and "2023b" in their year fields; the bibliography's labels alone would not tell the
+    reader which one a sentence means."""
+    monkeypatch.syspath_prepend(str(ROOT / "_ext"))
+    from course_book import AuthorYearLabels
+    from pybtex.database import parse_file
+
+    entries = parse_file(str(ROOT / "references.bib")).entries
+    by_label = collections.defaultdict(list)
+    for key, entry in entries.items():
+        by_label[AuthorYearLabels.format_label(entry)].append(key)
+    alike = {label: keys for label, keys in by_label.items() if len(keys) > 1}
+    assert not alike, f"cited alike in the text: {alike}"
+
+
 def test_launch_buttons_follow_the_repository_url(book):
     """Without repository.url no page has a launch button (Jupyter Book would link its own
     repository); with it, Binder opens the page from that repository."""
@@ -757,6 +774,35 @@ def test_pages_show_their_code_without_glue_calls(tmp_path):
     assert "glue" not in shown, shown
     assert len(inputs) == 1  # the cell that only glued shows no code
     assert "The answer is 42 and half of it 21.0; thrice, 126." in re.sub(r"<[^>]+>", "", html)
+
+
+def test_glue_calls_are_hidden_at_any_depth(monkeypatch):
+    """A glue call inside a loop that also computes and prints goes alone; a loop that only glues,
+    with the key it names for the glue, goes whole; a value the rest of the cell reads stays."""
+    monkeypatch.syspath_prepend(str(ROOT / "_ext"))
+    from course_book import without_glue
+
+    printing = (
+        "for name, x in (('a', 1), ('b', 2)):\n"
+        "    y = 2 * x\n"
+        "    glue(f'k_{name}', y, display=False)\n"
+        "    print(name, y)\n"
+    )
+    assert without_glue(printing) == "for name, x in (('a', 1), ('b', 2)):\n    y = 2 * x\n    print(name, y)"
+    only_glue = (
+        "runs = {0.1: 2}\n"
+        "print(runs)\n"
+        "for alpha, load in runs.items():\n"
+        "    tag = f'{alpha:g}'.replace('.', '')\n"
+        "    glue(f'busiest_{tag}', load, display=False)\n"
+        "    for k in (1, 2):\n"
+        "        glue(f'k{k}_{tag}', k * load, display=False)\n"
+    )
+    assert without_glue(only_glue) == "runs = {0.1: 2}\nprint(runs)"
+    read_later = "for k in range(3):\n    last = 2 * k\n    glue(f't{k}', last)\nprint(last)\n"
+    assert without_glue(read_later) == "for k in range(3):\n    last = 2 * k\nprint(last)"
+    lone = "if True:\n    glue('x', 1)\n"
+    assert without_glue(lone) == lone  # never an empty block
 
 
 @pytest.mark.parametrize(

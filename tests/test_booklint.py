@@ -289,3 +289,6 @@ def test_myst_left_unparsed_in_a_built_page_is_found():
     assert [f.split(" in: ")[0] for f in found] == ["'```{table}'", "'{glue:text}'", "'(sec-heads)='"]
     shown = "<p>Link a term with <code>{term}`KV cache`</code>; {x} and ``code``.</p><pre>:::{note}</pre>"
     assert booklint.raw_markup(shown) == []  # MyST shown on purpose, in code
+    math = r'<p>The <span class="math">\(\pi_{\text{ref}}\)</span>.</p><div class="math">\[x_{\text{ref}}\]</div>'
+    assert booklint.raw_markup(math) == []  # LaTeX, not a role
+    assert [f.split(" in: ")[0] for f in booklint.raw_markup(math + "<p>see {ref}</p>")] == ["'{ref}'"]
