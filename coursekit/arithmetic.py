@@ -948,7 +948,8 @@ def max_batch_for_kv_cache(
 
     Args:
         config: the model's shape.
-        memory_bytes: the accelerator's memory in bytes (an "80 GB" GPU: ``80e9``).
+        memory_bytes: the accelerator's memory in bytes (a GPU sold as "80GB": ``80 * 2**30``,
+            as the notation page says).
         context: ``S``, the tokens cached per sequence, ``1 .. block_size``.
         dtype_bytes: ``p``, bytes per weight and per cached value.
 
@@ -959,8 +960,8 @@ def max_batch_for_kv_cache(
         ValueError: the weights alone need more than ``memory_bytes`` (the message gives both),
             or an argument is invalid as in :func:`decode_step_cost`.
 
-    Example: :data:`GPT_7B` in bf16 on ``80e9`` bytes, at ``context=4096``: the weights take 13.2
-    GB, a sequence's cache 2.1 GB, and 31 sequences fit.
+    Example: :data:`GPT_7B` in bf16 on ``80 * 2**30`` bytes, at ``context=4096``: the weights take
+    12.3 GiB, a sequence's cache 2.0 GiB, and 33 sequences fit.
     """
     _check_inference_args(config, 1, context, dtype_bytes, "context")
     require_positive(memory_bytes=memory_bytes)

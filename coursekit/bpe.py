@@ -629,8 +629,9 @@ def under_trained_tokens(
     ``tokenizer_text`` first: the mechanism behind glitch tokens such as GPT-2's `` SolidGoldMagikarp``.
 
     A token earns its place in the vocabulary from the text the tokenizer was trained on. If the
-    model is trained on other text, a token that is rare there receives (almost) no gradient in the
-    input embedding, whose row for a token changes only where the token occurs.
+    model is trained on other text, a token that is rare there is (almost) never an input: its row of
+    the input embedding changes only where the token occurs. With tied embeddings that row is also
+    the output layer's, which moves at every step, but only to push the token's logit down.
 
     Example: a tokenizer trained on the Python manual, with ``model_text`` Python source code, lists
     `` characters`` (dozens of times in the manual, never in the source) among the first.

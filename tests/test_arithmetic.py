@@ -801,6 +801,8 @@ def test_max_batch_of_the_7b_shape_on_80_gb():
         assert A.max_batch_for_kv_cache(A.GPT_7B, 80e9, context) == int((80e9 - weights) // per_sequence)
     assert A.max_batch_for_kv_cache(A.GPT_7B, 80e9, 4096) == 31
     assert A.max_batch_for_kv_cache(A.GPT_7B, 80e9, 1024) == 124
+    # the docstring's example: a GPU sold as "80GB" holds 80 GiB; 12.3 GiB of weights, 2 GiB a sequence
+    assert A.max_batch_for_kv_cache(A.GPT_7B, 80 * GIB, 4096) == int((80 * GIB - weights) // (2 * GIB)) == 33
 
 
 def test_7b_shape_is_llama_2_7b_but_for_positions_and_the_untied_head():
