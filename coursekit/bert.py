@@ -9,7 +9,10 @@ added at the input (token, learned position, segment) and two small heads:
   selected position and nowhere else (:func:`mlm_loss`). The output layer reuses the
   token embedding (tied weights) plus a bias;
 - **classification**: a pooler (dense + tanh) on the ``[CLS]`` position, dropout and a
-  linear layer to ``K`` classes (:class:`ClsHead`, :class:`BertClassifier`).
+  linear layer to ``K`` classes (:class:`ClsHead`, :class:`BertClassifier`);
+- **extractive question answering**: :class:`SpanHead` gives every token a start and an end
+  logit (one linear layer ``C -> 2``) and :func:`best_span` picks the highest-scoring valid
+  span ``start[i] + end[j]``, ``i <= j``, within the context (Devlin et al., 2019, on SQuAD);
 - **sentence pairs**: :func:`pack_pairs` packs ``[CLS] a [SEP] b [SEP]`` with segment ids
   0 then 1; :func:`nsp_pairs` makes BERT's next-sentence prediction pairs (the second segment
   follows, or comes from another document) and :func:`sop_pairs` ALBERT's sentence-order
@@ -25,7 +28,8 @@ Conventions, stated once and tested:
 - **Layers** are :class:`coursekit.layers.Encoder` with ``norm_first=False`` and exact GELU,
   which is BERT's layer; BERT has no dropout inside its feed-forward, so we remove that one.
 - **Hugging Face**: :data:`HF_NAMES` is the one table between our parameter names and
-  those of ``transformers.BertForMaskedLM`` / ``BertForSequenceClassification``; the packed
+  those of ``transformers.BertForMaskedLM`` / ``BertForSequenceClassification`` /
+  ``BertForQuestionAnswering``; the packed
   ``qkv_proj`` rows ``[q | k | v]`` are HF's separate ``query``, ``key``, ``value``
   concatenated. With internet access, real weights load like this (our BPE is not BERT's
   WordPiece, so use Hugging Face's tokenizer with them)::
@@ -43,9 +47,9 @@ The data, the training and the measurements of the chapter live in
 the book's checkpoint ``bert-small``) and :mod:`coursekit.experiments.topics` (the
 fine-tuning task); this module is the model and the definitions of its inputs.
 
-Over 500 lines: the config, presets, embeddings, encoder, both heads, the graded mask_tokens and
-mlm_loss with their teaching docstrings, BERT's and ALBERT's sentence-pair inputs, and the Hugging Face
-name table are the model file of Chapter 6 (training and data live in coursekit.experiments).
+Over 500 lines: the config, presets, embeddings, encoder, the three heads and the span decoder, the
+graded mask_tokens and mlm_loss with their teaching docstrings, BERT's and ALBERT's sentence-pair inputs,
+and the Hugging Face name table are the model file of Chapter 6 (training and data live in coursekit.experiments).
 """
 
 from __future__ import annotations
@@ -460,6 +464,127 @@ def bert_params(config: BertConfig, head: str = "mlm", n_classes: int = 2) -> in
     return embeddings + layers + heads[head]
 
 
+# --------------------------------------------------------------------------- question answering
+
+
+class SpanHead(nn.Module):
+    """Extractive question answering: a start and an end logit for every token.
+
+    One linear layer ``C -> 2`` (Hugging Face's ``qa_outputs``): row 0 of its weight is
+    BERT's start vector ``S`` and row 1 its end vector ``E`` (Devlin et al., 2019), so
+    ``start[b, t] = S . h[b, t] + bias_0`` and ``end[b, t] = E . h[b, t] + bias_1``.
+    The biases shift every start (or end) logit alike and change no span's rank.
+
+    Args:
+        d_model: ``C``.
+
+    Submodules: ``qa_outputs`` (``C -> 2``).
+    """
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.qa_outputs = nn.Linear(d_model, 2)
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, T, C)`` encoder outputs -> start logits ``(B, T)`` and end logits ``(B, T)``."""
+        C = self.qa_outputs.in_features
+        if hidden.dim() != 3 or hidden.shape[-1] != C:
+            raise ValueError(f"hidden must be (B, T, C) with C = {C}, got {tuple(hidden.shape)}")
+        logits = self.qa_outputs(hidden)  # (B, T, 2)
+        return logits[..., 0], logits[..., 1]  # (B, T), (B, T)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """:class:`Bert` with a :class:`SpanHead`; submodules ``bert`` and ``head``.
+
+    The input is ``[CLS] question [SEP] context [SEP]`` (:func:`pack_pairs`, segment ids 0
+    then 1); :func:`best_span` turns the two logits into an answer.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = Bert(config)
+        self.head = SpanHead(config.d_model)
+        _init_weights(self.head, config.init_std)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start and end logits, ``(B, T)`` each; the arguments as :meth:`Bert.forward`."""
+        return self.head(self.bert(input_ids, attention_mask, token_type_ids))
+
+
+def best_span(
+    start_logits: torch.Tensor,
+    end_logits: torch.Tensor,
+    max_len: int,
+    allowed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The answer span ``(i, j)`` with the highest ``start[i] + end[j]``.
+
+    A span is valid if ``i <= j``, it has at most ``max_len`` tokens (``j - i < max_len``)
+    and every token from ``i`` to ``j`` is allowed (for ``[CLS] question [SEP] context
+    [SEP]``: the context tokens). Ties go to the smallest ``i``, then the smallest ``j``.
+
+    Example: start ``[0, 3, 1]``, end ``[2, 0, 1]``, ``max_len=3`` -> ``(1, 2)``, score 4
+    (``(1, 0)`` would score 5 but ends before it starts).
+
+    Args:
+        start_logits: ``(B, T)``, finite.
+        end_logits: ``(B, T)``, finite.
+        max_len: the longest answer, in tokens (at least 1).
+        allowed: ``(B, T)`` boolean, ``True`` where an answer may lie; ``None`` allows every
+            position.
+
+    Returns:
+        ``(start, end, score)``, ``(B,)`` each: the first and last token of each row's best
+        span (inclusive, ``torch.long``) and its score ``start[i] + end[j]``.
+
+    Raises:
+        ValueError: logits of different shapes, not ``(B, T)`` floats, or not finite; a
+            ``max_len`` below 1; an ``allowed`` that is not a boolean ``(B, T)`` tensor; a row
+            with no allowed position.
+    """
+    if start_logits.shape != end_logits.shape or start_logits.dim() != 2:
+        raise ValueError(
+            "start_logits and end_logits must both be (B, T), got "
+            f"{tuple(start_logits.shape)} and {tuple(end_logits.shape)}"
+        )
+    if not (start_logits.is_floating_point() and end_logits.is_floating_point()):
+        raise ValueError(f"logits must be floating point, got {start_logits.dtype} and {end_logits.dtype}")
+    if not (torch.isfinite(start_logits).all() and torch.isfinite(end_logits).all()):
+        raise ValueError("logits must be finite: mark forbidden positions with allowed, not with -inf or NaN")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len must be an int >= 1, got {max_len!r}")
+    B, T = start_logits.shape
+    if allowed is None:
+        allowed = torch.ones(B, T, dtype=torch.bool, device=start_logits.device)
+    if allowed.dtype != torch.bool or allowed.shape != (B, T):
+        raise ValueError(
+            f"allowed must be a boolean {(B, T)} tensor (True = may be in the answer), "
+            f"got {allowed.dtype} {tuple(allowed.shape)}"
+        )
+    empty = ~allowed.any(1)
+    if empty.any():
+        raise ValueError(f"row {int(empty.nonzero()[0])} allows no position, so it has no span")
+
+    pos = torch.arange(T, device=start_logits.device)
+    length = pos[None, :] - pos[:, None] + 1  # (T, T): j - i + 1 for start i (row) and end j (column)
+    blocked = torch.cumsum(~allowed, dim=1)  # (B, T): forbidden positions among 0..t
+    clean = (blocked[:, None, :] == blocked[:, :, None]) & allowed[:, :, None]  # (B, T, T): none in i..j
+    valid = clean & (length >= 1) & (length <= max_len)  # (B, T, T)
+    scores = start_logits[:, :, None] + end_logits[:, None, :]  # (B, T, T): start i + end j
+    scores = scores.masked_fill(~valid, float("-inf")).view(B, T * T)
+    best = scores.max(1).values  # (B,)
+    flat = torch.where(scores == best[:, None], torch.arange(T * T, device=scores.device), T * T)
+    first = flat.min(1).values  # (B,): the first best span in (i, j) order
+    return first // T, first % T, best
+
+
 # --------------------------------------------------------------------------- masked language modelling
 
 
@@ -768,9 +893,9 @@ def sop_pairs(
 
 # --------------------------------------------------------------------------- Hugging Face weights
 
-#: Our parameter name -> Hugging Face's, for ``BertForMaskedLM`` (``mlm.*``) and
-#: ``BertForSequenceClassification`` (``head.*``); ``{i}`` is a layer index. Not a rename:
-#: our ``self_attn.qkv_proj`` rows are HF's ``attention.self.query``, ``key``, ``value``
+#: Our parameter name -> Hugging Face's, for ``BertForMaskedLM`` (``mlm.*``),
+#: ``BertForSequenceClassification`` and ``BertForQuestionAnswering`` (``head.*``); ``{i}`` is a
+#: layer index. Not a rename: our ``self_attn.qkv_proj`` rows are HF's ``attention.self.query``, ``key``, ``value``
 #: stacked, and HF's ``cls.predictions.decoder`` is the tied token embedding and ``mlm.bias``.
 HF_NAMES = {
     "bert.embeddings.token.weight": "bert.embeddings.word_embeddings.weight",
@@ -787,6 +912,7 @@ HF_NAMES = {
     "mlm.bias": "cls.predictions.bias",
     "head.pooler.{p}": "bert.pooler.dense.{p}",
     "head.classifier.{p}": "classifier.{p}",
+    "head.qa_outputs.{p}": "qa_outputs.{p}",
 }
 _NAMES = NameTable(
     HF_NAMES,
@@ -798,7 +924,8 @@ _HF_BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
 
 
 def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our :class:`BertForMaskedLM` or :class:`BertClassifier` weights with Hugging Face's names.
+    """Our :class:`BertForMaskedLM`, :class:`BertClassifier` or :class:`BertForQuestionAnswering`
+    weights with Hugging Face's names.
 
     ``qkv_proj`` is cut into ``query``, ``key`` and ``value`` (``C`` rows each); an MLM
     model also gets ``cls.predictions.decoder.weight`` (the token embedding) and
@@ -806,7 +933,7 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     """
     out = {}
     for key, value in state_dict.items():
-        out.update(_NAMES.to_hf(key, value, "BertForMaskedLM or BertClassifier"))
+        out.update(_NAMES.to_hf(key, value, "BertForMaskedLM, BertClassifier or BertForQuestionAnswering"))
     if "mlm.bias" in state_dict:
         out["cls.predictions.decoder.weight"] = state_dict["bert.embeddings.token.weight"]
         out["cls.predictions.decoder.bias"] = state_dict["mlm.bias"]
@@ -814,7 +941,8 @@ def to_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
 
 
 def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Hugging Face ``BertForMaskedLM`` / ``BertForSequenceClassification`` weights with our names.
+    """Hugging Face ``BertForMaskedLM`` / ``BertForSequenceClassification`` /
+    ``BertForQuestionAnswering`` weights with our names.
 
     Raises:
         ValueError: an unknown key, a layer without all of query/key/value, or a decoder
@@ -837,8 +965,8 @@ def from_hf_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.T
             name = _NAMES.our_name(key)
             if name is None:
                 raise ValueError(
-                    f"unexpected Hugging Face key {key!r} (BertForMaskedLM and "
-                    "BertForSequenceClassification are supported)"
+                    f"unexpected Hugging Face key {key!r} (BertForMaskedLM, "
+                    "BertForSequenceClassification and BertForQuestionAnswering are supported)"
                 )
             out[name] = value
     out.update(_NAMES.join_qkv(qkv))

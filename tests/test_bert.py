@@ -159,6 +159,129 @@ def test_mapping_rejects_unknown_keys():
         B.to_hf_state_dict({"bert.pooler.weight": torch.zeros(1)})
 
 
+# --------------------------------------------------------------------------- question answering
+
+
+def hf_qa(cfg=TINY, seed=0):
+    t = hf()
+    torch.manual_seed(seed)
+    config = t.BertConfig(**cfg.hf_kwargs(), attn_implementation="eager")
+    return t.BertForQuestionAnswering(config).double().eval()
+
+
+def test_question_answering_equals_hugging_face_both_ways():
+    """Start and end logits: ours from HF's weights, and HF's from ours (strict loads both ways)."""
+    theirs = randomise(hf_qa())
+    ours = B.BertForQuestionAnswering(TINY).double().eval()
+    ours.load_state_dict(B.from_hf_state_dict(theirs.state_dict()))
+    ids, mask, segments = batch(seed=5)
+    out = theirs(input_ids=ids, attention_mask=mask.long(), token_type_ids=segments)
+    start, end = ours(ids, mask, segments)
+    assert start.shape == end.shape == ids.shape
+    assert_close(start, out.start_logits)
+    assert_close(end, out.end_logits)
+
+    randomise(ours, seed=6)
+    other = hf_qa(seed=8)
+    other.load_state_dict(B.to_hf_state_dict(ours.state_dict()))
+    out = other(input_ids=ids, attention_mask=mask.long(), token_type_ids=segments)
+    start, end = ours(ids, mask, segments)
+    assert_close(start, out.start_logits)
+    assert_close(end, out.end_logits)
+
+
+def test_span_head_is_hugging_face_qa_outputs_on_any_hidden_states():
+    """Row 0 of qa_outputs gives the start logits and row 1 the end logits, as in HF's split."""
+    theirs = randomise(hf_qa(), seed=2)
+    head = B.SpanHead(TINY.d_model).double()
+    head.qa_outputs.load_state_dict(theirs.qa_outputs.state_dict())
+    h = torch.randn(3, 7, TINY.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    start, end = theirs.qa_outputs(h).split(1, dim=-1)  # HF's own forward: (B, T, 1) each
+    ours = head(h)
+    assert_close(ours[0], start.squeeze(-1))
+    assert_close(ours[1], end.squeeze(-1))
+    with pytest.raises(ValueError, match=r"\(B, T, C\) with C = 16"):
+        head(h[..., :8])
+
+
+def brute_force_span(start, end, max_len, allowed):
+    """Every pair (i, j) in order; a strictly higher score wins, so ties keep the first."""
+    best = None
+    T = len(start)
+    for i in range(T):
+        for j in range(i, min(T, i + max_len)):
+            if all(allowed[i : j + 1]):
+                score = start[i] + end[j]
+                if best is None or score > best[2]:
+                    best = (i, j, score)
+    return best
+
+
+@pytest.mark.parametrize("max_len", [1, 2, 3, 30])
+def test_best_span_equals_brute_force_with_ties_and_masked_positions(max_len):
+    g = torch.Generator().manual_seed(max_len)
+    B_, T = 64, 9
+    # small integers: many ties between spans
+    start = torch.randint(-2, 3, (B_, T), generator=g).double()
+    end = torch.randint(-2, 3, (B_, T), generator=g).double()
+    allowed = torch.rand(B_, T, generator=g) < 0.7  # holes: a span may not cross a forbidden position
+    allowed[:16] = torch.arange(T) >= 4  # [CLS] question [SEP] | context: one contiguous block
+    allowed[:, 0] |= ~allowed.any(1)  # every row allows something
+    i, j, score = B.best_span(start, end, max_len, allowed)
+    n_ties = 0
+    for b in range(B_):
+        expected = brute_force_span(start[b].tolist(), end[b].tolist(), max_len, allowed[b].tolist())
+        assert (int(i[b]), int(j[b]), float(score[b])) == expected
+        tops = [
+            (p, q)
+            for p in range(T)
+            for q in range(p, min(T, p + max_len))
+            if allowed[b, p : q + 1].all() and start[b, p] + end[b, q] == expected[2]
+        ]
+        n_ties += len(tops) > 1
+    assert n_ties > 5  # the test does exercise the tie rule
+    assert i.dtype == j.dtype == torch.long and score.dtype == torch.float64
+
+
+def test_best_span_is_not_the_two_argmaxes():
+    """The docstring's example: the best start comes after the best end; masks win over scores."""
+    start, end = torch.tensor([[0.0, 3.0, 1.0]]), torch.tensor([[2.0, 0.0, 1.0]])
+    i, j, score = B.best_span(start, end, 3)
+    assert (int(i), int(j), float(score)) == (1, 2, 4.0)
+    assert int(start.argmax()) > int(end.argmax())
+    i, j, _ = B.best_span(start, end, 1)  # one-token answers only
+    assert (int(i), int(j)) == (1, 1)
+    i, j, score = B.best_span(start, end, 3, torch.tensor([[True, False, True]]))
+    assert (int(i), int(j), float(score)) == (0, 0, 2.0)
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((torch.zeros(2, 4), torch.zeros(2, 5), 3), r"both be \(B, T\)"),
+        ((torch.zeros(4), torch.zeros(4), 3), r"both be \(B, T\)"),
+        ((torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long), 3), "floating point"),
+        ((torch.tensor([[0.0, float("nan")]]), torch.zeros(1, 2), 3), "finite"),
+        ((torch.zeros(1, 2), torch.tensor([[0.0, float("-inf")]]), 3), "finite"),
+        ((torch.zeros(1, 2), torch.zeros(1, 2), 0), "max_len must be an int >= 1"),
+        ((torch.zeros(1, 2), torch.zeros(1, 2), 2.0), "max_len must be an int >= 1"),
+        ((torch.zeros(1, 2), torch.zeros(1, 2), True), "max_len must be an int >= 1"),
+        ((torch.zeros(1, 2), torch.zeros(1, 2), 2, torch.ones(1, 2)), "allowed must be a boolean"),
+        (
+            (torch.zeros(1, 2), torch.zeros(1, 2), 2, torch.ones(1, 3, dtype=torch.bool)),
+            "allowed must be a boolean",
+        ),
+        (
+            (torch.zeros(2, 2), torch.zeros(2, 2), 2, torch.tensor([[True, False], [False, False]])),
+            "row 1 allows no",
+        ),
+    ],
+)
+def test_best_span_bad_input_gets_a_clear_error(args, match):
+    with pytest.raises(ValueError, match=match):
+        B.best_span(*args)
+
+
 # --------------------------------------------------------------------------- parameter counts
 
 
