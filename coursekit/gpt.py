@@ -40,9 +40,14 @@ through the same mapping::
     model.load_state_dict(from_hf_state_dict(hf.state_dict()))
     enc = tiktoken.get_encoding("gpt2")                 # GPT-2's tokenizer (also downloaded)
 
+**Packing and preferences.** :func:`document_ids` and :func:`document_causal_mask` give the
+block-diagonal causal mask of documents packed into one window (Krell et al., 2021);
+:func:`sequence_log_prob` and :func:`dpo_loss` tune a model on pairs of preferred and rejected
+answers by direct preference optimization (Rafailov et al., 2023).
+
 Over 500 lines: the config, the KV cache, the graded causal_self_attention, its padded variant, the
-model, the measures of a language model's loss and its Hugging Face mapping are Chapter 7's model
-file, formatted at 110 columns.
+model, the measures of a language model's loss, packing, DPO and the Hugging Face mapping are
+Chapter 7's model file, formatted at 110 columns.
 """
 
 from __future__ import annotations
@@ -78,6 +83,10 @@ __all__ = [
     "bits_per_char",
     "perplexity",
     "unigram_loss",
+    "document_ids",
+    "document_causal_mask",
+    "sequence_log_prob",
+    "dpo_loss",
     "gpt_param_count",
     "from_hf_state_dict",
     "to_hf_state_dict",
@@ -623,6 +632,173 @@ def unigram_loss(fit_ids: torch.Tensor, ids: torch.Tensor, vocab_size: int, add:
     counts = torch.bincount(fit_ids, minlength=vocab_size).double() + add  # (V,)
     logp = counts.log() - counts.sum().log()  # (V,)
     return -logp[ids].mean().item()
+
+
+# --------------------------------------------------------------------------- packing and preferences
+
+
+def document_ids(ids: torch.Tensor, eot_id: int) -> torch.Tensor:
+    """The document of every token of packed text whose documents each end with ``eot_id``.
+
+    Pretraining concatenates documents, each followed by an end-of-text token, and cuts the stream
+    into windows; a token's document is the number of end-of-text tokens *before* it, so the
+    end-of-text token belongs to the document it closes. Example (``E`` = ``eot_id``):
+    ``[a, b, E, c, E, d] -> [0, 0, 0, 1, 1, 2]``.
+
+    Args:
+        ids: ``(..., T)`` integer token ids (``(T,)`` or ``(B, T)``).
+        eot_id: the end-of-text token.
+
+    Returns:
+        ``(..., T)`` ``torch.long``, non-decreasing along the last axis, starting at 0 in every row.
+
+    Raises:
+        ValueError: for ids that are not an integer tensor with at least one axis.
+    """
+    if ids.dim() == 0 or ids.dtype.is_floating_point or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"ids must be integer token ids (..., T), got {ids.dtype} {tuple(ids.shape)}")
+    ends = (ids == eot_id).long()  # (..., T)
+    return ends.cumsum(dim=-1) - ends  # (..., T): end-of-text tokens strictly before each token
+
+
+def document_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """The causal mask of packed documents: each token sees earlier tokens of its own document only.
+
+    Query ``i`` may attend to key ``j`` when ``j <= i`` and both are in the same document, so the
+    mask is block diagonal, one causal block per document; with a single document it is
+    :func:`~coursekit.attention.causal_mask`. Example: ``[0, 0, 1] -> [[1, 0, 0], [1, 1, 0],
+    [0, 0, 1]]`` (as booleans). For ``scaled_dot_product_attention`` over ``(B, H, T, S)`` scores,
+    add a head axis: ``mask[:, None]``.
+
+    Args:
+        doc_ids: ``(..., T)`` integer document ids (``(T,)`` or ``(B, T)``), non-decreasing along
+            the last axis: each document is one contiguous run (see :func:`document_ids`).
+
+    Returns:
+        ``(..., T, T)`` boolean, ``True`` where query ``i`` may attend to key ``j``. Every query sees
+        at least itself, so no row is fully masked.
+
+    Raises:
+        ValueError: for ids that are not an integer tensor with at least one axis, or that decrease
+            along the last axis (a document split in two runs).
+    """
+    if (
+        doc_ids.dim() == 0
+        or doc_ids.dtype.is_floating_point
+        or doc_ids.is_complex()
+        or doc_ids.dtype == torch.bool
+    ):
+        raise ValueError(f"doc_ids must be integer ids (..., T), got {doc_ids.dtype} {tuple(doc_ids.shape)}")
+    if (doc_ids[..., 1:] < doc_ids[..., :-1]).any():
+        raise ValueError(
+            "doc_ids must be non-decreasing along the last axis: one contiguous run per document"
+        )
+    T = doc_ids.shape[-1]
+    same = doc_ids[..., :, None] == doc_ids[..., None, :]  # (..., T, T): query i and key j in one document
+    return same & causal_mask(T, device=doc_ids.device)  # (..., T, T)
+
+
+def sequence_log_prob(model: nn.Module, ids: torch.Tensor, answer_mask: torch.Tensor) -> torch.Tensor:
+    """``log pi(answer | prompt)`` of each row: the log-probabilities of the answer's tokens, summed.
+
+    Each row of ``ids`` is a prompt followed by its answer (and possibly right padding, which a causal
+    model cannot see from earlier positions). Token ``t`` of the answer is scored by the logits at
+    position ``t - 1``, that is given everything before it; tokens outside ``answer_mask`` (the
+    prompt, the padding) are not scored. Example: for ``ids = [p, q, a, b]`` with the mask on ``a, b``,
+    the result is ``log p(a | p q) + log p(b | p q a)``.
+
+    Args:
+        model: called as ``model(ids)``, returning logits ``(B, T, V)``; the logits at position ``t``
+            score token ``t + 1``. Gradients flow (wrap the call in ``torch.no_grad()`` for a frozen
+            reference model).
+        ids: ``(B, T)`` ``torch.long``, ``T >= 2``.
+        answer_mask: ``(B, T)`` boolean, ``True`` at the answer's tokens; ``False`` at position 0 (no
+            logits predict it) and at least one ``True`` per row.
+
+    Returns:
+        ``(B,)`` of the logits' dtype: each row's summed log-probability (at most 0).
+
+    Raises:
+        ValueError: for ids that are not ``(B, T)`` ``torch.long`` with ``T >= 2``, a mask that is not
+            boolean of the same shape, a mask that marks position 0 or no token of a row, or logits
+            that are not ``(B, T, V)``.
+    """
+    if ids.dim() != 2 or ids.dtype != torch.long or ids.shape[1] < 2:
+        raise ValueError(f"ids must be (B, T) torch.long with T >= 2, got {ids.dtype} {tuple(ids.shape)}")
+    if answer_mask.dtype != torch.bool or answer_mask.shape != ids.shape:
+        raise ValueError(
+            f"answer_mask must be boolean of the ids' shape {tuple(ids.shape)}, "
+            f"got {answer_mask.dtype} {tuple(answer_mask.shape)}"
+        )
+    if answer_mask[:, 0].any():
+        raise ValueError(
+            "answer_mask marks position 0, which no logits predict: an answer needs a prompt before it"
+        )
+    if not answer_mask.any(dim=1).all():
+        raise ValueError("every row of answer_mask must mark at least one answer token")
+    logits = model(ids)  # (B, T, V)
+    if logits.dim() != 3 or logits.shape[:2] != ids.shape:
+        raise ValueError(
+            f"model(ids) must return logits (B, T, V) for ids {tuple(ids.shape)}, got {tuple(logits.shape)}"
+        )
+    logp = F.log_softmax(logits[:, :-1], dim=-1)  # (B, T-1, V): position t scores token t + 1
+    token_logp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)  # (B, T-1): log p(token t+1 | tokens <= t)
+    scored = torch.where(answer_mask[:, 1:], token_logp, torch.zeros_like(token_logp))  # (B, T-1)
+    return scored.sum(dim=-1)  # (B,)
+
+
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float = 0.1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The direct preference optimization loss (Rafailov et al., 2023) of a batch of preference pairs.
+
+    Each argument holds one summed log-probability per pair (:func:`sequence_log_prob`): of the
+    chosen answer ``y_w`` or the rejected one ``y_l``, under the model being tuned (the policy) or the
+    frozen reference. The implicit reward of an answer is ``beta (log pi(y|x) - log pi_ref(y|x))``, and
+    the loss is ``-log sigmoid(r_w - r_l)``, averaged over the pairs: the Bradley-Terry negative
+    log-likelihood that the chosen answer wins. When the policy is the reference both rewards are 0 and
+    the loss is ``log 2``.
+
+    Args:
+        policy_chosen, policy_rejected: ``(B,)`` floating, with gradients to the policy.
+        ref_chosen, ref_rejected: ``(B,)`` of the same dtype, from the reference (no gradient needed).
+        beta: ``> 0``, the strength of the pull towards the reference: the smaller, the farther the
+            policy may move from it.
+
+    Returns:
+        ``(loss, chosen_reward, rejected_reward)``: the mean loss, a scalar tensor, and the implicit
+        rewards ``(B,)`` each, detached (for logging).
+
+    Raises:
+        ValueError: for arguments that are not four 1-D floating tensors of one shape and dtype with
+            ``B >= 1``, or a ``beta`` that is not a finite positive number.
+    """
+    args = dict(
+        policy_chosen=policy_chosen,
+        policy_rejected=policy_rejected,
+        ref_chosen=ref_chosen,
+        ref_rejected=ref_rejected,
+    )
+    shapes = {name: (t.dtype, tuple(t.shape)) for name, t in args.items()}
+    if (
+        len(set(shapes.values())) != 1
+        or policy_chosen.dim() != 1
+        or policy_chosen.numel() == 0
+        or not policy_chosen.dtype.is_floating_point
+    ):
+        raise ValueError(
+            f"expected four 1-D floating (B,) tensors of one shape and dtype, B >= 1; got {shapes}"
+        )
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 < beta < math.inf:
+        raise ValueError(f"beta must be a finite number > 0, got {beta!r}")
+    chosen_reward = beta * (policy_chosen - ref_chosen)  # (B,)
+    rejected_reward = beta * (policy_rejected - ref_rejected)  # (B,)
+    loss = -F.logsigmoid(chosen_reward - rejected_reward).mean()
+    return loss, chosen_reward.detach(), rejected_reward.detach()
 
 
 # --------------------------------------------------------------------------- Hugging Face GPT-2

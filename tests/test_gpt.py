@@ -275,3 +275,204 @@ def test_unigram_loss_bad_inputs():
     ):
         with pytest.raises(ValueError, match=match):
             gpt.unigram_loss(*args)
+
+
+# --------------------------------------------------------------------------- packing: one causal block per document
+
+
+def sorted_doc_ids(B, T, n_docs, seed):
+    """``(B, T)`` non-decreasing document ids with up to ``n_docs`` documents per row."""
+    raw = torch.randint(0, n_docs, (B, T), generator=torch.Generator().manual_seed(seed))
+    return raw.sort(dim=-1).values
+
+
+def test_document_causal_mask_equals_a_brute_force_loop():
+    doc = sorted_doc_ids(3, 17, 4, seed=0)
+    mask = gpt.document_causal_mask(doc)
+    expected = torch.zeros(3, 17, 17, dtype=torch.bool)
+    for b in range(3):
+        for i in range(17):
+            for j in range(17):
+                expected[b, i, j] = j <= i and doc[b, j] == doc[b, i]
+    assert mask.dtype == torch.bool and torch.equal(mask, expected)
+    assert torch.equal(gpt.document_causal_mask(doc[1]), expected[1])  # one row without a batch axis
+
+
+def test_document_causal_mask_of_one_document_is_the_causal_mask():
+    from coursekit.attention import causal_mask
+
+    assert torch.equal(gpt.document_causal_mask(torch.full((9,), 3)), causal_mask(9))
+    assert torch.equal(
+        gpt.document_causal_mask(torch.zeros(2, 9, dtype=torch.long)), causal_mask(9).expand(2, 9, 9)
+    )
+
+
+def test_packed_attention_equals_each_document_alone():
+    """With the block-diagonal mask, attention over a packed window is each document's own causal attention."""
+    torch.manual_seed(0)
+    attn = randomise(MultiHeadAttention(CFG.d_model, CFG.n_heads)).double().eval()
+    lengths = [5, 1, 7, 3]
+    x = torch.randn(1, sum(lengths), CFG.d_model, dtype=torch.float64)  # (1, T, C)
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # (T,)
+    packed = gpt.padded_self_attention(attn, x, gpt.document_causal_mask(doc)[None, None])  # (1, T, C)
+    alone = torch.cat([gpt.causal_self_attention(attn, part) for part in x.split(lengths, dim=1)], dim=1)
+    assert_close(packed, alone)
+    plain = gpt.causal_self_attention(attn, x)  # without the mask, later documents see the earlier ones
+    assert_close(plain[:, : lengths[0]], alone[:, : lengths[0]])
+    assert not torch.allclose(plain[:, lengths[0] :], alone[:, lengths[0] :])
+
+
+def test_document_ids_count_the_end_of_text_tokens_before_each_token():
+    E = 9
+    assert gpt.document_ids(torch.tensor([1, 2, E, 3, E, 4]), E).tolist() == [0, 0, 0, 1, 1, 2]
+    ids = torch.randint(0, 4, (2, 30), generator=torch.Generator().manual_seed(1))  # E = 0 is frequent
+    expected = [[sum(int(v == 0) for v in row[:t]) for t in range(len(row))] for row in ids.tolist()]
+    assert gpt.document_ids(ids, 0).tolist() == expected
+    assert gpt.document_causal_mask(gpt.document_ids(ids, 0)).shape == (2, 30, 30)
+
+
+def test_packing_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="non-decreasing"):
+        gpt.document_causal_mask(torch.tensor([0, 1, 0]))
+    with pytest.raises(ValueError, match="integer ids"):
+        gpt.document_causal_mask(torch.zeros(4))
+    with pytest.raises(ValueError, match="integer token ids"):
+        gpt.document_ids(torch.tensor(3), 3)
+
+
+# --------------------------------------------------------------------------- direct preference optimization
+
+
+def answer_batch(B=3, T=12, seed=0):
+    """Token ids ``(B, T)`` and an answer mask marking a different stretch of each row."""
+    ids = tokens(B, T, seed=seed)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    for b, (start, end) in enumerate([(4, 12), (2, 9), (7, 8)][:B]):
+        mask[b, start:end] = True
+    return ids, mask
+
+
+def test_sequence_log_prob_equals_a_float64_brute_force():
+    """Each answer token scored by a separate forward pass over its prefix alone, summed in Python."""
+    m = ours(dtype=torch.float64)
+    ids, mask = answer_batch()
+    expected = []
+    with torch.no_grad():
+        for b in range(ids.shape[0]):
+            total = 0.0
+            for t in range(1, ids.shape[1]):
+                if mask[b, t]:
+                    logits = m(ids[b : b + 1, :t])[0, -1]  # (V,): the next token after ids[b, :t]
+                    total += torch.log_softmax(logits, dim=-1)[ids[b, t]].item()
+            expected.append(total)
+        got = gpt.sequence_log_prob(m, ids, mask)
+    assert got.dtype == torch.float64 and got.shape == (3,)
+    assert_close(got, torch.tensor(expected, dtype=torch.float64))
+
+
+def test_sequence_log_prob_sums_over_the_answer_tokens_only():
+    ids, mask = answer_batch()
+    logits = torch.randn(
+        3, 12, CFG.vocab_size, generator=torch.Generator().manual_seed(2), dtype=torch.float64
+    )
+    base = gpt.sequence_log_prob(lambda idx: logits, ids, mask)
+    outside = logits.clone()
+    outside[0, 2] += 5.0  # position 2 scores token 3, a prompt token of row 0
+    outside[:, -1] += 5.0  # the last position scores no token at all
+    assert torch.equal(gpt.sequence_log_prob(lambda idx: outside, ids, mask), base)
+    inside = logits.clone()
+    inside[0, 3, ids[0, 4]] += 5.0  # position 3 scores token 4, the first answer token of row 0
+    changed = gpt.sequence_log_prob(lambda idx: inside, ids, mask)
+    assert changed[0] > base[0] and torch.equal(changed[1:], base[1:])
+
+
+def test_dpo_loss_equals_a_float64_brute_force():
+    g = torch.Generator().manual_seed(3)
+    pc, pr, rc, rr = (-20 * torch.rand(5, generator=g, dtype=torch.float64) for _ in range(4))
+    beta = 0.3
+    loss, chosen, rejected = gpt.dpo_loss(pc, pr, rc, rr, beta=beta)
+    margins = [
+        beta * ((a - c) - (b - d)) for a, b, c, d in zip(pc.tolist(), pr.tolist(), rc.tolist(), rr.tolist())
+    ]
+    expected = sum(math.log(1 + math.exp(-z)) for z in margins) / len(margins)  # -log sigmoid(z)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert_close(chosen, beta * (pc - rc))
+    assert_close(rejected, beta * (pr - rr))
+    assert not chosen.requires_grad
+    big = torch.tensor([1e4], dtype=torch.float64)  # stable far from zero: no overflow to inf or nan
+    assert gpt.dpo_loss(-big, big, big, -big, beta=beta)[0].item() == pytest.approx(2 * beta * 2e4, rel=1e-12)
+    assert gpt.dpo_loss(big, -big, -big, big, beta=beta)[0].item() == 0.0
+
+
+def test_dpo_loss_is_log_2_when_the_policy_is_the_reference():
+    m = ours(dtype=torch.float64)
+    chosen_ids, chosen_mask = answer_batch(seed=4)
+    rejected_ids, rejected_mask = answer_batch(seed=5)
+    pc = gpt.sequence_log_prob(m, chosen_ids, chosen_mask)
+    pr = gpt.sequence_log_prob(m, rejected_ids, rejected_mask)
+    loss, chosen, rejected = gpt.dpo_loss(pc, pr, pc.detach(), pr.detach(), beta=0.5)
+    assert loss.item() == pytest.approx(math.log(2), rel=1e-12)
+    assert chosen.abs().max().item() == 0.0 and rejected.abs().max().item() == 0.0
+
+
+def test_dpo_gradient_raises_the_chosen_answer_relative_to_the_rejected_one():
+    import copy
+
+    policy = ours(dtype=torch.float64)
+    reference = copy.deepcopy(policy).requires_grad_(False)
+    chosen_ids, chosen_mask = answer_batch(seed=6)
+    rejected_ids, rejected_mask = answer_batch(seed=7)
+    beta = 0.2
+    with torch.no_grad():
+        rc = gpt.sequence_log_prob(reference, chosen_ids, chosen_mask)
+        rr = gpt.sequence_log_prob(reference, rejected_ids, rejected_mask)
+
+    def forward():
+        pc = gpt.sequence_log_prob(policy, chosen_ids, chosen_mask)
+        pr = gpt.sequence_log_prob(policy, rejected_ids, rejected_mask)
+        return pc, pr, gpt.dpo_loss(pc, pr, rc, rr, beta=beta)
+
+    pc, pr, (loss, chosen, rejected) = forward()
+    pc.retain_grad()
+    pr.retain_grad()
+    loss.backward()
+    # the closed form: d loss / d log pi(y_w) = -beta sigmoid(r_l - r_w) / B, the opposite for y_l
+    weight = beta * torch.sigmoid(rejected - chosen) / len(chosen)
+    assert_close(pc.grad, -weight)
+    assert_close(pr.grad, weight)
+    margin_before = (chosen - rejected).sum().item()
+    with torch.no_grad():
+        for p in policy.parameters():
+            p -= 0.1 * p.grad  # one step of plain SGD
+    _, _, (loss_after, chosen_after, rejected_after) = forward()
+    assert (chosen_after - rejected_after).sum().item() > margin_before
+    assert loss_after.item() < loss.item()
+
+
+def test_dpo_bad_inputs_are_named():
+    x = torch.zeros(3)
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        gpt.dpo_loss(x, x, x, torch.zeros(2))
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        gpt.dpo_loss(x, x, x, x.double())
+    with pytest.raises(ValueError, match="1-D floating"):
+        gpt.dpo_loss(*(torch.zeros(3, dtype=torch.long),) * 4)
+    with pytest.raises(ValueError, match="1-D floating"):
+        gpt.dpo_loss(*(torch.zeros(0),) * 4)
+    for beta in (0.0, -1.0, math.inf, math.nan, True):
+        with pytest.raises(ValueError, match="beta must be"):
+            gpt.dpo_loss(x, x, x, x, beta=beta)
+    m = ours()
+    ids, mask = answer_batch()
+    for args, match in (
+        ((ids.float(), mask), r"\(B, T\) torch.long"),
+        ((ids[:, :1], mask[:, :1]), "T >= 2"),
+        ((ids, mask.long()), "answer_mask must be boolean"),
+        ((ids, mask[:, :5]), "answer_mask must be boolean"),
+        ((ids, mask | (torch.arange(12) == 0)), "marks position 0"),
+        ((ids, mask & (torch.arange(3) != 2)[:, None]), "at least one answer token"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            gpt.sequence_log_prob(m, *args)
+    with pytest.raises(ValueError, match=r"must return logits \(B, T, V\)"):
+        gpt.sequence_log_prob(lambda idx: torch.zeros(3, 12), ids, mask)
