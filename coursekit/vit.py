@@ -53,6 +53,8 @@ __all__ = [
     "unpatchify",
     "add_cls_and_positions",
     "cls_attention",
+    "attention_weights",
+    "mean_attention_distance",
     "vit_params",
     "HF_NAMES",
     "to_hf_state_dict",
@@ -375,6 +377,92 @@ def cls_attention(model: ViT, images: torch.Tensor) -> torch.Tensor:
     finally:
         model.train(was_training)
     return weights[:, :, 0, 1:].mean(dim=1)  # (B, N_p): query [CLS], keys the patches
+
+
+@torch.no_grad()
+def attention_weights(model: ViT, images: torch.Tensor) -> torch.Tensor:
+    """Every layer's attention weights, one matrix per head, ``[CLS]`` first.
+
+    Each layer's weights are recomputed from its (pre-norm) input ``norm1(x)``, then the layer runs
+    as usual; the model runs in eval mode (its mode is restored). The same numbers as Hugging Face's
+    ``output_attentions=True``, stacked.
+
+    Args:
+        model: a :class:`ViT`.
+        images: ``(B, C_in, H_img, W_img)``.
+
+    Returns:
+        ``(L, B, H, T, T)`` with ``T = N_p + 1``: entry ``[l, b, h, i, j]`` is how much query token
+        ``i`` attends to key token ``j`` in head ``h`` of layer ``l``; token 0 is ``[CLS]``, token
+        ``n + 1`` patch ``n``. Every row sums to 1.
+    """
+    was_training = model.training
+    model.eval()
+    maps = []
+    try:
+        x = model.embed(images)  # (B, T, C)
+        for layer in model.encoder.layers:
+            _, weights = layer.self_attn(layer.norm1(x), need_weights=True)  # (B, H, T, T)
+            maps.append(weights)
+            x = layer(x)
+    finally:
+        model.train(was_training)
+    return torch.stack(maps)  # (L, B, H, T, T)
+
+
+def mean_attention_distance(
+    weights: torch.Tensor, grid: int | tuple[int, int], patch_px: float, *, cls_token: bool
+) -> torch.Tensor:
+    """How far, in pixels, each head looks: the mean attention distance (Dosovitskiy et al., 2021, fig. 7).
+
+    For query patch ``i`` the distance is ``sum_j a_ij |p_i - p_j|``, where ``p`` are patch centres
+    in pixels (patch ``n`` at grid row ``n // cols``, column ``n % cols``, ``patch_px`` pixels apart)
+    and ``a_ij`` the query's weights on the patches; it is then averaged over the query patches.
+    ``[CLS]`` has no place in the image, so with ``cls_token=True`` its row (as a query) and its
+    column (as a key) are left out, and each patch query's weights on the patches are rescaled to
+    sum to 1: the result is the mean distance of what a patch reads *from patches*. Without
+    ``[CLS]`` the same rescaling leaves softmax rows unchanged. Example: uniform attention over a
+    ``2 x 2`` grid gives ``patch_px (2 + sqrt 2) / 4`` for every head; attention to itself only, 0.
+
+    Args:
+        weights: ``(B, H, T, T)`` attention weights (non-negative), queries on the second-to-last
+            axis; ``T = rows cols + 1`` with ``cls_token`` (``[CLS]`` is token 0), else
+            ``T = rows cols``.
+        grid: patches per side (square grid) or ``(rows, cols)``.
+        patch_px: the patch size ``P`` in pixels (the distance between neighbouring patch centres).
+        cls_token: whether token 0 is ``[CLS]``; keyword-only and required, so the caller says it.
+
+    Returns:
+        ``(B, H)`` in the weights' dtype: one mean distance in pixels per image and head; average
+        over the batch for the paper's per-head number.
+
+    Raises:
+        ValueError: ``weights`` is not a floating ``(B, H, T, T)`` tensor whose ``T`` fits the grid
+            and ``cls_token``, has negative entries, or a patch query puts no weight on any patch;
+            a grid side below 1 or ``patch_px`` not positive.
+    """
+    rows, cols = (grid, grid) if isinstance(grid, int) else tuple(grid)
+    if rows < 1 or cols < 1:
+        raise ValueError(f"grid sides must be at least 1, got {rows}x{cols}")
+    if not patch_px > 0:
+        raise ValueError(f"patch_px must be positive, got {patch_px}")
+    T = rows * cols + int(cls_token)
+    what = f"{rows}x{cols} patches" + (" and [CLS]" if cls_token else "")
+    if weights.dim() != 4 or tuple(weights.shape[2:]) != (T, T):
+        raise ValueError(f"expected weights of shape (B, H, {T}, {T}) for {what}, got {tuple(weights.shape)}")
+    if not weights.is_floating_point():
+        raise ValueError(f"expected floating attention weights, got {weights.dtype}")
+    if bool((weights < 0).any()):
+        raise ValueError("attention weights must be non-negative")
+    a = weights[:, :, 1:, 1:] if cls_token else weights  # (B, H, N_p, N_p): patch queries, patch keys
+    mass = a.sum(dim=-1, keepdim=True)  # (B, H, N_p, 1)
+    if bool((mass == 0).any()):
+        raise ValueError("a patch query puts no weight on any patch: its distance is undefined")
+    r = torch.arange(rows * cols, device=a.device) // cols  # (N_p,): grid row of each patch
+    c = torch.arange(rows * cols, device=a.device) % cols  # (N_p,): grid column
+    dist = patch_px * torch.hypot((r[:, None] - r).to(a.dtype), (c[:, None] - c).to(a.dtype))  # (N_p, N_p)
+    per_query = (a * dist).sum(dim=-1) / mass.squeeze(-1)  # (B, H, N_p)
+    return per_query.mean(dim=-1)  # (B, H)
 
 
 # --------------------------------------------------------------------------- Hugging Face ViT

@@ -291,3 +291,137 @@ def test_parameter_counts_equal_our_model_and_hf_on_meta(name):
 def test_vit_b16_has_86_6_million_parameters():
     # 86.6M (86M in Dosovitskiy et al., 2021, table 1; 86.57M in timm's vit_base_patch16_224)
     assert vit.vit_params(vit.VIT_PRESETS["vit-b/16"]) == 86_567_656
+
+
+# --------------------------------------------------------------------------- attention distance
+
+
+def brute_force_distance(
+    weights: torch.Tensor, rows: int, cols: int, P: float, cls_token: bool
+) -> torch.Tensor:
+    """Mean attention distance by explicit float64 loops over images, heads, queries and keys."""
+    import math
+
+    w = weights.double()
+    off = int(cls_token)
+    B, H = w.shape[:2]
+    out = torch.zeros(B, H, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            total = 0.0
+            for i in range(rows * cols):
+                num = den = 0.0
+                for j in range(rows * cols):
+                    a = float(w[b, h, i + off, j + off])
+                    num += a * P * math.hypot(i // cols - j // cols, i % cols - j % cols)
+                    den += a
+                total += num / den
+            out[b, h] = total / (rows * cols)
+    return out
+
+
+@pytest.mark.parametrize("rows,cols,P,cls_token", [(2, 2, 4, True), (3, 4, 2.5, False), (1, 5, 3, True)])
+def test_mean_attention_distance_equals_a_float64_loop(rows, cols, P, cls_token):
+    T = rows * cols + int(cls_token)
+    g = torch.Generator().manual_seed(rows * 10 + cols)
+    weights = torch.softmax(2 * torch.randn(3, 2, T, T, generator=g, dtype=torch.float64), dim=-1)
+    got = vit.mean_attention_distance(weights, (rows, cols), P, cls_token=cls_token)
+    assert got.shape == (3, 2) and got.dtype == torch.float64
+    assert_close(got, brute_force_distance(weights, rows, cols, P, cls_token))
+    if rows == cols:  # an int grid means a square one
+        assert_close(vit.mean_attention_distance(weights, rows, P, cls_token=cls_token), got)
+
+
+def test_mean_attention_distance_closed_forms():
+    P = 4.0
+    uniform = torch.full((2, 3, 4, 4), 0.25, dtype=torch.float64)  # 2x2 grid: distances 0, P, P, P sqrt 2
+    assert_close(
+        vit.mean_attention_distance(uniform, 2, P, cls_token=False),
+        torch.full((2, 3), P * (2 + 2**0.5) / 4, dtype=torch.float64),
+    )
+    self_only = torch.eye(9, dtype=torch.float64).expand(1, 2, 9, 9)
+    assert torch.equal(
+        vit.mean_attention_distance(self_only, 3, P, cls_token=False), torch.zeros(1, 2, dtype=torch.float64)
+    )
+    to_corner = torch.zeros(1, 1, 9, 9, dtype=torch.float64)
+    to_corner[..., 8] = 1.0  # every query reads patch 8, the bottom-right corner of a 3x3 grid
+    expected = P * (6 + 3 * 2**0.5 + 2 * 5**0.5) / 9  # |p_i - (2, 2)| summed over the 9 patches, averaged
+    assert_close(
+        vit.mean_attention_distance(to_corner, 3, P, cls_token=False),
+        torch.tensor([[expected]], dtype=torch.float64),
+    )
+
+
+def test_mean_attention_distance_leaves_cls_out_and_rescales():
+    """Half of every patch query's weight on [CLS] and half on the diagonally opposite patch of a
+    2x2 grid: the [CLS] half is left out, so the distance is the full diagonal, P sqrt 2; and the
+    [CLS] query's row does not count."""
+    P = 4.0
+    w = torch.zeros(2, 1, 5, 5, dtype=torch.float64)
+    w[:, :, 1:, 0] = 0.5
+    for n in range(4):
+        w[:, :, 1 + n, 1 + (3 - n)] = 0.5  # patch n -> patch 3 - n, its diagonal opposite
+    w[0, :, 0, 0], w[1, :, 0, 1:] = 1.0, 0.25  # two different [CLS] rows
+    assert_close(
+        vit.mean_attention_distance(w, 2, P, cls_token=True),
+        torch.full((2, 1), P * 2**0.5, dtype=torch.float64),
+    )
+
+
+@pytest.mark.parametrize(
+    "weights,grid,P,cls_token,match",
+    [
+        (
+            torch.rand(2, 5, 5),
+            2,
+            4,
+            True,
+            r"expected weights of shape \(B, H, 5, 5\) for 2x2 patches and \[CLS\], got \(2, 5, 5\)",
+        ),
+        (
+            torch.rand(1, 2, 4, 4),
+            2,
+            4,
+            True,
+            r"\(B, H, 5, 5\) for 2x2 patches and \[CLS\], got \(1, 2, 4, 4\)",
+        ),
+        (torch.rand(1, 2, 5, 5), 2, 4, False, r"\(B, H, 4, 4\) for 2x2 patches, got \(1, 2, 5, 5\)"),
+        (
+            torch.rand(1, 2, 6, 5),
+            (1, 5),
+            4,
+            True,
+            r"\(B, H, 6, 6\) for 1x5 patches and \[CLS\], got \(1, 2, 6, 5\)",
+        ),
+        (
+            torch.ones(1, 1, 4, 4, dtype=torch.long),
+            2,
+            4,
+            False,
+            r"expected floating attention weights, got torch.int64",
+        ),
+        (-torch.rand(1, 1, 4, 4), 2, 4, False, r"must be non-negative"),
+        (torch.eye(5)[:, [0, 0, 0, 0, 0]].expand(1, 1, 5, 5), 2, 4, True, r"puts no weight on any patch"),
+        (torch.rand(1, 1, 4, 4), 0, 4, False, r"grid sides must be at least 1, got 0x0"),
+        (torch.rand(1, 1, 4, 4), 2, 0, False, r"patch_px must be positive, got 0"),
+    ],
+)
+def test_mean_attention_distance_rejects_bad_input(weights, grid, P, cls_token, match):
+    with pytest.raises(ValueError, match=match):
+        vit.mean_attention_distance(weights, grid, P, cls_token=cls_token)
+
+
+def test_attention_weights_equal_hf_output_attentions():
+    hf = hf_model(attn="eager")
+    m = ours_from(hf)
+    x = images(3, seed=2)
+    expected = torch.stack(hf(pixel_values=x, output_attentions=True).attentions)  # (L, B, H, T, T)
+    got = vit.attention_weights(m.train(), x)
+    assert m.training  # the mode is restored
+    T = NANO.n_patches + 1
+    assert got.shape == (NANO.n_layers, 3, NANO.n_heads, T, T)
+    torch.testing.assert_close(got, expected, rtol=0, atol=HF_EAGER_ATOL)
+    assert_close(got.sum(-1), torch.ones(got.shape[:-1], dtype=torch.float64))
+    assert_close(
+        got[-1][:, :, 0, 1:].mean(dim=1), vit.cls_attention(m, x)
+    )  # the last layer is cls_attention's
