@@ -17,6 +17,9 @@ each checked against the plain attention of :mod:`coursekit.attention`:
   et al., 2020) in its parallel form, :func:`linear_attention_parallel`, its causal
   prefix-sum (recurrent) form, :func:`causal_linear_attention`, and chunk by chunk,
   :func:`chunked_linear_attention`;
+* **softmax approximated in linear time**: the Performer's positive random features (FAVOR+,
+  Choromanski et al., 2021), :func:`random_feature_matrix`, :func:`positive_random_features` and
+  :func:`performer_attention`;
 * **what a cache costs**: :func:`kv_cache_size`, Chapter 2's
   :func:`~coursekit.multihead.kv_cache_bytes` with a dtype, grouped heads and a sliding window;
 * **memory across segments**: :func:`attend_with_memory` and :func:`segment_recurrence`
@@ -61,6 +64,9 @@ __all__ = [
     "causal_linear_attention",
     "chunked_linear_attention",
     "linear_attention",
+    "random_feature_matrix",
+    "positive_random_features",
+    "performer_attention",
     "kv_cache_size",
     "attend_with_memory",
     "segment_recurrence",
@@ -586,6 +592,162 @@ def linear_attention(
     summary = phi_k.transpose(-2, -1) @ v  # (..., D, Dv)
     normaliser = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (..., T, D) @ (..., D, 1) -> (..., T, 1)
     return (phi_q @ summary) / (normaliser + eps)  # (..., T, Dv)
+
+
+# --------------------------------------------------------------------------- approximating softmax: Performer
+
+
+def random_feature_matrix(
+    n_features: int, D: int, generator: torch.Generator, orthogonal: bool = True
+) -> torch.Tensor:
+    """Draw the ``(m, D)`` projection ``w`` of positive random features, each row from ``N(0, I)``.
+
+    With ``orthogonal=False`` the rows are independent standard-normal vectors. With
+    ``orthogonal=True`` (the Performer's choice, Choromanski et al., 2021) the rows come in blocks
+    of ``D`` that are exactly orthogonal to each other: each block is the ``Q`` of the QR
+    decomposition of a Gaussian matrix (signs fixed, so its directions are uniform), each row
+    rescaled to the length of an independent Gaussian vector. Every row on its own is still a draw
+    from ``N(0, I)``, so estimates built from it stay unbiased; orthogonal rows spread the features
+    more evenly over the directions and lower the variance.
+
+    Args:
+        n_features: rows ``m >= 1``.
+        D: the width of the vectors to be mapped, ``D >= 1``.
+        generator: the source of randomness (drawn in float64, so the draws do not depend on the
+            dtype the caller casts to).
+        orthogonal: draw orthogonal blocks (default) or independent rows.
+
+    Returns:
+        ``w`` ``(m, D)`` in float64.
+
+    Raises:
+        ValueError: ``n_features`` or ``D`` not a positive integer, or ``generator`` not a
+            :class:`torch.Generator`.
+    """
+    for name, value in (("n_features", n_features), ("D", D)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if not orthogonal:
+        return torch.randn(n_features, D, generator=generator, dtype=torch.float64)
+    n_blocks = -(-n_features // D)  # ceil(m / D) blocks of D orthonormal rows
+    Q, R = torch.linalg.qr(torch.randn(n_blocks, D, D, generator=generator, dtype=torch.float64))
+    Q = Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)  # signs fixed: uniform directions
+    rows = Q.transpose(-2, -1).reshape(n_blocks * D, D)  # (n_blocks * D, D): each block's rows orthonormal
+    directions = rows[:n_features]  # (m, D)
+    lengths = torch.randn(n_features, D, generator=generator, dtype=torch.float64).norm(dim=-1)  # (m,) chi_D
+    return directions * lengths.unsqueeze(-1)  # (m, D)
+
+
+def _prf_exponent(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # w . x - |x|^2 / 2 - log(m) / 2 for every feature: the log of phi(x), (..., T, m)
+    return x @ w.T - (x * x).sum(dim=-1, keepdim=True) / 2 - math.log(w.shape[0]) / 2
+
+
+def positive_random_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The positive random features of FAVOR+: ``phi(x)_i = exp(w_i . x - |x|^2 / 2) / sqrt(m)``.
+
+    For rows ``w_i`` drawn from ``N(0, I)``, ``E[exp(w . q) exp(w . k)] = exp(|q + k|^2 / 2)``, so
+    ``phi(q) . phi(k)``, the mean of ``m`` terms ``exp(w_i . (q + k) - |q|^2 / 2 - |k|^2 / 2)``, is
+    an unbiased estimate of ``exp(q . k)``, and every feature is positive, as softmax's weights are
+    (Choromanski et al., 2021). Its variance per term is ``exp(2 q . k) (exp(|q + k|^2) - 1)``:
+    small for short vectors, exploding for long ones.
+
+    Example: with ``x = 0`` every feature is ``1 / sqrt(m)``, and ``phi(0) . phi(0) = 1 = exp(0)``.
+
+    Args:
+        x: ``(..., T, D)``, floating point.
+        w: ``(m, D)``, e.g. from :func:`random_feature_matrix`; cast to ``x``'s dtype.
+
+    Returns:
+        ``(..., T, m)``, positive (up to underflow for very long ``x``).
+
+    Raises:
+        ValueError: ``w`` not 2-D, widths that differ, or ``x`` not floating point.
+    """
+    if not x.is_floating_point():
+        raise ValueError(f"x must be floating point, got {x.dtype}")
+    if w.dim() != 2 or w.shape[1] != x.shape[-1]:
+        raise ValueError(f"w must be (m, D) with D = x.shape[-1] = {x.shape[-1]}, got w {tuple(w.shape)}")
+    return torch.exp(_prf_exponent(x, w.to(x.dtype)))
+
+
+def _attention_from_features(phi_q, phi_k, v, causal, chunk):
+    # sum_j (phi_q_i . phi_k_j) v_j / sum_j phi_q_i . phi_k_j without a (T, S) matrix;
+    # causal: chunk by chunk as chunked_linear_attention does
+    if not causal:
+        numerator = phi_q @ (phi_k.transpose(-2, -1) @ v)  # (..., T, m) @ (..., m, Dv) -> (..., T, Dv)
+        normaliser = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (..., T, 1)
+    else:
+        batch = torch.broadcast_shapes(phi_q.shape[:-2], phi_k.shape[:-2], v.shape[:-2])
+        state = phi_q.new_zeros(*batch, phi_q.shape[-1], v.shape[-1])  # (..., m, Dv)
+        z = phi_q.new_zeros(*batch, phi_q.shape[-1], 1)  # (..., m, 1)
+        numerators, normalisers = [], []
+        for c0 in range(0, phi_q.shape[-2], chunk):
+            qc, kc, vc = (t[..., c0 : c0 + chunk, :] for t in (phi_q, phi_k, v))
+            A = (qc @ kc.transpose(-2, -1)).tril()  # (..., C, C) causal weights inside the chunk
+            numerators.append(qc @ state + A @ vc)  # (..., C, Dv)
+            normalisers.append(qc @ z + A.sum(dim=-1, keepdim=True))  # (..., C, 1)
+            state = state + kc.transpose(-2, -1) @ vc
+            z = z + kc.sum(dim=-2).unsqueeze(-1)
+        numerator, normaliser = torch.cat(numerators, dim=-2), torch.cat(normalisers, dim=-2)
+    tiny = torch.finfo(normaliser.dtype).tiny  # a normaliser lost to underflow gives 0, not NaN
+    return numerator / normaliser.clamp_min(tiny)
+
+
+def performer_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    n_features: int,
+    generator: torch.Generator,
+    causal: bool = False,
+    orthogonal: bool = True,
+    chunk: int = 128,
+) -> torch.Tensor:
+    """Softmax attention approximated in linear time with ``m`` positive random features (FAVOR+).
+
+    Softmax attention weighs key ``j`` by ``exp(q_i . k_j / sqrt(D))``, which is ``exp(q' . k')``
+    for ``q' = q / D^(1/4)`` and ``k' = k / D^(1/4)``. :func:`positive_random_features` turns that
+    weight into an unbiased estimate ``phi(q') . phi(k')``, and the rest is linear attention with
+    the feature map ``phi``: ``O(T m Dv)`` instead of ``O(T S D)``. The error of the estimate falls
+    like ``1 / sqrt(m)`` (Choromanski et al., 2021).
+
+    ``w`` is drawn first, ``random_feature_matrix(n_features, D, generator, orthogonal)``, so the
+    same seed gives the same features. For stability, each query's features are divided by their
+    largest value and all keys' features by the largest over the keys (``exp`` of a shifted
+    exponent): constant factors that cancel between numerator and normaliser.
+
+    Args:
+        q: ``(..., T, D)``; k: ``(..., S, D)``; v: ``(..., S, Dv)`` (leading dimensions broadcast).
+        n_features: random features ``m >= 1``.
+        generator: the source of the random features.
+        causal: query ``i`` sees keys ``j <= i`` (needs ``S == T``), computed chunk by chunk.
+        orthogonal: orthogonal blocks of features (the paper's choice) or independent ones.
+        chunk: positions per chunk in the causal case, ``>= 1``.
+
+    Returns:
+        ``(..., T, Dv)`` in ``q``'s dtype; as ``m`` grows it tends to
+        ``softmax(q k^T / sqrt(D)) v`` (causal: with future keys masked).
+
+    Raises:
+        ValueError: shapes that do not fit (:func:`~coursekit.attention.check_attention_inputs`),
+            ``n_features`` or ``chunk`` not a positive integer, ``generator`` not a
+            :class:`torch.Generator`, or ``causal`` with ``S != T``.
+    """
+    check_attention_inputs(q, k, v)
+    if causal and q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal performer attention needs T == S, got T={q.shape[-2]} and S={k.shape[-2]}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    D = q.shape[-1]
+    w = random_feature_matrix(n_features, D, generator, orthogonal).to(q.dtype)  # (m, D)
+    scale = D**-0.25  # exp(q' . k') = exp(q . k / sqrt(D))
+    log_q, log_k = _prf_exponent(q * scale, w), _prf_exponent(k * scale, w)  # (..., T, m), (..., S, m)
+    phi_q = torch.exp(log_q - log_q.amax(dim=-1, keepdim=True))  # per query: cancels in the ratio
+    phi_k = torch.exp(log_k - log_k.amax(dim=(-2, -1), keepdim=True))  # one shift for all keys
+    return _attention_from_features(phi_q, phi_k, v, causal, chunk)
 
 
 # --------------------------------------------------------------------------- KV-cache size

@@ -346,6 +346,135 @@ def test_linear_attention_bad_inputs():
         lc.linear_attention_parallel(q, rand(2, 6, 4), rand(2, 6, 4), causal=True)
 
 
+# --------------------------------------------------------------------------- Performer (positive random features)
+
+
+def performer_reference(q, k, v, w, causal=False):
+    """FAVOR+ written out: the (T, S) matrix of estimated weights, masked, normalised by its rows."""
+    scale = q.shape[-1] ** -0.25
+    phi = lambda x: torch.exp(x @ w.T - (x**2).sum(-1, keepdim=True) / 2) / w.shape[0] ** 0.5  # noqa: E731
+    weights = phi(q * scale) @ phi(k * scale).transpose(-2, -1)  # (..., T, S)
+    if causal:
+        may_attend = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        weights = weights.masked_fill(~may_attend, 0.0)
+    return weights @ v / weights.sum(-1, keepdim=True)
+
+
+def test_positive_random_features_estimate_exp_qk_without_bias():
+    # phi(q) . phi(k) is the mean of m terms exp(w.(q+k) - |q|^2/2 - |k|^2/2); for independent rows its
+    # variance per term is exp(2 q.k) (exp(|q+k|^2) - 1) in closed form: five standard errors of the mean
+    q, k = rand(8, seed=60, scale=0.3), rand(8, seed=61, scale=0.3)
+    exact = torch.exp(q @ k).item()
+    m = 200_000
+    w = lc.random_feature_matrix(m, 8, torch.Generator().manual_seed(62), orthogonal=False)
+    estimate = (lc.positive_random_features(q[None], w) @ lc.positive_random_features(k[None], w).T).item()
+    sd = exact * ((torch.exp((q + k) @ (q + k)) - 1).item() / m) ** 0.5
+    assert abs(estimate - exact) < 5 * sd
+    assert (lc.positive_random_features(rand(3, 5, 8, seed=63), w[:100]) > 0).all()
+
+
+def test_orthogonal_features_are_orthogonal_and_still_unbiased():
+    D, draws = 8, 4000
+    g = torch.Generator().manual_seed(64)
+    w = lc.random_feature_matrix(2 * D + 3, D, g)  # two full blocks and part of a third
+    for block in (w[:D], w[D : 2 * D]):
+        gram = block @ block.T
+        assert_close(gram, torch.diag(torch.diagonal(gram)))  # rows of one block are orthogonal
+    # independent draws of one block each: the mean estimate within five standard errors of exp(q . k)
+    q, k = rand(D, seed=65, scale=0.3), rand(D, seed=66, scale=0.3)
+    w = lc.random_feature_matrix(D * draws, D, g)  # independent blocks of D orthogonal rows
+    terms = (
+        lc.positive_random_features(q[None], w) * lc.positive_random_features(k[None], w) * D * draws
+    )  # (1, m)
+    estimates = terms.view(draws, D).mean(dim=-1)  # phi(q) . phi(k) with one block each
+    assert abs(estimates.mean() - torch.exp(q @ k)) < 5 * estimates.std() / draws**0.5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_performer_attention_converges_to_softmax_attention(causal):
+    # the error of each estimated weight falls like 1/sqrt(m): from m = 16 to 4096, 16 times
+    q, k, v = (
+        rand(2, 3, 24, 8, seed=67, scale=0.5),
+        rand(2, 3, 24, 8, seed=68, scale=0.5),
+        rand(2, 3, 24, 5, seed=69),
+    )
+    exact = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def mean_error(m):
+        errors = [
+            (
+                lc.performer_attention(q, k, v, m, torch.Generator().manual_seed(s), causal=causal) - exact
+            ).norm()
+            / exact.norm()
+            for s in range(6)
+        ]
+        return sum(errors) / len(errors)
+
+    few, many = mean_error(16), mean_error(4096)
+    assert many < few / 4 and many < 0.05
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 128])
+@pytest.mark.parametrize("orthogonal", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_performer_attention_equals_the_masked_matrix_form(causal, orthogonal, chunk):
+    q, k, v = rand(2, 3, 37, 8, seed=70), rand(2, 3, 37, 8, seed=71), rand(3, 37, 5, seed=72)  # v broadcasts
+    out = lc.performer_attention(q, k, v, 40, torch.Generator().manual_seed(7), causal, orthogonal, chunk)
+    w = lc.random_feature_matrix(40, 8, torch.Generator().manual_seed(7), orthogonal)
+    assert_close(out, performer_reference(q, k, v, w, causal))
+    out32 = lc.performer_attention(
+        q.float(), k.float(), v.float(), 40, torch.Generator().manual_seed(7), causal, orthogonal, chunk
+    )
+    assert out32.dtype == torch.float32
+    torch.testing.assert_close(out32, out.float(), rtol=1e-4, atol=1e-5)
+
+
+def test_performer_attention_with_more_keys_ignores_the_future_and_stays_finite():
+    q, k, v = rand(1, 9, 6, seed=73), rand(1, 14, 6, seed=74), rand(1, 14, 4, seed=75)
+    w = lc.random_feature_matrix(32, 6, torch.Generator().manual_seed(0))
+    assert_close(
+        lc.performer_attention(q, k, v, 32, torch.Generator().manual_seed(0)), performer_reference(q, k, v, w)
+    )
+    q, k, v = rand(1, 12, 4, seed=76), rand(1, 12, 4, seed=77), rand(1, 12, 4, seed=78)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, 8:], v2[:, 8:] = rand(1, 4, 4, seed=79), rand(1, 4, 4, seed=80)
+    causal = [
+        lc.performer_attention(q, kk, vv, 64, torch.Generator().manual_seed(1), causal=True)[:, :8]
+        for kk, vv in ((k, v), (k2, v2))
+    ]
+    assert_close(causal[0], causal[1])
+    # long vectors: exp(w . x - |x|^2 / 2) alone would underflow to 0 / 0; the shifts keep it finite
+    big = lc.performer_attention(
+        rand(1, 12, 4, seed=81, scale=40.0),
+        rand(1, 12, 4, seed=82, scale=40.0),
+        v,
+        64,
+        torch.Generator().manual_seed(1),
+        causal=True,
+    )
+    assert big.isfinite().all()
+
+
+def test_performer_bad_inputs():
+    q, g = rand(2, 5, 4), torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="n_features must be a positive integer"):
+        lc.performer_attention(q, q, q, 0, g)
+    with pytest.raises(ValueError, match="n_features must be a positive integer"):
+        lc.performer_attention(q, q, q, 8.0, g)
+    with pytest.raises(ValueError, match="generator must be a torch.Generator"):
+        lc.performer_attention(q, q, q, 8, 0)
+    with pytest.raises(ValueError, match="needs T == S"):
+        lc.performer_attention(q, rand(2, 6, 4), rand(2, 6, 4), 8, g, causal=True)
+    with pytest.raises(ValueError, match="chunk must be a positive integer"):
+        lc.performer_attention(q, q, q, 8, g, causal=True, chunk=0)
+    with pytest.raises(ValueError, match="last dimension"):
+        lc.performer_attention(q, rand(2, 5, 3), q, 8, g)
+    with pytest.raises(ValueError, match=r"w must be \(m, D\)"):
+        lc.positive_random_features(q, rand(8, 3))
+    with pytest.raises(ValueError, match="floating point"):
+        lc.positive_random_features(torch.ones(2, 4, dtype=torch.long), rand(8, 4))
+
+
 # --------------------------------------------------------------------------- KV-cache size
 
 
