@@ -14,7 +14,9 @@ Everything here is a closed form, checked against something real in the tests:
   (2022), and :func:`saved_tensor_bytes`, which measures what autograd keeps.
 - **Parallelism**: :func:`zero_memory_gib` (ZeRO's stages), :func:`pipeline_bubble` (plain and
   interleaved schedules) and :func:`ring_allreduce_seconds` (the alpha-beta cost of a ring
-  all-reduce, Patarasuk and Yuan, 2009).
+  all-reduce, Patarasuk and Yuan, 2009); for tensor, pipeline and data parallelism together,
+  :func:`parallel_memory_gib` (a GPU's memory) and :func:`parallel_step_collectives` (its
+  all-reduces per step).
 - **KV cache** (:func:`kv_cache_gib`), for multi-, grouped- and multi-query attention.
 - **FLOPs**: :func:`forward_flops` counts every matrix product of a :class:`~coursekit.gpt.GPT`
   exactly (the tests compare it with ``torch.utils.flop_counter.FlopCounterMode``, which
@@ -79,6 +81,10 @@ __all__ = [
     "ring_allreduce_seconds",
     "activation_bytes",
     "saved_tensor_bytes",
+    "GPUMemory",
+    "parallel_memory_gib",
+    "Collective",
+    "parallel_step_collectives",
     "kv_cache_gib",
     "forward_flops",
     "matmul_weights",
@@ -406,6 +412,8 @@ def activation_bytes(
     mask_bytes: float = 1,
     dropout: bool = True,
     recompute: str = "none",
+    tensor_parallel: int = 1,
+    sequence_parallel: bool = False,
 ) -> float:
     """Activations a transformer layer keeps for the backward pass (Korthikanti et al., 2022).
 
@@ -415,6 +423,16 @@ def activation_bytes(
     ``recompute="selective"`` recomputes the attention core (the ``s^2`` terms) in the
     backward pass; ``"full"`` keeps only each layer's input, ``p s b h``.
 
+    With tensor parallelism of degree ``t`` (Megatron-LM), each GPU keeps ``1/t`` of what lies
+    between a column-split and a row-split matrix: ``q``, ``k``, ``v``, the output projection's
+    input, the two ``4h``-wide feed-forward tensors (``12 p s b h`` in all) and the attention
+    core. The rest is whole on every GPU: the two norms' inputs, the inputs of the ``q k v`` and
+    first feed-forward projections, the two residual dropout masks, ``s b h (4 p + 2 m)``. At
+    ``p = 2, m = 1`` that is Korthikanti et al.'s ``s b h (10 + 24 / t + 5 a s / (h t))``.
+    Sequence parallelism splits the rest along the sequence: everything is divided by ``t``,
+    ``s b h (34 / t + 5 a s / (h t))``, and under full recomputation the kept layer input is
+    split too (``p s b h / t``).
+
     Args:
         seq_len, batch, d_model, n_heads: ``s, b, h, a``.
         n_layers: layers ``L`` (the result is ``L`` times one layer's).
@@ -423,25 +441,42 @@ def activation_bytes(
             mask of the activations' dtype (``m = p``).
         dropout: whether the layer has dropout (on the attention weights and both residual branches).
         recompute: ``"none"``, ``"selective"`` or ``"full"``.
+        tensor_parallel: ``t``, the GPUs one layer is split over; must divide ``n_heads``.
+        sequence_parallel: whether the norms and dropouts are split along the sequence too.
 
     Returns:
-        Bytes for ``n_layers`` layers (embeddings, output layer and loss not included).
+        Bytes for ``n_layers`` layers on one GPU (embeddings, output layer and loss not included).
+
+    Raises:
+        ValueError: a size is not a positive whole number or a byte count not a positive number
+            (the message names it), ``recompute`` is not one of the three names, or
+            ``tensor_parallel`` does not divide ``n_heads`` (the message gives both).
+
+    Example: GPT-3's layer (``s, h, a = 2048, 12288, 96``) at ``b = 1`` keeps ``34 s b h +
+    5 a s^2 b`` = 2.87e9 bytes; split over ``t = 8`` GPUs, ``23 s b h`` = 5.79e8 bytes on each.
     """
     require_positive(
         integer=True, seq_len=seq_len, batch=batch, d_model=d_model, n_heads=n_heads, n_layers=n_layers
     )
     require_positive(bytes_per_value=bytes_per_value, mask_bytes=mask_bytes)
+    require_positive(integer=True, tensor_parallel=tensor_parallel)
     if recompute not in ("none", "selective", "full"):
         raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+    if n_heads % tensor_parallel:
+        raise ValueError(
+            f"tensor_parallel must divide n_heads, got tensor_parallel={tensor_parallel}, n_heads={n_heads}"
+        )
+    t = tensor_parallel
     p, m = bytes_per_value, (mask_bytes if dropout else 0)
     sbh, as2b = seq_len * batch * d_model, n_heads * seq_len**2 * batch
-    linear = sbh * (
-        16 * p + 2 * m
-    )  # norms' and projections' inputs, q, k, v, GELU in and out, residual masks
+    whole = sbh * (4 * p + 2 * m)  # norms' inputs, q k v and first feed-forward inputs, residual masks
+    split = sbh * 12 * p  # q, k, v, output projection's input, GELU in and out
     core = (
         as2b * (2 * p + m) if dropout else as2b * p
     )  # softmax output (with dropout: its mask and the dropped copy)
-    per_layer = {"none": linear + core, "selective": linear, "full": p * sbh}[recompute]
+    s_split = t if sequence_parallel else 1  # sequence parallelism splits what tensor parallelism keeps whole
+    linear = whole / s_split + split / t
+    per_layer = {"none": linear + core / t, "selective": linear, "full": p * sbh / s_split}[recompute]
     return n_layers * per_layer
 
 
@@ -472,6 +507,174 @@ def saved_tensor_bytes(fn, *args, exclude=(), **kwargs) -> int:
             storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     del out
     return sum(storages.values())
+
+
+# =========================================================================== 3D parallelism
+
+
+class GPUMemory(NamedTuple):
+    """Memory of one GPU in a parallel training run, in GiB (``2**30`` bytes)."""
+
+    states: float  # weights, gradients, master weights and optimizer states
+    activations: float
+
+    @property
+    def total(self) -> float:
+        """``states + activations``."""
+        return self.states + self.activations
+
+
+def _check_3d(config, tensor, pipeline, data, micro_batch, n_microbatches, recompute) -> None:
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"expected a GPTConfig, got {type(config).__name__}")
+    require_positive(
+        integer=True,
+        tensor=tensor,
+        pipeline=pipeline,
+        data=data,
+        micro_batch=micro_batch,
+        n_microbatches=n_microbatches,
+    )
+    if config.n_layers % pipeline or config.n_heads % tensor:
+        raise ValueError(
+            f"need pipeline | n_layers and tensor | n_heads, got pipeline={pipeline}, "
+            f"n_layers={config.n_layers}, tensor={tensor}, n_heads={config.n_heads}"
+        )
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+
+
+def parallel_memory_gib(
+    config: GPTConfig,
+    tensor: int,
+    pipeline: int,
+    data: int,
+    micro_batch: int,
+    n_microbatches: int,
+    zero_stage: int = 0,
+    recompute: str = "none",
+    sequence_parallel: bool = False,
+) -> GPUMemory:
+    """Memory of a GPU of the first pipeline stage when ``GPT(config)`` trains on ``t p d`` GPUs.
+
+    3D parallelism (Narayanan et al., 2021): tensor parallelism of degree ``t`` splits every
+    layer, pipeline parallelism of degree ``p`` gives each stage ``L / p`` consecutive layers,
+    and ``d`` data-parallel copies of that ``t x p`` grid each run ``m`` micro-batches of ``b``
+    sequences of ``T = block_size`` tokens per step, mixed-precision Adam.
+
+    Model states: the :func:`param_count` ``N``, split evenly over the ``t p`` GPUs of a copy,
+    16 bytes per parameter, the master weights and Adam's moments (``zero_stage=1``) or more
+    sharded over the ``d`` copies as :func:`zero_memory_gib` does. The even split leaves out
+    that the first stage also holds the embeddings and the last the output layer.
+
+    Activations: in the 1F1B schedule the first stage starts the forward passes of
+    ``min(p, m)`` micro-batches before the first backward pass frees one, each keeping
+    :func:`activation_bytes` (16-bit values, 1-byte dropout masks) for its ``L / p`` layers
+    split ``t`` ways: with ``m >= p``, ``L`` layers' worth of one micro-batch, whatever ``p``.
+    Later stages hold fewer. Left out: the embeddings' and the loss's activations, and under
+    full recomputation the one layer rebuilt during its backward pass.
+
+    Args:
+        config: the model's shape.
+        tensor, pipeline, data: the degrees ``t`` (divides ``n_heads``), ``p`` (divides
+            ``n_layers``) and ``d``.
+        micro_batch: ``b``, sequences per micro-batch.
+        n_microbatches: ``m``, micro-batches per copy and step.
+        zero_stage: 0 (no ZeRO) to 3, over the ``d`` copies.
+        recompute: ``"none"``, ``"selective"`` or ``"full"``, as :func:`activation_bytes`.
+        sequence_parallel: split the norms and dropouts along the sequence too.
+
+    Returns:
+        ``GPUMemory(states, activations)`` in GiB; ``.total`` adds them.
+
+    Raises:
+        ValueError: ``config`` is not a :class:`~coursekit.gpt.GPTConfig`, a degree or size is
+            not a positive whole number (the message names it), ``p`` does not divide the
+            layers or ``t`` the heads (the message gives them), or a stage or ``recompute`` is
+            not one of the accepted values.
+
+    Example: on one GPU (``t = p = d = 1``) the states are :func:`training_memory_gib` and the
+    activations :func:`activation_bytes` of all ``L`` layers for ``b`` sequences.
+    """
+    _check_3d(config, tensor, pipeline, data, micro_batch, n_microbatches, recompute)
+    states = zero_memory_gib(param_count(config) / (tensor * pipeline), data, zero_stage, "bf16", "adam")
+    in_flight = min(pipeline, n_microbatches)
+    one = activation_bytes(
+        config.block_size,
+        micro_batch,
+        config.d_model,
+        config.n_heads,
+        config.n_layers // pipeline,
+        recompute=recompute,
+        tensor_parallel=tensor,
+        sequence_parallel=sequence_parallel,
+    )
+    return GPUMemory(states, in_flight * one / 2**30)
+
+
+class Collective(NamedTuple):
+    """``count`` ring all-reduces per step, each of an ``n_bytes`` buffer over ``n_workers`` GPUs."""
+
+    count: int
+    n_bytes: float
+    n_workers: int
+
+    @property
+    def bytes_sent(self) -> float:
+        """Bytes each GPU sends per step (and receives): ``count * 2 (W - 1) / W * n_bytes``."""
+        return self.count * 2 * (self.n_workers - 1) / self.n_workers * self.n_bytes
+
+    def seconds(self, bandwidth_gb_s: float, latency_s: float = 0.0) -> float:
+        """``count`` times :func:`ring_allreduce_seconds`: the time if none of it overlaps."""
+        if self.count == 0:
+            return 0.0
+        return self.count * ring_allreduce_seconds(self.n_bytes, self.n_workers, bandwidth_gb_s, latency_s)
+
+
+def parallel_step_collectives(
+    config: GPTConfig,
+    tensor: int,
+    pipeline: int,
+    data: int,
+    micro_batch: int,
+    n_microbatches: int,
+    recompute: str = "none",
+) -> dict[str, Collective]:
+    """The all-reduces each GPU takes part in during one training step of 3D parallelism.
+
+    ``"tensor"``: every layer sums its ``(b, T, C)`` outputs over the ``t`` GPUs of its group
+    after the attention and after the feed-forward block, and the gradients of the two blocks'
+    inputs in the backward pass (Shoeybi et al., 2019): 4 all-reduces per layer and
+    micro-batch, 6 with full recomputation, which runs the forward pass again. A GPU holds
+    ``L / p`` layers and runs ``m`` micro-batches. With sequence parallelism each all-reduce
+    becomes an all-gather and a reduce-scatter: the same bytes.
+
+    ``"data"``: once per step, the 16-bit gradients of the GPU's ``N / (t p)`` parameters over
+    the ``d`` copies (ZeRO's reduce-scatter and all-gather send the same bytes).
+
+    The pipeline's point-to-point sends (a ``(b, T, C)`` tensor per micro-batch and stage
+    boundary, each way) are left out.
+
+    Args:
+        config, tensor, pipeline, data, micro_batch, n_microbatches, recompute: as
+            :func:`parallel_memory_gib`; activations and gradients in 16 bits.
+
+    Returns:
+        ``{"tensor": Collective, "data": Collective}``; ``.bytes_sent`` and ``.seconds(...)``
+        give each GPU's bytes and, in the alpha-beta model, time per step.
+
+    Raises:
+        ValueError: as :func:`parallel_memory_gib`.
+
+    Example: GPT-3 with ``t = p = 8``, ``d = 16``, ``b = 1``, ``m = 96``: ``12 * 96 * 4 =
+    4,608`` all-reduces of 48 MiB inside each server, one of 5.08 GiB across servers.
+    """
+    _check_3d(config, tensor, pipeline, data, micro_batch, n_microbatches, recompute)
+    per_layer = 6 if recompute == "full" else 4
+    count = config.n_layers // pipeline * n_microbatches * per_layer
+    activation = 2 * micro_batch * config.block_size * config.d_model
+    gradients = 2 * param_count(config) / (tensor * pipeline)
+    return {"tensor": Collective(count, activation, tensor), "data": Collective(1, gradients, data)}
 
 
 # =========================================================================== KV cache

@@ -327,6 +327,86 @@ def test_activation_bad_inputs(kwargs, match):
         A.activation_bytes(**(dict(seq_len=8, batch=1, d_model=16, n_heads=2) | kwargs))
 
 
+def tensor_parallel_shard(s, h, a, t, dropout, generator):
+    """One GPU's share of a Megatron-LM layer, by hand: q, k, v, output projection and the
+    feed-forward cut into t pieces (a / t heads, 4h / t hidden units); the all-reduces of the
+    row-split outputs move no saved tensor and are left out. Returns (function, parameters)."""
+
+    def weight(n_out, n_in):
+        return torch.randn(n_out, n_in, generator=generator, requires_grad=True)
+
+    hs, heads, d = h // t, a // t, h // a
+    wq, wk, wv, wo = weight(hs, h), weight(hs, h), weight(hs, h), weight(h, hs)
+    w1, w2 = weight(4 * h // t, h), weight(h, 4 * h // t)
+    return lambda x: shard_forward(x, s, h, heads, d, dropout, wq, wk, wv, wo, w1, w2), [
+        wq,
+        wk,
+        wv,
+        wo,
+        w1,
+        w2,
+    ]
+
+
+def shard_forward(x, s, h, heads, d, dropout, wq, wk, wv, wo, w1, w2):
+    b, hs = x.shape[0], heads * d
+
+    def heads_of(y):  # (b, s, h / t) -> (b, a / t, s, d)
+        return y.view(b, s, heads, d).transpose(1, 2).contiguous()
+
+    n1 = torch.nn.functional.layer_norm(x, (h,))
+    q, k, v = heads_of(n1 @ wq.T), heads_of(n1 @ wk.T), heads_of(n1 @ wv.T)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d), dim=-1)  # (b, a / t, s, s)
+    weights = torch.nn.functional.dropout(weights, dropout, training=dropout > 0)
+    y = (weights @ v).transpose(1, 2).reshape(b, s, hs)  # (b, s, h / t)
+    x2 = x + torch.nn.functional.dropout(y @ wo.T, dropout, training=dropout > 0)  # all-reduce here
+    n2 = torch.nn.functional.layer_norm(x2, (h,))
+    f = torch.nn.functional.gelu(n2 @ w1.T) @ w2.T  # all-reduce here
+    return x2 + torch.nn.functional.dropout(f, dropout, training=dropout > 0)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_tensor_parallel_activations_match_a_measured_shard(t, dropout):
+    """What autograd keeps on one GPU of a tensor-parallel layer, float32 on CPU (m = p = 4)."""
+    s, b, h, a = 64, 2, 32, 4
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(b, s, h, generator=generator, requires_grad=True)
+    shard, params = tensor_parallel_shard(s, h, a, t, dropout, generator)
+    got = A.saved_tensor_bytes(shard, x, exclude=params)
+    expected = A.activation_bytes(
+        s, b, h, a, bytes_per_value=4, mask_bytes=4, dropout=dropout > 0, tensor_parallel=t
+    )
+    assert got - expected == 2 * 2 * s * b * 4  # the two norms' float32 mean and 1/std per token
+
+
+def test_tensor_and_sequence_parallel_closed_forms():
+    """Korthikanti et al. (2022), Table 2, at p = 2 bytes and m = 1."""
+    s, b, h, a, L = 2048, 1, 12288, 96, 96  # GPT-3
+    sbh = s * b * h
+    for t in (1, 2, 8):
+        tp = A.activation_bytes(s, b, h, a, tensor_parallel=t)
+        assert tp == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12)
+        sp = A.activation_bytes(s, b, h, a, tensor_parallel=t, sequence_parallel=True)
+        assert sp == pytest.approx(sbh * (34 / t + 5 * a * s / (h * t)), rel=1e-12)
+        assert sp == pytest.approx(A.activation_bytes(s, b, h, a) / t, rel=1e-12)
+        sel = A.activation_bytes(s, b, h, a, recompute="selective", tensor_parallel=t)
+        assert sel == pytest.approx(sbh * (10 + 24 / t), rel=1e-12)
+        full = A.activation_bytes(s, b, h, a, L, recompute="full", tensor_parallel=t)
+        assert full == L * 2 * sbh  # the layer input stays whole on every GPU
+        full_sp = A.activation_bytes(
+            s, b, h, a, L, recompute="full", tensor_parallel=t, sequence_parallel=True
+        )
+        assert full_sp == pytest.approx(L * 2 * sbh / t, rel=1e-12)
+    assert A.activation_bytes(s, b, h, a, tensor_parallel=8) == 23 * sbh  # 10 + 3 + 10
+    with pytest.raises(
+        ValueError, match="tensor_parallel must divide n_heads, got tensor_parallel=5, n_heads=96"
+    ):
+        A.activation_bytes(s, b, h, a, tensor_parallel=5)
+    with pytest.raises(ValueError, match="tensor_parallel must be a positive integer, got 0"):
+        A.activation_bytes(s, b, h, a, tensor_parallel=0)
+
+
 # =========================================================================== KV cache
 
 
@@ -629,6 +709,109 @@ def test_ring_allreduce_by_simulation():
         A.ring_allreduce_seconds(1e9, 0, 10.0)
     with pytest.raises(ValueError, match="latency_s must be zero or positive"):
         A.ring_allreduce_seconds(1e9, 4, 10.0, -1.0)
+
+
+# --------------------------------------------------------------------------- 3D parallelism
+
+
+def one_f_one_b(p, m):
+    """Simulate the 1F1B schedule, every forward and backward one slot long.
+
+    Stage s runs min(p - 1 - s, m) forward passes, then alternates one forward and one backward
+    pass, then finishes the backward passes. Returns the slots the step takes and, per stage,
+    the most micro-batches whose activations it held at once (forwards done - backwards done).
+    """
+    orders = []
+    for s in range(p):
+        w = min(p - 1 - s, m)
+        ops = [("F", j) for j in range(w)]
+        for j in range(m - w):
+            ops += [("F", w + j), ("B", j)]
+        ops += [("B", j) for j in range(m - w, m)]
+        orders.append(ops)
+    done, nxt, held, peak, t = {}, [0] * p, [0] * p, [0] * p, 0
+    while any(n < 2 * m for n in nxt):
+        finished = []
+        for s in range(p):
+            if nxt[s] == 2 * m:
+                continue
+            kind, j = orders[s][nxt[s]]
+            if kind == "F":
+                ready = s == 0 or done.get(("F", s - 1, j), t + 1) <= t
+            else:
+                ready = done.get(("B", s + 1, j) if s < p - 1 else ("F", s, j), t + 1) <= t
+            if ready:
+                finished.append((kind, s, j))
+                nxt[s] += 1
+                held[s] += 1 if kind == "F" else -1
+                peak[s] = max(peak[s], held[s])
+        for key in finished:
+            done[key] = t + 1
+        t += 1
+        assert t < 10 * (m + p)  # no deadlock
+    return t, peak
+
+
+def test_one_f_one_b_holds_p_micro_batches_and_idles_as_gpipe():
+    for p, m in [(1, 1), (1, 5), (2, 1), (4, 2), (4, 4), (4, 16), (8, 96)]:
+        slots, peak = one_f_one_b(p, m)
+        assert peak[0] == min(p, m) and peak == sorted(peak, reverse=True)
+        assert (p * slots - 2 * p * m) / (p * slots) == pytest.approx(A.pipeline_bubble(p, m))
+
+
+def test_parallel_memory_against_hand_counts():
+    cfg = gpt.GPTConfig(vocab_size=100, block_size=32, n_layers=8, n_heads=4, d_model=64)
+    n = A.param_count(cfg)
+    one = A.parallel_memory_gib(cfg, 1, 1, 1, micro_batch=3, n_microbatches=5)
+    assert one.states == pytest.approx(A.training_memory_gib(n, "bf16", "adam"))
+    assert one.activations == pytest.approx(A.activation_bytes(32, 3, 64, 4, 8) / GIB)
+    assert one.total == one.states + one.activations
+    for t, p, d, m in [(2, 4, 3, 2), (4, 2, 8, 16), (2, 8, 1, 3)]:
+        got = A.parallel_memory_gib(cfg, t, p, d, 1, m, zero_stage=1, recompute="selective")
+        assert got.states == pytest.approx(n / (t * p) * (2 + 2 + 12 / d) / GIB)  # ZeRO-1: 12 bytes sharded
+        _, peak = one_f_one_b(p, m)
+        layer = A.activation_bytes(32, 1, 64, 4, recompute="selective", tensor_parallel=t)
+        assert got.activations == pytest.approx(peak[0] * (8 // p) * layer / GIB)
+    many = A.parallel_memory_gib(cfg, 2, 4, 2, 1, 64)  # m >= p: L layers' worth, whatever p
+    assert many.activations == pytest.approx(A.parallel_memory_gib(cfg, 2, 1, 2, 1, 64).activations)
+    with pytest.raises(ValueError, match="need pipeline | n_layers and tensor | n_heads, got pipeline=3"):
+        A.parallel_memory_gib(cfg, 1, 3, 1, 1, 4)
+    with pytest.raises(ValueError, match="tensor must be a positive integer, got 0"):
+        A.parallel_memory_gib(cfg, 0, 1, 1, 1, 4)
+    with pytest.raises(ValueError, match="recompute must be"):
+        A.parallel_memory_gib(cfg, 1, 1, 1, 1, 4, recompute="most")
+    with pytest.raises(ValueError, match="expected a GPTConfig"):
+        A.parallel_memory_gib(A.PUBLISHED["bert-base"], 1, 1, 1, 1, 4)
+
+
+def test_step_collectives_by_enumeration():
+    """List every all-reduce of a step, buffer by buffer, and add up what a ring sends."""
+    cfg = gpt.GPTConfig(vocab_size=100, block_size=32, n_layers=8, n_heads=4, d_model=64)
+    bandwidth, latency = 20.0, 3e-6
+    for t, p, d, b, m, recompute in [
+        (2, 4, 3, 2, 5, "none"),
+        (4, 2, 1, 1, 3, "full"),
+        (1, 8, 2, 3, 2, "selective"),
+    ]:
+        buffers = []
+        for _ in range(m):
+            for _ in range(cfg.n_layers // p):
+                passes = ["forward", "backward"] + (["recomputed forward"] if recompute == "full" else [])
+                for _pass in passes:
+                    for _block in ("attention", "feed-forward"):
+                        buffers.append(np.zeros((b, cfg.block_size, cfg.d_model), dtype=np.float16).nbytes)
+        got = A.parallel_step_collectives(cfg, t, p, d, b, m, recompute)
+        assert got["tensor"].count == len(buffers) and got["tensor"].n_bytes == buffers[0]
+        assert got["tensor"].bytes_sent == pytest.approx(sum(2 * (t - 1) / t * n for n in buffers))
+        grads = np.zeros(A.param_count(cfg), dtype=np.float16).nbytes / (t * p)
+        assert got["data"].bytes_sent == pytest.approx(2 * (d - 1) / d * grads)
+        expected = sum(A.ring_allreduce_seconds(n, t, bandwidth, latency) for n in buffers)
+        assert got["tensor"].seconds(bandwidth, latency) == pytest.approx(expected)
+    alone = A.parallel_step_collectives(cfg, 1, 1, 1, 1, 1)
+    assert alone["tensor"].bytes_sent == alone["data"].bytes_sent == 0
+    assert alone["tensor"].seconds(bandwidth, latency) == alone["data"].seconds(bandwidth, latency) == 0
+    with pytest.raises(ValueError, match="n_microbatches must be a positive integer"):
+        A.parallel_step_collectives(cfg, 1, 1, 1, 1, 0)
 
 
 # =========================================================================== inference
