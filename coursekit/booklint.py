@@ -477,7 +477,7 @@ _RAW_MYST = re.compile(
     r"|^\([\w-]+\)=$",
     flags=re.M,
 )
-_MATH = re.compile(r"\\\(.*?\\\)|\\\[.*?\\\]", flags=re.S)  # MathJax's delimiters in the built HTML
+_BUILT_MATH = re.compile(r"\\\(.*?\\\)|\\\[.*?\\\]", flags=re.S)  # MathJax's delimiters in the built HTML
 
 
 def raw_markup(html: str) -> list[str]:
@@ -511,7 +511,7 @@ def raw_markup(html: str) -> list[str]:
 
     parser = Text()
     parser.feed(html)
-    text = _MATH.sub(" ", "".join(parser.parts))
+    text = _BUILT_MATH.sub(" ", "".join(parser.parts))
     found = []
     for m in _RAW_MYST.finditer(text):
         around = " ".join(text[max(0, m.start() - 40) : m.end() + 60].split())
