@@ -626,8 +626,6 @@ class Collective(NamedTuple):
 
     def seconds(self, bandwidth_gb_s: float, latency_s: float = 0.0) -> float:
         """``count`` times :func:`ring_allreduce_seconds`: the time if none of it overlaps."""
-        if self.count == 0:
-            return 0.0
         return self.count * ring_allreduce_seconds(self.n_bytes, self.n_workers, bandwidth_gb_s, latency_s)
 
 

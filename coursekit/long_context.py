@@ -44,6 +44,7 @@ experiments live in coursekit.experiments.long_context.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -529,7 +530,12 @@ def causal_linear_attention(
 
 
 def chunked_linear_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int = 128, eps: float = 1e-6
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    chunk: int = 128,
+    eps: float = 1e-6,
+    feature_map: Callable[[torch.Tensor], torch.Tensor] = elu_feature_map,
 ) -> torch.Tensor:
     """Causal linear attention chunk by chunk: the parallel form inside a chunk, the state across chunks.
 
@@ -545,16 +551,18 @@ def chunked_linear_attention(
         v: ``(..., T, Dv)``.
         chunk: positions per chunk ``C >= 1``.
         eps: added to each normaliser.
+        feature_map: ``phi``, positive; :func:`elu_feature_map` by default (the Performer passes
+            features it has already computed, and the identity).
 
     Returns:
-        ``(..., T, Dv)``, equal to :func:`causal_linear_attention`.
+        ``(..., T, Dv)``, equal to :func:`causal_linear_attention` with the default ``phi``.
     """
     _check_qkv(q, k, v, eps)
     if q.shape[-2] != k.shape[-2] or chunk < 1:
         raise ValueError(
             f"need as many keys as queries and chunk >= 1, got q {tuple(q.shape)}, k {tuple(k.shape)}, chunk={chunk}"
         )
-    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)  # (..., T, D)
+    phi_q, phi_k = feature_map(q), feature_map(k)  # (..., T, D)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     state = q.new_zeros(*batch, q.shape[-1], v.shape[-1])  # (..., D, Dv): sum of phi(k_j)^T v_j so far
     z = q.new_zeros(*batch, q.shape[-1], 1)  # (..., D, 1): sum of phi(k_j) so far
@@ -673,29 +681,6 @@ def positive_random_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.exp(_prf_exponent(x, w.to(x.dtype)))
 
 
-def _attention_from_features(phi_q, phi_k, v, causal, chunk):
-    # sum_j (phi_q_i . phi_k_j) v_j / sum_j phi_q_i . phi_k_j without a (T, S) matrix;
-    # causal: chunk by chunk as chunked_linear_attention does
-    if not causal:
-        numerator = phi_q @ (phi_k.transpose(-2, -1) @ v)  # (..., T, m) @ (..., m, Dv) -> (..., T, Dv)
-        normaliser = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (..., T, 1)
-    else:
-        batch = torch.broadcast_shapes(phi_q.shape[:-2], phi_k.shape[:-2], v.shape[:-2])
-        state = phi_q.new_zeros(*batch, phi_q.shape[-1], v.shape[-1])  # (..., m, Dv)
-        z = phi_q.new_zeros(*batch, phi_q.shape[-1], 1)  # (..., m, 1)
-        numerators, normalisers = [], []
-        for c0 in range(0, phi_q.shape[-2], chunk):
-            qc, kc, vc = (t[..., c0 : c0 + chunk, :] for t in (phi_q, phi_k, v))
-            A = (qc @ kc.transpose(-2, -1)).tril()  # (..., C, C) causal weights inside the chunk
-            numerators.append(qc @ state + A @ vc)  # (..., C, Dv)
-            normalisers.append(qc @ z + A.sum(dim=-1, keepdim=True))  # (..., C, 1)
-            state = state + kc.transpose(-2, -1) @ vc
-            z = z + kc.sum(dim=-2).unsqueeze(-1)
-        numerator, normaliser = torch.cat(numerators, dim=-2), torch.cat(normalisers, dim=-2)
-    tiny = torch.finfo(normaliser.dtype).tiny  # a normaliser lost to underflow gives 0, not NaN
-    return numerator / normaliser.clamp_min(tiny)
-
-
 def performer_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -747,7 +732,12 @@ def performer_attention(
     log_q, log_k = _prf_exponent(q * scale, w), _prf_exponent(k * scale, w)  # (..., T, m), (..., S, m)
     phi_q = torch.exp(log_q - log_q.amax(dim=-1, keepdim=True))  # per query: cancels in the ratio
     phi_k = torch.exp(log_k - log_k.amax(dim=(-2, -1), keepdim=True))  # one shift for all keys
-    return _attention_from_features(phi_q, phi_k, v, causal, chunk)
+    tiny = torch.finfo(phi_q.dtype).tiny  # a normaliser lost to underflow gives 0, not NaN
+    if causal:
+        return chunked_linear_attention(phi_q, phi_k, v, chunk, eps=tiny, feature_map=lambda phi: phi)
+    numerator = phi_q @ (phi_k.transpose(-2, -1) @ v)  # (..., T, m) @ (..., m, Dv) -> (..., T, Dv)
+    normaliser = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (..., T, 1)
+    return numerator / (normaliser + tiny)
 
 
 # --------------------------------------------------------------------------- KV-cache size
