@@ -352,34 +352,6 @@ class ViT(nn.Module):
 
 
 @torch.no_grad()
-def cls_attention(model: ViT, images: torch.Tensor) -> torch.Tensor:
-    """How much the ``[CLS]`` token attends to each patch in the last layer, averaged over heads.
-
-    The last layer's attention weights are recomputed from its (pre-norm) input
-    ``norm1(x)``; the model runs in eval mode (its mode is restored).
-
-    Args:
-        model: a :class:`ViT`.
-        images: ``(B, C_in, H_img, W_img)``.
-
-    Returns:
-        ``(B, N_p)``: row ``b`` is the ``[CLS]`` query's weights on the patches (the weight on
-        ``[CLS]`` itself is left out, so a row sums to at most 1).
-    """
-    was_training = model.training
-    model.eval()
-    try:
-        x = model.embed(images)  # (B, T, C)
-        *earlier, last = model.encoder.layers
-        for layer in earlier:
-            x = layer(x)
-        _, weights = last.self_attn(last.norm1(x), need_weights=True)  # (B, H, T, T)
-    finally:
-        model.train(was_training)
-    return weights[:, :, 0, 1:].mean(dim=1)  # (B, N_p): query [CLS], keys the patches
-
-
-@torch.no_grad()
 def attention_weights(model: ViT, images: torch.Tensor) -> torch.Tensor:
     """Every layer's attention weights, one matrix per head, ``[CLS]`` first.
 
@@ -408,6 +380,26 @@ def attention_weights(model: ViT, images: torch.Tensor) -> torch.Tensor:
     finally:
         model.train(was_training)
     return torch.stack(maps)  # (L, B, H, T, T)
+
+
+@torch.no_grad()
+def cls_attention(model: ViT, images: torch.Tensor) -> torch.Tensor:
+    """How much the ``[CLS]`` token attends to each patch in the last layer, averaged over heads.
+
+    The last layer of :func:`attention_weights` (which runs the model in eval mode and restores
+    its mode).
+
+    Args:
+        model: a :class:`ViT`.
+        images: ``(B, C_in, H_img, W_img)``.
+
+    Returns:
+        ``(B, N_p)``: row ``b`` is the ``[CLS]`` query's weights on the patches (the weight on
+        ``[CLS]`` itself is left out, so a row sums to at most 1).
+    """
+    return attention_weights(model, images)[-1, :, :, 0, 1:].mean(
+        dim=1
+    )  # (B, N_p): query [CLS], keys the patches
 
 
 def mean_attention_distance(

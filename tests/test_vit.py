@@ -422,6 +422,3 @@ def test_attention_weights_equal_hf_output_attentions():
     assert got.shape == (NANO.n_layers, 3, NANO.n_heads, T, T)
     torch.testing.assert_close(got, expected, rtol=0, atol=HF_EAGER_ATOL)
     assert_close(got.sum(-1), torch.ones(got.shape[:-1], dtype=torch.float64))
-    assert_close(
-        got[-1][:, :, 0, 1:].mean(dim=1), vit.cls_attention(m, x)
-    )  # the last layer is cls_attention's
